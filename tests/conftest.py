@@ -1,0 +1,25 @@
+"""Test session set-up: an isolated LLM_BATCH_HOME, and the fixture modules per service."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Before any llm_batch import reads settings: nothing a test does touches ~/.llm-batch.
+_HOME = Path(tempfile.mkdtemp(prefix="llm-batch-test-home-"))
+os.environ["LLM_BATCH_HOME"] = str(_HOME)
+
+pytest_plugins = [
+    "tests.fixtures.s3",
+    "tests.fixtures.engine",
+    "tests.fixtures.postgres",
+    "tests.fixtures.airflow",
+]
+
+
+@pytest.fixture(scope="session")
+def llm_batch_home() -> Path:
+    return _HOME
