@@ -1,0 +1,1 @@
+"""Package marker (contents land with their issue)."""
