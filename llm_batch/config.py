@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing import Annotated
+from typing import Annotated, Literal
 
 
 def _split(value: object) -> object:
@@ -43,6 +43,46 @@ class Settings(BaseSettings):
     max_line_bytes: int = 1024**2
     # How many error records `llm-batch validate` prints (counts are never capped).
     max_reported_errors: int = 100
+
+    # --- Orchestration: the batch DAG, shard runners, housekeeping (dags/, operators/) ---
+    # Which operator runs a shard: a local subprocess (embedded) or a GPU pod (production).
+    shard_runner: Literal["local", "kubernetes"] = "local"
+    # Kubernetes: the inference image (its entrypoint is `llm-batch`), where pods go, and
+    # the Airflow connection to the cluster (None: in-cluster or KUBECONFIG).
+    worker_image: str = "llm-batch-worker:0.1.0"
+    k8s_namespace: str = "default"
+    k8s_conn_id: str | None = None
+    # gpu_type -> node selector {gpu_node_label_key: value}; a type missing from the map
+    # uses its own name as the value (JSON in the environment).
+    gpu_node_label_key: str = "llm-batch.io/gpu-type"
+    gpu_node_label_values: dict[str, str] = Field(default_factory=dict)
+    # A ReadWriteMany PVC holding downloaded checkpoints, mounted at model_cache_mount_path.
+    model_cache_claim: str | None = "llm-batch-model-cache"
+    model_cache_mount_path: str = "/models"
+    # Secret whose keys (AWS_ACCESS_KEY_ID, ...) become the worker's storage credentials.
+    storage_secret_name: str = "llm-batch-storage"
+    # Job priority (a free string in the Scale contract) -> Airflow priority_weight and
+    # pod PriorityClass; unknown names get the "normal" weight and no class.
+    priority_weights: dict[str, int] = Field(
+        default_factory=lambda: {"low": 1, "normal": 10, "high": 100}
+    )
+    priority_classes: dict[str, str] = Field(default_factory=dict)
+    # Airflow pools cap concurrent shards: one for local workers, one per gpu_type.
+    local_pool: str = "llm_batch_local"
+    local_pool_slots: int = 1
+    gpu_pool_prefix: str = "llm_batch_gpu_"
+    gpu_pool_slots: int = 8
+    # A shard that has not stopped this long after cancel / deadline is killed.
+    cancel_grace_seconds: int = 60
+    # Job deadline when a run names none (the Scale contract: one day).
+    default_max_runtime_sec: int = 86_400
+    # Retries of a failed shard attempt (each resumes from the shard's results).
+    shard_retries: int = 2
+    shard_retry_delay_seconds: int = 10
+    # Input, output and error files older than this are deleted by housekeeping.
+    retention_days: int = 30
+    # Folder of recurring batch specs (YAML); None: dags/recurring_specs beside the DAGs.
+    recurring_specs: Path | None = None
 
     @model_validator(mode="before")
     @classmethod
