@@ -13,6 +13,7 @@ import sys
 
 COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.validate",
+    "llm_batch.commands.models",
 )
 
 
