@@ -1,0 +1,656 @@
+"""JobStore: the repository of jobs, file objects and API keys.
+
+Every public method is one transaction and returns snapshots (``snapshots.Job`` etc.),
+never live ORM objects. Getters return None for an unknown (or not-owned) id; mutators
+raise ``JobNotFound`` / ``FileNotFound`` / ``ApiKeyNotFound``. ``owner=None`` means "any
+owner" (admins, the DAG); a given owner restricts the call to that owner's rows, so
+someone else's id looks exactly like a missing one.
+
+Concurrency: status moves are compare-and-set (``UPDATE ... WHERE id=? AND status=?``,
+re-read and retried when another writer won), counters are SQL increments, so many shard
+workers and API callers can update one job at once without losing anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import os
+import secrets
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
+
+from llm_batch.endpoints import parse_endpoint
+from llm_batch.jobs import JobStatus, check_transition
+from llm_batch.jobstore.database import WRITE, make_engine, upgrade_to_head
+from llm_batch.jobstore.models import ApiKeyRow, Base, FileRow, JobRow
+from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job
+
+MAX_PAGE_SIZE = 1000
+# Compare-and-set attempts before giving up; each lost race means another writer moved the
+# job, so a handful is plenty.
+_CAS_ATTEMPTS = 20
+API_KEY_PREFIX = "lbk_"
+_API_KEY_LOOKUP_CHARS = 12  # stored in clear: finds the row, reveals nothing useful
+
+# The timestamps a status sets when it is entered (each only if still unset, so a
+# repeated or resumed step never moves them).
+_STATUS_TIMESTAMPS: dict[JobStatus, tuple[str, ...]] = {
+    JobStatus.QUEUED: (),
+    JobStatus.VALIDATING: ("started_at",),
+    JobStatus.RUNNING: ("started_at", "in_progress_at"),
+    JobStatus.FINALIZING: ("finalizing_at",),
+    JobStatus.CANCELLING: ("cancel_requested_at", "cancelling_at"),
+    JobStatus.SUCCEEDED: ("completed_at",),
+    JobStatus.FAILED: ("failed_at", "completed_at"),
+    JobStatus.TIMEOUT_EXCEEDED: ("expired_at", "completed_at"),
+    JobStatus.CANCELLED: ("cancelled_at", "completed_at"),
+}
+_JOB_ORDER_COLUMNS = {"created_at", "updated_at", "priority"}
+_FILE_ORDER_COLUMNS = {"created_at"}
+_COUNTERS = ("total", "completed", "succeeded", "failed")
+
+
+class JobStoreError(Exception):
+    pass
+
+
+class JobNotFound(JobStoreError, LookupError):
+    pass
+
+
+class FileNotFound(JobStoreError, LookupError):
+    pass
+
+
+class ApiKeyNotFound(JobStoreError, LookupError):
+    pass
+
+
+class DuplicateId(JobStoreError, ValueError):
+    pass
+
+
+class InvalidCursor(JobStoreError, ValueError):
+    pass
+
+
+class ConcurrentUpdate(JobStoreError):
+    """A compare-and-set kept losing to other writers (should not happen in practice)."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_job_id() -> str:
+    return f"job_{uuid.uuid4().hex}"
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+_Snapshot = TypeVar("_Snapshot")
+
+
+def _snapshot(cls: type[_Snapshot], row: Base, renames: Mapping[str, str] = {}) -> _Snapshot:
+    values = {f.name: getattr(row, renames.get(f.name, f.name)) for f in dataclasses.fields(cls)}
+    return cls(**values)
+
+
+def _job(row: JobRow) -> Job:
+    job = _snapshot(Job, row, {"metadata": "metadata_"})
+    return dataclasses.replace(job, status=JobStatus(row.status))
+
+
+def _file(row: FileRow) -> FileObject:
+    return _snapshot(FileObject, row)
+
+
+def _api_key(row: ApiKeyRow) -> ApiKey:
+    return _snapshot(ApiKey, row)
+
+
+def _check_page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+
+
+def _order(model: type[Base], order_by: str, allowed: set[str]) -> tuple[Any, bool]:
+    """The column and direction (descending?) named by ``[-]column``."""
+    descending = order_by.startswith("-")
+    name = order_by.lstrip("-+")
+    if name not in allowed:
+        raise ValueError(f"cannot order by {order_by!r}; use one of {sorted(allowed)} (prefix - for descending)")
+    return getattr(model, name), descending
+
+
+def _after(model: type[Base], column: Any, descending: bool, cursor: Base) -> ColumnElement[bool]:
+    """Rows strictly after `cursor` in (column, id) order: keyset pagination."""
+    value, cursor_id = getattr(cursor, column.key), cursor.id
+    if descending:
+        return or_(column < value, and_(column == value, model.id < cursor_id))
+    return or_(column > value, and_(column == value, model.id > cursor_id))
+
+
+class JobStore:
+    """The job store at `url` (SQLAlchemy URL: ``sqlite:///path`` or ``postgresql://...``).
+
+    Construction is cheap and touches nothing; the first call opens the engine and runs
+    the migrations to head. One instance is safe to share between threads.
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        self._engine: Engine | None = None
+        self._sessions: dict[bool, sessionmaker[Session]] = {}
+        self._lock = threading.Lock()
+        _live_stores.add(self)
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            with self._lock:
+                if self._engine is None:
+                    engine = make_engine(self.url)
+                    upgrade_to_head(engine)
+                    self._sessions = {
+                        False: sessionmaker(engine, expire_on_commit=False),
+                        True: sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False),
+                    }
+                    self._engine = engine
+        return self._engine
+
+    def close(self) -> None:
+        """Close pooled connections (the store reopens them if used again)."""
+        if self._engine is not None:
+            self._engine.dispose()
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[Session]:
+        self.engine  # noqa: B018 - opens and migrates on first use
+        with self._sessions[write].begin() as session:
+            yield session
+
+    def _job_row(self, session: Session, job_id: str, owner: str | None = None) -> JobRow:
+        row = session.get(JobRow, job_id, populate_existing=True)
+        if row is None or (owner is not None and row.owner != owner):
+            raise JobNotFound(f"no job {job_id!r}")
+        return row
+
+    def _compare_and_set(
+        self, job_id: str, changes: Callable[[JobRow], dict[str, Any] | None], owner: str | None = None
+    ) -> Job:
+        """Apply ``changes(row)`` (None = nothing to do) only if the status is still the one
+        it was computed from; re-read and recompute when another writer moved it first."""
+        for _ in range(_CAS_ATTEMPTS):
+            with self._transaction(write=True) as session:
+                row = self._job_row(session, job_id, owner)
+                values = changes(row)
+                if values is None:
+                    return _job(row)
+                result = session.execute(
+                    update(JobRow)
+                    .where(JobRow.id == job_id, JobRow.status == row.status)
+                    .values(**values, updated_at=utcnow())
+                    .execution_options(synchronize_session=False)
+                )
+                if result.rowcount == 1:
+                    return _job(self._job_row(session, job_id))
+        raise ConcurrentUpdate(f"job {job_id!r}: status kept changing under {_CAS_ATTEMPTS} attempts")
+
+    def _update_job(self, job_id: str, owner: str | None = None, **values: Any) -> Job:
+        with self._transaction(write=True) as session:
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, *([JobRow.owner == owner] if owner is not None else []))
+                .values(**values, updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                raise JobNotFound(f"no job {job_id!r}")
+            return _job(self._job_row(session, job_id))
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def create_job(
+        self,
+        *,
+        dialect: str,
+        endpoint: str,
+        model: str,
+        owner: str,
+        input: dict[str, Any] | None = None,
+        input_format: str | None = None,
+        model_config: dict[str, Any] | None = None,
+        output_uri: str | None = None,
+        scale_output_uri: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        labels: dict[str, Any] | None = None,
+        priority: int = 0,
+        data_parallelism: int = 1,
+        resources: dict[str, Any] | None = None,
+        max_runtime_sec: int | None = None,
+        expires_at: datetime | None = None,
+        dag_run_id: str | None = None,
+        id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> Job:
+        """Insert a QUEUED job and return it.
+
+        ``id`` defaults to ``job_<uuid4 hex>``; an id already taken raises DuplicateId.
+        ``expires_at`` defaults to created_at + max_runtime_sec when that is given.
+        ``endpoint`` must be a supported endpoint, ``dialect`` one of DIALECTS.
+        """
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect {dialect!r} is unknown; use one of {', '.join(DIALECTS)}")
+        endpoint = parse_endpoint(endpoint).value
+        if data_parallelism < 1:
+            raise ValueError(f"data_parallelism must be >= 1, got {data_parallelism}")
+        if max_runtime_sec is not None and max_runtime_sec < 1:
+            raise ValueError(f"max_runtime_sec must be >= 1, got {max_runtime_sec}")
+        created_at = created_at or utcnow()
+        if expires_at is None and max_runtime_sec is not None:
+            expires_at = created_at + timedelta(seconds=max_runtime_sec)
+        row = JobRow(
+            id=id or new_job_id(),
+            dialect=dialect,
+            endpoint=endpoint,
+            model=model,
+            owner=owner,
+            input=input or {},
+            input_format=input_format,
+            model_config=model_config or {},
+            output_uri=output_uri,
+            scale_output_uri=scale_output_uri,
+            metadata_=metadata or {},
+            labels=labels or {},
+            priority=priority,
+            data_parallelism=data_parallelism,
+            resources=resources or {},
+            max_runtime_sec=max_runtime_sec,
+            expires_at=expires_at,
+            dag_run_id=dag_run_id,
+            status=JobStatus.QUEUED.value,
+            created_at=created_at,
+            updated_at=created_at,
+            errors=[],
+            total=0,
+            completed=0,
+            succeeded=0,
+            failed=0,
+        )
+        try:
+            with self._transaction(write=True) as session:
+                session.add(row)
+                session.flush()
+                return _job(row)
+        except IntegrityError as exc:
+            raise DuplicateId(f"a job with id {row.id!r} exists already") from exc
+
+    def get_job(self, job_id: str, owner: str | None = None) -> Job | None:
+        """The job, or None if it does not exist or belongs to another owner."""
+        with self._transaction(write=False) as session:
+            row = session.get(JobRow, job_id)
+            if row is None or (owner is not None and row.owner != owner):
+                return None
+            return _job(row)
+
+    def list_jobs(
+        self,
+        owner: str | None = None,
+        statuses: Iterable[JobStatus | str] | None = None,
+        model: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        created_after: datetime | None = None,
+        dialect: str | None = None,
+        expires_before: datetime | None = None,
+        order_by: str = "-created_at",
+        limit: int = 100,
+        offset: int = 0,
+        after: str | None = None,
+    ) -> tuple[list[Job], int]:
+        """One page of jobs matching every given filter, and how many match in all.
+
+        ``metadata`` matches jobs whose metadata has each key with that (string) value.
+        ``order_by`` is ``[-]created_at|updated_at|priority`` (ties broken by id).
+        Paginate with ``offset`` or with ``after`` = the last job id of the previous page
+        (keyset: stable while new jobs arrive); an unknown ``after`` raises InvalidCursor.
+        ``total`` ignores limit, offset and after.
+        """
+        _check_page(limit, offset)
+        column, descending = _order(JobRow, order_by, _JOB_ORDER_COLUMNS)
+        filters: list[ColumnElement[bool]] = []
+        if owner is not None:
+            filters.append(JobRow.owner == owner)
+        if statuses is not None:
+            filters.append(JobRow.status.in_([JobStatus(s).value for s in statuses]))
+        if model is not None:
+            filters.append(JobRow.model == model)
+        if dialect is not None:
+            filters.append(JobRow.dialect == dialect)
+        if created_after is not None:
+            filters.append(JobRow.created_at > created_after)
+        if expires_before is not None:
+            filters.append(JobRow.expires_at < expires_before)
+        for key, value in (metadata or {}).items():
+            filters.append(JobRow.metadata_[key].as_string() == str(value))
+
+        with self._transaction(write=False) as session:
+            total = session.scalar(select(func.count()).select_from(JobRow).where(*filters)) or 0
+            page = select(JobRow).where(*filters)
+            if after is not None:
+                cursor = session.get(JobRow, after)
+                if cursor is None:
+                    raise InvalidCursor(f"after={after!r} names no job")
+                page = page.where(_after(JobRow, column, descending, cursor))
+            ordering = (column.desc(), JobRow.id.desc()) if descending else (column.asc(), JobRow.id.asc())
+            rows = session.scalars(page.order_by(*ordering).limit(limit).offset(offset)).all()
+            return [_job(r) for r in rows], total
+
+    def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job:
+        """Move the job to `new_status` (atomically; see check_transition for legal moves).
+
+        Sets the status's timestamps if unset (see _STATUS_TIMESTAMPS) and the reason if
+        given. Moving to the status it has already is a no-op returning the job (so a
+        retried step is harmless); a terminal status is never left (InvalidTransition).
+        """
+        new = JobStatus(new_status)
+
+        def changes(row: JobRow) -> dict[str, Any] | None:
+            current = JobStatus(row.status)
+            check_transition(current, new)
+            if current == new:
+                return None
+            now = utcnow()
+            values: dict[str, Any] = {"status": new.value}
+            values.update({ts: now for ts in _STATUS_TIMESTAMPS[new] if getattr(row, ts) is None})
+            if reason is not None:
+                values["status_reason"] = reason
+            return values
+
+        return self._compare_and_set(job_id, changes)
+
+    def request_cancel(self, job_id: str, owner: str | None = None, reason: str | None = None) -> Job:
+        """Ask a live job to stop: sets cancel_requested_at and moves it to CANCELLING.
+
+        A job already CANCELLING or terminal is returned unchanged (cancel is idempotent
+        and never rewrites how a job ended). Workers notice through is_cancel_requested.
+        """
+
+        def changes(row: JobRow) -> dict[str, Any] | None:
+            current = JobStatus(row.status)
+            if current.terminal or current == JobStatus.CANCELLING:
+                return None
+            now = utcnow()
+            values: dict[str, Any] = {"status": JobStatus.CANCELLING.value, "cancelling_at": now}
+            values["cancel_requested_at"] = row.cancel_requested_at or now
+            values["status_reason"] = reason or "cancel requested"
+            return values
+
+        return self._compare_and_set(job_id, changes, owner)
+
+    def is_cancel_requested(self, job_id: str) -> bool:
+        with self._transaction(write=False) as session:
+            requested_at = session.scalar(select(JobRow.cancel_requested_at).where(JobRow.id == job_id))
+            exists = requested_at is not None or session.get(JobRow, job_id) is not None
+            if not exists:
+                raise JobNotFound(f"no job {job_id!r}")
+            return requested_at is not None
+
+    def set_counts(
+        self,
+        job_id: str,
+        *,
+        total: int | None = None,
+        completed: int | None = None,
+        succeeded: int | None = None,
+        failed: int | None = None,
+    ) -> Job:
+        """Overwrite the given counters (None leaves one as it is)."""
+        values = {k: v for k, v in zip(_COUNTERS, (total, completed, succeeded, failed)) if v is not None}
+        for name, value in values.items():
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        return self._update_job(job_id, **values)
+
+    def add_counts(
+        self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0
+    ) -> Job:
+        """Add to the counters atomically in SQL (``completed = completed + n``): safe when
+        many workers report at once."""
+        deltas = dict(zip(_COUNTERS, (total, completed, succeeded, failed)))
+        values = {name: getattr(JobRow, name) + delta for name, delta in deltas.items() if delta}
+        return self._update_job(job_id, **values)
+
+    def set_outputs(
+        self,
+        job_id: str,
+        *,
+        output_uri: str | None = None,
+        scale_output_uri: str | None = None,
+        output_file_id: str | None = None,
+        error_file_id: str | None = None,
+        errors: list[dict[str, Any]] | None = None,
+    ) -> Job:
+        """Record where the results went and the error summary ([{code, message, count}]).
+        Arguments left None are left unchanged."""
+        given = {
+            "output_uri": output_uri,
+            "scale_output_uri": scale_output_uri,
+            "output_file_id": output_file_id,
+            "error_file_id": error_file_id,
+            "errors": errors,
+        }
+        return self._update_job(job_id, **{k: v for k, v in given.items() if v is not None})
+
+    def set_priority(self, job_id: str, priority: int, owner: str | None = None) -> Job:
+        return self._update_job(job_id, owner, priority=priority)
+
+    def set_dag_run(self, job_id: str, dag_run_id: str) -> Job:
+        return self._update_job(job_id, dag_run_id=dag_run_id)
+
+    # -- files ------------------------------------------------------------------------
+
+    def create_file(
+        self,
+        *,
+        owner: str,
+        purpose: str,
+        filename: str,
+        bytes: int,
+        uri: str,
+        kind: str = "input",
+        job_id: str | None = None,
+        expires_at: datetime | None = None,
+        id: str | None = None,
+    ) -> FileObject:
+        """Record a file object (its content lives in storage at `uri`)."""
+        if kind not in FILE_KINDS:
+            raise ValueError(f"file kind {kind!r} is unknown; use one of {', '.join(FILE_KINDS)}")
+        if bytes < 0:
+            raise ValueError(f"bytes must be >= 0, got {bytes}")
+        row = FileRow(
+            id=id or new_file_id(),
+            owner=owner,
+            purpose=purpose,
+            filename=filename,
+            bytes=bytes,
+            uri=uri,
+            kind=kind,
+            job_id=job_id,
+            created_at=utcnow(),
+            expires_at=expires_at,
+        )
+        try:
+            with self._transaction(write=True) as session:
+                session.add(row)
+                session.flush()
+                return _file(row)
+        except IntegrityError as exc:
+            raise DuplicateId(f"a file with id {row.id!r} exists already") from exc
+
+    def get_file(self, file_id: str, owner: str | None = None, include_deleted: bool = False) -> FileObject | None:
+        """The file object, or None if unknown, someone else's, or deleted (unless asked)."""
+        with self._transaction(write=False) as session:
+            row = session.get(FileRow, file_id)
+            if row is None or (owner is not None and row.owner != owner):
+                return None
+            if row.deleted_at is not None and not include_deleted:
+                return None
+            return _file(row)
+
+    def list_files(
+        self,
+        owner: str | None = None,
+        purpose: str | None = None,
+        kind: str | None = None,
+        job_id: str | None = None,
+        created_before: datetime | None = None,
+        include_deleted: bool = False,
+        order_by: str = "-created_at",
+        limit: int = 100,
+        offset: int = 0,
+        after: str | None = None,
+    ) -> tuple[list[FileObject], int]:
+        """One page of file objects and the total matching (same paging rules as list_jobs)."""
+        _check_page(limit, offset)
+        column, descending = _order(FileRow, order_by, _FILE_ORDER_COLUMNS)
+        filters: list[ColumnElement[bool]] = []
+        for attribute, value in (("owner", owner), ("purpose", purpose), ("kind", kind), ("job_id", job_id)):
+            if value is not None:
+                filters.append(getattr(FileRow, attribute) == value)
+        if created_before is not None:
+            filters.append(FileRow.created_at < created_before)
+        if not include_deleted:
+            filters.append(FileRow.deleted_at.is_(None))
+        with self._transaction(write=False) as session:
+            total = session.scalar(select(func.count()).select_from(FileRow).where(*filters)) or 0
+            page = select(FileRow).where(*filters)
+            if after is not None:
+                cursor = session.get(FileRow, after)
+                if cursor is None:
+                    raise InvalidCursor(f"after={after!r} names no file")
+                page = page.where(_after(FileRow, column, descending, cursor))
+            ordering = (column.desc(), FileRow.id.desc()) if descending else (column.asc(), FileRow.id.asc())
+            rows = session.scalars(page.order_by(*ordering).limit(limit).offset(offset)).all()
+            return [_file(r) for r in rows], total
+
+    def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject:
+        """Set deleted_at (once; repeating is harmless). The content is the caller's to delete."""
+        with self._transaction(write=True) as session:
+            row = session.get(FileRow, file_id)
+            if row is None or (owner is not None and row.owner != owner):
+                raise FileNotFound(f"no file {file_id!r}")
+            if row.deleted_at is None:
+                row.deleted_at = utcnow()
+                session.flush()
+            return _file(row)
+
+    # -- API keys ---------------------------------------------------------------------
+
+    def create_api_key(self, owner: str, name: str, is_admin: bool = False) -> tuple[ApiKey, str]:
+        """A new key for `owner`: its record and the plaintext, which is not kept anywhere
+        (only its sha256): show it once."""
+        plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        row = ApiKeyRow(
+            id=f"key_{uuid.uuid4().hex}",
+            owner=owner,
+            name=name,
+            prefix=plaintext[:_API_KEY_LOOKUP_CHARS],
+            sha256=_sha256(plaintext),
+            is_admin=is_admin,
+            created_at=utcnow(),
+        )
+        with self._transaction(write=True) as session:
+            session.add(row)
+            session.flush()
+            return _api_key(row), plaintext
+
+    def identify_api_key(self, plaintext: str) -> ApiKey | None:
+        """The live (not revoked) key whose secret is `plaintext`, else None.
+        Hashes are compared in constant time."""
+        digest = _sha256(plaintext)
+        with self._transaction(write=False) as session:
+            candidates = session.scalars(
+                select(ApiKeyRow).where(
+                    ApiKeyRow.prefix == plaintext[:_API_KEY_LOOKUP_CHARS], ApiKeyRow.revoked_at.is_(None)
+                )
+            ).all()
+            for row in candidates:
+                if hmac.compare_digest(row.sha256, digest):
+                    return _api_key(row)
+            return None
+
+    def authenticate_api_key(self, plaintext: str) -> str | None:
+        """The owner of the live key `plaintext`, or None (see identify_api_key for is_admin)."""
+        key = self.identify_api_key(plaintext)
+        return key.owner if key else None
+
+    def revoke_api_key(self, key_id: str, owner: str | None = None) -> ApiKey:
+        """Revoke the key (once; repeating is harmless); it no longer authenticates."""
+        with self._transaction(write=True) as session:
+            row = session.get(ApiKeyRow, key_id)
+            if row is None or (owner is not None and row.owner != owner):
+                raise ApiKeyNotFound(f"no API key {key_id!r}")
+            if row.revoked_at is None:
+                row.revoked_at = utcnow()
+                session.flush()
+            return _api_key(row)
+
+    def list_api_keys(self, owner: str | None = None, include_revoked: bool = False) -> list[ApiKey]:
+        filters = [ApiKeyRow.owner == owner] if owner is not None else []
+        if not include_revoked:
+            filters.append(ApiKeyRow.revoked_at.is_(None))
+        with self._transaction(write=False) as session:
+            rows = session.scalars(select(ApiKeyRow).where(*filters).order_by(ApiKeyRow.created_at)).all()
+            return [_api_key(r) for r in rows]
+
+
+# A forked child (Airflow's LocalExecutor forks task processes) must not reuse its
+# parent's pooled connections: drop them, without closing the parent's sockets.
+_live_stores: weakref.WeakSet[JobStore] = weakref.WeakSet()
+
+
+def _forget_connections_after_fork() -> None:
+    for store in list(_live_stores):
+        if store._engine is not None:
+            store._engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_connections_after_fork)
+
+
+@lru_cache(maxsize=None)
+def _store_for(url: str) -> JobStore:
+    return JobStore(url)
+
+
+def get_job_store(url: str | None = None) -> JobStore:
+    """The process-wide store for `url` (default: Settings.database_url)."""
+    if url is None:
+        from llm_batch.config import get_settings
+
+        url = get_settings().database_url
+    return _store_for(url)
