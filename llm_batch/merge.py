@@ -1,0 +1,235 @@
+"""Merge a job: every input index ends as exactly one output or error line, in input order.
+
+A streaming k-way merge (``heapq.merge`` by input index) of the validation errors and, per
+shard in the manifest, its requests paired with its results:
+
+- a request with a successful result  -> an output line (and a Scale element: the body);
+- a request with an engine error      -> an error line with the response and the error;
+- a request with no result            -> an error line with code ``not_run`` (its shard was
+  cancelled, timed out or failed for good; the message says why when a reason is given);
+- a validation error                  -> an error line with its line number and code.
+
+Outputs, each published atomically through ``storage.open_write``:
+
+``layout.output_jsonl`` (OpenAI / Mistral output file), one line per success::
+
+    {"id": "batch_req_<h>", "custom_id": ..., "response": {"status_code": 200,
+     "request_id": "req_<h>", "body": {...}}, "error": null}
+
+``layout.errors_jsonl`` (OpenAI error file shape, plus the 1-based input ``line``)::
+
+    {"id": "batch_req_<h>", "custom_id": ..., "line": 7,
+     "response": {"status_code": 400, "request_id": "req_<h>",
+                  "body": {"error": {"message", "type", "code"}}} | null,
+     "error": {"code": ..., "message": ...}}
+
+``response`` is set for engine errors and null for validation errors and requests not run.
+
+``layout.output_json`` or ``scale_output_uri`` (Scale): a JSON array with one element per
+input index, in input order: the response body for a success, and for a failure::
+
+    {"error": {"code": ..., "message": ...}, "custom_id": ..., "line": 7}
+
+``<h>`` is a hash of the job id and input index, so a rerun writes the same bytes. Memory is
+bounded by the number of shards: one pending record per stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import orjson
+
+from llm_batch import storage
+from llm_batch.layout import JobLayout
+from llm_batch.records import ErrorRecord, ResultRecord
+from llm_batch.results import read_results
+from llm_batch.sharding import ShardPlan, read_manifest
+from llm_batch.streams import ChunkedWriter, iter_lines
+
+NOT_RUN = "not_run"
+DEFAULT_NOT_RUN_MESSAGE = "the request was not run: its shard stopped before reaching it"
+
+Outcome = ResultRecord | ErrorRecord
+
+
+class MergeError(ValueError):
+    """The merge inputs contradict each other (e.g. two records for one input index)."""
+
+
+@dataclass(frozen=True)
+class MergeCounts:
+    """total = succeeded + failed; failed counts invalid lines, engine errors and not run."""
+
+    total: int
+    succeeded: int
+    failed: int
+    not_run: int
+    invalid: int
+
+
+def stable_request_hash(job_id: str, index: int) -> str:
+    return hashlib.blake2b(f"{job_id}:{index}".encode(), digest_size=12).hexdigest()
+
+
+def _lines(uri: str) -> Iterator[bytes]:
+    with storage.open_read(uri) as stream:
+        for line in iter_lines(stream):
+            if line.strip():
+                yield line
+
+
+def _validation_errors(uri: str) -> Iterator[ErrorRecord]:
+    for line in _lines(uri):
+        data = orjson.loads(line)
+        # records.dumps_line drops None, so a line without custom_id means custom_id=None.
+        data.setdefault("custom_id", None)
+        yield ErrorRecord.model_validate(data)
+
+
+def _shard_outcomes(plan: ShardPlan, not_run_message: str) -> Iterator[Outcome]:
+    """Each request of the shard, in order, paired with its result or marked not run."""
+    results = read_results(plan.results_uri)
+    pending = next(results, None)
+    for line in _lines(plan.requests_uri):
+        request = orjson.loads(line)
+        index = request["index"]
+        # Results for indices this shard does not hold (a stale checkpoint) are passed over.
+        while pending is not None and pending.index < index:
+            pending = next(results, None)
+        if pending is not None and pending.index == index:
+            yield pending
+            pending = next(results, None)
+        else:
+            yield ErrorRecord(index=index, line=index + 1, custom_id=request["custom_id"],
+                              code=NOT_RUN, message=not_run_message)
+
+
+def _error_body(result: ResultRecord) -> dict[str, Any]:
+    """The OpenAI-style error body of an engine error (the engine's own, when it gave one)."""
+    if result.body and isinstance(result.body.get("error"), dict):
+        return result.body
+    error = result.error
+    kind = "invalid_request_error" if 400 <= result.status_code < 500 else "server_error"
+    return {"error": {"message": error.message if error else "request failed",
+                      "type": kind, "code": error.code if error else None}}
+
+
+class _Outputs:
+    """The open output files; writes one outcome to each that is wanted."""
+
+    def __init__(self, job_id: str, jsonl: ChunkedWriter | None, errors: ChunkedWriter | None,
+                 scale: ChunkedWriter | None):
+        self.job_id = job_id
+        self.jsonl, self.errors, self.scale = jsonl, errors, scale
+        self._scale_items = 0
+
+    def _scale_element(self, element: Any) -> None:
+        if self.scale is not None:
+            self.scale.write((b"," if self._scale_items else b"") + orjson.dumps(element))
+            self._scale_items += 1
+
+    def success(self, result: ResultRecord) -> None:
+        if self.jsonl is not None:
+            h = stable_request_hash(self.job_id, result.index)
+            self.jsonl.write(orjson.dumps({
+                "id": f"batch_req_{h}", "custom_id": result.custom_id,
+                "response": {"status_code": result.status_code, "request_id": f"req_{h}",
+                             "body": result.body},
+                "error": None,
+            }) + b"\n")
+        self._scale_element(result.body)
+
+    def failure(self, index: int, line: int, custom_id: str | None, code: str, message: str,
+                response: dict[str, Any] | None = None) -> None:
+        if self.errors is not None:
+            h = stable_request_hash(self.job_id, index)
+            if response is not None:
+                response = {"status_code": response["status_code"], "request_id": f"req_{h}",
+                            "body": response["body"]}
+            self.errors.write(orjson.dumps({
+                "id": f"batch_req_{h}", "custom_id": custom_id, "line": line,
+                "response": response, "error": {"code": code, "message": message},
+            }) + b"\n")
+        self._scale_element({"error": {"code": code, "message": message},
+                             "custom_id": custom_id, "line": line})
+
+
+def merge_job(
+    layout: JobLayout,
+    *,
+    jsonl: bool = True,
+    scale_json: bool = False,
+    scale_output_uri: str | None = None,
+    not_run_reason: str | None = None,
+    shard_not_run_reasons: Mapping[int, str] | None = None,
+) -> MergeCounts:
+    """Write the job's merged outputs and return the counts.
+
+    ``jsonl`` writes ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both always, the
+    errors file empty when nothing failed). ``scale_json`` (implied by ``scale_output_uri``)
+    writes the Scale array to ``scale_output_uri`` or ``layout.output_json``. A request with
+    no result gets ``shard_not_run_reasons[k]`` (its shard's reason), else ``not_run_reason``,
+    else a default message. Needs the shard manifest (``plan_shards``) and the validation
+    errors file. Rerunning gives the same bytes; on error nothing is published.
+    """
+    manifest = read_manifest(layout)
+    shard_reasons = shard_not_run_reasons or {}
+    streams: list[Iterator[Outcome]] = [_validation_errors(layout.validation_errors)]
+    for plan in manifest.shards:
+        message = shard_reasons.get(plan.index) or not_run_reason or DEFAULT_NOT_RUN_MESSAGE
+        streams.append(_shard_outcomes(plan, message))
+
+    succeeded = failed = not_run = invalid = 0
+    with ExitStack() as stack:
+        def sink(uri: str) -> ChunkedWriter:
+            return ChunkedWriter(stack.enter_context(storage.open_write(uri)))
+
+        outputs = _Outputs(
+            layout.job_id,
+            jsonl=sink(layout.output_jsonl) if jsonl else None,
+            errors=sink(layout.errors_jsonl) if jsonl else None,
+            scale=sink(scale_output_uri or layout.output_json)
+            if scale_json or scale_output_uri else None,
+        )
+        if outputs.scale is not None:
+            outputs.scale.write(b"[")
+        last_index = -1
+        for outcome in heapq.merge(*streams, key=attrgetter("index")):
+            if outcome.index <= last_index:
+                raise MergeError(
+                    f"job {layout.job_id}: input index {outcome.index} has more than one record "
+                    "(validation errors and shard requests overlap)"
+                )
+            last_index = outcome.index
+            if isinstance(outcome, ErrorRecord):
+                failed += 1
+                not_run += outcome.code == NOT_RUN
+                invalid += outcome.code != NOT_RUN
+                outputs.failure(outcome.index, outcome.line, outcome.custom_id,
+                                outcome.code, outcome.message)
+            elif outcome.ok:
+                succeeded += 1
+                outputs.success(outcome)
+            else:
+                failed += 1
+                error = outcome.error
+                outputs.failure(
+                    outcome.index, outcome.index + 1, outcome.custom_id,
+                    error.code if error else f"http_{outcome.status_code}",
+                    error.message if error else f"request failed with status {outcome.status_code}",
+                    response={"status_code": outcome.status_code, "body": _error_body(outcome)},
+                )
+        if outputs.scale is not None:
+            outputs.scale.write(b"]")
+        for writer in (outputs.jsonl, outputs.errors, outputs.scale):
+            if writer is not None:
+                writer.flush()
+    return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
+                       not_run=not_run, invalid=invalid)

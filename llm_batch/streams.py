@@ -1,0 +1,46 @@
+"""Line-level streaming over any binary stream storage hands out (file, S3 body, pipe).
+
+Storage streams only promise ``read(n)`` and ``write(b)``: an S3 body iterates in fixed-size
+chunks, not lines, and an S3 writer may send each ``write`` as a request. These two helpers
+give lines in and large writes out, with memory bounded by one chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import BinaryIO
+
+CHUNK_BYTES = 1 << 20
+
+
+def iter_lines(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The lines of ``stream`` without their newline; a last line without one is kept."""
+    pending = b""
+    while chunk := stream.read(chunk_bytes):
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        yield from lines
+    if pending:
+        yield pending
+
+
+class ChunkedWriter:
+    """Collects small writes and hands ``stream`` chunks of about ``chunk_bytes``."""
+
+    def __init__(self, stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES):
+        self._stream = stream
+        self._chunk_bytes = chunk_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= self._chunk_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            self._stream.write(b"".join(self._parts))
+            self._parts.clear()
+            self._size = 0

@@ -1,0 +1,140 @@
+"""Merge: output and error files in input order, Scale array, counts, idempotence."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from llm_batch import storage
+from llm_batch.merge import MergeCounts, MergeError, merge_job
+from llm_batch.records import ErrorRecord, ResultRecord, dumps_line
+from llm_batch.results import ResultsWriter, part_uri
+from llm_batch.sharding import plan_shards
+from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
+from tests.unit.storage_standin import local_storage  # noqa: F401  (until storage lands)
+
+
+def jsonl(uri: str) -> list[dict]:
+    return [orjson.loads(line) for line in storage.read_bytes(uri).splitlines()]
+
+
+@pytest.fixture
+def job():
+    """10 input lines (3 and 7 invalid), 3 shards [0,1,2] [4,5] [6,8,9]; shard 0 all run
+    (1 is an engine error), shard 1 half run, shard 2 nothing run."""
+    layout = new_layout()
+    requests = write_job(layout, [i not in (3, 7) for i in range(10)])
+    plans = plan_shards(layout, 3)
+    by_index = {r.index: r for r in requests}
+    ran = {0: [0, 1, 2], 1: [4], 2: []}
+    for plan in plans:
+        with ResultsWriter.open(plan.results_uri) as writer:
+            for index in ran[plan.index]:
+                record = by_index[index]
+                writer.write(engine_error(record) if index == 1 else ok_result(record))
+    return layout, plans
+
+
+def test_outputs_cover_every_line_in_order(job):
+    layout, plans = job
+    assert [(p.first_index, p.last_index) for p in plans] == [(0, 2), (4, 5), (6, 9)]
+    counts = merge_job(layout, scale_json=True)
+    assert counts == MergeCounts(total=10, succeeded=3, failed=7, not_run=4, invalid=2)
+
+    outputs = jsonl(layout.output_jsonl)
+    assert [o["custom_id"] for o in outputs] == ["req-0", "req-2", "req-4"]
+    assert all(o["error"] is None and o["response"]["status_code"] == 200 for o in outputs)
+    assert outputs[0]["response"]["body"] == {"object": "chat.completion", "echo": "req-0"}
+    assert all(o["id"].startswith("batch_req_") and o["response"]["request_id"].startswith("req_")
+               for o in outputs)
+
+    errors = jsonl(layout.errors_jsonl)
+    assert [e["line"] for e in errors] == [2, 4, 6, 7, 8, 9, 10]
+    assert [e["error"]["code"] for e in errors] == [
+        "context_length_exceeded", "invalid_json", "not_run", "not_run", "invalid_json",
+        "not_run", "not_run"]
+    engine = errors[0]
+    assert engine["response"]["status_code"] == 400
+    assert engine["response"]["body"]["error"] == {
+        "message": "prompt is too long", "type": "invalid_request_error",
+        "code": "context_length_exceeded"}
+    assert all(e["response"] is None for e in errors[1:])
+    assert errors[1]["custom_id"] is None and errors[2]["custom_id"] == "req-5"
+
+    ids = [o["id"] for o in outputs + errors]
+    assert len(set(ids)) == 10
+
+    scale = orjson.loads(storage.read_bytes(layout.output_json))
+    assert len(scale) == 10
+    assert scale[0] == {"object": "chat.completion", "echo": "req-0"}
+    assert scale[1] == {"error": {"code": "context_length_exceeded", "message": "prompt is too long"},
+                        "custom_id": "req-1", "line": 2}
+    assert scale[3]["error"]["code"] == "invalid_json" and scale[3]["line"] == 4
+    assert [("error" not in s) for s in scale] == [i in (0, 2, 4) for i in range(10)]
+
+
+def test_rerun_writes_the_same_bytes(job):
+    layout, _ = job
+    first = merge_job(layout, scale_json=True)
+    files = [storage.read_bytes(u) for u in (layout.output_jsonl, layout.errors_jsonl, layout.output_json)]
+    assert merge_job(layout, scale_json=True) == first
+    assert [storage.read_bytes(u) for u in (layout.output_jsonl, layout.errors_jsonl,
+                                            layout.output_json)] == files
+
+
+def test_not_run_reasons_job_wide_and_per_shard(job):
+    layout, _ = job
+    merge_job(layout, not_run_reason="job cancelled before this request ran",
+              shard_not_run_reasons={2: "shard 2 failed after 3 attempts"})
+    messages = {e["custom_id"]: e["error"]["message"] for e in jsonl(layout.errors_jsonl)
+                if e["error"]["code"] == "not_run"}
+    assert messages == {"req-5": "job cancelled before this request ran",
+                        "req-6": "shard 2 failed after 3 attempts",
+                        "req-8": "shard 2 failed after 3 attempts",
+                        "req-9": "shard 2 failed after 3 attempts"}
+
+
+def test_scale_output_uri_override_and_jsonl_off(job):
+    layout, _ = job
+    target = layout.root + "/user/out.json"
+    merge_job(layout, jsonl=False, scale_output_uri=target)
+    assert len(orjson.loads(storage.read_bytes(target))) == 10
+    assert not storage.exists(layout.output_jsonl) and not storage.exists(layout.output_json)
+
+
+def test_all_invalid_job_merges_to_errors_only():
+    layout = new_layout()
+    write_job(layout, [False, False, False])
+    plan_shards(layout, 2)
+    assert merge_job(layout, scale_json=True) == MergeCounts(3, 0, 3, 0, 3)
+    assert storage.read_bytes(layout.output_jsonl) == b""
+    assert [e["line"] for e in jsonl(layout.errors_jsonl)] == [1, 2, 3]
+    assert len(orjson.loads(storage.read_bytes(layout.output_json))) == 3
+
+
+def test_empty_scale_array_is_valid_json():
+    layout = new_layout()
+    write_job(layout, [])
+    plan_shards(layout, 1)
+    assert merge_job(layout, scale_json=True).total == 0
+    assert orjson.loads(storage.read_bytes(layout.output_json)) == []
+
+
+def test_stale_and_repeated_results_are_passed_over(job):
+    layout, plans = job
+    # A later part repeats index 4 and holds an index shard 1 does not own (3).
+    storage.write_bytes(part_uri(plans[1].results_uri, 1), b"".join(
+        dumps_line(ResultRecord(index=i, custom_id=f"req-{i}", status_code=200, body={}))
+        for i in (3, 4, 5)))
+    counts = merge_job(layout)
+    assert (counts.total, counts.succeeded) == (10, 4)  # 5 is now done, 3 stays invalid
+
+
+def test_overlapping_records_for_one_index_fail_the_merge_and_publish_nothing(job):
+    layout, _ = job
+    extra = ErrorRecord(index=0, line=1, custom_id=None, code="invalid_json", message="dup")
+    storage.write_bytes(layout.validation_errors,
+                        dumps_line(extra) + storage.read_bytes(layout.validation_errors))
+    with pytest.raises(MergeError, match="input index 0 has more than one record"):
+        merge_job(layout)
+    assert not storage.exists(layout.output_jsonl)

@@ -1,0 +1,109 @@
+"""The shard checkpoint: ordered parts, resume from what is there, order enforced."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm_batch import storage
+from llm_batch.layout import join_uri
+from llm_batch.records import ResultRecord, dumps_line
+from llm_batch.results import (
+    ResultsError, ResultsWriter, count_results, list_parts, part_uri, read_results,
+)
+from tests.unit.data_plane_fixtures import new_layout
+from tests.unit.storage_standin import local_storage  # noqa: F401  (until storage lands)
+
+
+def result(index: int) -> ResultRecord:
+    return ResultRecord(index=index, custom_id=f"c{index}", status_code=200, body={"i": index})
+
+
+@pytest.fixture
+def results_uri() -> str:
+    return new_layout().shard(0).results
+
+
+def test_empty_checkpoint_has_nothing_done(results_uri):
+    writer = ResultsWriter.open(results_uri)
+    assert writer.done == 0
+    writer.close()
+    assert list_parts(results_uri) == []
+    assert list(read_results(results_uri)) == []
+    assert count_results(results_uri) == 0
+
+
+def test_parts_are_published_on_the_record_bound_and_read_back_in_order(results_uri):
+    with ResultsWriter.open(results_uri, flush_every_records=2, flush_every_s=3600) as writer:
+        for i in (3, 5, 8, 13, 21):
+            writer.write(result(i))
+        assert [p.start for p in list_parts(results_uri)] == [0, 2]  # 5th still buffered
+    assert [p.start for p in list_parts(results_uri)] == [0, 2, 4]
+    assert [r.index for r in read_results(results_uri)] == [3, 5, 8, 13, 21]
+    assert count_results(results_uri) == 5
+
+
+def test_time_bound_publishes_each_write(results_uri):
+    writer = ResultsWriter.open(results_uri, flush_every_s=0)
+    writer.write(result(0))
+    writer.write(result(1))
+    assert [p.start for p in list_parts(results_uri)] == [0, 1]
+
+
+def test_resume_continues_after_the_published_prefix(results_uri):
+    with ResultsWriter.open(results_uri, flush_every_records=3) as writer:
+        for i in range(7):
+            writer.write(result(i))
+    resumed = ResultsWriter.open(results_uri)
+    assert resumed.done == 7
+    with pytest.raises(ResultsError, match="request order"):
+        resumed.write(result(6))
+    resumed.write(result(7))
+    assert resumed.done == 8
+    resumed.close()
+    assert [r.index for r in read_results(results_uri)] == list(range(8))
+
+
+def test_unflushed_records_are_lost_not_torn(results_uri):
+    """A killed worker loses only its buffer; resume redoes exactly those requests."""
+    writer = ResultsWriter.open(results_uri, flush_every_records=4, flush_every_s=3600)
+    for i in range(6):
+        writer.write(result(i))
+    del writer  # killed: never closed
+    assert ResultsWriter.open(results_uri).done == 4
+    assert [r.index for r in read_results(results_uri)] == [0, 1, 2, 3]
+
+
+def test_out_of_order_write_is_refused(results_uri):
+    writer = ResultsWriter.open(results_uri)
+    writer.write(result(4))
+    with pytest.raises(ResultsError, match="result for request 2 written after request 4"):
+        writer.write(result(2))
+
+
+def test_leaving_with_block_on_error_still_publishes_finished_results(results_uri):
+    with pytest.raises(RuntimeError):
+        with ResultsWriter.open(results_uri, flush_every_s=3600) as writer:
+            writer.write(result(0))
+            raise RuntimeError("engine died")
+    assert count_results(results_uri) == 1
+
+
+def test_parts_sort_by_number_past_six_digits_and_strangers_are_ignored(results_uri):
+    storage.write_bytes(part_uri(results_uri, 1_000_000), dumps_line(result(1_000_000)))
+    storage.write_bytes(part_uri(results_uri, 999_999), dumps_line(result(999_999)))
+    storage.write_bytes(join_uri(results_uri, "notes.txt"), b"x")
+    assert [p.start for p in list_parts(results_uri)] == [999_999, 1_000_000]
+    assert count_results(results_uri) == 1_000_001
+
+
+def test_overlapping_parts_are_read_once(results_uri):
+    """Two writers resumed from one checkpoint: positions already read are skipped."""
+    storage.write_bytes(part_uri(results_uri, 0), b"".join(dumps_line(result(i)) for i in range(3)))
+    storage.write_bytes(part_uri(results_uri, 2), b"".join(dumps_line(result(i)) for i in (2, 3, 4)))
+    assert [r.index for r in read_results(results_uri)] == [0, 1, 2, 3, 4]
+
+
+def test_a_corrupt_line_names_its_part_and_line(results_uri):
+    storage.write_bytes(part_uri(results_uri, 0), dumps_line(result(0)) + b'{"index": 1\n')
+    with pytest.raises(ResultsError, match=r"part-000000\.jsonl: line 2 is not a result record"):
+        list(read_results(results_uri))
