@@ -1,0 +1,48 @@
+"""``llm-batch up | down | status``: the embedded stack (see llm_batch.stack)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser("up", help="start the embedded Airflow stack and wait until healthy")
+    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health")
+    up.set_defaults(func=_up)
+    down = subparsers.add_parser("down", help="stop the embedded stack")
+    down.set_defaults(func=_down)
+    status = subparsers.add_parser("status", help="show which stack components run")
+    status.set_defaults(func=_status)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from llm_batch.stack import Stack, StackError
+
+    stack = Stack.from_env()
+    print(f"starting the embedded stack (logs in {stack.log_dir}) ...", file=sys.stderr)
+    try:
+        stack.up(timeout=args.timeout)
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Airflow UI and API: {stack.base_url}  (user admin, password {stack.admin_password()})")
+    print(f"Batch API:          {stack.base_url}/batch  (docs: {stack.base_url}/batch/docs)")
+    print("API key for SDKs:   llm-batch api-key create --owner admin --admin")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from llm_batch.stack import Stack
+
+    Stack.from_env().down()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from llm_batch.stack import Stack
+
+    state = Stack.from_env().running()
+    for component, pid in state.items():
+        print(f"{component:14} {'running (pid %d)' % pid if pid else 'stopped'}")
+    return 0 if all(state.values()) else 3

@@ -1,0 +1,211 @@
+"""The embedded stack: Airflow's components as separate local processes on SQLite.
+
+``up`` migrates Airflow's DB, then starts api-server, scheduler, dag-processor and triggerer,
+each in its own process group with a pid file and a log under ``$LLM_BATCH_HOME/airflow``,
+and waits until the api-server answers its health check. ``down`` stops each group
+(SIGTERM, then SIGKILL after a grace), so nothing is orphaned: ``airflow standalone`` is not
+used because stopping it orphans its children (FACTS.md).
+
+Only imported by the CLI; Airflow runs in child processes, never in this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_batch.config import Settings, get_settings
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+ADMIN_USER = "admin"
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def repo_dags_folder() -> Path:
+    """dags/ of this checkout (the project installs in editable mode from its checkout)."""
+    return Path(__file__).resolve().parent.parent / "dags"
+
+
+@dataclass(frozen=True)
+class Stack:
+    settings: Settings
+    port: int = 8080
+
+    @classmethod
+    def from_env(cls) -> Stack:
+        return cls(get_settings(), int(os.environ.get("LLM_BATCH_API_PORT", "8080")))
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.settings.home / "airflow"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.airflow_home / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.airflow_home / "logs"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def passwords_file(self) -> Path:
+        return self.airflow_home / "passwords.json"
+
+    def env(self) -> dict[str, str]:
+        """Airflow configuration for every component (the same for all: they must agree)."""
+        secret_file = self.airflow_home / "jwt_secret"
+        if not secret_file.exists():
+            secret_file.parent.mkdir(parents=True, exist_ok=True)
+            secret_file.write_text(secrets.token_urlsafe(32))
+            secret_file.chmod(0o600)
+        env = dict(os.environ)
+        env.update(
+            {
+                "AIRFLOW_HOME": str(self.airflow_home),
+                "LLM_BATCH_HOME": str(self.settings.home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(repo_dags_folder()),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                # 2 cores: a few worker processes, not Airflow's default 32.
+                "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "4"),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+                # Without these, tasks cannot reach the Execution API on a port other than 8080.
+                "AIRFLOW__API__BASE_URL": self.base_url,
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+                "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
+                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+                "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
+            }
+        )
+        return env
+
+    def command(self, component: str) -> list[str]:
+        airflow = [sys.executable, "-m", "airflow"]
+        if component == "api-server":
+            return [*airflow, "api-server", "--host", "127.0.0.1", "--port", str(self.port)]
+        return [*airflow, component]
+
+    def pid_file(self, component: str) -> Path:
+        return self.run_dir / f"{component}.pid"
+
+    def running(self) -> dict[str, int | None]:
+        """Each component's pid if its process is alive, else None."""
+        state: dict[str, int | None] = {}
+        for component in COMPONENTS:
+            pid = _read_pid(self.pid_file(component))
+            state[component] = pid if pid and _alive(pid) else None
+        return state
+
+    def admin_password(self) -> str:
+        if not self.passwords_file.exists():
+            self.passwords_file.parent.mkdir(parents=True, exist_ok=True)
+            self.passwords_file.write_text(json.dumps({ADMIN_USER: secrets.token_urlsafe(12)}))
+            self.passwords_file.chmod(0o600)
+        return json.loads(self.passwords_file.read_text())[ADMIN_USER]
+
+    def up(self, timeout: float = 180.0) -> None:
+        if all(self.running().values()):
+            return
+        self.down()  # a partial stack from an earlier crash: start clean
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.admin_password()
+        env = self.env()
+        _run_logged([sys.executable, "-m", "airflow", "db", "migrate"], env, self.log_dir / "db-migrate.log")
+        for component in COMPONENTS:
+            log = open(self.log_dir / f"{component}.log", "ab")  # noqa: SIM115 (owned by the child)
+            proc = subprocess.Popen(
+                self.command(component), env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+            self.pid_file(component).write_text(str(proc.pid))
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            dead = [c for c, pid in self.running().items() if pid is None]
+            if dead:
+                raise StackError(
+                    f"{', '.join(dead)} exited during start-up; see {self.log_dir}/<component>.log"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/api/v2/monitor/health", timeout=5) as r:
+                    health = json.load(r)
+                if all(v.get("status") == "healthy" for k, v in health.items()
+                       if isinstance(v, dict) and k in ("metadatabase", "scheduler")):
+                    return
+                last = json.dumps(health)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last = str(exc)
+            time.sleep(1)
+        raise StackError(
+            f"the stack did not become healthy within {timeout:.0f}s (last: {last}); "
+            f"logs in {self.log_dir}"
+        )
+
+    def down(self, grace: float = 20.0) -> None:
+        pids = {c: _read_pid(self.pid_file(c)) for c in COMPONENTS}
+        for pid in filter(None, pids.values()):
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for component, pid in pids.items():
+            while pid and _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if pid:
+                _signal_group(pid, signal.SIGKILL)
+            self.pid_file(component).unlink(missing_ok=True)
+
+
+def _run_logged(cmd: list[str], env: dict[str, str], log: Path) -> None:
+    with open(log, "ab") as out:
+        if subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode:
+            raise StackError(f"{' '.join(cmd[2:])} failed; see {log}")
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by us) counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
