@@ -128,6 +128,13 @@ def _api_key(row: ApiKeyRow) -> ApiKey:
     return _snapshot(ApiKey, row)
 
 
+def _require_aware(**values: datetime | None) -> None:
+    """Refuse naive datetimes up front, naming the argument (they would be misread)."""
+    for name, value in values.items():
+        if value is not None and value.tzinfo is None:
+            raise ValueError(f"{name}={value!r} is a naive datetime; pass a timezone-aware one")
+
+
 def _check_page(limit: int, offset: int) -> None:
     if not 1 <= limit <= MAX_PAGE_SIZE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
@@ -270,6 +277,7 @@ class JobStore:
             raise ValueError(f"data_parallelism must be >= 1, got {data_parallelism}")
         if max_runtime_sec is not None and max_runtime_sec < 1:
             raise ValueError(f"max_runtime_sec must be >= 1, got {max_runtime_sec}")
+        _require_aware(created_at=created_at, expires_at=expires_at)
         created_at = created_at or utcnow()
         if expires_at is None and max_runtime_sec is not None:
             expires_at = created_at + timedelta(seconds=max_runtime_sec)
@@ -340,6 +348,7 @@ class JobStore:
         ``total`` ignores limit, offset and after.
         """
         _check_page(limit, offset)
+        _require_aware(created_after=created_after, expires_before=expires_before)
         column, descending = _order(JobRow, order_by, _JOB_ORDER_COLUMNS)
         filters: list[ColumnElement[bool]] = []
         if owner is not None:
@@ -412,12 +421,12 @@ class JobStore:
         return self._compare_and_set(job_id, changes, owner)
 
     def is_cancel_requested(self, job_id: str) -> bool:
+        """Whether a cancel was asked for (workers poll this at their checkpoints)."""
         with self._transaction(write=False) as session:
-            requested_at = session.scalar(select(JobRow.cancel_requested_at).where(JobRow.id == job_id))
-            exists = requested_at is not None or session.get(JobRow, job_id) is not None
-            if not exists:
+            found = session.execute(select(JobRow.cancel_requested_at).where(JobRow.id == job_id)).one_or_none()
+            if found is None:
                 raise JobNotFound(f"no job {job_id!r}")
-            return requested_at is not None
+            return found.cancel_requested_at is not None
 
     def set_counts(
         self,
@@ -491,6 +500,7 @@ class JobStore:
             raise ValueError(f"file kind {kind!r} is unknown; use one of {', '.join(FILE_KINDS)}")
         if bytes < 0:
             raise ValueError(f"bytes must be >= 0, got {bytes}")
+        _require_aware(expires_at=expires_at)
         row = FileRow(
             id=id or new_file_id(),
             owner=owner,
@@ -536,6 +546,7 @@ class JobStore:
     ) -> tuple[list[FileObject], int]:
         """One page of file objects and the total matching (same paging rules as list_jobs)."""
         _check_page(limit, offset)
+        _require_aware(created_before=created_before)
         column, descending = _order(FileRow, order_by, _FILE_ORDER_COLUMNS)
         filters: list[ColumnElement[bool]] = []
         for attribute, value in (("owner", owner), ("purpose", purpose), ("kind", kind), ("job_id", job_id)):

@@ -1,0 +1,439 @@
+"""The job store's behaviour, the same test bodies on SQLite and on a real PostgreSQL.
+
+The ``store`` fixture is parametrised: ``sqlite`` (a file in tmp_path) and ``postgres``
+(a fresh database in the private cluster of tests/fixtures/postgres.py; marked
+``postgres``, deselect with ``-m "not postgres"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+
+from llm_batch.endpoints import UnsupportedEndpointError
+from llm_batch.jobs import TERMINAL_STATUSES, InvalidTransition, JobStatus
+from llm_batch.jobstore import (
+    ApiKeyNotFound,
+    DuplicateId,
+    FileNotFound,
+    InvalidCursor,
+    JobNotFound,
+    JobStore,
+    upgrade_to_head,
+)
+
+CHAT = "/v1/chat/completions"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.db'}"
+    return request.getfixturevalue("postgres_db_url")
+
+
+@pytest.fixture
+def store(store_url: str):
+    store = JobStore(store_url)
+    yield store
+    store.close()
+
+
+def make_job(store: JobStore, **fields):
+    defaults = dict(dialect="openai", endpoint=CHAT, model="tiny", owner="alice")
+    return store.create_job(**{**defaults, **fields})
+
+
+# -- migrations ---------------------------------------------------------------------------
+
+
+def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
+    upgrade_to_head(store_url)
+    upgrade_to_head(store_url)  # second run: nothing to do, no error
+    engine = create_engine(store_url)
+    try:
+        inspector = inspect(engine)
+        assert {"jobs", "files", "api_keys", "llm_batch_alembic_version"} <= set(inspector.get_table_names())
+        assert "alembic_version" not in inspector.get_table_names()  # never Airflow's table
+        indexed = {tuple(ix["column_names"]) for ix in inspector.get_indexes("jobs")}
+        assert {("owner", "created_at"), ("owner", "status"), ("dialect", "created_at"), ("model",)} <= indexed
+        with engine.connect() as connection:
+            versions = connection.execute(text("SELECT version_num FROM llm_batch_alembic_version")).all()
+        assert versions == [("0001",)]
+    finally:
+        engine.dispose()
+
+
+# -- create / get -------------------------------------------------------------------------
+
+
+def test_create_and_get_round_trip_every_field(store: JobStore):
+    created = make_job(
+        store,
+        dialect="scale",
+        input={"uri": "s3://bucket/in.jsonl"},
+        input_format="jsonl",
+        model_config={"max_tokens": 16},
+        output_uri="s3://bucket/work/out.jsonl",
+        scale_output_uri="s3://bucket/out.json",
+        metadata={"team": "search"},
+        labels={"env": "test"},
+        priority=7,
+        data_parallelism=4,
+        resources={"gpus": 1, "gpu_type": "nvidia-ampere-a10"},
+        max_runtime_sec=600,
+        dag_run_id="manual__1",
+    )
+    assert created.id.startswith("job_") and len(created.id) == 4 + 32
+    assert created.status is JobStatus.QUEUED
+    assert (created.total, created.completed, created.succeeded, created.failed) == (0, 0, 0, 0)
+    assert created.created_at.tzinfo is not None and created.created_at.utcoffset() == timedelta(0)
+    assert created.expires_at == created.created_at + timedelta(seconds=600)
+    fetched = store.get_job(created.id)
+    assert fetched == created
+    assert fetched.metadata == {"team": "search"} and fetched.resources["gpu_type"] == "nvidia-ampere-a10"
+    assert dataclasses.asdict(fetched)["model_config"] == {"max_tokens": 16}
+
+
+def test_create_refuses_bad_fields_precisely(store: JobStore):
+    with pytest.raises(ValueError, match="dialect 'klingon'"):
+        make_job(store, dialect="klingon")
+    with pytest.raises(UnsupportedEndpointError, match="/v1/ocr"):
+        make_job(store, endpoint="/v1/ocr")
+    with pytest.raises(ValueError, match="data_parallelism"):
+        make_job(store, data_parallelism=0)
+    with pytest.raises(ValueError, match="created_at=.* naive datetime"):
+        make_job(store, created_at=datetime(2026, 1, 1))
+    job = make_job(store, id="job_fixed")
+    with pytest.raises(DuplicateId, match="job_fixed"):
+        make_job(store, id="job_fixed")
+    assert store.list_jobs()[1] == 1 and store.get_job(job.id) == job
+
+
+def test_datetimes_come_back_as_aware_utc_whatever_zone_went_in(store: JobStore):
+    plus_two = datetime(2026, 3, 1, 14, 0, tzinfo=UTC).astimezone(timezone(timedelta(hours=2)))
+    job = make_job(store, created_at=plus_two)
+    got = store.get_job(job.id).created_at
+    assert got == plus_two and got.tzinfo == UTC and got.hour == 14
+
+
+def test_ownership_other_owner_sees_nothing(store: JobStore):
+    job = make_job(store, owner="alice")
+    assert store.get_job(job.id, owner="alice") == job
+    assert store.get_job(job.id, owner="bob") is None
+    assert store.get_job("job_nope") is None
+    with pytest.raises(JobNotFound):
+        store.request_cancel(job.id, owner="bob")
+    with pytest.raises(JobNotFound):
+        store.set_priority(job.id, 5, owner="bob")
+    assert store.get_job(job.id) == job  # untouched by the refused calls
+    assert store.list_jobs(owner="bob") == ([], 0)
+
+
+# -- transitions --------------------------------------------------------------------------
+
+
+def test_happy_path_sets_each_timestamp_once_in_order(store: JobStore):
+    job = make_job(store)
+    validating = store.transition(job.id, JobStatus.VALIDATING)
+    running = store.transition(job.id, "RUNNING")
+    finalizing = store.transition(job.id, JobStatus.FINALIZING)
+    done = store.transition(job.id, JobStatus.SUCCEEDED, reason="all good")
+    assert done.status is JobStatus.SUCCEEDED and done.status_reason == "all good"
+    assert done.started_at == validating.started_at  # RUNNING did not move it
+    assert job.created_at <= done.started_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at
+    assert running.in_progress_at is not None and finalizing.finalizing_at is not None
+    assert (done.failed_at, done.cancelled_at, done.expired_at, done.cancelling_at) == (None,) * 4
+    assert done.updated_at >= done.completed_at
+
+
+@pytest.mark.parametrize(
+    "status, stamps",
+    [
+        (JobStatus.FAILED, ("failed_at", "completed_at")),
+        (JobStatus.TIMEOUT_EXCEEDED, ("expired_at", "completed_at")),
+        (JobStatus.CANCELLED, ("cancelled_at", "completed_at")),
+    ],
+)
+def test_terminal_statuses_set_their_timestamps(store: JobStore, status: JobStatus, stamps: tuple[str, ...]):
+    job = make_job(store)
+    store.transition(job.id, JobStatus.VALIDATING)
+    ended = store.transition(job.id, status, reason="why")
+    assert all(getattr(ended, name) is not None for name in stamps)
+    assert ended.terminal and ended.status_reason == "why"
+
+
+def test_invalid_transitions_are_refused_and_change_nothing(store: JobStore):
+    job = make_job(store)
+    with pytest.raises(InvalidTransition, match="QUEUED to FINALIZING"):
+        store.transition(job.id, JobStatus.FINALIZING)
+    assert store.get_job(job.id) == job
+    with pytest.raises(ValueError):
+        store.transition(job.id, "DANCING")
+    with pytest.raises(JobNotFound):
+        store.transition("job_missing", JobStatus.VALIDATING)
+
+
+def test_terminal_is_never_left_and_repeating_a_status_is_a_no_op(store: JobStore):
+    job = make_job(store)
+    store.transition(job.id, JobStatus.VALIDATING)
+    again = store.transition(job.id, JobStatus.VALIDATING)  # a retried step
+    failed = store.transition(job.id, JobStatus.FAILED, reason="no valid line")
+    assert again.started_at == failed.started_at
+    for status in JobStatus:
+        if status is JobStatus.FAILED:
+            assert store.transition(job.id, status) == failed
+        else:
+            with pytest.raises(InvalidTransition):
+                store.transition(job.id, status)
+    assert store.get_job(job.id) == failed
+
+
+# -- cancel -------------------------------------------------------------------------------
+
+
+def test_cancel_live_job_then_dag_finishes_it(store: JobStore):
+    job = make_job(store)
+    store.transition(job.id, JobStatus.VALIDATING)
+    store.transition(job.id, JobStatus.RUNNING)
+    assert store.is_cancel_requested(job.id) is False
+    cancelling = store.request_cancel(job.id)
+    assert cancelling.status is JobStatus.CANCELLING and cancelling.cancel_requested
+    assert cancelling.cancel_requested_at == cancelling.cancelling_at
+    assert store.is_cancel_requested(job.id) is True
+    assert store.request_cancel(job.id) == cancelling  # idempotent: nothing moves
+    store.transition(job.id, JobStatus.FINALIZING)
+    cancelled = store.transition(job.id, JobStatus.CANCELLED)
+    assert cancelled.cancel_requested_at == cancelling.cancel_requested_at
+    assert cancelled.cancelled_at >= cancelled.cancelling_at
+    assert store.get_job(job.id).status is JobStatus.CANCELLED  # still readable
+
+
+def test_cancel_leaves_terminal_jobs_as_they_ended(store: JobStore):
+    job = make_job(store)
+    store.transition(job.id, JobStatus.VALIDATING)
+    done = store.transition(job.id, JobStatus.SUCCEEDED)
+    assert store.request_cancel(job.id) == done
+    assert store.is_cancel_requested(job.id) is False
+    with pytest.raises(JobNotFound):
+        store.is_cancel_requested("job_missing")
+
+
+def test_cancel_of_a_queued_job(store: JobStore):
+    job = make_job(store)
+    cancelling = store.request_cancel(job.id, owner="alice", reason="user asked")
+    assert cancelling.status is JobStatus.CANCELLING and cancelling.status_reason == "user asked"
+    assert cancelling.started_at is None
+
+
+# -- counts and other fields ----------------------------------------------------------------
+
+
+def test_counts_set_and_add(store: JobStore):
+    job = make_job(store)
+    assert store.set_counts(job.id, total=10).total == 10
+    store.add_counts(job.id, completed=3, succeeded=2, failed=1)
+    job2 = store.add_counts(job.id, completed=2, succeeded=2)
+    assert (job2.total, job2.completed, job2.succeeded, job2.failed) == (10, 5, 4, 1)
+    job3 = store.set_counts(job.id, completed=10, succeeded=9, failed=1)
+    assert (job3.total, job3.completed, job3.succeeded, job3.failed) == (10, 10, 9, 1)
+    with pytest.raises(ValueError, match="failed must be >= 0"):
+        store.set_counts(job.id, failed=-1)
+    with pytest.raises(JobNotFound):
+        store.add_counts("job_missing", completed=1)
+
+
+def test_outputs_priority_and_dag_run(store: JobStore):
+    job = make_job(store)
+    errors = [{"code": "invalid_json", "message": "line 3: not JSON", "count": 2}]
+    out = store.set_outputs(job.id, output_file_id="file-out", error_file_id="file-err", errors=errors)
+    assert (out.output_file_id, out.error_file_id, out.errors) == ("file-out", "file-err", errors)
+    assert store.set_outputs(job.id, output_uri="s3://b/o.jsonl").output_file_id == "file-out"  # others kept
+    assert store.set_priority(job.id, 9, owner="alice").priority == 9
+    assert store.set_dag_run(job.id, "api__job_1").dag_run_id == "api__job_1"
+    assert store.get_job(job.id).updated_at > job.updated_at
+
+
+# -- listing ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listed(store: JobStore) -> list:
+    """12 jobs, one minute apart, spread over owners, models, dialects and statuses."""
+    jobs = []
+    for i in range(12):
+        job = make_job(
+            store,
+            owner="alice" if i % 3 else "bob",
+            model="tiny" if i % 2 else "small",
+            dialect=("openai", "mistral", "scale")[i % 3],
+            metadata={"batch": f"b{i % 4}"},
+            priority=i % 5,
+            created_at=T0 + timedelta(minutes=i),
+        )
+        if i % 4 == 0:
+            store.transition(job.id, JobStatus.VALIDATING)
+            job = store.transition(job.id, JobStatus.FAILED)
+        jobs.append(job)
+    return jobs
+
+
+def test_list_filters(store: JobStore, listed: list):
+    def ids(**filters):
+        page, total = store.list_jobs(**filters)
+        assert total == len(page)
+        return {j.id for j in page}
+
+    def expect(pred):
+        return {j.id for j in listed if pred(j)}
+
+    assert ids(owner="alice") == expect(lambda j: j.owner == "alice")
+    assert ids(statuses=[JobStatus.FAILED]) == expect(lambda j: j.status is JobStatus.FAILED)
+    assert ids(statuses=["QUEUED", "FAILED"]) == expect(lambda j: True)
+    assert ids(model="small", owner="bob") == expect(lambda j: j.model == "small" and j.owner == "bob")
+    assert ids(dialect="mistral") == expect(lambda j: j.dialect == "mistral")
+    assert ids(metadata={"batch": "b1"}) == expect(lambda j: j.metadata["batch"] == "b1")
+    assert ids(metadata={"batch": "nope"}) == set()
+    assert ids(created_after=T0 + timedelta(minutes=9)) == expect(lambda j: j.created_at > T0 + timedelta(minutes=9))
+    assert len(ids(statuses=[])) == 0
+
+
+def test_list_ordering(store: JobStore, listed: list):
+    newest_first, _ = store.list_jobs()
+    assert [j.id for j in newest_first] == [j.id for j in reversed(listed)]
+    oldest_first, _ = store.list_jobs(order_by="created_at")
+    assert [j.id for j in oldest_first] == [j.id for j in listed]
+    by_priority, _ = store.list_jobs(order_by="-priority")
+    assert [j.priority for j in by_priority] == sorted((j.priority for j in listed), reverse=True)
+    with pytest.raises(ValueError, match="cannot order by 'owner'"):
+        store.list_jobs(order_by="owner")
+    with pytest.raises(ValueError, match="limit"):
+        store.list_jobs(limit=0)
+
+
+@pytest.mark.parametrize("order_by", ["-created_at", "created_at", "-priority", "priority"])
+def test_pagination_offset_and_cursor_visit_each_job_once(store: JobStore, listed: list, order_by: str):
+    everything = [j.id for j in store.list_jobs(order_by=order_by, limit=100)[0]]
+    by_offset, by_cursor, after = [], [], None
+    for offset in range(0, 12, 5):
+        page, total = store.list_jobs(order_by=order_by, limit=5, offset=offset)
+        assert total == 12
+        by_offset += [j.id for j in page]
+    while True:
+        page, total = store.list_jobs(order_by=order_by, limit=5, after=after)
+        if not page:
+            break
+        by_cursor += [j.id for j in page]
+        after = page[-1].id
+    assert by_offset == by_cursor == everything and len(set(everything)) == 12
+    with pytest.raises(InvalidCursor):
+        store.list_jobs(after="job_unknown")
+
+
+def test_list_expires_before_finds_overdue_jobs(store: JobStore):
+    soon = make_job(store, max_runtime_sec=1, created_at=T0)
+    make_job(store, max_runtime_sec=3600, created_at=T0)
+    make_job(store)
+    overdue, total = store.list_jobs(expires_before=T0 + timedelta(minutes=1))
+    assert [j.id for j in overdue] == [soon.id] and total == 1
+
+
+# -- files --------------------------------------------------------------------------------
+
+
+def test_files_crud_and_ownership(store: JobStore):
+    f = store.create_file(owner="alice", purpose="batch", filename="in.jsonl", bytes=3 * 1024**3, uri="/x/in.jsonl")
+    assert f.id.startswith("file-") and f.kind == "input" and f.bytes == 3 * 1024**3  # > 2**31 fits
+    out = store.create_file(owner="alice", purpose="batch_output", filename="o.jsonl", bytes=5, uri="/x/o", kind="output", job_id="job_1")
+    store.create_file(owner="bob", purpose="batch", filename="b.jsonl", bytes=1, uri="/x/b")
+    assert store.get_file(f.id, owner="alice") == f
+    assert store.get_file(f.id, owner="bob") is None
+    files, total = store.list_files(owner="alice")
+    assert total == 2 and [x.id for x in files] == [out.id, f.id]
+    assert [x.id for x in store.list_files(job_id="job_1")[0]] == [out.id]
+    assert store.list_files(kind="output")[1] == 1
+    with pytest.raises(FileNotFound):
+        store.mark_file_deleted(f.id, owner="bob")
+    deleted = store.mark_file_deleted(f.id, owner="alice")
+    assert deleted.deleted and store.mark_file_deleted(f.id) == deleted  # idempotent
+    assert store.get_file(f.id) is None and store.get_file(f.id, include_deleted=True) == deleted
+    assert store.list_files(owner="alice")[1] == 1
+    assert store.list_files(owner="alice", include_deleted=True)[1] == 2
+    with pytest.raises(ValueError, match="file kind 'weird'"):
+        store.create_file(owner="a", purpose="batch", filename="x", bytes=1, uri="/x", kind="weird")
+
+
+# -- API keys -----------------------------------------------------------------------------
+
+
+def test_api_keys_create_authenticate_revoke(store: JobStore):
+    record, plaintext = store.create_api_key("alice", "laptop")
+    admin, admin_plaintext = store.create_api_key("root", "ops", is_admin=True)
+    assert plaintext.startswith("lbk_") and plaintext != admin_plaintext
+    assert plaintext not in repr(record) and record.prefix == plaintext[: len(record.prefix)]
+    assert store.authenticate_api_key(plaintext) == "alice"
+    assert store.identify_api_key(admin_plaintext).is_admin is True
+    assert store.identify_api_key(plaintext).is_admin is False
+    assert store.authenticate_api_key(plaintext[:-1] + ("A" if plaintext[-1] != "A" else "B")) is None
+    assert store.authenticate_api_key("") is None and store.authenticate_api_key("garbage") is None
+    with pytest.raises(ApiKeyNotFound):
+        store.revoke_api_key(record.id, owner="bob")
+    revoked = store.revoke_api_key(record.id, owner="alice")
+    assert revoked.revoked and store.authenticate_api_key(plaintext) is None
+    assert store.authenticate_api_key(admin_plaintext) == "root"
+    assert [k.id for k in store.list_api_keys()] == [admin.id]
+    assert len(store.list_api_keys(include_revoked=True)) == 2
+
+
+# -- concurrency --------------------------------------------------------------------------
+
+
+def test_200_concurrent_submissions_and_counter_updates_from_threads(store: JobStore):
+    def submit(i: int):
+        job = make_job(store, owner=f"user{i % 7}", metadata={"n": str(i)})
+        store.add_counts(job.id, total=1)
+        return job.id
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        ids = list(pool.map(submit, range(200)))
+    assert len(set(ids)) == 200
+    jobs, total = store.list_jobs(limit=1000)
+    assert total == 200 and {j.id for j in jobs} == set(ids)
+    assert sorted(int(j.metadata["n"]) for j in jobs) == list(range(200))
+    assert all(j.total == 1 for j in jobs)
+
+    # Many workers reporting progress on one job at once: every increment counts.
+    target = ids[0]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda i: store.add_counts(target, completed=1, succeeded=i % 2, failed=1 - i % 2), range(300)))
+    job = store.get_job(target)
+    assert (job.completed, job.succeeded, job.failed) == (300, 150, 150)
+
+
+def test_racing_terminal_transitions_have_exactly_one_winner(store: JobStore):
+    job = make_job(store)
+    store.transition(job.id, JobStatus.VALIDATING)
+    store.transition(job.id, JobStatus.RUNNING)
+    contenders = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.TIMEOUT_EXCEEDED] * 5
+
+    def attempt(status: JobStatus) -> JobStatus | None:
+        try:
+            return store.transition(job.id, status).status
+        except InvalidTransition:
+            return None
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outcomes = Counter(pool.map(attempt, contenders))
+    final = store.get_job(job.id)
+    assert final.status in TERMINAL_STATUSES
+    # Only the winner's own status (repeats are no-ops) ever came back; the rest were refused.
+    assert set(outcomes) <= {final.status, None}
+    assert outcomes[final.status] >= 1
+    assert final.completed_at is not None
