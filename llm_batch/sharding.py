@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from llm_batch import storage
 from llm_batch.layout import JobLayout, join_uri
+from llm_batch.schemas import prompt_chars
 from llm_batch.streams import ChunkedWriter, iter_lines
 
 MAX_SHARDS = 64
@@ -66,25 +67,9 @@ def read_manifest(layout: JobLayout) -> ShardManifest:
     return ShardManifest.model_validate_json(storage.read_bytes(manifest_uri(layout)))
 
 
-def _text_chars(value: Any) -> int:
-    """Characters of prompt text in a message content, prompt or input value."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        # Token id lists count one token (~4 chars) per id; content parts by their text.
-        return sum(4 if isinstance(v, int) else _text_chars(v) for v in value)
-    if isinstance(value, dict):
-        return _text_chars(value.get("text"))
-    return 0
-
-
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     """A tokenizer-free estimate (~4 characters a token), at least 1 per request."""
-    chars = _text_chars(body.get("prompt")) + _text_chars(body.get("input"))
-    for message in body.get("messages") or ():
-        if isinstance(message, dict):
-            chars += _text_chars(message.get("content"))
-    return max(1, chars // 4)
+    return max(1, prompt_chars(body) // 4)
 
 
 def _request_lines(uri: str) -> Iterator[bytes]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 16  # per open stream: merge holds 2 per shard, so keep it small
 
 
 def iter_lines(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
