@@ -1,0 +1,72 @@
+"""``llm-batch validate INPUT... [--endpoint E] [--format F]``: check a batch offline.
+
+Prints one JSON object ``{"total", "valid", "invalid", "errors": [{"line", "custom_id",
+"code", "message"}, ...]}``; errors are capped at Settings.max_reported_errors
+(LLM_BATCH_MAX_REPORTED_ERRORS, default 100), counts never are. Exit status 0 when at least
+one request is valid, 2 otherwise and when the input cannot be read or exceeds a limit
+(the reason on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import AbstractContextManager, nullcontext
+from typing import BinaryIO
+
+EXIT_VALID = 0
+EXIT_REJECTED = 2  # no valid request, unreadable input, or a limit exceeded
+
+FORMATS = ("jsonl", "scale-v2", "scale-v1")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="check a batch input offline and print counts and errors as JSON",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT",
+        help="a local path, s3:// URI or - (stdin); several inputs are one batch whose "
+             "indexes continue from file to file",
+    )
+    parser.add_argument(
+        "--endpoint", default=None,
+        help="the job's endpoint (/v1/chat/completions, /v1/completions, /v1/embeddings); "
+             "default: the first line's url, else /v1/chat/completions "
+             "(scale-v2: the first item's kind; scale-v1: /v1/completions)",
+    )
+    parser.add_argument("--format", dest="fmt", choices=FORMATS, default="jsonl",
+                        help="input format (default: jsonl)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson
+
+    from llm_batch.validation import BatchRejected, validate_batch
+
+    source = args.inputs[0] if len(args.inputs) == 1 else args.inputs
+    try:
+        report = validate_batch(source, fmt=args.fmt, endpoint=args.endpoint, open_input=open_input)
+    except BatchRejected as exc:
+        if exc.report is not None:  # read through: the counts and errors still help
+            sys.stdout.write(orjson.dumps(exc.report.summary()).decode() + "\n")
+        print(f"llm-batch validate: rejected ({exc.reason}): {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    sys.stdout.write(orjson.dumps(report.summary()).decode() + "\n")
+    return EXIT_VALID
+
+
+def open_input(uri: str) -> AbstractContextManager[BinaryIO]:
+    """s3:// through storage; local paths and stdin directly. The CLI reads the user's own
+    files with the user's own rights, so storage's root confinement (meant for paths that
+    API users send) does not apply here."""
+    if uri == "-":
+        return nullcontext(sys.stdin.buffer)
+    if uri.startswith("s3://"):
+        from llm_batch import storage
+
+        return storage.open_read(uri)
+    return open(uri, "rb")

@@ -1,0 +1,432 @@
+"""Request-body schemas per endpoint: the OpenAI-compatible bodies a batch line may carry.
+
+Decisions (see docs/validation.md):
+- Types are checked strictly: ``"5"`` is not a number, ``1`` is not a boolean and ``100.0``
+  is not an integer. Floats accept integers (``"temperature": 1``).
+- Unknown fields are accepted and kept in the body, as vLLM does for most of them: the
+  engine ignores what it does not know. The vLLM sampling extras that matter (``top_k``,
+  ``min_p``, ``min_tokens``, ``repetition_penalty``, ...) are typed and range-checked here.
+- ``model`` is accepted and ignored: the job's model wins. ``stream`` must be false or absent.
+
+``body_model_for(endpoint)`` gives the model; ``describe_validation_error`` turns a pydantic
+error into one precise line ("body.messages[0].role: ...").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic.functional_validators import PlainValidator
+from pydantic_core import PydanticCustomError
+
+from llm_batch.endpoints import Endpoint
+
+# Documented maxima (vLLM's defaults: max_logprobs = 20).
+MAX_N = 32
+MAX_LOGPROBS = 20
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+CONTENT_PART_TYPES = ("text", "image_url", "input_audio", "audio_url", "video_url", "file", "refusal")
+
+
+class _Strict(BaseModel):
+    """Strict types; unknown fields kept (passed through to the engine, which ignores them)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+def _fail(kind: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(kind, message)
+
+
+# -- union-typed fields, checked by hand so the error says what is allowed -----------------
+
+
+def _is_str_list(value: Any) -> bool:
+    return type(value) is list and all(type(v) is str for v in value)
+
+
+def _is_token_ids(value: Any) -> bool:
+    return type(value) is list and all(type(v) is int and v >= 0 for v in value)
+
+
+def _prompt_like(field: str):
+    """str | list[str] | list[int] | list[list[int]], non-empty (vLLM refuses empty prompts)."""
+
+    def check(value: Any) -> Any:
+        if type(value) is str:
+            if not value:
+                raise _fail("empty_input", f"{field} must not be an empty string")
+            return value
+        if type(value) is list and value:
+            if _is_str_list(value) or _is_token_ids(value):
+                return value
+            if all(_is_token_ids(v) and v for v in value):
+                return value
+        raise _fail(
+            "invalid_input",
+            f"{field} must be a non-empty string, list of strings, list of token ids "
+            "or list of token-id lists",
+        )
+
+    return PlainValidator(check)
+
+
+def _check_stop(value: Any) -> Any:
+    if value is None or type(value) is str or _is_str_list(value):
+        return value
+    raise _fail("invalid_stop", "stop must be a string or a list of strings")
+
+
+def _check_stream(value: Any) -> Any:
+    if value is None or value is False:
+        return value
+    raise _fail("stream_not_supported", "stream must be false or absent in a batch request")
+
+
+def _check_content(value: Any) -> Any:
+    if value is None or type(value) is str:
+        return value
+    if type(value) is list:
+        try:
+            return _CONTENT_PARTS.validate_python(value)
+        except ValidationError as exc:
+            raise _nested(exc) from None
+    raise _fail("invalid_content", "content must be a string or a list of content parts")
+
+
+def _nested(exc: ValidationError) -> PydanticCustomError:
+    """Re-raise a nested model's first error so its path continues the outer one."""
+    err = exc.errors(include_url=False)[0]
+    return PydanticCustomError(
+        "nested_error", "{detail}", {"subpath": _path("", err["loc"]), "detail": _message(err)}
+    )
+
+
+Prompt = Annotated[Any, _prompt_like("prompt")]
+EmbeddingInput = Annotated[Any, _prompt_like("input")]
+Stop = Annotated[Any, PlainValidator(_check_stop)]
+Stream = Annotated[Any, PlainValidator(_check_stream)]
+Content = Annotated[Any, PlainValidator(_check_content)]
+
+
+# -- chat messages ----------------------------------------------------------------------------
+
+
+class ContentPart(_Strict):
+    """One part of a message's content: the field named by ``type`` must be present."""
+
+    type: Literal[CONTENT_PART_TYPES]  # type: ignore[valid-type]
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _payload_present(self) -> ContentPart:
+        if getattr(self, self.type, None) is None and not (self.model_extra or {}).get(self.type):
+            raise ValueError(f"a content part of type {self.type!r} needs a {self.type!r} field")
+        return self
+
+
+_CONTENT_PARTS = TypeAdapter(list[ContentPart])
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
+
+
+class Message(_Strict):
+    """A chat message; per-role rules follow OpenAI (tool messages name their call)."""
+
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    content: Content = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _role_rules(self) -> Message:
+        if self.role == "assistant":
+            if self.content is None and not self.tool_calls:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        return self
+
+
+# -- response_format -------------------------------------------------------------------------
+
+
+class JsonSchemaSpec(_Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a json_schema object")
+        return self
+
+
+# -- bodies -----------------------------------------------------------------------------------
+
+
+class _GenerationBody(_Strict):
+    """Sampling fields shared by chat and completions (OpenAI plus vLLM's extras)."""
+
+    model: str | None = None  # accepted; the job's model wins
+    stream: Stream = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    stop: Stop = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+
+    def _max_tokens_limit(self) -> int | None:
+        return self.max_tokens
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> _GenerationBody:
+        limit = self._max_tokens_limit()
+        if self.min_tokens is not None and limit is not None and self.min_tokens > limit:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({limit})")
+        return self
+
+
+class ChatCompletionBody(_GenerationBody):
+    """Body of a /v1/chat/completions request."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def _max_tokens_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionBody:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
+
+
+class CompletionBody(_GenerationBody):
+    """Body of a /v1/completions request."""
+
+    prompt: Prompt
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+class EmbeddingBody(_Strict):
+    """Body of a /v1/embeddings request."""
+
+    model: str | None = None  # accepted; the job's model wins
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    user: str | None = None
+
+
+_BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
+    Endpoint.CHAT_COMPLETIONS: ChatCompletionBody,
+    Endpoint.COMPLETIONS: CompletionBody,
+    Endpoint.EMBEDDINGS: EmbeddingBody,
+}
+
+
+def body_model_for(endpoint: Endpoint | str) -> type[BaseModel]:
+    """The pydantic model a request body for ``endpoint`` must satisfy."""
+    return _BODY_MODELS[Endpoint(endpoint)]
+
+
+# -- fast path ---------------------------------------------------------------------------------
+# Most batch lines are the same plain shape: string messages and a few numeric fields. Checking
+# that shape by hand is ~5x faster than the pydantic model. A fast check only ever ACCEPTS
+# (returning the prompt's character count); anything it is unsure of, valid or not, returns
+# None and goes to the full model, so error messages always come from the model.
+
+
+def _num_in(low: float, high: float) -> Callable[[Any], bool]:
+    return lambda v: (type(v) is float or type(v) is int) and low <= v <= high
+
+
+def _int_in(low: int, high: float) -> Callable[[Any], bool]:
+    return lambda v: type(v) is int and low <= v <= high
+
+
+_INF = float("inf")
+_SIMPLE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "model": lambda v: type(v) is str,
+    "max_tokens": _int_in(1, _INF),
+    "temperature": _num_in(0, 2),
+    "top_p": lambda v: (type(v) is float or type(v) is int) and 0 < v <= 1,
+    "top_k": _int_in(-1, _INF),
+    "n": _int_in(1, MAX_N),
+    "seed": lambda v: type(v) is int,
+    "stop": lambda v: type(v) is str or _is_str_list(v),
+    "presence_penalty": _num_in(-2, 2),
+    "frequency_penalty": _num_in(-2, 2),
+    "user": lambda v: type(v) is str,
+}
+_CHAT_FIELDS = {**_SIMPLE_FIELDS, "max_completion_tokens": _int_in(1, _INF)}
+_PLAIN_ROLES = frozenset(("system", "user", "assistant", "developer"))
+
+
+def _fast_chat(body: dict[str, Any]) -> int | None:
+    messages = body.get("messages")
+    if type(messages) is not list or not messages:
+        return None
+    chars = 0
+    for message in messages:
+        if type(message) is not dict or len(message) != 2:
+            return None
+        content = message.get("content")
+        if type(content) is not str or message.get("role") not in _PLAIN_ROLES:
+            return None
+        chars += len(content)
+    fields = _CHAT_FIELDS
+    for key, value in body.items():
+        if key != "messages":
+            check = fields.get(key)
+            if check is None or not check(value):
+                return None
+    return chars
+
+
+def _fast_prompt(field: str) -> Callable[[dict[str, Any]], int | None]:
+    fields = _SIMPLE_FIELDS if field == "prompt" else {"model": _SIMPLE_FIELDS["model"]}
+
+    def check(body: dict[str, Any]) -> int | None:
+        text = body.get(field)
+        if type(text) is not str or not text:
+            return None
+        for key, value in body.items():
+            if key != field:
+                check_field = fields.get(key)
+                if check_field is None or not check_field(value):
+                    return None
+        return len(text)
+
+    return check
+
+
+_FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
+    Endpoint.CHAT_COMPLETIONS: _fast_chat,
+    Endpoint.COMPLETIONS: _fast_prompt("prompt"),
+    Endpoint.EMBEDDINGS: _fast_prompt("input"),
+}
+
+
+def fast_check_for(endpoint: Endpoint | str) -> Callable[[dict[str, Any]], int | None]:
+    """A check that returns the prompt's character count when a body is certainly valid
+    for ``endpoint`` in its plain common shape, and None when the full model must decide."""
+    return _FAST_CHECKS[Endpoint(endpoint)]
+
+
+def _text_chars(value: Any) -> int:
+    if type(value) is str:
+        return len(value)
+    if type(value) is int:
+        return 4  # a token id is one token
+    if type(value) is list:
+        return sum(_text_chars(v) for v in value)
+    if type(value) is dict:
+        return _text_chars(value.get("text") or value.get("content"))
+    return 0
+
+
+def prompt_chars(body: dict[str, Any]) -> int:
+    """Characters of prompt text in a (valid) body: messages' text, prompt or input.
+    Token ids count four characters each. About four characters make a token."""
+    for field in ("messages", "prompt", "input"):
+        if field in body:
+            return _text_chars(body[field])
+    return 0
+
+
+# -- error messages ---------------------------------------------------------------------------
+
+
+def _path(root: str, loc: tuple[int | str, ...]) -> str:
+    out = root
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "schema_":
+            out += ".schema"
+        else:
+            out += f".{part}"
+    return out
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _message(err: Any) -> str:
+    """What is wrong, with the offending value when it helps."""
+    kind = err["type"]
+    if kind == "missing":
+        return "field required"
+    if kind == "too_short" and err.get("input") == []:
+        return "must not be empty"
+    message = err["msg"].removeprefix("Value error, ")
+    if kind in ("value_error", "nested_error") or kind.startswith(("invalid_", "empty_", "stream_")):
+        return message
+    return f"{message} (got {_shown(err.get('input'))})"
+
+
+def describe_validation_error(exc: ValidationError, root: str = "body", max_errors: int = 3) -> str:
+    """One line naming where each problem is and what it is, e.g.
+    ``body.temperature: Input should be less than or equal to 2 (got 3.5)``."""
+    parts = []
+    errors = exc.errors(include_url=False)
+    for err in errors[:max_errors]:
+        where = _path(root, err["loc"])
+        if err["type"] == "nested_error":
+            where += err["ctx"]["subpath"]
+            message = err["ctx"]["detail"]
+        else:
+            message = _message(err)
+        parts.append(f"{where}: {message}")
+    if len(errors) > max_errors:
+        parts.append(f"and {len(errors) - max_errors} more")
+    return "; ".join(parts)
