@@ -14,6 +14,8 @@ import sys
 COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.validate",
     "llm_batch.commands.models",
+    "llm_batch.commands.shard",
+    "llm_batch.commands.merge",
 )
 
 
