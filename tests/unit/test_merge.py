@@ -138,3 +138,18 @@ def test_overlapping_records_for_one_index_fail_the_merge_and_publish_nothing(jo
     with pytest.raises(MergeError, match="input index 0 has more than one record"):
         merge_job(layout)
     assert not storage.exists(layout.output_jsonl)
+
+
+def test_cli_shards_and_merges_a_job(capsys):
+    from llm_batch.cli import main
+
+    layout = new_layout()
+    write_job(layout, [True, False, True, True])
+    assert main(["shard", layout.job_id, "-n", "2", "--work-uri", layout.work_uri]) == 0
+    assert sorted(s["count"] for s in orjson.loads(capsys.readouterr().out)["shards"]) == [1, 2]
+    assert main(["merge", layout.job_id, "--scale", "--work-uri", layout.work_uri,
+                 "--not-run-reason", "cancelled"]) == 0
+    assert orjson.loads(capsys.readouterr().out) == {
+        "total": 4, "succeeded": 0, "failed": 4, "not_run": 3, "invalid": 1}
+    assert main(["merge", "no-such-job", "--work-uri", layout.work_uri]) == 2
+    assert "no-such-job" in capsys.readouterr().err
