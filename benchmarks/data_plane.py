@@ -59,30 +59,12 @@ def generate(path: Path, lines: int) -> None:
 
 
 def validate(input_path: Path, layout) -> int:
-    """Run validation: writes layout.validated and layout.validation_errors; returns lines.
+    """The real validation: writes layout.validated and layout.validation_errors."""
+    from llm_batch.validation import validate_batch
 
-    NOTE: llm_batch.validation (a colleague's module) had not landed when this was written;
-    until it does, this drives the same per-line reader and checker it is built on
-    (llm_batch.formats.read_jsonl + RequestChecker) and writes the two files itself.
-    """
-    from llm_batch import storage
-    from llm_batch.config import get_settings
-    from llm_batch.formats import RequestChecker, read_jsonl
-    from llm_batch.records import ErrorRecord, dumps_line
-    from llm_batch.streams import ChunkedWriter
-
-    lines = 0
-    checker = RequestChecker("/v1/chat/completions")
-    with (storage.open_read(str(input_path)) as stream,
-          storage.open_write(layout.validated) as valid_out,
-          storage.open_write(layout.validation_errors) as error_out):
-        valid, errors = ChunkedWriter(valid_out), ChunkedWriter(error_out)
-        for item in read_jsonl(stream, checker, max_line_bytes=get_settings().max_line_bytes):
-            lines += 1
-            (errors if isinstance(item, ErrorRecord) else valid).write(dumps_line(item))
-        valid.flush()
-        errors.flush()
-    return lines
+    report = validate_batch(str(input_path), fmt="jsonl", endpoint="/v1/chat/completions",
+                            layout=layout)
+    return report.total
 
 
 def fabricate_results(plans) -> int:
