@@ -110,7 +110,9 @@ def _sha256(text: str) -> str:
 _Snapshot = TypeVar("_Snapshot")
 
 
-def _snapshot(cls: type[_Snapshot], row: Base, renames: Mapping[str, str] = {}) -> _Snapshot:
+def _snapshot(cls: type[_Snapshot], row: Base, renames: Mapping[str, str] | None = None) -> _Snapshot:
+    """The dataclass `cls` filled from the row's attributes of the same name (or renamed)."""
+    renames = renames or {}
     values = {f.name: getattr(row, renames.get(f.name, f.name)) for f in dataclasses.fields(cls)}
     return cls(**values)
 

@@ -1,0 +1,101 @@
+"""The job store under several processes at once, on a real PostgreSQL (and on SQLite).
+
+Processes start together on a database that has never been migrated, so they also race
+through ``upgrade_to_head`` (advisory lock on PostgreSQL, write lock on SQLite); then they
+submit jobs and report progress on one shared job concurrently.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from llm_batch.jobs import JobStatus
+from llm_batch.jobstore import JobStore
+
+PROCESSES = 4
+JOBS_PER_PROCESS = 50  # 200 submissions in all
+SHARED_JOB = "job_shared_progress"
+
+
+def _worker(url: str, process: int, barrier) -> None:
+    """One process: first store use (migrations), 50 submissions, 50 shared increments."""
+    barrier.wait(timeout=60)
+    store = JobStore(url)
+    for n in range(JOBS_PER_PROCESS):
+        store.create_job(
+            dialect="mistral",
+            endpoint="/v1/chat/completions",
+            model="tiny",
+            owner=f"owner{process}",
+            metadata={"process": str(process), "n": str(n)},
+        )
+        store.add_counts(SHARED_JOB, completed=1, succeeded=1)
+        if n == JOBS_PER_PROCESS // 2:
+            store.request_cancel(SHARED_JOB)  # every process asks; only the first one moves it
+    store.close()
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database that exists but was never migrated."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.db'}"
+    return request.getfixturevalue("postgres_db_url")
+
+
+def _run_workers(url: str) -> None:
+    context = multiprocessing.get_context("spawn")  # no inherited connections, like real workers
+    barrier = context.Barrier(PROCESSES + 1)
+    processes = [context.Process(target=_worker, args=(url, p, barrier)) for p in range(PROCESSES)]
+    for process in processes:
+        process.start()
+    # The shared job must exist before workers report on it; creating it here also migrates
+    # first, so the race below is between the workers' own migration checks.
+    store = JobStore(url)
+    store.create_job(id=SHARED_JOB, dialect="airflow", endpoint="/v1/chat/completions", model="tiny", owner="dag")
+    store.close()
+    barrier.wait(timeout=60)
+    for process in processes:
+        process.join(timeout=120)
+    assert [p.exitcode for p in processes] == [0] * PROCESSES
+
+
+def test_concurrent_processes_lose_and_duplicate_nothing(fresh_url: str):
+    _run_workers(fresh_url)
+    store = JobStore(fresh_url)
+    jobs, total = store.list_jobs(dialect="mistral", limit=1000)
+    assert total == PROCESSES * JOBS_PER_PROCESS == len({j.id for j in jobs})
+    submitted = sorted((j.metadata["process"], int(j.metadata["n"])) for j in jobs)
+    assert submitted == sorted((str(p), n) for p in range(PROCESSES) for n in range(JOBS_PER_PROCESS))
+    for process in range(PROCESSES):
+        assert store.list_jobs(owner=f"owner{process}")[1] == JOBS_PER_PROCESS
+    shared = store.get_job(SHARED_JOB)
+    assert shared.completed == shared.succeeded == PROCESSES * JOBS_PER_PROCESS
+    assert shared.status is JobStatus.CANCELLING and shared.cancel_requested_at == shared.cancelling_at
+    store.close()
+
+
+def _migrate(url: str, barrier) -> None:
+    barrier.wait(timeout=60)
+    JobStore(url).list_jobs()  # first use migrates
+
+
+def test_processes_starting_together_migrate_once(fresh_url: str):
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(PROCESSES)
+    processes = [context.Process(target=_migrate, args=(fresh_url, barrier)) for _ in range(PROCESSES)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    assert [p.exitcode for p in processes] == [0] * PROCESSES
+    engine = create_engine(fresh_url)
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT version_num FROM llm_batch_alembic_version")).all() == [("0001",)]
+    finally:
+        engine.dispose()
