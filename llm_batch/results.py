@@ -45,11 +45,10 @@ def part_uri(results_uri: str, start: int) -> str:
 
 def list_parts(results_uri: str) -> list[ResultPart]:
     """The published parts under ``results_uri``, in shard order (one listing call)."""
-    prefix = results_uri.rstrip("/") + "/"
     parts = []
-    for uri in storage.list_uris(prefix):
-        name = uri[len(prefix):] if uri.startswith(prefix) else ""
-        match = _PART_NAME.fullmatch(name)
+    for uri in storage.list_uris(results_uri.rstrip("/") + "/"):
+        # By name only: storage may normalise the prefix part of the URIs it returns.
+        match = _PART_NAME.fullmatch(uri.rsplit("/", 1)[-1])
         if match:
             parts.append(ResultPart(uri, int(match.group(1))))
     # Numeric, not lexical: a shard past 999,999 records gets 7-digit names.
