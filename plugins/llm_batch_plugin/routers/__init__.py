@@ -1,1 +1,1 @@
-"""Package marker (contents land with their issue)."""
+"""One router per resource; each is thin: parse, authorise, call the use case, translate."""

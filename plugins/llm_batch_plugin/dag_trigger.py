@@ -1,0 +1,51 @@
+"""The one place that starts a run of the ``batch_inference`` DAG (Airflow internal API).
+
+``airflow.api.common.trigger_dag.trigger_dag`` is not a public interface, so it is wrapped
+here and nowhere else. The run uses the request's metadata-DB session (Airflow's
+``SessionDep``) and is committed before we answer, so a job that says it has a run has one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from llm_batch_plugin.state import DAG_ID
+
+
+class TriggerError(RuntimeError):
+    """The run could not be started; the message says why (it becomes the job's reason)."""
+
+
+def run_id_for(job_id: str) -> str:
+    """Deterministic: a repeated trigger of the same job finds its run instead of a twin."""
+    return f"llm_batch__{job_id}"
+
+
+def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
+    """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagRunAlreadyExists
+    from airflow.utils.types import DagRunTriggeredByType
+
+    try:
+        dag_run = trigger_dag(
+            DAG_ID,
+            run_id=run_id_for(job_id),
+            conf=conf,
+            logical_date=None,
+            triggered_by=DagRunTriggeredByType.REST_API,
+            triggering_user_name=user_name,
+            session=session,
+        )
+        session.commit()
+    except DagRunAlreadyExists:
+        session.rollback()
+        return run_id_for(job_id)
+    except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
+        session.rollback()
+        raise TriggerError(f"could not start DAG {DAG_ID!r}: {type(exc).__name__}: {exc}") from exc
+    if dag_run is None:
+        raise TriggerError(f"DAG {DAG_ID!r} did not create a run")
+    return dag_run.run_id

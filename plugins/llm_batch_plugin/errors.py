@@ -1,0 +1,120 @@
+"""API errors: one exception type, rendered per dialect.
+
+Routes raise ``ApiError(status, message, param=..., code=...)``. The OpenAI routes (files
+and batches) answer ``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API
+does; the other routes answer FastAPI's ``{"detail": message}`` plus the same fields, so
+every error body says what went wrong and where.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+# Route prefixes whose clients (the openai SDK) expect OpenAI's error shape.
+OPENAI_PREFIXES = ("/v1/batches", "/v1/files")
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class ApiError(Exception):
+    """An error answered to the client as-is: `message` says what, `param` says where."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def not_found(kind: str, object_id: str) -> ApiError:
+    """The one answer for a missing id and for someone else's id (no existence leak)."""
+    return ApiError(404, f"No {kind} found with id {object_id!r}.", param="id", code="not_found")
+
+
+def _wants_openai_shape(request: Request) -> bool:
+    path = request.scope.get("path", "")
+    root = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path.startswith(OPENAI_PREFIXES)
+
+
+def error_response(request: Request, error: ApiError) -> JSONResponse:
+    if _wants_openai_shape(request):
+        body: dict[str, Any] = {
+            "error": {
+                "message": error.message,
+                "type": _ERROR_TYPES.get(error.status_code, "api_error"),
+                "param": error.param,
+                "code": error.code,
+            }
+        }
+    else:
+        body = {"detail": error.message, "param": error.param, "code": error.code}
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    """``("body", "requests", 3, "body")`` -> ``requests[3].body`` (where, for people)."""
+    parts = [p for p in loc if p not in ("body", "query", "path", "header", "form")] or list(loc)
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    where = _location(tuple(first.get("loc", ())))
+    message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    response = error_response(request, ApiError(422, message, param=where or None, code="invalid_value"))
+    if not _wants_openai_shape(request):
+        # Keep FastAPI's per-field list too: clients that parse it (mistralai) still can.
+        body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None}
+        return JSONResponse(body, status_code=422)
+    return response
+
+
+def _jsonable(error: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in error.items() if k in ("loc", "msg", "type")}
+    out["loc"] = [p if isinstance(p, (str, int)) else str(p) for p in out.get("loc", ())]
+    return out
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Raised by Airflow's security dependencies (401/403) and by routing (404/405).
+    error = ApiError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+    return error_response(request, error)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, lambda request, exc: error_response(request, exc))
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -1,0 +1,125 @@
+"""OpenAI Batch API: request and response models (the ``openai`` SDK's types are the contract)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from llm_batch.jobs import OPENAI_STATUS
+from llm_batch.jobstore import Job
+from llm_batch_plugin.models_files import epoch
+
+COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
+MAX_METADATA_KEYS = 16
+
+
+def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's rule: up to 16 pairs, keys up to 64 characters, values up to 512."""
+    if value is None:
+        return None
+    if len(value) > MAX_METADATA_KEYS:
+        raise ValueError(f"at most {MAX_METADATA_KEYS} metadata pairs are allowed, got {len(value)}")
+    for key, item in value.items():
+        if len(key) > 64:
+            raise ValueError(f"metadata key {key[:20]!r}... is longer than 64 characters")
+        if len(item) > 512:
+            raise ValueError(f"metadata value of {key!r} is longer than 512 characters")
+    return value
+
+
+class CreateBatchRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input_file_id: str = Field(min_length=1, max_length=128)
+    endpoint: str = Field(max_length=128)
+    completion_window: Literal["24h"] = "24h"
+    metadata: dict[str, str] | None = None
+
+    _metadata = field_validator("metadata")(check_metadata)
+
+
+class BatchRequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchErrorData(BaseModel):
+    code: str | None = None
+    message: str | None = None
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchErrorData]
+
+
+class BatchOut(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    model: str | None = None
+    errors: BatchErrors | None = None
+    input_file_id: str
+    completion_window: str = "24h"
+    status: str
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: BatchRequestCounts
+    metadata: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, job: Job) -> BatchOut:
+        return cls(
+            id=job.id,
+            endpoint=job.endpoint,
+            model=job.model or None,
+            errors=_errors(job),
+            input_file_id=(job.input.get("file_ids") or [""])[0],
+            status=OPENAI_STATUS[job.status],
+            output_file_id=job.output_file_id,
+            error_file_id=job.error_file_id,
+            created_at=epoch(job.created_at) or 0,
+            in_progress_at=epoch(job.in_progress_at),
+            expires_at=epoch(job.expires_at),
+            finalizing_at=epoch(job.finalizing_at),
+            # OpenAI sets completed_at only for a batch that completed.
+            completed_at=epoch(job.completed_at) if OPENAI_STATUS[job.status] == "completed" else None,
+            failed_at=epoch(job.failed_at),
+            expired_at=epoch(job.expired_at),
+            cancelling_at=epoch(job.cancelling_at),
+            cancelled_at=epoch(job.cancelled_at),
+            # OpenAI's "completed" counts succeeded requests; "failed" the others.
+            request_counts=BatchRequestCounts(total=job.total, completed=job.succeeded, failed=job.failed),
+            metadata=job.metadata or None,
+        )
+
+
+def _errors(job: Job) -> BatchErrors | None:
+    data = [
+        BatchErrorData(code=e.get("code"), message=e.get("message"), line=e.get("line"), param=e.get("param"))
+        for e in job.errors
+    ]
+    if job.status_reason and job.status.value == "FAILED":
+        data.insert(0, BatchErrorData(code="batch_failed", message=job.status_reason))
+    return BatchErrors(data=data) if data else None
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchOut]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool

@@ -1,0 +1,174 @@
+"""Mistral batch jobs: ``/v1/batch/jobs`` (create from files or inline requests, list with
+filters, get, cancel)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import orjson
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import APIRouter, Body, Query
+
+from llm_batch import storage
+from llm_batch.jobs import MISTRAL_STATUS, JobStatus
+from llm_batch.jobstore import FileObject, Job, JobStore
+from llm_batch_plugin.auth import Caller, CallerDep
+from llm_batch_plugin.cancellation import cancel_job
+from llm_batch_plugin.dag_trigger import trigger_batch_dag
+from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.models_mistral import BatchJobList, BatchJobOut, CreateBatchJobRequest
+from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch_plugin.submission import JSONL, JobRequest, check_endpoint, check_model, save_inline_requests, submit
+
+router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"])
+
+MistralStatus = Literal[
+    "QUEUED", "RUNNING", "SUCCESS", "FAILED", "TIMEOUT_EXCEEDED", "CANCELLATION_REQUESTED", "CANCELLED"
+]
+
+
+def _canonical(statuses: list[str]) -> set[JobStatus]:
+    return {canonical for canonical, word in MISTRAL_STATUS.items() if word in statuses}
+
+
+def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[FileObject]:
+    files = []
+    for position, file_id in enumerate(file_ids):
+        found = store.get_file(file_id, owner=caller.owner_filter)
+        if found is None:
+            raise ApiError(404, f"No file found with id {file_id!r}.", param=f"input_files[{position}]", code="not_found")
+        files.append(found)
+    return files
+
+
+def _one_input(store: JobStore, settings, caller: Caller, files: list[FileObject]) -> str:
+    """The URI the pipeline reads: the file itself, or several files joined in order."""
+    if len(files) == 1:
+        return files[0].uri
+
+    def lines():
+        for f in files:
+            with storage.open_read(f.uri) as stream:
+                last = b"\n"
+                while chunk := stream.read(1 << 20):
+                    last = chunk[-1:]
+                    yield chunk
+                if last != b"\n":
+                    yield b"\n"
+
+    joined = save_inline_requests(store, settings, caller.name, lines(), "+".join(f.filename for f in files)[:512])
+    return joined.uri
+
+
+def _inline_lines(body: CreateBatchJobRequest):
+    for index, item in enumerate(body.requests or []):
+        custom_id = item.custom_id if item.custom_id is not None else str(index)
+        yield orjson.dumps({"custom_id": custom_id, "body": item.body}) + b"\n"
+
+
+def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:
+    """Inline jobs answer their results inline once the output file exists."""
+    if not job.input.get("inline") or not job.output_file_id:
+        return None
+    output = store.get_file(job.output_file_id)
+    if output is None:
+        return None
+    results = []
+    try:
+        with storage.open_read(output.uri) as stream:
+            for line in stream:
+                if line.strip():
+                    results.append(orjson.loads(line))
+                if len(results) >= MAX_INLINE_REQUESTS:
+                    break
+    except (storage.StorageError, orjson.JSONDecodeError):
+        return None
+    return results
+
+
+@router.post("", response_model=BatchJobOut, summary="Create a batch job")
+def create_batch_job(
+    body: Annotated[CreateBatchJobRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    session: SessionDep,
+) -> BatchJobOut:
+    caller.require_submit()
+    if body.agent_id is not None:
+        raise ApiError(400, "agent_id is not supported: this system runs models, not agents; give model", param="agent_id")
+    if bool(body.input_files) == bool(body.requests):
+        raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
+    endpoint = check_endpoint(body.endpoint)
+    check_model(body.model, {}, param="model")
+    if body.input_files:
+        files = _input_files(store, caller, body.input_files)
+        input_uri = _one_input(store, settings, caller, files)
+        refs: dict[str, Any] = {"file_ids": [f.id for f in files]}
+    else:
+        inline = save_inline_requests(store, settings, caller.name, _inline_lines(body), "inline-requests.jsonl")
+        input_uri, refs = inline.uri, {"inline": True, "inline_file_id": inline.id}
+    request = JobRequest(
+        dialect="mistral",
+        endpoint=endpoint,
+        model=body.model or "",
+        input_uri=input_uri,
+        input_format=JSONL,
+        input_refs=refs,
+        metadata=body.metadata or {},
+        max_runtime_sec=body.timeout_hours * 3600,
+    )
+    job = submit(store, caller.name, request, lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session))
+    return BatchJobOut.of(job)
+
+
+@router.get("", response_model=BatchJobList, summary="List batch jobs")
+def list_batch_jobs(
+    caller: CallerDep,
+    store: StoreDep,
+    page: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    page_size: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 100,
+    model: Annotated[str | None, Query(max_length=256)] = None,
+    metadata: Annotated[str | None, Query(max_length=4096, description='JSON object, e.g. {"team": "a"}')] = None,
+    created_after: datetime | None = None,
+    created_by_me: bool = False,
+    status: Annotated[list[MistralStatus] | None, Query()] = None,
+    order_by: Literal["created", "-created"] = "-created",
+) -> BatchJobList:
+    wanted_metadata = None
+    if metadata:
+        try:
+            wanted_metadata = orjson.loads(metadata)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"metadata must be a JSON object: {exc}", param="metadata") from None
+        if not isinstance(wanted_metadata, dict):
+            raise ApiError(400, "metadata must be a JSON object", param="metadata")
+    if created_after is not None and created_after.tzinfo is None:
+        created_after = created_after.astimezone()
+    jobs, total = store.list_jobs(
+        owner=caller.name if created_by_me else caller.owner_filter,
+        statuses=_canonical(status) if status else None,
+        model=model,
+        metadata={str(k): str(v) for k, v in wanted_metadata.items()} if wanted_metadata else None,
+        created_after=created_after,
+        dialect="mistral",
+        order_by="created_at" if order_by == "created" else "-created_at",
+        limit=page_size,
+        offset=page * page_size,
+    )
+    return BatchJobList(data=[BatchJobOut.of(j) for j in jobs], total=total)
+
+
+@router.get("/{job_id}", response_model=BatchJobOut, summary="Get a batch job")
+def get_batch_job(job_id: str, caller: CallerDep, store: StoreDep) -> BatchJobOut:
+    job = store.get_job(job_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch job", job_id)
+    return BatchJobOut.of(job, outputs=_outputs(store, job))
+
+
+@router.post("/{job_id}/cancel", response_model=BatchJobOut, summary="Cancel a batch job")
+def cancel_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchJobOut:
+    caller.require_submit()
+    return BatchJobOut.of(cancel_job(store, settings, job_id, caller.owner_filter, kind="batch job"))

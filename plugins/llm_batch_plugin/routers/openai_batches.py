@@ -1,0 +1,99 @@
+"""OpenAI Batch API: ``/v1/batches`` (create from an uploaded file, list, get, cancel)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import orjson
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import APIRouter, Body, Query
+
+from llm_batch import storage
+from llm_batch.jobstore import InvalidCursor
+from llm_batch_plugin.auth import CallerDep
+from llm_batch_plugin.cancellation import cancel_job
+from llm_batch_plugin.dag_trigger import trigger_batch_dag
+from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, BatchList, BatchOut, CreateBatchRequest
+from llm_batch_plugin.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch_plugin.submission import JSONL, JobRequest, check_endpoint, check_model, submit
+
+router = APIRouter(prefix="/v1/batches", tags=["openai"])
+
+
+def _model_of_first_line(uri: str, file_id: str) -> str:
+    """OpenAI batches name the model per line; the job records the first line's model."""
+    with storage.open_read(uri) as stream:
+        line = stream.readline()
+    try:
+        model = orjson.loads(line).get("body", {}).get("model")
+    except (orjson.JSONDecodeError, AttributeError):
+        model = None
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, f"file {file_id!r}: line 1 has no body.model", param="input_file_id", code="missing_model")
+    return model
+
+
+@router.post("", response_model=BatchOut, summary="Create a batch from an uploaded JSONL file")
+def create_batch(
+    body: Annotated[CreateBatchRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    session: SessionDep,
+) -> BatchOut:
+    caller.require_submit()
+    endpoint = check_endpoint(body.endpoint)
+    input_file = store.get_file(body.input_file_id, owner=caller.owner_filter)
+    if input_file is None:
+        raise ApiError(404, f"No file found with id {body.input_file_id!r}.", param="input_file_id", code="not_found")
+    if input_file.kind != "input":
+        raise ApiError(400, f"file {input_file.id!r} is a job's {input_file.kind} file, not a batch input", param="input_file_id")
+    model = _model_of_first_line(input_file.uri, input_file.id)
+    check_model(model, {}, param="input_file_id")
+    request = JobRequest(
+        dialect="openai",
+        endpoint=endpoint,
+        model=model,
+        input_uri=input_file.uri,
+        input_format=JSONL,
+        input_refs={"file_ids": [input_file.id]},
+        metadata=body.metadata or {},
+        max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],
+    )
+    job = submit(store, caller.name, request, lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session))
+    return BatchOut.of(job)
+
+
+@router.get("", response_model=BatchList, summary="List batches, newest first")
+def list_batches(
+    caller: CallerDep,
+    store: StoreDep,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_OPENAI_PAGE_SIZE)] = 20,
+) -> BatchList:
+    try:
+        jobs, total = store.list_jobs(owner=caller.owner_filter, dialect="openai", limit=limit + 1, after=after)
+    except InvalidCursor as exc:
+        raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
+    data = [BatchOut.of(j) for j in jobs[:limit]]
+    return BatchList(
+        data=data,
+        has_more=len(jobs) > limit,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
+
+
+@router.get("/{batch_id}", response_model=BatchOut, summary="Get a batch")
+def get_batch(batch_id: str, caller: CallerDep, store: StoreDep) -> BatchOut:
+    job = store.get_job(batch_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch", batch_id)
+    return BatchOut.of(job)
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchOut, summary="Cancel a batch")
+def cancel_batch(batch_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchOut:
+    caller.require_submit()
+    return BatchOut.of(cancel_job(store, settings, batch_id, caller.owner_filter))

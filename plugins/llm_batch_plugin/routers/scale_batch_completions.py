@@ -1,0 +1,181 @@
+"""Scale batch completions v2: ``/v2/batch-completions`` (create from a path or inline
+content, get, update priority, cancel, list)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import APIRouter, Body
+
+from llm_batch import storage
+from llm_batch.config import Settings
+from llm_batch.endpoints import Endpoint
+from llm_batch.jobs import JobStatus
+from llm_batch.jobstore import Job
+from llm_batch_plugin.auth import CallerDep
+from llm_batch_plugin.cancellation import cancel_job
+from llm_batch_plugin.dag_trigger import trigger_batch_dag
+from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.models_scale import (
+    BatchCompletionsJob,
+    CancelBatchCompletionsResponse,
+    CreateBatchCompletionsRequest,
+    GetBatchCompletionResponse,
+    ListBatchCompletionsResponse,
+    UpdateBatchCompletionsRequest,
+    UpdateBatchCompletionsResponse,
+    V1Content,
+)
+from llm_batch_plugin.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch_plugin.submission import (
+    SCALE_JSON,
+    JobRequest,
+    check_model,
+    check_user_path,
+    save_inline_requests,
+    submit,
+)
+
+router = APIRouter(prefix="/v2/batch-completions", tags=["scale"])
+
+_SNIFF_BYTES = 64 * 1024
+
+
+def priority_weight(settings: Settings, name: str | None) -> int:
+    """Scale's free-string priority -> the stored weight; unknown names are refused."""
+    if name is None:
+        return 0
+    if name in settings.priority_weights:
+        return settings.priority_weights[name]
+    known = ", ".join(sorted(settings.priority_weights))
+    raise ApiError(400, f"priority {name!r} is unknown; use one of: {known}", param="priority", code="invalid_priority")
+
+
+def priority_name(settings: Settings, weight: int) -> str | None:
+    names = [name for name, w in settings.priority_weights.items() if w == weight]
+    return names[0] if names else (str(weight) if weight else None)
+
+
+def _endpoint_of_content(content: list[dict[str, Any]] | V1Content) -> str:
+    if isinstance(content, V1Content) or not content:
+        return Endpoint.COMPLETIONS.value
+    return Endpoint.CHAT_COMPLETIONS.value if "messages" in content[0] else Endpoint.COMPLETIONS.value
+
+
+def _endpoint_of_file(uri: str) -> str:
+    """Chat or completions, from the first requests of the file (read no more than 64 KiB)."""
+    try:
+        with storage.open_read(uri) as stream:
+            head = stream.read(_SNIFF_BYTES)
+    except storage.ObjectNotFound:
+        raise ApiError(400, f"input_data_path {uri!r} does not exist", param="input_data_path", code="input_missing") from None
+    except storage.StorageError as exc:
+        raise ApiError(400, f"input_data_path: {exc}", param="input_data_path", code="input_unreadable") from None
+    messages, prompt = head.find(b'"messages"'), head.find(b'"prompt')
+    chat = messages >= 0 and (prompt < 0 or messages < prompt)
+    return Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value
+
+
+def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
+    return BatchCompletionsJob.of(job, priority_name(settings, job.priority))
+
+
+@router.post("", response_model=BatchCompletionsJob, summary="Create a batch completions job")
+def create_batch_completions(
+    body: Annotated[CreateBatchCompletionsRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    session: SessionDep,
+) -> BatchCompletionsJob:
+    caller.require_submit()
+    if body.tool_config is not None:
+        raise ApiError(400, "tool_config is not supported: this system runs no tools", param="tool_config")
+    if (body.input_data_path is None) == (body.content is None):
+        raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
+    model_config = body.model_config_.model_dump(exclude_none=True)
+    check_model(body.model_config_.model, model_config, param="model_config.model")
+    output_uri = check_user_path(body.output_data_path, "output_data_path")
+    weight = priority_weight(settings, body.priority)
+    if body.input_data_path is not None:
+        input_uri = check_user_path(body.input_data_path, "input_data_path")
+        endpoint = _endpoint_of_file(input_uri)
+        refs: dict[str, Any] = {"path": body.input_data_path}
+    else:
+        content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
+        inline = save_inline_requests(store, settings, caller.name, [orjson.dumps(content)], "inline-content.json")
+        input_uri, endpoint = inline.uri, _endpoint_of_content(body.content)
+        refs = {"inline": True, "inline_file_id": inline.id}
+    resources = {
+        key: value
+        for key, value in body.model_dump(include={"gpus", "gpu_type", "nodes_per_worker", "cpus", "memory", "storage"}).items()
+        if value is not None
+    }
+    request = JobRequest(
+        dialect="scale",
+        endpoint=endpoint,
+        model=body.model_config_.model,
+        input_uri=input_uri,
+        input_format=SCALE_JSON,
+        input_refs=refs,
+        model_config=model_config,
+        output_uri=output_uri,
+        labels={**(body.model_config_.labels or {}), **body.labels},
+        priority=weight,
+        priority_name=body.priority,
+        data_parallelism=body.data_parallelism,
+        resources=resources,
+        max_runtime_sec=body.max_runtime_sec,
+    )
+    job = submit(store, caller.name, request, lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session))
+    return _job_out(settings, job)
+
+
+@router.get("", response_model=ListBatchCompletionsResponse, summary="List batch completions jobs")
+def list_batch_completions(caller: CallerDep, store: StoreDep, settings: SettingsDep) -> ListBatchCompletionsResponse:
+    jobs, _ = store.list_jobs(owner=caller.owner_filter, dialect="scale", limit=MAX_PAGE_SIZE)
+    return ListBatchCompletionsResponse(jobs=[_job_out(settings, j) for j in jobs])
+
+
+@router.get("/{batch_completion_id}", response_model=GetBatchCompletionResponse, summary="Get a job")
+def get_batch_completion(
+    batch_completion_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep
+) -> GetBatchCompletionResponse:
+    job = store.get_job(batch_completion_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch completion", batch_completion_id)
+    return GetBatchCompletionResponse(job=_job_out(settings, job))
+
+
+@router.post(
+    "/{batch_completion_id}", response_model=UpdateBatchCompletionsResponse, summary="Update a job's priority"
+)
+def update_batch_completion(
+    batch_completion_id: str,
+    body: Annotated[UpdateBatchCompletionsRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+) -> UpdateBatchCompletionsResponse:
+    caller.require_submit()
+    job = store.get_job(batch_completion_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch completion", batch_completion_id)
+    if body.priority is not None:
+        job = store.set_priority(job.id, priority_weight(settings, body.priority), owner=caller.owner_filter)
+    return UpdateBatchCompletionsResponse(**_job_out(settings, job).model_dump(by_alias=True), success=True)
+
+
+@router.post(
+    "/{batch_completion_id}/actions/cancel",
+    response_model=CancelBatchCompletionsResponse,
+    summary="Cancel a job (success: it is cancelling or cancelled now)",
+)
+def cancel_batch_completion(
+    batch_completion_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep
+) -> CancelBatchCompletionsResponse:
+    caller.require_submit()
+    job = cancel_job(store, settings, batch_completion_id, caller.owner_filter, kind="batch completion")
+    return CancelBatchCompletionsResponse(success=job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED))

@@ -1,0 +1,46 @@
+"""What the app holds for its routes: settings, the job store, the DAG trigger.
+
+``create_app`` puts one ``ApiState`` on ``app.state.llm_batch``; routes reach it through
+the ``*Dep`` annotations below, so tests can build an app around any store or trigger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from llm_batch.config import Settings
+from llm_batch.jobstore import JobStore
+
+DAG_ID = "batch_inference"
+
+# Limits the API enforces before anything reaches the store or storage.
+MAX_JSON_BODY_BYTES = 64 * 1024**2  # inline requests (Mistral requests, Scale content)
+MAX_INLINE_REQUESTS = 100_000
+MAX_PAGE_SIZE = 1000  # Mistral page_size, Scale/our lists
+MAX_OPENAI_PAGE_SIZE = 100  # OpenAI's documented limit for list endpoints
+
+
+@dataclass
+class ApiState:
+    settings: Settings
+    store: JobStore
+
+
+def get_state(request: Request) -> ApiState:
+    return request.app.state.llm_batch
+
+
+def get_store(request: Request) -> JobStore:
+    return request.app.state.llm_batch.store
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.llm_batch.settings
+
+
+StateDep = Annotated[ApiState, Depends(get_state)]
+StoreDep = Annotated[JobStore, Depends(get_store)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]

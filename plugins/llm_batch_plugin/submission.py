@@ -1,0 +1,148 @@
+"""The submit use case: a dialect-neutral ``JobRequest`` becomes a job row and a DAG run.
+
+Routers translate their dialect's body into a ``JobRequest`` (and may first store inline
+requests as a file with ``save_inline_requests``); ``submit`` then
+1. creates the QUEUED job in the store (owner = the caller),
+2. triggers the ``batch_inference`` run through ``dag_trigger`` with ``dag_conf(job)``,
+3. records the run id, or, if the trigger failed, marks the job FAILED with the reason,
+so a job is never left queued without a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_batch import storage
+from llm_batch.config import Settings
+from llm_batch.endpoints import UnsupportedEndpointError, parse_endpoint
+from llm_batch.jobs import JobStatus
+from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
+from llm_batch.layout import join_uri
+from llm_batch_plugin.dag_trigger import TriggerError
+from llm_batch_plugin.errors import ApiError
+
+# Input formats the pipeline reads (conf key input_format).
+JSONL = "jsonl"  # OpenAI/Mistral batch lines: {"custom_id", "method"?, "url"?, "body"}
+SCALE_JSON = "scale_json"  # Scale: a JSON array of requests, or a v1 content object
+
+# (job_id, conf) -> run id; raises TriggerError. Bound to the request's session by the router.
+Trigger = Callable[[str, dict[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What every dialect's create call boils down to."""
+
+    dialect: str
+    endpoint: str
+    model: str
+    input_uri: str
+    input_format: str
+    # Recorded on the job beside the URI: file ids, the user's path, or the inline file.
+    input_refs: dict[str, Any] = field(default_factory=dict)
+    model_config: dict[str, Any] = field(default_factory=dict)
+    output_uri: str | None = None  # a user path (Scale output_data_path)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    priority_name: str | None = None
+    data_parallelism: int = 1
+    resources: dict[str, Any] = field(default_factory=dict)
+    max_runtime_sec: int | None = None
+
+
+def check_endpoint(endpoint: str, param: str = "endpoint") -> str:
+    try:
+        return parse_endpoint(endpoint).value
+    except UnsupportedEndpointError as exc:
+        raise ApiError(400, str(exc), param=param, code="unsupported_endpoint") from None
+
+
+def check_model(model: str | None, model_config: dict[str, Any], param: str = "model") -> None:
+    """A model must be registered unless the request names its own checkpoint_path."""
+    from llm_batch.models import ModelError, load_registry
+
+    if model_config.get("checkpoint_path"):
+        return
+    if not model:
+        raise ApiError(400, "a model is required", param=param, code="missing_model")
+    try:
+        load_registry().get(model)
+    except ModelError as exc:
+        raise ApiError(400, str(exc), param=param, code="unknown_model") from None
+
+
+def check_user_path(uri: str, param: str) -> str:
+    """A user-supplied path, canonical, or 400 naming the rule it breaks."""
+    try:
+        return storage.check_user_uri(uri)
+    except storage.PathNotAllowed as exc:
+        settings_rule = "paths must lie under the configured local roots or allowed buckets"
+        raise ApiError(400, f"{param}: {exc} ({settings_rule})", param=param, code="path_not_allowed") from None
+
+
+def save_inline_requests(
+    store: JobStore, settings: Settings, owner: str, lines: Iterable[bytes], filename: str
+) -> FileObject:
+    """Write inline requests (already serialised, one per item) to the files area and record
+    them as an input file object of `owner`."""
+    file_id = new_file_id()
+    uri = join_uri(settings.files_uri, file_id)
+    written = 0
+    with storage.open_write(uri) as out:
+        for line in lines:
+            out.write(line)
+            written += len(line)
+    return store.create_file(
+        id=file_id, owner=owner, purpose="batch", filename=filename, bytes=written, uri=uri, kind="input"
+    )
+
+
+def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
+    """The run's conf: the job id plus its spec (None values left out for the Params)."""
+    conf: dict[str, Any] = {
+        "job_id": job.id,
+        "input": request.input_uri,
+        "input_format": request.input_format,
+        "endpoint": job.endpoint,
+        "model": job.model,
+        "model_config": job.model_config,
+        "data_parallelism": job.data_parallelism,
+        "max_runtime_sec": job.max_runtime_sec,
+        "priority": request.priority_name,
+        "labels": job.labels,
+        "gpus": job.resources.get("gpus"),
+        "gpu_type": job.resources.get("gpu_type"),
+        "nodes_per_worker": job.resources.get("nodes_per_worker"),
+        "output": request.output_uri,
+    }
+    return {key: value for key, value in conf.items() if value is not None}
+
+
+def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -> Job:
+    """Create the job and start its run; returns the job (FAILED, with the reason, if the
+    run could not be started)."""
+    job = store.create_job(
+        dialect=request.dialect,
+        endpoint=request.endpoint,
+        model=request.model,
+        owner=owner,
+        input={"uri": request.input_uri, **request.input_refs},
+        input_format=request.input_format,
+        model_config=request.model_config,
+        scale_output_uri=request.output_uri,
+        metadata=request.metadata,
+        labels=request.labels,
+        priority=request.priority,
+        data_parallelism=request.data_parallelism,
+        resources=request.resources,
+        max_runtime_sec=request.max_runtime_sec,
+    )
+    try:
+        run_id = trigger(job.id, dag_conf(job, request))
+    except TriggerError as exc:
+        return store.transition(job.id, JobStatus.FAILED, reason=str(exc))
+    # The run may already have moved the job on; only the run id is ours to set.
+    return store.set_dag_run(job.id, run_id)

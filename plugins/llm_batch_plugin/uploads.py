@@ -1,0 +1,100 @@
+"""The file use cases: store an upload (size-capped, JSONL-checked), stream content back,
+delete. Content lives in storage under ``Settings.files_uri``; metadata in the job store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import BinaryIO
+
+import orjson
+
+from llm_batch import storage
+from llm_batch.config import Settings
+from llm_batch.jobstore import FileObject, JobStore, new_file_id
+from llm_batch.layout import join_uri
+from llm_batch_plugin.errors import ApiError
+
+ACCEPTED_PURPOSES = ("batch",)
+CHUNK_BYTES = 1 << 20
+
+
+def check_purpose(purpose: str) -> None:
+    if purpose not in ACCEPTED_PURPOSES:
+        raise ApiError(
+            400,
+            f"purpose {purpose!r} is not accepted: this service takes batch input files only (purpose='batch')",
+            param="purpose",
+            code="invalid_purpose",
+        )
+
+
+def _check_first_line(head: bytes, filename: str, max_line_bytes: int) -> None:
+    """The file must be JSONL: its first line a JSON object (later lines are checked one by
+    one by the job's validation, so one bad line never rejects a whole batch)."""
+    line, newline, _ = head.partition(b"\n")
+    if not newline and len(line) > max_line_bytes:
+        raise ApiError(
+            400, f"{filename}: not JSONL: line 1 is longer than {max_line_bytes} bytes", param="file", code="invalid_file"
+        )
+    try:
+        first = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"{filename}: not JSONL: line 1 is not valid JSON ({exc})", param="file", code="invalid_file") from None
+    if not isinstance(first, dict):
+        raise ApiError(
+            400, f"{filename}: not JSONL: line 1 is a JSON {type(first).__name__}, not an object", param="file", code="invalid_file"
+        )
+
+
+def save_upload(
+    store: JobStore, settings: Settings, owner: str, filename: str, purpose: str, stream: BinaryIO
+) -> FileObject:
+    """Copy `stream` to storage and record it; 413 above ``Settings.max_input_bytes``,
+    400 if it is empty or not JSONL. Nothing is kept when it is refused."""
+    check_purpose(purpose)
+    limit = settings.max_input_bytes
+    file_id = new_file_id()
+    uri = join_uri(settings.files_uri, file_id)
+    written = 0
+    head = b""  # the start of the file, until its first line is complete
+    checked = False
+    with storage.open_write(uri) as out:
+        while chunk := stream.read(CHUNK_BYTES):
+            written += len(chunk)
+            if written > limit:
+                raise ApiError(413, f"{filename}: larger than the limit of {limit} bytes", param="file", code="file_too_large")
+            if not checked:
+                head += chunk
+                if b"\n" in head or len(head) > settings.max_line_bytes:
+                    _check_first_line(head, filename, settings.max_line_bytes)
+                    checked = True
+            out.write(chunk)
+        if not head.strip():
+            raise ApiError(400, f"{filename}: the file is empty", param="file", code="invalid_file")
+        if not checked:
+            _check_first_line(head, filename, settings.max_line_bytes)
+    return store.create_file(id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=written, uri=uri)
+
+
+def read_content(f: FileObject) -> Iterator[bytes]:
+    """The file's content in chunks (opened before the first chunk: a missing object
+    raises here, not halfway through a response)."""
+    reader = storage.open_read(f.uri)
+    stream = reader.__enter__()
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            while chunk := stream.read(CHUNK_BYTES):
+                yield chunk
+        finally:
+            reader.__exit__(None, None, None)
+
+    return chunks()
+
+
+def delete_file(store: JobStore, f: FileObject, owner: str | None) -> None:
+    store.mark_file_deleted(f.id, owner=owner)
+    try:
+        storage.delete(f.uri)
+    except storage.StorageError:
+        pass  # the record says deleted; housekeeping retries content it could not remove
