@@ -16,6 +16,7 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.models",
     "llm_batch.commands.shard",
     "llm_batch.commands.merge",
+    "llm_batch.commands.api_key",
 )
 
 
