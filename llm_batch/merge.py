@@ -129,6 +129,16 @@ class _Outputs:
         self.job_id = job_id
         self.jsonl, self.errors, self.scale = jsonl, errors, scale
         self._scale_items = 0
+        if scale is not None:
+            scale.write(b"[")
+
+    def finish(self) -> None:
+        """Close the Scale array and hand every buffered byte to storage."""
+        if self.scale is not None:
+            self.scale.write(b"]")
+        for writer in (self.jsonl, self.errors, self.scale):
+            if writer is not None:
+                writer.flush()
 
     def _scale_element(self, element: Any) -> None:
         if self.scale is not None:
@@ -146,15 +156,25 @@ class _Outputs:
             }) + b"\n")
         self._scale_element(result.body)
 
-    def failure(self, index: int, line: int, custom_id: str | None, code: str, message: str,
-                response: dict[str, Any] | None = None) -> None:
+    def engine_error(self, result: ResultRecord) -> None:
+        error = result.error
+        code = error.code if error else f"http_{result.status_code}"
+        message = error.message if error else f"request failed with status {result.status_code}"
+        h = stable_request_hash(self.job_id, result.index)
+        response = {"status_code": result.status_code, "request_id": f"req_{h}",
+                    "body": _error_body(result)}
+        self._failure(result.index, result.index + 1, result.custom_id, code, message, response)
+
+    def no_result(self, record: ErrorRecord) -> None:
+        """A validation error or a request never run: there is no response."""
+        self._failure(record.index, record.line, record.custom_id, record.code, record.message)
+
+    def _failure(self, index: int, line: int, custom_id: str | None, code: str, message: str,
+                 response: dict[str, Any] | None = None) -> None:
         if self.errors is not None:
-            h = stable_request_hash(self.job_id, index)
-            if response is not None:
-                response = {"status_code": response["status_code"], "request_id": f"req_{h}",
-                            "body": response["body"]}
             self.errors.write(orjson.dumps({
-                "id": f"batch_req_{h}", "custom_id": custom_id, "line": line,
+                "id": f"batch_req_{stable_request_hash(self.job_id, index)}",
+                "custom_id": custom_id, "line": line,
                 "response": response, "error": {"code": code, "message": message},
             }) + b"\n")
         self._scale_element({"error": {"code": code, "message": message},
@@ -198,8 +218,6 @@ def merge_job(
             scale=sink(scale_output_uri or layout.output_json)
             if scale_json or scale_output_uri else None,
         )
-        if outputs.scale is not None:
-            outputs.scale.write(b"[")
         last_index = -1
         for outcome in heapq.merge(*streams, key=attrgetter("index")):
             if outcome.index <= last_index:
@@ -212,24 +230,13 @@ def merge_job(
                 failed += 1
                 not_run += outcome.code == NOT_RUN
                 invalid += outcome.code != NOT_RUN
-                outputs.failure(outcome.index, outcome.line, outcome.custom_id,
-                                outcome.code, outcome.message)
+                outputs.no_result(outcome)
             elif outcome.ok:
                 succeeded += 1
                 outputs.success(outcome)
             else:
                 failed += 1
-                error = outcome.error
-                outputs.failure(
-                    outcome.index, outcome.index + 1, outcome.custom_id,
-                    error.code if error else f"http_{outcome.status_code}",
-                    error.message if error else f"request failed with status {outcome.status_code}",
-                    response={"status_code": outcome.status_code, "body": _error_body(outcome)},
-                )
-        if outputs.scale is not None:
-            outputs.scale.write(b"]")
-        for writer in (outputs.jsonl, outputs.errors, outputs.scale):
-            if writer is not None:
-                writer.flush()
+                outputs.engine_error(outcome)
+        outputs.finish()
     return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
                        not_run=not_run, invalid=invalid)
