@@ -161,6 +161,17 @@ def _after(model: type[Base], column: Any, descending: bool, cursor: Base) -> Co
     return or_(column > value, and_(column == value, model.id > cursor_id))
 
 
+def _entering(row: JobRow, status: JobStatus, reason: str | None) -> dict[str, Any]:
+    """The column values of moving `row` into `status`: the status, its still-unset
+    timestamps, and the reason if one is given."""
+    now = utcnow()
+    values: dict[str, Any] = {"status": status.value}
+    values.update({ts: now for ts in _STATUS_TIMESTAMPS[status] if getattr(row, ts) is None})
+    if reason is not None:
+        values["status_reason"] = reason
+    return values
+
+
 class JobStore:
     """The job store at `url` (SQLAlchemy URL: ``sqlite:///path`` or ``postgresql://...``).
 
@@ -394,12 +405,22 @@ class JobStore:
             check_transition(current, new)
             if current == new:
                 return None
-            now = utcnow()
-            values: dict[str, Any] = {"status": new.value}
-            values.update({ts: now for ts in _STATUS_TIMESTAMPS[new] if getattr(row, ts) is None})
-            if reason is not None:
-                values["status_reason"] = reason
-            return values
+            return _entering(row, new, reason)
+
+        return self._compare_and_set(job_id, changes)
+
+    def end_job(self, job_id: str, status: JobStatus | str, reason: str | None = None) -> Job:
+        """End a live job in the terminal `status` (with its timestamps and `reason`); a job
+        that has ended already is returned as it ended. Race-free, unlike reading the job
+        and then calling transition: meant for failure callbacks, expiry and reconciling."""
+        final = JobStatus(status)
+        if not final.terminal:
+            raise ValueError(f"end_job needs a terminal status, got {final}")
+
+        def changes(row: JobRow) -> dict[str, Any] | None:
+            if JobStatus(row.status).terminal:
+                return None
+            return _entering(row, final, reason)
 
         return self._compare_and_set(job_id, changes)
 
@@ -414,11 +435,7 @@ class JobStore:
             current = JobStatus(row.status)
             if current.terminal or current == JobStatus.CANCELLING:
                 return None
-            now = utcnow()
-            values: dict[str, Any] = {"status": JobStatus.CANCELLING.value, "cancelling_at": now}
-            values["cancel_requested_at"] = row.cancel_requested_at or now
-            values["status_reason"] = reason or "cancel requested"
-            return values
+            return _entering(row, JobStatus.CANCELLING, reason or "cancel requested")
 
         return self._compare_and_set(job_id, changes, owner)
 
