@@ -245,6 +245,10 @@ def _bad_bytes(raw: bytes, exc: orjson.JSONDecodeError, index: int, line: int, w
     except UnicodeDecodeError as bad:
         return _error(index, line, custom_id, ErrorCode.INVALID_UTF8,
                       f"{where}bytes are not valid UTF-8 at byte {bad.start + 1} of the line")
+    try:  # again without the newline, so the position is within the line
+        orjson.loads(raw.rstrip(b"\r\n"))
+    except orjson.JSONDecodeError as inline:
+        exc = inline
     return _error(index, line, custom_id, ErrorCode.INVALID_JSON,
                   f"{where}invalid JSON: {exc.msg} at column {exc.colno}")
 
@@ -357,7 +361,7 @@ def read_scale_v2(
         has_prompt, has_messages = "prompt" in obj, "messages" in obj
         if has_prompt == has_messages:
             yield _error(index, line, custom_id, ErrorCode.INVALID_BODY, f"{where}element {line}: "
-                         "needs either 'prompt' (a completion) or 'messages' (a chat), not "
+                         "needs either 'prompt' (a completion) or 'messages' (a chat), found "
                          + ("both" if has_prompt else "neither"))
             continue
         implied = Endpoint.CHAT_COMPLETIONS if has_messages else Endpoint.COMPLETIONS

@@ -194,7 +194,7 @@ def _consume(
                 if write_error is not None:
                     write_error(dumps(item.model_dump(), option=newline))
     except InputUnreadable as exc:
-        raise BatchRejected("unreadable", f"the input cannot be read: {exc}") from None
+        raise BatchRejected("unreadable", f"the input cannot be read as {report.format}: {exc}") from None
     report.total, report.valid, report.invalid = total, valid, total - valid
 
 

@@ -1,0 +1,99 @@
+"""``llm-batch validate``: the JSON it prints and its exit statuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llm_batch.cli import main
+from llm_batch.config import get_settings
+
+GOOD = '{"custom_id": "%s", "body": {"messages": [{"role": "user", "content": "Hi"}]}}\n'
+
+
+@pytest.fixture
+def batch(tmp_path: Path) -> Path:
+    path = tmp_path / "batch.jsonl"
+    path.write_text(GOOD % "a" + "not json\n" + GOOD % "a" + GOOD % "b")
+    return path
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, dict | None, str]:
+    status = main(["validate", *argv])
+    out, err = capsys.readouterr()
+    return status, (json.loads(out) if out.strip() else None), err
+
+
+def test_prints_counts_and_errors_and_exits_0(capsys, batch: Path) -> None:
+    status, printed, err = run_cli(capsys, str(batch))
+    assert status == 0 and err == ""
+    assert set(printed) == {"total", "valid", "invalid", "errors"}
+    assert (printed["total"], printed["valid"], printed["invalid"]) == (4, 2, 2)
+    assert printed["errors"] == [
+        {"line": 2, "custom_id": None, "code": "invalid_json", "message": printed["errors"][0]["message"]},
+        {"line": 3, "custom_id": "a", "code": "duplicate_custom_id",
+         "message": printed["errors"][1]["message"]},
+    ]
+
+
+def test_no_valid_line_exits_2_with_counts_and_reason(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("[]\n{}\n")
+    status, printed, err = run_cli(capsys, str(path))
+    assert status == 2
+    assert printed["valid"] == 0 and printed["invalid"] == 2
+    assert "no_valid_requests" in err
+
+
+def test_unreadable_input_exits_2_with_the_reason_on_stderr(capsys, tmp_path: Path) -> None:
+    status, printed, err = run_cli(capsys, str(tmp_path / "missing.jsonl"))
+    assert status == 2 and printed is None
+    assert "missing.jsonl" in err and "unreadable" in err
+
+
+def test_unsupported_endpoint_exits_2(capsys, batch: Path) -> None:
+    status, _, err = run_cli(capsys, str(batch), "--endpoint", "/v1/moderations")
+    assert status == 2 and "/v1/chat/completions" in err
+
+
+def test_endpoint_and_format_options(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "scale.json"
+    path.write_text(json.dumps([{"prompt": "a"}, {"messages": [{"role": "user", "content": "b"}]}]))
+    status, printed, _ = run_cli(capsys, str(path), "--format", "scale-v2",
+                                 "--endpoint", "/v1/completions")
+    assert status == 0 and (printed["valid"], printed["invalid"]) == (1, 1)
+    assert printed["errors"][0]["code"] == "endpoint_mismatch"
+
+
+def test_errors_are_capped_by_settings_counts_are_not(capsys, monkeypatch, tmp_path: Path) -> None:
+    path = tmp_path / "many.jsonl"
+    path.write_text("junk\n" * 12 + GOOD % "ok")
+    monkeypatch.setenv("LLM_BATCH_MAX_REPORTED_ERRORS", "3")
+    get_settings.cache_clear()
+    try:
+        status, printed, _ = run_cli(capsys, str(path))
+    finally:
+        monkeypatch.delenv("LLM_BATCH_MAX_REPORTED_ERRORS")
+        get_settings.cache_clear()
+    assert status == 0
+    assert printed["invalid"] == 12 and len(printed["errors"]) == 3
+
+
+def test_several_inputs_are_one_batch(capsys, tmp_path: Path) -> None:
+    first, second = tmp_path / "1.jsonl", tmp_path / "2.jsonl"
+    first.write_text(GOOD % "a")
+    second.write_text(GOOD % "a")
+    status, printed, _ = run_cli(capsys, str(first), str(second))
+    assert status == 0 and printed["errors"][0]["code"] == "duplicate_custom_id"
+    assert str(second) in printed["errors"][0]["message"]
+
+
+def test_console_entry_point_reads_stdin(batch: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "llm_batch.cli", "validate", "-"],
+                          input=batch.read_bytes(), capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["valid"] == 2

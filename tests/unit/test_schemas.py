@@ -1,0 +1,167 @@
+"""Request-body schemas: what each endpoint accepts, precise errors, and the fast path
+never accepting what the full model refuses."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from llm_batch.endpoints import Endpoint
+from llm_batch.schemas import (
+    MAX_N,
+    body_model_for,
+    describe_validation_error,
+    fast_check_for,
+    prompt_chars,
+)
+
+CHAT, COMPLETIONS, EMBEDDINGS = Endpoint.CHAT_COMPLETIONS, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS
+USER = [{"role": "user", "content": "Hello"}]
+
+
+def error_of(endpoint: Endpoint, body: dict) -> str:
+    with pytest.raises(ValidationError) as caught:
+        body_model_for(endpoint).model_validate(body)
+    return describe_validation_error(caught.value)
+
+
+@pytest.mark.parametrize("endpoint, body", [
+    (CHAT, {"messages": USER}),
+    (CHAT, {"messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "developer", "content": "Answer in French."},
+                         {"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                      {"type": "image_url",
+                                                       "image_url": {"url": "data:,"}}]},
+                         {"role": "assistant", "content": None,
+                          "tool_calls": [{"id": "c1", "type": "function",
+                                          "function": {"name": "f", "arguments": "{}"}}]},
+                         {"role": "tool", "content": "42", "tool_call_id": "c1"}],
+            "max_completion_tokens": 20, "temperature": 0, "top_p": 1, "top_k": -1, "n": 2,
+            "stop": ["\n"], "seed": 7, "logprobs": True, "top_logprobs": 20,
+            "presence_penalty": -2, "frequency_penalty": 2, "min_tokens": 2,
+            "repetition_penalty": 1.1, "user": "u", "model": "ignored", "stream": False,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "x", "schema": {"type": "object"}}}}),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "stop": "END"}),
+    (CHAT, {"messages": USER, "some_future_field": {"a": 1}}),
+    (COMPLETIONS, {"prompt": "Once", "max_tokens": 5, "logprobs": 3, "echo": False}),
+    (COMPLETIONS, {"prompt": ["a", "b"]}),
+    (COMPLETIONS, {"prompt": [1, 2, 3]}),
+    (COMPLETIONS, {"prompt": [[1, 2], [3]]}),
+    (EMBEDDINGS, {"input": "text", "encoding_format": "base64", "dimensions": 64}),
+    (EMBEDDINGS, {"input": ["a", "b"], "model": "m"}),
+    (EMBEDDINGS, {"input": [5, 6]}),
+])
+def test_valid_bodies_are_accepted(endpoint: Endpoint, body: dict) -> None:
+    body_model_for(endpoint).model_validate(body)
+
+
+@pytest.mark.parametrize("endpoint, body, expected", [
+    (CHAT, {"messages": []}, "body.messages: must not be empty"),
+    (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "body.messages[0].role:"),
+    (CHAT, {"messages": USER, "max_tokens": -1}, "body.max_tokens: Input should be greater"),
+    (CHAT, {"messages": USER, "n": 0}, "body.n:"),
+    (CHAT, {"messages": USER, "n": MAX_N + 1}, "body.n:"),
+    (CHAT, {"messages": USER, "temperature": 2.01}, "body.temperature:"),
+    (CHAT, {"messages": USER, "top_p": 0}, "body.top_p:"),
+    (CHAT, {"messages": USER, "top_p": 1.5}, "body.top_p:"),
+    (CHAT, {"messages": USER, "max_tokens": "5"}, "(got '5')"),
+    (CHAT, {"messages": USER, "max_tokens": 5.0}, "body.max_tokens: Input should be a valid integer"),
+    (CHAT, {"messages": USER, "logprobs": 1}, "body.logprobs:"),
+    (CHAT, {"messages": USER, "stream": True}, "body.stream: stream must be false"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
+     "body.response_format.json_schema.schema: field required"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "body.messages[0].content[0].text:"),
+    (CHAT, {"messages": [{"role": "assistant"}]}, "assistant message needs content or tool_calls"),
+    (COMPLETIONS, {"prompt": ""}, "body.prompt: prompt must not be an empty string"),
+    (COMPLETIONS, {"prompt": [[]]}, "body.prompt:"),
+    (COMPLETIONS, {"prompt": "a", "logprobs": -1}, "body.logprobs:"),
+    (EMBEDDINGS, {"input": []}, "body.input:"),
+    (EMBEDDINGS, {"input": "a", "dimensions": 0}, "body.dimensions:"),
+])
+def test_invalid_bodies_say_what_and_where(endpoint: Endpoint, body: dict, expected: str) -> None:
+    assert expected in error_of(endpoint, body)
+
+
+def test_several_problems_are_listed_and_capped() -> None:
+    message = error_of(CHAT, {"messages": USER, "n": 0, "top_p": 0, "temperature": 9,
+                              "max_tokens": 0, "seed": "x"})
+    assert message.count("body.") == 3 and message.endswith("and 2 more")
+
+
+def test_body_model_for_takes_strings() -> None:
+    assert body_model_for("/v1/embeddings") is body_model_for(EMBEDDINGS)
+    with pytest.raises(ValueError):
+        body_model_for("/v1/ocr")
+
+
+def test_prompt_chars() -> None:
+    assert prompt_chars({"messages": [{"role": "user", "content": "abcd"},
+                                      {"role": "user", "content": [{"type": "text",
+                                                                    "text": "ef"}]}]}) == 6
+    assert prompt_chars({"prompt": ["ab", "c"]}) == 3
+    assert prompt_chars({"input": [1, 2]}) == 8
+
+
+# -- the fast path ------------------------------------------------------------------------------
+
+def test_fast_path_takes_the_common_shape() -> None:
+    body = {"messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "Hello"}],
+            "max_tokens": 64, "temperature": 0.7, "model": "m"}
+    assert fast_check_for(CHAT)(body) == len("Be brief.") + len("Hello")
+    assert fast_check_for(COMPLETIONS)({"prompt": "abc", "max_tokens": 3}) == 3
+    assert fast_check_for(EMBEDDINGS)({"input": "abcd"}) == 4
+
+
+def test_fast_path_defers_anything_unusual() -> None:
+    fast = fast_check_for(CHAT)
+    assert fast({"messages": [{"role": "user", "content": "x", "name": "n"}]}) is None
+    assert fast({"messages": USER, "min_tokens": 3}) is None
+    assert fast({"messages": USER, "max_tokens": True}) is None
+    assert fast({"messages": []}) is None
+
+
+BOUNDARY_VALUES = [-3, -2, -1.5, -1, 0, 0.0, 0.5, 1, 1.0, 2, 2.0, 2.5, 20, MAX_N, MAX_N + 1,
+                   True, False, None, "x", "", ["a", "b"], [1], [], {}]
+FAST_FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n",
+               "seed", "stop", "presence_penalty", "frequency_penalty", "user", "model"]
+
+
+def _model_accepts(endpoint: Endpoint, body: dict) -> bool:
+    try:
+        body_model_for(endpoint).model_validate(body)
+    except ValidationError:
+        return False
+    return True
+
+
+def test_fast_path_agrees_with_the_model_at_every_boundary() -> None:
+    taken = 0
+    for endpoint, base in ((CHAT, {"messages": USER}), (COMPLETIONS, {"prompt": "p"})):
+        for field in FAST_FIELDS:
+            for value in BOUNDARY_VALUES:
+                body = {**base, field: value}
+                fast = fast_check_for(endpoint)(body)
+                assert fast is None or _model_accepts(endpoint, body), (endpoint, field, value)
+                taken += fast is not None
+    assert taken > 100  # the fast path is really exercised
+
+
+values = st.one_of(st.integers(-3, 40), st.floats(-2.5, 2.5), st.sampled_from(BOUNDARY_VALUES))
+messages = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "developer", "tool", "robot", 3]),
+     "content": st.one_of(st.text(max_size=5), st.none(), st.integers())}), max_size=3)
+fields = st.dictionaries(st.sampled_from(FAST_FIELDS + ["min_tokens", "logprobs", "stream"]),
+                         values, max_size=4)
+@settings(max_examples=400, deadline=None)
+@given(messages=messages, fields=fields, prompt=st.one_of(st.text(max_size=3), values))
+def test_fast_path_never_accepts_what_the_model_refuses(messages, fields, prompt) -> None:
+    for endpoint, body in ((CHAT, {"messages": messages, **fields}),
+                           (COMPLETIONS, {"prompt": prompt, **fields}),
+                           (EMBEDDINGS, {"input": prompt, **fields})):
+        if fast_check_for(endpoint)(body) is not None:
+            body_model_for(endpoint).model_validate(body)  # must not raise
