@@ -1,0 +1,228 @@
+"""llm_batch.storage over local paths: confinement, atomic writes, streaming, listing."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from llm_batch import storage
+from llm_batch.config import get_settings
+from llm_batch.storage import AccessDenied, ObjectNotFound, PathNotAllowed, StorageError
+
+MIB = 1024**2
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An allowed root (LLM_BATCH_LOCAL_ROOTS) beside a directory outside it."""
+    allowed = tmp_path / "root"
+    allowed.mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("secret")
+    monkeypatch.setenv("LLM_BATCH_LOCAL_ROOTS", str(allowed))
+    get_settings.cache_clear()
+    yield allowed.resolve()
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+# -- confinement
+
+def test_paths_inside_the_root_are_allowed(root: Path) -> None:
+    storage.write_bytes(str(root / "a" / "b.txt"), b"hello")
+    assert storage.read_bytes(str(root / "a" / "b.txt")) == b"hello"
+    assert storage.read_bytes(f"file://{root}/a/b.txt") == b"hello"
+    assert storage.read_bytes(f"file://localhost{root}/a/b.txt") == b"hello"
+    assert storage.check_user_uri(f"file://{root}/a/%62.txt") == str(root / "a" / "b.txt")
+
+
+def test_dotdot_is_refused_even_when_it_stays_inside(root: Path) -> None:
+    (root / "a").mkdir()
+    for uri in (f"{root}/a/../../outside/secret.txt", f"{root}/a/../x.txt",
+                f"file://{root}/a/../../outside/secret.txt", f"file://{root}/a/%2e%2e/x.txt"):
+        with pytest.raises(PathNotAllowed, match=r"'\.\.' is not allowed") as info:
+            storage.check_user_uri(uri)
+        assert info.value.uri == uri
+
+
+def test_absolute_path_outside_is_refused_with_the_roots_named(root: Path) -> None:
+    outside = root.parent / "outside" / "secret.txt"
+    for operation in (storage.check_user_uri, storage.read_bytes, storage.exists, storage.size):
+        with pytest.raises(PathNotAllowed, match=f"outside the allowed roots {root}"):
+            operation(str(outside))
+    with pytest.raises(PathNotAllowed):
+        storage.read_bytes(f"file://{outside}")
+    with pytest.raises(PathNotAllowed):
+        storage.write_bytes("/etc/llm-batch-should-not-exist", b"x")
+    assert not Path("/etc/llm-batch-should-not-exist").exists()
+
+
+def test_relative_path_resolves_from_cwd(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (root / "in.jsonl").write_bytes(b"{}\n")
+    monkeypatch.chdir(root)
+    assert storage.read_bytes("in.jsonl") == b"{}\n"
+    monkeypatch.chdir(root.parent)
+    with pytest.raises(PathNotAllowed, match="outside the allowed roots"):
+        storage.check_user_uri("outside/secret.txt")
+
+
+def test_symlink_escaping_the_root_is_refused(root: Path) -> None:
+    (root / "link-file").symlink_to(root.parent / "outside" / "secret.txt")
+    (root / "link-dir").symlink_to(root.parent / "outside")
+    for uri in (str(root / "link-file"), str(root / "link-dir" / "secret.txt"),
+                str(root / "link-dir" / "new.txt")):
+        with pytest.raises(PathNotAllowed, match="symlink leads outside"):
+            storage.check_user_uri(uri)
+    with pytest.raises(PathNotAllowed):
+        storage.write_bytes(str(root / "link-dir" / "new.txt"), b"x")
+    assert not (root.parent / "outside" / "new.txt").exists()
+
+
+def test_symlink_inside_the_root_is_followed(root: Path) -> None:
+    (root / "data").mkdir()
+    (root / "data" / "x.txt").write_bytes(b"x")
+    (root / "alias").symlink_to(root / "data")
+    assert storage.check_user_uri(str(root / "alias" / "x.txt")) == str(root / "data" / "x.txt")
+    assert storage.read_bytes(str(root / "alias" / "x.txt")) == b"x"
+
+
+def test_malformed_uris_are_refused(root: Path) -> None:
+    for uri, reason in [("", "empty"), ("gs://bucket/key", "unsupported scheme 'gs'"),
+                        ("http://host/x", "unsupported scheme"), ("file://host/x", "file:///"),
+                        (f"{root}/a\0b", "NUL"), ("s3://Bad_Bucket/x", "invalid bucket name")]:
+        with pytest.raises(PathNotAllowed, match=reason):
+            storage.check_user_uri(uri)
+
+
+def test_internal_default_uris_are_under_the_default_root(llm_batch_home: Path) -> None:
+    get_settings.cache_clear()
+    settings = get_settings()
+    assert storage.check_user_uri(settings.work_uri) == str(llm_batch_home.resolve() / "work")
+    assert storage.check_user_uri(settings.files_uri) == str(llm_batch_home.resolve() / "files")
+
+
+# -- atomic writes
+
+def test_write_appears_only_on_clean_exit(root: Path) -> None:
+    target = root / "jobs" / "out.jsonl"
+    with storage.open_write(str(target)) as out:
+        out.write(b"line 1\n")
+        assert not target.exists()  # not published while the block runs
+    assert target.read_bytes() == b"line 1\n"
+
+
+def test_exception_inside_the_block_leaves_no_object(root: Path) -> None:
+    target = root / "out.jsonl"
+    with pytest.raises(RuntimeError):
+        with storage.open_write(str(target)) as out:
+            out.write(b"partial\n")
+            raise RuntimeError("boom")
+    assert not target.exists()
+    assert list(root.iterdir()) == []  # no temp file left behind either
+
+
+def test_failed_rewrite_keeps_the_old_object(root: Path) -> None:
+    target = root / "progress.json"
+    storage.write_bytes(str(target), b'{"done": 1}')
+    with pytest.raises(RuntimeError):
+        with storage.open_write(str(target)) as out:
+            out.write(b'{"done": 2')
+            raise RuntimeError("killed mid-write")
+    assert target.read_bytes() == b'{"done": 1}'
+
+
+def test_written_files_get_normal_permissions(root: Path) -> None:
+    storage.write_bytes(str(root / "f"), b"x")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (root / "f").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+# -- reads
+
+def test_streaming_read_of_a_big_file_stays_small(root: Path) -> None:
+    big = root / "big.jsonl"
+    line = b'{"custom_id": "x", "body": {}}\n'
+    with open(big, "wb") as out:
+        for _ in range(40):
+            out.write(line * (MIB // len(line)))
+    tracemalloc.start()
+    try:
+        with storage.open_read(str(big)) as stream:
+            count = sum(1 for _ in stream)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 40 * (MIB // len(line))
+    assert peak < 4 * MIB  # ~40 MiB file, never held whole
+
+
+def test_missing_file_and_directory_errors_name_the_uri(root: Path) -> None:
+    missing = str(root / "nope.jsonl")
+    with pytest.raises(ObjectNotFound) as info:
+        storage.read_bytes(missing)
+    assert info.value.uri == missing and missing in str(info.value)
+    with pytest.raises(ObjectNotFound):
+        storage.size(missing)
+    assert not storage.exists(missing)
+    (root / "dir").mkdir()
+    with pytest.raises(StorageError, match="is a directory"):
+        storage.read_bytes(str(root / "dir"))
+    assert not storage.exists(str(root / "dir"))
+
+
+def test_os_errors_map_to_storage_errors() -> None:
+    # Root (as in CI) reads files whatever their mode, so the mapping is checked directly.
+    with pytest.raises(AccessDenied, match="x.txt: permission denied"):
+        with storage._os_errors("x.txt"):
+            raise PermissionError(13, "Permission denied")
+    with pytest.raises(StorageError, match="x.txt: No space left on device"):
+        with storage._os_errors("x.txt"):
+            raise OSError(28, "No space left on device")
+
+
+# -- listing and deleting
+
+def test_list_uris_is_recursive_sorted_and_keeps_the_spelling(root: Path) -> None:
+    job = root / "work" / "job-1"
+    for name in ("shards/00001/requests.jsonl", "shards/00000/requests.jsonl", "validated.jsonl"):
+        storage.write_bytes(str(job / name), b"x")
+    storage.write_bytes(str(root / "work" / "job-10" / "validated.jsonl"), b"x")
+    expected = ["shards/00000/requests.jsonl", "shards/00001/requests.jsonl", "validated.jsonl"]
+
+    assert storage.list_uris(str(job)) == [f"{job}/{n}" for n in expected]
+    assert storage.list_uris(f"file://{job}/") == [f"file://{job}/{n}" for n in expected]
+    assert storage.list_uris(str(root / "work" / "absent")) == []
+    assert storage.list_uris(str(job / "validated.jsonl")) == []  # a file is not a prefix
+
+
+def test_delete_and_delete_prefix(root: Path) -> None:
+    job = root / "work" / "job-1"
+    storage.write_bytes(str(job / "a" / "b.txt"), b"x")
+    storage.write_bytes(str(job / "cancel"), b"")
+    storage.write_bytes(str(root / "work" / "job-2" / "keep.txt"), b"x")
+
+    storage.delete(str(job / "cancel"))
+    assert not storage.exists(str(job / "cancel"))
+    storage.delete(str(job / "cancel"))  # idempotent
+
+    storage.delete_prefix(str(job))
+    assert not job.exists()
+    assert storage.list_uris(str(root)) == [f"{root}/work/job-2/keep.txt"]
+    storage.delete_prefix(str(job))  # missing prefix: nothing to do
+    with pytest.raises(PathNotAllowed, match="whole storage root"):
+        storage.delete_prefix(str(root))
+    with pytest.raises(PathNotAllowed):
+        storage.delete_prefix(str(root.parent / "outside"))
+    assert (root.parent / "outside" / "secret.txt").exists()
+
+
+def test_download_dir_of_a_local_directory_is_that_directory(root: Path, tmp_path: Path) -> None:
+    model = root / "models" / "tiny"
+    storage.write_bytes(str(model / "config.json"), b"{}")
+    assert storage.download_dir(str(model), tmp_path / "cache") == model
+    with pytest.raises(ObjectNotFound):
+        storage.download_dir(str(root / "models" / "absent"), tmp_path / "cache")
