@@ -57,11 +57,11 @@ class CreateBatchCompletionsRequest(BaseModel):
     priority: str | None = Field(default=None, max_length=64)
     tool_config: dict[str, Any] | None = None
     cpus: int | str | None = None
-    gpus: int | None = Field(default=None, ge=0, le=64)
+    gpus: int | None = Field(default=None, ge=1, le=8)
     memory: str | None = None
     gpu_type: GpuType | None = None
     storage: str | None = None
-    nodes_per_worker: int | None = Field(default=None, ge=1, le=64)
+    nodes_per_worker: int | None = Field(default=None, ge=1, le=16)
 
 
 class UpdateBatchCompletionsRequest(BaseModel):

@@ -23,9 +23,10 @@ from llm_batch.layout import join_uri
 from llm_batch_plugin.dag_trigger import TriggerError
 from llm_batch_plugin.errors import ApiError
 
-# Input formats the pipeline reads (conf key input_format).
+# Input formats the pipeline reads (llm_batch.pipeline.INPUT_FORMATS).
 JSONL = "jsonl"  # OpenAI/Mistral batch lines: {"custom_id", "method"?, "url"?, "body"}
-SCALE_JSON = "scale_json"  # Scale: a JSON array of requests, or a v1 content object
+SCALE_V2 = "scale-v2"  # Scale: a JSON array of completion or chat requests
+SCALE_V1 = "scale-v1"  # Scale: a {"prompts": [...], sampling...} object
 
 # (job_id, conf) -> run id; raises TriggerError. Bound to the request's session by the router.
 Trigger = Callable[[str, dict[str, Any]], str]
@@ -38,10 +39,11 @@ class JobRequest:
     dialect: str
     endpoint: str
     model: str
-    input_uri: str
+    # The job's input record, as the pipeline reads it: {"file_ids": [...]} (uploaded
+    # files, read in order) or {"uri": ...} (a user path or stored inline requests), plus
+    # notes for the API ("path": the user's spelling, "inline": True).
+    input: dict[str, Any]
     input_format: str
-    # Recorded on the job beside the URI: file ids, the user's path, or the inline file.
-    input_refs: dict[str, Any] = field(default_factory=dict)
     model_config: dict[str, Any] = field(default_factory=dict)
     output_uri: str | None = None  # a user path (Scale output_data_path)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -74,8 +76,16 @@ def check_model(model: str | None, model_config: dict[str, Any], param: str = "m
         raise ApiError(400, str(exc), param=param, code="unknown_model") from None
 
 
-def check_user_path(uri: str, param: str) -> str:
-    """A user-supplied path, canonical, or 400 naming the rule it breaks."""
+def check_user_path(uri: str, param: str, settings: Settings) -> str:
+    """A user-supplied path, canonical, or 400 naming the rule it breaks: local paths under
+    Settings.local_roots, s3:// URIs in Settings.allowed_buckets (none configured: no s3)."""
+    if storage.is_s3(uri) and not settings.allowed_buckets:
+        raise ApiError(
+            400,
+            f"{param}: {uri}: s3 paths are not allowed: no buckets are configured (LLM_BATCH_ALLOWED_BUCKETS)",
+            param=param,
+            code="path_not_allowed",
+        )
     try:
         return storage.check_user_uri(uri)
     except storage.PathNotAllowed as exc:
@@ -101,11 +111,13 @@ def save_inline_requests(
 
 
 def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
-    """The run's conf: the job id plus its spec (None values left out for the Params)."""
+    """The run's conf: the job id (the pipeline takes the job from the store) plus its spec
+    under the DAG's Param names, so the run shows what it does and Airflow checks it."""
     conf: dict[str, Any] = {
         "job_id": job.id,
-        "input": request.input_uri,
-        "input_format": request.input_format,
+        "input_uri": job.input.get("uri"),
+        "input_file_ids": job.input.get("file_ids"),
+        "input_format": job.input_format,
         "endpoint": job.endpoint,
         "model": job.model,
         "model_config": job.model_config,
@@ -116,7 +128,7 @@ def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
         "gpus": job.resources.get("gpus"),
         "gpu_type": job.resources.get("gpu_type"),
         "nodes_per_worker": job.resources.get("nodes_per_worker"),
-        "output": request.output_uri,
+        "output_uri": request.output_uri,
     }
     return {key: value for key, value in conf.items() if value is not None}
 
@@ -129,7 +141,7 @@ def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -
         endpoint=request.endpoint,
         model=request.model,
         owner=owner,
-        input={"uri": request.input_uri, **request.input_refs},
+        input=request.input,
         input_format=request.input_format,
         model_config=request.model_config,
         scale_output_uri=request.output_uri,

@@ -42,25 +42,6 @@ def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[F
     return files
 
 
-def _one_input(store: JobStore, settings, caller: Caller, files: list[FileObject]) -> str:
-    """The URI the pipeline reads: the file itself, or several files joined in order."""
-    if len(files) == 1:
-        return files[0].uri
-
-    def lines():
-        for f in files:
-            with storage.open_read(f.uri) as stream:
-                last = b"\n"
-                while chunk := stream.read(1 << 20):
-                    last = chunk[-1:]
-                    yield chunk
-                if last != b"\n":
-                    yield b"\n"
-
-    joined = save_inline_requests(store, settings, caller.name, lines(), "+".join(f.filename for f in files)[:512])
-    return joined.uri
-
-
 def _inline_lines(body: CreateBatchJobRequest):
     for index, item in enumerate(body.requests or []):
         custom_id = item.custom_id if item.custom_id is not None else str(index)
@@ -104,18 +85,16 @@ def create_batch_job(
     check_model(body.model, {}, param="model")
     if body.input_files:
         files = _input_files(store, caller, body.input_files)
-        input_uri = _one_input(store, settings, caller, files)
-        refs: dict[str, Any] = {"file_ids": [f.id for f in files]}
+        job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}
     else:
         inline = save_inline_requests(store, settings, caller.name, _inline_lines(body), "inline-requests.jsonl")
-        input_uri, refs = inline.uri, {"inline": True, "inline_file_id": inline.id}
+        job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
     request = JobRequest(
         dialect="mistral",
         endpoint=endpoint,
         model=body.model or "",
-        input_uri=input_uri,
+        input=job_input,
         input_format=JSONL,
-        input_refs=refs,
         metadata=body.metadata or {},
         max_runtime_sec=body.timeout_hours * 3600,
     )

@@ -55,9 +55,8 @@ def create_batch(
         dialect="openai",
         endpoint=endpoint,
         model=model,
-        input_uri=input_file.uri,
+        input={"file_ids": [input_file.id]},
         input_format=JSONL,
-        input_refs={"file_ids": [input_file.id]},
         metadata=body.metadata or {},
         max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],
     )

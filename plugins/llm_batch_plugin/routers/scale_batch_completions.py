@@ -30,7 +30,8 @@ from llm_batch_plugin.models_scale import (
 )
 from llm_batch_plugin.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
-    SCALE_JSON,
+    SCALE_V1,
+    SCALE_V2,
     JobRequest,
     check_model,
     check_user_path,
@@ -64,8 +65,9 @@ def _endpoint_of_content(content: list[dict[str, Any]] | V1Content) -> str:
     return Endpoint.CHAT_COMPLETIONS.value if "messages" in content[0] else Endpoint.COMPLETIONS.value
 
 
-def _endpoint_of_file(uri: str) -> str:
-    """Chat or completions, from the first requests of the file (read no more than 64 KiB)."""
+def _sniff_file(uri: str) -> tuple[str, str]:
+    """(endpoint, input format) of a Scale input file, from its first 64 KiB: an array is
+    scale-v2 (chat if its requests have messages), an object is scale-v1 prompts."""
     try:
         with storage.open_read(uri) as stream:
             head = stream.read(_SNIFF_BYTES)
@@ -73,9 +75,11 @@ def _endpoint_of_file(uri: str) -> str:
         raise ApiError(400, f"input_data_path {uri!r} does not exist", param="input_data_path", code="input_missing") from None
     except storage.StorageError as exc:
         raise ApiError(400, f"input_data_path: {exc}", param="input_data_path", code="input_unreadable") from None
+    if head.lstrip().startswith(b"{"):
+        return Endpoint.COMPLETIONS.value, SCALE_V1
     messages, prompt = head.find(b'"messages"'), head.find(b'"prompt')
     chat = messages >= 0 and (prompt < 0 or messages < prompt)
-    return Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value
+    return (Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value), SCALE_V2
 
 
 def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
@@ -97,17 +101,18 @@ def create_batch_completions(
         raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
     model_config = body.model_config_.model_dump(exclude_none=True)
     check_model(body.model_config_.model, model_config, param="model_config.model")
-    output_uri = check_user_path(body.output_data_path, "output_data_path")
+    output_uri = check_user_path(body.output_data_path, "output_data_path", settings)
     weight = priority_weight(settings, body.priority)
     if body.input_data_path is not None:
-        input_uri = check_user_path(body.input_data_path, "input_data_path")
-        endpoint = _endpoint_of_file(input_uri)
-        refs: dict[str, Any] = {"path": body.input_data_path}
+        input_uri = check_user_path(body.input_data_path, "input_data_path", settings)
+        endpoint, input_format = _sniff_file(input_uri)
+        job_input: dict[str, Any] = {"uri": input_uri, "path": body.input_data_path}
     else:
         content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
         inline = save_inline_requests(store, settings, caller.name, [orjson.dumps(content)], "inline-content.json")
-        input_uri, endpoint = inline.uri, _endpoint_of_content(body.content)
-        refs = {"inline": True, "inline_file_id": inline.id}
+        endpoint = _endpoint_of_content(body.content)
+        input_format = SCALE_V1 if isinstance(body.content, V1Content) else SCALE_V2
+        job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
     resources = {
         key: value
         for key, value in body.model_dump(include={"gpus", "gpu_type", "nodes_per_worker", "cpus", "memory", "storage"}).items()
@@ -117,9 +122,8 @@ def create_batch_completions(
         dialect="scale",
         endpoint=endpoint,
         model=body.model_config_.model,
-        input_uri=input_uri,
-        input_format=SCALE_JSON,
-        input_refs=refs,
+        input=job_input,
+        input_format=input_format,
         model_config=model_config,
         output_uri=output_uri,
         labels={**(body.model_config_.labels or {}), **body.labels},

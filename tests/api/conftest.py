@@ -1,0 +1,155 @@
+"""The batch API under test: create_app() mounted at /batch, in the real Airflow test env.
+
+Users (Airflow's simple auth manager): alice and bob (role user), vic (viewer), root
+(admin). Each gets a real Airflow JWT; alice, bob and an admin also get llm-batch API keys.
+Runs are really triggered in Airflow's metadata DB (``airflow_dags_in_db``); tests that
+need a run to make progress drive the job store the way the pipeline does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+# Before anything imports airflow (tests/fixtures/airflow.py set the rest of the env).
+os.environ.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,bob:user,vic:viewer,root:admin")
+os.environ.setdefault("AIRFLOW__CORE__AUTH_MANAGER", "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+os.environ.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "llm-batch-tests-only-" + "x" * 64)
+
+ROLES = {"alice": "user", "bob": "user", "vic": "viewer", "root": "admin"}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    tokens: dict[str, str]  # Airflow JWTs by user name
+    keys: dict[str, str]  # llm-batch API keys by owner ("admin-key" is an admin key)
+
+    def jwt(self, user: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[user]}"}
+
+    def key(self, owner: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[owner]}"}
+
+
+@pytest.fixture(scope="session")
+def auth_manager(airflow_db):
+    from airflow.api_fastapi.app import create_auth_manager
+
+    manager = create_auth_manager()
+    manager.init()
+    return manager
+
+
+@pytest.fixture(scope="session")
+def api_store():
+    from llm_batch.jobstore import get_job_store
+
+    return get_job_store()
+
+
+@pytest.fixture(scope="session")
+def batch_api(auth_manager, api_store, airflow_dags_in_db):
+    """The plugin's app itself (create_app), with Airflow's auth manager."""
+    from llm_batch_plugin.app import create_app
+
+    api = create_app(store=api_store)
+    api.state.auth_manager = auth_manager
+    return api
+
+
+@pytest.fixture(scope="session")
+def batch_app(batch_api, auth_manager):
+    """The plugin's app mounted at /batch, as airflow api-server serves it."""
+    from fastapi import FastAPI
+
+    api = batch_api
+    outer = FastAPI()
+    outer.state.auth_manager = auth_manager
+    outer.mount("/batch", api)
+    return outer
+
+
+@pytest.fixture(scope="session")
+def creds(auth_manager, api_store) -> Credentials:
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    tokens = {
+        name: auth_manager.generate_jwt(SimpleAuthManagerUser(username=name, role=role), expiration_time_in_seconds=3600)
+        for name, role in ROLES.items()
+    }
+    keys = {owner: api_store.create_api_key(owner, f"{owner} test key")[1] for owner in ("alice", "bob")}
+    keys["admin-key"] = api_store.create_api_key("ops", "admin test key", is_admin=True)[1]
+    return Credentials(tokens=tokens, keys=keys)
+
+
+@pytest.fixture()
+def client(batch_app) -> Iterator:
+    from fastapi.testclient import TestClient
+
+    with TestClient(batch_app, base_url="http://testserver/batch", raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+def chat_lines(n: int, model: str = "tiny-random-llama") -> bytes:
+    import orjson
+
+    return b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": 4},
+            }
+        )
+        + b"\n"
+        for i in range(n)
+    )
+
+
+def dag_run_of(job_id: str):
+    """The batch_inference run the API triggered for `job_id`, from Airflow's metadata DB."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    from llm_batch_plugin.dag_trigger import run_id_for
+
+    with create_session() as session:
+        run = session.query(DagRun).filter(DagRun.dag_id == "batch_inference", DagRun.run_id == run_id_for(job_id)).one_or_none()
+        return None if run is None else {"run_id": run.run_id, "conf": dict(run.conf or {}), "state": str(run.state)}
+
+
+def simulate_run(store, job_id: str, ok: int, failed: int, cancel_after: int | None = None) -> None:
+    """Move a job through the pipeline's states and counters the way the DAG does, with an
+    output file object (and, for Scale, the JSON array at the user's output path)."""
+    import orjson
+
+    from llm_batch import storage
+    from llm_batch.config import get_settings
+    from llm_batch.jobs import JobStatus
+    from llm_batch.layout import JobLayout
+
+    job = store.get_job(job_id)
+    total = ok + failed
+    store.transition(job_id, JobStatus.VALIDATING)
+    store.set_counts(job_id, total=total, completed=0, succeeded=0, failed=0)
+    store.transition(job_id, JobStatus.RUNNING)
+    store.add_counts(job_id, completed=1, succeeded=1)
+    yield_point = store.get_job(job_id)
+    yield yield_point  # the caller looks at live counts here
+    store.add_counts(job_id, completed=total - 1, succeeded=ok - 1, failed=failed)
+    store.transition(job_id, JobStatus.FINALIZING)
+    layout = JobLayout(get_settings().work_uri, job_id)
+    results = [{"id": f"r{i}", "custom_id": f"req-{i}", "response": {"status_code": 200, "body": {}}} for i in range(ok)]
+    storage.write_bytes(layout.output_jsonl, b"".join(orjson.dumps(r) + b"\n" for r in results))
+    output = store.create_file(
+        owner=job.owner, purpose="batch_output", filename=f"{job_id}_output.jsonl",
+        bytes=storage.size(layout.output_jsonl), uri=layout.output_jsonl, kind="output", job_id=job_id,
+    )
+    store.set_outputs(job_id, output_file_id=output.id)
+    if job.scale_output_uri:
+        storage.write_bytes(job.scale_output_uri, orjson.dumps([{"text": "", "num_completion_tokens": 0}] * total))
+    store.transition(job_id, JobStatus.SUCCEEDED)

@@ -1,0 +1,235 @@
+"""Each dialect over HTTP: create (the DAG run really triggered in Airflow's DB), live
+counts, status words, output download, cancel, ownership. The run's progress is driven
+through the job store as the pipeline does (the run itself is the pipeline's subject)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from llm_batch.jobs import JobStatus
+from tests.api.conftest import chat_lines, dag_run_of, simulate_run
+
+pytestmark = pytest.mark.airflow
+
+
+def upload(client, headers, content: bytes):
+    response = client.post("/v1/files", headers=headers, files={"file": ("in.jsonl", content)}, data={"purpose": "batch"})
+    assert response.status_code == 200, response.text
+    return response.json()["id"]
+
+
+# -- OpenAI -------------------------------------------------------------------------------
+
+
+def test_openai_batch_lifecycle(client, creds, api_store):
+    alice = creds.key("alice")
+    file_id = upload(client, alice, chat_lines(4))
+    created = client.post(
+        "/v1/batches", headers=alice,
+        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": {"k": "v"}},
+    )
+    assert created.status_code == 200, created.text
+    batch = created.json()
+    assert batch["status"] == "validating" and batch["input_file_id"] == file_id
+    assert batch["expires_at"] - batch["created_at"] == 24 * 3600
+    run = dag_run_of(batch["id"])
+    assert run is not None and run["conf"]["job_id"] == batch["id"] and run["conf"]["input_file_ids"] == [file_id]
+
+    progress = simulate_run(api_store, batch["id"], ok=3, failed=1)
+    next(progress)
+    live = client.get(f"/v1/batches/{batch['id']}", headers=alice).json()
+    assert live["status"] == "in_progress"
+    assert live["request_counts"] == {"total": 4, "completed": 1, "failed": 0}
+    next(progress, None)
+    done = client.get(f"/v1/batches/{batch['id']}", headers=alice).json()
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 4, "completed": 3, "failed": 1}
+    assert done["completed_at"] >= done["created_at"]
+    output = client.get(f"/v1/files/{done['output_file_id']}/content", headers=alice)
+    assert output.status_code == 200 and len(output.content.splitlines()) == 3
+
+    listed = client.get("/v1/batches", headers=alice, params={"limit": 100}).json()
+    assert batch["id"] in [b["id"] for b in listed["data"]]
+    assert client.get(f"/v1/batches/{batch['id']}", headers=creds.key("bob")).status_code == 404
+
+
+def test_openai_cancel_writes_marker_and_stays_readable(client, creds, api_store):
+    from llm_batch import storage
+    from llm_batch.config import get_settings
+    from llm_batch.layout import JobLayout
+
+    alice = creds.key("alice")
+    file_id = upload(client, alice, chat_lines(2))
+    batch = client.post("/v1/batches", headers=alice, json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+    assert client.post(f"/v1/batches/{batch['id']}/cancel", headers=creds.key("bob")).status_code == 404
+    cancelled = client.post(f"/v1/batches/{batch['id']}/cancel", headers=alice)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
+    assert cancelled.json()["cancelling_at"] is not None
+    assert storage.exists(JobLayout(get_settings().work_uri, batch["id"]).cancel_marker)
+    api_store.transition(batch["id"], JobStatus.CANCELLED)
+    after = client.get(f"/v1/batches/{batch['id']}", headers=alice)
+    assert after.status_code == 200 and after.json()["status"] == "cancelled"
+
+
+def test_openai_create_errors_are_precise(client, creds):
+    alice = creds.key("alice")
+    file_id = upload(client, alice, chat_lines(1))
+    cases = [
+        ({"input_file_id": file_id, "endpoint": "/v1/moderations", "completion_window": "24h"}, 400, "endpoint"),
+        ({"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "24h"}, 404, "input_file_id"),
+        ({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "48h"}, 422, "completion_window"),
+    ]
+    for body, status, param in cases:
+        response = client.post("/v1/batches", headers=alice, json=body)
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["param"] == param
+    bob_file = upload(client, creds.key("bob"), chat_lines(1))
+    response = client.post("/v1/batches", headers=alice, json={"input_file_id": bob_file, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+    assert response.status_code == 404
+
+
+def test_viewer_cannot_submit(client, creds):
+    file_id = upload(client, creds.jwt("alice"), chat_lines(1))
+    response = client.post("/v1/batches", headers=creds.jwt("vic"), json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+    assert response.status_code in (403, 404)  # vic cannot see alice's file either
+    response = client.post("/v1/batch/jobs", headers=creds.jwt("vic"), json={"requests": [{"body": {"messages": []}}], "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"})
+    assert response.status_code == 403
+
+
+def test_trigger_failure_marks_job_failed_with_reason(client, creds, monkeypatch):
+    from llm_batch_plugin import dag_trigger
+
+    monkeypatch.setattr(dag_trigger, "DAG_ID", "no_such_dag")
+    alice = creds.key("alice")
+    file_id = upload(client, alice, chat_lines(1))
+    response = client.post("/v1/batches", headers=alice, json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+    assert response.status_code == 200
+    batch = response.json()
+    assert batch["status"] == "failed" and batch["failed_at"] is not None
+    assert "no_such_dag" in batch["errors"]["data"][0]["message"]
+
+
+# -- Mistral ------------------------------------------------------------------------------
+
+
+def test_mistral_inline_job_lifecycle(client, creds, api_store):
+    alice = creds.jwt("alice")
+    requests = [{"custom_id": f"c{i}", "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}} for i in range(3)]
+    created = client.post(
+        "/v1/batch/jobs", headers=alice,
+        json={"requests": requests, "endpoint": "/v1/chat/completions", "model": "tiny-random-llama", "metadata": {"team": "a"}, "timeout_hours": 2},
+    )
+    assert created.status_code == 200, created.text
+    job = created.json()
+    assert job["status"] == "QUEUED" and job["object"] == "batch" and job["total_requests"] == 0
+    assert dag_run_of(job["id"]) is not None
+    stored = api_store.get_job(job["id"])
+    assert (stored.expires_at - stored.created_at).total_seconds() == 2 * 3600
+    assert stored.owner == "alice"
+
+    progress = simulate_run(api_store, job["id"], ok=3, failed=0)
+    next(progress)
+    assert client.get(f"/v1/batch/jobs/{job['id']}", headers=alice).json()["status"] == "RUNNING"
+    next(progress, None)
+    done = client.get(f"/v1/batch/jobs/{job['id']}", headers=alice).json()
+    assert done["status"] == "SUCCESS" and done["succeeded_requests"] == 3 and len(done["outputs"]) == 3
+
+    filtered = client.get("/v1/batch/jobs", headers=alice, params={"status": ["SUCCESS", "FAILED"], "metadata": '{"team": "a"}'}).json()
+    assert job["id"] in [j["id"] for j in filtered["data"]] and filtered["total"] >= 1
+    assert all(j["status"] in ("SUCCESS", "FAILED") for j in filtered["data"])
+    queued_only = client.get("/v1/batch/jobs", headers=alice, params={"status": "QUEUED"}).json()
+    assert job["id"] not in [j["id"] for j in queued_only["data"]]
+
+
+def test_mistral_from_files_cancel_and_refusals(client, creds):
+    alice = creds.key("alice")
+    ids = [upload(client, alice, chat_lines(2)), upload(client, alice, chat_lines(1))]
+    job = client.post("/v1/batch/jobs", headers=alice, json={"input_files": ids, "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"}).json()
+    assert job["input_files"] == ids
+    assert dag_run_of(job["id"])["conf"]["input_file_ids"] == ids
+    cancelled = client.post(f"/v1/batch/jobs/{job['id']}/cancel", headers=alice).json()
+    assert cancelled["status"] == "CANCELLATION_REQUESTED"
+
+    refusals = [
+        ({"input_files": ids, "endpoint": "/v1/chat/completions", "agent_id": "ag_1"}, 400, "agent_id"),
+        ({"input_files": ids, "endpoint": "/v1/chat/completions", "model": "tiny-random-llama", "timeout_hours": 169}, 422, "timeout_hours"),
+        ({"endpoint": "/v1/chat/completions", "model": "tiny-random-llama"}, 400, "input_files"),
+        ({"input_files": ids, "endpoint": "/v1/ocr", "model": "tiny-random-llama"}, 400, "endpoint"),
+        ({"input_files": ids, "endpoint": "/v1/chat/completions", "model": "no-such-model"}, 400, "model"),
+    ]
+    for body, status, param in refusals:
+        response = client.post("/v1/batch/jobs", headers=alice, json=body)
+        assert response.status_code == status, (body, response.text)
+        assert response.json()["param"] == param, response.text
+
+
+# -- Scale --------------------------------------------------------------------------------
+
+
+def test_scale_inline_lifecycle_priority_cancel(client, creds, api_store, llm_batch_home):
+    alice = creds.key("alice")
+    output_path = str(llm_batch_home / "scale-out" / "result.json")
+    body = {
+        "output_data_path": output_path,
+        "content": [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}] * 2,
+        "model_config": {"model": "tiny-random-llama", "labels": {"team": "x"}},
+        "data_parallelism": 2,
+        "max_runtime_sec": 600,
+        "priority": "high",
+        "labels": {"product": "p"},
+        "cpus": 4,
+        "memory": "8Gi",
+    }
+    created = client.post("/v2/batch-completions", headers=alice, json=body)
+    assert created.status_code == 200, created.text
+    job = created.json()
+    assert job["status"] == "queued" and job["priority"] == "high" and job["output_data_path"] == output_path
+    assert job["model_config"]["model"] == "tiny-random-llama"
+    stored = api_store.get_job(job["job_id"])
+    assert stored.input_format == "scale-v2" and stored.endpoint == "/v1/chat/completions"
+    assert (stored.expires_at - stored.created_at).total_seconds() == 600
+    conf = dag_run_of(job["job_id"])["conf"]
+    assert conf["data_parallelism"] == 2 and conf["priority"] == "high"
+
+    updated = client.post(f"/v2/batch-completions/{job['job_id']}", headers=alice, json={"priority": "low"})
+    assert updated.status_code == 200 and updated.json()["priority"] == "low" and updated.json()["success"] is True
+    assert client.post(f"/v2/batch-completions/{job['job_id']}", headers=alice, json={"priority": "urgent"}).status_code == 400
+
+    progress = simulate_run(api_store, job["job_id"], ok=2, failed=0)
+    next(progress)
+    running = client.get(f"/v2/batch-completions/{job['job_id']}", headers=alice).json()["job"]
+    assert running["status"] == "running" and running["metadata"]["completed_requests"] == 1
+    next(progress, None)
+    done = client.get(f"/v2/batch-completions/{job['job_id']}", headers=alice).json()["job"]
+    assert done["status"] == "completed" and done["completed_at"] is not None
+    assert len(orjson.loads(open(output_path, "rb").read())) == 2
+    assert client.post(f"/v2/batch-completions/{job['job_id']}/actions/cancel", headers=alice).json() == {"success": False}
+    assert job["job_id"] in [j["job_id"] for j in client.get("/v2/batch-completions", headers=alice).json()["jobs"]]
+
+
+def test_scale_from_path_cancel_and_refusals(client, creds, llm_batch_home):
+    alice = creds.key("alice")
+    input_path = llm_batch_home / "scale-in.json"
+    input_path.write_bytes(orjson.dumps({"prompts": ["a", "b"], "max_new_tokens": 4, "temperature": 0.0}))
+    base = {"input_data_path": str(input_path), "output_data_path": str(llm_batch_home / "o.json"), "model_config": {"model": "tiny-random-llama"}}
+    job = client.post("/v2/batch-completions", headers=alice, json=base).json()
+    assert job["input_data_path"] == str(input_path)
+    cancel = client.post(f"/v2/batch-completions/{job['job_id']}/actions/cancel", headers=alice)
+    assert cancel.json() == {"success": True}
+    after = client.get(f"/v2/batch-completions/{job['job_id']}", headers=alice)
+    assert after.status_code == 200 and after.json()["job"]["status"] == "running"  # cancelling
+    assert client.get(f"/v2/batch-completions/{job['job_id']}", headers=creds.key("bob")).status_code == 404
+
+    refusals = [
+        ({**base, "output_data_path": "/etc/llm-batch-out.json"}, 400, "output_data_path"),
+        ({**base, "input_data_path": "s3://not-allowed-bucket/x.json"}, 400, "input_data_path"),
+        ({**base, "input_data_path": str(llm_batch_home / "missing.json")}, 400, "input_data_path"),
+        ({**base, "tool_config": {"name": "code_evaluator"}}, 400, "tool_config"),
+        ({**base, "data_parallelism": 65}, 422, "data_parallelism"),
+        ({**base, "max_runtime_sec": 172_801}, 422, "max_runtime_sec"),
+        ({**base, "content": [{"prompt": "x"}]}, 400, "input_data_path"),
+    ]
+    for body, status, param in refusals:
+        response = client.post("/v2/batch-completions", headers=alice, json=body)
+        assert response.status_code == status, (body, response.text)
+        assert response.json()["param"] == param, response.text
