@@ -187,8 +187,10 @@ class RequestChecker:
                           f"{where}method must be \"POST\", got {_shown(method)}")
         url = obj.get("url")
         if url is not None and not self._url_fits(url):
-            return _error(index, line, custom_id, ErrorCode.URL_MISMATCH, f"{where}url "
-                          f"{_shown(url)} does not match the job's endpoint {self.endpoint}")
+            wanted = (f"the job's endpoint {self.endpoint}" if self.endpoint else
+                      f"a supported endpoint ({', '.join(SUPPORTED_ENDPOINTS)})")
+            return _error(index, line, custom_id, ErrorCode.URL_MISMATCH,
+                          f"{where}url {_shown(url)} is not {wanted}")
         body = obj.get("body", _MISSING)
         if body is _MISSING or body is None:
             return _error(index, line, custom_id, ErrorCode.MISSING_BODY, f"{where}body is missing")
@@ -270,6 +272,7 @@ def _peek_custom_id(raw: bytes) -> str | None:
 # -- JSONL --------------------------------------------------------------------------------------
 
 _SKIP_CHUNK = 1 << 16
+_BOM = b"\xef\xbb\xbf"
 
 
 def read_jsonl(
@@ -287,6 +290,8 @@ def read_jsonl(
     check_line = checker.check_line
     while raw := readline(max_line_bytes + 1):
         line += 1
+        if line == 1 and raw.startswith(_BOM):  # editors on Windows write one
+            raw = raw[len(_BOM):]
         if len(raw) > max_line_bytes and raw[-1:] != b"\n":
             size = len(raw) + _skip_rest_of_line(stream)
             yield _error(index, line, _peek_custom_id(raw), ErrorCode.LINE_TOO_LONG,

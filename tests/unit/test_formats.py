@@ -195,3 +195,13 @@ def test_id_set_finds_duplicates_across_growth() -> None:
     assert len(ids) == 20_000
     assert not any(ids.add(f"request-{i}") for i in range(0, 20_000, 997))
     assert ids.add("request-20000")
+
+
+def test_a_utf8_bom_before_the_first_line_is_ignored() -> None:
+    items = jsonl(b"\xef\xbb\xbf" + chat("a") + b"\n" + b"\xef\xbb\xbf" + chat("b") + b"\n")
+    assert [type(i) for i in items] == [BatchRequest, ErrorRecord]  # only the file's start
+
+
+def test_unsupported_url_with_no_endpoint_yet_names_the_supported_ones() -> None:
+    (item,) = jsonl(b'{"custom_id": "a", "url": "/v1/ocr", "body": {}}\n', endpoint=None)
+    assert item.code == "url_mismatch" and "/v1/embeddings" in item.message
