@@ -121,7 +121,8 @@ class RequestChecker:
     """Checks items against one job: custom_id, method, url and body for its endpoint.
 
     ``endpoint`` None means "not named yet": the first item that implies one (a JSONL
-    ``url``, a Scale item's prompt vs messages) fixes it, else ``default_endpoint`` applies.
+    ``url``, a Scale item's prompt vs messages) fixes it; a body checked before that is
+    taken as chat, and ``settle(default)`` decides when no item did.
     Keeps the custom_ids seen (for duplicates) and the prompt characters of valid items.
     """
 
@@ -229,7 +230,11 @@ def _error(index: int, line: int, custom_id: str | None, code: ErrorCode, messag
 
 
 def _shown(value: Any, limit: int = 60) -> str:
-    text = orjson.dumps(value).decode() if not isinstance(value, bytes) else repr(value)
+    """A value as JSON, shortened (repr for what JSON cannot show, from inline input)."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -135,6 +135,8 @@ def validate_batch(
     16 bytes per custom_id at most.
     """
     fmt = InputFormat(fmt)
+    if layout is not None and (validated_out is not None or errors_out is not None):
+        raise ValueError("give either a layout or output streams, not both")
     limits = limits or ValidationLimits.from_settings()
     try:
         checker = RequestChecker(parse_endpoint(endpoint) if endpoint else None)
@@ -145,6 +147,7 @@ def validate_batch(
     items = _items(source, fmt, checker, limits, budget, open_input or _storage_open_read)
 
     with ExitStack() as stack:
+        stack.enter_context(closing(items))  # closes the input even when a limit stops us
         if layout is not None:
             from llm_batch import storage
 

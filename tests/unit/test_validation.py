@@ -268,3 +268,24 @@ def test_check_format_names_the_known_ones() -> None:
     assert check_format("scale-v2").value == "scale-v2"
     with pytest.raises(ValueError, match="jsonl"):
         check_format("csv")
+
+
+def test_input_is_closed_when_a_limit_stops_validation(tmp_path: Path) -> None:
+    source = tmp_path / "many.jsonl"
+    source.write_bytes(b"".join(chat_line(f"r{i}") for i in range(5)))
+    opened = []
+
+    def tracking_open(uri: str):
+        opened.append(open(uri, "rb"))
+        return opened[-1]
+
+    with pytest.raises(BatchRejected):
+        validate_batch(str(source), fmt="jsonl", open_input=tracking_open,
+                       limits=ValidationLimits(2, 10**7, 2**20, 100))
+    assert opened and opened[0].closed
+
+
+def test_layout_and_streams_together_are_refused(llm_batch_home: Path) -> None:
+    with pytest.raises(ValueError):
+        validate_batch(io.BytesIO(chat_line("a")), fmt="jsonl", validated_out=io.BytesIO(),
+                       layout=JobLayout(str(llm_batch_home / "work"), "j"))
