@@ -279,9 +279,10 @@ def test_input_is_closed_when_a_limit_stops_validation(tmp_path: Path) -> None:
         opened.append(open(uri, "rb"))
         return opened[-1]
 
-    with pytest.raises(BatchRejected):
+    with pytest.raises(BatchRejected) as caught:  # keeps the traceback (and its frames) alive
         validate_batch(str(source), fmt="jsonl", open_input=tracking_open,
                        limits=ValidationLimits(2, 10**7, 2**20, 100))
+    assert caught.value.reason == "too_many_requests"
     assert opened and opened[0].closed
 
 
