@@ -34,9 +34,9 @@ Details of the contract, as implemented here:
   A missing prefix lists as ``[]``. Returned URIs keep the prefix's spelling.
 - ``exists``/``size`` are about objects (files), not directories. ``delete`` of a missing
   object is a no-op; ``delete_prefix`` refuses a whole root or bucket.
-- ``download_dir`` of a local prefix returns that directory itself (nothing to copy); of
-  an s3 prefix, it copies each object to ``dest`` (each file appears whole, files already
-  there with the same size are skipped) and returns ``dest``.
+- ``download_dir`` copies every object under the prefix to ``dest`` (keeping relative
+  paths; each file appears whole; files already there with the same size are skipped) and
+  returns ``dest`` resolved. ``dest`` is the caller's cache directory, not confined.
 - Transient S3 failures (throttling, 5xx, dropped connections) are retried a few times
   with backoff (tenacity); botocore's own retries are off so there is one policy.
 """
@@ -49,7 +49,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
@@ -90,12 +90,12 @@ class BucketNotFound(ObjectNotFound):
 
 # --------------------------------------------------------------------------- public API
 
-def open_read(uri: str):
+def open_read(uri: str) -> AbstractContextManager[IO[bytes]]:
     """Context manager: a buffered binary reader of the object at ``uri``."""
     return _backend(uri).open_read(uri)
 
 
-def open_write(uri: str):
+def open_write(uri: str) -> AbstractContextManager[IO[bytes]]:
     """Context manager: a binary writer; the object is published only on clean exit."""
     return _backend(uri).open_write(uri)
 
@@ -144,7 +144,7 @@ def check_user_uri(uri: str) -> str:
 
 
 def is_s3(uri: str) -> bool:
-    return uri.startswith("s3://")
+    return uri[:5].lower() == "s3://"
 
 
 def reset() -> None:
@@ -158,8 +158,8 @@ class Storage(Protocol):
     """What a backend implements; the module functions above dispatch to one by scheme."""
 
     def check(self, uri: str) -> str: ...
-    def open_read(self, uri: str) -> Any: ...
-    def open_write(self, uri: str) -> Any: ...
+    def open_read(self, uri: str) -> AbstractContextManager[IO[bytes]]: ...
+    def open_write(self, uri: str) -> AbstractContextManager[IO[bytes]]: ...
     def exists(self, uri: str) -> bool: ...
     def size(self, uri: str) -> int: ...
     def list_uris(self, prefix: str) -> list[str]: ...
@@ -283,10 +283,22 @@ class LocalStorage:
                 shutil.rmtree(path)
 
     def download_dir(self, prefix: str, dest: Path) -> Path:
-        path = self.path(prefix)
-        if not path.is_dir():
-            raise ObjectNotFound(prefix, "no such directory")
-        return path
+        uris = self.list_uris(prefix)
+        if not uris:
+            raise ObjectNotFound(prefix, "no files under this directory")
+        base = prefix.rstrip("/") + "/"
+        dest = dest.resolve()
+        for uri in uris:
+            source = self.path(uri)  # a symlink out of the roots is refused, not copied
+            target = dest / uri[len(base):]
+            with _os_errors(uri):
+                if target.is_file() and target.stat().st_size == source.stat().st_size:
+                    continue  # already there from an earlier copy
+                target.parent.mkdir(parents=True, exist_ok=True)
+                partial = target.with_name(f".{target.name}.partial")
+                shutil.copyfile(source, partial)
+                os.replace(partial, target)  # a file appears whole or not at all
+        return dest
 
     def _inside(self, path: Path) -> bool:
         return any(path.is_relative_to(root) for root in self.roots)

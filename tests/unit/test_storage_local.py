@@ -220,9 +220,23 @@ def test_delete_and_delete_prefix(root: Path) -> None:
     assert (root.parent / "outside" / "secret.txt").exists()
 
 
-def test_download_dir_of_a_local_directory_is_that_directory(root: Path, tmp_path: Path) -> None:
+def test_download_dir_copies_a_local_directory(root: Path, tmp_path: Path) -> None:
     model = root / "models" / "tiny"
     storage.write_bytes(str(model / "config.json"), b"{}")
-    assert storage.download_dir(str(model), tmp_path / "cache") == model
+    storage.write_bytes(str(model / "tokenizer" / "tokenizer.json"), b"[]")
+    dest = storage.download_dir(str(model), tmp_path / "cache")
+    assert dest == (tmp_path / "cache").resolve()
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
+        "config.json", "tokenizer/tokenizer.json"]
+    assert (dest / "tokenizer" / "tokenizer.json").read_bytes() == b"[]"
     with pytest.raises(ObjectNotFound):
         storage.download_dir(str(root / "models" / "absent"), tmp_path / "cache")
+
+
+def test_download_dir_refuses_a_symlink_out_of_the_root(root: Path, tmp_path: Path) -> None:
+    model = root / "models" / "tiny"
+    storage.write_bytes(str(model / "config.json"), b"{}")
+    (model / "stolen.txt").symlink_to(root.parent / "outside" / "secret.txt")
+    with pytest.raises(PathNotAllowed, match="symlink"):
+        storage.download_dir(str(model), tmp_path / "cache")
+    assert not (tmp_path / "cache" / "stolen.txt").exists()
