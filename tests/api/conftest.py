@@ -153,3 +153,25 @@ def simulate_run(store, job_id: str, ok: int, failed: int, cancel_after: int | N
     if job.scale_output_uri:
         storage.write_bytes(job.scale_output_uri, orjson.dumps([{"text": "", "num_completion_tokens": 0}] * total))
     store.transition(job_id, JobStatus.SUCCEEDED)
+
+
+@pytest.fixture(scope="session")
+def live_server(batch_app) -> Iterator[str]:
+    """The /batch app on a real HTTP port (uvicorn in a thread), for the unmodified SDKs."""
+    import threading
+    import time
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(batch_app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test API server did not start")
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
