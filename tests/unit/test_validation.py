@@ -8,6 +8,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_batch import storage
 from llm_batch.formats import ErrorCode
@@ -290,3 +292,41 @@ def test_layout_and_streams_together_are_refused(llm_batch_home: Path) -> None:
     with pytest.raises(ValueError):
         validate_batch(io.BytesIO(chat_line("a")), fmt="jsonl", validated_out=io.BytesIO(),
                        layout=JobLayout(str(llm_batch_home / "work"), "j"))
+
+
+LINE_KINDS = {
+    "valid": lambda i: chat_line(f"id-{i}"),
+    "duplicate": lambda i: chat_line("id-0"),
+    "junk": lambda i: b"{not json\n",
+    "array": lambda i: b"[1]\n",
+    "bad_body": lambda i: orjson.dumps({"custom_id": f"bad-{i}", "body": {"messages": []}}) + b"\n",
+    "too_long": lambda i: chat_line(f"long-{i}", "x" * 300),
+    "blank": lambda i: b"  \n",
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(kinds=st.lists(st.sampled_from(sorted(LINE_KINDS)), max_size=40))
+def test_every_non_blank_line_ends_exactly_once_in_order(kinds: list[str]) -> None:
+    data = b"".join(LINE_KINDS[kind](i) for i, kind in enumerate(kinds))
+    limits = ValidationLimits(1000, 10**7, max_line_bytes=200, max_reported_errors=100)
+    valid_out, errors_out = io.BytesIO(), io.BytesIO()
+    try:
+        report = validate_batch(io.BytesIO(data), fmt="jsonl", limits=limits,
+                                validated_out=valid_out, errors_out=errors_out)
+    except BatchRejected as exc:
+        assert exc.reason == "no_valid_requests"
+        report = exc.report
+    lines = [n for n, kind in enumerate(kinds, start=1) if kind != "blank"]
+    valid, errors = _lines(valid_out.getvalue()), _lines(errors_out.getvalue())
+    assert report.total == len(lines) == len(valid) + len(errors)
+    merged = sorted([(r["index"], "ok") for r in valid] + [(e["index"], e["line"]) for e in errors])
+    assert [index for index, _ in merged] == list(range(len(lines)))
+    assert [e["line"] for e in errors] == [lines[e["index"]] for e in errors]
+    claimed, expected_valid = set(), 0  # valid lines own their ids; "duplicate" reuses id-0
+    for i, kind in enumerate(kinds):
+        custom_id = {"valid": f"id-{i}", "duplicate": "id-0"}.get(kind)
+        if custom_id is not None:
+            expected_valid += custom_id not in claimed
+            claimed.add(custom_id)
+    assert report.valid == expected_valid
