@@ -4,21 +4,19 @@ as exactly one output or error line, in input order, none lost, none duplicated.
 from __future__ import annotations
 
 import orjson
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from llm_batch import storage
 from llm_batch.merge import merge_job
 from llm_batch.results import ResultsWriter
 from llm_batch.sharding import plan_shards
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
-from tests.unit.storage_standin import local_storage  # noqa: F401  (until storage lands)
 
 # Per input line: invalid, or valid with a fate once run: ok, engine error, never run.
 LINE = st.sampled_from(["invalid", "ok", "error", "not_run"])
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None)
 @given(
     lines=st.lists(LINE, max_size=60),
     lengths=st.lists(st.integers(0, 500), min_size=60, max_size=60),

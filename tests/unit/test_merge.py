@@ -11,7 +11,6 @@ from llm_batch.records import ErrorRecord, ResultRecord, dumps_line
 from llm_batch.results import ResultsWriter, part_uri
 from llm_batch.sharding import plan_shards
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
-from tests.unit.storage_standin import local_storage  # noqa: F401  (until storage lands)
 
 
 def jsonl(uri: str) -> list[dict]:

@@ -11,7 +11,6 @@ from llm_batch.results import (
     ResultsError, ResultsWriter, count_results, list_parts, part_uri, read_results,
 )
 from tests.unit.data_plane_fixtures import new_layout
-from tests.unit.storage_standin import local_storage  # noqa: F401  (until storage lands)
 
 
 def result(index: int) -> ResultRecord:

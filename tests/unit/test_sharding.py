@@ -12,7 +12,6 @@ from llm_batch.sharding import (
     ShardingError, estimate_prompt_tokens, manifest_uri, plan_shards, read_manifest,
 )
 from tests.unit.data_plane_fixtures import new_layout, write_job
-from tests.unit.storage_standin import local_storage  # noqa: F401  (until storage lands)
 
 
 def shard_indices(plan) -> list[int]:
