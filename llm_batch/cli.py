@@ -14,9 +14,11 @@ import sys
 COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.validate",
     "llm_batch.commands.models",
+    "llm_batch.commands.stack",
     "llm_batch.commands.shard",
     "llm_batch.commands.merge",
     "llm_batch.commands.api_key",
+    "llm_batch.commands.worker",
 )
 
 
