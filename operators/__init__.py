@@ -1,1 +1,25 @@
-"""Package marker (contents land with their issue)."""
+"""Shard runners: the operators that run one shard of a batch job, with the same arguments.
+
+- ``LocalShardOperator`` (``llm_batch_operators.local``): a local subprocess.
+- ``KubernetesShardOperator`` (``llm_batch_operators.kubernetes``): a GPU pod.
+
+``shard_operator(runner)`` imports only the one asked for, so a DAG file using the local
+runner never pays for the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def shard_operator(runner: str) -> type[Any]:
+    """The operator class of `runner` ("local" or "kubernetes")."""
+    if runner == "local":
+        from llm_batch_operators.local import LocalShardOperator
+
+        return LocalShardOperator
+    if runner == "kubernetes":
+        from llm_batch_operators.kubernetes import KubernetesShardOperator
+
+        return KubernetesShardOperator
+    raise ValueError(f"shard runner {runner!r} is unknown; use 'local' or 'kubernetes'")

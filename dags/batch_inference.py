@@ -1,0 +1,188 @@
+"""### batch_inference: one batch job per run
+
+`register -> validate -> plan -> run_shard__<lane> (one mapped task per shard) -> merge -> finalize`
+
+Trigger it from the UI form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the
+params below) or from the batch REST API (conf = `{"job_id": ...}` of a job it created).
+Every run is a job in llm-batch's job store; whatever happens, the job ends in a terminal
+status with a reason. The steps live in `llm_batch.pipeline`; this file only wires them.
+
+Shards run on the configured runner (`LLM_BATCH_SHARD_RUNNER`: local subprocess or GPU pod).
+A mapped task's pool and priority are fixed at parse time, so there is one mapped task per
+lane (pool x priority band); a job's shards go to its lane and the other lanes are skipped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, Param, get_current_context, task
+
+from llm_batch import pipeline
+from llm_batch.config import get_settings
+from llm_batch.endpoints import SUPPORTED_ENDPOINTS
+from llm_batch_operators import shard_operator
+
+SETTINGS = get_settings()
+
+PARAMS = {
+    "job_id": Param(
+        None, type=["null", "string"], maxLength=128, pattern="^[A-Za-z0-9_.-]+$",
+        description="Run an existing job of the store (the REST API sets it), or the id to give a new job; empty: generated.",
+    ),
+    "input_uri": Param(
+        None, type=["null", "string"],
+        description="Input file: a path under the configured local roots or an s3:// URI of an allowed bucket.",
+    ),
+    "input_file_ids": Param(
+        None, type=["null", "array"], items={"type": "string"},
+        description="Input as ids of uploaded files (POST /batch/v1/files); read in order as one batch.",
+    ),
+    "input_requests": Param(
+        None, type=["null", "array"], items={"type": "object"},
+        description="Inline requests: [{custom_id?, body}] (jsonl) or Scale completion/chat items (scale-v2).",
+    ),
+    "input_format": Param(
+        "jsonl", type="string", enum=list(pipeline.INPUT_FORMATS),
+        description="jsonl: OpenAI/Mistral lines; scale-v2: JSON array of Scale requests; scale-v1: Scale prompts object.",
+    ),
+    "output_uri": Param(
+        None, type=["null", "string"],
+        description="Also write the results as a JSON array in input order here (Scale output_data_path).",
+    ),
+    "endpoint": Param(
+        "/v1/chat/completions", type="string", enum=list(SUPPORTED_ENDPOINTS),
+        description="The API every request of the batch calls.",
+    ),
+    "model": Param(
+        pipeline.DEFAULT_MODEL, type="string", minLength=1,
+        description="A model name from the model registry (llm-batch models list).",
+    ),
+    "model_config": Param(
+        {}, type="object",
+        description="Scale model_config: checkpoint_path, num_shards, max_context_length, seed, dtype, extra engine args.",
+    ),
+    "data_parallelism": Param(
+        1, type="integer", minimum=1, maximum=pipeline.MAX_DATA_PARALLELISM,
+        description="Number of shards (workers) run in parallel.",
+    ),
+    "max_runtime_sec": Param(
+        SETTINGS.default_max_runtime_sec, type="integer", minimum=1, maximum=pipeline.MAX_RUNTIME_SEC,
+        description="Deadline from creation: workers stop there, finished results are kept, status TIMEOUT_EXCEEDED.",
+    ),
+    "priority": Param(
+        None, type=["null", "string", "integer"],
+        description=f"Priority band ({', '.join(SETTINGS.priority_weights)}) or a number; sets task priority and pod priority class.",
+    ),
+    "labels": Param({}, type="object", description="Labels of the job (also put on its pods)."),
+    "gpus": Param(
+        1, type="integer", minimum=1, maximum=8,
+        description="GPUs per worker (the tensor-parallel size); Kubernetes runner only.",
+    ),
+    "gpu_type": Param(
+        None, type=["null", "string"], enum=[None, *pipeline.GPU_TYPES],
+        description="GPU node type of the workers (Kubernetes runner); picks the node pool and the Airflow pool.",
+    ),
+    "nodes_per_worker": Param(
+        1, type="integer", minimum=1, maximum=16,
+        description="Nodes per worker; multi-node workers are not supported yet: only 1 is accepted at run time.",
+    ),
+}
+
+ShardOperator = shard_operator(SETTINGS.shard_runner)
+
+
+def _store():
+    from llm_batch.jobstore import get_job_store
+
+    return get_job_store(SETTINGS.database_url)
+
+
+def _job_id_of(context: Any) -> str:
+    dag_run = context["dag_run"]
+    return pipeline.run_job_id(dag_run.conf or {}, dag_run.run_id)
+
+
+def _end_job_of_failed_run(context: Any) -> None:
+    """The run failed (a task failed for good, or dagrun_timeout): the job must not stay live."""
+    reason = context.get("reason") or "a task failed"
+    pipeline.fail_job(_store(), _job_id_of(context), f"the DAG run ended without finishing the job: {reason}")
+
+
+def _rejected(exc: pipeline.JobRejected):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    return AirflowFailException(str(exc))
+
+
+with DAG(
+    dag_id="batch_inference",
+    description="Batch LLM inference: validate, shard, run on vLLM, merge in input order",
+    schedule=None,
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    params=PARAMS,
+    # The backstop: workers stop at the job's own deadline; this ends a run stuck anyway.
+    dagrun_timeout=timedelta(seconds=pipeline.MAX_RUNTIME_SEC + 2 * SETTINGS.cancel_grace_seconds + 3600),
+    on_failure_callback=_end_job_of_failed_run,
+    default_args={"retries": 0, "owner": "llm-batch"},
+    max_active_tasks=64,
+    tags=["llm-batch"],
+    doc_md=__doc__,
+) as dag:
+
+    @task
+    def register() -> str:
+        context = get_current_context()
+        dag_run = context["dag_run"]
+        try:
+            return pipeline.register(_store(), SETTINGS, dict(context["params"]) | (dag_run.conf or {}), dag_run.run_id)
+        except pipeline.JobRejected as exc:
+            raise _rejected(exc) from exc
+
+    @task(retries=2, retry_delay=timedelta(seconds=5))
+    def validate(job_id: str) -> dict[str, int] | None:
+        try:
+            return pipeline.validate(_store(), SETTINGS, job_id)
+        except pipeline.JobRejected as exc:
+            raise _rejected(exc) from exc
+
+    @task(retries=2, retry_delay=timedelta(seconds=5))
+    def plan(job_id: str, validated: dict[str, int] | None) -> dict[str, list[dict[str, Any]]]:
+        return pipeline.plan(_store(), SETTINGS, job_id)
+
+    @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
+    def merge(job_id: str) -> dict[str, int] | None:
+        return pipeline.merge(_store(), SETTINGS, job_id)
+
+    @task(trigger_rule="all_done")
+    def finalize(job_id: str) -> str:
+        job = pipeline.finalize(_store(), SETTINGS, job_id)
+        if job.status == pipeline.JobStatus.FAILED:
+            raise _rejected(pipeline.JobRejected(f"job {job_id} failed: {job.status_reason}"))
+        return job.status.value
+
+    @task
+    def shards_of_lane(planned: dict[str, list[dict[str, Any]]], lane: str) -> list[dict[str, Any]]:
+        return planned.get(lane, [])
+
+    job_id = register()
+    planned = plan(job_id, validate(job_id))
+    shard_tasks = []
+    for lane in pipeline.lanes(SETTINGS):
+        # Airflow maps only over a task's return value: one small picker per lane.
+        lane_shards = shards_of_lane.override(task_id=f"shards__{lane.name}")(planned, lane.name)
+        shard_tasks.append(
+            ShardOperator.partial(
+                task_id=f"run_shard__{lane.name}",
+                pool=lane.pool,
+                priority_weight=lane.priority_weight,
+                weight_rule="absolute",
+                retries=SETTINGS.shard_retries,
+                retry_delay=timedelta(seconds=SETTINGS.shard_retry_delay_seconds),
+            ).expand(shard_task=lane_shards)
+        )
+    merged = merge(job_id)
+    shard_tasks >> merged
+    merged >> finalize(job_id)

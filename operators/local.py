@@ -1,0 +1,115 @@
+"""LocalShardOperator: one shard as a local `llm-batch worker` subprocess.
+
+The embedded set-up's runner (and CI's). While the worker runs, the operator is its
+supervisor: it streams the worker's output into the task log, mirrors the job's cancel
+flag to the cancel marker the worker reads, publishes progress to the job store, and kills
+the worker if it has not stopped ``cancel_grace_seconds`` after a cancel or the deadline.
+On kill (task cleared, run timed out) the worker's process group is terminated.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from llm_batch_operators.shard import ShardTaskMixin
+
+# Seconds between supervision rounds (cancel flag, deadline, progress).
+POLL_SECONDS = 2.0
+# After SIGTERM, seconds before SIGKILL.
+TERM_SECONDS = 10.0
+
+
+class LocalShardOperator(ShardTaskMixin, BaseOperator):
+    """Run one shard (``shard_task``: a ``pipeline.ShardTask`` as a dict) as a subprocess.
+
+    Returns the shard's outcome (``pipeline.ShardOutcome`` as a dict). A worker failure
+    raises (the task retries and the worker resumes); a usage error fails without retry.
+    """
+
+    template_fields = ("shard_task",)
+    ui_color = "#e8f4ea"
+
+    def __init__(self, *, shard_task: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard_task = shard_task
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        early = self.stop_before_start()
+        if early is not None:
+            return early.model_dump()
+        self._process = self._start()
+        reader = threading.Thread(target=self._stream_output, args=(self._process,), daemon=True)
+        reader.start()
+        forced = self._supervise(self._process)
+        reader.join(timeout=5)
+        self.publish_progress()
+        outcome = self.outcome(self._process.returncode, forced)
+        self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)
+        if outcome.state == "usage":
+            raise AirflowFailException(outcome.message)
+        if outcome.state == "failed":
+            raise AirflowException(outcome.message)
+        return outcome.model_dump()
+
+    def on_kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self.log.info("task killed: terminating worker pid %s", self._process.pid)
+            _terminate(self._process)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        task = self.shard
+        command = [sys.executable, "-m", "llm_batch.cli", *task.worker_args()]
+        env = {**os.environ, "LLM_BATCH_JOB_ID": task.job_id, "LLM_BATCH_SHARD": str(task.shard)}
+        self.log.info("starting worker: %s", " ".join(command))
+        # Its own process group, so a kill reaches the engine processes vLLM spawns too.
+        return subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for raw in iter(process.stdout.readline, b""):
+            self.log.info("[worker] %s", raw.decode("utf-8", errors="backslashreplace").rstrip())
+
+    def _supervise(self, process: subprocess.Popen[bytes]) -> str | None:
+        """Wait for the worker; returns "cancelled"/"deadline" if it had to be killed."""
+        grace = self.llm_settings.cancel_grace_seconds
+        stop_seen: tuple[str, float] | None = None
+        while process.poll() is None:
+            time.sleep(POLL_SECONDS)
+            self.publish_progress()
+            if stop_seen is None:
+                cause = self.stop_cause(datetime.now(UTC))
+                if cause is not None:
+                    self.log.info("shard %s: %s; waiting up to %ss for the worker", self.shard.shard, cause, grace)
+                    stop_seen = (cause, time.monotonic())
+            elif time.monotonic() - stop_seen[1] > grace and process.poll() is None:
+                self.log.warning("worker did not stop %ss after %s: killing it", grace, stop_seen[0])
+                _terminate(process)
+                return stop_seen[0]
+        return None
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the worker's process group, SIGKILL it if it lingers."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=TERM_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass

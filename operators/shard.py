@@ -1,0 +1,74 @@
+"""What both shard runners share: the shard's arguments, stop checks and outcome."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from llm_batch.config import Settings, get_settings
+from llm_batch.pipeline import ShardOutcome, ShardTask, interpret_exit, mirror_cancel, publish_progress
+
+if TYPE_CHECKING:
+    from llm_batch.jobstore import JobStore
+
+log = logging.getLogger(__name__)
+
+
+class ShardTaskMixin:
+    """For an operator with a ``shard_task`` dict (a ``pipeline.ShardTask``)."""
+
+    shard_task: dict[str, Any]
+
+    @property
+    def shard(self) -> ShardTask:
+        return ShardTask.model_validate(self.shard_task)
+
+    @cached_property
+    def llm_settings(self) -> Settings:
+        return get_settings()
+
+    @cached_property
+    def job_store(self) -> JobStore:
+        from llm_batch.jobstore import get_job_store
+
+        return get_job_store(self.llm_settings.database_url)
+
+    def stop_cause(self, now: datetime | None = None) -> str | None:
+        """"cancelled" or "deadline" when the shard must stop (mirrors the cancel flag to
+        the marker on the way), else None."""
+        task = self.shard
+        if mirror_cancel(self.job_store, task.job_id, task.cancel_marker):
+            return "cancelled"
+        if (now or datetime.now(UTC)) >= task.deadline_at:
+            return "deadline"
+        return None
+
+    def stop_before_start(self) -> ShardOutcome | None:
+        """The outcome of a shard that must not start at all (cancelled or past deadline)."""
+        cause = self.stop_cause()
+        if cause is None:
+            return None
+        return ShardOutcome(
+            shard=self.shard.shard, exit_code=-1, state=cause, message=f"not started: {cause}"
+        )
+
+    def publish_progress(self) -> None:
+        """Live counts for the API; a failure here must never fail the shard."""
+        try:
+            publish_progress(self.job_store, self.llm_settings, self.shard.job_id)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not publish progress of job %s: %s", self.shard.job_id, exc)
+
+    def outcome(self, exit_code: int | None, forced: str | None) -> ShardOutcome:
+        """The outcome of a finished worker; ``forced`` is the cause when it was killed."""
+        if forced is not None:
+            grace = self.llm_settings.cancel_grace_seconds
+            return ShardOutcome(
+                shard=self.shard.shard,
+                exit_code=exit_code if exit_code is not None else -9,
+                state=forced,
+                message=f"killed: still running {grace}s after the stop ({forced})",
+            )
+        return interpret_exit(self.shard.shard, exit_code if exit_code is not None else -1)
