@@ -14,7 +14,8 @@ its own LLM_BATCH_HOME in a temporary directory. Steps, timed one by one:
 - merge: ``merge_job`` writing the OpenAI JSONL, the error file and the Scale JSON array.
 
 Targets (issue 2): validate >= 100k lines/s on one core; peak RSS < 300 MB, and within
-50 MB between 100k and 1M lines.
+50 MB between 100k and 1M lines. Each step prints wall-clock lines/s and lines per CPU
+second (``time.process_time``): on a shared machine the second is the one-core figure.
 """
 
 from __future__ import annotations
@@ -114,11 +115,13 @@ def run_one(lines: int) -> dict:
     figures: dict = {"lines": lines, "steps": {}}
 
     def step(name: str, fn: Callable[[], object], count: int) -> object:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         out = fn()
         seconds = time.perf_counter() - started
+        cpu_seconds = time.process_time() - cpu_started
         figures["steps"][name] = {"seconds": round(seconds, 2),
                                   "lines_per_s": round(count / seconds),
+                                  "cpu_lines_per_s": round(count / max(cpu_seconds, 1e-9)),
                                   "peak_rss_mb": round(peak_rss_mb(), 1)}
         return out
 
@@ -143,17 +146,19 @@ def run_in_subprocess(lines: int) -> dict:
 
 
 def report(results: list[dict]) -> None:
-    print(f"{'lines':>10} {'step':>9} {'seconds':>8} {'lines/s':>10} {'peak RSS MB':>12}")
+    print(f"{'lines':>10} {'step':>9} {'seconds':>8} {'lines/s':>10} {'lines/cpu-s':>12}"
+          f" {'peak RSS MB':>12}")
     for figures in results:
         for name, s in figures["steps"].items():
             print(f"{figures['lines']:>10,} {name:>9} {s['seconds']:>8} {s['lines_per_s']:>10,}"
-                  f" {s['peak_rss_mb']:>12}")
+                  f" {s['cpu_lines_per_s']:>12,} {s['peak_rss_mb']:>12}")
         print(f"{'':>10} counts {figures['counts']}, input {figures['input_mb']} MB")
-    validate_rates = [f["steps"]["validate"]["lines_per_s"] for f in results]
+    # One core's rate: CPU time, which a machine shared with other work does not inflate.
+    validate_rates = [f["steps"]["validate"]["cpu_lines_per_s"] for f in results]
     peaks = [f["peak_rss_mb"] for f in results]
     print(f"validate >= {TARGET_VALIDATE_LINES_PER_S:,} lines/s: "
           f"{'met' if min(validate_rates) >= TARGET_VALIDATE_LINES_PER_S else 'NOT met'} "
-          f"({min(validate_rates):,} at worst)")
+          f"({min(validate_rates):,} lines per CPU second at worst; wall-clock rates above)")
     print(f"peak RSS < {TARGET_PEAK_RSS_MB} MB: {'met' if max(peaks) < TARGET_PEAK_RSS_MB else 'NOT met'}"
           f" ({max(peaks)} MB at most)")
     if len(peaks) > 1:
