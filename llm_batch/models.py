@@ -319,7 +319,10 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
         return dest
 
     def download(tmp: Path) -> None:
-        storage.download_dir(uri.rstrip("/") + "/", tmp)
+        try:
+            storage.download_dir(uri.rstrip("/") + "/", tmp)
+        except storage.ObjectNotFound as exc:
+            raise CheckpointNotFound(f"checkpoint {uri}: {exc}") from None
         if not (tmp / "config.json").is_file():
             raise CheckpointNotFound(f"checkpoint {uri}: no config.json under this prefix")
 
@@ -399,6 +402,7 @@ def _build_once(dest: Path, marker: dict[str, Any], build, replace=None) -> None
         if not replace():
             return
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache is read by other users
         try:
             build(tmp)
             (tmp / READY_MARKER).write_text(json.dumps(marker, sort_keys=True) + "\n")
