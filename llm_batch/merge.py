@@ -1,7 +1,7 @@
 """Merge a job: every input index ends as exactly one output or error line, in input order.
 
-A streaming k-way merge (``heapq.merge`` by input index) of the validation errors and, per
-shard in the manifest, its requests paired with its results:
+A streaming merge (``heapq.merge`` by input index) of the validation errors with the shards'
+outcomes, where each shard's requests are paired with its results:
 
 - a request with a successful result  -> an output line (and a Scale element: the body);
 - a request with an engine error      -> an error line with the response and the error;
@@ -30,8 +30,14 @@ input index, in input order: the response body for a success, and for a failure:
 
     {"error": {"code": ..., "message": ...}, "custom_id": ..., "line": 7}
 
-``<h>`` is a hash of the job id and input index, so a rerun writes the same bytes. Memory is
-bounded by the number of shards: one pending record per stream.
+``<h>`` is a hash of the job id and input index, so a rerun writes the same bytes.
+
+Shards are contiguous, ordered ranges of the validated requests (see ``sharding``), so the
+shards' outcomes are read one shard after another, each opened when the merge reaches it:
+whatever the number of shards, at most three input streams are open (validation errors, one
+shard's requests and results) and memory is constant. Holding 2N streams open instead would
+leave S3 connections idle for most of a long merge. Should a plan ever break the ordering,
+the merge refuses (``MergeError``) rather than misorder or duplicate a line.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import hashlib
 import heapq
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
+from itertools import chain
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -201,10 +208,11 @@ def merge_job(
     """
     manifest = read_manifest(layout)
     shard_reasons = shard_not_run_reasons or {}
-    streams: list[Iterator[Outcome]] = [_validation_errors(layout.validation_errors)]
-    for plan in manifest.shards:
-        message = shard_reasons.get(plan.index) or not_run_reason or DEFAULT_NOT_RUN_MESSAGE
-        streams.append(_shard_outcomes(plan, message))
+    shard_outcomes = chain.from_iterable(
+        _shard_outcomes(plan, shard_reasons.get(plan.index) or not_run_reason
+                        or DEFAULT_NOT_RUN_MESSAGE)
+        for plan in sorted(manifest.shards, key=attrgetter("first_index"))
+    )
 
     succeeded = failed = not_run = invalid = 0
     with ExitStack() as stack:
@@ -219,11 +227,13 @@ def merge_job(
             if scale_json or scale_output_uri else None,
         )
         last_index = -1
-        for outcome in heapq.merge(*streams, key=attrgetter("index")):
+        outcomes = heapq.merge(_validation_errors(layout.validation_errors), shard_outcomes,
+                               key=attrgetter("index"))
+        for outcome in outcomes:
             if outcome.index <= last_index:
                 raise MergeError(
-                    f"job {layout.job_id}: input index {outcome.index} has more than one record "
-                    "(validation errors and shard requests overlap)"
+                    f"job {layout.job_id}: input index {outcome.index} comes after index "
+                    f"{last_index}: validation errors and shards overlap or are out of order"
                 )
             last_index = outcome.index
             if isinstance(outcome, ErrorRecord):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import orjson
 import pytest
 
 from llm_batch import storage
 from llm_batch.merge import MergeCounts, MergeError, merge_job
-from llm_batch.records import ErrorRecord, ResultRecord, dumps_line
+from llm_batch.records import BatchRequest, ErrorRecord, ResultRecord, dumps_line
 from llm_batch.results import ResultsWriter, part_uri
 from llm_batch.sharding import plan_shards
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
@@ -134,7 +136,7 @@ def test_overlapping_records_for_one_index_fail_the_merge_and_publish_nothing(jo
     extra = ErrorRecord(index=0, line=1, custom_id=None, code="invalid_json", message="dup")
     storage.write_bytes(layout.validation_errors,
                         dumps_line(extra) + storage.read_bytes(layout.validation_errors))
-    with pytest.raises(MergeError, match="input index 0 has more than one record"):
+    with pytest.raises(MergeError, match="input index 0 comes after index 0"):
         merge_job(layout)
     assert not storage.exists(layout.output_jsonl)
 
@@ -152,3 +154,30 @@ def test_cli_shards_and_merges_a_job(capsys):
         "total": 4, "succeeded": 0, "failed": 4, "not_run": 3, "invalid": 1}
     assert main(["merge", "no-such-job", "--work-uri", layout.work_uri]) == 2
     assert "no-such-job" in capsys.readouterr().err
+
+
+def test_merge_holds_at_most_three_streams_open_whatever_the_shard_count(monkeypatch):
+    layout = new_layout()
+    write_job(layout, [i % 4 != 1 for i in range(200)])
+    for plan in plan_shards(layout, 64):
+        with ResultsWriter.open(plan.results_uri) as writer:
+            first = BatchRequest(index=plan.first_index, custom_id="c", body={})
+            writer.write(ok_result(first))
+    open_now, most = 0, 0
+    real_open_read = storage.open_read
+
+    @contextlib.contextmanager
+    def counting_open_read(uri):
+        nonlocal open_now, most
+        with real_open_read(uri) as stream:
+            open_now += 1
+            most = max(most, open_now)
+            try:
+                yield stream
+            finally:
+                open_now -= 1
+
+    monkeypatch.setattr(storage, "open_read", counting_open_read)
+    counts = merge_job(layout, scale_json=True)
+    assert (counts.total, counts.succeeded, counts.invalid) == (200, 64, 50)
+    assert most == 3
