@@ -18,3 +18,4 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
   echo "$want" > "$stamp"
 fi
+"$VENV/bin/llm-batch" models prepare  # the default chat + embedding models, offline (fast when done)
