@@ -1,0 +1,218 @@
+"""batch_inference end to end with dag.test(): local runner, real worker, tiny real model.
+
+Each run starts vLLM once per shard (~12 s idle machine, over a minute under load), so the
+runs are few and small. Outcomes are checked through the job store and the merged files,
+never through generated text.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from llm_batch import storage
+from llm_batch.config import get_settings
+from llm_batch.jobs import JobStatus
+from llm_batch.layout import JobLayout
+from llm_batch.progress import read_progress
+from llm_batch.results import list_parts
+
+pytestmark = [pytest.mark.airflow]
+
+TINY_MODEL = "tiny-random-llama"
+
+
+def _request(i: int, max_tokens: int = 8) -> bytes:
+    body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": f"count to {i}"}], "max_tokens": max_tokens}
+    return orjson.dumps({"custom_id": f"req-{i}", "body": body})
+
+
+def _write_input(home: Path, name: str, lines: list[bytes]) -> str:
+    path = home / f"{name}.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return str(path)
+
+
+def _lines(uri: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in storage.read_bytes(uri).splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def batch_dag(dag_bag):
+    assert not dag_bag.import_errors, dag_bag.import_errors
+    return dag_bag.get_dag("batch_inference")
+
+
+@pytest.fixture(scope="module")
+def store():
+    from llm_batch.jobstore import get_job_store
+
+    return get_job_store(get_settings().database_url)
+
+
+def _run(dag, conf: dict[str, Any], during: Callable[[], None] | None = None):
+    """dag.test(conf), with `during` running in a thread meanwhile (cancel, kill...)."""
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            during()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    helper = threading.Thread(target=guarded, daemon=True) if during else None
+    if helper:
+        helper.start()
+    dag_run = dag.test(run_conf=conf)
+    if helper:
+        helper.join(timeout=60)
+    assert not errors, errors
+    return dag_run
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _progress_done(uri: str) -> int:
+    try:
+        return read_progress(uri).done
+    except (storage.StorageError, ValueError):
+        return 0
+
+
+def _assert_every_request_once(layout: JobLayout, job, n_lines: int) -> tuple[list, list]:
+    outputs, errors = _lines(layout.output_jsonl), _lines(layout.errors_jsonl)
+    ids = [r["custom_id"] for r in outputs] + [r["custom_id"] for r in errors if r["custom_id"]]
+    assert len(outputs) + len(errors) == n_lines == job.total
+    assert len(ids) == len(set(ids)), "a request appears twice"
+    assert job.succeeded == len(outputs) and job.failed == len(errors)
+    assert job.total == job.succeeded + job.failed
+    return outputs, errors
+
+
+def test_bad_conf_is_refused(batch_dag):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    for conf in ({"data_parallelism": 0}, {"endpoint": "/v1/moderations"}, {"gpu_type": "nvidia-tesla-v100"},
+                 {"max_runtime_sec": 172801}):
+        with pytest.raises(ParamValidationError):
+            batch_dag.test(run_conf={"input_uri": "/nowhere.jsonl", **conf})
+
+
+def test_unsupported_resources_fail_the_job_with_the_reason(batch_dag, store):
+    dag_run = batch_dag.test(run_conf={"job_id": "job_multinode", "input_uri": "/x.jsonl", "nodes_per_worker": 2})
+    job = store.get_job("job_multinode")
+    assert dag_run.state == "failed"
+    assert job.status == JobStatus.FAILED and "nodes_per_worker=2" in job.status_reason
+
+
+@pytest.mark.engine
+def test_success_with_bad_lines_two_shards(batch_dag, store, tiny_model_dir, llm_batch_home):
+    lines = [_request(i) for i in range(12)]
+    lines[3] = b"{not json"
+    lines[8] = orjson.dumps({"custom_id": "req-8", "body": {"messages": [], "max_tokens": 8}})
+    uri = _write_input(llm_batch_home, "bad_lines", lines)
+
+    dag_run = _run(batch_dag, {"job_id": "job_ok", "input_uri": uri, "model": TINY_MODEL, "data_parallelism": 2})
+
+    job = store.get_job("job_ok")
+    assert dag_run.state == "success"
+    assert job.status == JobStatus.SUCCEEDED
+    assert (job.total, job.succeeded, job.failed) == (12, 10, 2)
+    layout = JobLayout(get_settings().work_uri, job.id)
+    outputs, errors = _assert_every_request_once(layout, job, 12)
+    assert [r["custom_id"] for r in outputs] == [f"req-{i}" for i in range(12) if i not in (3, 8)]
+    assert [e["line"] for e in errors] == [4, 9]
+    assert all(r["response"]["status_code"] == 200 for r in outputs)
+    assert store.get_file(job.output_file_id).uri == layout.output_jsonl
+    assert store.get_file(job.error_file_id).uri == layout.errors_jsonl
+    assert job.completed_at is not None and job.dag_run_id == dag_run.run_id
+
+
+def _worker_pids() -> list[int]:
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if "llm_batch.cli" in " ".join(p.cmdline()) and "worker" in p.cmdline()
+    ]
+
+
+@pytest.mark.engine
+def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir, llm_batch_home, monkeypatch):
+    # Small, frequent result parts so the killed attempt leaves a checkpoint behind.
+    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
+    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")
+    n = 600
+    uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=200) for i in range(n)])
+    layout = JobLayout(get_settings().work_uri, "job_resume")
+    shard = layout.shard(0)
+
+    def kill_mid_shard() -> None:
+        _wait_for(lambda: len(list_parts(shard.results)) > 0 if storage.exists(layout.root + "/shards.json") else False,
+                  900, "a first results part")
+        pids = _worker_pids()
+        assert pids, "no worker process found"
+        os.killpg(pids[0], signal.SIGKILL)
+
+    dag_run = _run(batch_dag, {"job_id": "job_resume", "input_uri": uri, "model": TINY_MODEL}, during=kill_mid_shard)
+
+    job = store.get_job("job_resume")
+    assert job.status == JobStatus.SUCCEEDED, job.status_reason
+    _assert_every_request_once(layout, job, n)
+    progress = read_progress(shard.progress)
+    assert progress.resumed > 0, "the retry did not resume from the checkpoint"
+    tries = [ti.try_number for ti in dag_run.get_task_instances() if ti.task_id.startswith("run_shard") and ti.map_index >= 0]
+    assert tries == [2]
+
+
+@pytest.mark.engine
+def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
+    n = 2000
+    uri = _write_input(llm_batch_home, "cancel", [_request(i, max_tokens=200) for i in range(n)])
+    layout = JobLayout(get_settings().work_uri, "job_cancel")
+
+    def cancel_when_running() -> None:
+        _wait_for(lambda: _progress_done(layout.shard(0).progress) > 0, 900, "first results")
+        # As the API does it: only the store's flag; the runner mirrors it to the marker.
+        store.request_cancel("job_cancel", reason="test")
+
+    _run(batch_dag, {"job_id": "job_cancel", "input_uri": uri, "model": TINY_MODEL}, during=cancel_when_running)
+
+    job = store.get_job("job_cancel")
+    assert job.status == JobStatus.CANCELLED, job.status_reason
+    outputs, errors = _assert_every_request_once(layout, job, n)
+    assert 0 < len(outputs) < n
+    assert any(e["error"]["code"] == "not_run" for e in errors)
+
+
+@pytest.mark.engine
+def test_deadline_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
+    n = 2000
+    uri = _write_input(llm_batch_home, "deadline", [_request(i, max_tokens=200) for i in range(n)])
+    started = time.monotonic()
+
+    _run(batch_dag, {"job_id": "job_deadline", "input_uri": uri, "model": TINY_MODEL, "max_runtime_sec": 45})
+
+    job = store.get_job("job_deadline")
+    assert job.status == JobStatus.TIMEOUT_EXCEEDED, job.status_reason
+    layout = JobLayout(get_settings().work_uri, job.id)
+    outputs, errors = _assert_every_request_once(layout, job, n)
+    assert len(outputs) < n and errors[-1]["error"]["code"] == "not_run"
+    # Stopped at the deadline (+ the kill grace at worst), not after finishing the batch.
+    assert time.monotonic() - started < 45 + get_settings().cancel_grace_seconds + 60
