@@ -1,1 +1,16 @@
-"""Package marker (contents land with their issue)."""
+"""vLLM's offline engine behind the worker: request translation, the engine loop, responses.
+
+The submodules import vLLM; this package module does not, so the worker can name
+``StopReason`` without loading the engine.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class StopReason(StrEnum):
+    """Why the engine loop stopped before the shard's end."""
+
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"

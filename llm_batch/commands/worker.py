@@ -1,0 +1,66 @@
+"""``llm-batch worker``: run one shard on vLLM's offline engine (the inference image entrypoint).
+
+Every flag falls back to an ``LLM_BATCH_WORKER_<FLAG>`` environment variable (e.g.
+``--model-config`` <- ``LLM_BATCH_WORKER_MODEL_CONFIG``), so a pod spec can pass either.
+The exit status is one of ``llm_batch.exit_codes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+ENV_PREFIX = "LLM_BATCH_WORKER_"
+
+# (flag, type, help); defaults come from the environment.
+_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--job-id", str, "the job's id"),
+    ("--shard", int, "the shard's index (0-based)"),
+    ("--endpoint", str, "/v1/chat/completions, /v1/completions or /v1/embeddings"),
+    ("--model-config", str, "JSON: model, checkpoint_path, num_shards, max_context_length, "
+                            "seed, response_role, dtype, engine_args"),
+    ("--requests", str, "URI of the shard's BatchRequest lines (default: the job layout's)"),
+    ("--results", str, "URI prefix of the shard's result parts (default: the job layout's)"),
+    ("--progress", str, "URI of the progress object (default: the job layout's)"),
+    ("--cancel-marker", str, "URI whose existence cancels the shard (default: the job layout's)"),
+    ("--deadline", float, "epoch seconds after which the shard stops (exit DEADLINE)"),
+    ("--work-uri", str, "work prefix the default URIs live under (default: LLM_BATCH_WORK_URI)"),
+    ("--window", int, "max requests between fed and written (default: 4 x max_num_seqs)"),
+    ("--flush-every-s", float, "publish a results part at least this often (default 2)"),
+    ("--flush-every-records", int, "... or every this many results (default 1000)"),
+    ("--progress-interval-s", float, "seconds between progress updates (default 2)"),
+)
+
+
+def _env(flag: str) -> str | None:
+    return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper())
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "worker",
+        help="run one shard on vLLM (flags fall back to LLM_BATCH_WORKER_* variables)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for flag, kind, text in _FLAGS:
+        # Values stay strings from the environment; parse_config converts and names errors.
+        parser.add_argument(flag, type=kind, default=_env(flag), help=text)
+    parser.set_defaults(func=worker)
+
+
+def worker(args: argparse.Namespace) -> int:
+    from llm_batch import exit_codes
+    from llm_batch.worker import WorkerUsageError, parse_config, run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    values = vars(args).copy()
+    for key in ("command", "func"):
+        values.pop(key, None)
+    try:
+        config = parse_config(**values)
+    except WorkerUsageError as exc:
+        logging.getLogger("llm_batch.worker").error("%s", exc)
+        return exit_codes.USAGE
+    return run_worker(config)

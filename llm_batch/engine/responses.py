@@ -1,0 +1,175 @@
+"""vLLM outputs -> OpenAI-compatible response bodies (the openai SDK's models parse them).
+
+Pure functions over vLLM's output objects; no engine state. Token logprobs come as one
+``{token_id: Logprob}`` dict per generated token, holding the sampled token and the top-k.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
+
+# vLLM's finish reasons that OpenAI has no word for, mapped to the nearest one.
+_FINISH_REASONS = {"repetition": "stop", "abort": "stop"}
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+def generation_usage(output: RequestOutput) -> Usage:
+    return Usage(
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        completion_tokens=sum(len(c.token_ids) for c in output.outputs),
+    )
+
+
+def _finish_reason(completion: CompletionOutput) -> str:
+    reason = completion.finish_reason or "stop"
+    return _FINISH_REASONS.get(reason, reason)
+
+
+def _token_text(token_id: int, logprob: Logprob) -> str:
+    # decoded_token is None only when detokenization is off; keep the id visible then.
+    return logprob.decoded_token if logprob.decoded_token is not None else f"token_id:{token_id}"
+
+
+def _finite(value: float) -> float:
+    # JSON has no -inf; OpenAI clamps to a very small number the same way.
+    return max(value, -9999.0)
+
+
+def chat_logprobs(completion: CompletionOutput, top_logprobs: int) -> dict[str, Any] | None:
+    """``choices[].logprobs`` of a chat completion: ``{"content": [per-token entries]}``."""
+    if completion.logprobs is None:
+        return None
+    content = []
+    for token_id, candidates in zip(completion.token_ids, completion.logprobs):
+        sampled = candidates[token_id]
+        text = _token_text(token_id, sampled)
+        top = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top_logprobs]
+        content.append({
+            "token": text,
+            "logprob": _finite(sampled.logprob),
+            "bytes": list(text.encode()),
+            "top_logprobs": [
+                {
+                    "token": (t := _token_text(tid, lp)),
+                    "logprob": _finite(lp.logprob),
+                    "bytes": list(t.encode()),
+                }
+                for tid, lp in top
+            ],
+        })
+    return {"content": content}
+
+
+def completion_logprobs(completion: CompletionOutput, top_logprobs: int) -> dict[str, Any] | None:
+    """``choices[].logprobs`` of a text completion (the legacy parallel-lists object)."""
+    if completion.logprobs is None:
+        return None
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    offset = 0
+    for token_id, candidates in zip(completion.token_ids, completion.logprobs):
+        sampled = candidates[token_id]
+        text = _token_text(token_id, sampled)
+        tokens.append(text)
+        token_logprobs.append(_finite(sampled.logprob))
+        ranked = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top_logprobs]
+        tops.append({_token_text(tid, lp): _finite(lp.logprob) for tid, lp in ranked})
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def chat_completion(
+    output: RequestOutput, model: str, role: str, top_logprobs: int = 0
+) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {"role": role, "content": c.text},
+                "logprobs": chat_logprobs(c, top_logprobs),
+                "finish_reason": _finish_reason(c),
+            }
+            for c in sorted(output.outputs, key=lambda c: c.index)
+        ],
+        "usage": generation_usage(output).to_dict(),
+    }
+
+
+def text_completion(output: RequestOutput, model: str, top_logprobs: int = 0) -> dict[str, Any]:
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": completion_logprobs(c, top_logprobs),
+                "finish_reason": _finish_reason(c),
+            }
+            for c in sorted(output.outputs, key=lambda c: c.index)
+        ],
+        "usage": generation_usage(output).to_dict(),
+    }
+
+
+def embedding_vector(output: PoolingRequestOutput) -> list[float]:
+    return output.outputs.data.tolist()
+
+
+def embedding_list(
+    outputs: Sequence[PoolingRequestOutput], model: str, encoding_format: str = "float"
+) -> dict[str, Any]:
+    """One ``embedding`` entry per input, in input order (``outputs`` are in that order)."""
+    data = []
+    for i, output in enumerate(outputs):
+        vector = output.outputs.data
+        embedding: list[float] | str
+        if encoding_format == "base64":
+            # OpenAI's base64 format: little-endian float32 bytes.
+            embedding = base64.b64encode(np.asarray(vector.float(), dtype="<f4").tobytes()).decode()
+        else:
+            embedding = vector.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def embedding_usage(outputs: Sequence[PoolingRequestOutput]) -> Usage:
+    return Usage(prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs))

@@ -1,0 +1,235 @@
+"""The engine loop: feed a shard's requests to vLLM continuously, hand back results in order.
+
+``EngineRunner.run`` keeps at most ``window`` requests between "fed to the engine" and
+"written" (in flight plus finished-but-waiting for an earlier one), so memory is bounded
+whatever the shard size, and tops the engine up after every ``step()`` so new requests
+start as old ones finish (no waiting for the slowest request of a chunk). Results leave in
+input order through a reorder buffer, like vLLM's run_batch ordered writer.
+
+A request the engine refuses (bad body, prompt longer than the context, a schema the
+structured-output backend rejects) becomes its own 400 ``ResultRecord``; anything raised
+by ``step()`` is an engine failure and propagates (the attempt fails, a rerun resumes).
+
+Chat and completion prompts go through the same rendering vLLM's ``LLM.chat`` /
+``LLM.generate`` use (the model's chat template, its tokenizer); those helpers are private
+to vLLM, so they are called from this one place only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from jinja2 import TemplateError
+from vllm import LLM
+from vllm.exceptions import VLLMClientError, VLLMValidationError
+from vllm.outputs import PoolingRequestOutput, RequestOutput
+
+from llm_batch.endpoints import Endpoint
+from llm_batch.engine import StopReason, responses
+from llm_batch.engine.responses import Usage
+from llm_batch.engine.sampling import (
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    InvalidRequest,
+    parse_body,
+    pooling_params,
+    sampling_params,
+)
+from llm_batch.models import ResolvedModel
+from llm_batch.records import BatchRequest, RequestError, ResultRecord
+
+log = logging.getLogger("llm_batch.engine")
+
+# Requests in the window per sequence the scheduler runs at once: enough queued work that
+# the engine never idles between steps, small enough to keep the reorder buffer short.
+WINDOW_PER_SEQ = 4
+
+
+Emit = Callable[[ResultRecord, Usage], None]
+
+
+def start_engine(model: ResolvedModel) -> LLM:
+    """Load ``model`` into vLLM's offline engine (``engine_args`` carry the checkpoint dir)."""
+    log.info("starting vLLM for model %s (%s)", model.name, model.path)
+    return LLM(**model.engine_args)
+
+
+def error_result(request: BatchRequest, code: str, message: str, status_code: int = 400) -> ResultRecord:
+    return ResultRecord(
+        index=request.index,
+        custom_id=request.custom_id,
+        status_code=status_code,
+        error=RequestError(code=code, message=message),
+    )
+
+
+@dataclass
+class _InFlight:
+    """One shard request in the engine; embeddings of a list input are several parts."""
+
+    request: BatchRequest
+    body: ChatBody | CompletionBody | EmbeddingBody
+    outputs: list[Any] = field(default_factory=list)
+    remaining: int = 0
+
+
+class EngineRunner:
+    """Runs requests of one endpoint on an ``LLM`` built for that endpoint's task."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        endpoint: Endpoint,
+        model_name: str,
+        response_role: str = "assistant",
+        window: int | None = None,
+    ):
+        self.llm = llm
+        self.engine = llm.llm_engine
+        self.endpoint = endpoint
+        self.model_name = model_name
+        self.response_role = response_role
+        max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
+        self.window = window or WINDOW_PER_SEQ * max_num_seqs
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(
+        self,
+        requests: Iterable[BatchRequest],
+        emit: Emit,
+        should_stop: Callable[[], StopReason | None] = lambda: None,
+    ) -> StopReason | None:
+        """Run ``requests``, calling ``emit`` once per request in input order.
+
+        Returns None when every request was emitted, or the StopReason that ``should_stop``
+        gave (checked between engine steps): then in-flight requests are aborted and only
+        requests before the first unfinished one have been emitted.
+        """
+        source: Iterator[BatchRequest] = iter(requests)
+        in_flight: dict[int, _InFlight] = {}
+        finished: dict[int, tuple[ResultRecord, Usage]] = {}
+        fed = emitted = 0
+        exhausted = False
+        try:
+            while True:
+                if (reason := should_stop()) is not None:
+                    return reason
+                while not exhausted and fed - emitted < self.window:
+                    request = next(source, None)
+                    if request is None:
+                        exhausted = True
+                        break
+                    done = self._submit(fed, request, in_flight)
+                    if done is not None:
+                        finished[fed] = done
+                    fed += 1
+                while emitted in finished:
+                    emit(*finished.pop(emitted))
+                    emitted += 1
+                if exhausted and emitted == fed:
+                    return None
+                if in_flight:
+                    for output in self.engine.step():
+                        self._collect(output, in_flight, finished)
+        finally:
+            if in_flight:
+                self._abort(in_flight)
+
+    def _submit(
+        self, position: int, request: BatchRequest, in_flight: dict[int, _InFlight]
+    ) -> tuple[ResultRecord, Usage] | None:
+        """Add one request to the engine; a finished error result if it cannot run."""
+        try:
+            body = parse_body(self.endpoint, request.body)
+            parts = self._engine_inputs(body)
+        except InvalidRequest as exc:
+            return error_result(request, exc.code, exc.message), Usage()
+        entry = _InFlight(request, body, outputs=[None] * len(parts), remaining=len(parts))
+        added: list[str] = []
+        try:
+            for part, (prompt, params) in enumerate(parts):
+                request_id = f"{position}.{part}"
+                self.engine.add_request(request_id, prompt, params)
+                added.append(request_id)
+        except (VLLMClientError, ValueError, TemplateError) as exc:
+            if added:
+                self.engine.abort_request(added)
+            return error_result(request, _error_code(exc), str(exc)), Usage()
+        in_flight[position] = entry
+        return None
+
+    def _engine_inputs(self, body: ChatBody | CompletionBody | EmbeddingBody) -> list[tuple[Any, Any]]:
+        """(prompt, params) per engine request; rendering errors are the request's fault."""
+        try:
+            if isinstance(body, ChatBody):
+                prompt = self.llm._preprocess_chat_one(body.messages)
+                return [(prompt, sampling_params(body))]
+            if isinstance(body, CompletionBody):
+                params = sampling_params(body)
+                return [(self._completion_prompt(body.single_prompt()), params)]
+            params = pooling_params(body)
+            return [(self._completion_prompt(text), params.clone()) for text in body.inputs()]
+        except (VLLMClientError, ValueError, TemplateError) as exc:
+            if isinstance(exc, InvalidRequest):
+                raise
+            raise InvalidRequest(str(exc), _error_code(exc)) from None
+
+    def _completion_prompt(self, prompt: str | list[int]) -> Any:
+        if isinstance(prompt, list):
+            return self.llm._preprocess_cmpl_one({"prompt_token_ids": prompt})
+        return self.llm._preprocess_cmpl_one(prompt)
+
+    def _collect(
+        self,
+        output: RequestOutput | PoolingRequestOutput,
+        in_flight: dict[int, _InFlight],
+        finished: dict[int, tuple[ResultRecord, Usage]],
+    ) -> None:
+        if not output.finished:
+            return
+        position, part = (int(x) for x in output.request_id.split("."))
+        entry = in_flight[position]
+        entry.outputs[part] = output
+        entry.remaining -= 1
+        if entry.remaining == 0:
+            del in_flight[position]
+            finished[position] = self._result(entry)
+
+    def _result(self, entry: _InFlight) -> tuple[ResultRecord, Usage]:
+        request, body = entry.request, entry.body
+        if isinstance(body, EmbeddingBody):
+            payload = responses.embedding_list(entry.outputs, self.model_name, body.encoding_format)
+            usage = responses.embedding_usage(entry.outputs)
+        else:
+            (output,) = entry.outputs
+            usage = responses.generation_usage(output)
+            if any(c.finish_reason == "error" for c in output.outputs):
+                # vLLM's request-level internal error (e.g. a KV load failure): retryable.
+                return error_result(request, "engine_error", "the engine failed this request", 500), usage
+            top = body.sample_logprobs or 0
+            if isinstance(body, ChatBody):
+                payload = responses.chat_completion(output, self.model_name, self.response_role, top)
+            else:
+                payload = responses.text_completion(output, self.model_name, top)
+        record = ResultRecord(index=request.index, custom_id=request.custom_id, status_code=200, body=payload)
+        return record, usage
+
+    def _abort(self, in_flight: dict[int, _InFlight]) -> None:
+        ids = [f"{pos}.{part}" for pos, entry in in_flight.items() for part in range(len(entry.outputs))]
+        log.info("aborting %d in-flight engine requests", len(ids))
+        try:
+            self.engine.abort_request(ids)
+        except Exception:  # noqa: BLE001 - the engine may be the thing that failed
+            log.warning("could not abort in-flight requests", exc_info=True)
+        in_flight.clear()
+
+
+def _error_code(exc: Exception) -> str:
+    if isinstance(exc, VLLMValidationError) and exc.parameter == "input_tokens":
+        return "context_length_exceeded"
+    return "invalid_request"

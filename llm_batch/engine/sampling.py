@@ -1,0 +1,200 @@
+"""OpenAI request bodies -> vLLM parameters, with a precise error for anything we cannot run.
+
+Each endpoint has a pydantic model of the fields we honour; unknown fields are ignored (SDKs
+send ``model``, ``user``, ``stream`` and vendor extras). Types are checked here (pydantic
+names the field); value ranges are checked by vLLM's own ``SamplingParams`` so the limits
+stay vLLM's. Every failure becomes ``InvalidRequest`` -> that request's 400 result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from vllm.exceptions import VLLMClientError
+from vllm.pooling_params import PoolingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+from llm_batch.endpoints import Endpoint
+
+# OpenAI's default for /v1/completions; chat has none (up to the context length).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+class InvalidRequest(ValueError):
+    """A request the engine cannot run as given; ``code`` is the result's error code."""
+
+    def __init__(self, message: str, code: str = "invalid_request"):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class _SamplingBody(_Body):
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    response_format: ResponseFormat | None = None
+
+
+class ChatBody(_SamplingBody):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatBody:
+        for i, message in enumerate(self.messages):
+            if "role" not in message:
+                raise ValueError(f"messages[{i}] has no 'role'")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def sample_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionBody(_SamplingBody):
+    prompt: Prompt
+    max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionBody:
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (use n)")
+        return self
+
+    @property
+    def sample_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt of this request: batch lines carry one prompt each, so a list of
+        several prompts is refused (OpenAI would answer one choice per prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if not prompt:
+            raise InvalidRequest("prompt: must not be empty")
+        if all(isinstance(t, int) for t in prompt):
+            return prompt  # one tokenized prompt
+        if len(prompt) != 1:
+            raise InvalidRequest(
+                f"prompt: a list of {len(prompt)} prompts is not supported; "
+                "send one request line per prompt"
+            )
+        return prompt[0]
+
+
+class EmbeddingBody(_Body):
+    input: Prompt
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """The texts (or token lists) to embed, one embedding each, in order."""
+        value = self.input
+        if isinstance(value, str):
+            return [value]
+        if not value:
+            raise InvalidRequest("input: must not be empty")
+        if all(isinstance(t, int) for t in value):
+            return [value]
+        return list(value)
+
+
+BODY_MODELS: dict[Endpoint, type[_Body]] = {
+    Endpoint.CHAT_COMPLETIONS: ChatBody,
+    Endpoint.COMPLETIONS: CompletionBody,
+    Endpoint.EMBEDDINGS: EmbeddingBody,
+}
+
+
+def parse_body(endpoint: Endpoint, body: dict[str, Any]) -> ChatBody | CompletionBody | EmbeddingBody:
+    """The typed body, or InvalidRequest naming the first bad field."""
+    try:
+        return BODY_MODELS[endpoint].model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "body"
+        message = error["msg"].removeprefix("Value error, ")
+        raise InvalidRequest(f"{where}: {message}") from None
+
+
+def structured_outputs(response_format: ResponseFormat | None) -> StructuredOutputsParams | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    spec = response_format.json_schema or {}
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest("response_format.json_schema.schema: a JSON schema object is required")
+    return StructuredOutputsParams(json=schema)
+
+
+def sampling_params(body: ChatBody | CompletionBody) -> SamplingParams:
+    """vLLM SamplingParams for a chat or completion body (unset fields keep vLLM defaults)."""
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
+        max_tokens = body.max_completion_tokens
+    fields = {
+        "n": body.n,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "max_tokens": max_tokens,
+        "min_tokens": body.min_tokens,
+        "stop": body.stop,
+        "seed": body.seed,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "repetition_penalty": body.repetition_penalty,
+        "logprobs": body.sample_logprobs,
+    }
+    try:
+        return SamplingParams(
+            **{k: v for k, v in fields.items() if v is not None},
+            structured_outputs=structured_outputs(body.response_format),
+            # Batch needs only the finished request, never the deltas.
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+    except (VLLMClientError, ValueError) as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def pooling_params(body: EmbeddingBody) -> PoolingParams:
+    return PoolingParams(task="embed", dimensions=body.dimensions)

@@ -1,0 +1,115 @@
+"""A shard worker's live counters: a small JSON object beside the results, and a log line.
+
+The worker publishes ``ShardProgress`` to ``{shard}/progress.json`` every ``interval``
+seconds (and once more with its final state), so the pipeline and ``llm-batch watch`` can
+read how far a shard is without touching its results. ``done`` counts every request of the
+shard that has a result, including those finished by an earlier attempt (``resumed``);
+``tokens_per_s`` is measured over this attempt only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+
+import orjson
+from pydantic import BaseModel
+
+from llm_batch import storage
+
+log = logging.getLogger("llm_batch.progress")
+
+
+class ShardState(StrEnum):
+    STARTING = "starting"  # reading the shard, loading the model
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+    FAILED = "failed"
+
+
+class ShardProgress(BaseModel):
+    job_id: str
+    shard: int
+    total: int
+    done: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    resumed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tokens_per_s: float = 0.0
+    state: ShardState = ShardState.STARTING
+    updated_at: str = ""
+
+
+def read_progress(uri: str) -> ShardProgress:
+    """The last published progress of a shard (raises storage.ObjectNotFound if none yet)."""
+    return ShardProgress.model_validate_json(storage.read_bytes(uri))
+
+
+class ProgressReporter:
+    """Counts results as the worker writes them and publishes them at most every ``interval`` s.
+
+    ``uri`` may be None (nothing is written, only the log line). Publishing failures are
+    logged, never raised: progress is advisory and must not fail a shard.
+    """
+
+    def __init__(
+        self,
+        uri: str | None,
+        progress: ShardProgress,
+        interval: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.uri = uri
+        self.progress = progress
+        self.interval = interval
+        self._clock = clock
+        self._started = clock()
+        self._last_publish: float | None = None
+
+    def start_running(self) -> None:
+        """The engine is ready: tokens/s are measured from here."""
+        self._started = self._clock()
+        self.publish(ShardState.RUNNING)
+
+    def record(self, ok: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        p = self.progress
+        p.done += 1
+        if ok:
+            p.succeeded += 1
+        else:
+            p.failed += 1
+        p.prompt_tokens += prompt_tokens
+        p.completion_tokens += completion_tokens
+
+    def maybe_publish(self) -> None:
+        """Publish if ``interval`` seconds passed since the last publish."""
+        if self._last_publish is None or self._clock() - self._last_publish >= self.interval:
+            self.publish()
+
+    def publish(self, state: ShardState | None = None) -> None:
+        p = self.progress
+        if state is not None:
+            p.state = state
+        elapsed = self._clock() - self._started
+        if p.state is not ShardState.STARTING and elapsed > 0:
+            p.tokens_per_s = round(p.completion_tokens / elapsed, 1)
+        p.updated_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self._last_publish = self._clock()
+        log.info(
+            "job %s shard %d %s: %d/%d done (%d ok, %d failed, %d resumed), %.1f tok/s",
+            p.job_id, p.shard, p.state.value, p.done, p.total, p.succeeded, p.failed,
+            p.resumed, p.tokens_per_s,
+        )
+        if self.uri is None:
+            return
+        try:
+            storage.write_bytes(self.uri, orjson.dumps(p.model_dump(mode="json")))
+        except storage.StorageError as exc:
+            log.warning("could not publish progress: %s", exc)

@@ -1,0 +1,285 @@
+"""Run one shard: read its requests, run them on vLLM in-process, write ordered results.
+
+``run_worker(config) -> exit code`` (``llm_batch.exit_codes``) is the whole contract, so the
+pod entrypoint (inference image), the local shard runner and tests behave the same:
+
+- USAGE before anything loads: unknown model, bad model_config, endpoint the model cannot
+  serve, a URI outside the allowed roots, a shard file that is not BatchRequest lines.
+- Resume: ``ResultsWriter.open(results).done == k`` means the first k requests of the shard
+  have results; they are skipped, so a rerun after kill -9 writes each result exactly once.
+- Cancel / deadline: checked between engine steps (the marker at most every
+  ``cancel_check_s``); on either, in-flight requests are aborted, finished results flushed,
+  the final progress written, and CANCELLED / DEADLINE returned. Requests never run get no
+  result (merge reports them).
+- Any other error (an engine crash included) flushes what is finished and returns FAILED.
+
+This module imports neither Airflow nor vLLM at module level: the engine is imported when a
+shard actually runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llm_batch import exit_codes, storage
+from llm_batch.engine import StopReason
+from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
+from llm_batch.progress import ProgressReporter, ShardProgress, ShardState
+from llm_batch.records import BatchRequest, ResultRecord
+from llm_batch.results import ResultsWriter
+from llm_batch.streams import iter_lines
+
+if TYPE_CHECKING:
+    from llm_batch.engine.responses import Usage
+    from llm_batch.models import ResolvedModel
+
+log = logging.getLogger("llm_batch.worker")
+
+_TASK_OF_ENDPOINT = {
+    Endpoint.CHAT_COMPLETIONS: "generate",
+    Endpoint.COMPLETIONS: "generate",
+    Endpoint.EMBEDDINGS: "embed",
+}
+
+
+class WorkerUsageError(ValueError):
+    """Bad arguments or configuration: the shard cannot run as asked, retrying won't help."""
+
+
+@dataclass
+class WorkerConfig:
+    """Everything one shard run needs (see ``llm_batch.commands.worker`` for the flags)."""
+
+    job_id: str
+    shard: int
+    requests: str
+    results: str
+    endpoint: Endpoint
+    model_config: dict[str, Any]
+    progress: str | None = None
+    cancel_marker: str | None = None
+    deadline: float | None = None  # epoch seconds
+    window: int | None = None  # requests between fed and written; default 4 x max_num_seqs
+    flush_every_s: float = 2.0
+    flush_every_records: int = 1000
+    progress_interval_s: float = 2.0
+    cancel_check_s: float = 1.0
+
+
+def run_worker(config: WorkerConfig) -> int:
+    """Run the shard described by ``config``; the exit code says how it ended."""
+    try:
+        model = resolve_for_endpoint(config.model_config, config.endpoint)
+        writer = ResultsWriter.open(
+            config.results,
+            flush_every_s=config.flush_every_s,
+            flush_every_records=config.flush_every_records,
+        )
+        total = count_requests(config.requests)
+    except (WorkerUsageError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
+        log.error("shard %d of job %s cannot run: %s", config.shard, config.job_id, exc)
+        return exit_codes.USAGE
+
+    progress = ProgressReporter(
+        config.progress,
+        ShardProgress(job_id=config.job_id, shard=config.shard, total=total,
+                      done=writer.done, resumed=writer.done),
+        interval=config.progress_interval_s,
+    )
+    monitor = StopMonitor(config, progress)
+    with writer:
+        return _run(config, model, writer, progress, monitor)
+
+
+def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
+         progress: ProgressReporter, monitor: StopMonitor) -> int:
+    if writer.done >= progress.progress.total:
+        log.info("shard %d of job %s: all %d requests already have results",
+                 config.shard, config.job_id, writer.done)
+        progress.publish(ShardState.DONE)
+        return exit_codes.DONE
+    if (reason := monitor.check_now()) is not None:
+        return _stopped(reason, writer, progress)
+    progress.publish(ShardState.STARTING)
+
+    def emit(record: ResultRecord, usage: Usage) -> None:
+        writer.write(record)
+        progress.record(record.ok, usage.prompt_tokens, usage.completion_tokens)
+
+    try:
+        from llm_batch.engine.runner import EngineRunner, start_engine
+
+        llm = start_engine(model)
+        runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window)
+        progress.start_running()
+        reason = runner.run(read_requests(config.requests, skip=writer.done), emit, monitor)
+    except WorkerUsageError as exc:
+        log.error("shard %d of job %s: %s", config.shard, config.job_id, exc)
+        writer.flush()
+        progress.publish(ShardState.FAILED)
+        return exit_codes.USAGE
+    except Exception:
+        # Results finished so far are complete and in order: keep them for the rerun.
+        log.exception("shard %d of job %s failed", config.shard, config.job_id)
+        writer.flush()
+        progress.publish(ShardState.FAILED)
+        return exit_codes.FAILED
+    if reason is not None:
+        return _stopped(reason, writer, progress)
+    writer.flush()
+    progress.publish(ShardState.DONE)
+    return exit_codes.DONE
+
+
+def _stopped(reason: StopReason, writer: ResultsWriter, progress: ProgressReporter) -> int:
+    writer.flush()
+    cancelled = reason is StopReason.CANCELLED
+    progress.publish(ShardState.CANCELLED if cancelled else ShardState.DEADLINE)
+    return exit_codes.CANCELLED if cancelled else exit_codes.DEADLINE
+
+
+class StopMonitor:
+    """Called between engine steps: publishes progress, says whether to stop and why."""
+
+    def __init__(self, config: WorkerConfig, progress: ProgressReporter,
+                 clock=time.monotonic, wall_clock=time.time):
+        self.config = config
+        self.progress = progress
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._next_marker_check = 0.0
+
+    def check_now(self) -> StopReason | None:
+        self._next_marker_check = 0.0
+        return self._reason()
+
+    def __call__(self) -> StopReason | None:
+        self.progress.maybe_publish()
+        return self._reason()
+
+    def _reason(self) -> StopReason | None:
+        if self.config.deadline is not None and self._wall_clock() >= self.config.deadline:
+            log.warning("deadline passed: stopping shard %d", self.config.shard)
+            return StopReason.DEADLINE
+        marker = self.config.cancel_marker
+        now = self._clock()
+        if marker and now >= self._next_marker_check:
+            self._next_marker_check = now + self.config.cancel_check_s
+            try:
+                if storage.exists(marker):
+                    log.warning("cancel marker %s found: stopping shard %d", marker, self.config.shard)
+                    return StopReason.CANCELLED
+            except storage.StorageError as exc:
+                log.warning("could not check the cancel marker: %s", exc)
+        return None
+
+
+def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> ResolvedModel:
+    """The model to load, checked to serve ``endpoint``; WorkerUsageError otherwise."""
+    from llm_batch.models import ModelError, resolve_model
+
+    try:
+        model = resolve_model(model_config)
+    except ModelError as exc:
+        raise WorkerUsageError(str(exc)) from None
+    if model.task != _TASK_OF_ENDPOINT[endpoint]:
+        raise WorkerUsageError(
+            f"model {model.name!r} is a {model.task} model and cannot serve {endpoint.value}"
+        )
+    return model
+
+
+def _request_lines(uri: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line) of the non-blank lines of a shard's requests file."""
+    with storage.open_read(uri) as stream:
+        for number, line in enumerate(iter_lines(stream), start=1):
+            if line.strip():
+                yield number, line
+
+
+def count_requests(uri: str) -> int:
+    """The shard's size, streamed (the file may be far larger than memory)."""
+    return sum(1 for _ in _request_lines(uri))
+
+
+def read_requests(uri: str, skip: int = 0) -> Iterator[BatchRequest]:
+    """The shard's requests after the first ``skip`` (those already have results)."""
+    position = 0
+    for number, line in _request_lines(uri):
+        position += 1
+        if position <= skip:
+            continue
+        try:
+            yield BatchRequest.model_validate_json(line)
+        except ValueError as exc:
+            # The shard file is written by our own pipeline: a bad line is a broken file.
+            raise WorkerUsageError(f"{uri}: line {number} is not a BatchRequest: {exc}") from None
+
+
+def parse_config(
+    *,
+    job_id: str | None,
+    shard: int | str | None,
+    requests: str | None,
+    results: str | None,
+    endpoint: str | None,
+    model_config: str | dict[str, Any] | None,
+    progress: str | None = None,
+    cancel_marker: str | None = None,
+    deadline: float | str | None = None,
+    work_uri: str | None = None,
+    **tuning: Any,
+) -> WorkerConfig:
+    """A WorkerConfig from flag/env strings. URIs left out come from the job layout under
+    ``work_uri`` (default Settings.work_uri). Raises WorkerUsageError naming the bad value."""
+    import orjson
+
+    from llm_batch.config import get_settings
+    from llm_batch.layout import JobLayout
+
+    if not job_id:
+        raise WorkerUsageError("--job-id is required")
+    try:
+        shard_index = int(shard) if shard is not None else -1
+    except ValueError:
+        raise WorkerUsageError(f"--shard: not an integer: {shard!r}") from None
+    if shard_index < 0:
+        raise WorkerUsageError("--shard is required (a shard index >= 0)")
+    if not endpoint:
+        raise WorkerUsageError("--endpoint is required")
+    try:
+        parsed_endpoint = parse_endpoint(endpoint)
+    except UnsupportedEndpointError as exc:
+        raise WorkerUsageError(f"--endpoint: {exc}") from None
+    if model_config is None:
+        raise WorkerUsageError("--model-config is required (JSON, e.g. '{\"model\": \"smollm2-135m-instruct\"}')")
+    if isinstance(model_config, str):
+        try:
+            model_config = orjson.loads(model_config)
+        except orjson.JSONDecodeError as exc:
+            raise WorkerUsageError(f"--model-config: not JSON: {exc}") from None
+    if not isinstance(model_config, dict):
+        raise WorkerUsageError("--model-config: must be a JSON object")
+    try:
+        deadline_s = float(deadline) if deadline not in (None, "") else None
+    except ValueError:
+        raise WorkerUsageError(f"--deadline: not epoch seconds: {deadline!r}") from None
+
+    job = JobLayout(work_uri or get_settings().work_uri, job_id)
+    shard_layout = job.shard(shard_index)
+    return WorkerConfig(
+        job_id=job_id,
+        shard=shard_index,
+        requests=requests or shard_layout.requests,
+        results=results or shard_layout.results,
+        progress=progress or shard_layout.progress,
+        cancel_marker=cancel_marker or job.cancel_marker,
+        endpoint=parsed_endpoint,
+        model_config=model_config,
+        deadline=deadline_s,
+        **{k: v for k, v in tuning.items() if v is not None},
+    )
