@@ -19,7 +19,6 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.merge",
     "llm_batch.commands.api_key",
     "llm_batch.commands.worker",
-    "llm_batch.commands.worker",
 )
 
 
