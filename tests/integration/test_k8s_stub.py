@@ -1,0 +1,290 @@
+"""KubernetesShardOperator's pod lifecycle against a small Kubernetes API stub on 127.0.0.1.
+
+No Kubernetes API server can run here, so a stdlib HTTP server answers the calls the
+unpatched provider makes (create, list, get, log, patch, delete pod; events), pointed to by
+a kubeconfig file. Pods move Pending -> Running -> Succeeded/Failed (with the worker's exit
+code) as they are polled. Covered: the sync path to success, exit codes 3/1 (cancelled: a
+good end; failure: raise for retry), kill -> the pod is deleted, and the deferrable path:
+the shard stop watch ends the wait after the grace and the pod is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+pytest.importorskip("airflow.providers.cncf.kubernetes")
+
+from llm_batch.config import get_settings  # noqa: E402
+from llm_batch.pipeline import ShardTask  # noqa: E402
+
+pytestmark = [pytest.mark.airflow]
+
+POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(/log)?$")
+
+
+class KubeStub:
+    """Pods in memory. A pod becomes Running at its first read and ends after
+    `reads_to_finish` reads with `exit_code` (None: runs until deleted)."""
+
+    def __init__(self, exit_code: int | None = 0, reads_to_finish: int = 3):
+        self.exit_code = exit_code
+        self.reads_to_finish = reads_to_finish
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.reads: dict[str, int] = {}
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.lock = threading.Lock()
+
+    def pod_view(self, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            pod = self.pods.get(name)
+            if pod is None:
+                return None
+            self.reads[name] = self.reads.get(name, 0) + 1
+            finished = self.exit_code is not None and self.reads[name] > self.reads_to_finish
+            if finished:
+                phase = "Succeeded" if self.exit_code == 0 else "Failed"
+                state = {"terminated": {"exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
+                                        "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:05Z"}}
+            else:
+                phase, state = "Running", {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+            pod["status"] = {
+                "phase": phase,
+                "containerStatuses": [{"name": "base", "ready": phase == "Running", "restartCount": 0,
+                                       "image": "x", "imageID": "", "state": state}],
+            }
+            return pod
+
+
+def _handler(stub: KubeStub):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _not_found(self, name: str) -> None:
+            self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                             "reason": "NotFound", "code": 404, "message": f'pods "{name}" not found'})
+
+        def _route(self) -> tuple[str | None, str | None, bool, dict[str, list[str]]]:
+            url = urlparse(self.path)
+            match = POD_PATH.match(url.path)
+            if not match:
+                return None, None, False, {}
+            return match.group(1), match.group(2), bool(match.group(3)), parse_qs(url.query)
+
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            if url.path.endswith("/events"):
+                return self._send(200, {"kind": "EventList", "apiVersion": "v1", "items": []})
+            namespace, name, log, query = self._route()
+            if namespace is None:
+                return self._send(404, {"kind": "Status", "code": 404, "message": "unknown path"})
+            if name is None:  # list, by label selector
+                wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if "=" in kv and "!=" not in kv)
+                with stub.lock:
+                    items = [p for p in stub.pods.values()
+                             if all(p["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+                return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+            pod = stub.pod_view(name)
+            if pod is None:
+                return self._not_found(name)
+            if log:
+                return self._send(200, b"worker: 3/3 done\n", "text/plain")
+            return self._send(200, pod)
+
+        def do_POST(self) -> None:
+            namespace, _, _, _ = self._route()
+            pod = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            pod["metadata"].update({"namespace": namespace, "uid": f"uid-{len(stub.created)}",
+                                    "creationTimestamp": "2026-01-01T00:00:00Z"})
+            pod["status"] = {"phase": "Pending"}
+            with stub.lock:
+                stub.pods[pod["metadata"]["name"]] = pod
+                stub.created.append(pod["metadata"]["name"])
+            self._send(201, pod)
+
+        def do_PATCH(self) -> None:
+            _, name, _, _ = self._route()
+            patch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with stub.lock:
+                pod = stub.pods.get(name)
+                if pod is not None:
+                    pod["metadata"].setdefault("labels", {}).update(patch.get("metadata", {}).get("labels", {}))
+            return self._send(200, pod) if pod is not None else self._not_found(name)
+
+        def do_DELETE(self) -> None:
+            _, name, _, _ = self._route()
+            with stub.lock:
+                pod = stub.pods.pop(name, None)
+                if pod is not None:
+                    stub.deleted.append(name)
+            return self._send(200, pod) if pod is not None else self._not_found(name)
+
+    return Handler
+
+
+@pytest.fixture
+def kube(tmp_path: Path):
+    """(stub, kubeconfig path) with the stub serving on a free 127.0.0.1 port."""
+    stub = KubeStub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(stub))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = tmp_path / "kubeconfig"
+    config.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stub",
+        "clusters": [{"name": "stub", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+        "users": [{"name": "stub", "user": {"token": "stub-token"}}],
+        "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub", "namespace": "default"}}],
+    }))
+    yield stub, str(config)
+    server.shutdown()
+
+
+@pytest.fixture
+def job_store(monkeypatch):
+    monkeypatch.setenv("LLM_BATCH_CANCEL_GRACE_SECONDS", "1")
+    get_settings.cache_clear()
+    from llm_batch.jobstore import get_job_store
+
+    yield get_job_store(get_settings().database_url)
+    get_settings.cache_clear()
+
+
+def _shard(store, job_id: str) -> dict[str, Any]:
+    if store.get_job(job_id) is None:
+        store.create_job(id=job_id, dialect="airflow", endpoint="/v1/chat/completions", model="m", owner="t",
+                         max_runtime_sec=3600)
+    root = f"{get_settings().work_uri}/{job_id}"
+    return ShardTask(
+        job_id=job_id, shard=0, requests_uri=f"{root}/shards/00000/requests.jsonl",
+        results_uri=f"{root}/shards/00000/results", progress_uri=f"{root}/shards/00000/progress.json",
+        cancel_marker=f"{root}/cancel", endpoint="/v1/chat/completions", model_config_json='{"model": "m"}',
+        deadline="2099-01-01T00:00:00+00:00", gpu_type="nvidia-tesla-t4",
+    ).model_dump()
+
+
+def _context() -> dict[str, Any]:
+    ti = SimpleNamespace(dag_id="batch_inference", task_id="run_shard", map_index=0, try_number=1,
+                         xcom_push=lambda **kw: None, start_date=None)
+    return {"ti": ti, "task_instance": ti, "run_id": "manual__stub", "dag": SimpleNamespace()}
+
+
+def _operator(shard: dict[str, Any], kubeconfig: str, **kwargs: Any):
+    from llm_batch_operators.kubernetes import KubernetesShardOperator
+
+    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, config_file=kubeconfig,
+                                   in_cluster=False, poll_interval=0.2, **kwargs)
+
+
+def test_pod_runs_to_success_and_is_deleted(kube, job_store):
+    stub, config = kube
+    operator = _operator(_shard(job_store, "job_k8s_ok"), config, deferrable=False)
+
+    outcome = operator.execute(_context())
+
+    assert outcome["state"] == "done"
+    assert len(stub.created) == 1 and stub.deleted == stub.created
+    assert stub.reads[stub.created[0]] > stub.reads_to_finish  # it was seen running, then done
+
+
+@pytest.mark.parametrize(("exit_code", "state"), [(3, "cancelled"), (4, "deadline")])
+def test_worker_stopped_on_purpose_is_a_good_end(kube, job_store, exit_code, state):
+    stub, config = kube
+    stub.exit_code = exit_code
+    outcome = _operator(_shard(job_store, f"job_k8s_{state}"), config, deferrable=False).execute(_context())
+    assert outcome["state"] == state and outcome["exit_code"] == exit_code
+    assert stub.deleted == stub.created
+
+
+def test_worker_failure_raises_for_a_retry(kube, job_store):
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    stub, config = kube
+    stub.exit_code = 1
+    with pytest.raises(AirflowException, match="a retry resumes"):
+        _operator(_shard(job_store, "job_k8s_fail"), config, deferrable=False).execute(_context())
+    stub.exit_code = 2  # usage: retrying cannot help
+    with pytest.raises(AirflowFailException):
+        _operator(_shard(job_store, "job_k8s_usage"), config, deferrable=False).execute(_context())
+    assert stub.deleted == stub.created
+
+
+def test_kill_deletes_the_running_pod(kube, job_store):
+    stub, config = kube
+    stub.exit_code = None  # runs until deleted
+    operator = _operator(_shard(job_store, "job_k8s_kill"), config, deferrable=False)
+    runner = threading.Thread(target=lambda: _swallow(operator.execute, _context()), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not (stub.created and stub.reads.get(stub.created[0], 0) > 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stub.created, "the pod was never created"
+
+    operator.on_kill()
+
+    assert stub.deleted == stub.created
+    runner.join(timeout=30)
+
+
+def _swallow(func, *args):
+    try:
+        func(*args)
+    except Exception:  # noqa: BLE001 - the killed task's own error is not under test
+        pass
+
+
+def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
+    """Deferrable path: the task defers to ShardPodTrigger; a cancel in the store is
+    mirrored to the marker, and after the grace the trigger ends the wait; re-entry deletes
+    the pod and returns the cancelled outcome."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from llm_batch import storage
+    from llm_batch_operators.kubernetes import STOP_KEY, ShardPodTrigger
+
+    stub, config = kube
+    stub.exit_code = None
+    shard = _shard(job_store, "job_k8s_defer")
+    operator = _operator(shard, config, deferrable=True)
+    context = _context()
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(context)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, ShardPodTrigger)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "llm_batch_operators.kubernetes.ShardPodTrigger" and kwargs["shard_stop"]["job_id"] == "job_k8s_defer"
+
+    job_store.request_cancel("job_k8s_defer", reason="test")
+
+    async def first_event():
+        async for event in ShardPodTrigger(**kwargs).run():
+            return event.payload
+
+    event = asyncio.run(asyncio.wait_for(first_event(), timeout=60))
+    assert event["status"] == "timeout" and event[STOP_KEY] == "cancelled"
+    assert storage.exists(ShardTask.model_validate(shard).cancel_marker)  # mirrored for the worker
+
+    outcome = operator.trigger_reentry(context, event)
+
+    assert outcome["state"] == "cancelled"
+    assert stub.deleted == stub.created
