@@ -220,7 +220,7 @@ class RequestChecker:
                               where + describe_validation_error(exc))
             chars = prompt_chars(body)
         self.prompt_chars += chars
-        return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body)
+        return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body, line=line)
 
 
 def _error(index: int, line: int, custom_id: str | None, code: ErrorCode, message: str) -> ErrorRecord:

@@ -94,10 +94,7 @@ def _lines(uri: str) -> Iterator[bytes]:
 
 def _validation_errors(uri: str) -> Iterator[ErrorRecord]:
     for line in _lines(uri):
-        data = orjson.loads(line)
-        # records.dumps_line drops None, so a line without custom_id means custom_id=None.
-        data.setdefault("custom_id", None)
-        yield ErrorRecord.model_validate(data)
+        yield ErrorRecord.model_validate_json(line)
 
 
 def _shard_outcomes(plan: ShardPlan, not_run_message: str) -> Iterator[Outcome]:
@@ -107,14 +104,17 @@ def _shard_outcomes(plan: ShardPlan, not_run_message: str) -> Iterator[Outcome]:
     for line in _lines(plan.requests_uri):
         request = orjson.loads(line)
         index = request["index"]
+        line_number = request.get("line") or index + 1
         # Results for indices this shard does not hold (a stale checkpoint) are passed over.
         while pending is not None and pending.index < index:
             pending = next(results, None)
         if pending is not None and pending.index == index:
+            if pending.line is None:
+                pending.line = line_number
             yield pending
             pending = next(results, None)
         else:
-            yield ErrorRecord(index=index, line=index + 1, custom_id=request["custom_id"],
+            yield ErrorRecord(index=index, line=line_number, custom_id=request["custom_id"],
                               code=NOT_RUN, message=not_run_message)
 
 
@@ -170,7 +170,8 @@ class _Outputs:
         h = stable_request_hash(self.job_id, result.index)
         response = {"status_code": result.status_code, "request_id": f"req_{h}",
                     "body": _error_body(result)}
-        self._failure(result.index, result.index + 1, result.custom_id, code, message, response)
+        self._failure(result.index, result.line or result.index + 1, result.custom_id, code,
+                      message, response)
 
     def no_result(self, record: ErrorRecord) -> None:
         """A validation error or a request never run: there is no response."""

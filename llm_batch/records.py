@@ -25,6 +25,8 @@ class BatchRequest(BaseModel):
     index: int
     custom_id: str
     body: dict[str, Any]
+    # 1-based line (JSONL) or element (arrays) in its input file: what error records report.
+    line: int | None = None
 
 
 class RequestError(BaseModel):
@@ -42,6 +44,8 @@ class ResultRecord(BaseModel):
     status_code: int
     body: dict[str, Any] | None = None
     error: RequestError | None = None
+    # The request's input line; merge copies it from the request when the worker did not.
+    line: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,7 +59,7 @@ class ErrorRecord(BaseModel):
 
     index: int
     line: int
-    custom_id: str | None
+    custom_id: str | None = None
     code: str
     message: str
 

@@ -190,7 +190,7 @@ def _consume(
                 valid += 1
                 if write_valid is not None:
                     write_valid(dumps({"index": item.index, "custom_id": item.custom_id,
-                                       "body": item.body}, option=newline))
+                                       "body": item.body, "line": item.line}, option=newline))
             else:
                 if len(errors) < max_errors:
                     errors.append(item)

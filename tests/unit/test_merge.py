@@ -181,3 +181,26 @@ def test_merge_holds_at_most_three_streams_open_whatever_the_shard_count(monkeyp
     counts = merge_job(layout, scale_json=True)
     assert (counts.total, counts.succeeded, counts.invalid) == (200, 64, 50)
     assert most == 3
+
+
+def test_error_lines_carry_the_input_line_past_blank_lines():
+    """Blank JSONL lines get no index, so the line number must come from validation."""
+    from llm_batch.validation import validate_batch
+
+    layout = new_layout()
+    body = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    source = b"\n".join([b'{"custom_id": "a", "body": ' + body + b"}", b"",
+                         b'{"custom_id": "b", "body": ' + body + b"}", b"not json",
+                         b'{"custom_id": "c", "body": ' + body + b"}"]) + b"\n"
+    storage.write_bytes(f"{layout.root}/input.jsonl", source)
+    validate_batch(f"{layout.root}/input.jsonl", fmt="jsonl", endpoint="/v1/chat/completions",
+                   layout=layout)
+    (plan,) = plan_shards(layout, 1)
+    with ResultsWriter.open(plan.results_uri) as writer:  # "a" fails in the engine, "c" never runs
+        writer.write(engine_error(BatchRequest(index=0, custom_id="a", body={})))
+    merge_job(layout)
+    lines = {e["custom_id"]: (e["line"], e["error"]["code"]) for e in jsonl(layout.errors_jsonl)}
+    assert lines["a"] == (1, "context_length_exceeded")
+    assert lines["b"][0] == 3  # index 1, line 3: the blank line 2 is skipped
+    assert lines[None] == (4, "invalid_json")
+    assert lines["c"] == (5, "not_run")

@@ -89,7 +89,8 @@ def test_validated_lines_are_batch_requests_in_order() -> None:
     assert (report.total, report.valid, report.invalid) == (50, 50, 0)
     assert [r["index"] for r in valid] == list(range(50))
     assert [r["custom_id"] for r in valid] == [f"r{i}" for i in range(50)]
-    assert set(valid[0]) == {"index", "custom_id", "body"}
+    assert set(valid[0]) == {"index", "custom_id", "body", "line"}
+    assert [r["line"] for r in valid] == list(range(1, 51))
     assert valid[7]["body"]["messages"][0]["content"] == "question 7"
     assert errors == []
 
