@@ -3,15 +3,21 @@
 ``airflow.api.common.trigger_dag.trigger_dag`` is not a public interface, so it is wrapped
 here and nowhere else. The run uses the request's metadata-DB session (Airflow's
 ``SessionDep``) and is committed before we answer, so a job that says it has a run has one.
+A busy metadata DB (SQLite's "database is locked" when many submit at once) is retried
+with jittered backoff; any other failure is final and becomes the job's reason.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from llm_batch_plugin.state import DAG_ID
+
+TRIGGER_ATTEMPTS = 8
 
 
 class TriggerError(RuntimeError):
@@ -23,8 +29,7 @@ def run_id_for(job_id: str) -> str:
     return f"llm_batch__{job_id}"
 
 
-def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
-    """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError."""
+def _trigger_once(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.exceptions import DagRunAlreadyExists
     from airflow.utils.types import DagRunTriggeredByType
@@ -43,9 +48,27 @@ def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session
     except DagRunAlreadyExists:
         session.rollback()
         return run_id_for(job_id)
-    except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
+    except Exception:
         session.rollback()
-        raise TriggerError(f"could not start DAG {DAG_ID!r}: {type(exc).__name__}: {exc}") from exc
+        raise
     if dag_run is None:
         raise TriggerError(f"DAG {DAG_ID!r} did not create a run")
     return dag_run.run_id
+
+
+def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
+    """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError."""
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(OperationalError),
+            stop=stop_after_attempt(TRIGGER_ATTEMPTS),
+            wait=wait_random_exponential(multiplier=0.05, max=2),
+            reraise=True,
+        ):
+            with attempt:
+                return _trigger_once(job_id, conf, user_name, session)
+    except TriggerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
+        raise TriggerError(f"could not start DAG {DAG_ID!r}: {type(exc).__name__}: {exc}") from exc
+    raise AssertionError("unreachable")  # Retrying either returns or raises
