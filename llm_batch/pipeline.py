@@ -615,7 +615,8 @@ def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
 # -- housekeeping -------------------------------------------------------------------------
 
 
-def _live_jobs(store: JobStore, **filters: Any) -> Iterator[Job]:
+def live_jobs(store: JobStore, **filters: Any) -> Iterator[Job]:
+    """Every job not yet terminal (paged through the store), oldest first."""
     live = [s for s in JobStatus if not s.terminal]
     while True:
         page, _ = store.list_jobs(statuses=live, order_by="created_at", limit=500, **filters)
@@ -631,7 +632,7 @@ def expire(store: JobStore, settings: Settings, now: datetime | None = None) -> 
     now = now or datetime.now(UTC)
     cutoff = now - timedelta(seconds=settings.cancel_grace_seconds)
     expired = []
-    for job in list(_live_jobs(store, expires_before=cutoff)):
+    for job in list(live_jobs(store, expires_before=cutoff)):
         store.transition(job.id, JobStatus.TIMEOUT_EXCEEDED, "expired: the job passed its expires_at")
         expired.append(job.id)
     return expired
@@ -641,7 +642,7 @@ def reconcile(store: JobStore, settings: Settings, run_states: dict[str, str]) -
     """Live jobs whose DAG run has ended (``run_states``: dag_run_id -> Airflow state) were
     not finalized (a killed run, a scheduler crash): merge what exists and finalize them."""
     reconciled = []
-    for job in list(_live_jobs(store)):
+    for job in list(live_jobs(store)):
         state = run_states.get(job.dag_run_id or "")
         if state not in ("success", "failed"):
             continue

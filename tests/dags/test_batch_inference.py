@@ -144,12 +144,13 @@ def test_success_with_bad_lines_two_shards(batch_dag, store, tiny_model_dir, llm
 
 
 def _worker_pids() -> list[int]:
+    """The worker processes the runner started (each leads its own process group)."""
     import psutil
 
     return [
         p.pid
         for p in psutil.Process().children(recursive=True)
-        if "llm_batch.cli" in " ".join(p.cmdline()) and "worker" in p.cmdline()
+        if "llm_batch.cli" in " ".join(p.cmdline()) and "worker" in p.cmdline() and os.getpgid(p.pid) == p.pid
     ]
 
 

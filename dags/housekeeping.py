@@ -1,0 +1,69 @@
+"""### llm_batch_housekeeping: keep the job store honest
+
+Every 10 minutes:
+- **expire**: live jobs past their `expires_at` become TIMEOUT_EXCEEDED (their workers stop
+  at the same deadline on their own; this catches runs that never got that far);
+- **reconcile**: live jobs whose `batch_inference` run has ended without finalizing (a
+  killed run, a lost scheduler) are merged and finalized, or failed with the reason;
+- **retention**: input, output and error files older than `LLM_BATCH_RETENTION_DAYS` are
+  deleted from storage and marked deleted in the store.
+
+The steps live in `llm_batch.pipeline`; run states come from Airflow's Execution API
+(task code never reads Airflow's metadata database).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, task
+
+from llm_batch import pipeline
+from llm_batch.config import get_settings
+
+SETTINGS = get_settings()
+BATCH_DAG_ID = "batch_inference"
+
+
+def _store():
+    from llm_batch.jobstore import get_job_store
+
+    return get_job_store(SETTINGS.database_url)
+
+
+with DAG(
+    dag_id="llm_batch_housekeeping",
+    description="Expire, reconcile and clean up llm-batch jobs and files",
+    schedule=timedelta(minutes=10),
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"owner": "llm-batch", "retries": 1, "retry_delay": timedelta(minutes=1)},
+    tags=["llm-batch"],
+    doc_md=__doc__,
+) as dag:
+
+    @task
+    def expire() -> list[str]:
+        return pipeline.expire(_store(), SETTINGS)
+
+    @task
+    def reconcile() -> list[str]:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        store = _store()
+        states = {}
+        for job in pipeline.live_jobs(store):
+            if job.dag_run_id:
+                try:
+                    state = RuntimeTaskInstance.get_dagrun_state(BATCH_DAG_ID, job.dag_run_id)
+                    states[job.dag_run_id] = getattr(state, "value", state)
+                except Exception:  # noqa: BLE001 - an unknown run is left for a later round
+                    continue
+        return pipeline.reconcile(store, SETTINGS, states)
+
+    @task
+    def retention() -> int:
+        return len(pipeline.delete_expired_files(_store(), SETTINGS))
+
+    expire() >> reconcile() >> retention()

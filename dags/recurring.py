@@ -1,0 +1,75 @@
+"""### recurring__<name>: one scheduled DAG per recurring batch spec
+
+Each YAML spec in the spec folder (`LLM_BATCH_RECURRING_SPECS`, default
+`dags/recurring_specs/`) becomes a DAG whose runs trigger `batch_inference` with the spec's
+input/output templates rendered for the run (see `llm_batch.recurring`).
+
+A spec that cannot be read stays visible as an import error of this file naming the spec
+and the reason (its stand-in DAG fails validation when Airflow bags it); the other specs'
+DAGs load as usual.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, time
+from pathlib import Path
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Asset
+
+from llm_batch.config import get_settings
+from llm_batch.recurring import DAG_ID_PREFIX, RecurringSpec, RecurringSpecError, load_spec, spec_files
+
+SPEC_FOLDER = get_settings().recurring_specs or Path(__file__).parent / "recurring_specs"
+
+
+class BrokenSpecDag(DAG):
+    """Stands for a spec that could not be loaded: Airflow validates every DAG before
+    bagging it, and this one's validation fails with the reason, which Airflow records
+    as an import error of this file, while the DAGs of good specs are bagged."""
+
+    def validate(self) -> None:
+        raise RecurringSpecError(self.description)
+
+
+def _dag_for(spec: RecurringSpec) -> DAG:
+    schedule = Asset(spec.schedule.asset) if not isinstance(spec.schedule, str) else spec.schedule
+    with DAG(
+        dag_id=spec.dag_id,
+        description=spec.description or f"recurring batch {spec.name}",
+        schedule=schedule,
+        start_date=datetime.combine(spec.start_date, time()),
+        catchup=False,
+        max_active_runs=1,
+        auto_register=False,  # only the specs that load are exported (globals below)
+        tags=["llm-batch", "recurring", *spec.tags],
+        doc_md=f"Recurring batch from spec `{spec.name}`: model `{spec.model}`, endpoint `{spec.endpoint.value}`.",
+    ) as dag:
+        TriggerDagRunOperator(
+            task_id="start_batch",
+            trigger_dag_id="batch_inference",
+            conf=spec.run_conf(),  # a template field: input/output render with this run's context
+            wait_for_completion=False,
+        )
+    return dag
+
+
+def _load_all(folder: Path) -> dict[str, DAG]:
+    dags: dict[str, DAG] = {}
+    broken: dict[str, str] = {}
+    for path in spec_files(folder):
+        try:
+            dag = _dag_for(load_spec(path))
+            dag.validate()  # e.g. a bad cron: name the spec instead of failing at bagging
+        except Exception as exc:  # noqa: BLE001 - any broken spec must not hide the others
+            broken[f"{DAG_ID_PREFIX}{path.stem}"] = str(exc) if isinstance(exc, RecurringSpecError) else f"{path.name}: {exc}"
+        else:
+            dags[dag.dag_id] = dag
+    # Airflow keeps one import error per file: each stand-in carries every broken spec's reason.
+    reasons = "broken recurring specs: " + " | ".join(broken.values())
+    for dag_id in broken:
+        dags[dag_id] = BrokenSpecDag(dag_id=dag_id, schedule=None, description=reasons)
+    return dags
+
+
+globals().update(_load_all(SPEC_FOLDER))
