@@ -2,9 +2,12 @@
 
 ``up`` migrates Airflow's DB, then starts api-server, scheduler, dag-processor and triggerer,
 each in its own process group with a pid file and a log under ``$LLM_BATCH_HOME/airflow``,
-and waits until the api-server answers its health check. ``down`` stops each group
-(SIGTERM, then SIGKILL after a grace), so nothing is orphaned: ``airflow standalone`` is not
-used because stopping it orphans its children (FACTS.md).
+waits until the api-server answers its health check and the batch DAG is parsed, then
+provisions what the DAG and the CLI need: the DAG unpaused, the Airflow pools it names
+(``pipeline.pool_specs``) and an admin API key for the CLI in ``$LLM_BATCH_HOME/api-key``
+(mode 0600). ``down`` stops each group (SIGTERM, then SIGKILL after a grace), so nothing is
+orphaned: ``airflow standalone`` is not used because stopping it orphans its children
+(FACTS.md).
 
 Only imported by the CLI; Airflow runs in child processes, never in this one.
 """
@@ -15,6 +18,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,10 +27,15 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from llm_batch.config import Settings, get_settings
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
+BATCH_DAG_ID = "batch_inference"
+# The file the CLI reads its API key from (beside the job store it is valid for).
+API_KEY_FILE = "api-key"
 
 
 class StackError(RuntimeError):
@@ -67,6 +76,14 @@ class Stack:
     def passwords_file(self) -> Path:
         return self.airflow_home / "passwords.json"
 
+    @property
+    def admin_user(self) -> str:
+        return ADMIN_USER
+
+    @property
+    def api_key_file(self) -> Path:
+        return self.settings.home / API_KEY_FILE
+
     def env(self) -> dict[str, str]:
         """Airflow configuration for every component (the same for all: they must agree)."""
         secret_file = self.airflow_home / "jwt_secret"
@@ -75,6 +92,8 @@ class Stack:
             secret_file.write_text(secrets.token_urlsafe(32))
             secret_file.chmod(0o600)
         env = dict(os.environ)
+        # vLLM-CPU refuses to start without a KV-cache size (FACTS.md); 2 GiB suits a laptop.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.update(
             {
                 "AIRFLOW_HOME": str(self.airflow_home),
@@ -93,9 +112,29 @@ class Stack:
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
                 "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
+                # A job submitted through the API must run, not wait for a click in the UI.
+                "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+                # The scheduler and triggerer serve task logs on these ports (8793/8794 by
+                # default): per-stack ports, so two stacks on one machine do not collide.
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_server_ports()[0]),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_server_ports()[1]),
             }
         )
         return env
+
+    def log_server_ports(self) -> tuple[int, int]:
+        """The (worker, triggerer) log-server ports: picked free once, then kept in the run
+        folder so every component (and a restarted one) agrees on them."""
+        ports_file = self.run_dir / "log-ports.json"
+        try:
+            worker, trigger = json.loads(ports_file.read_text())
+            return int(worker), int(trigger)
+        except (OSError, ValueError, TypeError):
+            pass
+        ports = (free_port(), free_port())
+        ports_file.parent.mkdir(parents=True, exist_ok=True)
+        ports_file.write_text(json.dumps(ports))
+        return ports
 
     def command(self, component: str) -> list[str]:
         airflow = [sys.executable, "-m", "airflow"]
@@ -125,6 +164,7 @@ class Stack:
         if all(self.running().values()):
             return
         self.down()  # a partial stack from an earlier crash: start clean
+        (self.run_dir / "log-ports.json").unlink(missing_ok=True)  # pick free ones again
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.admin_password()
@@ -137,7 +177,92 @@ class Stack:
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
             self.pid_file(component).write_text(str(proc.pid))
+        deadline = time.monotonic() + timeout
         self.wait_healthy(timeout)
+        self.provision(max(deadline - time.monotonic(), 30.0))
+
+    def start_component(self, component: str) -> int:
+        """(Re)start one component of a running stack (e.g. after a crash); returns its pid."""
+        pid = _read_pid(self.pid_file(component))
+        if pid and _alive(pid):
+            return pid
+        log = open(self.log_dir / f"{component}.log", "ab")  # noqa: SIM115 (owned by the child)
+        proc = subprocess.Popen(
+            self.command(component), env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        self.pid_file(component).write_text(str(proc.pid))
+        return proc.pid
+
+    def stop_component(self, component: str, grace: float = 20.0) -> None:
+        """Stop one component's process group (SIGTERM, SIGKILL after `grace`)."""
+        pid = _read_pid(self.pid_file(component))
+        if pid:
+            _stop_group(pid, grace)
+        self.pid_file(component).unlink(missing_ok=True)
+
+    # -- what the DAG and the CLI need once Airflow answers ------------------------------
+
+    def airflow_token(self) -> str:
+        """An Airflow access token of the admin user (``POST /auth/token``)."""
+        response = httpx.post(
+            f"{self.base_url}/auth/token",
+            json={"username": ADMIN_USER, "password": self.admin_password()},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return response.json()["access_token"]
+
+    def provision(self, timeout: float) -> None:
+        """Wait until the batch DAG is parsed, unpause it, make its pools and the CLI's key."""
+        with httpx.Client(
+            base_url=f"{self.base_url}/api/v2",
+            headers={"Authorization": f"Bearer {self.airflow_token()}"},
+            timeout=30,
+        ) as api:
+            self._wait_for_dag(api, timeout)
+            api.patch(f"/dags/{BATCH_DAG_ID}", json={"is_paused": False}).raise_for_status()
+            for pool in _pool_specs(self.settings):
+                body = {"name": pool.name, "slots": pool.slots, "description": pool.description,
+                        "include_deferred": False}
+                created = api.post("/pools", json=body)
+                if created.status_code == 409:  # kept from an earlier `up`: apply the settings
+                    api.patch(f"/pools/{pool.name}", json=body).raise_for_status()
+                else:
+                    created.raise_for_status()
+        self.ensure_api_key()
+
+    def _wait_for_dag(self, api: httpx.Client, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if api.get(f"/dags/{BATCH_DAG_ID}").status_code == 200:
+                return
+            time.sleep(1)
+        raise StackError(
+            f"the DAG {BATCH_DAG_ID} was not parsed within {timeout:.0f}s; "
+            f"see {self.log_dir}/dag-processor.log and {self.log_dir}/dag_processor/"
+        )
+
+    def ensure_api_key(self) -> str:
+        """The CLI's admin API key: the stored one if the job store still accepts it, else a
+        new one, written to ``api_key_file`` with mode 0600."""
+        from llm_batch.jobstore import get_job_store
+
+        store = get_job_store(self.settings.database_url)
+        try:
+            stored = self.api_key_file.read_text().strip()
+        except OSError:
+            stored = ""
+        if stored and store.authenticate_api_key(stored):
+            return stored
+        _, plaintext = store.create_api_key(ADMIN_USER, "llm-batch CLI (made by llm-batch up)", is_admin=True)
+        tmp = self.api_key_file.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(plaintext + "\n")
+        os.replace(tmp, self.api_key_file)
+        return plaintext
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -174,6 +299,28 @@ class Stack:
             if pid:
                 _signal_group(pid, signal.SIGKILL)
             self.pid_file(component).unlink(missing_ok=True)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _pool_specs(settings: Settings):
+    # pipeline is importable without Airflow; imported late to keep `llm-batch status` quick.
+    from llm_batch.pipeline import pool_specs
+
+    return pool_specs(settings)
+
+
+def _stop_group(pid: int, grace: float) -> None:
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _signal_group(pid, signal.SIGKILL)
 
 
 def _run_logged(cmd: list[str], env: dict[str, str], log: Path) -> None:

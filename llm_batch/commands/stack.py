@@ -7,28 +7,35 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    up = subparsers.add_parser("up", help="start the embedded Airflow stack and wait until healthy")
+    up = subparsers.add_parser(
+        "up", help="start the embedded Airflow stack, wait until healthy, make the CLI's API key"
+    )
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health")
     up.set_defaults(func=_up)
     down = subparsers.add_parser("down", help="stop the embedded stack")
     down.set_defaults(func=_down)
-    status = subparsers.add_parser("status", help="show which stack components run")
+    status = subparsers.add_parser("status", help="show which stack components run (exit 3 if any is stopped)")
     status.set_defaults(func=_status)
 
 
 def _up(args: argparse.Namespace) -> int:
+    import httpx
+
     from llm_batch.stack import Stack, StackError
 
     stack = Stack.from_env()
     print(f"starting the embedded stack (logs in {stack.log_dir}) ...", file=sys.stderr)
     try:
         stack.up(timeout=args.timeout)
-    except StackError as exc:
+    except (StackError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        print("the components that did start keep running; stop them with: llm-batch down", file=sys.stderr)
         return 1
-    print(f"Airflow UI and API: {stack.base_url}  (user admin, password {stack.admin_password()})")
+    print(f"Airflow UI and API: {stack.base_url}  (user {stack.admin_user}, password {stack.admin_password()})")
     print(f"Batch API:          {stack.base_url}/batch  (docs: {stack.base_url}/batch/docs)")
-    print("API key for SDKs:   llm-batch api-key create --owner admin --admin")
+    print(f"CLI API key:        {stack.api_key_file} (admin; llm-batch submit/jobs/... use it)")
+    print("API key for SDKs:   llm-batch api-key create <user>   (add --admin to see every job)")
+    print("Stop:               llm-batch down")
     return 0
 
 
@@ -42,7 +49,10 @@ def _down(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from llm_batch.stack import Stack
 
-    state = Stack.from_env().running()
+    stack = Stack.from_env()
+    state = stack.running()
     for component, pid in state.items():
         print(f"{component:14} {'running (pid %d)' % pid if pid else 'stopped'}")
+    if all(state.values()):
+        print(f"URL: {stack.base_url}")
     return 0 if all(state.values()) else 3
