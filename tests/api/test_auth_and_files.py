@@ -119,3 +119,33 @@ def test_upload_too_large_is_413_with_the_limit(client, creds, batch_api, monkey
     response = upload(client, creds.key("alice"), chat_lines(5))
     assert response.status_code == 413
     assert "100 bytes" in response.json()["error"]["message"]
+
+
+def test_admin_sees_every_users_jobs_others_only_their_own(client, creds):
+    body = {"requests": [{"body": {"messages": [{"role": "user", "content": "hi"}]}}], "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"}
+    mine = client.post("/v1/batch/jobs", headers=creds.key("alice"), json=body).json()["id"]
+    for headers in (creds.key("admin-key"), creds.jwt("root")):
+        assert client.get(f"/v1/batch/jobs/{mine}", headers=headers).status_code == 200
+        seen = client.get("/v1/batch/jobs", headers=headers, params={"page_size": 1000}).json()["data"]
+        assert mine in [j["id"] for j in seen]
+    theirs = client.get("/v1/batch/jobs", headers=creds.key("bob"), params={"page_size": 1000}).json()["data"]
+    assert mine not in [j["id"] for j in theirs]
+
+
+def test_json_body_over_the_limit_is_413(api_store, auth_manager, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from llm_batch_plugin import app as app_module
+
+    monkeypatch.setattr(app_module, "MAX_JSON_BODY_BYTES", 1000)
+    small = app_module.create_app(store=api_store)
+    small.state.auth_manager = auth_manager
+    with TestClient(small) as test_client:
+        response = test_client.post("/v1/batch/jobs", content=b"{" + b" " * 2000 + b"}", headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert "1000 bytes" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path, params", [("/v1/batches", {"limit": 101}), ("/v1/batch/jobs", {"page_size": 1001}), ("/v1/files", {"limit": 1001})])
+def test_page_sizes_are_capped(client, creds, path, params):
+    assert client.get(path, headers=creds.key("alice"), params=params).status_code == 422

@@ -68,6 +68,9 @@ def test_mistral_sdk_flow(live_server, creds, api_store):
 
     listed = client.batch.jobs.list(status=["SUCCESS"], page_size=50)
     assert job.id in [j.id for j in listed.data] and listed.total >= 1
+    by_metadata = client.batch.jobs.list(metadata={"team": "m"}, created_by_me=True)  # sent as ?team=m
+    assert [j.id for j in by_metadata.data] == [job.id]
+    assert client.batch.jobs.list(metadata={"team": "nobody"}).total == 0
     inline = client.batch.jobs.create(requests=[{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}],
                                       endpoint="/v1/chat/completions", model="tiny-random-llama")
     assert client.batch.jobs.cancel(job_id=inline.id).status == "CANCELLATION_REQUESTED"

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from airflow.api_fastapi.common.db.common import SessionDep
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 
 from llm_batch import storage
 from llm_batch.jobs import MISTRAL_STATUS, JobStatus
@@ -68,6 +68,16 @@ def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:
     return results
 
 
+_LIST_PARAMS = frozenset(
+    {"page", "page_size", "model", "agent_id", "metadata", "created_after", "created_by_me", "status", "order_by"}
+)
+
+
+def _exploded_metadata(request: Request) -> dict[str, str]:
+    """Mistral's metadata filter arrives form-exploded: every unknown query parameter."""
+    return {key: value for key, value in request.query_params.items() if key not in _LIST_PARAMS}
+
+
 @router.post("", response_model=BatchJobOut, summary="Create a batch job")
 def create_batch_job(
     body: Annotated[CreateBatchJobRequest, Body()],
@@ -104,25 +114,37 @@ def create_batch_job(
 
 @router.get("", response_model=BatchJobList, summary="List batch jobs")
 def list_batch_jobs(
+    request: Request,
     caller: CallerDep,
     store: StoreDep,
     page: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     page_size: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 100,
     model: Annotated[str | None, Query(max_length=256)] = None,
-    metadata: Annotated[str | None, Query(max_length=4096, description='JSON object, e.g. {"team": "a"}')] = None,
+    agent_id: Annotated[str | None, Query(max_length=256, description="No job here runs an agent")] = None,
+    metadata: Annotated[
+        str | None,
+        Query(
+            max_length=4096,
+            description='Jobs whose metadata has these pairs: a JSON object (e.g. {"team": "a"}), or, as the '
+            "Mistral SDK sends it (form style, exploded), any other query parameter such as team=a",
+        ),
+    ] = None,
     created_after: datetime | None = None,
     created_by_me: bool = False,
     status: Annotated[list[MistralStatus] | None, Query()] = None,
     order_by: Literal["created", "-created"] = "-created",
 ) -> BatchJobList:
-    wanted_metadata = None
+    wanted_metadata = _exploded_metadata(request)
     if metadata:
         try:
-            wanted_metadata = orjson.loads(metadata)
+            given = orjson.loads(metadata)
         except orjson.JSONDecodeError as exc:
             raise ApiError(400, f"metadata must be a JSON object: {exc}", param="metadata") from None
-        if not isinstance(wanted_metadata, dict):
+        if not isinstance(given, dict):
             raise ApiError(400, "metadata must be a JSON object", param="metadata")
+        wanted_metadata.update(given)
+    if agent_id is not None:
+        return BatchJobList(data=[], total=0)
     if created_after is not None and created_after.tzinfo is None:
         created_after = created_after.astimezone()
     jobs, total = store.list_jobs(
