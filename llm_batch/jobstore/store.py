@@ -1,7 +1,8 @@
 """JobStore: the repository of jobs, file objects and API keys.
 
 Every public method is one transaction and returns snapshots (``snapshots.Job`` etc.),
-never live ORM objects. Getters return None for an unknown (or not-owned) id; mutators
+never live ORM objects. Statements are SQLAlchemy Core on the models' tables: a snapshot's
+fields are exactly its table's column names, so a result row becomes a snapshot directly. Getters return None for an unknown (or not-owned) id; mutators
 raise ``JobNotFound`` / ``FileNotFound`` / ``ApiKeyNotFound``. ``owner=None`` means "any
 owner" (admins, the DAG); a given owner restricts the call to that owner's rows, so
 someone else's id looks exactly like a missing one.
@@ -25,17 +26,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlalchemy import Column, Connection, Engine, Row, Table, and_, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.endpoints import parse_endpoint
 from llm_batch.jobs import JobStatus, check_transition
 from llm_batch.jobstore.database import WRITE, make_engine, upgrade_to_head
-from llm_batch.jobstore.models import ApiKeyRow, Base, FileRow, JobRow
+from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow
 from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job
 
 MAX_PAGE_SIZE = 1000
@@ -107,27 +107,25 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-_Snapshot = TypeVar("_Snapshot")
+JOBS: Table = JobRow.__table__
+FILES: Table = FileRow.__table__
+API_KEYS: Table = ApiKeyRow.__table__
+# The columns a snapshot is made of (an API key's sha256 never leaves the store).
+_API_KEY_COLUMNS = [API_KEYS.c[f.name] for f in dataclasses.fields(ApiKey)]
 
 
-def _snapshot(cls: type[_Snapshot], row: Base, renames: Mapping[str, str] | None = None) -> _Snapshot:
-    """The dataclass `cls` filled from the row's attributes of the same name (or renamed)."""
-    renames = renames or {}
-    values = {f.name: getattr(row, renames.get(f.name, f.name)) for f in dataclasses.fields(cls)}
-    return cls(**values)
+def _job(row: Row) -> Job:
+    values = row._asdict()
+    values["status"] = JobStatus(values["status"])
+    return Job(**values)
 
 
-def _job(row: JobRow) -> Job:
-    job = _snapshot(Job, row, {"metadata": "metadata_"})
-    return dataclasses.replace(job, status=JobStatus(row.status))
+def _file(row: Row) -> FileObject:
+    return FileObject(**row._asdict())
 
 
-def _file(row: FileRow) -> FileObject:
-    return _snapshot(FileObject, row)
-
-
-def _api_key(row: ApiKeyRow) -> ApiKey:
-    return _snapshot(ApiKey, row)
+def _api_key(row: Row) -> ApiKey:
+    return ApiKey(**row._asdict())
 
 
 def _require_aware(**values: datetime | None) -> None:
@@ -144,24 +142,52 @@ def _check_page(limit: int, offset: int) -> None:
         raise ValueError(f"offset must be >= 0, got {offset}")
 
 
-def _order(model: type[Base], order_by: str, allowed: set[str]) -> tuple[Any, bool]:
+def _order(table: Table, order_by: str, allowed: set[str]) -> tuple[Column[Any], bool]:
     """The column and direction (descending?) named by ``[-]column``."""
     descending = order_by.startswith("-")
     name = order_by.lstrip("-+")
     if name not in allowed:
         raise ValueError(f"cannot order by {order_by!r}; use one of {sorted(allowed)} (prefix - for descending)")
-    return getattr(model, name), descending
+    return table.c[name], descending
 
 
-def _after(model: type[Base], column: Any, descending: bool, cursor: Base) -> ColumnElement[bool]:
-    """Rows strictly after `cursor` in (column, id) order: keyset pagination."""
-    value, cursor_id = getattr(cursor, column.key), cursor.id
-    if descending:
-        return or_(column < value, and_(column == value, model.id < cursor_id))
-    return or_(column > value, and_(column == value, model.id > cursor_id))
+def _page(
+    connection: Connection,
+    table: Table,
+    columns: Iterable[Column[Any]],
+    filters: list[ColumnElement[bool]],
+    order: tuple[Column[Any], bool],
+    limit: int,
+    offset: int,
+    after: str | None,
+) -> tuple[list[Row], int]:
+    """One page of rows in (column, id) order and the count of all rows matching `filters`.
+
+    ``after`` is keyset pagination: rows strictly after that row in this order.
+    """
+    column, descending = order
+    total = connection.scalar(select(func.count()).select_from(table).where(*filters)) or 0
+    query = select(*columns).where(*filters)
+    if after is not None:
+        cursor = connection.execute(select(column, table.c.id).where(table.c.id == after)).one_or_none()
+        if cursor is None:
+            raise InvalidCursor(f"after={after!r} names no {table.name} row")
+        value, cursor_id = cursor
+        if descending:
+            query = query.where(or_(column < value, and_(column == value, table.c.id < cursor_id)))
+        else:
+            query = query.where(or_(column > value, and_(column == value, table.c.id > cursor_id)))
+    ordering = (column.desc(), table.c.id.desc()) if descending else (column.asc(), table.c.id.asc())
+    rows = connection.execute(query.order_by(*ordering).limit(limit).offset(offset)).all()
+    return list(rows), total
 
 
-def _entering(row: JobRow, status: JobStatus, reason: str | None) -> dict[str, Any]:
+def _owned(table: Table, row_id: str, owner: str | None) -> list[ColumnElement[bool]]:
+    """WHERE clauses: this id, and this owner's if one is given."""
+    return [table.c.id == row_id, *([table.c.owner == owner] if owner is not None else [])]
+
+
+def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]:
     """The column values of moving `row` into `status`: the status, its still-unset
     timestamps, and the reason if one is given."""
     now = utcnow()
@@ -182,7 +208,7 @@ class JobStore:
     def __init__(self, url: str):
         self.url = url
         self._engine: Engine | None = None
-        self._sessions: dict[bool, sessionmaker[Session]] = {}
+        self._writer: Engine | None = None
         self._lock = threading.Lock()
         _live_stores.add(self)
 
@@ -195,10 +221,7 @@ class JobStore:
                 if self._engine is None:
                     engine = make_engine(self.url)
                     upgrade_to_head(engine)
-                    self._sessions = {
-                        False: sessionmaker(engine, expire_on_commit=False),
-                        True: sessionmaker(engine.execution_options(**{WRITE: True}), expire_on_commit=False),
-                    }
+                    self._writer = engine.execution_options(**{WRITE: True})
                     self._engine = engine
         return self._engine
 
@@ -208,49 +231,49 @@ class JobStore:
             self._engine.dispose()
 
     @contextmanager
-    def _transaction(self, write: bool) -> Iterator[Session]:
-        self.engine  # noqa: B018 - opens and migrates on first use
-        with self._sessions[write].begin() as session:
-            yield session
-
-    def _job_row(self, session: Session, job_id: str, owner: str | None = None) -> JobRow:
-        row = session.get(JobRow, job_id, populate_existing=True)
-        if row is None or (owner is not None and row.owner != owner):
-            raise JobNotFound(f"no job {job_id!r}")
-        return row
+    def _transaction(self, write: bool) -> Iterator[Connection]:
+        engine = self.engine
+        with (self._writer if write else engine).begin() as connection:
+            yield connection
 
     def _compare_and_set(
-        self, job_id: str, changes: Callable[[JobRow], dict[str, Any] | None], owner: str | None = None
+        self, job_id: str, changes: Callable[[Row], dict[str, Any] | None], owner: str | None = None
     ) -> Job:
         """Apply ``changes(row)`` (None = nothing to do) only if the status is still the one
         it was computed from; re-read and recompute when another writer moved it first."""
         for _ in range(_CAS_ATTEMPTS):
-            with self._transaction(write=True) as session:
-                row = self._job_row(session, job_id, owner)
+            with self._transaction(write=True) as connection:
+                row = connection.execute(select(JOBS).where(*_owned(JOBS, job_id, owner))).one_or_none()
+                if row is None:
+                    raise JobNotFound(f"no job {job_id!r}")
                 values = changes(row)
                 if values is None:
                     return _job(row)
-                result = session.execute(
-                    update(JobRow)
-                    .where(JobRow.id == job_id, JobRow.status == row.status)
+                updated = connection.execute(
+                    update(JOBS)
+                    .where(JOBS.c.id == job_id, JOBS.c.status == row.status)
                     .values(**values, updated_at=utcnow())
-                    .execution_options(synchronize_session=False)
-                )
-                if result.rowcount == 1:
-                    return _job(self._job_row(session, job_id))
+                    .returning(*JOBS.c)
+                ).one_or_none()
+                if updated is not None:
+                    return _job(updated)
         raise ConcurrentUpdate(f"job {job_id!r}: status kept changing under {_CAS_ATTEMPTS} attempts")
 
     def _update_job(self, job_id: str, owner: str | None = None, **values: Any) -> Job:
-        with self._transaction(write=True) as session:
-            result = session.execute(
-                update(JobRow)
-                .where(JobRow.id == job_id, *([JobRow.owner == owner] if owner is not None else []))
-                .values(**values, updated_at=utcnow())
-                .execution_options(synchronize_session=False)
-            )
-            if result.rowcount != 1:
+        with self._transaction(write=True) as connection:
+            updated = connection.execute(
+                update(JOBS).where(*_owned(JOBS, job_id, owner)).values(**values, updated_at=utcnow()).returning(*JOBS.c)
+            ).one_or_none()
+            if updated is None:
                 raise JobNotFound(f"no job {job_id!r}")
-            return _job(self._job_row(session, job_id))
+            return _job(updated)
+
+    def _insert(self, table: Table, values: dict[str, Any], columns: Iterable[Column[Any]]) -> Row:
+        try:
+            with self._transaction(write=True) as connection:
+                return connection.execute(insert(table).values(**values).returning(*columns)).one()
+        except IntegrityError as exc:
+            raise DuplicateId(f"{table.name}: id {values['id']!r} exists already") from exc
 
     # -- jobs -------------------------------------------------------------------------
 
@@ -294,7 +317,7 @@ class JobStore:
         created_at = created_at or utcnow()
         if expires_at is None and max_runtime_sec is not None:
             expires_at = created_at + timedelta(seconds=max_runtime_sec)
-        row = JobRow(
+        values = dict(
             id=id or new_job_id(),
             dialect=dialect,
             endpoint=endpoint,
@@ -305,7 +328,7 @@ class JobStore:
             model_config=model_config or {},
             output_uri=output_uri,
             scale_output_uri=scale_output_uri,
-            metadata_=metadata or {},
+            metadata=metadata or {},
             labels=labels or {},
             priority=priority,
             data_parallelism=data_parallelism,
@@ -322,21 +345,13 @@ class JobStore:
             succeeded=0,
             failed=0,
         )
-        try:
-            with self._transaction(write=True) as session:
-                session.add(row)
-                session.flush()
-                return _job(row)
-        except IntegrityError as exc:
-            raise DuplicateId(f"a job with id {row.id!r} exists already") from exc
+        return _job(self._insert(JOBS, values, JOBS.c))
 
     def get_job(self, job_id: str, owner: str | None = None) -> Job | None:
         """The job, or None if it does not exist or belongs to another owner."""
-        with self._transaction(write=False) as session:
-            row = session.get(JobRow, job_id)
-            if row is None or (owner is not None and row.owner != owner):
-                return None
-            return _job(row)
+        with self._transaction(write=False) as connection:
+            row = connection.execute(select(JOBS).where(*_owned(JOBS, job_id, owner))).one_or_none()
+            return _job(row) if row is not None else None
 
     def list_jobs(
         self,
@@ -362,33 +377,25 @@ class JobStore:
         """
         _check_page(limit, offset)
         _require_aware(created_after=created_after, expires_before=expires_before)
-        column, descending = _order(JobRow, order_by, _JOB_ORDER_COLUMNS)
+        order = _order(JOBS, order_by, _JOB_ORDER_COLUMNS)
+        c = JOBS.c
         filters: list[ColumnElement[bool]] = []
         if owner is not None:
-            filters.append(JobRow.owner == owner)
+            filters.append(c.owner == owner)
         if statuses is not None:
-            filters.append(JobRow.status.in_([JobStatus(s).value for s in statuses]))
+            filters.append(c.status.in_([JobStatus(s).value for s in statuses]))
         if model is not None:
-            filters.append(JobRow.model == model)
+            filters.append(c.model == model)
         if dialect is not None:
-            filters.append(JobRow.dialect == dialect)
+            filters.append(c.dialect == dialect)
         if created_after is not None:
-            filters.append(JobRow.created_at > created_after)
+            filters.append(c.created_at > created_after)
         if expires_before is not None:
-            filters.append(JobRow.expires_at < expires_before)
+            filters.append(c.expires_at < expires_before)
         for key, value in (metadata or {}).items():
-            filters.append(JobRow.metadata_[key].as_string() == str(value))
-
-        with self._transaction(write=False) as session:
-            total = session.scalar(select(func.count()).select_from(JobRow).where(*filters)) or 0
-            page = select(JobRow).where(*filters)
-            if after is not None:
-                cursor = session.get(JobRow, after)
-                if cursor is None:
-                    raise InvalidCursor(f"after={after!r} names no job")
-                page = page.where(_after(JobRow, column, descending, cursor))
-            ordering = (column.desc(), JobRow.id.desc()) if descending else (column.asc(), JobRow.id.asc())
-            rows = session.scalars(page.order_by(*ordering).limit(limit).offset(offset)).all()
+            filters.append(c.metadata[key].as_string() == str(value))
+        with self._transaction(write=False) as connection:
+            rows, total = _page(connection, JOBS, JOBS.c, filters, order, limit, offset, after)
             return [_job(r) for r in rows], total
 
     def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job:
@@ -400,7 +407,7 @@ class JobStore:
         """
         new = JobStatus(new_status)
 
-        def changes(row: JobRow) -> dict[str, Any] | None:
+        def changes(row: Row) -> dict[str, Any] | None:
             current = JobStatus(row.status)
             check_transition(current, new)
             if current == new:
@@ -417,7 +424,7 @@ class JobStore:
         if not final.terminal:
             raise ValueError(f"end_job needs a terminal status, got {final}")
 
-        def changes(row: JobRow) -> dict[str, Any] | None:
+        def changes(row: Row) -> dict[str, Any] | None:
             if JobStatus(row.status).terminal:
                 return None
             return _entering(row, final, reason)
@@ -431,7 +438,7 @@ class JobStore:
         and never rewrites how a job ended). Workers notice through is_cancel_requested.
         """
 
-        def changes(row: JobRow) -> dict[str, Any] | None:
+        def changes(row: Row) -> dict[str, Any] | None:
             current = JobStatus(row.status)
             if current.terminal or current == JobStatus.CANCELLING:
                 return None
@@ -441,8 +448,8 @@ class JobStore:
 
     def is_cancel_requested(self, job_id: str) -> bool:
         """Whether a cancel was asked for (workers poll this at their checkpoints)."""
-        with self._transaction(write=False) as session:
-            found = session.execute(select(JobRow.cancel_requested_at).where(JobRow.id == job_id)).one_or_none()
+        with self._transaction(write=False) as connection:
+            found = connection.execute(select(JOBS.c.cancel_requested_at).where(JOBS.c.id == job_id)).one_or_none()
             if found is None:
                 raise JobNotFound(f"no job {job_id!r}")
             return found.cancel_requested_at is not None
@@ -469,8 +476,7 @@ class JobStore:
         """Add to the counters atomically in SQL (``completed = completed + n``): safe when
         many workers report at once."""
         deltas = dict(zip(_COUNTERS, (total, completed, succeeded, failed)))
-        values = {name: getattr(JobRow, name) + delta for name, delta in deltas.items() if delta}
-        return self._update_job(job_id, **values)
+        return self._update_job(job_id, **{name: JOBS.c[name] + delta for name, delta in deltas.items() if delta})
 
     def set_outputs(
         self,
@@ -520,7 +526,7 @@ class JobStore:
         if bytes < 0:
             raise ValueError(f"bytes must be >= 0, got {bytes}")
         _require_aware(expires_at=expires_at)
-        row = FileRow(
+        values = dict(
             id=id or new_file_id(),
             owner=owner,
             purpose=purpose,
@@ -531,24 +537,18 @@ class JobStore:
             job_id=job_id,
             created_at=utcnow(),
             expires_at=expires_at,
+            deleted_at=None,
         )
-        try:
-            with self._transaction(write=True) as session:
-                session.add(row)
-                session.flush()
-                return _file(row)
-        except IntegrityError as exc:
-            raise DuplicateId(f"a file with id {row.id!r} exists already") from exc
+        return _file(self._insert(FILES, values, FILES.c))
 
     def get_file(self, file_id: str, owner: str | None = None, include_deleted: bool = False) -> FileObject | None:
         """The file object, or None if unknown, someone else's, or deleted (unless asked)."""
-        with self._transaction(write=False) as session:
-            row = session.get(FileRow, file_id)
-            if row is None or (owner is not None and row.owner != owner):
-                return None
-            if row.deleted_at is not None and not include_deleted:
-                return None
-            return _file(row)
+        filters = _owned(FILES, file_id, owner)
+        if not include_deleted:
+            filters.append(FILES.c.deleted_at.is_(None))
+        with self._transaction(write=False) as connection:
+            row = connection.execute(select(FILES).where(*filters)).one_or_none()
+            return _file(row) if row is not None else None
 
     def list_files(
         self,
@@ -566,36 +566,26 @@ class JobStore:
         """One page of file objects and the total matching (same paging rules as list_jobs)."""
         _check_page(limit, offset)
         _require_aware(created_before=created_before)
-        column, descending = _order(FileRow, order_by, _FILE_ORDER_COLUMNS)
-        filters: list[ColumnElement[bool]] = []
-        for attribute, value in (("owner", owner), ("purpose", purpose), ("kind", kind), ("job_id", job_id)):
-            if value is not None:
-                filters.append(getattr(FileRow, attribute) == value)
+        order = _order(FILES, order_by, _FILE_ORDER_COLUMNS)
+        given = {"owner": owner, "purpose": purpose, "kind": kind, "job_id": job_id}
+        filters = [FILES.c[name] == value for name, value in given.items() if value is not None]
         if created_before is not None:
-            filters.append(FileRow.created_at < created_before)
+            filters.append(FILES.c.created_at < created_before)
         if not include_deleted:
-            filters.append(FileRow.deleted_at.is_(None))
-        with self._transaction(write=False) as session:
-            total = session.scalar(select(func.count()).select_from(FileRow).where(*filters)) or 0
-            page = select(FileRow).where(*filters)
-            if after is not None:
-                cursor = session.get(FileRow, after)
-                if cursor is None:
-                    raise InvalidCursor(f"after={after!r} names no file")
-                page = page.where(_after(FileRow, column, descending, cursor))
-            ordering = (column.desc(), FileRow.id.desc()) if descending else (column.asc(), FileRow.id.asc())
-            rows = session.scalars(page.order_by(*ordering).limit(limit).offset(offset)).all()
+            filters.append(FILES.c.deleted_at.is_(None))
+        with self._transaction(write=False) as connection:
+            rows, total = _page(connection, FILES, FILES.c, filters, order, limit, offset, after)
             return [_file(r) for r in rows], total
 
     def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject:
         """Set deleted_at (once; repeating is harmless). The content is the caller's to delete."""
-        with self._transaction(write=True) as session:
-            row = session.get(FileRow, file_id)
-            if row is None or (owner is not None and row.owner != owner):
+        with self._transaction(write=True) as connection:
+            connection.execute(
+                update(FILES).where(*_owned(FILES, file_id, owner), FILES.c.deleted_at.is_(None)).values(deleted_at=utcnow())
+            )
+            row = connection.execute(select(FILES).where(*_owned(FILES, file_id, owner))).one_or_none()
+            if row is None:
                 raise FileNotFound(f"no file {file_id!r}")
-            if row.deleted_at is None:
-                row.deleted_at = utcnow()
-                session.flush()
             return _file(row)
 
     # -- API keys ---------------------------------------------------------------------
@@ -604,7 +594,7 @@ class JobStore:
         """A new key for `owner`: its record and the plaintext, which is not kept anywhere
         (only its sha256): show it once."""
         plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
-        row = ApiKeyRow(
+        values = dict(
             id=f"key_{uuid.uuid4().hex}",
             owner=owner,
             name=name,
@@ -612,25 +602,21 @@ class JobStore:
             sha256=_sha256(plaintext),
             is_admin=is_admin,
             created_at=utcnow(),
+            revoked_at=None,
         )
-        with self._transaction(write=True) as session:
-            session.add(row)
-            session.flush()
-            return _api_key(row), plaintext
+        return _api_key(self._insert(API_KEYS, values, _API_KEY_COLUMNS)), plaintext
 
     def identify_api_key(self, plaintext: str) -> ApiKey | None:
         """The live (not revoked) key whose secret is `plaintext`, else None.
         Hashes are compared in constant time."""
         digest = _sha256(plaintext)
-        with self._transaction(write=False) as session:
-            candidates = session.scalars(
-                select(ApiKeyRow).where(
-                    ApiKeyRow.prefix == plaintext[:_API_KEY_LOOKUP_CHARS], ApiKeyRow.revoked_at.is_(None)
-                )
-            ).all()
-            for row in candidates:
+        query = select(*_API_KEY_COLUMNS, API_KEYS.c.sha256).where(
+            API_KEYS.c.prefix == plaintext[:_API_KEY_LOOKUP_CHARS], API_KEYS.c.revoked_at.is_(None)
+        )
+        with self._transaction(write=False) as connection:
+            for row in connection.execute(query).all():
                 if hmac.compare_digest(row.sha256, digest):
-                    return _api_key(row)
+                    return ApiKey(**{name: value for name, value in row._asdict().items() if name != "sha256"})
             return None
 
     def authenticate_api_key(self, plaintext: str) -> str | None:
@@ -640,21 +626,23 @@ class JobStore:
 
     def revoke_api_key(self, key_id: str, owner: str | None = None) -> ApiKey:
         """Revoke the key (once; repeating is harmless); it no longer authenticates."""
-        with self._transaction(write=True) as session:
-            row = session.get(ApiKeyRow, key_id)
-            if row is None or (owner is not None and row.owner != owner):
+        with self._transaction(write=True) as connection:
+            connection.execute(
+                update(API_KEYS)
+                .where(*_owned(API_KEYS, key_id, owner), API_KEYS.c.revoked_at.is_(None))
+                .values(revoked_at=utcnow())
+            )
+            row = connection.execute(select(*_API_KEY_COLUMNS).where(*_owned(API_KEYS, key_id, owner))).one_or_none()
+            if row is None:
                 raise ApiKeyNotFound(f"no API key {key_id!r}")
-            if row.revoked_at is None:
-                row.revoked_at = utcnow()
-                session.flush()
             return _api_key(row)
 
     def list_api_keys(self, owner: str | None = None, include_revoked: bool = False) -> list[ApiKey]:
-        filters = [ApiKeyRow.owner == owner] if owner is not None else []
+        filters = [API_KEYS.c.owner == owner] if owner is not None else []
         if not include_revoked:
-            filters.append(ApiKeyRow.revoked_at.is_(None))
-        with self._transaction(write=False) as session:
-            rows = session.scalars(select(ApiKeyRow).where(*filters).order_by(ApiKeyRow.created_at)).all()
+            filters.append(API_KEYS.c.revoked_at.is_(None))
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(select(*_API_KEY_COLUMNS).where(*filters).order_by(API_KEYS.c.created_at))
             return [_api_key(r) for r in rows]
 
 

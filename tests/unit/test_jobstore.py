@@ -71,6 +71,19 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
         engine.dispose()
 
 
+def test_snapshots_mirror_their_tables():
+    """The store builds snapshots straight from rows: their fields must be the columns."""
+    from llm_batch.jobstore import ApiKey, FileObject, Job
+    from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow
+
+    def fields(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    assert fields(Job) == set(JobRow.__table__.c.keys())
+    assert fields(FileObject) == set(FileRow.__table__.c.keys())
+    assert fields(ApiKey) == set(ApiKeyRow.__table__.c.keys()) - {"sha256"}
+
+
 # -- create / get -------------------------------------------------------------------------
 
 
