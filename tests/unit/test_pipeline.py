@@ -1,0 +1,293 @@
+"""The pipeline steps without Airflow: a real SQLite job store and local storage; shard
+results are written with the real results writer in place of a worker (the worker itself
+runs in tests/dags). Checks status moves, counts, outputs, ids and reasons."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+
+from llm_batch import exit_codes, pipeline, storage
+from llm_batch.config import Settings
+from llm_batch.jobs import JobStatus
+from llm_batch.jobstore import JobStore, utcnow
+from llm_batch.progress import ShardProgress
+from llm_batch.records import ResultRecord
+from llm_batch.results import ResultsWriter
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    yield store
+    store.close()
+
+
+def _chat(i: int) -> bytes:
+    return orjson.dumps({"custom_id": f"req-{i}", "body": {"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 4}})
+
+
+def _input(settings: Settings, lines: list[bytes]) -> str:
+    path = settings.home / f"input-{uuid.uuid4().hex[:8]}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return str(path)
+
+
+def _conf(settings: Settings, n: int = 6, bad: tuple[int, ...] = (), **extra) -> dict:
+    lines = [b"{broken" if i in bad else _chat(i) for i in range(n)]
+    return {"input_uri": _input(settings, lines), "model": "tiny-random-llama", **extra}
+
+
+def _run_worker(task: dict, finish: int | None = None) -> None:
+    """Stand-in for a worker: results for the first `finish` requests of the shard."""
+    shard = pipeline.ShardTask.model_validate(task)
+    requests = [orjson.loads(line) for line in storage.read_bytes(shard.requests_uri).splitlines()]
+    with ResultsWriter.open(shard.results_uri) as writer:
+        for request in requests[:finish]:
+            writer.write(ResultRecord(index=request["index"], custom_id=request["custom_id"], status_code=200,
+                                      body={"object": "chat.completion"}))
+    done = len(requests[:finish])
+    storage.write_bytes(shard.progress_uri, ShardProgress(job_id=shard.job_id, shard=shard.shard, total=len(requests),
+                                                          done=done, succeeded=done).model_dump_json().encode())
+
+
+def _run_id() -> str:
+    """Job ids derive from run ids and the work folder outlives each test's store: unique."""
+    return f"manual__{uuid.uuid4().hex}"
+
+
+def _through_plan(store, settings, conf, run_id: str | None = None) -> tuple[str, list[dict]]:
+    job_id = pipeline.register(store, settings, conf, run_id or _run_id())
+    pipeline.validate(store, settings, job_id)
+    grouped = pipeline.plan(store, settings, job_id)
+    return job_id, [task for tasks in grouped.values() for task in tasks]
+
+
+# -- lanes and priorities ------------------------------------------------------------------
+
+
+def test_lanes_cover_every_pool_and_band(settings):
+    local = pipeline.lanes(settings)
+    assert [lane.name for lane in local] == ["local__low", "local__normal", "local__high"]
+    assert {lane.pool for lane in local} == {settings.local_pool}
+    k8s = pipeline.lanes(settings.model_copy(update={"shard_runner": "kubernetes"}))
+    assert len(k8s) == len(pipeline.GPU_TYPES) * 3
+    assert {lane.pool for lane in k8s} == {pipeline.gpu_pool(settings, g) for g in pipeline.GPU_TYPES}
+    assert {p.name for p in pipeline.pool_specs(settings)} == {settings.local_pool} | {lane.pool for lane in k8s}
+
+
+@pytest.mark.parametrize(
+    ("priority", "band"),
+    [(None, "normal"), ("HIGH", "high"), ("low", "low"), (5, "low"), (10, "normal"), ("150", "high"), ("urgent", "normal")],
+)
+def test_priority_band(settings, priority, band):
+    assert pipeline.priority_band(settings, priority) == band
+
+
+# -- register and validate -----------------------------------------------------------------
+
+
+def test_register_makes_a_job_from_the_conf(store, settings):
+    conf = _conf(settings, data_parallelism=2, priority="high", gpu_type="nvidia-tesla-t4", max_runtime_sec=600)
+    run_id = _run_id()
+    job_id = pipeline.register(store, settings, conf, run_id)
+    job = store.get_job(job_id)
+    assert job_id == pipeline.run_job_id({}, run_id)  # derived from the run: findable later
+    assert (job.status, job.dialect, job.dag_run_id) == (JobStatus.QUEUED, "airflow", run_id)
+    assert job.priority == settings.priority_weights["high"] and job.data_parallelism == 2
+    assert job.resources == {"gpus": 1, "gpu_type": "nvidia-tesla-t4", "nodes_per_worker": 1}
+    assert job.expires_at - job.created_at == timedelta(seconds=600)
+    # A rerun of the same run, or a conf naming the job, finds it instead of making another.
+    assert pipeline.register(store, settings, conf, run_id) == job_id
+    assert pipeline.register(store, settings, {"job_id": job_id}, "manual__2") == job_id
+    assert store.get_job(job_id).dag_run_id == "manual__2"
+
+
+@pytest.mark.parametrize(
+    ("conf", "reason"),
+    [({"model": "m"}, "no input"), ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4")],
+)
+def test_register_refuses_with_a_failed_job(store, settings, conf, reason):
+    with pytest.raises(pipeline.JobRejected, match=reason):
+        pipeline.register(store, settings, {"job_id": "job_refused", **conf}, _run_id())
+    job = store.get_job("job_refused")
+    assert job.status == JobStatus.FAILED and reason in job.status_reason
+
+
+def test_validate_counts_bad_lines(store, settings):
+    job_id = pipeline.register(store, settings, _conf(settings, n=6, bad=(1, 4)), _run_id())
+    counts = pipeline.validate(store, settings, job_id)
+    job = store.get_job(job_id)
+    assert counts == {"total": 6, "valid": 4, "invalid": 2}
+    assert (job.status, job.total, job.failed, job.completed) == (JobStatus.VALIDATING, 6, 2, 2)
+
+
+def test_validate_rejects_a_batch_without_valid_lines_and_serves_its_errors(store, settings):
+    job_id = pipeline.register(store, settings, _conf(settings, n=3, bad=(0, 1, 2)), _run_id())
+    with pytest.raises(pipeline.JobRejected, match="input rejected"):
+        pipeline.validate(store, settings, job_id)
+    job = store.get_job(job_id)
+    assert job.status == JobStatus.FAILED and "input rejected" in job.status_reason
+    assert (job.total, job.failed) == (3, 3)
+    error_file = store.get_file(job.error_file_id)
+    assert len(storage.read_bytes(error_file.uri).splitlines()) == 3
+
+
+def test_validate_names_a_missing_input_file(store, settings):
+    job_id = pipeline.register(store, settings, {"input_file_ids": ["file-nope"], "model": "m"}, _run_id())
+    with pytest.raises(pipeline.JobRejected, match="file-nope"):
+        pipeline.validate(store, settings, job_id)
+    assert store.get_job(job_id).status == JobStatus.FAILED
+
+
+def test_inline_requests_are_validated(store, settings):
+    requests = [{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}, {"body": {}}]
+    job_id = pipeline.register(store, settings, {"input_requests": requests, "model": "m"}, _run_id())
+    assert pipeline.validate(store, settings, job_id) == {"total": 2, "valid": 1, "invalid": 1}
+
+
+# -- plan, shards, merge, finalize ---------------------------------------------------------
+
+
+def test_plan_puts_shards_in_the_jobs_lane(store, settings):
+    job_id = pipeline.register(store, settings, _conf(settings, n=5, data_parallelism=2, priority="low"), _run_id())
+    pipeline.validate(store, settings, job_id)
+    grouped = pipeline.plan(store, settings, job_id)
+    assert set(grouped) == {lane.name for lane in pipeline.lanes(settings)}
+    assert [len(tasks) for name, tasks in grouped.items() if name != "local__low"] == [0, 0]
+    tasks = [pipeline.ShardTask.model_validate(t) for t in grouped["local__low"]]
+    assert [t.shard for t in tasks] == [0, 1]
+    job = store.get_job(job_id)
+    assert job.status == JobStatus.RUNNING
+    args = tasks[0].worker_args()
+    assert args[0] == "worker" and args[args.index("--job-id") + 1] == job_id
+    assert float(args[args.index("--deadline") + 1]) == pytest.approx(job.expires_at.timestamp())
+    assert orjson.loads(args[args.index("--model-config") + 1])["model"] == "tiny-random-llama"
+
+
+def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
+    job_id, tasks = _through_plan(store, settings, _conf(settings, n=7, bad=(2,), data_parallelism=3))
+    for task in tasks:
+        _run_worker(task)
+    assert pipeline.publish_progress(store, settings, job_id) == {"completed": 7, "succeeded": 6, "failed": 1}
+
+    counts = pipeline.merge(store, settings, job_id)
+    job = pipeline.finalize(store, settings, job_id)
+
+    assert counts == {"total": 7, "succeeded": 6, "failed": 1, "not_run": 0, "invalid": 1}
+    assert job.status == JobStatus.SUCCEEDED and job.completed_at is not None
+    assert (job.total, job.succeeded, job.failed, job.completed) == (7, 6, 1, 7)
+    output = [orjson.loads(line) for line in storage.read_bytes(store.get_file(job.output_file_id).uri).splitlines()]
+    assert [r["custom_id"] for r in output] == [f"req-{i}" for i in range(7) if i != 2]
+    assert job.errors == [{"code": "invalid_request", "message": "input lines failed validation", "count": 1}]
+    # Idempotent: finalize again changes nothing; merge of a finished job does nothing.
+    assert pipeline.finalize(store, settings, job_id) == store.get_job(job_id)
+    assert pipeline.merge(store, settings, job_id) is None
+
+
+@pytest.mark.parametrize(
+    ("stop", "status", "reason"),
+    [
+        ("cancel", JobStatus.CANCELLED, "the job was cancelled; 3 requests were not run"),
+        ("deadline", JobStatus.TIMEOUT_EXCEEDED, "the job's deadline passed; 3 requests were not run"),
+        (None, JobStatus.FAILED, "a shard failed after its retries; 3 requests were not run"),
+    ],
+)
+def test_partial_results_end_by_cause(store, settings, stop, status, reason):
+    conf = _conf(settings, n=5, max_runtime_sec=1 if stop == "deadline" else 3600)
+    job_id, [task] = _through_plan(store, settings, conf)
+    _run_worker(task, finish=2)
+    if stop == "cancel":
+        store.request_cancel(job_id)
+        assert pipeline.mirror_cancel(store, job_id, task["cancel_marker"])
+        assert storage.exists(task["cancel_marker"])
+    elif stop == "deadline":
+        store._update_job(job_id, expires_at=utcnow() - timedelta(seconds=1))
+
+    counts = pipeline.merge(store, settings, job_id)
+    job = pipeline.finalize(store, settings, job_id)
+
+    assert counts["not_run"] == 3
+    assert (job.status, job.status_reason) == (status, reason)
+    assert (job.total, job.succeeded, job.failed) == (5, 2, 3)
+    errors = [orjson.loads(line) for line in storage.read_bytes(store.get_file(job.error_file_id).uri).splitlines()]
+    assert [e["error"]["code"] for e in errors] == ["not_run"] * 3
+
+
+def test_cancel_before_plan_runs_no_shard(store, settings):
+    job_id = pipeline.register(store, settings, _conf(settings), _run_id())
+    pipeline.validate(store, settings, job_id)
+    store.request_cancel(job_id)
+    assert not any(pipeline.plan(store, settings, job_id).values())
+    assert pipeline.merge(store, settings, job_id) is None
+    job = pipeline.finalize(store, settings, job_id)
+    assert (job.status, job.status_reason) == (JobStatus.CANCELLED, "the job was cancelled")
+
+
+def test_run_that_ended_before_merge_fails_the_job(store, settings):
+    job_id, _ = _through_plan(store, settings, _conf(settings))
+    job = pipeline.finalize(store, settings, job_id)
+    assert job.status == JobStatus.FAILED and "before the shards' results were merged" in job.status_reason
+
+
+@pytest.mark.parametrize(
+    ("code", "state"),
+    [(exit_codes.DONE, "done"), (exit_codes.CANCELLED, "cancelled"), (exit_codes.DEADLINE, "deadline"),
+     (exit_codes.USAGE, "usage"), (exit_codes.FAILED, "failed"), (-9, "failed")],
+)
+def test_interpret_exit(code, state):
+    outcome = pipeline.interpret_exit(4, code)
+    assert (outcome.shard, outcome.exit_code, outcome.state) == (4, code, state)
+
+
+# -- housekeeping --------------------------------------------------------------------------
+
+
+def test_expire_ends_live_jobs_past_expires_at(store, settings):
+    old = store.create_job(dialect="openai", endpoint="/v1/chat/completions", model="m", owner="o",
+                           created_at=utcnow() - timedelta(hours=2), max_runtime_sec=60)
+    fresh = store.create_job(dialect="openai", endpoint="/v1/chat/completions", model="m", owner="o", max_runtime_sec=3600)
+    assert pipeline.expire(store, settings) == [old.id]
+    assert store.get_job(old.id).status == JobStatus.TIMEOUT_EXCEEDED
+    assert store.get_job(fresh.id).status == JobStatus.QUEUED
+
+
+def test_reconcile_finishes_jobs_whose_run_ended(store, settings):
+    ended, live = _run_id(), _run_id()
+    done_id, tasks = _through_plan(store, settings, _conf(settings, n=3), run_id=ended)
+    for task in tasks:
+        _run_worker(task)
+    running_id, _ = _through_plan(store, settings, _conf(settings, n=3), run_id=live)
+
+    reconciled = pipeline.reconcile(store, settings, {ended: "failed", live: "running"})
+
+    assert reconciled == [done_id]
+    assert store.get_job(done_id).status == JobStatus.SUCCEEDED  # every request had its result
+    assert store.get_job(running_id).status == JobStatus.RUNNING
+
+
+def test_retention_deletes_old_files_and_marks_them(store, settings):
+    job_id, tasks = _through_plan(store, settings, _conf(settings, n=2))
+    for task in tasks:
+        _run_worker(task)
+    pipeline.merge(store, settings, job_id)
+    job = pipeline.finalize(store, settings, job_id)
+    output = store.get_file(job.output_file_id)
+
+    assert pipeline.delete_expired_files(store, settings) == []  # young files stay
+    later = utcnow() + timedelta(days=settings.retention_days + 1)
+    deleted = pipeline.delete_expired_files(store, settings, now=later)
+
+    assert set(deleted) == {job.output_file_id, job.error_file_id}
+    assert store.get_file(output.id) is None and store.get_file(output.id, include_deleted=True).deleted
+    assert not storage.exists(output.uri)
