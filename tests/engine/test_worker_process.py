@@ -1,0 +1,139 @@
+"""``llm-batch worker`` as a subprocess on the tiny model: resume after kill -9 (exactly one
+result per request), progress that moves, the cancel marker, and the exit codes.
+
+Each engine start costs ~12-40 s here, so there are only three of them: the killed run, its
+resume, and the cancelled run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+from llm_batch import exit_codes
+from llm_batch.layout import JobLayout
+from llm_batch.progress import ShardState, read_progress
+from llm_batch.records import BatchRequest, dumps_line
+from llm_batch.results import count_results, read_results
+
+pytestmark = pytest.mark.engine
+
+MODEL_CONFIG = '{"model": "tiny-random-llama", "max_context_length": 512}'
+START_TIMEOUT_S = 240
+
+
+def _shard(home: Path, n: int, max_tokens: int, first_index: int = 1000) -> tuple[JobLayout, str]:
+    layout = JobLayout(str(home / "work"), f"job-{uuid.uuid4().hex[:8]}")
+    requests = Path(layout.shard(0).requests)
+    requests.parent.mkdir(parents=True)
+    with requests.open("wb") as f:
+        for i in range(n):
+            body = {"messages": [{"role": "user", "content": f"request {i}"}],
+                    "max_tokens": max_tokens, "min_tokens": max_tokens}
+            f.write(dumps_line(BatchRequest(index=first_index + i, custom_id=f"c{i}", body=body)))
+    return layout, str(requests)
+
+
+def _start(layout: JobLayout, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id, "--shard", "0",
+           "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
+           "--model-config", MODEL_CONFIG, "--progress-interval-s", "0.5", *extra]
+    # Own session: kill -9 must take the engine's child processes down too.
+    return subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait_for(condition, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"worker exited early with {proc.returncode}"
+        assert time.monotonic() < deadline, "timed out waiting for the worker"
+        time.sleep(0.2)
+
+
+def _progress(layout: JobLayout):
+    try:
+        return read_progress(layout.shard(0).progress)
+    except Exception:  # not written yet
+        return None
+
+
+def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, tiny_model_dir):
+    total = 150
+    layout, _ = _shard(llm_batch_home, total, max_tokens=64)
+    results = layout.shard(0).results
+    # window 1 makes the first run slow enough to kill mid-shard.
+    proc = _start(layout, "--window", "1", "--flush-every-records", "4")
+    try:
+        seen_done: list[int] = []
+
+        def progressed() -> bool:
+            p = _progress(layout)
+            if p is not None and p.state == ShardState.RUNNING:
+                seen_done.append(p.done)
+            return len(set(seen_done)) >= 3 and count_results(results) >= 8
+
+        _wait_for(progressed, START_TIMEOUT_S, proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert seen_done == sorted(seen_done), "progress went backwards"
+    killed_at = count_results(results)
+    assert 8 <= killed_at < total
+
+    rerun = _start(layout, "--flush-every-records", "4")
+    assert rerun.wait(timeout=START_TIMEOUT_S) == exit_codes.DONE
+    records = list(read_results(results))
+    assert [r.index for r in records] == list(range(1000, 1000 + total))
+    assert [r.custom_id for r in records] == [f"c{i}" for i in range(total)]
+    assert all(r.status_code == 200 for r in records)
+    final = read_progress(layout.shard(0).progress)
+    assert final.state == ShardState.DONE
+    assert final.done == final.total == total
+    assert final.resumed >= killed_at
+    assert final.succeeded == total - final.resumed and final.failed == 0
+    assert final.completion_tokens == 64 * (total - final.resumed)
+
+
+def test_cancel_marker_stops_the_shard_with_a_prefix_written(llm_batch_home, tiny_model_dir):
+    total = 400
+    layout, _ = _shard(llm_batch_home, total, max_tokens=64)
+    proc = _start(layout, "--window", "1", "--flush-every-records", "4")
+    try:
+        _wait_for(lambda: (p := _progress(layout)) is not None and p.done >= 3, START_TIMEOUT_S, proc)
+        Path(layout.cancel_marker).touch()
+        assert proc.wait(timeout=30) == exit_codes.CANCELLED
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    written = list(read_results(layout.shard(0).results))
+    assert 3 <= len(written) < total
+    assert [r.index for r in written] == list(range(1000, 1000 + len(written)))
+    final = read_progress(layout.shard(0).progress)
+    assert final.state == ShardState.CANCELLED
+    assert final.done == len(written)
+
+
+def _run_to_exit(layout: JobLayout, *extra: str, model_config: str = MODEL_CONFIG) -> int:
+    cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id, "--shard", "0",
+           "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
+           "--model-config", model_config, *extra]
+    return subprocess.run(cmd, capture_output=True, timeout=120).returncode
+
+
+def test_exit_codes_before_the_engine_loads(llm_batch_home, tiny_model_dir):
+    layout, _ = _shard(llm_batch_home, 3, max_tokens=4)
+    assert _run_to_exit(layout, model_config='{"model": "no-such-model"}') == exit_codes.USAGE
+    assert _run_to_exit(layout, model_config='{"model": "all-minilm-l6-v2"}') == exit_codes.USAGE
+    assert _run_to_exit(layout, "--deadline", str(time.time() - 1)) == exit_codes.DEADLINE
+    Path(layout.cancel_marker).touch()
+    assert _run_to_exit(layout) == exit_codes.CANCELLED
+    assert count_results(layout.shard(0).results) == 0
+    assert read_progress(layout.shard(0).progress).state == ShardState.CANCELLED
