@@ -87,6 +87,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     install_error_handlers(app)
     for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions):
         app.include_router(module.router)
+    app.include_router(scale_batch_completions.v1_router)
     app.add_middleware(
         BodyLimit, json_limit=MAX_JSON_BODY_BYTES, upload_limit=settings.max_input_bytes + _MULTIPART_OVERHEAD
     )

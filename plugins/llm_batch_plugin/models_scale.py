@@ -64,6 +64,10 @@ class CreateBatchCompletionsRequest(BaseModel):
     nodes_per_worker: int | None = Field(default=None, ge=1, le=16)
 
 
+class CreateBatchCompletionsV1Response(BaseModel):
+    job_id: str
+
+
 class UpdateBatchCompletionsRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -17,6 +17,7 @@ import pytest
 # Before anything imports airflow (tests/fixtures/airflow.py set the rest of the env).
 os.environ.setdefault("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,bob:user,vic:viewer,root:admin")
 os.environ.setdefault("AIRFLOW__CORE__AUTH_MANAGER", "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+os.environ.setdefault("LLM_ENGINE_DISABLE_VERSION_CHECK", "true")  # no PyPI lookup from tests
 os.environ.setdefault("AIRFLOW__API_AUTH__JWT_SECRET", "llm-batch-tests-only-" + "x" * 64)
 
 ROLES = {"alice": "user", "bob": "user", "vic": "viewer", "root": "admin"}

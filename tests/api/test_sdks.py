@@ -106,3 +106,21 @@ def test_llmengine_client_v2(live_server, creds, api_store, llm_batch_home, monk
     monkeypatch.setattr(api_engine, "api_key", "lbk_wrong")
     with pytest.raises(UnauthorizedError):
         api_engine.APIEngine._get("v2/batch-completions", timeout=30)
+
+
+def test_llmengine_completion_batch_create(live_server, creds, api_store, llm_batch_home, monkeypatch):
+    """Scale's own SDK call (v1 route), unmodified: the job is an ordinary scale-v1 job."""
+    from llmengine import Completion, api_engine
+    from llmengine.data_types import CreateBatchCompletionsModelConfig, CreateBatchCompletionsRequestContent
+
+    monkeypatch.setattr(api_engine, "base_path", f"{live_server}/batch/")
+    monkeypatch.setattr(api_engine, "api_key", creds.keys["alice"])
+    response = Completion.batch_create(
+        output_data_path=str(llm_batch_home / "sdk-v1-out.json"),
+        model_config=CreateBatchCompletionsModelConfig(model="tiny-random-llama", labels={"team": "s"}),
+        content=CreateBatchCompletionsRequestContent(prompts=["What is deep learning", "Hi"], max_new_tokens=4, temperature=0.0),
+    )
+    job = api_store.get_job(response.job_id)
+    assert job.owner == "alice" and job.input_format == "scale-v1" and job.labels == {"team": "s"}
+    got = api_engine.APIEngine._get(f"v2/batch-completions/{response.job_id}", timeout=30)["job"]
+    assert got["status"] == "queued" and got["output_data_path"].endswith("sdk-v1-out.json")

@@ -22,6 +22,7 @@ from llm_batch_plugin.models_scale import (
     BatchCompletionsJob,
     CancelBatchCompletionsResponse,
     CreateBatchCompletionsRequest,
+    CreateBatchCompletionsV1Response,
     GetBatchCompletionResponse,
     ListBatchCompletionsResponse,
     UpdateBatchCompletionsRequest,
@@ -40,6 +41,8 @@ from llm_batch_plugin.submission import (
 )
 
 router = APIRouter(prefix="/v2/batch-completions", tags=["scale"])
+# Scale's client (llmengine Completion.batch_create) still posts v1; same job, v1 answer.
+v1_router = APIRouter(prefix="/v1/llm/batch-completions", tags=["scale"])
 
 _SNIFF_BYTES = 64 * 1024
 
@@ -135,6 +138,18 @@ def create_batch_completions(
     )
     job = submit(store, caller.name, request, lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session))
     return _job_out(settings, job)
+
+
+@v1_router.post("", response_model=CreateBatchCompletionsV1Response, summary="Create a job (Scale v1 client)")
+def create_batch_completions_v1(
+    body: Annotated[CreateBatchCompletionsRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    session: SessionDep,
+) -> CreateBatchCompletionsV1Response:
+    job = create_batch_completions(body, caller, store, settings, session)
+    return CreateBatchCompletionsV1Response(job_id=job.job_id)
 
 
 @router.get("", response_model=ListBatchCompletionsResponse, summary="List batch completions jobs")
