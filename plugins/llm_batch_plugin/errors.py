@@ -114,7 +114,30 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     return error_response(request, error)
 
 
+def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+    """Storage failures that escaped a route: say which object and that it is ours."""
+    from llm_batch import storage
+
+    if isinstance(exc, storage.PathNotAllowed):
+        error = ApiError(400, str(exc), code="path_not_allowed")
+    elif isinstance(exc, storage.ObjectNotFound):
+        error = ApiError(404, str(exc), code="object_missing")
+    else:
+        error = ApiError(503, f"storage unavailable: {exc}", code="storage_unavailable")
+    return error_response(request, error)
+
+
+def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(request, ApiError(503, f"job store unavailable: {type(exc).__name__}", code="store_unavailable"))
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from llm_batch.storage import StorageError
+
     app.add_exception_handler(ApiError, lambda request, exc: error_response(request, exc))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(StorageError, _storage_error)
+    app.add_exception_handler(OperationalError, _database_error)

@@ -149,3 +149,16 @@ def test_json_body_over_the_limit_is_413(api_store, auth_manager, monkeypatch):
 @pytest.mark.parametrize("path, params", [("/v1/batches", {"limit": 101}), ("/v1/batch/jobs", {"page_size": 1001}), ("/v1/files", {"limit": 1001})])
 def test_page_sizes_are_capped(client, creds, path, params):
     assert client.get(path, headers=creds.key("alice"), params=params).status_code == 422
+
+
+def test_storage_failure_is_503_saying_what(client, creds, monkeypatch):
+    from llm_batch import storage
+    from llm_batch_plugin import uploads
+
+    def broken(uri):
+        raise storage.StorageError(uri, "connection refused")
+
+    monkeypatch.setattr(uploads.storage, "open_write", broken)
+    response = client.post("/v1/files", headers=creds.key("alice"), files={"file": ("a.jsonl", chat_lines(1))}, data={"purpose": "batch"})
+    assert response.status_code == 503
+    assert "connection refused" in response.json()["error"]["message"]
