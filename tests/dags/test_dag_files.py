@@ -1,0 +1,98 @@
+"""The DAG files: they parse fast with no heavy imports, and wire what the pipeline needs;
+recurring specs become DAGs (and a broken one is an import error naming it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.airflow import DAGS_FOLDER
+
+pytestmark = [pytest.mark.airflow]
+
+# What the dag-processor has loaded before it parses a file; the DAG files must add little.
+_PARSE_PROBE = """
+import json, sys, time
+import airflow.sdk
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1], collect_dags=False)
+start = time.perf_counter()
+bag.collect_dags(dag_folder=sys.argv[1], safe_mode=False)
+elapsed = time.perf_counter() - start
+heavy = sorted(m for m in ("vllm", "torch", "transformers", "kubernetes", "llm_batch.jobstore") if m in sys.modules)
+print(json.dumps({"seconds": elapsed, "dags": sorted(bag.dag_ids), "errors": bag.import_errors, "heavy": heavy}))
+"""
+
+
+def test_all_dag_files_parse_in_under_a_second_without_heavy_imports(airflow_home):
+    probe = subprocess.run(
+        [sys.executable, "-c", _PARSE_PROBE, str(DAGS_FOLDER)], capture_output=True, text=True, check=True, timeout=300
+    )
+    report = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert report["errors"] == {}
+    assert {"batch_inference", "llm_batch_housekeeping", "recurring__example_daily_summaries"} <= set(report["dags"])
+    assert report["heavy"] == [], "vLLM, torch, the Kubernetes client and the job store load only in tasks"
+    assert report["seconds"] < 1.0, f"DAG files took {report['seconds']:.2f}s to parse"
+
+
+def test_batch_dag_wiring(dag_bag):
+    dag = dag_bag.get_dag("batch_inference")
+    assert dag.schedule is None and dag.dagrun_timeout is not None
+    assert dag.params.get_param("endpoint").schema["enum"] == ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    assert len(dag.params.get_param("gpu_type").schema["enum"]) == 8  # the seed's 7 and null
+    assert dag.params.get_param("data_parallelism").schema["maximum"] == 64
+    shard_tasks = [t for t in dag.tasks if t.task_id.startswith("run_shard__")]
+    assert {t.pool for t in shard_tasks} == {"llm_batch_local"}
+    assert sorted(t.priority_weight for t in shard_tasks) == [1, 10, 100]
+    for task_id in ("merge", "finalize"):
+        assert dag.get_task(task_id).trigger_rule == "all_done"
+    assert {t.task_id for t in shard_tasks} <= dag.get_task("merge").upstream_task_ids
+
+
+def test_broken_recurring_spec_is_an_import_error_naming_it(airflow_db, tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from llm_batch.config import get_settings
+
+    (tmp_path / "good.yaml").write_text((DAGS_FOLDER / "recurring_specs" / "example.yaml").read_text())
+    (tmp_path / "typo.yaml").write_text("name: typo\nschedule: '0 1 * * *'\nmodel: m\ninput_uri: x\ndata_paralelism: 2\n")
+    (tmp_path / "cron.yml").write_text("name: cron\nschedule: '99 * * * *'\nmodel: m\ninput_uri: x\n")
+    monkeypatch.setenv("LLM_BATCH_RECURRING_SPECS", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        bag = DagBag(dag_folder=str(DAGS_FOLDER / "recurring.py"))
+    finally:
+        get_settings.cache_clear()
+
+    assert bag.dag_ids == ["recurring__example_daily_summaries"]
+    [error] = bag.import_errors.values()
+    assert "typo.yaml: data_paralelism: Extra inputs are not permitted" in error
+    assert "cron.yml: [99 * * * *]" in error
+
+
+def test_recurring_run_starts_a_batch_run_with_rendered_templates(dag_bag):
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    dag = dag_bag.get_dag("recurring__example_daily_summaries")
+    run = dag.test()
+    assert run.state == "success"
+    day = run.logical_date.strftime("%Y-%m-%d")
+    with create_session() as session:
+        batch_runs = session.query(DagRun).filter(DagRun.dag_id == "batch_inference").all()
+        confs = [r.conf for r in batch_runs if (r.conf or {}).get("input_uri") == f"tickets/{day}.jsonl"]
+    assert confs, "no batch_inference run with the rendered input"
+    conf = confs[0]
+    assert conf["output_uri"] == f"summaries/{day}.json"
+    assert conf["data_parallelism"] == 2 and conf["labels"] == {"recurring": "example_daily_summaries", "team": "support"}
+
+
+def test_example_spec_is_valid():
+    from llm_batch.recurring import load_spec
+
+    spec = load_spec(Path(DAGS_FOLDER / "recurring_specs" / "example.yaml"))
+    assert spec.dag_id == "recurring__example_daily_summaries" and spec.schedule == "0 2 * * *"
