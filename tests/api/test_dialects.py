@@ -233,3 +233,20 @@ def test_scale_from_path_cancel_and_refusals(client, creds, llm_batch_home):
         response = client.post("/v2/batch-completions", headers=alice, json=body)
         assert response.status_code == status, (body, response.text)
         assert response.json()["param"] == param, response.text
+
+
+def test_scale_resources_pass_the_dags_params(client, creds, api_store, llm_batch_home):
+    body = {
+        "output_data_path": str(llm_batch_home / "gpu-out.json"),
+        "content": [{"prompt": "x", "max_tokens": 2}],
+        "model_config": {"model": "tiny-random-llama", "checkpoint_path": None},
+        "gpus": 2,
+        "gpu_type": "nvidia-hopper-h100-1g20gb",
+        "nodes_per_worker": 1,
+        "priority": "normal",
+    }
+    job = client.post("/v2/batch-completions", headers=creds.key("alice"), json=body).json()
+    assert job["status"] == "queued", job  # a conf the Params refused would have failed the job
+    conf = dag_run_of(job["job_id"])["conf"]
+    assert (conf["gpus"], conf["gpu_type"], conf["nodes_per_worker"]) == (2, "nvidia-hopper-h100-1g20gb", 1)
+    assert api_store.get_job(job["job_id"]).endpoint == "/v1/completions"
