@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from llm_batch import storage
@@ -20,6 +22,7 @@ from llm_batch.endpoints import UnsupportedEndpointError, parse_endpoint
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
 from llm_batch.layout import join_uri
+from llm_batch.models import ModelError, Registry, load_registry
 from llm_batch_plugin.dag_trigger import TriggerError
 from llm_batch_plugin.errors import ApiError
 
@@ -62,16 +65,26 @@ def check_endpoint(endpoint: str, param: str = "endpoint") -> str:
         raise ApiError(400, str(exc), param=param, code="unsupported_endpoint") from None
 
 
-def check_model(model: str | None, model_config: dict[str, Any], param: str = "model") -> None:
-    """A model must be registered unless the request names its own checkpoint_path."""
-    from llm_batch.models import ModelError, load_registry
+@lru_cache(maxsize=4)
+def _registry(path: Path | None, _modified_ns: int | None) -> Registry:
+    return load_registry(path)
 
+
+def model_registry(settings: Settings) -> Registry:
+    """The model registry, parsed once per version of its file (~10 ms a parse)."""
+    path = settings.model_registry
+    modified = path.stat().st_mtime_ns if path is not None and path.exists() else None
+    return _registry(path, modified)
+
+
+def check_model(model: str | None, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:
+    """A model must be registered unless the request names its own checkpoint_path."""
     if model_config.get("checkpoint_path"):
         return
     if not model:
         raise ApiError(400, "a model is required", param=param, code="missing_model")
     try:
-        load_registry().get(model)
+        model_registry(settings).get(model)
     except ModelError as exc:
         raise ApiError(400, str(exc), param=param, code="unknown_model") from None
 

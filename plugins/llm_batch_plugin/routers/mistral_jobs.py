@@ -92,7 +92,7 @@ def create_batch_job(
     if bool(body.input_files) == bool(body.requests):
         raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
     endpoint = check_endpoint(body.endpoint)
-    check_model(body.model, {}, param="model")
+    check_model(body.model, {}, settings, param="model")
     if body.input_files:
         files = _input_files(store, caller, body.input_files)
         job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}

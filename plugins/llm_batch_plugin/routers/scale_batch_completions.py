@@ -103,7 +103,7 @@ def create_batch_completions(
     if (body.input_data_path is None) == (body.content is None):
         raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
     model_config = body.model_config_.model_dump(exclude_none=True)
-    check_model(body.model_config_.model, model_config, param="model_config.model")
+    check_model(body.model_config_.model, model_config, settings, param="model_config.model")
     output_uri = check_user_path(body.output_data_path, "output_data_path", settings)
     weight = priority_weight(settings, body.priority)
     if body.input_data_path is not None:
