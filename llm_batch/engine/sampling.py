@@ -176,7 +176,6 @@ def sampling_params(body: ChatBody | CompletionBody) -> SamplingParams:
         "top_p": body.top_p,
         "top_k": body.top_k,
         "min_p": body.min_p,
-        "max_tokens": max_tokens,
         "min_tokens": body.min_tokens,
         "stop": body.stop,
         "seed": body.seed,
@@ -188,6 +187,8 @@ def sampling_params(body: ChatBody | CompletionBody) -> SamplingParams:
     try:
         return SamplingParams(
             **{k: v for k, v in fields.items() if v is not None},
+            # None (chat's default) means "up to the context length"; vLLM's own default is 16.
+            max_tokens=max_tokens,
             structured_outputs=structured_outputs(body.response_format),
             # Batch needs only the finished request, never the deltas.
             output_kind=RequestOutputKind.FINAL_ONLY,

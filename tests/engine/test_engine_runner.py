@@ -153,3 +153,10 @@ def test_stop_aborts_in_flight_and_emits_only_a_prefix(tiny_llm):
     assert reason is StopReason.CANCELLED
     assert [r.index for r in emitted_before_stop] == [100, 101]
     assert not tiny_llm.llm_engine.has_unfinished_requests()
+
+
+def test_chat_without_max_tokens_runs_past_vllms_default_of_16(tiny_llm):
+    body = {"messages": [{"role": "user", "content": "go on"}], "min_tokens": 24}
+    _, results, usages = _run(tiny_llm, Endpoint.CHAT_COMPLETIONS, [body])
+    assert results[0].status_code == 200
+    assert usages[0].completion_tokens >= 24
