@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import yaml
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llm_batch.config import Settings, get_settings
 from llm_batch.model_recipes import RECIPES, MissingSource, build_tiny_llama
@@ -161,9 +161,16 @@ class ModelConfig(BaseModel):
     seed: int | None = None
     response_role: str | None = None
     dtype: str | None = None
+    # Scale's v1 client always sends it (usually null); vLLM calls it quantization.
+    quantize: Literal["bitsandbytes", "awq"] | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
     # Scale v1 puts job labels here; they describe the job, not the engine.
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("engine_args", "labels", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        return {} if value is None else value
 
     @model_validator(mode="after")
     def _model_comes_from_checkpoint(self) -> ModelConfig:
@@ -193,7 +200,7 @@ def resolve_model(
 
     Engine args are merged in this order (later wins): the registry's defaults, the Scale
     fields (num_shards -> tensor_parallel_size, max_context_length -> max_model_len, seed,
-    dtype), enforce_eager=True when Settings or LLM_BATCH_ENFORCE_EAGER say so, then
+    dtype, quantize -> quantization), enforce_eager=True when Settings or LLM_BATCH_ENFORCE_EAGER say so, then
     ``engine_args``; ``model`` is always the local checkpoint directory. An ``s3://``
     checkpoint is downloaded once into the model cache. Raises ``ModelError`` subclasses.
     """
@@ -246,6 +253,7 @@ def _scale_engine_args(config: ModelConfig) -> dict[str, Any]:
         "max_model_len": config.max_context_length,
         "seed": config.seed,
         "dtype": config.dtype,
+        "quantization": config.quantize,
     }
     return {key: value for key, value in mapped.items() if value is not None}
 

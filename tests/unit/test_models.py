@@ -141,6 +141,18 @@ def test_scale_fields_map_to_engine_args_and_extra_args_merge_last(settings):
     assert "labels" not in args
 
 
+def test_the_model_config_scales_v1_client_sends_is_accepted(settings):
+    """llmengine's CreateBatchCompletionsModelConfig(...).dict(): every field, nulls included."""
+    prepared(settings, "smollm2-135m-instruct")
+    sent = {"model": "smollm2-135m-instruct", "checkpoint_path": None, "labels": {},
+            "num_shards": 1, "quantize": None, "seed": None, "max_context_length": None}
+    args = resolve_model(sent, settings=settings).engine_args
+    assert args["tensor_parallel_size"] == 1
+    assert "quantization" not in args and args["max_model_len"] == 8192
+    quantized = resolve_model({**sent, "quantize": "awq", "engine_args": None}, settings=settings)
+    assert quantized.engine_args["quantization"] == "awq"
+
+
 def test_the_embedding_model_resolves_as_a_pooling_model(settings):
     prepared(settings, "all-minilm-l6-v2")
     resolved = resolve_model({"model": "all-minilm-l6-v2"}, settings=settings)
@@ -185,7 +197,8 @@ def test_a_directory_without_the_ready_marker_is_not_prepared(settings):
     [
         ({"model": "tiny-random-llama", "num_shards": 0}, "model_config.num_shards"),
         ({"model": "tiny-random-llama", "max_context_length": -5}, "model_config.max_context_length"),
-        ({"model": "tiny-random-llama", "quantize": "awq"}, "model_config.quantize: unknown field"),
+        ({"model": "tiny-random-llama", "quantise": "awq"}, "model_config.quantise: unknown field"),
+        ({"model": "tiny-random-llama", "quantize": "gptq"}, "model_config.quantize"),
         ({"model": ""}, "model_config.model"),
         ({}, "model_config.model"),
         ({"model": "tiny-random-llama", "engine_args": {"model": "/x"}}, "engine_args.model"),
