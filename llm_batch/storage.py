@@ -46,6 +46,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -180,7 +181,8 @@ def _backend(uri: str) -> Storage:
     if scheme == "file":
         return _local_backend(tuple(settings.local_roots))
     if scheme == "s3":
-        return _s3_backend(settings.s3_endpoint_url, tuple(settings.allowed_buckets), os.getpid())
+        return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
+                           os.getpid())
     raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
 
 
@@ -204,7 +206,7 @@ class LocalStorage:
 
     def path(self, uri: str) -> Path:
         """The resolved path ``uri`` names, or ``PathNotAllowed`` if it leaves the roots."""
-        raw = _file_uri_path(uri) if uri.startswith("file://") else uri
+        raw = _file_uri_path(uri) if uri[:7].lower() == "file://" else uri
         if not raw or "\0" in raw:
             raise PathNotAllowed(uri, "empty path or NUL byte in path")
         if ".." in PurePosixPath(raw).parts:
@@ -232,17 +234,17 @@ class LocalStorage:
     @contextmanager
     def open_write(self, uri: str) -> Iterator[IO[bytes]]:
         path = self.path(uri)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
         with _os_errors(uri):
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        tmp = Path(tmp_name)
+            # Mode 0666 under the umask, like open(): the published file looks ordinary.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as stream:
                 yield stream
                 stream.flush()
                 os.fsync(stream.fileno())  # results files are checkpoints: make them durable
             with _os_errors(uri):
-                os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; publish like open()
                 os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -316,12 +318,6 @@ def _file_uri_path(uri: str) -> str:
     return unquote(rest)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 @contextmanager
 def _os_errors(uri: str) -> Iterator[None]:
     """Turn OSErrors from local file operations into StorageErrors naming ``uri``."""
@@ -346,7 +342,7 @@ _DENIED_CODES = {
 }
 _THROTTLE_CODES = {
     "Throttling", "ThrottlingException", "SlowDown", "RequestLimitExceeded",
-    "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
+    "RequestTimeout", "InternalError", "ServiceUnavailable",
 }
 # Few attempts, short waits: a batch step that still fails is retried by Airflow.
 RETRY_ATTEMPTS = 4
@@ -368,12 +364,16 @@ class S3Location:
         return self.key if not self.key or self.key.endswith("/") else self.key + "/"
 
 
+def _s3_endpoint_url(configured: str | None) -> str | None:
+    """Settings.s3_endpoint_url, else AWS's own variables; None: AWS itself."""
+    return configured or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
 @lru_cache(maxsize=4)
 def _s3_client(endpoint_url: str | None, pid: int) -> Any:
     """One client per process (clients are thread-safe but not fork-safe: ``pid`` keys it).
 
-    Credentials come from the standard AWS chain; ``endpoint_url`` None lets boto3 read
-    AWS_ENDPOINT_URL(_S3) itself, so any S3-compatible server works.
+    Credentials come from the standard AWS chain.
     """
     import boto3
     from botocore.config import Config

@@ -177,6 +177,17 @@ def test_download_dir_of_a_prefix(s3_bucket: str, tmp_path: Path) -> None:
         storage.download_dir(f"s3://{s3_bucket}/models/absent", tmp_path / "absent")
 
 
+def test_endpoint_from_aws_endpoint_url(s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLM_BATCH_S3_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    get_settings.cache_clear()
+    storage.reset()
+    storage.write_bytes(f"s3://{s3_bucket}/via-aws-env.txt", b"ok")
+    assert storage.read_bytes(f"s3://{s3_bucket}/via-aws-env.txt") == b"ok"
+    get_settings.cache_clear()
+    storage.reset()
+
+
 def test_unreachable_endpoint_is_a_storage_error(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLM_BATCH_S3_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: refused
     monkeypatch.setattr(storage, "RETRY_ATTEMPTS", 2)
