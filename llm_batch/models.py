@@ -34,13 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llm_batch.config import Settings, get_settings
 from llm_batch.model_recipes import RECIPES, MissingSource, build_tiny_llama
-from llm_batch.storage import PathNotAllowed
 
 __all__ = [
     "ModelError",
     "UnknownModel",
     "ModelNotPrepared",
     "CheckpointNotFound",
+    "CheckpointNotAllowed",
     "InvalidModelConfig",
     "ModelSpec",
     "Registry",
@@ -74,6 +74,10 @@ class ModelNotPrepared(ModelError):
 
 class CheckpointNotFound(ModelError):
     """A checkpoint location that holds no model directory."""
+
+
+class CheckpointNotAllowed(ModelError):
+    """A checkpoint outside the allowed local roots or buckets, or one we may not read."""
 
 
 class InvalidModelConfig(ModelError, ValueError):
@@ -202,7 +206,9 @@ def resolve_model(
     fields (num_shards -> tensor_parallel_size, max_context_length -> max_model_len, seed,
     dtype, quantize -> quantization), enforce_eager=True when Settings or LLM_BATCH_ENFORCE_EAGER say so, then
     ``engine_args``; ``model`` is always the local checkpoint directory. An ``s3://``
-    checkpoint is downloaded once into the model cache. Raises ``ModelError`` subclasses.
+    checkpoint is downloaded once into the model cache. Raises ``ModelError`` subclasses for
+    anything wrong with the job's model (not worth a retry); only a storage failure while
+    downloading (``StorageError``) escapes as itself.
     """
     settings = settings or get_settings()
     config = _validate_config(model_config)
@@ -306,7 +312,10 @@ def _cache_path(checkpoint: str, settings: Settings) -> Path:
 
 def _confine(path: Path, roots: list[Path], shown: str) -> None:
     if not any(path.is_relative_to(root) for root in roots):
-        raise PathNotAllowed(shown, "checkpoint_path is outside the allowed local roots")
+        raise CheckpointNotAllowed(
+            f"checkpoint {shown}: outside the allowed local roots "
+            f"({', '.join(str(root) for root in roots)})"
+        )
 
 
 def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
@@ -314,6 +323,8 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
 
     Concurrent callers on one machine (shards) wait on a file lock; the first downloads into
     a temporary directory, marks it ready and renames it into place, the others reuse it.
+    A missing prefix is ``CheckpointNotFound``, a forbidden one ``CheckpointNotAllowed``;
+    other ``StorageError``s (the server failing after retries) propagate: worth a retry.
     """
     from llm_batch import storage  # the implementation, imported when a download is needed
 
@@ -331,6 +342,8 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
             storage.download_dir(uri.rstrip("/") + "/", tmp)
         except storage.ObjectNotFound as exc:
             raise CheckpointNotFound(f"checkpoint {uri}: {exc}") from None
+        except (storage.PathNotAllowed, storage.AccessDenied) as exc:
+            raise CheckpointNotAllowed(f"checkpoint {uri}: {exc}") from None
         if not (tmp / "config.json").is_file():
             raise CheckpointNotFound(f"checkpoint {uri}: no config.json under this prefix")
 

@@ -178,3 +178,11 @@ def test_a_missing_s3_checkpoint_is_a_clear_error(s3_bucket):
 
     with pytest.raises(CheckpointNotFound, match=f"s3://{s3_bucket}/nothing/here"):
         resolve_model({"model": "m", "checkpoint_path": f"s3://{s3_bucket}/nothing/here"})
+
+
+@pytest.mark.s3
+def test_an_s3_checkpoint_we_may_not_read_is_not_allowed(s3_wrong_secret):
+    from llm_batch.models import CheckpointNotAllowed, resolve_model
+
+    with pytest.raises(CheckpointNotAllowed, match=f"s3://{s3_wrong_secret}/present"):
+        resolve_model({"model": "m", "checkpoint_path": f"s3://{s3_wrong_secret}/present"})

@@ -19,6 +19,7 @@ from llm_batch.config import Settings
 from llm_batch.model_recipes import Recipe
 from llm_batch.models import (
     READY_MARKER,
+    CheckpointNotAllowed,
     CheckpointNotFound,
     InvalidModelConfig,
     ModelError,
@@ -29,7 +30,6 @@ from llm_batch.models import (
     prepare_model,
     resolve_model,
 )
-from llm_batch.storage import PathNotAllowed
 
 
 @pytest.fixture
@@ -245,9 +245,9 @@ def test_checkpoint_path_relative_to_the_model_cache(settings):
 
 def test_checkpoint_path_outside_the_local_roots_is_refused(settings, tmp_path):
     outside = make_model_dir(tmp_path / "elsewhere" / "model")
-    with pytest.raises(PathNotAllowed):
+    with pytest.raises(CheckpointNotAllowed, match="outside the allowed local roots"):
         resolve_model({"model": "m", "checkpoint_path": str(outside)}, settings=settings)
-    with pytest.raises(PathNotAllowed):
+    with pytest.raises(CheckpointNotAllowed):
         resolve_model({"model": "m", "checkpoint_path": "../../elsewhere/model"}, settings=settings)
 
 
@@ -323,6 +323,17 @@ def test_a_missing_s3_prefix_is_checkpoint_not_found_and_leaves_nothing(settings
     cache = Path(settings.model_cache) / "s3" / "bucket" / "models"
     assert not (cache / "nope").exists()
     assert [p for p in cache.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_a_forbidden_s3_prefix_is_checkpoint_not_allowed(settings, monkeypatch):
+    from llm_batch import storage
+
+    def denied(prefix: str, dest: Path) -> Path:
+        raise storage.AccessDenied(prefix, "access denied")
+
+    monkeypatch.setattr(storage, "download_dir", denied)
+    with pytest.raises(CheckpointNotAllowed, match="s3://bucket/secret"):
+        resolve_model({"model": "m", "checkpoint_path": "s3://bucket/secret"}, settings=settings)
 
 
 def test_an_s3_prefix_without_a_model_is_refused(settings, fake_bucket, tmp_path):
