@@ -15,6 +15,7 @@ CONTRACT (implementations must keep it; other modules code against these names):
 Errors are ``StorageError`` subclasses whose message names the URI:
     ObjectNotFound, AccessDenied (also bad credentials), PathNotAllowed (outside roots or
     buckets, ``..``, symlink escapes), StorageError (anything else).
+    (A missing bucket is ``BucketNotFound``, an ObjectNotFound whose message names it.)
 
 Details of the contract, as implemented here:
 
