@@ -14,6 +14,7 @@ lane (pool x priority band); a job's shards go to its lane and the other lanes a
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -90,6 +91,11 @@ PARAMS = {
     ),
 }
 
+# The form's defaults, read before the DAG holds the params: register merges a run's conf
+# over these rather than over context["params"], which in-process runs (dag.test) carry
+# over from one run to the next.
+DEFAULTS = {name: copy.deepcopy(param.value) for name, param in PARAMS.items()}
+
 ShardOperator = shard_operator(SETTINGS.shard_runner)
 
 
@@ -137,7 +143,7 @@ with DAG(
         context = get_current_context()
         dag_run = context["dag_run"]
         try:
-            return pipeline.register(_store(), SETTINGS, dict(context["params"]) | (dag_run.conf or {}), dag_run.run_id)
+            return pipeline.register(_store(), SETTINGS, DEFAULTS | (dag_run.conf or {}), dag_run.run_id)
         except pipeline.JobRejected as exc:
             raise _rejected(exc) from exc
 

@@ -9,6 +9,7 @@ On kill (task cleared, run timed out) the worker's process group is terminated.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -27,6 +28,14 @@ from llm_batch_operators.shard import ShardTaskMixin
 POLL_SECONDS = 2.0
 # After SIGTERM, seconds before SIGKILL.
 TERM_SECONDS = 10.0
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the task process dies without cleaning up (kill -9),
+    the kernel kills the worker too, so a retry never races an orphan on the same shard."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class LocalShardOperator(ShardTaskMixin, BaseOperator):
@@ -76,7 +85,12 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         self.log.info("starting worker: %s", " ".join(command))
         # Its own process group, so a kill reaches the engine processes vLLM spawns too.
         return subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
