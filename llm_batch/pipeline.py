@@ -115,11 +115,12 @@ def lanes(settings: Settings) -> list[Lane]:
 
 def priority_band(settings: Settings, priority: str | int | None) -> str:
     """The band of a job priority: a band name, or a number mapped to the nearest band
-    at or below it; None and unknown names are "normal" (or the middle band)."""
+    at or below it; no priority (None, "", 0: the store's "not given") and unknown names
+    are "normal" (or the middle band)."""
     bands = priority_bands(settings)
     names = [name for name, _ in bands]
     default = "normal" if "normal" in names else names[len(names) // 2]
-    if priority is None or priority == "":
+    if priority in (None, "", 0, "0"):
         return default
     if isinstance(priority, str) and priority.strip().lower() in names:
         return priority.strip().lower()

@@ -88,7 +88,7 @@ def test_lanes_cover_every_pool_and_band(settings):
 
 @pytest.mark.parametrize(
     ("priority", "band"),
-    [(None, "normal"), ("HIGH", "high"), ("low", "low"), (5, "low"), (10, "normal"), ("150", "high"), ("urgent", "normal")],
+    [(None, "normal"), (0, "normal"), ("HIGH", "high"), ("low", "low"), (5, "low"), (10, "normal"), ("150", "high"), ("urgent", "normal")],
 )
 def test_priority_band(settings, priority, band):
     assert pipeline.priority_band(settings, priority) == band
