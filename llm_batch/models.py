@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -202,10 +203,11 @@ def resolve_model(
 ) -> ResolvedModel:
     """Turn a job's model_config into a local checkpoint directory and engine arguments.
 
-    Engine args are merged in this order (later wins): the registry's defaults, the Scale
-    fields (num_shards -> tensor_parallel_size, max_context_length -> max_model_len, seed,
-    dtype, quantize -> quantization), enforce_eager=True when Settings or LLM_BATCH_ENFORCE_EAGER say so, then
-    ``engine_args``; ``model`` is always the local checkpoint directory. An ``s3://``
+    Engine args are merged in this order (later wins): seed=0, the registry's defaults, the
+    Scale fields (num_shards -> tensor_parallel_size, max_context_length -> max_model_len,
+    seed, dtype, quantize -> quantization), enforce_eager=True when Settings or
+    LLM_BATCH_ENFORCE_EAGER say so, then ``engine_args``; ``model`` is always the local
+    checkpoint directory. An ``s3://``
     checkpoint is downloaded once into the model cache. Raises ``ModelError`` subclasses for
     anything wrong with the job's model (not worth a retry); only a storage failure while
     downloading (``StorageError``) escapes as itself.
@@ -241,7 +243,8 @@ def _validate_config(model_config: dict[str, Any] | ModelConfig) -> ModelConfig:
     try:
         return ModelConfig.model_validate(model_config)
     except ValidationError as exc:
-        raise InvalidModelConfig(f"invalid model_config: {_describe(exc, 'model_config')}") from None
+        message = _describe(exc, "model_config")
+        raise InvalidModelConfig(f"invalid model_config: {message}") from None
 
 
 def _spec_for(config: ModelConfig, registry: Registry) -> ModelSpec | None:
@@ -296,12 +299,16 @@ def _checkpoint_dir(checkpoint: str, settings: Settings, *, user_given: bool) ->
     if checkpoint.startswith("s3://"):
         return fetch_checkpoint(checkpoint, settings=settings)
     if "://" in checkpoint:
-        raise CheckpointNotFound(f"checkpoint {checkpoint}: only local paths and s3:// are supported")
+        raise CheckpointNotFound(
+            f"checkpoint {checkpoint}: only local paths and s3:// are supported"
+        )
     path = _cache_path(checkpoint, settings).resolve()
     if user_given:
         _confine(path, [*settings.local_roots, Path(settings.model_cache).resolve()], checkpoint)
     if not (path / "config.json").is_file():
-        raise CheckpointNotFound(f"checkpoint {checkpoint}: no model directory (config.json) at {path}")
+        raise CheckpointNotFound(
+            f"checkpoint {checkpoint}: no model directory (config.json) at {path}"
+        )
     return path
 
 
@@ -328,12 +335,7 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
     """
     from llm_batch import storage  # the implementation, imported when a download is needed
 
-    settings = settings or get_settings()
-    bucket_and_key = uri.removeprefix("s3://").strip("/")
-    parts = [p for p in bucket_and_key.split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts):
-        raise CheckpointNotFound(f"checkpoint {uri}: not a usable s3:// prefix")
-    dest = Path(settings.model_cache, "s3", *parts)
+    dest = _s3_cache_dir(uri, settings or get_settings())
     if (dest / READY_MARKER).is_file():
         return dest
 
@@ -351,6 +353,14 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
     return dest
 
 
+def _s3_cache_dir(uri: str, settings: Settings) -> Path:
+    """Where the s3:// prefix ``uri`` lives in the model cache: models/s3/<bucket>/<key>."""
+    parts = [p for p in uri.removeprefix("s3://").split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise CheckpointNotFound(f"checkpoint {uri}: not a usable s3:// prefix")
+    return Path(settings.model_cache, "s3", *parts)
+
+
 # --- offline preparation --------------------------------------------------------------
 
 
@@ -358,8 +368,8 @@ def model_status(name: str, spec: ModelSpec, settings: Settings | None = None) -
     """``ready``, ``not prepared``, ``stale`` (older source), ``remote`` or ``missing``."""
     settings = settings or get_settings()
     if spec.checkpoint.startswith("s3://"):
-        cached = Path(settings.model_cache, "s3", *spec.checkpoint[5:].strip("/").split("/"))
-        return "ready" if (cached / READY_MARKER).is_file() else "remote"
+        ready = (_s3_cache_dir(spec.checkpoint, settings) / READY_MARKER).is_file()
+        return "ready" if ready else "remote"
     path = _cache_path(spec.checkpoint, settings)
     if spec.prepare is None:
         return "ready" if (path / "config.json").is_file() else "missing"
@@ -385,8 +395,10 @@ def prepare_model(
     settings = settings or get_settings()
     spec = (registry or load_registry(settings=settings)).get(name)
     if spec.prepare is None:
-        raise ModelError(f"model {name!r} has no offline recipe (its checkpoint is {spec.checkpoint})")
-    if spec.checkpoint.startswith("s3://") or "://" in spec.checkpoint:
+        raise ModelError(
+            f"model {name!r} has no offline recipe (its checkpoint is {spec.checkpoint})"
+        )
+    if "://" in spec.checkpoint:
         raise ModelError(f"model {name!r}: a prepared model's checkpoint must be a local path")
     recipe = RECIPES[spec.prepare]
     dest = _cache_path(spec.checkpoint, settings)
@@ -394,7 +406,9 @@ def prepare_model(
     if not force and _marker_matches(dest, marker):
         return dest
     try:
-        _build_once(dest, marker, recipe.build, replace=lambda: force or not _marker_matches(dest, marker))
+        _build_once(
+            dest, marker, recipe.build, replace=lambda: force or not _marker_matches(dest, marker)
+        )
     except MissingSource as exc:
         raise ModelError(f"model {name!r} cannot be prepared: {exc}") from None
     return dest
@@ -411,7 +425,12 @@ def _marker_matches(path: Path, marker: dict[str, Any]) -> bool:
     return _read_marker(path) == marker
 
 
-def _build_once(dest: Path, marker: dict[str, Any], build, replace=None) -> None:
+def _build_once(
+    dest: Path,
+    marker: dict[str, Any],
+    build: Callable[[Path], object],
+    replace: Callable[[], bool] | None = None,
+) -> None:
     """Build ``dest`` with ``build(tmp_dir)`` under a file lock, then swap it into place.
 
     ``replace()`` (default: "dest is not ready") is re-checked once the lock is held, so a
@@ -423,13 +442,21 @@ def _build_once(dest: Path, marker: dict[str, Any], build, replace=None) -> None
         if not replace():
             return
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{dest.name}-", dir=dest.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache is read by other users
         try:
             build(tmp)
             (tmp / READY_MARKER).write_text(json.dumps(marker, sort_keys=True) + "\n")
+            _readable_by_all(tmp)
             _swap_into_place(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _readable_by_all(root: Path) -> None:
+    """mkdtemp and safetensors make private files; a shared cache is read by other users."""
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            extra = 0o555 if path.is_dir() else 0o444
+            path.chmod(path.stat().st_mode | extra)
 
 
 def _swap_into_place(new: Path, dest: Path) -> None:

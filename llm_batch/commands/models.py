@@ -39,7 +39,8 @@ def list_models(args: argparse.Namespace) -> int:
     print(f"model cache: {get_settings().model_cache}")
     rows = [("NAME", "TASK", "STATUS", "DEFAULT", "CHECKPOINT")]
     for name, spec in registry.models.items():
-        rows.append((name, spec.task, model_status(name, spec), defaults.get(name, ""), spec.checkpoint))
+        status = model_status(name, spec)
+        rows.append((name, spec.task, status, defaults.get(name, ""), spec.checkpoint))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

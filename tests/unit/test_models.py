@@ -392,6 +392,8 @@ def test_prepare_is_idempotent_and_marks_the_source(settings, counting_recipe):
     }
     assert model_status("tiny-random-llama", spec, settings) == "ready"
     assert resolve_model({"model": "tiny-random-llama"}, settings=settings).path == path
+    for item in [path, *path.iterdir()]:  # a shared cache: other users read it
+        assert item.stat().st_mode & 0o444 == 0o444
 
 
 def test_a_new_source_or_force_rebuilds(settings, counting_recipe):
