@@ -54,9 +54,18 @@ __all__ = [
     "fetch_checkpoint",
     "build_tiny_llama",
     "READY_MARKER",
+    "JOB_FORBIDDEN_ENGINE_ARGS",
 ]
 
 READY_MARKER = ".llm-batch-ready.json"
+# Engine args a job may not set: they name files or code to load, or credentials. The
+# registry (written by the operator) may set any of them.
+JOB_FORBIDDEN_ENGINE_ARGS = frozenset({
+    "model", "tokenizer", "trust_remote_code", "download_dir", "load_format",
+    "model_loader_extra_config", "hf_token", "allowed_local_media_path",
+    "allowed_media_domains", "speculative_config", "worker_cls", "worker_extension_cls",
+    "distributed_executor_backend", "kv_transfer_config", "kv_events_config",
+})
 PACKAGED_REGISTRY = "models.yaml"
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -177,11 +186,17 @@ class ModelConfig(BaseModel):
     def _null_is_empty(cls, value: Any) -> Any:
         return {} if value is None else value
 
-    @model_validator(mode="after")
-    def _model_comes_from_checkpoint(self) -> ModelConfig:
-        if "model" in self.engine_args:
-            raise ValueError("engine_args.model is not allowed: use checkpoint_path")
-        return self
+    @field_validator("engine_args")
+    @classmethod
+    def _only_safe_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        forbidden = sorted(JOB_FORBIDDEN_ENGINE_ARGS.intersection(value))
+        if forbidden:
+            hint = " (use checkpoint_path)" if "model" in forbidden else ""
+            raise ValueError(
+                f"{', '.join(forbidden)} may not be set by a job{hint}; "
+                "the model registry may set it"
+            )
+        return value
 
 
 @dataclass(frozen=True)

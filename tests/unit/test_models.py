@@ -201,7 +201,11 @@ def test_a_directory_without_the_ready_marker_is_not_prepared(settings):
         ({"model": "tiny-random-llama", "quantize": "gptq"}, "model_config.quantize"),
         ({"model": ""}, "model_config.model"),
         ({}, "model_config.model"),
-        ({"model": "tiny-random-llama", "engine_args": {"model": "/x"}}, "engine_args.model"),
+        ({"model": "tiny-random-llama", "engine_args": {"model": "/x"}}, "use checkpoint_path"),
+        (
+            {"model": "tiny-random-llama", "engine_args": {"trust_remote_code": True, "tokenizer": "/etc"}},
+            "model_config.engine_args: Value error, tokenizer, trust_remote_code may not be set by a job",
+        ),
     ],
 )
 def test_an_invalid_model_config_names_the_field(settings, config, field):
