@@ -144,10 +144,6 @@ def text_completion(output: RequestOutput, model: str, top_logprobs: int = 0) ->
     }
 
 
-def embedding_vector(output: PoolingRequestOutput) -> list[float]:
-    return output.outputs.data.tolist()
-
-
 def embedding_list(
     outputs: Sequence[PoolingRequestOutput], model: str, encoding_format: str = "float"
 ) -> dict[str, Any]:

@@ -174,9 +174,9 @@ class EngineRunner:
                 return [(self._completion_prompt(body.single_prompt()), params)]
             params = pooling_params(body)
             return [(self._completion_prompt(text), params.clone()) for text in body.inputs()]
+        except InvalidRequest:
+            raise
         except (VLLMClientError, ValueError, TemplateError) as exc:
-            if isinstance(exc, InvalidRequest):
-                raise
             raise InvalidRequest(str(exc), _error_code(exc)) from None
 
     def _completion_prompt(self, prompt: str | list[int]) -> Any:

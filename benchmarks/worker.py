@@ -1,0 +1,220 @@
+"""Worker throughput against vLLM's own batch paths, checkpoint cost, and memory vs shard size.
+
+    .venv/bin/python benchmarks/worker.py [--requests 256] [--rss-sizes 256,1024]
+
+Same requests, same model (SmolLM2-135M-Instruct, greedy, 256 chat prompts x 64-128 max
+tokens), each in a fresh process with the same engine settings (enforce_eager, bf16,
+max_model_len 2048, VLLM_CPU_KVCACHE_SPACE=2):
+
+  (a) ``LLM.chat`` over the whole list in one call
+  (b) vLLM's ``run_batch`` entrypoint (AsyncLLM inside)
+  (c) ``llm-batch worker`` on one shard (default checkpointing: a part every 2 s)
+  (d) the worker checkpointing every single record (``--flush-every-records 1``)
+
+Printed: completion tokens, whole-process seconds (start-up included, the only figure (b)
+allows) and generation tokens/s where the process reports it ((a) timed around the call,
+(c)/(d) from the worker's progress object), and the ratios. Then peak RSS of the worker's
+own process (the one that streams requests and results; the engine's processes hold the
+model and a bounded window) for shards of different sizes, on the tiny model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+CHAT_MODEL = "smollm2-135m-instruct"
+TINY_MODEL = "tiny-random-llama"
+MAX_MODEL_LEN = 2048
+TOPICS = ["the sea", "bread", "a bicycle", "winter", "a library", "rivers", "chess", "the moon",
+          "tea", "volcanoes", "trains", "bees", "glass", "a lighthouse", "maps", "clocks"]
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Write a few sentences about {TOPICS[i % len(TOPICS)]} (note {i})."}]
+
+
+def max_tokens(i: int) -> int:
+    return 64 + (i * 37) % 65  # 64..128
+
+
+def engine_env(home: Path, cache: Path) -> dict[str, str]:
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "LLM_BATCH_ENFORCE_EAGER": "1",
+            "LLM_BATCH_HOME": str(home), "LLM_BATCH_MODEL_CACHE": str(cache),
+            "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+
+
+class PeakRss:
+    """Polls a process and its children: peak RSS of the process itself and of the tree."""
+
+    def __init__(self, pid: int):
+        self.process = psutil.Process(pid)
+        self.own = self.tree = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                own = self.process.memory_info().rss
+                tree = own + sum(c.memory_info().rss for c in self.process.children(recursive=True))
+            except psutil.Error:
+                break
+            self.own, self.tree = max(self.own, own), max(self.tree, tree)
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, PeakRss]:
+    start = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        rss = PeakRss(proc.pid)
+        code = proc.wait()
+    rss.stop()
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])}... exited {code}; see {log}")
+    return time.monotonic() - start, rss
+
+
+# -- (a) LLM.chat, in its own process ------------------------------------------------------
+
+def llm_chat_main(model_dir: str, n: int) -> None:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model_dir, enforce_eager=True, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, seed=0)
+    params = [SamplingParams(temperature=0, max_tokens=max_tokens(i)) for i in range(n)]
+    start = time.monotonic()
+    outputs = llm.chat([messages(i) for i in range(n)], params, use_tqdm=False)
+    seconds = time.monotonic() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(json.dumps({"tokens": tokens, "gen_seconds": seconds}))
+
+
+def run_llm_chat(model_dir: Path, n: int, env: dict[str, str], work: Path) -> dict:
+    log = work / "a.log"
+    cmd = [sys.executable, __file__, "--llm-chat", str(model_dir), "--requests", str(n)]
+    seconds, _ = timed(cmd, env, log)
+    result = json.loads(log.read_text().strip().splitlines()[-1])
+    return {"name": "(a) LLM.chat", "tokens": result["tokens"], "seconds": seconds,
+            "gen_tok_s": result["tokens"] / result["gen_seconds"]}
+
+
+# -- (b) vLLM run_batch --------------------------------------------------------------------
+
+def run_vllm_batch(model_dir: Path, n: int, env: dict[str, str], work: Path) -> dict:
+    source, output = work / "run_batch_in.jsonl", work / "run_batch_out.jsonl"
+    with source.open("w") as f:
+        for i in range(n):
+            body = {"model": str(model_dir), "messages": messages(i), "max_tokens": max_tokens(i), "temperature": 0}
+            f.write(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                                "body": body}) + "\n")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(source), "-o", str(output),
+           "--model", str(model_dir), "--enforce-eager", "--dtype", "bfloat16",
+           "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0"]
+    seconds, _ = timed(cmd, env, work / "b.log")
+    tokens = sum(json.loads(line)["response"]["body"]["usage"]["completion_tokens"]
+                 for line in output.read_text().splitlines())
+    return {"name": "(b) vllm run_batch", "tokens": tokens, "seconds": seconds, "gen_tok_s": None}
+
+
+# -- (c) our worker ------------------------------------------------------------------------
+
+def write_shard(home: Path, job: str, n: int, tokens_of=max_tokens) -> Path:
+    from llm_batch.records import BatchRequest, dumps_line
+
+    path = home / "work" / job / "shards" / "00000" / "requests.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        for i in range(n):
+            body = {"messages": messages(i), "max_tokens": tokens_of(i), "temperature": 0}
+            f.write(dumps_line(BatchRequest(index=i, custom_id=f"c{i}", body=body)))
+    return path
+
+
+def run_worker(name: str, model: str, n: int, env: dict[str, str], home: Path, work: Path,
+               *extra: str, tokens_of=max_tokens) -> dict:
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    write_shard(home, job, n, tokens_of)
+    context = MAX_MODEL_LEN if model == CHAT_MODEL else 512  # the tiny model's positions
+    config = json.dumps({"model": model, "max_context_length": context, "dtype": "bfloat16"})
+    cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", job, "--shard", "0",
+           "--endpoint", "/v1/chat/completions", "--model-config", config, *extra]
+    seconds, rss = timed(cmd, env, work / f"{job}.log")
+    progress = json.loads((home / "work" / job / "shards" / "00000" / "progress.json").read_text())
+    assert progress["done"] == n and progress["failed"] == 0, progress
+    return {"name": name, "tokens": progress["completion_tokens"], "seconds": seconds,
+            "gen_tok_s": progress["tokens_per_s"], "rss_own_mb": rss.own / 2**20,
+            "rss_tree_mb": rss.tree / 2**20}
+
+
+def prepare(cache: Path, *names: str) -> dict[str, Path]:
+    from llm_batch.config import Settings
+    from llm_batch.models import prepare_model
+
+    settings = Settings(home=cache.parent, model_cache=cache)
+    return {name: prepare_model(name, settings=settings) for name in names}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--rss-sizes", default="256,1024")
+    parser.add_argument("--model-cache", type=Path,
+                        default=Path(os.environ.get("LLM_BATCH_TEST_MODEL_CACHE",
+                                                    Path.home() / ".cache/llm-batch-test/models")))
+    parser.add_argument("--llm-chat", help=argparse.SUPPRESS)  # internal: run (a) in this process
+    args = parser.parse_args()
+    if args.llm_chat:
+        return llm_chat_main(args.llm_chat, args.requests)
+
+    dirs = prepare(args.model_cache, CHAT_MODEL, TINY_MODEL)
+    n = args.requests
+    with tempfile.TemporaryDirectory(prefix="llm-batch-bench-") as tmp:
+        work, home = Path(tmp), Path(tmp) / "home"
+        env = engine_env(home, args.model_cache)
+        rows = [
+            run_llm_chat(dirs[CHAT_MODEL], n, env, work),
+            run_vllm_batch(dirs[CHAT_MODEL], n, env, work),
+            run_worker("(c) llm-batch worker", CHAT_MODEL, n, env, home, work),
+            run_worker("(d) worker, flush every record", CHAT_MODEL, n, env, home, work,
+                       "--flush-every-records", "1"),
+        ]
+        print(f"\n{n} chat requests, {CHAT_MODEL}, greedy, 64-128 max tokens; load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"{'':34} {'tokens':>7} {'process s':>10} {'process tok/s':>14} {'gen tok/s':>10}")
+        for row in rows:
+            gen = f"{row['gen_tok_s']:.0f}" if row["gen_tok_s"] else "-"
+            print(f"{row['name']:34} {row['tokens']:7d} {row['seconds']:10.1f} "
+                  f"{row['tokens'] / row['seconds']:14.0f} {gen:>10}")
+        a, b, c, d = rows
+        rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
+        print(f"worker / LLM.chat:   generation {c['gen_tok_s'] / a['gen_tok_s']:.3f}  "
+              f"whole process {rate(c) / rate(a):.3f}   (target >= 0.95)")
+        print(f"worker / run_batch:  whole process {rate(c) / rate(b):.3f}   (target >= 1.0)")
+        print(f"checkpoint every record costs {100 * (1 - d['gen_tok_s'] / c['gen_tok_s']):.1f}% "
+              f"of generation tok/s vs default   (target < 3%)")
+
+        print(f"\npeak RSS of the worker vs shard size ({TINY_MODEL}, 16 tokens a request)")
+        print(f"{'requests':>9} {'worker MB':>10} {'process tree MB':>16}")
+        for size in (int(s) for s in args.rss_sizes.split(",")):
+            row = run_worker(f"rss {size}", TINY_MODEL, size, env, home, work, tokens_of=lambda i: 16)
+            print(f"{size:9d} {row['rss_own_mb']:10.0f} {row['rss_tree_mb']:16.0f}")
+
+
+if __name__ == "__main__":
+    main()
