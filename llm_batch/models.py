@@ -3,6 +3,7 @@
     load_registry(path=None) -> Registry          the YAML registry (Settings.model_registry
                                                   or the packaged models.yaml)
     resolve_model(model_config) -> ResolvedModel  a local checkpoint dir + vllm.LLM kwargs
+    validate_model_config(model_config)           the fields only (for the API, at submit)
     prepare_model(name) -> Path                   build a registered model in the model cache
     build_tiny_llama(dest) -> Path                the tiny random Llama of the tests
 
@@ -48,6 +49,7 @@ __all__ = [
     "ModelConfig",
     "ResolvedModel",
     "load_registry",
+    "validate_model_config",
     "resolve_model",
     "prepare_model",
     "model_status",
@@ -228,7 +230,7 @@ def resolve_model(
     downloading (``StorageError``) escapes as itself.
     """
     settings = settings or get_settings()
-    config = _validate_config(model_config)
+    config = validate_model_config(model_config)
     spec = _spec_for(config, registry or load_registry(settings=settings))
 
     if config.checkpoint_path:
@@ -252,7 +254,12 @@ def resolve_model(
     )
 
 
-def _validate_config(model_config: dict[str, Any] | ModelConfig) -> ModelConfig:
+def validate_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelConfig:
+    """The parsed model_config, or ``InvalidModelConfig`` naming each bad field.
+
+    Touches no file and no registry: cheap enough for the API to call at submission, so a
+    bad model_config is refused there rather than failing the job's first shard.
+    """
     if isinstance(model_config, ModelConfig):
         return model_config
     try:

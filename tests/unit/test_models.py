@@ -29,6 +29,7 @@ from llm_batch.models import (
     model_status,
     prepare_model,
     resolve_model,
+    validate_model_config,
 )
 
 
@@ -212,6 +213,13 @@ def test_an_invalid_model_config_names_the_field(settings, config, field):
     with pytest.raises(InvalidModelConfig) as caught:
         resolve_model(config, settings=settings)
     assert field in str(caught.value)
+
+
+def test_validate_model_config_checks_fields_without_touching_files(settings):
+    config = validate_model_config({"model": "anything", "checkpoint_path": "s3://b/m", "seed": 3})
+    assert (config.model, config.checkpoint_path, config.seed) == ("anything", "s3://b/m", 3)
+    with pytest.raises(InvalidModelConfig, match="model_config.num_shards"):
+        validate_model_config({"model": "m", "num_shards": "two"})
 
 
 def test_checkpoint_path_serves_an_unregistered_local_model(settings):
