@@ -44,6 +44,7 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     os.environ["AIRFLOW__CORE__PARALLELISM"] = "4"
     # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
     os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
+    os.environ["LLM_BATCH_RECURRING_SPECS"] = str(_recurring_spec(llm_batch_home))
     stack = Stack(get_settings(), free_port())
     os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.client) finds it
     try:
@@ -54,6 +55,25 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         raise
     yield stack
     stack.down()
+
+
+RECURRING_SPEC = "e2e_every_minute"
+RECURRING_REQUESTS = 4
+
+
+def _recurring_spec(home: Path) -> Path:
+    """A spec folder with one spec scheduled every minute on a small input in the home."""
+    folder = home / "recurring_specs"
+    folder.mkdir(exist_ok=True)
+    batch = long_batch(home / "recurring-input.jsonl", RECURRING_REQUESTS, first_tokens=8, step=2)
+    (folder / f"{RECURRING_SPEC}.yaml").write_text(
+        f"name: {RECURRING_SPEC}\n"
+        'schedule: "* * * * *"\n'
+        f"input_uri: {batch}\n"
+        f"model: {MODEL}\n"
+        "params: {labels: {suite: e2e}}\n"
+    )
+    return folder
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, long_batch, read_jsonl, wait_until
+from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, long_batch, read_jsonl, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -51,6 +51,17 @@ def _wait_for_progress(client, job_id: str, submitted: float) -> Any:
     assert not job.terminal, f"job {job_id} ended ({job.status}) before it could be stopped mid-run"
     assert job.completed < job.total
     return job
+
+
+def _status_or_none(client, job_id: str) -> str | None:
+    from llm_batch.client import ApiError
+
+    try:
+        return client.job(job_id).status
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def _worker_pids(job_id: str) -> list[int]:
@@ -99,6 +110,33 @@ def test_openai_sdk_job(e2e_stack, batch_client, job_logs, tmp_path):
     assert all(r["response"]["body"]["usage"]["completion_tokens"] == 8 + 2 * i for i, r in enumerate(results))
 
 
+def test_recurring_spec_runs_on_its_schedule(e2e_stack, batch_client, job_logs):
+    """The spec's DAG (paused, as new DAGs are) is unpaused; its next scheduled run starts a
+    batch_inference run, which is an ordinary job that ends with outputs."""
+    from llm_batch.pipeline import run_job_id
+
+    headers = {"Authorization": f"Bearer {e2e_stack.airflow_token()}"}
+    api = f"{e2e_stack.base_url}/api/v2/dags"
+    recurring = f"recurring__{RECURRING_SPEC}"
+    assert httpx.patch(f"{api}/{recurring}", json={"is_paused": False}, headers=headers, timeout=30).status_code == 200
+
+    def triggered_run() -> dict[str, Any] | None:
+        runs = httpx.get(f"{api}/batch_inference/dagRuns", headers=headers, params={"limit": 100}, timeout=30)
+        return next((r for r in runs.json()["dag_runs"]
+                     if (r.get("conf") or {}).get("metadata", {}).get("recurring") == RECURRING_SPEC), None)
+
+    try:
+        run = wait_until(f"a batch_inference run started by {recurring}", triggered_run, 150, poll=2)
+    finally:  # one scheduled run is the test: no more every minute
+        httpx.patch(f"{api}/{recurring}", json={"is_paused": True}, headers=headers, timeout=30)
+    job_id = run_job_id(run["conf"], run["dag_run_id"])
+    job_logs.append(job_id)
+    wait_until(f"job {job_id} to exist", lambda: _status_or_none(batch_client, job_id), 120)
+    job = batch_client.wait(job_id, timeout=JOB_TIMEOUT)
+    assert (job.status, job.total, job.succeeded) == ("SUCCESS", RECURRING_REQUESTS, RECURRING_REQUESTS), job
+    assert len(_content(batch_client, job.output_file)) == RECURRING_REQUESTS
+
+
 def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, job_logs, tmp_path):
     """POST /api/v2/dags/batch_inference/dagRuns with a conf makes a job; the scheduler is
     stopped and started again while it runs, and the job still completes."""
@@ -115,8 +153,11 @@ def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, j
         timeout=30,
     )
     assert response.status_code in (200, 201), response.text
-    wait_until(f"job {job_id} to run", lambda: batch_client.job(job_id).status == "RUNNING", JOB_TIMEOUT)
+    # The run's register task creates the job: until then the API does not know it.
+    wait_until(f"job {job_id} to run", lambda: _status_or_none(batch_client, job_id) == "RUNNING", JOB_TIMEOUT)
 
+    # Stopped while the shard runs: its task is interrupted and must be retried.
+    wait_until(f"the worker of {job_id}", lambda: _worker_pids(job_id), JOB_TIMEOUT)
     e2e_stack.stop_component("scheduler")
     time.sleep(3)
     e2e_stack.start_component("scheduler")

@@ -1,0 +1,128 @@
+"""The REST client and the job commands against a stub transport (fast; the real stack is
+tests/e2e): route choice, request bodies, error messages, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llm_batch import client as client_module
+from llm_batch.client import ApiError, BatchClient, scale_content, uses_mistral_route
+from llm_batch.commands import jobs as jobs_command
+
+JOB = {
+    "id": "job_1", "status": "QUEUED", "endpoint": "/v1/chat/completions", "model": "m",
+    "total_requests": 0, "completed_requests": 0, "succeeded_requests": 0, "failed_requests": 0,
+    "created_at": 1, "errors": [],
+}
+
+
+def _batch(tmp_path: Path, count: int = 3) -> Path:
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps({"custom_id": f"c{i}", "body": {"messages": [{"role": "user", "content": str(i)}]}})
+             for i in range(count)]
+    path.write_text("\n".join(lines[:1] + [""] + lines[1:]) + "\n")  # a blank line is skipped
+    return path
+
+
+class Recorder:
+    """A stub API: records requests, answers from `routes` ((method, path) -> response)."""
+
+    def __init__(self, routes: dict[tuple[str, str], httpx.Response]):
+        self.routes = routes
+        self.seen: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(request)
+        return self.routes.get((request.method, request.url.path), httpx.Response(404, json={"detail": "no route"}))
+
+    def client(self) -> BatchClient:
+        api = BatchClient("http://stub/batch", "key-1")
+        api._http = httpx.Client(base_url=api.base_url, transport=httpx.MockTransport(self),
+                                 headers={"Authorization": "Bearer key-1"})
+        return api
+
+
+@pytest.mark.parametrize(
+    ("fmt", "shards", "runtime", "mistral"),
+    [("jsonl", 1, None, True), ("jsonl", 1, 7200, True), ("jsonl", 2, None, False),
+     ("jsonl", 1, 90, False), ("scale-v2", 1, None, False)],
+)
+def test_route_choice(fmt, shards, runtime, mistral):
+    assert uses_mistral_route(fmt, shards, runtime) is mistral
+
+
+def test_scale_content_keeps_bodies_in_order_and_names_bad_lines(tmp_path):
+    assert [item["messages"][0]["content"] for item in scale_content(_batch(tmp_path), "jsonl")] == ["0", "1", "2"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"custom_id": "a", "body": {}}\n{"custom_id": "b"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: no 'body' object"):
+        scale_content(bad, "jsonl")
+
+
+def test_one_shard_goes_through_upload_and_the_mistral_route(tmp_path):
+    stub = Recorder({
+        ("POST", "/batch/v1/files"): httpx.Response(200, json={"id": "file-1"}),
+        ("POST", "/batch/v1/batch/jobs"): httpx.Response(200, json=JOB),
+    })
+    job = stub.client().submit(_batch(tmp_path), endpoint="/v1/chat/completions", model="m", max_runtime_sec=7200)
+    assert job.id == "job_1" and not job.terminal
+    body = json.loads(stub.seen[1].content)
+    assert body == {"input_files": ["file-1"], "endpoint": "/v1/chat/completions", "model": "m", "timeout_hours": 2}
+    assert stub.seen[0].headers["authorization"] == "Bearer key-1"
+
+
+def test_shards_go_through_the_scale_route_as_data_parallelism(tmp_path):
+    stub = Recorder({
+        ("POST", "/batch/v2/batch-completions"): httpx.Response(200, json={"job_id": "job_1"}),
+        ("GET", "/batch/v1/batch/jobs/job_1"): httpx.Response(200, json=JOB),
+    })
+    stub.client().submit(_batch(tmp_path), endpoint="/v1/chat/completions", model="m", shards=3,
+                         output_path="/srv/out.json")
+    body = json.loads(stub.seen[0].content)
+    assert body["data_parallelism"] == 3 and body["model_config"] == {"model": "m"}
+    assert body["output_data_path"] == "/srv/out.json" and len(body["content"]) == 3
+
+
+def test_api_errors_carry_message_and_parameter():
+    stub = Recorder({("GET", "/batch/v1/batch/jobs/x"): httpx.Response(
+        400, json={"detail": "model 'q' is unknown", "param": "model"})})
+    with pytest.raises(ApiError) as caught:
+        stub.client().job("x")
+    assert (caught.value.status, caught.value.message, caught.value.param) == (400, "model 'q' is unknown", "model")
+
+
+@pytest.mark.parametrize(("status", "code"), [("SUCCESS", 0), ("FAILED", 1), ("CANCELLED", 3), ("TIMEOUT_EXCEEDED", 4)])
+def test_job_wait_exit_codes(monkeypatch, capsys, status, code):
+    stub = Recorder({("GET", "/batch/v1/batch/jobs/job_1"): httpx.Response(200, json={**JOB, "status": status})})
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    from llm_batch.cli import main
+
+    assert main(["job", "job_1", "--wait"]) == code
+    assert status in capsys.readouterr().out
+
+
+def test_http_and_usage_errors_exit_2(monkeypatch, capsys, tmp_path):
+    stub = Recorder({})
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    from llm_batch.cli import main
+
+    assert main(["cancel", "nope"]) == jobs_command.EXIT_USAGE
+    assert "HTTP 404" in capsys.readouterr().err
+    assert main(["submit", str(tmp_path / "missing.jsonl"), "--model", "m"]) == jobs_command.EXIT_USAGE
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_no_api_key_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv("LLM_BATCH_API_KEY", raising=False)
+    monkeypatch.setenv("LLM_BATCH_API_URL", "http://127.0.0.1:9/batch")
+    from llm_batch.config import Settings
+
+    monkeypatch.setattr(client_module, "get_settings", lambda: Settings(home=tmp_path))
+    from llm_batch.cli import main
+
+    assert main(["jobs"]) == 2
+    assert "llm-batch up" in capsys.readouterr().err
