@@ -192,8 +192,8 @@ def _context() -> dict[str, Any]:
 def _operator(shard: dict[str, Any], kubeconfig: str, **kwargs: Any):
     from llm_batch_operators.kubernetes import KubernetesShardOperator
 
-    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, config_file=kubeconfig,
-                                   in_cluster=False, poll_interval=0.2, **kwargs)
+    overrides = {"config_file": kubeconfig, "in_cluster": False, "poll_interval": 0.2, **kwargs}
+    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, pod_overrides=overrides)
 
 
 def test_pod_runs_to_success_and_is_deleted(kube, job_store):
@@ -260,7 +260,7 @@ def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
     from airflow.sdk.exceptions import TaskDeferred
 
     from llm_batch import storage
-    from llm_batch_operators.kubernetes import STOP_KEY, ShardPodTrigger
+    from llm_batch_operators.kubernetes_pod import STOP_KEY, ShardPodTrigger
 
     stub, config = kube
     stub.exit_code = None
@@ -272,7 +272,7 @@ def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
     trigger = deferred.value.trigger
     assert isinstance(trigger, ShardPodTrigger)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "llm_batch_operators.kubernetes.ShardPodTrigger" and kwargs["shard_stop"]["job_id"] == "job_k8s_defer"
+    assert classpath == "llm_batch_operators.kubernetes_pod.ShardPodTrigger" and kwargs["shard_stop"]["job_id"] == "job_k8s_defer"
 
     job_store.request_cancel("job_k8s_defer", reason="test")
 

@@ -52,7 +52,7 @@ def settings(monkeypatch) -> Settings:
 
 def _render(task: ShardTask) -> dict:
     operator = KubernetesShardOperator(task_id="run_shard", shard_task=task.model_dump())
-    pod = operator.build_pod_request_obj(dry_run=True)  # no cluster: nothing may call it
+    pod = operator.pod_operator().build_pod_request_obj(dry_run=True)  # no cluster: nothing may call it
     return ApiClient().sanitize_for_serialization(pod)
 
 
@@ -87,8 +87,9 @@ def test_pod_for_every_gpu_type_is_valid_strict(settings, gpu_type):
 
 
 def test_multi_node_workers_are_refused_with_the_reason(settings):
+    operator = KubernetesShardOperator(task_id="run_shard", shard_task=_task(nodes_per_worker=2).model_dump())
     with pytest.raises(pod_spec.UnsupportedPodShape, match="nodes_per_worker=2 is not supported"):
-        KubernetesShardOperator(task_id="run_shard", shard_task=_task(nodes_per_worker=2).model_dump())
+        operator.execute({})
 
 
 def test_label_values_are_made_valid():
@@ -105,7 +106,7 @@ def test_no_gpu_type_means_no_node_selector(settings):
 
 
 def test_operator_is_deferrable_and_deletes_its_pod(settings):
-    operator = KubernetesShardOperator(task_id="run_shard", shard_task=_task().model_dump())
+    operator = KubernetesShardOperator(task_id="run_shard", shard_task=_task().model_dump()).pod_operator()
     assert operator.deferrable is True
     assert operator.on_finish_action.value == "delete_pod"
     assert operator.get_logs is True
