@@ -138,7 +138,7 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task
+    @task(retries=2, retry_delay=timedelta(seconds=5))
     def register() -> str:
         context = get_current_context()
         dag_run = context["dag_run"]
@@ -162,7 +162,7 @@ with DAG(
     def merge(job_id: str) -> dict[str, int] | None:
         return pipeline.merge(_store(), SETTINGS, job_id)
 
-    @task(trigger_rule="all_done")
+    @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
     def finalize(job_id: str) -> str:
         job = pipeline.finalize(_store(), SETTINGS, job_id)
         if job.status == pipeline.JobStatus.FAILED:
