@@ -143,7 +143,9 @@ with DAG(
         context = get_current_context()
         dag_run = context["dag_run"]
         try:
-            return pipeline.register(_store(), SETTINGS, DEFAULTS | (dag_run.conf or {}), dag_run.run_id)
+            # A new job belongs to whoever triggered the run (their API view shows it).
+            owner = {"owner": getattr(dag_run, "triggering_user_name", None) or pipeline.DEFAULT_OWNER}
+            return pipeline.register(_store(), SETTINGS, DEFAULTS | (dag_run.conf or {}) | owner, dag_run.run_id)
         except pipeline.JobRejected as exc:
             raise _rejected(exc) from exc
 
