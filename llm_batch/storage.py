@@ -142,7 +142,26 @@ def check_user_uri(uri: str) -> str:
     No object is read: the API calls this on user-supplied paths before accepting a job.
     A local path comes back absolute with symlinks resolved; an s3 URI comes back as is.
     """
-    return _backend(uri).check(uri)
+    canonical = _backend(uri).check(uri)
+    if not is_s3(canonical):
+        path = Path(canonical)
+        for area in _internal_areas():
+            if path == area or area in path.parents:
+                raise PathNotAllowed(
+                    uri, f"lies in llm-batch's own area {area} (job work files, uploads, models, "
+                    "databases): user paths must point elsewhere under the local roots")
+    return canonical
+
+
+def _internal_areas() -> list[Path]:
+    """Local folders the system writes itself; under the default root ($LLM_BATCH_HOME) a
+    user path must not reach them, or one user could read or overwrite another's job."""
+    settings = get_settings()
+    areas = [settings.home / "airflow", Path(settings.model_cache)]
+    areas += [Path(u) for u in (settings.work_uri, settings.files_uri) if not is_s3(u)]
+    if settings.database_url.startswith("sqlite:///"):
+        areas.append(Path(settings.database_url.removeprefix("sqlite:///")))
+    return [a.expanduser().resolve() for a in areas]
 
 
 def is_s3(uri: str) -> bool:

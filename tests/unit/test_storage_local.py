@@ -100,8 +100,11 @@ def test_malformed_uris_are_refused(root: Path) -> None:
 def test_internal_default_uris_are_under_the_default_root(llm_batch_home: Path) -> None:
     get_settings.cache_clear()
     settings = get_settings()
-    assert storage.check_user_uri(settings.work_uri) == str(llm_batch_home.resolve() / "work")
-    assert storage.check_user_uri(settings.files_uri) == str(llm_batch_home.resolve() / "files")
+    assert settings.work_uri == str(llm_batch_home.resolve() / "work")
+    assert settings.files_uri == str(llm_batch_home.resolve() / "files")
+    for uri in (settings.work_uri, settings.files_uri):  # internal I/O is confined to the root
+        storage.write_bytes(f"{uri}/probe", b"x")
+        assert storage.read_bytes(f"{uri}/probe") == b"x"
 
 
 # -- atomic writes
@@ -240,3 +243,19 @@ def test_download_dir_refuses_a_symlink_out_of_the_root(root: Path, tmp_path: Pa
     with pytest.raises(PathNotAllowed, match="symlink"):
         storage.download_dir(str(model), tmp_path / "cache")
     assert not (tmp_path / "cache" / "stolen.txt").exists()
+
+
+def test_user_paths_cannot_reach_the_systems_own_areas(llm_batch_home: Path) -> None:
+    """Under the default root ($LLM_BATCH_HOME) a user may name their own data, but not job
+    work files, uploads, models or the job database of anyone."""
+    get_settings.cache_clear()
+    settings = get_settings()
+    assert storage.check_user_uri(str(llm_batch_home / "data" / "in.jsonl")).endswith("in.jsonl")
+    for inside in (f"{settings.work_uri}/job_x/output.jsonl", f"{settings.files_uri}/file-1",
+                   str(llm_batch_home / "jobs.db"), str(llm_batch_home / "airflow" / "airflow.db"),
+                   str(Path(settings.model_cache) / "smollm2")):
+        with pytest.raises(PathNotAllowed, match="own area"):
+            storage.check_user_uri(inside)
+    # Internal I/O keeps its access: only user paths are held to this rule.
+    storage.write_bytes(f"{settings.work_uri}/job_x/output.jsonl", b"{}\n")
+    assert storage.exists(f"{settings.work_uri}/job_x/output.jsonl")
