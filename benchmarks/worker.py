@@ -93,7 +93,7 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, PeakRs
 
 # -- (a) LLM.chat, in its own process ------------------------------------------------------
 
-def llm_chat_main(model_dir: str, n: int) -> None:
+def llm_chat_main(model_dir: str, n: int, out: str) -> None:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, enforce_eager=True, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, seed=0)
@@ -102,14 +102,15 @@ def llm_chat_main(model_dir: str, n: int) -> None:
     outputs = llm.chat([messages(i) for i in range(n)], params, use_tqdm=False)
     seconds = time.monotonic() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(json.dumps({"tokens": tokens, "gen_seconds": seconds}))
+    Path(out).write_text(json.dumps({"tokens": tokens, "gen_seconds": seconds}))
 
 
 def run_llm_chat(model_dir: Path, n: int, env: dict[str, str], work: Path) -> dict:
     log = work / "a.log"
-    cmd = [sys.executable, __file__, "--llm-chat", str(model_dir), "--requests", str(n)]
+    out = work / "a.json"
+    cmd = [sys.executable, __file__, "--llm-chat", str(model_dir), str(out), "--requests", str(n)]
     seconds, _ = timed(cmd, env, log)
-    result = json.loads(log.read_text().strip().splitlines()[-1])
+    result = json.loads(out.read_text())
     return {"name": "(a) LLM.chat", "tokens": result["tokens"], "seconds": seconds,
             "gen_tok_s": result["tokens"] / result["gen_seconds"]}
 
@@ -177,10 +178,11 @@ def main() -> None:
     parser.add_argument("--model-cache", type=Path,
                         default=Path(os.environ.get("LLM_BATCH_TEST_MODEL_CACHE",
                                                     Path.home() / ".cache/llm-batch-test/models")))
-    parser.add_argument("--llm-chat", help=argparse.SUPPRESS)  # internal: run (a) in this process
+    # internal: run (a) in this process, write its figures to OUT
+    parser.add_argument("--llm-chat", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.llm_chat:
-        return llm_chat_main(args.llm_chat, args.requests)
+        return llm_chat_main(*args.llm_chat, args.requests)
 
     dirs = prepare(args.model_cache, CHAT_MODEL, TINY_MODEL)
     n = args.requests

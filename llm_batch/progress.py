@@ -88,9 +88,13 @@ class ProgressReporter:
         p.prompt_tokens += prompt_tokens
         p.completion_tokens += completion_tokens
 
+    @property
+    def due(self) -> bool:
+        """``interval`` seconds passed since the last publish (or none happened yet)."""
+        return self._last_publish is None or self._clock() - self._last_publish >= self.interval
+
     def maybe_publish(self) -> None:
-        """Publish if ``interval`` seconds passed since the last publish."""
-        if self._last_publish is None or self._clock() - self._last_publish >= self.interval:
+        if self.due:
             self.publish()
 
     def publish(self, state: ShardState | None = None) -> None:

@@ -90,7 +90,7 @@ def run_worker(config: WorkerConfig) -> int:
                       done=writer.done, resumed=writer.done),
         interval=config.progress_interval_s,
     )
-    monitor = StopMonitor(config, progress)
+    monitor = StopMonitor(config, progress, writer)
     with writer:
         return _run(config, model, writer, progress, monitor)
 
@@ -143,12 +143,18 @@ def _stopped(reason: StopReason, writer: ResultsWriter, progress: ProgressReport
 
 
 class StopMonitor:
-    """Called between engine steps: publishes progress, says whether to stop and why."""
+    """Called between engine steps: checkpoints, publishes progress, says whether to stop.
+
+    The checkpoint (flush the results writer, then publish progress) runs every progress
+    interval, so a result counted in the progress object is already durable and a long
+    request at the head of the shard never leaves finished results unflushed for long.
+    """
 
     def __init__(self, config: WorkerConfig, progress: ProgressReporter,
-                 clock=time.monotonic, wall_clock=time.time):
+                 writer: ResultsWriter | None = None, clock=time.monotonic, wall_clock=time.time):
         self.config = config
         self.progress = progress
+        self.writer = writer
         self._clock = clock
         self._wall_clock = wall_clock
         self._next_marker_check = 0.0
@@ -158,7 +164,10 @@ class StopMonitor:
         return self._reason()
 
     def __call__(self) -> StopReason | None:
-        self.progress.maybe_publish()
+        if self.progress.due:
+            if self.writer is not None:
+                self.writer.flush()
+            self.progress.publish()
         return self._reason()
 
     def _reason(self) -> StopReason | None:
