@@ -69,7 +69,6 @@ JOB_FORBIDDEN_ENGINE_ARGS = frozenset({
     "distributed_executor_backend", "kv_transfer_config", "kv_events_config",
 })
 PACKAGED_REGISTRY = "models.yaml"
-_TRUE = {"1", "true", "yes", "on"}
 
 
 class ModelError(Exception):
@@ -290,11 +289,7 @@ def _scale_engine_args(config: ModelConfig) -> dict[str, Any]:
 
 
 def _enforce_eager(settings: Settings) -> bool:
-    # Settings may grow an enforce_eager field; until then the variable is read directly.
-    configured = getattr(settings, "enforce_eager", None)
-    if configured is not None:
-        return bool(configured)
-    return os.environ.get("LLM_BATCH_ENFORCE_EAGER", "").strip().lower() in _TRUE
+    return settings.enforce_eager
 
 
 def _task_of(engine_args: dict[str, Any]) -> Literal["generate", "embed"]:

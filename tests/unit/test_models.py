@@ -163,9 +163,10 @@ def test_the_embedding_model_resolves_as_a_pooling_model(settings):
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("0", None), (None, None)])
 def test_enforce_eager_follows_the_environment(settings, monkeypatch, value, expected):
-    prepared(settings, "tiny-random-llama")
     if value is not None:
         monkeypatch.setenv("LLM_BATCH_ENFORCE_EAGER", value)
+    settings = Settings(home=settings.home)  # LLM_BATCH_* is read when Settings is built
+    prepared(settings, "tiny-random-llama")
     resolved = resolve_model({"model": "tiny-random-llama"}, settings=settings)
     assert resolved.engine_args.get("enforce_eager") is expected
 
