@@ -1,7 +1,7 @@
 """The job store's tables (SQLAlchemy 2.0 declarative models).
 
 These are the schema the migrations create; callers never see them (the store hands out
-snapshots from ``llm_batch.jobstore.records``). A change here needs a new migration script
+snapshots from ``llm_batch.jobstore.snapshots``). A change here needs a new migration script
 in ``migrations/versions/``.
 """
 

@@ -1,11 +1,14 @@
 """JobStore: the repository of jobs, file objects and API keys.
 
 Every public method is one transaction and returns snapshots (``snapshots.Job`` etc.),
-never live ORM objects. Statements are SQLAlchemy Core on the models' tables: a snapshot's
-fields are exactly its table's column names, so a result row becomes a snapshot directly. Getters return None for an unknown (or not-owned) id; mutators
+never live ORM objects. Getters return None for an unknown (or not-owned) id; mutators
 raise ``JobNotFound`` / ``FileNotFound`` / ``ApiKeyNotFound``. ``owner=None`` means "any
 owner" (admins, the DAG); a given owner restricts the call to that owner's rows, so
 someone else's id looks exactly like a missing one.
+
+Statements are SQLAlchemy Core on the models' tables: a snapshot's fields are exactly its
+table's column names, so a result row becomes a snapshot directly, and every update is a
+single ``UPDATE ... RETURNING``.
 
 Concurrency: status moves are compare-and-set (``UPDATE ... WHERE id=? AND status=?``,
 re-read and retried when another writer won), counters are SQL increments, so many shard
@@ -154,7 +157,6 @@ def _order(table: Table, order_by: str, allowed: set[str]) -> tuple[Column[Any],
 def _page(
     connection: Connection,
     table: Table,
-    columns: Iterable[Column[Any]],
     filters: list[ColumnElement[bool]],
     order: tuple[Column[Any], bool],
     limit: int,
@@ -167,7 +169,7 @@ def _page(
     """
     column, descending = order
     total = connection.scalar(select(func.count()).select_from(table).where(*filters)) or 0
-    query = select(*columns).where(*filters)
+    query = select(table).where(*filters)
     if after is not None:
         cursor = connection.execute(select(column, table.c.id).where(table.c.id == after)).one_or_none()
         if cursor is None:
@@ -395,7 +397,7 @@ class JobStore:
         for key, value in (metadata or {}).items():
             filters.append(c.metadata[key].as_string() == str(value))
         with self._transaction(write=False) as connection:
-            rows, total = _page(connection, JOBS, JOBS.c, filters, order, limit, offset, after)
+            rows, total = _page(connection, JOBS, filters, order, limit, offset, after)
             return [_job(r) for r in rows], total
 
     def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job:
@@ -574,7 +576,7 @@ class JobStore:
         if not include_deleted:
             filters.append(FILES.c.deleted_at.is_(None))
         with self._transaction(write=False) as connection:
-            rows, total = _page(connection, FILES, FILES.c, filters, order, limit, offset, after)
+            rows, total = _page(connection, FILES, filters, order, limit, offset, after)
             return [_file(r) for r in rows], total
 
     def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject:
