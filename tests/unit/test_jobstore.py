@@ -84,6 +84,17 @@ def test_snapshots_mirror_their_tables():
     assert fields(ApiKey) == set(ApiKeyRow.__table__.c.keys()) - {"sha256"}
 
 
+def test_postgres_fixture_names_the_install_line_when_postgres_is_missing(tmp_path: Path):
+    from tests.fixtures.postgres import INSTALL_HINT, find_postgres_bin
+
+    with pytest.raises(pytest.fail.Exception, match=INSTALL_HINT):
+        find_postgres_bin(tmp_path)
+    (tmp_path / "15" / "bin").mkdir(parents=True)
+    for name in ("initdb", "pg_ctl"):
+        (tmp_path / "15" / "bin" / name).touch()
+    assert find_postgres_bin(tmp_path) == tmp_path / "15" / "bin"
+
+
 # -- create / get -------------------------------------------------------------------------
 
 
