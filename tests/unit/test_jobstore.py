@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
 from llm_batch.endpoints import UnsupportedEndpointError
@@ -27,6 +29,7 @@ from llm_batch.jobstore import (
     JobStore,
     upgrade_to_head,
 )
+from llm_batch.jobstore.models import Base
 
 CHAT = "/v1/chat/completions"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -66,7 +69,13 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
         assert {("owner", "created_at"), ("owner", "status"), ("dialect", "created_at"), ("model",)} <= indexed
         with engine.connect() as connection:
             versions = connection.execute(text("SELECT version_num FROM llm_batch_alembic_version")).all()
+            # The migrations build exactly what the models declare (a model change without
+            # a migration fails here).
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            drift = [d for d in compare_metadata(context, Base.metadata) if d[0] != "remove_table"
+                     or d[1].name != "llm_batch_alembic_version"]
         assert versions == [("0001",)]
+        assert drift == []
     finally:
         engine.dispose()
 
