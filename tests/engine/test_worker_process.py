@@ -1,5 +1,6 @@
 """``llm-batch worker`` as a subprocess on the tiny model: resume after kill -9 (exactly one
-result per request), progress that moves, the cancel marker, and the exit codes.
+result per request), progress that moves, the cancel marker (on the real S3 server), and the
+exit codes.
 
 Each engine start costs ~12-40 s here, so there are only three of them: the killed run, its
 resume, and the cancelled run.
@@ -31,6 +32,7 @@ START_TIMEOUT_S = 240
 
 
 def _shard(home: Path, n: int, max_tokens: int, first_index: int = 1000) -> tuple[JobLayout, str]:
+    """A local shard of ``n`` chat requests that each generate exactly ``max_tokens``."""
     layout = JobLayout(str(home / "work"), f"job-{uuid.uuid4().hex[:8]}")
     requests = Path(layout.shard(0).requests)
     requests.parent.mkdir(parents=True)
@@ -102,13 +104,21 @@ def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, 
     assert final.completion_tokens == 64 * (total - final.resumed)
 
 
-def test_cancel_marker_stops_the_shard_with_a_prefix_written(llm_batch_home, tiny_model_dir):
+@pytest.mark.s3
+def test_cancel_marker_on_s3_stops_the_shard_with_a_prefix_written(s3_bucket, tiny_model_dir):
+    # Everything on the real S3 server: requests, result parts, progress, cancel marker.
+    from llm_batch import storage
+
     total = 400
-    layout, _ = _shard(llm_batch_home, total, max_tokens=64)
+    layout = JobLayout(f"s3://{s3_bucket}/work", "job-s3")
+    lines = [dumps_line(BatchRequest(index=1000 + i, custom_id=f"c{i}", body={
+        "messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 64, "min_tokens": 64}))
+        for i in range(total)]
+    storage.write_bytes(layout.shard(0).requests, b"".join(lines))
     proc = _start(layout, "--window", "1", "--flush-every-records", "4")
     try:
         _wait_for(lambda: (p := _progress(layout)) is not None and p.done >= 3, START_TIMEOUT_S, proc)
-        Path(layout.cancel_marker).touch()
+        storage.write_bytes(layout.cancel_marker, b"")
         assert proc.wait(timeout=30) == exit_codes.CANCELLED
     finally:
         if proc.poll() is None:
