@@ -161,6 +161,7 @@ class Stack:
 
     def up(self, timeout: float = 180.0) -> None:
         if all(self.running().values()):
+            self.provision(timeout)  # idempotent: e.g. a deleted CLI key is made again
             return
         self.down()  # a partial stack from an earlier crash: start clean
         (self.run_dir / "log-ports.json").unlink(missing_ok=True)  # pick free ones again
@@ -170,18 +171,14 @@ class Stack:
         env = self.env()
         _run_logged([sys.executable, "-m", "airflow", "db", "migrate"], env, self.log_dir / "db-migrate.log")
         for component in COMPONENTS:
-            log = open(self.log_dir / f"{component}.log", "ab")  # noqa: SIM115 (owned by the child)
-            proc = subprocess.Popen(
-                self.command(component), env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-            self.pid_file(component).write_text(str(proc.pid))
+            self.start_component(component)
         deadline = time.monotonic() + timeout
         self.wait_healthy(timeout)
         self.provision(max(deadline - time.monotonic(), 30.0))
 
     def start_component(self, component: str) -> int:
-        """(Re)start one component of a running stack (e.g. after a crash); returns its pid."""
+        """Start one component (its own process group, pid file, log) unless it runs;
+        returns its pid. Also restarts one component of a running stack."""
         pid = _read_pid(self.pid_file(component))
         if pid and _alive(pid):
             return pid

@@ -79,9 +79,9 @@ def _worker_pids(job_id: str) -> list[int]:
     return pids
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "llm_batch.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "llm_batch.cli", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -203,7 +203,7 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
         for pid in pids:
             os.killpg(pid, signal.SIGKILL)  # the worker and the engine processes it spawned
 
-        waited = _cli("job", job_id, "--wait")
+        waited = _cli("job", job_id, "--wait", timeout=JOB_TIMEOUT)
         assert waited.returncode == 0, waited.stdout + waited.stderr
         job = client.job(job_id)
     assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCESS", 60, 60, 0)
