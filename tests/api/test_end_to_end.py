@@ -53,3 +53,27 @@ def test_openai_sdk_with_a_real_run(live_server, creds, dag_bag, tiny_model_dir,
     assert len(results) == counts.completed
     errors = client.files.content(done.error_file_id).content.splitlines()
     assert len(errors) == counts.failed
+
+
+def test_scale_sdk_job_with_a_real_run(live_server, creds, dag_bag, tiny_model_dir, engine_env, llm_batch_home, monkeypatch):
+    """Scale's client submits (v1 content), the real run writes the JSON array at
+    output_data_path, the v2 job reads completed with final counts."""
+    from llmengine import Completion, api_engine
+    from llmengine.data_types import CreateBatchCompletionsModelConfig, CreateBatchCompletionsRequestContent
+
+    monkeypatch.setattr(api_engine, "base_path", f"{live_server}/batch/")
+    monkeypatch.setattr(api_engine, "api_key", creds.keys["bob"])
+    output_path = llm_batch_home / "e2e-scale" / "out.json"
+    prompts = [f"Count to {i}" for i in range(5)]
+    created = Completion.batch_create(
+        output_data_path=str(output_path),
+        model_config=CreateBatchCompletionsModelConfig(model="tiny-random-llama", labels={}),
+        content=CreateBatchCompletionsRequestContent(prompts=prompts, max_new_tokens=4, temperature=0.0),
+    )
+    dag_bag.get_dag("batch_inference").test(run_conf={"job_id": created.job_id})
+
+    job = api_engine.APIEngine._get(f"v2/batch-completions/{created.job_id}", timeout=30)["job"]
+    assert job["status"] == "completed", job
+    assert job["metadata"]["total_requests"] == 5 and job["metadata"]["succeeded_requests"] == 5
+    outputs = orjson.loads(output_path.read_bytes())
+    assert isinstance(outputs, list) and len(outputs) == len(prompts)
