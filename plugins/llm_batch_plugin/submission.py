@@ -22,7 +22,7 @@ from llm_batch.endpoints import UnsupportedEndpointError, parse_endpoint
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
 from llm_batch.layout import join_uri
-from llm_batch.models import ModelError, Registry, load_registry
+from llm_batch.models import ModelError, Registry, load_registry, validate_model_config
 from llm_batch_plugin.dag_trigger import TriggerError
 from llm_batch_plugin.errors import ApiError
 
@@ -78,11 +78,17 @@ def model_registry(settings: Settings) -> Registry:
 
 
 def check_model(model: str | None, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:
-    """A model must be registered unless the request names its own checkpoint_path."""
-    if model_config.get("checkpoint_path"):
-        return
+    """A model must be named, its model_config well formed (the worker's own check, so a bad
+    field is refused here rather than failing the first shard), and the model registered
+    unless the request names its own checkpoint_path."""
     if not model:
         raise ApiError(400, "a model is required", param=param, code="missing_model")
+    try:
+        validate_model_config({**model_config, "model": model})
+    except ModelError as exc:
+        raise ApiError(400, str(exc), param="model_config", code="invalid_model_config") from None
+    if model_config.get("checkpoint_path"):
+        return
     try:
         model_registry(settings).get(model)
     except ModelError as exc:

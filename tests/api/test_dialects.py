@@ -250,3 +250,17 @@ def test_scale_resources_pass_the_dags_params(client, creds, api_store, llm_batc
     conf = dag_run_of(job["job_id"])["conf"]
     assert (conf["gpus"], conf["gpu_type"], conf["nodes_per_worker"]) == (2, "nvidia-hopper-h100-1g20gb", 1)
     assert api_store.get_job(job["job_id"]).endpoint == "/v1/completions"
+
+
+def test_scale_model_config_is_checked_at_submission(client, creds, llm_batch_home):
+    """A model_config field the worker would refuse is a 400 naming it, before any run."""
+    response = client.post(
+        "/v2/batch-completions",
+        headers=creds.key("alice"),
+        json={"output_data_path": str(llm_batch_home / "scale-out" / "refused.json"),
+              "content": [{"prompt": "hi", "max_tokens": 4}],
+              "model_config": {"model": "tiny-random-llama",
+                               "engine_args": {"trust_remote_code": True}}},
+    )
+    assert response.status_code == 400, response.text
+    assert "trust_remote_code" in response.text
