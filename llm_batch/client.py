@@ -7,11 +7,12 @@
 
 Which route a submission takes (the API has three dialects; none carries everything):
 - the Mistral route (upload the file to ``/v1/files``, then ``POST /v1/batch/jobs``) when
-  the request fits it: a JSONL file, one shard, a deadline in whole hours. It keeps the
+  the request fits it: a JSONL file, one shard, a deadline in whole hours, no engine
+  settings (``model_config``). It keeps the
   file's custom_ids and takes any file size.
 - the Scale route (``POST /v2/batch-completions`` with the requests as inline ``content``)
-  otherwise: it alone carries ``data_parallelism`` (shards), a deadline in seconds and the
-  Scale input formats. A JSONL file's bodies become Scale v2 items, so custom_ids become
+  otherwise: it alone carries ``data_parallelism`` (shards), a deadline in seconds,
+  ``model_config`` and the Scale input formats. A JSONL file's bodies become Scale v2 items, so custom_ids become
   the requests' 0-based positions (as Scale defines them); Scale also needs an output path
   on the server (``output_data_path``), by default under ``$LLM_BATCH_HOME/outputs``.
 Jobs of both routes are read through the Mistral route (``GET /v1/batch/jobs/{id}``, which
@@ -124,10 +125,12 @@ def default_api_key(settings: Settings | None = None) -> str:
         ) from None
 
 
-def uses_mistral_route(input_format: str, shards: int, max_runtime_sec: int | None) -> bool:
+def uses_mistral_route(
+    input_format: str, shards: int, max_runtime_sec: int | None, model_config: dict[str, Any] | None = None
+) -> bool:
     """Whether a submission fits the Mistral route (see the module docstring)."""
     whole_hours = max_runtime_sec is None or max_runtime_sec % _HOUR == 0
-    return input_format == "jsonl" and shards == 1 and whole_hours
+    return input_format == "jsonl" and shards == 1 and whole_hours and not model_config
 
 
 def scale_content(path: Path, input_format: str) -> list[dict[str, Any]] | dict[str, Any]:
@@ -199,11 +202,15 @@ class BatchClient:
         max_runtime_sec: int | None = None,
         output_path: str | None = None,
         metadata: dict[str, str] | None = None,
+        model_config: dict[str, Any] | None = None,
     ) -> JobView:
-        """Submit the file as one job (route: see the module docstring); returns the job."""
+        """Submit the file as one job (route: see the module docstring); returns the job.
+
+        ``model_config``: Scale's fields beside the model (``engine_args``, ``seed``,
+        ``max_context_length``, ...); only the Scale route carries it."""
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input format {input_format!r} is unknown; use one of {', '.join(INPUT_FORMATS)}")
-        if uses_mistral_route(input_format, shards, max_runtime_sec):
+        if uses_mistral_route(input_format, shards, max_runtime_sec, model_config):
             body: dict[str, Any] = {"input_files": [self.upload(path)], "endpoint": endpoint, "model": model}
             if max_runtime_sec is not None:
                 body["timeout_hours"] = max(1, math.ceil(max_runtime_sec / _HOUR))
@@ -214,7 +221,7 @@ class BatchClient:
         body = {
             "content": content,
             "output_data_path": output_path or default_output_path(path),
-            "model_config": {"model": model},
+            "model_config": {**(model_config or {}), "model": model},
             "data_parallelism": shards,
             "labels": metadata or {},
         }

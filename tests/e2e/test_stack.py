@@ -229,9 +229,11 @@ def _shard_tries(stack, job_id: str) -> list[int]:
 
 def test_deadline_mid_run_times_out_with_partial_results(e2e_stack, batch_client, job_logs, tmp_path):
     batch = long_batch(tmp_path / "deadline.jsonl", 150)
-    # Past the first results (as measured above) but long before 150 requests finish.
-    deadline = int(max(first_result_after or [60.0]) + 20)
-    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline)
+    # Past the first results (as measured above: start-up on this machine now), and long
+    # before the last: two requests at a time make the batch take ~37k engine steps.
+    deadline = int(max(first_result_after or [90.0]) + 30)
+    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline,
+                              model_config={"engine_args": {"max_num_seqs": 2}})
     job_logs.append(job.id)
     job = batch_client.wait(job.id, timeout=deadline + JOB_TIMEOUT)
     assert job.status == "TIMEOUT_EXCEEDED", job

@@ -53,6 +53,7 @@ class Recorder:
 )
 def test_route_choice(fmt, shards, runtime, mistral):
     assert uses_mistral_route(fmt, shards, runtime) is mistral
+    assert uses_mistral_route(fmt, shards, runtime, {"engine_args": {"max_num_seqs": 2}}) is False
 
 
 def test_scale_content_keeps_bodies_in_order_and_names_bad_lines(tmp_path):
