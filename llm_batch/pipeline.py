@@ -258,10 +258,21 @@ def register(store: JobStore, settings: Settings, conf: dict[str, Any], dag_run_
         check_resources(run.nodes_per_worker, run.gpu_type)
         if not job.input:
             raise JobRejected("no input: give input_uri, input_file_ids or input_requests")
+        for name, uri in (("input_uri", run.input_uri), ("output_uri", run.output_uri)):
+            _check_user_uri(name, uri)
     except JobRejected as exc:
         fail_job(store, job.id, str(exc))
         raise
     return job.id
+
+
+def _check_user_uri(name: str, uri: str | None) -> None:
+    """Paths a user names must lie in the configured roots or buckets (say so up front)."""
+    if uri:
+        try:
+            storage.check_user_uri(uri)
+        except storage.StorageError as exc:
+            raise JobRejected(f"{name}: {exc}") from None
 
 
 # -- validate -----------------------------------------------------------------------------

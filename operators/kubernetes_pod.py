@@ -16,6 +16,7 @@ and "deadline" (exit statuses 3 and 4) end the task well: merge reports what did
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +31,7 @@ from llm_batch_operators import pod_spec
 from llm_batch_operators.shard import ShardTaskMixin
 
 STOP_KEY = "llm_batch_stop"
+log = logging.getLogger(__name__)
 
 
 class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
@@ -190,18 +192,26 @@ class ShardPodTrigger(KubernetesPodTrigger):
         loop = asyncio.get_running_loop()
         while True:
             if cause is None:
-                cause = await asyncio.to_thread(_stop_cause, self.shard_stop)
+                cause = await asyncio.to_thread(_watch_shard, self.shard_stop)
                 seen_at = loop.time() if cause else None
             elif loop.time() - (seen_at or 0) >= self.shard_stop["grace_seconds"]:
                 return cause
             await asyncio.sleep(self.poll_interval)
 
 
-def _stop_cause(shard_stop: dict[str, Any]) -> str | None:
+def _watch_shard(shard_stop: dict[str, Any]) -> str | None:
+    """One round of the stop watch (blocking: run in a thread): publish the job's live
+    counts, mirror a cancel to the marker, and return the stop cause if there is one."""
     from llm_batch.jobstore import get_job_store
-    from llm_batch.pipeline import mirror_cancel
+    from llm_batch.pipeline import mirror_cancel, publish_progress
 
-    if mirror_cancel(get_job_store(get_settings().database_url), shard_stop["job_id"], shard_stop["cancel_marker"]):
+    settings = get_settings()
+    store = get_job_store(settings.database_url)
+    try:
+        publish_progress(store, settings, shard_stop["job_id"])
+    except Exception as exc:  # noqa: BLE001 - live counts must never end the wait
+        log.warning("could not publish progress of job %s: %s", shard_stop["job_id"], exc)
+    if mirror_cancel(store, shard_stop["job_id"], shard_stop["cancel_marker"]):
         return "cancelled"
     if datetime.now(UTC) >= datetime.fromisoformat(shard_stop["deadline"]):
         return "deadline"

@@ -115,7 +115,12 @@ def test_register_makes_a_job_from_the_conf(store, settings):
 
 @pytest.mark.parametrize(
     ("conf", "reason"),
-    [({"model": "m"}, "no input"), ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4")],
+    [
+        ({"model": "m"}, "no input"),
+        ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4"),
+        ({"input_uri": "/etc/passwd"}, "input_uri: /etc/passwd"),
+        ({"input_requests": [{"body": {}}], "output_uri": "/root/out.json"}, "output_uri: /root/out.json"),
+    ],
 )
 def test_register_refuses_with_a_failed_job(store, settings, conf, reason):
     with pytest.raises(pipeline.JobRejected, match=reason):
