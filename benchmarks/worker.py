@@ -93,7 +93,7 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, PeakRs
 
 # -- (a) LLM.chat, in its own process ------------------------------------------------------
 
-def llm_chat_main(model_dir: str, n: int, out: str) -> None:
+def llm_chat_main(model_dir: str, out: str, n: int) -> None:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, enforce_eager=True, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, seed=0)
