@@ -19,6 +19,7 @@ count them so they match an editor's.
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -244,6 +245,48 @@ def _json_kind(value: Any) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
+_INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def not_json(value: Any, path: str) -> tuple[ErrorCode, str] | None:
+    """Why inline content (Python objects from the API, not parsed from JSON text here) cannot
+    be written as JSON, and where: None when it can. Python's own JSON parser lets through
+    what orjson refuses to write (lone surrogates, integers past 64 bits, NaN)."""
+    kind = type(value)
+    if value is None or kind is bool:
+        return None
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return ErrorCode.INVALID_UTF8, (f"{path}: text is not valid UTF-8 (a lone surrogate "
+                                            f"at character {exc.start + 1})")
+        return None
+    if isinstance(value, int):
+        if _INT64_MIN <= value <= _UINT64_MAX:
+            return None
+        digits = str(value)
+        shown = digits if len(digits) <= 30 else f"{digits[:27]}... ({len(digits)} digits)"
+        return ErrorCode.INVALID_JSON, f"{path}: the integer {shown} does not fit in 64 bits"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (
+            ErrorCode.INVALID_JSON, f"{path}: {value} is not a JSON number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return ErrorCode.INVALID_JSON, f"{path}: key {key!r} is not a string"
+            where = f"{path}.{key}" if path else key
+            if found := not_json(key, f"{path} (a key)") or not_json(item, where):
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if found := not_json(item, f"{path}[{i}]"):
+                return found
+        return None
+    return ErrorCode.INVALID_JSON, f"{path}: a {kind.__name__} is not a JSON value"
+
+
 def _bad_bytes(raw: bytes, exc: orjson.JSONDecodeError, index: int, line: int, where: str) -> ErrorRecord:
     """Not JSON: say whether the bytes are not UTF-8 (and where) or the JSON is broken."""
     custom_id = _peek_custom_id(raw)
@@ -256,8 +299,16 @@ def _bad_bytes(raw: bytes, exc: orjson.JSONDecodeError, index: int, line: int, w
         orjson.loads(raw.rstrip(b"\r\n"))
     except orjson.JSONDecodeError as inline:
         exc = inline
+    reason = _ORJSON_REASONS.get(exc.msg, exc.msg)
     return _error(index, line, custom_id, ErrorCode.INVALID_JSON,
-                  f"{where}invalid JSON: {exc.msg} at column {exc.colno}")
+                  f"{where}invalid JSON: {reason} at column {exc.colno}")
+
+
+# orjson's words, said plainly where they are obscure.
+_ORJSON_REASONS = {
+    "depth limit exceeded": "nested deeper than 1024 levels (the parser's limit)",
+    "number is infinity when parsed as double": "a number too large for a double (such as 1e400)",
+}
 
 
 # A custom_id written first in the line, found without parsing it (broken or huge lines).
@@ -288,33 +339,74 @@ def read_jsonl(
     start_index: int = 0,
     where: str = "",
 ) -> Iterator[Item]:
-    """Items of a JSONL stream. A line over ``max_line_bytes`` (newline not counted) is never
-    held whole: the reader skips to the next newline and reports ``line_too_long``."""
+    """Items of a JSONL stream. A line over ``max_line_bytes`` (its ``\\n`` or ``\\r\\n`` not
+    counted) is never held whole: the reader skips to the next newline and reports
+    ``line_too_long``. A UTF-8 byte-order mark at the start of the stream is ignored."""
     index, line = start_index, 0
     readline = stream.readline
+    limit = max_line_bytes + 2  # room for "\r\n"
+    raw = readline(limit + len(_BOM))
+    if raw.startswith(_BOM):  # editors on Windows write one
+        raw = raw[len(_BOM):]
     check_line = checker.check_line
-    while raw := readline(max_line_bytes + 1):
+    while raw:
         line += 1
-        if line == 1 and raw.startswith(_BOM):  # editors on Windows write one
-            raw = raw[len(_BOM):]
-        if len(raw) > max_line_bytes and raw[-1:] != b"\n":
-            size = len(raw) + _skip_rest_of_line(stream)
+        if len(raw) > max_line_bytes and (size := len(raw) - _ending(raw)) > max_line_bytes:
+            if raw[-1:] != b"\n":  # cut short at the limit: skip the rest of the line
+                size = len(raw) + _skip_rest_of_line(stream, raw[-1:])
             yield _error(index, line, _peek_custom_id(raw), ErrorCode.LINE_TOO_LONG,
                          f"{where}line is {size} bytes, over the limit of {max_line_bytes}")
         elif raw.isspace():
+            raw = readline(limit)
             continue
         else:
             yield check_line(raw, index, line, where)
         index += 1
+        raw = readline(limit)
 
 
-def _skip_rest_of_line(stream: BinaryIO) -> int:
+def _ending(raw: bytes) -> int:
+    """Length of the line ending ("\\n", "\\r\\n" or none) at the end of ``raw``."""
+    if raw[-1:] != b"\n":
+        return 0
+    return 2 if raw[-2:-1] == b"\r" else 1
+
+
+def _skip_rest_of_line(stream: BinaryIO, tail: bytes) -> int:
+    """Read past the end of a line cut short; the content bytes skipped (its ending not
+    counted). ``tail`` is the last byte already read, in case the ending is split."""
     skipped = 0
     while chunk := stream.readline(_SKIP_CHUNK):
         if chunk[-1:] == b"\n":
-            return skipped + len(chunk) - 1
+            end = len(chunk) - 1
+            before = chunk[end - 1:end] if end else tail
+            return skipped + end - (before == b"\r")
         skipped += len(chunk)
+        tail = chunk[-1:]
     return skipped
+
+
+class WithoutBom:
+    """A read-only view of a binary stream that drops a leading UTF-8 byte-order mark
+    (JSON files saved by Windows tools start with one; JSON parsers refuse it)."""
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self._head: bytes | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head is None:
+            head = b""
+            while len(head) < len(_BOM) and (more := self._stream.read(len(_BOM) - len(head))):
+                head += more
+            self._head = b"" if head == _BOM else head
+        if not self._head:
+            return self._stream.read(size)
+        if 0 <= size < len(self._head):
+            out, self._head = self._head[:size], self._head[size:]
+            return out
+        out, self._head = self._head, b""
+        return out + self._stream.read(-1 if size < 0 else size - len(out))
 
 
 # -- inline -------------------------------------------------------------------------------------
@@ -329,8 +421,15 @@ def read_inline(
         if type(obj) is not dict:
             yield _error(index, offset + 1, None, ErrorCode.NOT_AN_OBJECT,
                          f"{where}expected an object, got {_json_kind(obj)}")
+        elif bad := not_json(obj, ""):
+            yield _error(index, offset + 1, _id_if_str(obj), bad[0], f"{where}request {offset + 1}: {bad[1]}")
         else:
             yield checker.check_record(obj, index, offset + 1, where, id_required=False)
+
+
+def _id_if_str(obj: dict[str, Any]) -> str | None:
+    custom_id = obj.get("custom_id")
+    return custom_id if type(custom_id) is str and not_json(custom_id, "") is None else None
 
 
 # -- Scale v2 -----------------------------------------------------------------------------------
@@ -360,7 +459,8 @@ def read_scale_v2(
     where: str = "",
 ) -> Iterator[Item]:
     """Items of a Scale v2 JSON array (a stream, streamed) or inline content (a list)."""
-    elements = _array_elements(source, where) if hasattr(source, "read") else source
+    inline = not hasattr(source, "read")
+    elements = source if inline else _array_elements(source, where)
     for offset, obj in enumerate(elements):
         index, line = start_index + offset, offset + 1
         if type(obj) is not dict:
@@ -368,6 +468,9 @@ def read_scale_v2(
                          f"{where}element {line}: expected an object, got {_json_kind(obj)}")
             continue
         custom_id = str(index)
+        if inline and (bad := not_json(obj, "body")):
+            yield _error(index, line, custom_id, bad[0], f"{where}element {line}: {bad[1]}")
+            continue
         has_prompt, has_messages = "prompt" in obj, "messages" in obj
         if has_prompt == has_messages:
             yield _error(index, line, custom_id, ErrorCode.INVALID_BODY, f"{where}element {line}: "
@@ -388,7 +491,7 @@ def _array_elements(stream: BinaryIO, where: str) -> Iterator[Any]:
     """The elements of a top-level JSON array, one at a time."""
     count = 0
     try:
-        events = ijson.parse(stream, use_float=True)
+        events = ijson.parse(WithoutBom(stream), use_float=True)
         first = next(events, None)
         if first is None or first[1] != "start_array":
             raise InputUnreadable(f"{where}expected a JSON array of requests")
@@ -406,13 +509,27 @@ def _resume(first: tuple, events: Iterator[tuple]) -> Iterator[tuple]:
     yield from events
 
 
+# yajl's words for numbers it cannot hold, said plainly.
+_IJSON_REASONS = {
+    "integer overflow": "an integer too large for 64 bits",
+    "numeric (floating point) overflow": "a number too large for a double (such as 1e400)",
+}
+
+
 def _ijson_reason(exc: Exception) -> str:
-    """The parser's first message line (its others draw an arrow at the spot)."""
+    """The parser's message, and the text around the spot when it shows it (its second
+    line; the third draws an arrow there)."""
     text = exc.args[0] if exc.args else ""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    lines = str(text).strip().splitlines()
-    return lines[0][:200] if lines else type(exc).__name__
+    lines = [line.strip() for line in str(text).strip().splitlines()]
+    if not lines:
+        return type(exc).__name__
+    reason = lines[0].removeprefix("parse error: ").removeprefix("lexical error: ").rstrip(".")
+    reason = _IJSON_REASONS.get(reason, reason)[:200]
+    if len(lines) > 1 and lines[1]:
+        reason += f" near {lines[1][:60]!r}"
+    return reason
 
 
 # -- Scale v1 -----------------------------------------------------------------------------------
@@ -457,6 +574,9 @@ def scale_v1_params(content: dict[str, Any], where: str = "") -> ScaleV1Params:
     """The validated shared fields, or InputUnreadable naming the bad one."""
     if type(content.get("prompts")) is not list:
         raise InputUnreadable(f"{where}scale-v1 content needs a 'prompts' array")
+    shared = {k: v for k, v in content.items() if k != "prompts"}
+    if bad := not_json(shared, "content"):
+        raise InputUnreadable(where + bad[1])
     try:
         return ScaleV1Params.model_validate(content)
     except ValidationError as exc:
@@ -469,7 +589,7 @@ def scan_scale_v1_params(stream: BinaryIO, where: str = "") -> ScaleV1Params:
     fields: dict[str, Any] = {}
     prompts_kind = None
     try:
-        events = ijson.parse(stream, use_float=True)
+        events = ijson.parse(WithoutBom(stream), use_float=True)
         first = next(events, None)
         if first is None or first[1] != "start_map":
             raise InputUnreadable(f"{where}scale-v1 content must be a JSON object")
@@ -478,6 +598,10 @@ def scan_scale_v1_params(stream: BinaryIO, where: str = "") -> ScaleV1Params:
             if prefix == "":
                 if event == "map_key":
                     key = value
+                    if key == "prompts" and prompts_kind is not None:
+                        # JSON parsers keep the last one; a stream would read both.
+                        raise InputUnreadable(f"{where}scale-v1 content has the key 'prompts' "
+                                              "more than once")
                 continue
             if key == "prompts":
                 if prefix == "prompts" and prompts_kind is None:
@@ -508,7 +632,7 @@ def _build_value(event: str, value: Any, events: Iterator[tuple]) -> Any:
 def scale_v1_prompts(stream: BinaryIO, where: str = "") -> Iterator[Any]:
     """Second pass over a Scale v1 file: its prompts, one at a time."""
     try:
-        yield from ijson.items(stream, "prompts.item", use_float=True)
+        yield from ijson.items(WithoutBom(stream), "prompts.item", use_float=True)
     except ijson.JSONError as exc:
         raise InputUnreadable(f"{where}not valid JSON: {_ijson_reason(exc)}") from None
 
@@ -527,5 +651,8 @@ def read_scale_v1(
                               f"job's endpoint is {checker.endpoint}")
     for offset, prompt in enumerate(prompts):
         index = start_index + offset
+        if bad := not_json(prompt, "body.prompt"):
+            yield _error(index, offset + 1, str(index), bad[0], f"{where}prompt {offset + 1}: {bad[1]}")
+            continue
         yield checker.check_body(params.completion_body(prompt), str(index), index, offset + 1,
                                  f"{where}prompt {offset + 1}: ")

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+import orjson
+
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -34,8 +36,21 @@ from llm_batch.endpoints import Endpoint
 MAX_N = 32
 MAX_LOGPROBS = 20
 
-ROLES = ("system", "user", "assistant", "tool", "developer")
-CONTENT_PART_TYPES = ("text", "image_url", "input_audio", "audio_url", "video_url", "file", "refusal")
+ROLES = ("system", "user", "assistant", "tool", "developer", "function")
+# Content part types and the field each one's payload is in: the OpenAI SDK's types plus the
+# ones vLLM's chat parser reads (vllm/renderers/chat_utils.py MM_PARSER_MAP).
+CONTENT_PART_PAYLOADS = {
+    "text": "text", "input_text": "text", "output_text": "text", "thinking": "thinking",
+    "refusal": "refusal", "image_url": "image_url", "input_image": "image_url",
+    "input_audio": "input_audio", "audio_url": "audio_url", "video_url": "video_url",
+    "file": "file", "image_embeds": "image_embeds", "audio_embeds": "audio_embeds",
+    "video_embeds": "video_embeds", "prompt_embeds": "data", "tool_reference": "name",
+}
+CONTENT_PART_TYPES = tuple(CONTENT_PART_PAYLOADS)
+# Parts whose payload is an object with a "url" (OpenAI and vLLM both read part[type]["url"]).
+_URL_PARTS = ("image_url", "audio_url", "video_url")
+# What an assistant message may carry instead of content (the SDK allows each alone).
+_ASSISTANT_PAYLOADS = ("content", "tool_calls", "function_call", "refusal", "audio")
 
 
 class _Strict(BaseModel):
@@ -60,7 +75,8 @@ def _is_token_ids(value: Any) -> bool:
 
 
 def _prompt_like(field: str):
-    """str | list[str] | list[int] | list[list[int]], non-empty (vLLM refuses empty prompts)."""
+    """str | list[str] | list[int] | list[list[int]], non-empty, and no empty string in a
+    list either (vLLM refuses empty prompts; OpenAI refuses empty embedding inputs)."""
 
     def check(value: Any) -> Any:
         if type(value) is str:
@@ -68,7 +84,12 @@ def _prompt_like(field: str):
                 raise _fail("empty_input", f"{field} must not be an empty string")
             return value
         if type(value) is list and value:
-            if _is_str_list(value) or _is_token_ids(value):
+            if _is_str_list(value):
+                if "" in value:
+                    raise PydanticCustomError("nested_error", "{detail}", {
+                        "subpath": f"[{value.index('')}]", "detail": "must not be an empty string"})
+                return value
+            if _is_token_ids(value):
                 return value
             if all(_is_token_ids(v) and v for v in value):
                 return value
@@ -123,15 +144,21 @@ Content = Annotated[Any, PlainValidator(_check_content)]
 
 
 class ContentPart(_Strict):
-    """One part of a message's content: the field named by ``type`` must be present."""
+    """One part of a message's content: its type's payload field must be present (for
+    ``text`` and ``input_text`` that is ``text``, for ``image_url`` an object with a url)."""
 
     type: Literal[CONTENT_PART_TYPES]  # type: ignore[valid-type]
     text: str | None = None
 
     @model_validator(mode="after")
     def _payload_present(self) -> ContentPart:
-        if getattr(self, self.type, None) is None and not (self.model_extra or {}).get(self.type):
-            raise ValueError(f"a content part of type {self.type!r} needs a {self.type!r} field")
+        field = CONTENT_PART_PAYLOADS[self.type]
+        payload = getattr(self, field, None) if field == "text" else (self.model_extra or {}).get(field)
+        if payload is None:
+            raise ValueError(f"a content part of type {self.type!r} needs a {field!r} field")
+        if self.type in _URL_PARTS and not (type(payload) is dict and type(payload.get("url")) is str):
+            raise ValueError(f"{field} must be an object with a 'url' string, "
+                             f"like {{\"url\": \"https://...\"}}")
         return self
 
 
@@ -155,9 +182,14 @@ class Message(_Strict):
 
     @model_validator(mode="after")
     def _role_rules(self) -> Message:
+        fields = {**self.__dict__, **(self.model_extra or {})}
         if self.role == "assistant":
-            if self.content is None and not self.tool_calls:
-                raise ValueError("an assistant message needs content or tool_calls")
+            if all(fields.get(name) is None for name in _ASSISTANT_PAYLOADS):
+                raise ValueError("an assistant message needs content, tool_calls, "
+                                 "function_call, refusal or audio")
+        elif self.role == "function":  # deprecated by OpenAI, still in its SDK and vLLM
+            if not self.name:
+                raise ValueError("a function message needs name")
         elif self.content is None:
             raise ValueError(f"a {self.role} message needs content")
         if self.role == "tool" and not self.tool_call_id:
@@ -397,8 +429,15 @@ def _path(root: str, loc: tuple[int | str, ...]) -> str:
 
 
 def _shown(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """The value as the user wrote it: JSON (``true``, ``null``), repr for what is not."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_UINT64_LIMIT = float(1 << 64)
 
 
 def _message(err: Any) -> str:
@@ -408,6 +447,10 @@ def _message(err: Any) -> str:
         return "field required"
     if kind == "too_short" and err.get("input") == []:
         return "must not be empty"
+    value = err.get("input")
+    if kind == "int_type" and type(value) is float and abs(value) >= _UINT64_LIMIT:
+        # orjson reads an integer literal past 64 bits as a float: say what went wrong.
+        return f"Input should be an integer that fits in 64 bits (got {_shown(value)})"
     message = err["msg"].removeprefix("Value error, ")
     if kind in ("value_error", "nested_error") or kind.startswith(("invalid_", "empty_", "stream_")):
         return message

@@ -23,11 +23,16 @@ def shard(args: argparse.Namespace) -> int:
     from llm_batch.config import get_settings
     from llm_batch.layout import JobLayout
     from llm_batch.sharding import ShardingError, manifest_uri, plan_shards
-    from llm_batch.storage import StorageError
+    from llm_batch.storage import ObjectNotFound, StorageError
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
     try:
         plans = plan_shards(layout, args.shards, by=args.by)
+    except ObjectNotFound as exc:
+        hint = (f" (validate the input into the job first: llm-batch validate INPUT --job "
+                f"{args.job_id})" if exc.uri == layout.validated else "")
+        print(f"error: {exc}{hint}", file=sys.stderr)
+        return 2
     except (ShardingError, StorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

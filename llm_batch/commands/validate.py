@@ -1,4 +1,4 @@
-"""``llm-batch validate INPUT... [--endpoint E] [--format F]``: check a batch offline.
+"""``llm-batch validate INPUT... [--endpoint E] [--format F] [--job ID]``: check a batch offline.
 
 Prints one JSON object ``{"total", "valid", "invalid", "errors": [{"line", "custom_id",
 "code", "message"}, ...]}``; errors are capped at Settings.max_reported_errors
@@ -10,7 +10,10 @@ one request is valid, 2 otherwise and when the input cannot be read or exceeds a
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import BinaryIO
 
@@ -39,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--format", dest="fmt", choices=FORMATS, default="jsonl",
                         help="input format (default: jsonl)")
+    parser.add_argument("--job", metavar="JOB_ID",
+                        help="also write the job's validated.jsonl, validation_errors.jsonl and "
+                             "validation.json under the work prefix, ready for `llm-batch shard`")
+    parser.add_argument("--work-uri", help="work prefix for --job (default: LLM_BATCH_WORK_URI)")
     parser.set_defaults(func=run)
 
 
@@ -47,9 +54,15 @@ def run(args: argparse.Namespace) -> int:
 
     from llm_batch.validation import BatchRejected, validate_batch
 
+    from llm_batch.storage import StorageError
+
     source = args.inputs[0] if len(args.inputs) == 1 else args.inputs
     try:
-        report = validate_batch(source, fmt=args.fmt, endpoint=args.endpoint, open_input=open_input)
+        report = validate_batch(source, fmt=args.fmt, endpoint=args.endpoint,
+                                layout=_layout(args), open_input=input_opener(args.fmt))
+    except StorageError as exc:  # writing the job's files (--job)
+        print(f"llm-batch validate: cannot write the job's files: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
     except BatchRejected as exc:
         if exc.report is not None:  # read through: the counts and errors still help
             sys.stdout.write(orjson.dumps(exc.report.summary()).decode() + "\n")
@@ -59,14 +72,42 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_VALID
 
 
-def open_input(uri: str) -> AbstractContextManager[BinaryIO]:
-    """s3:// through storage; local paths and stdin directly. The CLI reads the user's own
-    files with the user's own rights, so storage's root confinement (meant for paths that
-    API users send) does not apply here."""
-    if uri == "-":
-        return nullcontext(sys.stdin.buffer)
-    if uri.startswith("s3://"):
-        from llm_batch import storage
+def _layout(args: argparse.Namespace):
+    if not args.job:
+        return None
+    from llm_batch.config import get_settings
+    from llm_batch.layout import JobLayout
 
-        return storage.open_read(uri)
-    return open(uri, "rb")
+    return JobLayout(args.work_uri or get_settings().work_uri, args.job)
+
+
+def input_opener(fmt: str) -> Callable[[str], AbstractContextManager[BinaryIO]]:
+    """How the CLI opens an input: s3:// through storage; local paths and stdin (``-``)
+    directly. The CLI reads the user's own files with the user's own rights, so storage's
+    root confinement (meant for paths that API users send) does not apply here.
+
+    scale-v1 reads its input twice (its shared fields may follow the prompts), so stdin is
+    then replayed: from a temporary copy when it is a pipe."""
+    stdin: BinaryIO | None = None
+
+    def open_input(uri: str) -> AbstractContextManager[BinaryIO]:
+        nonlocal stdin
+        if uri == "-":
+            if stdin is None:
+                stdin = _replayable(sys.stdin.buffer) if fmt == "scale-v1" else sys.stdin.buffer
+            if fmt == "scale-v1":
+                stdin.seek(0)
+            return nullcontext(stdin)
+        if uri.startswith("s3://"):
+            from llm_batch import storage
+
+            return storage.open_read(uri)
+        return open(uri, "rb")
+
+    return open_input
+
+
+def _replayable(stream: BinaryIO) -> BinaryIO:
+    copy = tempfile.TemporaryFile()  # deleted when closed, at exit at the latest
+    shutil.copyfileobj(stream, copy)
+    return copy

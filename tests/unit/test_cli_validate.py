@@ -97,3 +97,29 @@ def test_console_entry_point_reads_stdin(batch: Path) -> None:
                           input=batch.read_bytes(), capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["valid"] == 2
+
+
+def test_scale_v1_from_a_pipe_is_read_twice() -> None:
+    content = b'{"prompts": ["a", "b", ""], "max_new_tokens": 5, "temperature": 0.5}'
+    done = subprocess.run([sys.executable, "-m", "llm_batch.cli", "validate", "--format",
+                           "scale-v1", "-"], input=content, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert (printed["total"], printed["valid"]) == (3, 2)
+    assert printed["errors"][0]["line"] == 3
+
+
+def test_job_option_writes_the_files_shard_reads(capsys, batch: Path) -> None:
+    work = Path(get_settings().work_uri)
+    status, printed, _ = run_cli(capsys, str(batch), "--job", "j1")
+    assert status == 0 and printed["valid"] == 2
+    assert sorted(p.name for p in (work / "j1").iterdir()) == [
+        "validated.jsonl", "validation.json", "validation_errors.jsonl"]
+    assert len((work / "j1" / "validation_errors.jsonl").read_text().splitlines()) == 2
+    assert main(["shard", "j1", "-n", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["shards"][1]["last_index"] == 3
+
+
+def test_shard_without_validation_says_how_to_validate(capsys) -> None:
+    assert main(["shard", "nojob", "-n", "2"]) == 2
+    assert "llm-batch validate INPUT --job nojob" in capsys.readouterr().err

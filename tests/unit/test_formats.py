@@ -205,3 +205,86 @@ def test_a_utf8_bom_before_the_first_line_is_ignored() -> None:
 def test_unsupported_url_with_no_endpoint_yet_names_the_supported_ones() -> None:
     (item,) = jsonl(b'{"custom_id": "a", "url": "/v1/ocr", "body": {}}\n', endpoint=None)
     assert item.code == "url_mismatch" and "/v1/embeddings" in item.message
+
+
+# -- tried as a user: files as real tools write them --------------------------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_a_byte_order_mark_alone_or_before_a_blank_line_is_no_request() -> None:
+    assert jsonl(BOM) == []
+    assert jsonl(BOM + b"\r\n" + chat("a"))[0].line == 2
+
+
+def test_crlf_is_not_counted_against_the_line_limit() -> None:
+    line = chat("a", "x" * 100)
+    limit = len(line)
+    items = jsonl(line + b"\r\n" + chat("b", "x" * 101) + b"\r\n" + chat("c"), max_line_bytes=limit)
+    assert [type(i) for i in items] == [BatchRequest, ErrorRecord, BatchRequest]
+    assert items[1].code == "line_too_long" and items[1].custom_id == "b"
+    assert f"line is {limit + 1} bytes" in items[1].message
+    # the first line, with a byte-order mark, gets the same limit
+    assert type(jsonl(BOM + line + b"\r\n", max_line_bytes=limit)[0]) is BatchRequest
+
+
+def test_an_over_long_last_line_without_newline_is_reported_with_its_size() -> None:
+    items = jsonl(chat("a") + b"\n" + chat("big", "x" * 5000), max_line_bytes=1024)
+    assert [i.index for i in items] == [0, 1]
+    assert items[1].code == "line_too_long" and items[1].custom_id == "big"
+    assert f"line is {len(chat('big', 'x' * 5000))} bytes" in items[1].message
+
+
+def test_scale_files_may_start_with_a_byte_order_mark() -> None:
+    items = list(read_scale_v2(io.BytesIO(BOM + b'[{"prompt": "a"}]'), RequestChecker()))
+    assert [type(i) for i in items] == [BatchRequest]
+    content = BOM + b'{"prompts": ["a", "b"], "max_new_tokens": 3, "temperature": 0}'
+    params = scan_scale_v1_params(io.BytesIO(content))
+    prompts = scale_v1_prompts(io.BytesIO(content))
+    assert len(list(read_scale_v1(params, prompts, RequestChecker()))) == 2
+
+
+def test_scale_v2_number_overflow_names_the_problem_and_the_spot() -> None:
+    data = b'[{"prompt": "a"}, {"prompt": "b", "seed": 99999999999999999999999}]'
+    with pytest.raises(InputUnreadable) as caught:
+        list(read_scale_v2(io.BytesIO(data), RequestChecker()))
+    message = str(caught.value)
+    assert "after element 1" in message and "64 bits" in message and "99999" in message
+
+
+def test_scale_v1_with_prompts_twice_is_refused() -> None:
+    content = b'{"prompts": ["a"], "max_new_tokens": 3, "temperature": 0, "prompts": ["b", "c"]}'
+    with pytest.raises(InputUnreadable, match="'prompts' more than once"):
+        scan_scale_v1_params(io.BytesIO(content))
+
+
+# Inline content comes from the API as Python objects, which Python's JSON parser builds from
+# text orjson would refuse: each must become an error record, not a crash when it is written.
+NOT_JSON = [
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "invalid_utf8",
+     "body.messages[0].content: text is not valid UTF-8"),
+    ({"messages": [{"role": "user", "content": "x"}], "seed": 2**70}, "invalid_json",
+     "body.seed: the integer 1180591620717411303424 does not fit in 64 bits"),
+    ({"messages": [{"role": "user", "content": "x"}], "extra": float("nan")}, "invalid_json",
+     "body.extra: nan is not a JSON number"),
+    ({"messages": [{"role": "user", "content": "x"}], "extra": {1: 2}}, "invalid_json",
+     "body.extra: key 1 is not a string"),
+]
+
+
+@pytest.mark.parametrize("body, code, message", NOT_JSON)
+def test_inline_values_json_cannot_hold_are_error_records(body: dict, code: str, message: str) -> None:
+    items = list(read_inline([{"custom_id": "a", "body": body}, {"body": {"messages": [
+        {"role": "user", "content": "ok"}]}}], RequestChecker(CHAT)))
+    assert [type(i) for i in items] == [ErrorRecord, BatchRequest]
+    assert items[0].code == code and items[0].custom_id == "a"
+    assert items[0].message.startswith(f"request 1: {message}")
+    assert orjson.dumps(items[0].model_dump())  # the error record itself can be written
+
+
+def test_inline_scale_values_json_cannot_hold_are_error_records() -> None:
+    items = list(read_scale_v2([{"prompt": "\ud800"}, {"prompt": "ok", "seed": -(2**64)}, {"prompt": "ok"}],
+                               RequestChecker()))
+    assert [i.code if type(i) is ErrorRecord else "ok" for i in items] == [
+        "invalid_utf8", "invalid_json", "ok"]
+    assert items[1].message.startswith("element 2: body.seed:")

@@ -67,7 +67,7 @@ def test_valid_bodies_are_accepted(endpoint: Endpoint, body: dict) -> None:
     (CHAT, {"messages": USER, "temperature": 2.01}, "body.temperature:"),
     (CHAT, {"messages": USER, "top_p": 0}, "body.top_p:"),
     (CHAT, {"messages": USER, "top_p": 1.5}, "body.top_p:"),
-    (CHAT, {"messages": USER, "max_tokens": "5"}, "(got '5')"),
+    (CHAT, {"messages": USER, "max_tokens": "5"}, '(got "5")'),
     (CHAT, {"messages": USER, "max_tokens": 5.0}, "body.max_tokens: Input should be a valid integer"),
     (CHAT, {"messages": USER, "logprobs": 1}, "body.logprobs:"),
     (CHAT, {"messages": USER, "stream": True}, "body.stream: stream must be false"),
@@ -75,7 +75,7 @@ def test_valid_bodies_are_accepted(endpoint: Endpoint, body: dict) -> None:
      "body.response_format.json_schema.schema: field required"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
      "body.messages[0].content[0].text:"),
-    (CHAT, {"messages": [{"role": "assistant"}]}, "assistant message needs content or tool_calls"),
+    (CHAT, {"messages": [{"role": "assistant"}]}, "assistant message needs content, tool_calls"),
     (COMPLETIONS, {"prompt": ""}, "body.prompt: prompt must not be an empty string"),
     (COMPLETIONS, {"prompt": [[]]}, "body.prompt:"),
     (COMPLETIONS, {"prompt": "a", "logprobs": -1}, "body.logprobs:"),
@@ -165,3 +165,72 @@ def test_fast_path_never_accepts_what_the_model_refuses(messages, fields, prompt
                            (EMBEDDINGS, {"input": prompt, **fields})):
         if fast_check_for(endpoint)(body) is not None:
             body_model_for(endpoint).model_validate(body)  # must not raise
+
+
+# -- tried as a user: what the openai SDK's types (and vLLM) allow must pass -----------------
+
+SDK_VALID_CHAT_MESSAGES = [
+    # assistant turns that carry no content (the SDK makes every field but role optional)
+    [*USER, {"role": "assistant", "refusal": "I can't."}, *USER],
+    [*USER, {"role": "assistant", "audio": {"id": "audio_1"}}, *USER],
+    [*USER, {"role": "assistant", "content": None,
+             "function_call": {"name": "f", "arguments": "{}"}},
+     {"role": "function", "name": "f", "content": "42"}],  # the deprecated function role
+    [*USER, {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}],
+    [*USER, {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]}],
+    # content part types vLLM's chat parser reads besides the SDK's
+    [{"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                  {"type": "input_image", "image_url": "https://x/y.png"},
+                                  {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}},
+                                  {"type": "audio_url", "audio_url": {"url": "https://x/a.wav"}},
+                                  {"type": "input_audio",
+                                   "input_audio": {"data": "AAA", "format": "wav"}},
+                                  {"type": "image_embeds", "image_embeds": "base64"},
+                                  {"type": "thinking", "thinking": "hmm"},
+                                  {"type": "file", "file": {"file_id": "file-1"}}]}],
+    [{"role": "user", "content": [{"type": "image_url",
+                                   "image_url": {"url": "https://x/y.png", "detail": "low"}}]}],
+]
+
+
+@pytest.mark.parametrize("messages", SDK_VALID_CHAT_MESSAGES)
+def test_messages_the_sdk_allows_are_accepted(messages: list) -> None:
+    body_model_for(CHAT).model_validate({"messages": messages})
+
+
+def test_sdk_request_options_are_accepted() -> None:
+    body_model_for(CHAT).model_validate({
+        "messages": USER,
+        "tools": [{"type": "function", "function": {
+            "name": "f", "description": "d", "strict": True,
+            "parameters": {"type": "object", "properties": {}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+        "parallel_tool_calls": False, "logit_bias": {"50256": -100},
+        "functions": [{"name": "f"}], "function_call": "auto",
+        "store": False, "metadata": {"k": "v"}, "service_tier": "auto",
+        "reasoning_effort": "low", "modalities": ["text"], "stream_options": None,
+        "prediction": {"type": "content", "content": "x"}, "web_search_options": {},
+        "temperature": None, "max_tokens": None, "n": None, "stop": None, "seed": -1,
+    })
+    body_model_for(COMPLETIONS).model_validate({"prompt": "x", "logit_bias": {"1": 5},
+                                                "best_of": 2, "n": 2})
+
+
+@pytest.mark.parametrize("endpoint, body, expected", [
+    (CHAT, {"messages": [{"role": "function", "content": "42"}]},
+     "body.messages[0]: a function message needs name"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url",
+                                                       "image_url": "https://x/y.png"}]}]},
+     "body.messages[0].content[0]: image_url must be an object with a 'url' string"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "input_text"}]}]},
+     "body.messages[0].content[0]: a content part of type 'input_text' needs a 'text' field"),
+    (CHAT, {"messages": USER, "temperature": True}, "body.temperature: Input should be a valid "
+                                                    "number (got true)"),
+    # orjson reads an integer literal past 64 bits as a float
+    (CHAT, {"messages": USER, "max_tokens": 1e26},
+     "body.max_tokens: Input should be an integer that fits in 64 bits"),
+    (COMPLETIONS, {"prompt": ["a", ""]}, "body.prompt[1]: must not be an empty string"),
+    (EMBEDDINGS, {"input": ["", "a"]}, "body.input[0]: must not be an empty string"),
+])
+def test_user_mistakes_say_what_and_where(endpoint: Endpoint, body: dict, expected: str) -> None:
+    assert error_of(endpoint, body).startswith(expected)
