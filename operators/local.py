@@ -47,6 +47,9 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
 
     template_fields = ("shard_task",)
     ui_color = "#e8f4ea"
+    # The worker program; the shard's `worker ...` arguments follow it.
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "llm_batch.cli")
+    term_seconds: float = TERM_SECONDS
 
     def __init__(self, *, shard_task: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -74,13 +77,13 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
     def on_kill(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self.log.info("task killed: terminating worker pid %s", self._process.pid)
-            _terminate(self._process)
+            _terminate(self._process, self.term_seconds)
 
     # -- helpers ----------------------------------------------------------------------
 
     def _start(self) -> subprocess.Popen[bytes]:
         task = self.shard
-        command = [sys.executable, "-m", "llm_batch.cli", *task.worker_args()]
+        command = [*self.worker_command, *task.worker_args()]
         env = {**os.environ, "LLM_BATCH_JOB_ID": task.job_id, "LLM_BATCH_SHARD": str(task.shard)}
         self.log.info("starting worker: %s", " ".join(command))
         # Its own process group, so a kill reaches the engine processes vLLM spawns too.
@@ -112,18 +115,20 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
                     stop_seen = (cause, time.monotonic())
             elif time.monotonic() - stop_seen[1] > grace and process.poll() is None:
                 self.log.warning("worker did not stop %ss after %s: killing it", grace, stop_seen[0])
-                _terminate(process)
+                _terminate(process, self.term_seconds)
                 return stop_seen[0]
         return None
 
 
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the worker's process group, SIGKILL it if it lingers."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=TERM_SECONDS)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        pass
+def _terminate(process: subprocess.Popen[bytes], term_seconds: float) -> None:
+    """SIGTERM the worker's process group, then SIGKILL it if it lingers."""
+    for sig, wait in ((signal.SIGTERM, term_seconds), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
