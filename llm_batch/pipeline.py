@@ -384,21 +384,18 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _label_value(value: Any) -> str:
-    return str(value)[:63]
-
-
 def plan(store: JobStore, settings: Settings, job_id: str) -> dict[str, list[dict[str, Any]]]:
     """Write the shard files and return the shard tasks grouped by lane (see Lane).
 
     Every lane of the DAG is a key (most with no task). The job moves to RUNNING; a job
-    cancelled (or ended) before this point gets no shard task.
+    cancelled (or ended) before this point gets no shard task. Planning again (a retried
+    task) writes the same shards and keeps their results.
     """
     from llm_batch.sharding import plan_shards
 
     grouped: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes(settings)}
     job = _job(store, job_id)
-    if job.terminal or job.cancel_requested or job.status != JobStatus.VALIDATING:
+    if job.cancel_requested or job.status not in (JobStatus.VALIDATING, JobStatus.RUNNING):
         return grouped
     layout = layout_of(settings, job_id)
     plans = plan_shards(layout, job.data_parallelism)
@@ -421,7 +418,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> dict[str, list[dic
             gpu_type=resources.get("gpu_type"),
             nodes_per_worker=int(resources.get("nodes_per_worker") or 1),
             priority=band,
-            labels={str(k): _label_value(v) for k, v in (job.labels or {}).items()},
+            labels={str(k): str(v) for k, v in (job.labels or {}).items()},
         )
         grouped[lane].append(task.model_dump())
     return grouped

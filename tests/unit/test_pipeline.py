@@ -178,6 +178,8 @@ def test_plan_puts_shards_in_the_jobs_lane(store, settings):
     assert args[0] == "worker" and args[args.index("--job-id") + 1] == job_id
     assert float(args[args.index("--deadline") + 1]) == pytest.approx(job.expires_at.timestamp())
     assert orjson.loads(args[args.index("--model-config") + 1])["model"] == "tiny-random-llama"
+    # A retried plan task plans the same shards again.
+    assert pipeline.plan(store, settings, job_id) == grouped
 
 
 def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
