@@ -413,9 +413,15 @@ class WithoutBom:
 
 
 def read_inline(
-    items: Iterable[Any], checker: RequestChecker, *, start_index: int = 0, where: str = ""
+    items: Iterable[Any],
+    checker: RequestChecker,
+    *,
+    start_index: int = 0,
+    where: str = "",
+    max_item_bytes: int | None = None,
 ) -> Iterator[Item]:
-    """Items of an inline list of ``{"custom_id"?, "body", ...}`` dicts."""
+    """Items of an inline list of ``{"custom_id"?, "body", ...}`` dicts; one over
+    ``max_item_bytes`` as compact JSON is ``line_too_long``."""
     for offset, obj in enumerate(items):
         index = start_index + offset
         if type(obj) is not dict:
@@ -423,8 +429,22 @@ def read_inline(
                          f"{where}expected an object, got {_json_kind(obj)}")
         elif bad := not_json(obj, ""):
             yield _error(index, offset + 1, _id_if_str(obj), bad[0], f"{where}request {offset + 1}: {bad[1]}")
+        elif size := _oversize(obj, max_item_bytes):
+            yield _error(index, offset + 1, _id_if_str(obj), ErrorCode.LINE_TOO_LONG,
+                         f"{where}request {offset + 1} is {size} bytes as JSON, over the limit "
+                         f"of {max_item_bytes}")
         else:
             yield checker.check_record(obj, index, offset + 1, where, id_required=False)
+
+
+def _oversize(value: Any, max_bytes: int | None) -> int:
+    """The size of ``value`` as compact JSON when it is over ``max_bytes``, else 0. Array
+    elements have no line to measure: their JSON size keeps the same bound downstream
+    (validated.jsonl lines, shard files, the worker)."""
+    if max_bytes is None:
+        return 0
+    size = len(orjson.dumps(value))
+    return size if size > max_bytes else 0
 
 
 def _id_if_str(obj: dict[str, Any]) -> str | None:
@@ -457,8 +477,10 @@ def read_scale_v2(
     *,
     start_index: int = 0,
     where: str = "",
+    max_item_bytes: int | None = None,
 ) -> Iterator[Item]:
-    """Items of a Scale v2 JSON array (a stream, streamed) or inline content (a list)."""
+    """Items of a Scale v2 JSON array (a stream, streamed) or inline content (a list); an
+    element over ``max_item_bytes`` as compact JSON is ``line_too_long``."""
     inline = not hasattr(source, "read")
     elements = source if inline else _array_elements(source, where)
     for offset, obj in enumerate(elements):
@@ -470,6 +492,10 @@ def read_scale_v2(
         custom_id = str(index)
         if inline and (bad := not_json(obj, "body")):
             yield _error(index, line, custom_id, bad[0], f"{where}element {line}: {bad[1]}")
+            continue
+        if size := _oversize(obj, max_item_bytes):
+            yield _error(index, line, custom_id, ErrorCode.LINE_TOO_LONG, f"{where}element {line} "
+                         f"is {size} bytes as JSON, over the limit of {max_item_bytes}")
             continue
         has_prompt, has_messages = "prompt" in obj, "messages" in obj
         if has_prompt == has_messages:
@@ -644,8 +670,10 @@ def read_scale_v1(
     *,
     start_index: int = 0,
     where: str = "",
+    max_item_bytes: int | None = None,
 ) -> Iterator[Item]:
-    """One /v1/completions item per prompt (custom_id = index)."""
+    """One /v1/completions item per prompt (custom_id = index); a prompt over
+    ``max_item_bytes`` as compact JSON is ``line_too_long``."""
     if not checker.claims(Endpoint.COMPLETIONS):
         raise InputUnreadable(f"{where}scale-v1 content makes /v1/completions requests, but the "
                               f"job's endpoint is {checker.endpoint}")
@@ -653,6 +681,10 @@ def read_scale_v1(
         index = start_index + offset
         if bad := not_json(prompt, "body.prompt"):
             yield _error(index, offset + 1, str(index), bad[0], f"{where}prompt {offset + 1}: {bad[1]}")
+            continue
+        if size := _oversize(prompt, max_item_bytes):
+            yield _error(index, offset + 1, str(index), ErrorCode.LINE_TOO_LONG, f"{where}prompt "
+                         f"{offset + 1} is {size} bytes as JSON, over the limit of {max_item_bytes}")
             continue
         yield checker.check_body(params.completion_body(prompt), str(index), index, offset + 1,
                                  f"{where}prompt {offset + 1}: ")

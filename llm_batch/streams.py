@@ -14,14 +14,26 @@ CHUNK_BYTES = 1 << 16  # per open stream: merge holds 2 per shard, so keep it sm
 
 
 def iter_lines(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """The lines of ``stream`` without their newline; a last line without one is kept."""
-    pending = b""
+    """The lines of ``stream`` without their newline; a last line without one is kept.
+
+    A line longer than a chunk is gathered in pieces and joined once, so a long line (a
+    result with many logprobs, say) costs linear time, not quadratic."""
+    pending: list[bytes] = []
     while chunk := stream.read(chunk_bytes):
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            continue
+        lines = chunk.split(b"\n")
+        if pending:
+            pending.append(lines[0])
+            lines[0] = b"".join(pending)
+            pending.clear()
+        tail = lines.pop()
+        if tail:
+            pending.append(tail)
         yield from lines
     if pending:
-        yield pending
+        yield b"".join(pending)
 
 
 class ChunkedWriter:

@@ -227,11 +227,12 @@ def _items(
     """Every item of every input, indexes continuing across files."""
     if fmt is InputFormat.INLINE or (fmt is InputFormat.SCALE_V2 and _is_inline_list(source)):
         reader = read_inline if fmt is InputFormat.INLINE else read_scale_v2
-        yield from reader(_require_list(source, fmt), checker)
+        yield from reader(_require_list(source, fmt), checker, max_item_bytes=limits.max_line_bytes)
         return
     if fmt is InputFormat.SCALE_V1 and isinstance(source, dict):
         params = scale_v1_params(source)
-        yield from read_scale_v1(params, source["prompts"], checker)
+        yield from read_scale_v1(params, source["prompts"], checker,
+                                 max_item_bytes=limits.max_line_bytes)
         return
     inputs = _openers(source, open_input)
     next_index = 0
@@ -258,7 +259,8 @@ def _read_one(
             params = scan_scale_v1_params(budget.wrap(stream), where)
         with _opened(name, open_stream) as stream:
             prompts = scale_v1_prompts(stream, where)
-            yield from read_scale_v1(params, prompts, checker, start_index=start_index, where=where)
+            yield from read_scale_v1(params, prompts, checker, start_index=start_index, where=where,
+                                     max_item_bytes=limits.max_line_bytes)
         return
     with _opened(name, open_stream) as stream:
         counted = budget.wrap(stream)
@@ -266,7 +268,8 @@ def _read_one(
             yield from read_jsonl(counted, checker, max_line_bytes=limits.max_line_bytes,
                                   start_index=start_index, where=where)
         else:
-            yield from read_scale_v2(counted, checker, start_index=start_index, where=where)
+            yield from read_scale_v2(counted, checker, start_index=start_index, where=where,
+                                     max_item_bytes=limits.max_line_bytes)
 
 
 @contextmanager

@@ -288,3 +288,18 @@ def test_inline_scale_values_json_cannot_hold_are_error_records() -> None:
     assert [i.code if type(i) is ErrorRecord else "ok" for i in items] == [
         "invalid_utf8", "invalid_json", "ok"]
     assert items[1].message.startswith("element 2: body.seed:")
+
+
+def test_array_elements_over_the_line_limit_are_line_too_long() -> None:
+    big = "x" * 2000
+    data = orjson.dumps([{"prompt": "a"}, {"prompt": big}, {"prompt": "b"}])
+    items = list(read_scale_v2(io.BytesIO(data), RequestChecker(), max_item_bytes=1024))
+    assert [i.code if type(i) is ErrorRecord else "ok" for i in items] == ["ok", "line_too_long", "ok"]
+    assert items[1].message.startswith("element 2 is 2013 bytes as JSON, over the limit of 1024")
+    inline = list(read_inline([{"custom_id": "a", "body": {"input": big}}], RequestChecker(),
+                              max_item_bytes=1024))
+    assert inline[0].code == "line_too_long" and inline[0].custom_id == "a"
+    params = scan_scale_v1_params(io.BytesIO(b'{"prompts": [], "max_new_tokens": 3, "temperature": 0}'))
+    prompts = list(read_scale_v1(params, ["a", big], RequestChecker(), max_item_bytes=1024))
+    assert [type(i) for i in prompts] == [BatchRequest, ErrorRecord]
+    assert prompts[1].code == "line_too_long" and prompts[1].message.startswith("prompt 2 is")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_batch import storage
 from llm_batch.layout import join_uri
@@ -10,6 +14,7 @@ from llm_batch.records import ResultRecord, dumps_line
 from llm_batch.results import (
     ResultsError, ResultsWriter, count_results, list_parts, part_uri, read_results,
 )
+from llm_batch.streams import iter_lines
 from tests.unit.data_plane_fixtures import new_layout
 
 
@@ -106,3 +111,22 @@ def test_a_corrupt_line_names_its_part_and_line(results_uri):
     storage.write_bytes(part_uri(results_uri, 0), dumps_line(result(0)) + b'{"index": 1\n')
     with pytest.raises(ResultsError, match=r"part-000000\.jsonl: line 2 is not a result record"):
         list(read_results(results_uri))
+
+
+# -- streams.iter_lines: what every reader of results, shards and errors goes through ------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300).map(lambda b: b.replace(b"\r", b"\n")),
+       chunk=st.integers(1, 40))
+def test_iter_lines_gives_every_line_whatever_the_chunk_size(data: bytes, chunk: int) -> None:
+    expected = data.split(b"\n")
+    if expected[-1] == b"":
+        expected.pop()  # a final newline ends the last line, it does not start one
+    assert list(iter_lines(io.BytesIO(data), chunk_bytes=chunk)) == expected
+
+
+def test_iter_lines_joins_a_line_far_longer_than_a_chunk() -> None:
+    long_line = b"x" * 100_000
+    data = b"a\n" + long_line + b"\nb"
+    assert list(iter_lines(io.BytesIO(data), chunk_bytes=7)) == [b"a", long_line, b"b"]
