@@ -8,6 +8,7 @@ mount, so the SDKs use base URLs ``<airflow>/batch/v1`` (OpenAI), ``<airflow>/ba
 from __future__ import annotations
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llm_batch.config import Settings, get_settings
@@ -22,7 +23,12 @@ _MULTIPART_OVERHEAD = 1024**2
 
 class BodyLimit:
     """413 for a request body above the limit (multipart uploads: the file limit), checked on
-    Content-Length up front and on the bytes actually streamed (chunked bodies)."""
+    Content-Length up front and on the bytes actually streamed (chunked bodies).
+
+    A streamed overflow is raised as an ``HTTPException`` from ``receive``: FastAPI passes
+    that through its body parsing (any other exception there becomes a vague 400), so the
+    app's error handlers answer it in the route's dialect.
+    """
 
     def __init__(self, app: ASGIApp, json_limit: int, upload_limit: int):
         self.app = app
@@ -47,23 +53,20 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise _BodyTooLarge(limit)
+                raise StarletteHTTPException(413, too_large_message(limit))
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except _BodyTooLarge:
-            await _too_large(scope, send, limit)
+        await self.app(scope, counted, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+def too_large_message(limit: int) -> str:
+    return f"request body larger than the limit of {limit} bytes"
 
 
 async def _too_large(scope: Scope, send: Send, limit: int) -> None:
     from starlette.responses import JSONResponse
 
-    message = f"request body larger than the limit of {limit} bytes"
+    message = too_large_message(limit)
     body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "body_too_large"}}
     await JSONResponse(body, status_code=413)(scope, _ignore_receive, send)
 

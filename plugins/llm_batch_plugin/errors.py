@@ -23,6 +23,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
@@ -91,7 +92,10 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     where = _location(tuple(first.get("loc", ())))
-    message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    if body_problem := _body_problem(request, first):
+        message, where = body_problem, "body"
+    else:
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     response = error_response(request, ApiError(422, message, param=where or None, code="invalid_value"))
@@ -102,6 +106,20 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
     return response
 
 
+def _body_problem(request: Request, error: dict[str, Any]) -> str | None:
+    """A plain sentence for a body that is not JSON at all (FastAPI's own words point at
+    a character offset, or at a body it never parsed because of the content type)."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "json_invalid":
+        reason = (error.get("ctx") or {}).get("error", "invalid JSON")
+        return f"the request body is not valid JSON: {reason} at character {loc[-1]}"
+    content_type = request.headers.get("content-type", "")
+    if loc == ("body",) and error.get("type") == "model_attributes_type" and "json" not in content_type:
+        shown = content_type or "none"
+        return f"the request body must be a JSON object sent as Content-Type: application/json (got {shown!r})"
+    return None
+
+
 def _jsonable(error: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in error.items() if k in ("loc", "msg", "type")}
     out["loc"] = [p if isinstance(p, (str, int)) else str(p) for p in out.get("loc", ())]
@@ -109,9 +127,24 @@ def _jsonable(error: dict[str, Any]) -> dict[str, Any]:
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    # Raised by Airflow's security dependencies (401/403) and by routing (404/405).
-    error = ApiError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
-    return error_response(request, error)
+    # Raised by Airflow's security dependencies (401/403), by routing (404/405), by the
+    # body limit (413) and by FastAPI's body parsing (400).
+    message, code = str(exc.detail), _HTTP_CODES.get(exc.status_code)
+    headers = getattr(exc, "headers", None)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"no such route: {where} (the routes are listed at /batch/docs)"
+    elif exc.status_code == 405:
+        allowed = (headers or {}).get("Allow", "")
+        message = f"method not allowed: {where}" + (f"; allowed: {allowed}" if allowed else "")
+    elif exc.status_code == 400 and exc.__cause__ is not None:
+        # FastAPI's body parsing failed (e.g. not UTF-8): say why.
+        message, code = f"{message}: {type(exc.__cause__).__name__}: {exc.__cause__}", "invalid_body"
+        return error_response(request, ApiError(400, message, param="body", code=code, headers=headers))
+    return error_response(request, ApiError(exc.status_code, message, code=code, headers=headers))
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
 def _storage_error(request: Request, exc: Exception) -> JSONResponse:
@@ -119,7 +152,13 @@ def _storage_error(request: Request, exc: Exception) -> JSONResponse:
     from llm_batch import storage
 
     if isinstance(exc, storage.PathNotAllowed):
-        error = ApiError(400, str(exc), code="path_not_allowed")
+        # User paths are checked (and refused with 400) before any storage call, so this
+        # is one of our own areas outside the configured roots/buckets: a server problem.
+        message = (
+            f"server configuration: llm-batch's own storage is outside the allowed roots or buckets "
+            f"(LLM_BATCH_LOCAL_ROOTS / LLM_BATCH_ALLOWED_BUCKETS must include the work and files areas): {exc}"
+        )
+        error = ApiError(503, message, code="storage_misconfigured")
     elif isinstance(exc, storage.ObjectNotFound):
         error = ApiError(404, str(exc), code="object_missing")
     else:

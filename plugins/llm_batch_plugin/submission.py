@@ -18,7 +18,7 @@ from typing import Any
 
 from llm_batch import storage
 from llm_batch.config import Settings
-from llm_batch.endpoints import UnsupportedEndpointError, parse_endpoint
+from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
 from llm_batch.layout import join_uri
@@ -77,22 +77,62 @@ def model_registry(settings: Settings) -> Registry:
     return _registry(path, modified)
 
 
-def check_model(model: str | None, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:
+# What a model must do to serve an endpoint (the worker refuses a mismatch at its start).
+_TASK_OF_ENDPOINT = {
+    Endpoint.CHAT_COMPLETIONS.value: "generate",
+    Endpoint.COMPLETIONS.value: "generate",
+    Endpoint.EMBEDDINGS.value: "embed",
+}
+
+
+def check_model(
+    model: str | None,
+    model_config: dict[str, Any],
+    settings: Settings,
+    param: str = "model",
+    endpoint: str | None = None,
+) -> None:
     """A model must be named, its model_config well formed (the worker's own check, so a bad
-    field is refused here rather than failing the first shard), and the model registered
-    unless the request names its own checkpoint_path."""
+    field is refused here rather than failing the first shard), its checkpoint_path (if
+    given) allowed, and otherwise the model registered and able to serve `endpoint`."""
     if not model:
         raise ApiError(400, "a model is required", param=param, code="missing_model")
     try:
         validate_model_config({**model_config, "model": model})
     except ModelError as exc:
         raise ApiError(400, str(exc), param="model_config", code="invalid_model_config") from None
-    if model_config.get("checkpoint_path"):
+    if checkpoint := model_config.get("checkpoint_path"):
+        _check_checkpoint(str(checkpoint), settings)
         return
     try:
-        model_registry(settings).get(model)
+        spec = model_registry(settings).get(model)
     except ModelError as exc:
         raise ApiError(400, str(exc), param=param, code="unknown_model") from None
+    needed = _TASK_OF_ENDPOINT.get(endpoint or "")
+    if needed is not None and spec.task != needed:
+        serves = [e for e, task in _TASK_OF_ENDPOINT.items() if task == spec.task]
+        raise ApiError(
+            400,
+            f"model {model!r} ({spec.task} task) serves {', '.join(serves)}, not {endpoint}",
+            param=param,
+            code="model_endpoint_mismatch",
+        )
+
+
+def _check_checkpoint(checkpoint: str, settings: Settings) -> None:
+    """A user's checkpoint_path: an s3:// prefix in an allowed bucket, or a local model
+    directory (absolute or relative to the model cache) under the local roots or the cache,
+    checked as the worker will check it, so a bad path fails here and not in the first shard."""
+    param = "model_config.checkpoint_path"
+    if storage.is_s3(checkpoint):
+        check_user_path(checkpoint, param, settings)
+        return
+    from llm_batch.models import _checkpoint_dir  # the worker's own rule for local checkpoints
+
+    try:
+        _checkpoint_dir(checkpoint, settings, user_given=True)
+    except ModelError as exc:
+        raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_checkpoint") from None
 
 
 def check_user_path(uri: str, param: str, settings: Settings) -> str:

@@ -10,6 +10,7 @@ import orjson
 
 from llm_batch import storage
 from llm_batch.config import Settings
+from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, JobStore, new_file_id
 from llm_batch.layout import join_uri
 from llm_batch_plugin.errors import ApiError
@@ -29,20 +30,23 @@ def check_purpose(purpose: str) -> None:
 
 
 def _check_first_line(head: bytes, filename: str, max_line_bytes: int) -> None:
-    """The file must be JSONL: its first line a JSON object (later lines are checked one by
-    one by the job's validation, so one bad line never rejects a whole batch)."""
-    line, newline, _ = head.partition(b"\n")
+    """The file must be JSONL: its first non-blank line a JSON object (blank lines are
+    skipped, as the pipeline skips them; later lines are checked one by one by the job's
+    validation, so one bad line never rejects a whole batch)."""
+    text = head.lstrip()
+    number = head[: len(head) - len(text)].count(b"\n") + 1
+    line, newline, _ = text.partition(b"\n")
     if not newline and len(line) > max_line_bytes:
         raise ApiError(
-            400, f"{filename}: not JSONL: line 1 is longer than {max_line_bytes} bytes", param="file", code="invalid_file"
+            400, f"{filename}: not JSONL: line {number} is longer than {max_line_bytes} bytes", param="file", code="invalid_file"
         )
     try:
         first = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"{filename}: not JSONL: line 1 is not valid JSON ({exc})", param="file", code="invalid_file") from None
+        raise ApiError(400, f"{filename}: not JSONL: line {number} is not valid JSON ({exc})", param="file", code="invalid_file") from None
     if not isinstance(first, dict):
         raise ApiError(
-            400, f"{filename}: not JSONL: line 1 is a JSON {type(first).__name__}, not an object", param="file", code="invalid_file"
+            400, f"{filename}: not JSONL: line {number} is a JSON {type(first).__name__}, not an object", param="file", code="invalid_file"
         )
 
 
@@ -50,13 +54,13 @@ def save_upload(
     store: JobStore, settings: Settings, owner: str, filename: str, purpose: str, stream: BinaryIO
 ) -> FileObject:
     """Copy `stream` to storage and record it; 413 above ``Settings.max_input_bytes``,
-    400 if it is empty or not JSONL. Nothing is kept when it is refused."""
+    400 if it is empty (or blank) or not JSONL. Nothing is kept when it is refused."""
     check_purpose(purpose)
     limit = settings.max_input_bytes
     file_id = new_file_id()
     uri = join_uri(settings.files_uri, file_id)
     written = 0
-    head = b""  # the start of the file, until its first line is complete
+    head = b""  # the start of the file, until its first non-blank line is complete
     checked = False
     with storage.open_write(uri) as out:
         while chunk := stream.read(CHUNK_BYTES):
@@ -65,13 +69,16 @@ def save_upload(
                 raise ApiError(413, f"{filename}: larger than the limit of {limit} bytes", param="file", code="file_too_large")
             if not checked:
                 head += chunk
-                if b"\n" in head or len(head) > settings.max_line_bytes:
+                text = head.lstrip()
+                if b"\n" in text or len(text) > settings.max_line_bytes:
                     _check_first_line(head, filename, settings.max_line_bytes)
                     checked = True
+                elif not text:  # only blank lines so far: keep their count, not their bytes
+                    head = b"\n" * head.count(b"\n")
             out.write(chunk)
-        if not head.strip():
-            raise ApiError(400, f"{filename}: the file is empty", param="file", code="invalid_file")
         if not checked:
+            if not head.strip():
+                raise ApiError(400, f"{filename}: the file is empty (no request line)", param="file", code="invalid_file")
             _check_first_line(head, filename, settings.max_line_bytes)
     return store.create_file(id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=written, uri=uri)
 
@@ -92,7 +99,30 @@ def read_content(f: FileObject) -> Iterator[bytes]:
     return chunks()
 
 
+def jobs_reading(store: JobStore, file_id: str) -> list[str]:
+    """Ids of the jobs not yet ended that read `file_id` (uploaded or inline input)."""
+    live = [status for status in JobStatus if not status.terminal]
+    readers, after = [], None
+    while True:
+        jobs, _ = store.list_jobs(statuses=live, order_by="created_at", limit=_PAGE, after=after)
+        readers += [j.id for j in jobs if file_id in (j.input.get("file_ids") or []) or j.input.get("inline_file_id") == file_id]
+        if len(jobs) < _PAGE:
+            return readers
+        after = jobs[-1].id
+
+
+_PAGE = 1000
+
+
 def delete_file(store: JobStore, f: FileObject, owner: str | None) -> None:
+    """Mark `f` deleted and remove its content; 409 while a job that has not ended reads it
+    (the job would fail for want of its input)."""
+    if readers := jobs_reading(store, f.id):
+        shown = ", ".join(readers[:5]) + (" ..." if len(readers) > 5 else "")
+        raise ApiError(
+            409, f"file {f.id!r} is the input of jobs that have not ended ({shown}): cancel them or wait, then delete",
+            param="file_id", code="file_in_use",
+        )
     store.mark_file_deleted(f.id, owner=owner)
     try:
         storage.delete(f.uri)

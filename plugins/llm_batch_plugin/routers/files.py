@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
@@ -30,6 +30,7 @@ def _owned_file(store, caller: Caller, file_id: str) -> FileObject:
 
 @router.post("", response_model=FileOut, summary="Upload a JSONL batch input file")
 async def upload_file(
+    request: Request,
     caller: CallerDep,
     store: StoreDep,
     settings: SettingsDep,
@@ -37,6 +38,9 @@ async def upload_file(
     purpose: Annotated[str, Form(max_length=64)] = "batch",
 ) -> FileOut:
     caller.require_submit()
+    if (parts := len((await request.form()).getlist("file"))) > 1:
+        # FastAPI would silently keep the last one: say so instead.
+        raise ApiError(400, f"upload one file per request: got {parts} 'file' parts", param="file", code="invalid_file")
     if file.size is not None and file.size > settings.max_input_bytes:
         raise ApiError(
             413, f"{file.filename}: larger than the limit of {settings.max_input_bytes} bytes", param="file", code="file_too_large"

@@ -33,11 +33,22 @@ def _canonical(statuses: list[str]) -> set[JobStatus]:
 
 
 def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[FileObject]:
-    files = []
+    """The caller's uploaded input files, in order; each named once (a repeated file would
+    run its requests twice under the same custom_ids)."""
+    files: list[FileObject] = []
+    first_position: dict[str, int] = {}
     for position, file_id in enumerate(file_ids):
+        where = f"input_files[{position}]"
+        if file_id in first_position:
+            message = f"{where}: file {file_id!r} is already input_files[{first_position[file_id]}]; name each file once"
+            raise ApiError(400, message, param=where, code="duplicate_input_file")
+        first_position[file_id] = position
         found = store.get_file(file_id, owner=caller.owner_filter)
         if found is None:
-            raise ApiError(404, f"No file found with id {file_id!r}.", param=f"input_files[{position}]", code="not_found")
+            raise ApiError(404, f"No file found with id {file_id!r}.", param=where, code="not_found")
+        if found.kind != "input":
+            message = f"{where}: file {file_id!r} is a job's {found.kind} file, not a batch input"
+            raise ApiError(400, message, param=where, code="invalid_input_file")
         files.append(found)
     return files
 
@@ -92,7 +103,7 @@ def create_batch_job(
     if bool(body.input_files) == bool(body.requests):
         raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
     endpoint = check_endpoint(body.endpoint)
-    check_model(body.model, {}, settings, param="model")
+    check_model(body.model, {}, settings, param="model", endpoint=endpoint)
     if body.input_files:
         files = _input_files(store, caller, body.input_files)
         job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}

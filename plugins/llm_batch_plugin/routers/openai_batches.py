@@ -50,7 +50,7 @@ def create_batch(
     if input_file.kind != "input":
         raise ApiError(400, f"file {input_file.id!r} is a job's {input_file.kind} file, not a batch input", param="input_file_id")
     model = _model_of_first_line(input_file.uri, input_file.id)
-    check_model(model, {}, settings, param="input_file_id")
+    check_model(model, {}, settings, param="input_file_id", endpoint=endpoint)
     request = JobRequest(
         dialect="openai",
         endpoint=endpoint,

@@ -3,6 +3,7 @@ content, get, update priority, cancel, list)."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import orjson
@@ -70,19 +71,51 @@ def _endpoint_of_content(content: list[dict[str, Any]] | V1Content) -> str:
 
 def _sniff_file(uri: str) -> tuple[str, str]:
     """(endpoint, input format) of a Scale input file, from its first 64 KiB: an array is
-    scale-v2 (chat if its requests have messages), an object is scale-v1 prompts."""
+    scale-v2 (chat if its requests have messages), an object is scale-v1 prompts. Anything
+    else is refused now, not at validation: an empty file, one that is not JSON at all, and
+    (when the whole file fits in the window) one that does not parse."""
+    param = "input_data_path"
     try:
         with storage.open_read(uri) as stream:
-            head = stream.read(_SNIFF_BYTES)
+            head = stream.read(_SNIFF_BYTES + 1)
     except storage.ObjectNotFound:
-        raise ApiError(400, f"input_data_path {uri!r} does not exist", param="input_data_path", code="input_missing") from None
+        raise ApiError(400, f"input_data_path {uri!r} does not exist", param=param, code="input_missing") from None
     except storage.StorageError as exc:
-        raise ApiError(400, f"input_data_path: {exc}", param="input_data_path", code="input_unreadable") from None
-    if head.lstrip().startswith(b"{"):
+        raise ApiError(400, f"input_data_path: {exc}", param=param, code="input_unreadable") from None
+    start = head.lstrip()[:1]
+    if not start:
+        raise ApiError(400, f"input_data_path {uri!r} is empty", param=param, code="invalid_input")
+    if start not in (b"[", b"{"):
+        raise ApiError(400, f"input_data_path {uri!r}: {_EXPECTED_INPUT}", param=param, code="invalid_input")
+    if len(head) <= _SNIFF_BYTES:  # the whole file: parse it
+        try:
+            parsed = orjson.loads(head)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"input_data_path {uri!r}: not valid JSON ({exc}); {_EXPECTED_INPUT}", param=param, code="invalid_input") from None
+        if parsed == []:
+            raise ApiError(400, f"input_data_path {uri!r} holds no requests (an empty array)", param=param, code="invalid_input")
+    if start == b"{":
         return Endpoint.COMPLETIONS.value, SCALE_V1
     messages, prompt = head.find(b'"messages"'), head.find(b'"prompt')
     chat = messages >= 0 and (prompt < 0 or messages < prompt)
     return (Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value), SCALE_V2
+
+
+_EXPECTED_INPUT = "expected a JSON array of completion or chat requests, or a {\"prompts\": [...]} object"
+
+
+def _check_output_path(output_uri: str, input_uri: str | None) -> None:
+    """The output must be a new object: not a directory, not the job's own input."""
+    if output_uri == input_uri:
+        raise ApiError(
+            400, f"output_data_path {output_uri!r} is the input_data_path: the results would overwrite the requests",
+            param="output_data_path", code="invalid_output",
+        )
+    if not storage.is_s3(output_uri) and os.path.isdir(output_uri):
+        raise ApiError(
+            400, f"output_data_path {output_uri!r} is a directory; name the JSON file to write",
+            param="output_data_path", code="invalid_output",
+        )
 
 
 def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
@@ -103,18 +136,24 @@ def create_batch_completions(
     if (body.input_data_path is None) == (body.content is None):
         raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
     model_config = body.model_config_.model_dump(exclude_none=True)
-    check_model(body.model_config_.model, model_config, settings, param="model_config.model")
     output_uri = check_user_path(body.output_data_path, "output_data_path", settings)
     weight = priority_weight(settings, body.priority)
     if body.input_data_path is not None:
         input_uri = check_user_path(body.input_data_path, "input_data_path", settings)
+        _check_output_path(output_uri, input_uri)
         endpoint, input_format = _sniff_file(input_uri)
         job_input: dict[str, Any] = {"uri": input_uri, "path": body.input_data_path}
+        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint)
     else:
-        content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
-        inline = save_inline_requests(store, settings, caller.name, [orjson.dumps(content)], "inline-content.json")
+        if body.content == []:
+            raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
+        _check_output_path(output_uri, None)
         endpoint = _endpoint_of_content(body.content)
         input_format = SCALE_V1 if isinstance(body.content, V1Content) else SCALE_V2
+        # Checked before the inline file is written: a refused job leaves nothing behind.
+        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint)
+        content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
+        inline = save_inline_requests(store, settings, caller.name, [orjson.dumps(content)], "inline-content.json")
         job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
     resources = {
         key: value

@@ -1,0 +1,257 @@
+"""Regressions for what broke when the API was tried as a new user would, against a real
+``airflow api-server`` with the official SDKs and raw HTTP (docs/api.md, "Tried as a user").
+Each test names the input that used to be accepted, crash a job later, or answer vaguely."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from pydantic import BaseModel
+
+from tests.api.conftest import chat_lines, simulate_run
+
+pytestmark = pytest.mark.airflow
+
+
+def upload(client, headers, content: bytes, filename: str = "in.jsonl"):
+    return client.post("/v1/files", headers=headers, files={"file": (filename, content)}, data={"purpose": "batch"})
+
+
+def uploaded_id(client, creds, content: bytes | None = None) -> str:
+    response = upload(client, creds.key("alice"), content or chat_lines(2))
+    assert response.status_code == 200, response.text
+    return response.json()["id"]
+
+
+# --- bodies the server could not parse ------------------------------------------------
+
+
+class TextBody(BaseModel):
+    text: str
+
+
+
+def test_streamed_body_over_the_limit_is_413_naming_the_limit():
+    """A chunked body (no Content-Length) over the limit was a vague 400 ("error parsing
+    the body"): FastAPI wrapped the middleware's own exception."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from llm_batch_plugin.app import BodyLimit
+    from llm_batch_plugin.errors import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/v1/batch/jobs")
+    def create(body: TextBody) -> dict:
+        return {"n": len(body.text)}
+
+    app.add_middleware(BodyLimit, json_limit=1000, upload_limit=1000)
+    client = TestClient(app)
+    chunks = (b'{"text": "' + b"x" * 600, b"x" * 600 + b'"}')
+    response = client.post("/v1/batch/jobs", content=iter(chunks), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["code"] == "body_too_large" and "1000 bytes" in response.json()["detail"]
+    small = client.post("/v1/batch/jobs", json={"text": "hi"})
+    assert small.status_code == 200 and small.json() == {"n": 2}
+
+
+def test_body_that_is_not_json_says_so(client, creds):
+    path = "/v2/batch-completions"
+    broken = client.post(path, headers={**creds.key("alice"), "content-type": "application/json"}, content=b'{"a": ')
+    assert broken.status_code == 422
+    assert broken.json()["param"] == "body" and "not valid JSON" in broken.json()["message"]
+
+    not_utf8 = client.post(path, headers={**creds.key("alice"), "content-type": "application/json"}, content=b'{"a": "\xff"}')
+    assert not_utf8.status_code == 400
+    assert not_utf8.json()["param"] == "body" and "UnicodeDecodeError" in not_utf8.json()["detail"]
+
+    plain = client.post(path, headers={**creds.key("alice"), "content-type": "text/plain"}, content=b'{"a": 1}')
+    assert plain.status_code == 422
+    assert "Content-Type: application/json" in plain.json()["message"] and "text/plain" in plain.json()["message"]
+
+
+def test_unknown_route_and_method_name_what_was_asked(client, creds):
+    missing = client.get("/v1/models", headers=creds.key("alice"))
+    assert missing.status_code == 404 and "GET /batch/v1/models" in missing.json()["detail"]
+    wrong_method = client.delete("/v1/batch/jobs/job_x", headers=creds.key("alice"))
+    assert wrong_method.status_code == 405
+    assert "DELETE /batch/v1/batch/jobs/job_x" in wrong_method.json()["detail"] and "GET" in wrong_method.json()["detail"]
+
+
+# --- models that cannot serve the endpoint ---------------------------------------------
+
+
+def test_generate_model_on_embeddings_is_refused_at_submission(client, creds):
+    """Was accepted; the worker would have failed the whole job at its start."""
+    response = client.post(
+        "/v1/batches", headers=creds.key("alice"),
+        json={"input_file_id": uploaded_id(client, creds), "endpoint": "/v1/embeddings", "completion_window": "24h"},
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "model_endpoint_mismatch" and "tiny-random-llama" in error["message"]
+
+
+def test_embedding_model_on_chat_is_refused_at_submission(client, creds):
+    response = client.post(
+        "/v1/batch/jobs", headers=creds.key("alice"),
+        json={"requests": [{"body": {"messages": []}}], "endpoint": "/v1/chat/completions", "model": "all-minilm-l6-v2"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["code"] == "model_endpoint_mismatch" and response.json()["param"] == "model"
+
+
+# --- Mistral input files ----------------------------------------------------------------
+
+
+def test_mistral_same_file_twice_is_refused(client, creds):
+    """Was accepted: every request would have run twice under the same custom_id."""
+    file_id = uploaded_id(client, creds)
+    response = client.post(
+        "/v1/batch/jobs", headers=creds.key("alice"),
+        json={"input_files": [file_id, file_id], "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"},
+    )
+    assert response.status_code == 400
+    assert response.json()["param"] == "input_files[1]" and response.json()["code"] == "duplicate_input_file"
+
+
+def test_mistral_job_on_an_output_file_is_refused(client, creds, api_store):
+    created = client.post(
+        "/v1/batch/jobs", headers=creds.key("alice"),
+        json={"input_files": [uploaded_id(client, creds)], "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"},
+    ).json()
+    for _ in simulate_run(api_store, created["id"], ok=2, failed=0):
+        pass
+    output_file = api_store.get_job(created["id"]).output_file_id
+    response = client.post(
+        "/v1/batch/jobs", headers=creds.key("alice"),
+        json={"input_files": [output_file], "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"},
+    )
+    assert response.status_code == 400
+    assert response.json()["param"] == "input_files[0]" and "output file" in response.json()["detail"]
+
+
+# --- Scale paths and content --------------------------------------------------------------
+
+
+@pytest.fixture()
+def scale_paths(llm_batch_home):
+    folder = llm_batch_home / "tried-as-user"
+    folder.mkdir(exist_ok=True)
+    files = {
+        "good": orjson.dumps([{"prompt": "hi", "max_tokens": 2}]),
+        "text": b"hello world\n",
+        "empty": b"",
+        "jsonl": chat_lines(2),
+        "empty_array": b"[]",
+    }
+    for name, content in files.items():
+        (folder / f"{name}.json").write_bytes(content)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("input_name", "wanted"),
+    [("text", "expected a JSON array"), ("empty", "is empty"), ("jsonl", "not valid JSON"), ("empty_array", "no requests")],
+)
+def test_scale_input_that_is_not_a_request_array_is_refused(client, creds, scale_paths, input_name, wanted):
+    """Were accepted (anything not starting with '{' was taken for an array)."""
+    response = client.post(
+        "/v2/batch-completions", headers=creds.key("alice"),
+        json={"input_data_path": str(scale_paths / f"{input_name}.json"), "output_data_path": str(scale_paths / "out.json"),
+              "model_config": {"model": "tiny-random-llama"}},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["param"] == "input_data_path" and wanted in response.json()["detail"]
+
+
+@pytest.mark.parametrize(("output_name", "wanted"), [(".", "is a directory"), ("good.json", "is the input_data_path")])
+def test_scale_output_path_must_be_a_new_file(client, creds, scale_paths, output_name, wanted):
+    """Were accepted: the job would have failed only after all its inference (directory) or
+    overwritten its own requests."""
+    response = client.post(
+        "/v2/batch-completions", headers=creds.key("alice"),
+        json={"input_data_path": str(scale_paths / "good.json"), "output_data_path": str(scale_paths / output_name),
+              "model_config": {"model": "tiny-random-llama"}},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["param"] == "output_data_path" and wanted in response.json()["detail"]
+
+
+def test_scale_empty_inline_content_is_refused(client, creds, scale_paths):
+    response = client.post(
+        "/v2/batch-completions", headers=creds.key("alice"),
+        json={"content": [], "output_data_path": str(scale_paths / "out.json"), "model_config": {"model": "tiny-random-llama"}},
+    )
+    assert response.status_code == 400 and response.json()["param"] == "content"
+
+
+def test_scale_checkpoint_outside_the_roots_is_refused(client, creds, scale_paths):
+    """Was accepted (checkpoint_path skipped every check); the worker would refuse it."""
+    response = client.post(
+        "/v2/batch-completions", headers=creds.key("alice"),
+        json={"input_data_path": str(scale_paths / "good.json"), "output_data_path": str(scale_paths / "out.json"),
+              "model_config": {"model": "mine", "checkpoint_path": "/etc"}},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["param"] == "model_config.checkpoint_path" and "outside" in response.json()["detail"]
+
+
+# --- uploads and deletes ------------------------------------------------------------------
+
+
+def test_upload_skips_leading_blank_lines_as_the_pipeline_does(client, creds):
+    assert upload(client, creds.key("alice"), b"\n\r\n" + chat_lines(1)).status_code == 200
+    blank = upload(client, creds.key("alice"), b" \n\n ")
+    assert blank.status_code == 400 and "empty" in blank.json()["error"]["message"]
+    bad = upload(client, creds.key("alice"), b"\n\nnot json\n")
+    assert bad.status_code == 400 and "line 3" in bad.json()["error"]["message"]
+
+
+def test_upload_of_two_files_in_one_request_is_refused(client, creds):
+    """Was 200 with only the last file kept."""
+    response = client.post(
+        "/v1/files", headers=creds.key("alice"), data={"purpose": "batch"},
+        files=[("file", ("a.jsonl", chat_lines(1))), ("file", ("b.jsonl", chat_lines(1)))],
+    )
+    assert response.status_code == 400 and "2 'file' parts" in response.json()["error"]["message"]
+
+
+def test_file_read_by_a_live_job_cannot_be_deleted(client, creds, api_store):
+    """Was deleted: the queued job would have failed for want of its input."""
+    file_id = uploaded_id(client, creds)
+    batch = client.post(
+        "/v1/batches", headers=creds.key("alice"),
+        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
+    refused = client.delete(f"/v1/files/{file_id}", headers=creds.key("alice"))
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "file_in_use" and batch["id"] in refused.json()["error"]["message"]
+    assert client.get(f"/v1/files/{file_id}/content", headers=creds.key("alice")).status_code == 200
+
+    from llm_batch.jobs import JobStatus
+
+    api_store.transition(batch["id"], JobStatus.CANCELLED)
+    assert client.delete(f"/v1/files/{file_id}", headers=creds.key("alice")).status_code == 200
+
+
+def test_own_storage_outside_the_roots_is_a_server_error_not_the_users(batch_api, auth_manager, api_store, creds, tmp_path):
+    """Was 400 path_not_allowed naming an internal path, as if the user had sent it."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from llm_batch.config import get_settings
+    from llm_batch_plugin.app import create_app
+
+    settings = get_settings().model_copy(update={"files_uri": str(tmp_path / "outside-the-roots")})
+    api = create_app(settings=settings, store=api_store)
+    api.state.auth_manager = auth_manager
+    outer = FastAPI()
+    outer.mount("/batch", api)
+    with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
+        response = upload(client, creds.key("alice"), chat_lines(1))
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "storage_misconfigured"
+    assert "LLM_BATCH_LOCAL_ROOTS" in response.json()["error"]["message"]
