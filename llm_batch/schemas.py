@@ -166,7 +166,7 @@ _CONTENT_PARTS = TypeAdapter(list[ContentPart])
 
 
 class ToolCall(_Strict):
-    id: str
+    id: str | None = None  # OpenAI sends one; Mistral's SDK may leave it out (vLLM does not need it)
     type: Literal["function"] = "function"
     function: dict[str, Any]
 
@@ -192,8 +192,8 @@ class Message(_Strict):
                 raise ValueError("a function message needs name")
         elif self.content is None:
             raise ValueError(f"a {self.role} message needs content")
-        if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a tool message needs tool_call_id")
+        # A tool message's tool_call_id is not required: Mistral's SDK makes it optional
+        # and vLLM's chat parser does without it.
         return self
 
 

@@ -123,3 +123,8 @@ def test_job_option_writes_the_files_shard_reads(capsys, batch: Path) -> None:
 def test_shard_without_validation_says_how_to_validate(capsys) -> None:
     assert main(["shard", "nojob", "-n", "2"]) == 2
     assert "llm-batch validate INPUT --job nojob" in capsys.readouterr().err
+
+
+def test_merge_without_shards_says_how_to_shard(capsys) -> None:
+    assert main(["merge", "noshards", "--work-uri", get_settings().work_uri]) == 2
+    assert "llm-batch shard noshards -n N" in capsys.readouterr().err

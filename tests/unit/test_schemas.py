@@ -178,6 +178,9 @@ SDK_VALID_CHAT_MESSAGES = [
      {"role": "function", "name": "f", "content": "42"}],  # the deprecated function role
     [*USER, {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}],
     [*USER, {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]}],
+    # Mistral's SDK: tool call ids and a tool message's tool_call_id are optional
+    [*USER, {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+     {"role": "tool", "name": "f", "content": "42"}],
     # content part types vLLM's chat parser reads besides the SDK's
     [{"role": "user", "content": [{"type": "input_text", "text": "a"},
                                   {"type": "input_image", "image_url": "https://x/y.png"},
