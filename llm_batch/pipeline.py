@@ -47,7 +47,10 @@ INPUT_FORMATS: tuple[str, ...] = ("jsonl", "scale-v2", "scale-v1")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_OWNER = "airflow"
 MAX_DATA_PARALLELISM = 64
-MAX_RUNTIME_SEC = 172_800
+DEFAULT_RUNTIME_SEC = 86_400
+# The longest deadline any dialect allows: Mistral's timeout_hours goes to 168 (Scale's
+# max_runtime_sec stops at 172,800 s; its API edge enforces that).
+MAX_RUNTIME_SEC = 168 * 3600
 
 
 class JobRejected(Exception):
@@ -377,7 +380,7 @@ def job_deadline(job: Job) -> datetime:
     """When the job's workers must stop: expires_at, else created_at + max_runtime_sec."""
     if job.expires_at is not None:
         return _aware(job.expires_at)
-    return _aware(job.created_at) + timedelta(seconds=job.max_runtime_sec or MAX_RUNTIME_SEC)
+    return _aware(job.created_at) + timedelta(seconds=job.max_runtime_sec or DEFAULT_RUNTIME_SEC)
 
 
 def _aware(moment: datetime) -> datetime:

@@ -49,7 +49,7 @@ class RecurringParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data_parallelism: int = Field(1, ge=1, le=64)
-    max_runtime_sec: int = Field(86_400, ge=1, le=172_800)
+    max_runtime_sec: int = Field(86_400, ge=1, le=168 * 3600)
     priority: str | int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)

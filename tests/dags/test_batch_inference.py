@@ -108,7 +108,7 @@ def test_bad_conf_is_refused(batch_dag):
     from airflow.sdk.exceptions import ParamValidationError
 
     for conf in ({"data_parallelism": 0}, {"endpoint": "/v1/moderations"}, {"gpu_type": "nvidia-tesla-v100"},
-                 {"max_runtime_sec": 172801}):
+                 {"max_runtime_sec": 604801}):
         with pytest.raises(ParamValidationError):
             batch_dag.test(run_conf={"input_uri": "/nowhere.jsonl", **conf})
 
