@@ -57,3 +57,41 @@ def test_missing_object_is_unreadable_and_named(s3_bucket: str) -> None:
     with pytest.raises(BatchRejected) as caught:
         validate_batch(uri, fmt="jsonl", limits=LIMITS)
     assert caught.value.reason == "unreadable" and uri in str(caught.value)
+
+
+# -- tried as a user: the CLI on s3:// URIs, each failure a named reason and exit 2 -------------
+
+def _cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    from llm_batch.cli import main
+
+    status = main(["validate", *argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_cli_reads_s3_and_writes_the_job_there(s3_bucket: str, capsys) -> None:
+    uri = f"s3://{s3_bucket}/my batch/in put.jsonl"  # spaces in keys
+    storage.write_bytes(uri, b"\xef\xbb\xbf" + chat_line("a").replace(b"\n", b"\r\n") + b"junk")
+    status, out, err = _cli(capsys, uri, "--job", "j-s3", "--work-uri", f"s3://{s3_bucket}/work")
+    assert status == 0, err
+    assert json.loads(out)["errors"][0]["line"] == 2
+    layout = JobLayout(f"s3://{s3_bucket}/work", "j-s3")
+    assert len(storage.read_bytes(layout.validated).splitlines()) == 1
+
+
+@pytest.mark.parametrize("where, names", [
+    ("{bucket}/absent.jsonl", "no such object"),
+    ("no-such-bucket-{bucket}/in.jsonl", "does not exist"),
+])
+def test_cli_names_a_missing_object_or_bucket(s3_bucket: str, capsys, where: str, names: str) -> None:
+    uri = "s3://" + where.format(bucket=s3_bucket)
+    status, out, err = _cli(capsys, uri)
+    assert status == 2 and out == ""
+    assert uri in err and names in err and "Traceback" not in err
+
+
+def test_cli_names_bad_credentials(s3_wrong_secret: str, capsys) -> None:
+    uri = f"s3://{s3_wrong_secret}/in.jsonl"
+    status, out, err = _cli(capsys, uri)
+    assert status == 2 and out == ""
+    assert uri in err and "access denied" in err
