@@ -15,6 +15,7 @@ Callers:
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -134,7 +135,7 @@ def validate_batch(
     nothing is published. Memory stays flat: items are streamed; duplicate detection keeps
     16 bytes per custom_id at most.
     """
-    fmt = InputFormat(fmt)
+    fmt = check_format(fmt)
     if layout is not None and (validated_out is not None or errors_out is not None):
         raise ValueError("give either a layout or output streams, not both")
     limits = limits or ValidationLimits.from_settings()
@@ -288,12 +289,15 @@ def _opened(name: str, open_stream: Callable[[], AbstractContextManager[BinaryIO
 
 def _openers(source: Any, open_input: OpenInput) -> list[tuple[str, Callable[[], Any]]]:
     """(name, opener) per input; an opener may be called twice (scale-v1 reads twice)."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
     if isinstance(source, str):
         return [(source, lambda: open_input(source))]
     if hasattr(source, "read"):
         return [("input", _rereadable(source))]
-    if isinstance(source, Sequence) and all(isinstance(s, str) for s in source):
-        return [(uri, (lambda u=uri: open_input(u))) for uri in source]
+    if isinstance(source, Sequence) and all(isinstance(s, str | os.PathLike) for s in source):
+        uris = [os.fspath(s) for s in source]
+        return [(uri, (lambda u=uri: open_input(u))) for uri in uris]
     raise TypeError(f"cannot read a batch from {type(source).__name__}")
 
 
@@ -317,7 +321,7 @@ def _rereadable(stream: BinaryIO) -> Callable[[], AbstractContextManager[BinaryI
 
 
 def _is_inline_list(source: Any) -> bool:
-    return isinstance(source, list) and not any(isinstance(s, str) for s in source[:1])
+    return isinstance(source, list) and not any(isinstance(s, str | os.PathLike) for s in source[:1])
 
 
 def _require_list(source: Any, fmt: InputFormat) -> list[Any]:

@@ -331,3 +331,13 @@ def test_every_non_blank_line_ends_exactly_once_in_order(kinds: list[str]) -> No
             expected_valid += custom_id not in claimed
             claimed.add(custom_id)
     assert report.valid == expected_valid
+
+
+def test_paths_may_be_path_objects_and_an_unknown_format_is_named(tmp_path: Path) -> None:
+    first, second = tmp_path / "a b.jsonl", tmp_path / "c.json"
+    first.write_bytes(chat_line("a"))
+    second.write_bytes(b'[{"prompt": "x"}]')
+    assert validate_batch(first, fmt="jsonl", limits=LIMITS, open_input=local_open).valid == 1
+    assert validate_batch([second], fmt="scale-v2", limits=LIMITS, open_input=local_open).valid == 1
+    with pytest.raises(ValueError, match="known formats: jsonl"):
+        validate_batch(first, fmt="csv", limits=LIMITS, open_input=local_open)
