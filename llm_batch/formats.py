@@ -162,8 +162,9 @@ class RequestChecker:
         except orjson.JSONDecodeError as exc:
             return _bad_bytes(raw, exc, index, line, where)
         if type(obj) is not dict:
+            hint = _first_line_hint(raw) if line == 1 else ""
             return _error(index, line, None, ErrorCode.NOT_AN_OBJECT,
-                          f"{where}expected a JSON object, got {_json_kind(obj)}")
+                          f"{where}expected a JSON object, got {_json_kind(obj)}{hint}")
         return self.check_record(obj, index, line, where)
 
     def check_record(
@@ -290,18 +291,31 @@ def not_json(value: Any, path: str) -> tuple[ErrorCode, str] | None:
 def _bad_bytes(raw: bytes, exc: orjson.JSONDecodeError, index: int, line: int, where: str) -> ErrorRecord:
     """Not JSON: say whether the bytes are not UTF-8 (and where) or the JSON is broken."""
     custom_id = _peek_custom_id(raw)
+    hint = _first_line_hint(raw) if line == 1 else ""
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as bad:
         return _error(index, line, custom_id, ErrorCode.INVALID_UTF8,
-                      f"{where}bytes are not valid UTF-8 at byte {bad.start + 1} of the line")
+                      f"{where}bytes are not valid UTF-8 at byte {bad.start + 1} of the line{hint}")
     try:  # again without the newline, so the position is within the line
         orjson.loads(raw.rstrip(b"\r\n"))
     except orjson.JSONDecodeError as inline:
         exc = inline
     reason = _ORJSON_REASONS.get(exc.msg, exc.msg)
     return _error(index, line, custom_id, ErrorCode.INVALID_JSON,
-                  f"{where}invalid JSON: {reason} at column {exc.colno}")
+                  f"{where}invalid JSON: {reason} at column {exc.colno}{hint}")
+
+
+def _first_line_hint(raw: bytes) -> str:
+    """When the first line shows the whole file is not JSONL, say what it looks like."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return " (the file looks like UTF-16: save it as UTF-8)"
+    head = raw.strip()
+    if head.startswith(b"["):
+        return " (a file that is one JSON array of requests is the scale-v2 format, not JSONL)"
+    if head == b"{":
+        return " (JSONL needs each request whole on one line, not pretty-printed JSON)"
+    return ""
 
 
 # orjson's words, said plainly where they are obscure.

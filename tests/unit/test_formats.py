@@ -303,3 +303,15 @@ def test_array_elements_over_the_line_limit_are_line_too_long() -> None:
     prompts = list(read_scale_v1(params, ["a", big], RequestChecker(), max_item_bytes=1024))
     assert [type(i) for i in prompts] == [BatchRequest, ErrorRecord]
     assert prompts[1].code == "line_too_long" and prompts[1].message.startswith("prompt 2 is")
+
+
+@pytest.mark.parametrize("data, hint", [
+    (b'[{"prompt": "a"}]\n', "is the scale-v2 format"),
+    (b'[\n  {"prompt": "a"}\n]\n', "is the scale-v2 format"),
+    (b'{\n  "custom_id": "a"\n}\n', "whole on one line"),
+    ('{"custom_id": "a", "body": {}}\n'.encode("utf-16"), "looks like UTF-16"),
+])
+def test_a_file_that_is_not_jsonl_says_what_it_looks_like_on_line_1(data: bytes, hint: str) -> None:
+    items = jsonl(data)
+    assert hint in items[0].message
+    assert all(hint not in i.message for i in items[1:] if type(i) is ErrorRecord)
