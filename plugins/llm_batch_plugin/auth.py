@@ -31,7 +31,17 @@ from llm_batch_plugin.state import DAG_ID, StoreDep
 # none raises by itself: get_caller decides.
 _bearer = HTTPBearer(auto_error=False, description="An llm-batch API key (lbk_...) or an Airflow JWT")
 _api_key_header = APIKeyHeader(name="x-api-key", auto_error=False, description="An llm-batch API key")
-_basic = HTTPBasic(auto_error=False, description="An llm-batch API key as the user name")
+
+
+class _DocumentedBasic(HTTPBasic):
+    """HTTP basic for the OpenAPI document only: FastAPI's own parsing answers a vague 401
+    (even with auto_error off) to credentials ``_basic_user`` explains precisely."""
+
+    async def __call__(self, request: Request) -> None:  # type: ignore[override]
+        return None
+
+
+_basic = _DocumentedBasic(auto_error=False, description="An llm-batch API key as the user name")
 
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
 
@@ -56,14 +66,18 @@ class Caller:
 
 
 def _basic_user(request: Request) -> str | None:
+    """The user name of ``Authorization: Basic`` credentials (our API key), else None;
+    401 saying what is wrong when the header is Basic but carries no key."""
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "basic" or not value:
+    if scheme.lower() != "basic":
         return None
     try:
-        user, _, _ = base64.b64decode(value.strip()).decode().partition(":")
+        user, _, _ = base64.b64decode(value.strip(), validate=True).decode().partition(":")
     except (binascii.Error, UnicodeDecodeError):
-        raise ApiError(401, "malformed HTTP basic credentials", headers=_UNAUTHENTICATED) from None
-    return user or None
+        raise ApiError(401, "malformed HTTP basic credentials: not base64 of UTF-8 'user:password'", headers=_UNAUTHENTICATED) from None
+    if not user:
+        raise ApiError(401, "HTTP basic credentials carry no user name: give an llm-batch API key as the user name", headers=_UNAUTHENTICATED)
+    return user
 
 
 def api_key_of(request: Request) -> str | None:

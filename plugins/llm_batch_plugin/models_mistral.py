@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.jobs import MISTRAL_STATUS
 from llm_batch.jobstore import Job
 from llm_batch_plugin.models_files import epoch
-from llm_batch_plugin.state import MAX_INLINE_REQUESTS
+from llm_batch_plugin.state import MAX_INLINE_REQUESTS, check_pairs
 
 
 class InlineRequest(BaseModel):
@@ -29,6 +29,8 @@ class CreateBatchJobRequest(BaseModel):
     agent_id: str | None = None
     metadata: dict[str, str] | None = None
     timeout_hours: int = Field(default=24, ge=1, le=168)
+
+    _metadata = field_validator("metadata")(check_pairs)
 
 
 class BatchErrorOut(BaseModel):

@@ -9,23 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from llm_batch.jobs import OPENAI_STATUS
 from llm_batch.jobstore import Job
 from llm_batch_plugin.models_files import epoch
+from llm_batch_plugin.state import MAX_OPENAI_METADATA_PAIRS, check_pairs
 
 COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
-MAX_METADATA_KEYS = 16
 
 
 def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
     """OpenAI's rule: up to 16 pairs, keys up to 64 characters, values up to 512."""
-    if value is None:
-        return None
-    if len(value) > MAX_METADATA_KEYS:
-        raise ValueError(f"at most {MAX_METADATA_KEYS} metadata pairs are allowed, got {len(value)}")
-    for key, item in value.items():
-        if len(key) > 64:
-            raise ValueError(f"metadata key {key[:20]!r}... is longer than 64 characters")
-        if len(item) > 512:
-            raise ValueError(f"metadata value of {key!r} is longer than 512 characters")
-    return value
+    return check_pairs(value, max_pairs=MAX_OPENAI_METADATA_PAIRS)
 
 
 class CreateBatchRequest(BaseModel):

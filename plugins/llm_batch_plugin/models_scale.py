@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.jobs import SCALE_STATUS
 from llm_batch.jobstore import Job
-from llm_batch_plugin.state import MAX_INLINE_REQUESTS
+from llm_batch_plugin.state import MAX_INLINE_REQUESTS, check_pairs
 
 GpuType = Literal[
     "nvidia-tesla-t4",
@@ -32,6 +32,8 @@ class ScaleModelConfig(BaseModel):
     num_shards: int | None = Field(default=None, ge=1, le=64)
     max_context_length: int | None = Field(default=None, ge=1)
     seed: int | None = None
+
+    _labels = field_validator("labels")(check_pairs)
 
 
 class V1Content(BaseModel):
@@ -62,6 +64,8 @@ class CreateBatchCompletionsRequest(BaseModel):
     gpu_type: GpuType | None = None
     storage: str | None = None
     nodes_per_worker: int | None = Field(default=None, ge=1, le=16)
+
+    _labels = field_validator("labels")(check_pairs)
 
 
 class CreateBatchCompletionsV1Response(BaseModel):

@@ -255,3 +255,97 @@ def test_own_storage_outside_the_roots_is_a_server_error_not_the_users(batch_api
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "storage_misconfigured"
     assert "LLM_BATCH_LOCAL_ROOTS" in response.json()["error"]["message"]
+
+
+# --- round two: cancel, lists, auth, limits, output paths ----------------------------------
+
+
+def test_cancel_of_an_ended_job_is_409_naming_its_status(client, creds, api_store):
+    """Was 200 with the job unchanged: the caller could not tell nothing happened."""
+    from llm_batch.jobs import JobStatus
+
+    batch = client.post(
+        "/v1/batches", headers=creds.key("alice"),
+        json={"input_file_id": uploaded_id(client, creds), "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
+    for status in (JobStatus.VALIDATING, JobStatus.RUNNING, JobStatus.SUCCEEDED):
+        api_store.transition(batch["id"], status)
+    openai = client.post(f"/v1/batches/{batch['id']}/cancel", headers=creds.key("alice"))
+    assert openai.status_code == 409 and "'completed'" in openai.json()["error"]["message"]
+    mistral = client.post(f"/v1/batch/jobs/{batch['id']}/cancel", headers=creds.key("alice"))
+    assert mistral.status_code == 409 and "'SUCCESS'" in mistral.json()["detail"]
+    scale = client.post(f"/v2/batch-completions/{batch['id']}/actions/cancel", headers=creds.key("alice"))
+    assert scale.status_code == 200 and scale.json() == {"success": False}
+    assert client.get(f"/v1/batches/{batch['id']}", headers=creds.key("alice")).json()["status"] == "completed"
+
+
+def test_cancel_twice_is_idempotent(client, creds):
+    batch = client.post(
+        "/v1/batches", headers=creds.key("alice"),
+        json={"input_file_id": uploaded_id(client, creds), "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
+    first = client.post(f"/v1/batches/{batch['id']}/cancel", headers=creds.key("alice"))
+    second = client.post(f"/v1/batches/{batch['id']}/cancel", headers=creds.key("alice"))
+    assert first.status_code == second.status_code == 200
+    assert first.json()["cancelling_at"] == second.json()["cancelling_at"] is not None
+
+
+@pytest.mark.parametrize("created_after", ["0001-01-01T00:00:00", "9999-12-31T23:59:59"])
+def test_mistral_list_with_extreme_naive_created_after(client, creds, created_after):
+    """Year 1 without a zone was a 500 (local-time conversion overflowed)."""
+    response = client.get("/v1/batch/jobs", headers=creds.key("alice"), params={"created_after": created_after})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("credentials", "wanted"),
+    [("!!!", "malformed"), (":password", "no user name"), ("", "no user name")],
+)
+def test_basic_auth_without_a_key_says_what_is_wrong(client, credentials, wanted):
+    """Was a bare "Not authenticated" (FastAPI's HTTPBasic answered before our check)."""
+    import base64
+
+    value = credentials if credentials in ("!!!", "") else base64.b64encode(credentials.encode()).decode()
+    response = client.get("/v2/batch-completions", headers={"Authorization": f"Basic {value}"})
+    assert response.status_code == 401 and wanted in response.json()["detail"]
+
+
+def test_basic_auth_with_the_key_and_no_colon_works(client, creds):
+    import base64
+
+    value = base64.b64encode(creds.keys["alice"].encode()).decode()
+    assert client.get("/v2/batch-completions", headers={"Authorization": f"Basic {value}"}).status_code == 200
+
+
+def test_metadata_and_labels_are_bounded(client, creds, scale_paths):
+    """1000 pairs of 1000 characters were stored as they came."""
+    many = {str(i): "v" for i in range(65)}
+    mistral = client.post(
+        "/v1/batch/jobs", headers=creds.key("alice"),
+        json={"requests": [{"body": {"messages": []}}], "endpoint": "/v1/chat/completions", "model": "tiny-random-llama", "metadata": many},
+    )
+    assert mistral.status_code == 422 and mistral.json()["param"] == "metadata"
+    scale = client.post(
+        "/v2/batch-completions", headers=creds.key("alice"),
+        json={"content": [{"prompt": "x"}], "output_data_path": str(scale_paths / "out.json"),
+              "model_config": {"model": "tiny-random-llama"}, "labels": {"team": "x" * 513}},
+    )
+    assert scale.status_code == 422 and scale.json()["param"] == "labels"
+
+
+def test_scale_output_below_a_file_is_refused(client, creds, scale_paths):
+    response = client.post(
+        "/v2/batch-completions", headers=creds.key("alice"),
+        json={"content": [{"prompt": "x"}], "output_data_path": str(scale_paths / "good.json" / "out.json"),
+              "model_config": {"model": "tiny-random-llama"}},
+    )
+    assert response.status_code == 400 and "which is a file" in response.json()["detail"]
+
+
+def test_scale_output_that_names_a_bucket_is_refused(client, creds, monkeypatch):
+    from llm_batch_plugin.routers.scale_batch_completions import _check_output_path
+
+    for uri in ("s3://bucket", "s3://bucket/", "s3://bucket/folder/"):
+        with pytest.raises(Exception, match="names a bucket or folder"):
+            _check_output_path(uri, None)
+    _check_output_path("s3://bucket/out.json", None)  # an object: fine

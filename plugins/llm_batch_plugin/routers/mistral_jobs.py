@@ -3,7 +3,7 @@ filters, get, cancel)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -157,7 +157,7 @@ def list_batch_jobs(
     if agent_id is not None:
         return BatchJobList(data=[], total=0)
     if created_after is not None and created_after.tzinfo is None:
-        created_after = created_after.astimezone()
+        created_after = created_after.replace(tzinfo=UTC)  # a time without zone is UTC
     jobs, total = store.list_jobs(
         owner=caller.name if created_by_me else caller.owner_filter,
         statuses=_canonical(status) if status else None,
@@ -183,4 +183,5 @@ def get_batch_job(job_id: str, caller: CallerDep, store: StoreDep) -> BatchJobOu
 @router.post("/{job_id}/cancel", response_model=BatchJobOut, summary="Cancel a batch job")
 def cancel_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchJobOut:
     caller.require_submit()
-    return BatchJobOut.of(cancel_job(store, settings, job_id, caller.owner_filter, kind="batch job"))
+    job = cancel_job(store, settings, job_id, caller.owner_filter, kind="batch job", refuse_ended=MISTRAL_STATUS)
+    return BatchJobOut.of(job)

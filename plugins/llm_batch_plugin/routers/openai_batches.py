@@ -9,6 +9,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body, Query
 
 from llm_batch import storage
+from llm_batch.jobs import OPENAI_STATUS
 from llm_batch.jobstore import InvalidCursor
 from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
@@ -95,4 +96,4 @@ def get_batch(batch_id: str, caller: CallerDep, store: StoreDep) -> BatchOut:
 @router.post("/{batch_id}/cancel", response_model=BatchOut, summary="Cancel a batch")
 def cancel_batch(batch_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchOut:
     caller.require_submit()
-    return BatchOut.of(cancel_job(store, settings, batch_id, caller.owner_filter))
+    return BatchOut.of(cancel_job(store, settings, batch_id, caller.owner_filter, refuse_ended=OPENAI_STATUS))

@@ -3,7 +3,7 @@ content, get, update priority, cancel, list)."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
@@ -105,17 +105,24 @@ _EXPECTED_INPUT = "expected a JSON array of completion or chat requests, or a {\
 
 
 def _check_output_path(output_uri: str, input_uri: str | None) -> None:
-    """The output must be a new object: not a directory, not the job's own input."""
+    """The output must name an object the job can write at its end: not the job's own
+    input, not a bucket or directory, not below an existing file."""
+    def refuse(why: str) -> ApiError:
+        return ApiError(400, f"output_data_path {output_uri!r} {why}", param="output_data_path", code="invalid_output")
+
     if output_uri == input_uri:
-        raise ApiError(
-            400, f"output_data_path {output_uri!r} is the input_data_path: the results would overwrite the requests",
-            param="output_data_path", code="invalid_output",
-        )
-    if not storage.is_s3(output_uri) and os.path.isdir(output_uri):
-        raise ApiError(
-            400, f"output_data_path {output_uri!r} is a directory; name the JSON file to write",
-            param="output_data_path", code="invalid_output",
-        )
+        raise refuse("is the input_data_path: the results would overwrite the requests")
+    if storage.is_s3(output_uri):
+        key = output_uri[5:].partition("/")[2]
+        if not key or key.endswith("/"):
+            raise refuse("names a bucket or folder, not an object: name the JSON file to write")
+        return
+    path = Path(output_uri)
+    if path.is_dir():
+        raise refuse("is a directory; name the JSON file to write")
+    existing = next(parent for parent in path.parents if parent.exists())
+    if not existing.is_dir():
+        raise refuse(f"lies below {str(existing)!r}, which is a file, not a directory")
 
 
 def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
