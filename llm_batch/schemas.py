@@ -35,6 +35,7 @@ from llm_batch.endpoints import Endpoint
 # Documented maxima (vLLM's defaults: max_logprobs = 20).
 MAX_N = 32
 MAX_LOGPROBS = 20
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # seed's range in vLLM's own server
 
 ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 # Content part types and the field each one's payload is in: the OpenAI SDK's types plus the
@@ -234,7 +235,7 @@ class _GenerationBody(_Strict):
     n: int | None = Field(default=None, ge=1, le=MAX_N)
     stop: Stop = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's server: torch.long
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0)
@@ -331,7 +332,7 @@ _SIMPLE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "top_p": lambda v: (type(v) is float or type(v) is int) and 0 < v <= 1,
     "top_k": _int_in(-1, _INF),
     "n": _int_in(1, MAX_N),
-    "seed": lambda v: type(v) is int,
+    "seed": _int_in(INT64_MIN, INT64_MAX),
     "stop": lambda v: type(v) is str or _is_str_list(v),
     "presence_penalty": _num_in(-2, 2),
     "frequency_penalty": _num_in(-2, 2),

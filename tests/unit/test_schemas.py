@@ -126,7 +126,8 @@ def test_fast_path_defers_anything_unusual() -> None:
 
 
 BOUNDARY_VALUES = [-3, -2, -1.5, -1, 0, 0.0, 0.5, 1, 1.0, 2, 2.0, 2.5, 20, MAX_N, MAX_N + 1,
-                   True, False, None, "x", "", ["a", "b"], [1], [], {}]
+                   True, False, None, "x", "", ["a", "b"], [1], [], {},
+                   2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64 - 1]
 FAST_FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n",
                "seed", "stop", "presence_penalty", "frequency_penalty", "user", "model"]
 
@@ -232,6 +233,8 @@ def test_sdk_request_options_are_accepted() -> None:
     # orjson reads an integer literal past 64 bits as a float
     (CHAT, {"messages": USER, "max_tokens": 1e26},
      "body.max_tokens: Input should be an integer that fits in 64 bits"),
+    (CHAT, {"messages": USER, "seed": 2**63}, "body.seed: Input should be less than or equal to "
+                                              "9223372036854775807"),
     (COMPLETIONS, {"prompt": ["a", ""]}, "body.prompt[1]: must not be an empty string"),
     (EMBEDDINGS, {"input": ["", "a"]}, "body.input[0]: must not be an empty string"),
 ])
