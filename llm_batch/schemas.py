@@ -109,6 +109,13 @@ def _check_stop(value: Any) -> Any:
     raise _fail("invalid_stop", "stop must be a string or a list of strings")
 
 
+def _check_tool_choice(value: Any) -> Any:
+    if value is None or type(value) is str or type(value) is dict:
+        return value
+    raise _fail("invalid_tool_choice", "tool_choice must be a string (\"auto\", \"none\", "
+                "\"required\") or an object naming a tool")
+
+
 def _check_stream(value: Any) -> Any:
     if value is None or value is False:
         return value
@@ -138,6 +145,7 @@ Prompt = Annotated[Any, _prompt_like("prompt")]
 EmbeddingInput = Annotated[Any, _prompt_like("input")]
 Stop = Annotated[Any, PlainValidator(_check_stop)]
 Stream = Annotated[Any, PlainValidator(_check_stream)]
+ToolChoice = Annotated[Any, PlainValidator(_check_tool_choice)]
 Content = Annotated[Any, PlainValidator(_check_content)]
 
 
@@ -265,7 +273,7 @@ class ChatCompletionBody(_GenerationBody):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice = None
 
     def _max_tokens_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -449,6 +457,8 @@ def _message(err: Any) -> str:
     if kind == "too_short" and err.get("input") == []:
         return "must not be empty"
     value = err.get("input")
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"must be a JSON object (got {_shown(value)})"
     if kind == "int_type" and type(value) is float and abs(value) >= _UINT64_LIMIT:
         # orjson reads an integer literal past 64 bits as a float: say what went wrong.
         return f"Input should be an integer that fits in 64 bits (got {_shown(value)})"

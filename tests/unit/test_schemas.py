@@ -235,6 +235,8 @@ def test_sdk_request_options_are_accepted() -> None:
      "body.max_tokens: Input should be an integer that fits in 64 bits"),
     (CHAT, {"messages": USER, "seed": 2**63}, "body.seed: Input should be less than or equal to "
                                               "9223372036854775807"),
+    (CHAT, {"messages": ["hi"]}, 'body.messages[0]: must be a JSON object (got "hi")'),
+    (CHAT, {"messages": USER, "tool_choice": 5}, "body.tool_choice: tool_choice must be a string"),
     (COMPLETIONS, {"prompt": ["a", ""]}, "body.prompt[1]: must not be an empty string"),
     (EMBEDDINGS, {"input": ["", "a"]}, "body.input[0]: must not be an empty string"),
 ])
