@@ -52,15 +52,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from llm_batch.validation import BatchRejected, validate_batch
-
     from llm_batch.storage import StorageError
+    from llm_batch.validation import BatchRejected, validate_batch
 
     source = args.inputs[0] if len(args.inputs) == 1 else args.inputs
     try:
+        layout = _layout(args)
         report = validate_batch(source, fmt=args.fmt, endpoint=args.endpoint,
-                                layout=_layout(args), open_input=input_opener(args.fmt))
-    except StorageError as exc:  # writing the job's files (--job)
+                                layout=layout, open_input=input_opener(args.fmt))
+    except StorageError as exc:  # the job's files (--job)
         print(f"llm-batch validate: cannot write the job's files: {exc}", file=sys.stderr)
         return EXIT_REJECTED
     except BatchRejected as exc:
@@ -73,12 +73,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _layout(args: argparse.Namespace):
+    """The job to write (--job), refused when it was sharded already: its shards and results
+    would no longer match a new validated file."""
     if not args.job:
         return None
+    from llm_batch import storage
     from llm_batch.config import get_settings
     from llm_batch.layout import JobLayout
+    from llm_batch.sharding import manifest_uri
 
-    return JobLayout(args.work_uri or get_settings().work_uri, args.job)
+    layout = JobLayout(args.work_uri or get_settings().work_uri, args.job)
+    if storage.exists(manifest_uri(layout)):
+        raise storage.StorageError(layout.root, f"job {args.job!r} has shards already; validate "
+                                   "into a new job id (or delete this one's directory)")
+    return layout
 
 
 def input_opener(fmt: str) -> Callable[[str], AbstractContextManager[BinaryIO]]:

@@ -118,6 +118,9 @@ def test_job_option_writes_the_files_shard_reads(capsys, batch: Path) -> None:
     assert len((work / "j1" / "validation_errors.jsonl").read_text().splitlines()) == 2
     assert main(["shard", "j1", "-n", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["shards"][1]["last_index"] == 3
+    # validating again into a sharded job would leave its shards stale: refused
+    status, printed, err = run_cli(capsys, str(batch), "--job", "j1")
+    assert status == 2 and printed is None and "has shards already" in err
 
 
 def test_shard_without_validation_says_how_to_validate(capsys) -> None:
