@@ -190,6 +190,7 @@ class Storage(Protocol):
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_ONE_SLASH_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")  # "s3:/bucket/key", a typo
 
 
 def _backend(uri: str) -> Storage:
@@ -231,6 +232,11 @@ class LocalStorage:
             raise PathNotAllowed(uri, "empty path or NUL byte in path")
         if ".." in PurePosixPath(raw).parts:
             raise PathNotAllowed(uri, "'..' is not allowed in paths")
+        if raw.startswith("~"):  # whose home would it be? (the API server's, not the user's)
+            raise PathNotAllowed(uri, "'~' is not expanded: give an absolute path")
+        if _ONE_SLASH_URI.match(raw):
+            scheme = raw.split(":", 1)[0]
+            raise PathNotAllowed(uri, f"looks like a URI with one slash: write {scheme}://...")
         lexical = Path(raw) if os.path.isabs(raw) else Path.cwd() / raw
         resolved = lexical.resolve()
         if self._inside(resolved):

@@ -81,6 +81,14 @@ def test_symlink_escaping_the_root_is_refused(root: Path) -> None:
     assert not (root.parent / "outside" / "new.txt").exists()
 
 
+def test_paths_with_spaces_plain_or_percent_encoded(root: Path) -> None:
+    (root / "my dir").mkdir()
+    (root / "my dir" / "a b.jsonl").write_text("x")
+    for uri in (f"{root}/my dir/a b.jsonl", f"file://{root}/my%20dir/a%20b.jsonl",
+                f"file://{root}/my dir/a b.jsonl"):
+        assert storage.read_bytes(uri) == b"x"
+
+
 def test_symlink_inside_the_root_is_followed(root: Path) -> None:
     (root / "data").mkdir()
     (root / "data" / "x.txt").write_bytes(b"x")
@@ -92,7 +100,10 @@ def test_symlink_inside_the_root_is_followed(root: Path) -> None:
 def test_malformed_uris_are_refused(root: Path) -> None:
     for uri, reason in [("", "empty"), ("gs://bucket/key", "unsupported scheme 'gs'"),
                         ("http://host/x", "unsupported scheme"), ("file://host/x", "file:///"),
-                        (f"{root}/a\0b", "NUL"), ("s3://Bad_Bucket/x", "invalid bucket name")]:
+                        (f"{root}/a\0b", "NUL"), ("s3://Bad_Bucket/x", "invalid bucket name"),
+                        # typos a user makes: a home-relative path, a URI with one slash
+                        ("~/batch.jsonl", "'~' is not expanded"),
+                        ("s3:/bucket/key.jsonl", "write s3://")]:
         with pytest.raises(PathNotAllowed, match=reason):
             storage.check_user_uri(uri)
 
