@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions):
         app.include_router(module.router)
     app.include_router(scale_batch_completions.v1_router)
-    app.add_middleware(
-        BodyLimit, json_limit=MAX_JSON_BODY_BYTES, upload_limit=settings.max_input_bytes + _MULTIPART_OVERHEAD
-    )
+    upload_limit = settings.max_input_bytes + _MULTIPART_OVERHEAD
+    # Inline requests become an input file: no larger than an upload may be.
+    app.add_middleware(BodyLimit, json_limit=min(MAX_JSON_BODY_BYTES, upload_limit), upload_limit=upload_limit)
     return app
