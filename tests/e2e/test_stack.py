@@ -118,7 +118,8 @@ def test_recurring_spec_runs_on_its_schedule(e2e_stack, batch_client, job_logs):
     headers = {"Authorization": f"Bearer {e2e_stack.airflow_token()}"}
     api = f"{e2e_stack.base_url}/api/v2/dags"
     recurring = f"recurring__{RECURRING_SPEC}"
-    assert httpx.patch(f"{api}/{recurring}", json={"is_paused": False}, headers=headers, timeout=30).status_code == 200
+    wait_until(f"{recurring} to unpause", lambda: httpx.patch(
+        f"{api}/{recurring}", json={"is_paused": False}, headers=headers, timeout=30).status_code == 200, 60)
 
     def triggered_run() -> dict[str, Any] | None:
         runs = httpx.get(f"{api}/batch_inference/dagRuns", headers=headers, params={"limit": 100}, timeout=30)
@@ -127,8 +128,9 @@ def test_recurring_spec_runs_on_its_schedule(e2e_stack, batch_client, job_logs):
 
     try:
         run = wait_until(f"a batch_inference run started by {recurring}", triggered_run, 150, poll=2)
-    finally:  # one scheduled run is the test: no more every minute
-        httpx.patch(f"{api}/{recurring}", json={"is_paused": True}, headers=headers, timeout=30)
+    finally:  # one scheduled run is the test: no more every minute (SQLite may be busy: retry)
+        wait_until(f"{recurring} to pause", lambda: httpx.patch(
+            f"{api}/{recurring}", json={"is_paused": True}, headers=headers, timeout=30).status_code == 200, 60)
     job_id = run_job_id(run["conf"], run["dag_run_id"])
     job_logs.append(job_id)
     wait_until(f"job {job_id} to exist", lambda: _status_or_none(batch_client, job_id), 120)
