@@ -349,3 +349,20 @@ def test_scale_output_that_names_a_bucket_is_refused(client, creds, monkeypatch)
         with pytest.raises(Exception, match="names a bucket or folder"):
             _check_output_path(uri, None)
     _check_output_path("s3://bucket/out.json", None)  # an object: fine
+
+
+def test_openai_batch_on_a_file_with_leading_blank_lines(client, creds):
+    """Uploads skip leading blank lines, so the model must come from the first request line."""
+    file_id = uploaded_id(client, creds, b"\n\n" + chat_lines(2))
+    response = client.post(
+        "/v1/batches", headers=creds.key("alice"),
+        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "tiny-random-llama"
+    no_model = uploaded_id(client, creds, b"\n" + orjson.dumps({"custom_id": "a", "body": {"messages": []}}) + b"\n")
+    refused = client.post(
+        "/v1/batches", headers=creds.key("alice"),
+        json={"input_file_id": no_model, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    )
+    assert refused.status_code == 400 and "line 2" in refused.json()["error"]["message"]

@@ -23,15 +23,20 @@ router = APIRouter(prefix="/v1/batches", tags=["openai"])
 
 
 def _model_of_first_line(uri: str, file_id: str) -> str:
-    """OpenAI batches name the model per line; the job records the first line's model."""
+    """OpenAI batches name the model per line; the job records the first request line's
+    model (blank lines are skipped, as the pipeline skips them)."""
+    number, line = 0, b""
     with storage.open_read(uri) as stream:
-        line = stream.readline()
+        for number, line in enumerate(stream, start=1):
+            if line.strip():
+                break
     try:
         model = orjson.loads(line).get("body", {}).get("model")
     except (orjson.JSONDecodeError, AttributeError):
         model = None
     if not isinstance(model, str) or not model:
-        raise ApiError(400, f"file {file_id!r}: line 1 has no body.model", param="input_file_id", code="missing_model")
+        message = f"file {file_id!r}: line {number or 1} has no body.model (a string naming the model)"
+        raise ApiError(400, message, param="input_file_id", code="missing_model")
     return model
 
 
