@@ -174,7 +174,9 @@ def prepare(cache: Path, *names: str) -> dict[str, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--rss-sizes", default="256,1024")
+    # The worker's window is 4 x max_num_seqs = 1024 on CPU: sizes past it show flatness.
+    parser.add_argument("--rss-sizes", default="256,1024,4096")
+    parser.add_argument("--cases", default="abcd", help="throughput cases to run (default abcd; '' = none)")
     parser.add_argument("--model-cache", type=Path,
                         default=Path(os.environ.get("LLM_BATCH_TEST_MODEL_CACHE",
                                                     Path.home() / ".cache/llm-batch-test/models")))
@@ -189,33 +191,48 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llm-batch-bench-") as tmp:
         work, home = Path(tmp), Path(tmp) / "home"
         env = engine_env(home, args.model_cache)
-        rows = [
-            run_llm_chat(dirs[CHAT_MODEL], n, env, work),
-            run_vllm_batch(dirs[CHAT_MODEL], n, env, work),
-            run_worker("(c) llm-batch worker", CHAT_MODEL, n, env, home, work),
-            run_worker("(d) worker, flush every record", CHAT_MODEL, n, env, home, work,
-                       "--flush-every-records", "1"),
-        ]
-        print(f"\n{n} chat requests, {CHAT_MODEL}, greedy, 64-128 max tokens; load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        print(f"{'':34} {'tokens':>7} {'process s':>10} {'process tok/s':>14} {'gen tok/s':>10}")
-        for row in rows:
-            gen = f"{row['gen_tok_s']:.0f}" if row["gen_tok_s"] else "-"
-            print(f"{row['name']:34} {row['tokens']:7d} {row['seconds']:10.1f} "
-                  f"{row['tokens'] / row['seconds']:14.0f} {gen:>10}")
-        a, b, c, d = rows
-        rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
+        if args.cases:
+            throughput(args.cases, dirs, n, env, home, work)
+        if args.rss_sizes:
+            rss(args.rss_sizes, env, home, work)
+
+
+CASES = {
+    "a": lambda dirs, n, env, home, work: run_llm_chat(dirs[CHAT_MODEL], n, env, work),
+    "b": lambda dirs, n, env, home, work: run_vllm_batch(dirs[CHAT_MODEL], n, env, work),
+    "c": lambda dirs, n, env, home, work: run_worker("(c) llm-batch worker", CHAT_MODEL, n, env, home, work),
+    "d": lambda dirs, n, env, home, work: run_worker("(d) worker, flush every record", CHAT_MODEL, n, env,
+                                                     home, work, "--flush-every-records", "1"),
+}
+
+
+def throughput(cases: str, dirs: dict[str, Path], n: int, env: dict[str, str], home: Path, work: Path) -> None:
+    rows = {case: CASES[case](dirs, n, env, home, work) for case in cases}
+    print(f"\n{n} chat requests, {CHAT_MODEL}, greedy, 64-128 max tokens; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{'':34} {'tokens':>7} {'process s':>10} {'process tok/s':>14} {'gen tok/s':>10}")
+    for row in rows.values():
+        gen = f"{row['gen_tok_s']:.0f}" if row["gen_tok_s"] else "-"
+        print(f"{row['name']:34} {row['tokens']:7d} {row['seconds']:10.1f} "
+              f"{row['tokens'] / row['seconds']:14.0f} {gen:>10}")
+    a, b, c, d = (rows.get(case) for case in "abcd")
+    rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
+    if a and c:
         print(f"worker / LLM.chat:   generation {c['gen_tok_s'] / a['gen_tok_s']:.3f}  "
               f"whole process {rate(c) / rate(a):.3f}   (target >= 0.95)")
+    if b and c:
         print(f"worker / run_batch:  whole process {rate(c) / rate(b):.3f}   (target >= 1.0)")
+    if c and d:
         print(f"checkpoint every record costs {100 * (1 - d['gen_tok_s'] / c['gen_tok_s']):.1f}% "
               f"of generation tok/s vs default   (target < 3%)")
 
-        print(f"\npeak RSS of the worker vs shard size ({TINY_MODEL}, 16 tokens a request)")
-        print(f"{'requests':>9} {'worker MB':>10} {'process tree MB':>16}")
-        for size in (int(s) for s in args.rss_sizes.split(",")):
-            row = run_worker(f"rss {size}", TINY_MODEL, size, env, home, work, tokens_of=lambda i: 16)
-            print(f"{size:9d} {row['rss_own_mb']:10.0f} {row['rss_tree_mb']:16.0f}")
+
+def rss(sizes: str, env: dict[str, str], home: Path, work: Path) -> None:
+    print(f"\npeak RSS of the worker vs shard size ({TINY_MODEL}, 16 tokens a request)")
+    print(f"{'requests':>9} {'worker MB':>10} {'process tree MB':>16}")
+    for size in (int(s) for s in sizes.split(",")):
+        row = run_worker(f"rss {size}", TINY_MODEL, size, env, home, work, tokens_of=lambda i: 16)
+        print(f"{size:9d} {row['rss_own_mb']:10.0f} {row['rss_tree_mb']:16.0f}")
 
 
 if __name__ == "__main__":
