@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 import orjson
+import tenacity
 
 from llm_batch.config import Settings, get_settings
 
@@ -181,7 +182,10 @@ class BatchClient:
     # -- requests -------------------------------------------------------------------------
 
     def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, url, **kwargs)
+        if method == "GET":  # safe to repeat: ride out a busy server (SQLite locked: 500)
+            response = _retrying(lambda: self._http.request(method, url, **kwargs))
+        else:
+            response = self._http.request(method, url, **kwargs)
         _raise_for(response)
         return response.json()
 
@@ -284,6 +288,22 @@ def default_output_path(path: Path, settings: Settings | None = None) -> str:
     embedded stack's ``$LLM_BATCH_HOME/outputs/<file stem>-<UTC time>.json``."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
     return str((settings or get_settings()).home / "outputs" / f"{path.stem}-{stamp}.json")
+
+
+def _transient(outcome: Any) -> bool:
+    return isinstance(outcome, httpx.Response) and outcome.status_code in (500, 502, 503, 504)
+
+
+def _retrying(send: Callable[[], httpx.Response]) -> httpx.Response:
+    """`send()` again (up to 4 tries, backing off) on 5xx answers and transport errors."""
+    retry = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(4),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=4),
+        retry=tenacity.retry_if_exception_type(httpx.TransportError) | tenacity.retry_if_result(_transient),
+        retry_error_callback=lambda state: state.outcome.result(),  # the last answer, as it was
+        reraise=True,
+    )
+    return retry(send)
 
 
 def _raise_for(response: httpx.Response) -> None:
