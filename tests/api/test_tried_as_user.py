@@ -366,3 +366,23 @@ def test_openai_batch_on_a_file_with_leading_blank_lines(client, creds):
         json={"input_file_id": no_model, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
     )
     assert refused.status_code == 400 and "line 2" in refused.json()["error"]["message"]
+
+
+def test_inline_json_bodies_are_capped_by_a_small_upload_limit(auth_manager, api_store, creds):
+    """Inline requests become an input file: with LLM_BATCH_MAX_INPUT_BYTES below 64 MiB the
+    JSON body limit follows it (was always 64 MiB)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from llm_batch.config import get_settings
+    from llm_batch_plugin.app import create_app
+
+    api = create_app(settings=get_settings().model_copy(update={"max_input_bytes": 10_000}), store=api_store)
+    api.state.auth_manager = auth_manager
+    outer = FastAPI()
+    outer.mount("/batch", api)
+    body = {"requests": [{"body": {"messages": [{"role": "user", "content": "x" * 1000}]}}] * 2000,
+            "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"}
+    with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
+        response = client.post("/v1/batch/jobs", headers=creds.key("alice"), json=body)
+    assert response.status_code == 413
