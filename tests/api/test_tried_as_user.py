@@ -237,7 +237,7 @@ def test_file_read_by_a_live_job_cannot_be_deleted(client, creds, api_store):
     assert client.delete(f"/v1/files/{file_id}", headers=creds.key("alice")).status_code == 200
 
 
-def test_own_storage_outside_the_roots_is_a_server_error_not_the_users(batch_api, auth_manager, api_store, creds, tmp_path):
+def test_own_storage_outside_the_roots_is_a_server_error_not_the_users(auth_manager, api_store, creds, tmp_path):
     """Was 400 path_not_allowed naming an internal path, as if the user had sent it."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
@@ -342,7 +342,7 @@ def test_scale_output_below_a_file_is_refused(client, creds, scale_paths):
     assert response.status_code == 400 and "which is a file" in response.json()["detail"]
 
 
-def test_scale_output_that_names_a_bucket_is_refused(client, creds, monkeypatch):
+def test_scale_output_that_names_a_bucket_is_refused():
     from llm_batch_plugin.routers.scale_batch_completions import _check_output_path
 
     for uri in ("s3://bucket", "s3://bucket/", "s3://bucket/folder/"):
