@@ -311,6 +311,15 @@ def _registered_checkpoint_dir(name: str, spec: ModelSpec, settings: Settings) -
     return _checkpoint_dir(spec.checkpoint, settings, user_given=False)
 
 
+def check_local_checkpoint(checkpoint: str, settings: Settings | None = None) -> Path:
+    """A user's local ``checkpoint_path`` checked as the worker will check it (confined to
+    the roots or the model cache, a model directory): the API calls it at submission.
+    s3:// checkpoints are not fetched here; storage.check_user_uri covers them."""
+    if checkpoint.startswith("s3://"):
+        raise ValueError("check_local_checkpoint takes local paths only")
+    return _checkpoint_dir(checkpoint, settings or get_settings(), user_given=True)
+
+
 def _checkpoint_dir(checkpoint: str, settings: Settings, *, user_given: bool) -> Path:
     """A local model directory for ``checkpoint`` (s3:// prefix, absolute or cache-relative)."""
     if checkpoint.startswith("s3://"):

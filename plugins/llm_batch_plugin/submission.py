@@ -22,7 +22,13 @@ from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoi
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
 from llm_batch.layout import join_uri
-from llm_batch.models import ModelError, Registry, load_registry, validate_model_config
+from llm_batch.models import (
+    ModelError,
+    Registry,
+    check_local_checkpoint,
+    load_registry,
+    validate_model_config,
+)
 from llm_batch_plugin.dag_trigger import TriggerError
 from llm_batch_plugin.errors import ApiError
 
@@ -127,10 +133,8 @@ def _check_checkpoint(checkpoint: str, settings: Settings) -> None:
     if storage.is_s3(checkpoint):
         check_user_path(checkpoint, param, settings)
         return
-    from llm_batch.models import _checkpoint_dir  # the worker's own rule for local checkpoints
-
     try:
-        _checkpoint_dir(checkpoint, settings, user_given=True)
+        check_local_checkpoint(checkpoint, settings)
     except ModelError as exc:
         raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_checkpoint") from None
 
