@@ -83,6 +83,9 @@ def run_worker(config: WorkerConfig) -> int:
     except (WorkerUsageError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
         log.error("shard %d of job %s cannot run: %s", config.shard, config.job_id, exc)
         return exit_codes.USAGE
+    except storage.StorageError as exc:  # unreachable or failing storage: worth a retry
+        log.error("shard %d of job %s: storage failed: %s", config.shard, config.job_id, exc)
+        return exit_codes.FAILED
 
     progress = ProgressReporter(
         config.progress,
