@@ -639,15 +639,28 @@ def live_jobs(store: JobStore, **filters: Any) -> Iterator[Job]:
 
 
 def expire(store: JobStore, settings: Settings, now: datetime | None = None) -> list[str]:
-    """Jobs still live past their expires_at (+ the cancel grace, so workers can stop on
-    their own first) become TIMEOUT_EXCEEDED; returns their ids."""
+    """Jobs still live past their expires_at (+ the cancel grace, by which their workers
+    have stopped or been killed) end as TIMEOUT_EXCEEDED, keeping what finished: their
+    shards' results are merged first. Returns their ids."""
     now = now or datetime.now(UTC)
     cutoff = now - timedelta(seconds=settings.cancel_grace_seconds)
     expired = []
     for job in list(live_jobs(store, expires_before=cutoff)):
-        store.transition(job.id, JobStatus.TIMEOUT_EXCEEDED, "expired: the job passed its expires_at")
+        _end(store, settings, job.id, f"expired: the job passed its expires_at ({job.expires_at})")
         expired.append(job.id)
     return expired
+
+
+def _end(store: JobStore, settings: Settings, job_id: str, why: str) -> None:
+    """Merge and finalize a job outside its run; if that fails, FAILED with `why`."""
+    try:
+        merge(store, settings, job_id)
+        finalize(store, settings, job_id)
+    except Exception as exc:  # noqa: BLE001 - whatever happens, the job must end
+        log.warning("job %s: could not merge and finalize (%s)", job_id, exc)
+        fail_job(store, job_id, f"{why}; its results could not be merged: {exc}")
+        return
+    fail_job(store, job_id, why)  # only if finalize left it live (it never should)
 
 
 def reconcile(store: JobStore, settings: Settings, run_states: dict[str, str]) -> list[str]:
@@ -658,15 +671,7 @@ def reconcile(store: JobStore, settings: Settings, run_states: dict[str, str]) -
         state = run_states.get(job.dag_run_id or "")
         if state not in ("success", "failed"):
             continue
-        try:
-            merge(store, settings, job.id)
-            finalize(store, settings, job.id)
-        except Exception as exc:  # noqa: BLE001 - any failure still must end the job
-            fail_job(store, job.id, f"reconciled after its run ended ({state}): {exc}")
-        else:
-            ended = store.get_job(job.id)
-            if ended is not None and not ended.terminal:
-                fail_job(store, job.id, f"reconciled after its run ended ({state})")
+        _end(store, settings, job.id, f"reconciled after its run ended ({state})")
         reconciled.append(job.id)
     return reconciled
 

@@ -269,6 +269,19 @@ def test_expire_ends_live_jobs_past_expires_at(store, settings):
     assert store.get_job(fresh.id).status == JobStatus.QUEUED
 
 
+def test_expire_keeps_what_finished(store, settings):
+    job_id, [task] = _through_plan(store, settings, _conf(settings, n=4, max_runtime_sec=60))
+    _run_worker(task, finish=1)
+    store._update_job(job_id, expires_at=utcnow() - timedelta(hours=1))
+
+    assert pipeline.expire(store, settings) == [job_id]
+
+    job = store.get_job(job_id)
+    assert (job.status, job.succeeded, job.failed) == (JobStatus.TIMEOUT_EXCEEDED, 1, 3)
+    assert job.status_reason == "the job's deadline passed; 3 requests were not run"
+    assert store.get_file(job.output_file_id) is not None
+
+
 def test_reconcile_finishes_jobs_whose_run_ended(store, settings):
     ended, live = _run_id(), _run_id()
     done_id, tasks = _through_plan(store, settings, _conf(settings, n=3), run_id=ended)
