@@ -1,9 +1,9 @@
 """ShardPodOperator: the KubernetesPodOperator behind KubernetesShardOperator (deferrable).
 
 Imported only when a shard task runs (the Kubernetes client takes seconds to import, too
-long for DAG parsing). The pod runs ``llm-batch worker ...`` in the inference image (``Settings.worker_image``);
-its shape comes from ``pod_spec`` (GPU limits, node selector, tolerations, labels, priority
-class, storage Secret, model cache). The pod is deleted when it finishes and when the task
+long for DAG parsing). The pod runs ``llm-batch worker ...`` in the inference image
+(``Settings.worker_image``); its shape comes from ``pod_spec`` (GPU limits, node selector,
+tolerations, labels, priority class, storage Secret, model cache). The pod is deleted when it finishes and when the task
 is killed; its logs are followed into the task log.
 
 While the pod runs, the deferred task waits in ``ShardPodTrigger``: the provider's pod
