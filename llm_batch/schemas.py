@@ -176,8 +176,17 @@ _CONTENT_PARTS = TypeAdapter(list[ContentPart])
 
 class ToolCall(_Strict):
     id: str | None = None  # OpenAI sends one; Mistral's SDK may leave it out (vLLM does not need it)
-    type: Literal["function"] = "function"
-    function: dict[str, Any]
+    type: str = "function"
+    function: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _function_call(self) -> ToolCall:
+        if self.type != "function":  # the SDK also has "custom"; vLLM's chat parser refuses it
+            raise ValueError(f"a tool call of type {self.type!r} is not supported: vLLM runs "
+                             "only 'function' tool calls")
+        if self.function is None:
+            raise ValueError("a function tool call needs a 'function' object")
+        return self
 
 
 class Message(_Strict):
@@ -212,7 +221,7 @@ class Message(_Strict):
 class JsonSchemaSpec(_Strict):
     name: str | None = None
     description: str | None = None
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -222,8 +231,13 @@ class ResponseFormat(_Strict):
 
     @model_validator(mode="after")
     def _schema_present(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type 'json_schema' needs a json_schema object")
+        if self.type == "json_schema":
+            # The SDK makes "schema" optional, but vLLM has nothing to constrain output with.
+            if self.json_schema is None:
+                raise ValueError("response_format of type 'json_schema' needs a json_schema object")
+            if self.json_schema.schema_ is None:
+                raise ValueError("response_format.json_schema needs a 'schema' (the JSON schema "
+                                 "the output must follow)")
         return self
 
 

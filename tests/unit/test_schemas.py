@@ -72,7 +72,7 @@ def test_valid_bodies_are_accepted(endpoint: Endpoint, body: dict) -> None:
     (CHAT, {"messages": USER, "logprobs": 1}, "body.logprobs:"),
     (CHAT, {"messages": USER, "stream": True}, "body.stream: stream must be false"),
     (CHAT, {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
-     "body.response_format.json_schema.schema: field required"),
+     "body.response_format: response_format.json_schema needs a 'schema'"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
      "body.messages[0].content[0].text:"),
     (CHAT, {"messages": [{"role": "assistant"}]}, "assistant message needs content, tool_calls"),
@@ -236,9 +236,13 @@ def test_sdk_request_options_are_accepted() -> None:
     (CHAT, {"messages": USER, "seed": 2**63}, "body.seed: Input should be less than or equal to "
                                               "9223372036854775807"),
     (CHAT, {"messages": ["hi"]}, 'body.messages[0]: must be a JSON object (got "hi")'),
+    (CHAT, {"messages": [*USER, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "custom", "custom": {"name": "f", "input": "x"}}]}]},
+     "body.messages[1].tool_calls[0]: a tool call of type 'custom' is not supported"),
     (CHAT, {"messages": USER, "tool_choice": 5}, "body.tool_choice: tool_choice must be a string"),
     (COMPLETIONS, {"prompt": ["a", ""]}, "body.prompt[1]: must not be an empty string"),
     (EMBEDDINGS, {"input": ["", "a"]}, "body.input[0]: must not be an empty string"),
 ])
 def test_user_mistakes_say_what_and_where(endpoint: Endpoint, body: dict, expected: str) -> None:
     assert error_of(endpoint, body).startswith(expected)
+
