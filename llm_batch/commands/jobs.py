@@ -238,7 +238,7 @@ def _describe(job: JobView) -> None:
         print(f"ended      {_when(job.completed_at)}")
     if job.output_file:
         print(f"results    {job.output_file}   (llm-batch results {job.id})")
-    if job.error_file:
+    if job.error_file and job.failed:
         print(f"errors     {job.error_file}   (llm-batch results {job.id} --errors)")
     for message in job.errors:
         print(f"note       {message}")
