@@ -160,10 +160,13 @@ def scale_content(path: Path, input_format: str) -> list[dict[str, Any]] | dict[
 class BatchClient:
     """The batch REST API, authenticated with an API key (``Authorization: Bearer``)."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 120.0):
+    def __init__(
+        self, base_url: str, api_key: str, *, timeout: float = 120.0, transport: httpx.BaseTransport | None = None
+    ):
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(
-            base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout
+            base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout,
+            transport=transport,
         )
 
     @classmethod

@@ -40,10 +40,7 @@ class Recorder:
         return self.routes.get((request.method, request.url.path), httpx.Response(404, json={"detail": "no route"}))
 
     def client(self) -> BatchClient:
-        api = BatchClient("http://stub/batch", "key-1")
-        api._http = httpx.Client(base_url=api.base_url, transport=httpx.MockTransport(self),
-                                 headers={"Authorization": "Bearer key-1"})
-        return api
+        return BatchClient("http://stub/batch", "key-1", transport=httpx.MockTransport(self))
 
 
 @pytest.mark.parametrize(
@@ -132,13 +129,11 @@ def test_no_api_key_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
 def test_reads_ride_out_a_busy_server_but_not_forever(monkeypatch):
     monkeypatch.setattr("tenacity.nap.time.sleep", lambda seconds: None)
     answers = iter([httpx.Response(500, json={"detail": "database is locked"}), httpx.Response(200, json=JOB)])
-    api = BatchClient("http://stub/batch", "k")
-    api._http = httpx.Client(base_url=api.base_url, transport=httpx.MockTransport(lambda request: next(answers)))
+    api = BatchClient("http://stub/batch", "k", transport=httpx.MockTransport(lambda request: next(answers)))
     assert api.job("job_1").id == "job_1"
 
-    always = BatchClient("http://stub/batch", "k")
     calls = []
-    always._http = httpx.Client(base_url=always.base_url, transport=httpx.MockTransport(
+    always = BatchClient("http://stub/batch", "k", transport=httpx.MockTransport(
         lambda request: calls.append(request) or httpx.Response(500, json={"detail": "database is locked"})))
     with pytest.raises(ApiError, match="database is locked"):
         always.job("job_1")
