@@ -215,6 +215,8 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
     assert fetched.returncode == 0, fetched.stderr
     # The Scale route numbers requests by position: exactly one result per request, in order.
     assert _job_ids(read_jsonl(results.read_bytes())) == [str(i) for i in range(60)]
+    listed = _cli("jobs", "--limit", "50")
+    assert listed.returncode == 0 and f"{job_id}  SUCCESS" in listed.stdout, listed.stdout + listed.stderr
     tries = _shard_tries(e2e_stack, job_id)
     assert max(tries) >= 2, f"no shard task was retried: {tries}"
 
