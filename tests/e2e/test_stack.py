@@ -9,6 +9,7 @@ number of tokens), so a job can be cancelled, killed or timed out with some requ
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -216,7 +217,8 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
     # The Scale route numbers requests by position: exactly one result per request, in order.
     assert _job_ids(read_jsonl(results.read_bytes())) == [str(i) for i in range(60)]
     listed = _cli("jobs", "--limit", "50")
-    assert listed.returncode == 0 and f"{job_id}  SUCCESS" in listed.stdout, listed.stdout + listed.stderr
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(rf"^{job_id}\s+SUCCESS\s", listed.stdout, re.MULTILINE), listed.stdout
     tries = _shard_tries(e2e_stack, job_id)
     assert max(tries) >= 2, f"no shard task was retried: {tries}"
 
