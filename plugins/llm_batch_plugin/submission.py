@@ -16,9 +16,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from llm_batch import storage
 from llm_batch.config import Settings
 from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
+from llm_batch.formats import not_json
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
 from llm_batch.layout import join_uri
@@ -154,6 +157,17 @@ def check_user_path(uri: str, param: str, settings: Settings) -> str:
     except storage.PathNotAllowed as exc:
         settings_rule = "paths must lie under the configured local roots or allowed buckets"
         raise ApiError(400, f"{param}: {exc} ({settings_rule})", param=param, code="path_not_allowed") from None
+
+
+def inline_json(value: Any, param: str) -> bytes:
+    """Inline content as JSON bytes, or 400 naming where it holds what JSON cannot carry:
+    Python's JSON parser lets through lone surrogates, integers past 64 bits and NaN, which
+    the pipeline's JSON (orjson) refuses, so they are caught here rather than as a 500."""
+    problem = not_json(value, param)
+    if problem is not None:
+        code, message = problem
+        raise ApiError(400, message, param=param, code=code.value)
+    return orjson.dumps(value)
 
 
 def save_inline_requests(

@@ -386,3 +386,32 @@ def test_inline_json_bodies_are_capped_by_a_small_upload_limit(auth_manager, api
     with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
         response = client.post("/v1/batch/jobs", headers=creds.key("alice"), json=body)
     assert response.status_code == 413
+
+
+@pytest.mark.parametrize(
+    "route, payload, param",
+    [
+        ("/v1/batch/jobs",
+         '{"endpoint": "/v1/chat/completions", "model": "tiny-random-llama", "requests": ['
+         '{"custom_id": "ok", "body": {"messages": [{"role": "user", "content": "hi"}]}},'
+         '{"custom_id": "big", "body": {"messages": [{"role": "user", "content": "hi"}],'
+         ' "max_tokens": 100000000000000000000000}}]}',
+         "requests[1].body.max_tokens"),
+        ("/v1/batch/jobs",
+         '{"endpoint": "/v1/chat/completions", "model": "tiny-random-llama", "requests": ['
+         '{"custom_id": "s", "body": {"messages": [{"role": "user", "content": "\\ud800"}]}}]}',
+         "requests[0].body.messages[0].content"),
+        ("/v2/batch-completions",
+         '{"output_data_path": "OUT", "model_config": {"model": "tiny-random-llama"},'
+         ' "content": [{"prompt": "hi", "max_tokens": NaN}]}',
+         "content[0].max_tokens"),
+    ],
+)
+def test_inline_values_json_cannot_carry_are_400_naming_where(client, creds, llm_batch_home, route, payload, param):
+    """Python's JSON parser accepts lone surrogates, integers past 64 bits and NaN; writing
+    them for the pipeline used to fail with a 500."""
+    payload = payload.replace("OUT", str(llm_batch_home / "scale-out" / "nan.json"))
+    response = client.post(route, headers={**creds.key("alice"), "content-type": "application/json"},
+                           content=payload.encode())
+    assert response.status_code == 400, response.text
+    assert param in response.text

@@ -19,7 +19,15 @@ from llm_batch_plugin.dag_trigger import trigger_batch_dag
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.models_mistral import BatchJobList, BatchJobOut, CreateBatchJobRequest
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch_plugin.submission import JSONL, JobRequest, check_endpoint, check_model, save_inline_requests, submit
+from llm_batch_plugin.submission import (
+    JSONL,
+    JobRequest,
+    check_endpoint,
+    check_model,
+    inline_json,
+    save_inline_requests,
+    submit,
+)
 
 router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"])
 
@@ -56,7 +64,7 @@ def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[F
 def _inline_lines(body: CreateBatchJobRequest):
     for index, item in enumerate(body.requests or []):
         custom_id = item.custom_id if item.custom_id is not None else str(index)
-        yield orjson.dumps({"custom_id": custom_id, "body": item.body}) + b"\n"
+        yield inline_json({"custom_id": custom_id, "body": item.body}, f"requests[{index}]") + b"\n"
 
 
 def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:

@@ -37,6 +37,7 @@ from llm_batch_plugin.submission import (
     JobRequest,
     check_model,
     check_user_path,
+    inline_json,
     save_inline_requests,
     submit,
 )
@@ -160,7 +161,7 @@ def create_batch_completions(
         # Checked before the inline file is written: a refused job leaves nothing behind.
         check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint)
         content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
-        inline = save_inline_requests(store, settings, caller.name, [orjson.dumps(content)], "inline-content.json")
+        inline = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")], "inline-content.json")
         job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
     resources = {
         key: value
