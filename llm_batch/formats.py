@@ -37,6 +37,7 @@ from llm_batch.schemas import (
     describe_validation_error,
     fast_check_for,
     prompt_chars,
+    shown,
 )
 
 Item = BatchRequest | ErrorRecord
@@ -179,21 +180,21 @@ class RequestChecker:
             custom_id = str(index)
         elif type(custom_id) is not str or not custom_id:
             return _error(index, line, None, ErrorCode.INVALID_CUSTOM_ID,
-                          f"{where}custom_id must be a non-empty string, got {_shown(custom_id)}")
+                          f"{where}custom_id must be a non-empty string, got {shown(custom_id)}")
         # The first item naming a custom_id owns it, whether or not the item is valid.
         if not self.seen_ids.add(custom_id):
             return _error(index, line, custom_id, ErrorCode.DUPLICATE_CUSTOM_ID,
-                          f"{where}custom_id {_shown(custom_id)} is already used by an earlier request")
+                          f"{where}custom_id {shown(custom_id)} is already used by an earlier request")
         method = obj.get("method")
         if method is not None and method != "POST":
             return _error(index, line, custom_id, ErrorCode.INVALID_METHOD,
-                          f"{where}method must be \"POST\", got {_shown(method)}")
+                          f"{where}method must be \"POST\", got {shown(method)}")
         url = obj.get("url")
         if url is not None and not self._url_fits(url):
             wanted = (f"the job's endpoint {self.endpoint}" if self.endpoint else
                       f"a supported endpoint ({', '.join(SUPPORTED_ENDPOINTS)})")
             return _error(index, line, custom_id, ErrorCode.URL_MISMATCH,
-                          f"{where}url {_shown(url)} is not {wanted}")
+                          f"{where}url {shown(url)} is not {wanted}")
         body = obj.get("body", _MISSING)
         if body is _MISSING or body is None:
             return _error(index, line, custom_id, ErrorCode.MISSING_BODY, f"{where}body is missing")
@@ -229,15 +230,6 @@ def _error(index: int, line: int, custom_id: str | None, code: ErrorCode, messag
     return ErrorRecord.model_construct(
         index=index, line=line, custom_id=custom_id, code=code.value, message=message
     )
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """A value as JSON, shortened (repr for what JSON cannot show, from inline input)."""
-    try:
-        text = orjson.dumps(value).decode()
-    except TypeError:
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _json_kind(value: Any) -> str:

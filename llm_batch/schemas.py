@@ -451,7 +451,7 @@ def _path(root: str, loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _shown(value: Any, limit: int = 60) -> str:
+def shown(value: Any, limit: int = 60) -> str:
     """The value as the user wrote it: JSON (``true``, ``null``), repr for what is not."""
     try:
         text = orjson.dumps(value).decode()
@@ -472,14 +472,14 @@ def _message(err: Any) -> str:
         return "must not be empty"
     value = err.get("input")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return f"must be a JSON object (got {_shown(value)})"
+        return f"must be a JSON object (got {shown(value)})"
     if kind == "int_type" and type(value) is float and abs(value) >= _UINT64_LIMIT:
         # orjson reads an integer literal past 64 bits as a float: say what went wrong.
-        return f"Input should be an integer that fits in 64 bits (got {_shown(value)})"
+        return f"Input should be an integer that fits in 64 bits (got {shown(value)})"
     message = err["msg"].removeprefix("Value error, ")
     if kind in ("value_error", "nested_error") or kind.startswith(("invalid_", "empty_", "stream_")):
         return message
-    return f"{message} (got {_shown(err.get('input'))})"
+    return f"{message} (got {shown(err.get('input'))})"
 
 
 def describe_validation_error(exc: ValidationError, root: str = "body", max_errors: int = 3) -> str:
