@@ -9,17 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.jobs import SCALE_STATUS
 from llm_batch.jobstore import Job
+from llm_batch.pipeline import GPU_TYPES
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, check_pairs
 
-GpuType = Literal[
-    "nvidia-tesla-t4",
-    "nvidia-ampere-a10",
-    "nvidia-ampere-a100",
-    "nvidia-ampere-a100e",
-    "nvidia-hopper-h100",
-    "nvidia-hopper-h100-1g20gb",
-    "nvidia-hopper-h100-3g40gb",
-]
+GpuType = Literal[GPU_TYPES]  # the seed's enum, defined once in the pipeline
 
 
 class ScaleModelConfig(BaseModel):
