@@ -93,10 +93,6 @@ class ProgressReporter:
         """``interval`` seconds passed since the last publish (or none happened yet)."""
         return self._last_publish is None or self._clock() - self._last_publish >= self.interval
 
-    def maybe_publish(self) -> None:
-        if self.due:
-            self.publish()
-
     def publish(self, state: ShardState | None = None) -> None:
         p = self.progress
         if state is not None:

@@ -26,10 +26,11 @@ def test_progress_counts_publishes_on_interval_and_measures_tokens_per_s(llm_bat
     reporter.record(True, prompt_tokens=5, completion_tokens=30)
     reporter.record(False)
     clock.now += 1.0
-    reporter.maybe_publish()  # within the interval: nothing new written
+    assert not reporter.due  # within the interval: nothing new written
     assert read_progress(uri).done == 4
     clock.now += 1.0
-    reporter.maybe_publish()
+    assert reporter.due
+    reporter.publish()
     p = read_progress(uri)
     assert (p.done, p.succeeded, p.failed, p.resumed) == (6, 1, 1, 4)
     assert (p.prompt_tokens, p.completion_tokens, p.tokens_per_s) == (5, 30, 15.0)
