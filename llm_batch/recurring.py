@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llm_batch.endpoints import Endpoint
+from llm_batch.pipeline import DEFAULT_RUNTIME_SEC, MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC
 
 DAG_ID_PREFIX = "recurring__"
 
@@ -48,8 +49,8 @@ class RecurringParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    data_parallelism: int = Field(1, ge=1, le=64)
-    max_runtime_sec: int = Field(86_400, ge=1, le=168 * 3600)
+    data_parallelism: int = Field(1, ge=1, le=MAX_DATA_PARALLELISM)
+    max_runtime_sec: int = Field(DEFAULT_RUNTIME_SEC, ge=1, le=MAX_RUNTIME_SEC)
     priority: str | int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
