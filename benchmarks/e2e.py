@@ -45,14 +45,14 @@ PLACES = [
 ]
 
 
-def requests(count: int, max_tokens: int) -> list[list[dict[str, str]]]:
+def requests(count: int) -> list[list[dict[str, str]]]:
     prompts = [q.format(p) for p in PLACES for q in QUESTIONS]
     return [[{"role": "user", "content": prompts[i % len(prompts)]}] for i in range(count)]
 
 
 def write_batch(path: Path, model: str, count: int, max_tokens: int) -> None:
     with path.open("w") as out:
-        for i, messages in enumerate(requests(count, max_tokens)):
+        for i, messages in enumerate(requests(count)):
             body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
             out.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
                                   "body": body}) + "\n")
@@ -71,7 +71,7 @@ def run_direct(model: str, count: int, max_tokens: int) -> dict[str, float]:
     resolved = resolve_model({"model": model})
     llm = LLM(**resolved.engine_args)
     loaded = time.monotonic()
-    outputs = llm.chat(requests(count, max_tokens), SamplingParams(max_tokens=max_tokens, temperature=0),
+    outputs = llm.chat(requests(count), SamplingParams(max_tokens=max_tokens, temperature=0),
                        use_tqdm=False)
     ended = time.monotonic()
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
