@@ -5,19 +5,27 @@ here and nowhere else. The run uses the request's metadata-DB session (Airflow's
 ``SessionDep``) and is committed before we answer, so a job that says it has a run has one.
 A busy metadata DB (SQLite's "database is locked" when many submit at once) is retried
 with jittered backoff; any other failure is final and becomes the job's reason.
+Routes take ``TriggerDep``: the trigger bound to the caller and that session.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import Depends
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.state import DAG_ID
 
 TRIGGER_ATTEMPTS = 8
+
+# (job_id, conf) -> run id; raises TriggerError.
+Trigger = Callable[[str, dict[str, Any]], str]
 
 
 class TriggerError(RuntimeError):
@@ -72,3 +80,11 @@ def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session
     except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
         raise TriggerError(f"could not start DAG {DAG_ID!r}: {type(exc).__name__}: {exc}") from exc
     raise AssertionError("unreachable")  # Retrying either returns or raises
+
+
+def get_trigger(caller: CallerDep, session: SessionDep) -> Trigger:
+    """This request's trigger: runs start as the caller, in the request's metadata-DB session."""
+    return lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session)
+
+
+TriggerDep = Annotated[Trigger, Depends(get_trigger)]

@@ -1,7 +1,8 @@
-"""What the app holds for its routes: settings, the job store, the DAG trigger.
+"""What the app holds for its routes (settings, the job store) and the API's limits.
 
 ``create_app`` puts one ``ApiState`` on ``app.state.llm_batch``; routes reach it through
-the ``*Dep`` annotations below, so tests can build an app around any store or trigger.
+the ``*Dep`` annotations below, so tests can build an app around any store. (The DAG
+trigger is per request: ``dag_trigger.TriggerDep``.)
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ so a job is never left queued without a run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -32,16 +32,13 @@ from llm_batch.models import (
     load_registry,
     validate_model_config,
 )
-from llm_batch_plugin.dag_trigger import TriggerError
+from llm_batch_plugin.dag_trigger import Trigger, TriggerError
 from llm_batch_plugin.errors import ApiError
 
 # Input formats the pipeline reads (llm_batch.pipeline.INPUT_FORMATS).
 JSONL = "jsonl"  # OpenAI/Mistral batch lines: {"custom_id", "method"?, "url"?, "body"}
 SCALE_V2 = "scale-v2"  # Scale: a JSON array of completion or chat requests
 SCALE_V1 = "scale-v1"  # Scale: a {"prompts": [...], sampling...} object
-
-# (job_id, conf) -> run id; raises TriggerError. Bound to the request's session by the router.
-Trigger = Callable[[str, dict[str, Any]], str]
 
 
 @dataclass(frozen=True)

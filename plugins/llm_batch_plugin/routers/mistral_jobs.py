@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import orjson
-from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body, Query, Request
 
 from llm_batch import storage
@@ -15,7 +14,7 @@ from llm_batch.jobs import MISTRAL_STATUS, JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore
 from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
-from llm_batch_plugin.dag_trigger import trigger_batch_dag
+from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.models_mistral import BatchJobList, BatchJobOut, CreateBatchJobRequest
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
@@ -103,7 +102,7 @@ def create_batch_job(
     caller: CallerDep,
     store: StoreDep,
     settings: SettingsDep,
-    session: SessionDep,
+    trigger: TriggerDep,
 ) -> BatchJobOut:
     caller.require_submit()
     if body.agent_id is not None:
@@ -127,7 +126,7 @@ def create_batch_job(
         metadata=body.metadata or {},
         max_runtime_sec=body.timeout_hours * 3600,
     )
-    job = submit(store, caller.name, request, lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session))
+    job = submit(store, caller.name, request, trigger)
     return BatchJobOut.of(job)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import orjson
-from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body, Query
 
 from llm_batch import storage
@@ -13,7 +12,7 @@ from llm_batch.jobs import OPENAI_STATUS
 from llm_batch.jobstore import InvalidCursor
 from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
-from llm_batch_plugin.dag_trigger import trigger_batch_dag
+from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, BatchList, BatchOut, CreateBatchRequest
 from llm_batch_plugin.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
@@ -46,7 +45,7 @@ def create_batch(
     caller: CallerDep,
     store: StoreDep,
     settings: SettingsDep,
-    session: SessionDep,
+    trigger: TriggerDep,
 ) -> BatchOut:
     caller.require_submit()
     endpoint = check_endpoint(body.endpoint)
@@ -66,7 +65,7 @@ def create_batch(
         metadata=body.metadata or {},
         max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],
     )
-    job = submit(store, caller.name, request, lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session))
+    job = submit(store, caller.name, request, trigger)
     return BatchOut.of(job)
 
 

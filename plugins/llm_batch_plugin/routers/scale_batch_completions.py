@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
-from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body
 
 from llm_batch import storage
@@ -17,7 +16,7 @@ from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
 from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
-from llm_batch_plugin.dag_trigger import trigger_batch_dag
+from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.models_scale import (
     BatchCompletionsJob,
@@ -136,7 +135,7 @@ def create_batch_completions(
     caller: CallerDep,
     store: StoreDep,
     settings: SettingsDep,
-    session: SessionDep,
+    trigger: TriggerDep,
 ) -> BatchCompletionsJob:
     caller.require_submit()
     if body.tool_config is not None:
@@ -183,7 +182,7 @@ def create_batch_completions(
         resources=resources,
         max_runtime_sec=body.max_runtime_sec,
     )
-    job = submit(store, caller.name, request, lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session))
+    job = submit(store, caller.name, request, trigger)
     return _job_out(settings, job)
 
 
@@ -193,9 +192,9 @@ def create_batch_completions_v1(
     caller: CallerDep,
     store: StoreDep,
     settings: SettingsDep,
-    session: SessionDep,
+    trigger: TriggerDep,
 ) -> CreateBatchCompletionsV1Response:
-    job = create_batch_completions(body, caller, store, settings, session)
+    job = create_batch_completions(body, caller, store, settings, trigger)
     return CreateBatchCompletionsV1Response(job_id=job.job_id)
 
 
