@@ -377,14 +377,11 @@ class ShardTask(BaseModel):
 
 
 def job_deadline(job: Job) -> datetime:
-    """When the job's workers must stop: expires_at, else created_at + max_runtime_sec."""
+    """When the job's workers must stop: expires_at, else created_at + max_runtime_sec.
+    (The store hands back timezone-aware UTC datetimes, so they compare with now(UTC).)"""
     if job.expires_at is not None:
-        return _aware(job.expires_at)
-    return _aware(job.created_at) + timedelta(seconds=job.max_runtime_sec or DEFAULT_RUNTIME_SEC)
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return job.expires_at
+    return job.created_at + timedelta(seconds=job.max_runtime_sec or DEFAULT_RUNTIME_SEC)
 
 
 def plan(store: JobStore, settings: Settings, job_id: str) -> dict[str, list[dict[str, Any]]]:
