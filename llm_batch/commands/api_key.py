@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llm_batch.commands import print_table
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("api-key", help="create, list and revoke API keys of the batch REST API")
@@ -52,9 +54,7 @@ def list_keys(args: argparse.Namespace) -> int:
         revoked = key.revoked_at.isoformat(timespec="seconds") if key.revoked_at else "-"
         rows.append((key.id, key.owner, key.name, "yes" if key.is_admin else "no",
                      key.created_at.isoformat(timespec="seconds"), revoked))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print_table(rows)
     return 0
 
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from llm_batch.commands import print_table
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -41,9 +43,7 @@ def list_models(args: argparse.Namespace) -> int:
     for name, spec in registry.models.items():
         status = model_status(name, spec)
         rows.append((name, spec.task, status, defaults.get(name, ""), spec.checkpoint))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print_table(rows)
     return 0
 
 
