@@ -454,22 +454,21 @@ def interpret_exit(shard: int, exit_code: int) -> ShardOutcome:
     return ShardOutcome(shard=shard, exit_code=exit_code, state=state, message=message)
 
 
+def write_cancel_marker(cancel_marker: str, job: Job) -> None:
+    """Drop the marker the job's workers watch (they read it, not the database); a marker
+    already there is left as it is. Raises storage.StorageError if it cannot be written."""
+    if not storage.exists(cancel_marker):
+        storage.write_bytes(cancel_marker, orjson.dumps({"cancel_requested_at": str(job.cancel_requested_at)}))
+
+
 def mirror_cancel(store: JobStore, job_id: str, cancel_marker: str) -> bool:
-    """If the job's cancel flag is set, make sure its cancel marker exists (workers read
-    the marker, not the database). True when cancel was requested."""
+    """If the job's cancel flag is set, make sure its cancel marker exists. True when
+    cancel was requested."""
     job = store.get_job(job_id)
     if job is None or not job.cancel_requested:
         return False
-    if not storage.exists(cancel_marker):
-        storage.write_bytes(cancel_marker, orjson.dumps({"cancel_requested_at": str(job.cancel_requested_at)}))
+    write_cancel_marker(cancel_marker, job)
     return True
-
-
-def request_cancel(store: JobStore, settings: Settings, job_id: str, reason: str | None = None) -> Job:
-    """Ask a job to stop: the store's flag (CANCELLING) and the workers' marker at once."""
-    job = store.request_cancel(job_id, reason=reason)
-    mirror_cancel(store, job_id, layout_of(settings, job_id).cancel_marker)
-    return job
 
 
 def publish_progress(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:

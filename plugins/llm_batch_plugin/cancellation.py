@@ -15,7 +15,7 @@ from llm_batch import storage
 from llm_batch.config import Settings
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job, JobNotFound, JobStore
-from llm_batch.layout import JobLayout
+from llm_batch.pipeline import layout_of, write_cancel_marker
 from llm_batch_plugin.errors import ApiError, not_found
 
 
@@ -42,7 +42,7 @@ def cancel_job(
         )
     if not job.terminal:
         try:
-            storage.write_bytes(JobLayout(settings.work_uri, job.id).cancel_marker, b"")
+            write_cancel_marker(layout_of(settings, job.id).cancel_marker, job)
         except storage.StorageError as exc:
             # The store flag is set and the DAG checks it too; say what failed, loudly.
             raise ApiError(503, f"cancel recorded, but the cancel marker could not be written: {exc}") from exc
