@@ -58,7 +58,7 @@ from llm_batch.layout import JobLayout
 from llm_batch.records import ErrorRecord, ResultRecord
 from llm_batch.results import read_results
 from llm_batch.sharding import ShardPlan, read_manifest
-from llm_batch.streams import ChunkedWriter, iter_lines
+from llm_batch.streams import ChunkedWriter, stored_lines
 
 NOT_RUN = "not_run"
 DEFAULT_NOT_RUN_MESSAGE = "the request was not run: its shard stopped before reaching it"
@@ -85,15 +85,8 @@ def stable_request_hash(job_id: str, index: int) -> str:
     return hashlib.blake2b(f"{job_id}:{index}".encode(), digest_size=12).hexdigest()
 
 
-def _lines(uri: str) -> Iterator[bytes]:
-    with storage.open_read(uri) as stream:
-        for line in iter_lines(stream):
-            if line.strip():
-                yield line
-
-
 def _validation_errors(uri: str) -> Iterator[ErrorRecord]:
-    for line in _lines(uri):
+    for line in stored_lines(uri):
         yield ErrorRecord.model_validate_json(line)
 
 
@@ -101,7 +94,7 @@ def _shard_outcomes(plan: ShardPlan, not_run_message: str) -> Iterator[Outcome]:
     """Each request of the shard, in order, paired with its result or marked not run."""
     results = read_results(plan.results_uri)
     pending = next(results, None)
-    for line in _lines(plan.requests_uri):
+    for line in stored_lines(plan.requests_uri):
         request = orjson.loads(line)
         index = request["index"]
         line_number = request.get("line") or index + 1

@@ -24,7 +24,7 @@ from types import TracebackType
 from llm_batch import storage
 from llm_batch.layout import join_uri
 from llm_batch.records import ResultRecord, dumps_line
-from llm_batch.streams import iter_lines
+from llm_batch.streams import stored_lines
 
 _PART_NAME = re.compile(r"part-(\d+)\.jsonl")
 
@@ -55,13 +55,6 @@ def list_parts(results_uri: str) -> list[ResultPart]:
     return sorted(parts, key=lambda p: p.start)
 
 
-def _part_lines(part: ResultPart) -> Iterator[bytes]:
-    with storage.open_read(part.uri) as stream:
-        for line in iter_lines(stream):
-            if line.strip():
-                yield line
-
-
 def _parse(line: bytes, part: ResultPart, number: int) -> ResultRecord:
     try:
         return ResultRecord.model_validate_json(line)
@@ -77,7 +70,7 @@ def read_results(results_uri: str) -> Iterator[ResultRecord]:
     """
     position = 0
     for part in list_parts(results_uri):
-        for number, line in enumerate(_part_lines(part), start=1):
+        for number, line in enumerate(stored_lines(part.uri), start=1):
             if part.start + number - 1 < position:
                 continue
             yield _parse(line, part, number)
@@ -87,7 +80,7 @@ def read_results(results_uri: str) -> Iterator[ResultRecord]:
 def _last_record(part: ResultPart) -> tuple[int, ResultRecord | None]:
     """(line count, last record) of one part."""
     count, last = 0, None
-    for count, last in enumerate(_part_lines(part), start=1):
+    for count, last in enumerate(stored_lines(part.uri), start=1):
         pass
     return count, (_parse(last, part, count) if last is not None else None)
 

@@ -17,7 +17,6 @@ old shards' results, which would no longer match their requests.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import orjson
@@ -26,7 +25,7 @@ from pydantic import BaseModel
 from llm_batch import storage
 from llm_batch.layout import JobLayout, join_uri
 from llm_batch.schemas import prompt_chars
-from llm_batch.streams import ChunkedWriter, iter_lines
+from llm_batch.streams import ChunkedWriter, stored_lines
 
 MAX_SHARDS = 64
 ShardBy = Literal["count", "tokens"]
@@ -70,13 +69,6 @@ def read_manifest(layout: JobLayout) -> ShardManifest:
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     """A tokenizer-free estimate (~4 characters a token), at least 1 per request."""
     return max(1, prompt_chars(body) // 4)
-
-
-def _request_lines(uri: str) -> Iterator[bytes]:
-    with storage.open_read(uri) as stream:
-        for line in iter_lines(stream):
-            if line.strip():
-                yield line
 
 
 def _weight(line: bytes, by: ShardBy) -> int:
@@ -150,7 +142,7 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count") ->
         raise ShardingError(f"shards balance by 'count' or 'tokens', got {by!r}")
 
     total_requests = total_weight = 0
-    for line in _request_lines(layout.validated):
+    for line in stored_lines(layout.validated):
         total_requests += 1
         total_weight += _weight(line, by)
 
@@ -158,7 +150,7 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count") ->
     writer: _ShardFileWriter | None = None
     assigner = _Assigner(num_shards, total_requests, total_weight)
     try:
-        for position, line in enumerate(_request_lines(layout.validated)):
+        for position, line in enumerate(stored_lines(layout.validated)):
             weight = _weight(line, by)
             k = assigner.assign(weight)
             if writer is None or k != writer.k:

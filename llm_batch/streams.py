@@ -1,14 +1,17 @@
 """Line-level streaming over any binary stream storage hands out (file, S3 body, pipe).
 
 Storage streams only promise ``read(n)`` and ``write(b)``: an S3 body iterates in fixed-size
-chunks, not lines, and an S3 writer may send each ``write`` as a request. These two helpers
-give lines in and large writes out, with memory bounded by one chunk.
+chunks, not lines, and an S3 writer may send each ``write`` as a request. These helpers
+give lines in (``iter_lines``; ``stored_lines`` for a whole stored file) and large writes
+out, with memory bounded by one chunk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import BinaryIO
+
+from llm_batch import storage
 
 CHUNK_BYTES = 1 << 16  # per open stream: merge holds 2 per shard, so keep it small
 
@@ -34,6 +37,14 @@ def iter_lines(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[byt
         yield from lines
     if pending:
         yield b"".join(pending)
+
+
+def stored_lines(uri: str) -> Iterator[bytes]:
+    """The non-blank lines of the stored file ``uri`` (our own JSONL files), streamed."""
+    with storage.open_read(uri) as stream:
+        for line in iter_lines(stream):
+            if line.strip():
+                yield line
 
 
 class ChunkedWriter:
