@@ -471,6 +471,26 @@ def mirror_cancel(store: JobStore, job_id: str, cancel_marker: str) -> bool:
     return True
 
 
+def shard_stop_cause(store: JobStore, job_id: str, cancel_marker: str, deadline: datetime,
+                     now: datetime | None = None) -> str | None:
+    """"cancelled" or "deadline" when a job's shard must stop (mirroring the cancel flag to
+    the marker on the way), else None. Both shard runners ask this while a worker runs."""
+    if mirror_cancel(store, job_id, cancel_marker):
+        return "cancelled"
+    if (now or datetime.now(UTC)) >= deadline:
+        return "deadline"
+    return None
+
+
+def try_publish_progress(store: JobStore, settings: Settings, job_id: str) -> None:
+    """``publish_progress`` for the runners' watch loops: live counts are advisory, so a
+    failure is logged and never fails the shard."""
+    try:
+        publish_progress(store, settings, job_id)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not publish progress of job %s: %s", job_id, exc)
+
+
 def publish_progress(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
     """Sum the shards' progress objects into the job's live counts (invalid lines count as
     completed and failed). None when there is nothing to publish yet."""

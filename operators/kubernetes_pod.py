@@ -16,8 +16,7 @@ and "deadline" (exit statuses 3 and 4) end the task well: merge reports what did
 from __future__ import annotations
 
 import asyncio
-import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -31,7 +30,6 @@ from llm_batch_operators import pod_spec
 from llm_batch_operators.shard import ShardTaskMixin
 
 STOP_KEY = "llm_batch_stop"
-log = logging.getLogger(__name__)
 
 
 class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
@@ -203,16 +201,10 @@ def _watch_shard(shard_stop: dict[str, Any]) -> str | None:
     """One round of the stop watch (blocking: run in a thread): publish the job's live
     counts, mirror a cancel to the marker, and return the stop cause if there is one."""
     from llm_batch.jobstore import get_job_store
-    from llm_batch.pipeline import mirror_cancel, publish_progress
+    from llm_batch.pipeline import shard_stop_cause, try_publish_progress
 
     settings = get_settings()
     store = get_job_store(settings.database_url)
-    try:
-        publish_progress(store, settings, shard_stop["job_id"])
-    except Exception as exc:  # noqa: BLE001 - live counts must never end the wait
-        log.warning("could not publish progress of job %s: %s", shard_stop["job_id"], exc)
-    if mirror_cancel(store, shard_stop["job_id"], shard_stop["cancel_marker"]):
-        return "cancelled"
-    if datetime.now(UTC) >= datetime.fromisoformat(shard_stop["deadline"]):
-        return "deadline"
-    return None
+    try_publish_progress(store, settings, shard_stop["job_id"])
+    return shard_stop_cause(store, shard_stop["job_id"], shard_stop["cancel_marker"],
+                            datetime.fromisoformat(shard_stop["deadline"]))

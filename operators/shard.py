@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from llm_batch.config import Settings, get_settings
-from llm_batch.pipeline import ShardOutcome, ShardTask, interpret_exit, mirror_cancel, publish_progress
+from llm_batch.pipeline import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_publish_progress
 
 if TYPE_CHECKING:
     from llm_batch.jobstore import JobStore
-
-log = logging.getLogger(__name__)
 
 
 class ShardTaskMixin:
@@ -39,11 +36,7 @@ class ShardTaskMixin:
         """"cancelled" or "deadline" when the shard must stop (mirrors the cancel flag to
         the marker on the way), else None."""
         task = self.shard
-        if mirror_cancel(self.job_store, task.job_id, task.cancel_marker):
-            return "cancelled"
-        if (now or datetime.now(UTC)) >= task.deadline_at:
-            return "deadline"
-        return None
+        return shard_stop_cause(self.job_store, task.job_id, task.cancel_marker, task.deadline_at, now)
 
     def stop_before_start(self) -> ShardOutcome | None:
         """The outcome of a shard that must not start at all (cancelled or past deadline)."""
@@ -56,10 +49,7 @@ class ShardTaskMixin:
 
     def publish_progress(self) -> None:
         """Live counts for the API; a failure here must never fail the shard."""
-        try:
-            publish_progress(self.job_store, self.llm_settings, self.shard.job_id)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not publish progress of job %s: %s", self.shard.job_id, exc)
+        try_publish_progress(self.job_store, self.llm_settings, self.shard.job_id)
 
     def outcome(self, exit_code: int | None, forced: str | None) -> ShardOutcome:
         """The outcome of a finished worker; ``forced`` is the cause when it was killed."""
