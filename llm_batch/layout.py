@@ -3,11 +3,13 @@
     {work}/{job_id}/validated.jsonl            BatchRequest lines, in input order
     {work}/{job_id}/validation_errors.jsonl    ErrorRecord lines for bad input lines, in order
     {work}/{job_id}/validation.json            counts of the validation step
+    {work}/{job_id}/shards.json                the shard plan (sharding.ShardManifest)
     {work}/{job_id}/shards/{k:05d}/requests.jsonl   BatchRequest lines of shard k, in order
     {work}/{job_id}/shards/{k:05d}/results/         ResultRecord parts, in request order
     {work}/{job_id}/shards/{k:05d}/progress.json    the worker's live counters
     {work}/{job_id}/cancel                     marker: its presence asks workers to stop
     {work}/{job_id}/output.jsonl, errors.jsonl, output.json   merged outputs
+    {work}/{job_id}/merge.json                 counts of the merge step (read by finalize)
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class JobLayout:
     def cancel_marker(self) -> str:
         return join_uri(self.root, "cancel")
 
+    @property
+    def shard_manifest(self) -> str:
+        return join_uri(self.root, "shards.json")
+
     def shard(self, k: int) -> ShardLayout:
         return ShardLayout(join_uri(self.root, "shards", f"{k:05d}"))
 
@@ -58,6 +64,10 @@ class JobLayout:
     @property
     def output_json(self) -> str:
         return join_uri(self.root, "output.json")
+
+    @property
+    def merge_report(self) -> str:
+        return join_uri(self.root, "merge.json")
 
 
 @dataclass(frozen=True)

@@ -537,11 +537,9 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
     None when the job never got shards (ended before planning) or is already terminal.
     """
     from llm_batch.merge import merge_job
-    from llm_batch.sharding import manifest_uri
-
     job = _job(store, job_id)
     layout = layout_of(settings, job_id)
-    if job.terminal or not storage.exists(manifest_uri(layout)):
+    if job.terminal or not storage.exists(layout.shard_manifest):
         return None
     if job.status == JobStatus.RUNNING:
         store.transition(job_id, JobStatus.FINALIZING)
@@ -561,19 +559,15 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
         failed=counts.failed,
     )
     report = dataclasses.asdict(counts)
-    storage.write_bytes(merge_report_uri(layout), orjson.dumps(report))
+    storage.write_bytes(layout.merge_report, orjson.dumps(report))
     return report
 
 
-def merge_report_uri(layout: JobLayout) -> str:
-    """The merge step's counts, read by finalize (a file, not an XCom: finalize must work
-    whatever happened to the merge task)."""
-    return join_uri(layout.root, "merge.json")
-
-
 def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
+    """The merge step's counts (a file, not an XCom: finalize must work whatever happened
+    to the merge task)."""
     try:
-        return orjson.loads(storage.read_bytes(merge_report_uri(layout)))
+        return orjson.loads(storage.read_bytes(layout.merge_report))
     except storage.ObjectNotFound:
         return None
 

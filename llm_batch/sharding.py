@@ -23,7 +23,7 @@ import orjson
 from pydantic import BaseModel
 
 from llm_batch import storage
-from llm_batch.layout import JobLayout, join_uri
+from llm_batch.layout import JobLayout
 from llm_batch.schemas import prompt_chars
 from llm_batch.streams import ChunkedWriter, stored_lines
 
@@ -58,12 +58,8 @@ class ShardingError(ValueError):
     pass
 
 
-def manifest_uri(layout: JobLayout) -> str:
-    return join_uri(layout.root, "shards.json")
-
-
 def read_manifest(layout: JobLayout) -> ShardManifest:
-    return ShardManifest.model_validate_json(storage.read_bytes(manifest_uri(layout)))
+    return ShardManifest.model_validate_json(storage.read_bytes(layout.shard_manifest))
 
 
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
@@ -171,13 +167,13 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count") ->
                              total_requests=total_requests, total_weight=total_weight,
                              shards=plans)
     _discard_stale_shards(layout, manifest)
-    storage.write_bytes(manifest_uri(layout), manifest.model_dump_json(indent=2).encode())
+    storage.write_bytes(layout.shard_manifest, manifest.model_dump_json(indent=2).encode())
     return plans
 
 
 def _discard_stale_shards(layout: JobLayout, manifest: ShardManifest) -> None:
     """Drop results planned against a different plan: they no longer match the requests."""
-    uri = manifest_uri(layout)
+    uri = layout.shard_manifest
     if not storage.exists(uri):
         return
     previous = ShardManifest.model_validate_json(storage.read_bytes(uri))

@@ -29,7 +29,6 @@ def merge(args: argparse.Namespace) -> int:
     from llm_batch.layout import JobLayout
     from llm_batch.merge import MergeError, merge_job
     from llm_batch.results import ResultsError
-    from llm_batch.sharding import manifest_uri
     from llm_batch.storage import ObjectNotFound, StorageError
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
@@ -38,7 +37,7 @@ def merge(args: argparse.Namespace) -> int:
                            scale_output_uri=args.scale_output, not_run_reason=args.not_run_reason)
     except ObjectNotFound as exc:
         hint = (f" (plan the job's shards first: llm-batch shard {args.job_id} -n N)"
-                if exc.uri == manifest_uri(layout) else "")
+                if exc.uri == layout.shard_manifest else "")
         print(f"error: {exc}{hint}", file=sys.stderr)
         return 2
     except (MergeError, ResultsError, StorageError) as exc:

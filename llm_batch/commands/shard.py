@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def shard(args: argparse.Namespace) -> int:
     from llm_batch.config import get_settings
     from llm_batch.layout import JobLayout
-    from llm_batch.sharding import ShardingError, manifest_uri, plan_shards
+    from llm_batch.sharding import ShardingError, plan_shards
     from llm_batch.storage import ObjectNotFound, StorageError
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
@@ -37,7 +37,7 @@ def shard(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({
-        "manifest": manifest_uri(layout),
+        "manifest": layout.shard_manifest,
         "shards": [p.model_dump(include={"index", "count", "first_index", "last_index", "weight"})
                    for p in plans],
     }))

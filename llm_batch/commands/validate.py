@@ -80,10 +80,9 @@ def _layout(args: argparse.Namespace):
     from llm_batch import storage
     from llm_batch.config import get_settings
     from llm_batch.layout import JobLayout
-    from llm_batch.sharding import manifest_uri
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job)
-    if storage.exists(manifest_uri(layout)):
+    if storage.exists(layout.shard_manifest):
         raise storage.StorageError(layout.root, f"job {args.job!r} has shards already; validate "
                                    "into a new job id (or delete this one's directory)")
     return layout

@@ -9,7 +9,7 @@ from llm_batch import storage
 from llm_batch.records import ResultRecord
 from llm_batch.results import ResultsWriter, count_results
 from llm_batch.sharding import (
-    ShardingError, estimate_prompt_tokens, manifest_uri, plan_shards, read_manifest,
+    ShardingError, estimate_prompt_tokens, plan_shards, read_manifest,
 )
 from tests.unit.data_plane_fixtures import new_layout, write_job
 
@@ -89,10 +89,10 @@ def test_planning_is_deterministic():
     write_job(layout, [True] * 50, texts=[str(i) * (i % 7 + 1) for i in range(50)])
     first = plan_shards(layout, 6, by="tokens")
     files = [storage.read_bytes(p.requests_uri) for p in first]
-    manifest = storage.read_bytes(manifest_uri(layout))
+    manifest = storage.read_bytes(layout.shard_manifest)
     assert plan_shards(layout, 6, by="tokens") == first
     assert [storage.read_bytes(p.requests_uri) for p in first] == files
-    assert storage.read_bytes(manifest_uri(layout)) == manifest
+    assert storage.read_bytes(layout.shard_manifest) == manifest
 
 
 def _checkpoint(plan) -> None:
