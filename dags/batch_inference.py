@@ -123,7 +123,7 @@ def _rejected(exc: pipeline.JobRejected):
 
 
 with DAG(
-    dag_id="batch_inference",
+    dag_id=pipeline.BATCH_DAG_ID,
     description="Batch LLM inference: validate, shard, run on vLLM, merge in input order",
     schedule=None,
     start_date=datetime(2025, 1, 1),

@@ -22,7 +22,6 @@ from llm_batch import pipeline
 from llm_batch.config import get_settings
 
 SETTINGS = get_settings()
-BATCH_DAG_ID = "batch_inference"
 
 
 def _store():
@@ -56,7 +55,7 @@ with DAG(
         for job in pipeline.live_jobs(store):
             if job.dag_run_id:
                 try:
-                    state = RuntimeTaskInstance.get_dagrun_state(BATCH_DAG_ID, job.dag_run_id)
+                    state = RuntimeTaskInstance.get_dagrun_state(pipeline.BATCH_DAG_ID, job.dag_run_id)
                     states[job.dag_run_id] = getattr(state, "value", state)
                 except Exception:  # noqa: BLE001 - an unknown run is left for a later round
                     continue

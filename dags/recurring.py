@@ -18,6 +18,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import DAG, Asset
 
 from llm_batch.config import get_settings
+from llm_batch.pipeline import BATCH_DAG_ID
 from llm_batch.recurring import DAG_ID_PREFIX, RecurringSpec, RecurringSpecError, load_spec, spec_files
 
 SPEC_FOLDER = get_settings().recurring_specs or Path(__file__).parent / "recurring_specs"
@@ -47,7 +48,7 @@ def _dag_for(spec: RecurringSpec) -> DAG:
     ) as dag:
         TriggerDagRunOperator(
             task_id="start_batch",
-            trigger_dag_id="batch_inference",
+            trigger_dag_id=BATCH_DAG_ID,
             conf=spec.run_conf(),  # a template field: input/output render with this run's context
             wait_for_completion=False,
         )

@@ -43,6 +43,8 @@ GPU_TYPES: tuple[str, ...] = (
     "nvidia-hopper-h100-1g20gb",
     "nvidia-hopper-h100-3g40gb",
 )
+# The parameterised DAG whose runs are jobs (its file, housekeeping, recurring DAGs and the API name it).
+BATCH_DAG_ID = "batch_inference"
 INPUT_FORMATS: tuple[str, ...] = ("jsonl", "scale-v2", "scale-v1")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_OWNER = "airflow"

@@ -14,8 +14,9 @@ from fastapi import Depends, Request
 
 from llm_batch.config import Settings
 from llm_batch.jobstore import JobStore
+from llm_batch.pipeline import BATCH_DAG_ID
 
-DAG_ID = "batch_inference"
+DAG_ID = BATCH_DAG_ID
 
 # Limits the API enforces before anything reaches the store or storage.
 MAX_JSON_BODY_BYTES = 64 * 1024**2  # inline requests (Mistral requests, Scale content)
