@@ -60,6 +60,8 @@ def write_batch(path: Path, model: str, count: int, max_tokens: int) -> None:
 
 # -- direct ---------------------------------------------------------------------------------
 
+_RESULT = "E2E-BENCH-RESULT "
+
 
 def run_direct(model: str, count: int, max_tokens: int) -> dict[str, float]:
     """In this process (a subprocess of the benchmark): load + LLM.chat, timed."""
@@ -84,7 +86,8 @@ def direct(model: str, count: int, max_tokens: int) -> dict[str, float]:
          "--max-tokens", str(max_tokens)],
         check=True, capture_output=True, text=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # vLLM logs to stdout too: the result is the line with the marker.
+    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith(_RESULT))[len(_RESULT):])
 
 
 # -- pipeline -------------------------------------------------------------------------------
@@ -143,7 +146,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("LLM_BATCH_ENFORCE_EAGER", "1")
     if args.direct_only:
-        print(json.dumps(run_direct(args.model, args.requests, args.max_tokens)))
+        print(_RESULT + json.dumps(run_direct(args.model, args.requests, args.max_tokens)), flush=True)
         return
 
     from llm_batch.models import prepare_model
