@@ -113,8 +113,9 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         writer.write(record)
         progress.record(record.ok, usage.prompt_tokens, usage.completion_tokens)
 
+    llm = None
     try:
-        from llm_batch.engine.runner import EngineRunner, start_engine
+        from llm_batch.engine.runner import EngineRunner, start_engine, stop_engine
 
         llm = start_engine(model)
         runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window)
@@ -131,6 +132,9 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         writer.flush()
         progress.publish(ShardState.FAILED)
         return exit_codes.FAILED
+    finally:
+        if llm is not None:
+            stop_engine(llm)
     if reason is not None:
         return _stopped(reason, writer, progress)
     writer.flush()
