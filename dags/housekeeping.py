@@ -31,7 +31,7 @@ def _store():
 
 
 with DAG(
-    dag_id="llm_batch_housekeeping",
+    dag_id=pipeline.HOUSEKEEPING_DAG_ID,
     description="Expire, reconcile and clean up llm-batch jobs and files",
     schedule=timedelta(minutes=10),
     start_date=datetime(2025, 1, 1),

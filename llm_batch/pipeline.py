@@ -45,6 +45,7 @@ GPU_TYPES: tuple[str, ...] = (
 )
 # The parameterised DAG whose runs are jobs (its file, housekeeping, recurring DAGs and the API name it).
 BATCH_DAG_ID = "batch_inference"
+HOUSEKEEPING_DAG_ID = "llm_batch_housekeeping"
 INPUT_FORMATS: tuple[str, ...] = ("jsonl", "scale-v2", "scale-v1")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_OWNER = "airflow"

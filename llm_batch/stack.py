@@ -30,11 +30,10 @@ from pathlib import Path
 import httpx
 
 from llm_batch.config import Settings, get_settings
+from llm_batch.pipeline import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
-BATCH_DAG_ID = "batch_inference"
-HOUSEKEEPING_DAG_ID = "llm_batch_housekeeping"
 # The file the CLI reads its API key from (beside the job store it is valid for).
 API_KEY_FILE = "api-key"
 

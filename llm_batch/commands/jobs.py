@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llm_batch.commands import print_table
+
 if TYPE_CHECKING:
     from llm_batch.client import BatchClient, JobView
 
@@ -98,9 +100,7 @@ def _jobs(args: argparse.Namespace) -> int:
         for job in client.jobs(limit=args.limit):
             rows.append((job.id, job.status, job.model or "-", f"{job.completed}/{job.total}",
                          str(job.failed), _when(job.created_at)))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print_table(rows)
         return EXIT_SUCCEEDED
 
     return _with_client(run)
