@@ -175,10 +175,16 @@ def test_the_pieces_agree(compose: dict[str, Any]) -> None:
     assert named | set(env["LLM_BATCH_ALLOWED_BUCKETS"].split(",")) <= created
 
 
-def test_pools_are_the_ones_the_dag_uses(compose: dict[str, Any]) -> None:
+def test_pools_are_the_ones_the_dag_uses(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from llm_batch.config import Settings
     from llm_batch.pipeline import pool_specs
 
+    # The settings the compose services run with, not whatever this test process inherited
+    # (the DAG tests set LLM_BATCH_* variables of their own).
+    for name in [k for k in os.environ if k.startswith("LLM_BATCH_")]:
+        monkeypatch.delenv(name)
+    for name, value in _environment(compose, "airflow-scheduler").items():
+        monkeypatch.setenv(name, value)
     pools = json.loads(compose["configs"]["airflow-pools"]["content"])
     expected = {p.name: {"slots": p.slots, "description": p.description, "include_deferred": True}
                 for p in pool_specs(Settings())}
