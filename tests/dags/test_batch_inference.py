@@ -30,8 +30,9 @@ pytestmark = [pytest.mark.airflow]
 TINY_MODEL = "tiny-random-llama"
 
 
-def _request(i: int, max_tokens: int = 8) -> bytes:
-    body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": f"count to {i}"}], "max_tokens": max_tokens}
+def _request(i: int, max_tokens: int = 8, **sampling: Any) -> bytes:
+    body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": f"count to {i}"}],
+            "max_tokens": max_tokens, **sampling}
     return orjson.dumps({"custom_id": f"req-{i}", "body": body})
 
 
@@ -206,12 +207,16 @@ def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
 
 @pytest.mark.engine
 def test_deadline_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
-    # 90 s: past the engine's start even on a loaded machine, well before 4,000 requests end.
+    # 90 s: past the engine's start even on a loaded machine. One sequence at a time and 200
+    # tokens each (min_tokens: the random model hits EOS early) make 4,000 requests hours of
+    # work however fast the machine, so the deadline always falls mid-run.
     n, max_runtime = 4000, 90
-    uri = _write_input(llm_batch_home, "deadline", [_request(i, max_tokens=200) for i in range(n)])
+    uri = _write_input(llm_batch_home, "deadline",
+                       [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     started = time.monotonic()
 
-    _run(batch_dag, {"job_id": "job_deadline", "input_uri": uri, "model": TINY_MODEL, "max_runtime_sec": max_runtime})
+    _run(batch_dag, {"job_id": "job_deadline", "input_uri": uri, "model": TINY_MODEL, "max_runtime_sec": max_runtime,
+                     "model_config": {"engine_args": {"max_num_seqs": 1}}})
 
     job = store.get_job("job_deadline")
     assert job.status == JobStatus.TIMEOUT_EXCEEDED, job.status_reason
