@@ -161,7 +161,9 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")
     n = 600
-    uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=200) for i in range(n)])
+    # min_tokens: the random model hits EOS early; full-length answers keep the shard busy
+    # long enough to be killed mid-run on a fast machine too.
+    uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_resume")
     shard = layout.shard(0)
 
@@ -188,7 +190,7 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
 @pytest.mark.engine
 def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
     n = 2000
-    uri = _write_input(llm_batch_home, "cancel", [_request(i, max_tokens=200) for i in range(n)])
+    uri = _write_input(llm_batch_home, "cancel", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_cancel")
 
     def cancel_when_running() -> None:
