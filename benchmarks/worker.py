@@ -1,6 +1,6 @@
 """Worker throughput against vLLM's own batch paths, checkpoint cost, and memory vs shard size.
 
-    .venv/bin/python benchmarks/worker.py [--requests 256] [--rss-sizes 256,1024]
+    .venv/bin/python benchmarks/worker.py [--requests 256] [--repeat 3] [--rss-sizes 256,1024]
 
 Same requests, same model (SmolLM2-135M-Instruct, greedy, 256 chat prompts x 64-128 max
 tokens), each in a fresh process with the same engine settings (enforce_eager, bf16,
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -177,6 +178,7 @@ def main() -> None:
     # The worker's window is 4 x max_num_seqs = 1024 on CPU: sizes past it show flatness.
     parser.add_argument("--rss-sizes", default="256,1024,4096")
     parser.add_argument("--cases", default="abcd", help="throughput cases to run (default abcd; '' = none)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the throughput cases (median)")
     parser.add_argument("--model-cache", type=Path,
                         default=Path(os.environ.get("LLM_BATCH_TEST_MODEL_CACHE",
                                                     Path.home() / ".cache/llm-batch-test/models")))
@@ -192,7 +194,7 @@ def main() -> None:
         work, home = Path(tmp), Path(tmp) / "home"
         env = engine_env(home, args.model_cache)
         if args.cases:
-            throughput(args.cases, dirs, n, env, home, work)
+            throughput(args.cases, dirs, n, env, home, work, args.repeat)
         if args.rss_sizes:
             rss(args.rss_sizes, env, home, work)
 
@@ -206,15 +208,23 @@ CASES = {
 }
 
 
-def throughput(cases: str, dirs: dict[str, Path], n: int, env: dict[str, str], home: Path, work: Path) -> None:
-    rows = {case: CASES[case](dirs, n, env, home, work) for case in cases}
+def throughput(cases: str, dirs: dict[str, Path], n: int, env: dict[str, str], home: Path, work: Path,
+               repeat: int = 1) -> None:
+    # Rounds interleave the cases (abcd abcd ...) so drift in the machine's load hits each
+    # case alike; each figure is the median over the rounds.
+    runs: dict[str, list[dict]] = {case: [] for case in cases}
+    for _ in range(repeat):
+        for case in cases:
+            runs[case].append(CASES[case](dirs, n, env, home, work))
+    rows = {case: _median_row(results) for case, results in runs.items()}
     print(f"\n{n} chat requests, {CHAT_MODEL}, greedy, 64-128 max tokens; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'':34} {'tokens':>7} {'process s':>10} {'process tok/s':>14} {'gen tok/s':>10}")
-    for row in rows.values():
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; median of {repeat} round(s)")
+    print(f"{'':34} {'tokens':>7} {'process s':>10} {'process tok/s':>14} {'gen tok/s':>10}  each run s")
+    for case, row in rows.items():
         gen = f"{row['gen_tok_s']:.0f}" if row["gen_tok_s"] else "-"
+        each = " ".join(f"{r['seconds']:.1f}" for r in runs[case])
         print(f"{row['name']:34} {row['tokens']:7d} {row['seconds']:10.1f} "
-              f"{row['tokens'] / row['seconds']:14.0f} {gen:>10}")
+              f"{row['tokens'] / row['seconds']:14.0f} {gen:>10}  {each}")
     a, b, c, d = (rows.get(case) for case in "abcd")
     rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
     if a and c:
@@ -225,6 +235,13 @@ def throughput(cases: str, dirs: dict[str, Path], n: int, env: dict[str, str], h
     if c and d:
         print(f"checkpoint every record costs {100 * (1 - d['gen_tok_s'] / c['gen_tok_s']):.1f}% "
               f"of generation tok/s vs default   (target < 3%)")
+
+
+def _median_row(results: list[dict]) -> dict:
+    """One row: the first run's name and tokens (greedy: the same every run), median figures."""
+    gen = [r["gen_tok_s"] for r in results if r["gen_tok_s"]]
+    return {**results[0], "seconds": statistics.median(r["seconds"] for r in results),
+            "gen_tok_s": statistics.median(gen) if gen else None}
 
 
 def rss(sizes: str, env: dict[str, str], home: Path, work: Path) -> None:
