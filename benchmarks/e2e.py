@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/e2e.py [--requests 512] [--max-tokens 64] [--model NAME]
 
-1. Direct: a subprocess builds ``vllm.LLM`` with the engine arguments the model registry
-   gives the worker (``llm_batch.models.resolve_model``) and runs ``LLM.chat`` over all
-   requests; its time counts the model load.
+1. Direct: a subprocess builds ``vllm.LLM`` as the worker does (the model registry's engine
+   arguments, the engine core placed by ``llm_batch.engine.runner.start_engine``: in the
+   process on CPU) and runs ``LLM.chat`` over all requests; its time counts the model load.
 2. Pipeline: a fresh embedded stack (temporary LLM_BATCH_HOME, free port, the model cache
    shared) takes the same requests through the REST API (upload + Mistral job, one shard);
    its time runs from the submit call to the job's end, so it counts the model load in
@@ -65,13 +65,14 @@ _RESULT = "E2E-BENCH-RESULT "
 
 def run_direct(model: str, count: int, max_tokens: int) -> dict[str, float]:
     """In this process (a subprocess of the benchmark): load + LLM.chat, timed."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
+    from llm_batch.engine.runner import start_engine
     from llm_batch.models import resolve_model
 
     started = time.monotonic()
     resolved = resolve_model({"model": model})
-    llm = LLM(**resolved.engine_args)
+    llm = start_engine(resolved)  # vllm.LLM as the worker builds it, engine core placed alike
     loaded = time.monotonic()
     outputs = llm.chat(requests(count), SamplingParams(max_tokens=max_tokens, temperature=0),
                        use_tqdm=False)

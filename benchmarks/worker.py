@@ -6,16 +6,20 @@ Same requests, same model (SmolLM2-135M-Instruct, greedy, 256 chat prompts x 64-
 tokens), each in a fresh process with the same engine settings (enforce_eager, bf16,
 max_model_len 2048, VLLM_CPU_KVCACHE_SPACE=2):
 
-  (a) ``LLM.chat`` over the whole list in one call
-  (b) vLLM's ``run_batch`` entrypoint (AsyncLLM inside)
-  (c) ``llm-batch worker`` on one shard (default checkpointing: a part every 2 s)
+  (a) ``LLM.chat`` over the whole list in one call, the engine core where the worker puts
+      it (``llm_batch.engine.runner.engine_in_process``: in the process on CPU)
+  (b) vLLM's ``run_batch`` entrypoint as shipped (AsyncLLM: engine core in its own process)
+  (c) ``llm-batch worker`` on one shard as shipped (default checkpointing: a part every 2 s)
   (d) the worker checkpointing every single record (``--flush-every-records 1``)
+  (e) the worker with the engine core in its own process, like (b)
+      (``LLM_BATCH_ENGINE_IN_PROCESS=false``)
 
 Printed: completion tokens, whole-process seconds (start-up included, the only figure (b)
 allows) and generation tokens/s where the process reports it ((a) timed around the call,
-(c)/(d) from the worker's progress object), and the ratios. Then peak RSS of the worker's
-own process (the one that streams requests and results; the engine's processes hold the
-model and a bounded window) for shards of different sizes, on the tiny model.
+(c)/(d)/(e) from the worker's progress object), and the ratios, each the median of
+``--repeat`` interleaved rounds. Then peak RSS of the worker's process and of its process
+tree (on CPU the engine runs inside the worker, so its own RSS includes the model and KV
+cache) for shards of different sizes, on the tiny model: flat means the worker streams.
 """
 
 from __future__ import annotations
@@ -95,6 +99,9 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, PeakRs
 # -- (a) LLM.chat, in its own process ------------------------------------------------------
 
 def llm_chat_main(model_dir: str, out: str, n: int) -> None:
+    from llm_batch.engine.runner import engine_in_process
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_in_process() else "1"
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, enforce_eager=True, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, seed=0)
@@ -177,7 +184,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     # The worker's window is 4 x max_num_seqs = 1024 on CPU: sizes past it show flatness.
     parser.add_argument("--rss-sizes", default="256,1024,4096")
-    parser.add_argument("--cases", default="abcd", help="throughput cases to run (default abcd; '' = none)")
+    parser.add_argument("--cases", default="abcde", help="throughput cases to run (default abcde; '' = none)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of the throughput cases (median)")
     parser.add_argument("--model-cache", type=Path,
                         default=Path(os.environ.get("LLM_BATCH_TEST_MODEL_CACHE",
@@ -205,6 +212,9 @@ CASES = {
     "c": lambda dirs, n, env, home, work: run_worker("(c) llm-batch worker", CHAT_MODEL, n, env, home, work),
     "d": lambda dirs, n, env, home, work: run_worker("(d) worker, flush every record", CHAT_MODEL, n, env,
                                                      home, work, "--flush-every-records", "1"),
+    "e": lambda dirs, n, env, home, work: run_worker("(e) worker, engine core own process", CHAT_MODEL, n,
+                                                     {**env, "LLM_BATCH_ENGINE_IN_PROCESS": "false"},
+                                                     home, work),
 }
 
 
@@ -225,13 +235,16 @@ def throughput(cases: str, dirs: dict[str, Path], n: int, env: dict[str, str], h
         each = " ".join(f"{r['seconds']:.1f}" for r in runs[case])
         print(f"{row['name']:34} {row['tokens']:7d} {row['seconds']:10.1f} "
               f"{row['tokens'] / row['seconds']:14.0f} {gen:>10}  {each}")
-    a, b, c, d = (rows.get(case) for case in "abcd")
+    a, b, c, d, e = (rows.get(case) for case in "abcde")
     rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
     if a and c:
         print(f"worker / LLM.chat:   generation {c['gen_tok_s'] / a['gen_tok_s']:.3f}  "
               f"whole process {rate(c) / rate(a):.3f}   (target >= 0.95)")
     if b and c:
         print(f"worker / run_batch:  whole process {rate(c) / rate(b):.3f}   (target >= 1.0)")
+    if b and e:
+        print(f"worker / run_batch, both engine cores in their own process: whole process "
+              f"{rate(e) / rate(b):.3f}")
     if c and d:
         print(f"checkpoint every record costs {100 * (1 - d['gen_tok_s'] / c['gen_tok_s']):.1f}% "
               f"of generation tok/s vs default   (target < 3%)")

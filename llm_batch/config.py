@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     model_cache: Path | None = None
     # vLLM without graph compilation: ~20 s start instead of ~60 s on CPU (tests, CI, embedded).
     enforce_eager: bool = False
+    # Run vLLM's engine core inside the worker's process (None: yes on CPU, no on GPU).
+    # See llm_batch.engine.runner.start_engine for why.
+    engine_in_process: bool | None = None
 
     # Limits of one batch.
     max_requests: int = 1_000_000

@@ -71,12 +71,17 @@ class ProgressReporter:
         self.interval = interval
         self._clock = clock
         self._started = clock()
+        self._stopped: float | None = None
         self._last_publish: float | None = None
 
     def start_running(self) -> None:
         """The engine is ready: tokens/s are measured from here."""
         self._started = self._clock()
         self.publish(ShardState.RUNNING)
+
+    def stop_running(self) -> None:
+        """The engine loop ended: tokens/s are measured up to here (not the engine's stop)."""
+        self._stopped = self._clock()
 
     def record(self, ok: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         p = self.progress
@@ -97,7 +102,7 @@ class ProgressReporter:
         p = self.progress
         if state is not None:
             p.state = state
-        elapsed = self._clock() - self._started
+        elapsed = (self._stopped or self._clock()) - self._started
         if p.state is not ShardState.STARTING and elapsed > 0:
             p.tokens_per_s = round(p.completion_tokens / elapsed, 1)
         p.updated_at = datetime.now(UTC).isoformat(timespec="seconds")

@@ -121,6 +121,7 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window)
         progress.start_running()
         reason = runner.run(read_requests(config.requests, skip=writer.done), emit, monitor)
+        progress.stop_running()
     except WorkerUsageError as exc:
         log.error("shard %d of job %s: %s", config.shard, config.job_id, exc)
         writer.flush()

@@ -18,6 +18,7 @@ to vLLM, so they are called from this one place only.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from vllm import LLM
 from vllm.exceptions import VLLMClientError, VLLMValidationError
 from vllm.outputs import PoolingRequestOutput, RequestOutput
 
+from llm_batch.config import get_settings
 from llm_batch.endpoints import Endpoint
 from llm_batch.engine import StopReason, responses
 from llm_batch.engine.responses import Usage
@@ -52,10 +54,34 @@ WINDOW_PER_SEQ = 4
 Emit = Callable[[ResultRecord, Usage], None]
 
 
-def start_engine(model: ResolvedModel) -> LLM:
-    """Load ``model`` into vLLM's offline engine (``engine_args`` carry the checkpoint dir)."""
-    log.info("starting vLLM for model %s (%s)", model.name, model.path)
+def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
+    """Load ``model`` into vLLM's offline engine (``engine_args`` carry the checkpoint dir),
+    its engine core in this process or its own (``engine_in_process``)."""
+    in_process = engine_in_process() if in_process is None else in_process
+    # vLLM reads the switch from its environment when the engine is built, and freezes its
+    # environment once an in-process engine exists: a process keeps its first choice.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    log.info("starting vLLM for model %s (%s), engine core %s", model.name, model.path,
+             "in this process" if in_process else "in its own process")
     return LLM(**model.engine_args)
+
+
+def engine_in_process() -> bool:
+    """Whether the engine core runs in the worker's process: ``Settings.engine_in_process``,
+    else True exactly on CPU.
+
+    On GPU, vLLM's separate engine-core process overlaps output processing with the GPU's
+    steps, so its default stays. On CPU that layout costs: vLLM keeps a core for the
+    busy-polling engine-core process (half the compute of a 2-core machine) and spawns two
+    more Python processes at start. In-process, a shard ran 1.8x faster end to end here
+    (docs/benchmarks.md, "Worker").
+    """
+    setting = get_settings().engine_in_process
+    if setting is not None:
+        return setting
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def stop_engine(llm: LLM) -> None:

@@ -1,9 +1,9 @@
 """``llm-batch worker`` as a subprocess on the tiny model: resume after kill -9 (exactly one
-result per request), progress that moves, the cancel marker (on the real S3 server), and the
-exit codes.
+result per request), progress that moves, the cancel marker (on the real S3 server, with the
+engine core in its own process), and the exit codes.
 
-Each engine start costs ~12-40 s here, so there are only three of them: the killed run, its
-resume, and the cancelled run.
+Engine starts are the cost (a few seconds in-process, 15-40 s with the engine core in its own
+process), so there are three: the killed run, its resume, and the cancelled run.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ def _shard(home: Path, n: int, max_tokens: int, first_index: int = 1000) -> tupl
     return layout, str(requests)
 
 
-def _start(layout: JobLayout, *extra: str) -> subprocess.Popen:
+def _start(layout: JobLayout, *extra: str, engine_in_process: bool = True) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id, "--shard", "0",
            "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
            "--model-config", MODEL_CONFIG, "--progress-interval-s", "0.5", *extra]
+    env = {**os.environ, "LLM_BATCH_ENGINE_IN_PROCESS": str(engine_in_process).lower()}
     # Own session: kill -9 must take the engine's child processes down too.
-    return subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _wait_for(condition, timeout: float, proc: subprocess.Popen) -> None:
@@ -106,26 +108,32 @@ def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, 
 
 @pytest.mark.s3
 def test_cancel_marker_on_s3_stops_the_shard_with_a_prefix_written(s3_bucket, tiny_model_dir):
-    # Everything on the real S3 server: requests, result parts, progress, cancel marker.
+    # Everything on the real S3 server: requests, result parts, progress, cancel marker; the
+    # engine core in its own process (vLLM's default, the GPU layout), and two requests the
+    # engine refuses among the first results.
     from llm_batch import storage
 
     total = 400
     layout = JobLayout(f"s3://{s3_bucket}/work", "job-s3")
-    lines = [dumps_line(BatchRequest(index=1000 + i, custom_id=f"c{i}", body={
-        "messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 64, "min_tokens": 64}))
-        for i in range(total)]
+    bodies = [{"messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 64, "min_tokens": 64}
+              for i in range(total)]
+    bodies[1]["messages"][0]["content"] = "hello " * 600  # beyond max_context_length=512
+    bodies[2]["response_format"] = {"type": "json_schema", "json_schema": {"schema": {"type": "no-such-type"}}}
+    lines = [dumps_line(BatchRequest(index=1000 + i, custom_id=f"c{i}", body=body)) for i, body in enumerate(bodies)]
     storage.write_bytes(layout.shard(0).requests, b"".join(lines))
-    proc = _start(layout, "--window", "1", "--flush-every-records", "4")
+    proc = _start(layout, "--window", "1", "--flush-every-records", "4", engine_in_process=False)
     try:
-        _wait_for(lambda: (p := _progress(layout)) is not None and p.done >= 3, START_TIMEOUT_S, proc)
+        _wait_for(lambda: (p := _progress(layout)) is not None and p.done >= 4, START_TIMEOUT_S, proc)
         storage.write_bytes(layout.cancel_marker, b"")
         assert proc.wait(timeout=30) == exit_codes.CANCELLED
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     written = list(read_results(layout.shard(0).results))
-    assert 3 <= len(written) < total
+    assert 4 <= len(written) < total
     assert [r.index for r in written] == list(range(1000, 1000 + len(written)))
+    assert [r.status_code for r in written[:4]] == [200, 400, 400, 200]
+    assert [r.error.code for r in written[1:3]] == ["context_length_exceeded", "invalid_request"]
     final = read_progress(layout.shard(0).progress)
     assert final.state == ShardState.CANCELLED
     assert final.done == len(written)

@@ -34,8 +34,13 @@ def test_progress_counts_publishes_on_interval_and_measures_tokens_per_s(llm_bat
     p = read_progress(uri)
     assert (p.done, p.succeeded, p.failed, p.resumed) == (6, 1, 1, 4)
     assert (p.prompt_tokens, p.completion_tokens, p.tokens_per_s) == (5, 30, 15.0)
+    # tokens/s stop counting time when the engine loop ends, not when the engine has stopped
+    reporter.stop_running()
+    clock.now += 5.0
     reporter.publish(ShardState.DONE)
-    assert read_progress(uri).state == ShardState.DONE and p.updated_at
+    p = read_progress(uri)
+    assert p.state == ShardState.DONE and p.updated_at
+    assert p.tokens_per_s == 15.0
 
 
 def test_unwritable_progress_is_logged_not_raised(tmp_path):

@@ -1,0 +1,57 @@
+"""Where vLLM's engine core runs: in the worker's process on CPU, its own process on GPU,
+LLM_BATCH_ENGINE_IN_PROCESS overriding; start_engine hands the choice to vLLM. (The real
+engine in both layouts: tests/engine.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from llm_batch.config import get_settings
+from llm_batch.engine import runner as engine_runner
+from llm_batch.models import ResolvedModel
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    def set_to(value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv("LLM_BATCH_ENGINE_IN_PROCESS", raising=False)
+        else:
+            monkeypatch.setenv("LLM_BATCH_ENGINE_IN_PROCESS", value)
+        get_settings.cache_clear()
+
+    yield set_to
+    get_settings.cache_clear()
+
+
+def test_unset_means_in_process_exactly_on_cpu(setting, monkeypatch):
+    from vllm.platforms import current_platform
+
+    setting(None)
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: True)
+    assert engine_runner.engine_in_process() is True
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    assert engine_runner.engine_in_process() is False
+
+
+@pytest.mark.parametrize(("value", "expected"), [("false", False), ("0", False), ("true", True)])
+def test_the_setting_wins(setting, value, expected):
+    setting(value)
+    assert engine_runner.engine_in_process() is expected
+
+
+@pytest.mark.parametrize(("in_process", "flag"), [(True, "0"), (False, "1")])
+def test_start_engine_tells_vllm_before_building_the_engine(monkeypatch, in_process, flag):
+    seen: dict[str, object] = {}
+
+    def stand_in_llm(**engine_args):
+        seen.update(flag=os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"], args=engine_args)
+        return "llm"
+
+    monkeypatch.setattr(engine_runner, "LLM", stand_in_llm)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "before")  # restored after the test
+    model = ResolvedModel("m", "/models/m", "generate", engine_args={"model": "/models/m"})
+    assert engine_runner.start_engine(model, in_process=in_process) == "llm"
+    assert seen == {"flag": flag, "args": {"model": "/models/m"}}
