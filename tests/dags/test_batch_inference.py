@@ -161,8 +161,9 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")
     n = 600
-    # min_tokens: the random model hits EOS early; full-length answers keep the shard busy
-    # long enough to be killed mid-run on a fast machine too.
+    # min_tokens: the random model hits EOS early; full-length answers, 32 at a time, keep the
+    # shard busy long enough to be killed mid-run on a fast machine too (and the first part
+    # comes early).
     uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_resume")
     shard = layout.shard(0)
@@ -174,7 +175,8 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
         assert pids, "no worker process found"
         os.killpg(pids[0], signal.SIGKILL)
 
-    dag_run = _run(batch_dag, {"job_id": "job_resume", "input_uri": uri, "model": TINY_MODEL}, during=kill_mid_shard)
+    dag_run = _run(batch_dag, {"job_id": "job_resume", "input_uri": uri, "model": TINY_MODEL,
+                               "model_config": {"engine_args": {"max_num_seqs": 32}}}, during=kill_mid_shard)
 
     job = store.get_job("job_resume")
     assert job.status == JobStatus.SUCCEEDED, job.status_reason
@@ -189,6 +191,8 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
 
 @pytest.mark.engine
 def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
+    # Full-length answers 8 at a time: first results within a second, minutes of work left
+    # when the cancel arrives (it takes a few seconds to travel: store, runner, marker).
     n = 2000
     uri = _write_input(llm_batch_home, "cancel", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_cancel")
@@ -198,7 +202,8 @@ def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
         # As the API does it: only the store's flag; the runner mirrors it to the marker.
         store.request_cancel("job_cancel", reason="test")
 
-    _run(batch_dag, {"job_id": "job_cancel", "input_uri": uri, "model": TINY_MODEL}, during=cancel_when_running)
+    _run(batch_dag, {"job_id": "job_cancel", "input_uri": uri, "model": TINY_MODEL,
+                     "model_config": {"engine_args": {"max_num_seqs": 8}}}, during=cancel_when_running)
 
     job = store.get_job("job_cancel")
     assert job.status == JobStatus.CANCELLED, job.status_reason
