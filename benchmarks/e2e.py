@@ -71,15 +71,15 @@ def run_direct(model: str, count: int, max_tokens: int, placed_as_worker: bool) 
     import psutil
 
     started = psutil.Process().create_time()
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from llm_batch.engine.runner import start_engine
     from llm_batch.models import resolve_model
 
     resolved = resolve_model({"model": model})
     load_started = time.time()
-    # As the worker builds it (engine core in this process on CPU), or vLLM as shipped.
-    llm = start_engine(resolved) if placed_as_worker else LLM(**resolved.engine_args)
+    # Placed as the worker places it (in this process on CPU), or vLLM's own layout.
+    llm = start_engine(resolved, in_process=None if placed_as_worker else False)
     loaded = time.time()
     outputs = llm.chat(requests(count), SamplingParams(max_tokens=max_tokens, temperature=0),
                        use_tqdm=False)

@@ -7,7 +7,7 @@ tokens), each in a fresh process with the same engine settings (enforce_eager, b
 max_model_len 2048, VLLM_CPU_KVCACHE_SPACE=2):
 
   (a) ``LLM.chat`` over the whole list in one call, the engine core where the worker puts
-      it (``llm_batch.engine.runner.engine_in_process``: in the process on CPU)
+      it (``llm_batch.engine.runner.place_engine_core``: in the process on CPU)
   (b) vLLM's ``run_batch`` entrypoint as shipped (AsyncLLM: engine core in its own process)
   (c) ``llm-batch worker`` on one shard as shipped (default checkpointing: a part every 2 s)
   (d) the worker checkpointing every single record (``--flush-every-records 1``)
@@ -99,10 +99,11 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, PeakRs
 # -- (a) LLM.chat, in its own process ------------------------------------------------------
 
 def llm_chat_main(model_dir: str, out: str, n: int) -> None:
-    from llm_batch.engine.runner import engine_in_process
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_in_process() else "1"
     from vllm import LLM, SamplingParams
+
+    from llm_batch.engine.runner import place_engine_core
+
+    place_engine_core()  # where the worker places it
 
     llm = LLM(model=model_dir, enforce_eager=True, dtype="bfloat16", max_model_len=MAX_MODEL_LEN, seed=0)
     params = [SamplingParams(temperature=0, max_tokens=max_tokens(i)) for i in range(n)]

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     # vLLM without graph compilation: ~20 s start instead of ~60 s on CPU (tests, CI, embedded).
     enforce_eager: bool = False
     # Run vLLM's engine core inside the worker's process (None: yes on CPU, no on GPU).
-    # See llm_batch.engine.runner.start_engine for why.
+    # See llm_batch.engine.runner.engine_in_process for why.
     engine_in_process: bool | None = None
 
     # Limits of one batch.

@@ -102,7 +102,8 @@ class ProgressReporter:
         p = self.progress
         if state is not None:
             p.state = state
-        elapsed = (self._stopped or self._clock()) - self._started
+        ended = self._stopped if self._stopped is not None else self._clock()
+        elapsed = ended - self._started
         if p.state is not ShardState.STARTING and elapsed > 0:
             p.tokens_per_s = round(p.completion_tokens / elapsed, 1)
         p.updated_at = datetime.now(UTC).isoformat(timespec="seconds")

@@ -56,14 +56,21 @@ Emit = Callable[[ResultRecord, Usage], None]
 
 def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
     """Load ``model`` into vLLM's offline engine (``engine_args`` carry the checkpoint dir),
-    its engine core in this process or its own (``engine_in_process``)."""
-    in_process = engine_in_process() if in_process is None else in_process
-    # vLLM reads the switch from its environment when the engine is built, and freezes its
-    # environment once an in-process engine exists: a process keeps its first choice.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    its engine core placed by ``place_engine_core``."""
+    in_process = place_engine_core(in_process)
     log.info("starting vLLM for model %s (%s), engine core %s", model.name, model.path,
              "in this process" if in_process else "in its own process")
     return LLM(**model.engine_args)
+
+
+def place_engine_core(in_process: bool | None = None) -> bool:
+    """Tell vLLM where the next engine's core runs (default: ``engine_in_process()``); the
+    choice made. vLLM reads the switch from its environment when the engine is built, and
+    freezes its environment once an in-process engine exists: a process keeps its first
+    choice."""
+    in_process = engine_in_process() if in_process is None else in_process
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    return in_process
 
 
 def engine_in_process() -> bool:

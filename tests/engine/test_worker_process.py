@@ -44,10 +44,14 @@ def _shard(home: Path, n: int, max_tokens: int, first_index: int = 1000) -> tupl
     return layout, str(requests)
 
 
+def _worker_cmd(layout: JobLayout, *extra: str, model_config: str = MODEL_CONFIG) -> list[str]:
+    return [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id, "--shard", "0",
+            "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
+            "--model-config", model_config, *extra]
+
+
 def _start(layout: JobLayout, *extra: str, engine_in_process: bool = True) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id, "--shard", "0",
-           "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
-           "--model-config", MODEL_CONFIG, "--progress-interval-s", "0.5", *extra]
+    cmd = _worker_cmd(layout, "--progress-interval-s", "0.5", *extra)
     env = {**os.environ, "LLM_BATCH_ENGINE_IN_PROCESS": str(engine_in_process).lower()}
     # Own session: kill -9 must take the engine's child processes down too.
     return subprocess.Popen(cmd, env=env, start_new_session=True,
@@ -140,9 +144,7 @@ def test_cancel_marker_on_s3_stops_the_shard_with_a_prefix_written(s3_bucket, ti
 
 
 def _run_to_exit(layout: JobLayout, *extra: str, model_config: str = MODEL_CONFIG) -> int:
-    cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id, "--shard", "0",
-           "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
-           "--model-config", model_config, *extra]
+    cmd = _worker_cmd(layout, *extra, model_config=model_config)
     return subprocess.run(cmd, capture_output=True, timeout=120).returncode
 
 
