@@ -113,7 +113,8 @@ def _job_id_of(context: Any) -> str:
 def _end_job_of_failed_run(context: Any) -> None:
     """The run failed (a task failed for good, or dagrun_timeout): the job must not stay live."""
     reason = context.get("reason") or "a task failed"
-    pipeline.fail_job(_store(), _job_id_of(context), f"the DAG run ended without finishing the job: {reason}")
+    pipeline.fail_job(_store(), _job_id_of(context), f"the DAG run ended without finishing the job: {reason}",
+                      dag_run_id=context["dag_run"].run_id)
 
 
 def _rejected(exc: pipeline.JobRejected):
@@ -143,9 +144,11 @@ with DAG(
         context = get_current_context()
         dag_run = context["dag_run"]
         try:
-            # A new job belongs to whoever triggered the run (their API view shows it).
-            owner = {"owner": getattr(dag_run, "triggering_user_name", None) or pipeline.DEFAULT_OWNER}
-            return pipeline.register(_store(), SETTINGS, DEFAULTS | (dag_run.conf or {}) | owner, dag_run.run_id)
+            # A new job belongs to whoever triggered the run (their API view shows it); a run
+            # nobody triggered (a schedule: an admin's spec) may name paths beyond a namespace.
+            user = getattr(dag_run, "triggering_user_name", None)
+            conf = DEFAULTS | (dag_run.conf or {}) | {"owner": user or pipeline.DEFAULT_OWNER}
+            return pipeline.register(_store(), SETTINGS, conf, dag_run.run_id, trusted=user is None)
         except pipeline.JobRejected as exc:
             raise _rejected(exc) from exc
 

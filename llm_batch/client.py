@@ -14,7 +14,7 @@ Which route a submission takes (the API has three dialects; none carries everyth
   otherwise: it alone carries ``data_parallelism`` (shards), a deadline in seconds,
   ``model_config`` and the Scale input formats. A JSONL file's bodies become Scale v2 items, so custom_ids become
   the requests' 0-based positions (as Scale defines them); Scale also needs an output path
-  on the server (``output_data_path``), by default under ``$LLM_BATCH_HOME/outputs``.
+  on the server (``output_data_path``), by default ``outputs/...`` in the caller's own folder there.
 Jobs of both routes are read through the Mistral route (``GET /v1/batch/jobs/{id}``, which
 serves any job of the caller), so every job looks the same to the CLI.
 
@@ -286,11 +286,12 @@ class BatchClient:
             time.sleep(poll)
 
 
-def default_output_path(path: Path, settings: Settings | None = None) -> str:
-    """Where a Scale-route job writes its JSON results on the server when none is given: the
-    embedded stack's ``$LLM_BATCH_HOME/outputs/<file stem>-<UTC time>.json``."""
+def default_output_path(path: Path) -> str:
+    """Where a Scale-route job writes its JSON results on the server when none is given:
+    ``outputs/<file stem>-<UTC time>.json``, relative, so in the caller's own folder of the
+    server's first local root (llm_batch.user_paths)."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-    return str((settings or get_settings()).home / "outputs" / f"{path.stem}-{stamp}.json")
+    return f"outputs/{path.stem}-{stamp}.json"
 
 
 def _transient(outcome: Any) -> bool:

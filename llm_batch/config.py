@@ -25,8 +25,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLM_BATCH_", extra="ignore")
 
     home: Path = Field(default_factory=lambda: Path.home() / ".llm-batch")
-    # Local paths users may name are confined to these roots (colon or comma separated).
+    # Local paths users may name are confined to these roots (colon or comma separated);
+    # default $LLM_BATCH_HOME/data, which holds no internal state (llm_batch.user_paths).
     local_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    # Each non-admin owner names only <root>/<owner>/... and s3://<bucket>/<owner>/...;
+    # False: one namespace for all (a single-tenant deployment).
+    owner_namespaces: bool = True
     # s3:// URIs users may name are confined to these buckets.
     allowed_buckets: Annotated[list[str], NoDecode] = Field(default_factory=list)
     s3_endpoint_url: str | None = None
@@ -46,6 +50,13 @@ class Settings(BaseSettings):
     max_requests: int = 1_000_000
     max_input_bytes: int = 2 * 1024**3
     max_line_bytes: int = 1024**2
+    # Per-owner limits (admins exempt; 0 = none): bytes of stored uploaded files, jobs not
+    # yet ended, requests of those jobs. OWNER_LIMITS overrides them per owner (JSON:
+    # {"alice": {"max_live_jobs": 50}}). Exceeding one answers 429 naming it.
+    owner_max_file_bytes: int = 20 * 1024**3
+    owner_max_live_jobs: int = 1000
+    owner_max_requests_in_flight: int = 10_000_000
+    owner_limits: dict[str, dict[str, int]] = Field(default_factory=dict)
     # How many error records `llm-batch validate` prints (counts are never capped).
     max_reported_errors: int = 100
 
@@ -101,7 +112,7 @@ class Settings(BaseSettings):
     def _defaults(self) -> Settings:
         self.home = self.home.expanduser().resolve()
         if not self.local_roots:
-            self.local_roots = [self.home]
+            self.local_roots = [self.home / "data"]
         self.local_roots = [Path(p).expanduser().resolve() for p in self.local_roots]
         self.work_uri = self.work_uri or str(self.home / "work")
         self.files_uri = self.files_uri or str(self.home / "files")

@@ -5,8 +5,10 @@ outcomes, where each shard's requests are paired with its results:
 
 - a request with a successful result  -> an output line (and a Scale element: the body);
 - a request with an engine error      -> an error line with the response and the error;
-- a request with no result            -> an error line with code ``not_run`` (its shard was
-  cancelled, timed out or failed for good; the message says why when a reason is given);
+- a request with no result            -> an error line whose code says why it never ran:
+  ``batch_cancelled`` (the job was cancelled), ``batch_expired`` (its deadline passed) or
+  ``shard_failed`` (its shard failed for good), OpenAI's words where it has them; the
+  message says which shard and why when a reason is given;
 - a validation error                  -> an error line with its line number and code.
 
 Outputs, each published atomically through ``storage.open_write``:
@@ -60,7 +62,12 @@ from llm_batch.results import read_results
 from llm_batch.sharding import ShardPlan, read_manifest
 from llm_batch.streams import ChunkedWriter, stored_lines
 
-NOT_RUN = "not_run"
+# Codes of requests that never ran; they count as failed (and as completed: they have an
+# outcome), as OpenAI counts the requests of a cancelled or expired batch.
+BATCH_CANCELLED = "batch_cancelled"
+BATCH_EXPIRED = "batch_expired"
+SHARD_FAILED = "shard_failed"
+NOT_RUN_CODES = frozenset({BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED})
 DEFAULT_NOT_RUN_MESSAGE = "the request was not run: its shard stopped before reaching it"
 
 Outcome = ResultRecord | ErrorRecord
@@ -90,7 +97,7 @@ def _validation_errors(uri: str) -> Iterator[ErrorRecord]:
         yield ErrorRecord.model_validate_json(line)
 
 
-def _shard_outcomes(plan: ShardPlan, not_run_message: str) -> Iterator[Outcome]:
+def _shard_outcomes(plan: ShardPlan, not_run_code: str, not_run_message: str) -> Iterator[Outcome]:
     """Each request of the shard, in order, paired with its result or marked not run."""
     results = read_results(plan.results_uri)
     pending = next(results, None)
@@ -108,7 +115,7 @@ def _shard_outcomes(plan: ShardPlan, not_run_message: str) -> Iterator[Outcome]:
             pending = next(results, None)
         else:
             yield ErrorRecord(index=index, line=line_number, custom_id=request["custom_id"],
-                              code=NOT_RUN, message=not_run_message)
+                              code=not_run_code, message=not_run_message)
 
 
 def _error_body(result: ResultRecord) -> dict[str, Any]:
@@ -189,6 +196,7 @@ def merge_job(
     scale_json: bool = False,
     scale_output_uri: str | None = None,
     not_run_reason: str | None = None,
+    not_run_code: str = SHARD_FAILED,
     shard_not_run_reasons: Mapping[int, str] | None = None,
 ) -> MergeCounts:
     """Write the job's merged outputs and return the counts.
@@ -196,14 +204,14 @@ def merge_job(
     ``jsonl`` writes ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both always, the
     errors file empty when nothing failed). ``scale_json`` (implied by ``scale_output_uri``)
     writes the Scale array to ``scale_output_uri`` or ``layout.output_json``. A request with
-    no result gets ``shard_not_run_reasons[k]`` (its shard's reason), else ``not_run_reason``,
-    else a default message. Needs the shard manifest (``plan_shards``) and the validation
+    no result gets ``not_run_code`` (one of NOT_RUN_CODES) and ``shard_not_run_reasons[k]``
+    (its shard's reason), else ``not_run_reason``, else a default message. Needs the shard manifest (``plan_shards``) and the validation
     errors file. Rerunning gives the same bytes; on error nothing is published.
     """
     manifest = read_manifest(layout)
     shard_reasons = shard_not_run_reasons or {}
     shard_outcomes = chain.from_iterable(
-        _shard_outcomes(plan, shard_reasons.get(plan.index) or not_run_reason
+        _shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index) or not_run_reason
                         or DEFAULT_NOT_RUN_MESSAGE)
         for plan in sorted(manifest.shards, key=attrgetter("first_index"))
     )
@@ -232,8 +240,8 @@ def merge_job(
             last_index = outcome.index
             if isinstance(outcome, ErrorRecord):
                 failed += 1
-                not_run += outcome.code == NOT_RUN
-                invalid += outcome.code != NOT_RUN
+                not_run += outcome.code in NOT_RUN_CODES
+                invalid += outcome.code not in NOT_RUN_CODES
                 outputs.no_result(outcome)
             elif outcome.ok:
                 succeeded += 1

@@ -7,10 +7,18 @@
     prepare_model(name) -> Path                   build a registered model in the model cache
     build_tiny_llama(dest) -> Path                the tiny random Llama of the tests
 
-``model_config`` uses Scale's field names (model, checkpoint_path, num_shards,
-max_context_length, seed, response_role) plus ``dtype`` and ``engine_args`` (extra vLLM
-arguments, merged last). Everything that can be wrong with it (an unknown model, a model
-not prepared, a missing checkpoint) is raised as a ``ModelError`` before any engine loads.
+``model_config`` takes every field of Scale's batch completions model config (its v2
+config is vLLM's engine configuration: max_model_len, tensor_parallel_size, chat_template,
+...; see ``MODEL_CONFIG_FIELDS``, the one table of what each field does here), plus
+``engine_args`` (extra vLLM arguments, merged last). The API checks a job's config at
+submission with the same table the worker uses to build ``vllm.LLM(...)``:
+
+    job_model_config(raw) -> dict                 the stored form (nulls and defaults dropped)
+    check_model_config(config, registry, gpus=)   the rules that need the registry / the job
+    job_engine_args(config, registry, settings)   the engine arguments, no I/O
+
+Everything that can be wrong with it (an unknown model, a model not prepared, a missing
+checkpoint, a refused field) is raised as a ``ModelError`` before any engine loads.
 
 A checkpoint directory is ready when it holds the marker file ``READY_MARKER``; the marker
 is written into a temporary directory that is then renamed into place, so a crash never
@@ -20,22 +28,34 @@ concurrent shards on one machine fetch or build it once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import orjson
 import yaml
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from llm_batch.config import Settings, get_settings
-from llm_batch.model_recipes import RECIPES, MissingSource, build_tiny_llama
+from llm_batch.model_recipes import RECIPES, TINY_CHAT_TEMPLATE, MissingSource, build_tiny_llama
 
 __all__ = [
     "ModelError",
@@ -47,9 +67,16 @@ __all__ = [
     "ModelSpec",
     "Registry",
     "ModelConfig",
+    "FieldRule",
+    "MODEL_CONFIG_FIELDS",
+    "BUILTIN_CHAT_TEMPLATES",
     "ResolvedModel",
     "load_registry",
     "validate_model_config",
+    "job_model_config",
+    "check_model_config",
+    "job_engine_args",
+    "local_tokenizer_dir",
     "resolve_model",
     "prepare_model",
     "model_status",
@@ -60,13 +87,15 @@ __all__ = [
 ]
 
 READY_MARKER = ".llm-batch-ready.json"
-# Engine args a job may not set: they name files or code to load, or credentials. The
-# registry (written by the operator) may set any of them.
+# Engine args a job may not set: they name files or code to load, hub revisions, or
+# credentials. The registry (written by the operator) may set any of them. Some have a
+# model_config field of their own, checked (MODEL_CONFIG_FIELDS): `model_config.tokenizer`.
 JOB_FORBIDDEN_ENGINE_ARGS = frozenset({
     "model", "tokenizer", "trust_remote_code", "download_dir", "load_format",
     "model_loader_extra_config", "hf_token", "allowed_local_media_path",
     "allowed_media_domains", "speculative_config", "worker_cls", "worker_extension_cls",
     "distributed_executor_backend", "kv_transfer_config", "kv_events_config",
+    "chat_template", "hf_config_path", "revision", "code_revision", "tokenizer_revision",
 })
 PACKAGED_REGISTRY = "models.yaml"
 
@@ -92,7 +121,12 @@ class CheckpointNotAllowed(ModelError):
 
 
 class InvalidModelConfig(ModelError, ValueError):
-    """A model_config (or registry file) that does not validate."""
+    """A model_config (or registry file) that does not validate; ``fields`` names the
+    model_config fields at fault (``gpus`` when it is the job's gpus that disagree)."""
+
+    def __init__(self, message: str, fields: Iterable[str] = ()):
+        super().__init__(message)
+        self.fields = tuple(fields)
 
 
 # --- the registry ---------------------------------------------------------------------
@@ -118,13 +152,22 @@ class Registry(BaseModel):
     default_chat_model: str
     default_embedding_model: str
     models: dict[str, ModelSpec]
+    # Chat templates a job may name in model_config.chat_template (beside the built-in ones).
+    chat_templates: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _defaults_are_registered(self) -> Registry:
         for default in (self.default_chat_model, self.default_embedding_model):
             if default not in self.models:
                 raise ValueError(f"default model {default!r} is not among the models")
+        if bad := [name for name in self.chat_templates if not _TEMPLATE_NAME.fullmatch(name)]:
+            raise ValueError(f"chat template names must be plain names, not {bad[0]!r}")
         return self
+
+    @property
+    def templates(self) -> dict[str, str]:
+        """The chat templates a job may name: the built-in ones and the registry's."""
+        return {**BUILTIN_CHAT_TEMPLATES, **self.chat_templates}
 
     @property
     def default_models(self) -> list[str]:
@@ -161,38 +204,186 @@ def load_registry(path: Path | None = None, settings: Settings | None = None) ->
         raise InvalidModelConfig(f"model registry {where}: {_describe(exc)}") from None
 
 
-# --- a job's model_config -------------------------------------------------------------
+# --- a job's model_config: every field, and what it does here --------------------------
+
+_PositiveInt = Annotated[int, Field(ge=1)]
+_Parallel = Annotated[int, Field(ge=1, le=64)]
+_Name = Annotated[str, Field(min_length=1, max_length=256)]
+_TEMPLATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+BUILTIN_CHAT_TEMPLATES = {"chatml": TINY_CHAT_TEMPLATE}
+
+_NO_HUB = ("checkpoints here are local directories or s3:// prefixes, never fetched from a "
+           "hub: name the checkpoint_path of that revision")
+_NO_TOOLS = ("this system runs no tools and parses no tool calls (tool_config is refused "
+             "too): results carry the model's text")
 
 
-class ModelConfig(BaseModel):
-    """A job's model_config: Scale's field names, plus dtype and extra engine args."""
+def _mm_limits(value: str | dict[str, Any]) -> dict[str, Any]:
+    """limit_mm_per_prompt as vLLM takes it: Scale's clients send a JSON string."""
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            raise ValueError('a JSON object of modality -> count, e.g. {"image": 2}') from None
+    if not isinstance(value, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) or isinstance(v, dict) for v in value.values()
+    ):
+        raise ValueError('a JSON object of modality -> count, e.g. {"image": 2}')
+    return value
 
+
+def _checked_mm_limits(value: str | dict[str, Any]) -> str | dict[str, Any]:
+    _mm_limits(value)
+    return value  # kept as sent: the job shows the caller's own value back
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What one model_config field does here (docs/api.md, "Scale model_config fields").
+
+    ``engine_arg``: the field is honoured as this ``vllm.LLM`` keyword (``a.b``: the key
+    ``b`` of the dict argument ``a``), its value passed through ``convert``. ``allowed``:
+    the only values accepted, any other is refused saying ``why`` (empty: every value is
+    refused). A field with neither is used by ``resolve_model`` itself, as ``does`` says.
+    Null, and ``default`` (what Scale's clients send when the caller sets nothing), mean
+    "not set": never an error, never used. ``weak``: applied before the registry's
+    engine_args, which override it (a suggestion).
+    """
+
+    type: Any
+    does: str
+    engine_arg: str | None = None
+    allowed: frozenset[Any] | None = None
+    why: str = ""
+    default: Any = None
+    convert: Callable[[Any], Any] | None = None
+    weak: bool = False
+
+
+def _honoured(type_: Any, engine_arg: str, does: str = "", **more: Any) -> FieldRule:
+    return FieldRule(type_, does or f"honoured as `{engine_arg}`", engine_arg=engine_arg, **more)
+
+
+def _refused(type_: Any, why: str, allowed: Iterable[Any] = ()) -> FieldRule:
+    return FieldRule(type_, f"refused: {why}", allowed=frozenset(allowed), why=why)
+
+
+# The one table: every field of Scale's batch completions model config (llmengine's
+# BatchCompletionsModelConfig = vLLM's VLLMModelConfig + model, checkpoint_path, num_shards,
+# max_context_length, seed, response_role, labels; and 0.0.0b36's quantize), plus our own
+# engine_args. The API checks a job with it at submission, the worker builds vllm.LLM with it.
+MODEL_CONFIG_FIELDS: dict[str, FieldRule] = {
+    # What runs, and what the results say.
+    "model": FieldRule(_Name, "the registry entry to run (required); a name outside the "
+                       "registry needs checkpoint_path"),
+    "checkpoint_path": FieldRule(str, "the checkpoint vLLM loads (its `model`): an s3:// prefix "
+                                 "or a local model directory the caller may name, or a folder "
+                                 "of the model cache (relative); checked at submission and by "
+                                 "the worker"),
+    "tokenizer": _honoured(Annotated[str, Field(min_length=1, max_length=2048)], "tokenizer",
+                           "honoured as `tokenizer`: a local directory the caller may name "
+                           "(absolute) or a folder of the model cache (relative); no s3://, no "
+                           "hub names"),
+    "chat_template": _honoured(Annotated[str, Field(min_length=1, max_length=65_536)],
+                               "chat_template", "honoured as `chat_template`: a template name "
+                               "the registry knows (chat_templates; built in: chatml) or "
+                               "inline Jinja text; never read from a file"),
+    "response_role": FieldRule(Annotated[str, Field(min_length=1, max_length=64)],
+                               "the role of chat answers (default assistant)"),
+    "served_model_name": FieldRule(_Name, "the `model` every result carries (default: the "
+                                   "model's name)"),
+    "labels": FieldRule(dict[str, str], "the job's labels (with the request's labels), not "
+                        "an engine setting", default={}),
+    "engine_args": FieldRule(dict[str, Any], "more vllm.LLM keywords, merged last; those that "
+                             "name files, code, hub revisions or credentials "
+                             "(JOB_FORBIDDEN_ENGINE_ARGS) are refused", default={}),
+    # Size and parallelism.
+    "num_shards": _honoured(_Parallel, "tensor_parallel_size", "honoured as "
+                            "`tensor_parallel_size`, as a suggestion: the registry's value "
+                            "and tensor_parallel_size win", default=1, weak=True),
+    "tensor_parallel_size": _honoured(_Parallel, "tensor_parallel_size", "honoured as "
+                                      "`tensor_parallel_size`; x pipeline_parallel_size must "
+                                      "equal the job's gpus when gpus is given"),
+    "pipeline_parallel_size": _honoured(_Parallel, "pipeline_parallel_size", "honoured as "
+                                        "`pipeline_parallel_size`; checked with "
+                                        "tensor_parallel_size against gpus"),
+    "max_context_length": _honoured(_PositiveInt, "max_model_len"),
+    "max_model_len": _honoured(_PositiveInt, "max_model_len"),
+    "max_num_seqs": _honoured(_PositiveInt, "max_num_seqs"),
+    "max_num_batched_tokens": _honoured(_PositiveInt, "max_num_batched_tokens"),
+    "gpu_memory_utilization": _honoured(Annotated[float, Field(gt=0, le=1)], "gpu_memory_utilization"),
+    "block_size": _honoured(_PositiveInt, "block_size"),
+    "num_gpu_blocks_override": _honoured(_PositiveInt, "num_gpu_blocks_override"),
+    "enable_prefix_caching": _honoured(bool, "enable_prefix_caching"),
+    "enforce_eager": _honoured(bool, "enforce_eager", "honoured as `enforce_eager` "
+                               "(LLM_BATCH_ENFORCE_EAGER=true still forces it on)"),
+    "disable_sliding_window": _honoured(bool, "disable_sliding_window"),
+    "max_seq_len_to_capture": _honoured(_PositiveInt, "compilation_config.max_cudagraph_capture_size",
+                                        "honoured as `compilation_config.max_cudagraph_capture_size` "
+                                        "(vLLM 0.32's name for it)"),
+    "swap_space": _refused(Annotated[float, Field(ge=0)], "vLLM 0.32 has no CPU swap space (a "
+                           "preempted request is recomputed); only 0 is accepted", allowed={0}),
+    "disable_log_requests": FieldRule(bool, "accepted, no effect: the worker never logs requests"),
+    # Weights and numerics.
+    "dtype": _honoured(Literal["auto", "half", "float16", "bfloat16", "float", "float32"], "dtype"),
+    "quantization": _honoured(Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,64}$")], "quantization",
+                              "honoured as `quantization` (vLLM refuses a method it does not "
+                              "know when the engine starts)"),
+    "quantize": _honoured(Literal["bitsandbytes", "awq"], "quantization",
+                          "honoured as `quantization` (Scale v1's name for it)"),
+    "cache_dtype": _honoured(Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
+                                     "fp8_inc", "fp8_ds_mla", "nvfp4"], "kv_cache_dtype"),
+    "load_format": _honoured(str, "load_format", "honoured as `load_format` for `safetensors` "
+                             "(`auto` is the default); any other format is refused",
+                             allowed=frozenset({"auto", "safetensors"}), default="auto",
+                             why="other formats load pickled or random weights, or need a "
+                             "loader service: only auto and safetensors"),
+    "config_format": _honoured(Literal["auto", "hf", "mistral"], "config_format", default="auto"),
+    "tokenizer_mode": _honoured(Literal["auto", "hf", "mistral"], "tokenizer_mode",
+                                "honoured as `tokenizer_mode` (vLLM 0.32 has no `slow` mode)"),
+    "rope_scaling": _honoured(dict[str, Any], "hf_overrides.rope_parameters",
+                              "honoured as `hf_overrides.rope_parameters` (where vLLM 0.32 "
+                              "reads RoPE scaling)"),
+    "limit_mm_per_prompt": _honoured(Annotated[str | dict[str, Any], AfterValidator(_checked_mm_limits)],
+                                     "limit_mm_per_prompt", "honoured as `limit_mm_per_prompt` "
+                                     "(Scale's JSON string, or an object)", convert=_mm_limits),
+    "mm_processor_kwargs": _honoured(dict[str, Any], "mm_processor_kwargs"),
+    "seed": _honoured(int, "seed", "honoured as `seed` (default 0)"),
+    "trust_remote_code": _honoured(bool, "trust_remote_code", "true is honoured only when the "
+                                   "registry entry's engine_args set trust_remote_code: true, "
+                                   "and never with checkpoint_path: it runs the checkpoint's "
+                                   "Python code", default=False),
+    # Refused unless left unset.
+    "skip_tokenizer_init": _refused(bool, "the worker needs the tokenizer to render prompts "
+                                    "and decode results", allowed={False}),
+    "revision": _refused(str, _NO_HUB),
+    "code_revision": _refused(str, _NO_HUB),
+    "tokenizer_revision": _refused(str, _NO_HUB),
+    "quantization_param_path": _refused(str, "it names a file to load, and vLLM 0.32 has no "
+                                        "such option (KV-cache scales come from the checkpoint)"),
+    "override_neuron_config": _refused(dict[str, Any], "vLLM 0.32 has no AWS Neuron support"),
+    "tool_call_parser": _refused(str, _NO_TOOLS),
+    "enable_auto_tool_choice": _refused(bool, _NO_TOOLS, allowed={False}),
+}
+
+
+class _ModelConfigRules(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(min_length=1)
-    checkpoint_path: str | None = None
-    num_shards: int | None = Field(default=None, ge=1)
-    max_context_length: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    response_role: str | None = None
-    dtype: str | None = None
-    # Scale's v1 client always sends it (usually null); vLLM calls it quantization.
-    quantize: Literal["bitsandbytes", "awq"] | None = None
-    engine_args: dict[str, Any] = Field(default_factory=dict)
-    # Scale v1 puts job labels here; they describe the job, not the engine.
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("engine_args", "labels", mode="before")
+    @field_validator("engine_args", "labels", mode="before", check_fields=False)
     @classmethod
     def _null_is_empty(cls, value: Any) -> Any:
         return {} if value is None else value
 
-    @field_validator("engine_args")
+    @field_validator("engine_args", check_fields=False)
     @classmethod
     def _only_safe_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
         forbidden = sorted(JOB_FORBIDDEN_ENGINE_ARGS.intersection(value))
         if forbidden:
             hint = " (use checkpoint_path)" if "model" in forbidden else ""
+            fields = [f"model_config.{name}" for name in forbidden if name in MODEL_CONFIG_FIELDS]
+            if fields:
+                hint += f" ({', '.join(fields)} is checked: use it)"
             raise ValueError(
                 f"{', '.join(forbidden)} may not be set by a job{hint}; "
                 "the model registry may set it"
@@ -200,9 +391,27 @@ class ModelConfig(BaseModel):
         return value
 
 
+def _pydantic_field(name: str, rule: FieldRule) -> tuple[Any, Any]:
+    if name == "model":
+        return rule.type, ...
+    if isinstance(rule.default, dict):
+        return rule.type, Field(default_factory=dict)
+    return rule.type | None, None
+
+
+ModelConfig = create_model(
+    "ModelConfig",
+    __base__=_ModelConfigRules,
+    __doc__="A job's model_config: the fields of MODEL_CONFIG_FIELDS, null meaning not set.",
+    __module__=__name__,
+    **{name: _pydantic_field(name, rule) for name, rule in MODEL_CONFIG_FIELDS.items()},
+)
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
-    """What the worker needs to start an engine: ``vllm.LLM(**engine_args)``."""
+    """What the worker needs to start an engine: ``vllm.LLM(**engine_args)``; ``name`` is
+    the model every result names (model_config.served_model_name, else the model)."""
 
     name: str
     path: Path
@@ -219,33 +428,33 @@ def resolve_model(
 ) -> ResolvedModel:
     """Turn a job's model_config into a local checkpoint directory and engine arguments.
 
-    Engine args are merged in this order (later wins): seed=0, the registry's defaults, the
-    Scale fields (num_shards -> tensor_parallel_size, max_context_length -> max_model_len,
-    seed, dtype, quantize -> quantization), enforce_eager=True when Settings or
-    LLM_BATCH_ENFORCE_EAGER say so, then ``engine_args``; ``model`` is always the local
-    checkpoint directory. An ``s3://``
-    checkpoint is downloaded once into the model cache. Raises ``ModelError`` subclasses for
-    anything wrong with the job's model (not worth a retry); only a storage failure while
-    downloading (``StorageError``) escapes as itself.
+    The engine arguments are ``job_engine_args`` (MODEL_CONFIG_FIELDS applied over the
+    registry's defaults), with the job's tokenizer resolved to a local directory and its
+    chat template written to a file of the model cache; ``model`` is always the local
+    checkpoint directory. An ``s3://`` checkpoint is downloaded once into the model cache.
+    Raises ``ModelError`` subclasses for anything wrong with the job's model (not worth a
+    retry); only a storage failure while downloading (``StorageError``) escapes as itself.
     """
     settings = settings or get_settings()
     config = validate_model_config(model_config)
-    spec = _spec_for(config, registry or load_registry(settings=settings))
+    registry = registry or load_registry(settings=settings)
+    check_model_config(config, registry)
+    spec = _spec_for(config, registry)
 
     if config.checkpoint_path:
         path = _checkpoint_dir(config.checkpoint_path, settings, user_given=True)
     else:
         path = _registered_checkpoint_dir(config.model, spec, settings)
 
-    engine_args: dict[str, Any] = {"seed": 0, **(spec.engine_args if spec else {})}
-    engine_args.update(_scale_engine_args(config))
-    if _enforce_eager(settings):
-        engine_args["enforce_eager"] = True
-    engine_args.update(config.engine_args)
+    engine_args = job_engine_args(config, registry, settings)
+    if config.tokenizer:
+        engine_args["tokenizer"] = str(local_tokenizer_dir(config.tokenizer, settings))
+    if config.chat_template:
+        engine_args["chat_template"] = str(_template_file(engine_args["chat_template"], settings))
     engine_args["model"] = str(path)
 
     return ResolvedModel(
-        name=config.model,
+        name=config.served_model_name or config.model,
         path=path,
         task=spec.task if spec else _task_of(engine_args),
         engine_args=engine_args,
@@ -254,7 +463,9 @@ def resolve_model(
 
 
 def validate_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelConfig:
-    """The parsed model_config, or ``InvalidModelConfig`` naming each bad field.
+    """The parsed model_config, or ``InvalidModelConfig`` naming each bad field: a wrong
+    type, an unknown field, a value MODEL_CONFIG_FIELDS refuses, two fields that set one
+    engine argument differently.
 
     Touches no file and no registry: cheap enough for the API to call at submission, so a
     bad model_config is refused there rather than failing the job's first shard.
@@ -262,10 +473,181 @@ def validate_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelCo
     if isinstance(model_config, ModelConfig):
         return model_config
     try:
-        return ModelConfig.model_validate(model_config)
+        config = ModelConfig.model_validate(model_config)
     except ValidationError as exc:
         message = _describe(exc, "model_config")
-        raise InvalidModelConfig(f"invalid model_config: {message}") from None
+        fields = [str(err["loc"][0]) for err in exc.errors() if err["loc"]]
+        raise InvalidModelConfig(f"invalid model_config: {message}", fields) from None
+    _raise_problems(_field_problems(config))
+    return config
+
+
+def job_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """A job's model_config as the job stores it: validated, every field left at null or at
+    its client default dropped (so a client that sends all its fields stores what was set)."""
+    config = validate_model_config(model_config)
+    return {"model": config.model, **_set_fields(config)}
+
+
+def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | None = None) -> None:
+    """The rules that need the registry, and the job's ``gpus`` when it asks for some:
+    trust_remote_code only where the registry allows it, a chat_template name the registry
+    knows, tensor_parallel_size x pipeline_parallel_size = gpus. ``InvalidModelConfig``
+    naming the field otherwise (``UnknownModel`` for a model the registry lacks)."""
+    spec = _spec_for(config, registry)
+    problems: list[tuple[str, str]] = []
+    if config.trust_remote_code and not (
+        spec and spec.engine_args.get("trust_remote_code") is True and not config.checkpoint_path
+    ):
+        where = ("with checkpoint_path, whose code the registry has not vetted"
+                 if config.checkpoint_path else
+                 f"the registry entry of {config.model!r} does not allow it (an operator sets "
+                 "trust_remote_code: true in its engine_args)")
+        problems.append(("trust_remote_code", f"true runs Python code from the checkpoint: "
+                         f"refused {where}"))
+    template = config.chat_template
+    if template and not _is_jinja(template) and template not in registry.templates:
+        problems.append(("chat_template", f"{template!r} is not a template the registry knows "
+                         f"({', '.join(sorted(registry.templates))}) nor inline Jinja text; "
+                         "files are not read"))
+    if gpus is not None:
+        problems += _parallel_problems(config, job_engine_args(config, registry), gpus)
+    _raise_problems(problems)
+
+
+def job_engine_args(
+    config: ModelConfig, registry: Registry, settings: Settings | None = None
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` keywords of a job, but ``model``: no I/O (a tokenizer is still the
+    caller's path, a chat template its text). Later wins: seed=0, the weak fields
+    (num_shards), the registry's engine_args (without trust_remote_code when a
+    checkpoint_path replaces the registry's checkpoint), the other fields of
+    MODEL_CONFIG_FIELDS, enforce_eager=True if Settings say so, the job's engine_args."""
+    spec = _spec_for(config, registry)
+    fields = _set_fields(config)
+    registry_args = dict(spec.engine_args) if spec else {}
+    if config.checkpoint_path:
+        registry_args.pop("trust_remote_code", None)
+    args: dict[str, Any] = {"seed": 0}
+    for weak in (True, False):
+        if not weak:
+            args.update(registry_args)
+        for name, value in fields.items():
+            rule = MODEL_CONFIG_FIELDS[name]
+            if rule.engine_arg and rule.weak == weak:
+                _put(args, rule.engine_arg, rule.convert(value) if rule.convert else value)
+    if config.chat_template:
+        args["chat_template"] = registry.templates.get(config.chat_template, config.chat_template)
+    if settings is not None and _enforce_eager(settings):
+        args["enforce_eager"] = True
+    args.update(config.engine_args)
+    return args
+
+
+def _set_fields(config: ModelConfig) -> dict[str, Any]:
+    """The fields the job set: not null, not the client's default; "model" aside."""
+    return {
+        name: value
+        for name, rule in MODEL_CONFIG_FIELDS.items()
+        if name != "model"
+        and (value := getattr(config, name)) is not None
+        and not (type(value) is type(rule.default) and value == rule.default)
+    }
+
+
+def _field_problems(config: ModelConfig) -> list[tuple[str, str]]:
+    """(field, why) for each value the table refuses, each engine argument two fields set
+    differently, and each tokenizer or chat_template that cannot be one."""
+    fields = _set_fields(config)
+    problems = []
+    by_arg: dict[str, str] = {}
+    for name, value in fields.items():
+        rule = MODEL_CONFIG_FIELDS[name]
+        if rule.allowed is not None and not (rule.allowed and value in rule.allowed):
+            problems.append((name, f"{value!r} is refused: {rule.why}"))
+        if rule.engine_arg and (other := by_arg.setdefault(rule.engine_arg, name)) != name:
+            if fields[other] != value:
+                problems.append((name, f"{value!r} disagrees with {other} {fields[other]!r}: "
+                                 f"both set {rule.engine_arg}; give one"))
+    tokenizer = fields.get("tokenizer")
+    if tokenizer is not None and "://" in tokenizer:
+        problems.append(("tokenizer", f"{tokenizer!r}: only a local directory (s3:// and URLs "
+                         "are not fetched; a checkpoint's own tokenizer needs no tokenizer)"))
+    template = fields.get("chat_template")
+    if template is not None:
+        if _is_jinja(template):
+            if problem := _jinja_problem(template):
+                problems.append(("chat_template", problem))
+        elif not _TEMPLATE_NAME.fullmatch(template):
+            problems.append(("chat_template", f"{template[:80]!r} is neither a template name nor "
+                             "inline Jinja text ({{ ... }} / {% ... %}); files are not read"))
+    return problems
+
+
+def _parallel_problems(config: ModelConfig, args: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
+    """tensor_parallel_size x pipeline_parallel_size against the job's gpus, when either
+    size is set (by the job or the registry); gpus alone sets neither."""
+    if "tensor_parallel_size" not in args and "pipeline_parallel_size" not in args:
+        return []
+    tp, pp = args.get("tensor_parallel_size", 1), args.get("pipeline_parallel_size", 1)
+    if tp * pp == gpus:
+        return []
+    fields = _set_fields(config)
+    named = [n for n in ("tensor_parallel_size", "num_shards", "pipeline_parallel_size") if n in fields]
+    source = f"model_config.{named[0]}" if named else f"the registry entry of {config.model!r}"
+    return [(named[0] if named else "gpus",
+             f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} GPUs (from "
+             f"{source}), but the job asks for gpus={gpus}: they must be equal")]
+
+
+def _raise_problems(problems: list[tuple[str, str]]) -> None:
+    if problems:
+        message = "; ".join(f"model_config.{name}: {why}" if name != "gpus" else why
+                            for name, why in problems)
+        raise InvalidModelConfig(f"invalid model_config: {message}", [name for name, _ in problems])
+
+
+def _put(args: dict[str, Any], key: str, value: Any) -> None:
+    """args[key] = value; ``a.b`` sets the key ``b`` of the dict argument ``a`` (copied)."""
+    outer, _, inner = key.partition(".")
+    if inner:
+        args[outer] = {**(args.get(outer) or {}), inner: value}
+    else:
+        args[outer] = value
+
+
+def _is_jinja(text: str) -> bool:
+    return "{{" in text or "{%" in text
+
+
+def _jinja_problem(text: str) -> str | None:
+    """Why ``text`` is not a Jinja template (None: it parses, or jinja2 is not installed
+    here and the engine will say). Tags of extensions (transformers' {% generation %}) pass."""
+    try:
+        from jinja2 import TemplateSyntaxError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:  # the core needs no jinja2; vLLM (which brings it) checks at start
+        return None
+    try:
+        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except TemplateSyntaxError as exc:
+        if exc.message and "unknown tag" in exc.message:
+            return None
+        return f"not valid Jinja (line {exc.lineno}: {exc.message})"
+    return None
+
+
+def _template_file(text: str, settings: Settings) -> Path:
+    """A job's chat template as a file of the model cache, named by its content: vLLM takes a
+    string for a path first, so the text is never handed over as one."""
+    path = Path(settings.model_cache, "chat-templates", hashlib.sha256(text.encode()).hexdigest()[:32] + ".jinja")
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+    return path
 
 
 def _spec_for(config: ModelConfig, registry: Registry) -> ModelSpec | None:
@@ -275,17 +657,6 @@ def _spec_for(config: ModelConfig, registry: Registry) -> ModelSpec | None:
     if config.checkpoint_path:
         return None
     return registry.get(config.model)  # raises UnknownModel with the known names
-
-
-def _scale_engine_args(config: ModelConfig) -> dict[str, Any]:
-    mapped = {
-        "tensor_parallel_size": config.num_shards,
-        "max_model_len": config.max_context_length,
-        "seed": config.seed,
-        "dtype": config.dtype,
-        "quantization": config.quantize,
-    }
-    return {key: value for key, value in mapped.items() if value is not None}
 
 
 def _enforce_eager(settings: Settings) -> bool:
@@ -314,7 +685,7 @@ def _registered_checkpoint_dir(name: str, spec: ModelSpec, settings: Settings) -
 def check_local_checkpoint(checkpoint: str, settings: Settings | None = None) -> Path:
     """A user's local ``checkpoint_path`` checked as the worker will check it (confined to
     the roots or the model cache, a model directory): the API calls it at submission.
-    s3:// checkpoints are not fetched here; storage.check_user_uri covers them."""
+    s3:// checkpoints are not fetched here; llm_batch.user_paths covers them."""
     if checkpoint.startswith("s3://"):
         raise ValueError("check_local_checkpoint takes local paths only")
     return _checkpoint_dir(checkpoint, settings or get_settings(), user_given=True)
@@ -328,13 +699,27 @@ def _checkpoint_dir(checkpoint: str, settings: Settings, *, user_given: bool) ->
         raise CheckpointNotFound(
             f"checkpoint {checkpoint}: only local paths and s3:// are supported"
         )
-    path = _cache_path(checkpoint, settings).resolve()
     if user_given:
-        _confine(path, [*settings.local_roots, Path(settings.model_cache).resolve()], checkpoint)
+        path = _user_local_dir(checkpoint, settings, "checkpoint")
+    else:
+        path = _cache_path(checkpoint, settings).resolve()
     if not (path / "config.json").is_file():
         raise CheckpointNotFound(
             f"checkpoint {checkpoint}: no model directory (config.json) at {path}"
         )
+    return path
+
+
+def local_tokenizer_dir(tokenizer: str, settings: Settings | None = None) -> Path:
+    """A job's ``model_config.tokenizer`` as a local directory, under the rules of a local
+    checkpoint_path (confined to the roots or the model cache; relative: in the model
+    cache): the worker's check, and the API's at submission."""
+    settings = settings or get_settings()
+    if "://" in tokenizer:
+        raise CheckpointNotAllowed(f"tokenizer {tokenizer}: only a local directory is supported")
+    path = _user_local_dir(tokenizer, settings, "tokenizer")
+    if not path.is_dir():
+        raise CheckpointNotFound(f"tokenizer {tokenizer}: no directory at {path}")
     return path
 
 
@@ -343,12 +728,17 @@ def _cache_path(checkpoint: str, settings: Settings) -> Path:
     return path if path.is_absolute() else Path(settings.model_cache) / path
 
 
-def _confine(path: Path, roots: list[Path], shown: str) -> None:
+def _user_local_dir(given: str, settings: Settings, what: str) -> Path:
+    """A path a job gave, resolved (relative: in the model cache), within the local roots or
+    the model cache; ``CheckpointNotAllowed`` naming ``what`` otherwise."""
+    path = _cache_path(given, settings).resolve()
+    roots = [*settings.local_roots, Path(settings.model_cache).resolve()]
     if not any(path.is_relative_to(root) for root in roots):
         raise CheckpointNotAllowed(
-            f"checkpoint {shown}: outside the allowed local roots "
+            f"{what} {given}: outside the allowed local roots "
             f"({', '.join(str(root) for root in roots)})"
         )
+    return path
 
 
 def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:

@@ -207,10 +207,13 @@ def _job(store: JobStore, job_id: str) -> Job:
     return job
 
 
-def fail_job(store: JobStore, job_id: str, reason: str) -> Job | None:
-    """End a live job as FAILED with `reason` (a terminal job is left as it ended)."""
+def fail_job(store: JobStore, job_id: str, reason: str, *, dag_run_id: str | None = None) -> Job | None:
+    """End a live job as FAILED with `reason` (a terminal job is left as it ended). With
+    `dag_run_id`, only if the job is that run's: a foreign run's failure leaves it alone."""
     job = store.get_job(job_id)
     if job is None or job.terminal:
+        return job
+    if dag_run_id is not None and job.dag_run_id not in (None, dag_run_id):
         return job
     return store.transition(job_id, JobStatus.FAILED, reason)
 
@@ -229,29 +232,46 @@ def check_resources(nodes_per_worker: int | None, gpu_type: str | None) -> None:
 # -- register -----------------------------------------------------------------------------
 
 
-def register(store: JobStore, settings: Settings, conf: dict[str, Any], dag_run_id: str) -> str:
+def register(
+    store: JobStore, settings: Settings, conf: dict[str, Any], dag_run_id: str, *, trusted: bool = False
+) -> str:
     """The run's job id: the job named by the conf, or a new QUEUED job made from it.
 
     Records the DAG run on the job. A conf that cannot become a job (no input, unsupported
-    resources) still gets a job record, FAILED with the reason, and raises JobRejected.
+    resources, a path its owner may not name) still gets a job record, FAILED with the
+    reason, and raises JobRejected. `trusted` runs (scheduled ones: their conf comes from an
+    admin's spec, not a user) may name paths outside the owner's namespace.
+    A conf naming another owner's existing job is refused and that job left alone.
     """
     run = RunConf.model_validate(conf)
     job_id = run_job_id(conf, dag_run_id)
     existing = store.get_job(job_id)
     if existing is not None:
+        if not _run_may_drive(existing, run.owner, dag_run_id, trusted):
+            raise JobRejected(f"job {job_id!r} belongs to another run; give a new job_id (or none)")
         if existing.dag_run_id != dag_run_id:
             store.set_dag_run(job_id, dag_run_id)
         return job_id
+    problem: JobRejected | None = None
+    paths = {"input_uri": run.input_uri, "output_uri": run.output_uri}
+    try:
+        check_resources(run.nodes_per_worker, run.gpu_type)
+        if not run.job_input():
+            raise JobRejected("no input: give input_uri, input_file_ids or input_requests")
+        # The canonical spelling is what later steps read and write.
+        paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted) for name, uri in paths.items()}
+    except JobRejected as exc:
+        problem = exc
     job = store.create_job(
         id=job_id,
         dialect="airflow",
         endpoint=run.endpoint,
         model=run.model,
         owner=run.owner,
-        input=run.job_input(),
+        input=run.model_copy(update={"input_uri": paths["input_uri"]}).job_input(),
         input_format=run.input_format,
         model_config={"model": run.model, **run.engine_config},
-        scale_output_uri=run.output_uri,
+        scale_output_uri=paths["output_uri"],
         metadata=run.metadata,
         labels=run.labels,
         priority=settings.priority_weights[priority_band(settings, run.priority)],
@@ -260,25 +280,27 @@ def register(store: JobStore, settings: Settings, conf: dict[str, Any], dag_run_
         max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
         dag_run_id=dag_run_id,
     )
-    try:
-        check_resources(run.nodes_per_worker, run.gpu_type)
-        if not job.input:
-            raise JobRejected("no input: give input_uri, input_file_ids or input_requests")
-        for name, uri in (("input_uri", run.input_uri), ("output_uri", run.output_uri)):
-            _check_user_uri(name, uri)
-    except JobRejected as exc:
-        fail_job(store, job.id, str(exc))
-        raise
+    if problem is not None:
+        fail_job(store, job.id, str(problem))
+        raise problem
     return job.id
 
 
-def _check_user_uri(name: str, uri: str | None) -> None:
-    """Paths a user names must lie in the configured roots or buckets (say so up front)."""
-    if uri:
-        try:
-            storage.check_user_uri(uri)
-        except storage.StorageError as exc:
-            raise JobRejected(f"{name}: {exc}") from None
+def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:
+    """A run may take over an existing job only if it is that job's own run (the API's, a
+    retry or a clear of it) or comes from the job's owner or an admin's schedule."""
+    own_run = job.dag_run_id in (None, dag_run_id) and dag_run_id == f"llm_batch__{job.id}"
+    return own_run or job.dag_run_id == dag_run_id or trusted or job.owner == owner
+
+
+def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: bool) -> str:
+    """A path of the run's conf as its owner may name it (llm_batch.user_paths)."""
+    from llm_batch import user_paths
+
+    try:
+        return user_paths.check(uri, owner, settings, is_admin=trusted).uri
+    except (user_paths.PathRefused, user_paths.PathUnavailable) as exc:
+        raise JobRejected(f"{name}: {exc}") from None
 
 
 # -- validate -----------------------------------------------------------------------------
@@ -398,10 +420,16 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> dict[str, list[dic
 
     grouped: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes(settings)}
     job = _job(store, job_id)
-    if job.cancel_requested or job.status not in (JobStatus.VALIDATING, JobStatus.RUNNING):
+    if job.status not in (JobStatus.VALIDATING, JobStatus.RUNNING, JobStatus.CANCELLING):
         return grouped
     layout = layout_of(settings, job_id)
+    if job.cancel_requested and not storage.exists(layout.validation_report):
+        return grouped  # cancelled before its input was read: no line to account for
+    # Planned even when cancelled after validation: merge then reports every valid line
+    # as never run, so no line of a job whose input was read goes unaccounted for.
     plans = plan_shards(layout, job.data_parallelism)
+    if job.cancel_requested:
+        return grouped
     store.transition(job_id, JobStatus.RUNNING)
     resources = job.resources or {}
     band = priority_band(settings, job.priority)
@@ -518,7 +546,7 @@ def publish_progress(store: JobStore, settings: Settings, job_id: str) -> dict[s
     job = store.get_job(job_id)
     if job is None or job.terminal:
         return None
-    store.set_counts(job_id, completed=succeeded + failed, succeeded=succeeded, failed=failed)
+    store.raise_counts(job_id, completed=succeeded + failed, succeeded=succeeded, failed=failed)
     return {"completed": succeeded + failed, "succeeded": succeeded, "failed": failed}
 
 
@@ -534,6 +562,14 @@ def _stop_cause(job: Job, now: datetime | None = None) -> tuple[JobStatus, str] 
     return None
 
 
+def _not_run_code(cause: tuple[JobStatus, str] | None) -> str:
+    """The error code of requests that never ran, by why the job stopped."""
+    from llm_batch.merge import BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED
+
+    status = cause[0] if cause else None
+    return {JobStatus.CANCELLED: BATCH_CANCELLED, JobStatus.TIMEOUT_EXCEEDED: BATCH_EXPIRED}.get(status, SHARD_FAILED)
+
+
 def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
     """Merge the shards' results into the job's outputs (idempotent) and set the counts.
 
@@ -547,17 +583,23 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
     if job.status == JobStatus.RUNNING:
         store.transition(job_id, JobStatus.FINALIZING)
     cause = _stop_cause(job)
+    if job.scale_output_uri:  # checked at submission; checked again right before writing
+        from llm_batch import user_paths
+
+        user_paths.refuse_internal(job.scale_output_uri, settings)
     counts = merge_job(
         layout,
         jsonl=True,
         scale_output_uri=job.scale_output_uri,
         scale_json=job.dialect == "scale",
-        not_run_reason=f"{cause[1] if cause else 'its shard failed'} before this request ran",
+        not_run_reason=f"{cause[1] if cause else 'its shard failed after its retries'} before this request ran",
+        not_run_code=_not_run_code(cause),
     )
+    # Every request has an outcome now, those never run included (counted failed).
     store.set_counts(
         job_id,
         total=counts.total,
-        completed=counts.total - counts.not_run,
+        completed=counts.succeeded + counts.failed,
         succeeded=counts.succeeded,
         failed=counts.failed,
     )
@@ -593,7 +635,8 @@ def _error_summary(counts: dict[str, int]) -> list[dict[str, Any]]:
     if counts.get("invalid"):
         summary.append({"code": "invalid_request", "message": "input lines failed validation", "count": counts["invalid"]})
     if counts.get("not_run"):
-        summary.append({"code": "not_run", "message": "requests were not run", "count": counts["not_run"]})
+        summary.append({"code": "not_run", "message": "requests were never run (cancel, deadline or a failed shard)",
+                        "count": counts["not_run"]})
     engine = counts.get("failed", 0) - counts.get("invalid", 0) - counts.get("not_run", 0)
     if engine > 0:
         summary.append({"code": "request_failed", "message": "requests failed in the engine", "count": engine})
@@ -615,6 +658,8 @@ def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
     layout = layout_of(settings, job_id)
     counts = _read_merge_report(layout)
     if counts is None:
+        if cause is not None and not storage.exists(layout.validation_report):
+            return store.transition(job_id, cause[0], f"{cause[1]} before its input was read: no request was run")
         status, reason = cause or (JobStatus.FAILED, "the run ended before the shards' results were merged")
         return store.transition(job_id, status, reason)
     output = job.output_file_id and store.get_file(job.output_file_id)

@@ -9,11 +9,18 @@ provisions what the DAG and the CLI need: the DAG unpaused, the Airflow pools it
 orphaned: ``airflow standalone`` is not used because stopping it orphans its children
 (FACTS.md).
 
+On a stack that partly runs, ``up`` starts only the components that are dead (pid gone) or
+not answering, and leaves the others (and the shard tasks they run) alone; ``up(restart=True)``
+stops everything first. The configuration the components started with is fingerprinted
+(``run/config.json``) so a change is named instead of being mixed into a running stack.
+
 Only imported by the CLI; Airflow runs in child processes, never in this one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import json
 import os
 import secrets
@@ -22,7 +29,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +42,44 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
 # The file the CLI reads its API key from (beside the job store it is valid for).
 API_KEY_FILE = "api-key"
+# Where each heartbeating component appears in /api/v2/monitor/health.
+HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
+# A live component is "not answering" (and restarted by `up`) only once it has run this
+# long: a component that just started has no heartbeat yet (Airflow calls a heartbeat
+# older than 30 s unhealthy) and an api-server needs a while before it answers.
+NOT_ANSWERING_AFTER_S = 120.0
+# Environment the components read, fingerprinted to notice a configuration change; the
+# client-only variables (the CLI's server and key) are not part of it.
+_CONFIG_PREFIXES = ("AIRFLOW", "LLM_BATCH_", "VLLM_")
+_CLIENT_ONLY = {"LLM_BATCH_API_URL", "LLM_BATCH_API_KEY", "LLM_BATCH_API_PORT"}
+# What monitor_health raises when the api-server gives no (usable) answer.
+NO_ANSWER = (OSError, ValueError, http.client.HTTPException)
 
 
 class StackError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """What ``Stack.up`` did to each component."""
+
+    started: tuple[str, ...] = ()  # was not running: started
+    restarted: tuple[str, ...] = ()  # alive but not answering: stopped, then started
+    already_running: tuple[str, ...] = ()  # left alone
+    config_changed: tuple[str, ...] = ()  # variables changed since the running ones started
+
+    def summary(self) -> str:
+        parts = [
+            f"{label}: {', '.join(names)}"
+            for label, names in (
+                ("started", self.started),
+                ("restarted (not answering)", self.restarted),
+                ("already running", self.already_running),
+            )
+            if names
+        ]
+        return "; ".join(parts)
 
 
 def repo_dags_folder() -> Path:
@@ -158,22 +198,117 @@ class Stack:
             self.passwords_file.chmod(0o600)
         return json.loads(self.passwords_file.read_text())[ADMIN_USER]
 
-    def up(self, timeout: float = 180.0) -> None:
-        if all(self.running().values()):
-            self.provision(timeout)  # idempotent: e.g. a deleted CLI key is made again
-            return
-        self.down()  # a partial stack from an earlier crash: start clean
+    def up(self, timeout: float = 180.0, restart: bool = False) -> UpResult:
+        """Start what is missing, wait until healthy, provision (idempotent).
+
+        Components that run and answer are left alone; dead ones (pid gone) and ones alive
+        but not answering (``not_answering``) are started, after stopping what is left of
+        their process group (a dead scheduler's log server would hold the port its
+        successor needs). Nothing running: a clean start (``airflow db migrate``, new
+        log-server ports). ``restart``: stop everything first, then the clean start (the
+        only way to apply a configuration change). Refuses to start a component beside
+        survivors whose configuration differs (StackError naming the variables)."""
+        if restart:
+            self.down()
+        state = self.running()
+        if not any(state.values()):
+            self._start_clean()
+            result = UpResult(started=COMPONENTS)
+        else:
+            hung = self.not_answering(state)
+            dead = tuple(c for c, pid in state.items() if pid is None)
+            result = UpResult(
+                started=dead,
+                restarted=hung,
+                already_running=tuple(c for c in COMPONENTS if c not in dead and c not in hung),
+                config_changed=self.config_changes(),
+            )
+            if (dead or hung) and result.config_changed:
+                raise StackError(
+                    f"the configuration changed since {', '.join(result.already_running) or 'the stack'} started "
+                    f"({', '.join(result.config_changed)}); starting {', '.join(dead + hung)} with it would mix "
+                    "configurations: run `llm-batch up --restart` to restart every component with the new one"
+                )
+            for component in dead + hung:
+                self.stop_component(component)  # what is left of its process group
+                self.start_component(component)
+        deadline = time.monotonic() + timeout
+        self.wait_healthy(timeout)
+        self.provision(max(deadline - time.monotonic(), 30.0))  # e.g. a deleted CLI key is made again
+        return result
+
+    def _start_clean(self) -> None:
+        self.down()  # stale pid files, leftovers of dead process groups
         (self.run_dir / "log-ports.json").unlink(missing_ok=True)  # pick free ones again
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.admin_password()
         env = self.env()
-        _run_logged([sys.executable, "-m", "airflow", "db", "migrate"], env, self.log_dir / "db-migrate.log")
+        self.migrate(env)
+        self.config_file.write_text(json.dumps(self.config_fingerprint(env), indent=1, sort_keys=True))
         for component in COMPONENTS:
             self.start_component(component)
-        deadline = time.monotonic() + timeout
-        self.wait_healthy(timeout)
-        self.provision(max(deadline - time.monotonic(), 30.0))
+
+    def migrate(self, env: dict[str, str]) -> None:
+        _run_logged([sys.executable, "-m", "airflow", "db", "migrate"], env, self.log_dir / "db-migrate.log")
+
+    # -- which components need starting -------------------------------------------------
+
+    @property
+    def config_file(self) -> Path:
+        return self.run_dir / "config.json"
+
+    def config_fingerprint(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """A digest of each variable the components read (never the values: some are secrets)."""
+        env = self.env() if env is None else env
+        return {
+            name: hashlib.sha256(value.encode()).hexdigest()[:16]
+            for name, value in env.items()
+            if name.startswith(_CONFIG_PREFIXES) and name not in _CLIENT_ONLY
+        }
+
+    def config_changes(self) -> tuple[str, ...]:
+        """Variables set, unset or changed since the running components started (empty when
+        unknown: a stack started before fingerprints were kept)."""
+        try:
+            started_with = json.loads(self.config_file.read_text())
+        except (OSError, ValueError):
+            return ()
+        now = self.config_fingerprint()
+        return tuple(sorted(n for n in started_with.keys() | now.keys() if started_with.get(n) != now.get(n)))
+
+    def not_answering(self, state: dict[str, int | None]) -> tuple[str, ...]:
+        """Live components, up for NOT_ANSWERING_AFTER_S at least, that do not answer: the
+        api-server if ``/api/v2/monitor/health`` gives no answer within 10 s, the others if
+        that health check calls their heartbeat unhealthy (only while it can read Airflow's
+        metadatabase: without it every heartbeat looks unhealthy, and no restart helps)."""
+        settled = {c for c, pid in state.items() if pid and self._running_for(c) >= NOT_ANSWERING_AFTER_S}
+        if not settled:
+            return ()
+        try:
+            health = self.monitor_health(timeout=10) if state["api-server"] else {}
+        except NO_ANSWER:
+            return ("api-server",) if "api-server" in settled else ()
+        if (health.get("metadatabase") or {}).get("status") != "healthy":
+            return ()
+        return tuple(
+            c for c, key in HEALTH_KEYS.items()
+            if c in settled and (health.get(key) or {}).get("status") == "unhealthy"
+        )
+
+    def _running_for(self, component: str) -> float:
+        try:
+            return time.time() - self.pid_file(component).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def monitor_health(self, timeout: float = 5) -> dict:
+        """Airflow's ``/api/v2/monitor/health`` answer (raises one of NO_ANSWER without one)."""
+        with urllib.request.urlopen(f"{self.base_url}/api/v2/monitor/health", timeout=timeout) as r:
+            health = json.load(r)
+        if not isinstance(health, dict):
+            raise ValueError(f"/api/v2/monitor/health answered {health!r}")
+        return health
 
     def start_component(self, component: str) -> int:
         """Start one component (its own process group, pid file, log) unless it runs;
@@ -276,13 +411,12 @@ class Stack:
                     f"{', '.join(dead)} exited during start-up; see {self.log_dir}/<component>.log"
                 )
             try:
-                with urllib.request.urlopen(f"{self.base_url}/api/v2/monitor/health", timeout=5) as r:
-                    health = json.load(r)
+                health = self.monitor_health()
                 if all(v.get("status") == "healthy" for k, v in health.items()
                        if isinstance(v, dict) and k in ("metadatabase", "scheduler")):
                     return
                 last = json.dumps(health)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
+            except NO_ANSWER as exc:
                 last = str(exc)
             time.sleep(1)
         raise StackError(

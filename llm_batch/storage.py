@@ -21,10 +21,10 @@ Details of the contract, as implemented here:
 
 - A URI is ``s3://bucket/key``, ``file:///absolute/path`` or a plain path (relative paths
   are taken from the current directory). Any other scheme is ``PathNotAllowed``.
-- Every call is confined, internal or not: local paths must resolve (symlinks followed)
-  inside ``Settings.local_roots``; s3 buckets must be in ``Settings.allowed_buckets`` when
-  that list is non-empty. ``check_user_uri`` applies the same rules without reading data,
-  for the API to refuse a user's path at submission.
+- Every call is confined: local paths must resolve (symlinks followed) inside
+  ``Settings.local_roots`` or llm-batch's own local areas (``$LLM_BATCH_HOME``, the work
+  and files folders); s3 buckets must be in ``Settings.allowed_buckets`` when that list is
+  non-empty. Which paths a *user* may name is stricter: ``llm_batch.user_paths``.
 - ``open_read`` yields a buffered binary reader (``read(n)``, ``readline()``, iteration by
   line). On S3 the body is streamed and a dropped connection resumes at the same offset.
 - ``open_write`` yields a binary writer. Locally: a temp file beside the target, renamed
@@ -136,32 +136,11 @@ def download_dir(prefix: str, dest: Path) -> Path:
     return _backend(prefix).download_dir(prefix, Path(dest))
 
 
-def check_user_uri(uri: str) -> str:
-    """Refuse (``PathNotAllowed``) a URI outside the roots/buckets; return it canonical.
-
-    No object is read: the API calls this on user-supplied paths before accepting a job.
-    A local path comes back absolute with symlinks resolved; an s3 URI comes back as is.
-    """
-    canonical = _backend(uri).check(uri)
-    if not is_s3(canonical):
-        path = Path(canonical)
-        for area in _internal_areas():
-            if path == area or area in path.parents:
-                raise PathNotAllowed(
-                    uri, f"lies in llm-batch's own area {area} (job work files, uploads, models, "
-                    "databases): user paths must point elsewhere under the local roots")
-    return canonical
-
-
-def _internal_areas() -> list[Path]:
-    """Local folders the system writes itself; under the default root ($LLM_BATCH_HOME) a
-    user path must not reach them, or one user could read or overwrite another's job."""
-    settings = get_settings()
-    areas = [settings.home / "airflow", Path(settings.model_cache)]
-    areas += [Path(u) for u in (settings.work_uri, settings.files_uri) if not is_s3(u)]
-    if settings.database_url.startswith("sqlite:///"):
-        areas.append(Path(settings.database_url.removeprefix("sqlite:///")))
-    return [a.expanduser().resolve() for a in areas]
+def check(uri: str) -> str:
+    """Refuse (``PathNotAllowed``) a URI this module would refuse to touch; return it
+    canonical (local: absolute, symlinks resolved). No object is read. Which paths a user
+    may name is stricter: ``llm_batch.user_paths``."""
+    return _backend(uri).check(uri)
 
 
 def is_s3(uri: str) -> bool:
@@ -200,11 +179,17 @@ def _backend(uri: str) -> Storage:
     scheme = match.group(1).lower() if match else "file"
     settings = get_settings()
     if scheme == "file":
-        return _local_backend(tuple(settings.local_roots))
+        return _local_backend(tuple(settings.local_roots) + _own_local_areas(settings))
     if scheme == "s3":
         return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
                            os.getpid())
     raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
+
+
+def _own_local_areas(settings: Any) -> tuple[Path, ...]:
+    """Where llm-batch itself reads and writes locally, whatever the user roots are."""
+    areas = [settings.home] + [Path(u) for u in (settings.work_uri, settings.files_uri) if not is_s3(u)]
+    return tuple(areas)
 
 
 @lru_cache(maxsize=4)
@@ -228,15 +213,8 @@ class LocalStorage:
     def path(self, uri: str) -> Path:
         """The resolved path ``uri`` names, or ``PathNotAllowed`` if it leaves the roots."""
         raw = _file_uri_path(uri) if uri[:7].lower() == "file://" else uri
-        if not raw or "\0" in raw:
-            raise PathNotAllowed(uri, "empty path or NUL byte in path")
-        if ".." in PurePosixPath(raw).parts:
-            raise PathNotAllowed(uri, "'..' is not allowed in paths")
-        if raw.startswith("~"):  # whose home would it be? (the API server's, not the user's)
-            raise PathNotAllowed(uri, "'~' is not expanded: give an absolute path")
-        if _ONE_SLASH_URI.match(raw):
-            scheme = raw.split(":", 1)[0]
-            raise PathNotAllowed(uri, f"looks like a URI with one slash: write {scheme}://...")
+        if problem := spelling_problem(raw):
+            raise PathNotAllowed(uri, problem)
         lexical = Path(raw) if os.path.isabs(raw) else Path.cwd() / raw
         resolved = lexical.resolve()
         if self._inside(resolved):
@@ -333,6 +311,19 @@ class LocalStorage:
 
     def _roots_text(self) -> str:
         return ", ".join(str(r) for r in self.roots) or "(none configured)"
+
+
+def spelling_problem(raw: str) -> str | None:
+    """What is wrong with how a local path is written, whatever the filesystem holds."""
+    if not raw or "\0" in raw:
+        return "empty path or NUL byte in path"
+    if ".." in PurePosixPath(raw).parts:
+        return "'..' is not allowed in paths"
+    if raw.startswith("~"):  # whose home would it be? (the API server's, not the user's)
+        return "'~' is not expanded: give an absolute path"
+    if _ONE_SLASH_URI.match(raw):
+        return f"looks like a URI with one slash: write {raw.split(':', 1)[0]}://..."
+    return None
 
 
 def _file_uri_path(uri: str) -> str:

@@ -30,7 +30,7 @@ from llm_batch.engine import StopReason
 from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
 from llm_batch.progress import ProgressReporter, ShardProgress, ShardState
 from llm_batch.records import BatchRequest, ResultRecord
-from llm_batch.results import ResultsWriter
+from llm_batch.results import ResultsWriter, read_results
 from llm_batch.streams import iter_lines
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ def run_worker(config: WorkerConfig) -> int:
             flush_every_records=config.flush_every_records,
         )
         total = count_requests(config.requests)
+        succeeded = _succeeded_so_far(config.results) if writer.done else 0
     except (WorkerUsageError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
         log.error("shard %d of job %s cannot run: %s", config.shard, config.job_id, exc)
         return exit_codes.USAGE
@@ -87,15 +88,21 @@ def run_worker(config: WorkerConfig) -> int:
         log.error("shard %d of job %s: storage failed: %s", config.shard, config.job_id, exc)
         return exit_codes.FAILED
 
+    # A resumed attempt reports its earlier results too, so live counts never go back.
     progress = ProgressReporter(
         config.progress,
-        ShardProgress(job_id=config.job_id, shard=config.shard, total=total,
-                      done=writer.done, resumed=writer.done),
+        ShardProgress(job_id=config.job_id, shard=config.shard, total=total, done=writer.done,
+                      resumed=writer.done, succeeded=succeeded, failed=writer.done - succeeded),
         interval=config.progress_interval_s,
     )
     monitor = StopMonitor(config, progress, writer)
     with writer:
         return _run(config, model, writer, progress, monitor)
+
+
+def _succeeded_so_far(results_uri: str) -> int:
+    """How many of the results an earlier attempt wrote are successes (read once, streamed)."""
+    return sum(record.ok for record in read_results(results_uri))
 
 
 def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,

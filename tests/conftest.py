@@ -27,3 +27,11 @@ pytest_plugins = [
 @pytest.fixture(scope="session")
 def llm_batch_home() -> Path:
     return _HOME
+
+
+@pytest.fixture(scope="session")
+def alice_dir() -> Path:
+    """alice's own folder of the default user root, where her Scale paths may point."""
+    folder = _HOME / "data" / "alice"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

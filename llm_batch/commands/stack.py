@@ -8,13 +8,21 @@ import sys
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     up = subparsers.add_parser(
-        "up", help="start the embedded Airflow stack, wait until healthy, make the CLI's API key"
+        "up",
+        help="start the embedded Airflow stack's missing components (running ones are left alone), "
+        "wait until healthy, make the CLI's API key",
     )
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health")
+    up.add_argument(
+        "--restart", action="store_true",
+        help="stop every component first, then start them all (applies a configuration change)",
+    )
     up.set_defaults(func=_up)
     down = subparsers.add_parser("down", help="stop the embedded stack")
     down.set_defaults(func=_down)
-    status = subparsers.add_parser("status", help="show which stack components run (exit 3 if any is stopped)")
+    status = subparsers.add_parser(
+        "status", help="show which stack components run and the job store's health (exit 3 if any is not ok)"
+    )
     status.set_defaults(func=_status)
 
 
@@ -26,11 +34,18 @@ def _up(args: argparse.Namespace) -> int:
     stack = Stack.from_env()
     print(f"starting the embedded stack (logs in {stack.log_dir}) ...", file=sys.stderr)
     try:
-        stack.up(timeout=args.timeout)
+        result = stack.up(timeout=args.timeout, restart=args.restart)
     except (StackError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         print("the components that did start keep running; stop them with: llm-batch down", file=sys.stderr)
         return 1
+    print(f"Components:         {result.summary()}")
+    if result.config_changed:
+        print(
+            f"warning: the running components started with another configuration ({', '.join(result.config_changed)}); "
+            "llm-batch up --restart applies it",
+            file=sys.stderr,
+        )
     print(f"Airflow UI and API: {stack.base_url}  (user {stack.admin_user}, password {stack.admin_password()})")
     print(f"Batch API:          {stack.base_url}/batch  (docs: {stack.base_url}/batch/docs)")
     print(f"CLI API key:        {stack.api_key_file} (admin; llm-batch submit/jobs/... use it)")
@@ -47,12 +62,22 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from llm_batch.jobstore.store import JobStore, JobStoreUnhealthy
     from llm_batch.stack import Stack
 
     stack = Stack.from_env()
     state = stack.running()
     for component, pid in state.items():
         print(f"{component:14} {'running (pid %d)' % pid if pid else 'stopped'}")
+    # The store itself, through a new connection (what every worker and API process opens),
+    # also when the api-server is down; open_store=False: never creates or migrates a store.
+    try:
+        JobStore(stack.settings.database_url).check_health(open_store=False)
+    except JobStoreUnhealthy as exc:
+        store = f"FAILED: {exc}"
+    else:
+        store = "ok"
+    print(f"{'job store':14} {store}")
     if all(state.values()):
         print(f"URL: {stack.base_url}")
-    return 0 if all(state.values()) else 3
+    return 0 if all(state.values()) and store == "ok" else 3

@@ -20,8 +20,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import math
 import os
 import secrets
+import sqlite3
 import threading
 import uuid
 import weakref
@@ -29,10 +31,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Row, Table, and_, func, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Column, Connection, Engine, Row, Table, and_, case, create_engine, func, insert, or_, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.endpoints import parse_endpoint
@@ -92,6 +97,15 @@ class InvalidCursor(JobStoreError, ValueError):
 
 class ConcurrentUpdate(JobStoreError):
     """A compare-and-set kept losing to other writers (should not happen in practice)."""
+
+
+class JobStoreUnhealthy(JobStoreError):
+    """``check_health``: a new connection could not read and write the store. The message
+    names the store (its URL without the password), the step and the error."""
+
+
+# How long check_health waits to connect, for the write lock and for each statement.
+HEALTH_TIMEOUT_S = 5.0
 
 
 def utcnow() -> datetime:
@@ -231,6 +245,67 @@ class JobStore:
         """Close pooled connections (the store reopens them if used again)."""
         if self._engine is not None:
             self._engine.dispose()
+
+    @property
+    def display_url(self) -> str:
+        """The store's URL with the password masked (for messages)."""
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def check_health(self, timeout: float = HEALTH_TIMEOUT_S, open_store: bool = True) -> None:
+        """Read and write the store through a NEW connection; raise JobStoreUnhealthy if
+        that fails (returns None when healthy).
+
+        A new connection, not the pool: a pooled connection can keep working on a store
+        that no new connection can open (a SQLite ``-wal`` file replaced by garbage: every
+        new connection fails while the old ones answer from what they hold), and every
+        worker and API process opens new connections. The probe:
+
+        - SQLite: opened with ``mode=rw`` (a missing file is an error, never a new empty
+          store) and a busy timeout of `timeout`; ``BEGIN IMMEDIATE`` takes the write lock,
+          which needs the database, its ``-wal`` and ``-shm`` files writable.
+        - PostgreSQL: ``connect_timeout``, then ``statement_timeout`` and ``lock_timeout``
+          of `timeout` (a server that hangs or a table locked too long is unhealthy).
+        - Both: read the schema's version and one job id (the tables are there and
+          readable), then write: INSERT an API key row and roll the transaction back. A
+          real table, so a read-only server (hot standby, ``default_transaction_read_only``)
+          or a user without INSERT rights fails here, which a temp table would not show;
+          rolled back, so nothing is ever kept (no heartbeat table, no migration). The row
+          is inert even if it were kept: already revoked, a hash no key has. A new unique id
+          each time, so concurrent checks never wait on each other's uncommitted row.
+          (On SQLite a rolled-back write stays in the page cache: a full disk is not seen
+          until a real commit; the write lock above is the part that touches the files.)
+
+        ``open_store``: first open the store as any other call does (``engine``: creates and
+        migrates it on the first call, nothing after; not bound by `timeout`), so a server's
+        first request may be a health check. False (``llm-batch status``): the probe only,
+        which never creates or migrates a store (a missing or unmigrated one is unhealthy).
+        """
+        step, probe = "open", None
+        try:
+            if open_store:
+                self.engine  # noqa: B018 - opens and migrates once
+            step = "connect"
+            probe = _probe_engine(self.url, timeout)
+            with probe.connect() as connection:
+                if connection.dialect.name == "sqlite":
+                    step = "take the write lock (BEGIN IMMEDIATE)"
+                    connection.exec_driver_sql("BEGIN IMMEDIATE")
+                else:
+                    millis = max(1, int(timeout * 1000))
+                    connection.exec_driver_sql(f"SET LOCAL statement_timeout = {millis}")
+                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = {millis}")
+                step = "read"
+                if connection.exec_driver_sql(f"SELECT version_num FROM {_VERSION_TABLE}").first() is None:
+                    raise JobStoreError(f"{_VERSION_TABLE} is empty: the store was never migrated")
+                connection.execute(select(JOBS.c.id).limit(1)).all()
+                step = "write (rolled back)"
+                connection.execute(insert(API_KEYS).values(**_health_probe_key()))
+                connection.rollback()
+        except Exception as exc:  # noqa: BLE001 - any failure means unhealthy: say which
+            raise JobStoreUnhealthy(f"{self.display_url}: {step} failed: {_describe(exc)}") from exc
+        finally:
+            if probe is not None:
+                probe.dispose()
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Connection]:
@@ -472,6 +547,14 @@ class JobStore:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         return self._update_job(job_id, **values)
 
+    def raise_counts(self, job_id: str, *, completed: int, succeeded: int, failed: int) -> Job:
+        """Live counts from progress: each counter moves up to the value given, never down
+        (in SQL, so a stale report read before a newer one was written cannot lower them)."""
+        values = dict(zip(_COUNTERS[1:], (completed, succeeded, failed)))
+        return self._update_job(job_id, **{
+            name: case((JOBS.c[name] < value, value), else_=JOBS.c[name]) for name, value in values.items()
+        })
+
     def add_counts(
         self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0
     ) -> Job:
@@ -506,6 +589,27 @@ class JobStore:
 
     def set_dag_run(self, job_id: str, dag_run_id: str) -> Job:
         return self._update_job(job_id, dag_run_id=dag_run_id)
+
+    def jobs_writing(self, scale_output_uri: str) -> list[Job]:
+        """Every job (any owner, any status) whose results go to this user path."""
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(select(JOBS).where(JOBS.c.scale_output_uri == scale_output_uri))
+            return [_job(r) for r in rows]
+
+    def owner_usage(self, owner: str) -> dict[str, int]:
+        """What `owner` holds now: live jobs, their requests (known totals) and the bytes of
+        their stored files that are not deleted (the per-owner limits' measures)."""
+        live = [s.value for s in JobStatus if not s.terminal]
+        with self._transaction(write=False) as connection:
+            jobs, requests = connection.execute(
+                select(func.count(), func.coalesce(func.sum(JOBS.c.total), 0))
+                .where(JOBS.c.owner == owner, JOBS.c.status.in_(live))
+            ).one()
+            stored = connection.execute(
+                select(func.coalesce(func.sum(FILES.c.bytes), 0))
+                .where(FILES.c.owner == owner, FILES.c.deleted_at.is_(None))
+            ).scalar_one()
+        return {"live_jobs": int(jobs), "requests_in_flight": int(requests), "file_bytes": int(stored)}
 
     # -- files ------------------------------------------------------------------------
 
@@ -646,6 +750,45 @@ class JobStore:
         with self._transaction(write=False) as connection:
             rows = connection.execute(select(*_API_KEY_COLUMNS).where(*filters).order_by(API_KEYS.c.created_at))
             return [_api_key(r) for r in rows]
+
+
+# The migrations' version table (llm_batch/jobstore/migrations/env.py: VERSION_TABLE; that
+# module runs the migrations when imported, so the name is repeated here).
+_VERSION_TABLE = "llm_batch_alembic_version"
+
+
+def _probe_engine(url: str, timeout: float) -> Engine:
+    """An engine without a pool (each connect is a new connection) and with short timeouts,
+    for check_health."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        uri = Path(parsed.database or "").expanduser().resolve().as_uri() + "?mode=rw"
+
+        def connect() -> sqlite3.Connection:
+            # isolation_level=None: the driver emits no BEGIN of its own (as make_engine).
+            return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False)
+
+        return create_engine("sqlite://", creator=connect, poolclass=NullPool)
+    # libpq's connect_timeout (whole seconds); the statement and lock timeouts are SET LOCAL.
+    libpq = parsed.get_driver_name() in ("psycopg2", "psycopg")
+    connect_args = {"connect_timeout": max(1, math.ceil(timeout))} if libpq else {}
+    return create_engine(parsed, poolclass=NullPool, connect_args=connect_args)
+
+
+def _health_probe_key() -> dict[str, Any]:
+    now = utcnow()
+    return dict(
+        id=f"key_health_{uuid.uuid4().hex}", owner="llm-batch-health", name="health check (rolled back)",
+        prefix="health", sha256="0" * 64, is_admin=False, created_at=now, revoked_at=now,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    """The driver's error for a DBAPIError (without SQLAlchemy's SQL echo and link)."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
 
 
 # A forked child (Airflow's LocalExecutor forks task processes) must not reuse its

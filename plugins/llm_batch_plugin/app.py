@@ -3,17 +3,29 @@
 OpenAPI at ``/batch/openapi.json``, docs at ``/batch/docs`` (paths are relative to the
 mount, so the SDKs use base URLs ``<airflow>/batch/v1`` (OpenAI), ``<airflow>/batch``
 (Mistral), ``<airflow>/batch/`` (Scale's ``LLM_ENGINE_BASE_PATH``)).
+
+The document declares each route's 4xx answers with their error bodies in one place here
+(``declare_error_responses``), derived from what the route takes (credentials, ids, a body,
+query parameters): route functions declare only their successes and anything special.
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import re
+from typing import Any
+
+from fastapi import FastAPI, params
+from fastapi.dependencies.models import Dependant
+from fastapi.dependencies.utils import get_flat_params
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llm_batch.config import Settings, get_settings
 from llm_batch.jobstore import JobStore, get_job_store
-from llm_batch_plugin.errors import install_error_handlers
+from llm_batch_plugin.auth import get_caller
+from llm_batch_plugin.errors import OPENAI_PREFIXES, install_error_handlers
 from llm_batch_plugin.routers import files, health, mistral_jobs, openai_batches, scale_batch_completions
 from llm_batch_plugin.state import MAX_JSON_BODY_BYTES, ApiState
 
@@ -75,6 +87,141 @@ async def _ignore_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
+class ErrorBody(BaseModel):
+    """An error of the Mistral, Scale and other routes."""
+
+    detail: str = Field(description="What went wrong, in a sentence")
+    param: str | None = Field(description="Where: the parameter or body field")
+    code: str | None = Field(description="The reason for programs, e.g. invalid_api_key, not_found, limit_exceeded")
+
+
+class FieldProblem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorBody(BaseModel):
+    """A request that fails the schema, on the Mistral, Scale and other routes: FastAPI's
+    per-field list (clients parse it) plus one sentence."""
+
+    detail: list[FieldProblem]
+    message: str
+    param: str | None
+
+
+class OpenAIError(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, authentication_error, permission_error, not_found_error, ...")
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorBody(BaseModel):
+    """Every error of the OpenAI routes (``/v1/files``, ``/v1/batches``), as the OpenAI API answers."""
+
+    error: OpenAIError
+
+
+_ERROR_MODELS = (ErrorBody, ValidationErrorBody, OpenAIErrorBody)
+_REF = "#/components/schemas/"
+
+_ERROR_DESCRIPTIONS = {
+    400: "Refused: the message says why, `param` where",
+    401: "No usable credentials: none, malformed, unknown, revoked or expired (see WWW-Authenticate)",
+    403: "Authenticated but not allowed: no read right on batch_inference runs, or a read-only user (viewer) on a write",
+    404: "No such object, or one that is not the caller's (the same answer)",
+    409: "Conflicts with the state of an object: cancelling an ended job, deleting a file a job still reads, "
+    "an output another job writes",
+    413: "Request body larger than the limit",
+    422: "The request does not match the schema",
+    429: "A per-owner limit is reached (code limit_exceeded or rate_limit_exceeded)",
+}
+_WWW_AUTHENTICATE = {
+    "WWW-Authenticate": {
+        "description": '`Bearer` without credentials, `Bearer error="invalid_token"` for unusable ones (RFC 6750)',
+        "schema": {"type": "string"},
+    }
+}
+# Body fields that name uploaded files by id (a missing or someone else's is 404).
+_FILE_REFERENCE = re.compile(r"(^|_)(file_ids?|files)$")
+
+
+def _depends_on(dependant: Dependant, call: Any) -> bool:
+    return any(d.call is call or _depends_on(d, call) for d in dependant.dependencies)
+
+
+def _names_files(route: APIRoute) -> bool:
+    model = route.body_field.field_info.annotation if route.body_field is not None else None
+    return any(_FILE_REFERENCE.search(name) for name in getattr(model, "model_fields", {}))
+
+
+def error_statuses(route: APIRoute) -> list[int]:
+    """The 4xx statuses `route` may answer, from what it takes."""
+    authenticated = _depends_on(route.dependant, get_caller)
+    takes_id = bool(route.dependant.path_params)
+    has_body = route.body_field is not None
+    flat = get_flat_params(route.dependant)
+    statuses = set()
+    if has_body or any(isinstance(p.field_info, params.Query) for p in flat):
+        statuses.add(400)
+    if authenticated:
+        statuses |= {401, 403}
+    if takes_id or _names_files(route):
+        statuses.add(404)
+    if authenticated and route.methods - {"GET", "HEAD"}:
+        statuses.add(409)  # a write can conflict with what exists
+    if has_body:
+        statuses.add(413)
+    if has_body or flat:  # where FastAPI itself declares 422
+        statuses.add(422)
+    if authenticated and "POST" in route.methods and not takes_id:
+        statuses.add(429)  # creates and uploads: per-owner limits
+    return sorted(statuses)
+
+
+def _error_response(status: int, openai: bool) -> dict[str, Any]:
+    model = OpenAIErrorBody if openai else ValidationErrorBody if status == 422 else ErrorBody
+    schema: dict[str, Any] = {"$ref": _REF + model.__name__}
+    if status == 413 and not openai:
+        # BodyLimit answers a too large Content-Length before routing, in OpenAI's shape.
+        schema = {"anyOf": [schema, {"$ref": _REF + OpenAIErrorBody.__name__}]}
+    response: dict[str, Any] = {
+        "description": _ERROR_DESCRIPTIONS[status],
+        "content": {"application/json": {"schema": schema}},
+    }
+    if status == 401:
+        response["headers"] = _WWW_AUTHENTICATE
+    return response
+
+
+def declare_error_responses(app: FastAPI) -> None:
+    """Add each route's 4xx answers (``error_statuses``) with the body of its dialect to the
+    app's OpenAPI document; a response a route declares itself is kept as it is."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = build()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            for model in _ERROR_MODELS:
+                schema = model.model_json_schema(ref_template=_REF + "{model}")
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+            for route in app.routes:
+                if not isinstance(route, APIRoute) or not route.include_in_schema:
+                    continue
+                openai = route.path.startswith(OPENAI_PREFIXES)
+                for method in route.methods:
+                    responses = document["paths"][route.path_format][method.lower()]["responses"]
+                    for status in error_statuses(route):
+                        if status not in route.responses and str(status) not in route.responses:
+                            responses[str(status)] = _error_response(status, openai)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None, store: JobStore | None = None) -> FastAPI:
     """The batch API app; `settings` and `store` default to the process-wide ones."""
     settings = settings or get_settings()
@@ -91,6 +238,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions):
         app.include_router(module.router)
     app.include_router(scale_batch_completions.v1_router)
+    declare_error_responses(app)
     upload_limit = settings.max_input_bytes + _MULTIPART_OVERHEAD
     # Inline requests become an input file: no larger than an upload may be.
     app.add_middleware(BodyLimit, json_limit=min(MAX_JSON_BODY_BYTES, upload_limit), upload_limit=upload_limit)

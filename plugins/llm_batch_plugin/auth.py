@@ -9,16 +9,22 @@ Accepted credentials, first match wins:
 An API key acts for its owner, may submit, and is admin if created so. An Airflow user's
 rights come from Airflow's auth manager on the ``batch_inference`` DAG's runs (a viewer may
 read, not submit); Airflow admins see every job. Non-admins see only their own objects.
+
+401 (with ``WWW-Authenticate``, in the route's error shape) means "who are you?": no
+credentials, or credentials that are malformed (any bytes), unknown, revoked or expired;
+unusable credentials in a scheme we take answer ``Bearer error="invalid_token"`` (RFC
+6750), Airflow's 403 for a token it cannot validate included. 403 means "known, not
+allowed": an Airflow user without the right on ``batch_inference`` runs, a viewer's write.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBasic, HTTPBearer
 
@@ -43,7 +49,20 @@ class _DocumentedBasic(HTTPBasic):
 
 _basic = _DocumentedBasic(auto_error=False, description="An llm-batch API key as the user name")
 
+# No credentials (or a scheme we do not take): the challenge names what we take.
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
+# Credentials presented but unusable (RFC 6750 section 3.1).
+_INVALID = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+# What an API key can look like (API_KEY_PREFIX + secrets.token_urlsafe): anything else is
+# refused before it reaches the store (NUL or control bytes break some database drivers).
+_KEY_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,256}")
+_SHOWN_CHARS = 20  # of an unsupported scheme, echoed in the message
+
+
+def unauthenticated(message: str, *, invalid: bool = True, code: str = "invalid_credentials") -> ApiError:
+    """The one form of every 401 (the error handlers render it in the route's dialect)."""
+    return ApiError(401, message, code=code, headers=_INVALID if invalid else _UNAUTHENTICATED)
 
 
 @dataclass(frozen=True)
@@ -65,38 +84,89 @@ class Caller:
             raise ApiError(403, f"user {self.name!r} may read batch jobs but not submit or change them", code="forbidden")
 
 
-def _basic_user(request: Request) -> str | None:
-    """The user name of ``Authorization: Basic`` credentials (our API key), else None;
-    401 saying what is wrong when the header is Basic but carries no key."""
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "basic":
+def _authorization(request: Request) -> tuple[str, str] | None:
+    """(scheme in lower case, value) of the Authorization header, else None."""
+    header = request.headers.get("authorization")
+    if header is None:
         return None
+    scheme, _, value = header.strip().partition(" ")
+    return scheme.lower(), value.strip()
+
+
+def _basic_user(value: str) -> str:
+    """The user name of ``Authorization: Basic`` credentials (our API key); 401 saying what
+    is wrong when they carry no key."""
     try:
-        user, _, _ = base64.b64decode(value.strip(), validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        raise ApiError(401, "malformed HTTP basic credentials: not base64 of UTF-8 'user:password'", headers=_UNAUTHENTICATED) from None
+        # ValueError covers binascii.Error, UnicodeDecodeError and non-ASCII text.
+        user, _, _ = base64.b64decode(value, validate=True).decode().partition(":")
+    except ValueError:
+        raise unauthenticated("malformed HTTP basic credentials: not base64 of UTF-8 'user:password'") from None
     if not user:
-        raise ApiError(401, "HTTP basic credentials carry no user name: give an llm-batch API key as the user name", headers=_UNAUTHENTICATED)
+        raise unauthenticated("HTTP basic credentials carry no user name: give an llm-batch API key as the user name")
     return user
 
 
 def api_key_of(request: Request) -> str | None:
     """The API key the request carries, in any of the three accepted forms, else None."""
-    if key := request.headers.get("x-api-key"):
+    if (key := request.headers.get("x-api-key")) is not None:
+        if not key.strip():
+            raise unauthenticated("the x-api-key header is empty: give an llm-batch API key", code="invalid_api_key")
         return key.strip()
-    if key := _basic_user(request):
-        return key
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and value.strip().startswith(API_KEY_PREFIX):
-        return value.strip()
+    authorization = _authorization(request)
+    if authorization is None:
+        return None
+    scheme, value = authorization
+    if scheme == "basic":
+        return _basic_user(value)
+    if scheme == "bearer" and value.startswith(API_KEY_PREFIX):
+        return value
     return None
 
 
 def _key_caller(store: JobStore, plaintext: str) -> Caller:
-    key = store.identify_api_key(plaintext)
+    key = store.identify_api_key(plaintext) if _KEY_SHAPE.fullmatch(plaintext) else None
     if key is None:
-        raise ApiError(401, "invalid or revoked API key", code="invalid_api_key", headers=_UNAUTHENTICATED)
+        raise unauthenticated("invalid or revoked API key", code="invalid_api_key")
     return Caller(name=key.owner, is_admin=key.is_admin, can_submit=True, via="api_key")
+
+
+async def _airflow_user(request: Request, bearer: HTTPAuthorizationCredentials | None) -> Any:
+    """Airflow's own check of its JWT (Bearer header, else its session cookie). Airflow
+    answers 401 for a missing or expired token and 403 for one it cannot validate: both are
+    401 here (the caller is not known); a known user's lack of rights is our 403."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    try:
+        return await get_user(request, None, bearer)
+    except HTTPException as exc:
+        if exc.status_code not in (401, 403):
+            raise
+        raise _token_refusal(request, bearer, str(exc.detail)) from None
+
+
+def _token_refusal(request: Request, bearer: HTTPAuthorizationCredentials | None, detail: str) -> ApiError:
+    """The 401 saying why Airflow found no user in this request."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+
+    if bearer is not None:
+        return unauthenticated(f"Airflow token refused: {detail}", code="invalid_token")
+    if request.cookies.get(COOKIE_NAME_JWT_TOKEN):
+        return unauthenticated(f"Airflow session cookie refused: {detail}", code="invalid_token")
+    authorization = _authorization(request)
+    if authorization is None:
+        message = "no credentials: send an llm-batch API key (Authorization: Bearer, x-api-key or HTTP basic) or an Airflow JWT"
+        return unauthenticated(message, invalid=False, code="not_authenticated")
+    scheme, _ = authorization
+    if not scheme:
+        return unauthenticated("the Authorization header is empty")
+    if scheme == "bearer":
+        return unauthenticated("empty Bearer token: give an llm-batch API key or an Airflow JWT")
+    shown = request.headers["authorization"].strip().partition(" ")[0][:_SHOWN_CHARS]
+    return unauthenticated(
+        f"unsupported Authorization scheme {shown!r}: use Bearer (an llm-batch API key or an Airflow JWT), "
+        "Basic with an API key as the user name, or x-api-key",
+        invalid=False,
+    )
 
 
 def _is_airflow_admin(user: Any) -> bool:
@@ -143,10 +213,7 @@ async def get_caller(
     """The caller of this request; 401 without (valid) credentials."""
     if (key := api_key_of(request)) is not None:
         return await run_in_threadpool(_key_caller, store, key)
-    # Airflow's own check of its JWT (header or cookie); raises 401/403 itself.
-    from airflow.api_fastapi.core_api.security import get_user
-
-    user = await get_user(request, None, bearer)
+    user = await _airflow_user(request, bearer)
     return await run_in_threadpool(_airflow_caller, request, user)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from llm_batch import storage
+from llm_batch import storage, user_paths
 from llm_batch.config import Settings
 from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
 from llm_batch.formats import not_json
@@ -32,6 +32,7 @@ from llm_batch.models import (
     load_registry,
     validate_model_config,
 )
+from llm_batch_plugin.auth import Caller
 from llm_batch_plugin.dag_trigger import Trigger, TriggerError
 from llm_batch_plugin.errors import ApiError
 
@@ -97,6 +98,7 @@ def check_model(
     settings: Settings,
     param: str = "model",
     endpoint: str | None = None,
+    caller: Caller | None = None,
 ) -> None:
     """A model must be named, its model_config well formed (the worker's own check, so a bad
     field is refused here rather than failing the first shard), its checkpoint_path (if
@@ -108,7 +110,7 @@ def check_model(
     except ModelError as exc:
         raise ApiError(400, str(exc), param="model_config", code="invalid_model_config") from None
     if checkpoint := model_config.get("checkpoint_path"):
-        _check_checkpoint(str(checkpoint), settings)
+        _check_checkpoint(str(checkpoint), settings, caller)
         return
     try:
         spec = model_registry(settings).get(model)
@@ -125,35 +127,58 @@ def check_model(
         )
 
 
-def _check_checkpoint(checkpoint: str, settings: Settings) -> None:
-    """A user's checkpoint_path: an s3:// prefix in an allowed bucket, or a local model
-    directory (absolute or relative to the model cache) under the local roots or the cache,
+def _check_checkpoint(checkpoint: str, settings: Settings, caller: Caller | None) -> None:
+    """A user's checkpoint_path: an s3:// prefix or an absolute local model directory the
+    caller may name (llm_batch.user_paths), or a folder of the shared model cache (relative),
     checked as the worker will check it, so a bad path fails here and not in the first shard."""
     param = "model_config.checkpoint_path"
-    if storage.is_s3(checkpoint):
-        check_user_path(checkpoint, param, settings)
-        return
+    if storage.is_s3(checkpoint) or (caller is not None and checkpoint.startswith("/")):
+        if caller is not None:
+            checkpoint = check_user_path(checkpoint, param, settings, caller)
+        if storage.is_s3(checkpoint):
+            return
     try:
         check_local_checkpoint(checkpoint, settings)
     except ModelError as exc:
         raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_checkpoint") from None
 
 
-def check_user_path(uri: str, param: str, settings: Settings) -> str:
-    """A user-supplied path, canonical, or 400 naming the rule it breaks: local paths under
-    Settings.local_roots, s3:// URIs in Settings.allowed_buckets (none configured: no s3)."""
-    if storage.is_s3(uri) and not settings.allowed_buckets:
-        raise ApiError(
-            400,
-            f"{param}: {uri}: s3 paths are not allowed: no buckets are configured (LLM_BATCH_ALLOWED_BUCKETS)",
-            param=param,
-            code="path_not_allowed",
-        )
+def check_user_path(uri: str, param: str, settings: Settings, caller: Caller) -> str:
+    """A path the caller names, canonical (llm_batch.user_paths), or 400 naming the rule it
+    breaks; a path that is missing or hidden from the caller gets one answer for both."""
     try:
-        return storage.check_user_uri(uri)
-    except storage.PathNotAllowed as exc:
-        settings_rule = "paths must lie under the configured local roots or allowed buckets"
-        raise ApiError(400, f"{param}: {exc} ({settings_rule})", param=param, code="path_not_allowed") from None
+        return user_paths.check(uri, caller.name, settings, is_admin=caller.is_admin).uri
+    except user_paths.PathRefused as exc:
+        raise ApiError(400, f"{param}: {exc}", param=param, code="path_not_allowed") from None
+    except user_paths.PathUnavailable as exc:
+        raise path_unavailable(param, exc) from None
+
+
+def path_unavailable(param: str, why: object) -> ApiError:
+    """The answer for a path that is missing or that the caller may not see: the same."""
+    return ApiError(400, f"{param}: {why}", param=param, code="path_unavailable")
+
+
+# The label that lets a job replace an output file an earlier job of the same owner wrote.
+OVERWRITE_LABEL = "llm-batch.io/overwrite-output"
+
+
+def check_output_target(store: JobStore, caller: Caller, output_uri: str, labels: dict[str, Any]) -> None:
+    """An output never replaces a file its owner's jobs did not write, nor one that a job
+    not yet ended will write: 409 naming the conflict. An owner's own earlier output may be
+    replaced only when the create says so (label OVERWRITE_LABEL = "true")."""
+    param = "output_data_path"
+    writers = store.jobs_writing(output_uri)
+    if busy := [j.id for j in writers if not j.terminal]:
+        raise ApiError(409, f"{param}: {output_uri} is the output of a job not yet ended ({busy[0]})", param=param, code="output_in_use")
+    if not storage.exists(output_uri):
+        return
+    if not any(j.owner == caller.name for j in writers):
+        raise ApiError(409, f"{param}: {output_uri} already exists and no job of yours wrote it: name a new file",
+                       param=param, code="output_exists")
+    if str(labels.get(OVERWRITE_LABEL, "")).lower() != "true":
+        raise ApiError(409, f"{param}: {output_uri} holds an earlier job's results: name a new file, or set the "
+                       f"label {OVERWRITE_LABEL}=true to replace them", param=param, code="output_exists")
 
 
 def inline_json(value: Any, param: str) -> bytes:

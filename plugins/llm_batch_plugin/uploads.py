@@ -3,7 +3,7 @@ delete. Content lives in storage under ``Settings.files_uri``; metadata in the j
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import orjson
@@ -51,10 +51,17 @@ def _check_first_line(head: bytes, filename: str, max_line_bytes: int) -> None:
 
 
 def save_upload(
-    store: JobStore, settings: Settings, owner: str, filename: str, purpose: str, stream: BinaryIO
+    store: JobStore,
+    settings: Settings,
+    owner: str,
+    filename: str,
+    purpose: str,
+    stream: BinaryIO,
+    check_quota: Callable[[int], None] | None = None,
 ) -> FileObject:
     """Copy `stream` to storage and record it; 413 above ``Settings.max_input_bytes``,
-    400 if it is empty (or blank) or not JSONL. Nothing is kept when it is refused."""
+    400 if it is empty (or blank) or not JSONL, and whatever ``check_quota(bytes)`` raises
+    once the size is known. Nothing is kept when it is refused."""
     check_purpose(purpose)
     limit = settings.max_input_bytes
     file_id = new_file_id()
@@ -80,6 +87,8 @@ def save_upload(
             if not head.strip():
                 raise ApiError(400, f"{filename}: the file is empty (no request line)", param="file", code="invalid_file")
             _check_first_line(head, filename, settings.max_line_bytes)
+        if check_quota is not None:
+            check_quota(written)
     return store.create_file(id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=written, uri=uri)
 
 

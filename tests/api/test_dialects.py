@@ -166,9 +166,9 @@ def test_mistral_from_files_cancel_and_refusals(client, creds):
 # -- Scale --------------------------------------------------------------------------------
 
 
-def test_scale_inline_lifecycle_priority_cancel(client, creds, api_store, llm_batch_home):
+def test_scale_inline_lifecycle_priority_cancel(client, creds, api_store, alice_dir):
     alice = creds.key("alice")
-    output_path = str(llm_batch_home / "scale-out" / "result.json")
+    output_path = str(alice_dir / "scale-out" / "result.json")
     body = {
         "output_data_path": output_path,
         "content": [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}] * 2,
@@ -207,11 +207,11 @@ def test_scale_inline_lifecycle_priority_cancel(client, creds, api_store, llm_ba
     assert job["job_id"] in [j["job_id"] for j in client.get("/v2/batch-completions", headers=alice).json()["jobs"]]
 
 
-def test_scale_from_path_cancel_and_refusals(client, creds, llm_batch_home):
+def test_scale_from_path_cancel_and_refusals(client, creds, alice_dir):
     alice = creds.key("alice")
-    input_path = llm_batch_home / "scale-in.json"
+    input_path = alice_dir / "scale-in.json"
     input_path.write_bytes(orjson.dumps({"prompts": ["a", "b"], "max_new_tokens": 4, "temperature": 0.0}))
-    base = {"input_data_path": str(input_path), "output_data_path": str(llm_batch_home / "o.json"), "model_config": {"model": "tiny-random-llama"}}
+    base = {"input_data_path": str(input_path), "output_data_path": str(alice_dir / "o.json"), "model_config": {"model": "tiny-random-llama"}}
     job = client.post("/v2/batch-completions", headers=alice, json=base).json()
     assert job["input_data_path"] == str(input_path)
     cancel = client.post(f"/v2/batch-completions/{job['job_id']}/actions/cancel", headers=alice)
@@ -223,7 +223,7 @@ def test_scale_from_path_cancel_and_refusals(client, creds, llm_batch_home):
     refusals = [
         ({**base, "output_data_path": "/etc/llm-batch-out.json"}, 400, "output_data_path"),
         ({**base, "input_data_path": "s3://not-allowed-bucket/x.json"}, 400, "input_data_path"),
-        ({**base, "input_data_path": str(llm_batch_home / "missing.json")}, 400, "input_data_path"),
+        ({**base, "input_data_path": str(alice_dir / "missing.json")}, 400, "input_data_path"),
         ({**base, "tool_config": {"name": "code_evaluator"}}, 400, "tool_config"),
         ({**base, "data_parallelism": 65}, 422, "data_parallelism"),
         ({**base, "max_runtime_sec": 172_801}, 422, "max_runtime_sec"),
@@ -235,9 +235,9 @@ def test_scale_from_path_cancel_and_refusals(client, creds, llm_batch_home):
         assert response.json()["param"] == param, response.text
 
 
-def test_scale_resources_pass_the_dags_params(client, creds, api_store, llm_batch_home):
+def test_scale_resources_pass_the_dags_params(client, creds, api_store, alice_dir):
     body = {
-        "output_data_path": str(llm_batch_home / "gpu-out.json"),
+        "output_data_path": str(alice_dir / "gpu-out.json"),
         "content": [{"prompt": "x", "max_tokens": 2}],
         "model_config": {"model": "tiny-random-llama", "checkpoint_path": None},
         "gpus": 2,
@@ -252,12 +252,12 @@ def test_scale_resources_pass_the_dags_params(client, creds, api_store, llm_batc
     assert api_store.get_job(job["job_id"]).endpoint == "/v1/completions"
 
 
-def test_scale_model_config_is_checked_at_submission(client, creds, llm_batch_home):
+def test_scale_model_config_is_checked_at_submission(client, creds, alice_dir):
     """A model_config field the worker would refuse is a 400 naming it, before any run."""
     response = client.post(
         "/v2/batch-completions",
         headers=creds.key("alice"),
-        json={"output_data_path": str(llm_batch_home / "scale-out" / "refused.json"),
+        json={"output_data_path": str(alice_dir / "scale-out" / "refused.json"),
               "content": [{"prompt": "hi", "max_tokens": 4}],
               "model_config": {"model": "tiny-random-llama",
                                "engine_args": {"trust_remote_code": True}}},

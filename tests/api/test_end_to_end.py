@@ -14,11 +14,20 @@ from tests.api.conftest import chat_lines
 
 pytestmark = [pytest.mark.airflow, pytest.mark.engine]
 
+DAG_TEST_USER = "dag_test"  # the triggering user of every dag.test() run
 
-def test_openai_sdk_with_a_real_run(live_server, creds, dag_bag, tiny_model_dir, engine_env):
+
+@pytest.fixture(scope="module")
+def dag_test_key(api_store) -> str:
+    """A key of the user dag.test() triggers its runs as: a run may take over only a job of
+    its own user (or the API's own run of it), so the SDK's jobs here are that user's."""
+    return api_store.create_api_key(DAG_TEST_USER, "dag.test runs")[1]
+
+
+def test_openai_sdk_with_a_real_run(live_server, dag_test_key, dag_bag, tiny_model_dir, engine_env):
     from openai import OpenAI
 
-    client = OpenAI(api_key=creds.keys["alice"], base_url=f"{live_server}/batch/v1", max_retries=0)
+    client = OpenAI(api_key=dag_test_key, base_url=f"{live_server}/batch/v1", max_retries=0)
     content = chat_lines(6) + b"{not json\n"  # one bad line: an error record, not a failed job
     uploaded = client.files.create(file=("e2e.jsonl", content), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -55,15 +64,15 @@ def test_openai_sdk_with_a_real_run(live_server, creds, dag_bag, tiny_model_dir,
     assert len(errors) == counts.failed
 
 
-def test_scale_sdk_job_with_a_real_run(live_server, creds, dag_bag, tiny_model_dir, engine_env, llm_batch_home, monkeypatch):
+def test_scale_sdk_job_with_a_real_run(live_server, dag_test_key, dag_bag, tiny_model_dir, engine_env, llm_batch_home, monkeypatch):
     """Scale's client submits (v1 content), the real run writes the JSON array at
     output_data_path, the v2 job reads completed with final counts."""
     from llmengine import Completion, api_engine
     from llmengine.data_types import CreateBatchCompletionsModelConfig, CreateBatchCompletionsRequestContent
 
     monkeypatch.setattr(api_engine, "base_path", f"{live_server}/batch/")
-    monkeypatch.setattr(api_engine, "api_key", creds.keys["bob"])
-    output_path = llm_batch_home / "e2e-scale" / "out.json"
+    monkeypatch.setattr(api_engine, "api_key", dag_test_key)
+    output_path = llm_batch_home / "data" / DAG_TEST_USER / "e2e-scale" / "out.json"
     prompts = [f"Count to {i}" for i in range(5)]
     created = Completion.batch_create(
         output_data_path=str(output_path),

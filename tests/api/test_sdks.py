@@ -77,14 +77,14 @@ def test_mistral_sdk_flow(live_server, creds, api_store):
     assert client.files.list(page_size=10).total >= 1
 
 
-def test_llmengine_client_v2(live_server, creds, api_store, llm_batch_home, monkeypatch):
+def test_llmengine_client_v2(live_server, creds, api_store, alice_dir, monkeypatch):
     from llmengine import api_engine
     from llmengine.errors import NotFoundError, UnauthorizedError
 
     monkeypatch.setattr(api_engine, "base_path", f"{live_server}/batch/")
     monkeypatch.setattr(api_engine, "api_key", creds.keys["alice"])  # sent as basic auth and x-api-key
     body = {
-        "output_data_path": str(llm_batch_home / "llmengine-out.json"),
+        "output_data_path": str(alice_dir / "llmengine-out.json"),
         "content": {"prompts": ["a", "b", "c"], "max_new_tokens": 4, "temperature": 0.0},
         "model_config": {"model": "tiny-random-llama", "labels": {}},
         "data_parallelism": 1,
@@ -108,7 +108,7 @@ def test_llmengine_client_v2(live_server, creds, api_store, llm_batch_home, monk
         api_engine.APIEngine._get("v2/batch-completions", timeout=30)
 
 
-def test_llmengine_completion_batch_create(live_server, creds, api_store, llm_batch_home, monkeypatch):
+def test_llmengine_completion_batch_create(live_server, creds, api_store, alice_dir, monkeypatch):
     """Scale's own SDK call (v1 route), unmodified: the job is an ordinary scale-v1 job."""
     from llmengine import Completion, api_engine
     from llmengine.data_types import CreateBatchCompletionsModelConfig, CreateBatchCompletionsRequestContent
@@ -116,7 +116,7 @@ def test_llmengine_completion_batch_create(live_server, creds, api_store, llm_ba
     monkeypatch.setattr(api_engine, "base_path", f"{live_server}/batch/")
     monkeypatch.setattr(api_engine, "api_key", creds.keys["alice"])
     response = Completion.batch_create(
-        output_data_path=str(llm_batch_home / "sdk-v1-out.json"),
+        output_data_path=str(alice_dir / "sdk-v1-out.json"),
         model_config=CreateBatchCompletionsModelConfig(model="tiny-random-llama", labels={"team": "s"}),
         content=CreateBatchCompletionsRequestContent(prompts=["What is deep learning", "Hi"], max_new_tokens=4, temperature=0.0),
     )

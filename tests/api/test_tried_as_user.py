@@ -137,8 +137,8 @@ def test_mistral_job_on_an_output_file_is_refused(client, creds, api_store):
 
 
 @pytest.fixture()
-def scale_paths(llm_batch_home):
-    folder = llm_batch_home / "tried-as-user"
+def scale_paths(alice_dir):
+    folder = alice_dir / "tried-as-user"
     folder.mkdir(exist_ok=True)
     files = {
         "good": orjson.dumps([{"prompt": "hi", "max_tokens": 2}]),
@@ -407,10 +407,10 @@ def test_inline_json_bodies_are_capped_by_a_small_upload_limit(auth_manager, api
          "content[0].max_tokens"),
     ],
 )
-def test_inline_values_json_cannot_carry_are_400_naming_where(client, creds, llm_batch_home, route, payload, param):
+def test_inline_values_json_cannot_carry_are_400_naming_where(client, creds, alice_dir, route, payload, param):
     """Python's JSON parser accepts lone surrogates, integers past 64 bits and NaN; writing
     them for the pipeline used to fail with a 500."""
-    payload = payload.replace("OUT", str(llm_batch_home / "scale-out" / "nan.json"))
+    payload = payload.replace("OUT", str(alice_dir / "scale-out" / "nan.json"))
     response = client.post(route, headers={**creds.key("alice"), "content-type": "application/json"},
                            content=payload.encode())
     assert response.status_code == 400, response.text

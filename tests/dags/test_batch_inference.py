@@ -36,8 +36,13 @@ def _request(i: int, max_tokens: int = 8, **sampling: Any) -> bytes:
     return orjson.dumps({"custom_id": f"req-{i}", "body": body})
 
 
+# dag.test() triggers its runs as this user: their paths live in its folder of the user root.
+DAG_TEST_USER = "dag_test"
+
+
 def _write_input(home: Path, name: str, lines: list[bytes]) -> str:
-    path = home / f"{name}.jsonl"
+    path = home / "data" / DAG_TEST_USER / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\n".join(lines) + b"\n")
     return str(path)
 
@@ -101,7 +106,7 @@ def _assert_every_request_once(layout: JobLayout, job, n_lines: int) -> tuple[li
     assert len(outputs) + len(errors) == n_lines == job.total
     assert len(ids) == len(set(ids)), "a request appears twice"
     assert job.succeeded == len(outputs) and job.failed == len(errors)
-    assert job.total == job.succeeded + job.failed
+    assert job.total == job.succeeded + job.failed == job.completed  # every request has an outcome
     return outputs, errors
 
 
@@ -209,7 +214,7 @@ def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
     assert job.status == JobStatus.CANCELLED, job.status_reason
     outputs, errors = _assert_every_request_once(layout, job, n)
     assert 0 < len(outputs) < n
-    assert any(e["error"]["code"] == "not_run" for e in errors)
+    assert any(e["error"]["code"] == "batch_cancelled" for e in errors)
 
 
 @pytest.mark.engine
@@ -229,6 +234,6 @@ def test_deadline_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
     assert job.status == JobStatus.TIMEOUT_EXCEEDED, job.status_reason
     layout = JobLayout(get_settings().work_uri, job.id)
     outputs, errors = _assert_every_request_once(layout, job, n)
-    assert len(outputs) < n and errors[-1]["error"]["code"] == "not_run"
+    assert len(outputs) < n and errors[-1]["error"]["code"] == "batch_expired"
     # Stopped at the deadline (+ the kill grace at worst), not after finishing the batch.
     assert time.monotonic() - started < max_runtime + get_settings().cancel_grace_seconds + 60

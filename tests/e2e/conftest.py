@@ -62,10 +62,12 @@ RECURRING_REQUESTS = 4
 
 
 def _recurring_spec(home: Path) -> Path:
-    """A spec folder with one spec scheduled every minute on a small input in the home."""
+    """A spec folder with one spec scheduled every minute on a small input in the user root
+    (an admin's spec may name any folder there)."""
     folder = home / "recurring_specs"
     folder.mkdir(exist_ok=True)
-    batch = long_batch(home / "recurring-input.jsonl", RECURRING_REQUESTS, first_tokens=8, step=2)
+    (home / "data" / "specs").mkdir(parents=True, exist_ok=True)
+    batch = long_batch(home / "data" / "specs" / "recurring-input.jsonl", RECURRING_REQUESTS, first_tokens=8, step=2)
     (folder / f"{RECURRING_SPEC}.yaml").write_text(
         f"name: {RECURRING_SPEC}\n"
         'schedule: "* * * * *"\n'

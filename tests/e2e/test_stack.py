@@ -191,7 +191,7 @@ def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs,
     assert job.succeeded + job.failed == job.total
     assert len(outputs) == job.succeeded and len(errors) == job.failed
     assert sorted(_job_ids(outputs) + _job_ids(errors)) == sorted(str(i) for i in range(150))
-    assert {e["error"]["code"] for e in errors} == {"not_run"}
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
 
 
 def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):

@@ -88,7 +88,7 @@ def test_job_on_s3_survives_a_killed_worker_and_merges_in_order(s3_bucket):
     error_lines = [e["line"] for e in errors]
     assert ok_lines == sorted(ok_lines) and error_lines == sorted(error_lines)
     assert sorted(ok_lines + error_lines) == list(range(1, LINES + 1))
-    assert {e["error"]["message"] for e in errors if e["error"]["code"] == "not_run"} == {
+    assert {e["error"]["message"] for e in errors if e["error"]["code"] == "shard_failed"} == {
         "job timed out"}
 
     scale = orjson.loads(storage.read_bytes(scale_uri))

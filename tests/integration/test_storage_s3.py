@@ -149,9 +149,9 @@ def test_allowed_buckets_confine(s3_bucket: str, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("LLM_BATCH_ALLOWED_BUCKETS", f"{s3_bucket},other-bucket")
     get_settings.cache_clear()
     storage.write_bytes(f"s3://{s3_bucket}/ok.txt", b"ok")
-    assert storage.check_user_uri(f"s3://{s3_bucket}/ok.txt") == f"s3://{s3_bucket}/ok.txt"
+    assert storage.check(f"s3://{s3_bucket}/ok.txt") == f"s3://{s3_bucket}/ok.txt"
     with pytest.raises(PathNotAllowed, match="not one of the allowed buckets"):
-        storage.check_user_uri("s3://elsewhere/data.jsonl")
+        storage.check("s3://elsewhere/data.jsonl")
     with pytest.raises(PathNotAllowed):
         storage.read_bytes("s3://elsewhere/data.jsonl")
     get_settings.cache_clear()

@@ -146,7 +146,7 @@ def test_the_environment_loads_into_settings(runner: str, monkeypatch: pytest.Mo
     storage.reset()
     try:
         for uri in (settings.work_uri, settings.files_uri):
-            assert storage.check_user_uri(uri) == uri
+            assert storage.check(uri) == uri
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()

@@ -52,7 +52,7 @@ def test_every_line_ends_exactly_once_in_order(lines, lengths, num_shards, by, p
     assert sorted(ok_indices + error_indices) == list(range(len(lines)))  # none lost or twice
     assert [lines[i] for i in ok_indices] == ["ok"] * len(ok_indices)
     expected_code = {"invalid": "invalid_json", "error": "context_length_exceeded",
-                     "not_run": "not_run"}
+                     "not_run": "shard_failed"}
     assert [e["error"]["code"] for e in errors] == [expected_code[lines[i]] for i in error_indices]
 
     scale = orjson.loads(storage.read_bytes(layout.output_json))

@@ -297,6 +297,31 @@ def test_counts_set_and_add(store: JobStore):
         store.add_counts("job_missing", completed=1)
 
 
+
+def test_live_counts_only_go_up(store: JobStore):
+    """A stale progress report (read before a newer one was written) never lowers them."""
+    job = make_job(store)
+    store.set_counts(job.id, total=10, completed=1, succeeded=1, failed=0)
+    store.raise_counts(job.id, completed=6, succeeded=5, failed=1)
+    stale = store.raise_counts(job.id, completed=3, succeeded=3, failed=0)
+    assert (stale.completed, stale.succeeded, stale.failed) == (6, 5, 1)
+    newer = store.raise_counts(job.id, completed=8, succeeded=6, failed=2)
+    assert (newer.completed, newer.succeeded, newer.failed) == (8, 6, 2)
+
+
+def test_owner_usage_counts_live_jobs_requests_and_files(store: JobStore):
+    done = make_job(store, owner="carol")
+    store.set_counts(done.id, total=7)
+    store.transition(done.id, "FAILED", "x")
+    live = make_job(store, owner="carol")
+    store.set_counts(live.id, total=4)
+    store.create_file(owner="carol", purpose="batch", filename="a", bytes=100, uri="/x/a")
+    gone = store.create_file(owner="carol", purpose="batch", filename="b", bytes=50, uri="/x/b")
+    store.mark_file_deleted(gone.id)
+    make_job(store, owner="dave")
+    assert store.owner_usage("carol") == {"live_jobs": 1, "requests_in_flight": 4, "file_bytes": 100}
+    assert [j.id for j in store.jobs_writing("/nowhere")] == []
+
 def test_outputs_priority_and_dag_run(store: JobStore):
     job = make_job(store)
     errors = [{"code": "invalid_json", "message": "line 3: not JSON", "count": 2}]

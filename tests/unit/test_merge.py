@@ -52,8 +52,8 @@ def test_outputs_cover_every_line_in_order(job):
     errors = jsonl(layout.errors_jsonl)
     assert [e["line"] for e in errors] == [2, 4, 6, 7, 8, 9, 10]
     assert [e["error"]["code"] for e in errors] == [
-        "context_length_exceeded", "invalid_json", "not_run", "not_run", "invalid_json",
-        "not_run", "not_run"]
+        "context_length_exceeded", "invalid_json", "shard_failed", "shard_failed", "invalid_json",
+        "shard_failed", "shard_failed"]
     engine = errors[0]
     assert engine["response"]["status_code"] == 400
     assert engine["response"]["body"]["error"] == {
@@ -88,7 +88,7 @@ def test_not_run_reasons_job_wide_and_per_shard(job):
     merge_job(layout, not_run_reason="job cancelled before this request ran",
               shard_not_run_reasons={2: "shard 2 failed after 3 attempts"})
     messages = {e["custom_id"]: e["error"]["message"] for e in jsonl(layout.errors_jsonl)
-                if e["error"]["code"] == "not_run"}
+                if e["error"]["code"] == "shard_failed"}
     assert messages == {"req-5": "job cancelled before this request ran",
                         "req-6": "shard 2 failed after 3 attempts",
                         "req-8": "shard 2 failed after 3 attempts",
@@ -203,4 +203,4 @@ def test_error_lines_carry_the_input_line_past_blank_lines():
     assert lines["a"] == (1, "context_length_exceeded")
     assert lines["b"][0] == 3  # index 1, line 3: the blank line 2 is skipped
     assert lines[None] == (4, "invalid_json")
-    assert lines["c"] == (5, "not_run")
+    assert lines["c"] == (5, "shard_failed")

@@ -148,7 +148,7 @@ def test_the_model_config_scales_v1_client_sends_is_accepted(settings):
     sent = {"model": "smollm2-135m-instruct", "checkpoint_path": None, "labels": {},
             "num_shards": 1, "quantize": None, "seed": None, "max_context_length": None}
     args = resolve_model(sent, settings=settings).engine_args
-    assert args["tensor_parallel_size"] == 1
+    assert args.get("tensor_parallel_size", 1) == 1  # num_shards 1 is the client's default: unset
     assert "quantization" not in args and args["max_model_len"] == 8192
     quantized = resolve_model({**sent, "quantize": "awq", "engine_args": None}, settings=settings)
     assert quantized.engine_args["quantization"] == "awq"
@@ -224,7 +224,7 @@ def test_validate_model_config_checks_fields_without_touching_files(settings):
 
 
 def test_checkpoint_path_serves_an_unregistered_local_model(settings):
-    local = make_model_dir(Path(settings.home) / "uploads" / "my-model")
+    local = make_model_dir(settings.local_roots[0] / "uploads" / "my-model")
     resolved = resolve_model({"model": "my-model", "checkpoint_path": str(local)}, settings=settings)
     assert resolved.path == local.resolve()
     assert resolved.task == "generate"
@@ -233,7 +233,7 @@ def test_checkpoint_path_serves_an_unregistered_local_model(settings):
 
 
 def test_checkpoint_path_with_a_pooling_runner_is_an_embedding_model(settings):
-    local = make_model_dir(Path(settings.home) / "my-embedder")
+    local = make_model_dir(settings.local_roots[0] / "my-embedder")
     resolved = resolve_model(
         {"model": "my-embedder", "checkpoint_path": str(local), "engine_args": {"runner": "pooling"}},
         settings=settings,
@@ -242,7 +242,7 @@ def test_checkpoint_path_with_a_pooling_runner_is_an_embedding_model(settings):
 
 
 def test_checkpoint_path_overrides_a_registered_model_but_keeps_its_defaults(settings):
-    local = make_model_dir(Path(settings.home) / "smollm2-finetune")
+    local = make_model_dir(settings.local_roots[0] / "smollm2-finetune")
     resolved = resolve_model(
         {"model": "smollm2-135m-instruct", "checkpoint_path": str(local)}, settings=settings
     )
@@ -265,7 +265,7 @@ def test_checkpoint_path_outside_the_local_roots_is_refused(settings, tmp_path):
 
 
 def test_checkpoint_path_without_a_model_directory_is_an_error(settings):
-    empty = Path(settings.home) / "empty"
+    empty = settings.local_roots[0] / "empty"
     empty.mkdir(parents=True)
     with pytest.raises(CheckpointNotFound, match="config.json"):
         resolve_model({"model": "m", "checkpoint_path": str(empty)}, settings=settings)

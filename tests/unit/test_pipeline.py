@@ -37,7 +37,8 @@ def _chat(i: int) -> bytes:
 
 
 def _input(settings: Settings, lines: list[bytes]) -> str:
-    path = settings.home / f"input-{uuid.uuid4().hex[:8]}.jsonl"
+    # The default owner's own folder of the user root (llm_batch.user_paths).
+    path = settings.local_roots[0] / pipeline.DEFAULT_OWNER / f"input-{uuid.uuid4().hex[:8]}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\n".join(lines) + b"\n")
     return str(path)
@@ -129,6 +130,37 @@ def test_register_refuses_with_a_failed_job(store, settings, conf, reason):
     assert job.status == JobStatus.FAILED and reason in job.status_reason
 
 
+def test_a_run_of_another_owner_cannot_take_over_a_job(store, settings):
+    """A user who may trigger runs names someone else's job_id: refused, and that job's
+    record, run and status stay as they were, even when the foreign run then fails."""
+    job_id = pipeline.register(store, settings, {**_conf(settings), "owner": "alice"}, _run_id(), trusted=True)
+    before = store.get_job(job_id)
+    with pytest.raises(pipeline.JobRejected, match="belongs to another run"):
+        pipeline.register(store, settings, {"job_id": job_id, "owner": "mallory"}, "manual__mallory")
+    pipeline.fail_job(store, job_id, "the foreign run failed", dag_run_id="manual__mallory")
+    after = store.get_job(job_id)
+    assert (after.status, after.dag_run_id, after.owner) == (before.status, before.dag_run_id, "alice")
+    # A scheduled (trusted) run and the owner's own runs still may.
+    assert pipeline.register(store, settings, {"job_id": job_id, "owner": "alice"}, "manual__alice") == job_id
+
+
+def test_register_holds_a_users_paths_to_their_namespace(store, settings):
+    root = settings.local_roots[0]
+    other = root / "bob" / "in.jsonl"
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_bytes(_chat(0) + b"\n")
+    with pytest.raises(pipeline.JobRejected, match="outside your storage namespace"):
+        pipeline.register(store, settings, {"input_uri": str(other), "owner": "alice"}, _run_id())
+    for internal in (f"{settings.database_url.removeprefix('sqlite:///')}-wal", str(settings.home / "api-key")):
+        with pytest.raises(pipeline.JobRejected):
+            pipeline.register(store, settings, {"input_requests": [{"body": {}}], "output_uri": internal}, _run_id(), trusted=True)
+    # A schedule (an admin's spec) may read any user folder; relative paths are the owner's.
+    job = store.get_job(pipeline.register(store, settings, {"input_uri": str(other)}, _run_id(), trusted=True))
+    assert job.input == {"uri": str(other)}
+    job = store.get_job(pipeline.register(store, settings, {"input_uri": "in.jsonl", "owner": "bob"}, _run_id()))
+    assert job.input == {"uri": str(other)}
+
+
 def test_validate_counts_bad_lines(store, settings):
     job_id = pipeline.register(store, settings, _conf(settings, n=6, bad=(1, 4)), _run_id())
     counts = pipeline.validate(store, settings, job_id)
@@ -203,14 +235,14 @@ def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
 
 
 @pytest.mark.parametrize(
-    ("stop", "status", "reason"),
+    ("stop", "status", "reason", "code"),
     [
-        ("cancel", JobStatus.CANCELLED, "the job was cancelled; 3 requests were not run"),
-        ("deadline", JobStatus.TIMEOUT_EXCEEDED, "the job's deadline passed; 3 requests were not run"),
-        (None, JobStatus.FAILED, "a shard failed after its retries; 3 requests were not run"),
+        ("cancel", JobStatus.CANCELLED, "the job was cancelled; 3 requests were not run", "batch_cancelled"),
+        ("deadline", JobStatus.TIMEOUT_EXCEEDED, "the job's deadline passed; 3 requests were not run", "batch_expired"),
+        (None, JobStatus.FAILED, "a shard failed after its retries; 3 requests were not run", "shard_failed"),
     ],
 )
-def test_partial_results_end_by_cause(store, settings, stop, status, reason):
+def test_partial_results_end_by_cause(store, settings, stop, status, reason, code):
     conf = _conf(settings, n=5, max_runtime_sec=1 if stop == "deadline" else 3600)
     job_id, [task] = _through_plan(store, settings, conf)
     _run_worker(task, finish=2)
@@ -226,19 +258,37 @@ def test_partial_results_end_by_cause(store, settings, stop, status, reason):
 
     assert counts["not_run"] == 3
     assert (job.status, job.status_reason) == (status, reason)
-    assert (job.total, job.succeeded, job.failed) == (5, 2, 3)
+    # Never-run requests have an outcome: failed, and completed (succeeded + failed).
+    assert (job.total, job.completed, job.succeeded, job.failed) == (5, 5, 2, 3)
     errors = [orjson.loads(line) for line in storage.read_bytes(store.get_file(job.error_file_id).uri).splitlines()]
-    assert [e["error"]["code"] for e in errors] == ["not_run"] * 3
+    assert [e["error"]["code"] for e in errors] == [code] * 3
 
 
-def test_cancel_before_plan_runs_no_shard(store, settings):
-    job_id = pipeline.register(store, settings, _conf(settings), _run_id())
+def test_cancel_after_validation_before_plan_accounts_for_every_line(store, settings):
+    """Was: failed = the invalid lines, no error file, the valid lines nowhere."""
+    job_id = pipeline.register(store, settings, _conf(settings, n=6, bad=(2,)), _run_id())
     pipeline.validate(store, settings, job_id)
     store.request_cancel(job_id)
     assert not any(pipeline.plan(store, settings, job_id).values())
+    counts = pipeline.merge(store, settings, job_id)
+    job = pipeline.finalize(store, settings, job_id)
+    assert job.status == JobStatus.CANCELLED
+    assert (counts["not_run"], counts["invalid"]) == (5, 1)
+    assert (job.total, job.completed, job.succeeded, job.failed) == (6, 6, 0, 6)
+    errors = [orjson.loads(line) for line in storage.read_bytes(store.get_file(job.error_file_id).uri).splitlines()]
+    assert [e["line"] for e in errors] == [1, 2, 3, 4, 5, 6]
+    assert sorted(e["error"]["code"] for e in errors).count("batch_cancelled") == 5
+
+
+def test_cancel_before_the_input_is_read_says_so(store, settings):
+    job_id = pipeline.register(store, settings, _conf(settings), _run_id())
+    store.request_cancel(job_id)
+    assert pipeline.validate(store, settings, job_id) is None
+    assert not any(pipeline.plan(store, settings, job_id).values())
     assert pipeline.merge(store, settings, job_id) is None
     job = pipeline.finalize(store, settings, job_id)
-    assert (job.status, job.status_reason) == (JobStatus.CANCELLED, "the job was cancelled")
+    assert job.status == JobStatus.CANCELLED and "before its input was read" in job.status_reason
+    assert (job.total, job.completed, job.failed) == (0, 0, 0)
 
 
 def test_run_that_ended_before_merge_fails_the_job(store, settings):

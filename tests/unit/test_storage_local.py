@@ -36,7 +36,7 @@ def test_paths_inside_the_root_are_allowed(root: Path) -> None:
     assert storage.read_bytes(str(root / "a" / "b.txt")) == b"hello"
     assert storage.read_bytes(f"file://{root}/a/b.txt") == b"hello"
     assert storage.read_bytes(f"file://localhost{root}/a/b.txt") == b"hello"
-    assert storage.check_user_uri(f"file://{root}/a/%62.txt") == str(root / "a" / "b.txt")
+    assert storage.check(f"file://{root}/a/%62.txt") == str(root / "a" / "b.txt")
 
 
 def test_dotdot_is_refused_even_when_it_stays_inside(root: Path) -> None:
@@ -44,13 +44,13 @@ def test_dotdot_is_refused_even_when_it_stays_inside(root: Path) -> None:
     for uri in (f"{root}/a/../../outside/secret.txt", f"{root}/a/../x.txt",
                 f"file://{root}/a/../../outside/secret.txt", f"file://{root}/a/%2e%2e/x.txt"):
         with pytest.raises(PathNotAllowed, match=r"'\.\.' is not allowed") as info:
-            storage.check_user_uri(uri)
+            storage.check(uri)
         assert info.value.uri == uri
 
 
 def test_absolute_path_outside_is_refused_with_the_roots_named(root: Path) -> None:
     outside = root.parent / "outside" / "secret.txt"
-    for operation in (storage.check_user_uri, storage.read_bytes, storage.exists, storage.size):
+    for operation in (storage.check, storage.read_bytes, storage.exists, storage.size):
         with pytest.raises(PathNotAllowed, match=f"outside the allowed roots {root}"):
             operation(str(outside))
     with pytest.raises(PathNotAllowed):
@@ -66,7 +66,7 @@ def test_relative_path_resolves_from_cwd(root: Path, monkeypatch: pytest.MonkeyP
     assert storage.read_bytes("in.jsonl") == b"{}\n"
     monkeypatch.chdir(root.parent)
     with pytest.raises(PathNotAllowed, match="outside the allowed roots"):
-        storage.check_user_uri("outside/secret.txt")
+        storage.check("outside/secret.txt")
 
 
 def test_symlink_escaping_the_root_is_refused(root: Path) -> None:
@@ -75,7 +75,7 @@ def test_symlink_escaping_the_root_is_refused(root: Path) -> None:
     for uri in (str(root / "link-file"), str(root / "link-dir" / "secret.txt"),
                 str(root / "link-dir" / "new.txt")):
         with pytest.raises(PathNotAllowed, match="symlink leads outside"):
-            storage.check_user_uri(uri)
+            storage.check(uri)
     with pytest.raises(PathNotAllowed):
         storage.write_bytes(str(root / "link-dir" / "new.txt"), b"x")
     assert not (root.parent / "outside" / "new.txt").exists()
@@ -93,7 +93,7 @@ def test_symlink_inside_the_root_is_followed(root: Path) -> None:
     (root / "data").mkdir()
     (root / "data" / "x.txt").write_bytes(b"x")
     (root / "alias").symlink_to(root / "data")
-    assert storage.check_user_uri(str(root / "alias" / "x.txt")) == str(root / "data" / "x.txt")
+    assert storage.check(str(root / "alias" / "x.txt")) == str(root / "data" / "x.txt")
     assert storage.read_bytes(str(root / "alias" / "x.txt")) == b"x"
 
 
@@ -105,7 +105,7 @@ def test_malformed_uris_are_refused(root: Path) -> None:
                         ("~/batch.jsonl", "'~' is not expanded"),
                         ("s3:/bucket/key.jsonl", "write s3://")]:
         with pytest.raises(PathNotAllowed, match=reason):
-            storage.check_user_uri(uri)
+            storage.check(uri)
 
 
 def test_internal_default_uris_are_under_the_default_root(llm_batch_home: Path) -> None:
@@ -254,19 +254,3 @@ def test_download_dir_refuses_a_symlink_out_of_the_root(root: Path, tmp_path: Pa
     with pytest.raises(PathNotAllowed, match="symlink"):
         storage.download_dir(str(model), tmp_path / "cache")
     assert not (tmp_path / "cache" / "stolen.txt").exists()
-
-
-def test_user_paths_cannot_reach_the_systems_own_areas(llm_batch_home: Path) -> None:
-    """Under the default root ($LLM_BATCH_HOME) a user may name their own data, but not job
-    work files, uploads, models or the job database of anyone."""
-    get_settings.cache_clear()
-    settings = get_settings()
-    assert storage.check_user_uri(str(llm_batch_home / "data" / "in.jsonl")).endswith("in.jsonl")
-    for inside in (f"{settings.work_uri}/job_x/output.jsonl", f"{settings.files_uri}/file-1",
-                   str(llm_batch_home / "jobs.db"), str(llm_batch_home / "airflow" / "airflow.db"),
-                   str(Path(settings.model_cache) / "smollm2")):
-        with pytest.raises(PathNotAllowed, match="own area"):
-            storage.check_user_uri(inside)
-    # Internal I/O keeps its access: only user paths are held to this rule.
-    storage.write_bytes(f"{settings.work_uri}/job_x/output.jsonl", b"{}\n")
-    assert storage.exists(f"{settings.work_uri}/job_x/output.jsonl")

@@ -14,6 +14,7 @@ from llm_batch import storage
 from llm_batch.jobstore import FileObject, InvalidCursor
 from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_files import FileDeleted, FileList, FileOut
 from llm_batch_plugin.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.uploads import delete_file, read_content, save_upload
@@ -46,7 +47,12 @@ async def upload_file(
             413, f"{file.filename}: larger than the limit of {settings.max_input_bytes} bytes", param="file", code="file_too_large"
         )
     filename = (file.filename or "upload.jsonl")[:512]
-    saved = await run_in_threadpool(save_upload, store, settings, caller.name, filename, purpose, file.file)
+
+    def check_quota(size: int) -> None:
+        check_owner_limits(store, settings, caller, new_bytes=size)
+
+    check_quota(file.size or 0)
+    saved = await run_in_threadpool(save_upload, store, settings, caller.name, filename, purpose, file.file, check_quota)
     return FileOut.of(saved)
 
 

@@ -1,19 +1,25 @@
-"""``/health``: open (no credentials), says whether the job store answers."""
+"""``/health``: open (no credentials), says whether the job store can be read and written
+through a new connection (``JobStore.check_health``), not just through the app's pool."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from llm_batch.jobstore.store import JobStoreUnhealthy
 from llm_batch_plugin.state import StoreDep
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/health", summary="Liveness and job-store reachability (no auth)")
-def health(store: StoreDep) -> JSONResponse:
+@router.get(
+    "/health",
+    summary="Liveness and job-store health: a new connection reads and writes (no auth)",
+    responses={503: {"description": '{"status": "unhealthy", "job_store": "<store URL>: <step> failed: <error>"}'}},
+)
+def health(store: StoreDep) -> JSONResponse:  # sync: FastAPI runs it in its threadpool
     try:
-        store.list_jobs(limit=1)
-    except Exception as exc:  # noqa: BLE001 - any failure means unhealthy, say which
-        return JSONResponse({"status": "unhealthy", "job_store": f"{type(exc).__name__}: {exc}"}, status_code=503)
+        store.check_health()
+    except JobStoreUnhealthy as exc:
+        return JSONResponse({"status": "unhealthy", "job_store": str(exc)}, status_code=503)
     return JSONResponse({"status": "healthy", "job_store": "ok"})

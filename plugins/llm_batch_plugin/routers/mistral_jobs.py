@@ -16,6 +16,7 @@ from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_mistral import BatchJobList, BatchJobOut, CreateBatchJobRequest
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
@@ -111,6 +112,7 @@ def create_batch_job(
         raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
     endpoint = check_endpoint(body.endpoint)
     check_model(body.model, {}, settings, param="model", endpoint=endpoint)
+    check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
     if body.input_files:
         files = _input_files(store, caller, body.input_files)
         job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}

@@ -14,6 +14,7 @@ from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, BatchList, BatchOut, CreateBatchRequest
 from llm_batch_plugin.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import JSONL, JobRequest, check_endpoint, check_model, submit
@@ -48,6 +49,7 @@ def create_batch(
     trigger: TriggerDep,
 ) -> BatchOut:
     caller.require_submit()
+    check_owner_limits(store, settings, caller, new_jobs=1)
     endpoint = check_endpoint(body.endpoint)
     input_file = store.get_file(body.input_file_id, owner=caller.owner_filter)
     if input_file is None:

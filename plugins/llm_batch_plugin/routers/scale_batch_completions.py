@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Body
 
-from llm_batch import storage
+from llm_batch import storage, user_paths
 from llm_batch.config import Settings
 from llm_batch.endpoints import Endpoint
 from llm_batch.jobs import JobStatus
@@ -18,6 +18,7 @@ from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_scale import (
     BatchCompletionsJob,
     CancelBatchCompletionsResponse,
@@ -35,8 +36,10 @@ from llm_batch_plugin.submission import (
     SCALE_V2,
     JobRequest,
     check_model,
+    check_output_target,
     check_user_path,
     inline_json,
+    path_unavailable,
     save_inline_requests,
     submit,
 )
@@ -69,7 +72,7 @@ def _endpoint_of_content(content: list[dict[str, Any]] | V1Content) -> str:
     return Endpoint.CHAT_COMPLETIONS.value if "messages" in content[0] else Endpoint.COMPLETIONS.value
 
 
-def _sniff_file(uri: str) -> tuple[str, str]:
+def _sniff_file(uri: str, given: str, owner: str, settings: Settings) -> tuple[str, str]:
     """(endpoint, input format) of a Scale input file, from its first 64 KiB: an array is
     scale-v2 (chat if its requests have messages), an object is scale-v1 prompts. Anything
     else is refused now, not at validation: an empty file, one that is not JSON at all, and
@@ -78,8 +81,8 @@ def _sniff_file(uri: str) -> tuple[str, str]:
     try:
         with storage.open_read(uri) as stream:
             head = stream.read(_SNIFF_BYTES + 1)
-    except storage.ObjectNotFound:
-        raise ApiError(400, f"input_data_path {uri!r} does not exist", param=param, code="input_missing") from None
+    except storage.ObjectNotFound:  # the same answer as a path hidden from the caller
+        raise path_unavailable(param, user_paths.unavailable(given, owner, settings)) from None
     except storage.StorageError as exc:
         raise ApiError(400, f"input_data_path: {exc}", param=param, code="input_unreadable") from None
     start = head.lstrip()[:1]
@@ -143,14 +146,18 @@ def create_batch_completions(
     if (body.input_data_path is None) == (body.content is None):
         raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
     model_config = body.model_config_.model_dump(exclude_none=True)
-    output_uri = check_user_path(body.output_data_path, "output_data_path", settings)
+    labels = {**(body.model_config_.labels or {}), **body.labels}
+    inline_count = len(body.content.prompts if isinstance(body.content, V1Content) else body.content or [])
+    check_owner_limits(store, settings, caller, new_jobs=1, new_requests=inline_count)
+    output_uri = check_user_path(body.output_data_path, "output_data_path", settings, caller)
     weight = priority_weight(settings, body.priority)
     if body.input_data_path is not None:
-        input_uri = check_user_path(body.input_data_path, "input_data_path", settings)
+        input_uri = check_user_path(body.input_data_path, "input_data_path", settings, caller)
         _check_output_path(output_uri, input_uri)
-        endpoint, input_format = _sniff_file(input_uri)
+        endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller.name, settings)
         job_input: dict[str, Any] = {"uri": input_uri, "path": body.input_data_path}
-        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint)
+        check_output_target(store, caller, output_uri, labels)
+        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint, caller=caller)
     else:
         if body.content == []:
             raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
@@ -158,7 +165,8 @@ def create_batch_completions(
         endpoint = _endpoint_of_content(body.content)
         input_format = SCALE_V1 if isinstance(body.content, V1Content) else SCALE_V2
         # Checked before the inline file is written: a refused job leaves nothing behind.
-        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint)
+        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint, caller=caller)
+        check_output_target(store, caller, output_uri, labels)
         content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
         inline = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")], "inline-content.json")
         job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
@@ -175,7 +183,7 @@ def create_batch_completions(
         input_format=input_format,
         model_config=model_config,
         output_uri=output_uri,
-        labels={**(body.model_config_.labels or {}), **body.labels},
+        labels=labels,
         priority=weight,
         priority_name=body.priority,
         data_parallelism=body.data_parallelism,

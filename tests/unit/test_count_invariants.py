@@ -1,0 +1,178 @@
+"""One counting rule, every dialect, every moment (a property test over interleavings).
+
+A job of N lines (some invalid) in S shards runs through the real pipeline steps on a real
+SQLite store; hypothesis draws an interleaving of shard progress (results written by a
+stand-in worker, successes and engine errors, a resumed attempt republishing, a stale
+report read late), cancel,
+deadline and shard failure, publishing progress between steps. After every step each
+dialect's view of the job must hold:
+
+- Mistral and Scale: succeeded + failed == completed <= total;
+- OpenAI request_counts: completed + failed <= total;
+- no live count ever goes down.
+
+When the job ends every request is in exactly one bucket (completed == total ==
+succeeded + failed, one output or error line each), requests that never ran carry the code
+of why (batch_cancelled, batch_expired, shard_failed).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
+
+from llm_batch import pipeline, storage
+from llm_batch.config import Settings
+from llm_batch.jobstore import JobStore, utcnow
+from llm_batch.progress import ShardProgress
+from llm_batch.records import ResultRecord
+from llm_batch.results import ResultsWriter
+from llm_batch_plugin.models_mistral import BatchJobOut
+from llm_batch_plugin.models_openai import BatchOut
+from llm_batch_plugin.models_scale import BatchCompletionsJob
+
+STEP = st.one_of(
+    st.tuples(st.just("progress"), st.integers(0, 3), st.integers(1, 4), st.booleans()),
+    st.tuples(st.just("resume"), st.integers(0, 3)),
+    st.tuples(st.just("stale"), st.integers(0, 3)),
+    st.tuples(st.just("cancel")),
+    st.tuples(st.just("deadline")),
+)
+
+
+def _views(job) -> dict[str, tuple[int, ...]]:
+    openai = BatchOut.of(job).request_counts
+    mistral = BatchJobOut.of(job)
+    scale = BatchCompletionsJob.of(job, None).metadata
+    return {
+        "openai": (openai.total, openai.completed, openai.failed),
+        "mistral": (mistral.total_requests, mistral.completed_requests, mistral.succeeded_requests, mistral.failed_requests),
+        "scale": tuple(scale[k] for k in ("total_requests", "completed_requests", "succeeded_requests", "failed_requests")),
+    }
+
+
+def _check(views: dict[str, tuple[int, ...]], before: dict[str, tuple[int, ...]] | None) -> None:
+    total, completed, failed = views["openai"]
+    assert completed + failed <= total, views
+    for name in ("mistral", "scale"):
+        total, completed, succeeded, failed = views[name]
+        assert succeeded + failed == completed <= total, (name, views)
+    if before is not None:
+        for name, counts in views.items():
+            assert all(now >= then for now, then in zip(counts, before[name])), (name, before[name], counts)
+
+
+class _Shards:
+    """Stand-in workers: each shard's results and progress as a worker writes them."""
+
+    def __init__(self, tasks: list[dict]):
+        self.tasks = [pipeline.ShardTask.model_validate(t) for t in tasks]
+        self.requests = [[orjson.loads(x) for x in storage.read_bytes(t.requests_uri).splitlines()] for t in self.tasks]
+        self.done = [0] * len(self.tasks)
+        self.ok = [0] * len(self.tasks)
+
+    def advance(self, k: int, n: int, ok: bool) -> None:
+        task, requests = self.tasks[k], self.requests[k]
+        batch = requests[self.done[k]:self.done[k] + n]
+        with ResultsWriter.open(task.results_uri) as writer:
+            for request in batch:
+                writer.write(ResultRecord(index=request["index"], custom_id=request["custom_id"],
+                                          status_code=200 if ok else 400, body={"object": "x"}))
+        self.done[k] += len(batch)
+        self.ok[k] += len(batch) if ok else 0
+        self.publish(k, resumed=0)
+
+    def publish(self, k: int, resumed: int, stale: bool = False) -> None:
+        """What the worker writes; a resumed attempt reports its earlier results too. A
+        stale report (an older state read late by a watcher) reports half of it."""
+        task = self.tasks[k]
+        done, ok = (self.done[k] // 2, min(self.ok[k], self.done[k] // 2)) if stale else (self.done[k], self.ok[k])
+        progress = ShardProgress(job_id=task.job_id, shard=task.shard, total=len(self.requests[k]), done=done,
+                                 succeeded=ok, failed=done - ok, resumed=resumed)
+        storage.write_bytes(task.progress_uri, progress.model_dump_json().encode())
+
+
+@hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.integers(1, 24),
+    bad=st.sets(st.integers(0, 23), max_size=4),
+    shards=st.integers(1, 4),
+    steps=st.lists(STEP, max_size=12),
+    cancel_at=st.sampled_from(["never", "queued", "validated"]),
+)
+def test_counts_tell_one_story_at_every_moment(tmp_path: Path, lines, bad, shards, steps, cancel_at):
+    settings = Settings()
+    store = JobStore(f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}")
+    try:
+        _one_job(store, settings, lines, bad, shards, steps, cancel_at)
+    finally:
+        store.close()
+
+
+def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
+    path = settings.local_roots[0] / pipeline.DEFAULT_OWNER / f"inv-{uuid.uuid4().hex}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+    path.write_bytes(b"".join((b"{broken" if i in bad else orjson.dumps({"custom_id": f"r{i}", "body": body})) + b"\n"
+                              for i in range(lines)))
+    job_id = pipeline.register(store, settings, {"input_uri": str(path), "model": "tiny-random-llama",
+                                                 "data_parallelism": shards}, f"manual__{uuid.uuid4().hex}")
+    seen = _views(store.get_job(job_id))
+    _check(seen, None)
+
+    def observe() -> None:
+        nonlocal seen
+        pipeline.publish_progress(store, settings, job_id)
+        now = _views(store.get_job(job_id))
+        _check(now, seen)
+        seen = now
+
+    if cancel_at == "queued":
+        store.request_cancel(job_id)
+    try:
+        validated = pipeline.validate(store, settings, job_id)
+    except pipeline.JobRejected:  # no valid line: FAILED at validation, every line an error
+        job = store.get_job(job_id)
+        _check(_views(job), seen)
+        assert job.status.value == "FAILED" and job.total == job.completed == job.failed == lines
+        return
+    if validated is not None:
+        observe()
+    if cancel_at == "validated":
+        store.request_cancel(job_id)
+    tasks = [t for group in pipeline.plan(store, settings, job_id).values() for t in group]
+    workers = _Shards(tasks) if tasks else None
+    for step in steps if workers else []:
+        if step[0] == "progress":
+            workers.advance(step[1] % len(workers.tasks), step[2], step[3])
+        elif step[0] in ("resume", "stale"):
+            k = step[1] % len(workers.tasks)
+            workers.publish(k, resumed=workers.done[k], stale=step[0] == "stale")
+        elif step[0] == "cancel":
+            store.request_cancel(job_id)
+        else:
+            store._update_job(job_id, expires_at=utcnow() - timedelta(seconds=1))
+        observe()
+
+    pipeline.merge(store, settings, job_id)
+    job = pipeline.finalize(store, settings, job_id)
+    final = _views(job)
+    _check(final, seen)
+    assert job.terminal
+    if job.total == 0:  # cancelled before its input was read: says so, nothing to account for
+        assert "before its input was read" in job.status_reason
+        return
+    assert job.total == lines and job.completed == job.total == job.succeeded + job.failed
+    outputs = storage.read_bytes(store.get_file(job.output_file_id).uri).splitlines()
+    errors = [orjson.loads(x) for x in storage.read_bytes(store.get_file(job.error_file_id).uri).splitlines()]
+    assert len(outputs) == job.succeeded and len(errors) == job.failed
+    indices = [int(orjson.loads(o)["custom_id"][1:]) for o in outputs] + [e["line"] - 1 for e in errors]
+    assert sorted(indices) == list(range(lines))  # each line exactly once
+    never_run = {e["error"]["code"] for e in errors} - {"invalid_json", "request_failed", None}
+    expected = {"CANCELLED": "batch_cancelled", "TIMEOUT_EXCEEDED": "batch_expired", "FAILED": "shard_failed"}
+    codes = {c for c in never_run if c in ("batch_cancelled", "batch_expired", "shard_failed")}
+    assert codes <= {expected.get(job.status.value, "")}, (job.status, codes)

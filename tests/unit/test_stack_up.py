@@ -1,0 +1,138 @@
+"""``llm-batch up`` on a partly running stack starts only what is missing (llm_batch.stack).
+
+Real processes, not Airflow: each component is a small process started by
+``Stack.start_component`` (own process group, pid file, log) exactly as the real ones are;
+the api-server is a tiny HTTP server answering ``/api/v2/monitor/health`` from a file the
+test writes, the others are ``sleep``. Migration and provisioning (Airflow's DB and REST
+API) are stubbed; tests/e2e runs the real stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llm_batch import stack as stack_module
+from llm_batch.config import Settings
+from llm_batch.stack import COMPONENTS, Stack, StackError, free_port
+
+# The fake api-server: GET /api/v2/monitor/health answers the JSON in argv[2].
+FAKE_API_SERVER = """
+import http.server, sys
+port, answer = int(sys.argv[1]), sys.argv[2]
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = open(answer, "rb").read()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+HEALTHY = {name: {"status": "healthy"} for name in ("metadatabase", "scheduler", "triggerer", "dag_processor")}
+
+
+class FakeStack(Stack):
+    """The real Stack with small processes as components and Airflow's side stubbed."""
+
+    @property
+    def health_file(self) -> Path:
+        return self.settings.home / "health.json"
+
+    def command(self, component: str) -> list[str]:
+        if component == "api-server":
+            return [sys.executable, "-c", FAKE_API_SERVER, str(self.port), str(self.health_file)]
+        return ["sleep", "600"]
+
+    def migrate(self, env: dict[str, str]) -> None:
+        (self.settings.home / "migrated").touch()
+
+    def provision(self, timeout: float) -> None:
+        pass
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[FakeStack]:
+    fake = FakeStack(Settings(home=tmp_path), free_port())
+    fake.health_file.write_text(json.dumps(HEALTHY))
+    yield fake
+    fake.down(grace=2)
+
+
+def kill(stack: Stack, component: str) -> None:
+    pid = stack.running()[component]
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while stack.running()[component] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stack.running()[component] is None
+
+
+def others(pids: dict[str, int | None], component: str) -> dict[str, int | None]:
+    return {c: pid for c, pid in pids.items() if c != component}
+
+
+def test_up_starts_only_the_dead_component(stack, monkeypatch, capsys):
+    first = stack.up(timeout=30)
+    assert first.started == COMPONENTS and (stack.settings.home / "migrated").exists()
+    before = stack.running()
+    assert all(before.values())
+    (stack.settings.home / "migrated").unlink()
+
+    kill(stack, "scheduler")
+    # Through the CLI: the line says what was started and what was already running.
+    from llm_batch.cli import main
+
+    monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))
+    assert main(["up", "--timeout", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "Components:         started: scheduler; already running: api-server, dag-processor, triggerer" in out
+
+    after = stack.running()
+    assert others(after, "scheduler") == others(before, "scheduler")
+    assert after["scheduler"] and after["scheduler"] != before["scheduler"]
+    assert not (stack.settings.home / "migrated").exists()  # survivors' DB is left alone too
+
+    again = stack.up(timeout=30)  # all running: nothing is touched
+    assert (again.started, again.already_running) == ((), COMPONENTS)
+    assert stack.running() == after
+
+
+def test_a_component_alive_but_unhealthy_is_restarted(stack, monkeypatch):
+    stack.up(timeout=30)
+    before = stack.running()
+    monkeypatch.setattr(stack_module, "NOT_ANSWERING_AFTER_S", 0.0)
+    # Airflow's own DB failing makes every heartbeat look unhealthy: no restart helps then.
+    stack.health_file.write_text(json.dumps({name: {"status": "unhealthy"} for name in HEALTHY}))
+    assert stack.not_answering(before) == ()
+    stack.health_file.write_text(json.dumps({**HEALTHY, "triggerer": {"status": "unhealthy"}}))
+    result = stack.up(timeout=30)
+    assert (result.started, result.restarted) == ((), ("triggerer",))
+    after = stack.running()
+    assert after["triggerer"] != before["triggerer"]
+    assert others(after, "triggerer") == others(before, "triggerer")
+
+
+def test_a_config_change_needs_restart(stack, monkeypatch):
+    stack.up(timeout=30)
+    before = stack.running()
+    monkeypatch.setenv("LLM_BATCH_MAX_REQUESTS", "12")
+    kill(stack, "triggerer")
+    with pytest.raises(StackError, match=r"configuration changed .*\(LLM_BATCH_MAX_REQUESTS\).*llm-batch up --restart"):
+        stack.up(timeout=30)
+    assert stack.running()["triggerer"] is None  # nothing mixed in
+
+    result = stack.up(timeout=30, restart=True)
+    assert result.started == COMPONENTS
+    after = stack.running()
+    assert all(after.values()) and not set(after.values()) & set(before.values())
+    assert stack.up(timeout=30).config_changed == ()  # the new configuration is the one recorded
