@@ -755,6 +755,23 @@ def delete_expired_files(store: JobStore, settings: Settings, now: datetime | No
                 _drop_work_dir(settings, file.job_id)
 
 
+def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
+    """Remove an ended job and what it made: its output, error and inline-input files
+    (records marked deleted, content removed), its work folder, then its record. Files the
+    owner uploaded stay: they are the owner's objects, and other jobs may read them."""
+    made = [job.output_file_id, job.error_file_id, (job.input or {}).get("inline_file_id")]
+    for file_id in filter(None, made):
+        file = store.get_file(file_id)
+        if file is not None:
+            try:
+                storage.delete(file.uri)
+            except storage.ObjectNotFound:
+                pass
+            store.mark_file_deleted(file_id)
+    _drop_work_dir(settings, job.id)
+    store.delete_job(job.id)
+
+
 def _drop_work_dir(settings: Settings, job_id: str) -> None:
     prefix = join_uri(layout_of(settings, job_id).root, "")
     try:

@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Row, Table, and_, case, create_engine, func, insert, or_, select, update
+from sqlalchemy import Column, Connection, Engine, Row, Table, and_, case, create_engine, delete, func, insert, or_, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.pool import NullPool
@@ -589,6 +589,15 @@ class JobStore:
 
     def set_dag_run(self, job_id: str, dag_run_id: str) -> Job:
         return self._update_job(job_id, dag_run_id=dag_run_id)
+
+    def delete_job(self, job_id: str, owner: str | None = None) -> None:
+        """Remove an ended job's record (JobNotFound if unknown, someone else's, or live:
+        a live job is cancelled first, never deleted under its run)."""
+        terminal = [s.value for s in JobStatus if s.terminal]
+        with self._transaction(write=True) as connection:
+            deleted = connection.execute(delete(JOBS).where(*_owned(JOBS, job_id, owner), JOBS.c.status.in_(terminal)))
+            if deleted.rowcount != 1:
+                raise JobNotFound(f"no ended job {job_id!r}")
 
     def jobs_writing(self, scale_output_uri: str) -> list[Job]:
         """Every job (any owner, any status) whose results go to this user path."""

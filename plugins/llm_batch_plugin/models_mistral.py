@@ -89,3 +89,11 @@ class BatchJobList(BaseModel):
     object: Literal["list"] = "list"
     data: list[BatchJobOut]
     total: int
+
+
+class DeleteBatchJobResponse(BaseModel):
+    """The SDK's ``DeleteBatchJobResponse``."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    deleted: bool = True

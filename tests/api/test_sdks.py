@@ -76,6 +76,27 @@ def test_mistral_sdk_flow(live_server, creds, api_store):
     assert client.batch.jobs.cancel(job_id=inline.id).status == "CANCELLATION_REQUESTED"
     assert client.files.list(page_size=10).total >= 1
 
+    # Delete: a live job is refused (cancel first); an ended one goes with its results.
+    from mistralai.client.errors import SDKError
+
+    with pytest.raises(SDKError) as refused:
+        client.batch.jobs.delete(job_id=inline.id)
+    assert refused.value.status_code == 409
+    assert client.batch.jobs.get(job_id=inline.id).status == "CANCELLATION_REQUESTED"
+    deleted = client.batch.jobs.delete(job_id=job.id)
+    assert deleted.id == job.id and deleted.deleted is True
+    with pytest.raises(SDKError) as gone:
+        client.batch.jobs.get(job_id=job.id)
+    assert gone.value.status_code == 404
+    assert client.files.retrieve(file_id=uploaded.id).deleted is False  # the upload is the user's
+    with pytest.raises(SDKError) as output_gone:
+        client.files.retrieve(file_id=done.output_file)
+    assert output_gone.value.status_code == 404
+    other = Mistral(api_key=creds.keys["bob"], server_url=f"{live_server}/batch")
+    with pytest.raises(SDKError) as not_bobs:
+        other.batch.jobs.delete(job_id=inline.id)
+    assert not_bobs.value.status_code == 404
+
 
 def test_llmengine_client_v2(live_server, creds, api_store, alice_dir, monkeypatch):
     from llmengine import api_engine

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Body, Query, Request
 
-from llm_batch import storage
+from llm_batch import pipeline, storage
 from llm_batch.jobs import MISTRAL_STATUS, JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore
 from llm_batch_plugin.auth import Caller, CallerDep
@@ -17,7 +17,7 @@ from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.limits import check_owner_limits
-from llm_batch_plugin.models_mistral import BatchJobList, BatchJobOut, CreateBatchJobRequest
+from llm_batch_plugin.models_mistral import BatchJobList, BatchJobOut, CreateBatchJobRequest, DeleteBatchJobResponse
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
     JSONL,
@@ -194,3 +194,20 @@ def cancel_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: 
     caller.require_submit()
     job = cancel_job(store, settings, job_id, caller.owner_filter, kind="batch job", refuse_ended=MISTRAL_STATUS)
     return BatchJobOut.of(job)
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=DeleteBatchJobResponse,
+    summary="Delete an ended batch job: its record, results and errors (a live job: 409, cancel it first)",
+)
+def delete_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> DeleteBatchJobResponse:
+    caller.require_submit()
+    job = store.get_job(job_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch job", job_id)
+    if not job.terminal:
+        raise ApiError(409, f"batch job {job_id!r} is {MISTRAL_STATUS[job.status]}: cancel it first, then delete it "
+                       "once it has ended", param="job_id", code="job_not_ended")
+    pipeline.delete_job(store, settings, job)
+    return DeleteBatchJobResponse(id=job_id)
