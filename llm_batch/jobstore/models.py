@@ -46,7 +46,7 @@ class Base(DeclarativeBase):
 
 
 class JobRow(Base):
-    """One batch job, in the canonical (dialect-neutral) model of DESIGN.md."""
+    """One batch job, in the canonical (dialect-neutral) job model (docs/jobstore.md)."""
 
     __tablename__ = "jobs"
 
