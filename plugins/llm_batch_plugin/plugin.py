@@ -1,12 +1,34 @@
-"""The Airflow plugin: mounts the batch API (``create_app``) at ``/batch`` on the api-server."""
+"""The Airflow plugin: mounts the batch API (``create_app``) at ``/batch`` on the api-server.
+
+Every Airflow process loads plugins (scheduler, dag-processor, triggerer, each task), but
+only the api-server serves ``fastapi_apps``: the app (its job store, its settings) is built
+there alone, as Airflow's edge3 provider does. ``LLM_BATCH_SERVE_API=true`` builds it in any
+process (another ASGI host, tests that load plugins in-process).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+
 from airflow.plugins_manager import AirflowPlugin
 
-from llm_batch_plugin.app import create_app
+
+def serving_api(argv: list[str] | None = None) -> bool:
+    """True in ``airflow api-server`` (or when LLM_BATCH_SERVE_API says so)."""
+    forced = os.environ.get("LLM_BATCH_SERVE_API", "").lower()
+    if forced in ("1", "true", "yes", "0", "false", "no"):
+        return forced in ("1", "true", "yes")
+    argv = sys.argv if argv is None else argv
+    return len(argv) > 1 and argv[1] == "api-server"
+
+
+def _api_entry() -> dict:
+    from llm_batch_plugin.app import create_app
+
+    return {"app": create_app(), "url_prefix": "/batch", "name": "llm-batch API"}
 
 
 class LlmBatchPlugin(AirflowPlugin):
     name = "llm_batch"
-    fastapi_apps = [{"app": create_app(), "url_prefix": "/batch", "name": "llm-batch API"}]
+    fastapi_apps = [_api_entry()] if serving_api() else []
