@@ -75,9 +75,9 @@ def test_body_that_is_not_json_says_so(client, creds):
 def test_unknown_route_and_method_name_what_was_asked(client, creds):
     missing = client.get("/v1/models", headers=creds.key("alice"))
     assert missing.status_code == 404 and "GET /batch/v1/models" in missing.json()["detail"]
-    wrong_method = client.delete("/v1/batch/jobs/job_x", headers=creds.key("alice"))
+    wrong_method = client.put("/v1/batch/jobs/job_x", headers=creds.key("alice"))
     assert wrong_method.status_code == 405
-    assert "DELETE /batch/v1/batch/jobs/job_x" in wrong_method.json()["detail"] and "GET" in wrong_method.json()["detail"]
+    assert "PUT /batch/v1/batch/jobs/job_x" in wrong_method.json()["detail"] and "GET" in wrong_method.json()["detail"]
 
 
 # --- models that cannot serve the endpoint ---------------------------------------------
