@@ -1,0 +1,145 @@
+"""The SDK matrix: each client release in its own venv (scripts/sdk_venvs.sh), its flow
+script (tests/sdk/flows/) run as a subprocess against the real app over HTTP (live_server).
+
+A test calls `sdk(release).run(step, ...)` for each step of a flow, and drives the job
+through its states with `finish` (simulate_run, no engine) between the steps."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.api.conftest import (  # noqa: F401 - fixtures re-used as they are
+    api_store,
+    auth_manager,
+    batch_api,
+    batch_app,
+    creds,
+    chat_lines,
+    live_server,
+    simulate_run,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "sdk_venvs.sh"
+FLOWS = Path(__file__).parent / "flows"
+FLOW_OF = {"openai": "openai_flow.py", "mistralai": "mistralai_flow.py", "scale-llm-engine": "scale_flow.py"}
+
+
+@functools.cache
+def matrix() -> dict[str, str]:
+    """Release name -> its requirements, from the script (the one place they are pinned)."""
+    listed = subprocess.run([SCRIPT, "--list"], check=True, capture_output=True, text=True).stdout
+    return dict(line.split("\t", 1) for line in listed.splitlines())
+
+
+def releases(package: str) -> list[str]:
+    """The matrix's releases of one client, e.g. releases("openai") -> ["openai-3.57.0", ...]."""
+    return [name for name in matrix() if name.rsplit("-", 1)[0] == package]
+
+
+def since(release: str, version: str) -> bool:
+    """Whether a release is `version` or newer: since(r, "1.22.0") for a call that came then."""
+    from packaging.version import Version
+
+    return Version(release.rsplit("-", 1)[1]) >= Version(version)
+
+
+@pytest.fixture(scope="session")
+def sdk_pythons() -> dict[str, str]:
+    """Every release's venv python, built (or found up to date) by scripts/sdk_venvs.sh."""
+    started = time.monotonic()
+    done = subprocess.run([SCRIPT], capture_output=True, text=True, timeout=1200)
+    if done.returncode:
+        pytest.fail(f"scripts/sdk_venvs.sh failed:\n{done.stderr}")
+    if done.stderr:  # something was built: say how long it took
+        print(f"\n{done.stderr}sdk_venvs: {time.monotonic() - started:.0f} s")
+    return dict(line.split("\t", 1) for line in done.stdout.splitlines())
+
+
+@dataclass(frozen=True)
+class Flow:
+    release: str
+    python: str
+    base_url: str  # <server>/batch
+    key: str  # the default caller's API key
+
+    def run(self, step: str, key: str | None = None, **args: Any) -> dict[str, Any]:
+        """One step of the release's flow script; what it observed (its JSON summary)."""
+        key = key or self.key
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": os.environ.get("HOME", "/tmp"),
+            "PYTHONNOUSERSITE": "1",
+            "LLM_BATCH_BASE_URL": self.base_url,
+            "LLM_BATCH_API_KEY": key,
+            "LLM_ENGINE_BASE_PATH": f"{self.base_url}/",
+            "SCALE_API_KEY": key,
+            "LLM_ENGINE_DISABLE_VERSION_CHECK": "true",  # no PyPI lookup at import
+        }
+        script = FLOWS / FLOW_OF[self.release.rsplit("-", 1)[0]]
+        done = subprocess.run([self.python, script, step, json.dumps(args)], env=env, cwd=FLOWS,
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            pytest.fail(f"{self.release} {step} failed (exit {done.returncode}):\n{done.stderr[-6000:]}", pytrace=False)
+        observed = json.loads(done.stdout.strip().splitlines()[-1])
+        package, version = self.release.rsplit("-", 1)
+        assert observed["client"] == f"{package}=={version}", "the flow ran another release than its venv's"
+        return observed
+
+
+@pytest.fixture()
+def sdk(sdk_pythons, live_server, creds):
+    """sdk(release) -> the Flow of that release, as alice."""
+
+    def flow(release: str) -> Flow:
+        return Flow(release, sdk_pythons[release], f"{live_server}/batch", creds.keys["alice"])
+
+    return flow
+
+
+def error_of(refusal: dict[str, Any] | None) -> tuple[str, int] | None:
+    """A flow's record of a refused call as (client error class, HTTP status)."""
+    return refusal and (refusal["type"], refusal["status"])
+
+
+def chat_file(path: Path, n: int, model: str = "tiny-random-llama") -> Path:
+    """A batch JSONL file of n chat requests, custom_ids req-0 ... req-<n-1> (as simulate_run names its results)."""
+    path.write_bytes(chat_lines(n, model))
+    return path
+
+
+def finish(store, job_id: str, ok: int, failed: int, while_running=None) -> None:
+    """Run the job to SUCCEEDED with simulate_run (results req-0 ... req-<ok-1>), calling
+    `while_running()` while it is running, then record the error file the merge would write:
+    one OpenAI-shaped error line per failed request (req-<ok> ... req-<ok+failed-1>)."""
+    from llm_batch import storage
+    from llm_batch.config import get_settings
+    from llm_batch.layout import JobLayout
+
+    run = simulate_run(store, job_id, ok=ok, failed=failed)
+    next(run)
+    if while_running:
+        while_running()
+    next(run, None)
+    layout = JobLayout(get_settings().work_uri, job_id)
+    errors = [
+        {"id": f"batch_req_e{i}", "custom_id": f"req-{i}", "line": i + 1, "response": None,
+         "error": {"code": "invalid_request", "message": "simulated failure"}}
+        for i in range(ok, ok + failed)
+    ]
+    storage.write_bytes(layout.errors_jsonl, b"".join(orjson.dumps(e) + b"\n" for e in errors))
+    error_file = store.create_file(
+        owner=store.get_job(job_id).owner, purpose="batch_error", filename=f"{job_id}_error.jsonl",
+        bytes=storage.size(layout.errors_jsonl), uri=layout.errors_jsonl, kind="error", job_id=job_id,
+    )
+    store.set_outputs(job_id, error_file_id=error_file.id)
