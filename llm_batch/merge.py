@@ -79,13 +79,39 @@ class MergeError(ValueError):
 
 @dataclass(frozen=True)
 class MergeCounts:
-    """total = succeeded + failed; failed counts invalid lines, engine errors and not run."""
+    """total = succeeded + failed; failed counts invalid lines, engine errors and not run.
+
+    The token counts are sums of the output lines' ``usage`` (the job's usage); the cached
+    prompt tokens are None (unknown) unless every output line gives them; reasoning tokens
+    count only where a line gives them (a line without any has no hidden reasoning: every
+    token it generated is in its output)."""
 
     total: int
     succeeded: int
     failed: int
     not_run: int
     invalid: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int | None = 0
+    reasoning_tokens: int = 0
+
+
+class _UsageSum:
+    """The sum of the output lines' usage (see MergeCounts for the details)."""
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = self.reasoning = 0
+        self.cached: int | None = 0
+
+    def add(self, body: dict[str, Any] | None) -> None:
+        usage = (body or {}).get("usage") or {}
+        self.prompt += int(usage.get("prompt_tokens") or 0)
+        self.completion += int(usage.get("completion_tokens") or 0)
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        self.cached = None if cached is None or self.cached is None else self.cached + int(cached)
+        self.reasoning += int(reasoning or 0)
 
 
 def stable_request_hash(job_id: str, index: int) -> str:
@@ -217,6 +243,7 @@ def merge_job(
     )
 
     succeeded = failed = not_run = invalid = 0
+    usage = _UsageSum()
     with ExitStack() as stack:
         def sink(uri: str) -> ChunkedWriter:
             return ChunkedWriter(stack.enter_context(storage.open_write(uri)))
@@ -245,10 +272,13 @@ def merge_job(
                 outputs.no_result(outcome)
             elif outcome.ok:
                 succeeded += 1
+                usage.add(outcome.body)
                 outputs.success(outcome)
             else:
                 failed += 1
                 outputs.engine_error(outcome)
         outputs.finish()
     return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
-                       not_run=not_run, invalid=invalid)
+                       not_run=not_run, invalid=invalid, prompt_tokens=usage.prompt,
+                       completion_tokens=usage.completion, cached_prompt_tokens=usage.cached,
+                       reasoning_tokens=usage.reasoning)

@@ -342,8 +342,9 @@ MODEL_CONFIG_FIELDS: dict[str, FieldRule] = {
     "tokenizer_mode": _honoured(Literal["auto", "hf", "mistral"], "tokenizer_mode",
                                 "honoured as `tokenizer_mode` (vLLM 0.32 has no `slow` mode)"),
     "rope_scaling": _honoured(dict[str, Any], "hf_overrides.rope_parameters",
-                              "honoured as `hf_overrides.rope_parameters` (where vLLM 0.32 "
-                              "reads RoPE scaling)"),
+                              "honoured as `hf_overrides.rope_parameters`, merged by the "
+                              "worker over the checkpoint's own (rope_theta ...): vLLM 0.32 "
+                              "reads RoPE scaling there and replaces the dict it is given"),
     "limit_mm_per_prompt": _honoured(Annotated[str | dict[str, Any], AfterValidator(_checked_mm_limits)],
                                      "limit_mm_per_prompt", "honoured as `limit_mm_per_prompt` "
                                      "(Scale's JSON string, or an object)", convert=_mm_limits),
@@ -451,6 +452,9 @@ def resolve_model(
         engine_args["tokenizer"] = str(local_tokenizer_dir(config.tokenizer, settings))
     if config.chat_template:
         engine_args["chat_template"] = str(_template_file(engine_args["chat_template"], settings))
+    if config.rope_scaling and "hf_overrides" not in config.engine_args:
+        rope = _rope_parameters(path, config.rope_scaling)
+        engine_args["hf_overrides"] = {**engine_args["hf_overrides"], "rope_parameters": rope}
     engine_args["model"] = str(path)
 
     return ResolvedModel(
@@ -634,7 +638,35 @@ def _jinja_problem(text: str) -> str | None:
         if exc.message and "unknown tag" in exc.message:
             return None
         return f"not valid Jinja (line {exc.lineno}: {exc.message})"
+    except Exception as exc:  # noqa: BLE001 - any text may come in; jinja2 may fail oddly
+        return f"not valid Jinja ({type(exc).__name__})"
     return None
+
+
+def _rope_parameters(checkpoint: Path, scaling: dict[str, Any]) -> dict[str, Any]:
+    """model_config.rope_scaling over the checkpoint's own RoPE parameters (rope_theta...):
+    vLLM 0.32 replaces the whole dict it is given, so it is merged here. Scale's legacy
+    ``type`` key is vLLM's ``rope_type``."""
+    try:
+        hf_config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError):
+        hf_config = {}
+    base = hf_config.get("rope_parameters")
+    if not isinstance(base, dict):
+        legacy = hf_config.get("rope_scaling")
+        base = {**(legacy if isinstance(legacy, dict) else {}),
+                **({"rope_theta": hf_config["rope_theta"]} if "rope_theta" in hf_config else {})}
+    if base and all(isinstance(value, dict) for value in base.values()):
+        raise InvalidModelConfig(
+            "invalid model_config: model_config.rope_scaling: this checkpoint sets RoPE "
+            "parameters per layer type; the registry entry can override them (hf_overrides)",
+            ["rope_scaling"],
+        )
+    scaling = dict(scaling)
+    if "type" in scaling:
+        scaling.setdefault("rope_type", scaling.pop("type"))
+    base = {key: value for key, value in base.items() if key != "type"}
+    return {**base, **scaling}
 
 
 def _template_file(text: str, settings: Settings) -> Path:

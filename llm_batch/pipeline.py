@@ -215,7 +215,7 @@ def fail_job(store: JobStore, job_id: str, reason: str, *, dag_run_id: str | Non
         return job
     if dag_run_id is not None and job.dag_run_id not in (None, dag_run_id):
         return job
-    return store.transition(job_id, JobStatus.FAILED, reason)
+    return store.end_job(job_id, JobStatus.FAILED, reason)
 
 
 def check_resources(nodes_per_worker: int | None, gpu_type: str | None) -> None:
@@ -356,8 +356,9 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
 
 
 def _set_counts(store: JobStore, job_id: str, total: int, invalid: int) -> None:
-    """Counts after validation: invalid lines are already completed (as failures)."""
-    store.set_counts(job_id, total=total, completed=invalid, succeeded=0, failed=invalid)
+    """Counts after validation: invalid lines are already completed (as failures), and
+    stay the base the shards' progress rows add to."""
+    store.set_counts(job_id, total=total, completed=invalid, succeeded=0, failed=invalid, invalid=invalid)
 
 
 # -- plan ---------------------------------------------------------------------------------
@@ -513,41 +514,42 @@ def shard_stop_cause(store: JobStore, job_id: str, cancel_marker: str, deadline:
     return None
 
 
-def try_publish_progress(store: JobStore, settings: Settings, job_id: str) -> None:
-    """``publish_progress`` for the runners' watch loops: live counts are advisory, so a
+def try_report_shard(store: JobStore, task: ShardTask, outcome: ShardOutcome | None = None) -> None:
+    """``report_shard`` for the runners' watch loops: live counts are advisory, so a
     failure is logged and never fails the shard."""
     try:
-        publish_progress(store, settings, job_id)
+        report_shard(store, task, outcome)
     except Exception as exc:  # noqa: BLE001
-        log.warning("could not publish progress of job %s: %s", job_id, exc)
+        log.warning("could not report shard %d of job %s: %s", task.shard, task.job_id, exc)
 
 
-def publish_progress(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
-    """Sum the shards' progress objects into the job's live counts (invalid lines count as
-    completed and failed). None when there is nothing to publish yet."""
+def report_shard(store: JobStore, task: ShardTask, outcome: ShardOutcome | None = None) -> Job | None:
+    """Read this shard's own progress object (one storage read, whatever the number of
+    shards) and record it in the shard's row of the store, which sets the job's live
+    counts and usage from the sum of its rows (``JobStore.report_shard``). With `outcome`
+    (the shard task's end), the row also keeps the state and why, which merge reads.
+    None when there is nothing to report yet (no progress object and no outcome)."""
     from llm_batch.progress import read_progress
-    from llm_batch.sharding import read_manifest
 
-    layout = layout_of(settings, job_id)
     try:
-        manifest = read_manifest(layout)
-        report = orjson.loads(storage.read_bytes(layout.validation_report))
+        figures = read_progress(task.progress_uri).model_dump(
+            include={"total", "done", "succeeded", "failed", "prompt_tokens", "completion_tokens",
+                     "cached_prompt_tokens", "engine_seconds", "state"})
     except (storage.StorageError, ValueError):
-        return None
-    invalid = int(report.get("invalid", 0))
-    succeeded, failed = 0, invalid
-    for shard in manifest.shards:
-        try:
-            progress = read_progress(shard.progress_uri)
-        except (storage.StorageError, ValueError):
-            continue
-        succeeded += progress.succeeded
-        failed += progress.failed
-    job = store.get_job(job_id)
-    if job is None or job.terminal:
-        return None
-    store.raise_counts(job_id, completed=succeeded + failed, succeeded=succeeded, failed=failed)
-    return {"completed": succeeded + failed, "succeeded": succeeded, "failed": failed}
+        if outcome is None:
+            return None
+        figures = {}
+    if outcome is not None:
+        figures |= {"state": outcome.state, "reason": outcome.message}
+    return store.report_shard(task.job_id, task.shard, **{**figures, "state": str(figures["state"])})
+
+
+def shard_not_run_reasons(store: JobStore, job_id: str) -> dict[int, str]:
+    """Why each shard that did not finish stopped, from its recorded outcome: what merge
+    writes on the requests it never ran (e.g. "shard 3: the worker failed (exit status 1)
+    on attempt 3 of 3")."""
+    return {r.shard: f"shard {r.shard}: {r.reason}" for r in store.shard_records(job_id)
+            if r.reason and r.state != "done"}
 
 
 # -- merge and finalize -------------------------------------------------------------------
@@ -594,6 +596,7 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
         scale_json=job.dialect == "scale",
         not_run_reason=f"{cause[1] if cause else 'its shard failed after its retries'} before this request ran",
         not_run_code=_not_run_code(cause),
+        shard_not_run_reasons=shard_not_run_reasons(store, job_id),
     )
     # Every request has an outcome now, those never run included (counted failed).
     store.set_counts(
@@ -603,6 +606,9 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
         succeeded=counts.succeeded,
         failed=counts.failed,
     )
+    # The exact usage: the sum over the output lines (the live figure came from progress).
+    store.set_usage(job_id, prompt_tokens=counts.prompt_tokens, completion_tokens=counts.completion_tokens,
+                    cached_prompt_tokens=counts.cached_prompt_tokens, reasoning_tokens=counts.reasoning_tokens)
     report = dataclasses.asdict(counts)
     storage.write_bytes(layout.merge_report, orjson.dumps(report))
     return report
@@ -659,9 +665,9 @@ def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
     counts = _read_merge_report(layout)
     if counts is None:
         if cause is not None and not storage.exists(layout.validation_report):
-            return store.transition(job_id, cause[0], f"{cause[1]} before its input was read: no request was run")
+            return store.end_job(job_id, cause[0], f"{cause[1]} before its input was read: no request was run")
         status, reason = cause or (JobStatus.FAILED, "the run ended before the shards' results were merged")
-        return store.transition(job_id, status, reason)
+        return store.end_job(job_id, status, reason)
     output = job.output_file_id and store.get_file(job.output_file_id)
     errors = job.error_file_id and store.get_file(job.error_file_id)
     store.set_outputs(
@@ -673,13 +679,14 @@ def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
     )
     not_run = counts["not_run"]
     if not_run:
-        status, why = cause or (JobStatus.FAILED, "a shard failed after its retries")
+        failed_shards = "; ".join(shard_not_run_reasons(store, job_id).values())
+        status, why = cause or (JobStatus.FAILED, failed_shards or "a shard failed after its retries")
         reason = f"{why}; {not_run} requests were not run"
     elif job.cancel_requested:
         status, reason = JobStatus.CANCELLED, "the job was cancelled after every request had finished"
     else:
         status, reason = JobStatus.SUCCEEDED, f"{counts['succeeded']} succeeded, {counts['failed']} failed"
-    return store.transition(job_id, status, reason)
+    return store.end_job(job_id, status, reason)
 
 
 # -- housekeeping -------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 The worker publishes ``ShardProgress`` to ``{shard}/progress.json`` every ``interval``
 seconds (and once more with its final state), so the pipeline and ``llm-batch watch`` can
 read how far a shard is without touching its results. ``done`` counts every request of the
-shard that has a result, including those finished by an earlier attempt (``resumed``);
+shard that has a result, including those finished by an earlier attempt (``resumed``), and
+so do the token counts (summed from the earlier results' usage) and ``engine_seconds``
+(the time the engine loop ran, this attempt's added to what earlier attempts published);
 ``tokens_per_s`` is measured over this attempt only.
 """
 
@@ -42,6 +44,8 @@ class ShardProgress(BaseModel):
     resumed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    engine_seconds: float = 0.0  # seconds the engine loop ran, every attempt
     tokens_per_s: float = 0.0
     state: ShardState = ShardState.STARTING
     updated_at: str = ""
@@ -72,18 +76,25 @@ class ProgressReporter:
         self._clock = clock
         self._started = clock()
         self._stopped: float | None = None
+        self._running = False
         self._last_publish: float | None = None
+        # What earlier attempts' engines ran (their published engine_seconds).
+        self._earlier_engine_seconds = progress.engine_seconds
+        self._tokens_before = progress.completion_tokens
 
     def start_running(self) -> None:
         """The engine is ready: tokens/s are measured from here."""
         self._started = self._clock()
+        self._running = True
+        self._tokens_before = self.progress.completion_tokens  # earlier attempts' tokens
         self.publish(ShardState.RUNNING)
 
     def stop_running(self) -> None:
         """The engine loop ended: tokens/s are measured up to here (not the engine's stop)."""
         self._stopped = self._clock()
 
-    def record(self, ok: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def record(self, ok: bool, prompt_tokens: int = 0, completion_tokens: int = 0,
+               cached_prompt_tokens: int = 0) -> None:
         p = self.progress
         p.done += 1
         if ok:
@@ -92,6 +103,7 @@ class ProgressReporter:
             p.failed += 1
         p.prompt_tokens += prompt_tokens
         p.completion_tokens += completion_tokens
+        p.cached_prompt_tokens += cached_prompt_tokens
 
     @property
     def due(self) -> bool:
@@ -104,8 +116,10 @@ class ProgressReporter:
             p.state = state
         ended = self._stopped if self._stopped is not None else self._clock()
         elapsed = ended - self._started
+        if self._running:
+            p.engine_seconds = round(self._earlier_engine_seconds + max(elapsed, 0.0), 3)
         if p.state is not ShardState.STARTING and elapsed > 0:
-            p.tokens_per_s = round(p.completion_tokens / elapsed, 1)
+            p.tokens_per_s = round((p.completion_tokens - self._tokens_before) / elapsed, 1)
         p.updated_at = datetime.now(UTC).isoformat(timespec="seconds")
         self._last_publish = self._clock()
         log.info(

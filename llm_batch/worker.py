@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from llm_batch import exit_codes, storage
 from llm_batch.engine import StopReason
 from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
-from llm_batch.progress import ProgressReporter, ShardProgress, ShardState
+from llm_batch.progress import ProgressReporter, ShardProgress, ShardState, read_progress
 from llm_batch.records import BatchRequest, ResultRecord
 from llm_batch.results import ResultsWriter, read_results
 from llm_batch.streams import iter_lines
@@ -80,7 +80,8 @@ def run_worker(config: WorkerConfig) -> int:
             flush_every_records=config.flush_every_records,
         )
         total = count_requests(config.requests)
-        succeeded = _succeeded_so_far(config.results) if writer.done else 0
+        earlier = _earlier_attempts(config) if writer.done else ShardProgress(
+            job_id=config.job_id, shard=config.shard, total=total)
     except (WorkerUsageError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
         log.error("shard %d of job %s cannot run: %s", config.shard, config.job_id, exc)
         return exit_codes.USAGE
@@ -88,11 +89,12 @@ def run_worker(config: WorkerConfig) -> int:
         log.error("shard %d of job %s: storage failed: %s", config.shard, config.job_id, exc)
         return exit_codes.FAILED
 
-    # A resumed attempt reports its earlier results too, so live counts never go back.
+    # A resumed attempt reports its earlier results (and their tokens, and the earlier
+    # engines' time) too, so live counts never go back.
     progress = ProgressReporter(
         config.progress,
-        ShardProgress(job_id=config.job_id, shard=config.shard, total=total, done=writer.done,
-                      resumed=writer.done, succeeded=succeeded, failed=writer.done - succeeded),
+        earlier.model_copy(update={"total": total, "done": writer.done, "resumed": writer.done,
+                                   "failed": writer.done - earlier.succeeded}),
         interval=config.progress_interval_s,
     )
     monitor = StopMonitor(config, progress, writer)
@@ -100,9 +102,22 @@ def run_worker(config: WorkerConfig) -> int:
         return _run(config, model, writer, progress, monitor)
 
 
-def _succeeded_so_far(results_uri: str) -> int:
-    """How many of the results an earlier attempt wrote are successes (read once, streamed)."""
-    return sum(record.ok for record in read_results(results_uri))
+def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
+    """What earlier attempts did: the successes and token usage of the results they wrote
+    (read once, streamed), and the engine seconds they published (0 if unreadable)."""
+    earlier = ShardProgress(job_id=config.job_id, shard=config.shard, total=0)
+    for record in read_results(config.results):
+        earlier.succeeded += record.ok
+        usage = (record.body or {}).get("usage") or {}
+        earlier.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        earlier.completion_tokens += int(usage.get("completion_tokens") or 0)
+        earlier.cached_prompt_tokens += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    if config.progress:
+        try:
+            earlier.engine_seconds = read_progress(config.progress).engine_seconds
+        except (storage.StorageError, ValueError):
+            pass
+    return earlier
 
 
 def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
@@ -118,7 +133,7 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
 
     def emit(record: ResultRecord, usage: Usage) -> None:
         writer.write(record)
-        progress.record(record.ok, usage.prompt_tokens, usage.completion_tokens)
+        progress.record(record.ok, usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens or 0)
 
     llm = None
     try:

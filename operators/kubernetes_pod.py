@@ -16,6 +16,7 @@ and "deadline" (exit statuses 3 and 4) end the task well: merge reports what did
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -77,11 +78,13 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         super().__init__(**{**pod_args, **kwargs})
         self.shard_task = shard_task
         self._stop_cause: str | None = None
+        self._context: Any = None
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        self._context = context
         early = self.stop_before_start()
         if early is not None:
-            return early.model_dump()
+            return self.report_outcome(early, context).model_dump()
         try:
             super().execute(context)  # deferrable: raises TaskDeferred, resumes in trigger_reentry
         except AirflowException:
@@ -89,6 +92,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         return self._finished(self.outcome(0, None))
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> Any:
+        self._context = context
         self._stop_cause = event.get(STOP_KEY)
         try:
             super().trigger_reentry(context, event)
@@ -103,6 +107,8 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
             trigger = ShardPodTrigger(
                 shard_stop={
                     "job_id": task.job_id,
+                    "shard": task.shard,
+                    "progress_uri": task.progress_uri,
                     "cancel_marker": task.cancel_marker,
                     "deadline": task.deadline,
                     "grace_seconds": self.llm_settings.cancel_grace_seconds,
@@ -120,6 +126,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         outcome = self.outcome(_exit_code(self._final_pod(), self.base_container_name), None)
         if outcome.state in ("cancelled", "deadline"):
             return self._finished(outcome)
+        outcome = self.report_outcome(outcome, self._context)
         if outcome.state == "usage":
             raise AirflowFailException(outcome.message)
         raise AirflowException(outcome.message)
@@ -128,9 +135,18 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         return getattr(self, "remote_pod", None) or self.pod
 
     def _finished(self, outcome: ShardOutcome) -> dict[str, Any]:
-        self.publish_progress()
+        outcome = self.report_outcome(outcome, self._context)
         self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)
         return outcome.model_dump()
+
+
+@dataclass(frozen=True)
+class _ShardRef:
+    """What report_shard reads of a ShardTask: the trigger carries only these."""
+
+    job_id: str
+    shard: int
+    progress_uri: str
 
 
 def _exit_code(pod: Any, container: str) -> int | None:
@@ -144,8 +160,9 @@ def _exit_code(pod: Any, container: str) -> int | None:
 class ShardPodTrigger(KubernetesPodTrigger):
     """The provider's pod trigger, plus the shard's stop watch (see the module docstring).
 
-    ``shard_stop``: {job_id, cancel_marker, deadline (ISO), grace_seconds}. The stop watch
-    reads the job store of the triggerer's own settings (LLM_BATCH_DATABASE_URL).
+    ``shard_stop``: {job_id, shard, progress_uri, cancel_marker, deadline (ISO),
+    grace_seconds}. The stop watch reads the job store of the triggerer's own settings
+    (LLM_BATCH_DATABASE_URL) and this shard's progress object only.
     """
 
     def __init__(self, *, shard_stop: dict[str, Any], **kwargs: Any) -> None:
@@ -198,13 +215,15 @@ class ShardPodTrigger(KubernetesPodTrigger):
 
 
 def _watch_shard(shard_stop: dict[str, Any]) -> str | None:
-    """One round of the stop watch (blocking: run in a thread): publish the job's live
-    counts, mirror a cancel to the marker, and return the stop cause if there is one."""
+    """One round of the stop watch (blocking: run in a thread): report this shard's
+    progress to its row (the job's live counts), mirror a cancel to the marker, and return
+    the stop cause if there is one."""
     from llm_batch.jobstore import get_job_store
-    from llm_batch.pipeline import shard_stop_cause, try_publish_progress
+    from llm_batch.pipeline import shard_stop_cause, try_report_shard
 
     settings = get_settings()
     store = get_job_store(settings.database_url)
-    try_publish_progress(store, settings, shard_stop["job_id"])
+    if shard_stop.get("progress_uri") is not None:  # a trigger serialized before they were added has none
+        try_report_shard(store, _ShardRef(shard_stop["job_id"], int(shard_stop["shard"]), shard_stop["progress_uri"]))
     return shard_stop_cause(store, shard_stop["job_id"], shard_stop["cancel_marker"],
                             datetime.fromisoformat(shard_stop["deadline"]))

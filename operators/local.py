@@ -2,7 +2,8 @@
 
 The embedded set-up's runner (and CI's). While the worker runs, the operator is its
 supervisor: it streams the worker's output into the task log, mirrors the job's cancel
-flag to the cancel marker the worker reads, publishes progress to the job store, and kills
+flag to the cancel marker the worker reads, reports its shard's progress (and at the end its
+outcome) to the shard's row in the job store, and kills
 the worker if it has not stopped ``cancel_grace_seconds`` after a cancel or the deadline.
 On kill (task cleared, run timed out) the worker's process group is terminated.
 """
@@ -59,14 +60,13 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         early = self.stop_before_start()
         if early is not None:
-            return early.model_dump()
+            return self.report_outcome(early, context).model_dump()
         self._process = self._start()
         reader = threading.Thread(target=self._stream_output, args=(self._process,), daemon=True)
         reader.start()
         forced = self._supervise(self._process)
         reader.join(timeout=5)
-        self.publish_progress()
-        outcome = self.outcome(self._process.returncode, forced)
+        outcome = self.report_outcome(self.outcome(self._process.returncode, forced), context)
         self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)
         if outcome.state == "usage":
             raise AirflowFailException(outcome.message)
@@ -107,7 +107,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         stop_seen: tuple[str, float] | None = None
         while process.poll() is None:
             time.sleep(POLL_SECONDS)
-            self.publish_progress()
+            self.report_progress()
             if stop_seen is None:
                 cause = self.stop_cause(datetime.now(UTC))
                 if cause is not None:

@@ -7,7 +7,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from llm_batch.config import Settings, get_settings
-from llm_batch.pipeline import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_publish_progress
+from llm_batch.pipeline import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_report_shard
 
 if TYPE_CHECKING:
     from llm_batch.jobstore import JobStore
@@ -47,9 +47,26 @@ class ShardTaskMixin:
             shard=self.shard.shard, exit_code=-1, state=cause, message=f"not started: {cause}"
         )
 
-    def publish_progress(self) -> None:
-        """Live counts for the API; a failure here must never fail the shard."""
-        try_publish_progress(self.job_store, self.llm_settings, self.shard.job_id)
+    def report_progress(self) -> None:
+        """This shard's progress into its row of the store (live counts for the API): one
+        read of its own progress object; a failure here must never fail the shard."""
+        try_report_shard(self.job_store, self.shard)
+
+    def report_outcome(self, outcome: ShardOutcome, context: Any = None) -> ShardOutcome:
+        """Record how this attempt ended in the shard's row (merge tells the requests it never
+        ran which shard and why); a failure says which attempt of how many it was."""
+        if outcome.state in ("failed", "usage"):
+            ti = (context or {}).get("ti")
+            attempts = int(getattr(self, "retries", 0) or 0) + 1
+            if outcome.state == "usage":
+                attempt = "; not retried"
+            elif ti is not None:
+                attempt = f" on attempt {ti.try_number} of {attempts}"
+            else:
+                attempt = ""
+            outcome = outcome.model_copy(update={"message": f"{outcome.message}{attempt}"})
+        try_report_shard(self.job_store, self.shard, outcome)
+        return outcome
 
     def outcome(self, exit_code: int | None, forced: str | None) -> ShardOutcome:
         """The outcome of a finished worker; ``forced`` is the cause when it was killed."""

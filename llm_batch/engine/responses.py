@@ -25,19 +25,25 @@ _FINISH_REASONS = {"repetition": "stop", "abort": "stop"}
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Prompt tokens the prefix cache served; None when the engine did not say.
+    cached_prompt_tokens: int | None = None
 
-    def to_dict(self) -> dict[str, int]:
-        return {
+    def to_dict(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
+        if self.cached_prompt_tokens is not None:  # OpenAI's CompletionUsage field
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_prompt_tokens}
+        return usage
 
 
 def generation_usage(output: RequestOutput) -> Usage:
     return Usage(
         prompt_tokens=len(output.prompt_token_ids or ()),
         completion_tokens=sum(len(c.token_ids) for c in output.outputs),
+        cached_prompt_tokens=output.num_cached_tokens,
     )
 
 

@@ -5,7 +5,7 @@ metadata database. See docs/jobstore.md for the API.
 """
 
 from llm_batch.jobstore.database import make_engine, upgrade_to_head
-from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job
+from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
 from llm_batch.jobstore.store import (
     ApiKeyNotFound,
     ConcurrentUpdate,
@@ -35,6 +35,7 @@ __all__ = [
     "JobNotFound",
     "JobStore",
     "JobStoreError",
+    "ShardRecord",
     "get_job_store",
     "make_engine",
     "new_file_id",

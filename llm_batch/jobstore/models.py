@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -91,6 +91,19 @@ class JobRow(Base):
     completed: Mapped[int] = mapped_column(Integer, default=0)
     succeeded: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
+    # Lines that failed validation (part of completed and failed): the base the shards'
+    # progress rows are added to.
+    invalid: Mapped[int] = mapped_column(Integer, default=0)
+    # Usage: live from the shards' progress rows, exact from the output lines after merge.
+    # cached None = unknown (an output line did not say). reasoning: hidden reasoning tokens,
+    # 0 unless the lines count some (our engine returns every generated token as output).
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Seconds the shards' engine loops ran (all attempts), and the summed output rate.
+    engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    tokens_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     # Summary of request errors: [{"code", "message", "count"}].
     errors: Mapped[list[Any]] = mapped_column(default=list)
 
@@ -103,6 +116,29 @@ class JobRow(Base):
         Index("ix_jobs_dialect_created_at", "dialect", "created_at"),
         Index("ix_jobs_created_at", "created_at"),
     )
+
+
+class ShardProgressRow(Base):
+    """One shard of a job: its last reported progress and, once its task ended, its
+    outcome (``state`` done|cancelled|deadline|failed|usage and ``reason``). Written only by
+    that shard's watcher; the job's live counts are the sum of its rows (JobStore.report_shard)."""
+
+    __tablename__ = "shard_progress"
+
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    shard: Mapped[int] = mapped_column(Integer, primary_key=True)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    state: Mapped[str] = mapped_column(String(16))
+    # Why the shard's task ended as it did (its final outcome's message); None while it runs.
+    reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime]
 
 
 class FileRow(Base):

@@ -55,6 +55,13 @@ class Job:
     completed: int = 0
     succeeded: int = 0
     failed: int = 0
+    invalid: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int | None = None
+    reasoning_tokens: int = 0
+    engine_seconds: float = 0.0
+    tokens_per_s: float = 0.0
     errors: list[dict[str, Any]] = field(default_factory=list)
     dag_run_id: str | None = None
 
@@ -65,6 +72,26 @@ class Job:
     @property
     def cancel_requested(self) -> bool:
         return self.cancel_requested_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRecord:
+    """A shard's row: its last reported progress, and its task's outcome once it ended
+    (``reason`` is None while it runs)."""
+
+    job_id: str
+    shard: int
+    state: str
+    updated_at: datetime
+    total: int = 0
+    done: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    engine_seconds: float = 0.0
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, Connection, Engine, Row, Table, and_, case, create_engine, delete, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.pool import NullPool
@@ -43,8 +44,8 @@ from sqlalchemy.sql.elements import ColumnElement
 from llm_batch.endpoints import parse_endpoint
 from llm_batch.jobs import JobStatus, check_transition
 from llm_batch.jobstore.database import WRITE, make_engine, upgrade_to_head
-from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow
-from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job
+from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow, ShardProgressRow
+from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
 
 MAX_PAGE_SIZE = 1000
 # Compare-and-set attempts before giving up; each lost race means another writer moved the
@@ -69,6 +70,10 @@ _STATUS_TIMESTAMPS: dict[JobStatus, tuple[str, ...]] = {
 _JOB_ORDER_COLUMNS = {"created_at", "updated_at", "priority"}
 _FILE_ORDER_COLUMNS = {"created_at"}
 _COUNTERS = ("total", "completed", "succeeded", "failed")
+# A shard row's counters: each only moves up (a stale report cannot lower it).
+_SHARD_COUNTERS = ("total", "done", "succeeded", "failed", "prompt_tokens", "completion_tokens",
+                   "cached_prompt_tokens", "engine_seconds")
+_LIVE_SHARD_STATES = ("starting", "running")
 
 
 class JobStoreError(Exception):
@@ -127,6 +132,7 @@ def _sha256(text: str) -> str:
 JOBS: Table = JobRow.__table__
 FILES: Table = FileRow.__table__
 API_KEYS: Table = ApiKeyRow.__table__
+SHARDS: Table = ShardProgressRow.__table__
 # The columns a snapshot is made of (an API key's sha256 never leaves the store).
 _API_KEY_COLUMNS = [API_KEYS.c[f.name] for f in dataclasses.fields(ApiKey)]
 
@@ -143,6 +149,24 @@ def _file(row: Row) -> FileObject:
 
 def _api_key(row: Row) -> ApiKey:
     return ApiKey(**row._asdict())
+
+
+def _upsert(connection: Connection, table: Table):
+    """INSERT ... ON CONFLICT for this connection's dialect (SQLite and PostgreSQL spell it alike)."""
+    return (postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert)(table)
+
+
+def _live_from_rows(job: Row, sums: Row) -> dict[str, Any]:
+    """The job's live counts and usage from the sum of its shard rows (`sums`) on top of
+    its invalid lines, never lower than what it shows (`job`). The three counts move
+    together, and only when the new sum is at least the old in each (so succeeded + failed
+    == completed holds at every moment); the other figures move up one by one."""
+    counts = {"completed": job.invalid + sums.done, "succeeded": sums.succeeded, "failed": job.invalid + sums.failed}
+    values: dict[str, Any] = counts if all(counts[k] >= job._mapping[k] for k in counts) else {}
+    for name in ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "engine_seconds"):
+        values[name] = max(job._mapping[name] or 0, sums._mapping[name])
+    values["tokens_per_s"] = round(float(sums.tokens_per_s), 1)
+    return values
 
 
 def _require_aware(**values: datetime | None) -> None:
@@ -539,21 +563,100 @@ class JobStore:
         completed: int | None = None,
         succeeded: int | None = None,
         failed: int | None = None,
+        invalid: int | None = None,
     ) -> Job:
-        """Overwrite the given counters (None leaves one as it is)."""
-        values = {k: v for k, v in zip(_COUNTERS, (total, completed, succeeded, failed)) if v is not None}
+        """Overwrite the given counters (None leaves one as it is). ``invalid``: the lines
+        that failed validation, the base of the live counts (see report_shard)."""
+        given = (total, completed, succeeded, failed, invalid)
+        values = {k: v for k, v in zip((*_COUNTERS, "invalid"), given) if v is not None}
         for name, value in values.items():
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         return self._update_job(job_id, **values)
 
-    def raise_counts(self, job_id: str, *, completed: int, succeeded: int, failed: int) -> Job:
-        """Live counts from progress: each counter moves up to the value given, never down
-        (in SQL, so a stale report read before a newer one was written cannot lower them)."""
-        values = dict(zip(_COUNTERS[1:], (completed, succeeded, failed)))
-        return self._update_job(job_id, **{
-            name: case((JOBS.c[name] < value, value), else_=JOBS.c[name]) for name, value in values.items()
-        })
+    def report_shard(
+        self,
+        job_id: str,
+        shard: int,
+        *,
+        state: str,
+        total: int = 0,
+        done: int = 0,
+        succeeded: int = 0,
+        failed: int = 0,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
+        engine_seconds: float = 0.0,
+        reason: str | None = None,
+    ) -> Job:
+        """Record one shard's progress (and, with `reason`, its task's outcome) in its row,
+        then set the job's live counts and usage from the sum of its rows: one transaction,
+        O(1) in the number of shards for the caller.
+
+        Each counter of the row only moves up (a stale report cannot lower it); ``state``
+        and ``reason`` are the latest report's. The job row is locked first (``FOR UPDATE``
+        on PostgreSQL; SQLite's write lock), so reports of one job are serialized and every
+        sum sees the rows the others committed: no watcher's report is lost, and the job's
+        counts never go down (see _live_from_rows). A job that has ended is returned as it
+        ended, its row left alone (its counts are the merge's, final).
+        """
+        given = dict(total=total, done=done, succeeded=succeeded, failed=failed, prompt_tokens=prompt_tokens,
+                     completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens,
+                     engine_seconds=engine_seconds)
+        for name, value in given.items():
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        with self._transaction(write=True) as connection:
+            job = connection.execute(select(JOBS).where(JOBS.c.id == job_id).with_for_update()).one_or_none()
+            if job is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            if JobStatus(job.status).terminal:
+                return _job(job)
+            now = utcnow()
+            upsert = _upsert(connection, SHARDS).values(job_id=job_id, shard=shard, state=state, reason=reason,
+                                                         updated_at=now, **given)
+            new = upsert.excluded
+            connection.execute(upsert.on_conflict_do_update(
+                index_elements=[SHARDS.c.job_id, SHARDS.c.shard],
+                set_={**{name: case((SHARDS.c[name] < new[name], new[name]), else_=SHARDS.c[name])
+                         for name in _SHARD_COUNTERS},
+                      "state": new.state, "reason": new.reason, "updated_at": new.updated_at},
+            ))
+            c = SHARDS.c
+            # Output tokens per engine second of each shard still running, summed.
+            rate = case((and_(c.state.in_(_LIVE_SHARD_STATES), c.engine_seconds > 0),
+                         c.completion_tokens / c.engine_seconds), else_=0.0)
+            sums = connection.execute(
+                select(*(func.coalesce(func.sum(c[name]), 0).label(name) for name in _SHARD_COUNTERS),
+                       func.coalesce(func.sum(rate), 0).label("tokens_per_s"))
+                .where(c.job_id == job_id)
+            ).one()
+            updated = connection.execute(
+                update(JOBS).where(JOBS.c.id == job_id).values(**_live_from_rows(job, sums), updated_at=now)
+                .returning(*JOBS.c)
+            ).one()
+            return _job(updated)
+
+    def shard_records(self, job_id: str) -> list[ShardRecord]:
+        """The job's shard rows, by shard index (empty before any shard reported)."""
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(select(SHARDS).where(SHARDS.c.job_id == job_id).order_by(SHARDS.c.shard))
+            return [ShardRecord(**r._asdict()) for r in rows]
+
+    def set_usage(
+        self,
+        job_id: str,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_prompt_tokens: int | None,
+        reasoning_tokens: int,
+    ) -> Job:
+        """Overwrite the job's token counts (the merge's exact sums over the output lines;
+        cached None = unknown)."""
+        return self._update_job(job_id, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                cached_prompt_tokens=cached_prompt_tokens, reasoning_tokens=reasoning_tokens)
 
     def add_counts(
         self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0
@@ -598,6 +701,7 @@ class JobStore:
             deleted = connection.execute(delete(JOBS).where(*_owned(JOBS, job_id, owner), JOBS.c.status.in_(terminal)))
             if deleted.rowcount != 1:
                 raise JobNotFound(f"no ended job {job_id!r}")
+            connection.execute(delete(SHARDS).where(SHARDS.c.job_id == job_id))
 
     def jobs_writing(self, scale_output_uri: str) -> list[Job]:
         """Every job (any owner, any status) whose results go to this user path."""

@@ -36,6 +36,40 @@ class BatchRequestCounts(BaseModel):
     failed: int
 
 
+class InputTokensDetails(BaseModel):
+    cached_tokens: int | None = None  # None: the engine did not say
+
+
+class OutputTokensDetails(BaseModel):
+    # Hidden reasoning tokens: 0 unless the output lines count some (the engine returns
+    # every token it generates as output).
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(BaseModel):
+    """The SDK's ``BatchUsage``: live from the shards' progress while the batch runs, the
+    exact sum of the output lines' usage once it is merged."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+    @classmethod
+    def of(cls, job: Job) -> BatchUsage | None:
+        """None while nothing can be known yet (the batch has not started running)."""
+        if job.in_progress_at is None and not job.terminal:
+            return None
+        return cls(
+            input_tokens=job.prompt_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=job.cached_prompt_tokens),
+            output_tokens=job.completion_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=job.reasoning_tokens),
+            total_tokens=job.prompt_tokens + job.completion_tokens,
+        )
+
+
 class BatchErrorData(BaseModel):
     code: str | None = None
     message: str | None = None
@@ -69,6 +103,7 @@ class BatchOut(BaseModel):
     cancelling_at: int | None = None
     cancelled_at: int | None = None
     request_counts: BatchRequestCounts
+    usage: BatchUsage | None = None
     metadata: dict[str, Any] | None = None
 
     @classmethod
@@ -94,6 +129,7 @@ class BatchOut(BaseModel):
             cancelled_at=epoch(job.cancelled_at),
             # OpenAI's "completed" counts succeeded requests; "failed" the others.
             request_counts=BatchRequestCounts(total=job.total, completed=job.succeeded, failed=job.failed),
+            usage=BatchUsage.of(job),
             metadata=job.metadata or None,
         )
 

@@ -5,28 +5,37 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from llm_batch.jobs import SCALE_STATUS
 from llm_batch.jobstore import Job
+from llm_batch.models import MODEL_CONFIG_FIELDS
 from llm_batch.pipeline import GPU_TYPES
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, check_pairs
 
 GpuType = Literal[GPU_TYPES]  # the seed's enum, defined once in the pipeline
 
 
-class ScaleModelConfig(BaseModel):
-    # Engine knobs pass through to the model registry's resolver (extra allowed).
+class _ScaleModelConfigBase(BaseModel):
+    # Other fields reach llm_batch.models, which refuses them by name (a 400, not a 422).
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
-    model: str = Field(min_length=1, max_length=256)
-    checkpoint_path: str | None = None
-    labels: dict[str, str] | None = None
-    num_shards: int | None = Field(default=None, ge=1, le=64)
-    max_context_length: int | None = Field(default=None, ge=1)
-    seed: int | None = None
+    _labels = field_validator("labels", check_fields=False)(check_pairs)
 
-    _labels = field_validator("labels")(check_pairs)
+
+# Every field of llm_batch.models.MODEL_CONFIG_FIELDS, typed as there (a wrong type is a
+# 422, as Scale's server answers); what each value does is decided there, at submission.
+ScaleModelConfig = create_model(
+    "ScaleModelConfig",
+    __base__=_ScaleModelConfigBase,
+    __module__=__name__,
+    **{
+        name: (rule.type, Field(description=rule.does))
+        if name == "model"
+        else (rule.type | None, Field(default=None, description=rule.does))
+        for name, rule in MODEL_CONFIG_FIELDS.items()
+    },
+)
 
 
 class V1Content(BaseModel):
@@ -98,16 +107,38 @@ class BatchCompletionsJob(BaseModel):
             created_at=job.created_at.isoformat(),
             expires_at=(job.expires_at or job.created_at).isoformat(),
             completed_at=job.completed_at.isoformat() if job.completed_at else None,
-            # Scale's job has no counts: they ride in metadata, live while it runs.
-            metadata={
-                "labels": job.labels,
-                "total_requests": job.total,
-                "completed_requests": job.completed,
-                "succeeded_requests": job.succeeded,
-                "failed_requests": job.failed,
-                **({"reason": job.status_reason} if job.status_reason else {}),
-            },
+            metadata=scale_metadata(job),
         )
+
+
+def scale_metadata(job: Job) -> dict[str, Any]:
+    """Scale's job has no counts: they ride in metadata, live while it runs, beside the
+    job's labels. Scale's clients read metadata as string -> string (llmengine 0.0.0b45
+    fails to parse anything else), so values are flat scalars and unknown counts are left
+    out; a count wins over a label of the same name."""
+    counts = {
+        "total_requests": job.total,
+        "completed_requests": job.completed,
+        "succeeded_requests": job.succeeded,
+        "failed_requests": job.failed,
+        "reason": job.status_reason or None,
+        # Usage (Scale's job has no field for it): live while it runs, exact once merged.
+        **usage_metadata(job),
+    }
+    return {**{str(k): str(v) for k, v in (job.labels or {}).items()},
+            **{k: v for k, v in counts.items() if v is not None}}
+
+
+def usage_metadata(job: Job) -> dict[str, Any]:
+    """Tokens, engine and GPU seconds (engine seconds x gpus) and the live output rate."""
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.completion_tokens,
+        "cached_prompt_tokens": job.cached_prompt_tokens,  # left out while unknown
+        "engine_seconds": round(job.engine_seconds, 1),
+        "gpu_seconds": round(job.engine_seconds * int((job.resources or {}).get("gpus") or 1), 1),
+        "tokens_per_second": job.tokens_per_s,
+    }
 
 
 class GetBatchCompletionResponse(BaseModel):

@@ -123,6 +123,10 @@ def dag_run_of(job_id: str):
         return None if run is None else {"run_id": run.run_id, "conf": dict(run.conf or {}), "state": str(run.state)}
 
 
+# The usage of each simulated request.
+PROMPT_TOKENS, COMPLETION_TOKENS, CACHED_TOKENS = 9, 4, 3
+
+
 def simulate_run(store, job_id: str, ok: int, failed: int, cancel_after: int | None = None) -> None:
     """Move a job through the pipeline's states and counters the way the DAG does, with an
     output file object (and, for Scale, the JSON array at the user's output path)."""
@@ -138,11 +142,16 @@ def simulate_run(store, job_id: str, ok: int, failed: int, cancel_after: int | N
     store.transition(job_id, JobStatus.VALIDATING)
     store.set_counts(job_id, total=total, completed=0, succeeded=0, failed=0)
     store.transition(job_id, JobStatus.RUNNING)
-    store.add_counts(job_id, completed=1, succeeded=1)
-    yield_point = store.get_job(job_id)
+    # Shard 0's watcher reports its first result (the rows' sum is the job's live counts).
+    yield_point = store.report_shard(job_id, 0, state="running", total=total, done=1, succeeded=1,
+                                     prompt_tokens=PROMPT_TOKENS, completion_tokens=COMPLETION_TOKENS,
+                                     cached_prompt_tokens=CACHED_TOKENS, engine_seconds=2.0)
     yield yield_point  # the caller looks at live counts here
     store.add_counts(job_id, completed=total - 1, succeeded=ok - 1, failed=failed)
     store.transition(job_id, JobStatus.FINALIZING)
+    # What merge sets: the sum of the output lines' usage.
+    store.set_usage(job_id, prompt_tokens=PROMPT_TOKENS * ok, completion_tokens=COMPLETION_TOKENS * ok,
+                    cached_prompt_tokens=CACHED_TOKENS * ok, reasoning_tokens=0)
     layout = JobLayout(get_settings().work_uri, job_id)
     results = [{"id": f"r{i}", "custom_id": f"req-{i}", "response": {"status_code": 200, "body": {}}} for i in range(ok)]
     storage.write_bytes(layout.output_jsonl, b"".join(orjson.dumps(r) + b"\n" for r in results))

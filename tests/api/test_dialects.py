@@ -264,3 +264,32 @@ def test_scale_model_config_is_checked_at_submission(client, creds, alice_dir):
     )
     assert response.status_code == 400, response.text
     assert "trust_remote_code" in response.text
+
+
+def test_openai_usage_and_scale_figures_live_then_exact(client, creds, api_store):
+    """OpenAI's Batch.usage (the SDK's BatchUsage): null before the run, live from the shard
+    rows while it runs, the output lines' sum at the end; Scale has no usage field, so the
+    figures ride in its metadata beside the counts (GPU-seconds = engine seconds x gpus)."""
+    from llm_batch_plugin.models_scale import BatchCompletionsJob
+    from openai.types import Batch
+
+    from tests.api.conftest import CACHED_TOKENS, COMPLETION_TOKENS, PROMPT_TOKENS
+
+    alice = creds.key("alice")
+    batch = client.post("/v1/batches", headers=alice, json={"input_file_id": upload(client, alice, chat_lines(3)),
+                                                             "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+    assert batch["usage"] is None and batch["model"]
+    progress = simulate_run(api_store, batch["id"], ok=2, failed=1)
+    next(progress)
+    live = Batch.model_validate(client.get(f"/v1/batches/{batch['id']}", headers=alice).json())
+    assert (live.usage.input_tokens, live.usage.output_tokens, live.usage.total_tokens) == (
+        PROMPT_TOKENS, COMPLETION_TOKENS, PROMPT_TOKENS + COMPLETION_TOKENS)
+    assert live.usage.input_tokens_details.cached_tokens == CACHED_TOKENS
+    scale = BatchCompletionsJob.of(api_store.get_job(batch["id"]), None).metadata
+    assert (scale["engine_seconds"], scale["gpu_seconds"], scale["tokens_per_second"]) == (2.0, 2.0, 2.0)
+    next(progress, None)
+    done = client.get(f"/v1/batches/{batch['id']}", headers=alice).json()
+    assert done["usage"] == {
+        "input_tokens": 2 * PROMPT_TOKENS, "input_tokens_details": {"cached_tokens": 2 * CACHED_TOKENS},
+        "output_tokens": 2 * COMPLETION_TOKENS, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 2 * (PROMPT_TOKENS + COMPLETION_TOKENS)}

@@ -92,6 +92,7 @@ def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, 
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    killed_engine_seconds = read_progress(layout.shard(0).progress).engine_seconds
     assert seen_done == sorted(seen_done), "progress went backwards"
     killed_at = count_results(results)
     assert 8 <= killed_at < total
@@ -106,8 +107,13 @@ def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, 
     assert final.state == ShardState.DONE
     assert final.done == final.total == total
     assert final.resumed >= killed_at
-    assert final.succeeded == total - final.resumed and final.failed == 0
-    assert final.completion_tokens == 64 * (total - final.resumed)
+    # The rerun reports the earlier results too: their successes, their tokens (from the
+    # results' usage) and the killed attempt's engine seconds, plus its own.
+    assert final.succeeded == total and final.failed == 0
+    assert final.completion_tokens == 64 * total
+    assert final.prompt_tokens == sum(r.body["usage"]["prompt_tokens"] for r in records)
+    assert final.cached_prompt_tokens == sum(r.body["usage"]["prompt_tokens_details"]["cached_tokens"] for r in records)
+    assert final.engine_seconds > killed_engine_seconds > 0
 
 
 @pytest.mark.s3

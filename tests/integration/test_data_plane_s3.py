@@ -80,7 +80,7 @@ def test_job_on_s3_survives_a_killed_worker_and_merges_in_order(s3_bucket):
     counts = merge_job(layout, scale_output_uri=scale_uri, not_run_reason="job timed out")
     not_run = len(third) - 4
     assert counts == MergeCounts(total=LINES, succeeded=108 - not_run, failed=12 + not_run,
-                                 not_run=not_run, invalid=12)
+                                 not_run=not_run, invalid=12, cached_prompt_tokens=None)
 
     outputs = [orjson.loads(x) for x in storage.read_bytes(layout.output_jsonl).splitlines()]
     errors = [orjson.loads(x) for x in storage.read_bytes(layout.errors_jsonl).splitlines()]

@@ -3,17 +3,19 @@
 A job of N lines (some invalid) in S shards runs through the real pipeline steps on a real
 SQLite store; hypothesis draws an interleaving of shard progress (results written by a
 stand-in worker, successes and engine errors, a resumed attempt republishing, a stale
-report read late), cancel,
-deadline and shard failure, publishing progress between steps. After every step each
-dialect's view of the job must hold:
+report read late), cancel, deadline and a shard failing for good. After each step the
+watcher of the shard it touched reports that shard alone (``pipeline.report_shard``: its
+own progress object into its own row; cancel and deadline: every watcher, one by one), and
+after every report each dialect's view of the job must hold:
 
 - Mistral and Scale: succeeded + failed == completed <= total;
 - OpenAI request_counts: completed + failed <= total;
-- no live count ever goes down.
+- no live count (nor token count: the stand-in's failures use none) ever goes down.
 
 When the job ends every request is in exactly one bucket (completed == total ==
 succeeded + failed, one output or error line each), requests that never ran carry the code
-of why (batch_cancelled, batch_expired, shard_failed).
+of why (batch_cancelled, batch_expired, shard_failed) and, in a shard that failed, a message
+naming that shard; the usage is the sum of the output lines' usage.
 """
 
 from __future__ import annotations
@@ -41,15 +43,20 @@ STEP = st.one_of(
     st.tuples(st.just("stale"), st.integers(0, 3)),
     st.tuples(st.just("cancel")),
     st.tuples(st.just("deadline")),
+    st.tuples(st.just("fail"), st.integers(0, 3)),
 )
+FAILED_FOR_GOOD = "the worker failed (exit status 1); a retry resumes on attempt 3 of 3"
+USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}
 
 
 def _views(job) -> dict[str, tuple[int, ...]]:
-    openai = BatchOut.of(job).request_counts
+    batch = BatchOut.of(job)
+    openai, usage = batch.request_counts, batch.usage
     mistral = BatchJobOut.of(job)
     scale = BatchCompletionsJob.of(job, None).metadata
     return {
         "openai": (openai.total, openai.completed, openai.failed),
+        "openai usage": (usage.input_tokens, usage.output_tokens, usage.total_tokens) if usage else (0, 0, 0),
         "mistral": (mistral.total_requests, mistral.completed_requests, mistral.succeeded_requests, mistral.failed_requests),
         "scale": tuple(scale[k] for k in ("total_requests", "completed_requests", "succeeded_requests", "failed_requests")),
     }
@@ -59,7 +66,7 @@ def _check(views: dict[str, tuple[int, ...]], before: dict[str, tuple[int, ...]]
     total, completed, failed = views["openai"]
     assert completed + failed <= total, views
     for name in ("mistral", "scale"):
-        total, completed, succeeded, failed = views[name]
+        total, completed, succeeded, failed = (int(x) for x in views[name])
         assert succeeded + failed == completed <= total, (name, views)
     if before is not None:
         for name, counts in views.items():
@@ -74,6 +81,7 @@ class _Shards:
         self.requests = [[orjson.loads(x) for x in storage.read_bytes(t.requests_uri).splitlines()] for t in self.tasks]
         self.done = [0] * len(self.tasks)
         self.ok = [0] * len(self.tasks)
+        self.failed_for_good: set[int] = set()
 
     def advance(self, k: int, n: int, ok: bool) -> None:
         task, requests = self.tasks[k], self.requests[k]
@@ -81,7 +89,8 @@ class _Shards:
         with ResultsWriter.open(task.results_uri) as writer:
             for request in batch:
                 writer.write(ResultRecord(index=request["index"], custom_id=request["custom_id"],
-                                          status_code=200 if ok else 400, body={"object": "x"}))
+                                          status_code=200 if ok else 400,
+                                          body={"object": "x", "usage": USAGE} if ok else {"object": "x"}))
         self.done[k] += len(batch)
         self.ok[k] += len(batch) if ok else 0
         self.publish(k, resumed=0)
@@ -92,8 +101,15 @@ class _Shards:
         task = self.tasks[k]
         done, ok = (self.done[k] // 2, min(self.ok[k], self.done[k] // 2)) if stale else (self.done[k], self.ok[k])
         progress = ShardProgress(job_id=task.job_id, shard=task.shard, total=len(self.requests[k]), done=done,
-                                 succeeded=ok, failed=done - ok, resumed=resumed)
+                                 succeeded=ok, failed=done - ok, resumed=resumed, prompt_tokens=3 * ok,
+                                 completion_tokens=2 * ok, cached_prompt_tokens=ok, engine_seconds=0.5 * done,
+                                 state="running")
         storage.write_bytes(task.progress_uri, progress.model_dump_json().encode())
+
+    def fail_for_good(self, k: int) -> pipeline.ShardOutcome:
+        """The shard's last attempt failed: no more results; its task records the outcome."""
+        self.failed_for_good.add(k)
+        return pipeline.ShardOutcome(shard=self.tasks[k].shard, exit_code=1, state="failed", message=FAILED_FOR_GOOD)
 
 
 @hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -124,9 +140,12 @@ def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
     seen = _views(store.get_job(job_id))
     _check(seen, None)
 
-    def observe() -> None:
+    def observe(task=None, outcome=None) -> None:
+        """One watcher's report: its own shard's progress object into its own row (the
+        validation step has no watcher: the counts are read as they are)."""
         nonlocal seen
-        pipeline.publish_progress(store, settings, job_id)
+        if task is not None:
+            pipeline.report_shard(store, task, outcome)
         now = _views(store.get_job(job_id))
         _check(now, seen)
         seen = now
@@ -147,16 +166,23 @@ def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
     tasks = [t for group in pipeline.plan(store, settings, job_id).values() for t in group]
     workers = _Shards(tasks) if tasks else None
     for step in steps if workers else []:
+        k = step[1] % len(workers.tasks) if len(step) > 1 else None
+        if k in workers.failed_for_good:
+            continue  # its task has ended: no worker, no watcher
+        outcome = None
         if step[0] == "progress":
-            workers.advance(step[1] % len(workers.tasks), step[2], step[3])
+            workers.advance(k, step[2], step[3])
         elif step[0] in ("resume", "stale"):
-            k = step[1] % len(workers.tasks)
             workers.publish(k, resumed=workers.done[k], stale=step[0] == "stale")
+        elif step[0] == "fail":
+            outcome = workers.fail_for_good(k)
         elif step[0] == "cancel":
             store.request_cancel(job_id)
         else:
             store._update_job(job_id, expires_at=utcnow() - timedelta(seconds=1))
-        observe()
+        watching = [k] if k is not None else sorted(set(range(len(workers.tasks))) - workers.failed_for_good)
+        for w in watching:
+            observe(workers.tasks[w], outcome)
 
     pipeline.merge(store, settings, job_id)
     job = pipeline.finalize(store, settings, job_id)
@@ -176,3 +202,16 @@ def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
     expected = {"CANCELLED": "batch_cancelled", "TIMEOUT_EXCEEDED": "batch_expired", "FAILED": "shard_failed"}
     codes = {c for c in never_run if c in ("batch_cancelled", "batch_expired", "shard_failed")}
     assert codes <= {expected.get(job.status.value, "")}, (job.status, codes)
+    # A request its failed shard never ran says which shard and why.
+    shard_of = {r["index"]: t.shard for t, requests in zip(workers.tasks, workers.requests) for r in requests} if workers else {}
+    failed_shards = {workers.tasks[k].shard for k in workers.failed_for_good} if workers else set()
+    for error in errors:
+        if error["error"]["code"] in expected.values() and shard_of.get(error["line"] - 1) in failed_shards:
+            shard = shard_of[error["line"] - 1]
+            assert error["error"]["message"] == f"shard {shard}: {FAILED_FOR_GOOD}", error
+    # The usage is the output lines' usage, summed.
+    usage = BatchOut.of(job).usage
+    bodies = [orjson.loads(o)["response"]["body"] for o in outputs]
+    assert usage.input_tokens == sum(b["usage"]["prompt_tokens"] for b in bodies) == job.prompt_tokens
+    assert usage.output_tokens == sum(b["usage"]["completion_tokens"] for b in bodies)
+    assert usage.input_tokens_details.cached_tokens == len(bodies)

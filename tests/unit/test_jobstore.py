@@ -74,7 +74,7 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             drift = [d for d in compare_metadata(context, Base.metadata) if d[0] != "remove_table"
                      or d[1].name != "llm_batch_alembic_version"]
-        assert versions == [("0001",)]
+        assert versions == [("0002",)]
         assert drift == []
     finally:
         engine.dispose()
@@ -298,15 +298,62 @@ def test_counts_set_and_add(store: JobStore):
 
 
 
-def test_live_counts_only_go_up(store: JobStore):
-    """A stale progress report (read before a newer one was written) never lowers them."""
+def test_shard_rows_sum_into_live_counts_that_only_go_up(store: JobStore):
+    """One row per shard; the job's counts are its invalid lines plus the rows' sums, and a
+    stale report (read before a newer one was written) never lowers a row or the job."""
+    job = make_job(store, resources={"gpus": 2})
+    store.set_counts(job.id, total=20, completed=2, succeeded=0, failed=2, invalid=2)
+    store.transition(job.id, "VALIDATING")
+    store.transition(job.id, "RUNNING")
+    store.report_shard(job.id, 0, state="running", total=9, done=6, succeeded=5, failed=1,
+                       prompt_tokens=60, completion_tokens=30, cached_prompt_tokens=12, engine_seconds=3.0)
+    both = store.report_shard(job.id, 1, state="running", total=9, done=4, succeeded=4, failed=0,
+                              prompt_tokens=40, completion_tokens=20, engine_seconds=2.0)
+    assert (both.completed, both.succeeded, both.failed) == (12, 9, 3)
+    assert (both.prompt_tokens, both.completion_tokens, both.cached_prompt_tokens) == (100, 50, 12)
+    assert both.engine_seconds == 5.0 and both.tokens_per_s == 20.0  # 30/3 + 20/2
+    stale = store.report_shard(job.id, 0, state="running", total=9, done=3, succeeded=3, failed=0,
+                               prompt_tokens=30, completion_tokens=15, engine_seconds=1.0)
+    assert (stale.completed, stale.succeeded, stale.failed, stale.prompt_tokens) == (12, 9, 3, 100)
+    ended = store.report_shard(job.id, 1, state="failed", total=9, done=5, succeeded=4, failed=1,
+                               prompt_tokens=50, completion_tokens=25, engine_seconds=2.5,
+                               reason="the worker failed (exit status 1)")
+    assert (ended.completed, ended.succeeded, ended.failed) == (13, 9, 4)
+    assert ended.tokens_per_s == 10.0  # only shard 0 still runs
+    rows = store.shard_records(job.id)
+    assert [(r.shard, r.done, r.state, r.reason) for r in rows] == [
+        (0, 6, "running", None), (1, 5, "failed", "the worker failed (exit status 1)")]
+    store.transition(job.id, "FINALIZING")
+    final = store.set_counts(job.id, completed=20, succeeded=15, failed=5)
+    late = store.report_shard(job.id, 0, state="done", total=9, done=9, succeeded=9, failed=0)
+    assert (late.completed, late.succeeded, late.failed) == (20, 15, 5)  # not lowered by the sums
+    store.transition(job.id, "SUCCEEDED")
+    after_end = store.report_shard(job.id, 0, state="done", total=9, done=9, succeeded=9, failed=0)
+    assert after_end == store.get_job(job.id) and final.completed == 20
+    assert store.shard_records(job.id)[0].state == "done"
+    store.delete_job(job.id)
+    assert store.shard_records(job.id) == []
+    with pytest.raises(JobNotFound):
+        store.report_shard("job_missing", 0, state="running")
+
+
+def test_concurrent_shard_reports_lose_nothing(store: JobStore):
+    """Many watchers reporting at once: every report lands, the counts add up at the end."""
     job = make_job(store)
-    store.set_counts(job.id, total=10, completed=1, succeeded=1, failed=0)
-    store.raise_counts(job.id, completed=6, succeeded=5, failed=1)
-    stale = store.raise_counts(job.id, completed=3, succeeded=3, failed=0)
-    assert (stale.completed, stale.succeeded, stale.failed) == (6, 5, 1)
-    newer = store.raise_counts(job.id, completed=8, succeeded=6, failed=2)
-    assert (newer.completed, newer.succeeded, newer.failed) == (8, 6, 2)
+    store.set_counts(job.id, total=16 * 10, invalid=0)
+    store.transition(job.id, "VALIDATING")
+    store.transition(job.id, "RUNNING")
+
+    def watcher(shard: int) -> None:
+        for done in range(1, 11):
+            ok = done - done // 3
+            store.report_shard(job.id, shard, state="running", total=10, done=done, succeeded=ok,
+                               failed=done - ok, completion_tokens=done)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(watcher, range(16)))
+    job = store.get_job(job.id)
+    assert (job.completed, job.succeeded, job.failed, job.completion_tokens) == (160, 16 * 7, 16 * 3, 160)
 
 
 def test_owner_usage_counts_live_jobs_requests_and_files(store: JobStore):

@@ -40,7 +40,9 @@ def test_outputs_cover_every_line_in_order(job):
     layout, plans = job
     assert [(p.first_index, p.last_index) for p in plans] == [(0, 2), (4, 5), (6, 9)]
     counts = merge_job(layout, scale_json=True)
-    assert counts == MergeCounts(total=10, succeeded=3, failed=7, not_run=4, invalid=2)
+    # The stand-in bodies carry no usage: no token counts, their details unknown.
+    assert counts == MergeCounts(total=10, succeeded=3, failed=7, not_run=4, invalid=2,
+                                 cached_prompt_tokens=None)
 
     outputs = jsonl(layout.output_jsonl)
     assert [o["custom_id"] for o in outputs] == ["req-0", "req-2", "req-4"]
@@ -151,7 +153,8 @@ def test_cli_shards_and_merges_a_job(capsys):
     assert main(["merge", layout.job_id, "--scale", "--work-uri", layout.work_uri,
                  "--not-run-reason", "cancelled"]) == 0
     assert orjson.loads(capsys.readouterr().out) == {
-        "total": 4, "succeeded": 0, "failed": 4, "not_run": 3, "invalid": 1}
+        "total": 4, "succeeded": 0, "failed": 4, "not_run": 3, "invalid": 1,
+        "prompt_tokens": 0, "completion_tokens": 0, "cached_prompt_tokens": 0, "reasoning_tokens": 0}
     assert main(["merge", "no-such-job", "--work-uri", layout.work_uri]) == 2
     assert "no-such-job" in capsys.readouterr().err
 

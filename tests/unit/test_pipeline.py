@@ -56,10 +56,15 @@ def _run_worker(task: dict, finish: int | None = None) -> None:
     with ResultsWriter.open(shard.results_uri) as writer:
         for request in requests[:finish]:
             writer.write(ResultRecord(index=request["index"], custom_id=request["custom_id"], status_code=200,
-                                      body={"object": "chat.completion"}))
+                                      body={"object": "chat.completion", "usage": USAGE}))
     done = len(requests[:finish])
-    storage.write_bytes(shard.progress_uri, ShardProgress(job_id=shard.job_id, shard=shard.shard, total=len(requests),
-                                                          done=done, succeeded=done).model_dump_json().encode())
+    storage.write_bytes(shard.progress_uri, ShardProgress(
+        job_id=shard.job_id, shard=shard.shard, total=len(requests), done=done, succeeded=done,
+        prompt_tokens=5 * done, completion_tokens=2 * done, cached_prompt_tokens=done, engine_seconds=1.5,
+        state="done").model_dump_json().encode())
+
+
+USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 1}}
 
 
 def _run_id() -> str:
@@ -218,12 +223,16 @@ def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
     job_id, tasks = _through_plan(store, settings, _conf(settings, n=7, bad=(2,), data_parallelism=3))
     for task in tasks:
         _run_worker(task)
-    assert pipeline.publish_progress(store, settings, job_id) == {"completed": 7, "succeeded": 6, "failed": 1}
+        live = pipeline.report_shard(store, pipeline.ShardTask.model_validate(task))
+    assert (live.completed, live.succeeded, live.failed) == (7, 6, 1)  # the invalid line included
+    assert (live.prompt_tokens, live.completion_tokens, live.cached_prompt_tokens, live.engine_seconds) == (30, 12, 6, 4.5)
 
     counts = pipeline.merge(store, settings, job_id)
     job = pipeline.finalize(store, settings, job_id)
 
-    assert counts == {"total": 7, "succeeded": 6, "failed": 1, "not_run": 0, "invalid": 1}
+    assert counts == {"total": 7, "succeeded": 6, "failed": 1, "not_run": 0, "invalid": 1, "prompt_tokens": 30,
+                      "completion_tokens": 12, "cached_prompt_tokens": 6, "reasoning_tokens": 0}
+    assert (job.prompt_tokens, job.completion_tokens, job.cached_prompt_tokens, job.reasoning_tokens) == (30, 12, 6, 0)
     assert job.status == JobStatus.SUCCEEDED and job.completed_at is not None
     assert (job.total, job.succeeded, job.failed, job.completed) == (7, 6, 1, 7)
     output = [orjson.loads(line) for line in storage.read_bytes(store.get_file(job.output_file_id).uri).splitlines()]
@@ -361,3 +370,41 @@ def test_retention_deletes_old_files_and_marks_them(store, settings):
     assert set(deleted) == {job.output_file_id, job.error_file_id}
     assert store.get_file(output.id) is None and store.get_file(output.id, include_deleted=True).deleted
     assert not storage.exists(output.uri)
+
+
+def test_a_watcher_reads_only_its_own_shards_progress(store, settings, monkeypatch):
+    """O(shards), not O(shards^2): one shard's report is one storage read, of its own
+    progress object, however many shards the job has; the job's counts come from the rows."""
+    job_id, tasks = _through_plan(store, settings, _conf(settings, n=8, bad=(0,), data_parallelism=4))
+    for task in tasks:
+        _run_worker(task)
+    reads: list[str] = []
+    for name in ("open_read", "exists", "size", "list_uris"):
+        real = getattr(storage, name)
+        monkeypatch.setattr(storage, name, lambda uri, _real=real, _name=name: (reads.append(uri), _real(uri))[1])
+    shards = [pipeline.ShardTask.model_validate(t) for t in tasks]
+    for shard in shards:
+        reads.clear()
+        job = pipeline.report_shard(store, shard)
+        assert reads == [shard.progress_uri]
+    assert (job.completed, job.succeeded, job.failed) == (8, 7, 1)
+    assert [r.shard for r in store.shard_records(job_id)] == [0, 1, 2, 3]
+
+
+def test_a_failed_shards_outcome_reaches_merge_and_the_reason(store, settings):
+    """The shard task's outcome lands in its row; the requests it never ran say which shard
+    and why, and so does the job's reason."""
+    job_id, tasks = _through_plan(store, settings, _conf(settings, n=6, data_parallelism=2))
+    done, failed = (pipeline.ShardTask.model_validate(t) for t in tasks)
+    _run_worker(tasks[0])
+    _run_worker(tasks[1], finish=1)
+    pipeline.report_shard(store, done, pipeline.interpret_exit(0, 0))
+    outcome = pipeline.ShardOutcome(shard=1, exit_code=1, state="failed", message="the worker failed (exit status 1) on attempt 3 of 3")
+    pipeline.report_shard(store, failed, outcome)
+    pipeline.merge(store, settings, job_id)
+    job = pipeline.finalize(store, settings, job_id)
+    assert job.status == JobStatus.FAILED
+    assert job.status_reason == "shard 1: the worker failed (exit status 1) on attempt 3 of 3; 2 requests were not run"
+    errors = [orjson.loads(x) for x in storage.read_bytes(store.get_file(job.error_file_id).uri).splitlines()]
+    assert [(e["error"]["code"], e["error"]["message"]) for e in errors] == [
+        ("shard_failed", "shard 1: the worker failed (exit status 1) on attempt 3 of 3")] * 2

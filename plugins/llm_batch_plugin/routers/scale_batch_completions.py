@@ -14,7 +14,14 @@ from llm_batch.config import Settings
 from llm_batch.endpoints import Endpoint
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
-from llm_batch_plugin.auth import CallerDep
+from llm_batch.models import (
+    ModelError,
+    check_model_config,
+    job_model_config,
+    local_tokenizer_dir,
+    validate_model_config,
+)
+from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
@@ -39,6 +46,7 @@ from llm_batch_plugin.submission import (
     check_output_target,
     check_user_path,
     inline_json,
+    model_registry,
     path_unavailable,
     save_inline_requests,
     submit,
@@ -128,6 +136,50 @@ def _check_output_path(output_uri: str, input_uri: str | None) -> None:
         raise refuse(f"lies below {str(existing)!r}, which is a file, not a directory")
 
 
+def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
+    """The model_config as the job stores it: every field Scale's clients send is known
+    (llm_batch.models.MODEL_CONFIG_FIELDS); nulls and client defaults are dropped, a value
+    the table refuses is a 400 naming the field."""
+    try:
+        return job_model_config(body.model_config_.model_dump())
+    except ModelError as exc:
+        raise _model_config_error(exc) from None
+
+
+def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, Any], endpoint: str,
+                 settings: Settings, caller: Caller) -> dict[str, Any]:
+    """The model and its config, checked as the worker will check them, plus what only the
+    submission knows: the job's gpus against the parallel sizes, and a tokenizer path the
+    caller may name (stored canonical). Returns the model_config to store."""
+    check_model(model_config["model"], model_config, settings, param="model_config.model", endpoint=endpoint, caller=caller)
+    if tokenizer := model_config.get("tokenizer"):
+        model_config = {**model_config, "tokenizer": _check_tokenizer(tokenizer, settings, caller)}
+    try:
+        check_model_config(validate_model_config(model_config), model_registry(settings), gpus=body.gpus)
+    except ModelError as exc:
+        raise _model_config_error(exc) from None
+    return model_config
+
+
+def _check_tokenizer(tokenizer: str, settings: Settings, caller: Caller) -> str:
+    """model_config.tokenizer under checkpoint_path's rules: absolute, a local directory the
+    caller may name (user paths); relative, a folder of the shared model cache."""
+    param = "model_config.tokenizer"
+    if tokenizer.startswith("/"):
+        tokenizer = check_user_path(tokenizer, param, settings, caller)
+    try:
+        local_tokenizer_dir(tokenizer, settings)
+    except ModelError as exc:
+        raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_tokenizer") from None
+    return tokenizer
+
+
+def _model_config_error(exc: ModelError) -> ApiError:
+    fields = getattr(exc, "fields", ())
+    param = "gpus" if fields[:1] == ("gpus",) else f"model_config.{fields[0]}" if fields else "model_config"
+    return ApiError(400, str(exc), param=param, code="invalid_model_config")
+
+
 def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
     return BatchCompletionsJob.of(job, priority_name(settings, job.priority))
 
@@ -145,7 +197,7 @@ def create_batch_completions(
         raise ApiError(400, "tool_config is not supported: this system runs no tools", param="tool_config")
     if (body.input_data_path is None) == (body.content is None):
         raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
-    model_config = body.model_config_.model_dump(exclude_none=True)
+    model_config = _stored_model_config(body)
     labels = {**(body.model_config_.labels or {}), **body.labels}
     inline_count = len(body.content.prompts if isinstance(body.content, V1Content) else body.content or [])
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=inline_count)
@@ -157,7 +209,7 @@ def create_batch_completions(
         endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller.name, settings)
         job_input: dict[str, Any] = {"uri": input_uri, "path": body.input_data_path}
         check_output_target(store, caller, output_uri, labels)
-        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint, caller=caller)
+        model_config = _check_model(body, model_config, endpoint, settings, caller)
     else:
         if body.content == []:
             raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
@@ -165,7 +217,7 @@ def create_batch_completions(
         endpoint = _endpoint_of_content(body.content)
         input_format = SCALE_V1 if isinstance(body.content, V1Content) else SCALE_V2
         # Checked before the inline file is written: a refused job leaves nothing behind.
-        check_model(body.model_config_.model, model_config, settings, param="model_config.model", endpoint=endpoint, caller=caller)
+        model_config = _check_model(body, model_config, endpoint, settings, caller)
         check_output_target(store, caller, output_uri, labels)
         content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
         inline = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")], "inline-content.json")
