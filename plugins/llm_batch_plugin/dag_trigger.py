@@ -1,4 +1,5 @@
-"""The one place that starts a run of the ``batch_inference`` DAG (Airflow internal API).
+"""The one place that touches a ``batch_inference`` run through Airflow's internals: it
+starts a job's run, and re-prioritises the run's tasks that have not started yet.
 
 ``airflow.api.common.trigger_dag.trigger_dag`` is not a public interface, so it is wrapped
 here and nowhere else. The run uses the request's metadata-DB session (Airflow's
@@ -6,6 +7,9 @@ here and nowhere else. The run uses the request's metadata-DB session (Airflow's
 A busy metadata DB (SQLite's "database is locked" when many submit at once) is retried
 with jittered backoff; any other failure is final and becomes the job's reason.
 Routes take ``TriggerDep``: the trigger bound to the caller and that session.
+``reprioritize_waiting_tasks`` updates the run's task instances in the same metadata DB
+(the scheduler orders queued work by ``priority_weight``; the DAG's shard tasks use the
+"absolute" weight rule, so the stored weight is the one that counts).
 """
 
 from __future__ import annotations
@@ -80,6 +84,24 @@ def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session
     except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
         raise TriggerError(f"could not start DAG {DAG_ID!r}: {type(exc).__name__}: {exc}") from exc
     raise AssertionError("unreachable")  # Retrying either returns or raises
+
+
+def reprioritize_waiting_tasks(job_id: str, weight: int, session: Session) -> int:
+    """Give the tasks of the job's run that have not started (no state yet, scheduled,
+    queued, waiting to retry) the priority `weight`; returns how many changed. Running and
+    finished tasks keep theirs; a pod already created keeps its PriorityClass."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.state import TaskInstanceState
+
+    waiting = [TaskInstanceState.SCHEDULED, TaskInstanceState.QUEUED, TaskInstanceState.UP_FOR_RETRY]
+    changed = (
+        session.query(TaskInstance)
+        .filter(TaskInstance.dag_id == DAG_ID, TaskInstance.run_id == run_id_for(job_id))
+        .filter((TaskInstance.state.is_(None)) | (TaskInstance.state.in_(waiting)))
+        .update({TaskInstance.priority_weight: weight}, synchronize_session=False)
+    )
+    session.commit()
+    return changed
 
 
 def get_trigger(caller: CallerDep, session: SessionDep) -> Trigger:

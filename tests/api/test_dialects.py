@@ -293,3 +293,38 @@ def test_openai_usage_and_scale_figures_live_then_exact(client, creds, api_store
         "input_tokens": 2 * PROMPT_TOKENS, "input_tokens_details": {"cached_tokens": 2 * CACHED_TOKENS},
         "output_tokens": 2 * COMPLETION_TOKENS, "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 2 * (PROMPT_TOKENS + COMPLETION_TOKENS)}
+
+
+def test_scale_update_reprioritizes_the_runs_waiting_tasks(client, creds, api_store, alice_dir):
+    """The v2 update changes the priority of the run's tasks that have not started; a
+    running task keeps its own."""
+    from airflow.models.dagbag import DBDagBag
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    from llm_batch_plugin.dag_trigger import run_id_for
+
+    alice = creds.key("alice")
+    created = client.post("/v2/batch-completions", headers=alice, json={
+        "output_data_path": str(alice_dir / "reprioritized.json"), "content": [{"prompt": "x", "max_tokens": 2}],
+        "model_config": {"model": "tiny-random-llama"}, "priority": "low"})
+    assert created.status_code == 200, created.text
+    job_id = created.json()["job_id"]
+    with create_session() as session:  # the scheduler would make the run's task instances
+        run = session.query(DagRun).filter(DagRun.run_id == run_id_for(job_id)).one()
+        run.dag = DBDagBag().get_dag_for_run(run, session)
+        run.verify_integrity(session=session, dag_version_id=run.created_dag_version_id)
+        tasks = session.query(TaskInstance).filter(TaskInstance.run_id == run.run_id).all()
+        assert tasks
+        tasks[0].state = TaskInstanceState.RUNNING
+        running_id, running_weight = tasks[0].task_id, tasks[0].priority_weight
+
+    updated = client.post(f"/v2/batch-completions/{job_id}", headers=alice, json={"priority": "high"})
+    assert updated.status_code == 200 and updated.json()["priority"] == "high"
+    high = api_store.get_job(job_id).priority
+    with create_session() as session:
+        weights = {t.task_id: t.priority_weight for t in session.query(TaskInstance).filter(TaskInstance.run_id == run_id_for(job_id))}
+    assert weights.pop(running_id) == running_weight
+    assert weights and set(weights.values()) == {high}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
+from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body
 
 from llm_batch import storage, user_paths
@@ -23,7 +24,7 @@ from llm_batch.models import (
 )
 from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
-from llm_batch_plugin.dag_trigger import TriggerDep
+from llm_batch_plugin.dag_trigger import TriggerDep, reprioritize_waiting_tasks
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_scale import (
@@ -283,13 +284,19 @@ def update_batch_completion(
     caller: CallerDep,
     store: StoreDep,
     settings: SettingsDep,
+    session: SessionDep,
 ) -> UpdateBatchCompletionsResponse:
+    """The new priority is the job's, and its run's tasks that have not started take it
+    (queued shards move up or down the pool's queue); running shards keep theirs."""
     caller.require_submit()
     job = store.get_job(batch_completion_id, owner=caller.owner_filter)
     if job is None:
         raise not_found("batch completion", batch_completion_id)
     if body.priority is not None:
-        job = store.set_priority(job.id, priority_weight(settings, body.priority), owner=caller.owner_filter)
+        weight = priority_weight(settings, body.priority)
+        job = store.set_priority(job.id, weight, owner=caller.owner_filter)
+        if not job.terminal:
+            reprioritize_waiting_tasks(job.id, weight, session)
     return UpdateBatchCompletionsResponse(**_job_out(settings, job).model_dump(by_alias=True), success=True)
 
 
