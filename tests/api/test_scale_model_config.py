@@ -146,13 +146,14 @@ def test_a_tokenizer_is_a_user_path_of_the_caller(client, creds, api_store, alic
     assert engine_args_of(stored)["tokenizer"] == str(tokenizer.resolve())
 
 
-def _b45_python() -> str | None:
-    """An interpreter with scale-llm-engine 0.0.0b45 (it needs openai<2: its own venv)."""
-    for candidate in (os.environ.get("LLM_BATCH_SCALE_B45_PYTHON"),
-                      str(REPO / ".cache" / "sdk-venvs" / "scale-llm-engine-0.0.0b45" / "bin" / "python")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
+def _b45_python() -> str:
+    """An interpreter with scale-llm-engine 0.0.0b45 (it needs openai<2: its own venv),
+    built or found up to date by the SDK matrix's script (tests/sdk uses the same venv)."""
+    if given := os.environ.get("LLM_BATCH_SCALE_B45_PYTHON"):
+        return given
+    done = subprocess.run([str(REPO / "scripts" / "sdk_venvs.sh"), "scale-llm-engine-0.0.0b45"],
+                          capture_output=True, text=True, timeout=1200, check=True)
+    return done.stdout.strip().splitlines()[-1].split("\t", 1)[1]
 
 
 _CLIENT_CALL = """
@@ -171,8 +172,6 @@ print(json.dumps({"job_id": job.job_id, "status": job.status.value, "max_model_l
 
 def test_the_real_b45_client_creates_a_v2_batch(live_server, creds, api_store):
     python = _b45_python()
-    if python is None:
-        pytest.skip("no scale-llm-engine 0.0.0b45 interpreter (LLM_BATCH_SCALE_B45_PYTHON or .cache/sdk-venvs)")
     env = {**os.environ, "LLM_ENGINE_BASE_PATH": f"{live_server}/batch/", "SCALE_API_KEY": creds.keys["alice"],
            "LLM_ENGINE_DISABLE_VERSION_CHECK": "true"}
     done = subprocess.run([python, "-c", _CLIENT_CALL, "out/b45-real-client.json"], env=env,
