@@ -1,0 +1,63 @@
+"""The newest official clients, each unchanged in its own venv (scripts/sdk_venvs.sh), run a
+create-wait-download flow against the real embedded stack (real runs on the tiny model),
+as a non-admin user."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.e2e.conftest import MODEL
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+FLOW = Path(__file__).parent / "flows" / "newest_client.py"
+
+
+def _newest(package: str) -> str:
+    """The newest release of `package` in the SDK matrix (the script pins them)."""
+    from packaging.version import Version
+
+    listed = subprocess.run([REPO / "scripts" / "sdk_venvs.sh", "--list"], check=True, capture_output=True, text=True).stdout
+    names = [line.split("\t", 1)[0] for line in listed.splitlines() if line.split("\t", 1)[0].rsplit("-", 1)[0] == package]
+    return max(names, key=lambda name: Version(name.rsplit("-", 1)[1]))
+
+
+def _python(release: str) -> str:
+    built = subprocess.run([REPO / "scripts" / "sdk_venvs.sh", release], check=True, capture_output=True, text=True, timeout=1200)
+    return built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def erin_key() -> str:
+    from llm_batch.jobstore import get_job_store
+
+    return get_job_store().create_api_key("erin", "newest clients e2e")[1]
+
+
+@pytest.mark.parametrize(("package", "client"), [("openai", "openai"), ("mistralai", "mistralai"), ("scale-llm-engine", "scale")])
+def test_newest_client_runs_a_batch_on_the_stack(e2e_stack, erin_key, llm_batch_home, package, client):
+    env = {**os.environ, "BASE": e2e_stack.base_url, "KEY": erin_key, "MODEL": MODEL,
+           "LLM_ENGINE_BASE_PATH": f"{e2e_stack.base_url}/batch/", "SCALE_API_KEY": erin_key,
+           "LLM_ENGINE_DISABLE_VERSION_CHECK": "true"}
+    done = subprocess.run([_python(_newest(package)), str(FLOW), client], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    ids = [f"q{i}" for i in range(6)]
+    if client == "openai":
+        assert seen["status"] == "completed" and seen["counts"] == {"total": 6, "completed": 6, "failed": 0}
+        assert seen["ids"] == ids and seen["model"] == MODEL
+        assert seen["usage"]["input_tokens"] > 0 and seen["usage"]["output_tokens"] > 0
+        assert seen["usage"]["total_tokens"] == seen["usage"]["input_tokens"] + seen["usage"]["output_tokens"]
+    elif client == "mistralai":
+        assert seen["status"] == "SUCCESS" and seen["counts"] == [6, 6, 6, 0] and seen["ids"] == ids
+    else:
+        assert seen["status"] == "completed" and seen["metadata"]["succeeded_requests"] == 6
+        assert seen["output"] == str(llm_batch_home / "data" / "erin" / "e2e" / "newest-scale-client.json")
+        assert len(orjson.loads(Path(seen["output"]).read_bytes())) == 6
