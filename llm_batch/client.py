@@ -186,7 +186,7 @@ class BatchClient:
 
     def _call(self, method: str, url: str, **kwargs: Any) -> Any:
         if method == "GET":  # safe to repeat: ride out a busy server (SQLite locked: 500)
-            response = _retrying(lambda: self._http.request(method, url, **kwargs))
+            response = send_with_retries(lambda: self._http.request(method, url, **kwargs))
         else:
             response = self._http.request(method, url, **kwargs)
         _raise_for(response)
@@ -298,8 +298,10 @@ def _transient(outcome: Any) -> bool:
     return isinstance(outcome, httpx.Response) and outcome.status_code in (500, 502, 503, 504)
 
 
-def _retrying(send: Callable[[], httpx.Response]) -> httpx.Response:
-    """`send()` again (up to 4 tries, backing off) on 5xx answers and transport errors."""
+def send_with_retries(send: Callable[[], httpx.Response]) -> httpx.Response:
+    """`send()` again (up to 4 tries, backing off) on 5xx answers and transport errors; the
+    last answer is returned as it was. (Airflow on SQLite answers 500 "database is locked"
+    while its scheduler writes: the CLI and ``llm-batch up`` try again.)"""
     retry = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(4),
         wait=tenacity.wait_exponential(multiplier=0.5, max=4),

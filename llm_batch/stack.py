@@ -32,6 +32,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -335,11 +336,13 @@ class Stack:
 
     def airflow_token(self) -> str:
         """An Airflow access token of the admin user (``POST /auth/token``)."""
-        response = httpx.post(
+        from llm_batch.client import send_with_retries
+
+        response = send_with_retries(lambda: httpx.post(
             f"{self.base_url}/auth/token",
             json={"username": ADMIN_USER, "password": self.admin_password()},
             timeout=30,
-        )
+        ))
         response.raise_for_status()
         return response.json()["access_token"]
 
@@ -349,22 +352,27 @@ class Stack:
         Only batch_inference and housekeeping are unpaused: a job submitted through the API
         must run, while recurring DAGs (specs) stay paused until their owner unpauses them,
         as Airflow does with new DAGs."""
+        from llm_batch.client import send_with_retries
+
         with httpx.Client(
             base_url=f"{self.base_url}/api/v2",
             headers={"Authorization": f"Bearer {self.airflow_token()}"},
             timeout=30,
-        ) as api:
-            self._wait_for_dag(api, timeout)
-            api.patch(f"/dags/{BATCH_DAG_ID}", json={"is_paused": False}).raise_for_status()
-            housekeeping = api.patch(f"/dags/{HOUSEKEEPING_DAG_ID}", json={"is_paused": False})
+        ) as client:
+            def api(method: str, path: str, **kwargs: Any) -> httpx.Response:
+                return send_with_retries(lambda: client.request(method, path, **kwargs))
+
+            self._wait_for_dag(client, timeout)
+            api("PATCH", f"/dags/{BATCH_DAG_ID}", json={"is_paused": False}).raise_for_status()
+            housekeeping = api("PATCH", f"/dags/{HOUSEKEEPING_DAG_ID}", json={"is_paused": False})
             if housekeeping.status_code != 404:  # parsed a moment later: the next `up` gets it
                 housekeeping.raise_for_status()
             for pool in _pool_specs(self.settings):
                 body = {"name": pool.name, "slots": pool.slots, "description": pool.description,
                         "include_deferred": False}
-                created = api.post("/pools", json=body)
+                created = api("POST", "/pools", json=body)
                 if created.status_code == 409:  # kept from an earlier `up`: apply the settings
-                    api.patch(f"/pools/{pool.name}", json=body).raise_for_status()
+                    api("PATCH", f"/pools/{pool.name}", json=body).raise_for_status()
                 else:
                     created.raise_for_status()
         self.ensure_api_key()

@@ -138,3 +138,25 @@ def test_reads_ride_out_a_busy_server_but_not_forever(monkeypatch):
     with pytest.raises(ApiError, match="database is locked"):
         always.job("job_1")
     assert len(calls) == 4
+
+
+def test_a_busy_airflow_is_asked_again():
+    """Airflow on SQLite answers 500 "database is locked" while its scheduler writes (seen
+    once in five `llm-batch up`): the CLI and `up` try again; a lasting error is returned."""
+    import httpx
+
+    from llm_batch.client import send_with_retries
+
+    answers = iter([500, 500, 200])
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(next(answers), json={"detail": "database is locked"})
+
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://airflow") as client:
+        assert send_with_retries(lambda: client.patch("/api/v2/dags/llm_batch_housekeeping")).status_code == 200
+        assert len(calls) == 3
+        lasting = iter([503] * 10)
+        answers = lasting
+        assert send_with_retries(lambda: client.get("/api/v2/x")).status_code == 503
