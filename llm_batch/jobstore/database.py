@@ -9,6 +9,8 @@ readers run beside the writer.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 
 from alembic import command
@@ -44,10 +46,25 @@ def make_engine(url: str) -> Engine:
 def _sqlite_connect(dbapi_connection, _record) -> None:
     dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _set_wal(cursor)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _set_wal(cursor) -> None:
+    """WAL mode; SQLite answers "database is locked" at once (no busy wait) when another
+    process holds the write lock, e.g. a migration of a new file: try again up to the busy
+    timeout instead of failing the connection."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _sqlite_begin(connection: Connection) -> None:
