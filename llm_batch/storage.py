@@ -86,6 +86,10 @@ class PathNotAllowed(StorageError):
     pass
 
 
+class SymlinkEscape(PathNotAllowed):
+    """A path inside the roots whose symlinks lead outside them."""
+
+
 class BucketNotFound(ObjectNotFound):
     """The bucket itself is missing (an ObjectNotFound whose message names the bucket)."""
 
@@ -212,7 +216,7 @@ class LocalStorage:
 
     def path(self, uri: str) -> Path:
         """The resolved path ``uri`` names, or ``PathNotAllowed`` if it leaves the roots."""
-        raw = _file_uri_path(uri) if uri[:7].lower() == "file://" else uri
+        raw = file_uri_path(uri) if uri[:7].lower() == "file://" else uri
         if problem := spelling_problem(raw):
             raise PathNotAllowed(uri, problem)
         lexical = Path(raw) if os.path.isabs(raw) else Path.cwd() / raw
@@ -220,7 +224,7 @@ class LocalStorage:
         if self._inside(resolved):
             return resolved
         if self._inside(Path(os.path.normpath(lexical))):
-            raise PathNotAllowed(uri, f"a symlink leads outside the allowed roots to {resolved}")
+            raise SymlinkEscape(uri, f"a symlink leads outside the allowed roots to {resolved}")
         raise PathNotAllowed(uri, f"outside the allowed roots {self._roots_text()} "
                                   "(LLM_BATCH_LOCAL_ROOTS)")
 
@@ -326,7 +330,8 @@ def spelling_problem(raw: str) -> str | None:
     return None
 
 
-def _file_uri_path(uri: str) -> str:
+def file_uri_path(uri: str) -> str:
+    """The local path a ``file://`` URI names (``PathNotAllowed`` unless file:///abs)."""
     rest = uri[len("file://"):]
     if rest.startswith("localhost/"):
         rest = rest[len("localhost"):]
@@ -365,6 +370,18 @@ _THROTTLE_CODES = {
 RETRY_ATTEMPTS = 4
 _SPOOL_BYTES = 8 * 1024**2
 _READ_BUFFER = 1024**2
+
+
+def s3_location(uri: str, allowed_buckets: tuple[str, ...] | list[str]) -> S3Location:
+    """Parse ``s3://bucket/key`` and confine it to `allowed_buckets` (none: any bucket);
+    ``PathNotAllowed`` names what is wrong. No request is made."""
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not _BUCKET.match(bucket):
+        raise PathNotAllowed(uri, f"invalid bucket name {bucket!r}")
+    if allowed_buckets and bucket not in allowed_buckets:
+        raise PathNotAllowed(uri, f"bucket {bucket!r} is not one of the allowed buckets "
+                                  f"{', '.join(allowed_buckets)} (LLM_BATCH_ALLOWED_BUCKETS)")
+    return S3Location(bucket, key)
 
 
 @dataclass(frozen=True)
@@ -418,13 +435,7 @@ class S3Storage:
 
     def location(self, uri: str) -> S3Location:
         """Parse and confine ``s3://bucket/key`` (``PathNotAllowed`` if refused)."""
-        bucket, _, key = uri[len("s3://"):].partition("/")
-        if not _BUCKET.match(bucket):
-            raise PathNotAllowed(uri, f"invalid bucket name {bucket!r}")
-        if self.allowed_buckets and bucket not in self.allowed_buckets:
-            raise PathNotAllowed(uri, f"bucket {bucket!r} is not one of the allowed buckets "
-                                      f"{', '.join(self.allowed_buckets)} (LLM_BATCH_ALLOWED_BUCKETS)")
-        return S3Location(bucket, key)
+        return s3_location(uri, self.allowed_buckets)
 
     def check(self, uri: str) -> str:
         self.location(uri)

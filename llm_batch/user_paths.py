@@ -26,17 +26,17 @@ answers them alike and is no existence oracle.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from llm_batch import storage
 from llm_batch.config import Settings
 
 _SQLITE = "sqlite:///"
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _BAD_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 _OWNER_SAFE = re.compile(r"[A-Za-z0-9_@+-]")
 
@@ -107,16 +107,14 @@ def _check_local(uri: str, owner: str, settings: Settings, is_admin: bool) -> st
             raise PathRefused(f"{uri}: {problem}")
         base = settings.local_roots[0]
         uri = str((base / owner_dirname(owner) if settings.owner_namespaces else base) / uri)
-    backend = storage.LocalStorage(settings.local_roots)
-    lexical = _lexical(uri)
     allowed = _own_areas(owner, settings, is_admin)
     try:
-        resolved = backend.path(uri)
+        resolved = storage.LocalStorage(settings.local_roots).path(uri)
+    except storage.SymlinkEscape:  # spelled inside the roots: what it hides is not told
+        raise PathUnavailable(unavailable(uri, owner, settings)) from None
     except storage.PathNotAllowed as exc:
-        if lexical is not None and _inside_any(lexical, settings.local_roots) and "symlink" in str(exc):
-            raise PathUnavailable(unavailable(uri, owner, settings)) from None
         raise PathRefused(_why(exc)) from None
-    assert lexical is not None  # backend.path accepted it, so it parsed
+    lexical = _lexical(uri)
     if _internal_local(lexical, settings):
         raise PathRefused(f"{uri} is llm-batch's own state (database, keys, Airflow, work, uploads, models)")
     if allowed is not None and not _inside_any(lexical, allowed):
@@ -129,11 +127,9 @@ def _check_local(uri: str, owner: str, settings: Settings, is_admin: bool) -> st
     return str(resolved)
 
 
-def _lexical(uri: str) -> Path | None:
-    """The absolute path `uri` spells, before any symlink is followed (None: not one)."""
-    is_file_uri = uri[:7].lower() == "file://"
-    raw = unquote(uri[7:]).removeprefix("localhost") if is_file_uri else uri
-    return Path(os.path.normpath(raw)) if raw.startswith("/") else None
+def _lexical(uri: str) -> Path:
+    """The absolute path `uri` spells, before any symlink is followed (an accepted one)."""
+    return Path(os.path.normpath(storage.file_uri_path(uri) if uri[:7].lower() == "file://" else uri))
 
 
 def _own_areas(owner: str, settings: Settings, is_admin: bool) -> list[Path] | None:
@@ -194,11 +190,10 @@ def _why(exc: storage.StorageError) -> str:
 def _check_s3(uri: str, owner: str, settings: Settings, is_admin: bool) -> str:
     if not settings.allowed_buckets:
         raise PathRefused(f"{uri}: s3 paths are not allowed: no buckets are configured (LLM_BATCH_ALLOWED_BUCKETS)")
-    bucket, _, key = uri[5:].partition("/")
-    if not _BUCKET.fullmatch(bucket):
-        raise PathRefused(f"{uri}: invalid bucket name {bucket!r}")
-    if bucket not in settings.allowed_buckets:
-        raise PathRefused(f"{uri}: bucket {bucket!r} is not one of the allowed buckets {', '.join(settings.allowed_buckets)}")
+    try:
+        bucket, key = dataclasses.astuple(storage.s3_location(uri, settings.allowed_buckets))
+    except storage.PathNotAllowed as exc:
+        raise PathRefused(_why(exc)) from None
     parts = key.split("/")
     if _BAD_KEY_CHARS.search(key) or any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
         raise PathRefused(f"{uri}: S3 keys here may not hold empty, '.' or '..' segments, backslashes or control characters")
