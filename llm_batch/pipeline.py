@@ -286,11 +286,17 @@ def register(
     return job.id
 
 
+def api_run_id(job_id: str) -> str:
+    """The run id the batch API gives a job's run: deterministic, so a repeated trigger of
+    the same job finds its run instead of a twin, and the run is known as the job's own."""
+    return f"llm_batch__{job_id}"
+
+
 def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:
     """A run may take over an existing job only if it is that job's own run (the API's, a
     retry or a clear of it) or comes from the job's owner or an admin's schedule."""
-    own_run = job.dag_run_id in (None, dag_run_id) and dag_run_id == f"llm_batch__{job.id}"
-    return own_run or job.dag_run_id == dag_run_id or trusted or job.owner == owner
+    own_run = job.dag_run_id == dag_run_id or (job.dag_run_id is None and dag_run_id == api_run_id(job.id))
+    return own_run or trusted or job.owner == owner
 
 
 def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: bool) -> str:
