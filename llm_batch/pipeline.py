@@ -758,11 +758,7 @@ def delete_expired_files(store: JobStore, settings: Settings, now: datetime | No
         if not page:
             return deleted
         for file in page:
-            try:
-                storage.delete(file.uri)
-            except storage.ObjectNotFound:
-                pass
-            store.mark_file_deleted(file.id)
+            _remove_file(store, file)
             deleted.append(file.id)
             if file.job_id:
                 _drop_work_dir(settings, file.job_id)
@@ -774,15 +770,19 @@ def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
     owner uploaded stay: they are the owner's objects, and other jobs may read them."""
     made = [job.output_file_id, job.error_file_id, (job.input or {}).get("inline_file_id")]
     for file_id in filter(None, made):
-        file = store.get_file(file_id)
-        if file is not None:
-            try:
-                storage.delete(file.uri)
-            except storage.ObjectNotFound:
-                pass
-            store.mark_file_deleted(file_id)
+        if (file := store.get_file(file_id)) is not None:
+            _remove_file(store, file)
     _drop_work_dir(settings, job.id)
     store.delete_job(job.id)
+
+
+def _remove_file(store: JobStore, file: FileObject) -> None:
+    """Delete a file object's content (already gone is fine) and mark its record deleted."""
+    try:
+        storage.delete(file.uri)
+    except storage.ObjectNotFound:
+        pass
+    store.mark_file_deleted(file.id)
 
 
 def _drop_work_dir(settings: Settings, job_id: str) -> None:

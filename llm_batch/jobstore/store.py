@@ -169,6 +169,13 @@ def _live_from_rows(job: Row, sums: Row) -> dict[str, Any]:
     return values
 
 
+def _require_non_negative(values: Mapping[str, float]) -> None:
+    """Counters are never negative: ValueError naming the first that is."""
+    for name, value in values.items():
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+
+
 def _require_aware(**values: datetime | None) -> None:
     """Refuse naive datetimes up front, naming the argument (they would be misread)."""
     for name, value in values.items():
@@ -569,9 +576,7 @@ class JobStore:
         that failed validation, the base of the live counts (see report_shard)."""
         given = (total, completed, succeeded, failed, invalid)
         values = {k: v for k, v in zip((*_COUNTERS, "invalid"), given) if v is not None}
-        for name, value in values.items():
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+        _require_non_negative(values)
         return self._update_job(job_id, **values)
 
     def report_shard(
@@ -604,9 +609,7 @@ class JobStore:
         given = dict(total=total, done=done, succeeded=succeeded, failed=failed, prompt_tokens=prompt_tokens,
                      completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens,
                      engine_seconds=engine_seconds)
-        for name, value in given.items():
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+        _require_non_negative(given)
         with self._transaction(write=True) as connection:
             job = connection.execute(select(JOBS).where(JOBS.c.id == job_id).with_for_update()).one_or_none()
             if job is None:
