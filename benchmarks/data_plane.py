@@ -131,7 +131,7 @@ def run_one(lines: int) -> dict:
     step("validate", lambda: validate(input_path, layout), lines)
     plans = step("shard", lambda: plan_shards(layout, NUM_SHARDS), lines)
     step("results", lambda: fabricate_results(plans), lines)
-    counts = step("merge", lambda: merge_job(layout, scale_json=True), lines)
+    counts = step("merge", lambda: merge_job(layout, json_array=True), lines)
     figures["counts"] = counts.__dict__
     figures["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return figures

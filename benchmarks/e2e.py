@@ -74,7 +74,7 @@ def run_direct(model: str, count: int, max_tokens: int, placed_as_worker: bool) 
     from vllm import SamplingParams
 
     from llm_batch.engine.runner import start_engine
-    from llm_batch.models import resolve_model
+    from llm_batch.model_registry import resolve_model
 
     resolved = resolve_model({"model": model})
     load_started = time.time()
@@ -159,7 +159,7 @@ def main() -> None:
               flush=True)
         return
 
-    from llm_batch.models import prepare_model
+    from llm_batch.model_registry import prepare_model
 
     model_cache = prepare_model(args.model).parent  # the shared cache (prepared once)
     print(f"{args.requests} chat requests, max_tokens {args.max_tokens}, model {args.model}, "

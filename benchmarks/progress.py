@@ -14,7 +14,7 @@ key). S3 calls are counted with a botocore ``before-call`` hook on llm_batch.sto
 
 - old: what ``pipeline.publish_progress`` did (removed; reproduced here): read the manifest,
   the validation report and every shard's progress object, then one UPDATE of the counts.
-- new: ``pipeline.report_shard``: read this shard's progress object, one transaction that
+- new: ``shard_task.report_shard``: read this shard's progress object, one transaction that
   upserts its row and sets the job's counts from the rows' sum.
 """
 
@@ -49,11 +49,11 @@ class _TmpFactory:
 
 def _old_publish(store, settings, job_id: str) -> None:
     """The old watcher round: every shard's progress object, whoever asks."""
-    from llm_batch import pipeline, storage
+    from llm_batch import steps, storage
     from llm_batch.progress import read_progress
     from llm_batch.sharding import read_manifest
 
-    layout = pipeline.layout_of(settings, job_id)
+    layout = steps.layout_of(settings, job_id)
     manifest = read_manifest(layout)
     invalid = int(orjson.loads(storage.read_bytes(layout.validation_report)).get("invalid", 0))
     succeeded, failed = 0, invalid
@@ -94,7 +94,7 @@ def main() -> None:
 def run(args: argparse.Namespace) -> None:
     from fastapi.testclient import TestClient
 
-    from llm_batch import pipeline, storage
+    from llm_batch import run_conf, shard_task, steps, storage
     from llm_batch.config import get_settings
     from llm_batch.jobs import JobStatus
     from llm_batch.jobstore import JobStore
@@ -103,14 +103,13 @@ def run(args: argparse.Namespace) -> None:
 
     settings = get_settings()
     store = JobStore(settings.database_url)
-    key = store.create_api_key(pipeline.DEFAULT_OWNER, "bench")[1]
+    key = store.create_api_key(run_conf.DEFAULT_OWNER, "bench")[1]
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
     requests = [{"custom_id": f"r{i}", "body": body} for i in range(args.shards * args.per_shard)]
-    job_id = pipeline.register(store, settings, {"input_requests": requests, "model": "tiny-random-llama",
+    job_id = steps.register(store, settings, {"input_requests": requests, "model": "tiny-random-llama",
                                                  "data_parallelism": args.shards}, f"manual__bench{time.time_ns()}")
-    pipeline.validate(store, settings, job_id)
-    tasks = [pipeline.ShardTask.model_validate(t) for group in pipeline.plan(store, settings, job_id).values()
-             for t in group]
+    steps.validate(store, settings, job_id)
+    tasks = steps.plan(store, settings, job_id)
     assert len(tasks) == args.shards and store.get_job(job_id).status == JobStatus.RUNNING
 
     calls: dict[str, int] = {}
@@ -137,7 +136,7 @@ def run(args: argparse.Namespace) -> None:
 
     flows = {
         "old": lambda task: _old_publish(store, settings, job_id),
-        "new": lambda task: pipeline.report_shard(store, task),
+        "new": lambda task: shard_task.report_shard(store, task),
     }
     results = {}
     for name, watch in flows.items():

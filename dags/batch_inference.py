@@ -5,7 +5,7 @@
 Trigger it from the UI form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the
 params below) or from the batch REST API (conf = `{"job_id": ...}` of a job it created).
 Every run is a job in llm-batch's job store; whatever happens, the job ends in a terminal
-status with a reason. The steps live in `llm_batch.pipeline`; this file only wires them.
+status with a reason. The steps live in `llm_batch.steps`; this file only wires them.
 
 Shards run on the configured runner (`LLM_BATCH_SHARD_RUNNER`: local subprocess or GPU pod).
 A mapped task's pool and priority are fixed at parse time, so there is one mapped task per
@@ -20,10 +20,10 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, get_current_context, task
 
-from llm_batch import pipeline
+from llm_batch import input_formats, jobs, placement, run_conf, steps
 from llm_batch.config import get_settings
 from llm_batch.endpoints import SUPPORTED_ENDPOINTS
-from llm_batch_operators import shard_operator
+from llm_batch_operators import lanes, shard_operator
 
 SETTINGS = get_settings()
 
@@ -45,7 +45,7 @@ PARAMS = {
         description="Inline requests: [{custom_id?, body}] (jsonl) or Scale completion/chat items (scale-v2).",
     ),
     "input_format": Param(
-        "jsonl", type="string", enum=list(pipeline.INPUT_FORMATS),
+        "jsonl", type="string", enum=list(input_formats.INPUT_FORMATS),
         description="jsonl: OpenAI/Mistral lines; scale-v2: JSON array of Scale requests; scale-v1: Scale prompts object.",
     ),
     "output_uri": Param(
@@ -57,7 +57,7 @@ PARAMS = {
         description="The API every request of the batch calls.",
     ),
     "model": Param(
-        pipeline.DEFAULT_MODEL, type="string", minLength=1,
+        run_conf.DEFAULT_MODEL, type="string", minLength=1,
         description="A model name from the model registry (llm-batch models list).",
     ),
     "model_config": Param(
@@ -65,11 +65,11 @@ PARAMS = {
         description="Scale model_config: checkpoint_path, num_shards, max_context_length, seed, dtype, extra engine args.",
     ),
     "data_parallelism": Param(
-        1, type="integer", minimum=1, maximum=pipeline.MAX_DATA_PARALLELISM,
+        1, type="integer", minimum=1, maximum=run_conf.MAX_DATA_PARALLELISM,
         description="Number of shards (workers) run in parallel.",
     ),
     "max_runtime_sec": Param(
-        SETTINGS.default_max_runtime_sec, type="integer", minimum=1, maximum=pipeline.MAX_RUNTIME_SEC,
+        SETTINGS.default_max_runtime_sec, type="integer", minimum=1, maximum=run_conf.MAX_RUNTIME_SEC,
         description="Deadline from creation: workers stop there, finished results are kept, status TIMEOUT_EXCEEDED.",
     ),
     "priority": Param(
@@ -82,7 +82,7 @@ PARAMS = {
         description="GPUs per worker (the tensor-parallel size); Kubernetes runner only.",
     ),
     "gpu_type": Param(
-        None, type=["null", "string"], enum=[None, *pipeline.GPU_TYPES],
+        None, type=["null", "string"], enum=[None, *placement.GPU_TYPES],
         description="GPU node type of the workers (Kubernetes runner); picks the node pool and the Airflow pool.",
     ),
     "nodes_per_worker": Param(
@@ -107,31 +107,31 @@ def _store():
 
 def _job_id_of(context: Any) -> str:
     dag_run = context["dag_run"]
-    return pipeline.run_job_id(dag_run.conf or {}, dag_run.run_id)
+    return run_conf.run_job_id(dag_run.conf or {}, dag_run.run_id)
 
 
 def _end_job_of_failed_run(context: Any) -> None:
     """The run failed (a task failed for good, or dagrun_timeout): the job must not stay live."""
     reason = context.get("reason") or "a task failed"
-    pipeline.fail_job(_store(), _job_id_of(context), f"the DAG run ended without finishing the job: {reason}",
-                      dag_run_id=context["dag_run"].run_id)
+    steps.fail_job(_store(), _job_id_of(context), f"the DAG run ended without finishing the job: {reason}",
+                   dag_run_id=context["dag_run"].run_id)
 
 
-def _rejected(exc: pipeline.JobRejected):
+def _rejected(exc: jobs.JobRejected):
     from airflow.sdk.exceptions import AirflowFailException
 
     return AirflowFailException(str(exc))
 
 
 with DAG(
-    dag_id=pipeline.BATCH_DAG_ID,
+    dag_id=run_conf.BATCH_DAG_ID,
     description="Batch LLM inference: validate, shard, run on vLLM, merge in input order",
     schedule=None,
     start_date=datetime(2025, 1, 1),
     catchup=False,
     params=PARAMS,
     # The backstop: workers stop at the job's own deadline; this ends a run stuck anyway.
-    dagrun_timeout=timedelta(seconds=pipeline.MAX_RUNTIME_SEC + 2 * SETTINGS.cancel_grace_seconds + 3600),
+    dagrun_timeout=timedelta(seconds=run_conf.MAX_RUNTIME_SEC + 2 * SETTINGS.cancel_grace_seconds + 3600),
     on_failure_callback=_end_job_of_failed_run,
     default_args={"retries": 0, "owner": "llm-batch"},
     max_active_tasks=64,
@@ -147,31 +147,31 @@ with DAG(
             # A new job belongs to whoever triggered the run (their API view shows it); a run
             # nobody triggered (a schedule: an admin's spec) may name paths beyond a namespace.
             user = getattr(dag_run, "triggering_user_name", None)
-            conf = DEFAULTS | (dag_run.conf or {}) | {"owner": user or pipeline.DEFAULT_OWNER}
-            return pipeline.register(_store(), SETTINGS, conf, dag_run.run_id, trusted=user is None)
-        except pipeline.JobRejected as exc:
+            conf = DEFAULTS | (dag_run.conf or {}) | {"owner": user or run_conf.DEFAULT_OWNER}
+            return steps.register(_store(), SETTINGS, conf, dag_run.run_id, trusted=user is None)
+        except jobs.JobRejected as exc:
             raise _rejected(exc) from exc
 
     @task(retries=2, retry_delay=timedelta(seconds=5))
     def validate(job_id: str) -> dict[str, int] | None:
         try:
-            return pipeline.validate(_store(), SETTINGS, job_id)
-        except pipeline.JobRejected as exc:
+            return steps.validate(_store(), SETTINGS, job_id)
+        except jobs.JobRejected as exc:
             raise _rejected(exc) from exc
 
     @task(retries=2, retry_delay=timedelta(seconds=5))
     def plan(job_id: str, validated: dict[str, int] | None) -> dict[str, list[dict[str, Any]]]:
-        return pipeline.plan(_store(), SETTINGS, job_id)
+        return lanes.group_by_lane(SETTINGS, steps.plan(_store(), SETTINGS, job_id))
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
     def merge(job_id: str) -> dict[str, int] | None:
-        return pipeline.merge(_store(), SETTINGS, job_id)
+        return steps.merge(_store(), SETTINGS, job_id)
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
     def finalize(job_id: str) -> str:
-        job = pipeline.finalize(_store(), SETTINGS, job_id)
-        if job.status == pipeline.JobStatus.FAILED:
-            raise _rejected(pipeline.JobRejected(f"job {job_id} failed: {job.status_reason}"))
+        job = steps.finalize(_store(), SETTINGS, job_id)
+        if job.status == jobs.JobStatus.FAILED:
+            raise _rejected(jobs.JobRejected(f"job {job_id} failed: {job.status_reason}"))
         return job.status.value
 
     @task
@@ -181,7 +181,7 @@ with DAG(
     job_id = register()
     planned = plan(job_id, validate(job_id))
     shard_tasks = []
-    for lane in pipeline.lanes(SETTINGS):
+    for lane in lanes.lanes(SETTINGS):
         # Airflow maps only over a task's return value: one small picker per lane.
         lane_shards = shards_of_lane.override(task_id=f"shards__{lane.name}")(planned, lane.name)
         shard_tasks.append(

@@ -8,7 +8,7 @@ Every 10 minutes:
 - **retention**: input, output and error files older than `LLM_BATCH_RETENTION_DAYS` are
   deleted from storage and marked deleted in the store.
 
-The steps live in `llm_batch.pipeline`; run states come from Airflow's Execution API
+The steps live in `llm_batch.housekeeping`; run states come from Airflow's Execution API
 (task code never reads Airflow's metadata database).
 """
 
@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
-from llm_batch import pipeline
+from llm_batch import housekeeping, run_conf
 from llm_batch.config import get_settings
 
 SETTINGS = get_settings()
@@ -31,7 +31,7 @@ def _store():
 
 
 with DAG(
-    dag_id=pipeline.HOUSEKEEPING_DAG_ID,
+    dag_id=run_conf.HOUSEKEEPING_DAG_ID,
     description="Expire, reconcile and clean up llm-batch jobs and files",
     schedule=timedelta(minutes=10),
     start_date=datetime(2025, 1, 1),
@@ -44,7 +44,7 @@ with DAG(
 
     @task
     def expire() -> list[str]:
-        return pipeline.expire(_store(), SETTINGS)
+        return housekeeping.expire(_store(), SETTINGS)
 
     @task
     def reconcile() -> list[str]:
@@ -52,17 +52,17 @@ with DAG(
 
         store = _store()
         states = {}
-        for job in pipeline.live_jobs(store):
+        for job in housekeeping.live_jobs(store):
             if job.dag_run_id:
                 try:
-                    state = RuntimeTaskInstance.get_dagrun_state(pipeline.BATCH_DAG_ID, job.dag_run_id)
+                    state = RuntimeTaskInstance.get_dagrun_state(run_conf.BATCH_DAG_ID, job.dag_run_id)
                     states[job.dag_run_id] = getattr(state, "value", state)
                 except Exception:  # noqa: BLE001 - an unknown run is left for a later round
                     continue
-        return pipeline.reconcile(store, SETTINGS, states)
+        return housekeeping.reconcile(store, SETTINGS, states)
 
     @task
     def retention() -> int:
-        return len(pipeline.delete_expired_files(_store(), SETTINGS))
+        return len(housekeeping.delete_expired_files(_store(), SETTINGS))
 
     expire() >> reconcile() >> retention()

@@ -18,7 +18,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import DAG, Asset
 
 from llm_batch.config import get_settings
-from llm_batch.pipeline import BATCH_DAG_ID
+from llm_batch.run_conf import BATCH_DAG_ID
 from llm_batch.recurring import DAG_ID_PREFIX, RecurringSpec, RecurringSpecError, load_spec, spec_files
 
 SPEC_FOLDER = get_settings().recurring_specs or Path(__file__).parent / "recurring_specs"

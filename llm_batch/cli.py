@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.api_key",
     "llm_batch.commands.worker",
     "llm_batch.commands.jobs",
+    "llm_batch.commands.usage",
 )
 
 

@@ -40,10 +40,10 @@ import orjson
 import tenacity
 
 from llm_batch.config import Settings, get_settings
+from llm_batch.input_formats import INPUT_FORMATS
 
 # Mistral status words (the route every job is read through) -> is the job over.
 TERMINAL_STATUSES = frozenset({"SUCCESS", "FAILED", "TIMEOUT_EXCEEDED", "CANCELLED"})
-INPUT_FORMATS = ("jsonl", "scale-v2", "scale-v1")
 _HOUR = 3600
 
 
@@ -262,6 +262,12 @@ class BatchClient:
 
     def cancel(self, job_id: str) -> JobView:
         return JobView.of(self._call("POST", f"/v1/batch/jobs/{job_id}/cancel"))
+
+    def usage(self, by: str | None = None, since: datetime | None = None) -> dict[str, Any]:
+        """``GET /v1/usage`` (admins only): ``{"object": "list", "by", "since", "data": [...]}``,
+        one entry per group (owner, model, label ``key=value``; one ``(all)`` without `by`)."""
+        params = {"by": by, "since": since.isoformat() if since is not None else None}
+        return self._call("GET", "/v1/usage", params={k: v for k, v in params.items() if v is not None})
 
     def file_content(self, file_id: str) -> Iterator[bytes]:
         """A file's content, streamed."""

@@ -1,7 +1,7 @@
 """Streaming readers for the input formats: each yields, per input item, a ``BatchRequest``
 or an ``ErrorRecord`` (never both, never none), in input order.
 
-Formats (``InputFormat``):
+Formats (``llm_batch.input_formats.InputFormat``):
 - ``jsonl``: one ``{"custom_id", "body"}`` (Mistral) or ``{"custom_id", "method": "POST",
   "url", "body"}`` (OpenAI) object a line, read as bytes line by line.
 - ``scale-v2``: a JSON array of Scale completion (``prompt``) or chat (``messages``) requests,
@@ -41,13 +41,6 @@ from llm_batch.schemas import (
 )
 
 Item = BatchRequest | ErrorRecord
-
-
-class InputFormat(StrEnum):
-    JSONL = "jsonl"
-    SCALE_V2 = "scale-v2"
-    SCALE_V1 = "scale-v1"
-    INLINE = "inline"
 
 
 class ErrorCode(StrEnum):

@@ -1,4 +1,5 @@
-"""The canonical job: one state machine, and each dialect's words for its states."""
+"""The canonical job: one state machine (each dialect's words for its states live at the
+API edge, in the plugin's models)."""
 
 from __future__ import annotations
 
@@ -46,39 +47,5 @@ def check_transition(current: JobStatus, new: JobStatus) -> None:
         raise InvalidTransition(f"job status cannot move from {current} to {new}")
 
 
-MISTRAL_STATUS = {
-    JobStatus.QUEUED: "QUEUED",
-    JobStatus.VALIDATING: "RUNNING",
-    JobStatus.RUNNING: "RUNNING",
-    JobStatus.FINALIZING: "RUNNING",
-    JobStatus.CANCELLING: "CANCELLATION_REQUESTED",
-    JobStatus.SUCCEEDED: "SUCCESS",
-    JobStatus.FAILED: "FAILED",
-    JobStatus.TIMEOUT_EXCEEDED: "TIMEOUT_EXCEEDED",
-    JobStatus.CANCELLED: "CANCELLED",
-}
-
-SCALE_STATUS = {
-    JobStatus.QUEUED: "queued",
-    JobStatus.VALIDATING: "running",
-    JobStatus.RUNNING: "running",
-    JobStatus.FINALIZING: "running",
-    JobStatus.CANCELLING: "running",
-    JobStatus.SUCCEEDED: "completed",
-    JobStatus.FAILED: "failed",
-    # Scale has no timeout word: a job stopped at its deadline did not complete.
-    JobStatus.TIMEOUT_EXCEEDED: "failed",
-    JobStatus.CANCELLED: "cancelled",
-}
-
-OPENAI_STATUS = {
-    JobStatus.QUEUED: "validating",
-    JobStatus.VALIDATING: "validating",
-    JobStatus.RUNNING: "in_progress",
-    JobStatus.FINALIZING: "finalizing",
-    JobStatus.CANCELLING: "cancelling",
-    JobStatus.SUCCEEDED: "completed",
-    JobStatus.FAILED: "failed",
-    JobStatus.TIMEOUT_EXCEEDED: "expired",
-    JobStatus.CANCELLED: "cancelled",
-}
+class JobRejected(Exception):
+    """The job cannot run (bad input, unsupported resources): it is FAILED with this reason."""

@@ -27,7 +27,7 @@ Outputs, each published atomically through ``storage.open_write``:
 
 ``response`` is set for engine errors and null for validation errors and requests not run.
 
-``layout.output_json`` or ``scale_output_uri`` (Scale): a JSON array with one element per
+``layout.output_json`` or ``array_output_uri`` (Scale): a JSON array with one element per
 input index, in input order: the response body for a success, and for a failure::
 
     {"error": {"code": ..., "message": ...}, "custom_id": ..., "line": 7}
@@ -219,8 +219,8 @@ def merge_job(
     layout: JobLayout,
     *,
     jsonl: bool = True,
-    scale_json: bool = False,
-    scale_output_uri: str | None = None,
+    json_array: bool = False,
+    array_output_uri: str | None = None,
     not_run_reason: str | None = None,
     not_run_code: str = SHARD_FAILED,
     shard_not_run_reasons: Mapping[int, str] | None = None,
@@ -228,8 +228,8 @@ def merge_job(
     """Write the job's merged outputs and return the counts.
 
     ``jsonl`` writes ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both always, the
-    errors file empty when nothing failed). ``scale_json`` (implied by ``scale_output_uri``)
-    writes the Scale array to ``scale_output_uri`` or ``layout.output_json``. A request with
+    errors file empty when nothing failed). ``json_array`` (implied by ``array_output_uri``)
+    writes the Scale array to ``array_output_uri`` or ``layout.output_json``. A request with
     no result gets ``not_run_code`` (one of NOT_RUN_CODES) and ``shard_not_run_reasons[k]``
     (its shard's reason), else ``not_run_reason``, else a default message. Needs the shard manifest (``plan_shards``) and the validation
     errors file. Rerunning gives the same bytes; on error nothing is published.
@@ -252,8 +252,8 @@ def merge_job(
             layout.job_id,
             jsonl=sink(layout.output_jsonl) if jsonl else None,
             errors=sink(layout.errors_jsonl) if jsonl else None,
-            scale=sink(scale_output_uri or layout.output_json)
-            if scale_json or scale_output_uri else None,
+            scale=sink(array_output_uri or layout.output_json)
+            if json_array or array_output_uri else None,
         )
         last_index = -1
         outcomes = heapq.merge(_validation_errors(layout.validation_errors), shard_outcomes,

@@ -29,7 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llm_batch.endpoints import Endpoint
-from llm_batch.pipeline import DEFAULT_RUNTIME_SEC, MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC
+from llm_batch.input_formats import INPUT_FORMATS, InputFormat
+from llm_batch.run_conf import DEFAULT_RUNTIME_SEC, MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC
 
 DAG_ID_PREFIX = "recurring__"
 
@@ -67,7 +68,7 @@ class RecurringSpec(BaseModel):
     schedule: str | AssetSchedule
     start_date: date = date(2025, 1, 1)
     input_uri: str = Field(min_length=1)
-    input_format: Literal["jsonl", "scale-v2", "scale-v1"] = "jsonl"
+    input_format: Literal[INPUT_FORMATS] = InputFormat.JSONL
     output_uri: str | None = None
     endpoint: Endpoint = Endpoint.CHAT_COMPLETIONS
     model: str = Field(min_length=1)

@@ -4,7 +4,7 @@
 each in its own process group with a pid file and a log under ``$LLM_BATCH_HOME/airflow``,
 waits until the api-server answers its health check and the batch DAG is parsed, then
 provisions what the DAG and the CLI need: the DAG unpaused, the Airflow pools it names
-(``pipeline.pool_specs``) and an admin API key for the CLI in ``$LLM_BATCH_HOME/api-key``
+(``llm_batch_operators.lanes.pool_specs``) and an admin API key for the CLI in ``$LLM_BATCH_HOME/api-key``
 (mode 0600). ``down`` stops each group (SIGTERM, then SIGKILL after a grace), so nothing is
 orphaned: ``airflow standalone`` is not used because stopping it with SIGTERM orphans its
 children.
@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from llm_batch.config import Settings, get_settings
-from llm_batch.pipeline import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID
+from llm_batch.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
@@ -453,8 +453,8 @@ def free_port() -> int:
 
 
 def _pool_specs(settings: Settings):
-    # pipeline is importable without Airflow; imported late to keep `llm-batch status` quick.
-    from llm_batch.pipeline import pool_specs
+    # lanes is importable without Airflow; imported late to keep `llm-batch status` quick.
+    from llm_batch_operators.lanes import pool_specs
 
     return pool_specs(settings)
 

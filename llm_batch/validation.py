@@ -29,7 +29,6 @@ from pydantic import BaseModel, Field
 from llm_batch.config import Settings, get_settings
 from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
 from llm_batch.formats import (
-    InputFormat,
     InputUnreadable,
     Item,
     RequestChecker,
@@ -41,6 +40,7 @@ from llm_batch.formats import (
     scale_v1_prompts,
     scan_scale_v1_params,
 )
+from llm_batch.input_formats import InputFormat
 from llm_batch.layout import JobLayout
 from llm_batch.records import BatchRequest, ErrorRecord
 

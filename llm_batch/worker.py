@@ -35,7 +35,7 @@ from llm_batch.streams import iter_lines
 
 if TYPE_CHECKING:
     from llm_batch.engine.responses import Usage
-    from llm_batch.models import ResolvedModel
+    from llm_batch.model_registry import ResolvedModel
 
 log = logging.getLogger("llm_batch.worker")
 
@@ -219,7 +219,7 @@ class StopMonitor:
 
 def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> ResolvedModel:
     """The model to load, checked to serve ``endpoint``; WorkerUsageError otherwise."""
-    from llm_batch.models import ModelError, resolve_model
+    from llm_batch.model_registry import ModelError, resolve_model
 
     try:
         model = resolve_model(model_config)

@@ -16,7 +16,7 @@ from llm_batch_operators.shard import ShardTaskMixin
 
 
 class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
-    """Run one shard (``shard_task``: a ``pipeline.ShardTask`` as a dict) as a GPU pod.
+    """Run one shard (``shard_task``: a ``llm_batch.shard_task.ShardTask`` as a dict) as a GPU pod.
 
     ``pod_overrides``: KubernetesPodOperator arguments that replace what the settings
     produce (e.g. ``config_file``, ``deferrable``). Returns the shard's outcome dict; a worker

@@ -11,6 +11,15 @@ trigger plus the shard's stop watch, which mirrors the job's cancel flag to the 
 marker the worker reads, and ends the wait with a kill (pod deleted) if the worker is still
 running ``cancel_grace_seconds`` after a cancel or the deadline. Worker exits "cancelled"
 and "deadline" (exit statuses 3 and 4) end the task well: merge reports what did not run.
+
+Provider contract (``SUPPORTED_PROVIDER``, checked by tests/unit/test_kubernetes_pod_provider.py):
+only the provider's public extension points are used - the documented constructor
+parameters ``callbacks`` (``KubernetesPodOperatorCallback.on_pod_completion`` hands over the
+finished pod, sync and deferrable) and ``trigger_kwargs`` (carries the stop watch's settings
+to the trigger, and the provider merges them into every event), the overridable
+``trigger_reentry`` and ``BaseOperator.defer`` (to swap in ``ShardPodTrigger``, built from the
+provider trigger's own ``serialize()``), and ``KubernetesPodTrigger.run``. No private
+attribute (``_fired_event``, ``remote_pod``) is read or written.
 """
 
 from __future__ import annotations
@@ -20,21 +29,38 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.triggers.base import TriggerEvent
 
 from llm_batch.config import get_settings
-from llm_batch.pipeline import ShardOutcome, ShardTask
+from llm_batch.shard_task import ShardOutcome, ShardTask
 from llm_batch_operators import pod_spec
 from llm_batch_operators.shard import ShardTaskMixin
 
-STOP_KEY = "llm_batch_stop"
+#: The apache-airflow-providers-cncf-kubernetes versions this module is written and tested
+#: against (the pin of the ``airflow`` extra in pyproject.toml).
+SUPPORTED_PROVIDER = ">=10.25.0,<11"
+
+STOP_KEY = "llm_batch_stop"  # in the stop watch's event: the stop cause
+SHARD_STOP_KEY = "llm_batch_shard_stop"  # in trigger_kwargs: the stop watch's settings
+
+
+class _KeepCompletedPod(KubernetesPodOperatorCallback):
+    """Keeps the finished pod (its container statuses hold the worker's exit code) on the
+    ShardPodOperator. The provider calls ``on_pod_completion`` once the pod is done: after
+    the log follow in the sync path, at re-entry from the trigger in the deferrable one."""
+
+    @staticmethod
+    def on_pod_completion(*, pod: Any, operator: Any, **kwargs: Any) -> None:
+        if isinstance(operator, ShardPodOperator):
+            operator.completed_pod = pod
 
 
 class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
-    """Run one shard (``shard_task``: a ``pipeline.ShardTask`` as a dict) as a GPU pod.
+    """Run one shard (``shard_task``: a ``llm_batch.shard_task.ShardTask`` as a dict) as a GPU pod.
 
     Any KubernetesPodOperator argument may be given to override what the settings and
     pod_spec produce. Raises
@@ -48,6 +74,18 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         task, settings = ShardTask.model_validate(shard_task), get_settings()
         pod_spec.check_supported(task)
         volumes, mounts = pod_spec.model_cache(settings)
+        # Callbacks and trigger_kwargs given as overrides are kept, ours are added.
+        callbacks = kwargs.pop("callbacks", None) or []
+        callbacks = [*(callbacks if isinstance(callbacks, list) else [callbacks]), _KeepCompletedPod]
+        shard_stop = {
+            "job_id": task.job_id,
+            "shard": task.shard,
+            "progress_uri": task.progress_uri,
+            "cancel_marker": task.cancel_marker,
+            "deadline": task.deadline,
+            "grace_seconds": settings.cancel_grace_seconds,
+        }
+        trigger_kwargs = {**(kwargs.pop("trigger_kwargs", None) or {}), SHARD_STOP_KEY: shard_stop}
         pod_args: dict[str, Any] = {
             "name": pod_spec.pod_name(task),
             "random_name_suffix": True,
@@ -74,9 +112,12 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
             "termination_grace_period": settings.cancel_grace_seconds,
             "startup_timeout_seconds": 900,  # image pulls of a vLLM image are slow
             "log_events_on_failure": True,
+            "callbacks": callbacks,
+            "trigger_kwargs": trigger_kwargs,
         }
         super().__init__(**{**pod_args, **kwargs})
         self.shard_task = shard_task
+        self.completed_pod: Any = None  # set by _KeepCompletedPod
         self._stop_cause: str | None = None
         self._context: Any = None
 
@@ -101,20 +142,10 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         return self._finished(self.outcome(0, None))
 
     def defer(self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None) -> None:
-        """Wait in ShardPodTrigger instead of the provider's trigger (same pod watch)."""
+        """Wait in ShardPodTrigger instead of the provider's trigger: the same trigger, built
+        from its own serialized arguments (its trigger_kwargs carry the stop watch's settings)."""
         if isinstance(trigger, KubernetesPodTrigger) and not isinstance(trigger, ShardPodTrigger):
-            task = self.shard
-            trigger = ShardPodTrigger(
-                shard_stop={
-                    "job_id": task.job_id,
-                    "shard": task.shard,
-                    "progress_uri": task.progress_uri,
-                    "cancel_marker": task.cancel_marker,
-                    "deadline": task.deadline,
-                    "grace_seconds": self.llm_settings.cancel_grace_seconds,
-                },
-                **trigger.serialize()[1],
-            )
+            trigger = ShardPodTrigger(**trigger.serialize()[1])
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
     # -- outcomes ---------------------------------------------------------------------
@@ -123,16 +154,13 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         """A pod that did not succeed: stopped on purpose (a good end), or a failure."""
         if self._stop_cause is not None:
             return self._finished(self.outcome(None, self._stop_cause))
-        outcome = self.outcome(_exit_code(self._final_pod(), self.base_container_name), None)
+        outcome = self.outcome(_exit_code(self.completed_pod, self.base_container_name), None)
         if outcome.state in ("cancelled", "deadline"):
             return self._finished(outcome)
         outcome = self.report_outcome(outcome, self._context)
         if outcome.state == "usage":
             raise AirflowFailException(outcome.message)
         raise AirflowException(outcome.message)
-
-    def _final_pod(self) -> Any:
-        return getattr(self, "remote_pod", None) or self.pod
 
     def _finished(self, outcome: ShardOutcome) -> dict[str, Any]:
         outcome = self.report_outcome(outcome, self._context)
@@ -160,18 +188,24 @@ def _exit_code(pod: Any, container: str) -> int | None:
 class ShardPodTrigger(KubernetesPodTrigger):
     """The provider's pod trigger, plus the shard's stop watch (see the module docstring).
 
-    ``shard_stop``: {job_id, shard, progress_uri, cancel_marker, deadline (ISO),
-    grace_seconds}. The stop watch reads the job store of the triggerer's own settings
-    (LLM_BATCH_DATABASE_URL) and this shard's progress object only.
+    Takes the provider trigger's arguments; ``trigger_kwargs[SHARD_STOP_KEY]``: {job_id,
+    shard, progress_uri, cancel_marker, deadline (ISO), grace_seconds}. The stop watch reads
+    the job store of the triggerer's own settings (LLM_BATCH_DATABASE_URL) and this shard's
+    progress object only.
     """
 
-    def __init__(self, *, shard_stop: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, *, shard_stop: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if shard_stop is not None:  # serialized before the settings moved into trigger_kwargs
+            kwargs["trigger_kwargs"] = {**(kwargs.get("trigger_kwargs") or {}), SHARD_STOP_KEY: shard_stop}
         super().__init__(**kwargs)
-        self.shard_stop = shard_stop
+
+    @property
+    def shard_stop(self) -> dict[str, Any]:
+        return self.trigger_kwargs[SHARD_STOP_KEY]
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
-        return f"{__name__}.ShardPodTrigger", {**kwargs, "shard_stop": self.shard_stop}
+        return f"{__name__}.ShardPodTrigger", kwargs
 
     async def run(self):  # type: ignore[override]
         pod_events = super().run()
@@ -184,7 +218,11 @@ class ShardPodTrigger(KubernetesPodTrigger):
                 return
             cause = stop.result()
             pod_event.cancel()
-            self._fired_event = True
+            # The provider's own events also set its private "event fired" flag; on Airflow
+            # 3.3+ it only makes the trigger's on_kill (a user kill while run() still runs)
+            # keep the pod. Not set here on purpose: the worker is past its grace, so a kill
+            # landing as this event goes out should delete the pod (on_kill_action), as
+            # trigger_reentry would.
             yield TriggerEvent(
                 {
                     "status": "timeout",
@@ -219,7 +257,7 @@ def _watch_shard(shard_stop: dict[str, Any]) -> str | None:
     progress to its row (the job's live counts), mirror a cancel to the marker, and return
     the stop cause if there is one."""
     from llm_batch.jobstore import get_job_store
-    from llm_batch.pipeline import shard_stop_cause, try_report_shard
+    from llm_batch.shard_task import shard_stop_cause, try_report_shard
 
     settings = get_settings()
     store = get_job_store(settings.database_url)

@@ -40,9 +40,9 @@ def _die_with_parent() -> None:
 
 
 class LocalShardOperator(ShardTaskMixin, BaseOperator):
-    """Run one shard (``shard_task``: a ``pipeline.ShardTask`` as a dict) as a subprocess.
+    """Run one shard (``shard_task``: a ``llm_batch.shard_task.ShardTask`` as a dict) as a subprocess.
 
-    Returns the shard's outcome (``pipeline.ShardOutcome`` as a dict). A worker failure
+    Returns the shard's outcome (``llm_batch.shard_task.ShardOutcome`` as a dict). A worker failure
     raises (the task retries and the worker resumes); a usage error fails without retry.
     """
 

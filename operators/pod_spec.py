@@ -17,7 +17,8 @@ import re
 from kubernetes.client import models as k8s
 
 from llm_batch.config import Settings
-from llm_batch.pipeline import GPU_TYPES, ShardTask
+from llm_batch.placement import GPU_TYPES
+from llm_batch.shard_task import ShardTask
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCES = {

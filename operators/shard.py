@@ -7,14 +7,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from llm_batch.config import Settings, get_settings
-from llm_batch.pipeline import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_report_shard
+from llm_batch.shard_task import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_report_shard
 
 if TYPE_CHECKING:
     from llm_batch.jobstore import JobStore
 
 
 class ShardTaskMixin:
-    """For an operator with a ``shard_task`` dict (a ``pipeline.ShardTask``)."""
+    """For an operator with a ``shard_task`` dict (a ``llm_batch.shard_task.ShardTask``)."""
 
     shard_task: dict[str, Any]
 

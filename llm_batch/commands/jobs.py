@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llm_batch.commands import print_table
+from llm_batch.input_formats import INPUT_FORMATS
 
 if TYPE_CHECKING:
     from llm_batch.client import BatchClient, JobView
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--endpoint", default="/v1/chat/completions", help="e.g. /v1/chat/completions")
     submit.add_argument("--model", required=True, help="a registered model name (llm-batch models list)")
     submit.add_argument("--shards", type=int, default=1, help="shards run in parallel (data_parallelism)")
-    submit.add_argument("--format", dest="input_format", default="jsonl", choices=("jsonl", "scale-v2", "scale-v1"))
+    submit.add_argument("--format", dest="input_format", default="jsonl", choices=INPUT_FORMATS)
     submit.add_argument("--max-runtime", type=int, metavar="SEC", help="deadline in seconds from submission")
     submit.add_argument("--output", help="Scale route only: where the server writes the JSON results")
     submit.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
@@ -208,7 +209,7 @@ class ShardTokens:
     def rate(self) -> float | None:
         try:
             from llm_batch.config import get_settings
-            from llm_batch.pipeline import layout_of
+            from llm_batch.steps import layout_of
             from llm_batch.progress import ShardState, read_progress
             from llm_batch.sharding import read_manifest
 

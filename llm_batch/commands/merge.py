@@ -33,8 +33,8 @@ def merge(args: argparse.Namespace) -> int:
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
     try:
-        counts = merge_job(layout, jsonl=args.jsonl, scale_json=args.scale,
-                           scale_output_uri=args.scale_output, not_run_reason=args.not_run_reason)
+        counts = merge_job(layout, jsonl=args.jsonl, json_array=args.scale,
+                           array_output_uri=args.scale_output, not_run_reason=args.not_run_reason)
     except ObjectNotFound as exc:
         hint = (f" (plan the job's shards first: llm-batch shard {args.job_id} -n N)"
                 if exc.uri == layout.shard_manifest else "")

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def list_models(args: argparse.Namespace) -> int:
     from llm_batch.config import get_settings
-    from llm_batch.models import ModelError, load_registry, model_status
+    from llm_batch.model_registry import ModelError, load_registry, model_status
 
     try:
         registry = load_registry()
@@ -48,7 +48,7 @@ def list_models(args: argparse.Namespace) -> int:
 
 
 def prepare_models(args: argparse.Namespace) -> int:
-    from llm_batch.models import ModelError, load_registry, prepare_model
+    from llm_batch.model_registry import ModelError, load_registry, prepare_model
 
     try:
         registry = load_registry()

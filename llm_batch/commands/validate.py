@@ -17,10 +17,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import BinaryIO
 
+from llm_batch.input_formats import INPUT_FORMATS
+
 EXIT_VALID = 0
 EXIT_REJECTED = 2  # no valid request, unreadable input, or a limit exceeded
 
-FORMATS = ("jsonl", "scale-v2", "scale-v1")
+FORMATS = INPUT_FORMATS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -18,7 +18,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--job-id", str, "the job's id"),
     ("--shard", int, "the shard's index (0-based)"),
     ("--endpoint", str, "/v1/chat/completions, /v1/completions or /v1/embeddings"),
-    ("--model-config", str, "JSON: model plus any field of llm_batch.models.MODEL_CONFIG_FIELDS "
+    ("--model-config", str, "JSON: model plus any field of llm_batch.model_registry.MODEL_CONFIG_FIELDS "
                             "(checkpoint_path, max_model_len, dtype, seed, ..., engine_args)"),
     ("--requests", str, "URI of the shard's BatchRequest lines (default: the job layout's)"),
     ("--results", str, "URI prefix of the shard's result parts (default: the job layout's)"),

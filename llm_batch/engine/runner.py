@@ -11,8 +11,9 @@ structured-output backend rejects) becomes its own 400 ``ResultRecord``; anythin
 by ``step()`` is an engine failure and propagates (the attempt fails, a rerun resumes).
 
 Chat and completion prompts go through the same rendering vLLM's ``LLM.chat`` /
-``LLM.generate`` use (the model's chat template, its tokenizer); those helpers are private
-to vLLM, so they are called from this one place only.
+``LLM.generate`` use (the model's chat template, its tokenizer). Rendering and the fast
+shutdown are in ``vllm_api``, the one module that uses vLLM internals; everything here is
+vLLM's public API (``LLM.llm_engine``: ``add_request``, ``step``, ``abort_request``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vllm.outputs import PoolingRequestOutput, RequestOutput
 
 from llm_batch.config import get_settings
 from llm_batch.endpoints import Endpoint
-from llm_batch.engine import StopReason, responses
+from llm_batch.engine import StopReason, responses, vllm_api
 from llm_batch.engine.responses import Usage
 from llm_batch.engine.sampling import (
     ChatBody,
@@ -41,7 +42,7 @@ from llm_batch.engine.sampling import (
     pooling_params,
     sampling_params,
 )
-from llm_batch.models import ResolvedModel
+from llm_batch.model_registry import ResolvedModel
 from llm_batch.records import BatchRequest, RequestError, ResultRecord
 
 log = logging.getLogger("llm_batch.engine")
@@ -57,6 +58,7 @@ Emit = Callable[[ResultRecord, Usage], None]
 def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
     """Load ``model`` into vLLM's offline engine (``engine_args`` carry the checkpoint dir),
     its engine core placed by ``place_engine_core``."""
+    vllm_api.check_vllm_version()
     in_process = place_engine_core(in_process)
     log.info("starting vLLM for model %s (%s), engine core %s", model.name, model.path,
              "in this process" if in_process else "in its own process")
@@ -99,7 +101,7 @@ def stop_engine(llm: LLM) -> None:
     shard waiting for the engine's workers to exit, and leaving it to interpreter exit as
     long again."""
     try:
-        llm.llm_engine.engine_core.shutdown(timeout=0)
+        vllm_api.shutdown_now(llm)
     except Exception:  # noqa: BLE001 - best effort: the shard's outcome is already decided
         log.warning("vLLM engine shutdown failed", exc_info=True)
 
@@ -213,22 +215,17 @@ class EngineRunner:
         """(prompt, params) per engine request; rendering errors are the request's fault."""
         try:
             if isinstance(body, ChatBody):
-                prompt = self.llm._preprocess_chat_one(body.messages)
+                prompt = vllm_api.render_chat(self.llm, body.messages)
                 return [(prompt, sampling_params(body))]
             if isinstance(body, CompletionBody):
                 params = sampling_params(body)
-                return [(self._completion_prompt(body.single_prompt()), params)]
+                return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
             params = pooling_params(body)
-            return [(self._completion_prompt(text), params.clone()) for text in body.inputs()]
+            return [(vllm_api.render_prompt(self.llm, text), params.clone()) for text in body.inputs()]
         except InvalidRequest:
             raise
         except (VLLMClientError, ValueError, TemplateError) as exc:
             raise InvalidRequest(str(exc), _error_code(exc)) from None
-
-    def _completion_prompt(self, prompt: str | list[int]) -> Any:
-        if isinstance(prompt, list):
-            return self.llm._preprocess_cmpl_one({"prompt_token_ids": prompt})
-        return self.llm._preprocess_cmpl_one(prompt)
 
     def _collect(
         self,

@@ -60,7 +60,7 @@ class JobRow(Base):
     input_format: Mapped[str | None] = mapped_column(String(32))
     output_uri: Mapped[str | None] = mapped_column(Text)
     # Scale's output_data_path: where the JSON array of results is written for the user.
-    scale_output_uri: Mapped[str | None] = mapped_column(Text)
+    array_output_uri: Mapped[str | None] = mapped_column(Text)
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
     # "metadata" is reserved on declarative classes, hence the attribute name.

@@ -31,7 +31,7 @@ class Job:
     input: dict[str, Any] = field(default_factory=dict)
     input_format: str | None = None
     output_uri: str | None = None
-    scale_output_uri: str | None = None
+    array_output_uri: str | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)

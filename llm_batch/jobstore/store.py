@@ -245,6 +245,30 @@ def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]
     return values
 
 
+# JobStore.usage: what it groups by, and the groups that are not a value of the column.
+USAGE_GROUPINGS = ("owner", "model", "label")
+USAGE_ALL_GROUP = "(all)"  # by=None: one row over every job
+USAGE_NO_LABELS_GROUP = "(none)"  # by="label": the jobs without labels
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageRow:
+    """JobStore.usage: the sums over one group's jobs (any status; live jobs with their live
+    counts). ``gpu_seconds``: each job's engine seconds x its GPUs (see JobStore.usage)."""
+
+    group: str
+    jobs: int = 0
+    requests_total: int = 0
+    requests_succeeded: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # jobs whose count is unknown (None) add 0
+    reasoning_tokens: int = 0
+    engine_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+
+
 class JobStore:
     """The job store at `url` (SQLAlchemy URL: ``sqlite:///path`` or ``postgresql://...``).
 
@@ -396,7 +420,7 @@ class JobStore:
         input_format: str | None = None,
         model_config: dict[str, Any] | None = None,
         output_uri: str | None = None,
-        scale_output_uri: str | None = None,
+        array_output_uri: str | None = None,
         metadata: dict[str, Any] | None = None,
         labels: dict[str, Any] | None = None,
         priority: int = 0,
@@ -435,7 +459,7 @@ class JobStore:
             input_format=input_format,
             model_config=model_config or {},
             output_uri=output_uri,
-            scale_output_uri=scale_output_uri,
+            array_output_uri=array_output_uri,
             metadata=metadata or {},
             labels=labels or {},
             priority=priority,
@@ -543,7 +567,8 @@ class JobStore:
         """Ask a live job to stop: sets cancel_requested_at and moves it to CANCELLING.
 
         A job already CANCELLING or terminal is returned unchanged (cancel is idempotent
-        and never rewrites how a job ended). Workers notice through is_cancel_requested.
+        and never rewrites how a job ended). Workers notice through the cancel marker
+        their runner mirrors from this flag (llm_batch.shard_task).
         """
 
         def changes(row: Row) -> dict[str, Any] | None:
@@ -553,14 +578,6 @@ class JobStore:
             return _entering(row, JobStatus.CANCELLING, reason or "cancel requested")
 
         return self._compare_and_set(job_id, changes, owner)
-
-    def is_cancel_requested(self, job_id: str) -> bool:
-        """Whether a cancel was asked for (workers poll this at their checkpoints)."""
-        with self._transaction(write=False) as connection:
-            found = connection.execute(select(JOBS.c.cancel_requested_at).where(JOBS.c.id == job_id)).one_or_none()
-            if found is None:
-                raise JobNotFound(f"no job {job_id!r}")
-            return found.cancel_requested_at is not None
 
     def set_counts(
         self,
@@ -674,7 +691,7 @@ class JobStore:
         job_id: str,
         *,
         output_uri: str | None = None,
-        scale_output_uri: str | None = None,
+        array_output_uri: str | None = None,
         output_file_id: str | None = None,
         error_file_id: str | None = None,
         errors: list[dict[str, Any]] | None = None,
@@ -683,7 +700,7 @@ class JobStore:
         Arguments left None are left unchanged."""
         given = {
             "output_uri": output_uri,
-            "scale_output_uri": scale_output_uri,
+            "array_output_uri": array_output_uri,
             "output_file_id": output_file_id,
             "error_file_id": error_file_id,
             "errors": errors,
@@ -706,10 +723,10 @@ class JobStore:
                 raise JobNotFound(f"no ended job {job_id!r}")
             connection.execute(delete(SHARDS).where(SHARDS.c.job_id == job_id))
 
-    def jobs_writing(self, scale_output_uri: str) -> list[Job]:
+    def jobs_writing(self, array_output_uri: str) -> list[Job]:
         """Every job (any owner, any status) whose results go to this user path."""
         with self._transaction(write=False) as connection:
-            rows = connection.execute(select(JOBS).where(JOBS.c.scale_output_uri == scale_output_uri))
+            rows = connection.execute(select(JOBS).where(JOBS.c.array_output_uri == array_output_uri))
             return [_job(r) for r in rows]
 
     def owner_usage(self, owner: str) -> dict[str, int]:
@@ -726,6 +743,62 @@ class JobStore:
                 .where(FILES.c.owner == owner, FILES.c.deleted_at.is_(None))
             ).scalar_one()
         return {"live_jobs": int(jobs), "requests_in_flight": int(requests), "file_bytes": int(stored)}
+
+    def usage(
+        self, by: str | None = None, since: datetime | None = None, owner: str | None = None
+    ) -> list[UsageRow]:
+        """Usage summed over jobs created at or after `since` (every job when None), of
+        `owner` when given, whatever their status: jobs, requests (total, succeeded,
+        failed), tokens, engine seconds and GPU seconds.
+
+        ``by``: None -> one row, group ``(all)`` (zeros when no job matches); ``owner`` or
+        ``model`` -> one row per value (summed in SQL); ``label`` -> one row per label
+        ``key=value`` a job has: a job with two labels counts in both rows, a job without
+        labels in the row ``(none)`` (labels are JSON: summed in Python over the streamed
+        rows, keeping only the per-group sums). Rows are ordered by group.
+
+        GPU seconds of a job: its engine seconds x the ``gpus`` in its resources, 1 when it
+        names none (what every shard is planned with). A job recorded with ``gpus: 0`` (a CPU
+        run) adds 0; the store does not record the device a shard ran on, so a CPU run
+        planned with the default counts as 1 GPU.
+        """
+        if by is not None and by not in USAGE_GROUPINGS:
+            raise ValueError(f"cannot group usage by {by!r}; use one of {', '.join(USAGE_GROUPINGS)} (or none)")
+        _require_aware(since=since)
+        c = JOBS.c
+        filters: list[ColumnElement[bool]] = []
+        if since is not None:
+            filters.append(c.created_at >= since)
+        if owner is not None:
+            filters.append(c.owner == owner)
+        gpus = func.coalesce(c.resources["gpus"].as_integer(), 1)
+        measures = (c.total, c.succeeded, c.failed, c.prompt_tokens, c.completion_tokens, c.cached_prompt_tokens,
+                    c.reasoning_tokens, c.engine_seconds, c.engine_seconds * gpus)
+        integers = len(measures) - 2  # the last two are seconds
+
+        def row_of(group: str, jobs: int, sums: list[Any]) -> UsageRow:
+            counts, seconds = sums[:integers], sums[integers:]
+            return UsageRow(str(group), int(jobs), *(int(v or 0) for v in counts), *(float(v or 0) for v in seconds))
+
+        with self._transaction(write=False) as connection:
+            if by == "label":
+                totals: dict[str, list[float]] = {}
+                rows = connection.execution_options(yield_per=1000).execute(select(c.labels, *measures).where(*filters))
+                for labels, *values in rows:
+                    pairs = labels.items() if isinstance(labels, dict) else ()
+                    for group in [f"{key}={value}" for key, value in pairs] or [USAGE_NO_LABELS_GROUP]:
+                        sums = totals.setdefault(group, [0] * (len(measures) + 1))
+                        sums[0] += 1
+                        for i, value in enumerate(values, start=1):
+                            sums[i] += value or 0
+                return [row_of(group, sums[0], sums[1:]) for group, sums in sorted(totals.items())]
+            query = select(func.count(), *(func.coalesce(func.sum(m), 0) for m in measures)).where(*filters)
+            if by is None:
+                jobs, *sums = connection.execute(query).one()
+                return [row_of(USAGE_ALL_GROUP, jobs, sums)]
+            key = c[by]
+            rows = connection.execute(query.add_columns(key).group_by(key).order_by(key))
+            return [row_of(group, jobs, sums) for jobs, *sums, group in rows]
 
     # -- files ------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from llm_batch.config import Settings, get_settings
 from llm_batch.jobstore import JobStore, get_job_store
 from llm_batch_plugin.auth import get_caller
 from llm_batch_plugin.errors import OPENAI_PREFIXES, install_error_handlers
-from llm_batch_plugin.routers import files, health, mistral_jobs, openai_batches, scale_batch_completions
+from llm_batch_plugin.routers import files, health, mistral_jobs, openai_batches, scale_batch_completions, usage
 from llm_batch_plugin.state import MAX_JSON_BODY_BYTES, ApiState
 
 # Multipart framing on top of the largest accepted file.
@@ -96,31 +96,37 @@ class ErrorBody(BaseModel):
 
 
 class FieldProblem(BaseModel):
-    loc: list[str | int]
-    msg: str
-    type: str
+    """One problem of a request that fails the schema (an item of FastAPI's list)."""
+
+    loc: list[str | int] = Field(description="Where: `body`, `query`, `path` or `header`, then field names and list indexes")
+    msg: str = Field(description="What is wrong, in a sentence")
+    type: str = Field(description="The kind of problem (pydantic's error type), e.g. missing, string_too_long")
 
 
 class ValidationErrorBody(BaseModel):
     """A request that fails the schema, on the Mistral, Scale and other routes: FastAPI's
     per-field list (clients parse it) plus one sentence."""
 
-    detail: list[FieldProblem]
-    message: str
-    param: str | None
+    detail: list[FieldProblem] = Field(description="Every problem, one item each (FastAPI's list)")
+    message: str = Field(description="The first problem as a sentence naming its place (`requests[3].body: Field "
+                         "required`), and how many more there are")
+    param: str | None = Field(description="Where the first problem is, e.g. `requests[3].body`; `body` when the body "
+                              "is not JSON")
 
 
 class OpenAIError(BaseModel):
-    message: str
+    """The error object of the OpenAI routes."""
+
+    message: str = Field(description="What went wrong, in a sentence")
     type: str = Field(description="invalid_request_error, authentication_error, permission_error, not_found_error, ...")
-    param: str | None
-    code: str | None
+    param: str | None = Field(description="Where: the parameter or body field")
+    code: str | None = Field(description="The reason for programs, e.g. invalid_api_key, not_found, limit_exceeded")
 
 
 class OpenAIErrorBody(BaseModel):
     """Every error of the OpenAI routes (``/v1/files``, ``/v1/batches``), as the OpenAI API answers."""
 
-    error: OpenAIError
+    error: OpenAIError = Field(description="The error")
 
 
 _ERROR_MODELS = (ErrorBody, ValidationErrorBody, OpenAIErrorBody)
@@ -129,7 +135,8 @@ _REF = "#/components/schemas/"
 _ERROR_DESCRIPTIONS = {
     400: "Refused: the message says why, `param` where",
     401: "No usable credentials: none, malformed, unknown, revoked or expired (see WWW-Authenticate)",
-    403: "Authenticated but not allowed: no read right on batch_inference runs, or a read-only user (viewer) on a write",
+    403: "Authenticated but not allowed: no read right on batch_inference runs, a read-only user (viewer) on a write, "
+    "or a non-admin on an admin route (/v1/usage)",
     404: "No such object, or one that is not the caller's (the same answer)",
     409: "Conflicts with the state of an object: cancelling an ended job, deleting a file a job still reads, "
     "an output another job writes",
@@ -235,7 +242,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     )
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
-    for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions):
+    for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions, usage):
         app.include_router(module.router)
     app.include_router(scale_batch_completions.v1_router)
     declare_error_responses(app)

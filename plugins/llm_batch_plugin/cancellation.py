@@ -15,7 +15,8 @@ from llm_batch import storage
 from llm_batch.config import Settings
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job, JobNotFound, JobStore
-from llm_batch.pipeline import layout_of, write_cancel_marker
+from llm_batch.shard_task import write_cancel_marker
+from llm_batch.steps import layout_of
 from llm_batch_plugin.errors import ApiError, not_found
 
 

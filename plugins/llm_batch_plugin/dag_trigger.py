@@ -23,7 +23,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from llm_batch.pipeline import api_run_id
+from llm_batch.run_conf import api_run_id
 from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.state import DAG_ID
 
@@ -37,7 +37,7 @@ class TriggerError(RuntimeError):
     """The run could not be started; the message says why (it becomes the job's reason)."""
 
 
-run_id_for = api_run_id  # deterministic: see pipeline.api_run_id
+run_id_for = api_run_id  # deterministic: see run_conf.api_run_id
 
 
 def _trigger_once(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from llm_batch.jobstore import FileObject
 
@@ -19,23 +19,46 @@ def epoch(value: datetime | None) -> int | None:
 
 
 class FileOut(BaseModel):
-    id: str
-    object: Literal["file"] = "file"
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: str
-    status: Literal["uploaded", "processed", "error"] = "processed"
-    status_details: str | None = None
-    expires_at: int | None = None
+    """A file object: an uploaded batch input, or a job's output or error file (owned by the
+    job's owner). OpenAI's ``FileObject`` fields, then Mistral's."""
+
+    id: str = Field(description="The file id (`file-<hex>`)")
+    object: Literal["file"] = Field(default="file", description="Always `file`")
+    bytes: int = Field(description="Size of the content in bytes")
+    created_at: int = Field(description="When the file was created, Unix time in seconds")
+    filename: str = Field(
+        description="The name given at upload (up to 512 characters; `upload.jsonl` when none); "
+        "`<job id>_output.jsonl` / `<job id>_error.jsonl` for a job's files, `inline-requests.jsonl` / "
+        "`inline-content.json` for the inline input of a create"
+    )
+    purpose: str = Field(
+        description="`batch` for an input file (the only purpose an upload takes), `batch_output` for a job's "
+        "output and error files"
+    )
+    status: Literal["uploaded", "processed", "error"] = Field(
+        default="processed", description="Always `processed` (OpenAI's deprecated field): a stored file is ready"
+    )
+    status_details: str | None = Field(default=None, description="Always null (OpenAI's deprecated field)")
+    expires_at: int | None = Field(
+        default=None,
+        description="Always null: no file has its own expiry; housekeeping deletes files older than the "
+        "retention (LLM_BATCH_RETENTION_DAYS, 30 days by default)",
+    )
     # Mistral's fields.
-    sample_type: str
-    source: Literal["upload", "repository", "mistral"] = "upload"
-    num_lines: int | None = None
-    mimetype: str | None = "application/jsonl"
-    signature: str | None = None
-    deleted: bool = False
-    job_id: str | None = None
+    sample_type: str = Field(
+        description="Mistral's kind of file: `batch_request` (an input), `batch_result` (a job's output), "
+        "`batch_error` (a job's errors)"
+    )
+    source: Literal["upload", "repository", "mistral"] = Field(
+        default="upload", description="`upload` for an input file, `mistral` for a job's output or error file"
+    )
+    num_lines: int | None = Field(default=None, description="Always null: lines are not counted")
+    mimetype: str | None = Field(default="application/jsonl", description="Always `application/jsonl`")
+    signature: str | None = Field(default=None, description="Always null")
+    deleted: bool = Field(default=False, description="Always false: a deleted file is not found (404)")
+    job_id: str | None = Field(
+        default=None, description="The job whose output or error file it is; null for an uploaded file"
+    )
 
     @classmethod
     def of(cls, f: FileObject) -> FileOut:
@@ -56,15 +79,22 @@ class FileOut(BaseModel):
 class FileList(BaseModel):
     """OpenAI's cursor page and Mistral's counted page in one."""
 
-    object: Literal["list"] = "list"
-    data: list[FileOut]
-    total: int
-    has_more: bool
-    first_id: str | None = None
-    last_id: str | None = None
+    object: Literal["list"] = Field(default="list", description="Always `list`")
+    data: list[FileOut] = Field(description="Your files of this page, newest first unless `order=asc`")
+    total: int = Field(description="How many of your files match `purpose`, over all pages")
+    has_more: bool = Field(
+        description="Whether files follow this page (with `after`: true whenever the page is full)"
+    )
+    first_id: str | None = Field(default=None, description="Id of the first file of the page; null when it is empty")
+    last_id: str | None = Field(
+        default=None,
+        description="Id of the last file of the page (pass it as `after` for the next page); null when empty",
+    )
 
 
 class FileDeleted(BaseModel):
-    id: str
-    object: Literal["file"] = "file"
-    deleted: bool = True
+    """The answer to a delete: the record is marked deleted and the content removed."""
+
+    id: str = Field(description="The deleted file's id")
+    object: Literal["file"] = Field(default="file", description="Always `file`")
+    deleted: bool = Field(default=True, description="Always true")

@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 
 from llm_batch.config import Settings
 from llm_batch.jobstore import JobStore
-from llm_batch.pipeline import BATCH_DAG_ID
+from llm_batch.run_conf import BATCH_DAG_ID
 
 DAG_ID = BATCH_DAG_ID
 

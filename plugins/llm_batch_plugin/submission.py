@@ -25,7 +25,7 @@ from llm_batch.formats import not_json
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
 from llm_batch.layout import join_uri
-from llm_batch.models import (
+from llm_batch.model_registry import (
     ModelError,
     Registry,
     check_local_checkpoint,
@@ -36,10 +36,6 @@ from llm_batch_plugin.auth import Caller
 from llm_batch_plugin.dag_trigger import Trigger, TriggerError
 from llm_batch_plugin.errors import ApiError
 
-# Input formats the pipeline reads (llm_batch.pipeline.INPUT_FORMATS).
-JSONL = "jsonl"  # OpenAI/Mistral batch lines: {"custom_id", "method"?, "url"?, "body"}
-SCALE_V2 = "scale-v2"  # Scale: a JSON array of completion or chat requests
-SCALE_V1 = "scale-v1"  # Scale: a {"prompts": [...], sampling...} object
 
 
 @dataclass(frozen=True)
@@ -243,7 +239,7 @@ def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -
         input=request.input,
         input_format=request.input_format,
         model_config=request.model_config,
-        scale_output_uri=request.output_uri,
+        array_output_uri=request.output_uri,
         metadata=request.metadata,
         labels=request.labels,
         priority=request.priority,

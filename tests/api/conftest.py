@@ -160,8 +160,8 @@ def simulate_run(store, job_id: str, ok: int, failed: int, cancel_after: int | N
         bytes=storage.size(layout.output_jsonl), uri=layout.output_jsonl, kind="output", job_id=job_id,
     )
     store.set_outputs(job_id, output_file_id=output.id)
-    if job.scale_output_uri:
-        storage.write_bytes(job.scale_output_uri, orjson.dumps([{"text": "", "num_completion_tokens": 0}] * total))
+    if job.array_output_uri:
+        storage.write_bytes(job.array_output_uri, orjson.dumps([{"text": "", "num_completion_tokens": 0}] * total))
     store.transition(job_id, JobStatus.SUCCEEDED)
 
 

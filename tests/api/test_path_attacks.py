@@ -192,7 +192,7 @@ def test_relative_paths_are_the_callers_own(client, creds, api_store, owners):
     assert response.status_code == 200, response.text
     job = api_store.get_job(response.json()["job_id"])
     assert job.input["uri"] == str(owners["alice"] / "in.json")
-    assert job.scale_output_uri.startswith(str(owners["alice"]) + "/rel/")
+    assert job.array_output_uri.startswith(str(owners["alice"]) + "/rel/")
 
 
 @pytest.mark.s3

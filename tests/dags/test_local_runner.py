@@ -13,7 +13,7 @@ import pytest
 from llm_batch import storage
 from llm_batch.config import get_settings
 from llm_batch.jobstore import get_job_store
-from llm_batch.pipeline import ShardTask
+from llm_batch.shard_task import ShardTask
 
 pytestmark = [pytest.mark.airflow]
 

@@ -116,7 +116,7 @@ def test_openai_sdk_job(e2e_stack, batch_client, job_logs, tmp_path):
 def test_recurring_spec_runs_on_its_schedule(e2e_stack, batch_client, job_logs):
     """The spec's DAG (paused, as new DAGs are) is unpaused; its next scheduled run starts a
     batch_inference run, which is an ordinary job that ends with outputs."""
-    from llm_batch.pipeline import run_job_id
+    from llm_batch.run_conf import run_job_id
 
     headers = {"Authorization": f"Bearer {e2e_stack.airflow_token()}"}
     api = f"{e2e_stack.base_url}/api/v2/dags"

@@ -77,7 +77,7 @@ def test_job_on_s3_survives_a_killed_worker_and_merges_in_order(s3_bucket):
             writer.write(_answer(request))
 
     scale_uri = f"s3://{s3_bucket}/out/result.json"
-    counts = merge_job(layout, scale_output_uri=scale_uri, not_run_reason="job timed out")
+    counts = merge_job(layout, array_output_uri=scale_uri, not_run_reason="job timed out")
     not_run = len(third) - 4
     assert counts == MergeCounts(total=LINES, succeeded=108 - not_run, failed=12 + not_run,
                                  not_run=not_run, invalid=12, cached_prompt_tokens=None)
@@ -97,6 +97,6 @@ def test_job_on_s3_survives_a_killed_worker_and_merges_in_order(s3_bucket):
                for i, item in enumerate(scale))
 
     before = [storage.read_bytes(u) for u in (layout.output_jsonl, layout.errors_jsonl, scale_uri)]
-    assert merge_job(layout, scale_output_uri=scale_uri, not_run_reason="job timed out") == counts
+    assert merge_job(layout, array_output_uri=scale_uri, not_run_reason="job timed out") == counts
     assert [storage.read_bytes(u) for u in (layout.output_jsonl, layout.errors_jsonl,
                                             scale_uri)] == before

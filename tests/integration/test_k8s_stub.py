@@ -5,7 +5,8 @@ unpatched provider makes (create, list, get, log, patch, delete pod; events), po
 a kubeconfig file. Pods move Pending -> Running -> Succeeded/Failed (with the worker's exit
 code) as they are polled. Covered: the sync path to success, exit codes 3/1 (cancelled: a
 good end; failure: raise for retry), kill -> the pod is deleted, and the deferrable path:
-the shard stop watch ends the wait after the grace and the pod is deleted.
+the shard stop watch ends the wait after the grace and the pod is deleted; a worker's exit
+code read at re-entry (the pod the provider hands to the on_pod_completion callback).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 
 from llm_batch.config import get_settings  # noqa: E402
-from llm_batch.pipeline import ShardTask  # noqa: E402
+from llm_batch.shard_task import ShardTask# noqa: E402
 
 pytestmark = [pytest.mark.airflow]
 
@@ -260,7 +261,7 @@ def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
     from airflow.sdk.exceptions import TaskDeferred
 
     from llm_batch import storage
-    from llm_batch_operators.kubernetes_pod import STOP_KEY, ShardPodTrigger
+    from llm_batch_operators.kubernetes_pod import SHARD_STOP_KEY, STOP_KEY, ShardPodTrigger
 
     stub, config = kube
     stub.exit_code = None
@@ -272,7 +273,9 @@ def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
     trigger = deferred.value.trigger
     assert isinstance(trigger, ShardPodTrigger)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "llm_batch_operators.kubernetes_pod.ShardPodTrigger" and kwargs["shard_stop"]["job_id"] == "job_k8s_defer"
+    assert classpath == "llm_batch_operators.kubernetes_pod.ShardPodTrigger"
+    assert kwargs["trigger_kwargs"][SHARD_STOP_KEY]["job_id"] == "job_k8s_defer"  # the provider's own parameter
+    assert "shard_stop" not in kwargs  # the provider trigger's arguments only
 
     job_store.request_cancel("job_k8s_defer", reason="test")
 
@@ -287,4 +290,33 @@ def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
     outcome = operator.trigger_reentry(context, event)
 
     assert outcome["state"] == "cancelled"
+    assert stub.deleted == stub.created
+
+
+def test_deferred_exit_code_comes_from_the_completed_pod(kube, job_store):
+    """Deferrable path, the worker exits 3 (cancelled) by itself: the provider's trigger
+    reports the failed container; at re-entry the exit code is read from the pod the
+    provider hands to the on_pod_completion callback, so the task ends well."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from llm_batch_operators.kubernetes_pod import STOP_KEY, ShardPodTrigger
+
+    stub, config = kube
+    stub.exit_code = 3
+    operator = _operator(_shard(job_store, "job_k8s_defer_exit"), config, deferrable=True)
+    context = _context()
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(context)
+    _, kwargs = deferred.value.trigger.serialize()
+
+    async def first_event():
+        async for event in ShardPodTrigger(**kwargs).run():
+            return event.payload
+
+    event = asyncio.run(asyncio.wait_for(first_event(), timeout=60))
+    assert event["status"] == "failed" and STOP_KEY not in event
+
+    outcome = operator.trigger_reentry(context, event)
+
+    assert outcome["state"] == "cancelled" and outcome["exit_code"] == 3
     assert stub.deleted == stub.created

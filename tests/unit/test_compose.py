@@ -177,7 +177,7 @@ def test_the_pieces_agree(compose: dict[str, Any]) -> None:
 
 def test_pools_are_the_ones_the_dag_uses(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from llm_batch.config import Settings
-    from llm_batch.pipeline import pool_specs
+    from llm_batch_operators.lanes import pool_specs
 
     # The settings the compose services run with, not whatever this test process inherited
     # (the DAG tests set LLM_BATCH_* variables of their own).

@@ -4,7 +4,7 @@ A job of N lines (some invalid) in S shards runs through the real pipeline steps
 SQLite store; hypothesis draws an interleaving of shard progress (results written by a
 stand-in worker, successes and engine errors, a resumed attempt republishing, a stale
 report read late), cancel, deadline and a shard failing for good. After each step the
-watcher of the shard it touched reports that shard alone (``pipeline.report_shard``: its
+watcher of the shard it touched reports that shard alone (``shard_task.report_shard``: its
 own progress object into its own row; cancel and deadline: every watcher, one by one), and
 after every report each dialect's view of the job must hold:
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
-from llm_batch import pipeline, storage
+from llm_batch import jobs, run_conf, shard_task, steps, storage
 from llm_batch.config import Settings
 from llm_batch.jobstore import JobStore, utcnow
 from llm_batch.progress import ShardProgress
@@ -77,7 +77,7 @@ class _Shards:
     """Stand-in workers: each shard's results and progress as a worker writes them."""
 
     def __init__(self, tasks: list[dict]):
-        self.tasks = [pipeline.ShardTask.model_validate(t) for t in tasks]
+        self.tasks = [shard_task.ShardTask.model_validate(t) for t in tasks]
         self.requests = [[orjson.loads(x) for x in storage.read_bytes(t.requests_uri).splitlines()] for t in self.tasks]
         self.done = [0] * len(self.tasks)
         self.ok = [0] * len(self.tasks)
@@ -106,10 +106,10 @@ class _Shards:
                                  state="running")
         storage.write_bytes(task.progress_uri, progress.model_dump_json().encode())
 
-    def fail_for_good(self, k: int) -> pipeline.ShardOutcome:
+    def fail_for_good(self, k: int) -> shard_task.ShardOutcome:
         """The shard's last attempt failed: no more results; its task records the outcome."""
         self.failed_for_good.add(k)
-        return pipeline.ShardOutcome(shard=self.tasks[k].shard, exit_code=1, state="failed", message=FAILED_FOR_GOOD)
+        return shard_task.ShardOutcome(shard=self.tasks[k].shard, exit_code=1, state="failed", message=FAILED_FOR_GOOD)
 
 
 @hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -117,25 +117,25 @@ class _Shards:
     lines=st.integers(1, 24),
     bad=st.sets(st.integers(0, 23), max_size=4),
     shards=st.integers(1, 4),
-    steps=st.lists(STEP, max_size=12),
+    moves=st.lists(STEP, max_size=12),
     cancel_at=st.sampled_from(["never", "queued", "validated"]),
 )
-def test_counts_tell_one_story_at_every_moment(tmp_path: Path, lines, bad, shards, steps, cancel_at):
+def test_counts_tell_one_story_at_every_moment(tmp_path: Path, lines, bad, shards, moves, cancel_at):
     settings = Settings()
     store = JobStore(f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}")
     try:
-        _one_job(store, settings, lines, bad, shards, steps, cancel_at)
+        _one_job(store, settings, lines, bad, shards, moves, cancel_at)
     finally:
         store.close()
 
 
-def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
-    path = settings.local_roots[0] / pipeline.DEFAULT_OWNER / f"inv-{uuid.uuid4().hex}.jsonl"
+def _one_job(store, settings, lines, bad, shards, moves, cancel_at):
+    path = settings.local_roots[0] / run_conf.DEFAULT_OWNER / f"inv-{uuid.uuid4().hex}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
     path.write_bytes(b"".join((b"{broken" if i in bad else orjson.dumps({"custom_id": f"r{i}", "body": body})) + b"\n"
                               for i in range(lines)))
-    job_id = pipeline.register(store, settings, {"input_uri": str(path), "model": "tiny-random-llama",
+    job_id = steps.register(store, settings, {"input_uri": str(path), "model": "tiny-random-llama",
                                                  "data_parallelism": shards}, f"manual__{uuid.uuid4().hex}")
     seen = _views(store.get_job(job_id))
     _check(seen, None)
@@ -145,7 +145,7 @@ def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
         validation step has no watcher: the counts are read as they are)."""
         nonlocal seen
         if task is not None:
-            pipeline.report_shard(store, task, outcome)
+            shard_task.report_shard(store, task, outcome)
         now = _views(store.get_job(job_id))
         _check(now, seen)
         seen = now
@@ -153,8 +153,8 @@ def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
     if cancel_at == "queued":
         store.request_cancel(job_id)
     try:
-        validated = pipeline.validate(store, settings, job_id)
-    except pipeline.JobRejected:  # no valid line: FAILED at validation, every line an error
+        validated = steps.validate(store, settings, job_id)
+    except jobs.JobRejected:  # no valid line: FAILED at validation, every line an error
         job = store.get_job(job_id)
         _check(_views(job), seen)
         assert job.status.value == "FAILED" and job.total == job.completed == job.failed == lines
@@ -163,9 +163,9 @@ def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
         observe()
     if cancel_at == "validated":
         store.request_cancel(job_id)
-    tasks = [t for group in pipeline.plan(store, settings, job_id).values() for t in group]
+    tasks = [t.model_dump() for t in steps.plan(store, settings, job_id)]
     workers = _Shards(tasks) if tasks else None
-    for step in steps if workers else []:
+    for step in moves if workers else []:
         k = step[1] % len(workers.tasks) if len(step) > 1 else None
         if k in workers.failed_for_good:
             continue  # its task has ended: no worker, no watcher
@@ -184,8 +184,8 @@ def _one_job(store, settings, lines, bad, shards, steps, cancel_at):
         for w in watching:
             observe(workers.tasks[w], outcome)
 
-    pipeline.merge(store, settings, job_id)
-    job = pipeline.finalize(store, settings, job_id)
+    steps.merge(store, settings, job_id)
+    job = steps.finalize(store, settings, job_id)
     final = _views(job)
     _check(final, seen)
     assert job.terminal

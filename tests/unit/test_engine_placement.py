@@ -10,7 +10,7 @@ import pytest
 
 from llm_batch.config import get_settings
 from llm_batch.engine import runner as engine_runner
-from llm_batch.models import ResolvedModel
+from llm_batch.model_registry import ResolvedModel
 
 
 @pytest.fixture

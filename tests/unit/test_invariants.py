@@ -42,7 +42,7 @@ def test_every_line_ends_exactly_once_in_order(lines, lengths, num_shards, by, p
                 elif fate == "error":
                     writer.write(engine_error(by_index[index]))
 
-    counts = merge_job(layout, scale_json=True, not_run_reason="cancelled")
+    counts = merge_job(layout, json_array=True, not_run_reason="cancelled")
 
     outputs = [orjson.loads(x) for x in storage.read_bytes(layout.output_jsonl).splitlines()]
     errors = [orjson.loads(x) for x in storage.read_bytes(layout.errors_jsonl).splitlines()]

@@ -74,7 +74,7 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             drift = [d for d in compare_metadata(context, Base.metadata) if d[0] != "remove_table"
                      or d[1].name != "llm_batch_alembic_version"]
-        assert versions == [("0002",)]
+        assert versions == [("0003",)]
         assert drift == []
     finally:
         engine.dispose()
@@ -93,15 +93,41 @@ def test_snapshots_mirror_their_tables():
     assert fields(ApiKey) == set(ApiKeyRow.__table__.c.keys()) - {"sha256"}
 
 
+def test_migration_0003_keeps_the_array_output_path_under_its_new_name(store_url: str):
+    from alembic import command
+    from alembic.config import Config
+
+    from llm_batch.jobstore import database
+
+    engine = create_engine(store_url)
+    try:
+        with engine.begin() as connection:
+            config = Config(str(database._ALEMBIC_INI))
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0002")
+            connection.execute(text(
+                "INSERT INTO jobs (id, dialect, endpoint, model, model_config, input, metadata, labels, priority,"
+                " data_parallelism, resources, status, created_at, updated_at, total, completed, succeeded,"
+                " failed, errors, owner, scale_output_uri) VALUES ('job_old', 'scale', '/v1/completions', 'm',"
+                " '{}', '{}', '{}', '{}', 0, 1, '{}', 'QUEUED', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 0, 0,"
+                " 0, '[]', 'alice', '/out.json')"))
+        upgrade_to_head(engine)
+        with engine.connect() as connection:
+            row = connection.execute(text("SELECT array_output_uri FROM jobs WHERE id = 'job_old'")).one()
+        assert row.array_output_uri == "/out.json"
+    finally:
+        engine.dispose()
+
+
 def test_postgres_fixture_names_the_install_line_when_postgres_is_missing(tmp_path: Path):
     from tests.fixtures.postgres import INSTALL_HINT, find_postgres_bin
 
     with pytest.raises(pytest.fail.Exception, match=INSTALL_HINT):
         find_postgres_bin(tmp_path)
-    (tmp_path / "15" / "bin").mkdir(parents=True)
+    (tmp_path / "pginstall" / "bin").mkdir(parents=True)
     for name in ("initdb", "pg_ctl"):
-        (tmp_path / "15" / "bin" / name).touch()
-    assert find_postgres_bin(tmp_path) == tmp_path / "15" / "bin"
+        (tmp_path / "pginstall" / "bin" / name).touch()
+    assert find_postgres_bin(tmp_path) == tmp_path / "pginstall" / "bin"
 
 
 # -- create / get -------------------------------------------------------------------------
@@ -115,7 +141,7 @@ def test_create_and_get_round_trip_every_field(store: JobStore):
         input_format="jsonl",
         model_config={"max_tokens": 16},
         output_uri="s3://bucket/work/out.jsonl",
-        scale_output_uri="s3://bucket/out.json",
+        array_output_uri="s3://bucket/out.json",
         metadata={"team": "search"},
         labels={"env": "test"},
         priority=7,
@@ -250,11 +276,11 @@ def test_cancel_live_job_then_dag_finishes_it(store: JobStore):
     job = make_job(store)
     store.transition(job.id, JobStatus.VALIDATING)
     store.transition(job.id, JobStatus.RUNNING)
-    assert store.is_cancel_requested(job.id) is False
+    assert not store.get_job(job.id).cancel_requested
     cancelling = store.request_cancel(job.id)
     assert cancelling.status is JobStatus.CANCELLING and cancelling.cancel_requested
     assert cancelling.cancel_requested_at == cancelling.cancelling_at
-    assert store.is_cancel_requested(job.id) is True
+    assert store.get_job(job.id).cancel_requested
     assert store.request_cancel(job.id) == cancelling  # idempotent: nothing moves
     store.transition(job.id, JobStatus.FINALIZING)
     cancelled = store.transition(job.id, JobStatus.CANCELLED)
@@ -268,9 +294,9 @@ def test_cancel_leaves_terminal_jobs_as_they_ended(store: JobStore):
     store.transition(job.id, JobStatus.VALIDATING)
     done = store.transition(job.id, JobStatus.SUCCEEDED)
     assert store.request_cancel(job.id) == done
-    assert store.is_cancel_requested(job.id) is False
+    assert not store.get_job(job.id).cancel_requested
     with pytest.raises(JobNotFound):
-        store.is_cancel_requested("job_missing")
+        store.request_cancel("job_missing")
 
 
 def test_cancel_of_a_queued_job(store: JobStore):

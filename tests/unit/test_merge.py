@@ -39,7 +39,7 @@ def job():
 def test_outputs_cover_every_line_in_order(job):
     layout, plans = job
     assert [(p.first_index, p.last_index) for p in plans] == [(0, 2), (4, 5), (6, 9)]
-    counts = merge_job(layout, scale_json=True)
+    counts = merge_job(layout, json_array=True)
     # The stand-in bodies carry no usage: no token counts, their details unknown.
     assert counts == MergeCounts(total=10, succeeded=3, failed=7, not_run=4, invalid=2,
                                  cached_prompt_tokens=None)
@@ -78,9 +78,9 @@ def test_outputs_cover_every_line_in_order(job):
 
 def test_rerun_writes_the_same_bytes(job):
     layout, _ = job
-    first = merge_job(layout, scale_json=True)
+    first = merge_job(layout, json_array=True)
     files = [storage.read_bytes(u) for u in (layout.output_jsonl, layout.errors_jsonl, layout.output_json)]
-    assert merge_job(layout, scale_json=True) == first
+    assert merge_job(layout, json_array=True) == first
     assert [storage.read_bytes(u) for u in (layout.output_jsonl, layout.errors_jsonl,
                                             layout.output_json)] == files
 
@@ -97,10 +97,10 @@ def test_not_run_reasons_job_wide_and_per_shard(job):
                         "req-9": "shard 2 failed after 3 attempts"}
 
 
-def test_scale_output_uri_override_and_jsonl_off(job):
+def test_array_output_uri_override_and_jsonl_off(job):
     layout, _ = job
     target = layout.root + "/user/out.json"
-    merge_job(layout, jsonl=False, scale_output_uri=target)
+    merge_job(layout, jsonl=False, array_output_uri=target)
     assert len(orjson.loads(storage.read_bytes(target))) == 10
     assert not storage.exists(layout.output_jsonl) and not storage.exists(layout.output_json)
 
@@ -109,7 +109,7 @@ def test_all_invalid_job_merges_to_errors_only():
     layout = new_layout()
     write_job(layout, [False, False, False])
     plan_shards(layout, 2)
-    assert merge_job(layout, scale_json=True) == MergeCounts(3, 0, 3, 0, 3)
+    assert merge_job(layout, json_array=True) == MergeCounts(3, 0, 3, 0, 3)
     assert storage.read_bytes(layout.output_jsonl) == b""
     assert [e["line"] for e in jsonl(layout.errors_jsonl)] == [1, 2, 3]
     assert len(orjson.loads(storage.read_bytes(layout.output_json))) == 3
@@ -119,7 +119,7 @@ def test_empty_scale_array_is_valid_json():
     layout = new_layout()
     write_job(layout, [])
     plan_shards(layout, 1)
-    assert merge_job(layout, scale_json=True).total == 0
+    assert merge_job(layout, json_array=True).total == 0
     assert orjson.loads(storage.read_bytes(layout.output_json)) == []
 
 
@@ -181,7 +181,7 @@ def test_merge_holds_at_most_three_streams_open_whatever_the_shard_count(monkeyp
                 open_now -= 1
 
     monkeypatch.setattr(storage, "open_read", counting_open_read)
-    counts = merge_job(layout, scale_json=True)
+    counts = merge_job(layout, json_array=True)
     assert (counts.total, counts.succeeded, counts.invalid) == (200, 64, 50)
     assert most == 3
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llm_batch.config import Settings
-from llm_batch.models import (
+from llm_batch.model_registry import (
     BUILTIN_CHAT_TEMPLATES,
     MODEL_CONFIG_FIELDS,
     READY_MARKER,

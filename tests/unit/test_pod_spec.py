@@ -11,7 +11,8 @@ import kubernetes_validate  # noqa: E402
 from kubernetes.client import ApiClient  # noqa: E402
 
 from llm_batch.config import Settings  # noqa: E402
-from llm_batch.pipeline import GPU_TYPES, ShardTask  # noqa: E402
+from llm_batch.placement import GPU_TYPES
+from llm_batch.shard_task import ShardTask# noqa: E402
 from llm_batch_operators import pod_spec  # noqa: E402
 from llm_batch_operators.kubernetes import KubernetesShardOperator  # noqa: E402
 

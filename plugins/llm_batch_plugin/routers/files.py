@@ -36,7 +36,7 @@ async def upload_file(
     store: StoreDep,
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="The JSONL file: one request per line")],
-    purpose: Annotated[str, Form(max_length=64)] = "batch",
+    purpose: Annotated[str, Form(max_length=64, description="Only `batch` is accepted (400 otherwise)")] = "batch",
 ) -> FileOut:
     caller.require_submit()
     if (parts := len((await request.form()).getlist("file"))) > 1:

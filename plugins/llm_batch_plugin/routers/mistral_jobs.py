@@ -9,18 +9,24 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Body, Query, Request
 
-from llm_batch import pipeline, storage
-from llm_batch.jobs import MISTRAL_STATUS, JobStatus
+from llm_batch import housekeeping, storage
+from llm_batch.input_formats import InputFormat
+from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore
 from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.limits import check_owner_limits
-from llm_batch_plugin.models_mistral import BatchJobList, BatchJobOut, CreateBatchJobRequest, DeleteBatchJobResponse
+from llm_batch_plugin.models_mistral import (
+    MISTRAL_STATUS,
+    BatchJobList,
+    BatchJobOut,
+    CreateBatchJobRequest,
+    DeleteBatchJobResponse,
+)
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
-    JSONL,
     JobRequest,
     check_endpoint,
     check_model,
@@ -124,7 +130,7 @@ def create_batch_job(
         endpoint=endpoint,
         model=body.model or "",
         input=job_input,
-        input_format=JSONL,
+        input_format=InputFormat.JSONL,
         metadata=body.metadata or {},
         max_runtime_sec=body.timeout_hours * 3600,
     )
@@ -209,5 +215,5 @@ def delete_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: 
     if not job.terminal:
         raise ApiError(409, f"batch job {job_id!r} is {MISTRAL_STATUS[job.status]}: cancel it first, then delete it "
                        "once it has ended", param="job_id", code="job_not_ended")
-    pipeline.delete_job(store, settings, job)
+    housekeeping.delete_job(store, settings, job)
     return DeleteBatchJobResponse(id=job_id)

@@ -8,16 +8,16 @@ import orjson
 from fastapi import APIRouter, Body, Query
 
 from llm_batch import storage
-from llm_batch.jobs import OPENAI_STATUS
+from llm_batch.input_formats import InputFormat
 from llm_batch.jobstore import InvalidCursor
 from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.limits import check_owner_limits
-from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, BatchList, BatchOut, CreateBatchRequest
+from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, OPENAI_STATUS, BatchList, BatchOut, CreateBatchRequest
 from llm_batch_plugin.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch_plugin.submission import JSONL, JobRequest, check_endpoint, check_model, submit
+from llm_batch_plugin.submission import JobRequest, check_endpoint, check_model, submit
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"])
 
@@ -63,7 +63,7 @@ def create_batch(
         endpoint=endpoint,
         model=model,
         input={"file_ids": [input_file.id]},
-        input_format=JSONL,
+        input_format=InputFormat.JSONL,
         metadata=body.metadata or {},
         max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],
     )

@@ -13,9 +13,10 @@ from fastapi import APIRouter, Body
 from llm_batch import storage, user_paths
 from llm_batch.config import Settings
 from llm_batch.endpoints import Endpoint
+from llm_batch.input_formats import InputFormat
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
-from llm_batch.models import (
+from llm_batch.model_registry import (
     ModelError,
     check_model_config,
     job_model_config,
@@ -40,8 +41,6 @@ from llm_batch_plugin.models_scale import (
 )
 from llm_batch_plugin.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
-    SCALE_V1,
-    SCALE_V2,
     JobRequest,
     check_model,
     check_output_target,
@@ -107,10 +106,10 @@ def _sniff_file(uri: str, given: str, owner: str, settings: Settings) -> tuple[s
         if parsed == []:
             raise ApiError(400, f"input_data_path {uri!r} holds no requests (an empty array)", param=param, code="invalid_input")
     if start == b"{":
-        return Endpoint.COMPLETIONS.value, SCALE_V1
+        return Endpoint.COMPLETIONS.value, InputFormat.SCALE_V1
     messages, prompt = head.find(b'"messages"'), head.find(b'"prompt')
     chat = messages >= 0 and (prompt < 0 or messages < prompt)
-    return (Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value), SCALE_V2
+    return (Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value), InputFormat.SCALE_V2
 
 
 _EXPECTED_INPUT = "expected a JSON array of completion or chat requests, or a {\"prompts\": [...]} object"
@@ -139,7 +138,7 @@ def _check_output_path(output_uri: str, input_uri: str | None) -> None:
 
 def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
     """The model_config as the job stores it: every field Scale's clients send is known
-    (llm_batch.models.MODEL_CONFIG_FIELDS); nulls and client defaults are dropped, a value
+    (llm_batch.model_registry.MODEL_CONFIG_FIELDS); nulls and client defaults are dropped, a value
     the table refuses is a 400 naming the field."""
     try:
         return job_model_config(body.model_config_.model_dump())
@@ -216,7 +215,7 @@ def create_batch_completions(
             raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
         _check_output_path(output_uri, None)
         endpoint = _endpoint_of_content(body.content)
-        input_format = SCALE_V1 if isinstance(body.content, V1Content) else SCALE_V2
+        input_format = InputFormat.SCALE_V1 if isinstance(body.content, V1Content) else InputFormat.SCALE_V2
         # Checked before the inline file is written: a refused job leaves nothing behind.
         model_config = _check_model(body, model_config, endpoint, settings, caller)
         check_output_target(store, caller, output_uri, labels)

@@ -11,7 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_batch import exit_codes, pipeline, storage
+from llm_batch import exit_codes, housekeeping, jobs, placement, run_conf, shard_task, steps, storage
+from llm_batch_operators import lanes
 from llm_batch.config import Settings
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import JobStore, utcnow
@@ -38,7 +39,7 @@ def _chat(i: int) -> bytes:
 
 def _input(settings: Settings, lines: list[bytes]) -> str:
     # The default owner's own folder of the user root (llm_batch.user_paths).
-    path = settings.local_roots[0] / pipeline.DEFAULT_OWNER / f"input-{uuid.uuid4().hex[:8]}.jsonl"
+    path = settings.local_roots[0] / run_conf.DEFAULT_OWNER / f"input-{uuid.uuid4().hex[:8]}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\n".join(lines) + b"\n")
     return str(path)
@@ -51,7 +52,7 @@ def _conf(settings: Settings, n: int = 6, bad: tuple[int, ...] = (), **extra) ->
 
 def _run_worker(task: dict, finish: int | None = None) -> None:
     """Stand-in for a worker: results for the first `finish` requests of the shard."""
-    shard = pipeline.ShardTask.model_validate(task)
+    shard = shard_task.ShardTask.model_validate(task)
     requests = [orjson.loads(line) for line in storage.read_bytes(shard.requests_uri).splitlines()]
     with ResultsWriter.open(shard.results_uri) as writer:
         for request in requests[:finish]:
@@ -73,23 +74,22 @@ def _run_id() -> str:
 
 
 def _through_plan(store, settings, conf, run_id: str | None = None) -> tuple[str, list[dict]]:
-    job_id = pipeline.register(store, settings, conf, run_id or _run_id())
-    pipeline.validate(store, settings, job_id)
-    grouped = pipeline.plan(store, settings, job_id)
-    return job_id, [task for tasks in grouped.values() for task in tasks]
+    job_id = steps.register(store, settings, conf, run_id or _run_id())
+    steps.validate(store, settings, job_id)
+    return job_id, [task.model_dump() for task in steps.plan(store, settings, job_id)]
 
 
 # -- lanes and priorities ------------------------------------------------------------------
 
 
 def test_lanes_cover_every_pool_and_band(settings):
-    local = pipeline.lanes(settings)
+    local = lanes.lanes(settings)
     assert [lane.name for lane in local] == ["local__low", "local__normal", "local__high"]
     assert {lane.pool for lane in local} == {settings.local_pool}
-    k8s = pipeline.lanes(settings.model_copy(update={"shard_runner": "kubernetes"}))
-    assert len(k8s) == len(pipeline.GPU_TYPES) * 3
-    assert {lane.pool for lane in k8s} == {pipeline.gpu_pool(settings, g) for g in pipeline.GPU_TYPES}
-    assert {p.name for p in pipeline.pool_specs(settings)} == {settings.local_pool} | {lane.pool for lane in k8s}
+    k8s = lanes.lanes(settings.model_copy(update={"shard_runner": "kubernetes"}))
+    assert len(k8s) == len(placement.GPU_TYPES) * 3
+    assert {lane.pool for lane in k8s} == {lanes.gpu_pool(settings, g) for g in placement.GPU_TYPES}
+    assert {p.name for p in lanes.pool_specs(settings)} == {settings.local_pool} | {lane.pool for lane in k8s}
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_lanes_cover_every_pool_and_band(settings):
     [(None, "normal"), (0, "normal"), ("HIGH", "high"), ("low", "low"), (5, "low"), (10, "normal"), ("150", "high"), ("urgent", "normal")],
 )
 def test_priority_band(settings, priority, band):
-    assert pipeline.priority_band(settings, priority) == band
+    assert placement.priority_band(settings, priority) == band
 
 
 # -- register and validate -----------------------------------------------------------------
@@ -106,16 +106,16 @@ def test_priority_band(settings, priority, band):
 def test_register_makes_a_job_from_the_conf(store, settings):
     conf = _conf(settings, data_parallelism=2, priority="high", gpu_type="nvidia-tesla-t4", max_runtime_sec=600)
     run_id = _run_id()
-    job_id = pipeline.register(store, settings, conf, run_id)
+    job_id = steps.register(store, settings, conf, run_id)
     job = store.get_job(job_id)
-    assert job_id == pipeline.run_job_id({}, run_id)  # derived from the run: findable later
+    assert job_id == run_conf.run_job_id({}, run_id)  # derived from the run: findable later
     assert (job.status, job.dialect, job.dag_run_id) == (JobStatus.QUEUED, "airflow", run_id)
     assert job.priority == settings.priority_weights["high"] and job.data_parallelism == 2
     assert job.resources == {"gpus": 1, "gpu_type": "nvidia-tesla-t4", "nodes_per_worker": 1}
     assert job.expires_at - job.created_at == timedelta(seconds=600)
     # A rerun of the same run, or a conf naming the job, finds it instead of making another.
-    assert pipeline.register(store, settings, conf, run_id) == job_id
-    assert pipeline.register(store, settings, {"job_id": job_id}, "manual__2") == job_id
+    assert steps.register(store, settings, conf, run_id) == job_id
+    assert steps.register(store, settings, {"job_id": job_id}, "manual__2") == job_id
     assert store.get_job(job_id).dag_run_id == "manual__2"
 
 
@@ -129,8 +129,8 @@ def test_register_makes_a_job_from_the_conf(store, settings):
     ],
 )
 def test_register_refuses_with_a_failed_job(store, settings, conf, reason):
-    with pytest.raises(pipeline.JobRejected, match=reason):
-        pipeline.register(store, settings, {"job_id": "job_refused", **conf}, _run_id())
+    with pytest.raises(jobs.JobRejected, match=reason):
+        steps.register(store, settings, {"job_id": "job_refused", **conf}, _run_id())
     job = store.get_job("job_refused")
     assert job.status == JobStatus.FAILED and reason in job.status_reason
 
@@ -138,15 +138,15 @@ def test_register_refuses_with_a_failed_job(store, settings, conf, reason):
 def test_a_run_of_another_owner_cannot_take_over_a_job(store, settings):
     """A user who may trigger runs names someone else's job_id: refused, and that job's
     record, run and status stay as they were, even when the foreign run then fails."""
-    job_id = pipeline.register(store, settings, {**_conf(settings), "owner": "alice"}, _run_id(), trusted=True)
+    job_id = steps.register(store, settings, {**_conf(settings), "owner": "alice"}, _run_id(), trusted=True)
     before = store.get_job(job_id)
-    with pytest.raises(pipeline.JobRejected, match="belongs to another run"):
-        pipeline.register(store, settings, {"job_id": job_id, "owner": "mallory"}, "manual__mallory")
-    pipeline.fail_job(store, job_id, "the foreign run failed", dag_run_id="manual__mallory")
+    with pytest.raises(jobs.JobRejected, match="belongs to another run"):
+        steps.register(store, settings, {"job_id": job_id, "owner": "mallory"}, "manual__mallory")
+    steps.fail_job(store, job_id, "the foreign run failed", dag_run_id="manual__mallory")
     after = store.get_job(job_id)
     assert (after.status, after.dag_run_id, after.owner) == (before.status, before.dag_run_id, "alice")
     # A scheduled (trusted) run and the owner's own runs still may.
-    assert pipeline.register(store, settings, {"job_id": job_id, "owner": "alice"}, "manual__alice") == job_id
+    assert steps.register(store, settings, {"job_id": job_id, "owner": "alice"}, "manual__alice") == job_id
 
 
 def test_register_holds_a_users_paths_to_their_namespace(store, settings):
@@ -154,30 +154,30 @@ def test_register_holds_a_users_paths_to_their_namespace(store, settings):
     other = root / "bob" / "in.jsonl"
     other.parent.mkdir(parents=True, exist_ok=True)
     other.write_bytes(_chat(0) + b"\n")
-    with pytest.raises(pipeline.JobRejected, match="outside your storage namespace"):
-        pipeline.register(store, settings, {"input_uri": str(other), "owner": "alice"}, _run_id())
+    with pytest.raises(jobs.JobRejected, match="outside your storage namespace"):
+        steps.register(store, settings, {"input_uri": str(other), "owner": "alice"}, _run_id())
     for internal in (f"{settings.database_url.removeprefix('sqlite:///')}-wal", str(settings.home / "api-key")):
-        with pytest.raises(pipeline.JobRejected):
-            pipeline.register(store, settings, {"input_requests": [{"body": {}}], "output_uri": internal}, _run_id(), trusted=True)
+        with pytest.raises(jobs.JobRejected):
+            steps.register(store, settings, {"input_requests": [{"body": {}}], "output_uri": internal}, _run_id(), trusted=True)
     # A schedule (an admin's spec) may read any user folder; relative paths are the owner's.
-    job = store.get_job(pipeline.register(store, settings, {"input_uri": str(other)}, _run_id(), trusted=True))
+    job = store.get_job(steps.register(store, settings, {"input_uri": str(other)}, _run_id(), trusted=True))
     assert job.input == {"uri": str(other)}
-    job = store.get_job(pipeline.register(store, settings, {"input_uri": "in.jsonl", "owner": "bob"}, _run_id()))
+    job = store.get_job(steps.register(store, settings, {"input_uri": "in.jsonl", "owner": "bob"}, _run_id()))
     assert job.input == {"uri": str(other)}
 
 
 def test_validate_counts_bad_lines(store, settings):
-    job_id = pipeline.register(store, settings, _conf(settings, n=6, bad=(1, 4)), _run_id())
-    counts = pipeline.validate(store, settings, job_id)
+    job_id = steps.register(store, settings, _conf(settings, n=6, bad=(1, 4)), _run_id())
+    counts = steps.validate(store, settings, job_id)
     job = store.get_job(job_id)
     assert counts == {"total": 6, "valid": 4, "invalid": 2}
     assert (job.status, job.total, job.failed, job.completed) == (JobStatus.VALIDATING, 6, 2, 2)
 
 
 def test_validate_rejects_a_batch_without_valid_lines_and_serves_its_errors(store, settings):
-    job_id = pipeline.register(store, settings, _conf(settings, n=3, bad=(0, 1, 2)), _run_id())
-    with pytest.raises(pipeline.JobRejected, match="input rejected"):
-        pipeline.validate(store, settings, job_id)
+    job_id = steps.register(store, settings, _conf(settings, n=3, bad=(0, 1, 2)), _run_id())
+    with pytest.raises(jobs.JobRejected, match="input rejected"):
+        steps.validate(store, settings, job_id)
     job = store.get_job(job_id)
     assert job.status == JobStatus.FAILED and "input rejected" in job.status_reason
     assert (job.total, job.failed) == (3, 3)
@@ -186,28 +186,29 @@ def test_validate_rejects_a_batch_without_valid_lines_and_serves_its_errors(stor
 
 
 def test_validate_names_a_missing_input_file(store, settings):
-    job_id = pipeline.register(store, settings, {"input_file_ids": ["file-nope"], "model": "m"}, _run_id())
-    with pytest.raises(pipeline.JobRejected, match="file-nope"):
-        pipeline.validate(store, settings, job_id)
+    job_id = steps.register(store, settings, {"input_file_ids": ["file-nope"], "model": "m"}, _run_id())
+    with pytest.raises(jobs.JobRejected, match="file-nope"):
+        steps.validate(store, settings, job_id)
     assert store.get_job(job_id).status == JobStatus.FAILED
 
 
 def test_inline_requests_are_validated(store, settings):
     requests = [{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}, {"body": {}}]
-    job_id = pipeline.register(store, settings, {"input_requests": requests, "model": "m"}, _run_id())
-    assert pipeline.validate(store, settings, job_id) == {"total": 2, "valid": 1, "invalid": 1}
+    job_id = steps.register(store, settings, {"input_requests": requests, "model": "m"}, _run_id())
+    assert steps.validate(store, settings, job_id) == {"total": 2, "valid": 1, "invalid": 1}
 
 
 # -- plan, shards, merge, finalize ---------------------------------------------------------
 
 
 def test_plan_puts_shards_in_the_jobs_lane(store, settings):
-    job_id = pipeline.register(store, settings, _conf(settings, n=5, data_parallelism=2, priority="low"), _run_id())
-    pipeline.validate(store, settings, job_id)
-    grouped = pipeline.plan(store, settings, job_id)
-    assert set(grouped) == {lane.name for lane in pipeline.lanes(settings)}
+    job_id = steps.register(store, settings, _conf(settings, n=5, data_parallelism=2, priority="low"), _run_id())
+    steps.validate(store, settings, job_id)
+    planned = steps.plan(store, settings, job_id)
+    grouped = lanes.group_by_lane(settings, planned)
+    assert set(grouped) == {lane.name for lane in lanes.lanes(settings)}
     assert [len(tasks) for name, tasks in grouped.items() if name != "local__low"] == [0, 0]
-    tasks = [pipeline.ShardTask.model_validate(t) for t in grouped["local__low"]]
+    tasks = [shard_task.ShardTask.model_validate(t) for t in grouped["local__low"]]
     assert [t.shard for t in tasks] == [0, 1]
     job = store.get_job(job_id)
     assert job.status == JobStatus.RUNNING
@@ -216,19 +217,19 @@ def test_plan_puts_shards_in_the_jobs_lane(store, settings):
     assert float(args[args.index("--deadline") + 1]) == pytest.approx(job.expires_at.timestamp())
     assert orjson.loads(args[args.index("--model-config") + 1])["model"] == "tiny-random-llama"
     # A retried plan task plans the same shards again.
-    assert pipeline.plan(store, settings, job_id) == grouped
+    assert steps.plan(store, settings, job_id) == planned
 
 
 def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
     job_id, tasks = _through_plan(store, settings, _conf(settings, n=7, bad=(2,), data_parallelism=3))
     for task in tasks:
         _run_worker(task)
-        live = pipeline.report_shard(store, pipeline.ShardTask.model_validate(task))
+        live = shard_task.report_shard(store, shard_task.ShardTask.model_validate(task))
     assert (live.completed, live.succeeded, live.failed) == (7, 6, 1)  # the invalid line included
     assert (live.prompt_tokens, live.completion_tokens, live.cached_prompt_tokens, live.engine_seconds) == (30, 12, 6, 4.5)
 
-    counts = pipeline.merge(store, settings, job_id)
-    job = pipeline.finalize(store, settings, job_id)
+    counts = steps.merge(store, settings, job_id)
+    job = steps.finalize(store, settings, job_id)
 
     assert counts == {"total": 7, "succeeded": 6, "failed": 1, "not_run": 0, "invalid": 1, "prompt_tokens": 30,
                       "completion_tokens": 12, "cached_prompt_tokens": 6, "reasoning_tokens": 0}
@@ -239,8 +240,8 @@ def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
     assert [r["custom_id"] for r in output] == [f"req-{i}" for i in range(7) if i != 2]
     assert job.errors == [{"code": "invalid_request", "message": "input lines failed validation", "count": 1}]
     # Idempotent: finalize again changes nothing; merge of a finished job does nothing.
-    assert pipeline.finalize(store, settings, job_id) == store.get_job(job_id)
-    assert pipeline.merge(store, settings, job_id) is None
+    assert steps.finalize(store, settings, job_id) == store.get_job(job_id)
+    assert steps.merge(store, settings, job_id) is None
 
 
 @pytest.mark.parametrize(
@@ -257,13 +258,13 @@ def test_partial_results_end_by_cause(store, settings, stop, status, reason, cod
     _run_worker(task, finish=2)
     if stop == "cancel":
         store.request_cancel(job_id)
-        assert pipeline.mirror_cancel(store, job_id, task["cancel_marker"])
+        assert shard_task.mirror_cancel(store, job_id, task["cancel_marker"])
         assert storage.exists(task["cancel_marker"])
     elif stop == "deadline":
         store._update_job(job_id, expires_at=utcnow() - timedelta(seconds=1))
 
-    counts = pipeline.merge(store, settings, job_id)
-    job = pipeline.finalize(store, settings, job_id)
+    counts = steps.merge(store, settings, job_id)
+    job = steps.finalize(store, settings, job_id)
 
     assert counts["not_run"] == 3
     assert (job.status, job.status_reason) == (status, reason)
@@ -275,12 +276,12 @@ def test_partial_results_end_by_cause(store, settings, stop, status, reason, cod
 
 def test_cancel_after_validation_before_plan_accounts_for_every_line(store, settings):
     """Was: failed = the invalid lines, no error file, the valid lines nowhere."""
-    job_id = pipeline.register(store, settings, _conf(settings, n=6, bad=(2,)), _run_id())
-    pipeline.validate(store, settings, job_id)
+    job_id = steps.register(store, settings, _conf(settings, n=6, bad=(2,)), _run_id())
+    steps.validate(store, settings, job_id)
     store.request_cancel(job_id)
-    assert not any(pipeline.plan(store, settings, job_id).values())
-    counts = pipeline.merge(store, settings, job_id)
-    job = pipeline.finalize(store, settings, job_id)
+    assert steps.plan(store, settings, job_id) == []
+    counts = steps.merge(store, settings, job_id)
+    job = steps.finalize(store, settings, job_id)
     assert job.status == JobStatus.CANCELLED
     assert (counts["not_run"], counts["invalid"]) == (5, 1)
     assert (job.total, job.completed, job.succeeded, job.failed) == (6, 6, 0, 6)
@@ -290,19 +291,19 @@ def test_cancel_after_validation_before_plan_accounts_for_every_line(store, sett
 
 
 def test_cancel_before_the_input_is_read_says_so(store, settings):
-    job_id = pipeline.register(store, settings, _conf(settings), _run_id())
+    job_id = steps.register(store, settings, _conf(settings), _run_id())
     store.request_cancel(job_id)
-    assert pipeline.validate(store, settings, job_id) is None
-    assert not any(pipeline.plan(store, settings, job_id).values())
-    assert pipeline.merge(store, settings, job_id) is None
-    job = pipeline.finalize(store, settings, job_id)
+    assert steps.validate(store, settings, job_id) is None
+    assert steps.plan(store, settings, job_id) == []
+    assert steps.merge(store, settings, job_id) is None
+    job = steps.finalize(store, settings, job_id)
     assert job.status == JobStatus.CANCELLED and "before its input was read" in job.status_reason
     assert (job.total, job.completed, job.failed) == (0, 0, 0)
 
 
 def test_run_that_ended_before_merge_fails_the_job(store, settings):
     job_id, _ = _through_plan(store, settings, _conf(settings))
-    job = pipeline.finalize(store, settings, job_id)
+    job = steps.finalize(store, settings, job_id)
     assert job.status == JobStatus.FAILED and "before the shards' results were merged" in job.status_reason
 
 
@@ -312,7 +313,7 @@ def test_run_that_ended_before_merge_fails_the_job(store, settings):
      (exit_codes.USAGE, "usage"), (exit_codes.FAILED, "failed"), (-9, "failed")],
 )
 def test_interpret_exit(code, state):
-    outcome = pipeline.interpret_exit(4, code)
+    outcome = shard_task.interpret_exit(4, code)
     assert (outcome.shard, outcome.exit_code, outcome.state) == (4, code, state)
 
 
@@ -323,7 +324,7 @@ def test_expire_ends_live_jobs_past_expires_at(store, settings):
     old = store.create_job(dialect="openai", endpoint="/v1/chat/completions", model="m", owner="o",
                            created_at=utcnow() - timedelta(hours=2), max_runtime_sec=60)
     fresh = store.create_job(dialect="openai", endpoint="/v1/chat/completions", model="m", owner="o", max_runtime_sec=3600)
-    assert pipeline.expire(store, settings) == [old.id]
+    assert housekeeping.expire(store, settings) == [old.id]
     assert store.get_job(old.id).status == JobStatus.TIMEOUT_EXCEEDED
     assert store.get_job(fresh.id).status == JobStatus.QUEUED
 
@@ -333,7 +334,7 @@ def test_expire_keeps_what_finished(store, settings):
     _run_worker(task, finish=1)
     store._update_job(job_id, expires_at=utcnow() - timedelta(hours=1))
 
-    assert pipeline.expire(store, settings) == [job_id]
+    assert housekeeping.expire(store, settings) == [job_id]
 
     job = store.get_job(job_id)
     assert (job.status, job.succeeded, job.failed) == (JobStatus.TIMEOUT_EXCEEDED, 1, 3)
@@ -348,7 +349,7 @@ def test_reconcile_finishes_jobs_whose_run_ended(store, settings):
         _run_worker(task)
     running_id, _ = _through_plan(store, settings, _conf(settings, n=3), run_id=live)
 
-    reconciled = pipeline.reconcile(store, settings, {ended: "failed", live: "running"})
+    reconciled = housekeeping.reconcile(store, settings, {ended: "failed", live: "running"})
 
     assert reconciled == [done_id]
     assert store.get_job(done_id).status == JobStatus.SUCCEEDED  # every request had its result
@@ -359,13 +360,13 @@ def test_retention_deletes_old_files_and_marks_them(store, settings):
     job_id, tasks = _through_plan(store, settings, _conf(settings, n=2))
     for task in tasks:
         _run_worker(task)
-    pipeline.merge(store, settings, job_id)
-    job = pipeline.finalize(store, settings, job_id)
+    steps.merge(store, settings, job_id)
+    job = steps.finalize(store, settings, job_id)
     output = store.get_file(job.output_file_id)
 
-    assert pipeline.delete_expired_files(store, settings) == []  # young files stay
+    assert housekeeping.delete_expired_files(store, settings) == []  # young files stay
     later = utcnow() + timedelta(days=settings.retention_days + 1)
-    deleted = pipeline.delete_expired_files(store, settings, now=later)
+    deleted = housekeeping.delete_expired_files(store, settings, now=later)
 
     assert set(deleted) == {job.output_file_id, job.error_file_id}
     assert store.get_file(output.id) is None and store.get_file(output.id, include_deleted=True).deleted
@@ -382,10 +383,10 @@ def test_a_watcher_reads_only_its_own_shards_progress(store, settings, monkeypat
     for name in ("open_read", "exists", "size", "list_uris"):
         real = getattr(storage, name)
         monkeypatch.setattr(storage, name, lambda uri, _real=real, _name=name: (reads.append(uri), _real(uri))[1])
-    shards = [pipeline.ShardTask.model_validate(t) for t in tasks]
+    shards = [shard_task.ShardTask.model_validate(t) for t in tasks]
     for shard in shards:
         reads.clear()
-        job = pipeline.report_shard(store, shard)
+        job = shard_task.report_shard(store, shard)
         assert reads == [shard.progress_uri]
     assert (job.completed, job.succeeded, job.failed) == (8, 7, 1)
     assert [r.shard for r in store.shard_records(job_id)] == [0, 1, 2, 3]
@@ -395,14 +396,14 @@ def test_a_failed_shards_outcome_reaches_merge_and_the_reason(store, settings):
     """The shard task's outcome lands in its row; the requests it never ran say which shard
     and why, and so does the job's reason."""
     job_id, tasks = _through_plan(store, settings, _conf(settings, n=6, data_parallelism=2))
-    done, failed = (pipeline.ShardTask.model_validate(t) for t in tasks)
+    done, failed = (shard_task.ShardTask.model_validate(t) for t in tasks)
     _run_worker(tasks[0])
     _run_worker(tasks[1], finish=1)
-    pipeline.report_shard(store, done, pipeline.interpret_exit(0, 0))
-    outcome = pipeline.ShardOutcome(shard=1, exit_code=1, state="failed", message="the worker failed (exit status 1) on attempt 3 of 3")
-    pipeline.report_shard(store, failed, outcome)
-    pipeline.merge(store, settings, job_id)
-    job = pipeline.finalize(store, settings, job_id)
+    shard_task.report_shard(store, done, shard_task.interpret_exit(0, 0))
+    outcome = shard_task.ShardOutcome(shard=1, exit_code=1, state="failed", message="the worker failed (exit status 1) on attempt 3 of 3")
+    shard_task.report_shard(store, failed, outcome)
+    steps.merge(store, settings, job_id)
+    job = steps.finalize(store, settings, job_id)
     assert job.status == JobStatus.FAILED
     assert job.status_reason == "shard 1: the worker failed (exit status 1) on attempt 3 of 3; 2 requests were not run"
     errors = [orjson.loads(x) for x in storage.read_bytes(store.get_file(job.error_file_id).uri).splitlines()]

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch import model_recipes, models
+from llm_batch import model_recipes
+from llm_batch import model_registry as models
 from llm_batch.config import Settings
 from llm_batch.model_recipes import Recipe
-from llm_batch.models import (
+from llm_batch.model_registry import (
     READY_MARKER,
     CheckpointNotAllowed,
     CheckpointNotFound,

@@ -1,0 +1,141 @@
+"""``GET /batch/v1/usage`` (admins only) and ``llm-batch usage`` against it.
+
+The API's store is shared with the other API tests: each test makes jobs of owners, models
+and a label key of its own and reads only their groups.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from llm_batch.cli import main
+
+pytestmark = pytest.mark.airflow
+
+CHAT = "/v1/chat/completions"
+OLD = datetime(2001, 1, 1, tzinfo=UTC)
+FIELDS = {"group", "jobs", "requests", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
+          "reasoning_tokens", "engine_seconds", "gpu_seconds"}
+
+
+@pytest.fixture
+def made(api_store) -> dict[str, str]:
+    """Two owners of this test: ann has a 2-GPU job now and a job from 2001, ben one job now
+    (no gpus named: 1); the label key is the test's own too."""
+    tag = uuid.uuid4().hex[:8]
+    names = {"ann": f"usage-ann-{tag}", "ben": f"usage-ben-{tag}", "model": f"usage-model-{tag}", "key": f"usage-{tag}"}
+
+    def job(owner: str, created_at: datetime | None, total: int, ok: int, prompt: int, completion: int,
+            seconds: float, **fields):
+        made = api_store.create_job(dialect="mistral", endpoint=CHAT, model=names["model"], owner=owner,
+                                    created_at=created_at, **fields)
+        api_store.report_shard(made.id, 0, state="done", total=total, done=total, succeeded=ok, failed=total - ok,
+                               prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=prompt // 2,
+                               engine_seconds=seconds)
+        api_store.set_counts(made.id, total=total)
+
+    job(names["ann"], None, 10, 9, 1000, 200, 20.0, labels={names["key"]: "x"}, resources={"gpus": 2})
+    job(names["ann"], OLD, 1, 1, 5, 5, 1.0, labels={names["key"]: "y"}, resources={"gpus": 4})
+    job(names["ben"], None, 3, 3, 30, 9, 6.0, labels={names["key"]: "x"})
+    return names
+
+
+def _groups(response, prefix: str) -> dict[str, dict]:
+    assert response.status_code == 200, response.text
+    return {g["group"]: g for g in response.json()["data"] if g["group"].startswith(prefix)}
+
+
+def test_admin_gets_sums_by_owner(client, creds, made):
+    response = client.get("/v1/usage", params={"by": "owner"}, headers=creds.key("admin-key"))
+    body = response.json()
+    assert (body["object"], body["by"], body["since"]) == ("list", "owner", None)
+    groups = _groups(response, "usage-")
+    ann, ben = groups[made["ann"]], groups[made["ben"]]
+    assert set(ann) == FIELDS
+    assert ann == {"group": made["ann"], "jobs": 2, "requests": {"total": 11, "succeeded": 10, "failed": 1},
+                   "prompt_tokens": 1005, "completion_tokens": 205, "cached_prompt_tokens": 502,
+                   "reasoning_tokens": 0, "engine_seconds": 21.0, "gpu_seconds": 44.0}  # 20 x 2 + 1 x 4
+    assert (ben["jobs"], ben["engine_seconds"], ben["gpu_seconds"]) == (1, 6.0, 6.0)
+    # An Airflow Admin gets the same report.
+    assert _groups(client.get("/v1/usage", params={"by": "owner"}, headers=creds.jwt("root")), "usage-") == groups
+
+
+def test_since_as_unix_seconds_or_iso_8601(client, creds, made):
+    for since in (str(int(datetime(2020, 1, 1, tzinfo=UTC).timestamp())), "2020-01-01", "2020-01-01T01:00:00+01:00"):
+        response = client.get("/v1/usage", params={"by": "owner", "since": since}, headers=creds.key("admin-key"))
+        assert response.json()["since"] == "2020-01-01T00:00:00Z"
+        ann = _groups(response, "usage-")[made["ann"]]
+        assert (ann["jobs"], ann["requests"]["total"], ann["gpu_seconds"]) == (1, 10, 40.0)  # the 2001 job is out
+    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    response = client.get("/v1/usage", params={"by": "model", "since": future}, headers=creds.key("admin-key"))
+    assert response.json()["data"] == []
+
+
+def test_by_model_label_and_all(client, creds, made):
+    admin = creds.key("admin-key")
+    model = _groups(client.get("/v1/usage", params={"by": "model"}, headers=admin), made["model"])[made["model"]]
+    assert (model["jobs"], model["prompt_tokens"], model["gpu_seconds"]) == (3, 1035, 50.0)
+    labels = _groups(client.get("/v1/usage", params={"by": "label"}, headers=admin), made["key"])
+    assert {g: (v["jobs"], v["requests"]["total"]) for g, v in labels.items()} == {
+        f"{made['key']}=x": (2, 13), f"{made['key']}=y": (1, 1)}
+    everything = client.get("/v1/usage", headers=admin).json()
+    assert everything["by"] is None and [g["group"] for g in everything["data"]] == ["(all)"]
+    assert everything["data"][0]["jobs"] >= 3
+
+
+@pytest.mark.parametrize("who", ["alice-key", "alice-jwt", "viewer-jwt"])
+def test_non_admins_get_403_whatever_the_parameters(client, creds, who):
+    headers = {"alice-key": creds.key("alice"), "alice-jwt": creds.jwt("alice"), "viewer-jwt": creds.jwt("vic")}[who]
+    for params in ({}, {"by": "owner"}, {"by": "nope", "since": "junk"}):
+        response = client.get("/v1/usage", params=params, headers=headers)
+        assert response.status_code == 403, response.text
+        body = response.json()
+        assert body["code"] == "forbidden" and "not an admin" in body["detail"] and "param" in body
+    assert client.get("/v1/usage").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "param"),
+    [({"by": "team"}, 422, "by"), ({"since": "last tuesday"}, 400, "since"), ({"since": "nan"}, 400, "since"),
+     ({"since": "1e300"}, 400, "since"), ({"since": "0001-01-01T00:00:00+01:00"}, 400, "since"),
+     ({"since": "9" * 80}, 422, "since")],
+)
+def test_bad_parameters_are_refused_naming_them(client, creds, params, status, param):
+    response = client.get("/v1/usage", params=params, headers=creds.key("admin-key"))
+    assert response.status_code == status, response.text
+    assert response.json()["param"] == param
+
+
+def test_the_document_describes_every_field(client):
+    document = client.get("/openapi.json").json()
+    operation = document["paths"]["/v1/usage"]["get"]
+    assert {"200", "400", "401", "403", "422"} <= set(operation["responses"])
+    assert "non-admin" in operation["responses"]["403"]["description"]
+    schemas = document["components"]["schemas"]
+    for name in ("UsageList", "UsageGroup", "UsageRequests"):
+        undescribed = [field for field, spec in schemas[name]["properties"].items() if not spec.get("description")]
+        assert not undescribed, (name, undescribed)
+
+
+def test_cli_prints_the_groups(live_server, creds, made, monkeypatch, capsys):
+    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
+    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["admin-key"])
+    assert main(["usage", "--by", "owner", "--since", "2020-01-01"]) == 0
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert out.splitlines()[0].split()[:2] == ["OWNER", "JOBS"]
+    assert rows[made["ann"]] == [made["ann"], "1", "10", "9", "1", "1,000", "200", "500", "20.0", "40.0"]
+    assert rows[made["ben"]] == [made["ben"], "1", "3", "3", "0", "30", "9", "15", "6.0", "6.0"]
+    assert "since 2020-01-01T00:00:00Z" in err
+
+    assert main(["usage", "--by", "label", "--json"]) == 0
+    labels = {g["group"]: g["jobs"] for g in json.loads(capsys.readouterr().out)["data"]}
+    assert (labels[f"{made['key']}=x"], labels[f"{made['key']}=y"]) == (2, 1)
+
+    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])
+    assert main(["usage"]) == 2
+    assert "HTTP 403" in capsys.readouterr().err
