@@ -24,6 +24,9 @@ SQLITE_BUSY_TIMEOUT_S = 60
 # Any fixed 64-bit key: the advisory lock serialising migrations on PostgreSQL.
 _MIGRATION_LOCK_KEY = 0x11B_BA7C4
 _ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
+# Our own version table: the job store must never collide with Airflow's alembic_version
+# should both ever share one database.
+VERSION_TABLE = "llm_batch_alembic_version"
 
 
 def make_engine(url: str) -> Engine:

@@ -43,7 +43,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.endpoints import parse_endpoint
 from llm_batch.jobs import JobStatus, check_transition
-from llm_batch.jobstore.database import WRITE, make_engine, upgrade_to_head
+from llm_batch.jobstore.database import VERSION_TABLE, WRITE, make_engine, upgrade_to_head
 from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow, ShardProgressRow
 from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
 
@@ -350,8 +350,8 @@ class JobStore:
                     connection.exec_driver_sql(f"SET LOCAL statement_timeout = {millis}")
                     connection.exec_driver_sql(f"SET LOCAL lock_timeout = {millis}")
                 step = "read"
-                if connection.exec_driver_sql(f"SELECT version_num FROM {_VERSION_TABLE}").first() is None:
-                    raise JobStoreError(f"{_VERSION_TABLE} is empty: the store was never migrated")
+                if connection.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").first() is None:
+                    raise JobStoreError(f"{VERSION_TABLE} is empty: the store was never migrated")
                 connection.execute(select(JOBS.c.id).limit(1)).all()
                 step = "write (rolled back)"
                 connection.execute(insert(API_KEYS).values(**_health_probe_key()))
@@ -939,11 +939,6 @@ class JobStore:
         with self._transaction(write=False) as connection:
             rows = connection.execute(select(*_API_KEY_COLUMNS).where(*filters).order_by(API_KEYS.c.created_at))
             return [_api_key(r) for r in rows]
-
-
-# The migrations' version table (llm_batch/jobstore/migrations/env.py: VERSION_TABLE; that
-# module runs the migrations when imported, so the name is repeated here).
-_VERSION_TABLE = "llm_batch_alembic_version"
 
 
 def _probe_engine(url: str, timeout: float) -> Engine:

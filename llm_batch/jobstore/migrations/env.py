@@ -10,11 +10,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
+from llm_batch.jobstore.database import VERSION_TABLE
 from llm_batch.jobstore.models import Base
-
-# Our own version table: the job store must never collide with Airflow's alembic_version
-# should both ever share one database.
-VERSION_TABLE = "llm_batch_alembic_version"
 
 
 def _run(connection) -> None:
