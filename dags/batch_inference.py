@@ -1,6 +1,6 @@
 """### batch_inference: one batch job per run
 
-`register -> validate -> plan -> run_shard__<lane> (one mapped task per shard) -> merge -> finalize`
+`register -> validate -> plan -> shards (group: run_shard__<lane>, one mapped task per shard) -> merge -> finalize`
 
 Trigger it from the UI form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the
 params below) or from the batch REST API (conf = `{"job_id": ...}` of a job it created).
@@ -10,6 +10,13 @@ status with a reason. The steps live in `llm_batch.steps`; this file only wires 
 Shards run on the configured runner (`LLM_BATCH_SHARD_RUNNER`: local subprocess or GPU pod).
 A mapped task's pool and priority are fixed at parse time, so there is one mapped task per
 lane (pool x priority band); a job's shards go to its lane and the other lanes are skipped.
+The lanes' pickers and mapped tasks sit in the task group `shards`.
+
+`finalize` emits an asset event through the alias `llm-batch-results` for every job that
+succeeded (the event's `extra`: job id, status, counts, labels), so a DAG scheduled on
+that alias (or on the output asset) runs when a batch completes; it fails the run of a
+CANCELLED or TIMEOUT_EXCEEDED job with the reason. Each ended run's note gives the job's
+status, counts and link (the plugin's listener).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import copy
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.sdk import DAG, Asset, AssetAlias, Param, TaskGroup, get_current_context, task
 
 from llm_batch import input_formats, jobs, placement, run_conf, steps
 from llm_batch.config import get_settings
@@ -26,6 +33,10 @@ from llm_batch.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch_operators import lanes, shard_operator
 
 SETTINGS = get_settings()
+# Every completed batch's output is an asset event through this alias.
+RESULTS_ALIAS = "llm-batch-results"
+# The registry's models (a YAML read, no model_registry import): the form's choices.
+MODELS = steps.registry_model_names(SETTINGS)
 
 PARAMS = {
     "job_id": Param(
@@ -57,8 +68,8 @@ PARAMS = {
         description="The API every request of the batch calls.",
     ),
     "model": Param(
-        run_conf.DEFAULT_MODEL, type="string", minLength=1,
-        description="A model name from the model registry (llm-batch models list).",
+        run_conf.DEFAULT_MODEL, type="string", minLength=1, **({"enum": MODELS} if run_conf.DEFAULT_MODEL in MODELS else {}),
+        description="A model of the model registry (llm-batch models list).",
     ),
     "model_config": Param(
         {}, type="object",
@@ -91,6 +102,13 @@ PARAMS = {
     ),
 }
 
+# Kubernetes-only fields: not in the form of a local (CPU-only) stack; a run's conf may
+# still carry them (API runs), and register checks them.
+KUBERNETES_ONLY = ("gpus", "gpu_type", "nodes_per_worker")
+if SETTINGS.shard_runner == "local":
+    for _name in KUBERNETES_ONLY:
+        PARAMS.pop(_name)
+
 # The form's defaults, read before the DAG holds the params: register merges a run's conf
 # over these rather than over context["params"], which in-process runs (dag.test) carry
 # over from one run to the next.
@@ -115,6 +133,36 @@ def _end_job_of_failed_run(context: Any) -> None:
     reason = context.get("reason") or "a task failed"
     steps.fail_job(_store(), _job_id_of(context), f"the DAG run ended without finishing the job: {reason}",
                    dag_run_id=context["dag_run"].run_id)
+
+
+def _skip_without_job(job_id: str | None, what: str) -> None:
+    """register failed (its reason is on its own red task and on the job): merge skips,
+    nothing is retried."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    if job_id is None or _store().get_job(job_id) is None:
+        raise AirflowSkipException(f"register made no job: {what}")
+
+
+def _fail_without_job(job_id: str | None) -> None:
+    """register failed: finalize fails once, without retries, with the job's reason (the
+    run must end failed, and Airflow reads a run's state from its last task)."""
+    if job_id is None:
+        context = get_current_context()
+        job = _store().get_job(_job_id_of(context))
+        why = job.status_reason if job is not None else "see the register task's log"
+        raise _rejected(jobs.JobRejected(f"register refused the run: {why}"))
+
+
+def _emit_results(job: Any) -> None:
+    """An asset event for the job's output (and for a recurring spec's own asset)."""
+    alias = AssetAlias(RESULTS_ALIAS)
+    outlet_events = get_current_context()["outlet_events"]
+    extra = {"job_id": job.id, "status": job.status.value, "total": job.total, "succeeded": job.succeeded,
+             "failed": job.failed, "labels": {str(k): str(v) for k, v in (job.labels or {}).items()},
+             "output_uri": job.output_uri, "array_output_uri": job.array_output_uri}
+    for uri in steps.result_asset_uris(job):
+        outlet_events[alias].add(Asset(uri=uri), extra=extra)
 
 
 def _rejected(exc: jobs.JobRejected):
@@ -164,14 +212,23 @@ with DAG(
         return lanes.group_by_lane(SETTINGS, steps.plan(_store(), SETTINGS, job_id))
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
-    def merge(job_id: str) -> dict[str, int] | None:
+    def merge(job_id: str | None) -> dict[str, int] | None:
+        _skip_without_job(job_id, "nothing to merge")
         return steps.merge(_store(), SETTINGS, job_id)
 
-    @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
-    def finalize(job_id: str) -> str:
+    @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5),
+          outlets=[AssetAlias(RESULTS_ALIAS)])
+    def finalize(job_id: str | None) -> str:
+        _fail_without_job(job_id)
         job = steps.finalize(_store(), SETTINGS, job_id)
+        summary = steps.job_summary(job)
         if job.status == jobs.JobStatus.FAILED:
             raise _rejected(jobs.JobRejected(f"job {job_id} failed: {job.status_reason}"))
+        if job.status in (jobs.JobStatus.CANCELLED, jobs.JobStatus.TIMEOUT_EXCEEDED):
+            # Partial results are kept (and served), but the run must not look like a success.
+            raise _rejected(jobs.JobRejected(f"job {job_id} ended {job.status.value}: {summary}"))
+        _emit_results(job)
+        print(f"job {job_id}: {summary}")
         return job.status.value
 
     @task
@@ -180,11 +237,11 @@ with DAG(
 
     job_id = register()
     planned = plan(job_id, validate(job_id))
-    shard_tasks = []
-    for lane in lanes.lanes(SETTINGS):
-        # Airflow maps only over a task's return value: one small picker per lane.
-        lane_shards = shards_of_lane.override(task_id=f"shards__{lane.name}")(planned, lane.name)
-        shard_tasks.append(
+    # One box in the graph: the lanes' pickers and mapped shard tasks (task ids unprefixed).
+    with TaskGroup("shards", prefix_group_id=False, tooltip="the job's shards, one mapped task per lane") as shards:
+        for lane in lanes.lanes(SETTINGS):
+            # Airflow maps only over a task's return value: one small picker per lane.
+            lane_shards = shards_of_lane.override(task_id=f"shards__{lane.name}")(planned, lane.name)
             ShardOperator.partial(
                 task_id=f"run_shard__{lane.name}",
                 pool=lane.pool,
@@ -193,7 +250,6 @@ with DAG(
                 retries=SETTINGS.shard_retries,
                 retry_delay=timedelta(seconds=SETTINGS.shard_retry_delay_seconds),
             ).expand(shard_task=lane_shards)
-        )
     merged = merge(job_id)
-    shard_tasks >> merged
+    shards >> merged
     merged >> finalize(job_id)

@@ -4,6 +4,10 @@ Each YAML spec in the spec folder (`LLM_BATCH_RECURRING_SPECS`, default
 `dags/recurring_specs/`) becomes a DAG whose runs trigger `batch_inference` with the spec's
 input/output templates rendered for the run (see `llm_batch.recurring`).
 
+Each spec names its output asset, `llm-batch://recurring/<name>`: `batch_inference`'s
+finalize updates it when a run's batch succeeds (with the job's id and counts in the
+event's extra), so a downstream DAG can use `schedule=Asset("llm-batch://recurring/<name>")`.
+
 A spec that cannot be read stays visible as an import error of this file naming the spec
 and the reason (its stand-in DAG fails validation when Airflow bags it); the other specs'
 DAGs load as usual.
@@ -44,7 +48,8 @@ def _dag_for(spec: RecurringSpec) -> DAG:
         max_active_runs=1,
         auto_register=False,  # only the specs that load are exported (globals below)
         tags=["llm-batch", "recurring", *spec.tags],
-        doc_md=f"Recurring batch from spec `{spec.name}`: model `{spec.model}`, endpoint `{spec.endpoint.value}`.",
+        doc_md=(f"Recurring batch from spec `{spec.name}`: model `{spec.model}`, endpoint `{spec.endpoint.value}`."
+                f" Output asset: `{spec.output_asset}` (updated when a run's batch succeeds)."),
     ) as dag:
         TriggerDagRunOperator(
             task_id="start_batch",

@@ -244,21 +244,39 @@ class BatchClient:
             )
         return job
 
+    # The native route's canonical status -> the words JobView shows (Mistral's).
+    _SHOWN_STATUS = {"VALIDATING": "RUNNING", "FINALIZING": "RUNNING", "CANCELLING": "CANCELLATION_REQUESTED",
+                     "SUCCEEDED": "SUCCESS"}
+
+    @classmethod
+    def _view(cls, body: dict[str, Any]) -> JobView:
+        """A JobView of the native route's job (``GET /v1/jobs/{id}``)."""
+        counts = body.get("counts") or {}
+        errors = [body["status_reason"]] if body.get("status_reason") and body["status"] in ("FAILED", "TIMEOUT_EXCEEDED") else []
+        return JobView(
+            id=body["id"],
+            status=cls._SHOWN_STATUS.get(body["status"], body["status"]),
+            endpoint=body.get("endpoint", ""),
+            model=body.get("model"),
+            total=counts.get("total", 0),
+            completed=counts.get("completed", 0),
+            succeeded=counts.get("succeeded", 0),
+            failed=counts.get("failed", 0),
+            created_at=body.get("created_at", 0),
+            started_at=body.get("started_at"),
+            completed_at=body.get("ended_at"),
+            output_file=body.get("output_file_id"),
+            error_file=body.get("error_file_id"),
+            errors=errors,
+        )
+
     def job(self, job_id: str) -> JobView:
-        return JobView.of(self._call("GET", f"/v1/batch/jobs/{job_id}"))
+        return self._view(self._call("GET", f"/v1/jobs/{job_id}"))
 
     def jobs(self, limit: int = 20) -> list[JobView]:
-        """The caller's newest jobs of every route, newest first."""
-        mistral = self._call("GET", "/v1/batch/jobs", params={"page_size": limit})["data"]
-        views = {body["id"]: JobView.of(body) for body in mistral}
-        scale = self._call("GET", "/v2/batch-completions")["jobs"]
-        newest_scale = sorted(scale, key=lambda j: j["created_at"], reverse=True)[:limit]
-        for item in newest_scale:
-            views.setdefault(item["job_id"], self.job(item["job_id"]))
-        openai = self._call("GET", "/v1/batches", params={"limit": min(limit, 100)})["data"]
-        for item in openai:
-            views.setdefault(item["id"], self.job(item["id"]))
-        return sorted(views.values(), key=lambda v: v.created_at, reverse=True)[:limit]
+        """The caller's newest jobs, newest first: every route's and every Airflow run's
+        (the native route lists them all)."""
+        return [self._view(body) for body in self._call("GET", "/v1/jobs", params={"limit": limit})["data"]]
 
     def cancel(self, job_id: str) -> JobView:
         return JobView.of(self._call("POST", f"/v1/batch/jobs/{job_id}/cancel"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -23,6 +24,8 @@ from pydantic import BaseModel
 from llm_batch import storage
 
 log = logging.getLogger("llm_batch.progress")
+# Unchanged counts are logged at most this often (seconds).
+LOG_EVERY_S = 30.0
 
 
 class ShardState(StrEnum):
@@ -81,6 +84,9 @@ class ProgressReporter:
         # What earlier attempts' engines ran (their published engine_seconds).
         self._earlier_engine_seconds = progress.engine_seconds
         self._tokens_before = progress.completion_tokens
+        # The log line: only when the counts or the state change, or every LOG_EVERY_S.
+        self._logged: tuple[Any, ...] | None = None
+        self._last_log: float | None = None
 
     def start_running(self) -> None:
         """The engine is ready: tokens/s are measured from here."""
@@ -105,6 +111,19 @@ class ProgressReporter:
         p.completion_tokens += completion_tokens
         p.cached_prompt_tokens += cached_prompt_tokens
 
+    def _log_line(self) -> None:
+        """A short line when the counts or the state changed, else one every LOG_EVERY_S."""
+        p = self.progress
+        now = self._clock()
+        seen = (p.state, p.done, p.failed)
+        if seen == self._logged and self._last_log is not None and now - self._last_log < LOG_EVERY_S:
+            return
+        self._logged, self._last_log = seen, now
+        extra = f", {p.failed} failed" if p.failed else ""
+        extra += f", {p.resumed} resumed" if p.resumed else ""
+        log.info("shard %d %s: %d/%d done%s, %.1f tok/s", p.shard, p.state.value, p.done, p.total, extra,
+                 p.tokens_per_s)
+
     @property
     def due(self) -> bool:
         """``interval`` seconds passed since the last publish (or none happened yet)."""
@@ -122,11 +141,7 @@ class ProgressReporter:
             p.tokens_per_s = round((p.completion_tokens - self._tokens_before) / elapsed, 1)
         p.updated_at = datetime.now(UTC).isoformat(timespec="seconds")
         self._last_publish = self._clock()
-        log.info(
-            "job %s shard %d %s: %d/%d done (%d ok, %d failed, %d resumed), %.1f tok/s",
-            p.job_id, p.shard, p.state.value, p.done, p.total, p.succeeded, p.failed,
-            p.resumed, p.tokens_per_s,
-        )
+        self._log_line()
         if self.uri is None:
             return
         try:

@@ -35,6 +35,12 @@ from llm_batch.run_conf import DEFAULT_RUNTIME_SEC, MAX_DATA_PARALLELISM, MAX_RU
 DAG_ID_PREFIX = "recurring__"
 
 
+def output_asset_uri(name: str) -> str:
+    """The asset every run of spec `name` updates when its batch succeeds (its output
+    paths change per run; this name does not): schedule a downstream DAG on it."""
+    return f"llm-batch://recurring/{name}"
+
+
 class RecurringSpecError(ValueError):
     """A spec file that cannot become a DAG; the message names the file and the reason."""
 
@@ -79,6 +85,11 @@ class RecurringSpec(BaseModel):
     @property
     def dag_id(self) -> str:
         return DAG_ID_PREFIX + self.name
+
+    @property
+    def output_asset(self) -> str:
+        """The asset URI updated (by batch_inference's finalize) when a run's batch succeeds."""
+        return output_asset_uri(self.name)
 
     def run_conf(self) -> dict[str, Any]:
         """The batch_inference conf of a run (input/output still templates)."""

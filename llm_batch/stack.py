@@ -318,9 +318,13 @@ class Stack:
         if pid and _alive(pid):
             return pid
         log = open(self.log_dir / f"{component}.log", "ab")  # noqa: SIM115 (owned by the child)
+        # cwd = the Airflow home, not wherever `llm-batch up` ran: from the repository root
+        # the plugin's package is seen twice (the editable install and ./llm_batch.egg-info),
+        # and Airflow reports "Plugin 'llm_batch' already registered" as an import error.
+        self.airflow_home.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             self.command(component), env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.airflow_home,
         )
         self.pid_file(component).write_text(str(proc.pid))
         return proc.pid
@@ -375,7 +379,16 @@ class Stack:
                     api("PATCH", f"/pools/{pool.name}", json=body).raise_for_status()
                 else:
                     created.raise_for_status()
-        self.ensure_api_key()
+            # The connection LLMBatchOperator / @task.llm_batch use by default: this stack's
+            # batch API with the CLI's admin key (kept current: the key may have been remade).
+            connection = {"connection_id": "llm_batch_default", "conn_type": "http", "host": self.base_url,
+                          "password": self.ensure_api_key(),
+                          "description": "llm-batch API of the embedded stack (made by llm-batch up)"}
+            created = api("POST", "/connections", json=connection)
+            if created.status_code == 409:
+                api("PATCH", "/connections/llm_batch_default", json=connection).raise_for_status()
+            else:
+                created.raise_for_status()
 
     def _wait_for_dag(self, api: httpx.Client, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -454,9 +467,9 @@ def free_port() -> int:
 
 def _pool_specs(settings: Settings):
     # lanes is importable without Airflow; imported late to keep `llm-batch status` quick.
-    from llm_batch_operators.lanes import pool_specs
+    from llm_batch_operators.lanes import runner_pool_specs
 
-    return pool_specs(settings)
+    return runner_pool_specs(settings)
 
 
 def _stop_group(pid: int, grace: float) -> None:

@@ -30,7 +30,45 @@ if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without
     from llm_batch.jobstore import FileObject, Job, JobStore
 
 __all__ = ["JobRejected", "fail_job", "finalize", "job_deadline", "layout_of", "merge", "plan",
-           "register", "validate"]
+           "register", "registry_model_names", "validate"]
+
+INPUT_FIELDS = ("input_uri", "input_file_ids", "input_requests")
+
+
+def registry_model_names(settings: Settings) -> list[str]:
+    """The model names of the registry, read cheaply (YAML only, no model_registry import):
+    the DAG form's enum at parse time and register's check. Empty if it cannot be read."""
+    import yaml
+
+    try:
+        if settings.model_registry is None:
+            from importlib import resources
+
+            text = resources.files("llm_batch").joinpath("models.yaml").read_text()
+        else:
+            with open(settings.model_registry) as f:
+                text = f.read()
+        return sorted((yaml.safe_load(text) or {}).get("models") or {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+
+
+def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> None:
+    """What the form cannot say alone: exactly one input, and a model of the registry
+    (unless the run names its own checkpoint_path)."""
+    given = [name for name in INPUT_FIELDS if conf.get(name) not in (None, "", [])]
+    if len(given) != 1:
+        raise JobRejected(f"give exactly one of {', '.join(INPUT_FIELDS)} (got {', '.join(given) or 'none'})")
+    from llm_batch.run_conf import MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC
+
+    bounds = {"data_parallelism": (run.data_parallelism, MAX_DATA_PARALLELISM), "gpus": (run.gpus, 8),
+              "nodes_per_worker": (run.nodes_per_worker, 16), "max_runtime_sec": (run.max_runtime_sec, MAX_RUNTIME_SEC)}
+    for name, (value, most) in bounds.items():
+        if value is not None and not 1 <= value <= most:  # refused, never clamped
+            raise JobRejected(f"{name}={value} is out of bounds: give 1 to {most}")
+    known = registry_model_names(settings)
+    if known and run.model not in known and not run.engine_config.get("checkpoint_path"):
+        raise JobRejected(f"model {run.model!r} is not in the model registry; known models: {', '.join(known)}")
 
 
 def layout_of(settings: Settings, job_id: str) -> JobLayout:
@@ -82,8 +120,7 @@ def register(
     paths = {"input_uri": run.input_uri, "output_uri": run.output_uri}
     try:
         check_resources(run.nodes_per_worker, run.gpu_type)
-        if not run.job_input():
-            raise JobRejected("no input: give input_uri, input_file_ids or input_requests")
+        check_run_inputs(conf, run, settings)
         # The canonical spelling is what later steps read and write.
         paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted) for name, uri in paths.items()}
     except JobRejected as exc:
@@ -101,7 +138,8 @@ def register(
         metadata=run.metadata,
         labels=run.labels,
         priority=settings.priority_weights[priority_band(settings, run.priority)],
-        data_parallelism=run.data_parallelism,
+        # A refused conf still gets its (FAILED) record: out-of-bounds figures are not stored.
+        data_parallelism=run.data_parallelism if problem is None else min(max(run.data_parallelism, 1), 64),
         resources={"gpus": run.gpus, "gpu_type": run.gpu_type, "nodes_per_worker": run.nodes_per_worker},
         max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
         dag_run_id=dag_run_id,
@@ -376,3 +414,28 @@ def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
         status, reason = JobStatus.SUCCEEDED, f"{counts['succeeded']} succeeded, {counts['failed']} failed"
     return store.end_job(job_id, status, reason)
 
+
+
+# -- what a finished job tells Airflow -----------------------------------------------------
+
+
+def job_summary(job: Job) -> str:
+    """One line: status, counts, reason."""
+    return (f"{job.status.value}: {job.succeeded} succeeded, {job.failed} failed of {job.total}"
+            f" ({job.status_reason or 'no reason recorded'})")
+
+
+def asset_uri(uri: str) -> str:
+    """An output location as an Airflow asset URI (a local path becomes file://...)."""
+    return uri if "://" in uri else "file://" + uri
+
+
+def result_asset_uris(job: Job) -> list[str]:
+    """The assets a job with results updates: its output file, the array output it was
+    asked for, and a recurring spec's own asset (``llm_batch.recurring.output_asset_uri``)."""
+    from llm_batch.recurring import output_asset_uri
+
+    uris = [asset_uri(u) for u in (job.output_uri, job.array_output_uri) if u]
+    if recurring := (job.metadata or {}).get("recurring"):
+        uris.append(output_asset_uri(str(recurring)))
+    return list(dict.fromkeys(uris))

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +30,10 @@ from llm_batch_operators.shard import ShardTaskMixin
 POLL_SECONDS = 2.0
 # After SIGTERM, seconds before SIGKILL.
 TERM_SECONDS = 10.0
+# The worker's last output lines carried into a failed shard's outcome (and the job's
+# status_reason): at most this many lines, this many characters.
+TAIL_LINES = 5
+TAIL_CHARS = 600
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -56,6 +61,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         super().__init__(**kwargs)
         self.shard_task = shard_task
         self._process: subprocess.Popen[bytes] | None = None
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES * 4)
 
     def execute(self, context: Any) -> dict[str, Any]:
         early = self.stop_before_start()
@@ -66,7 +72,10 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         reader.start()
         forced = self._supervise(self._process)
         reader.join(timeout=5)
-        outcome = self.report_outcome(self.outcome(self._process.returncode, forced), context)
+        outcome = self.outcome(self._process.returncode, forced)
+        if outcome.state in ("failed", "usage") and (tail := self.worker_tail()):
+            outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
+        outcome = self.report_outcome(outcome, context)
         self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)
         if outcome.state == "usage":
             raise AirflowFailException(outcome.message)
@@ -96,10 +105,20 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
             preexec_fn=_die_with_parent,
         )
 
+    def worker_tail(self) -> str:
+        """The worker's last output lines (bounded): what a failed shard says about why."""
+        lines = list(self._tail)
+        errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
+        text = " | ".join(errors[-2:] or lines[-TAIL_LINES:])
+        return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]
+
     def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         for raw in iter(process.stdout.readline, b""):
-            self.log.info("[worker] %s", raw.decode("utf-8", errors="backslashreplace").rstrip())
+            line = raw.decode("utf-8", errors="backslashreplace").rstrip()
+            self.log.info("[worker] %s", line)
+            if line.strip() and not line.lstrip().startswith(("Traceback", "File ", "^")):
+                self._tail.append(line.strip()[:300])
 
     def _supervise(self, process: subprocess.Popen[bytes]) -> str | None:
         """Wait for the worker; returns "cancelled"/"deadline" if it had to be killed."""

@@ -39,7 +39,15 @@ class ShardTaskMixin:
         return shard_stop_cause(self.job_store, task.job_id, task.cancel_marker, task.deadline_at, now)
 
     def stop_before_start(self) -> ShardOutcome | None:
-        """The outcome of a shard that must not start at all (cancelled or past deadline)."""
+        """The outcome of a shard that must not start at all: its job has ended already
+        (state "ended": a cleared task of a finished run never runs inference again), or
+        it is cancelled or past its deadline."""
+        job = self.job_store.get_job(self.shard.job_id)
+        if job is not None and job.terminal:
+            message = (f"job {job.id} has already ended ({job.status.value}): not starting a worker, "
+                       "its results stay as they are")
+            self.log.info("shard %s: %s", self.shard.shard, message)  # type: ignore[attr-defined]
+            return ShardOutcome(shard=self.shard.shard, exit_code=-1, state="ended", message=message)
         cause = self.stop_cause()
         if cause is None:
             return None
@@ -54,7 +62,10 @@ class ShardTaskMixin:
 
     def report_outcome(self, outcome: ShardOutcome, context: Any = None) -> ShardOutcome:
         """Record how this attempt ended in the shard's row (merge tells the requests it never
-        ran which shard and why); a failure says which attempt of how many it was."""
+        ran which shard and why); a failure says which attempt of how many it was. A shard
+        of an ended job ("ended") leaves the row as the job's own run left it."""
+        if outcome.state == "ended":
+            return outcome
         if outcome.state in ("failed", "usage"):
             ti = (context or {}).get("ti")
             attempts = int(getattr(self, "retries", 0) or 0) + 1

@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Only the tests need it (the demo does not): the browser of tests/e2e/test_ui_page.py (Playwright drives it; its own download needs the internet).
+if [[ ! -x /usr/bin/chromium ]]; then
+  sudo=$([[ $(id -u) == 0 ]] || echo sudo)
+  $sudo apt-get update -q && $sudo apt-get install -y -q --no-install-recommends chromium
+fi
 VENV=${LLM_BATCH_VENV:-.venv}
 set +e
 "$VENV/bin/python" -m pytest "$@"

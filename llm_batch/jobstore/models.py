@@ -141,6 +141,23 @@ class ShardProgressRow(Base):
     updated_at: Mapped[datetime]
 
 
+class ProgressHistoryRow(Base):
+    """A point of a job's progress over time (its live counts and tokens/s), appended by
+    JobStore.report_shard at most every ``history_interval_s`` per job and thinned to about
+    ``MAX_HISTORY_POINTS``: what the UI's plots draw."""
+
+    __tablename__ = "progress_history"
+
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime] = mapped_column(primary_key=True)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
 class FileRow(Base):
     """A file object: an uploaded input, or a job's output / error file."""
 

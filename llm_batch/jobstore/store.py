@@ -44,7 +44,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from llm_batch.endpoints import parse_endpoint
 from llm_batch.jobs import JobStatus, check_transition
 from llm_batch.jobstore.database import VERSION_TABLE, WRITE, make_engine, upgrade_to_head
-from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow, ShardProgressRow
+from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow, ProgressHistoryRow, ShardProgressRow
 from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
 
 MAX_PAGE_SIZE = 1000
@@ -133,6 +133,26 @@ JOBS: Table = JobRow.__table__
 FILES: Table = FileRow.__table__
 API_KEYS: Table = ApiKeyRow.__table__
 SHARDS: Table = ShardProgressRow.__table__
+HISTORY: Table = ProgressHistoryRow.__table__
+
+# Progress history (the UI's plots): a point per job at most every HISTORY_INTERVAL_S,
+# thinned (every second point of the older half dropped) above MAX_HISTORY_POINTS.
+HISTORY_INTERVAL_S = 5.0
+MAX_HISTORY_POINTS = 500
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProgressPoint:
+    """A job's live counts and tokens/s at one instant (a progress_history row)."""
+
+    job_id: str
+    at: datetime
+    total: int
+    completed: int
+    succeeded: int
+    failed: int
+    completion_tokens: int
+    tokens_per_s: float
 # The columns a snapshot is made of (an API key's sha256 never leaves the store).
 _API_KEY_COLUMNS = [API_KEYS.c[f.name] for f in dataclasses.fields(ApiKey)]
 
@@ -167,6 +187,23 @@ def _live_from_rows(job: Row, sums: Row) -> dict[str, Any]:
         values[name] = max(job._mapping[name] or 0, sums._mapping[name])
     values["tokens_per_s"] = round(float(sums.tokens_per_s), 1)
     return values
+
+
+def _thinned_out(instants: list[datetime], keep: int) -> list[datetime]:
+    """The instants to drop so that about `keep` remain, evenly spaced over the whole span:
+    the first and last are kept, and each other one only if at least span/keep after the
+    last one kept (older points, already sparse, stay; dense recent ones go)."""
+    if len(instants) <= 2 or keep < 2:
+        return []
+    step = (instants[-1] - instants[0]) / keep
+    kept = instants[0]
+    dropped = []
+    for instant in instants[1:-1]:
+        if instant - kept >= step and instants[-1] - instant >= step / 2:
+            kept = instant
+        else:
+            dropped.append(instant)
+    return dropped
 
 
 def _require_non_negative(values: Mapping[str, float]) -> None:
@@ -281,6 +318,8 @@ class JobStore:
         self._engine: Engine | None = None
         self._writer: Engine | None = None
         self._lock = threading.Lock()
+        self.history_interval_s = HISTORY_INTERVAL_S
+        self.max_history_points = MAX_HISTORY_POINTS
         _live_stores.add(self)
 
     # -- plumbing ---------------------------------------------------------------------
@@ -656,7 +695,36 @@ class JobStore:
                 update(JOBS).where(JOBS.c.id == job_id).values(**_live_from_rows(job, sums), updated_at=now)
                 .returning(*JOBS.c)
             ).one()
+            self._append_history(connection, updated, now)
             return _job(updated)
+
+    def _append_history(self, connection: Connection, job: Row, now: datetime) -> None:
+        """A history point of `job` (inside report_shard's transaction, which holds the job's
+        lock: appends of one job are serialized) unless its last point is younger than
+        ``history_interval_s``; above ``max_history_points`` the series is thinned to about half
+        that, evenly over the whole run (``_thinned_out``), so a long job keeps an even picture
+        of its whole run, not a sharp recent end and a blurred start."""
+        h = HISTORY.c
+        last = connection.execute(select(h.at).where(h.job_id == job.id).order_by(h.at.desc()).limit(1)).scalar()
+        if last is not None and (last >= now or now - last < timedelta(seconds=self.history_interval_s)):
+            return
+        connection.execute(insert(HISTORY).values(
+            job_id=job.id, at=now, total=job.total, completed=job.completed, succeeded=job.succeeded,
+            failed=job.failed, completion_tokens=job.completion_tokens, tokens_per_s=job.tokens_per_s))
+        count = connection.execute(select(func.count()).where(h.job_id == job.id)).scalar_one()
+        if count > self.max_history_points:
+            instants = connection.execute(select(h.at).where(h.job_id == job.id).order_by(h.at)).scalars().all()
+            dropped = _thinned_out(instants, self.max_history_points // 2)
+            connection.execute(delete(HISTORY).where(h.job_id == job.id, h.at.in_(dropped)))
+
+    def progress_history(self, job_id: str, owner: str | None = None) -> list[ProgressPoint]:
+        """The job's progress history, oldest first (empty for an unknown or not-owned job,
+        or one no shard reported on yet)."""
+        with self._transaction(write=False) as connection:
+            if connection.execute(select(JOBS.c.id).where(*_owned(JOBS, job_id, owner))).one_or_none() is None:
+                return []
+            rows = connection.execute(select(HISTORY).where(HISTORY.c.job_id == job_id).order_by(HISTORY.c.at))
+            return [ProgressPoint(**r._asdict()) for r in rows]
 
     def shard_records(self, job_id: str) -> list[ShardRecord]:
         """The job's shard rows, by shard index (empty before any shard reported)."""
@@ -722,6 +790,7 @@ class JobStore:
             if deleted.rowcount != 1:
                 raise JobNotFound(f"no ended job {job_id!r}")
             connection.execute(delete(SHARDS).where(SHARDS.c.job_id == job_id))
+            connection.execute(delete(HISTORY).where(HISTORY.c.job_id == job_id))
 
     def jobs_writing(self, array_output_uri: str) -> list[Job]:
         """Every job (any owner, any status) whose results go to this user path."""

@@ -1,6 +1,8 @@
 """``create_app()``: the FastAPI app the plugin mounts at ``/batch`` on ``airflow api-server``.
 
-OpenAPI at ``/batch/openapi.json``, docs at ``/batch/docs`` (paths are relative to the
+OpenAPI at ``/batch/openapi.json``, docs at ``/batch/docs`` (Swagger UI served from the
+``swagger-ui-bundle`` package: nothing loads from a CDN), the Batch jobs page of Airflow's
+UI at ``/batch/ui/jobs`` (routers/ui.py, assets in ``ui/static``) (paths are relative to the
 mount, so the SDKs use base URLs ``<airflow>/batch/v1`` (OpenAI), ``<airflow>/batch``
 (Mistral), ``<airflow>/batch/`` (Scale's ``LLM_ENGINE_BASE_PATH``)).
 
@@ -14,7 +16,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fastapi import FastAPI, params
+from fastapi import FastAPI, Request, params
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from fastapi.dependencies.models import Dependant
 from fastapi.dependencies.utils import get_flat_params
 from fastapi.routing import APIRoute
@@ -26,7 +31,16 @@ from llm_batch.config import Settings, get_settings
 from llm_batch.jobstore import JobStore, get_job_store
 from llm_batch_plugin.auth import get_caller
 from llm_batch_plugin.errors import OPENAI_PREFIXES, install_error_handlers
-from llm_batch_plugin.routers import files, health, mistral_jobs, openai_batches, scale_batch_completions, usage
+from llm_batch_plugin.routers import (
+    files,
+    health,
+    jobs,
+    mistral_jobs,
+    openai_batches,
+    scale_batch_completions,
+    ui,
+    usage,
+)
 from llm_batch_plugin.state import MAX_JSON_BODY_BYTES, ApiState
 
 # Multipart framing on top of the largest accepted file.
@@ -229,6 +243,31 @@ def declare_error_responses(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def serve_docs_offline(app: FastAPI) -> None:
+    """``/docs``: FastAPI's Swagger UI page with its JS, CSS and icon served from the
+    ``swagger-ui-bundle`` package under ``/docs/assets`` (FastAPI's default loads them from
+    a CDN, which an offline or locked-down Airflow cannot reach)."""
+    import swagger_ui_bundle
+
+    app.mount("/docs/assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}/docs/assets/swagger-ui.css",
+            swagger_favicon_url=f"{root}/docs/assets/favicon-32x32.png",
+            oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+
 def create_app(settings: Settings | None = None, store: JobStore | None = None) -> FastAPI:
     """The batch API app; `settings` and `store` default to the process-wide ones."""
     settings = settings or get_settings()
@@ -237,14 +276,17 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
         description="Batch LLM inference: OpenAI batches, Mistral batch jobs and Scale batch completions "
         "over one job store, run by the batch_inference DAG.",
         version="0.1.0",
-        docs_url="/docs",
+        docs_url=None,  # serve_docs_offline
         openapi_url="/openapi.json",
     )
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
-    for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions, usage):
+    for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs):
         app.include_router(module.router)
     app.include_router(scale_batch_completions.v1_router)
+    app.include_router(ui.router)
+    app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")
+    serve_docs_offline(app)
     declare_error_responses(app)
     upload_limit = settings.max_input_bytes + _MULTIPART_OVERHEAD
     # Inline requests become an input file: no larger than an upload may be.

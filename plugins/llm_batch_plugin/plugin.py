@@ -23,12 +23,29 @@ def serving_api(argv: list[str] | None = None) -> bool:
     return len(argv) > 1 and argv[1] == "api-server"
 
 
+BATCH_JOBS_VIEW = {
+    "name": "Batch jobs",
+    "href": "/batch/ui/jobs",
+    "url_route": "batch-jobs",
+    "destination": "nav",
+    "icon": "/batch/ui/static/icon.svg",
+}
+
+
 def _api_entry() -> dict:
     from llm_batch_plugin.app import create_app
 
     return {"app": create_app(), "url_prefix": "/batch", "name": "llm-batch API"}
 
 
+from llm_batch_plugin import listeners as _listeners  # noqa: E402
+
+
 class LlmBatchPlugin(AirflowPlugin):
     name = "llm_batch"
     fastapi_apps = [_api_entry()] if serving_api() else []
+    # "Batch jobs" in Airflow's navigation: a page of our FastAPI app, shown inside Airflow's
+    # UI (an iframe at /plugin/batch-jobs) because url_route is set (docs/ui.md).
+    external_views = [BATCH_JOBS_VIEW]
+    # Runs and jobs agree: hooks on run state changes (api-server and scheduler).
+    listeners = [_listeners]

@@ -37,7 +37,6 @@ from llm_batch_plugin.dag_trigger import Trigger, TriggerError
 from llm_batch_plugin.errors import ApiError
 
 
-
 @dataclass(frozen=True)
 class JobRequest:
     """What every dialect's create call boils down to."""
@@ -59,6 +58,17 @@ class JobRequest:
     data_parallelism: int = 1
     resources: dict[str, Any] = field(default_factory=dict)
     max_runtime_sec: int | None = None
+    id: str | None = None  # a client-chosen job id (the native route); None: generated
+
+
+def priority_weight(settings: Settings, name: str | None) -> int:
+    """A named priority (Scale's free string, the native route's field) -> the stored weight; unknown names are refused."""
+    if name is None:
+        return 0
+    if name in settings.priority_weights:
+        return settings.priority_weights[name]
+    known = ", ".join(sorted(settings.priority_weights))
+    raise ApiError(400, f"priority {name!r} is unknown; use one of: {known}", param="priority", code="invalid_priority")
 
 
 def check_endpoint(endpoint: str, param: str = "endpoint") -> str:
@@ -246,6 +256,7 @@ def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -
         data_parallelism=request.data_parallelism,
         resources=request.resources,
         max_runtime_sec=request.max_runtime_sec,
+        id=request.id,
     )
     try:
         run_id = trigger(job.id, dag_conf(job, request))

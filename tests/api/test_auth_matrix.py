@@ -178,6 +178,9 @@ BODIES: dict[tuple[str, str], Callable[[dict[str, str]], dict[str, Any]]] = {
     ("post", "/v1/batch/jobs"): lambda ids: {"json": {
         "requests": [{"custom_id": "0", "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}],
         "endpoint": "/v1/chat/completions", "model": MODEL}},
+    ("post", "/v1/jobs"): lambda ids: {"json": {
+        "requests": [{"custom_id": "0", "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}],
+        "model": MODEL}},
     ("post", "/v2/batch-completions"): lambda ids: {"json": _scale_body()},
     ("post", "/v1/llm/batch-completions"): lambda ids: {"json": _scale_body()},
     ("post", "/v2/batch-completions/{batch_completion_id}"): lambda ids: {"json": {"priority": "high"}},

@@ -113,8 +113,8 @@ def _assert_every_request_once(layout: JobLayout, job, n_lines: int) -> tuple[li
 def test_bad_conf_is_refused(batch_dag):
     from airflow.sdk.exceptions import ParamValidationError
 
-    for conf in ({"data_parallelism": 0}, {"endpoint": "/v1/moderations"}, {"gpu_type": "nvidia-tesla-v100"},
-                 {"max_runtime_sec": 604801}):
+    for conf in ({"data_parallelism": 0}, {"data_parallelism": 65}, {"endpoint": "/v1/moderations"},
+                 {"max_runtime_sec": 604801}, {"max_runtime_sec": 0}, {"model": "gpt-4o-mini"}):
         with pytest.raises(ParamValidationError):
             batch_dag.test(run_conf={"input_uri": "/nowhere.jsonl", **conf})
 
@@ -124,6 +124,42 @@ def test_unsupported_resources_fail_the_job_with_the_reason(batch_dag, store):
     job = store.get_job("job_multinode")
     assert dag_run.state == "failed"
     assert job.status == JobStatus.FAILED and "nodes_per_worker=2" in job.status_reason
+
+
+def _states(dag_run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in dag_run.get_task_instances() if ti.map_index < 0}
+
+
+@pytest.mark.parametrize(("conf", "reason"), [
+    # Kubernetes-only fields stay accepted in a conf (API runs), and are checked at register.
+    ({"gpu_type": "nvidia-tesla-v100"}, "gpu_type 'nvidia-tesla-v100' is unknown"),
+    ({"gpus": 0}, "gpus=0 is out of bounds"),
+    ({"input_requests": [{"body": {}}]}, "give exactly one of input_uri, input_file_ids, input_requests"),
+])
+def test_bad_conf_beyond_the_form_is_one_red_task(batch_dag, store, conf, reason):
+    job_id = f"job_bad_{abs(hash(reason)) % 10**8}"
+    dag_run = batch_dag.test(run_conf={"job_id": job_id, "input_uri": "/x.jsonl", **conf})
+    job = store.get_job(job_id)
+    assert dag_run.state == "failed"
+    assert job.status == JobStatus.FAILED and reason in job.status_reason, job.status_reason
+    states = _states(dag_run)
+    # One mistake: register fails (no retry), merge skips, finalize fails once with the reason
+    # (a run's state is its last task's) instead of both failing three times on "job None".
+    assert states["register"] == "failed"
+    assert states["merge"] == "skipped" and states["finalize"] == "failed", states
+    tries = {ti.task_id: ti.try_number for ti in dag_run.get_task_instances() if ti.map_index < 0}
+    assert tries["register"] == tries["finalize"] == 1, tries
+
+
+def test_unknown_model_is_refused_at_register_naming_the_known_ones(store):
+    from llm_batch import steps
+
+    with pytest.raises(steps.JobRejected) as refused:
+        steps.register(store, get_settings(), {"job_id": "job_unknown_model", "input_uri": "/x.jsonl",
+                                               "model": "gpt-4o-mini"}, "run_unknown_model", trusted=True)
+    assert "model 'gpt-4o-mini' is not in the model registry" in str(refused.value)
+    assert "tiny-random-llama" in str(refused.value)
+    assert store.get_job("job_unknown_model").status == JobStatus.FAILED
 
 
 @pytest.mark.engine

@@ -56,14 +56,50 @@ def test_batch_dag_wiring(dag_bag):
     dag = dag_bag.get_dag("batch_inference")
     assert dag.schedule is None and dag.dagrun_timeout is not None
     assert dag.params.get_param("endpoint").schema["enum"] == ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-    assert len(dag.params.get_param("gpu_type").schema["enum"]) == 8  # the seed's 7 and null
+    # A local (CPU-only) stack's form has no Kubernetes-only fields; the model is a choice.
+    assert not {"gpus", "gpu_type", "nodes_per_worker"} & set(dag.params.keys())
+    assert {"smollm2-135m-instruct", "tiny-random-llama"} <= set(dag.params.get_param("model").schema["enum"])
+    assert dag.params.get_param("data_parallelism").schema["minimum"] == 1
     assert dag.params.get_param("data_parallelism").schema["maximum"] == 64
     shard_tasks = [t for t in dag.tasks if t.task_id.startswith("run_shard__")]
+    # The graph: register, validate, plan, the "shards" group, merge, finalize.
+    top = {t.task_group.group_id if t.task_group and t.task_group.group_id else t.task_id for t in dag.tasks}
+    assert top == {"register", "validate", "plan", "shards", "merge", "finalize"}
+    assert [o.name for o in dag.get_task("finalize").outlets] == ["llm-batch-results"]
     assert {t.pool for t in shard_tasks} == {"llm_batch_local"}
     assert sorted(t.priority_weight for t in shard_tasks) == [1, 10, 100]
     for task_id in ("merge", "finalize"):
         assert dag.get_task(task_id).trigger_rule == "all_done"
     assert {t.task_id for t in shard_tasks} <= dag.get_task("merge").upstream_task_ids
+
+
+def test_kubernetes_form_keeps_gpu_fields_and_groups_its_lanes():
+    probe = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=%r, collect_dags=False)
+bag.collect_dags(dag_folder=%r, safe_mode=False)
+dag = bag.dags["batch_inference"]
+print(json.dumps({"params": sorted(dag.params.keys()), "gpu_types": len(dag.params.get_param("gpu_type").schema["enum"]),
+                  "groups": sorted({t.task_group.group_id or "" for t in dag.tasks}),
+                  "pools": sorted({t.pool for t in dag.tasks if t.task_id.startswith("run_shard__")})}))
+""" % ((str(DAGS_FOLDER / "batch_inference.py"),) * 2)
+    env = {**os.environ, "LLM_BATCH_SHARD_RUNNER": "kubernetes"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300, env=env)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"gpus", "gpu_type", "nodes_per_worker"} <= set(report["params"])
+    assert report["gpu_types"] == 8  # the seed's 7 and null
+    assert "shards" in report["groups"] and len(report["pools"]) == 7
+
+
+def test_pools_of_a_local_stack_are_cpu_only():
+    from llm_batch.config import get_settings
+    from llm_batch_operators.lanes import runner_pool_specs
+
+    settings = get_settings()
+    assert [p.name for p in runner_pool_specs(settings)] == [settings.local_pool]
+    k8s = runner_pool_specs(settings.model_copy(update={"shard_runner": "kubernetes"}))
+    assert len(k8s) == 7 and settings.local_pool not in {p.name for p in k8s}
 
 
 def test_broken_recurring_spec_is_an_import_error_naming_it(airflow_db, tmp_path, monkeypatch):

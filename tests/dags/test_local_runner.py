@@ -120,3 +120,46 @@ def _ignore_errors(func, *args) -> None:
         func(*args)
     except Exception:  # noqa: BLE001 - the killed task's own error is not under test
         pass
+
+
+def test_a_failed_worker_says_why_in_the_outcome(operator_for, monkeypatch):
+    store, shard, operator = operator_for("job_local_why", "exit1")
+    monkeypatch.setenv("FAKE_WORKER_MODE", "exit1")
+    operator.worker_command = (sys.executable, "-c",
+                               "import sys; print('INFO starting'); "
+                               "print(\"ERROR llm_batch.worker: model 'gpt-4o-mini' is not in the registry\"); sys.exit(1)")
+    with pytest.raises(Exception, match="model 'gpt-4o-mini' is not in the registry"):
+        operator.execute({})
+    [record] = [r for r in store.shard_records(shard.job_id) if r.shard == 0]
+    assert "model 'gpt-4o-mini' is not in the registry" in record.reason and len(record.reason) < 1000
+
+
+def test_a_cleared_shard_of_an_ended_job_starts_no_worker(operator_for):
+    from llm_batch.jobs import JobStatus
+
+    store, shard, operator = operator_for("job_local_ended", "obedient")
+    store.end_job(shard.job_id, JobStatus.SUCCEEDED, "done before")
+    outcome = operator.execute({})
+    assert outcome["state"] == "ended" and "already ended (SUCCEEDED)" in outcome["message"]
+    assert operator._process is None  # no worker started
+    assert store.get_job(shard.job_id).status_reason == "done before"
+
+
+def test_user_marking_the_run_ends_its_job_with_that_reason(operator_for):
+    from types import SimpleNamespace
+
+    from llm_batch.jobs import JobStatus
+    from llm_batch_plugin import listeners
+
+    store, shard, _ = operator_for("job_marked_failed", "obedient")
+    run = SimpleNamespace(dag_id="batch_inference", run_id="manual__marked", conf={"job_id": shard.job_id})
+    listeners.on_dag_run_failed(dag_run=run, msg="Dag Run's state was manually set to `failed`.")
+    job = store.get_job(shard.job_id)
+    assert job.status == JobStatus.FAILED and "a user marked the DAG run manual__marked failed" in job.status_reason
+    assert storage.exists(shard.cancel_marker)  # any worker left behind stops
+    store2, shard2, _ = operator_for("job_marked_success", "obedient")
+    run2 = SimpleNamespace(dag_id="batch_inference", run_id="manual__ok", conf={"job_id": shard2.job_id})
+    listeners.on_dag_run_success(dag_run=run2, msg="Dag Run's state was manually set to `success`.")
+    job2 = store2.get_job(shard2.job_id)
+    assert job2.status == JobStatus.CANCELLED and "marked the DAG run manual__ok success" in job2.status_reason
+    assert "CANCELLED" in listeners.run_note(job2) and "/batch/v1/batches/job_marked_success" in listeners.run_note(job2)

@@ -150,3 +150,18 @@ def read_jsonl(data: bytes) -> list[dict[str, Any]]:
     import orjson
 
     return [orjson.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def worker_pids(job_id: str) -> list[int]:
+    """Pids of `llm-batch worker` processes running a shard of `job_id`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" in argv and job_id.encode() in argv:
+            pids.append(int(proc.name))
+    return pids

@@ -15,13 +15,12 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, long_batch, read_jsonl, wait_until
+from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, long_batch, read_jsonl, wait_until, worker_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -65,21 +64,6 @@ def _status_or_none(client, job_id: str) -> str | None:
         if exc.status == 404:
             return None
         raise
-
-
-def _worker_pids(job_id: str) -> list[int]:
-    """Pids of `llm-batch worker` processes running a shard of `job_id`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"worker" in argv and job_id.encode() in argv:
-            pids.append(int(proc.name))
-    return pids
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -162,7 +146,7 @@ def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, j
     wait_until(f"job {job_id} to run", lambda: _status_or_none(batch_client, job_id) == "RUNNING", JOB_TIMEOUT)
 
     # Stopped while the shard runs: its task is interrupted and must be retried.
-    wait_until(f"the worker of {job_id}", lambda: _worker_pids(job_id), JOB_TIMEOUT)
+    wait_until(f"the worker of {job_id}", lambda: worker_pids(job_id), JOB_TIMEOUT)
     e2e_stack.stop_component("scheduler")
     time.sleep(3)
     e2e_stack.start_component("scheduler")
@@ -206,7 +190,7 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
 
     with BatchClient.from_env() as client:
         _wait_for_progress(client, job_id)
-        pids = wait_until(f"the worker of {job_id}", lambda: _worker_pids(job_id), 30)
+        pids = wait_until(f"the worker of {job_id}", lambda: worker_pids(job_id), 30)
         for pid in pids:
             os.killpg(pid, signal.SIGKILL)  # the worker and the engine processes it spawned
 

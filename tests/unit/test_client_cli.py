@@ -18,6 +18,11 @@ JOB = {
     "total_requests": 0, "completed_requests": 0, "succeeded_requests": 0, "failed_requests": 0,
     "created_at": 1, "errors": [],
 }
+# The same job as the native route (GET /v1/jobs/{id}) answers it: job() and jobs() read that.
+NATIVE_JOB = {
+    "id": "job_1", "status": "QUEUED", "terminal": False, "endpoint": "/v1/chat/completions", "model": "m",
+    "counts": {"total": 0, "completed": 0, "succeeded": 0, "failed": 0}, "created_at": 1,
+}
 
 
 def _batch(tmp_path: Path, count: int = 3) -> Path:
@@ -76,7 +81,7 @@ def test_one_shard_goes_through_upload_and_the_mistral_route(tmp_path):
 def test_shards_go_through_the_scale_route_as_data_parallelism(tmp_path):
     stub = Recorder({
         ("POST", "/batch/v2/batch-completions"): httpx.Response(200, json={"job_id": "job_1"}),
-        ("GET", "/batch/v1/batch/jobs/job_1"): httpx.Response(200, json=JOB),
+        ("GET", "/batch/v1/jobs/job_1"): httpx.Response(200, json=NATIVE_JOB),
     })
     stub.client().submit(_batch(tmp_path), endpoint="/v1/chat/completions", model="m", shards=3,
                          output_path="/srv/out.json")
@@ -86,16 +91,19 @@ def test_shards_go_through_the_scale_route_as_data_parallelism(tmp_path):
 
 
 def test_api_errors_carry_message_and_parameter():
-    stub = Recorder({("GET", "/batch/v1/batch/jobs/x"): httpx.Response(
+    stub = Recorder({("GET", "/batch/v1/jobs/x"): httpx.Response(
         400, json={"detail": "model 'q' is unknown", "param": "model"})})
     with pytest.raises(ApiError) as caught:
         stub.client().job("x")
     assert (caught.value.status, caught.value.message, caught.value.param) == (400, "model 'q' is unknown", "model")
 
 
-@pytest.mark.parametrize(("status", "code"), [("SUCCESS", 0), ("FAILED", 1), ("CANCELLED", 3), ("TIMEOUT_EXCEEDED", 4)])
-def test_job_wait_exit_codes(monkeypatch, capsys, status, code):
-    stub = Recorder({("GET", "/batch/v1/batch/jobs/job_1"): httpx.Response(200, json={**JOB, "status": status})})
+@pytest.mark.parametrize(("native", "status", "code"), [("SUCCEEDED", "SUCCESS", 0), ("FAILED", "FAILED", 1),
+                                                        ("CANCELLED", "CANCELLED", 3),
+                                                        ("TIMEOUT_EXCEEDED", "TIMEOUT_EXCEEDED", 4)])
+def test_job_wait_exit_codes(monkeypatch, capsys, native, status, code):
+    stub = Recorder({("GET", "/batch/v1/jobs/job_1"): httpx.Response(
+        200, json={**NATIVE_JOB, "status": native, "terminal": True})})
     monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
     from llm_batch.cli import main
 
@@ -128,7 +136,7 @@ def test_no_api_key_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
 
 def test_reads_ride_out_a_busy_server_but_not_forever(monkeypatch):
     monkeypatch.setattr("tenacity.nap.time.sleep", lambda seconds: None)
-    answers = iter([httpx.Response(500, json={"detail": "database is locked"}), httpx.Response(200, json=JOB)])
+    answers = iter([httpx.Response(500, json={"detail": "database is locked"}), httpx.Response(200, json=NATIVE_JOB)])
     api = BatchClient("http://stub/batch", "k", transport=httpx.MockTransport(lambda request: next(answers)))
     assert api.job("job_1").id == "job_1"
 

@@ -4,6 +4,8 @@ runs in tests/dags). Checks status moves, counts, outputs, ids and reasons."""
 
 from __future__ import annotations
 
+import re
+
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -122,14 +124,18 @@ def test_register_makes_a_job_from_the_conf(store, settings):
 @pytest.mark.parametrize(
     ("conf", "reason"),
     [
-        ({"model": "m"}, "no input"),
+        ({"model": "tiny-random-llama"}, "give exactly one of input_uri, input_file_ids, input_requests (got none)"),
+        ({"input_uri": "/x.jsonl", "input_file_ids": ["f"]}, "(got input_uri, input_file_ids)"),
+        ({"input_uri": "/x.jsonl", "model": "gpt-4o-mini"}, "model 'gpt-4o-mini' is not in the model registry"),
+        ({"input_uri": "/x.jsonl", "data_parallelism": 0}, "data_parallelism=0 is out of bounds"),
+        ({"input_uri": "/x.jsonl", "max_runtime_sec": 0}, "max_runtime_sec=0 is out of bounds"),
         ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4"),
         ({"input_uri": "/etc/passwd"}, "input_uri: /etc/passwd"),
         ({"input_requests": [{"body": {}}], "output_uri": "/root/out.json"}, "output_uri: /root/out.json"),
     ],
 )
 def test_register_refuses_with_a_failed_job(store, settings, conf, reason):
-    with pytest.raises(jobs.JobRejected, match=reason):
+    with pytest.raises(jobs.JobRejected, match=re.escape(reason)):
         steps.register(store, settings, {"job_id": "job_refused", **conf}, _run_id())
     job = store.get_job("job_refused")
     assert job.status == JobStatus.FAILED and reason in job.status_reason
@@ -186,7 +192,7 @@ def test_validate_rejects_a_batch_without_valid_lines_and_serves_its_errors(stor
 
 
 def test_validate_names_a_missing_input_file(store, settings):
-    job_id = steps.register(store, settings, {"input_file_ids": ["file-nope"], "model": "m"}, _run_id())
+    job_id = steps.register(store, settings, {"input_file_ids": ["file-nope"], "model": "tiny-random-llama"}, _run_id())
     with pytest.raises(jobs.JobRejected, match="file-nope"):
         steps.validate(store, settings, job_id)
     assert store.get_job(job_id).status == JobStatus.FAILED
@@ -194,7 +200,7 @@ def test_validate_names_a_missing_input_file(store, settings):
 
 def test_inline_requests_are_validated(store, settings):
     requests = [{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}, {"body": {}}]
-    job_id = steps.register(store, settings, {"input_requests": requests, "model": "m"}, _run_id())
+    job_id = steps.register(store, settings, {"input_requests": requests, "model": "tiny-random-llama"}, _run_id())
     assert steps.validate(store, settings, job_id) == {"total": 2, "valid": 1, "invalid": 1}
 
 

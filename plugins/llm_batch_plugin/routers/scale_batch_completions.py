@@ -48,6 +48,7 @@ from llm_batch_plugin.submission import (
     inline_json,
     model_registry,
     path_unavailable,
+    priority_weight,
     save_inline_requests,
     submit,
 )
@@ -57,16 +58,6 @@ router = APIRouter(prefix="/v2/batch-completions", tags=["scale"])
 v1_router = APIRouter(prefix="/v1/llm/batch-completions", tags=["scale"])
 
 _SNIFF_BYTES = 64 * 1024
-
-
-def priority_weight(settings: Settings, name: str | None) -> int:
-    """Scale's free-string priority -> the stored weight; unknown names are refused."""
-    if name is None:
-        return 0
-    if name in settings.priority_weights:
-        return settings.priority_weights[name]
-    known = ", ".join(sorted(settings.priority_weights))
-    raise ApiError(400, f"priority {name!r} is unknown; use one of: {known}", param="priority", code="invalid_priority")
 
 
 def priority_name(settings: Settings, weight: int) -> str | None:

@@ -1,0 +1,179 @@
+// The "Batch jobs" page: reads /batch/ui/api/* with the Airflow session cookie (same-origin
+// GETs); the cancel POST carries the session's JWT in the Authorization header (docs/ui.md).
+"use strict";
+(function () {
+  const API = location.pathname.replace(/\/ui\/jobs\/?$/, "");  // ".../batch"
+  const AIRFLOW = API.replace(/\/batch$/, "");                  // Airflow's UI root
+  const REFRESH_MS = 2000;
+  let session = null, cursors = [null], timer = null;
+
+  const $ = (sel) => document.querySelector(sel);
+  const el = (tag, attrs, ...children) => {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") node.className = v; else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v);
+    }
+    for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
+    return node;
+  };
+  const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
+  const say = (text) => { $("#message").textContent = text || ""; };
+
+  async function get(path) {
+    const response = await fetch(API + path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(await problem(response));
+    return response.json();
+  }
+  async function problem(response) {
+    try {
+      const body = await response.json();
+      return `${response.status}: ${body.detail || (body.error && body.error.message) || body.message || ""}`;
+    } catch (e) { return `${response.status} ${response.statusText}`; }
+  }
+
+  function bar(done, total, failed) {
+    const pct = total > 0 ? Math.min(100, (100 * done) / total) : 0;
+    const outer = el("span", { class: "bar" + (failed ? " failed" : ""), role: "progressbar",
+      "aria-valuenow": String(done), "aria-valuemax": String(total), title: `${done} / ${total}` },
+      el("span", { style: `width:${pct.toFixed(1)}%` }));
+    return el("span", {}, outer, ` ${done} / ${total}`);
+  }
+  const labels = (pairs) => el("span", {}, ...Object.entries(pairs || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`)));
+
+  // -- list ----------------------------------------------------------------------------------
+  function query() {
+    const form = new FormData($("#filters"));
+    const params = new URLSearchParams({ limit: "50" });
+    for (const name of ["status", "owner", "model", "label"]) {
+      const value = (form.get(name) || "").trim();
+      if (value) params.append(name, value);
+    }
+    const after = cursors[cursors.length - 1];
+    if (after) params.set("after", after);
+    return params;
+  }
+  async function showList() {
+    const page = await get("/ui/api/jobs?" + query());
+    const body = $("#jobs tbody");
+    body.replaceChildren(...page.jobs.map((job) => el("tr", { class: "job", "data-id": job.id, onclick: () => { location.hash = "job=" + job.id; } },
+      el("td", {}, el("a", { href: "#job=" + job.id }, job.id)),
+      el("td", {}, el("span", { class: "status " + job.status }, job.status)),
+      el("td", {}, bar(job.completed, job.total, job.failed > 0)),
+      el("td", {}, `${job.succeeded} / ${job.failed}`),
+      el("td", {}, job.tokens_per_s.toFixed(1)),
+      el("td", {}, job.model), el("td", {}, job.endpoint), el("td", {}, job.owner),
+      el("td", {}, labels(job.labels)), el("td", {}, when(job.created_at)), el("td", {}, when(job.ended_at)))));
+    $("#count").textContent = page.total == null ? `${page.jobs.length} jobs on this page` :
+      `${page.total} jobs` + (cursors.length > 1 ? ` (page ${cursors.length})` : "");
+    $("#next").disabled = !page.next_after;
+    $("#next").onclick = () => { cursors.push(page.next_after); refresh(); };
+    $("#first").disabled = cursors.length === 1;
+  }
+
+  // -- detail --------------------------------------------------------------------------------
+  function plot(svg, series, points) {
+    // series: [{key, color, name}]; points: [{at, ...}]
+    const W = 520, H = 200, L = 44, R = 8, T = 8, B = 24;
+    const NS = "http://www.w3.org/2000/svg";
+    const s = (tag, attrs) => { const n = document.createElementNS(NS, tag); for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v); return n; };
+    svg.replaceChildren();
+    if (points.length === 0) return;
+    const xs = points.map((p) => Date.parse(p.at));
+    const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1000);
+    const y1 = Math.max(1, ...series.flatMap((line) => points.map((p) => p[line.key] || 0)));
+    const X = (t) => L + ((t - x0) / (x1 - x0)) * (W - L - R);
+    const Y = (v) => H - B - (v / y1) * (H - T - B);
+    svg.append(s("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#a0aec0" }),
+      s("line", { x1: L, y1: T, x2: L, y2: H - B, stroke: "#a0aec0" }));
+    const label = (x, y, text, anchor) => { const t = s("text", { x, y, "text-anchor": anchor }); t.textContent = text; svg.append(t); };
+    label(L - 4, T + 8, y1 >= 100 ? Math.round(y1) : y1.toFixed(1), "end");
+    label(L - 4, H - B, "0", "end");
+    label(L, H - 8, new Date(x0).toLocaleTimeString(), "start");
+    label(W - R, H - 8, new Date(x1).toLocaleTimeString(), "end");
+    series.forEach((line, i) => {
+      const d = points.map((p, j) => `${j ? "L" : "M"}${X(xs[j]).toFixed(1)},${Y(p[line.key] || 0).toFixed(1)}`).join(" ");
+      svg.append(s("path", { d, fill: "none", stroke: line.color, "stroke-width": 2, class: "series-" + line.key }));
+      label(L + 8 + i * 90, T + 10, line.name, "start");
+      svg.lastChild.setAttribute("fill", line.color);
+    });
+  }
+
+  async function cancel(job) {
+    if (!confirm(`Cancel job ${job.id}?`)) return;
+    const headers = { Accept: "application/json" };
+    if (session.token) headers.Authorization = "Bearer " + session.token;
+    const response = await fetch(`${API}/ui/api/jobs/${encodeURIComponent(job.id)}/cancel`,
+      { method: "POST", credentials: "omit", headers });
+    if (!response.ok) { say("Cancel refused: " + (await problem(response))); return; }
+    say("");
+    refresh();
+  }
+
+  async function showDetail(id) {
+    const job = await get("/ui/api/jobs/" + encodeURIComponent(id));
+    $("#d-title").textContent = `Job ${job.id}`;
+    const dl = el("dl", {});
+    const row = (k, v) => dl.append(el("dt", {}, k), el("dd", {}, v));
+    row("Status", el("span", { class: "status " + job.status }, job.status));
+    if (job.status_reason) row("Reason", job.status_reason);
+    row("Progress", bar(job.completed, job.total, job.failed > 0));
+    row("Succeeded / failed", `${job.succeeded} / ${job.failed}`);
+    row("Tokens/s", job.tokens_per_s.toFixed(1));
+    row("Model", job.model); row("Endpoint", job.endpoint); row("Owner", job.owner);
+    row("Labels", labels(job.labels)); row("Created", when(job.created_at)); row("Ended", when(job.ended_at));
+    $("#d-summary").replaceChildren(dl);
+
+    const actions = [];
+    const download = (fileId, name) => el("a", { href: `${API}/v1/files/${encodeURIComponent(fileId)}/content`,
+      download: `${job.id}-${name}.jsonl`, class: "download-" + name }, `Download ${name}`);
+    if (job.output_file_id) actions.push(download(job.output_file_id, "output"));
+    if (job.error_file_id) actions.push(download(job.error_file_id, "errors"));
+    if (job.links) {
+      actions.push(el("a", { href: AIRFLOW + job.links.run, target: "_top", class: "dag-run" }, "DAG run"));
+      actions.push(el("a", { href: AIRFLOW + job.links.logs, target: "_top", class: "dag-logs" }, "Task logs"));
+    }
+    if (job.can_cancel) actions.push(el("button", { type: "button", class: "cancel", onclick: () => cancel(job) }, "Cancel job"));
+    $("#d-actions").replaceChildren(...actions);
+
+    plot($("#plot-counts"), [{ key: "completed", color: "#3182ce", name: "done" },
+      { key: "succeeded", color: "#38a169", name: "succeeded" }, { key: "failed", color: "#e53e3e", name: "failed" }], job.history);
+    plot($("#plot-rate"), [{ key: "tokens_per_s", color: "#805ad5", name: "tokens/s" }], job.history);
+
+    $("#shards tbody").replaceChildren(...job.shards.map((sh) => el("tr", {},
+      el("td", {}, sh.shard), el("td", {}, sh.state), el("td", {}, bar(sh.done, sh.total, sh.failed > 0)),
+      el("td", {}, `${sh.succeeded} / ${sh.failed}`), el("td", {}, sh.tokens_per_s.toFixed(1)),
+      el("td", {}, sh.reason || ""), el("td", {}, when(sh.updated_at)))));
+    const errors = [];
+    for (const e of job.errors || []) errors.push(el("p", {}, typeof e === "string" ? e : (e.message || JSON.stringify(e))));
+    if (job.error_lines.length) errors.push(el("p", {}, `First ${job.error_lines.length} failed lines:`), el("pre", { id: "error-lines" }, job.error_lines.join("\n")));
+    if (!errors.length) errors.push(el("p", {}, job.failed ? "The error file is written when the job ends." : "No failed lines."));
+    $("#d-errors").replaceChildren(...errors);
+  }
+
+  // -- routing -------------------------------------------------------------------------------
+  async function refresh() {
+    clearTimeout(timer);
+    const match = location.hash.match(/^#job=(.+)$/);
+    $("#list-view").hidden = !!match;
+    $("#detail-view").hidden = !match;
+    try {
+      if (match) await showDetail(decodeURIComponent(match[1])); else await showList();
+      if (!$("#message").textContent.startsWith("Cancel")) say("");
+    } catch (e) { say(String(e.message || e)); }
+    timer = setTimeout(refresh, REFRESH_MS);
+  }
+
+  async function start() {
+    try { session = await get("/ui/api/session"); } catch (e) { say(String(e.message || e)); return; }
+    $("#who").textContent = `${session.user}${session.is_admin ? " (admin)" : session.can_submit ? "" : " (read only)"}`;
+    const select = $("#filters select[name=status]");
+    for (const status of session.statuses) select.append(el("option", { value: status }, status));
+    $("#filters").addEventListener("submit", (event) => { event.preventDefault(); cursors = [null]; refresh(); });
+    $("#first").addEventListener("click", () => { cursors = [null]; refresh(); });
+    $("#back").addEventListener("click", (event) => { event.preventDefault(); location.hash = ""; });
+    window.addEventListener("hashchange", refresh);
+    refresh();
+  }
+  start();
+})();

@@ -1,0 +1,145 @@
+"""The Batch jobs page's routes (/batch/ui/...): the page and its assets, its JSON with the
+API's ownership rules, the cancel's CSRF rule, and /batch/docs without a CDN.
+
+Users of tests/api/conftest.py: alice and bob (user), vic (viewer), root (admin).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from llm_batch import storage
+from llm_batch.steps import layout_of
+
+pytestmark = pytest.mark.airflow
+
+CHAT = "/v1/chat/completions"
+
+
+def cookie(creds, user: str) -> dict[str, str]:
+    return {"Cookie": f"_token={creds.tokens[user]}"}
+
+
+@pytest.fixture
+def tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def running(api_store, tag):
+    """A running job of alice with two shards reporting, and a label of this test."""
+    api_store.history_interval_s = 0
+    job = api_store.create_job(dialect="openai", endpoint=CHAT, model=f"ui-model-{tag}", owner="alice",
+                               labels={"suite": tag})
+    api_store.set_counts(job.id, total=40)
+    api_store.transition(job.id, "VALIDATING")
+    api_store.transition(job.id, "RUNNING")
+    api_store.set_dag_run(job.id, f"run-{tag}")
+    api_store.report_shard(job.id, 0, state="running", total=20, done=5, succeeded=5, completion_tokens=100,
+                           engine_seconds=4.0)
+    api_store.report_shard(job.id, 1, state="running", total=20, done=8, succeeded=6, failed=2,
+                           completion_tokens=50, engine_seconds=5.0)
+    yield api_store.get_job(job.id)
+    api_store.history_interval_s = 5.0
+
+
+def test_page_and_assets_are_served_from_the_package(client):
+    page = client.get("/ui/jobs")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert assets and all(not a.startswith(("http:", "https:", "//")) for a in assets)  # nothing from the internet
+    for name in ("jobs.js", "jobs.css", "icon.svg"):
+        assert client.get(f"/ui/static/{name}").status_code == 200
+    assert client.get("/ui/static/../app.py").status_code == 404
+
+
+def test_session_names_the_user_and_hands_a_header_token(client, creds):
+    alice = client.get("/ui/api/session", headers=cookie(creds, "alice")).json()
+    assert (alice["user"], alice["is_admin"], alice["can_submit"]) == ("alice", False, True)
+    assert alice["token"] and alice["token"] != creds.tokens["alice"]
+    # The token is a working Airflow JWT of the same user.
+    again = client.get("/ui/api/session", headers={"Authorization": f"Bearer {alice['token']}"}).json()
+    assert again["user"] == "alice"
+    vic = client.get("/ui/api/session", headers=cookie(creds, "vic")).json()
+    assert (vic["user"], vic["can_submit"]) == ("vic", False)
+    assert client.get("/ui/api/session").status_code == 401
+
+
+def test_list_shows_progress_and_follows_ownership(client, creds, running, tag):
+    mine = client.get("/ui/api/jobs", params={"label": f"suite={tag}"}, headers=cookie(creds, "alice")).json()
+    (row,) = mine["jobs"]
+    assert row["id"] == running.id and row["status"] == "RUNNING"
+    assert (row["total"], row["completed"], row["succeeded"], row["failed"]) == (40, 13, 11, 2)
+    assert row["tokens_per_s"] == 35.0 and row["owner"] == "alice" and row["labels"] == {"suite": tag}
+    assert row["can_cancel"] is True and row["ended_at"] is None
+    assert client.get("/ui/api/jobs", params={"label": f"suite={tag}"}, headers=cookie(creds, "bob")).json()["jobs"] == []
+    assert client.get("/ui/api/jobs", params={"owner": "alice"}, headers=cookie(creds, "bob")).json()["jobs"] == []
+    root = client.get("/ui/api/jobs", params={"model": f"ui-model-{tag}"}, headers=cookie(creds, "root")).json()
+    assert [j["id"] for j in root["jobs"]] == [running.id] and root["total"] == 1
+    assert root["jobs"][0]["can_cancel"] is True  # admins cancel anyone's job
+    assert client.get("/ui/api/jobs", params={"status": "SUCCEEDED", "model": f"ui-model-{tag}"},
+                      headers=cookie(creds, "root")).json()["jobs"] == []
+    assert client.get("/ui/api/jobs", params={"label": "no-equals"}, headers=cookie(creds, "alice")).status_code == 400
+
+
+def test_keyset_paging_walks_every_job_once(client, creds, api_store, tag):
+    ids = {api_store.create_job(dialect="openai", endpoint=CHAT, model=f"page-{tag}", owner="alice").id
+           for _ in range(7)}
+    seen, after = [], None
+    while True:
+        params = {"model": f"page-{tag}", "limit": 3, **({"after": after} if after else {})}
+        page = client.get("/ui/api/jobs", params=params, headers=cookie(creds, "alice")).json()
+        assert page["total"] == 7
+        seen += [j["id"] for j in page["jobs"]]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert len(seen) == 7 and set(seen) == ids
+    assert client.get("/ui/api/jobs", params={"after": "nope"}, headers=cookie(creds, "alice")).status_code == 400
+
+
+def test_detail_has_shards_history_links_and_error_lines(client, creds, running, batch_api, api_store):
+    settings = batch_api.state.llm_batch.settings
+    uri = layout_of(settings, running.id).errors_jsonl
+    storage.write_bytes(uri, b"".join(b'{"custom_id": "r%d", "error": {"message": "bad"}}\n' % i for i in range(30)))
+    errors = api_store.create_file(owner="alice", purpose="batch_output", filename="errors.jsonl", bytes=1,
+                                   uri=uri, kind="error", job_id=running.id)
+    api_store.set_outputs(running.id, error_file_id=errors.id)
+    detail = client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "alice")).json()
+    assert [(s["shard"], s["state"], s["done"], s["total"], s["tokens_per_s"]) for s in detail["shards"]] == [
+        (0, "running", 5, 20, 25.0), (1, "running", 8, 20, 10.0)]
+    assert [p["completed"] for p in detail["history"]] == [5, 13, 13]  # two reports, then the job now
+    assert detail["links"]["run"] == f"/dags/batch_inference/runs/{running.dag_run_id}"
+    assert len(detail["error_lines"]) == 20 and detail["error_lines"][0].startswith('{"custom_id": "r0"')
+    assert detail["error_file_id"] == errors.id
+    assert client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "bob")).status_code == 404
+
+
+def test_cancel_owner_admin_viewer_and_csrf(client, creds, running, api_store):
+    url = f"/ui/api/jobs/{running.id}/cancel"
+    # The cookie alone never cancels (a cross-site form could send it).
+    assert client.post(url, headers=cookie(creds, "alice")).status_code == 403
+    vic_token = client.get("/ui/api/session", headers=cookie(creds, "vic")).json()["token"]
+    viewer = client.post(url, headers={"Authorization": f"Bearer {vic_token}"})
+    assert viewer.status_code == 403
+    assert client.post(url, headers=creds.jwt("bob")).status_code == 404  # not bob's: not found
+    assert api_store.get_job(running.id).cancel_requested_at is None
+    token = client.get("/ui/api/session", headers=cookie(creds, "alice")).json()["token"]
+    done = client.post(url, headers={"Authorization": f"Bearer {token}"})
+    assert done.status_code == 200 and done.json()["status"] == "CANCELLING" and done.json()["can_cancel"] is False
+    assert client.post(url, headers=creds.jwt("root")).status_code == 200  # admins too; idempotent
+
+
+def test_docs_load_nothing_from_a_cdn(client):
+    docs = client.get("/docs")
+    assert docs.status_code == 200
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ?['"]([^'"]+)['"]""", docs.text)
+    flat = [u for pair in urls for u in pair if u]
+    assert flat and not [u for u in flat if u.startswith(("http:", "https:", "//"))], flat
+    assert "/batch/docs/assets/swagger-ui-bundle.js" in flat and "/batch/openapi.json" in flat
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png"):
+        assert client.get(f"/docs/assets/{asset}").status_code == 200
+    assert client.get("/docs/oauth2-redirect").status_code == 200

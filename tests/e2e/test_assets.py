@@ -1,0 +1,105 @@
+"""Asset events on the real stack: a SUCCEEDED job's finalize emits one asset event per
+output through the alias ``llm-batch-results`` (extra: job id, status, counts, labels,
+output URIs), and the example consumer DAG ``llm_batch_on_batch_done`` (scheduled on the
+alias, paused at creation) runs on it. A CANCELLED job's finalize fails its run and emits
+nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import MODEL, long_batch, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
+
+JOB_TIMEOUT = 420
+CONSUMER = "llm_batch_on_batch_done"
+ALIAS = "llm-batch-results"
+
+
+class Airflow:
+    def __init__(self, stack):
+        self.api = f"{stack.base_url}/api/v2"
+        self.headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = httpx.request(method, f"{self.api}{path}", headers=self.headers, timeout=30, **kwargs)
+        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text[:500]}"
+        return response.json()
+
+    def events_of(self, job_id: str) -> list[dict[str, Any]]:
+        events = self.call("GET", "/assets/events", params={"limit": 100, "order_by": "-timestamp"})["asset_events"]
+        return [e for e in events if (e.get("extra") or {}).get("job_id") == job_id]
+
+
+@pytest.fixture(scope="module")
+def airflow(e2e_stack) -> Airflow:
+    return Airflow(e2e_stack)
+
+
+def _consumer_runs(airflow: Airflow) -> list[dict[str, Any]]:
+    return airflow.call("GET", f"/dags/{CONSUMER}/dagRuns", params={"limit": 100})["dag_runs"]
+
+
+def test_succeeded_job_emits_an_event_and_runs_the_consumer(e2e_stack, airflow, batch_client, job_logs, tmp_path):
+    wait_until(f"{CONSUMER} parsed", lambda: httpx.get(f"{airflow.api}/dags/{CONSUMER}", headers=airflow.headers,
+                                                       timeout=30).status_code == 200, 180)
+    dag = airflow.call("GET", f"/dags/{CONSUMER}")
+    assert dag["is_paused"], "the example consumer must start paused"
+    airflow.call("PATCH", f"/dags/{CONSUMER}", json={"is_paused": False})
+    runs_before = {r["dag_run_id"] for r in _consumer_runs(airflow)}
+
+    batch = long_batch(tmp_path / "assets.jsonl", 5, first_tokens=8, step=2)
+    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL)
+    job_logs.append(job.id)
+    job = batch_client.wait(job.id, timeout=JOB_TIMEOUT)
+    assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCESS", 5, 5, 0), job
+
+    events = wait_until(f"an asset event of job {job.id}", lambda: airflow.events_of(job.id), 60, poll=2)
+    extra = events[0]["extra"]
+    assert extra["job_id"] == job.id
+    assert extra["status"] == "SUCCEEDED"
+    assert (extra["total"], extra["succeeded"], extra["failed"]) == (5, 5, 0)
+    assert extra["output_uri"], extra
+    assert events[0]["uri"].endswith(extra["output_uri"].split("://")[-1]), (events[0]["uri"], extra)
+    assert events[0]["source_dag_id"] == "batch_inference" and events[0]["source_task_id"] == "finalize"
+
+    def new_consumer_run() -> dict[str, Any] | None:
+        return next((r for r in _consumer_runs(airflow) if r["dag_run_id"] not in runs_before), None)
+
+    run = wait_until(f"a run of {CONSUMER}", new_consumer_run, 120, poll=2)
+    consumed = airflow.call("GET", f"/dags/{CONSUMER}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents")["asset_events"]
+    assert job.id in {(e.get("extra") or {}).get("job_id") for e in consumed}, consumed
+
+    def finished() -> str | None:
+        state = airflow.call("GET", f"/dags/{CONSUMER}/dagRuns/{run['dag_run_id']}")["state"]
+        return state if state in ("success", "failed") else None
+
+    assert wait_until(f"{CONSUMER} run to finish", finished, 180, poll=2) == "success"
+
+
+def test_cancelled_job_emits_no_event(e2e_stack, airflow, batch_client, job_logs, tmp_path):
+    batch = long_batch(tmp_path / "cancelled.jsonl", 60)
+    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
+                              model_config={"engine_args": {"max_num_seqs": 2}})
+    job_logs.append(job.id)
+    wait_until(f"job {job.id} to run", lambda: batch_client.job(job.id).status == "RUNNING", JOB_TIMEOUT)
+    batch_client.cancel(job.id)
+    job = batch_client.wait(job.id, timeout=JOB_TIMEOUT)
+    assert job.status == "CANCELLED", job
+
+    headers = airflow.headers
+    runs = httpx.get(f"{airflow.api}/dags/batch_inference/dagRuns", headers=headers, params={"limit": 100},
+                     timeout=30).json()["dag_runs"]
+    run = next(r for r in runs if (r.get("conf") or {}).get("job_id") == job.id or job.id in r["dag_run_id"])
+
+    def finalize_done() -> str | None:
+        ti = airflow.call("GET", f"/dags/batch_inference/dagRuns/{run['dag_run_id']}/taskInstances/finalize")
+        return ti["state"] if ti["state"] in ("success", "failed", "upstream_failed", "skipped") else None
+
+    # finalize fails the run of a CANCELLED job (partial results are served, no event).
+    assert wait_until("finalize of the cancelled job", finalize_done, 120, poll=2) == "failed"
+    assert airflow.events_of(job.id) == []

@@ -1,0 +1,134 @@
+"""A batch_inference run and its job agree on the real stack: a user marking a running
+run failed (PATCH /api/v2/dags/batch_inference/dagRuns/{id}) ends the job FAILED with a
+reason naming the mark and stops its workers; clearing the run's tasks afterwards does not
+bring the job back to life. The plugin loads once (no import error, listed once)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import MODEL, long_batch, wait_until, worker_pids
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
+
+JOB_TIMEOUT = 420
+DAG = "batch_inference"
+
+
+def _store():
+    from llm_batch.config import get_settings
+    from llm_batch.jobstore import get_job_store
+
+    return get_job_store(get_settings().database_url)
+
+
+def _job(job_id: str) -> Any:
+    return _store().get_job(job_id)
+
+
+def _counts(job: Any) -> tuple:
+    return (job.status.value, job.total, job.succeeded, job.failed)
+
+
+class Airflow:
+    def __init__(self, stack):
+        self.api = f"{stack.base_url}/api/v2"
+        self.headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = httpx.request(method, f"{self.api}{path}", headers=self.headers, timeout=30, **kwargs)
+        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text[:500]}"
+        return response.json()
+
+
+@pytest.fixture(scope="module")
+def airflow(e2e_stack) -> Airflow:
+    return Airflow(e2e_stack)
+
+
+def test_plugin_loads_once(e2e_stack, airflow):
+    errors = airflow.call("GET", "/importErrors", params={"limit": 100})["import_errors"]
+    bad = [e for e in errors if "llm_batch" in (e.get("stack_trace") or "") + (e.get("filename") or "")]
+    assert bad == [], bad
+    plugins = airflow.call("GET", "/plugins", params={"limit": 100})["plugins"]
+    assert [p["name"] for p in plugins].count("llm_batch") == 1, [p["name"] for p in plugins]
+    listed = next(p for p in plugins if p["name"] == "llm_batch")
+    assert any("listeners" in str(x) for x in listed.get("listeners") or []), listed
+
+
+def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
+        e2e_stack, airflow, batch_client, job_logs, tmp_path):
+    batch = long_batch(tmp_path / "mark.jsonl", 80, first_tokens=60, step=6)
+    file_id = batch_client.upload(batch)
+    job_id = f"e2e_mark_{uuid.uuid4().hex[:12]}"
+    job_logs.append(job_id)
+    conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
+            "owner": "admin", "model_config": {"engine_args": {"max_num_seqs": 2}}}
+    run_id = airflow.call("POST", f"/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+
+    wait_until(f"the worker of {job_id}", lambda: worker_pids(job_id), JOB_TIMEOUT)
+    wait_until(f"job {job_id} to finish its first request",
+               lambda: (lambda j: j is not None and (j.succeeded > 0 or j.terminal))(_job(job_id)), JOB_TIMEOUT, 0.5)
+    assert not _job(job_id).terminal, _job(job_id)
+
+    airflow.call("PATCH", f"/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"})
+    marked_at = time.monotonic()
+    job = wait_until(f"job {job_id} to end", lambda: (lambda j: j if j.terminal else None)(_job(job_id)), 30, 0.5)
+    assert job.status.value == "FAILED", job
+    assert f"a user marked the DAG run {run_id} failed" in (job.status_reason or ""), job.status_reason
+    wait_until(f"the workers of {job_id} to stop", lambda: not worker_pids(job_id),
+               max(5.0, 45 - (time.monotonic() - marked_at)))
+    run = airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")
+    assert run["state"] == "failed", run
+    assert job_id in (run.get("note") or "") and "FAILED" in (run.get("note") or ""), run.get("note")
+
+    # No shard keeps writing: the counts hold still.
+    ended = _counts(_job(job_id))
+    time.sleep(8)
+    assert _counts(_job(job_id)) == ended
+
+    # 1. Clearing the interrupted shard task (and what follows it): the runner sees the job
+    #    ended and starts no worker; 2. clearing every task of the run: plan maps no shard.
+    shard_task = next(ti for ti in airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances",
+                                                params={"limit": 100})["task_instances"]
+                      if ti["task_id"].startswith("run_shard") and ti["map_index"] >= 0)
+    assert shard_task["state"] == "failed", shard_task
+    _clear_and_watch(airflow, run_id, job_id, ended, task_ids=[shard_task["task_id"]], include_downstream=True)
+    shard_after = airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/{shard_task['task_id']}/0")
+    assert shard_after["try_number"] > shard_task["try_number"] and shard_after["state"] == "success", shard_after
+    _clear_and_watch(airflow, run_id, job_id, ended)
+    job = _job(job_id)
+    assert _counts(job) == ended, job
+    assert f"a user marked the DAG run {run_id} failed" in (job.status_reason or "")
+    assert airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")["state"] == "failed"
+
+
+def _clear_and_watch(airflow: Airflow, run_id: str, job_id: str, ended: tuple, **body: Any) -> None:
+    """Clear tasks of the run; until the run ends again no worker starts and the job holds."""
+    before = {(ti["task_id"], ti["map_index"]): ti["try_number"] for ti in airflow.call(
+        "GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances", params={"limit": 100})["task_instances"]}
+    cleared = airflow.call("POST", f"/dags/{DAG}/clearTaskInstances",
+                           json={"dag_run_id": run_id, "dry_run": False, "only_failed": False,
+                                 "reset_dag_runs": True, **body})
+    assert cleared["task_instances"], cleared
+
+    def rerun_over() -> bool:
+        state = airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")["state"]
+        tis = airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        finalize = next(ti for ti in tis["task_instances"] if ti["task_id"] == "finalize")
+        return state in ("success", "failed") and finalize["try_number"] > before[("finalize", -1)]
+
+    saw_worker = False
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline and not rerun_over():
+        saw_worker = saw_worker or bool(worker_pids(job_id))
+        assert _counts(_job(job_id)) == ended, _job(job_id)
+        time.sleep(1)
+    assert rerun_over(), f"run {run_id} did not end again after the clear"
+    assert not saw_worker, "a cleared shard task started a worker for the ended job"
+    assert _counts(_job(job_id)) == ended
