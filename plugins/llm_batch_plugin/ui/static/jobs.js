@@ -99,8 +99,17 @@
     });
   }
 
-  async function cancel(job) {
-    if (!confirm(`Cancel job ${job.id}?`)) return;
+  // Two clicks, no confirm(): Airflow shows the page in a sandboxed iframe, where modal
+  // dialogs are blocked (confirm() answers false at once).
+  let armed = null; // the job whose cancel button was clicked once (kept across refreshes)
+  async function cancel(job, button) {
+    if (armed !== job.id) {
+      armed = job.id;
+      button.dataset.armed = "yes";
+      button.textContent = `Really cancel ${job.id}? Click again`;
+      return;
+    }
+    armed = null;
     const headers = { Accept: "application/json" };
     if (session.token) headers.Authorization = "Bearer " + session.token;
     const response = await fetch(`${API}/ui/api/jobs/${encodeURIComponent(job.id)}/cancel`,
@@ -133,7 +142,13 @@
       actions.push(el("a", { href: AIRFLOW + job.links.run, target: "_top", class: "dag-run" }, "DAG run"));
       actions.push(el("a", { href: AIRFLOW + job.links.logs, target: "_top", class: "dag-logs" }, "Task logs"));
     }
-    if (job.can_cancel) actions.push(el("button", { type: "button", class: "cancel", onclick: () => cancel(job) }, "Cancel job"));
+    if (job.can_cancel) {
+      const again = armed === job.id;
+      const button = el("button", { type: "button", class: "cancel", onclick: (event) => cancel(job, event.currentTarget) },
+        again ? `Really cancel ${job.id}? Click again` : "Cancel job");
+      if (again) button.dataset.armed = "yes";
+      actions.push(button);
+    }
     $("#d-actions").replaceChildren(...actions);
 
     plot($("#plot-counts"), [{ key: "completed", color: "#3182ce", name: "done" },

@@ -1,0 +1,131 @@
+"""The Batch jobs page in a real browser (Debian's chromium driven by Playwright) on the
+real embedded stack: log in to Airflow's UI, open "Batch jobs" from Airflow's navigation,
+watch a running job's bar move, cancel it, download its results; a viewer sees no cancel
+button and gets a 403 if they try. Screenshots go to docs/ui/.
+
+The stack's simple auth manager knows only ``admin`` (llm_batch/stack.py); the viewer is a
+JWT of role viewer signed with the stack's secret (the simple auth manager takes a user
+from the token's claims), set as Airflow's session cookie.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import MODEL, long_batch, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
+TIMEOUT_MS = 420_000
+
+
+@pytest.fixture
+def browser_context(tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: scripts/setup.sh installs it (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=ARGS, headless=True,
+            accept_downloads=True, viewport={"width": 1400, "height": 900})
+        # Nothing may come from the internet: any request off the stack's host fails the test.
+        off_host: list[str] = []
+        context.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
+                   else off_host.append(r.url))
+        yield context
+        context.close()
+        assert not off_host, off_host
+
+
+def _frame(page):
+    """The Batch jobs page inside Airflow's UI (an iframe of /batch/ui/jobs)."""
+    try:
+        return page.wait_for_selector('iframe[src*="/batch/ui/jobs"]', timeout=60_000).content_frame()
+    except Exception:
+        page.screenshot(path="/tmp/ui_page_no_iframe.png")
+        raise
+
+
+def _bar_value(frame, job_id: str) -> int:
+    bar = frame.locator(f'tr[data-id="{job_id}"] [role=progressbar]')
+    return int(bar.get_attribute("aria-valuenow") or 0) if bar.count() else -1
+
+
+def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_path, browser_context):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    batch = long_batch(tmp_path / "ui.jsonl", 120)
+    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
+                              model_config={"engine_args": {"max_num_seqs": 4}})
+    job_logs.append(job.id)
+    base = e2e_stack.base_url
+    password = json.loads(e2e_stack.passwords_file.read_text())["admin"]
+
+    page = browser_context.new_page()
+    page.goto(base + "/", wait_until="domcontentloaded")
+    page.wait_for_selector('input[name="username"]', timeout=60_000)
+    page.fill('input[name="username"]', "admin")
+    page.fill('input[name="password"]', password)
+    page.click('button[type="submit"]')
+    page.wait_for_url(re.compile(r"^(?!.*/auth/login).*$"), timeout=60_000)
+    # Airflow's navigation has the entry (external_views) and shows our page inside its UI.
+    page.get_by_text("Batch jobs").first.click()
+    page.wait_for_url(re.compile(r".*/plugin/batch-jobs.*"), timeout=60_000)
+    frame = _frame(page)
+    frame.wait_for_selector(f'tr[data-id="{job.id}"]', timeout=60_000)
+
+    first = wait_until("the bar to start", lambda: (v := _bar_value(frame, job.id)) > 0 and v, TIMEOUT_MS / 1000)
+    wait_until("the bar to move", lambda: _bar_value(frame, job.id) > first, 300, poll=0.5)
+    page.screenshot(path=str(SHOTS / "jobs-list.png"))
+
+    frame.click(f'tr[data-id="{job.id}"] a')
+    frame.wait_for_selector("button.cancel", timeout=30_000)
+    frame.wait_for_selector("#plot-counts path.series-completed", timeout=30_000)
+    page.wait_for_timeout(3000)  # a few more history points on the plots
+    page.screenshot(path=str(SHOTS / "job-detail.png"))
+    frame.click("button.cancel")  # arms it (no modal dialogs in Airflow's sandboxed iframe)
+    frame.wait_for_selector('button.cancel[data-armed="yes"]', timeout=10_000)
+    with page.expect_response(lambda r: r.url.endswith("/cancel") and r.request.method == "POST") as cancelled:
+        frame.click("button.cancel")
+    assert cancelled.value.status == 200, cancelled.value.text()
+    wait_until("the job to end cancelled", lambda: batch_client.job(job.id).status == "CANCELLED", TIMEOUT_MS / 1000)
+    frame.wait_for_selector("a.download-output", timeout=60_000)
+    assert frame.locator("button.cancel").count() == 0
+    with page.expect_download() as download_info:
+        frame.click("a.download-output")
+    saved = tmp_path / "output.jsonl"
+    download_info.value.save_as(saved)
+    done = batch_client.job(job.id)
+    assert 0 < len(saved.read_bytes().splitlines()) == done.succeeded < done.total
+    page.screenshot(path=str(SHOTS / "job-cancelled.png"))
+
+    # A viewer: sees the page, no cancel button, and a 403 on a cancel.
+    from airflow.api_fastapi.auth.tokens import JWTGenerator
+
+    secret = (e2e_stack.airflow_home / "jwt_secret").read_text().strip()
+    viewer = JWTGenerator(secret_key=secret, valid_for=600, audience="apache-airflow").generate(
+        {"sub": "vic", "role": "viewer", "teams": []})
+    session = httpx.get(f"{base}/batch/ui/api/session", cookies={"_token": viewer}).json()
+    assert (session["user"], session["can_submit"]) == ("vic", False)
+    refused = httpx.post(f"{base}/batch/ui/api/jobs/{job.id}/cancel", headers={"Authorization": f"Bearer {session['token']}"})
+    assert refused.status_code == 403
+    viewer_page = browser_context.browser.new_context().new_page() if browser_context.browser else None
+    if viewer_page is None:  # a persistent context has no browser to open another from
+        browser_context.clear_cookies()
+        viewer_page = browser_context.new_page()
+    viewer_page.context.add_cookies([{"name": "_token", "value": viewer, "url": base}])
+    viewer_page.goto(f"{base}/batch/ui/jobs", wait_until="domcontentloaded")
+    viewer_page.wait_for_selector("#who:has-text('vic')", timeout=30_000)
+    viewer_page.goto(f"{base}/batch/ui/jobs#job={job.id}")
+    viewer_page.wait_for_selector("#message:has-text('404')", timeout=30_000)  # not vic's job: not even seen
+    assert viewer_page.locator("button.cancel").count() == 0
+    viewer_page.screenshot(path=str(SHOTS / "viewer.png"))
