@@ -135,9 +135,12 @@ def _end_job_of_failed_run(context: Any) -> None:
                    dag_run_id=context["dag_run"].run_id)
 
 
+REFUSED_KEY = "refused"  # register's XCom with the reason it refused the run
+
+
 def _skip_without_job(job_id: str | None, what: str) -> None:
-    """register failed (its reason is on its own red task and on the job): merge skips,
-    nothing is retried."""
+    """register refused the run (its reason is on its own red task; no job was made): merge
+    skips, nothing is retried."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     if job_id is None or _store().get_job(job_id) is None:
@@ -145,13 +148,11 @@ def _skip_without_job(job_id: str | None, what: str) -> None:
 
 
 def _fail_without_job(job_id: str | None) -> None:
-    """register failed: finalize fails once, without retries, with the job's reason (the
-    run must end failed, and Airflow reads a run's state from its last task)."""
+    """register refused the run: finalize fails once, without retries, with register's reason
+    (the run must end failed, and Airflow reads a run's state from its last task)."""
     if job_id is None:
-        context = get_current_context()
-        job = _store().get_job(_job_id_of(context))
-        why = job.status_reason if job is not None else "see the register task's log"
-        raise _rejected(jobs.JobRejected(f"register refused the run: {why}"))
+        why = get_current_context()["ti"].xcom_pull(task_ids="register", key=REFUSED_KEY)
+        raise _rejected(jobs.JobRejected(f"register refused the run, no job was made: {why or 'see its log'}"))
 
 
 def _emit_results(job: Any) -> None:
@@ -198,6 +199,7 @@ with DAG(
             conf = DEFAULTS | (dag_run.conf or {}) | {"owner": user or run_conf.DEFAULT_OWNER}
             return steps.register(_store(), SETTINGS, conf, dag_run.run_id, trusted=user is None)
         except jobs.JobRejected as exc:
+            context["ti"].xcom_push(key=REFUSED_KEY, value=str(exc))  # no job: finalize repeats it
             raise _rejected(exc) from exc
 
     @task(retries=2, retry_delay=timedelta(seconds=5))

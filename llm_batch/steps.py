@@ -102,8 +102,9 @@ def register(
     """The run's job id: the job named by the conf, or a new QUEUED job made from it.
 
     Records the DAG run on the job. A conf that cannot become a job (no input, unsupported
-    resources, a path its owner may not name) still gets a job record, FAILED with the
-    reason, and raises JobRejected. `trusted` runs (scheduled ones: their conf comes from an
+    resources, an unknown model, a path its owner may not name) raises JobRejected naming
+    the problem and makes no job: a mistake in a form or a conf leaves nothing to clean up
+    (the run's register task carries the reason). `trusted` runs (scheduled ones: their conf comes from an
     admin's spec, not a user) may name paths outside the owner's namespace.
     A conf naming another owner's existing job is refused and that job left alone.
     """
@@ -116,15 +117,11 @@ def register(
         if existing.dag_run_id != dag_run_id:
             store.set_dag_run(job_id, dag_run_id)
         return job_id
-    problem: JobRejected | None = None
-    paths = {"input_uri": run.input_uri, "output_uri": run.output_uri}
-    try:
-        check_resources(run.nodes_per_worker, run.gpu_type)
-        check_run_inputs(conf, run, settings)
-        # The canonical spelling is what later steps read and write.
-        paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted) for name, uri in paths.items()}
-    except JobRejected as exc:
-        problem = exc
+    check_resources(run.nodes_per_worker, run.gpu_type)
+    check_run_inputs(conf, run, settings)
+    # The canonical spelling is what later steps read and write.
+    paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)
+             for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
     job = store.create_job(
         id=job_id,
         dialect="airflow",
@@ -138,15 +135,11 @@ def register(
         metadata=run.metadata,
         labels=run.labels,
         priority=settings.priority_weights[priority_band(settings, run.priority)],
-        # A refused conf still gets its (FAILED) record: out-of-bounds figures are not stored.
-        data_parallelism=run.data_parallelism if problem is None else min(max(run.data_parallelism, 1), 64),
+        data_parallelism=run.data_parallelism,
         resources={"gpus": run.gpus, "gpu_type": run.gpu_type, "nodes_per_worker": run.nodes_per_worker},
         max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
         dag_run_id=dag_run_id,
     )
-    if problem is not None:
-        fail_job(store, job.id, str(problem))
-        raise problem
     return job.id
 
 

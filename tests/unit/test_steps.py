@@ -134,11 +134,10 @@ def test_register_makes_a_job_from_the_conf(store, settings):
         ({"input_requests": [{"body": {}}], "output_uri": "/root/out.json"}, "output_uri: /root/out.json"),
     ],
 )
-def test_register_refuses_with_a_failed_job(store, settings, conf, reason):
+def test_register_refuses_naming_the_problem_and_makes_no_job(store, settings, conf, reason):
     with pytest.raises(jobs.JobRejected, match=re.escape(reason)):
         steps.register(store, settings, {"job_id": "job_refused", **conf}, _run_id())
-    job = store.get_job("job_refused")
-    assert job.status == JobStatus.FAILED and reason in job.status_reason
+    assert store.get_job("job_refused") is None
 
 
 def test_a_run_of_another_owner_cannot_take_over_a_job(store, settings):
