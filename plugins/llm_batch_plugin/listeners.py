@@ -29,9 +29,9 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-log = logging.getLogger("llm_batch.listeners")
+from llm_batch.run_conf import BATCH_DAG_ID
 
-BATCH_DAG_ID = "batch_inference"
+log = logging.getLogger("llm_batch.listeners")
 
 
 def _manual(msg: str | None) -> bool:
@@ -52,14 +52,14 @@ def _job_id(dag_run: Any) -> str:
 
 
 def job_link(job_id: str) -> str:
-    """Where the job is seen: the batch API's view of it."""
+    """Where the job is seen: its page on Airflow's Batch jobs view (docs/ui.md)."""
     try:
         from airflow.configuration import conf
 
         base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
     except Exception:  # noqa: BLE001
         base = ""
-    return f"{base}/batch/v1/batches/{job_id}"
+    return f"{base}/batch/ui/jobs#job={job_id}"
 
 
 def run_note(job: Any) -> str:

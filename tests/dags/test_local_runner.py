@@ -162,4 +162,4 @@ def test_user_marking_the_run_ends_its_job_with_that_reason(operator_for):
     listeners.on_dag_run_success(dag_run=run2, msg="Dag Run's state was manually set to `success`.")
     job2 = store2.get_job(shard2.job_id)
     assert job2.status == JobStatus.CANCELLED and "marked the DAG run manual__ok success" in job2.status_reason
-    assert "CANCELLED" in listeners.run_note(job2) and "/batch/v1/batches/job_marked_success" in listeners.run_note(job2)
+    assert "CANCELLED" in listeners.run_note(job2) and "/batch/ui/jobs#job=job_marked_success" in listeners.run_note(job2)
