@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from llm_batch_operators.hooks import LLMBatchApiError, LLMBatchHook
@@ -64,6 +64,14 @@ def as_requests(items: Sequence[Any]) -> list[Any]:
         else:
             made.append(item)
     return made
+
+
+STEP_RESULTS_ALIAS = "llm-batch-step-results"
+
+
+def step_asset_uri(dag_id: str, task_id: str) -> str:
+    """The asset a finished LLMBatchOperator step updates (one per DAG and task)."""
+    return f"llm-batch://steps/{dag_id}/{task_id}"
 
 
 def manifest_of(job: dict[str, Any], base_url: str | None = None) -> dict[str, Any]:
@@ -178,6 +186,9 @@ class LLMBatchOperator(BaseOperator):
         max_failed_fraction: float = 0.0,
         **kwargs: Any,
     ) -> None:
+        # An asset event per finished step (its manifest as extra): a downstream DAG can be
+        # scheduled on Asset(step_asset_uri(dag_id, task_id)) or on the alias.
+        kwargs.setdefault("outlets", [AssetAlias(STEP_RESULTS_ALIAS)])
         super().__init__(**kwargs)
         if not 0.0 <= max_failed_fraction <= 1.0:
             raise ValueError(f"max_failed_fraction must be between 0 and 1, got {max_failed_fraction}")
@@ -300,6 +311,9 @@ class LLMBatchOperator(BaseOperator):
         if problem is not None:
             context["ti"].xcom_push(key="manifest", value=manifest)
             raise AirflowException(problem)
+        if any(isinstance(o, AssetAlias) and o.name == STEP_RESULTS_ALIAS for o in self.outlets):
+            uri = step_asset_uri(self.dag_id, self.task_id)
+            context["outlet_events"][AssetAlias(STEP_RESULTS_ALIAS)].add(Asset(uri=uri), extra=manifest)
         return manifest
 
     def _base_url(self) -> str | None:

@@ -89,6 +89,11 @@ def test_trigger_polls_until_terminal_and_rides_out_transient_errors(monkeypatch
 
 
 def test_manifest_and_pass_fail_rule():
+    from airflow.sdk import AssetAlias
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from llm_batch_operators.batch_step import STEP_RESULTS_ALIAS, step_asset_uri
+
     manifest = manifest_of(_job(failed=1, succeeded=2), "http://h/batch")
     assert manifest["request_count"] == 3 and manifest["succeeded"] == 2 and manifest["errored"] == 1
     assert manifest["missing"] == 0 and manifest["result_uri"] == "http://h/batch/v1/files/file-out/content"
@@ -99,7 +104,13 @@ def test_manifest_and_pass_fail_rule():
         strict.execute_complete({"ti": ti}, {"status": "ended", "job_id": "af-1", "job": _job(failed=1, succeeded=2)})
     assert pushed["manifest"]["errored"] == 1
     tolerant = LLMBatchOperator(task_id="t", model="m", prompts=["a"], max_failed_fraction=0.5)
-    assert tolerant.execute_complete({"ti": ti}, {"status": "ended", "job_id": "af-1", "job": _job(failed=1, succeeded=2)})["errored"] == 1
+    events = OutletEventAccessors()
+    done = tolerant.execute_complete({"ti": ti, "outlet_events": events},
+                                     {"status": "ended", "job_id": "af-1", "job": _job(failed=1, succeeded=2)})
+    assert done["errored"] == 1
+    # A finished step is an asset event: its manifest on the step's own asset.
+    [event] = events[AssetAlias(STEP_RESULTS_ALIAS)].asset_alias_events
+    assert event.dest_asset_key.uri == step_asset_uri(tolerant.dag_id, "t") and event.extra == done
     with pytest.raises(Exception, match="ended FAILED"):
         tolerant.execute_complete({"ti": ti}, {"status": "ended", "job_id": "af-1", "job": _job("FAILED", status_reason="x")})
 
@@ -111,7 +122,10 @@ def test_execute_reattaches_fails_fast_on_refusals_and_cancels_on_kill(monkeypat
     monkeypatch.setattr(LLMBatchOperator, "_base_url", lambda self: None)
     ti = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, xcom_push=lambda key, value: None)
     op = LLMBatchOperator(task_id="t", model="m", prompts=["a"])
-    first, second = op.execute({"ti": ti}), op.execute({"ti": ti})
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    context = {"ti": ti, "outlet_events": OutletEventAccessors()}
+    first, second = op.execute(context), op.execute(context)
     assert created[0]["id"] == created[1]["id"] == step_job_id("d", "r", "t", -1) and first == second
     op.on_kill()
     assert cancelled == [created[0]["id"]]
