@@ -5,8 +5,10 @@ Every 10 minutes:
   at the same deadline on their own; this catches runs that never got that far);
 - **reconcile**: live jobs whose `batch_inference` run has ended without finalizing (a
   killed run, a lost scheduler) are merged and finalized, or failed with the reason;
-- **retention**: input, output and error files older than `LLM_BATCH_RETENTION_DAYS` are
-  deleted from storage and marked deleted in the store.
+- **retention**: input, output and error files older than `LLM_BATCH_RETENTION_DAYS`, or
+  past their own `expires_at` (an upload's `expires_after`, a batch's
+  `output_expires_after`), are deleted from storage and marked deleted in the store;
+  idempotency keys older than 24 hours are deleted.
 
 The steps live in `llm_batch.housekeeping`; run states come from Airflow's Execution API
 (task code never reads Airflow's metadata database).
@@ -63,6 +65,9 @@ with DAG(
 
     @task
     def retention() -> int:
-        return len(housekeeping.delete_expired_files(_store(), SETTINGS))
+        store = _store()
+        housekeeping.delete_old_idempotency_keys(store)  # kept 24 hours
+        expired = housekeeping.delete_files_past_expiry(store)  # files' own expires_at
+        return len(housekeeping.delete_expired_files(store, SETTINGS)) + len(expired)
 
     expire() >> reconcile() >> retention()

@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.worker",
     "llm_batch.commands.jobs",
     "llm_batch.commands.usage",
+    "llm_batch.commands.webhook",
 )
 
 

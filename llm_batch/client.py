@@ -192,10 +192,13 @@ class BatchClient:
         _raise_for(response)
         return response.json()
 
-    def upload(self, path: Path) -> str:
-        """Upload a JSONL input file; returns its file id."""
+    def upload(self, path: Path, idempotency_key: str | None = None) -> str:
+        """Upload a JSONL input file; returns its file id. With `idempotency_key` (sent as
+        ``Idempotency-Key``) uploading the same content again answers the same file."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         with path.open("rb") as data:
-            body = self._call("POST", "/v1/files", files={"file": (path.name, data)}, data={"purpose": "batch"})
+            body = self._call("POST", "/v1/files", files={"file": (path.name, data)}, data={"purpose": "batch"},
+                              headers=headers)
         return body["id"]
 
     def submit(
@@ -210,31 +213,46 @@ class BatchClient:
         output_path: str | None = None,
         metadata: dict[str, str] | None = None,
         model_config: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        new: bool = False,
     ) -> JobView:
         """Submit the file as one job (route: see the module docstring); returns the job.
 
         ``model_config``: Scale's fields beside the model (``engine_args``, ``seed``,
-        ``max_context_length``, ...); only the Scale route carries it."""
+        ``max_context_length``, ...); only the Scale route carries it.
+
+        Retry-safe by default: the create (and the upload) carry an ``Idempotency-Key``,
+        `idempotency_key` or else ``submit_key(...)`` of the file's content and these
+        arguments, so submitting the same file with the same arguments again (within the
+        server's 24 hours) answers the same job. ``new=True`` sends no key: always a new job."""
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input format {input_format!r} is unknown; use one of {', '.join(INPUT_FORMATS)}")
+        key = None if new else idempotency_key or submit_key(
+            path, endpoint=endpoint, model=model, shards=shards, input_format=input_format,
+            max_runtime_sec=max_runtime_sec, output_path=output_path, metadata=metadata, model_config=model_config,
+        )
+        headers = {"Idempotency-Key": key} if key else {}
         if uses_mistral_route(input_format, shards, max_runtime_sec, model_config):
-            body: dict[str, Any] = {"input_files": [self.upload(path)], "endpoint": endpoint, "model": model}
+            file_id = self.upload(path, idempotency_key=f"{key}:upload"[:255] if key else None)
+            body: dict[str, Any] = {"input_files": [file_id], "endpoint": endpoint, "model": model}
             if max_runtime_sec is not None:
                 body["timeout_hours"] = max(1, math.ceil(max_runtime_sec / _HOUR))
             if metadata:
                 body["metadata"] = metadata
-            return JobView.of(self._call("POST", "/v1/batch/jobs", json=body))
+            return JobView.of(self._call("POST", "/v1/batch/jobs", json=body, headers=headers))
         content = scale_content(path, input_format)
+        # With a key the default output path follows it (a retry must send the same body).
+        default_output = default_output_path(path) if key is None else f"outputs/{path.stem}-{_digest(key)[:16]}.json"
         body = {
             "content": content,
-            "output_data_path": output_path or default_output_path(path),
+            "output_data_path": output_path or default_output,
             "model_config": {**(model_config or {}), "model": model},
             "data_parallelism": shards,
             "labels": metadata or {},
         }
         if max_runtime_sec is not None:
             body["max_runtime_sec"] = max_runtime_sec
-        created = self._call("POST", "/v2/batch-completions", json=body)
+        created = self._call("POST", "/v2/batch-completions", json=body, headers=headers)
         job = self.job(created["job_id"])
         if job.endpoint != endpoint:
             # Scale infers the endpoint from the items (messages: chat; prompt: completions).
@@ -287,6 +305,32 @@ class BatchClient:
         params = {"by": by, "since": since.isoformat() if since is not None else None}
         return self._call("GET", "/v1/usage", params={k: v for k, v in params.items() if v is not None})
 
+    # -- webhooks (/v1/webhooks; docs/api.md "Webhooks") ------------------------------
+
+    def create_webhook(self, url: str, events: list[str] | None = None, description: str = "") -> dict[str, Any]:
+        """A new endpoint for the caller's job-end events; the answer's ``secret`` is shown only now."""
+        body: dict[str, Any] = {"url": url, "description": description}
+        if events:
+            body["events"] = events
+        return self._call("POST", "/v1/webhooks", json=body)
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/webhooks")["data"]
+
+    def webhook(self, endpoint_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/webhooks/{endpoint_id}")
+
+    def delete_webhook(self, endpoint_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/webhooks/{endpoint_id}")
+
+    def test_webhook(self, endpoint_id: str, event_type: str = "batch.completed") -> dict[str, Any]:
+        """Send one signed test event now; what the receiver answered."""
+        return self._call("POST", f"/v1/webhooks/{endpoint_id}/test", json={"event_type": event_type})
+
+    def webhook_attempts(self, endpoint_id: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The endpoint's delivery attempts, newest first."""
+        return self._call("GET", f"/v1/webhooks/{endpoint_id}/attempts", params={"limit": limit})["data"]
+
     def file_content(self, file_id: str) -> Iterator[bytes]:
         """A file's content, streamed."""
         with self._http.stream("GET", f"/v1/files/{file_id}/content") as response:
@@ -308,6 +352,26 @@ class BatchClient:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
             time.sleep(poll)
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def submit_key(path: Path, **arguments: Any) -> str:
+    """The ``Idempotency-Key`` of submitting `path` with `arguments` (BatchClient.submit's):
+    ``llm-batch-cli:`` + sha256 of the file's sha256 and the arguments, so the same command
+    on the same file content names the same job."""
+    import hashlib
+
+    content = hashlib.sha256()
+    with path.open("rb") as data:
+        while chunk := data.read(1 << 20):
+            content.update(chunk)
+    given = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+    return f"llm-batch-cli:{_digest(content.hexdigest() + ':' + given.decode())}"
 
 
 def default_output_path(path: Path) -> str:

@@ -100,6 +100,34 @@ class Settings(BaseSettings):
     # Folder of recurring batch specs (YAML); None: dags/recurring_specs beside the DAGs.
     recurring_specs: Path | None = None
 
+    # --- Webhooks: signed job-end events (llm_batch/webhooks.py, docs/api.md "Webhooks") ---
+    # Hosts, addresses and networks (comma separated: hooks.internal, 10.0.0.5, 10.1.0.0/16,
+    # 127.0.0.1) webhooks may go to although they are not public: loopback, link-local (the
+    # cloud metadata address 169.254.169.254), private and other non-global addresses are
+    # refused unless listed here, at create and again at each delivery after DNS resolution.
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # False: only the allowed hosts above, no public address either.
+    webhook_allow_public: bool = True
+    # Per HTTP phase (connect, write, read) of one attempt.
+    webhook_timeout_s: float = 10.0
+    # A job-end event is retried with exponential backoff (base, capped) for this long.
+    webhook_retry_window_s: int = 86_400
+    webhook_retry_base_s: float = 10.0
+    webhook_retry_max_delay_s: float = 3600.0
+    # How long a deliverer holds a claimed row (another takes it over after that).
+    webhook_lease_s: float = 60.0
+    webhook_poll_interval_s: float = 2.0
+    # Run the delivery thread in the api-server (False: run `llm-batch webhook deliver`).
+    webhook_deliverer: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _webhook_hosts(cls, data: dict) -> dict:
+        value = data.get("webhook_allowed_hosts") if isinstance(data, dict) else None
+        if isinstance(value, str):
+            data["webhook_allowed_hosts"] = [v.strip() for v in value.replace(" ", ",").split(",") if v.strip()]
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _lists(cls, data: dict) -> dict:

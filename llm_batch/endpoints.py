@@ -9,9 +9,20 @@ class Endpoint(StrEnum):
     CHAT_COMPLETIONS = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     EMBEDDINGS = "/v1/embeddings"
+    # The Responses API, run on the chat path (docs/api.md "Responses in batches").
+    RESPONSES = "/v1/responses"
 
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = tuple(e.value for e in Endpoint)
+
+# The registry task a model must have to serve each endpoint (models.yaml `task`): the
+# worker refuses a mismatch at its start, the API at create.
+TASK_OF_ENDPOINT: dict[Endpoint, str] = {
+    Endpoint.CHAT_COMPLETIONS: "generate",
+    Endpoint.COMPLETIONS: "generate",
+    Endpoint.EMBEDDINGS: "embed",
+    Endpoint.RESPONSES: "generate",
+}
 
 # Listed by the Mistral contract but not served by this system.
 UNSUPPORTED_ENDPOINTS: tuple[str, ...] = (

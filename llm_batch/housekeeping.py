@@ -115,3 +115,28 @@ def _drop_work_dir(settings: Settings, job_id: str) -> None:
     except storage.ObjectNotFound:
         pass
 
+
+
+# -- idempotency keys and files' own expiry ---------------------------------------------
+
+# Idempotency keys are kept at least this long (plugins/llm_batch_plugin/idempotency.py).
+IDEMPOTENCY_KEEP = timedelta(hours=24)
+
+
+def delete_old_idempotency_keys(store: JobStore, now: datetime | None = None) -> int:
+    """Delete the idempotency keys older than IDEMPOTENCY_KEEP; returns how many."""
+    now = now or datetime.now(UTC)
+    return store.delete_idempotency_keys(created_before=now - IDEMPOTENCY_KEEP)
+
+
+def delete_files_past_expiry(store: JobStore, now: datetime | None = None) -> list[str]:
+    """Delete the files whose own expires_at has passed (an upload's ``expires_after``, a
+    batch's ``output_expires_after``): content removed, record marked deleted (404 after).
+    Returns their ids."""
+    now = now or datetime.now(UTC)
+    deleted = []
+    while page := store.list_expiring_files(expires_before=now, limit=500):
+        for file in page:
+            _remove_file(store, file)
+            deleted.append(file.id)
+    return deleted

@@ -106,12 +106,21 @@ class _UsageSum:
 
     def add(self, body: dict[str, Any] | None) -> None:
         usage = (body or {}).get("usage") or {}
-        self.prompt += int(usage.get("prompt_tokens") or 0)
-        self.completion += int(usage.get("completion_tokens") or 0)
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        # Chat/completions/embeddings name them prompt/completion; a /v1/responses Response
+        # input/output (its ResponseUsage).
+        self.prompt += int(_named(usage, "prompt_tokens", "input_tokens") or 0)
+        self.completion += int(_named(usage, "completion_tokens", "output_tokens") or 0)
+        cached = (_named(usage, "prompt_tokens_details", "input_tokens_details") or {}).get("cached_tokens")
+        reasoning = (_named(usage, "completion_tokens_details", "output_tokens_details") or {}).get(
+            "reasoning_tokens")
         self.cached = None if cached is None or self.cached is None else self.cached + int(cached)
         self.reasoning += int(reasoning or 0)
+
+
+def _named(usage: dict[str, Any], name: str, responses_name: str) -> Any:
+    """The usage field under its chat name, else under its Responses API name."""
+    value = usage.get(name)
+    return usage.get(responses_name) if value is None else value
 
 
 def stable_request_hash(job_id: str, index: int) -> str:

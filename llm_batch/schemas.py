@@ -136,9 +136,10 @@ def _check_content(value: Any) -> Any:
 def _nested(exc: ValidationError) -> PydanticCustomError:
     """Re-raise a nested model's first error so its path continues the outer one."""
     err = exc.errors(include_url=False)[0]
-    return PydanticCustomError(
-        "nested_error", "{detail}", {"subpath": _path("", err["loc"]), "detail": _message(err)}
-    )
+    subpath, detail = _path("", err["loc"]), _message(err)
+    if err["type"] == "nested_error":  # a nested check's own nested error: keep its path
+        subpath, detail = subpath + err["ctx"]["subpath"], err["ctx"]["detail"]
+    return PydanticCustomError("nested_error", "{detail}", {"subpath": subpath, "detail": detail})
 
 
 Prompt = Annotated[Any, _prompt_like("prompt")]
@@ -319,10 +320,192 @@ class EmbeddingBody(_Strict):
     user: str | None = None
 
 
+# -- /v1/responses ---------------------------------------------------------------------------
+# The Responses API on the chat path: text in, one assistant message out. Options a batch
+# cannot honour are refused per line, naming the option, unless they hold their harmless
+# value (the value that asks for nothing: an empty tool list, background false, ...).
+
+RESPONSES_ROLES = ("user", "system", "developer", "assistant")
+# Content part types of an input message: text only (input_text; output_text in an
+# assistant message of the history).
+RESPONSES_TEXT_PARTS = ("input_text", "output_text")
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+# option -> (is the value harmless?, why it is refused)
+RESPONSES_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "tools": (lambda v: v is None or v == [], "tools (function calling, built-in tools) are not run"),
+    "tool_choice": (lambda v: v is None or v in ("auto", "none"), "tools are not run"),
+    "previous_response_id": (_absent, "responses are not stored, so there is no earlier "
+                             "response to continue; send the whole conversation in input"),
+    "conversation": (_absent, "conversations are not stored; send the whole conversation in input"),
+    "background": (lambda v: v is None or v is False, "a batch line already runs in the background"),
+    "store": (lambda v: v is None or v is False, "responses are not stored for retrieval by id "
+              "(the batch's output file holds them); set store to false or leave it out"),
+    "include": (lambda v: v is None or v == [], "no extra output items can be included"),
+    "reasoning": (_absent, "reasoning options are not honoured"),
+    "prompt": (_absent, "stored prompt templates are not available; send the text in input"),
+    "max_tool_calls": (_absent, "tools are not run"),
+    "top_logprobs": (_absent, "logprobs are not returned for /v1/responses (use /v1/chat/completions)"),
+    "truncation": (lambda v: v is None or v == "disabled", "input is never truncated: a too-long "
+                   "input is a per-line error"),
+    "stream_options": (_absent, "a batch request does not stream"),
+    "context_management": (_absent, "context management is not available"),
+}
+
+
+def _check_unsupported(value: dict[str, Any]) -> None:
+    for option, (harmless, why) in RESPONSES_UNSUPPORTED.items():
+        if option in value and not harmless(value[option]):
+            raise PydanticCustomError("nested_error", "{detail}", {
+                "subpath": f".{option}",
+                "detail": f"{option} is not supported in a /v1/responses batch request: {why} "
+                          f"(got {shown(value[option])})"})
+
+
+class ResponsesContentPart(_Strict):
+    type: str
+    text: Any = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ResponsesContentPart:
+        if self.type not in RESPONSES_TEXT_PARTS:
+            raise ValueError(f"content parts of type {self.type!r} are not supported in a "
+                             f"/v1/responses batch request: only {' and '.join(RESPONSES_TEXT_PARTS)}")
+        if type(self.text) is not str:
+            raise ValueError(f"a content part of type {self.type!r} needs a 'text' string")
+        return self
+
+
+_RESPONSES_PARTS = TypeAdapter(list[ResponsesContentPart])
+
+
+def _check_responses_content(value: Any) -> Any:
+    if type(value) is str:
+        return value
+    if type(value) is list:
+        try:
+            return _RESPONSES_PARTS.validate_python(value)
+        except ValidationError as exc:
+            raise _nested(exc) from None
+    raise _fail("invalid_content", "content must be a string or a list of input_text parts")
+
+
+class ResponsesInputMessage(_Strict):
+    """One input item: a message (``type`` "message" or left out)."""
+
+    type: str | None = None
+    role: Literal[RESPONSES_ROLES]  # type: ignore[valid-type]
+    content: Annotated[Any, PlainValidator(_check_responses_content)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _message_items_only(cls, value: Any) -> Any:
+        if type(value) is dict and value.get("type") not in (None, "message"):
+            raise ValueError(f"input items of type {shown(value.get('type'))} are not supported in a "
+                             "/v1/responses batch request: only messages (role and content)")
+        return value
+
+
+def _check_responses_input(value: Any) -> Any:
+    if type(value) is str:
+        if not value:
+            raise _fail("empty_input", "input must not be an empty string")
+        return value
+    if type(value) is list and value:
+        try:
+            return _RESPONSES_ITEMS.validate_python(value)
+        except ValidationError as exc:
+            raise _nested(exc) from None
+    if type(value) is list:
+        raise _fail("empty_input", "input must not be empty")
+    raise _fail("invalid_input", "input must be a string or a list of input messages")
+
+
+_RESPONSES_ITEMS = TypeAdapter(list[ResponsesInputMessage])
+ResponsesInput = Annotated[Any, PlainValidator(_check_responses_input)]
+
+
+class ResponsesTextFormat(_Strict):
+    """``text.format``: text, json_object, or json_schema (name and schema at this level)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> ResponsesTextFormat:
+        if self.type == "json_schema":
+            if self.name is None:
+                raise ValueError("text.format of type 'json_schema' needs a 'name'")
+            if self.schema_ is None:
+                raise ValueError("text.format of type 'json_schema' needs a 'schema' (the JSON "
+                                 "schema the output must follow)")
+        return self
+
+
+class ResponsesText(_Strict):
+    format: ResponsesTextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
+
+
+def _check_metadata(value: Any) -> Any:
+    if value is None:
+        return value
+    if type(value) is not dict or not all(type(v) is str for v in value.values()):
+        raise _fail("invalid_metadata", "metadata must be an object of string values")
+    if len(value) > MAX_METADATA_KEYS:
+        raise _fail("invalid_metadata", f"metadata holds at most {MAX_METADATA_KEYS} keys "
+                    f"(got {len(value)})")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY or len(item) > MAX_METADATA_VALUE:
+            raise _fail("invalid_metadata", f"metadata keys are at most {MAX_METADATA_KEY} "
+                        f"characters and values at most {MAX_METADATA_VALUE} (key {shown(key)})")
+    return value
+
+
+Metadata = Annotated[Any, PlainValidator(_check_metadata)]
+
+
+class ResponsesBody(_Strict):
+    """Body of a /v1/responses request (run as a chat: instructions, then the input)."""
+
+    model: str | None = None  # accepted; the job's model wins
+    stream: Stream = None
+    input: ResponsesInput
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    text: ResponsesText | None = None
+    metadata: Metadata = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, value: Any) -> Any:
+        if type(value) is dict:
+            _check_unsupported(value)
+        return value
+
+
 _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
     Endpoint.CHAT_COMPLETIONS: ChatCompletionBody,
     Endpoint.COMPLETIONS: CompletionBody,
     Endpoint.EMBEDDINGS: EmbeddingBody,
+    Endpoint.RESPONSES: ResponsesBody,
 }
 
 
@@ -402,10 +585,45 @@ def _fast_prompt(field: str) -> Callable[[dict[str, Any]], int | None]:
     return check
 
 
+_RESPONSES_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "model": _SIMPLE_FIELDS["model"],
+    "instructions": lambda v: type(v) is str,
+    "max_output_tokens": _int_in(1, _INF),
+    "temperature": _SIMPLE_FIELDS["temperature"],
+    "top_p": _SIMPLE_FIELDS["top_p"],
+    "user": _SIMPLE_FIELDS["user"],
+}
+
+
+def _fast_responses(body: dict[str, Any]) -> int | None:
+    """A string input (or plain string-content messages) and simple fields only."""
+    value = body.get("input")
+    if type(value) is str and value:
+        chars = len(value)
+    elif type(value) is list and value:
+        chars = 0
+        for message in value:
+            if type(message) is not dict or len(message) != 2:
+                return None
+            content = message.get("content")
+            if type(content) is not str or message.get("role") not in RESPONSES_ROLES:
+                return None
+            chars += len(content)
+    else:
+        return None
+    for key, field_value in body.items():
+        if key != "input":
+            check = _RESPONSES_FIELDS.get(key)
+            if check is None or not check(field_value):
+                return None
+    return chars + len(body.get("instructions") or "")
+
+
 _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
     Endpoint.CHAT_COMPLETIONS: _fast_chat,
     Endpoint.COMPLETIONS: _fast_prompt("prompt"),
     Endpoint.EMBEDDINGS: _fast_prompt("input"),
+    Endpoint.RESPONSES: _fast_responses,
 }
 
 
@@ -432,7 +650,8 @@ def prompt_chars(body: dict[str, Any]) -> int:
     Token ids count four characters each. About four characters make a token."""
     for field in ("messages", "prompt", "input"):
         if field in body:
-            return _text_chars(body[field])
+            instructions = body.get("instructions")  # /v1/responses: a system message
+            return _text_chars(body[field]) + (len(instructions) if type(instructions) is str else 0)
     return 0
 
 

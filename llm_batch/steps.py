@@ -344,6 +344,8 @@ def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
 
 def _record_file(store: JobStore, job: Job, uri: str, kind: str) -> FileObject:
     name = f"{job.id}_{kind}.jsonl"
+    # An OpenAI batch's output_expires_after (seconds, capped by the retention at create).
+    expiry = (job.input or {}).get("output_expires_after_s")
     return store.create_file(
         owner=job.owner,
         purpose="batch_output" if kind == "output" else "batch_error",
@@ -352,6 +354,7 @@ def _record_file(store: JobStore, job: Job, uri: str, kind: str) -> FileObject:
         uri=uri,
         kind=kind,
         job_id=job.id,
+        expires_after=timedelta(seconds=expiry) if expiry else None,
     )
 
 

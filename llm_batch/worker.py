@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_batch import exit_codes, storage
 from llm_batch.engine import StopReason
-from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
+from llm_batch.endpoints import TASK_OF_ENDPOINT, Endpoint, UnsupportedEndpointError, parse_endpoint
 from llm_batch.progress import ProgressReporter, ShardProgress, ShardState, read_progress
 from llm_batch.records import BatchRequest, ResultRecord
 from llm_batch.results import ResultsWriter, read_results
@@ -39,11 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llm_batch.worker")
 
-_TASK_OF_ENDPOINT = {
-    Endpoint.CHAT_COMPLETIONS: "generate",
-    Endpoint.COMPLETIONS: "generate",
-    Endpoint.EMBEDDINGS: "embed",
-}
+_TASK_OF_ENDPOINT = TASK_OF_ENDPOINT
 
 
 class WorkerUsageError(ValueError):
@@ -109,9 +105,11 @@ def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
     for record in read_results(config.results):
         earlier.succeeded += record.ok
         usage = (record.body or {}).get("usage") or {}
-        earlier.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-        earlier.completion_tokens += int(usage.get("completion_tokens") or 0)
-        earlier.cached_prompt_tokens += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        # chat/completions names, else the Responses API's (input/output tokens)
+        earlier.prompt_tokens += int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        earlier.completion_tokens += int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        earlier.cached_prompt_tokens += int(details.get("cached_tokens") or 0)
     if config.progress:
         try:
             earlier.engine_seconds = read_progress(config.progress).engine_seconds

@@ -57,6 +57,11 @@ def base_url_of(conn: Any) -> str:
     return host if host.endswith("/batch") else f"{host}/batch"
 
 
+def idempotency_key_for(job_id: str) -> str:
+    """The ``Idempotency-Key`` of the create of the job `job_id` (the operator's deterministic id)."""
+    return f"llm-batch-operator:{job_id}"[:255]
+
+
 class LLMBatchHook(BaseHook):
     """Create, read and cancel llm-batch jobs through the REST API.
 
@@ -89,8 +94,22 @@ class LLMBatchHook(BaseHook):
         return response.json()
 
     def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``POST /v1/jobs``: the job (with ``id``: the existing job of that id, if yours)."""
-        return self._call("POST", "/v1/jobs", json=body)
+        """``POST /v1/jobs``: the job (with ``id``: the existing job of that id, if yours).
+
+        With an ``id`` (the operator's deterministic job id) the create carries the
+        ``Idempotency-Key`` ``idempotency_key_for(id)``: a retried task (or a timed-out call
+        tried again) gets the first answer back. If that key was used with another body
+        (the task's parameters changed, within the keys' 24 hours), the create is sent
+        again without it and re-attaches to the job of that id as before."""
+        job_id = body.get("id")
+        if not job_id:
+            return self._call("POST", "/v1/jobs", json=body)
+        try:
+            return self._call("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": idempotency_key_for(job_id)})
+        except LLMBatchApiError as exc:
+            if exc.code != "idempotency_key_reused":
+                raise
+            return self._call("POST", "/v1/jobs", json=body)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}")

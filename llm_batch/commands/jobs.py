@@ -1,6 +1,7 @@
 """``llm-batch submit | jobs | job | cancel | results``: jobs through the batch REST API.
 
     llm-batch submit FILE --endpoint E --model M [--shards N] [--format F] [--wait]
+                          [--idempotency-key KEY | --new]
     llm-batch jobs [--limit N]
     llm-batch job ID [--wait]
     llm-batch cancel ID
@@ -52,6 +53,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--max-runtime", type=int, metavar="SEC", help="deadline in seconds from submission")
     submit.add_argument("--output", help="Scale route only: where the server writes the JSON results")
     submit.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
+    again = submit.add_mutually_exclusive_group()
+    again.add_argument(
+        "--idempotency-key", metavar="KEY",
+        help="the Idempotency-Key to send (up to 255 printable ASCII characters). By default submit sends a key "
+        "derived from the file's sha256 and these arguments, so re-running the same command (a retry after a "
+        "timeout, a script run twice) answers the job it made before instead of submitting it again (the "
+        "server keeps keys 24 hours)",
+    )
+    again.add_argument("--new", action="store_true", help="send no Idempotency-Key: always submit a new job")
     submit.set_defaults(func=_submit)
 
     listing = subparsers.add_parser("jobs", help="list your newest jobs")
@@ -87,6 +97,7 @@ def _submit(args: argparse.Namespace) -> int:
         job = client.submit(
             args.file, endpoint=args.endpoint, model=args.model, shards=args.shards,
             input_format=args.input_format, max_runtime_sec=args.max_runtime, output_path=args.output,
+            idempotency_key=args.idempotency_key, new=args.new,
         )
         print(job.id)
         print(f"submitted {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)

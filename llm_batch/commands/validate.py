@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import BinaryIO
 
+from llm_batch.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.input_formats import INPUT_FORMATS
 
 EXIT_VALID = 0
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--endpoint", default=None,
-        help="the job's endpoint (/v1/chat/completions, /v1/completions, /v1/embeddings); "
+        help=f"the job's endpoint ({', '.join(SUPPORTED_ENDPOINTS)}); "
              "default: the first line's url, else /v1/chat/completions "
              "(scale-v2: the first item's kind; scale-v1: /v1/completions)",
     )

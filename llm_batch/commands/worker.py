@@ -11,13 +11,15 @@ import argparse
 import logging
 import os
 
+from llm_batch.endpoints import SUPPORTED_ENDPOINTS
+
 ENV_PREFIX = "LLM_BATCH_WORKER_"
 
 # (flag, type, help); defaults come from the environment.
 _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--job-id", str, "the job's id"),
     ("--shard", int, "the shard's index (0-based)"),
-    ("--endpoint", str, "/v1/chat/completions, /v1/completions or /v1/embeddings"),
+    ("--endpoint", str, "one of " + ", ".join(SUPPORTED_ENDPOINTS)),
     ("--model-config", str, "JSON: model plus any field of llm_batch.model_registry.MODEL_CONFIG_FIELDS "
                             "(checkpoint_path, max_model_len, dtype, seed, ..., engine_args)"),
     ("--requests", str, "URI of the shard's BatchRequest lines (default: the job layout's)"),

@@ -38,6 +38,18 @@ class Usage:
             usage["prompt_tokens_details"] = {"cached_tokens": self.cached_prompt_tokens}
         return usage
 
+    def to_responses_dict(self) -> dict[str, Any]:
+        """The Responses API's usage names (``ResponseUsage``: every detail is required, so
+        an unknown cached count is 0; no reasoning parser runs, so reasoning tokens are 0)."""
+        return {
+            "input_tokens": self.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_prompt_tokens or 0,
+                                     "cache_write_tokens": 0},
+            "output_tokens": self.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
 
 def generation_usage(output: RequestOutput) -> Usage:
     return Usage(
@@ -175,3 +187,57 @@ def embedding_list(
 
 def embedding_usage(outputs: Sequence[PoolingRequestOutput]) -> Usage:
     return Usage(prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs))
+
+
+def response_object(
+    output: RequestOutput,
+    model: str,
+    *,
+    instructions: str | None = None,
+    metadata: dict[str, str] | None = None,
+    max_output_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    text_format: dict[str, Any] | None = None,
+    parallel_tool_calls: bool = True,
+    tool_choice: str = "auto",
+) -> dict[str, Any]:
+    """A /v1/responses ``Response`` (openai.types.responses.Response): one assistant message
+    with one output_text part. Cut off at the token limit, it is ``incomplete`` with
+    ``incomplete_details.reason`` "max_output_tokens", as OpenAI reports it."""
+    (completion,) = output.outputs  # a Responses request samples one sequence
+    cut = completion.finish_reason == "length"
+    status = "incomplete" if cut else "completed"
+    now = int(time.time())
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": now,
+        "completed_at": None if cut else now,
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "model": model,
+        "instructions": instructions,
+        "metadata": metadata or {},
+        "output": [{
+            "type": "message",
+            "id": f"msg_{uuid.uuid4().hex}",
+            "status": status,
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": completion.text, "annotations": [], "logprobs": []}],
+        }],
+        "parallel_tool_calls": parallel_tool_calls,
+        "tool_choice": tool_choice,
+        "tools": [],
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_output_tokens": max_output_tokens,
+        "previous_response_id": None,
+        "reasoning": None,
+        "background": False,
+        "store": False,
+        "text": {"format": text_format or {"type": "text"}},
+        "truncation": "disabled",
+        "usage": generation_usage(output).to_responses_dict(),
+    }

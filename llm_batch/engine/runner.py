@@ -10,7 +10,7 @@ A request the engine refuses (bad body, prompt longer than the context, a schema
 structured-output backend rejects) becomes its own 400 ``ResultRecord``; anything raised
 by ``step()`` is an engine failure and propagates (the attempt fails, a rerun resumes).
 
-Chat and completion prompts go through the same rendering vLLM's ``LLM.chat`` /
+Chat, Responses (run as a chat) and completion prompts go through the same rendering vLLM's ``LLM.chat`` /
 ``LLM.generate`` use (the model's chat template, its tokenizer). Rendering and the fast
 shutdown are in ``vllm_api``, the one module that uses vLLM internals; everything here is
 vLLM's public API (``LLM.llm_engine``: ``add_request``, ``step``, ``abort_request``).
@@ -38,6 +38,7 @@ from llm_batch.engine.sampling import (
     CompletionBody,
     EmbeddingBody,
     InvalidRequest,
+    ResponsesBody,
     parse_body,
     pooling_params,
     sampling_params,
@@ -255,7 +256,13 @@ class EngineRunner:
                 # vLLM's request-level internal error (e.g. a KV load failure): retryable.
                 return error_result(request, "engine_error", "the engine failed this request", 500), usage
             top = body.sample_logprobs or 0
-            if isinstance(body, ChatBody):
+            if isinstance(body, ResponsesBody):  # a ChatBody too: test it first
+                payload = responses.response_object(
+                    output, self.model_name, instructions=body.instructions, metadata=body.metadata,
+                    max_output_tokens=body.max_output_tokens, temperature=body.temperature,
+                    top_p=body.top_p, text_format=body.text_format,
+                    parallel_tool_calls=body.parallel_tool_calls, tool_choice=body.tool_choice)
+            elif isinstance(body, ChatBody):
                 payload = responses.chat_completion(output, self.model_name, self.response_role, top)
             else:
                 payload = responses.text_completion(output, self.model_name, top)

@@ -16,6 +16,7 @@ from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 from llm_batch.endpoints import Endpoint
+from llm_batch.schemas import RESPONSES_TEXT_PARTS, RESPONSES_UNSUPPORTED
 
 # OpenAI's default for /v1/completions; chat has none (up to the context length).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -73,6 +74,75 @@ class ChatBody(_SamplingBody):
     @property
     def sample_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class ResponsesBody(ChatBody):
+    """A /v1/responses body, run as a chat: ``instructions`` become a leading system message,
+    ``input`` (a string, or message items with string or input_text/output_text content)
+    the messages, ``max_output_tokens`` the max, ``text.format`` the response_format (a
+    json_schema there is structured output, as a chat's response_format json_schema is).
+    The original fields are kept for the Response object (``responses.response_object``)."""
+
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    metadata: dict[str, str] | None = None
+    text_format: dict[str, Any] = Field(default_factory=lambda: {"type": "text"})
+    parallel_tool_calls: bool = True
+    tool_choice: str = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_chat(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        for option, (harmless, why) in RESPONSES_UNSUPPORTED.items():
+            if option in value and not harmless(value[option]):
+                raise ValueError(f"{option} is not supported in a /v1/responses batch request: {why}")
+        messages = []
+        instructions = value.get("instructions")
+        if instructions is not None:
+            messages.append({"role": "system", "content": instructions})
+        messages.extend(_input_messages(value.get("input")))
+        text_format = dict((value.get("text") or {}).get("format") or {"type": "text"})
+        response_format: dict[str, Any] = {"type": text_format.get("type")}
+        if text_format.get("type") == "json_schema":
+            response_format["json_schema"] = {k: text_format[k] for k in ("name", "schema", "strict")
+                                              if k in text_format}
+        fields = {
+            "messages": messages,
+            "max_completion_tokens": value.get("max_output_tokens"),
+            "response_format": response_format,
+            "text_format": text_format,
+        }
+        # Only the Responses fields: a chat field (n, stop, seed, ...) in the body is ignored.
+        kept = {k: value[k] for k in _RESPONSES_KEPT if value.get(k) is not None}
+        return {**kept, **fields}
+
+
+_RESPONSES_KEPT = ("instructions", "temperature", "top_p", "max_output_tokens", "metadata",
+                   "parallel_tool_calls", "tool_choice")
+
+
+def _input_messages(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ValueError("input: a string or a non-empty list of messages is required")
+    messages = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or item.get("type", "message") not in ("message", None):
+            raise ValueError(f"input[{i}]: only message items are supported")
+        content = item.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") not in RESPONSES_TEXT_PARTS:
+                    raise ValueError(f"input[{i}].content[{j}]: only input_text and output_text parts "
+                                     "are supported")
+                parts.append({"type": "text", "text": part.get("text")})
+            content = parts
+        messages.append({"role": item.get("role"), "content": content})
+    return messages
 
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -137,6 +207,7 @@ class EmbeddingBody(_Body):
 
 BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.CHAT_COMPLETIONS: ChatBody,
+    Endpoint.RESPONSES: ResponsesBody,
     Endpoint.COMPLETIONS: CompletionBody,
     Endpoint.EMBEDDINGS: EmbeddingBody,
 }

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import UniqueConstraint  # webhooks
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -191,3 +192,96 @@ class ApiKeyRow(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+
+
+# -- idempotency keys (retry-safe creates; plugins/llm_batch_plugin/idempotency.py) -------
+
+
+class IdempotencyKeyRow(Base):
+    """An ``Idempotency-Key`` of one owner: reserved (``status_code`` null) by the first
+    request carrying it, then holding that request's response, replayed to every retry with
+    the same route and body fingerprint. Deleted by housekeeping after the retention
+    (llm_batch.housekeeping.delete_old_idempotency_keys)."""
+
+    __tablename__ = "idempotency_keys"
+
+    owner: Mapped[str] = mapped_column(String(256), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    route: Mapped[str] = mapped_column(String(256))  # "POST /v1/batches"
+    fingerprint: Mapped[str] = mapped_column(String(64))  # sha256 hex of the request body
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    # When the current reservation was taken (a pending one older than the lease is free).
+    locked_at: Mapped[datetime]
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    content_type: Mapped[str | None] = mapped_column(String(128))
+    response_body: Mapped[str | None] = mapped_column(Text)
+    completed_at: Mapped[datetime | None]
+
+
+# -- webhooks (signed job-end events; llm_batch/webhooks.py, llm_batch/jobstore/webhooks.py) --
+
+
+class WebhookEndpointRow(Base):
+    """A receiver of one owner's job-end events: its URL, the event types it wants and the
+    Standard Webhooks secret (``whsec_...``) the deliveries are signed with."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(256), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[Any]] = mapped_column(default=list)
+    description: Mapped[str] = mapped_column(String(512), default="")
+    secret: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+
+
+class WebhookDeliveryRow(Base):
+    """The outbox: one event for one endpoint (``id`` is its ``webhook-id``, the same on every
+    attempt), written in the transaction that ends the job. ``status`` pending | delivered |
+    failed; a deliverer holds a pending row while ``lease_expires_at`` is in the future."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(256))
+    event_id: Mapped[str] = mapped_column(String(64))
+    event_type: Mapped[str] = mapped_column(String(64))
+    # None for a test event; a job ends once, so (endpoint, job) is unique.
+    job_id: Mapped[str | None] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    give_up_at: Mapped[datetime]
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        UniqueConstraint("endpoint_id", "job_id", name="uq_webhook_deliveries_endpoint_job"),
+        Index("ix_webhook_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint_created_at", "endpoint_id", "created_at"),
+    )
+
+
+class WebhookAttemptRow(Base):
+    """One HTTP attempt of a delivery: the receiver's status code (None: no answer), the
+    latency and the error."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    delivery_id: Mapped[str] = mapped_column(String(64), index=True)
+    endpoint_id: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    deliverer: Mapped[str] = mapped_column(String(128))
+
+    __table_args__ = (Index("ix_webhook_attempts_endpoint_started_at", "endpoint_id", "started_at"),)

@@ -45,7 +45,9 @@ from llm_batch.endpoints import parse_endpoint
 from llm_batch.jobs import JobStatus, check_transition
 from llm_batch.jobstore.database import VERSION_TABLE, WRITE, make_engine, upgrade_to_head
 from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow, ProgressHistoryRow, ShardProgressRow
+from llm_batch.jobstore.models import IdempotencyKeyRow  # idempotency keys
 from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
+from llm_batch.jobstore.webhooks import WebhookStoreMixin  # webhooks (outbox, endpoints, attempts)
 
 MAX_PAGE_SIZE = 1000
 # Compare-and-set attempts before giving up; each lost race means another writer moved the
@@ -306,7 +308,7 @@ class UsageRow:
     gpu_seconds: float = 0.0
 
 
-class JobStore:
+class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
     """The job store at `url` (SQLAlchemy URL: ``sqlite:///path`` or ``postgresql://...``).
 
     Construction is cheap and touches nothing; the first call opens the engine and runs
@@ -427,6 +429,8 @@ class JobStore:
                     .returning(*JOBS.c)
                 ).one_or_none()
                 if updated is not None:
+                    # Webhooks: a job's end writes its outbox rows in this same transaction.
+                    self._enqueue_job_end(connection, row, updated)
                     return _job(updated)
         raise ConcurrentUpdate(f"job {job_id!r}: status kept changing under {_CAS_ATTEMPTS} attempts")
 
@@ -883,13 +887,18 @@ class JobStore:
         job_id: str | None = None,
         expires_at: datetime | None = None,
         id: str | None = None,
+        expires_after: timedelta | None = None,
     ) -> FileObject:
-        """Record a file object (its content lives in storage at `uri`)."""
+        """Record a file object (its content lives in storage at `uri`); `expires_after`
+        sets expires_at to created_at + expires_after (housekeeping deletes it then)."""
         if kind not in FILE_KINDS:
             raise ValueError(f"file kind {kind!r} is unknown; use one of {', '.join(FILE_KINDS)}")
         if bytes < 0:
             raise ValueError(f"bytes must be >= 0, got {bytes}")
         _require_aware(expires_at=expires_at)
+        created_at = utcnow()
+        if expires_after is not None:
+            expires_at = created_at + expires_after
         values = dict(
             id=id or new_file_id(),
             owner=owner,
@@ -899,7 +908,7 @@ class JobStore:
             uri=uri,
             kind=kind,
             job_id=job_id,
-            created_at=utcnow(),
+            created_at=created_at,
             expires_at=expires_at,
             deleted_at=None,
         )
@@ -1008,6 +1017,126 @@ class JobStore:
         with self._transaction(write=False) as connection:
             rows = connection.execute(select(*_API_KEY_COLUMNS).where(*filters).order_by(API_KEYS.c.created_at))
             return [_api_key(r) for r in rows]
+
+    # -- idempotency keys (retry-safe creates; see IdempotencyRecord below) -------------
+
+    def reserve_idempotency_key(
+        self, owner: str, key: str, route: str, fingerprint: str, lease: timedelta, now: datetime | None = None
+    ) -> tuple[bool, IdempotencyRecord]:
+        """Take `key` of `owner` for a request (``(True, record)``), or hand back who holds it
+        (``(False, record)``: pending while its ``status_code`` is None, else completed).
+
+        Exactly one of many concurrent callers gets True: the INSERT hits the primary key
+        (owner, key). A pending reservation older than `lease` (its request never finished)
+        is taken over by a compare-and-set on ``locked_at``; the route and fingerprint become
+        the new request's."""
+        now = now or utcnow()
+        _require_aware(now=now)
+        values = dict(owner=owner, key=key, route=route, fingerprint=fingerprint, created_at=now, locked_at=now,
+                      status_code=None, content_type=None, response_body=None, completed_at=None)
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                with self._transaction(write=True) as connection:
+                    row = connection.execute(insert(IDEMPOTENCY_KEYS).values(**values).returning(*IDEMPOTENCY_KEYS.c)).one()
+                return True, IdempotencyRecord(**row._asdict())
+            except IntegrityError:
+                pass
+            with self._transaction(write=True) as connection:
+                c = IDEMPOTENCY_KEYS.c
+                row = connection.execute(select(IDEMPOTENCY_KEYS).where(c.owner == owner, c.key == key)).one_or_none()
+                if row is None:
+                    continue  # released in between: try the insert again
+                if row.status_code is not None or row.locked_at > now - lease:
+                    return False, IdempotencyRecord(**row._asdict())
+                taken = connection.execute(
+                    update(IDEMPOTENCY_KEYS)
+                    .where(c.owner == owner, c.key == key, c.status_code.is_(None), c.locked_at == row.locked_at)
+                    .values(route=route, fingerprint=fingerprint, locked_at=now, created_at=now)
+                    .returning(*IDEMPOTENCY_KEYS.c)
+                ).one_or_none()
+                if taken is not None:
+                    return True, IdempotencyRecord(**taken._asdict())
+        raise ConcurrentUpdate(f"idempotency key {key!r}: kept changing under {_CAS_ATTEMPTS} attempts")
+
+    def get_idempotency_key(self, owner: str, key: str) -> IdempotencyRecord | None:
+        c = IDEMPOTENCY_KEYS.c
+        with self._transaction(write=False) as connection:
+            row = connection.execute(select(IDEMPOTENCY_KEYS).where(c.owner == owner, c.key == key)).one_or_none()
+            return IdempotencyRecord(**row._asdict()) if row is not None else None
+
+    def complete_idempotency_key(
+        self, owner: str, key: str, locked_at: datetime, status_code: int, content_type: str | None, body: str
+    ) -> bool:
+        """Store the response of the reservation taken at `locked_at` (False if it was lost:
+        released, or taken over after its lease)."""
+        c = IDEMPOTENCY_KEYS.c
+        with self._transaction(write=True) as connection:
+            done = connection.execute(
+                update(IDEMPOTENCY_KEYS)
+                .where(c.owner == owner, c.key == key, c.locked_at == locked_at, c.status_code.is_(None))
+                .values(status_code=status_code, content_type=content_type, response_body=body, completed_at=utcnow())
+            )
+            return done.rowcount == 1
+
+    def release_idempotency_key(self, owner: str, key: str, locked_at: datetime) -> None:
+        """Drop a pending reservation (its request failed with a 5xx): the key is free again."""
+        c = IDEMPOTENCY_KEYS.c
+        with self._transaction(write=True) as connection:
+            connection.execute(
+                delete(IDEMPOTENCY_KEYS).where(
+                    c.owner == owner, c.key == key, c.locked_at == locked_at, c.status_code.is_(None)
+                )
+            )
+
+    def delete_idempotency_keys(self, created_before: datetime) -> int:
+        """Delete keys created before `created_before` (housekeeping); returns how many."""
+        _require_aware(created_before=created_before)
+        with self._transaction(write=True) as connection:
+            done = connection.execute(delete(IDEMPOTENCY_KEYS).where(IDEMPOTENCY_KEYS.c.created_at < created_before))
+            return done.rowcount or 0
+
+    # -- end of idempotency keys ------------------------------------------------------
+
+    # -- file expiry (files' own expires_at: expires_after / output_expires_after) ------
+
+    def list_expiring_files(self, expires_before: datetime, limit: int = 500) -> list[FileObject]:
+        """Files not yet deleted whose expires_at is before `expires_before`, oldest first."""
+        _check_page(limit, 0)
+        _require_aware(expires_before=expires_before)
+        query = (
+            select(FILES)
+            .where(FILES.c.deleted_at.is_(None), FILES.c.expires_at.is_not(None), FILES.c.expires_at < expires_before)
+            .order_by(FILES.c.expires_at, FILES.c.id)
+            .limit(limit)
+        )
+        with self._transaction(write=False) as connection:
+            return [_file(r) for r in connection.execute(query)]
+
+    # -- end of file expiry -----------------------------------------------------------
+
+
+# -- idempotency keys: the table and its snapshot (JobStore.reserve_idempotency_key) ------
+
+IDEMPOTENCY_KEYS: Table = IdempotencyKeyRow.__table__
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """An idempotency key: pending while ``status_code`` is None, else the stored response."""
+
+    owner: str
+    key: str
+    route: str
+    fingerprint: str
+    created_at: datetime
+    locked_at: datetime
+    status_code: int | None
+    content_type: str | None
+    response_body: str | None
+    completed_at: datetime | None
+
+
+# -- end of idempotency keys ------------------------------------------------------------
 
 
 def _probe_engine(url: str, timeout: float) -> Engine:

@@ -41,6 +41,7 @@ from llm_batch_plugin.routers import (
     ui,
     usage,
 )
+from llm_batch_plugin.routers import webhooks  # webhooks: /v1/webhooks
 from llm_batch_plugin.state import MAX_JSON_BODY_BYTES, ApiState
 
 # Multipart framing on top of the largest accepted file.
@@ -281,7 +282,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     )
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
-    for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs):
+    for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs, webhooks):
         app.include_router(module.router)
     app.include_router(scale_batch_completions.v1_router)
     app.include_router(ui.router)

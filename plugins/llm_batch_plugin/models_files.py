@@ -18,6 +18,22 @@ def epoch(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value is not None else None
 
 
+# OpenAI's bounds of an expiry policy (files' expires_after, batches' output_expires_after).
+MIN_EXPIRY_SECONDS = 3600
+MAX_EXPIRY_SECONDS = 2_592_000
+
+
+class ExpiresAfter(BaseModel):
+    """An expiry policy (OpenAI's): the file is deleted `seconds` after its creation."""
+
+    anchor: Literal["created_at"] = Field(description="Only `created_at`: the file's creation time")
+    seconds: int = Field(
+        ge=MIN_EXPIRY_SECONDS, le=MAX_EXPIRY_SECONDS,
+        description="Seconds after the anchor, 3600 (1 hour) to 2592000 (30 days); the deployment's retention "
+        "(LLM_BATCH_RETENTION_DAYS) caps it",
+    )
+
+
 class FileOut(BaseModel):
     """A file object: an uploaded batch input, or a job's output or error file (owned by the
     job's owner). OpenAI's ``FileObject`` fields, then Mistral's."""
@@ -41,8 +57,9 @@ class FileOut(BaseModel):
     status_details: str | None = Field(default=None, description="Always null (OpenAI's deprecated field)")
     expires_at: int | None = Field(
         default=None,
-        description="Always null: no file has its own expiry; housekeeping deletes files older than the "
-        "retention (LLM_BATCH_RETENTION_DAYS, 30 days by default)",
+        description="When the file is deleted (Unix time in seconds; 404 after): set by an upload's "
+        "`expires_after` or a batch's `output_expires_after`, capped by the retention; null for other files, "
+        "which housekeeping deletes once older than the retention (LLM_BATCH_RETENTION_DAYS, 30 days by default)",
     )
     # Mistral's fields.
     sample_type: str = Field(

@@ -71,8 +71,8 @@ class CreateJob(BaseModel):
     endpoint: str = Field(
         default="/v1/chat/completions",
         max_length=128,
-        description="The API every request calls: `/v1/chat/completions` (default), `/v1/completions` or "
-        "`/v1/embeddings`",
+        description="The API every request calls: `/v1/chat/completions` (default), `/v1/completions`, "
+        "`/v1/embeddings` or `/v1/responses`",
     )
     model: str = Field(
         max_length=256,

@@ -66,7 +66,8 @@ class CreateBatchJobRequest(BaseModel):
     )
     endpoint: str = Field(
         max_length=128,
-        description="The API every request calls: `/v1/chat/completions`, `/v1/completions` or `/v1/embeddings`; "
+        description="The API every request calls: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` "
+        "or `/v1/responses`; "
         "another (Mistral's fim, moderations, ocr, ...) is 400",
     )
     model: str | None = Field(
@@ -117,7 +118,8 @@ class BatchJobOut(BaseModel):
     )
     metadata: dict[str, Any] | None = Field(default=None, description="The metadata given at creation; null when none")
     endpoint: str = Field(
-        description="The API every request calls: `/v1/chat/completions`, `/v1/completions` or `/v1/embeddings`"
+        description="The API every request calls: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` "
+        "or `/v1/responses`"
     )
     model: str | None = Field(default=None, description="The model every request runs on; null when the job names none")
     agent_id: str | None = Field(default=None, description="Always null: agents are not supported")

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
-from llm_batch_plugin.models_files import epoch
+from llm_batch_plugin.models_files import ExpiresAfter, epoch
 from llm_batch_plugin.state import MAX_OPENAI_METADATA_PAIRS, check_pairs
 
 COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
@@ -50,8 +50,8 @@ class CreateBatchRequest(BaseModel):
     )
     endpoint: str = Field(
         max_length=128,
-        description="The API every request of the batch calls: `/v1/chat/completions`, `/v1/completions` or "
-        "`/v1/embeddings`; another is 400 listing these",
+        description="The API every request of the batch calls: `/v1/chat/completions`, `/v1/completions`, "
+        "`/v1/embeddings` or `/v1/responses`; another is 400 listing these",
     )
     completion_window: Literal["24h"] = Field(
         default="24h",
@@ -62,6 +62,13 @@ class CreateBatchRequest(BaseModel):
         default=None,
         description="Your key-value pairs, stored with the batch and answered as given: at most 16 pairs, keys "
         "up to 64 characters, values up to 512 (422 beyond)",
+    )
+
+    output_expires_after: ExpiresAfter | None = Field(
+        default=None,
+        description="When the batch's output and error files expire: `{\"anchor\": \"created_at\", \"seconds\": "
+        "3600..2592000}`, counted from each file's creation (capped by the deployment's retention); the files "
+        "are deleted then (404). Without it they follow the retention (LLM_BATCH_RETENTION_DAYS)",
     )
 
     _metadata = field_validator("metadata")(check_metadata)
@@ -156,7 +163,8 @@ class BatchOut(BaseModel):
     id: str = Field(description="The batch id (`job_<hex>` when made through the API): the job's id in every dialect")
     object: Literal["batch"] = Field(default="batch", description="Always `batch`")
     endpoint: str = Field(
-        description="The API every request calls: `/v1/chat/completions`, `/v1/completions` or `/v1/embeddings`"
+        description="The API every request calls: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` "
+        "or `/v1/responses`"
     )
     model: str | None = Field(
         default=None,

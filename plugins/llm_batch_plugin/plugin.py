@@ -33,9 +33,14 @@ BATCH_JOBS_VIEW = {
 
 
 def _api_entry() -> dict:
+    from llm_batch.webhooks import start_in_background
     from llm_batch_plugin.app import create_app
 
-    return {"app": create_app(), "url_prefix": "/batch", "name": "llm-batch API"}
+    app = create_app()
+    # Webhooks: the deliverer of the job store's outbox, a daemon thread of the api-server
+    # (LLM_BATCH_WEBHOOK_DELIVERER=false: run `llm-batch webhook deliver` instead).
+    start_in_background(app.state.llm_batch.store, app.state.llm_batch.settings)
+    return {"app": app, "url_prefix": "/batch", "name": "llm-batch API"}
 
 
 from llm_batch_plugin import listeners as _listeners  # noqa: E402

@@ -20,7 +20,7 @@ import orjson
 
 from llm_batch import storage, user_paths
 from llm_batch.config import Settings
-from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
+from llm_batch.endpoints import TASK_OF_ENDPOINT, UnsupportedEndpointError, parse_endpoint
 from llm_batch.formats import not_json
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
@@ -91,11 +91,7 @@ def model_registry(settings: Settings) -> Registry:
 
 
 # What a model must do to serve an endpoint (the worker refuses a mismatch at its start).
-_TASK_OF_ENDPOINT = {
-    Endpoint.CHAT_COMPLETIONS.value: "generate",
-    Endpoint.COMPLETIONS.value: "generate",
-    Endpoint.EMBEDDINGS.value: "embed",
-}
+_TASK_OF_ENDPOINT = {e.value: task for e, task in TASK_OF_ENDPOINT.items()}
 
 
 def check_model(

@@ -4,6 +4,7 @@ delete. Content lives in storage under ``Settings.files_uri``; metadata in the j
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import BinaryIO
 
 import orjson
@@ -14,6 +15,7 @@ from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, JobStore, new_file_id
 from llm_batch.layout import join_uri
 from llm_batch_plugin.errors import ApiError
+from llm_batch_plugin.models_files import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 
 ACCEPTED_PURPOSES = ("batch",)
 CHUNK_BYTES = 1 << 20
@@ -58,10 +60,12 @@ def save_upload(
     purpose: str,
     stream: BinaryIO,
     check_quota: Callable[[int], None] | None = None,
+    expires_after: timedelta | None = None,
 ) -> FileObject:
     """Copy `stream` to storage and record it; 413 above ``Settings.max_input_bytes``,
     400 if it is empty (or blank) or not JSONL, and whatever ``check_quota(bytes)`` raises
-    once the size is known. Nothing is kept when it is refused."""
+    once the size is known. Nothing is kept when it is refused. `expires_after`: the file
+    expires that long after its creation (see ``expiry``)."""
     check_purpose(purpose)
     limit = settings.max_input_bytes
     file_id = new_file_id()
@@ -89,7 +93,40 @@ def save_upload(
             _check_first_line(head, filename, settings.max_line_bytes)
         if check_quota is not None:
             check_quota(written)
-    return store.create_file(id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=written, uri=uri)
+    return store.create_file(
+        id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=written, uri=uri, expires_after=expires_after
+    )
+
+
+def expiry(settings: Settings, seconds: int | None) -> timedelta | None:
+    """A requested expiry (OpenAI's ``expires_after.seconds`` / ``output_expires_after.seconds``,
+    already checked to be 3600..2592000) capped by the deployment's retention, which deletes
+    every file older than it anyway."""
+    if seconds is None:
+        return None
+    return min(timedelta(seconds=seconds), timedelta(days=settings.retention_days))
+
+
+def form_expires_after(anchor: str | None, seconds: str | None) -> int | None:
+    """The seconds of an upload's ``expires_after[anchor]`` / ``expires_after[seconds]``
+    form fields (the openai SDK's encoding), or None when neither is given; 400 naming the
+    field when one is missing or out of range."""
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        shown = "missing" if anchor is None else repr(anchor[:40])
+        raise ApiError(400, f"expires_after[anchor] must be 'created_at' (got {shown})",
+                       param="expires_after[anchor]", code="invalid_expires_after")
+    try:
+        value = int((seconds or "").strip())
+    except ValueError:
+        value = None
+    if value is None or not MIN_EXPIRY_SECONDS <= value <= MAX_EXPIRY_SECONDS:
+        shown = "missing" if seconds is None else repr(seconds[:40])
+        raise ApiError(400, f"expires_after[seconds] must be an integer from {MIN_EXPIRY_SECONDS} (1 hour) to "
+                       f"{MAX_EXPIRY_SECONDS} (30 days) (got {shown})",
+                       param="expires_after[seconds]", code="invalid_expires_after")
+    return value
 
 
 def read_content(f: FileObject) -> Iterator[bytes]:

@@ -184,6 +184,9 @@ BODIES: dict[tuple[str, str], Callable[[dict[str, str]], dict[str, Any]]] = {
     ("post", "/v2/batch-completions"): lambda ids: {"json": _scale_body()},
     ("post", "/v1/llm/batch-completions"): lambda ids: {"json": _scale_body()},
     ("post", "/v2/batch-completions/{batch_completion_id}"): lambda ids: {"json": {"priority": "high"}},
+    # Webhooks: a public name (not resolved at create when DNS has no answer; checked again at delivery).
+    ("post", "/v1/webhooks"): lambda ids: {"json": {"url": "https://hooks.example.com/llm-batch"}},
+    ("post", "/v1/webhooks/{endpoint_id}/test"): lambda ids: {"json": {"event_type": "batch.completed"}},
 }
 
 

@@ -14,12 +14,13 @@ from llm_batch import storage
 from llm_batch.jobstore import FileObject, InvalidCursor
 from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.idempotency import IdempotencyDep, IdempotentRoute
 from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_files import FileDeleted, FileList, FileOut
 from llm_batch_plugin.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch_plugin.uploads import delete_file, read_content, save_upload
+from llm_batch_plugin.uploads import delete_file, expiry, form_expires_after, read_content, save_upload
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = APIRouter(prefix="/v1/files", tags=["files"], route_class=IdempotentRoute)
 
 
 def _owned_file(store, caller: Caller, file_id: str) -> FileObject:
@@ -37,8 +38,18 @@ async def upload_file(
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="The JSONL file: one request per line")],
     purpose: Annotated[str, Form(max_length=64, description="Only `batch` is accepted (400 otherwise)")] = "batch",
+    expires_after_anchor: Annotated[str | None, Form(
+        alias="expires_after[anchor]", max_length=64, description="OpenAI's expires_after.anchor: only `created_at`"
+    )] = None,
+    expires_after_seconds: Annotated[str | None, Form(
+        alias="expires_after[seconds]", max_length=64,
+        description="OpenAI's expires_after.seconds: the file is deleted that long after its creation, "
+        "3600..2592000 (capped by the retention); 400 outside",
+    )] = None,
+    _idempotency: IdempotencyDep = None,
 ) -> FileOut:
     caller.require_submit()
+    expires_after = expiry(settings, form_expires_after(expires_after_anchor, expires_after_seconds))
     if (parts := len((await request.form()).getlist("file"))) > 1:
         # FastAPI would silently keep the last one: say so instead.
         raise ApiError(400, f"upload one file per request: got {parts} 'file' parts", param="file", code="invalid_file")
@@ -52,7 +63,9 @@ async def upload_file(
         check_owner_limits(store, settings, caller, new_bytes=size)
 
     check_quota(file.size or 0)
-    saved = await run_in_threadpool(save_upload, store, settings, caller.name, filename, purpose, file.file, check_quota)
+    saved = await run_in_threadpool(
+        save_upload, store, settings, caller.name, filename, purpose, file.file, check_quota, expires_after
+    )
     return FileOut.of(saved)
 
 

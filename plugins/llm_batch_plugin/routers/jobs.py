@@ -22,6 +22,7 @@ from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.idempotency import IdempotencyDep, IdempotentRoute
 from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_jobs import JOB_ID_PATTERN, CreateJob, JobList, JobOut
 from llm_batch_plugin.routers.mistral_jobs import _input_files
@@ -38,7 +39,7 @@ from llm_batch_plugin.submission import (
     submit,
 )
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=IdempotentRoute)
 
 _KIND = "job"
 # The canonical status words, as a list filter takes them (a Literal: no separate enum schema).
@@ -88,6 +89,7 @@ def create_job(
     store: StoreDep,
     settings: SettingsDep,
     trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
 ) -> JobOut:
     caller.require_submit()
     if body.id is not None and (existing := _reattach(store, caller, body.id)) is not None:

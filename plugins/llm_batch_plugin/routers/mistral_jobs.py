@@ -17,6 +17,7 @@ from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.idempotency import IdempotencyDep, IdempotentRoute
 from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_mistral import (
     MISTRAL_STATUS,
@@ -35,7 +36,7 @@ from llm_batch_plugin.submission import (
     submit,
 )
 
-router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"])
+router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"], route_class=IdempotentRoute)
 
 MistralStatus = Literal[
     "QUEUED", "RUNNING", "SUCCESS", "FAILED", "TIMEOUT_EXCEEDED", "CANCELLATION_REQUESTED", "CANCELLED"
@@ -110,6 +111,7 @@ def create_batch_job(
     store: StoreDep,
     settings: SettingsDep,
     trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
 ) -> BatchJobOut:
     caller.require_submit()
     if body.agent_id is not None:

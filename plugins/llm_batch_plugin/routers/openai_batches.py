@@ -14,12 +14,14 @@ from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.idempotency import IdempotencyDep, IdempotentRoute
 from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, OPENAI_STATUS, BatchList, BatchOut, CreateBatchRequest
 from llm_batch_plugin.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import JobRequest, check_endpoint, check_model, submit
+from llm_batch_plugin.uploads import expiry
 
-router = APIRouter(prefix="/v1/batches", tags=["openai"])
+router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)
 
 
 def _model_of_first_line(uri: str, file_id: str) -> str:
@@ -40,6 +42,12 @@ def _model_of_first_line(uri: str, file_id: str) -> str:
     return model
 
 
+def _output_expiry(settings, body: CreateBatchRequest) -> dict[str, int]:
+    """The output and error files' expiry, carried in the job's input (steps._record_file)."""
+    given = expiry(settings, body.output_expires_after.seconds if body.output_expires_after else None)
+    return {"output_expires_after_s": int(given.total_seconds())} if given else {}
+
+
 @router.post("", response_model=BatchOut, summary="Create a batch from an uploaded JSONL file")
 def create_batch(
     body: Annotated[CreateBatchRequest, Body()],
@@ -47,6 +55,7 @@ def create_batch(
     store: StoreDep,
     settings: SettingsDep,
     trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
 ) -> BatchOut:
     caller.require_submit()
     check_owner_limits(store, settings, caller, new_jobs=1)
@@ -62,7 +71,7 @@ def create_batch(
         dialect="openai",
         endpoint=endpoint,
         model=model,
-        input={"file_ids": [input_file.id]},
+        input={"file_ids": [input_file.id], **_output_expiry(settings, body)},
         input_format=InputFormat.JSONL,
         metadata=body.metadata or {},
         max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],

@@ -27,6 +27,7 @@ from llm_batch_plugin.auth import Caller, CallerDep
 from llm_batch_plugin.cancellation import cancel_job
 from llm_batch_plugin.dag_trigger import TriggerDep, reprioritize_waiting_tasks
 from llm_batch_plugin.errors import ApiError, not_found
+from llm_batch_plugin.idempotency import IdempotencyDep, IdempotentRoute
 from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_scale import (
     BatchCompletionsJob,
@@ -53,9 +54,9 @@ from llm_batch_plugin.submission import (
     submit,
 )
 
-router = APIRouter(prefix="/v2/batch-completions", tags=["scale"])
+router = APIRouter(prefix="/v2/batch-completions", tags=["scale"], route_class=IdempotentRoute)
 # Scale's client (llmengine Completion.batch_create) still posts v1; same job, v1 answer.
-v1_router = APIRouter(prefix="/v1/llm/batch-completions", tags=["scale"])
+v1_router = APIRouter(prefix="/v1/llm/batch-completions", tags=["scale"], route_class=IdempotentRoute)
 
 _SNIFF_BYTES = 64 * 1024
 
@@ -182,6 +183,7 @@ def create_batch_completions(
     store: StoreDep,
     settings: SettingsDep,
     trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
 ) -> BatchCompletionsJob:
     caller.require_submit()
     if body.tool_config is not None:
@@ -244,6 +246,7 @@ def create_batch_completions_v1(
     store: StoreDep,
     settings: SettingsDep,
     trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
 ) -> CreateBatchCompletionsV1Response:
     job = create_batch_completions(body, caller, store, settings, trigger)
     return CreateBatchCompletionsV1Response(job_id=job.job_id)
