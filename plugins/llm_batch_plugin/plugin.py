@@ -13,6 +13,8 @@ import sys
 
 from airflow.plugins_manager import AirflowPlugin
 
+from llm_batch_plugin import listeners
+
 
 def serving_api(argv: list[str] | None = None) -> bool:
     """True in ``airflow api-server`` (or when LLM_BATCH_SERVE_API says so)."""
@@ -43,9 +45,6 @@ def _api_entry() -> dict:
     return {"app": app, "url_prefix": "/batch", "name": "llm-batch API"}
 
 
-from llm_batch_plugin import listeners as _listeners  # noqa: E402
-
-
 class LlmBatchPlugin(AirflowPlugin):
     name = "llm_batch"
     fastapi_apps = [_api_entry()] if serving_api() else []
@@ -53,4 +52,4 @@ class LlmBatchPlugin(AirflowPlugin):
     # UI (an iframe at /plugin/batch-jobs) because url_route is set (docs/ui.md).
     external_views = [BATCH_JOBS_VIEW]
     # Runs and jobs agree: hooks on run state changes (api-server and scheduler).
-    listeners = [_listeners]
+    listeners = [listeners]
