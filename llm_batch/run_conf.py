@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_batch.input_formats import InputFormat
+from llm_batch.job_request import JobRequest
 
 # The parameterised DAG whose runs are jobs (its file, housekeeping, recurring DAGs and the API name it).
 BATCH_DAG_ID = "batch_inference"
@@ -50,6 +51,26 @@ class RunConf(BaseModel):
     gpu_type: str | None = None
     nodes_per_worker: int = 1
     owner: str = DEFAULT_OWNER
+
+    def job_request(self, job_id: str, *, input_uri: str | None, output_uri: str | None, priority: int,
+                    max_runtime_sec: int) -> JobRequest:
+        """The job this conf asks for, with its paths as checked and its figures as stored."""
+        return JobRequest(
+            id=job_id,
+            dialect="airflow",
+            endpoint=self.endpoint,
+            model=self.model,
+            input=self.model_copy(update={"input_uri": input_uri}).job_input(),
+            input_format=self.input_format,
+            model_config={"model": self.model, **self.engine_config},
+            output_uri=output_uri,
+            metadata=self.metadata,
+            labels=self.labels,
+            priority=priority,
+            data_parallelism=self.data_parallelism,
+            resources={"gpus": self.gpus, "gpu_type": self.gpu_type, "nodes_per_worker": self.nodes_per_worker},
+            max_runtime_sec=max_runtime_sec,
+        )
 
     def job_input(self) -> dict[str, Any]:
         if self.input_requests:

@@ -122,25 +122,14 @@ def register(
     # The canonical spelling is what later steps read and write.
     paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)
              for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
-    job = store.create_job(
-        id=job_id,
-        dialect="airflow",
-        endpoint=run.endpoint,
-        model=run.model,
-        owner=run.owner,
-        input=run.model_copy(update={"input_uri": paths["input_uri"]}).job_input(),
-        input_format=run.input_format,
-        model_config={"model": run.model, **run.engine_config},
-        array_output_uri=paths["output_uri"],
-        metadata=run.metadata,
-        labels=run.labels,
+    request = run.job_request(
+        job_id,
+        input_uri=paths["input_uri"],
+        output_uri=paths["output_uri"],
         priority=settings.priority_weights[priority_band(settings, run.priority)],
-        data_parallelism=run.data_parallelism,
-        resources={"gpus": run.gpus, "gpu_type": run.gpu_type, "nodes_per_worker": run.nodes_per_worker},
         max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
-        dag_run_id=dag_run_id,
     )
-    return job.id
+    return request.create(store, run.owner, dag_run_id=dag_run_id).id
 
 
 def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:

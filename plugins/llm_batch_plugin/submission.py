@@ -1,4 +1,5 @@
-"""The submit use case: a dialect-neutral ``JobRequest`` becomes a job row and a DAG run.
+"""The submit use case: a dialect-neutral ``JobRequest`` (``llm_batch.job_request``) becomes a
+job row and a DAG run.
 
 Routers translate their dialect's body into a ``JobRequest`` (and may first store inline
 requests as a file with ``save_inline_requests``); ``submit`` then
@@ -11,7 +12,6 @@ so a job is never left queued without a run.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from llm_batch import storage, user_paths
 from llm_batch.config import Settings
 from llm_batch.endpoints import TASK_OF_ENDPOINT, UnsupportedEndpointError, parse_endpoint
 from llm_batch.formats import not_json
+from llm_batch.job_request import JobRequest
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore, new_file_id
 from llm_batch.layout import join_uri
@@ -35,30 +36,6 @@ from llm_batch.model_registry import (
 from llm_batch_plugin.auth import Caller
 from llm_batch_plugin.dag_trigger import Trigger, TriggerError
 from llm_batch_plugin.errors import ApiError
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """What every dialect's create call boils down to."""
-
-    dialect: str
-    endpoint: str
-    model: str
-    # The job's input record, as the pipeline reads it: {"file_ids": [...]} (uploaded
-    # files, read in order) or {"uri": ...} (a user path or stored inline requests), plus
-    # notes for the API ("path": the user's spelling, "inline": True).
-    input: dict[str, Any]
-    input_format: str
-    model_config: dict[str, Any] = field(default_factory=dict)
-    output_uri: str | None = None  # a user path (Scale output_data_path)
-    metadata: dict[str, Any] = field(default_factory=dict)
-    labels: dict[str, Any] = field(default_factory=dict)
-    priority: int = 0
-    priority_name: str | None = None
-    data_parallelism: int = 1
-    resources: dict[str, Any] = field(default_factory=dict)
-    max_runtime_sec: int | None = None
-    id: str | None = None  # a client-chosen job id (the native route); None: generated
 
 
 def priority_weight(settings: Settings, name: str | None) -> int:
@@ -237,23 +214,7 @@ def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
 def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -> Job:
     """Create the job and start its run; returns the job (FAILED, with the reason, if the
     run could not be started)."""
-    job = store.create_job(
-        dialect=request.dialect,
-        endpoint=request.endpoint,
-        model=request.model,
-        owner=owner,
-        input=request.input,
-        input_format=request.input_format,
-        model_config=request.model_config,
-        array_output_uri=request.output_uri,
-        metadata=request.metadata,
-        labels=request.labels,
-        priority=request.priority,
-        data_parallelism=request.data_parallelism,
-        resources=request.resources,
-        max_runtime_sec=request.max_runtime_sec,
-        id=request.id,
-    )
+    job = request.create(store, owner)
     try:
         run_id = trigger(job.id, dag_conf(job, request))
     except TriggerError as exc:

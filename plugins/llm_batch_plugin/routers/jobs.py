@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Query
 
 from llm_batch.input_formats import InputFormat
+from llm_batch.job_request import JobRequest
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import DuplicateId, InvalidCursor, Job, JobStore
 from llm_batch.model_registry import ModelError, job_model_config
@@ -28,7 +29,6 @@ from llm_batch_plugin.models_jobs import JOB_ID_PATTERN, CreateJob, JobList, Job
 from llm_batch_plugin.routers.mistral_jobs import _input_files
 from llm_batch_plugin.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
-    JobRequest,
     check_endpoint,
     check_model,
     check_output_target,

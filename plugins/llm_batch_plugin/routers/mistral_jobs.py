@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Query, Request
 
 from llm_batch import housekeeping, storage
 from llm_batch.input_formats import InputFormat
+from llm_batch.job_request import JobRequest
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import FileObject, Job, JobStore
 from llm_batch_plugin.auth import Caller, CallerDep
@@ -28,7 +29,6 @@ from llm_batch_plugin.models_mistral import (
 )
 from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
-    JobRequest,
     check_endpoint,
     check_model,
     inline_json,

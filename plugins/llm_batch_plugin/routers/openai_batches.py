@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Query
 
 from llm_batch import storage
 from llm_batch.input_formats import InputFormat
+from llm_batch.job_request import JobRequest
 from llm_batch.jobstore import InvalidCursor
 from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.cancellation import cancel_job
@@ -18,7 +19,7 @@ from llm_batch_plugin.idempotency import IdempotencyDep, IdempotentRoute
 from llm_batch_plugin.limits import check_owner_limits
 from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, OPENAI_STATUS, BatchList, BatchOut, CreateBatchRequest
 from llm_batch_plugin.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch_plugin.submission import JobRequest, check_endpoint, check_model, submit
+from llm_batch_plugin.submission import check_endpoint, check_model, submit
 from llm_batch_plugin.uploads import expiry
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)

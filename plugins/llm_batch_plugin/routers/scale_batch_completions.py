@@ -14,6 +14,7 @@ from llm_batch import storage, user_paths
 from llm_batch.config import Settings
 from llm_batch.endpoints import Endpoint
 from llm_batch.input_formats import InputFormat
+from llm_batch.job_request import JobRequest
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
 from llm_batch.model_registry import (
@@ -42,7 +43,6 @@ from llm_batch_plugin.models_scale import (
 )
 from llm_batch_plugin.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch_plugin.submission import (
-    JobRequest,
     check_model,
     check_output_target,
     check_user_path,
