@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_batch.endpoints import SUPPORTED_ENDPOINTS
 from tests.fixtures.airflow import DAGS_FOLDER
 
 pytestmark = [pytest.mark.airflow]
@@ -55,7 +56,8 @@ def test_all_dag_files_parse_in_under_a_second_without_heavy_imports(airflow_hom
 def test_batch_dag_wiring(dag_bag):
     dag = dag_bag.get_dag("batch_inference")
     assert dag.schedule is None and dag.dagrun_timeout is not None
-    assert dag.params.get_param("endpoint").schema["enum"] == ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    assert dag.params.get_param("endpoint").schema["enum"] == list(SUPPORTED_ENDPOINTS)
+    assert "/v1/responses" in SUPPORTED_ENDPOINTS
     # A local (CPU-only) stack's form has no Kubernetes-only fields; the model is a choice.
     assert not {"gpus", "gpu_type", "nodes_per_worker"} & set(dag.params.keys())
     assert {"smollm2-135m-instruct", "tiny-random-llama"} <= set(dag.params.get_param("model").schema["enum"])
