@@ -45,6 +45,8 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
     os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
     os.environ["LLM_BATCH_RECURRING_SPECS"] = str(_recurring_spec(llm_batch_home))
+    # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.
+    os.environ["LLM_BATCH_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"
     stack = Stack(get_settings(), free_port())
     os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.client) finds it
     try:
