@@ -11,7 +11,7 @@ so a job is never left queued without a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -169,6 +169,14 @@ def inline_json(value: Any, param: str) -> bytes:
         code, message = problem
         raise ApiError(400, message, param=param, code=code.value)
     return orjson.dumps(value)
+
+
+def inline_request_lines(requests: Iterable[Any]) -> Iterator[bytes]:
+    """Inline requests (items with ``custom_id`` and ``body``) as batch JSONL lines; a missing
+    custom_id is the item's 0-based position."""
+    for index, item in enumerate(requests):
+        custom_id = item.custom_id if item.custom_id is not None else str(index)
+        yield inline_json({"custom_id": custom_id, "body": item.body}, f"requests[{index}]") + b"\n"
 
 
 def save_inline_requests(

@@ -33,7 +33,7 @@ from llm_batch_plugin.submission import (
     check_model,
     check_output_target,
     check_user_path,
-    inline_json,
+    inline_request_lines,
     priority_weight,
     save_inline_requests,
     submit,
@@ -74,12 +74,6 @@ def _output_target(store: JobStore, caller: Caller, output_uri: str, labels: dic
     except ApiError as exc:
         raise ApiError(exc.status_code, exc.message.replace("output_data_path", "output_uri"), param="output_uri",
                        code=exc.code) from None
-
-
-def _inline_lines(body: CreateJob):
-    for index, item in enumerate(body.requests or []):
-        custom_id = item.custom_id if item.custom_id is not None else str(index)
-        yield inline_json({"custom_id": custom_id, "body": item.body}, f"requests[{index}]") + b"\n"
 
 
 @router.post("", response_model=JobOut, summary="Create a job (with `id`: idempotent, re-attaches to yours)")
@@ -124,7 +118,7 @@ def create_job(
     elif input_uri is not None:
         job_input = {"uri": input_uri, "path": body.input_uri}
     else:
-        inline = save_inline_requests(store, settings, caller.name, _inline_lines(body), "inline-requests.jsonl")
+        inline = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []), "inline-requests.jsonl")
         job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
     request = JobRequest(
         dialect="airflow",

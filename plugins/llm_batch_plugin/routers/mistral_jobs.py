@@ -31,7 +31,7 @@ from llm_batch_plugin.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsD
 from llm_batch_plugin.submission import (
     check_endpoint,
     check_model,
-    inline_json,
+    inline_request_lines,
     save_inline_requests,
     submit,
 )
@@ -66,12 +66,6 @@ def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[F
             raise ApiError(400, message, param=where, code="invalid_input_file")
         files.append(found)
     return files
-
-
-def _inline_lines(body: CreateBatchJobRequest):
-    for index, item in enumerate(body.requests or []):
-        custom_id = item.custom_id if item.custom_id is not None else str(index)
-        yield inline_json({"custom_id": custom_id, "body": item.body}, f"requests[{index}]") + b"\n"
 
 
 def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:
@@ -125,7 +119,7 @@ def create_batch_job(
         files = _input_files(store, caller, body.input_files)
         job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}
     else:
-        inline = save_inline_requests(store, settings, caller.name, _inline_lines(body), "inline-requests.jsonl")
+        inline = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []), "inline-requests.jsonl")
         job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
     request = JobRequest(
         dialect="mistral",
