@@ -45,8 +45,9 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
     os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
     os.environ["LLM_BATCH_RECURRING_SPECS"] = str(_recurring_spec(llm_batch_home))
-    # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens:
-    # for the stack's components only (the session's later unit tests read the environment).
+    # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.
+    # It stays set for the session: `llm-batch up` (test_stack_up) refuses a changed
+    # configuration; the webhook unit tests clear it for themselves.
     os.environ["LLM_BATCH_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"
     stack = Stack(get_settings(), free_port())
     os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.client) finds it
@@ -56,9 +57,6 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         print(stack_logs(stack))
         stack.down()
         raise
-    finally:
-        os.environ.pop("LLM_BATCH_WEBHOOK_ALLOWED_HOSTS", None)
-        get_settings.cache_clear()
     yield stack
     stack.down()
 

@@ -29,6 +29,14 @@ CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _no_admin_allow_list(monkeypatch):
+    """These tests say which destinations are allowed; the e2e stack's session-wide
+    allow-list (tests/e2e/conftest.py) must not reach the Settings they build."""
+    monkeypatch.delenv("LLM_BATCH_WEBHOOK_ALLOWED_HOSTS", raising=False)
+    monkeypatch.delenv("LLM_BATCH_WEBHOOK_ALLOW_PUBLIC", raising=False)
+
+
 class Receiver:
     """A tiny HTTP server in a thread: records each request; answers from `script`
     (a list of (status, delay_s), the last one repeated)."""
