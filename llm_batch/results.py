@@ -15,6 +15,7 @@ finishes out of order); the writer refuses an index that does not increase.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -25,6 +26,12 @@ from llm_batch import storage
 from llm_batch.layout import join_uri
 from llm_batch.records import ResultRecord, dumps_line
 from llm_batch.streams import stored_lines
+
+log = logging.getLogger(__name__)
+
+# While storage fails, a checkpoint's records stay buffered and are offered again this long
+# after the failure (each publish already retries briefly, storage.RETRY_ATTEMPTS).
+_RETRY_PUBLISH_AFTER_S = 5.0
 
 _PART_NAME = re.compile(r"part-(\d+)\.jsonl")
 
@@ -101,22 +108,31 @@ class ResultsWriter:
     or ``flush_every_s`` seconds passed since the first buffered one (checked on write; call
     ``flush`` at your own checkpoints, e.g. before checking for cancel). ``close`` flushes;
     so does leaving a ``with`` block, even on error, since buffered results are complete.
+
+    A storage outage does not stop the shard: unpublished records stay buffered and are
+    offered again at later checkpoints, for up to ``outage_s`` after the first failure;
+    ``close`` keeps trying that long too. Past it the ``StorageError`` propagates (the shard
+    fails; its retry resumes after the last published part). A part is published whole or
+    not at all, so a repeated attempt at one part only ever adds records to it.
     """
 
     def __init__(self, results_uri: str, done: int, last_index: int | None, *,
-                 flush_every_s: float, flush_every_records: int):
+                 flush_every_s: float, flush_every_records: int, outage_s: float = 300.0):
         self.results_uri = results_uri
         self.done = done
         self._published = done
         self._last_index = last_index
         self._flush_every_s = flush_every_s
         self._flush_every_records = flush_every_records
+        self._outage_s = outage_s
         self._buffer: list[bytes] = []
         self._buffer_since = 0.0
+        self._failing_since: float | None = None
+        self._retry_at = 0.0
 
     @classmethod
     def open(cls, results_uri: str, *, flush_every_s: float = 2.0,
-             flush_every_records: int = 1000) -> ResultsWriter:
+             flush_every_records: int = 1000, outage_s: float = 300.0) -> ResultsWriter:
         parts = list_parts(results_uri)
         done, last_index = 0, None
         if parts:
@@ -124,7 +140,7 @@ class ResultsWriter:
             done = parts[-1].start + count
             last_index = last.index if last is not None else None
         return cls(results_uri, done, last_index, flush_every_s=flush_every_s,
-                   flush_every_records=flush_every_records)
+                   flush_every_records=flush_every_records, outage_s=outage_s)
 
     def write(self, record: ResultRecord) -> None:
         if self._last_index is not None and record.index <= self._last_index:
@@ -142,16 +158,43 @@ class ResultsWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Publish the buffered records as the next part (nothing to do when empty)."""
-        if not self._buffer:
+        """Publish the buffered records as the next part (nothing to do when empty); while
+        storage fails they stay buffered for a later checkpoint (see the class)."""
+        if not self._buffer or time.monotonic() < self._retry_at:
             return
+        try:
+            self._publish()
+        except storage.StorageError as exc:
+            self._failed(exc)
+
+    def close(self) -> None:
+        """The last publish, tried again every few seconds while storage fails (see the class)."""
+        while self._buffer:
+            try:
+                self._publish()
+            except storage.StorageError as exc:
+                self._failed(exc)
+                time.sleep(max(self._retry_at - time.monotonic(), 0.0))
+
+    def _publish(self) -> None:
         with storage.open_write(part_uri(self.results_uri, self._published)) as stream:
             stream.write(b"".join(self._buffer))
         self._published += len(self._buffer)
         self._buffer.clear()
+        if self._failing_since is not None:
+            log.warning("results published again after %.0f s of storage failures",
+                        time.monotonic() - self._failing_since)
+        self._failing_since = None
 
-    def close(self) -> None:
-        self.flush()
+    def _failed(self, exc: storage.StorageError) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since >= self._outage_s:
+            raise exc
+        self._retry_at = now + _RETRY_PUBLISH_AFTER_S
+        log.warning("%d results not published yet (kept; tried again in %.0f s): %s",
+                    len(self._buffer), _RETRY_PUBLISH_AFTER_S, exc)
 
     def __enter__(self) -> ResultsWriter:
         return self

@@ -239,7 +239,9 @@ class Stack:
         return result
 
     def _start_clean(self) -> None:
-        self.down()  # stale pid files, leftovers of dead process groups
+        # Stale pid files, leftovers of dead process groups: the control plane's only (a
+        # subclass's services, e.g. the Celery shape's, stay up).
+        Stack.down(self)
         (self.run_dir / "log-ports.json").unlink(missing_ok=True)  # pick free ones again
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -62,6 +62,9 @@ class WorkerConfig:
     window: int | None = None  # requests between fed and written; default 4 x max_num_seqs
     flush_every_s: float = 2.0
     flush_every_records: int = 1000
+    # How long results may fail to reach storage (kept buffered meanwhile) before the shard
+    # fails and its retry resumes from the last published part: rides out an S3 restart.
+    storage_outage_s: float = 300.0
     progress_interval_s: float = 2.0
     cancel_check_s: float = 1.0
 
@@ -74,6 +77,7 @@ def run_worker(config: WorkerConfig) -> int:
             config.results,
             flush_every_s=config.flush_every_s,
             flush_every_records=config.flush_every_records,
+            outage_s=config.storage_outage_s,
         )
         total = count_requests(config.requests)
         earlier = _earlier_attempts(config) if writer.done else ShardProgress(

@@ -12,6 +12,11 @@ from llm_batch.shard_task import ShardOutcome, ShardTask, interpret_exit, shard_
 if TYPE_CHECKING:
     from llm_batch.jobstore import JobStore
 
+# How long a shard task starting while the job store is down (a PostgreSQL restart) waits
+# for it, instead of failing and spending one of its retries.
+STORE_WAIT_S = 60.0
+STORE_RETRY_S = 2.0
+
 
 class ShardTaskMixin:
     """For an operator with a ``shard_task`` dict (a ``llm_batch.shard_task.ShardTask``)."""
@@ -42,7 +47,7 @@ class ShardTaskMixin:
         """The outcome of a shard that must not start at all: its job has ended already
         (state "ended": a cleared task of a finished run never runs inference again), or
         it is cancelled or past its deadline."""
-        job = self.job_store.get_job(self.shard.job_id)
+        job = self._job_waiting_for_the_store()
         if job is not None and job.terminal:
             message = (f"job {job.id} has already ended ({job.status.value}): not starting a worker, "
                        "its results stay as they are")
@@ -54,6 +59,16 @@ class ShardTaskMixin:
         return ShardOutcome(
             shard=self.shard.shard, exit_code=-1, state=cause, message=f"not started: {cause}"
         )
+
+    def _job_waiting_for_the_store(self):
+        from sqlalchemy.exc import OperationalError
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+        for attempt in Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_WAIT_S),
+                                wait=wait_fixed(STORE_RETRY_S), reraise=True):
+            with attempt:
+                return self.job_store.get_job(self.shard.job_id)
+        return None  # unreachable: the last attempt returns or raises
 
     def report_progress(self) -> None:
         """This shard's progress into its row of the store (live counts for the API): one

@@ -17,6 +17,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--restart", action="store_true",
         help="stop every component first, then start them all (applies a configuration change)",
     )
+    up.add_argument(
+        "--executor", choices=("local", "celery"), default="local",
+        help="local: LocalExecutor on SQLite, one home (default); celery: the production shape on one machine "
+        "(CeleryExecutor, Redis broker, PostgreSQL, SeaweedFS S3, workers with homes of their own: "
+        "docs/production-shape.md)",
+    )
+    up.add_argument("--workers", type=int, default=None, help="celery: how many Celery workers (default 2, then kept)")
+    up.add_argument(
+        "--prepare-model", action="append", default=[], metavar="NAME",
+        help="celery: prepare this registered model in every worker's own model cache (repeatable)",
+    )
     up.set_defaults(func=_up)
     down = subparsers.add_parser("down", help="stop the embedded stack")
     down.set_defaults(func=_down)
@@ -29,12 +40,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _up(args: argparse.Namespace) -> int:
     import httpx
 
+    from llm_batch.celery_stack import CeleryStack
     from llm_batch.stack import Stack, StackError
 
-    stack = Stack.from_env()
+    if args.executor == "celery":
+        if args.workers is not None and args.workers < 1:
+            print("error: --workers must be at least 1", file=sys.stderr)
+            return 2
+        stack = CeleryStack.create(workers=args.workers)
+    else:
+        if args.workers is not None or args.prepare_model:
+            print("error: --workers and --prepare-model need --executor celery", file=sys.stderr)
+            return 2
+        stack = Stack.from_env()
+        if CeleryStack.exists(stack.settings) and any(CeleryStack.create().shape_status().values()):
+            print("error: the Celery shape runs in this LLM_BATCH_HOME: `llm-batch up --executor celery`, "
+                  "or `llm-batch down` first", file=sys.stderr)
+            return 1
     print(f"starting the embedded stack (logs in {stack.log_dir}) ...", file=sys.stderr)
     try:
         result = stack.up(timeout=args.timeout, restart=args.restart)
+        if isinstance(stack, CeleryStack):
+            for name in args.prepare_model:
+                stack.prepare_model(name)
     except (StackError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         print("the components that did start keep running; stop them with: llm-batch down", file=sys.stderr)
@@ -55,20 +83,31 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
+    from llm_batch.celery_stack import CeleryStack
     from llm_batch.stack import Stack
 
-    Stack.from_env().down()
+    stack = Stack.from_env()
+    if CeleryStack.exists(stack.settings):
+        CeleryStack.create().down()  # workers, control plane, services
+    else:
+        stack.down()
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     from llm_batch.jobstore.store import JobStore, JobStoreUnhealthy
+    from llm_batch.celery_stack import CeleryStack
     from llm_batch.stack import Stack
 
     stack = Stack.from_env()
+    if CeleryStack.exists(stack.settings):
+        stack = CeleryStack.create()
     state = stack.running()
+    if isinstance(stack, CeleryStack):
+        state.update(stack.shape_status())
     for component, pid in state.items():
-        print(f"{component:14} {'running (pid %d)' % pid if pid else 'stopped'}")
+        shown = "running" if pid is True else "running (pid %d)" % pid if pid else "stopped"
+        print(f"{component:14} {shown}")
     # The store itself, through a new connection (what every worker and API process opens),
     # also when the api-server is down; open_store=False: never creates or migrates a store.
     try:

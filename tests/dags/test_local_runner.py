@@ -163,3 +163,24 @@ def test_user_marking_the_run_ends_its_job_with_that_reason(operator_for):
     job2 = store2.get_job(shard2.job_id)
     assert job2.status == JobStatus.CANCELLED and "marked the DAG run manual__ok success" in job2.status_reason
     assert "CANCELLED" in listeners.run_note(job2) and "/batch/ui/jobs#job=job_marked_success" in listeners.run_note(job2)
+
+
+def test_a_shard_starting_while_the_store_restarts_waits_for_it(operator_for, monkeypatch):
+    """The store refusing connections at the task's start (a PostgreSQL restart) is asked
+    again (operators/shard.py STORE_WAIT_S) instead of failing the try."""
+    from sqlalchemy.exc import OperationalError
+
+    store, shard, operator = operator_for("job_local_store_restart", "exit0")
+    real, calls = store.get_job, []
+
+    def restarting(job_id, *args, **kwargs):
+        calls.append(job_id)
+        if len(calls) <= 2:
+            raise OperationalError("SELECT", {}, Exception("the database system is shutting down"))
+        return real(job_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "get_job", restarting)
+    monkeypatch.setattr("llm_batch_operators.shard.STORE_RETRY_S", 0.01)
+    operator.__dict__["job_store"] = store  # the cached_property, set to the patched store
+    outcome = operator.execute({})
+    assert outcome["state"] == "done" and len(calls) >= 3

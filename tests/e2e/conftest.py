@@ -29,7 +29,9 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-@pytest.fixture(scope="session")
+# Package scope: the stack (four Airflow components polling and parsing) is stopped once the
+# e2e tests are done, so the engine, shape and unit tests after them have the cores.
+@pytest.fixture(scope="package")
 def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     from llm_batch.config import get_settings
     from llm_batch.stack import Stack, free_port

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yaml"
 PACKAGE_DIRS = ("llm_batch", "operators", "plugins", "dags")
 AIRFLOW_SERVICES = ("airflow-init", "airflow-apiserver", "airflow-scheduler",
-                    "airflow-dag-processor", "airflow-triggerer")
+                    "airflow-dag-processor", "airflow-triggerer", "airflow-worker")
 _VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}")
 
 
@@ -245,7 +245,7 @@ def test_every_command_is_a_real_airflow_or_llm_batch_command(compose: dict[str,
     lines = _project_command_lines(compose)
     commands = {tuple(line[:2]) for line in lines}
     assert {("airflow", "api-server"), ("airflow", "scheduler"), ("airflow", "dag-processor"),
-            ("airflow", "triggerer"), ("airflow", "db")} <= commands
+            ("airflow", "triggerer"), ("airflow", "db"), ("airflow", "celery")} <= commands
 
     for line in (line for line in lines if line[0] == "llm-batch"):
         build_parser().parse_args(line[1:])  # SystemExit on an unknown command or flag
@@ -268,3 +268,48 @@ def test_seaweedfs_flags_exist(compose: dict[str, Any]) -> None:
     for flag in command[1:]:
         name = flag.split("=")[0]
         assert re.search(rf"^\s+{re.escape(name)}\b", help_text, re.M), f"weed server has no flag {name}"
+
+
+# -- the Celery shape (docs/production-shape.md)
+
+def _named_volumes(service: dict[str, Any]) -> set[str]:
+    """The named volumes (not bind mounts) a service mounts."""
+    names = set()
+    for volume in service.get("volumes") or []:
+        source = volume.get("source") if isinstance(volume, dict) else str(volume).split(":")[0]
+        kind = volume.get("type", "volume") if isinstance(volume, dict) else (
+            "bind" if source.startswith((".", "/", "$")) else "volume")
+        if kind == "volume" and source:
+            names.add(source)
+    return names
+
+
+def test_the_celery_executor_has_its_broker_and_workers(compose: dict[str, Any]) -> None:
+    from sqlalchemy.engine import make_url
+
+    services = compose["services"]
+    assert "redis" in services and services["redis"]["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
+    for name in AIRFLOW_SERVICES:
+        env = _environment(compose, name)
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
+        assert make_url(env["AIRFLOW__CELERY__BROKER_URL"].replace("redis://:@", "redis://")).host == "redis"
+        # Celery's results go to Airflow's metadata DB, the database every component reads.
+        backend = env["AIRFLOW__CELERY__RESULT_BACKEND"].removeprefix("db+")
+        assert make_url(backend).database == make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).database
+        assert make_url(backend).host == "postgres"
+        if name != "airflow-init":
+            assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+    worker = services["airflow-worker"]
+    assert worker["command"][:2] == ["celery", "worker"]
+    assert "inspect ping" in worker["healthcheck"]["test"][1]
+
+
+def test_workers_share_no_volume_with_anything(compose: dict[str, Any]) -> None:
+    """A worker's home, model cache and task logs are its own: only PostgreSQL, S3 and the
+    broker are shared (the DAG files are the image's code, mounted read-only in spirit)."""
+    services = compose["services"]
+    worker = _named_volumes(services["airflow-worker"])
+    assert worker == set(), f"airflow-worker mounts named volumes {worker}: replicas would share them"
+    env = _environment(compose, "airflow-worker")
+    assert env["LLM_BATCH_WORK_URI"].startswith("s3://") and env["LLM_BATCH_FILES_URI"].startswith("s3://")
+    assert env["LLM_BATCH_DATABASE_URL"].startswith("postgresql")

@@ -130,3 +130,71 @@ def test_iter_lines_joins_a_line_far_longer_than_a_chunk() -> None:
     long_line = b"x" * 100_000
     data = b"a\n" + long_line + b"\nb"
     assert list(iter_lines(io.BytesIO(data), chunk_bytes=7)) == [b"a", long_line, b"b"]
+
+
+class Outage:
+    """storage.open_write failing (as boto3 does against a stopped S3 server) while `down`."""
+
+    def __init__(self, monkeypatch):
+        self.down = True
+        self.attempts = 0
+        real = storage.open_write
+
+        def open_write(uri):
+            self.attempts += 1
+            if self.down:
+                raise storage.StorageError(uri, "Could not connect to the endpoint URL")
+            return real(uri)
+
+        monkeypatch.setattr(storage, "open_write", open_write)
+
+
+def test_records_stay_buffered_through_a_storage_outage_and_publish_after_it(results_uri, monkeypatch):
+    monkeypatch.setattr("llm_batch.results._RETRY_PUBLISH_AFTER_S", 0.0)
+    outage = Outage(monkeypatch)
+    writer = ResultsWriter.open(results_uri, flush_every_s=0, outage_s=60)
+    for i in range(3):
+        writer.write(result(i))  # each checkpoint fails: nothing raised, nothing lost
+    assert outage.attempts == 3 and writer.done == 3
+    outage.down = False
+    writer.write(result(3))
+    assert [p.start for p in list_parts(results_uri)] == [0]  # one part with all four
+    assert [r.index for r in read_results(results_uri)] == [0, 1, 2, 3]
+
+
+def test_a_failed_checkpoint_is_not_retried_on_every_write(results_uri, monkeypatch):
+    outage = Outage(monkeypatch)
+    writer = ResultsWriter.open(results_uri, flush_every_s=0, outage_s=60)
+    for i in range(10):
+        writer.write(result(i))
+    assert outage.attempts == 1  # the next attempt waits _RETRY_PUBLISH_AFTER_S
+
+
+def test_close_waits_out_a_short_outage(results_uri, monkeypatch):
+    monkeypatch.setattr("llm_batch.results._RETRY_PUBLISH_AFTER_S", 0.01)
+    outage = Outage(monkeypatch)
+    writer = ResultsWriter.open(results_uri, flush_every_s=3600, outage_s=60)
+    writer.write(result(0))
+    real_sleep = __import__("time").sleep
+
+    def sleep(s):
+        if outage.attempts >= 3:
+            outage.down = False  # the server is back after the third attempt
+        real_sleep(s)
+
+    monkeypatch.setattr("llm_batch.results.time.sleep", sleep)
+    writer.close()
+    assert [r.index for r in read_results(results_uri)] == [0]
+
+
+def test_an_outage_longer_than_outage_s_fails_the_shard_keeping_what_was_published(results_uri, monkeypatch):
+    monkeypatch.setattr("llm_batch.results._RETRY_PUBLISH_AFTER_S", 0.0)
+    writer = ResultsWriter.open(results_uri, flush_every_s=0, outage_s=0.05)
+    writer.write(result(0))  # published before the outage
+    outage = Outage(monkeypatch)
+    writer.write(result(1))
+    __import__("time").sleep(0.06)
+    with pytest.raises(storage.StorageError, match="Could not connect"):
+        writer.write(result(2))
+    assert outage.attempts == 2
+    assert [r.index for r in read_results(results_uri)] == [0]  # the retry resumes after it

@@ -414,3 +414,20 @@ def test_a_failed_shards_outcome_reaches_merge_and_the_reason(store, settings):
     errors = [orjson.loads(x) for x in storage.read_bytes(store.get_file(job.error_file_id).uri).splitlines()]
     assert [(e["error"]["code"], e["error"]["message"]) for e in errors] == [
         ("shard_failed", "shard 1: the worker failed (exit status 1) on attempt 3 of 3")] * 2
+
+
+def test_a_store_down_for_a_moment_does_not_stop_a_shard(store, settings, monkeypatch):
+    """The runners ask shard_stop_cause every few seconds while a worker runs: a store
+    restart (a failing read) is asked again next round, the deadline still applies."""
+    from sqlalchemy.exc import OperationalError
+
+    conf = _conf(settings, n=2)
+    job_id, [task] = _through_plan(store, settings, conf)
+
+    def down(*args, **kwargs):
+        raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(store, "get_job", down)
+    deadline = utcnow() + timedelta(hours=1)
+    assert shard_task.shard_stop_cause(store, job_id, task["cancel_marker"], deadline) is None
+    assert shard_task.shard_stop_cause(store, job_id, task["cancel_marker"], utcnow() - timedelta(seconds=1)) == "deadline"

@@ -1,0 +1,143 @@
+"""Scheduling overhead per shard on the production shape (``llm-batch up --executor celery``).
+
+    .venv/bin/python benchmarks/celery_overhead.py [--shards 64] [--workers 2] [--max-tokens 4]
+
+Starts the Celery shape (CeleryExecutor, Redis broker, PostgreSQL, SeaweedFS S3, N Celery
+workers with homes of their own; llm_batch/celery_stack.py) under a temporary LLM_BATCH_HOME
+on free ports, prepares the tiny random model in each worker's cache, submits one job of
+``--shards`` shards x 1 request (native route, inline requests) and reads the run's task
+instances from Airflow's API and each shard's ``engine_seconds`` from its progress on S3.
+
+Prints, with the run's timestamps (Airflow's start/end of each task instance):
+
+- wall: plan done -> last shard done;
+- engine: the sum of the shards' engine loop seconds (``engine_seconds``: generation only);
+- overhead per shard = (wall x worker slots - engine) / shards: the worker-slot time a shard
+  costs beyond its generation (dispatch by scheduler and Celery, the task's start, the
+  ``llm-batch worker`` process with its engine start-up and model load, checkpoint on S3);
+- split in its parts (medians over shards): queued -> started (scheduler + broker + worker
+  pick-up), started -> ended minus engine (task process + worker process + engine start),
+  and the gap on one worker between a shard's end and its next shard's start.
+
+Target: overhead per shard under 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TARGET_S = 2.0
+
+
+def _ts(value: str | None) -> float | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--keep", action="store_true", help="leave the shape running (prints its home)")
+    args = parser.parse_args()
+
+    os.environ.setdefault("LLM_BATCH_ENFORCE_EAGER", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    home = Path(tempfile.mkdtemp(prefix="llm-batch-celery-bench-"))
+    os.environ["LLM_BATCH_HOME"] = str(home)
+
+    import httpx
+    import orjson
+
+    from llm_batch.celery_stack import CeleryStack
+    from llm_batch.config import Settings
+    from llm_batch.stack import free_port
+
+    model = "tiny-random-llama"
+    stack = CeleryStack.create(Settings(home=home), free_port(), workers=args.workers)
+    started = time.monotonic()
+    try:
+        stack.up(timeout=600)
+        stack.prepare_model(model)
+        print(f"shape up with {args.workers} workers in {time.monotonic() - started:.0f} s (home {home})",
+              file=sys.stderr)
+        key = stack.ensure_api_key()
+        requests = [{"custom_id": f"req-{i:03d}", "body": {
+            "model": model, "messages": [{"role": "user", "content": f"say {i}"}],
+            "max_tokens": args.max_tokens, "ignore_eos": True, "temperature": 0}} for i in range(args.shards)]
+        with httpx.Client(base_url=f"{stack.base_url}/batch", timeout=60,
+                          headers={"Authorization": f"Bearer {key}"}) as api:
+            created = api.post("/v1/jobs", json={"requests": requests, "model": model,
+                                                  "data_parallelism": args.shards})
+            created.raise_for_status()
+            job_id = created.json()["id"]
+            deadline = time.monotonic() + 3600
+            while True:
+                job = api.get(f"/v1/jobs/{job_id}").json()
+                if job["terminal"] or time.monotonic() > deadline:
+                    break
+                time.sleep(5)
+        if job["status"] != "SUCCEEDED":
+            print(f"job {job_id} ended {job['status']}: {job.get('status_reason')}", file=sys.stderr)
+            return 1
+        with httpx.Client(base_url=f"{stack.base_url}/api/v2", timeout=60,
+                          headers={"Authorization": f"Bearer {stack.airflow_token()}"}) as airflow:
+            tis = airflow.get(f"/dags/batch_inference/dagRuns/{job['dag_run_id']}/taskInstances",
+                              params={"limit": 1000}).json()["task_instances"]
+        s3 = stack.s3_client()
+        shards = sorted((ti for ti in tis if ti["task_id"].startswith("run_shard__") and ti["map_index"] >= 0),
+                        key=lambda t: t["map_index"])
+        plan = next(ti for ti in tis if ti["task_id"] == "plan")
+        engine = {}
+        for ti in shards:
+            key_name = f"work/{job_id}/shards/{ti['map_index']:05d}/progress.json"
+            engine[ti["map_index"]] = orjson.loads(s3.get_object(Bucket="llm-batch", Key=key_name)["Body"].read())[
+                "engine_seconds"]
+        wall = max(_ts(ti["end_date"]) for ti in shards) - _ts(plan["end_date"])
+        engine_total = sum(engine.values())
+        slots = args.workers  # concurrency 1 per worker, pool slots = workers
+        per_shard = (wall * slots - engine_total) / len(shards)
+        queued = [_ts(ti["start_date"]) - _ts(ti["queued_when"]) for ti in shards if ti.get("queued_when")]
+        inside = [_ts(ti["end_date"]) - _ts(ti["start_date"]) - engine[ti["map_index"]] for ti in shards]
+        gaps = []
+        by_host: dict[str, list] = {}
+        for ti in shards:
+            by_host.setdefault(ti["hostname"], []).append(ti)
+        for host_tis in by_host.values():
+            host_tis.sort(key=lambda t: _ts(t["start_date"]))
+            gaps += [_ts(b["start_date"]) - _ts(a["end_date"]) for a, b in zip(host_tis, host_tis[1:], strict=False)]
+        tries = sum(ti["try_number"] for ti in shards) - len(shards)
+        print(f"job {job_id}: {len(shards)} shards x 1 request, {args.workers} Celery workers "
+              f"(shards per worker: {', '.join(f'{h} {len(t)}' for h, t in sorted(by_host.items()))}), "
+              f"retries {tries}")
+        print(f"plan done -> last shard done: {wall:.1f} s; engine (generation) total {engine_total:.1f} s")
+        verdict = "OK" if per_shard < TARGET_S else "OVER TARGET"
+        print(f"overhead per shard: {per_shard:.2f} s  (target < {TARGET_S:.0f} s: {verdict})")
+        if queued:
+            print(f"  queued -> started (scheduler, broker, pick-up), median: {statistics.median(queued):.2f} s")
+        print(f"  started -> ended minus engine (task + worker process + engine start), median: "
+              f"{statistics.median(inside):.2f} s")
+        if gaps:
+            print(f"  one worker's shard end -> its next shard start, median: {statistics.median(gaps):.2f} s")
+        return 0
+    finally:
+        if args.keep:
+            print(f"left running: LLM_BATCH_HOME={home} llm-batch down", file=sys.stderr)
+        else:
+            stack.down()
+            shutil.rmtree(stack.pg_root, ignore_errors=True)
+            shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

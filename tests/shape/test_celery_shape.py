@@ -1,0 +1,322 @@
+"""The production shape on one machine (``llm-batch up --executor celery``): CeleryExecutor
+with a Redis broker, PostgreSQL for Airflow and the job store, SeaweedFS S3 for every file,
+two Celery workers each with a home and model cache of its own (docs/production-shape.md).
+
+``celery_shape`` (this package's, stopped when its tests are done) starts it under a new home with the tiny
+model prepared in each worker's cache. Jobs go through the native route with inline
+requests (``/batch/v1/jobs``): nothing names a path on anybody's disk. Which worker ran a
+shard is the task instance's ``hostname`` (each worker names itself ``celery-worker-<n>``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.conftest import read_jsonl, wait_until
+from tests.fixtures.engine import TINY_MODEL
+
+pytestmark = [pytest.mark.e2e, pytest.mark.airflow, pytest.mark.engine, pytest.mark.postgres, pytest.mark.s3]
+
+JOB_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="package")
+def celery_shape(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Any]:
+    from llm_batch.celery_stack import CeleryStack
+    from llm_batch.config import Settings
+    from llm_batch.stack import free_port
+
+    # As for e2e_stack: no in-process Airflow test settings in the real components.
+    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
+        os.environ.pop(name, None)
+    os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
+    # A task of a killed worker is failed (and retried) after 45 s, not 5 min.
+    os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
+    home = tmp_path_factory.mktemp("celery-shape")
+    stack = CeleryStack.create(Settings(home=home), free_port(), workers=2)
+    try:
+        stack.up(timeout=420)
+        stack.prepare_model(TINY_MODEL)
+    except BaseException:
+        print(shape_logs(stack))
+        stack.down()
+        raise
+    yield stack
+    stack.down()
+    shutil.rmtree(stack.pg_root, ignore_errors=True)
+
+
+def shape_logs(stack: Any, lines: int = 40) -> str:
+    logs = [*sorted(stack.log_dir.glob("*.log"))]
+    logs += [stack.worker_log(n) for n in range(1, stack.workers + 1)]
+    logs += sorted(stack.shape_dir.glob("celery-worker-*/airflow/logs/dag_id=*/**/*.log"))
+    parts = []
+    for log in logs:
+        try:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            tail = f"(unreadable: {exc})"
+        parts.append(f"===== {log}\n{tail}")
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def shape(request, celery_shape) -> Iterator[Any]:
+    """The shape; its logs printed when the test fails."""
+    yield celery_shape
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(shape_logs(celery_shape))
+
+
+def _api(stack: Any) -> httpx.Client:
+    return httpx.Client(base_url=f"{stack.base_url}/batch", timeout=60,
+                        headers={"Authorization": f"Bearer {stack.ensure_api_key()}"})
+
+
+def _airflow(stack: Any) -> httpx.Client:
+    return httpx.Client(base_url=f"{stack.base_url}/api/v2", timeout=60,
+                        headers={"Authorization": f"Bearer {stack.airflow_token()}"})
+
+
+def requests_of(count: int, *, first_tokens: int, step: int) -> list[dict[str, Any]]:
+    """Inline chat requests; request i generates exactly first_tokens + i * step tokens."""
+    return [
+        {"custom_id": f"req-{i:04d}", "body": {
+            "model": TINY_MODEL, "messages": [{"role": "user", "content": f"request {i}: count slowly"}],
+            "max_tokens": first_tokens + i * step, "ignore_eos": True, "temperature": 0}}
+        for i in range(count)
+    ]
+
+
+# Two sequences at a time: a job whose shards take long enough for a fault mid-shard (with
+# the default 256, the tiny model finishes a 30-request shard in ~13 s here).
+SLOW = {"engine_args": {"max_num_seqs": 2}}
+
+
+def submit(stack: Any, requests: list[dict[str, Any]], shards: int,
+           model_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    with _api(stack) as api:
+        created = api.post("/v1/jobs", json={"requests": requests, "model": TINY_MODEL,
+                                              "data_parallelism": shards, "model_config": model_config or {}})
+    assert created.status_code in (200, 201), created.text
+    return created.json()
+
+
+def job(stack: Any, job_id: str) -> dict[str, Any]:
+    with _api(stack) as api:
+        answer = api.get(f"/v1/jobs/{job_id}")
+    answer.raise_for_status()
+    return answer.json()
+
+
+def wait_job(stack: Any, job_id: str, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+    return wait_until(f"job {job_id} to end", lambda: (j := job(stack, job_id))["terminal"] and j, timeout, poll=2)
+
+
+def results(stack: Any, file_id: str) -> list[dict[str, Any]]:
+    with _api(stack) as api:
+        content = api.get(f"/v1/files/{file_id}/content")
+    content.raise_for_status()
+    return read_jsonl(content.content)
+
+
+def shard_tries(stack: Any, run_id: str) -> dict[int, list[dict[str, Any]]]:
+    """Every try of every shard task of the run: {map_index: [try, ...]} (oldest first)."""
+    with _airflow(stack) as airflow:
+        listed = airflow.get(f"/dags/batch_inference/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        listed.raise_for_status()
+        # Mapped shard tasks (a lane without shards has one skipped, unmapped instance: -1).
+        shards = [ti for ti in listed.json()["task_instances"]
+                  if ti["task_id"].startswith("run_shard__") and ti["map_index"] >= 0]
+        tries = {}
+        for ti in shards:
+            answer = airflow.get(f"/dags/batch_inference/dagRuns/{run_id}/taskInstances/{ti['task_id']}/"
+                                 f"{ti['map_index']}/tries")
+            answer.raise_for_status()
+            tries[ti["map_index"]] = sorted(answer.json()["task_instances"], key=lambda t: t["try_number"])
+    return tries
+
+
+def running_shards(stack: Any, run_id: str) -> dict[int, str]:
+    """{map_index: hostname} of the shard tasks running now."""
+    with _airflow(stack) as airflow:
+        listed = airflow.get(f"/dags/batch_inference/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+    listed.raise_for_status()
+    return {ti["map_index"]: ti["hostname"] for ti in listed.json()["task_instances"]
+            if ti["task_id"].startswith("run_shard__") and ti["state"] == "running" and ti["hostname"]}
+
+
+def shard_progress(stack: Any, job_id: str, shard: int) -> dict[str, Any] | None:
+    """The shard's progress.json on S3 (None before the worker first published it)."""
+    client = stack.s3_client()
+    try:
+        body = client.get_object(Bucket="llm-batch", Key=f"work/{job_id}/shards/{shard:05d}/progress.json")["Body"]
+    except client.exceptions.NoSuchKey:
+        return None
+    return orjson.loads(body.read())
+
+
+def _exactly_once(stack: Any, ended: dict[str, Any], ids: list[str]) -> None:
+    assert ended["status"] == "SUCCEEDED", ended
+    assert ended["counts"]["total"] == len(ids) and ended["counts"]["succeeded"] == len(ids), ended["counts"]
+    lines = results(stack, ended["output_file_id"])
+    assert [line["custom_id"] for line in lines] == ids  # each exactly once, in input order
+    assert ended["error_file_id"] is None or results(stack, ended["error_file_id"]) == []
+
+
+def test_a_job_spreads_its_shards_over_both_workers(shape):
+    requests = requests_of(8, first_tokens=8, step=2)
+    created = submit(shape, requests, shards=4)
+    ended = wait_job(shape, created["id"])
+    _exactly_once(shape, ended, [r["custom_id"] for r in requests])
+    tries = shard_tries(shape, ended["dag_run_id"])
+    assert sorted(tries) == [0, 1, 2, 3]
+    ran_on = {shard: t[-1]["hostname"] for shard, t in tries.items()}
+    print("shard -> worker:", ran_on)
+    assert set(ran_on.values()) == {"celery-worker-1", "celery-worker-2"}, ran_on
+    # Every non-shard task ran on a worker too (the scheduler runs nothing itself).
+    with _airflow(shape) as airflow:
+        tis = airflow.get(f"/dags/batch_inference/dagRuns/{ended['dag_run_id']}/taskInstances",
+                          params={"limit": 100}).json()["task_instances"]
+    assert {ti["hostname"] for ti in tis if ti["state"] == "success"} <= {"celery-worker-1", "celery-worker-2"}
+
+
+def test_a_killed_worker_s_shard_resumes_on_the_other_worker(shape):
+    requests = requests_of(60, first_tokens=60, step=6)
+    created = submit(shape, requests, shards=2, model_config=SLOW)
+    job_id = created["id"]
+    run_id = wait_until("the job's run", lambda: job(shape, job_id)["dag_run_id"], 120)
+    # Mid-shard: a shard runs on worker 1 and has checkpointed some results to S3.
+    # (A 1-tuple: shard 0 is falsy, and wait_until waits for something truthy.)
+    [victim] = wait_until(
+        "a shard on celery-worker-1 with results",
+        lambda: next(((s,) for s, host in running_shards(shape, run_id).items() if host == "celery-worker-1"
+                      and ((shard_progress(shape, job_id, s) or {}).get("done") or 0) >= 3), None),
+        JOB_TIMEOUT_S, poll=1,
+    )
+    before = shard_progress(shape, job_id, victim)
+    assert before["done"] < before["total"], f"shard {victim} ended before the kill: {before}"
+    shape.kill_worker(1)
+    try:
+        ended = wait_job(shape, job_id)
+        _exactly_once(shape, ended, [r["custom_id"] for r in requests])
+        tries = shard_tries(shape, run_id)[victim]
+        print(f"shard {victim} tries:", [(t["try_number"], t["hostname"], t["state"]) for t in tries])
+        assert tries[0]["hostname"] == "celery-worker-1" and tries[-1]["hostname"] == "celery-worker-2"
+        assert tries[-1]["state"] == "success" and len(tries) >= 2
+        after = shard_progress(shape, job_id, victim)
+        # The retry started from the checkpoint on S3: what the killed try finished was kept.
+        assert after["resumed"] >= before["done"], (before, after)
+    finally:
+        shape.workers_up(timeout=180)  # worker 1 again, for whatever runs next
+
+
+def _mid_job(shape: Any, count: int, shards: int = 2) -> tuple[list[dict[str, Any]], str, str]:
+    """A job long enough to outlast the faults, once a shard has checkpointed a few results
+    to S3: (requests, job id, run id)."""
+    requests = requests_of(count, first_tokens=100, step=5)
+    job_id = submit(shape, requests, shards=shards, model_config=SLOW)["id"]
+    run_id = wait_until("the job's run", lambda: job(shape, job_id)["dag_run_id"], 120)
+    wait_until("a shard with results", lambda: any(
+        ((shard_progress(shape, job_id, s) or {}).get("done") or 0) >= 3 for s in range(shards)),
+        JOB_TIMEOUT_S, poll=1)
+    return requests, job_id, run_id
+
+
+def _tries(shape: Any, run_id: str) -> dict[int, list[tuple[int, str, str]]]:
+    return {s: [(t["try_number"], t["hostname"], t["state"]) for t in ts] for s, ts in shard_tries(shape, run_id).items()}
+
+
+def test_a_job_outlasts_restarts_of_the_api_server_the_scheduler_and_postgresql(shape):
+    """Each restarted mid-job in turn: the api-server and the scheduler stopped, then ``up``
+    starts only that one; PostgreSQL stopped (a fast shutdown, dropping every connection)
+    for 5 s. Airflow's scheduler, dag-processor and triggerer exit when the metadata DB
+    refuses connections (their supervisor restarts them in production: Kubernetes, compose's
+    ``restart:``; here ``up``); the api-server and the workers' tasks ride it out. The job
+    ends SUCCEEDED with every request once, and no job is left live."""
+    requests, job_id, run_id = _mid_job(shape, 80)
+    for component in ("api-server", "scheduler"):
+        shape.stop_component(component, grace=10)
+        assert shape.running()[component] is None
+        result = shape.up(timeout=300)
+        assert result.started == (component,), result
+        assert not job(shape, job_id)["terminal"], f"the job ended before the {component} restart was tested"
+    shape.stop_service("postgres")
+    time.sleep(5)
+    shape.services_up()
+    time.sleep(5)  # what exits of it has exited
+    restarted = shape.up(timeout=300).started
+    print("restarted after the PostgreSQL restart:", restarted)
+    assert set(restarted) <= {"scheduler", "dag-processor", "triggerer"}, restarted
+    ended = wait_job(shape, job_id)
+    print("shard tries:", _tries(shape, run_id))
+    _exactly_once(shape, ended, [r["custom_id"] for r in requests])
+    with _api(shape) as api:
+        listed = api.get("/v1/jobs", params={"limit": 100}).json()["data"]
+    assert [j["id"] for j in listed if not j["terminal"]] == []  # no job stuck live
+
+
+def test_a_30_s_s3_outage_mid_shard_is_ridden_out(shape):
+    """The S3 server killed mid-shard and started again 30 s later: the workers keep their
+    results buffered (ResultsWriter's outage_s) and publish them once it is back; every
+    request once, and no shard needed another try."""
+    requests, job_id, run_id = _mid_job(shape, 80)
+    shape.stop_service("s3")
+    try:
+        time.sleep(30)
+    finally:
+        shape.services_up()
+    ended = wait_job(shape, job_id)
+    tries = _tries(shape, run_id)
+    print("shard tries:", tries)
+    _exactly_once(shape, ended, [r["custom_id"] for r in requests])
+    assert all(len(t) == 1 for t in tries.values()), tries
+
+
+def test_no_component_has_a_file_open_under_another_s_home(shape):
+    """While idle and after the jobs above: each process of the shape has open files only in
+    its own home (or outside every home: code, the venv, /tmp, sockets)."""
+    from llm_batch.celery_stack import _descendants
+
+    homes = {"control": shape.settings.home, **{shape.worker_name(n): shape.worker_home(n)
+                                                for n in range(1, shape.workers + 1)}}
+
+    def owner(path: str) -> str | None:
+        best = None
+        for name, home in homes.items():
+            if path.startswith(f"{home}/"):
+                # The longest home wins: a worker's home is inside the control plane's.
+                if best is None or len(str(home)) > len(str(homes[best])):
+                    best = name
+        return best
+
+    components = {c: (pid, "control") for c, pid in shape.running().items() if pid}
+    components |= {shape.worker_name(n): (shape._pid(shape.worker_name(n)), shape.worker_name(n))
+                   for n in range(1, shape.workers + 1)}
+    foreign = []
+    for component, (pid, own) in components.items():
+        assert pid, f"{component} is not running"
+        for proc in _descendants(pid):
+            try:
+                fds = list(Path(f"/proc/{proc}/fd").iterdir())
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                holder = owner(target)
+                if holder is not None and holder != own:
+                    foreign.append((component, proc, target))
+    assert foreign == [], foreign

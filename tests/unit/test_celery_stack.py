@@ -1,0 +1,77 @@
+"""llm_batch.celery_stack without starting anything: the layout, ports and environments of
+the production shape (the processes themselves: tests/shape/test_celery_shape.py)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from llm_batch.celery_stack import CeleryStack, worker_hostname
+from llm_batch.config import Settings
+
+
+@pytest.fixture
+def shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CeleryStack:
+    for name in ("LLM_BATCH_MODEL_CACHE", "LLM_BATCH_LOCAL_POOL_SLOTS", "AIRFLOW_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LLM_BATCH_MODEL_CACHE", str(tmp_path / "control-models"))  # must not reach workers
+    return CeleryStack.create(Settings(home=tmp_path / "home"), 18080, workers=2)
+
+
+def test_the_shape_is_kept_private_and_stable(shape: CeleryStack) -> None:
+    state_file = shape.shape_dir / "shape.json"
+    assert stat.S_IMODE(state_file.stat().st_mode) == 0o600  # holds the S3 secret
+    again = CeleryStack.create(Settings(home=shape.settings.home), 18080)
+    assert again.state == shape.state and again.workers == 2
+    more = CeleryStack.create(Settings(home=shape.settings.home), 18080, workers=3)
+    assert more.workers == 3 and len(more.state["ports"]["worker_logs"]) == 3
+    assert more.state["ports"]["postgres"] == shape.state["ports"]["postgres"]
+
+
+def test_everything_shared_is_a_service_never_a_path(shape: CeleryStack) -> None:
+    env = shape.env()
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://")
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+" + env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://127.0.0.1:")
+    assert env["LLM_BATCH_DATABASE_URL"].startswith("postgresql+psycopg2://") and "/llm_batch" in env["LLM_BATCH_DATABASE_URL"]
+    assert env["LLM_BATCH_WORK_URI"].startswith("s3://") and env["LLM_BATCH_FILES_URI"].startswith("s3://")
+    assert env["LLM_BATCH_LOCAL_POOL_SLOTS"] == "2"  # one shard per worker at a time
+    assert "llm-batch" in env["LLM_BATCH_ALLOWED_BUCKETS"].split(",")  # storage confines internal URIs too
+    assert shape.settings.database_url == env["LLM_BATCH_DATABASE_URL"]  # the CLI's key goes to that store
+
+
+def test_each_worker_has_a_home_of_its_own(shape: CeleryStack) -> None:
+    control = shape.env()
+    envs = {n: shape.worker_env(n) for n in (1, 2)}
+    homes = {envs[n]["LLM_BATCH_HOME"] for n in envs}
+    assert len(homes) == 2 and str(shape.settings.home) not in homes
+    for n, env in envs.items():
+        home = Path(env["LLM_BATCH_HOME"])
+        assert env["AIRFLOW_HOME"] == str(home / "airflow")
+        assert env["LLM_BATCH_WORKER_NAME"] == f"celery-worker-{n}"
+        assert env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] == "llm_batch.celery_stack.worker_hostname"
+        # Nothing names a file of another component's home.
+        for name, value in env.items():
+            for other in [shape.airflow_home, *(Path(envs[m]["LLM_BATCH_HOME"]) for m in envs if m != n)]:
+                assert str(other) not in value, (n, name, value)
+        assert "LLM_BATCH_MODEL_CACHE" not in env  # the default: <its home>/models
+        for name in ("AIRFLOW__CORE__EXECUTOR", "AIRFLOW__CELERY__BROKER_URL", "LLM_BATCH_DATABASE_URL",
+                     "LLM_BATCH_WORK_URI", "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__EXECUTION_API_SERVER_URL"):
+            assert env[name] == control[name], name
+    assert envs[1]["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] != envs[2]["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"]
+
+
+def test_worker_hostname_names_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_BATCH_WORKER_NAME", "celery-worker-7")
+    assert worker_hostname() == "celery-worker-7"
+    monkeypatch.delenv("LLM_BATCH_WORKER_NAME")
+    assert worker_hostname()
+
+
+def test_the_worker_command_is_airflow_s(shape: CeleryStack) -> None:
+    command = shape.worker_command(1)
+    assert command[1:5] == ["-m", "airflow", "celery", "worker"]
+    assert "--concurrency" in command and command[command.index("--concurrency") + 1] == "1"
