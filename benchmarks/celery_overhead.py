@@ -25,12 +25,8 @@ Target: overhead per shard under 2 s.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -51,47 +47,23 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the shape running (prints its home)")
     args = parser.parse_args()
 
-    os.environ.setdefault("LLM_BATCH_ENFORCE_EAGER", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    home = Path(tempfile.mkdtemp(prefix="llm-batch-celery-bench-"))
-    os.environ["LLM_BATCH_HOME"] = str(home)
-
-    import httpx
     import orjson
 
-    from llm_batch.celery_stack import CeleryStack
-    from llm_batch.config import Settings
-    from llm_batch.stack import free_port
+    from benchmarks.shape import airflow_api, batch_api, chat_requests, temp_shape, wait_job
 
-    model = "tiny-random-llama"
-    stack = CeleryStack.create(Settings(home=home), free_port(), workers=args.workers)
-    started = time.monotonic()
-    try:
-        stack.up(timeout=600)
-        stack.prepare_model(model)
-        print(f"shape up with {args.workers} workers in {time.monotonic() - started:.0f} s (home {home})",
-              file=sys.stderr)
-        key = stack.ensure_api_key()
-        requests = [{"custom_id": f"req-{i:03d}", "body": {
-            "model": model, "messages": [{"role": "user", "content": f"say {i}"}],
-            "max_tokens": args.max_tokens, "ignore_eos": True, "temperature": 0}} for i in range(args.shards)]
-        with httpx.Client(base_url=f"{stack.base_url}/batch", timeout=60,
-                          headers={"Authorization": f"Bearer {key}"}) as api:
+    with temp_shape(args.workers, keep=args.keep) as stack:
+        model = "tiny-random-llama"
+        requests = chat_requests(args.shards, args.max_tokens)
+        with batch_api(stack) as api:
             created = api.post("/v1/jobs", json={"requests": requests, "model": model,
                                                   "data_parallelism": args.shards})
             created.raise_for_status()
             job_id = created.json()["id"]
-            deadline = time.monotonic() + 3600
-            while True:
-                job = api.get(f"/v1/jobs/{job_id}").json()
-                if job["terminal"] or time.monotonic() > deadline:
-                    break
-                time.sleep(5)
+            job = wait_job(api, job_id, poll=5)
         if job["status"] != "SUCCEEDED":
             print(f"job {job_id} ended {job['status']}: {job.get('status_reason')}", file=sys.stderr)
             return 1
-        with httpx.Client(base_url=f"{stack.base_url}/api/v2", timeout=60,
-                          headers={"Authorization": f"Bearer {stack.airflow_token()}"}) as airflow:
+        with airflow_api(stack) as airflow:
             tis = airflow.get(f"/dags/batch_inference/dagRuns/{job['dag_run_id']}/taskInstances",
                               params={"limit": 1000}).json()["task_instances"]
         s3 = stack.s3_client()
@@ -130,13 +102,6 @@ def main() -> int:
         if gaps:
             print(f"  one worker's shard end -> its next shard start, median: {statistics.median(gaps):.2f} s")
         return 0
-    finally:
-        if args.keep:
-            print(f"left running: LLM_BATCH_HOME={home} llm-batch down", file=sys.stderr)
-        else:
-            stack.down()
-            shutil.rmtree(stack.pg_root, ignore_errors=True)
-            shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
