@@ -330,23 +330,24 @@ class CeleryStack(Stack):
             return
         if name not in ("s3", "redis"):
             raise ValueError(f"no service {name!r}: postgres, redis or s3")
-        pid = _read_pid(self._pid_file(name))
-        if pid:
-            _stop_group(pid, 0.0)
-        self._pid_file(name).unlink(missing_ok=True)
+        self._stop_process(name, 0.0)
 
     def services_down(self) -> None:
-        for name in ("s3", "redis"):
-            pid = _read_pid(self._pid_file(name))
-            if pid:
-                # weed takes ~25 s on SIGTERM and keeps nothing in memory: SIGKILL. Redis
-                # writes its append-only file as it goes.
-                _stop_group(pid, 0.0 if name == "s3" else 10.0)
-            self._pid_file(name).unlink(missing_ok=True)
+        # weed takes ~25 s on SIGTERM and keeps nothing in memory: SIGKILL. Redis writes its
+        # append-only file as it goes.
+        self._stop_process("s3", 0.0)
+        self._stop_process("redis", 10.0)
         try:
             self._pg().stop()
         except Exception:  # noqa: BLE001 (no wheel any more: nothing of ours can run)
             pass
+
+    def _stop_process(self, name: str, grace: float) -> None:
+        """SIGTERM the process group in ``name``'s pid file, SIGKILL after `grace`."""
+        pid = _read_pid(self._pid_file(name))
+        if pid:
+            _stop_group(pid, grace)
+        self._pid_file(name).unlink(missing_ok=True)
 
     # -- workers ------------------------------------------------------------------------
 

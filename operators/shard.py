@@ -64,11 +64,9 @@ class ShardTaskMixin:
         from sqlalchemy.exc import OperationalError
         from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-        for attempt in Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_WAIT_S),
-                                wait=wait_fixed(STORE_RETRY_S), reraise=True):
-            with attempt:
-                return self.job_store.get_job(self.shard.job_id)
-        return None  # unreachable: the last attempt returns or raises
+        waiting = Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_WAIT_S),
+                           wait=wait_fixed(STORE_RETRY_S), reraise=True)
+        return waiting(self.job_store.get_job, self.shard.job_id)
 
     def report_progress(self) -> None:
         """This shard's progress into its row of the store (live counts for the API): one
