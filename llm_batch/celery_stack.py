@@ -51,6 +51,7 @@ from llm_batch.stack import (
     _stop_group,
     free_port,
 )
+from llm_batch.warm_engines import stop_hosts
 
 SHAPE_DIR = "celery"
 BUCKET = "llm-batch"
@@ -226,6 +227,7 @@ class CeleryStack(Stack):
             _signal_group(group, signal.SIGKILL)
         for n in range(1, self.workers + 1):
             self._pid_file(self.worker_name(n)).unlink(missing_ok=True)
+            stop_hosts(self.worker_home(n))
         Stack.down(self, grace)
         self.services_down()
 

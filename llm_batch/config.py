@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     # Airflow pools cap concurrent shards: one for local workers, one per gpu_type.
     local_pool: str = "llm_batch_local"
     local_pool_slots: int = 1
+    # Local shards run on warm engines (llm_batch.warm_engines): one long-lived engine process
+    # per model and pool slot on each machine takes the shards of many jobs in turn, so a
+    # small job pays no engine start. Off by default: an idle warm engine keeps its memory
+    # (on a GPU, the KV cache a dedicated engine would need) for warm_engine_idle_seconds.
+    warm_engines: bool = False
+    warm_engine_idle_seconds: float = 300.0
     gpu_pool_prefix: str = "llm_batch_gpu_"
     gpu_pool_slots: int = 8
     # A shard that has not stopped this long after cancel / deadline is killed.

@@ -448,6 +448,9 @@ class Stack:
         )
 
     def down(self, grace: float = 20.0) -> None:
+        from llm_batch.warm_engines import stop_hosts
+
+        stop_hosts(self.settings.home)
         pids = {c: _read_pid(self.pid_file(c)) for c in COMPONENTS}
         for pid in filter(None, pids.values()):
             _signal_group(pid, signal.SIGTERM)

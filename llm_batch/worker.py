@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_batch import exit_codes, storage
 from llm_batch.engine import StopReason
@@ -34,6 +34,8 @@ from llm_batch.results import ResultsWriter, read_results
 from llm_batch.streams import iter_lines
 
 if TYPE_CHECKING:
+    from vllm import LLM
+
     from llm_batch.engine.responses import Usage
     from llm_batch.model_registry import ResolvedModel
 
@@ -69,8 +71,37 @@ class WorkerConfig:
     cancel_check_s: float = 1.0
 
 
-def run_worker(config: WorkerConfig) -> int:
-    """Run the shard described by ``config``; the exit code says how it ended."""
+class EngineSource(Protocol):
+    """Where a shard's engine comes from, and goes back to (``healthy``: no error raised
+    while it ran)."""
+
+    def get(self, model: ResolvedModel) -> LLM: ...
+
+    def release(self, llm: LLM, healthy: bool) -> None: ...
+
+
+class DedicatedEngine:
+    """The default engine source: an engine started for the shard and stopped after it
+    (``llm_batch.warm_engines.KeptEngine`` keeps one for the next shard instead)."""
+
+    def get(self, model: ResolvedModel) -> LLM:
+        from llm_batch.engine.runner import start_engine
+
+        return start_engine(model)
+
+    def release(self, llm: LLM, healthy: bool) -> None:
+        from llm_batch.engine.runner import stop_engine
+
+        stop_engine(llm)
+
+
+def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
+               supervisor_gone: Callable[[], bool] | None = None) -> int:
+    """Run the shard described by ``config``; the exit code says how it ended.
+
+    ``engines`` gives the engine and takes it back (default: a dedicated one);
+    ``supervisor_gone``, checked between engine steps, stops the shard as FAILED when the
+    task that asked for it has gone (a warm engine's client), so its retry can resume."""
     try:
         model = resolve_for_endpoint(config.model_config, config.endpoint)
         writer = ResultsWriter.open(
@@ -97,9 +128,9 @@ def run_worker(config: WorkerConfig) -> int:
                                    "failed": writer.done - earlier.succeeded}),
         interval=config.progress_interval_s,
     )
-    monitor = StopMonitor(config, progress, writer)
+    monitor = StopMonitor(config, progress, writer, supervisor_gone=supervisor_gone)
     with writer:
-        return _run(config, model, writer, progress, monitor)
+        return _run(config, model, writer, progress, monitor, engines or DedicatedEngine())
 
 
 def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
@@ -123,7 +154,7 @@ def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
 
 
 def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
-         progress: ProgressReporter, monitor: StopMonitor) -> int:
+         progress: ProgressReporter, monitor: StopMonitor, engines: EngineSource) -> int:
     if writer.done >= progress.progress.total:
         log.info("shard %d of job %s: all %d requests already have results",
                  config.shard, config.job_id, writer.done)
@@ -138,10 +169,11 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         progress.record(record.ok, usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens or 0)
 
     llm = None
+    healthy = True
     try:
-        from llm_batch.engine.runner import EngineRunner, start_engine, stop_engine
+        from llm_batch.engine.runner import EngineRunner
 
-        llm = start_engine(model)
+        llm = engines.get(model)
         runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window)
         progress.start_running()
         reason = runner.run(read_requests(config.requests, skip=writer.done), emit, monitor)
@@ -154,12 +186,13 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
     except Exception:
         # Results finished so far are complete and in order: keep them for the rerun.
         log.exception("shard %d of job %s failed", config.shard, config.job_id)
+        healthy = False
         writer.flush()
         progress.publish(ShardState.FAILED)
         return exit_codes.FAILED
     finally:
         if llm is not None:
-            stop_engine(llm)
+            engines.release(llm, healthy)
     if reason is not None:
         return _stopped(reason, writer, progress)
     writer.flush()
@@ -169,6 +202,9 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
 
 def _stopped(reason: StopReason, writer: ResultsWriter, progress: ProgressReporter) -> int:
     writer.flush()
+    if reason is StopReason.ABANDONED:
+        progress.publish(ShardState.FAILED)
+        return exit_codes.FAILED
     cancelled = reason is StopReason.CANCELLED
     progress.publish(ShardState.CANCELLED if cancelled else ShardState.DEADLINE)
     return exit_codes.CANCELLED if cancelled else exit_codes.DEADLINE
@@ -183,8 +219,10 @@ class StopMonitor:
     """
 
     def __init__(self, config: WorkerConfig, progress: ProgressReporter,
-                 writer: ResultsWriter | None = None, clock=time.monotonic, wall_clock=time.time):
+                 writer: ResultsWriter | None = None, clock=time.monotonic, wall_clock=time.time,
+                 supervisor_gone: Callable[[], bool] | None = None):
         self.config = config
+        self.supervisor_gone = supervisor_gone
         self.progress = progress
         self.writer = writer
         self._clock = clock
@@ -203,6 +241,9 @@ class StopMonitor:
         return self._reason()
 
     def _reason(self) -> StopReason | None:
+        if self.supervisor_gone is not None and self.supervisor_gone():
+            log.warning("the task running shard %d has gone: stopping it", self.config.shard)
+            return StopReason.ABANDONED
         if self.config.deadline is not None and self._wall_clock() >= self.config.deadline:
             log.warning("deadline passed: stopping shard %d", self.config.shard)
             return StopReason.DEADLINE

@@ -6,6 +6,10 @@ flag to the cancel marker the worker reads, reports its shard's progress (and at
 outcome) to the shard's row in the job store, and kills
 the worker if it has not stopped ``cancel_grace_seconds`` after a cancel or the deadline.
 On kill (task cleared, run timed out) the worker's process group is terminated.
+
+With ``Settings.warm_engines`` the shard runs on a warm engine of its model instead of a new
+worker process (``llm_batch.warm_engines``); the supervision is the same, and a kill stops
+the shard but leaves the engine warm for the next one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from llm_batch.warm_engines import WarmEngineError, WarmShard, start_shard
 from llm_batch_operators.shard import ShardTaskMixin
 
 # Seconds between supervision rounds (cancel flag, deadline, progress).
@@ -60,18 +65,23 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
     def __init__(self, *, shard_task: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shard_task = shard_task
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: subprocess.Popen[bytes] | WarmShard | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES * 4)
 
     def execute(self, context: Any) -> dict[str, Any]:
         early = self.stop_before_start()
         if early is not None:
             return self.report_outcome(early, context).model_dump()
-        self._process = self._start()
-        reader = threading.Thread(target=self._stream_output, args=(self._process,), daemon=True)
-        reader.start()
-        forced = self._supervise(self._process)
-        reader.join(timeout=5)
+        if self.llm_settings.warm_engines:
+            self._process = self._start_warm()
+            forced = self._supervise(self._process)
+            self._process.wait(timeout=5)
+        else:
+            self._process = self._start()
+            reader = threading.Thread(target=self._stream_output, args=(self._process,), daemon=True)
+            reader.start()
+            forced = self._supervise(self._process)
+            reader.join(timeout=5)
         outcome = self.outcome(self._process.returncode, forced)
         if outcome.state in ("failed", "usage") and (tail := self.worker_tail()):
             outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
@@ -84,7 +94,10 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         return outcome.model_dump()
 
     def on_kill(self) -> None:
-        if self._process is not None and self._process.poll() is None:
+        if isinstance(self._process, WarmShard):
+            self.log.info("task killed: stopping the shard on warm engine pid %s", self._process.pid)
+            self._process.detach()
+        elif self._process is not None and self._process.poll() is None:
             self.log.info("task killed: terminating worker pid %s", self._process.pid)
             _terminate(self._process, self.term_seconds)
 
@@ -105,6 +118,18 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
             preexec_fn=_die_with_parent,
         )
 
+    def _start_warm(self) -> WarmShard:
+        """The shard on a warm engine of its model (``llm_batch.warm_engines``)."""
+        import orjson
+
+        task = self.shard
+        self.log.info("handing shard %s to a warm engine", task.shard)
+        try:
+            return start_shard(self.llm_settings, orjson.loads(task.model_config_json), task.worker_args(),
+                               self._log_line)
+        except WarmEngineError as exc:
+            raise AirflowException(str(exc)) from None
+
     def worker_tail(self) -> str:
         """The worker's last output lines (bounded): what a failed shard says about why."""
         lines = list(self._tail)
@@ -115,10 +140,12 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
     def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         for raw in iter(process.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="backslashreplace").rstrip()
-            self.log.info("[worker] %s", line)
-            if line.strip() and not line.lstrip().startswith(("Traceback", "File ", "^")):
-                self._tail.append(line.strip()[:300])
+            self._log_line(raw.decode("utf-8", errors="backslashreplace").rstrip())
+
+    def _log_line(self, line: str) -> None:
+        self.log.info("[worker] %s", line)
+        if line.strip() and not line.lstrip().startswith(("Traceback", "File ", "^")):
+            self._tail.append(line.strip()[:300])
 
     def _supervise(self, process: subprocess.Popen[bytes]) -> str | None:
         """Wait for the worker; returns "cancelled"/"deadline" if it had to be killed."""

@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from llm_batch.endpoints import SUPPORTED_ENDPOINTS
+
+if TYPE_CHECKING:
+    from llm_batch.worker import WorkerConfig
 
 ENV_PREFIX = "LLM_BATCH_WORKER_"
 
@@ -54,15 +58,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def worker(args: argparse.Namespace) -> int:
     from llm_batch import exit_codes
-    from llm_batch.worker import WorkerUsageError, parse_config, run_worker
+    from llm_batch.worker import WorkerUsageError, run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    values = vars(args).copy()
-    for key in ("command", "func"):
-        values.pop(key, None)
     try:
-        config = parse_config(**values)
+        config = _config(args)
     except WorkerUsageError as exc:
         logging.getLogger("llm_batch.worker").error("%s", exc)
         return exit_codes.USAGE
     return run_worker(config)
+
+
+def config_from_argv(argv: list[str]) -> WorkerConfig:
+    """The WorkerConfig of ``llm-batch worker`` arguments (a warm engine's request);
+    WorkerUsageError when they are not a valid worker command."""
+    from llm_batch.worker import WorkerUsageError
+
+    parser = argparse.ArgumentParser(prog="llm-batch", exit_on_error=False)
+    register(parser.add_subparsers(dest="command", required=True))
+    try:
+        args = parser.parse_args([str(a) for a in argv])
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise WorkerUsageError(f"not worker arguments: {exc}") from None
+    return _config(args)
+
+
+def _config(args: argparse.Namespace) -> WorkerConfig:
+    from llm_batch.worker import parse_config
+
+    values = vars(args).copy()
+    for key in ("command", "func"):
+        values.pop(key, None)
+    return parse_config(**values)

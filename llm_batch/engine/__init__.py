@@ -14,3 +14,4 @@ class StopReason(StrEnum):
 
     CANCELLED = "cancelled"
     DEADLINE = "deadline"
+    ABANDONED = "abandoned"  # the task that asked for the shard has gone (warm engines)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,6 +145,8 @@ class EngineRunner:
         self.response_role = response_role
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
+        # Engine request ids are unique per run: a warm engine serves many shards in turn.
+        self._ids = f"{uuid.uuid4().hex[:8]}-"
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -202,7 +205,7 @@ class EngineRunner:
         added: list[str] = []
         try:
             for part, (prompt, params) in enumerate(parts):
-                request_id = f"{position}.{part}"
+                request_id = f"{self._ids}{position}.{part}"
                 self.engine.add_request(request_id, prompt, params)
                 added.append(request_id)
         except (VLLMClientError, ValueError, TemplateError) as exc:
@@ -236,7 +239,7 @@ class EngineRunner:
     ) -> None:
         if not output.finished:
             return
-        position, part = (int(x) for x in output.request_id.split("."))
+        position, part = (int(x) for x in output.request_id.removeprefix(self._ids).split("."))
         entry = in_flight[position]
         entry.outputs[part] = output
         entry.remaining -= 1
@@ -270,7 +273,7 @@ class EngineRunner:
         return record, usage
 
     def _abort(self, in_flight: dict[int, _InFlight]) -> None:
-        ids = [f"{pos}.{part}" for pos, entry in in_flight.items() for part in range(len(entry.outputs))]
+        ids = [f"{self._ids}{pos}.{part}" for pos, entry in in_flight.items() for part in range(len(entry.outputs))]
         log.info("aborting %d in-flight engine requests", len(ids))
         try:
             self.engine.abort_request(ids)

@@ -51,19 +51,6 @@ def _lines(uri: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in storage.read_bytes(uri).splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def batch_dag(dag_bag):
-    assert not dag_bag.import_errors, dag_bag.import_errors
-    return dag_bag.get_dag("batch_inference")
-
-
-@pytest.fixture(scope="module")
-def store():
-    from llm_batch.jobstore import get_job_store
-
-    return get_job_store(get_settings().database_url)
-
-
 def _run(dag, conf: dict[str, Any], during: Callable[[], None] | None = None):
     """dag.test(conf), with `during` running in a thread meanwhile (cancel, kill...)."""
     errors: list[BaseException] = []

@@ -1,0 +1,160 @@
+"""Small jobs on the embedded stack, dedicated vs warm engines, side by side in one run.
+
+    .venv/bin/python benchmarks/small_jobs.py [--requests 24] [--jobs 100] [--modes dedicated,warm]
+                                             [--model smollm2-135m-instruct] [--max-tokens 16]
+
+For each mode, a fresh embedded stack (``llm-batch up``: LocalExecutor, SQLite, the local
+runner) in a temporary home, the model cache shared, ``LLM_BATCH_WARM_ENGINES`` off
+("dedicated": every shard starts its own engine) or on ("warm": ``llm_batch.warm_engines``):
+
+1. A job of ``--requests`` chat requests, submitted on the native route; then the same job
+   again. Printed: submit -> SUCCEEDED of each (in warm mode the first starts the engine,
+   the second finds it warm), and the second job's timeline: every task's queued, start and
+   end, in seconds after the submit, so the time between the tasks shows too.
+2. ``--jobs`` one-request jobs submitted at once. Printed: the time until every one has
+   ended, how many SUCCEEDED, and requests lost or duplicated (each job must have exactly
+   one result).
+
+Targets (issue 16): the small job under 20 s warm and under 30 s cold; 100 one-request jobs
+all SUCCEEDED within 3 minutes; none lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.shape import airflow_api, batch_api, ts, wait_job  # noqa: E402
+
+
+@contextmanager
+def temp_stack(warm: bool, model_cache: Path) -> Iterator[Any]:
+    home = Path(tempfile.mkdtemp(prefix="llm-batch-small-jobs-"))
+    os.environ.update(LLM_BATCH_HOME=str(home), LLM_BATCH_MODEL_CACHE=str(model_cache),
+                      LLM_BATCH_WARM_ENGINES="1" if warm else "0")
+    from llm_batch.config import get_settings
+    from llm_batch.stack import Stack, free_port
+
+    get_settings.cache_clear()
+    stack = Stack(get_settings(), free_port())
+    try:
+        started = time.monotonic()
+        stack.up(timeout=600)
+        print(f"  stack up in {time.monotonic() - started:.0f} s", flush=True)
+        yield stack
+    finally:
+        stack.down()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def chat_requests(model: str, count: int, max_tokens: int, tag: str) -> list[dict[str, Any]]:
+    return [{"custom_id": f"{tag}-{i}", "body": {"model": model, "messages": [{"role": "user", "content": f"say {i}"}],
+                                                 "max_tokens": max_tokens, "temperature": 0}} for i in range(count)]
+
+
+def submit(api: Any, model: str, requests: list[dict[str, Any]]) -> str:
+    created = api.post("/v1/jobs", json={"requests": requests, "model": model})
+    created.raise_for_status()
+    return created.json()["id"]
+
+
+def one_job(stack: Any, model: str, count: int, max_tokens: int, tag: str) -> tuple[float, dict[str, Any]]:
+    with batch_api(stack) as api:
+        submitted_at, started = time.time(), time.monotonic()
+        job = wait_job(api, submit(api, model, chat_requests(model, count, max_tokens, tag)), timeout=1800, poll=0.25)
+        took = time.monotonic() - started
+    if job["status"] != "SUCCEEDED":
+        raise SystemExit(f"job {job['id']} ended {job['status']}: {job.get('status_reason')}")
+    job["submitted_at"] = submitted_at
+    return took, job
+
+
+def timeline(stack: Any, job: dict[str, Any]) -> list[str]:
+    with airflow_api(stack) as airflow:
+        tis = airflow.get(f"/dags/batch_inference/dagRuns/{job['dag_run_id']}/taskInstances",
+                          params={"limit": 1000}).json()["task_instances"]
+    t0 = job["submitted_at"]
+    rows = []
+    for ti in sorted(tis, key=lambda t: ts(t["start_date"]) or 1e18):
+        if ti["map_index"] < 0 and ti["task_id"].startswith("run_shard__"):
+            continue  # the mapped task's parent row
+        marks = [ts(ti.get(k)) for k in ("queued_when", "start_date", "end_date")]
+        text = "  ".join(f"{m - t0:6.1f}" if m else "     -" for m in marks)
+        name = ti["task_id"] + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else "")
+        rows.append(f"    {name:32} {text}  {ti['state']}")
+    return rows
+
+
+def many_jobs(stack: Any, model: str, jobs: int, max_tokens: int, timeout: float) -> dict[str, Any]:
+    with batch_api(stack) as api:
+        started = time.monotonic()
+        ids = [submit(api, model, chat_requests(model, 1, max_tokens, f"many{i}")) for i in range(jobs)]
+        submitted = time.monotonic() - started
+        pending, ended = set(ids), {}
+        while pending and time.monotonic() - started < timeout:
+            for job_id in list(pending):
+                job = api.get(f"/v1/jobs/{job_id}").json()
+                if job["terminal"]:
+                    ended[job_id] = job
+                    pending.discard(job_id)
+            time.sleep(2)
+        took = time.monotonic() - started
+    statuses: dict[str, int] = {}
+    for job in ended.values():
+        statuses[job["status"]] = statuses.get(job["status"], 0) + 1
+    counts = [(job.get("counts") or {}) for job in ended.values()]
+    lost = sum(1 for c in counts if c.get("succeeded", 0) + c.get("failed", 0) != 1)
+    return {"submitted_s": submitted, "took_s": took, "ended": len(ended), "pending": len(pending),
+            "statuses": statuses, "lost_or_duplicated": lost}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--modes", default="dedicated,warm")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--many-timeout", type=float, default=900, help="stop waiting for the many jobs after this")
+    args = parser.parse_args()
+    os.environ.setdefault("LLM_BATCH_ENFORCE_EAGER", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from llm_batch.model_registry import prepare_model
+
+    model_cache = prepare_model(args.model).parent
+    print(f"load average at start: {os.getloadavg()[0]:.1f}; model {args.model}, {args.requests} requests x "
+          f"{args.max_tokens} tokens; {args.jobs} one-request jobs", flush=True)
+    summary = []
+    for mode in args.modes.split(","):
+        print(f"\n== {mode} engines", flush=True)
+        with temp_stack(mode == "warm", model_cache) as stack:
+            first, _ = one_job(stack, args.model, args.requests, args.max_tokens, "a")
+            second, job = one_job(stack, args.model, args.requests, args.max_tokens, "b")
+            print(f"  {args.requests}-request job: first {first:.1f} s, second {second:.1f} s (submit -> SUCCEEDED)")
+            print("  the second job's tasks: queued, start, end (s after submit)")
+            print("\n".join(timeline(stack, job)))
+            many = many_jobs(stack, args.model, args.jobs, args.max_tokens, args.many_timeout)
+            print(f"  {args.jobs} one-request jobs: submitted in {many['submitted_s']:.1f} s; "
+                  f"{many['ended']} ended in {many['took_s']:.0f} s ({many['statuses']}), "
+                  f"{many['pending']} still live; lost or duplicated: {many['lost_or_duplicated']}", flush=True)
+            summary.append((mode, first, second, many))
+    print("\nmode       first job  second job  many: all ended in   SUCCEEDED  lost/dup")
+    for mode, first, second, many in summary:
+        print(f"{mode:10} {first:8.1f} s {second:9.1f} s  {many['took_s']:8.0f} s{' (not all)' if many['pending'] else '':10}"
+              f"  {many['statuses'].get('SUCCEEDED', 0):9}  {many['lost_or_duplicated']}")
+    print("targets: small job < 20 s warm, < 30 s cold; 100 one-request jobs all SUCCEEDED within 180 s; none lost")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

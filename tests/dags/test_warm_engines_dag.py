@@ -1,0 +1,78 @@
+"""batch_inference with warm engines (``LLM_BATCH_WARM_ENGINES``): dag.test(), the local
+runner, real ``llm-batch engine-host`` processes, tiny real model.
+
+Two jobs run on one engine process in turn; then kill -9 of that process mid-shard: the
+shard task's retry starts a new engine, resumes from the checkpoint, and every request has
+exactly one result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from llm_batch import storage
+from llm_batch.config import get_settings
+from llm_batch.jobs import JobStatus
+from llm_batch.layout import JobLayout
+from llm_batch.progress import read_progress
+from llm_batch.results import list_parts
+from llm_batch.warm_engines import stop_hosts
+from tests.dags.test_batch_inference import TINY_MODEL, _assert_every_request_once, _request, _run, _wait_for, _write_input
+
+pytestmark = [pytest.mark.airflow, pytest.mark.engine]
+
+# Both jobs' configuration, so they share an engine; 32 sequences at a time with full-length
+# answers keep the second job's shard busy long enough to be killed mid-run.
+CONF = {"model": TINY_MODEL, "model_config": {"engine_args": {"max_num_seqs": 32}}}
+
+
+@pytest.fixture
+def warm(monkeypatch, llm_batch_home):
+    monkeypatch.setenv("LLM_BATCH_WARM_ENGINES", "1")
+    get_settings.cache_clear()
+    yield llm_batch_home / "engines"
+    stop_hosts(llm_batch_home)
+    monkeypatch.delenv("LLM_BATCH_WARM_ENGINES")
+    get_settings.cache_clear()
+
+
+def _host_pids(engines) -> set[int]:
+    return {int(f.read_text()) for f in engines.glob("*.pid")}
+
+
+def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_model_dir, llm_batch_home, warm,
+                                                       monkeypatch):
+    first = _write_input(llm_batch_home, "warm_small", [_request(i) for i in range(6)])
+    run = _run(batch_dag, {"job_id": "job_warm_a", "input_uri": first, "data_parallelism": 2, **CONF})
+    job = store.get_job("job_warm_a")
+    assert run.state == "success" and job.status == JobStatus.SUCCEEDED, job.status_reason
+    _assert_every_request_once(JobLayout(get_settings().work_uri, job.id), job, 6)
+    hosts = _host_pids(warm)
+    assert len(hosts) >= 1, "no warm engine is running after the job"
+
+    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
+    n = 400
+    second = _write_input(llm_batch_home, "warm_killed", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
+    layout = JobLayout(get_settings().work_uri, "job_warm_b")
+    killed: list[int] = []
+
+    def kill_mid_shard() -> None:
+        _wait_for(lambda: len(list_parts(layout.shard(0).results)) > 0
+                  if storage.exists(layout.root + "/shards.json") else False, 900, "a first results part")
+        serving = _host_pids(warm)
+        assert serving & hosts, f"job B did not run on job A's engine ({serving} vs {hosts})"
+        for pid in serving:
+            os.killpg(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    run = _run(batch_dag, {"job_id": "job_warm_b", "input_uri": second, **CONF}, during=kill_mid_shard)
+    job = store.get_job("job_warm_b")
+    assert job.status == JobStatus.SUCCEEDED, job.status_reason
+    _assert_every_request_once(layout, job, n)
+    assert read_progress(layout.shard(0).progress).resumed > 0, "the retry did not resume from the checkpoint"
+    tries = [ti.try_number for ti in run.get_task_instances() if ti.task_id.startswith("run_shard") and ti.map_index >= 0]
+    assert len(tries) == 1 and tries[0] >= 2
+    assert killed and not (_host_pids(warm) & set(killed)), "the retry ran on a killed engine"

@@ -1,0 +1,174 @@
+"""Warm engines (``llm_batch.warm_engines``) on the tiny model: shards of different jobs on
+one engine in turn, cancel, a task that goes away, kill -9 of the host mid-shard (exactly
+one result per request after the retry), the idle exit, and a request that is not a shard.
+
+The hosts are real ``llm-batch engine-host`` processes with the real engine, started the
+way the local runner starts them (``start_shard``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from llm_batch import exit_codes
+from llm_batch.config import get_settings
+from llm_batch.layout import JobLayout
+from llm_batch.progress import ShardState, read_progress
+from llm_batch.results import count_results, read_results
+from llm_batch.warm_engines import HOST_GONE, Slot, engine_key, start_shard, stop_hosts
+from tests.engine.test_worker_process import _shard as make_shard
+
+pytestmark = pytest.mark.engine
+
+MODEL_CONFIG = {"model": "tiny-random-llama", "max_context_length": 512}
+TIMEOUT_S = 240
+# window 1: slow enough to act mid-shard.
+SLOW = ("--window", "1", "--flush-every-records", "4")
+
+
+@pytest.fixture(scope="module")
+def settings(tiny_model_dir, llm_batch_home):
+    # One slot: every shard of these tests goes to the same host unless it has died.
+    yield get_settings().model_copy(update={"local_pool_slots": 1, "warm_engine_idle_seconds": 600})
+    stop_hosts(llm_batch_home)
+
+
+def _shard(n: int, max_tokens: int = 8) -> JobLayout:
+    """A local shard of ``n`` chat requests (indexes 1000..) in a job of its own."""
+    return make_shard(get_settings().home, n, max_tokens)[0]
+
+
+def _run(settings, layout: JobLayout, *extra: str, model_config=MODEL_CONFIG):
+    """The shard on a warm engine, as the local runner hands it over; its log lines."""
+    argv = ["worker", "--job-id", layout.job_id, "--shard", "0", "--work-uri", layout.work_uri,
+            "--endpoint", "/v1/chat/completions", "--model-config", orjson.dumps(model_config).decode(),
+            "--progress-interval-s", "0.5", *extra]
+    lines: list[str] = []
+    return start_shard(settings, model_config, argv, lines.append), lines
+
+
+def _wait_results(layout: JobLayout, at_least: int, shard) -> int:
+    deadline = time.monotonic() + TIMEOUT_S
+    while (done := count_results(layout.shard(0).results)) < at_least:
+        assert shard.poll() is None, f"shard ended early with {shard.returncode}"
+        assert time.monotonic() < deadline, "timed out waiting for results"
+        time.sleep(0.2)
+    return done
+
+
+def _assert_exactly_once(layout: JobLayout, total: int) -> None:
+    records = list(read_results(layout.shard(0).results))
+    assert [r.index for r in records] == list(range(1000, 1000 + total))
+    assert [r.custom_id for r in records] == [f"c{i}" for i in range(total)]
+    assert all(r.status_code == 200 for r in records)
+
+
+def test_shards_of_two_jobs_run_in_turn_on_one_engine(settings):
+    first, second = _shard(12), _shard(5)
+    shard, lines = _run(settings, first)
+    assert shard.wait(TIMEOUT_S) == exit_codes.DONE
+    again, later_lines = _run(settings, second)
+    assert again.wait(TIMEOUT_S) == exit_codes.DONE
+    assert again.pid == shard.pid, "the second job's shard went to another process"
+    assert any("already loaded" in line for line in later_lines), later_lines[-5:]
+    assert not any("already loaded" in line for line in lines)
+    _assert_exactly_once(first, 12)
+    _assert_exactly_once(second, 5)
+    assert read_progress(second.shard(0).progress).state == ShardState.DONE
+
+
+def test_cancel_marker_stops_a_warm_shard_and_the_engine_stays(settings):
+    layout = _shard(150, max_tokens=64)
+    shard, _ = _run(settings, layout, *SLOW)
+    _wait_results(layout, 8, shard)
+    marker = Path(layout.cancel_marker)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_bytes(b"")
+    assert shard.wait(TIMEOUT_S) == exit_codes.CANCELLED
+    assert 8 <= count_results(layout.shard(0).results) < 150
+    assert read_progress(layout.shard(0).progress).state == ShardState.CANCELLED
+    after, _ = _run(settings, _shard(3))
+    assert after.wait(TIMEOUT_S) == exit_codes.DONE and after.pid == shard.pid
+
+
+def test_a_task_that_goes_away_stops_its_shard_and_the_retry_resumes(settings):
+    layout = _shard(150, max_tokens=64)
+    shard, _ = _run(settings, layout, *SLOW)
+    _wait_results(layout, 8, shard)
+    shard.detach()  # what on_kill does, and what a dead task's closed socket looks like
+    shard.wait(TIMEOUT_S)
+    deadline = time.monotonic() + 30
+    while read_progress(layout.shard(0).progress).state != ShardState.FAILED:
+        assert time.monotonic() < deadline, "the host did not stop the abandoned shard"
+        time.sleep(0.2)
+    stopped_at = count_results(layout.shard(0).results)
+    retry, _ = _run(settings, layout)
+    assert retry.wait(TIMEOUT_S) == exit_codes.DONE and retry.pid == shard.pid
+    _assert_exactly_once(layout, 150)
+    assert read_progress(layout.shard(0).progress).resumed >= stopped_at >= 8
+
+
+def test_kill_9_of_the_warm_engine_mid_shard_then_retry_gives_exactly_once(settings):
+    layout = _shard(150, max_tokens=64)
+    shard, _ = _run(settings, layout, *SLOW)
+    _wait_results(layout, 8, shard)
+    os.killpg(shard.pid, signal.SIGKILL)
+    assert shard.wait(30) == HOST_GONE
+    killed_at = count_results(layout.shard(0).results)
+    assert killed_at < 150
+    retry, lines = _run(settings, layout)
+    assert retry.wait(TIMEOUT_S) == exit_codes.DONE
+    assert retry.pid != shard.pid, "the retry should have started a new engine"
+    _assert_exactly_once(layout, 150)
+    final = read_progress(layout.shard(0).progress)
+    assert final.done == final.total == 150 and final.resumed >= killed_at
+
+
+def test_not_a_shard_is_refused_and_the_host_keeps_serving(settings):
+    layout = _shard(2)
+    ok, _ = _run(settings, layout)
+    assert ok.wait(TIMEOUT_S) == exit_codes.DONE
+    slot = Slot(settings.home, engine_key(MODEL_CONFIG), 0)
+    for request in (b"not json\n", b'{"argv": ["worker", "--shard", "x"]}\n', b'{"argv": ["rm", "-rf"]}\n'):
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(slot.socket))
+            conn.sendall(request)
+            answer = conn.makefile("rb").read().splitlines()
+        assert orjson.loads(answer[-1]) == {"exit": exit_codes.USAGE}, answer
+    assert oct(slot.socket.stat().st_mode & 0o777) == "0o600"
+    after, _ = _run(settings, _shard(2))
+    assert after.wait(TIMEOUT_S) == exit_codes.DONE and after.pid == ok.pid
+
+
+def test_an_idle_engine_exits(settings):
+    quick = settings.model_copy(update={"warm_engine_idle_seconds": 2})
+    config = {**MODEL_CONFIG, "seed": 7}  # another configuration: a host of its own
+    layout = _shard(2)
+    shard, _ = _run(quick, layout, model_config=config)
+    assert shard.wait(TIMEOUT_S) == exit_codes.DONE
+    slot = Slot(settings.home, engine_key(config), 0)
+    deadline = time.monotonic() + 60
+    while slot.pid_file.exists() or slot.socket.exists():
+        assert time.monotonic() < deadline, "the idle host did not exit"
+        time.sleep(0.5)
+    # Gone (a zombie until its parent, here this test process, reaps it: the task that
+    # starts a host in production exits after its shard).
+    deadline = time.monotonic() + 30
+    while not _ended(shard.pid):
+        assert time.monotonic() < deadline, "the idle host's process did not end"
+        time.sleep(0.2)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
