@@ -60,6 +60,19 @@ class Settings(BaseSettings):
     # How many error records `llm-batch validate` prints (counts are never capped).
     max_reported_errors: int = 100
 
+    # --- Prefix-aware sharding (llm_batch/sharding.py, docs/data-plane.md) ---
+    # Requests whose prompts share their first prefix_key_chars characters go to one shard,
+    # and each shard feeds them to vLLM together, so its prefix cache serves the siblings.
+    # False: today's contiguous plan, requests fed in file order.
+    prefix_aware_sharding: bool = True
+    prefix_key_chars: int = Field(default=1024, ge=16)
+    # Keep the contiguous plan unless grouping saves at least this share of the job's
+    # estimated prompt tokens (its merge reads one shard at a time).
+    prefix_min_saving: float = Field(default=0.05, ge=0.0)
+    # Within a shard: "grouped" feeds a prefix group's requests one after another;
+    # "leaders_first" feeds one request per group first, the siblings after.
+    prefix_feed_order: Literal["grouped", "leaders_first"] = "grouped"
+
     # --- Orchestration: the batch DAG, shard runners, housekeeping (dags/, operators/) ---
     # Which operator runs a shard: a local subprocess (embedded) or a GPU pod (production).
     shard_runner: Literal["local", "kubernetes"] = "local"

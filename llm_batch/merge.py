@@ -38,8 +38,11 @@ Shards are contiguous, ordered ranges of the validated requests (see ``sharding`
 shards' outcomes are read one shard after another, each opened when the merge reaches it:
 whatever the number of shards, at most three input streams are open (validation errors, one
 shard's requests and results) and memory is constant. Holding 2N streams open instead would
-leave S3 connections idle for most of a long merge. Should a plan ever break the ordering,
-the merge refuses (``MergeError``) rather than misorder or duplicate a line.
+leave S3 connections idle for most of a long merge. A prefix-aware plan's shards hold
+prefix groups whose indices interleave: then every shard is read at once (a k-way merge of
+their outcomes, each shard's in index order; 2N + 1 streams, memory still constant). Should
+a plan ever break the ordering, the merge refuses (``MergeError``) rather than misorder or
+duplicate a line.
 """
 
 from __future__ import annotations
@@ -153,6 +156,11 @@ def _shard_outcomes(plan: ShardPlan, not_run_code: str, not_run_message: str) ->
                               code=not_run_code, message=not_run_message)
 
 
+def _contiguous(plans: list[ShardPlan]) -> bool:
+    """Whether the shards (sorted by first index) hold disjoint, ascending index ranges."""
+    return all(earlier.last_index < later.first_index for earlier, later in zip(plans, plans[1:]))
+
+
 def _error_body(result: ResultRecord) -> dict[str, Any]:
     """The OpenAI-style error body of an engine error (the engine's own, when it gave one)."""
     if result.body and isinstance(result.body.get("error"), dict):
@@ -245,11 +253,19 @@ def merge_job(
     """
     manifest = read_manifest(layout)
     shard_reasons = shard_not_run_reasons or {}
-    shard_outcomes = chain.from_iterable(
-        _shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index) or not_run_reason
-                        or DEFAULT_NOT_RUN_MESSAGE)
-        for plan in sorted(manifest.shards, key=attrgetter("first_index"))
-    )
+
+    def outcomes_of(plan: ShardPlan) -> Iterator[Outcome]:
+        return _shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index)
+                               or not_run_reason or DEFAULT_NOT_RUN_MESSAGE)
+
+    plans = sorted(manifest.shards, key=attrgetter("first_index"))
+    if _contiguous(plans):
+        shard_outcomes: Iterator[Outcome] = chain.from_iterable(outcomes_of(p) for p in plans)
+    else:
+        # Prefix-aware plans interleave the shards' indices: each shard's outcomes still
+        # ascend by index (its requests file and results are in index order), so a k-way
+        # merge of all of them, every shard open at once, restores input order.
+        shard_outcomes = heapq.merge(*(outcomes_of(p) for p in plans), key=attrgetter("index"))
 
     succeeded = failed = not_run = invalid = 0
     usage = _UsageSum()

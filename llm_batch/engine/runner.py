@@ -137,6 +137,7 @@ class EngineRunner:
         model_name: str,
         response_role: str = "assistant",
         window: int | None = None,
+        feed_order: str | None = None,
     ):
         self.llm = llm
         self.engine = llm.llm_engine
@@ -147,6 +148,15 @@ class EngineRunner:
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
         # Engine request ids are unique per run: a warm engine serves many shards in turn.
         self._ids = f"{uuid.uuid4().hex[:8]}-"
+        settings = get_settings()
+        # Feed order (docs/data-plane.md, "Prefix-aware sharding"): "file", "grouped" or
+        # "leaders_first"; default the settings' (file order when prefix awareness is off).
+        if feed_order is None:
+            feed_order = settings.prefix_feed_order if settings.prefix_aware_sharding else "file"
+        self.feed_order: str | None = None if feed_order == "file" else feed_order
+        self.prefix_chars = settings.prefix_key_chars
+        # Requests are read (and reordered) in batches of at least this many.
+        self.feed_chunk = max(1, self.window // 2) if self.feed_order else 1
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -161,29 +171,40 @@ class EngineRunner:
         Returns None when every request was emitted, or the StopReason that ``should_stop``
         gave (checked between engine steps): then in-flight requests are aborted and only
         requests before the first unfinished one have been emitted.
+
+        With a feed order (prefix-aware), requests are read in batches of at least
+        ``feed_chunk`` (half the window) and each batch is fed to the engine with the
+        requests that share a long prompt prefix next to each other (``prefix_feed_order``);
+        results still leave in input order, and at most ``window`` requests are between
+        read and emitted, as in file order.
         """
         source: Iterator[BatchRequest] = iter(requests)
         in_flight: dict[int, _InFlight] = {}
         finished: dict[int, tuple[ResultRecord, Usage]] = {}
-        fed = emitted = 0
+        read = emitted = 0
         exhausted = False
         try:
             while True:
                 if (reason := should_stop()) is not None:
                     return reason
-                while not exhausted and fed - emitted < self.window:
-                    request = next(source, None)
-                    if request is None:
-                        exhausted = True
-                        break
-                    done = self._submit(fed, request, in_flight)
-                    if done is not None:
-                        finished[fed] = done
-                    fed += 1
+                if not exhausted and read - emitted <= self.window - self.feed_chunk:
+                    batch: list[BatchRequest] = []
+                    while read + len(batch) - emitted < self.window:
+                        request = next(source, None)
+                        if request is None:
+                            exhausted = True
+                            break
+                        batch.append(request)
+                    for offset in self._feed_positions(batch):
+                        position = read + offset
+                        done = self._submit(position, batch[offset], in_flight)
+                        if done is not None:
+                            finished[position] = done
+                    read += len(batch)
                 while emitted in finished:
                     emit(*finished.pop(emitted))
                     emitted += 1
-                if exhausted and emitted == fed:
+                if exhausted and emitted == read:
                     return None
                 if in_flight:
                     for output in self.engine.step():
@@ -191,6 +212,32 @@ class EngineRunner:
         finally:
             if in_flight:
                 self._abort(in_flight)
+
+    def _feed_positions(self, batch: list[BatchRequest]) -> list[int]:
+        """The order to feed a batch in (offsets into it): file order, or prefix groups
+        (``sharding.prefix_key``) in the order of their first request, each group's requests
+        together (those sharing the longer prefix next to each other), in file order within;
+        requests with no long prefix stay where they are. ``leaders_first``: the first
+        request of every group, then the rest in that order."""
+        if self.feed_order is None or len(batch) < 2:
+            return list(range(len(batch)))
+        from llm_batch.sharding import prefix_key
+
+        group_first: dict[int, int] = {}
+        long_first: dict[tuple[int, int], int] = {}
+        order: list[tuple[int, int, int, int]] = []
+        leaders = self.feed_order == "leaders_first"
+        for offset, request in enumerate(batch):
+            key = prefix_key(request.body, self.prefix_chars) if isinstance(request.body, dict) else None
+            if key is None:
+                order.append((0, offset, offset, offset))
+                continue
+            first = group_first.setdefault(key[0], offset)
+            sub = long_first.setdefault(key, offset) if key[1] else offset
+            rank = 1 if leaders and offset != first else 0
+            order.append((rank, first, sub, offset))
+        order.sort()
+        return [offset for *_, offset in order]
 
     def _submit(
         self, position: int, request: BatchRequest, in_flight: dict[int, _InFlight]
