@@ -331,7 +331,7 @@ def _run_feed(order: str, window: int = 16):
                           feed_order=order)
     emitted: list[int] = []
     assert runner.run(requests, lambda record, usage: emitted.append(record.index)) is None
-    fed = [int(r.split(".")[0]) for r in engine.added]
+    fed = [int(r.rsplit("-", 1)[-1].split(".")[0]) for r in engine.added]  # ids: "<run>-<position>.<part>"
     return fed, emitted, doc_of, requests
 
 
