@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llm_batch import exit_codes
-from llm_batch.stack import _alive, _read_pid
+from llm_batch.stack import _read_pid, _stop_group
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -214,6 +214,7 @@ def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
     if conn is not None:
         return conn, _read_pid(slot.pid_file) or 0
     slot.socket.unlink(missing_ok=True)  # a killed host's leftover
+    _evict_idle(slot)
     host = _spawn_host(slot, settings)
     deadline = time.monotonic() + HOST_START_S
     while (conn := _try_connect(slot)) is None:
@@ -223,6 +224,27 @@ def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
                                   f"its log: {slot.log}: {_tail(slot.log)}")
         time.sleep(0.2)
     return conn, host.pid
+
+
+def _evict_idle(starting: Slot, grace: float = 10.0) -> None:
+    """Stop the idle hosts of other model configurations before a new one loads, so warm
+    engines never hold more memory than the pool's slots of busy engines would (on a GPU an
+    idle engine's KV cache would leave a new one no room). Idle: its slot lock is free."""
+    for pid_file in engines_dir(starting.home).glob("*.pid"):
+        if pid_file.stem.startswith(f"{starting.key}-") or not (pid := _read_pid(pid_file)):
+            continue
+        fd = os.open(pid_file.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # busy: it serves a shard
+        try:  # holding its lock: no client can reach it meanwhile
+            log.info("stopping idle warm engine %s (pid %d) to make room", pid_file.stem, pid)
+            _stop_group(pid, grace)
+            pid_file.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 def _try_connect(slot: Slot) -> socket.socket | None:
@@ -250,18 +272,10 @@ def _spawn_host(slot: Slot, settings: Settings) -> subprocess.Popen[bytes]:
 def stop_hosts(home: Path, grace: float = 10.0) -> None:
     """Stop every warm engine of ``home`` (``llm-batch down``)."""
     folder = home / "engines"
-    pids = [pid for f in folder.glob("*.pid") if (pid := _read_pid(f))] if folder.is_dir() else []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + grace
-        while sig == signal.SIGTERM and any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    for f in folder.glob("*.pid") if folder.is_dir() else ():
-        f.unlink(missing_ok=True)
+    for pid_file in folder.glob("*.pid") if folder.is_dir() else ():
+        if pid := _read_pid(pid_file):
+            _stop_group(pid, grace)
+        pid_file.unlink(missing_ok=True)
 
 
 # -- the host ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Warm engines (``llm_batch.warm_engines``) on the tiny model: shards of different jobs on
 one engine in turn, cancel, a task that goes away, kill -9 of the host mid-shard (exactly
-one result per request after the retry), the idle exit, and a request that is not a shard.
+one result per request after the retry), a request that is not a shard, idle engines of
+another configuration stopped to make room, and the idle exit.
 
 The hosts are real ``llm-batch engine-host`` processes with the real engine, started the
 way the local runner starts them (``start_shard``).
@@ -148,12 +149,16 @@ def test_not_a_shard_is_refused_and_the_host_keeps_serving(settings):
     assert after.wait(TIMEOUT_S) == exit_codes.DONE and after.pid == ok.pid
 
 
-def test_an_idle_engine_exits(settings):
+def test_another_configuration_stops_idle_engines_and_an_idle_engine_exits(settings):
+    warm, _ = _run(settings, _shard(2))
+    assert warm.wait(TIMEOUT_S) == exit_codes.DONE
     quick = settings.model_copy(update={"warm_engine_idle_seconds": 2})
-    config = {**MODEL_CONFIG, "seed": 7}  # another configuration: a host of its own
-    layout = _shard(2)
-    shard, _ = _run(quick, layout, model_config=config)
+    config = {**MODEL_CONFIG, "seed": 7}  # another configuration: an engine of its own
+    shard, _ = _run(quick, _shard(2), model_config=config)
     assert shard.wait(TIMEOUT_S) == exit_codes.DONE
+    assert shard.pid != warm.pid
+    # The idle engine of the other configuration made room before the new one loaded.
+    assert _ended(warm.pid) and not Slot(settings.home, engine_key(MODEL_CONFIG), 0).pid_file.exists()
     slot = Slot(settings.home, engine_key(config), 0)
     deadline = time.monotonic() + 60
     while slot.pid_file.exists() or slot.socket.exists():
