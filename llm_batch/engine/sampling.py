@@ -48,6 +48,7 @@ class _SamplingBody(_Body):
     min_p: float | None = None
     max_tokens: int | None = None
     min_tokens: int | None = None
+    ignore_eos: bool | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = None
@@ -248,6 +249,7 @@ def sampling_params(body: ChatBody | CompletionBody) -> SamplingParams:
         "top_k": body.top_k,
         "min_p": body.min_p,
         "min_tokens": body.min_tokens,
+        "ignore_eos": body.ignore_eos,
         "stop": body.stop,
         "seed": body.seed,
         "presence_penalty": body.presence_penalty,

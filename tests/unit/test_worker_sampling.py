@@ -20,10 +20,11 @@ def test_chat_fields_map_to_sampling_params():
         **CHAT, "model": "ignored", "stream": False, "n": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 20,
         "max_tokens": 99, "max_completion_tokens": 50, "stop": ["\n"], "seed": 3, "presence_penalty": 0.1,
         "frequency_penalty": 0.2, "repetition_penalty": 1.1, "min_tokens": 2, "logprobs": True, "top_logprobs": 4,
+        "ignore_eos": True,
     })
     assert (p.n, p.temperature, p.top_p, p.top_k, p.seed) == (2, 0.5, 0.9, 20, 3)
     assert p.max_tokens == 50  # max_completion_tokens wins, as in OpenAI's API
-    assert (p.stop, p.min_tokens, p.logprobs) == (["\n"], 2, 4)
+    assert (p.stop, p.min_tokens, p.logprobs, p.ignore_eos) == (["\n"], 2, 4, True)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.1, 0.2, 1.1)
     assert p.output_kind == RequestOutputKind.FINAL_ONLY
     assert p.structured_outputs is None
@@ -31,7 +32,7 @@ def test_chat_fields_map_to_sampling_params():
 
 def test_chat_defaults_leave_vllm_defaults_and_no_logprobs():
     p = _params(Endpoint.CHAT_COMPLETIONS, CHAT)
-    assert (p.n, p.max_tokens, p.logprobs) == (1, None, None)
+    assert (p.n, p.max_tokens, p.logprobs, p.ignore_eos) == (1, None, None, False)
     assert _params(Endpoint.CHAT_COMPLETIONS, {**CHAT, "logprobs": True}).logprobs == 0
 
 
