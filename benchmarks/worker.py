@@ -126,50 +126,70 @@ def run_llm_chat(model_dir: Path, n: int, env: dict[str, str], work: Path) -> di
 
 # -- (b) vLLM run_batch --------------------------------------------------------------------
 
-def run_vllm_batch(model_dir: Path, n: int, env: dict[str, str], work: Path) -> dict:
-    source, output = work / "run_batch_in.jsonl", work / "run_batch_out.jsonl"
+def chat_body(i: int, tokens_of=max_tokens) -> dict:
+    """The body of chat request ``i``: what every case runs."""
+    return {"messages": messages(i), "max_tokens": tokens_of(i), "temperature": 0}
+
+
+def write_run_batch_input(source: Path, model_dir: Path, n: int, body_of=chat_body) -> None:
+    """run_batch's input file: ``n`` chat requests (``body_of(i)``) for ``model_dir``."""
     with source.open("w") as f:
         for i in range(n):
-            body = {"model": str(model_dir), "messages": messages(i), "max_tokens": max_tokens(i), "temperature": 0}
+            body = {"model": str(model_dir), **body_of(i)}
             f.write(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
                                 "body": body}) + "\n")
+
+
+def completion_tokens(output: Path) -> int:
+    """The completion tokens of a run_batch output file."""
+    return sum(json.loads(line)["response"]["body"]["usage"]["completion_tokens"]
+               for line in output.read_text().splitlines())
+
+
+def run_vllm_batch(model_dir: Path, n: int, env: dict[str, str], work: Path) -> dict:
+    source, output = work / "run_batch_in.jsonl", work / "run_batch_out.jsonl"
+    write_run_batch_input(source, model_dir, n)
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(source), "-o", str(output),
            "--model", str(model_dir), "--enforce-eager", "--dtype", "bfloat16",
            "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0"]
     seconds, _ = timed(cmd, env, work / "b.log")
-    tokens = sum(json.loads(line)["response"]["body"]["usage"]["completion_tokens"]
-                 for line in output.read_text().splitlines())
+    tokens = completion_tokens(output)
     return {"name": "(b) vllm run_batch", "tokens": tokens, "seconds": seconds, "gen_tok_s": None}
 
 
 # -- (c) our worker ------------------------------------------------------------------------
 
-def write_shard(home: Path, job: str, n: int, tokens_of=max_tokens) -> Path:
+def write_shard(home: Path, job: str, n: int, tokens_of=max_tokens, body_of=None) -> Path:
     from llm_batch.records import BatchRequest, dumps_line
 
+    body_of = body_of or (lambda i: chat_body(i, tokens_of))
     path = home / "work" / job / "shards" / "00000" / "requests.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
         for i in range(n):
-            body = {"messages": messages(i), "max_tokens": tokens_of(i), "temperature": 0}
-            f.write(dumps_line(BatchRequest(index=i, custom_id=f"c{i}", body=body)))
+            f.write(dumps_line(BatchRequest(index=i, custom_id=f"c{i}", body=body_of(i))))
     return path
 
 
+def worker_command(job: str, config: str, *extra: str) -> list[str]:
+    """``llm-batch worker`` on shard 0 of ``job`` with the model config JSON ``config``."""
+    return [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", job, "--shard", "0",
+            "--endpoint", "/v1/chat/completions", "--model-config", config, *extra]
+
+
 def run_worker(name: str, model: str, n: int, env: dict[str, str], home: Path, work: Path,
-               *extra: str, tokens_of=max_tokens) -> dict:
+               *extra: str, tokens_of=max_tokens, body_of=None, model_config: dict | None = None) -> dict:
     job = f"bench-{uuid.uuid4().hex[:8]}"
-    write_shard(home, job, n, tokens_of)
+    write_shard(home, job, n, tokens_of, body_of)
     context = MAX_MODEL_LEN if model == CHAT_MODEL else 512  # the tiny model's positions
-    config = json.dumps({"model": model, "max_context_length": context, "dtype": "bfloat16"})
-    cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", job, "--shard", "0",
-           "--endpoint", "/v1/chat/completions", "--model-config", config, *extra]
-    seconds, rss = timed(cmd, env, work / f"{job}.log")
+    config = json.dumps(model_config or {"model": model, "max_context_length": context, "dtype": "bfloat16"})
+    log = work / f"{job}.log"
+    seconds, rss = timed(worker_command(job, config, *extra), env, log)
     progress = json.loads((home / "work" / job / "shards" / "00000" / "progress.json").read_text())
     assert progress["done"] == n and progress["failed"] == 0, progress
     return {"name": name, "tokens": progress["completion_tokens"], "seconds": seconds,
             "gen_tok_s": progress["tokens_per_s"], "rss_own_mb": rss.own / 2**20,
-            "rss_tree_mb": rss.tree / 2**20}
+            "rss_tree_mb": rss.tree / 2**20, "prompt_tokens": progress["prompt_tokens"], "log": log}
 
 
 def prepare(cache: Path, *names: str) -> dict[str, Path]:
