@@ -27,16 +27,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TARGET_S = 2.0
-
-
-def _ts(value: str | None) -> float | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
 
 
 def main() -> int:
@@ -49,7 +44,8 @@ def main() -> int:
 
     import orjson
 
-    from benchmarks.shape import airflow_api, batch_api, chat_requests, temp_shape, wait_job
+    from benchmarks.shape import batch_api, chat_requests, run_task_instances, temp_shape, wait_job
+    from benchmarks.shape import ts as _ts
 
     with temp_shape(args.workers, keep=args.keep) as stack:
         model = "tiny-random-llama"
@@ -63,13 +59,8 @@ def main() -> int:
         if job["status"] != "SUCCEEDED":
             print(f"job {job_id} ended {job['status']}: {job.get('status_reason')}", file=sys.stderr)
             return 1
-        with airflow_api(stack) as airflow:
-            tis = airflow.get(f"/dags/batch_inference/dagRuns/{job['dag_run_id']}/taskInstances",
-                              params={"limit": 1000}).json()["task_instances"]
+        plan, shards = run_task_instances(stack, job)
         s3 = stack.s3_client()
-        shards = sorted((ti for ti in tis if ti["task_id"].startswith("run_shard__") and ti["map_index"] >= 0),
-                        key=lambda t: t["map_index"])
-        plan = next(ti for ti in tis if ti["task_id"] == "plan")
         engine = {}
         for ti in shards:
             key_name = f"work/{job_id}/shards/{ti['map_index']:05d}/progress.json"

@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,34 @@ def wait_job(api: Any, job_id: str, timeout: float = 3600, poll: float = 2) -> d
         if job["terminal"] or time.monotonic() > deadline:
             return job
         time.sleep(poll)
+
+
+def ts(value: str | None) -> float | None:
+    """An Airflow / Celery ISO timestamp as epoch seconds (None stays None)."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
+
+
+def all_task_instances(stack: Any, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every task instance of the job's run (Airflow's API, page by page: it answers at most
+    100 a page, fewer than a 64-shard run of the Kubernetes runner's 21 lanes has)."""
+    found: list[dict[str, Any]] = []
+    with airflow_api(stack) as airflow:
+        while True:
+            page = airflow.get(f"/dags/batch_inference/dagRuns/{job['dag_run_id']}/taskInstances",
+                               params={"limit": 100, "offset": len(found), "order_by": "id"})
+            page.raise_for_status()
+            body = page.json()
+            found += body["task_instances"]
+            if not body["task_instances"] or len(found) >= body["total_entries"]:
+                return found
+
+
+def run_task_instances(stack: Any, job: dict[str, Any],
+                       tis: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's run in Airflow: (the ``plan`` task instance, the shard task instances by
+    map index: every lane's ``run_shard__*``, expanded ones only)."""
+    tis = all_task_instances(stack, job) if tis is None else tis
+    shards = sorted((ti for ti in tis if ti["task_id"].startswith("run_shard__") and ti["map_index"] >= 0),
+                    key=lambda t: t["map_index"])
+    plan = next(ti for ti in tis if ti["task_id"] == "plan")
+    return plan, shards

@@ -54,7 +54,7 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     assert len(hosts) >= 1, "no warm engine is running after the job"
 
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
-    n = 400
+    n = 200
     second = _write_input(llm_batch_home, "warm_killed", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_warm_b")
     killed: list[int] = []

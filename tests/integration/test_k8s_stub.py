@@ -1,163 +1,41 @@
 """KubernetesShardOperator's pod lifecycle against a small Kubernetes API stub on 127.0.0.1.
 
-No Kubernetes API server can run here, so a stdlib HTTP server answers the calls the
-unpatched provider makes (create, list, get, log, patch, delete pod; events), pointed to by
-a kubeconfig file. Pods move Pending -> Running -> Succeeded/Failed (with the worker's exit
-code) as they are polled. Covered: the sync path to success, exit codes 3/1 (cancelled: a
-good end; failure: raise for retry), kill -> the pod is deleted, and the deferrable path:
-the shard stop watch ends the wait after the grace and the pod is deleted; a worker's exit
-code read at re-entry (the pod the provider hands to the on_pod_completion callback).
+No Kubernetes API server can run here, so a stdlib HTTP server (tests/fixtures/kube_stub.py,
+which benchmarks/k8s_overhead.py uses too) answers the calls the unpatched provider makes
+(create, list, get, log, patch, delete pod; events), pointed to by a kubeconfig file. Pods
+move Pending -> Running -> Succeeded/Failed (with the worker's exit code) as they are polled.
+Covered: the sync path to success, exit codes 3/1 (cancelled: a good end; failure: raise
+for retry), kill -> the pod is deleted, and the deferrable path: the shard stop watch ends
+the wait after the grace and the pod is deleted; a worker's exit code read at re-entry (the
+pod the provider hands to the on_pod_completion callback).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 
 from llm_batch.config import get_settings  # noqa: E402
-from llm_batch.shard_task import ShardTask# noqa: E402
+from llm_batch.shard_task import ShardTask  # noqa: E402
+from tests.fixtures.kube_stub import KubeStub, serve, write_kubeconfig  # noqa: E402
 
 pytestmark = [pytest.mark.airflow]
-
-POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?(/log)?$")
-
-
-class KubeStub:
-    """Pods in memory. A pod becomes Running at its first read and ends after
-    `reads_to_finish` reads with `exit_code` (None: runs until deleted)."""
-
-    def __init__(self, exit_code: int | None = 0, reads_to_finish: int = 3):
-        self.exit_code = exit_code
-        self.reads_to_finish = reads_to_finish
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.reads: dict[str, int] = {}
-        self.created: list[str] = []
-        self.deleted: list[str] = []
-        self.lock = threading.Lock()
-
-    def pod_view(self, name: str) -> dict[str, Any] | None:
-        with self.lock:
-            pod = self.pods.get(name)
-            if pod is None:
-                return None
-            self.reads[name] = self.reads.get(name, 0) + 1
-            finished = self.exit_code is not None and self.reads[name] > self.reads_to_finish
-            if finished:
-                phase = "Succeeded" if self.exit_code == 0 else "Failed"
-                state = {"terminated": {"exitCode": self.exit_code, "reason": "Completed" if self.exit_code == 0 else "Error",
-                                        "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:00:05Z"}}
-            else:
-                phase, state = "Running", {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-            pod["status"] = {
-                "phase": phase,
-                "containerStatuses": [{"name": "base", "ready": phase == "Running", "restartCount": 0,
-                                       "image": "x", "imageID": "", "state": state}],
-            }
-            return pod
-
-
-def _handler(stub: KubeStub):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:  # quiet
-            pass
-
-        def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _not_found(self, name: str) -> None:
-            self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                             "reason": "NotFound", "code": 404, "message": f'pods "{name}" not found'})
-
-        def _route(self) -> tuple[str | None, str | None, bool, dict[str, list[str]]]:
-            url = urlparse(self.path)
-            match = POD_PATH.match(url.path)
-            if not match:
-                return None, None, False, {}
-            return match.group(1), match.group(2), bool(match.group(3)), parse_qs(url.query)
-
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            if url.path.endswith("/events"):
-                return self._send(200, {"kind": "EventList", "apiVersion": "v1", "items": []})
-            namespace, name, log, query = self._route()
-            if namespace is None:
-                return self._send(404, {"kind": "Status", "code": 404, "message": "unknown path"})
-            if name is None:  # list, by label selector
-                wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if "=" in kv and "!=" not in kv)
-                with stub.lock:
-                    items = [p for p in stub.pods.values()
-                             if all(p["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
-                return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
-            pod = stub.pod_view(name)
-            if pod is None:
-                return self._not_found(name)
-            if log:
-                return self._send(200, b"worker: 3/3 done\n", "text/plain")
-            return self._send(200, pod)
-
-        def do_POST(self) -> None:
-            namespace, _, _, _ = self._route()
-            pod = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            pod["metadata"].update({"namespace": namespace, "uid": f"uid-{len(stub.created)}",
-                                    "creationTimestamp": "2026-01-01T00:00:00Z"})
-            pod["status"] = {"phase": "Pending"}
-            with stub.lock:
-                stub.pods[pod["metadata"]["name"]] = pod
-                stub.created.append(pod["metadata"]["name"])
-            self._send(201, pod)
-
-        def do_PATCH(self) -> None:
-            _, name, _, _ = self._route()
-            patch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with stub.lock:
-                pod = stub.pods.get(name)
-                if pod is not None:
-                    pod["metadata"].setdefault("labels", {}).update(patch.get("metadata", {}).get("labels", {}))
-            return self._send(200, pod) if pod is not None else self._not_found(name)
-
-        def do_DELETE(self) -> None:
-            _, name, _, _ = self._route()
-            with stub.lock:
-                pod = stub.pods.pop(name, None)
-                if pod is not None:
-                    stub.deleted.append(name)
-            return self._send(200, pod) if pod is not None else self._not_found(name)
-
-    return Handler
 
 
 @pytest.fixture
 def kube(tmp_path: Path):
     """(stub, kubeconfig path) with the stub serving on a free 127.0.0.1 port."""
     stub = KubeStub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(stub))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    config = tmp_path / "kubeconfig"
-    config.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "stub",
-        "clusters": [{"name": "stub", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
-        "users": [{"name": "stub", "user": {"token": "stub-token"}}],
-        "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub", "namespace": "default"}}],
-    }))
-    yield stub, str(config)
+    server, url = serve(stub)
+    yield stub, str(write_kubeconfig(tmp_path / "kubeconfig", url))
     server.shutdown()
 
 
@@ -297,14 +175,47 @@ def test_deferred_exit_code_comes_from_the_completed_pod(kube, job_store):
     """Deferrable path, the worker exits 3 (cancelled) by itself: the provider's trigger
     reports the failed container; at re-entry the exit code is read from the pod the
     provider hands to the on_pod_completion callback, so the task ends well."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    from llm_batch_operators.kubernetes_pod import STOP_KEY, ShardPodTrigger
+    from llm_batch_operators.kubernetes_pod import STOP_KEY
 
     stub, config = kube
     stub.exit_code = 3
     operator = _operator(_shard(job_store, "job_k8s_defer_exit"), config, deferrable=True)
     context = _context()
+    event = _deferred_first_event(operator, context)
+    assert event["status"] == "failed" and STOP_KEY not in event
+
+    outcome = operator.trigger_reentry(context, event)
+
+    assert outcome["state"] == "cancelled" and outcome["exit_code"] == 3
+    assert stub.deleted == stub.created
+
+
+def test_pod_ending_on_the_clock_deferred(kube, job_store):
+    """The stub's benchmark mode (benchmarks/k8s_overhead.py): a pod ends `run_seconds`
+    after its creation however often it is read; the deferrable path then ends well with
+    the pod created once and deleted once."""
+    stub, config = kube
+    stub.run_seconds, stub.reads_to_finish = 1.0, 10**6
+    operator = _operator(_shard(job_store, "job_k8s_clock"), config, deferrable=True)
+    context = _context()
+    event = _deferred_first_event(operator, context)
+    name = stub.created[0]
+    assert event["status"] == "success"
+    assert stub.ended_seen_at[name] - stub.created_at[name] >= 1.0
+
+    outcome = operator.trigger_reentry(context, event)
+
+    assert outcome["state"] == "done"
+    assert stub.summary()["created"] == stub.summary()["deleted"] == 1 and not stub.summary()["left"]
+    assert stub.log_read_at[name] <= stub.deleted_at[name]
+
+
+def _deferred_first_event(operator, context) -> dict[str, Any]:
+    """Run the operator until it defers, then its trigger until the first event's payload."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from llm_batch_operators.kubernetes_pod import ShardPodTrigger
+
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute(context)
     _, kwargs = deferred.value.trigger.serialize()
@@ -313,10 +224,4 @@ def test_deferred_exit_code_comes_from_the_completed_pod(kube, job_store):
         async for event in ShardPodTrigger(**kwargs).run():
             return event.payload
 
-    event = asyncio.run(asyncio.wait_for(first_event(), timeout=60))
-    assert event["status"] == "failed" and STOP_KEY not in event
-
-    outcome = operator.trigger_reentry(context, event)
-
-    assert outcome["state"] == "cancelled" and outcome["exit_code"] == 3
-    assert stub.deleted == stub.created
+    return asyncio.run(asyncio.wait_for(first_event(), timeout=60))
