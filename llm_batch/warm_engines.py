@@ -199,12 +199,8 @@ def _take_slot(home: Path, key: str, slots: int) -> tuple[Slot, int]:
     while True:
         for index in range(slots):
             slot = Slot(home, key, index)
-            fd = os.open(slot.lock, os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if (fd := _lock_now(slot.lock)) is not None:
                 return slot, fd
-            except BlockingIOError:
-                os.close(fd)
         time.sleep(SLOT_RETRY_S)
 
 
@@ -233,11 +229,7 @@ def _evict_idle(starting: Slot, grace: float = 10.0) -> None:
     for pid_file in engines_dir(starting.home).glob("*.pid"):
         if pid_file.stem.startswith(f"{starting.key}-") or not (pid := _read_pid(pid_file)):
             continue
-        fd = os.open(pid_file.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        if (fd := _lock_now(pid_file.with_suffix(".lock"))) is None:
             continue  # busy: it serves a shard
         try:  # holding its lock: no client can reach it meanwhile
             log.info("stopping idle warm engine %s (pid %d) to make room", pid_file.stem, pid)
@@ -331,7 +323,8 @@ def serve(socket_path: Path, lock: Path, pid_file: Path, idle_seconds: float) ->
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
-                if time.monotonic() - idle_since >= idle_seconds and _try_lock(lock):
+                # The lock is kept (held until exit): no client is using or entering us.
+                if time.monotonic() - idle_since >= idle_seconds and _lock_now(lock) is not None:
                     log.info("warm engine idle for %.0f s: exiting", idle_seconds)
                     break
                 continue
@@ -398,15 +391,15 @@ def _peer_closed(conn: socket.socket) -> bool:
         return True
 
 
-def _try_lock(path: Path) -> bool:
-    """Take the slot's lock for good (held until exit): no client is using or entering us."""
+def _lock_now(path: Path) -> int | None:
+    """A slot's lock taken without waiting (its open descriptor holds it), or None if held."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
+        return fd
     except BlockingIOError:
         os.close(fd)
-        return False
+        return None
 
 
 def _tail(path: Path, chars: int = 600) -> str:
