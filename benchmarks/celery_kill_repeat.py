@@ -66,7 +66,7 @@ def main() -> int:
                     tis = airflow.get(f"/dags/batch_inference/dagRuns/{run_id}/taskInstances",
                                       params={"limit": 100}).json()["task_instances"]
                     for ti in tis:
-                        if (ti["task_id"].startswith("run_shard__") and ti["state"] == "running"
+                        if (ti["task_id"] == "run_shard" and ti["state"] == "running"
                                 and ti["hostname"] == stack.worker_name(worker)
                                 and done_on_s3(job_id, ti["map_index"]) >= KILL_AFTER_DONE):
                             stack.kill_worker(worker)

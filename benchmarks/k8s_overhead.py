@@ -36,13 +36,11 @@ the Celery workers' own logs:
   resume queued, queued -> started of the resume (it reads the pod's log first; Airflow
   overwrites the first dispatch's queued time at the resume, so that one is not known),
   resume -> task ended;
-- plan done -> first shard started, and the lanes' picker tasks (``shards__*``: with this
-  runner the DAG has a lane per GPU type x priority band, 21, and each lane's picker is a
-  Celery task whether or not the job has shards there);
+- plan done -> first shard started;
 - one worker's task end -> its next task start (median, from the ``succeeded in`` lines of
-  each worker's celery-worker.log, within the shard phase; both halves of a shard are tasks,
-  and so are the pickers), the Celery tasks' median length, how busy the workers were and
-  their busy seconds per shard;
+  each worker's celery-worker.log, within the shard phase; both halves of a shard are
+  tasks), the Celery tasks' median length, how busy the workers were and their busy
+  seconds per shard;
 - how many pods the stub saw created and deleted (each shard's pod once and once).
 
 Target: overhead per shard under 2 s.
@@ -156,12 +154,8 @@ def report(stack: Any, stub: Any, job: dict[str, Any], args: argparse.Namespace)
           f"{median_of('queued_when', 'log')}")
     print(f"    resume -> task ended (log, delete, outcome), median: {median_of('log', 'end_date')}")
     first_start = min((ts(ti["start_date"]) for ti in shards if ti.get("start_date")), default=None)
-    pickers = [ti for ti in tis if ti["task_id"].startswith("shards__") and ti.get("end_date") and ti.get("start_date")]
     if first_start is not None:
-        picked = (f"; the lanes' {len(pickers)} picker tasks (shards__*, one per lane: GPU type x priority band) "
-                  f"ran {_median([ts(t['end_date']) - ts(t['start_date']) for t in pickers])} each (median), the last "
-                  f"ended {max(ts(t['end_date']) for t in pickers) - plan_end:.1f} s after plan" if pickers else "")
-        print(f"  plan done -> first shard started: {first_start - plan_end:.1f} s{picked}")
+        print(f"  plan done -> first shard started: {first_start - plan_end:.1f} s")
 
     spans = celery_spans(stack)
     gaps: list[float] = []
@@ -176,7 +170,7 @@ def report(stack: Any, stub: Any, job: dict[str, Any], args: argparse.Namespace)
         gaps += [b[0] - a[1] for a, b in zip(inside, inside[1:], strict=False)]
     print(f"  one worker's task end -> its next task start (Celery log, shard phase), median: {_median(gaps)}; "
           f"Celery tasks in the phase: {', '.join(f'{w} {c}' for w, c in sorted(counts.items()))} "
-          f"(pickers, shard starts, resumes), {_median(durations)} each (median); workers busy "
+          f"(shard starts and resumes), {_median(durations)} each (median); workers busy "
           f"{100 * busy / (wall * slots) if wall > 0 else 0:.0f} % of the phase, {busy / len(shards):.2f} s per shard")
 
     pods_seen = stub.summary()

@@ -86,7 +86,7 @@ def timeline(stack: Any, job: dict[str, Any]) -> list[str]:
     t0 = job["submitted_at"]
     rows = []
     for ti in sorted(tis, key=lambda t: ts(t["start_date"]) or 1e18):
-        if ti["map_index"] < 0 and ti["task_id"].startswith("run_shard__"):
+        if ti["map_index"] < 0 and ti["task_id"] == "run_shard":
             continue  # the mapped task's parent row
         marks = [ts(ti.get(k)) for k in ("queued_when", "start_date", "end_date")]
         text = "  ".join(f"{m - t0:6.1f}" if m else "     -" for m in marks)

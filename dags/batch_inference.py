@@ -1,6 +1,6 @@
 """### batch_inference: one batch job per run
 
-`register -> validate -> plan -> shards (group: run_shard__<lane>, one mapped task per shard) -> merge -> finalize`
+`register -> validate -> plan -> run_shard (mapped: one task instance per shard) -> merge -> finalize`
 
 Trigger it from the UI form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the
 params below) or from the batch REST API (conf = `{"job_id": ...}` of a job it created).
@@ -8,9 +8,9 @@ Every run is a job in llm-batch's job store; whatever happens, the job ends in a
 status with a reason. The steps live in `llm_batch.steps`; this file only wires them.
 
 Shards run on the configured runner (`LLM_BATCH_SHARD_RUNNER`: local subprocess or GPU pod).
-A mapped task's pool and priority are fixed at parse time, so there is one mapped task per
-lane (pool x priority band); a job's shards go to its lane and the other lanes are skipped.
-The lanes' pickers and mapped tasks sit in the task group `shards`.
+A job's shard tasks wait in its lane: the pool of its GPU type (the local pool under the
+local runner) at its priority band's weight, set on each task instance from the run's conf
+by llm-batch's cluster policy (`llm_batch_operators.shard_routing`).
 
 `finalize` emits an asset event through the alias `llm-batch-results` for every job that
 succeeded (the event's `extra`: job id, status, counts, labels), so a DAG scheduled on
@@ -25,12 +25,13 @@ import copy
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, AssetAlias, Param, TaskGroup, get_current_context, task
+from airflow.sdk import DAG, Asset, AssetAlias, Param, get_current_context, task
 
 from llm_batch import input_formats, jobs, placement, run_conf, steps
 from llm_batch.config import get_settings
 from llm_batch.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch_operators import lanes, shard_operator
+from llm_batch_operators.shard_routing import SHARD_TASK_ID
 
 SETTINGS = get_settings()
 # Every completed batch's output is an asset event through this alias.
@@ -210,8 +211,8 @@ with DAG(
             raise _rejected(exc) from exc
 
     @task(retries=2, retry_delay=timedelta(seconds=5))
-    def plan(job_id: str, validated: dict[str, int] | None) -> dict[str, list[dict[str, Any]]]:
-        return lanes.group_by_lane(SETTINGS, steps.plan(_store(), SETTINGS, job_id))
+    def plan(job_id: str, validated: dict[str, int] | None) -> list[dict[str, Any]]:
+        return [shard.model_dump() for shard in steps.plan(_store(), SETTINGS, job_id)]
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
     def merge(job_id: str | None) -> dict[str, int] | None:
@@ -233,25 +234,17 @@ with DAG(
         print(f"job {job_id}: {summary}")
         return job.status.value
 
-    @task
-    def shards_of_lane(planned: dict[str, list[dict[str, Any]]], lane: str) -> list[dict[str, Any]]:
-        return planned.get(lane, [])
-
     job_id = register()
     planned = plan(job_id, validate(job_id))
-    # One box in the graph: the lanes' pickers and mapped shard tasks (task ids unprefixed).
-    with TaskGroup("shards", prefix_group_id=False, tooltip="the job's shards, one mapped task per lane") as shards:
-        for lane in lanes.lanes(SETTINGS):
-            # Airflow maps only over a task's return value: one small picker per lane.
-            lane_shards = shards_of_lane.override(task_id=f"shards__{lane.name}")(planned, lane.name)
-            ShardOperator.partial(
-                task_id=f"run_shard__{lane.name}",
-                pool=lane.pool,
-                priority_weight=lane.priority_weight,
-                weight_rule="absolute",
-                retries=SETTINGS.shard_retries,
-                retry_delay=timedelta(seconds=SETTINGS.shard_retry_delay_seconds),
-            ).expand(shard_task=lane_shards)
+    lane = lanes.default_lane(SETTINGS)  # each task instance gets its run's (shard_routing)
+    shards = ShardOperator.partial(
+        task_id=SHARD_TASK_ID,
+        pool=lane.pool,
+        priority_weight=lane.priority_weight,
+        weight_rule="absolute",
+        retries=SETTINGS.shard_retries,
+        retry_delay=timedelta(seconds=SETTINGS.shard_retry_delay_seconds),
+    ).expand(shard_task=planned)
     merged = merge(job_id)
     shards >> merged
     merged >> finalize(job_id)

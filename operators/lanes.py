@@ -1,15 +1,20 @@
-"""Pools and lanes: where the DAG's shard tasks queue (Airflow pools) and at which
-priority. No Airflow import here: the embedded stack and the tests create the pools."""
+"""Pools and lanes: where a job's shard tasks queue (an Airflow pool) and at which priority.
+
+A job's lane is its GPU type's pool (the local pool under the local runner) and its
+priority band's weight. The DAG has one mapped shard task; Airflow fixes a task's pool and
+priority_weight when the DAG is parsed, so the cluster policy in ``shard_routing`` puts
+each shard task instance in its run's lane when the scheduler creates it. No Airflow import
+here: the embedded stack and the tests create the pools.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llm_batch.config import Settings
-from llm_batch.placement import GPU_TYPES, priority_band, priority_bands
-from llm_batch.shard_task import ShardTask
+from llm_batch.placement import GPU_TYPES, priority_band
 
 
 @dataclass(frozen=True)
@@ -37,54 +42,43 @@ def pool_specs(settings: Settings) -> list[PoolSpec]:
 
 
 def runner_pool_specs(settings: Settings) -> list[PoolSpec]:
-    """The pools the configured runner's lanes use: a local (CPU-only) stack gets its one
-    pool and no GPU pools."""
-    used = {lane.pool for lane in lanes(settings)}
-    return [pool for pool in pool_specs(settings) if pool.name in used]
+    """The pools the configured runner uses: a local (CPU-only) stack gets its one pool and
+    no GPU pools."""
+    if settings.shard_runner == "local":
+        return [pool for pool in pool_specs(settings) if pool.name == settings.local_pool]
+    return [pool for pool in pool_specs(settings) if pool.name != settings.local_pool]
 
 
 @dataclass(frozen=True)
 class Lane:
-    """One mapped shard task of the DAG: a pool and a priority band.
+    """Where a job's shard tasks wait: an Airflow pool, and a priority band and its weight."""
 
-    Airflow fixes a mapped task's pool and priority_weight when the DAG is parsed, not per
-    run, so the DAG has one mapped shard task per (pool, priority band) and ``plan`` puts a
-    job's shards in the lane of its gpu_type and priority; the other lanes expand to zero
-    tasks (skipped).
-    """
-
-    name: str
     pool: str
     priority: str
     priority_weight: int
 
 
-def lanes(settings: Settings) -> list[Lane]:
-    pools = (
-        [("local", settings.local_pool)]
-        if settings.shard_runner == "local"
-        else [(g.replace("-", "_"), gpu_pool(settings, g)) for g in GPU_TYPES]
-    )
-    return [
-        Lane(f"{pool_key}__{band}", pool, band, weight)
-        for pool_key, pool in pools
-        for band, weight in priority_bands(settings)
-    ]
-
-
-
-def lane_for(settings: Settings, gpu_type: str | None, priority: str | int | None) -> str:
+def lane_for(settings: Settings, gpu_type: str | None, priority: str | int | None) -> Lane:
+    """The lane of a job with this GPU type and priority (unknown or none: the defaults,
+    the first GPU type and the middle band; register refuses an unknown GPU type anyway)."""
     band = priority_band(settings, priority)
     if settings.shard_runner == "local":
-        return f"local__{band}"
-    return f"{(gpu_type or GPU_TYPES[0]).replace('-', '_')}__{band}"
+        pool = settings.local_pool
+    else:
+        pool = gpu_pool(settings, gpu_type if gpu_type in GPU_TYPES else GPU_TYPES[0])
+    return Lane(pool, band, settings.priority_weights[band])
 
 
+def lane_of_run(settings: Settings, conf: Mapping[str, Any] | None) -> Lane:
+    """The lane of a batch_inference run from its conf (the form's params, or what the REST
+    API put there: the job's gpu_type and priority)."""
+    conf = conf if isinstance(conf, Mapping) else {}
+    gpu_type = conf.get("gpu_type")
+    priority = conf.get("priority")
+    return lane_for(settings, gpu_type if isinstance(gpu_type, str) else None,
+                    priority if isinstance(priority, (str, int)) and not isinstance(priority, bool) else None)
 
-def group_by_lane(settings: Settings, tasks: Iterable[ShardTask]) -> dict[str, list[dict[str, Any]]]:
-    """The shard tasks of a job by lane name, every lane of the DAG a key (most empty):
-    what the DAG's per-lane pickers read."""
-    grouped: dict[str, list[dict[str, Any]]] = {lane.name: [] for lane in lanes(settings)}
-    for task in tasks:
-        grouped[lane_for(settings, task.gpu_type, task.priority)].append(task.model_dump())
-    return grouped
+
+def default_lane(settings: Settings) -> Lane:
+    """The lane the DAG's shard task names at parse time (a run's conf may move it)."""
+    return lane_for(settings, None, None)

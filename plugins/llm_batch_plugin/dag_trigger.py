@@ -9,7 +9,8 @@ with jittered backoff; any other failure is final and becomes the job's reason.
 Routes take ``TriggerDep``: the trigger bound to the caller and that session.
 ``reprioritize_waiting_tasks`` updates the run's task instances in the same metadata DB
 (the scheduler orders queued work by ``priority_weight``; the DAG's shard tasks use the
-"absolute" weight rule, so the stored weight is the one that counts).
+"absolute" weight rule, so the stored weight is the one that counts) and the run's conf,
+whose priority gives the shard tasks not created yet theirs (``shard_routing``).
 """
 
 from __future__ import annotations
@@ -88,9 +89,15 @@ def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session
 def reprioritize_waiting_tasks(job_id: str, weight: int, session: Session) -> int:
     """Give the tasks of the job's run that have not started (no state yet, scheduled,
     queued, waiting to retry) the priority `weight`; returns how many changed. Running and
-    finished tasks keep theirs; a pod already created keeps its PriorityClass."""
+    finished tasks keep theirs; a pod already created keeps its PriorityClass. The run's
+    conf takes the weight too: the shard tasks the scheduler creates after plan read it."""
+    from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.state import TaskInstanceState
+
+    run = session.query(DagRun).filter(DagRun.dag_id == DAG_ID, DagRun.run_id == run_id_for(job_id)).one_or_none()
+    if run is not None:
+        run.conf = {**(run.conf or {}), "priority": weight}
 
     waiting = [TaskInstanceState.SCHEDULED, TaskInstanceState.QUEUED, TaskInstanceState.UP_FOR_RETRY]
     changed = (

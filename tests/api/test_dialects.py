@@ -328,3 +328,10 @@ def test_scale_update_reprioritizes_the_runs_waiting_tasks(client, creds, api_st
         weights = {t.task_id: t.priority_weight for t in session.query(TaskInstance).filter(TaskInstance.run_id == run_id_for(job_id))}
     assert weights.pop(running_id) == running_weight
     assert weights and set(weights.values()) == {high}
+    # The shard tasks made after plan take the new priority from the run's conf.
+    from llm_batch.config import get_settings
+    from llm_batch_operators.lanes import lane_of_run
+
+    with create_session() as session:
+        run = session.query(DagRun).filter(DagRun.run_id == run_id_for(job_id)).one()
+        assert lane_of_run(get_settings(), run.conf).priority_weight == high

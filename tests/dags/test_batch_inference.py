@@ -166,7 +166,8 @@ def test_success_with_bad_lines_two_shards(batch_dag, store, tiny_model_dir, llm
     lines[8] = orjson.dumps({"custom_id": "req-8", "body": {"messages": [], "max_tokens": 8}})
     uri = _write_input(llm_batch_home, "bad_lines", lines)
 
-    dag_run = _run(batch_dag, {"job_id": "job_ok", "input_uri": uri, "model": TINY_MODEL, "data_parallelism": 2})
+    dag_run = _run(batch_dag, {"job_id": "job_ok", "input_uri": uri, "model": TINY_MODEL, "data_parallelism": 2,
+                               "priority": "high"})
 
     job = store.get_job("job_ok")
     assert dag_run.state == "success"
@@ -180,6 +181,10 @@ def test_success_with_bad_lines_two_shards(batch_dag, store, tiny_model_dir, llm
     assert store.get_file(job.output_file_id).uri == layout.output_jsonl
     assert store.get_file(job.error_file_id).uri == layout.errors_jsonl
     assert job.completed_at is not None and job.dag_run_id == dag_run.run_id
+    # One mapped shard task, its instances in the run's lane (shard_routing's cluster policy).
+    shards = [ti for ti in dag_run.get_task_instances() if ti.task_id == "run_shard"]
+    assert sorted(ti.map_index for ti in shards) == [0, 1]
+    assert {(ti.pool, ti.priority_weight) for ti in shards} == {("llm_batch_local", 100)}
 
 
 def _worker_pids() -> list[int]:

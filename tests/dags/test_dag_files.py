@@ -63,19 +63,18 @@ def test_batch_dag_wiring(dag_bag):
     assert {"smollm2-135m-instruct", "tiny-random-llama"} <= set(dag.params.get_param("model").schema["enum"])
     assert dag.params.get_param("data_parallelism").schema["minimum"] == 1
     assert dag.params.get_param("data_parallelism").schema["maximum"] == 64
-    shard_tasks = [t for t in dag.tasks if t.task_id.startswith("run_shard__")]
-    # The graph: register, validate, plan, the "shards" group, merge, finalize.
-    top = {t.task_group.group_id if t.task_group and t.task_group.group_id else t.task_id for t in dag.tasks}
-    assert top == {"register", "validate", "plan", "shards", "merge", "finalize"}
+    # The graph: register, validate, plan, one mapped shard task, merge, finalize; no lane tasks.
+    assert {t.task_id for t in dag.tasks} == {"register", "validate", "plan", "run_shard", "merge", "finalize"}
+    shard = dag.get_task("run_shard")
     assert [o.name for o in dag.get_task("finalize").outlets] == ["llm-batch-results"]
-    assert {t.pool for t in shard_tasks} == {"llm_batch_local"}
-    assert sorted(t.priority_weight for t in shard_tasks) == [1, 10, 100]
+    # The parse-time lane (each task instance gets its run's from shard_routing).
+    assert (shard.pool, shard.priority_weight) == ("llm_batch_local", 10)
     for task_id in ("merge", "finalize"):
         assert dag.get_task(task_id).trigger_rule == "all_done"
-    assert {t.task_id for t in shard_tasks} <= dag.get_task("merge").upstream_task_ids
+    assert "run_shard" in dag.get_task("merge").upstream_task_ids
 
 
-def test_kubernetes_form_keeps_gpu_fields_and_groups_its_lanes():
+def test_kubernetes_form_keeps_gpu_fields_and_one_shard_task():
     probe = """
 import json
 from airflow.dag_processing.dagbag import DagBag
@@ -83,15 +82,15 @@ bag = DagBag(dag_folder=%r, collect_dags=False)
 bag.collect_dags(dag_folder=%r, safe_mode=False)
 dag = bag.dags["batch_inference"]
 print(json.dumps({"params": sorted(dag.params.keys()), "gpu_types": len(dag.params.get_param("gpu_type").schema["enum"]),
-                  "groups": sorted({t.task_group.group_id or "" for t in dag.tasks}),
-                  "pools": sorted({t.pool for t in dag.tasks if t.task_id.startswith("run_shard__")})}))
+                  "tasks": sorted(t.task_id for t in dag.tasks), "pool": dag.get_task("run_shard").pool}))
 """ % ((str(DAGS_FOLDER / "batch_inference.py"),) * 2)
     env = {**os.environ, "LLM_BATCH_SHARD_RUNNER": "kubernetes"}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300, env=env)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"gpus", "gpu_type", "nodes_per_worker"} <= set(report["params"])
     assert report["gpu_types"] == 8  # the seed's 7 and null
-    assert "shards" in report["groups"] and len(report["pools"]) == 7
+    assert report["tasks"] == ["finalize", "merge", "plan", "register", "run_shard", "validate"]
+    assert report["pool"] == "llm_batch_gpu_nvidia_tesla_t4"
 
 
 def test_pools_of_a_local_stack_are_cpu_only():

@@ -137,7 +137,7 @@ def shard_tries(stack: Any, run_id: str) -> dict[int, list[dict[str, Any]]]:
         listed.raise_for_status()
         # Mapped shard tasks (a lane without shards has one skipped, unmapped instance: -1).
         shards = [ti for ti in listed.json()["task_instances"]
-                  if ti["task_id"].startswith("run_shard__") and ti["map_index"] >= 0]
+                  if ti["task_id"] == "run_shard" and ti["map_index"] >= 0]
         tries = {}
         for ti in shards:
             answer = airflow.get(f"/dags/batch_inference/dagRuns/{run_id}/taskInstances/{ti['task_id']}/"
@@ -153,7 +153,7 @@ def running_shards(stack: Any, run_id: str) -> dict[int, str]:
         listed = airflow.get(f"/dags/batch_inference/dagRuns/{run_id}/taskInstances", params={"limit": 100})
     listed.raise_for_status()
     return {ti["map_index"]: ti["hostname"] for ti in listed.json()["task_instances"]
-            if ti["task_id"].startswith("run_shard__") and ti["state"] == "running" and ti["hostname"]}
+            if ti["task_id"] == "run_shard" and ti["state"] == "running" and ti["hostname"]}
 
 
 def shard_progress(stack: Any, job_id: str, shard: int) -> dict[str, Any] | None:

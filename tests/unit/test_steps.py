@@ -85,13 +85,34 @@ def _through_plan(store, settings, conf, run_id: str | None = None) -> tuple[str
 
 
 def test_lanes_cover_every_pool_and_band(settings):
-    local = lanes.lanes(settings)
-    assert [lane.name for lane in local] == ["local__low", "local__normal", "local__high"]
-    assert {lane.pool for lane in local} == {settings.local_pool}
-    k8s = lanes.lanes(settings.model_copy(update={"shard_runner": "kubernetes"}))
-    assert len(k8s) == len(placement.GPU_TYPES) * 3
-    assert {lane.pool for lane in k8s} == {lanes.gpu_pool(settings, g) for g in placement.GPU_TYPES}
-    assert {p.name for p in lanes.pool_specs(settings)} == {settings.local_pool} | {lane.pool for lane in k8s}
+    assert lanes.lane_for(settings, None, "low") == lanes.Lane(settings.local_pool, "low", 1)
+    assert lanes.default_lane(settings) == lanes.Lane(settings.local_pool, "normal", 10)
+    k8s = settings.model_copy(update={"shard_runner": "kubernetes"})
+    seen = {lanes.lane_for(k8s, g, band) for g in placement.GPU_TYPES for band in ("low", "normal", "high")}
+    assert len(seen) == len(placement.GPU_TYPES) * 3
+    assert {lane.pool for lane in seen} == {lanes.gpu_pool(settings, g) for g in placement.GPU_TYPES}
+    assert {p.name for p in lanes.pool_specs(settings)} == {settings.local_pool} | {lane.pool for lane in seen}
+    assert {p.name for p in lanes.runner_pool_specs(k8s)} == {lane.pool for lane in seen}
+    assert [p.name for p in lanes.runner_pool_specs(settings)] == [settings.local_pool]
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [None, [], "high", {"priority": True}, {"priority": ["high"]}, {"gpu_type": 7}, {"gpu_type": "no-such-gpu"},
+     {"priority": None, "gpu_type": None}],
+)
+def test_a_runs_lane_from_a_conf_it_cannot_use_is_the_default(settings, conf):
+    k8s = settings.model_copy(update={"shard_runner": "kubernetes"})
+    assert lanes.lane_of_run(k8s, conf) == lanes.default_lane(k8s)
+    assert lanes.lane_of_run(settings, conf) == lanes.default_lane(settings)
+
+
+def test_a_runs_lane_follows_its_conf(settings):
+    k8s = settings.model_copy(update={"shard_runner": "kubernetes"})
+    lane = lanes.lane_of_run(k8s, {"gpu_type": placement.GPU_TYPES[2], "priority": "high"})
+    assert lane == lanes.Lane(lanes.gpu_pool(k8s, placement.GPU_TYPES[2]), "high", 100)
+    assert lanes.lane_of_run(settings, {"priority": 150, "gpu_type": placement.GPU_TYPES[2]}) == lanes.Lane(
+        settings.local_pool, "high", 100)
 
 
 @pytest.mark.parametrize(
@@ -206,15 +227,13 @@ def test_inline_requests_are_validated(store, settings):
 # -- plan, shards, merge, finalize ---------------------------------------------------------
 
 
-def test_plan_puts_shards_in_the_jobs_lane(store, settings):
+def test_plan_gives_each_shard_the_jobs_priority(store, settings):
     job_id = steps.register(store, settings, _conf(settings, n=5, data_parallelism=2, priority="low"), _run_id())
     steps.validate(store, settings, job_id)
     planned = steps.plan(store, settings, job_id)
-    grouped = lanes.group_by_lane(settings, planned)
-    assert set(grouped) == {lane.name for lane in lanes.lanes(settings)}
-    assert [len(tasks) for name, tasks in grouped.items() if name != "local__low"] == [0, 0]
-    tasks = [shard_task.ShardTask.model_validate(t) for t in grouped["local__low"]]
+    tasks = [shard_task.ShardTask.model_validate(t.model_dump()) for t in planned]
     assert [t.shard for t in tasks] == [0, 1]
+    assert {t.priority for t in tasks} == {"low"}
     job = store.get_job(job_id)
     assert job.status == JobStatus.RUNNING
     args = tasks[0].worker_args()

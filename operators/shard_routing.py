@@ -1,0 +1,53 @@
+"""A cluster policy that puts each shard task instance of a batch_inference run in the
+run's lane (pool and priority weight).
+
+Airflow fixes a task's pool and priority_weight when the DAG is parsed, and maps a task
+only over another task's whole return value, so a per-job pool once meant one mapped task
+(and one picker task) per lane in every run. Airflow's ``task_instance_mutation_hook`` is
+the public way to route a task instance on its run's conf: the scheduler calls it when it
+creates each mapped shard task instance (and again when a task is cleared), with the run.
+
+Installed through the ``airflow.policy`` entry point (pyproject.toml), so it is active in
+every Airflow component that has llm-batch installed; it touches only the batch DAG's shard
+task. It runs inside the scheduler's transaction: no database access, and it never raises
+(a conf it cannot read leaves the DAG's default lane).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from typing import Any
+
+import pluggy
+
+from llm_batch.config import Settings, get_settings
+from llm_batch.run_conf import BATCH_DAG_ID
+from llm_batch_operators.lanes import lane_of_run
+
+log = logging.getLogger(__name__)
+
+# airflow.policies.hookimpl, made here: importing airflow from this module would start
+# Airflow's initialisation, which loads this entry point while it is half imported.
+hookimpl = pluggy.HookimplMarker("airflow.policy")
+
+# The batch DAG's mapped shard task (dags/batch_inference.py names it with this).
+SHARD_TASK_ID = "run_shard"
+
+
+@cache
+def _settings() -> Settings:
+    return get_settings()
+
+
+@hookimpl
+def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
+    if task_instance.task_id != SHARD_TASK_ID or task_instance.dag_id != BATCH_DAG_ID or dag_run is None:
+        return
+    try:
+        lane = lane_of_run(_settings(), dag_run.conf)
+    except Exception:  # noqa: BLE001 - a policy must never break the scheduler's loop
+        log.exception("llm-batch: could not read the lane of run %s; the DAG's default lane stays", dag_run.run_id)
+        return
+    task_instance.pool = lane.pool
+    task_instance.priority_weight = lane.priority_weight
