@@ -151,8 +151,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         """Wait for the worker; returns "cancelled"/"deadline" if it had to be killed."""
         grace = self.llm_settings.cancel_grace_seconds
         stop_seen: tuple[str, float] | None = None
-        while process.poll() is None:
-            time.sleep(POLL_SECONDS)
+        while not _ended(process, POLL_SECONDS):
             self.report_progress()
             if stop_seen is None:
                 cause = self.stop_cause(datetime.now(UTC))
@@ -164,6 +163,16 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
                 _terminate(process, self.term_seconds)
                 return stop_seen[0]
         return None
+
+
+def _ended(process: subprocess.Popen[bytes] | WarmShard, timeout: float) -> bool:
+    """Whether the worker ends within ``timeout``: a wait, not a sleep, so a short shard's
+    task ends as soon as its worker does."""
+    try:
+        process.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _terminate(process: subprocess.Popen[bytes], term_seconds: float) -> None:

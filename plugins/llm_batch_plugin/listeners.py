@@ -84,7 +84,7 @@ def end_job_of_run(dag_run: Any, state: str, msg: str | None) -> Any:
     if job is None or job.terminal or job.dag_run_id not in (None, dag_run.run_id):
         return job
     if _manual(msg):
-        reason = f"a user marked the DAG run {dag_run.run_id} {state}"
+        reason = user_mark_reason(dag_run.run_id, state)
     elif state == "failed":
         reason = f"the DAG run {dag_run.run_id} failed ({msg or 'no reason given'})"
     else:
@@ -101,10 +101,32 @@ def end_job_of_run(dag_run: Any, state: str, msg: str | None) -> Any:
     return job
 
 
+def user_mark_reason(run_id: str, state: str) -> str:
+    return f"a user marked the DAG run {run_id} {state}"
+
+
+def keep_a_users_failed_mark(dag_run: Any, state: str, msg: str | None, job: Any) -> bool:
+    """A run a user marked failed can still be ended success by the scheduler when the
+    metadata DB is SQLite (no row locks: the scheduler's loop read the run as running before
+    the mark was committed, then found its tasks finished). The job kept what the user did,
+    so the run goes back to failed. Returns whether it did."""
+    from airflow.utils.state import DagRunState
+
+    if state != "success" or _manual(msg) or job is None or job.status.value != "FAILED":
+        return False
+    if user_mark_reason(dag_run.run_id, "failed") not in (job.status_reason or ""):
+        return False
+    dag_run.set_state(DagRunState.FAILED)
+    log.warning("run %s: a user marked it failed, the scheduler then ended it success; kept failed", dag_run.run_id)
+    return True
+
+
 def _on_run_end(dag_run: Any, state: str, msg: str | None) -> None:
     if getattr(dag_run, "dag_id", None) != BATCH_DAG_ID:
         return
     try:
+        if keep_a_users_failed_mark(dag_run, state, msg, _store().get_job(_job_id(dag_run))):
+            return
         job = end_job_of_run(dag_run, state, msg)
         if job is not None and job.terminal:
             _set_note(dag_run, run_note(job))

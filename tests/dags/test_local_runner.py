@@ -165,6 +165,33 @@ def test_user_marking_the_run_ends_its_job_with_that_reason(operator_for):
     assert "CANCELLED" in listeners.run_note(job2) and "/batch/ui/jobs#job=job_marked_success" in listeners.run_note(job2)
 
 
+def test_a_run_a_user_marked_failed_stays_failed_when_the_scheduler_ends_it_success(operator_for):
+    """SQLite has no row locks: the scheduler may end success a run whose failed mark it
+    did not see yet. The job kept the user's mark, and the run goes back to failed."""
+    from types import SimpleNamespace
+
+    from airflow.utils.state import DagRunState
+
+    from llm_batch.jobs import JobStatus
+    from llm_batch_plugin import listeners
+
+    states = []
+    store, shard, _ = operator_for("job_marked_then_success", "obedient")
+    run = SimpleNamespace(dag_id="batch_inference", run_id="manual__raced", conf={"job_id": shard.job_id},
+                          set_state=states.append)
+    listeners.on_dag_run_failed(dag_run=run, msg="Dag Run's state was manually set to `failed`.")
+    listeners.on_dag_run_success(dag_run=run, msg="success")  # the scheduler, a moment later
+    assert states == [DagRunState.FAILED]
+    job = store.get_job(shard.job_id)
+    assert job.status == JobStatus.FAILED and "a user marked the DAG run manual__raced failed" in job.status_reason
+    # A user marking it success afterwards is their choice; a run that ended by itself is not touched.
+    listeners.on_dag_run_success(dag_run=run, msg="Dag Run's state was manually set to `success`.")
+    other = SimpleNamespace(dag_id="batch_inference", run_id="manual__other", conf={"job_id": shard.job_id},
+                            set_state=states.append)
+    listeners.on_dag_run_success(dag_run=other, msg="success")
+    assert states == [DagRunState.FAILED]
+
+
 def test_a_shard_starting_while_the_store_restarts_waits_for_it(operator_for, monkeypatch):
     """The store refusing connections at the task's start (a PostgreSQL restart) is asked
     again (operators/shard.py STORE_WAIT_S) instead of failing the try."""
