@@ -115,7 +115,31 @@ def many_jobs(stack: Any, model: str, jobs: int, max_tokens: int, timeout: float
     counts = [(job.get("counts") or {}) for job in ended.values()]
     lost = sum(1 for c in counts if c.get("succeeded", 0) + c.get("failed", 0) != 1)
     return {"submitted_s": submitted, "took_s": took, "ended": len(ended), "pending": len(pending),
-            "statuses": statuses, "lost_or_duplicated": lost}
+            "statuses": statuses, "lost_or_duplicated": lost, "tasks": task_medians(stack, list(ended.values()))}
+
+
+def task_medians(stack: Any, jobs: list[dict[str, Any]]) -> list[str]:
+    """Where the many jobs' time went: per task, the median wait (queued -> start) and run
+    (start -> end) over the ended jobs, and the shard slot's busy seconds per shard."""
+    import statistics
+
+    waits: dict[str, list[float]] = {}
+    runs: dict[str, list[float]] = {}
+    with airflow_api(stack) as airflow:
+        for job in jobs:
+            tis = airflow.get(f"/dags/batch_inference/dagRuns/{job['dag_run_id']}/taskInstances",
+                              params={"limit": 100}).json()["task_instances"]
+            for ti in tis:
+                queued, start, end = (ts(ti.get(k)) for k in ("queued_when", "start_date", "end_date"))
+                if start and end:
+                    runs.setdefault(ti["task_id"], []).append(end - start)
+                    if queued:
+                        waits.setdefault(ti["task_id"], []).append(start - queued)
+    rows = [f"    {task:12} wait {statistics.median(waits.get(task) or [0]):5.1f} s, run {statistics.median(r):5.1f} s"
+            f" (median of {len(r)})" for task, r in runs.items()]
+    shard_runs = runs.get("run_shard") or []
+    rows.append(f"    shard slot busy: {sum(shard_runs):.0f} s in all, {sum(shard_runs) / max(1, len(shard_runs)):.1f} s per shard")
+    return rows
 
 
 def main() -> int:
@@ -147,6 +171,8 @@ def main() -> int:
             print(f"  {args.jobs} one-request jobs: submitted in {many['submitted_s']:.1f} s; "
                   f"{many['ended']} ended in {many['took_s']:.0f} s ({many['statuses']}), "
                   f"{many['pending']} still live; lost or duplicated: {many['lost_or_duplicated']}", flush=True)
+            print("  the many jobs' tasks: median wait (queued -> start) and run (start -> end)")
+            print("\n".join(many["tasks"]), flush=True)
             summary.append((mode, first, second, many))
     print("\nmode       first job  second job  many: all ended in   SUCCEEDED  lost/dup")
     for mode, first, second, many in summary:
