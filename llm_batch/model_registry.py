@@ -65,6 +65,7 @@ __all__ = [
     "CheckpointNotAllowed",
     "InvalidModelConfig",
     "ModelSpec",
+    "FimTemplate",
     "Registry",
     "ModelConfig",
     "FieldRule",
@@ -132,16 +133,65 @@ class InvalidModelConfig(ModelError, ValueError):
 # --- the registry ---------------------------------------------------------------------
 
 
+class FimTemplate(BaseModel):
+    """A model's fill-in-the-middle prompt (``fim:`` in its registry entry): the special
+    tokens its tokenizer knows for "the text before the gap", "the text after it" and "now
+    the gap", and their order. ``psm`` (StarCoder, Qwen2.5-Coder, DeepSeek-Coder):
+    prefix-token prompt suffix-token suffix middle-token; ``spm`` (Codestral's order):
+    suffix-token suffix prefix-token prompt [middle-token]. The worker checks at its start
+    that each token is one token of the model's tokenizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str = Field(min_length=1)
+    suffix: str = Field(min_length=1)
+    middle: str | None = Field(default=None, min_length=1)
+    order: Literal["psm", "spm"] = "psm"
+
+    @model_validator(mode="after")
+    def _psm_needs_middle(self) -> FimTemplate:
+        if self.order == "psm" and self.middle is None:
+            raise ValueError("a psm fim template needs a middle token (the model starts the gap after it)")
+        return self
+
+    @property
+    def tokens(self) -> list[str]:
+        return [t for t in (self.prefix, self.suffix, self.middle) if t is not None]
+
+    def render(self, prompt: str, suffix: str) -> str:
+        """The prompt text the model completes: its special tokens around prompt and suffix."""
+        middle = self.middle or ""
+        if self.order == "psm":
+            return f"{self.prefix}{prompt}{self.suffix}{suffix}{middle}"
+        return f"{self.suffix}{suffix}{self.prefix}{prompt}{middle}"
+
+
+Task = Literal["generate", "embed"]
+
+
 class ModelSpec(BaseModel):
     """One registry entry."""
 
     model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(min_length=1)
-    task: Literal["generate", "embed"]
+    task: Task
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    prepare: Literal["smollm2-gguf", "minilm-package", "tiny-random-llama"] | None = None
+    prepare: Literal["smollm2-gguf", "minilm-package", "tiny-random-llama", "tiny-random-llama-fim"] | None = None
     description: str = ""
+    # Fill-in-the-middle (/v1/fim/completions) for a generate model.
+    fim: FimTemplate | None = None
+
+    @model_validator(mode="after")
+    def _features_fit_the_task(self) -> ModelSpec:
+        if self.fim is not None and self.task != "generate":
+            raise ValueError(f"fim is for generate models, not a {self.task} model")
+        return self
+
+    @property
+    def features(self) -> list[str]:
+        """The registry features endpoints may need (llm_batch.endpoints.FEATURE_OF_ENDPOINT)."""
+        return ["fim"] if self.fim is not None else []
 
 
 class Registry(BaseModel):
@@ -416,9 +466,14 @@ class ResolvedModel:
 
     name: str
     path: Path
-    task: Literal["generate", "embed"]
+    task: Task
     engine_args: dict[str, Any] = field(default_factory=dict)
     response_role: str = "assistant"
+    fim: FimTemplate | None = None
+
+    @property
+    def features(self) -> list[str]:
+        return ["fim"] if self.fim is not None else []
 
 
 def resolve_model(
@@ -463,6 +518,7 @@ def resolve_model(
         task=spec.task if spec else _task_of(engine_args),
         engine_args=engine_args,
         response_role=config.response_role or "assistant",
+        fim=spec.fim if spec else None,
     )
 
 
@@ -695,7 +751,7 @@ def _enforce_eager(settings: Settings) -> bool:
     return settings.enforce_eager
 
 
-def _task_of(engine_args: dict[str, Any]) -> Literal["generate", "embed"]:
+def _task_of(engine_args: dict[str, Any]) -> Task:
     return "embed" if engine_args.get("runner") == "pooling" else "generate"
 
 

@@ -309,6 +309,19 @@ class CompletionBody(_GenerationBody):
     suffix: str | None = None
 
 
+class FimCompletionBody(_GenerationBody):
+    """Body of a /v1/fim/completions request (Mistral's FIMCompletionRequest): the code
+    before the gap (``prompt``) and after it (``suffix``); the answer is the middle.
+    ``random_seed`` is Mistral's name for ``seed``; ``metadata`` and ``prompt_cache_key``
+    are accepted (no effect)."""
+
+    prompt: str
+    suffix: str | None = None
+    random_seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+
+
 class EmbeddingBody(_Strict):
     """Body of a /v1/embeddings request."""
 
@@ -506,6 +519,7 @@ _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
     Endpoint.COMPLETIONS: CompletionBody,
     Endpoint.EMBEDDINGS: EmbeddingBody,
     Endpoint.RESPONSES: ResponsesBody,
+    Endpoint.FIM_COMPLETIONS: FimCompletionBody,
 }
 
 
@@ -624,6 +638,7 @@ _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
     Endpoint.COMPLETIONS: _fast_prompt("prompt"),
     Endpoint.EMBEDDINGS: _fast_prompt("input"),
     Endpoint.RESPONSES: _fast_responses,
+    Endpoint.FIM_COMPLETIONS: _fast_prompt("prompt"),
 }
 
 
@@ -646,12 +661,14 @@ def _text_chars(value: Any) -> int:
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
-    """Characters of prompt text in a (valid) body: messages' text, prompt or input.
-    Token ids count four characters each. About four characters make a token."""
+    """Characters of prompt text in a (valid) body: messages' text, prompt or input (and
+    a FIM suffix, a Responses instructions). Token ids count four characters each. About
+    four characters make a token."""
     for field in ("messages", "prompt", "input"):
         if field in body:
-            instructions = body.get("instructions")  # /v1/responses: a system message
-            return _text_chars(body[field]) + (len(instructions) if type(instructions) is str else 0)
+            # /v1/responses: instructions are a system message; /v1/fim/completions: the suffix
+            extra = sum(len(v) for v in (body.get("instructions"), body.get("suffix")) if type(v) is str)
+            return _text_chars(body[field]) + extra
     return 0
 
 

