@@ -15,6 +15,9 @@ class Endpoint(StrEnum):
     RESPONSES = "/v1/responses"
     # Mistral's fill-in-the-middle: prompt + suffix -> the middle (docs/api.md "FIM").
     FIM_COMPLETIONS = "/v1/fim/completions"
+    # A sequence-classification model's label scores, for texts or rendered conversations.
+    CLASSIFICATIONS = "/v1/classifications"
+    CHAT_CLASSIFICATIONS = "/v1/chat/classifications"
 
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = tuple(e.value for e in Endpoint)
@@ -27,6 +30,8 @@ TASK_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.EMBEDDINGS: "embed",
     Endpoint.RESPONSES: "generate",
     Endpoint.FIM_COMPLETIONS: "generate",
+    Endpoint.CLASSIFICATIONS: "classify",
+    Endpoint.CHAT_CLASSIFICATIONS: "classify",
 }
 
 # Endpoints that need more than the task: a part of the model's registry entry (`fim`: its
@@ -40,8 +45,6 @@ UNSUPPORTED_ENDPOINTS: tuple[str, ...] = (
     "/v1/moderations",
     "/v1/chat/moderations",
     "/v1/ocr",
-    "/v1/classifications",
-    "/v1/chat/classifications",
     "/v1/conversations",
     "/v1/audio/transcriptions",
 )

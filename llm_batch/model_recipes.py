@@ -11,6 +11,7 @@ runs them atomically; the heavy imports (torch, transformers) happen only inside
                        is already an HF directory; it is copied
     tiny-random-llama  a 2-layer random Llama with a tokenizer trained on a built-in text
     tiny-random-llama-fim  the same with StarCoder's FIM tokens in its tokenizer
+    tiny-random-classifier  the same with a 3-label sequence-classification head
 """
 
 from __future__ import annotations
@@ -188,10 +189,41 @@ def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Pa
     return dest
 
 
+# The tiny classifier's labels (config.id2label, in order).
+TINY_CLASSIFIER_LABELS = ["negative", "neutral", "positive"]
+
+
+def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool = False) -> Path:
+    """The tiny random Llama (its tokenizer and chat template) with a sequence-classification
+    head over ``labels`` instead of the LM head: ``LlamaForSequenceClassification``, which
+    vLLM runs on its pooling runner (classify task). Random weights from a fixed seed."""
+    build_tiny_llama(dest)
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig.from_pretrained(dest)
+    config.architectures = ["LlamaForSequenceClassification"]
+    config.num_labels = len(labels)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {label: i for i, label in enumerate(labels)}
+    config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForSequenceClassification(config).to(torch.bfloat16)
+    for weights in Path(dest).glob("model*.safetensors"):
+        weights.unlink()  # the causal LM's
+    model.save_pretrained(dest)
+    return Path(dest)
+
+
+def _builtin() -> str:
+    return f"builtin recipe-v{RECIPE_VERSION}"
+
+
 RECIPES: dict[str, Recipe] = {
     "smollm2-gguf": Recipe(_package_source(SMOLLM2_PACKAGE), build_smollm2),
     "minilm-package": Recipe(_package_source(MINILM_PACKAGE), build_minilm),
-    "tiny-random-llama": Recipe(lambda: f"builtin recipe-v{RECIPE_VERSION}", build_tiny_llama),
-    "tiny-random-llama-fim": Recipe(lambda: f"builtin recipe-v{RECIPE_VERSION}",
-                                    lambda dest: build_tiny_llama(dest, TINY_FIM_TOKENS)),
+    "tiny-random-llama": Recipe(_builtin, build_tiny_llama),
+    "tiny-random-llama-fim": Recipe(_builtin, lambda dest: build_tiny_llama(dest, TINY_FIM_TOKENS)),
+    "tiny-random-classifier": Recipe(_builtin, lambda dest: build_tiny_classifier(dest, TINY_CLASSIFIER_LABELS)),
 }

@@ -65,6 +65,7 @@ __all__ = [
     "CheckpointNotAllowed",
     "InvalidModelConfig",
     "ModelSpec",
+    "Serving",
     "FimTemplate",
     "Registry",
     "ModelConfig",
@@ -166,32 +167,42 @@ class FimTemplate(BaseModel):
         return f"{self.suffix}{suffix}{self.prefix}{prompt}{middle}"
 
 
-Task = Literal["generate", "embed"]
+Task = Literal["generate", "embed", "classify"]
 
 
-class ModelSpec(BaseModel):
-    """One registry entry."""
+class Serving(BaseModel):
+    """The parts of a registry entry that decide what a model serves beyond its task
+    (``llm_batch.endpoints.FEATURE_OF_ENDPOINT``), and how; a model outside the registry
+    has none of them."""
 
     model_config = ConfigDict(extra="forbid")
+
+    # Fill-in-the-middle (/v1/fim/completions) for a generate model.
+    fim: FimTemplate | None = None
+    # A classify model: the name its one target has in classification results (Mistral's
+    # classifiers answer per target: {"<target>": {"scores": {label: score}}}).
+    classifier_target: str = Field(default="label", min_length=1)
+
+    @property
+    def features(self) -> list[str]:
+        """The registry features endpoints may need (``FEATURE_OF_ENDPOINT``)."""
+        return [name for name in ("fim",) if getattr(self, name) is not None]
+
+
+class ModelSpec(Serving):
+    """One registry entry."""
 
     checkpoint: str = Field(min_length=1)
     task: Task
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    prepare: Literal["smollm2-gguf", "minilm-package", "tiny-random-llama", "tiny-random-llama-fim"] | None = None
+    prepare: Literal[tuple(RECIPES)] | None = None  # type: ignore[valid-type]
     description: str = ""
-    # Fill-in-the-middle (/v1/fim/completions) for a generate model.
-    fim: FimTemplate | None = None
 
     @model_validator(mode="after")
     def _features_fit_the_task(self) -> ModelSpec:
         if self.fim is not None and self.task != "generate":
             raise ValueError(f"fim is for generate models, not a {self.task} model")
         return self
-
-    @property
-    def features(self) -> list[str]:
-        """The registry features endpoints may need (llm_batch.endpoints.FEATURE_OF_ENDPOINT)."""
-        return ["fim"] if self.fim is not None else []
 
 
 class Registry(BaseModel):
@@ -469,11 +480,18 @@ class ResolvedModel:
     task: Task
     engine_args: dict[str, Any] = field(default_factory=dict)
     response_role: str = "assistant"
-    fim: FimTemplate | None = None
+    # The registry entry's fim template and classifier target (none outside it).
+    serving: Serving = field(default_factory=Serving)
+    # A classify model's labels, in the order of its scores (the checkpoint's id2label).
+    labels: tuple[str, ...] = ()
+
+    @property
+    def fim(self) -> FimTemplate | None:
+        return self.serving.fim
 
     @property
     def features(self) -> list[str]:
-        return ["fim"] if self.fim is not None else []
+        return self.serving.features
 
 
 def resolve_model(
@@ -511,14 +529,16 @@ def resolve_model(
         rope = _rope_parameters(path, config.rope_scaling)
         engine_args["hf_overrides"] = {**engine_args["hf_overrides"], "rope_parameters": rope}
     engine_args["model"] = str(path)
+    task = spec.task if spec else _task_of(engine_args)
 
     return ResolvedModel(
         name=config.served_model_name or config.model,
         path=path,
-        task=spec.task if spec else _task_of(engine_args),
+        task=task,
         engine_args=engine_args,
         response_role=config.response_role or "assistant",
-        fim=spec.fim if spec else None,
+        serving=spec or Serving(),
+        labels=_class_labels(path) if task == "classify" else (),
     )
 
 
@@ -752,7 +772,21 @@ def _enforce_eager(settings: Settings) -> bool:
 
 
 def _task_of(engine_args: dict[str, Any]) -> Task:
-    return "embed" if engine_args.get("runner") == "pooling" else "generate"
+    if engine_args.get("runner") != "pooling":
+        return "generate"
+    return "classify" if engine_args.get("convert") == "classify" else "embed"
+
+
+def _class_labels(checkpoint: Path) -> tuple[str, ...]:
+    """A classifier's labels in score order: its config.json's id2label (transformers'
+    ``LABEL_<i>`` names when it has none)."""
+    try:
+        config = orjson.loads((checkpoint / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise CheckpointNotFound(f"{checkpoint}: cannot read config.json for the classifier's labels: {exc}") from None
+    id2label = config.get("id2label") or {}
+    count = len(id2label) or int(config.get("num_labels") or 2)
+    return tuple(str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count))
 
 
 # --- where checkpoints live -----------------------------------------------------------

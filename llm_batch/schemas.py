@@ -75,21 +75,29 @@ def _is_token_ids(value: Any) -> bool:
     return type(value) is list and all(type(v) is int and v >= 0 for v in value)
 
 
+def _is_texts(value: Any, field: str) -> bool:
+    """Whether ``value`` is a string or a non-empty list of strings; an empty string, alone
+    or in the list, is an error naming it."""
+    if type(value) is str:
+        if not value:
+            raise _fail("empty_input", f"{field} must not be an empty string")
+        return True
+    if type(value) is list and value and _is_str_list(value):
+        if "" in value:
+            raise PydanticCustomError("nested_error", "{detail}", {
+                "subpath": f"[{value.index('')}]", "detail": "must not be an empty string"})
+        return True
+    return False
+
+
 def _prompt_like(field: str):
     """str | list[str] | list[int] | list[list[int]], non-empty, and no empty string in a
     list either (vLLM refuses empty prompts; OpenAI refuses empty embedding inputs)."""
 
     def check(value: Any) -> Any:
-        if type(value) is str:
-            if not value:
-                raise _fail("empty_input", f"{field} must not be an empty string")
+        if _is_texts(value, field):
             return value
         if type(value) is list and value:
-            if _is_str_list(value):
-                if "" in value:
-                    raise PydanticCustomError("nested_error", "{detail}", {
-                        "subpath": f"[{value.index('')}]", "detail": "must not be an empty string"})
-                return value
             if _is_token_ids(value):
                 return value
             if all(_is_token_ids(v) and v for v in value):
@@ -322,6 +330,58 @@ class FimCompletionBody(_GenerationBody):
     prompt_cache_key: str | None = None
 
 
+def _texts(field: str):
+    """A non-empty string or a non-empty list of non-empty strings (one result each)."""
+
+    def check(value: Any) -> Any:
+        if _is_texts(value, field):
+            return value
+        raise _fail("invalid_input", f"{field} must be a non-empty string or a non-empty list of strings")
+
+    return PlainValidator(check)
+
+
+class ClassificationBody(_Strict):
+    """Body of a /v1/classifications request (Mistral's ClassificationRequest): one result
+    per text of ``input``, in order; ``metadata`` accepted (no effect)."""
+
+    model: str | None = None  # accepted; the job's model wins
+    input: Annotated[Any, _texts("input")]
+    metadata: dict[str, Any] | None = None
+
+
+class InstructRequest(_Strict):
+    """One conversation to classify (Mistral's InstructRequest)."""
+
+    messages: list[Message] = Field(min_length=1)
+
+
+_CONVERSATIONS = TypeAdapter(list[InstructRequest])
+
+
+def _check_conversations(value: Any) -> Any:
+    """One conversation or a non-empty list of them; errors continue the path."""
+    one = type(value) is dict
+    if not one and not (type(value) is list and value):
+        raise _fail("invalid_input", "input must be a conversation ({\"messages\": [...]}) or a "
+                    "non-empty list of them")
+    try:
+        _CONVERSATIONS.validate_python([value] if one else value)
+    except ValidationError as exc:
+        context = _nested(exc).context or {}
+        subpath = context["subpath"].removeprefix("[0]") if one else context["subpath"]  # one: no [0]
+        raise PydanticCustomError("nested_error", "{detail}", {"subpath": subpath, "detail": context["detail"]}) from None
+    return value
+
+
+class ChatClassificationBody(_Strict):
+    """Body of a /v1/chat/classifications request (Mistral's ChatClassificationRequest):
+    ``input`` one conversation (``{"messages": [...]}``) or a list of them, one result each."""
+
+    model: str | None = None  # accepted; the job's model wins
+    input: Annotated[Any, PlainValidator(_check_conversations)]
+
+
 class EmbeddingBody(_Strict):
     """Body of a /v1/embeddings request."""
 
@@ -520,6 +580,8 @@ _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
     Endpoint.EMBEDDINGS: EmbeddingBody,
     Endpoint.RESPONSES: ResponsesBody,
     Endpoint.FIM_COMPLETIONS: FimCompletionBody,
+    Endpoint.CLASSIFICATIONS: ClassificationBody,
+    Endpoint.CHAT_CLASSIFICATIONS: ChatClassificationBody,
 }
 
 
@@ -639,6 +701,8 @@ _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
     Endpoint.EMBEDDINGS: _fast_prompt("input"),
     Endpoint.RESPONSES: _fast_responses,
     Endpoint.FIM_COMPLETIONS: _fast_prompt("prompt"),
+    Endpoint.CLASSIFICATIONS: _fast_prompt("input"),
+    Endpoint.CHAT_CLASSIFICATIONS: lambda body: None,  # always the full model
 }
 
 
@@ -655,8 +719,8 @@ def _text_chars(value: Any) -> int:
         return 4  # a token id is one token
     if type(value) is list:
         return sum(_text_chars(v) for v in value)
-    if type(value) is dict:
-        return _text_chars(value.get("text") or value.get("content"))
+    if type(value) is dict:  # a content part, a message, or a conversation to classify
+        return _text_chars(value.get("text") or value.get("content") or value.get("messages"))
     return 0
 
 

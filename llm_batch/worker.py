@@ -173,7 +173,8 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
 
         llm = engines.get(model)
         try:
-            runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window, fim=model.fim)
+            runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
+                                  serving=model.serving, labels=model.labels)
         except ModelCannotServe as exc:
             raise WorkerUsageError(str(exc)) from None
         progress.start_running()

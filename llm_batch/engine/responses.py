@@ -176,17 +176,37 @@ def embedding_list(
         else:
             embedding = vector.tolist()
         data.append({"object": "embedding", "index": i, "embedding": embedding})
-    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    return {
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+    return {"object": "list", "data": data, "model": model, "usage": _prompt_only_usage(outputs)}
 
 
-def embedding_usage(outputs: Sequence[PoolingRequestOutput]) -> Usage:
+def pooling_usage(outputs: Sequence[PoolingRequestOutput]) -> Usage:
     return Usage(prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs))
+
+
+def _prompt_only_usage(outputs: Sequence[PoolingRequestOutput]) -> dict[str, int]:
+    prompt_tokens = pooling_usage(outputs).prompt_tokens
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+
+
+def class_scores(output: PoolingRequestOutput, labels: Sequence[str]) -> dict[str, float]:
+    """label -> score of one classification (the pooler's probabilities, in label order;
+    a score past the known labels is ``LABEL_<i>``, transformers' name for it)."""
+    scores = output.outputs.data.float().tolist()
+    return {(labels[i] if i < len(labels) else f"LABEL_{i}"): score for i, score in enumerate(scores)}
+
+
+def classification_response(
+    outputs: Sequence[PoolingRequestOutput], model: str, target: str, labels: Sequence[str]
+) -> dict[str, Any]:
+    """Mistral's ClassificationResponse: one result per input (in order), each the model's
+    one target with its label scores; ``usage`` (prompt tokens) as embeddings have it."""
+    return {
+        "id": f"classif-{uuid.uuid4().hex}",
+        "object": "classification",
+        "model": model,
+        "results": [{target: {"scores": class_scores(o, labels)}} for o in outputs],
+        "usage": _prompt_only_usage(outputs),
+    }
 
 
 def response_object(

@@ -37,6 +37,8 @@ from llm_batch.engine.responses import Usage
 from llm_batch.engine.sampling import (
     Body,
     ChatBody,
+    ChatClassifyBody,
+    ClassifyBody,
     CompletionBody,
     EmbeddingBody,
     FimBody,
@@ -46,7 +48,7 @@ from llm_batch.engine.sampling import (
     pooling_params,
     sampling_params,
 )
-from llm_batch.model_registry import FimTemplate, ResolvedModel
+from llm_batch.model_registry import FimTemplate, ResolvedModel, Serving
 from llm_batch.records import BatchRequest, RequestError, ResultRecord
 
 log = logging.getLogger("llm_batch.engine")
@@ -145,16 +147,20 @@ class EngineRunner:
         response_role: str = "assistant",
         window: int | None = None,
         feed_order: str | None = None,
-        fim: FimTemplate | None = None,
+        serving: Serving | None = None,
+        labels: tuple[str, ...] = (),
     ):
         self.llm = llm
         self.engine = llm.llm_engine
         self.endpoint = endpoint
         self.model_name = model_name
         self.response_role = response_role
-        self.fim = fim
+        # What the model's registry entry says beyond its task (FIM template, classifier
+        # target) and a classifier's labels in score order (ResolvedModel.labels).
+        self.serving = serving or Serving()
+        self.labels = labels
         if endpoint is Endpoint.FIM_COMPLETIONS:
-            _check_fim_tokens(llm, fim, model_name)
+            _check_fim_tokens(llm, self.serving.fim, model_name)
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
         # Engine request ids are unique per run: a warm engine serves many shards in turn.
@@ -280,12 +286,16 @@ class EngineRunner:
                 prompt = vllm_api.render_chat(self.llm, body.messages)
                 return [(prompt, sampling_params(body))]
             if isinstance(body, FimBody):
-                text = self.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
+                text = self.serving.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
                 return [(vllm_api.render_prompt(self.llm, text), sampling_params(body))]
             if isinstance(body, CompletionBody):
                 params = sampling_params(body)
                 return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
             params = pooling_params(body)
+            if isinstance(body, ChatClassifyBody):
+                # As vLLM's own chat classify does: the conversation, no generation prompt.
+                return [(vllm_api.render_chat(self.llm, messages, add_generation_prompt=False), params.clone())
+                        for messages in body.conversations()]
             return [(vllm_api.render_prompt(self.llm, text), params.clone()) for text in body.inputs()]
         except InvalidRequest:
             raise
@@ -312,7 +322,11 @@ class EngineRunner:
         request, body = entry.request, entry.body
         if isinstance(body, EmbeddingBody):
             payload = responses.embedding_list(entry.outputs, self.model_name, body.encoding_format)
-            usage = responses.embedding_usage(entry.outputs)
+            usage = responses.pooling_usage(entry.outputs)
+        elif isinstance(body, ClassifyBody | ChatClassifyBody):
+            payload = responses.classification_response(
+                entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
+            usage = responses.pooling_usage(entry.outputs)
         else:
             (output,) = entry.outputs
             usage = responses.generation_usage(output)

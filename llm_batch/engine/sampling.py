@@ -226,15 +226,49 @@ class EmbeddingBody(_Body):
         return list(value)
 
 
+class ClassifyBody(_Body):
+    """A /v1/classifications body: one classification per text of ``input``, in order."""
+
+    input: str | list[str]
+
+    def inputs(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input]
+        if not self.input:
+            raise InvalidRequest("input: must not be empty")
+        return list(self.input)
+
+
+class ChatClassifyBody(_Body):
+    """A /v1/chat/classifications body: one classification per conversation of ``input``
+    (``{"messages": [...]}`` or a list of them), each rendered with the model's chat template."""
+
+    input: dict[str, Any] | list[dict[str, Any]]
+
+    def conversations(self) -> list[list[dict[str, Any]]]:
+        items = [self.input] if isinstance(self.input, dict) else self.input
+        if not items:
+            raise InvalidRequest("input: must not be empty")
+        conversations = []
+        for i, item in enumerate(items):
+            messages = item.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise InvalidRequest(f"input[{i}].messages: a non-empty list of messages is required")
+            conversations.append(messages)
+        return conversations
+
+
 BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.CHAT_COMPLETIONS: ChatBody,
     Endpoint.RESPONSES: ResponsesBody,
     Endpoint.COMPLETIONS: CompletionBody,
     Endpoint.EMBEDDINGS: EmbeddingBody,
     Endpoint.FIM_COMPLETIONS: FimBody,
+    Endpoint.CLASSIFICATIONS: ClassifyBody,
+    Endpoint.CHAT_CLASSIFICATIONS: ChatClassifyBody,
 }
 
-Body = ChatBody | CompletionBody | FimBody | EmbeddingBody
+Body = ChatBody | CompletionBody | FimBody | EmbeddingBody | ClassifyBody | ChatClassifyBody
 
 
 def parse_body(endpoint: Endpoint, body: dict[str, Any]) -> Body:
@@ -293,5 +327,7 @@ def sampling_params(body: ChatBody | CompletionBody | FimBody) -> SamplingParams
         raise InvalidRequest(str(exc)) from None
 
 
-def pooling_params(body: EmbeddingBody) -> PoolingParams:
-    return PoolingParams(task="embed", dimensions=body.dimensions)
+def pooling_params(body: EmbeddingBody | ClassifyBody | ChatClassifyBody) -> PoolingParams:
+    if isinstance(body, EmbeddingBody):
+        return PoolingParams(task="embed", dimensions=body.dimensions)
+    return PoolingParams(task="classify")

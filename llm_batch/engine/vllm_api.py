@@ -83,7 +83,7 @@ class InternalUse:
 
 INTERNAL_USES: tuple[InternalUse, ...] = (
     InternalUse("vllm.entrypoints.llm:LLM", "_preprocess_chat_one", "method",
-                ("conversation",), used_by="render_chat"),
+                ("conversation", "add_generation_prompt"), by_name=True, used_by="render_chat"),
     InternalUse("vllm.v1.engine.llm_engine:LLMEngine", "engine_core", "instance attribute",
                 used_by="shutdown_now"),
     InternalUse("vllm.v1.engine.core_client:InprocClient", "shutdown", "method",
@@ -105,9 +105,11 @@ INTERNAL_USES: tuple[InternalUse, ...] = (
 # -- prompts ----------------------------------------------------------------------------
 
 
-def render_chat(llm: LLM, messages: list[dict[str, Any]]) -> Any:
-    """The engine input ``llm.chat(messages)`` would submit (private: see 1. above)."""
-    return llm._preprocess_chat_one(messages)
+def render_chat(llm: LLM, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> Any:
+    """The engine input ``llm.chat(messages)`` would submit (private: see 1. above);
+    ``add_generation_prompt=False`` for a conversation to classify, as vLLM's chat classify
+    renders it (nothing is generated after it)."""
+    return llm._preprocess_chat_one(conversation=messages, add_generation_prompt=add_generation_prompt)
 
 
 def render_prompt(llm: LLM, prompt: str | list[int]) -> Any:

@@ -66,3 +66,48 @@ def test_fim_batch_with_the_mistral_client(mistral, dag_bag, tiny_fim_model_dir,
         usage = parsed["usage"]
         assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert seen["outputs"][0]["parsed"]["usage"]["completion_tokens"] <= 5
+
+
+def _scores_of(result: dict[str, Any], target: str, labels: list[str]) -> dict[str, float]:
+    assert list(result) == [target]
+    scores = result[target]["scores"]
+    assert list(scores) == labels and all(0 <= s <= 1 for s in scores.values())
+    return scores
+
+
+CLASSIFIER_LABELS = ["negative", "neutral", "positive"]
+
+
+def test_classification_batches_with_the_mistral_client(mistral, dag_bag, tiny_classifier_dir, engine_env):
+    texts = [
+        {"model": "tiny-random-classifier", "input": "what a lovely day"},
+        {"input": ["first", "second", "third"]},
+        {"input": ""},  # invalid: an error line naming the field
+        {"input": ["last one"]},
+    ]
+    seen = _batch(mistral, dag_bag, "/v1/classifications", "tiny-random-classifier", texts, other_model="tiny-random-llama")
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [4, 4, 3, 1]
+    assert [o["custom_id"] for o in seen["outputs"]] == seen["inline"] == ["r-0", "r-1", "r-3"]
+    assert [e["custom_id"] for e in seen["errors"]] == ["r-2"]
+    assert "body.input: input must not be an empty string" in str(seen["errors"][0]["error"])
+    assert [len(o["parsed"]["results"]) for o in seen["outputs"]] == [1, 3, 1]
+    for output in seen["outputs"]:
+        assert output["status_code"] == 200 and output["parsed"]["model"] == "tiny-random-classifier"
+        for result in output["parsed"]["results"]:
+            _scores_of(result, "sentiment", CLASSIFIER_LABELS)
+
+    chat = [{"role": "user", "content": "is this good?"}, {"role": "assistant", "content": "yes"}]
+    conversations = [
+        {"input": {"messages": chat}},
+        {"input": [{"messages": chat[:1]}, {"messages": chat}]},
+        {"input": [{"messages": [{"role": "robot", "content": "x"}]}]},  # invalid role
+    ]
+    seen = _batch(mistral, dag_bag, "/v1/chat/classifications", "tiny-random-classifier", conversations,
+                  other_model="tiny-random-llama-fim")
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [3, 3, 2, 1]
+    assert [o["custom_id"] for o in seen["outputs"]] == ["r-0", "r-1"]
+    assert "body.input" in str(seen["errors"][0]["error"]) and "role" in str(seen["errors"][0]["error"])
+    assert [len(o["parsed"]["results"]) for o in seen["outputs"]] == [1, 2]
+    for output in seen["outputs"]:
+        for result in output["parsed"]["results"]:
+            _scores_of(result, "sentiment", CLASSIFIER_LABELS)

@@ -34,10 +34,10 @@ def fim_llm(fim_model) -> Iterator[Any]:
     stop_engine(llm)
 
 
-def _run(llm, fim, bodies: list[dict[str, Any]]):
+def _run(llm, model, bodies: list[dict[str, Any]]):
     from llm_batch.engine.runner import EngineRunner
 
-    runner = EngineRunner(llm, Endpoint.FIM_COMPLETIONS, MODEL, fim=fim, window=2)
+    runner = EngineRunner(llm, Endpoint.FIM_COMPLETIONS, MODEL, serving=model.serving, window=2)
     emitted: list[Any] = []
     requests = [BatchRequest(index=10 + i, custom_id=f"f-{i}", body=b) for i, b in enumerate(bodies)]
     assert runner.run(requests, lambda r, u: emitted.append((r, u))) is None
@@ -47,7 +47,7 @@ def _run(llm, fim, bodies: list[dict[str, Any]]):
 def test_fim_results_parse_as_mistral_fim_responses_in_order(fim_llm, fim_model):
     from mistralai.client.models import FIMCompletionResponse
 
-    emitted = _run(fim_llm, fim_model.fim, [
+    emitted = _run(fim_llm, fim_model, [
         {"model": MODEL, "prompt": "def add(a, b):\n    ", "suffix": "\n    return c", "max_tokens": 6},
         {"prompt": "The quick brown", "max_tokens": 4, "random_seed": 7, "temperature": 0.7, "top_p": 0.9},
         {"prompt": "x = ", "suffix": "", "max_tokens": 5, "min_tokens": 2, "stop": ["\n"]},
@@ -80,16 +80,16 @@ def test_the_prompt_is_the_registry_template_around_prompt_and_suffix(fim_llm, f
     ids = vllm_api.render_prompt(fim_llm, text)["prompt_token_ids"]
     assert ids.count(prefix) == ids.count(suffix) == ids.count(middle) == 1
     assert ids.index(prefix) < ids.index(suffix) < ids.index(middle) == len(ids) - 1
-    (emitted,) = _run(fim_llm, fim_model.fim, [{"prompt": "def f(", "suffix": "):", "max_tokens": 2}])
+    (emitted,) = _run(fim_llm, fim_model, [{"prompt": "def f(", "suffix": "):", "max_tokens": 2}])
     assert emitted[1].prompt_tokens == len(ids)
 
 
 def test_a_template_the_tokenizer_cannot_encode_is_refused_before_any_request(fim_llm, fim_model):
     from llm_batch.engine.runner import EngineRunner, ModelCannotServe
-    from llm_batch.model_registry import FimTemplate
+    from llm_batch.model_registry import FimTemplate, Serving
 
-    unknown = FimTemplate(prefix="<PRE>", suffix="<SUF>", middle="<MID>")
+    unknown = Serving(fim=FimTemplate(prefix="<PRE>", suffix="<SUF>", middle="<MID>"))
     with pytest.raises(ModelCannotServe, match="'<PRE>'.*not one"):
-        EngineRunner(fim_llm, Endpoint.FIM_COMPLETIONS, MODEL, fim=unknown)
+        EngineRunner(fim_llm, Endpoint.FIM_COMPLETIONS, MODEL, serving=unknown)
     with pytest.raises(ModelCannotServe, match="no fim template"):
-        EngineRunner(fim_llm, Endpoint.FIM_COMPLETIONS, MODEL, fim=None)
+        EngineRunner(fim_llm, Endpoint.FIM_COMPLETIONS, MODEL)
