@@ -18,6 +18,9 @@ class Endpoint(StrEnum):
     # A sequence-classification model's label scores, for texts or rendered conversations.
     CLASSIFICATIONS = "/v1/classifications"
     CHAT_CLASSIFICATIONS = "/v1/chat/classifications"
+    # A multi-label classifier's scores as moderation categories, with a flag each.
+    MODERATIONS = "/v1/moderations"
+    CHAT_MODERATIONS = "/v1/chat/moderations"
 
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = tuple(e.value for e in Endpoint)
@@ -32,18 +35,20 @@ TASK_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.FIM_COMPLETIONS: "generate",
     Endpoint.CLASSIFICATIONS: "classify",
     Endpoint.CHAT_CLASSIFICATIONS: "classify",
+    Endpoint.MODERATIONS: "classify",
+    Endpoint.CHAT_MODERATIONS: "classify",
 }
 
 # Endpoints that need more than the task: a part of the model's registry entry (`fim`: its
-# fill-in-the-middle template).
+# fill-in-the-middle template; `moderation`: its labels as moderation categories).
 FEATURE_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.FIM_COMPLETIONS: "fim",
+    Endpoint.MODERATIONS: "moderation",
+    Endpoint.CHAT_MODERATIONS: "moderation",
 }
 
 # Listed by the Mistral contract but not served by this system (docs/api.md says why).
 UNSUPPORTED_ENDPOINTS: tuple[str, ...] = (
-    "/v1/moderations",
-    "/v1/chat/moderations",
     "/v1/ocr",
     "/v1/conversations",
     "/v1/audio/transcriptions",

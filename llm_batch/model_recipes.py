@@ -12,6 +12,7 @@ runs them atomically; the heavy imports (torch, transformers) happen only inside
     tiny-random-llama  a 2-layer random Llama with a tokenizer trained on a built-in text
     tiny-random-llama-fim  the same with StarCoder's FIM tokens in its tokenizer
     tiny-random-classifier  the same with a 3-label sequence-classification head
+    tiny-random-moderator  the same with a 7-label multi-label head (moderation labels)
 """
 
 from __future__ import annotations
@@ -189,8 +190,11 @@ def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Pa
     return dest
 
 
-# The tiny classifier's labels (config.id2label, in order).
+# The tiny classifiers' labels (config.id2label, in order). The moderator is multi-label
+# (a sigmoid per label, vLLM's activation for problem_type multi_label_classification);
+# models.yaml maps its labels to Mistral's moderation categories.
 TINY_CLASSIFIER_LABELS = ["negative", "neutral", "positive"]
+TINY_MODERATOR_LABELS = ["sexual", "hate", "violence", "threat", "self_harm", "pii", "spam"]
 
 
 def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool = False) -> Path:
@@ -226,4 +230,6 @@ RECIPES: dict[str, Recipe] = {
     "tiny-random-llama": Recipe(_builtin, build_tiny_llama),
     "tiny-random-llama-fim": Recipe(_builtin, lambda dest: build_tiny_llama(dest, TINY_FIM_TOKENS)),
     "tiny-random-classifier": Recipe(_builtin, lambda dest: build_tiny_classifier(dest, TINY_CLASSIFIER_LABELS)),
+    "tiny-random-moderator": Recipe(
+        _builtin, lambda dest: build_tiny_classifier(dest, TINY_MODERATOR_LABELS, multi_label=True)),
 }

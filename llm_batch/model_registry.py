@@ -67,6 +67,7 @@ __all__ = [
     "ModelSpec",
     "Serving",
     "FimTemplate",
+    "ModerationMap",
     "Registry",
     "ModelConfig",
     "FieldRule",
@@ -170,6 +171,31 @@ class FimTemplate(BaseModel):
 Task = Literal["generate", "embed", "classify"]
 
 
+class ModerationMap(BaseModel):
+    """A classifier's labels as moderation categories (``moderation:`` in a classify entry):
+    ``categories`` maps each label of the model (its config's id2label) that counts to a
+    category (several labels may share one: the category's score is their highest); a
+    category is flagged when its score reaches its threshold (``thresholds``, else
+    ``threshold``). Meant for a multi-label model (``problem_type:
+    multi_label_classification``: one sigmoid per label), as moderation scores are
+    independent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    categories: dict[str, Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    threshold: float = Field(default=0.5, ge=0, le=1)
+    thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _thresholds_name_categories(self) -> ModerationMap:
+        if unknown := sorted(set(self.thresholds) - set(self.categories.values())):
+            raise ValueError(f"thresholds name categories the map does not have: {', '.join(unknown)}")
+        return self
+
+    def threshold_of(self, category: str) -> float:
+        return self.thresholds.get(category, self.threshold)
+
+
 class Serving(BaseModel):
     """The parts of a registry entry that decide what a model serves beyond its task
     (``llm_batch.endpoints.FEATURE_OF_ENDPOINT``), and how; a model outside the registry
@@ -182,11 +208,13 @@ class Serving(BaseModel):
     # A classify model: the name its one target has in classification results (Mistral's
     # classifiers answer per target: {"<target>": {"scores": {label: score}}}).
     classifier_target: str = Field(default="label", min_length=1)
+    # A classify model's labels as moderation categories (/v1/moderations).
+    moderation: ModerationMap | None = None
 
     @property
     def features(self) -> list[str]:
         """The registry features endpoints may need (``FEATURE_OF_ENDPOINT``)."""
-        return [name for name in ("fim",) if getattr(self, name) is not None]
+        return [name for name in ("fim", "moderation") if getattr(self, name) is not None]
 
 
 class ModelSpec(Serving):
@@ -202,6 +230,8 @@ class ModelSpec(Serving):
     def _features_fit_the_task(self) -> ModelSpec:
         if self.fim is not None and self.task != "generate":
             raise ValueError(f"fim is for generate models, not a {self.task} model")
+        if self.moderation is not None and self.task != "classify":
+            raise ValueError(f"moderation is for classify models, not a {self.task} model")
         return self
 
 
@@ -480,7 +510,7 @@ class ResolvedModel:
     task: Task
     engine_args: dict[str, Any] = field(default_factory=dict)
     response_role: str = "assistant"
-    # The registry entry's fim template and classifier target (none outside it).
+    # The registry entry's fim template, classifier target and moderation map (none outside it).
     serving: Serving = field(default_factory=Serving)
     # A classify model's labels, in the order of its scores (the checkpoint's id2label).
     labels: tuple[str, ...] = ()

@@ -359,18 +359,24 @@ class InstructRequest(_Strict):
 _CONVERSATIONS = TypeAdapter(list[InstructRequest])
 
 
+def _check_nested(adapter: TypeAdapter, value: Any, prefix: str = "", drop: str = "") -> None:
+    """Validate ``value`` with ``adapter``; its first error raised as a nested error whose
+    path continues the outer one: ``prefix``, then its own path without a leading ``drop``."""
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        context = _nested(exc).context or {}
+        raise PydanticCustomError("nested_error", "{detail}", {
+            "subpath": prefix + context["subpath"].removeprefix(drop), "detail": context["detail"]}) from None
+
+
 def _check_conversations(value: Any) -> Any:
     """One conversation or a non-empty list of them; errors continue the path."""
     one = type(value) is dict
     if not one and not (type(value) is list and value):
         raise _fail("invalid_input", "input must be a conversation ({\"messages\": [...]}) or a "
                     "non-empty list of them")
-    try:
-        _CONVERSATIONS.validate_python([value] if one else value)
-    except ValidationError as exc:
-        context = _nested(exc).context or {}
-        subpath = context["subpath"].removeprefix("[0]") if one else context["subpath"]  # one: no [0]
-        raise PydanticCustomError("nested_error", "{detail}", {"subpath": subpath, "detail": context["detail"]}) from None
+    _check_nested(_CONVERSATIONS, [value] if one else value, drop="[0]" if one else "")  # one: no [0]
     return value
 
 
@@ -380,6 +386,29 @@ class ChatClassificationBody(_Strict):
 
     model: str | None = None  # accepted; the job's model wins
     input: Annotated[Any, PlainValidator(_check_conversations)]
+
+
+_MESSAGES = TypeAdapter(Annotated[list[Message], Field(min_length=1)])
+
+
+def _check_moderated_chats(value: Any) -> Any:
+    """Mistral's ChatModerationRequest input: one conversation (a list of messages) or a
+    list of conversations (lists of messages); errors continue the path."""
+    if type(value) is not list or not value:
+        raise _fail("invalid_input", "input must be a non-empty list of messages (one conversation) "
+                    "or a non-empty list of such lists (several)")
+    several = all(type(item) is list for item in value)
+    for i, conversation in enumerate(value if several else [value]):
+        _check_nested(_MESSAGES, conversation, prefix=f"[{i}]" if several else "")
+    return value
+
+
+class ChatModerationBody(_Strict):
+    """Body of a /v1/chat/moderations request (Mistral's ChatModerationRequest): ``input``
+    one conversation (a list of messages) or a list of them, one result each."""
+
+    model: str | None = None  # accepted; the job's model wins
+    input: Annotated[Any, PlainValidator(_check_moderated_chats)]
 
 
 class EmbeddingBody(_Strict):
@@ -582,6 +611,9 @@ _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
     Endpoint.FIM_COMPLETIONS: FimCompletionBody,
     Endpoint.CLASSIFICATIONS: ClassificationBody,
     Endpoint.CHAT_CLASSIFICATIONS: ChatClassificationBody,
+    # Mistral's moderations take a ClassificationRequest, the same body.
+    Endpoint.MODERATIONS: ClassificationBody,
+    Endpoint.CHAT_MODERATIONS: ChatModerationBody,
 }
 
 
@@ -703,6 +735,8 @@ _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
     Endpoint.FIM_COMPLETIONS: _fast_prompt("prompt"),
     Endpoint.CLASSIFICATIONS: _fast_prompt("input"),
     Endpoint.CHAT_CLASSIFICATIONS: lambda body: None,  # always the full model
+    Endpoint.MODERATIONS: _fast_prompt("input"),
+    Endpoint.CHAT_MODERATIONS: lambda body: None,
 }
 
 

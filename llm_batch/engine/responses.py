@@ -17,6 +17,8 @@ import numpy as np
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 
+from llm_batch.model_registry import ModerationMap
+
 # vLLM's finish reasons that OpenAI has no word for, mapped to the nearest one.
 _FINISH_REASONS = {"repetition": "stop", "abort": "stop"}
 
@@ -207,6 +209,24 @@ def classification_response(
         "results": [{target: {"scores": class_scores(o, labels)}} for o in outputs],
         "usage": _prompt_only_usage(outputs),
     }
+
+
+def moderation_response(
+    outputs: Sequence[PoolingRequestOutput], model: str, moderation: ModerationMap, labels: Sequence[str]
+) -> dict[str, Any]:
+    """Mistral's ModerationResponse: one result per input (in order), each category's score
+    (the highest of the labels the registry maps to it) and whether it reaches its threshold."""
+    results = []
+    for output in outputs:
+        scores = class_scores(output, labels)
+        category_scores: dict[str, float] = {}
+        for label, category in moderation.categories.items():
+            category_scores[category] = max(category_scores.get(category, 0.0), scores[label])
+        results.append({
+            "categories": {c: score >= moderation.threshold_of(c) for c, score in category_scores.items()},
+            "category_scores": category_scores,
+        })
+    return {"id": f"modr-{uuid.uuid4().hex}", "model": model, "results": results, "usage": _prompt_only_usage(outputs)}
 
 
 def response_object(

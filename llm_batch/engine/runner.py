@@ -48,7 +48,7 @@ from llm_batch.engine.sampling import (
     pooling_params,
     sampling_params,
 )
-from llm_batch.model_registry import FimTemplate, ResolvedModel, Serving
+from llm_batch.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
 from llm_batch.records import BatchRequest, RequestError, ResultRecord
 
 log = logging.getLogger("llm_batch.engine")
@@ -161,6 +161,8 @@ class EngineRunner:
         self.labels = labels
         if endpoint is Endpoint.FIM_COMPLETIONS:
             _check_fim_tokens(llm, self.serving.fim, model_name)
+        if endpoint in _MODERATION_ENDPOINTS:
+            _check_moderation_labels(self.serving.moderation, labels, model_name)
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
         # Engine request ids are unique per run: a warm engine serves many shards in turn.
@@ -324,8 +326,12 @@ class EngineRunner:
             payload = responses.embedding_list(entry.outputs, self.model_name, body.encoding_format)
             usage = responses.pooling_usage(entry.outputs)
         elif isinstance(body, ClassifyBody | ChatClassifyBody):
-            payload = responses.classification_response(
-                entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
+            if self.endpoint in _MODERATION_ENDPOINTS:
+                payload = responses.moderation_response(
+                    entry.outputs, self.model_name, self.serving.moderation, self.labels)  # type: ignore[arg-type]
+            else:
+                payload = responses.classification_response(
+                    entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
             usage = responses.pooling_usage(entry.outputs)
         else:
             (output,) = entry.outputs
@@ -358,6 +364,18 @@ class EngineRunner:
         except Exception:  # noqa: BLE001 - the engine may be the thing that failed
             log.warning("could not abort in-flight requests", exc_info=True)
         in_flight.clear()
+
+
+_MODERATION_ENDPOINTS = (Endpoint.MODERATIONS, Endpoint.CHAT_MODERATIONS)
+
+
+def _check_moderation_labels(moderation: ModerationMap | None, labels: tuple[str, ...], model_name: str) -> None:
+    """Every label the registry maps to a category must be one of the model's."""
+    if moderation is None:
+        raise ModelCannotServe(f"model {model_name!r} has no moderation map in the model registry")
+    if unknown := [label for label in moderation.categories if label not in labels]:
+        raise ModelCannotServe(f"model {model_name!r}: its registry moderation map names labels the checkpoint "
+                               f"does not have: {', '.join(unknown)} (its labels: {', '.join(labels) or 'none'})")
 
 
 def _check_fim_tokens(llm: LLM, fim: FimTemplate | None, model_name: str) -> None:

@@ -258,6 +258,22 @@ class ChatClassifyBody(_Body):
         return conversations
 
 
+class ChatModerateBody(ChatClassifyBody):
+    """A /v1/chat/moderations body: ``input`` one conversation (a list of messages) or a
+    list of them (Mistral's ChatModerationRequest), one result each."""
+
+    input: list[dict[str, Any]] | list[list[dict[str, Any]]]  # type: ignore[assignment]
+
+    def conversations(self) -> list[list[dict[str, Any]]]:
+        if not self.input:
+            raise InvalidRequest("input: must not be empty")
+        several = all(isinstance(item, list) for item in self.input)
+        conversations = list(self.input) if several else [self.input]
+        if empty := [i for i, messages in enumerate(conversations) if not messages]:
+            raise InvalidRequest(f"input[{empty[0]}]: a conversation needs at least one message")
+        return conversations  # type: ignore[return-value]
+
+
 BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.CHAT_COMPLETIONS: ChatBody,
     Endpoint.RESPONSES: ResponsesBody,
@@ -266,6 +282,8 @@ BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.FIM_COMPLETIONS: FimBody,
     Endpoint.CLASSIFICATIONS: ClassifyBody,
     Endpoint.CHAT_CLASSIFICATIONS: ChatClassifyBody,
+    Endpoint.MODERATIONS: ClassifyBody,
+    Endpoint.CHAT_MODERATIONS: ChatModerateBody,
 }
 
 Body = ChatBody | CompletionBody | FimBody | EmbeddingBody | ClassifyBody | ChatClassifyBody

@@ -111,3 +111,45 @@ def test_classification_batches_with_the_mistral_client(mistral, dag_bag, tiny_c
     for output in seen["outputs"]:
         for result in output["parsed"]["results"]:
             _scores_of(result, "sentiment", CLASSIFIER_LABELS)
+
+
+MODERATION_CATEGORIES = ["sexual", "hate_and_discrimination", "violence_and_threats", "selfharm", "pii"]
+
+
+def _moderation_results(output: dict[str, Any]) -> list[dict[str, Any]]:
+    assert output["status_code"] == 200 and output["parsed"]["model"] == "tiny-random-moderator"
+    results = output["parsed"]["results"]
+    for result in results:
+        assert list(result["categories"]) == list(result["category_scores"]) == MODERATION_CATEGORIES
+        assert all(isinstance(flag, bool) for flag in result["categories"].values())
+        threshold = {"selfharm": 0.3}  # the registry's, else 0.5
+        for category, score in result["category_scores"].items():
+            assert result["categories"][category] is (score >= threshold.get(category, 0.5))
+    return results
+
+
+def test_moderation_batches_with_the_mistral_client(mistral, dag_bag, tiny_moderator_dir, engine_env):
+    texts = [
+        {"model": "tiny-random-moderator", "input": "some text to moderate"},
+        {"input": ["one", "two"]},
+        {"input": ["", "x"]},  # invalid
+    ]
+    # The classifier has no moderation map: it classifies, it does not moderate.
+    seen = _batch(mistral, dag_bag, "/v1/moderations", "tiny-random-moderator", texts, other_model="tiny-random-classifier")
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [3, 3, 2, 1]
+    assert [o["custom_id"] for o in seen["outputs"]] == seen["inline"] == ["r-0", "r-1"]
+    assert "body.input[0]: must not be an empty string" in str(seen["errors"][0]["error"])
+    assert [len(_moderation_results(o)) for o in seen["outputs"]] == [1, 2]
+
+    user, assistant = {"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}
+    chats = [
+        {"input": [user, assistant]},
+        {"input": [[user], [user, assistant], [assistant]]},
+        {"input": [[user], []]},  # invalid: an empty conversation
+        {"input": [user]},
+    ]
+    seen = _batch(mistral, dag_bag, "/v1/chat/moderations", "tiny-random-moderator", chats, other_model="tiny-random-llama")
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [4, 4, 3, 1]
+    assert [o["custom_id"] for o in seen["outputs"]] == ["r-0", "r-1", "r-3"]
+    assert "body.input[1]: must not be empty" in str(seen["errors"][0]["error"])
+    assert [len(_moderation_results(o)) for o in seen["outputs"]] == [1, 3, 1]

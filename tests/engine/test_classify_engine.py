@@ -13,6 +13,7 @@ import pytest
 
 from llm_batch.endpoints import Endpoint
 from llm_batch.records import BatchRequest
+from tests.fixtures.engine import registered_engine
 
 pytestmark = pytest.mark.engine
 
@@ -21,19 +22,19 @@ LABELS = ["negative", "neutral", "positive"]
 
 
 @pytest.fixture(scope="module")
-def classifier(tiny_classifier_dir) -> Any:
-    from llm_batch.model_registry import resolve_model
-
-    return resolve_model({"model": MODEL})
+def classifier_engine(tiny_classifier_dir) -> Iterator[tuple[Any, Any]]:
+    with registered_engine({"model": MODEL}) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
-def classifier_llm(classifier) -> Iterator[Any]:
-    from llm_batch.engine.runner import start_engine, stop_engine
+def classifier(classifier_engine) -> Any:
+    return classifier_engine[0]
 
-    llm = start_engine(classifier, in_process=True)
-    yield llm
-    stop_engine(llm)
+
+@pytest.fixture(scope="module")
+def classifier_llm(classifier_engine) -> Any:
+    return classifier_engine[1]
 
 
 def _run(llm, model, endpoint: Endpoint, bodies: list[dict[str, Any]]):

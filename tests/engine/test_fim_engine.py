@@ -12,6 +12,7 @@ import pytest
 
 from llm_batch.endpoints import Endpoint
 from llm_batch.records import BatchRequest
+from tests.fixtures.engine import registered_engine
 
 pytestmark = pytest.mark.engine
 
@@ -19,19 +20,19 @@ MODEL = "tiny-random-llama-fim"
 
 
 @pytest.fixture(scope="module")
-def fim_model(tiny_fim_model_dir) -> Any:
-    from llm_batch.model_registry import resolve_model
-
-    return resolve_model({"model": MODEL, "max_context_length": 256})
+def fim_engine(tiny_fim_model_dir) -> Iterator[tuple[Any, Any]]:
+    with registered_engine({"model": MODEL, "max_context_length": 256}) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
-def fim_llm(fim_model) -> Iterator[Any]:
-    from llm_batch.engine.runner import start_engine, stop_engine
+def fim_model(fim_engine) -> Any:
+    return fim_engine[0]
 
-    llm = start_engine(fim_model, in_process=True)
-    yield llm
-    stop_engine(llm)
+
+@pytest.fixture(scope="module")
+def fim_llm(fim_engine) -> Any:
+    return fim_engine[1]
 
 
 def _run(llm, model, bodies: list[dict[str, Any]]):

@@ -1,6 +1,9 @@
-"""/v1/classifications and /v1/chat/classifications: served by classify models (a
-sequence-classification checkpoint on vLLM's pooling runner), their labels read from the
-checkpoint, and per-line validation of Mistral's bodies (errors name the field and line)."""
+"""/v1/classifications, /v1/chat/classifications, /v1/moderations and /v1/chat/moderations:
+served by classify models (a sequence-classification checkpoint on vLLM's pooling runner;
+moderations need the registry's map of its labels to moderation categories), their labels
+read from the checkpoint, and per-line validation of Mistral's bodies (errors name the field
+and line: a moderation takes a ClassificationRequest, a chat moderation one conversation as
+a list of messages or a list of them)."""
 
 from __future__ import annotations
 
@@ -12,11 +15,12 @@ import orjson
 import pytest
 
 from llm_batch.endpoints import Endpoint, endpoints_served, parse_endpoint, serving_problem
-from llm_batch.model_registry import _class_labels, _task_of, load_registry
+from llm_batch.model_registry import InvalidModelConfig, ModerationMap, _class_labels, _task_of, load_registry
 from llm_batch.validation import ValidationLimits, validate_batch
 
 LIMITS = ValidationLimits(max_requests=1000, max_input_bytes=10**7, max_line_bytes=2**20, max_reported_errors=100)
 CHAT = [{"role": "user", "content": "is this good?"}, {"role": "assistant", "content": "yes"}]
+USER, ASSISTANT = CHAT
 
 
 def test_classify_models_serve_both_classification_endpoints():
@@ -107,3 +111,62 @@ def test_llm_batch_validate_takes_the_endpoints(capsys, tmp_path: Path, endpoint
     assert main(["validate", str(path), "--endpoint", endpoint]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert (printed["valid"], printed["invalid"]) == (1, 1) and printed["errors"][0]["line"] == 2
+
+
+# -- moderations ---------------------------------------------------------------------------
+
+
+def test_moderation_needs_a_classifier_with_a_moderation_map():
+    assert endpoints_served("classify", ["moderation"]) == [
+        Endpoint.CLASSIFICATIONS, Endpoint.CHAT_CLASSIFICATIONS, Endpoint.MODERATIONS, Endpoint.CHAT_MODERATIONS]
+    assert Endpoint.MODERATIONS not in endpoints_served("classify")
+    assert serving_problem("/v1/moderations", "c", "classify") == (
+        "model 'c' has no 'moderation' entry in the model registry, which /v1/moderations needs (docs/models.md)")
+    assert "(generate task)" in serving_problem("/v1/chat/moderations", "g", "generate", ["fim"])
+    registry = load_registry()
+    assert registry.models["tiny-random-moderator"].features == ["moderation"]
+    assert registry.models["tiny-random-classifier"].features == []
+
+
+def test_the_moderation_map_and_its_thresholds(tmp_path: Path):
+    moderation = load_registry().models["tiny-random-moderator"].moderation
+    assert moderation.threshold_of("selfharm") == 0.3 and moderation.threshold_of("pii") == 0.5
+    assert [label for label, c in moderation.categories.items() if c == "violence_and_threats"] == ["violence", "threat"]
+    with pytest.raises(ValueError, match="thresholds name categories the map does not have: gore"):
+        ModerationMap(categories={"v": "violence"}, thresholds={"gore": 0.2})
+    with pytest.raises(ValueError):
+        ModerationMap(categories={})
+
+    path = tmp_path / "models.yaml"
+    path.write_text("default_chat_model: a\ndefault_embedding_model: a\nmodels:\n  a:\n    checkpoint: /m\n"
+                    "    task: generate\n    moderation: {categories: {x: y}}\n")
+    with pytest.raises(InvalidModelConfig, match="moderation is for classify models, not a generate model"):
+        load_registry(path)
+
+
+def test_moderation_lines_take_mistral_classification_requests():
+    report, ids, errors = _validate("/v1/moderations", {"model": "m", "input": "x"}, {"input": ["a", "b"]},
+                                    {"input": ["a", ""]}, {"input": {"messages": [USER]}})
+    assert ids == ["c0", "c1"] and sorted(errors) == [3, 4]
+    assert errors[3] == "body.input[1]: must not be an empty string"
+
+
+def test_chat_moderation_lines_are_checked_one_by_one():
+    report, ids, errors = _validate(
+        "/v1/chat/moderations",
+        {"model": "m", "input": [USER, ASSISTANT]},         # one conversation
+        {"input": [[USER], [USER, ASSISTANT]]},             # two
+        {"input": []},                                       # 3
+        {"input": [[USER], []]},                             # 4
+        {"input": [USER, {"role": "robot", "content": "x"}]},  # 5
+        {"input": [[USER], [{"role": "user"}]]},             # 6
+        {"input": {"messages": [USER]}},                     # 7: chat classification's shape, not this one's
+        {"input": [USER, [USER]]},                           # 8: mixed
+    )
+    assert (report.total, report.valid) == (8, 2) and ids == ["c0", "c1"]
+    assert errors[3].startswith("body.input: input must be a non-empty list of messages")
+    assert errors[4] == "body.input[1]: must not be empty"
+    assert errors[5].startswith("body.input[1].role: Input should be 'system'")
+    assert errors[6] == "body.input[1][0]: a user message needs content"
+    assert errors[7].startswith("body.input: input must be a non-empty list of messages")
+    assert errors[8].startswith("body.input[1]: must be a JSON object")
