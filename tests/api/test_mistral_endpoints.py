@@ -153,3 +153,30 @@ def test_moderation_batches_with_the_mistral_client(mistral, dag_bag, tiny_moder
     assert [o["custom_id"] for o in seen["outputs"]] == ["r-0", "r-1", "r-3"]
     assert "body.input[1]: must not be empty" in str(seen["errors"][0]["error"])
     assert [len(_moderation_results(o)) for o in seen["outputs"]] == [1, 3, 1]
+
+
+@pytest.mark.parametrize(("endpoint", "model", "model_config", "wanted"), [
+    ("/v1/fim/completions", "tiny-random-llama", {}, "has no 'fim' entry in the model registry"),
+    ("/v1/moderations", "tiny-random-classifier", {}, "has no 'moderation' entry in the model registry"),
+    ("/v1/classifications", "tiny-random-llama", {}, "(generate task) serves"),
+    ("/v1/chat/completions", "tiny-random-moderator", {}, "(classify task) serves /v1/classifications"),
+    # A checkpoint of the model cache under a name the registry does not know: no FIM template.
+    ("/v1/fim/completions", "my-coder", {"checkpoint_path": "tiny-random-llama-fim"}, "'my-coder' has no 'fim' entry"),
+])
+def test_a_model_that_cannot_serve_the_endpoint_is_refused_at_create(
+        client, creds, tiny_fim_model_dir, endpoint, model, model_config, wanted):
+    body = {"requests": [{"custom_id": "a", "body": {"prompt": "x", "input": "x"}}], "endpoint": endpoint,
+            "model": model, "model_config": model_config}
+    response = client.post("/v1/jobs", headers=creds.key("alice"), json=body)
+    assert response.status_code == 400, response.text
+    answer = response.json()
+    assert answer["code"] == "model_endpoint_mismatch" and wanted in answer["detail"], answer
+
+
+def test_the_worker_refuses_a_model_that_cannot_serve_the_endpoint(tiny_classifier_dir):
+    from llm_batch.endpoints import Endpoint
+    from llm_batch.worker import WorkerUsageError, resolve_for_endpoint
+
+    assert resolve_for_endpoint({"model": "tiny-random-classifier"}, Endpoint.CHAT_CLASSIFICATIONS).labels
+    with pytest.raises(WorkerUsageError, match="has no 'moderation' entry"):
+        resolve_for_endpoint({"model": "tiny-random-classifier"}, Endpoint.MODERATIONS)
