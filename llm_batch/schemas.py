@@ -75,21 +75,29 @@ def _is_token_ids(value: Any) -> bool:
     return type(value) is list and all(type(v) is int and v >= 0 for v in value)
 
 
+def _is_texts(value: Any, field: str) -> bool:
+    """Whether ``value`` is a string or a non-empty list of strings; an empty string, alone
+    or in the list, is an error naming it."""
+    if type(value) is str:
+        if not value:
+            raise _fail("empty_input", f"{field} must not be an empty string")
+        return True
+    if type(value) is list and value and _is_str_list(value):
+        if "" in value:
+            raise PydanticCustomError("nested_error", "{detail}", {
+                "subpath": f"[{value.index('')}]", "detail": "must not be an empty string"})
+        return True
+    return False
+
+
 def _prompt_like(field: str):
     """str | list[str] | list[int] | list[list[int]], non-empty, and no empty string in a
     list either (vLLM refuses empty prompts; OpenAI refuses empty embedding inputs)."""
 
     def check(value: Any) -> Any:
-        if type(value) is str:
-            if not value:
-                raise _fail("empty_input", f"{field} must not be an empty string")
+        if _is_texts(value, field):
             return value
         if type(value) is list and value:
-            if _is_str_list(value):
-                if "" in value:
-                    raise PydanticCustomError("nested_error", "{detail}", {
-                        "subpath": f"[{value.index('')}]", "detail": "must not be an empty string"})
-                return value
             if _is_token_ids(value):
                 return value
             if all(_is_token_ids(v) and v for v in value):
@@ -309,6 +317,100 @@ class CompletionBody(_GenerationBody):
     suffix: str | None = None
 
 
+class FimCompletionBody(_GenerationBody):
+    """Body of a /v1/fim/completions request (Mistral's FIMCompletionRequest): the code
+    before the gap (``prompt``) and after it (``suffix``); the answer is the middle.
+    ``random_seed`` is Mistral's name for ``seed``; ``metadata`` and ``prompt_cache_key``
+    are accepted (no effect)."""
+
+    prompt: str
+    suffix: str | None = None
+    random_seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+
+
+def _texts(field: str):
+    """A non-empty string or a non-empty list of non-empty strings (one result each)."""
+
+    def check(value: Any) -> Any:
+        if _is_texts(value, field):
+            return value
+        raise _fail("invalid_input", f"{field} must be a non-empty string or a non-empty list of strings")
+
+    return PlainValidator(check)
+
+
+class ClassificationBody(_Strict):
+    """Body of a /v1/classifications request (Mistral's ClassificationRequest): one result
+    per text of ``input``, in order; ``metadata`` accepted (no effect)."""
+
+    model: str | None = None  # accepted; the job's model wins
+    input: Annotated[Any, _texts("input")]
+    metadata: dict[str, Any] | None = None
+
+
+class InstructRequest(_Strict):
+    """One conversation to classify (Mistral's InstructRequest)."""
+
+    messages: list[Message] = Field(min_length=1)
+
+
+_CONVERSATIONS = TypeAdapter(list[InstructRequest])
+
+
+def _check_nested(adapter: TypeAdapter, value: Any, prefix: str = "", drop: str = "") -> None:
+    """Validate ``value`` with ``adapter``; its first error raised as a nested error whose
+    path continues the outer one: ``prefix``, then its own path without a leading ``drop``."""
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        context = _nested(exc).context or {}
+        raise PydanticCustomError("nested_error", "{detail}", {
+            "subpath": prefix + context["subpath"].removeprefix(drop), "detail": context["detail"]}) from None
+
+
+def _check_conversations(value: Any) -> Any:
+    """One conversation or a non-empty list of them; errors continue the path."""
+    one = type(value) is dict
+    if not one and not (type(value) is list and value):
+        raise _fail("invalid_input", "input must be a conversation ({\"messages\": [...]}) or a "
+                    "non-empty list of them")
+    _check_nested(_CONVERSATIONS, [value] if one else value, drop="[0]" if one else "")  # one: no [0]
+    return value
+
+
+class ChatClassificationBody(_Strict):
+    """Body of a /v1/chat/classifications request (Mistral's ChatClassificationRequest):
+    ``input`` one conversation (``{"messages": [...]}``) or a list of them, one result each."""
+
+    model: str | None = None  # accepted; the job's model wins
+    input: Annotated[Any, PlainValidator(_check_conversations)]
+
+
+_MESSAGES = TypeAdapter(Annotated[list[Message], Field(min_length=1)])
+
+
+def _check_moderated_chats(value: Any) -> Any:
+    """Mistral's ChatModerationRequest input: one conversation (a list of messages) or a
+    list of conversations (lists of messages); errors continue the path."""
+    if type(value) is not list or not value:
+        raise _fail("invalid_input", "input must be a non-empty list of messages (one conversation) "
+                    "or a non-empty list of such lists (several)")
+    several = all(type(item) is list for item in value)
+    for i, conversation in enumerate(value if several else [value]):
+        _check_nested(_MESSAGES, conversation, prefix=f"[{i}]" if several else "")
+    return value
+
+
+class ChatModerationBody(_Strict):
+    """Body of a /v1/chat/moderations request (Mistral's ChatModerationRequest): ``input``
+    one conversation (a list of messages) or a list of them, one result each."""
+
+    model: str | None = None  # accepted; the job's model wins
+    input: Annotated[Any, PlainValidator(_check_moderated_chats)]
+
+
 class EmbeddingBody(_Strict):
     """Body of a /v1/embeddings request."""
 
@@ -506,6 +608,12 @@ _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
     Endpoint.COMPLETIONS: CompletionBody,
     Endpoint.EMBEDDINGS: EmbeddingBody,
     Endpoint.RESPONSES: ResponsesBody,
+    Endpoint.FIM_COMPLETIONS: FimCompletionBody,
+    Endpoint.CLASSIFICATIONS: ClassificationBody,
+    Endpoint.CHAT_CLASSIFICATIONS: ChatClassificationBody,
+    # Mistral's moderations take a ClassificationRequest, the same body.
+    Endpoint.MODERATIONS: ClassificationBody,
+    Endpoint.CHAT_MODERATIONS: ChatModerationBody,
 }
 
 
@@ -624,6 +732,11 @@ _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
     Endpoint.COMPLETIONS: _fast_prompt("prompt"),
     Endpoint.EMBEDDINGS: _fast_prompt("input"),
     Endpoint.RESPONSES: _fast_responses,
+    Endpoint.FIM_COMPLETIONS: _fast_prompt("prompt"),
+    Endpoint.CLASSIFICATIONS: _fast_prompt("input"),
+    Endpoint.CHAT_CLASSIFICATIONS: lambda body: None,  # always the full model
+    Endpoint.MODERATIONS: _fast_prompt("input"),
+    Endpoint.CHAT_MODERATIONS: lambda body: None,
 }
 
 
@@ -640,18 +753,20 @@ def _text_chars(value: Any) -> int:
         return 4  # a token id is one token
     if type(value) is list:
         return sum(_text_chars(v) for v in value)
-    if type(value) is dict:
-        return _text_chars(value.get("text") or value.get("content"))
+    if type(value) is dict:  # a content part, a message, or a conversation to classify
+        return _text_chars(value.get("text") or value.get("content") or value.get("messages"))
     return 0
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
-    """Characters of prompt text in a (valid) body: messages' text, prompt or input.
-    Token ids count four characters each. About four characters make a token."""
+    """Characters of prompt text in a (valid) body: messages' text, prompt or input (and
+    a FIM suffix, a Responses instructions). Token ids count four characters each. About
+    four characters make a token."""
     for field in ("messages", "prompt", "input"):
         if field in body:
-            instructions = body.get("instructions")  # /v1/responses: a system message
-            return _text_chars(body[field]) + (len(instructions) if type(instructions) is str else 0)
+            # /v1/responses: instructions are a system message; /v1/fim/completions: the suffix
+            extra = sum(len(v) for v in (body.get("instructions"), body.get("suffix")) if type(v) is str)
+            return _text_chars(body[field]) + extra
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_batch import exit_codes, storage
 from llm_batch.engine import StopReason
-from llm_batch.endpoints import TASK_OF_ENDPOINT, Endpoint, UnsupportedEndpointError, parse_endpoint
+from llm_batch.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint, serving_problem
 from llm_batch.progress import ProgressReporter, ShardProgress, ShardState, read_progress
 from llm_batch.records import BatchRequest, ResultRecord
 from llm_batch.results import ResultsWriter, read_results
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from llm_batch.model_registry import ResolvedModel
 
 log = logging.getLogger("llm_batch.worker")
-
-_TASK_OF_ENDPOINT = TASK_OF_ENDPOINT
 
 
 class WorkerUsageError(ValueError):
@@ -171,10 +169,14 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
     llm = None
     healthy = True
     try:
-        from llm_batch.engine.runner import EngineRunner
+        from llm_batch.engine.runner import EngineRunner, ModelCannotServe
 
         llm = engines.get(model)
-        runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window)
+        try:
+            runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
+                                  serving=model.serving, labels=model.labels)
+        except ModelCannotServe as exc:
+            raise WorkerUsageError(str(exc)) from None
         progress.start_running()
         reason = runner.run(read_requests(config.requests, skip=writer.done), emit, monitor)
         progress.stop_running()
@@ -268,10 +270,8 @@ def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> Re
         model = resolve_model(model_config)
     except ModelError as exc:
         raise WorkerUsageError(str(exc)) from None
-    if model.task != _TASK_OF_ENDPOINT[endpoint]:
-        raise WorkerUsageError(
-            f"model {model.name!r} is a {model.task} model and cannot serve {endpoint.value}"
-        )
+    if (problem := serving_problem(endpoint, model.name, model.task, model.features)) is not None:
+        raise WorkerUsageError(problem)
     return model
 
 

@@ -17,6 +17,8 @@ import numpy as np
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 
+from llm_batch.model_registry import ModerationMap
+
 # vLLM's finish reasons that OpenAI has no word for, mapped to the nearest one.
 _FINISH_REASONS = {"repetition": "stop", "abort": "stop"}
 
@@ -176,17 +178,55 @@ def embedding_list(
         else:
             embedding = vector.tolist()
         data.append({"object": "embedding", "index": i, "embedding": embedding})
-    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    return {"object": "list", "data": data, "model": model, "usage": _prompt_only_usage(outputs)}
+
+
+def pooling_usage(outputs: Sequence[PoolingRequestOutput]) -> Usage:
+    return Usage(prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs))
+
+
+def _prompt_only_usage(outputs: Sequence[PoolingRequestOutput]) -> dict[str, int]:
+    prompt_tokens = pooling_usage(outputs).prompt_tokens
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+
+
+def class_scores(output: PoolingRequestOutput, labels: Sequence[str]) -> dict[str, float]:
+    """label -> score of one classification (the pooler's probabilities, in label order;
+    a score past the known labels is ``LABEL_<i>``, transformers' name for it)."""
+    scores = output.outputs.data.float().tolist()
+    return {(labels[i] if i < len(labels) else f"LABEL_{i}"): score for i, score in enumerate(scores)}
+
+
+def classification_response(
+    outputs: Sequence[PoolingRequestOutput], model: str, target: str, labels: Sequence[str]
+) -> dict[str, Any]:
+    """Mistral's ClassificationResponse: one result per input (in order), each the model's
+    one target with its label scores; ``usage`` (prompt tokens) as embeddings have it."""
     return {
-        "object": "list",
-        "data": data,
+        "id": f"classif-{uuid.uuid4().hex}",
+        "object": "classification",
         "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        "results": [{target: {"scores": class_scores(o, labels)}} for o in outputs],
+        "usage": _prompt_only_usage(outputs),
     }
 
 
-def embedding_usage(outputs: Sequence[PoolingRequestOutput]) -> Usage:
-    return Usage(prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs))
+def moderation_response(
+    outputs: Sequence[PoolingRequestOutput], model: str, moderation: ModerationMap, labels: Sequence[str]
+) -> dict[str, Any]:
+    """Mistral's ModerationResponse: one result per input (in order), each category's score
+    (the highest of the labels the registry maps to it) and whether it reaches its threshold."""
+    results = []
+    for output in outputs:
+        scores = class_scores(output, labels)
+        category_scores: dict[str, float] = {}
+        for label, category in moderation.categories.items():
+            category_scores[category] = max(category_scores.get(category, 0.0), scores[label])
+        results.append({
+            "categories": {c: score >= moderation.threshold_of(c) for c, score in category_scores.items()},
+            "category_scores": category_scores,
+        })
+    return {"id": f"modr-{uuid.uuid4().hex}", "model": model, "results": results, "usage": _prompt_only_usage(outputs)}
 
 
 def response_object(

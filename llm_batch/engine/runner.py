@@ -35,16 +35,20 @@ from llm_batch.endpoints import Endpoint
 from llm_batch.engine import StopReason, responses, vllm_api
 from llm_batch.engine.responses import Usage
 from llm_batch.engine.sampling import (
+    Body,
     ChatBody,
+    ChatClassifyBody,
+    ClassifyBody,
     CompletionBody,
     EmbeddingBody,
+    FimBody,
     InvalidRequest,
     ResponsesBody,
     parse_body,
     pooling_params,
     sampling_params,
 )
-from llm_batch.model_registry import ResolvedModel
+from llm_batch.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
 from llm_batch.records import BatchRequest, RequestError, ResultRecord
 
 log = logging.getLogger("llm_batch.engine")
@@ -108,6 +112,11 @@ def stop_engine(llm: LLM) -> None:
         log.warning("vLLM engine shutdown failed", exc_info=True)
 
 
+class ModelCannotServe(ValueError):
+    """The loaded model cannot serve the endpoint as its registry entry says (e.g. a FIM
+    token its tokenizer does not know): no request of the shard can run."""
+
+
 def error_result(request: BatchRequest, code: str, message: str, status_code: int = 400) -> ResultRecord:
     return ResultRecord(
         index=request.index,
@@ -122,7 +131,7 @@ class _InFlight:
     """One shard request in the engine; embeddings of a list input are several parts."""
 
     request: BatchRequest
-    body: ChatBody | CompletionBody | EmbeddingBody
+    body: Body
     outputs: list[Any] = field(default_factory=list)
     remaining: int = 0
 
@@ -138,12 +147,22 @@ class EngineRunner:
         response_role: str = "assistant",
         window: int | None = None,
         feed_order: str | None = None,
+        serving: Serving | None = None,
+        labels: tuple[str, ...] = (),
     ):
         self.llm = llm
         self.engine = llm.llm_engine
         self.endpoint = endpoint
         self.model_name = model_name
         self.response_role = response_role
+        # What the model's registry entry says beyond its task (FIM template, classifier
+        # target) and a classifier's labels in score order (ResolvedModel.labels).
+        self.serving = serving or Serving()
+        self.labels = labels
+        if endpoint is Endpoint.FIM_COMPLETIONS:
+            _check_fim_tokens(llm, self.serving.fim, model_name)
+        if endpoint in _MODERATION_ENDPOINTS:
+            _check_moderation_labels(self.serving.moderation, labels, model_name)
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
         # Engine request ids are unique per run: a warm engine serves many shards in turn.
@@ -262,16 +281,23 @@ class EngineRunner:
         in_flight[position] = entry
         return None
 
-    def _engine_inputs(self, body: ChatBody | CompletionBody | EmbeddingBody) -> list[tuple[Any, Any]]:
+    def _engine_inputs(self, body: Body) -> list[tuple[Any, Any]]:
         """(prompt, params) per engine request; rendering errors are the request's fault."""
         try:
             if isinstance(body, ChatBody):
                 prompt = vllm_api.render_chat(self.llm, body.messages)
                 return [(prompt, sampling_params(body))]
+            if isinstance(body, FimBody):
+                text = self.serving.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
+                return [(vllm_api.render_prompt(self.llm, text), sampling_params(body))]
             if isinstance(body, CompletionBody):
                 params = sampling_params(body)
                 return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
             params = pooling_params(body)
+            if isinstance(body, ChatClassifyBody):
+                # As vLLM's own chat classify does: the conversation, no generation prompt.
+                return [(vllm_api.render_chat(self.llm, messages, add_generation_prompt=False), params.clone())
+                        for messages in body.conversations()]
             return [(vllm_api.render_prompt(self.llm, text), params.clone()) for text in body.inputs()]
         except InvalidRequest:
             raise
@@ -298,7 +324,15 @@ class EngineRunner:
         request, body = entry.request, entry.body
         if isinstance(body, EmbeddingBody):
             payload = responses.embedding_list(entry.outputs, self.model_name, body.encoding_format)
-            usage = responses.embedding_usage(entry.outputs)
+            usage = responses.pooling_usage(entry.outputs)
+        elif isinstance(body, ClassifyBody | ChatClassifyBody):
+            if self.endpoint in _MODERATION_ENDPOINTS:
+                payload = responses.moderation_response(
+                    entry.outputs, self.model_name, self.serving.moderation, self.labels)  # type: ignore[arg-type]
+            else:
+                payload = responses.classification_response(
+                    entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
+            usage = responses.pooling_usage(entry.outputs)
         else:
             (output,) = entry.outputs
             usage = responses.generation_usage(output)
@@ -314,6 +348,9 @@ class EngineRunner:
                     parallel_tool_calls=body.parallel_tool_calls, tool_choice=body.tool_choice)
             elif isinstance(body, ChatBody):
                 payload = responses.chat_completion(output, self.model_name, self.response_role, top)
+            elif isinstance(body, FimBody):
+                # Mistral answers FIM with a chat completion object (FIMCompletionResponse).
+                payload = responses.chat_completion(output, self.model_name, "assistant")
             else:
                 payload = responses.text_completion(output, self.model_name, top)
         record = ResultRecord(index=request.index, custom_id=request.custom_id, status_code=200, body=payload)
@@ -327,6 +364,31 @@ class EngineRunner:
         except Exception:  # noqa: BLE001 - the engine may be the thing that failed
             log.warning("could not abort in-flight requests", exc_info=True)
         in_flight.clear()
+
+
+_MODERATION_ENDPOINTS = (Endpoint.MODERATIONS, Endpoint.CHAT_MODERATIONS)
+
+
+def _check_moderation_labels(moderation: ModerationMap | None, labels: tuple[str, ...], model_name: str) -> None:
+    """Every label the registry maps to a category must be one of the model's."""
+    if moderation is None:
+        raise ModelCannotServe(f"model {model_name!r} has no moderation map in the model registry")
+    if unknown := [label for label in moderation.categories if label not in labels]:
+        raise ModelCannotServe(f"model {model_name!r}: its registry moderation map names labels the checkpoint "
+                               f"does not have: {', '.join(unknown)} (its labels: {', '.join(labels) or 'none'})")
+
+
+def _check_fim_tokens(llm: LLM, fim: FimTemplate | None, model_name: str) -> None:
+    """Each token of the model's FIM template must be one token of its tokenizer, or every
+    prompt would be rendered wrong: refuse the shard before any request runs."""
+    if fim is None:
+        raise ModelCannotServe(f"model {model_name!r} has no fim template in the model registry")
+    tokenizer = llm.get_tokenizer()
+    for token in fim.tokens:
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ModelCannotServe(f"model {model_name!r}: the fim token {token!r} of its registry entry is "
+                                   f"{len(ids)} tokens of its tokenizer, not one (a special token it does not know)")
 
 
 def _error_code(exc: Exception) -> str:

@@ -189,6 +189,26 @@ class CompletionBody(_SamplingBody):
         return prompt[0]
 
 
+class FimBody(_SamplingBody):
+    """A /v1/fim/completions body: ``prompt`` (before the gap) and ``suffix`` (after it),
+    rendered with the model's FIM template by the runner; ``random_seed`` is Mistral's
+    ``seed``. No max_tokens means up to the context length, as chat."""
+
+    prompt: str
+    suffix: str | None = None
+    random_seed: int | None = None
+
+    @model_validator(mode="after")
+    def _seed(self) -> FimBody:
+        if self.seed is None:
+            self.seed = self.random_seed
+        return self
+
+    @property
+    def sample_logprobs(self) -> int | None:
+        return None
+
+
 class EmbeddingBody(_Body):
     input: Prompt
     encoding_format: Literal["float", "base64"] = "float"
@@ -206,15 +226,70 @@ class EmbeddingBody(_Body):
         return list(value)
 
 
+class ClassifyBody(_Body):
+    """A /v1/classifications body: one classification per text of ``input``, in order."""
+
+    input: str | list[str]
+
+    def inputs(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input]
+        if not self.input:
+            raise InvalidRequest("input: must not be empty")
+        return list(self.input)
+
+
+class ChatClassifyBody(_Body):
+    """A /v1/chat/classifications body: one classification per conversation of ``input``
+    (``{"messages": [...]}`` or a list of them), each rendered with the model's chat template."""
+
+    input: dict[str, Any] | list[dict[str, Any]]
+
+    def conversations(self) -> list[list[dict[str, Any]]]:
+        items = [self.input] if isinstance(self.input, dict) else self.input
+        if not items:
+            raise InvalidRequest("input: must not be empty")
+        conversations = []
+        for i, item in enumerate(items):
+            messages = item.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise InvalidRequest(f"input[{i}].messages: a non-empty list of messages is required")
+            conversations.append(messages)
+        return conversations
+
+
+class ChatModerateBody(ChatClassifyBody):
+    """A /v1/chat/moderations body: ``input`` one conversation (a list of messages) or a
+    list of them (Mistral's ChatModerationRequest), one result each."""
+
+    input: list[dict[str, Any]] | list[list[dict[str, Any]]]  # type: ignore[assignment]
+
+    def conversations(self) -> list[list[dict[str, Any]]]:
+        if not self.input:
+            raise InvalidRequest("input: must not be empty")
+        several = all(isinstance(item, list) for item in self.input)
+        conversations = list(self.input) if several else [self.input]
+        if empty := [i for i, messages in enumerate(conversations) if not messages]:
+            raise InvalidRequest(f"input[{empty[0]}]: a conversation needs at least one message")
+        return conversations  # type: ignore[return-value]
+
+
 BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.CHAT_COMPLETIONS: ChatBody,
     Endpoint.RESPONSES: ResponsesBody,
     Endpoint.COMPLETIONS: CompletionBody,
     Endpoint.EMBEDDINGS: EmbeddingBody,
+    Endpoint.FIM_COMPLETIONS: FimBody,
+    Endpoint.CLASSIFICATIONS: ClassifyBody,
+    Endpoint.CHAT_CLASSIFICATIONS: ChatClassifyBody,
+    Endpoint.MODERATIONS: ClassifyBody,
+    Endpoint.CHAT_MODERATIONS: ChatModerateBody,
 }
 
+Body = ChatBody | CompletionBody | FimBody | EmbeddingBody | ClassifyBody | ChatClassifyBody
 
-def parse_body(endpoint: Endpoint, body: dict[str, Any]) -> ChatBody | CompletionBody | EmbeddingBody:
+
+def parse_body(endpoint: Endpoint, body: dict[str, Any]) -> Body:
     """The typed body, or InvalidRequest naming the first bad field."""
     try:
         return BODY_MODELS[endpoint].model_validate(body)
@@ -237,8 +312,8 @@ def structured_outputs(response_format: ResponseFormat | None) -> StructuredOutp
     return StructuredOutputsParams(json=schema)
 
 
-def sampling_params(body: ChatBody | CompletionBody) -> SamplingParams:
-    """vLLM SamplingParams for a chat or completion body (unset fields keep vLLM defaults)."""
+def sampling_params(body: ChatBody | CompletionBody | FimBody) -> SamplingParams:
+    """vLLM SamplingParams for a chat, completion or FIM body (unset fields keep vLLM defaults)."""
     max_tokens = body.max_tokens
     if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
@@ -270,5 +345,7 @@ def sampling_params(body: ChatBody | CompletionBody) -> SamplingParams:
         raise InvalidRequest(str(exc)) from None
 
 
-def pooling_params(body: EmbeddingBody) -> PoolingParams:
-    return PoolingParams(task="embed", dimensions=body.dimensions)
+def pooling_params(body: EmbeddingBody | ClassifyBody | ChatClassifyBody) -> PoolingParams:
+    if isinstance(body, EmbeddingBody):
+        return PoolingParams(task="embed", dimensions=body.dimensions)
+    return PoolingParams(task="classify")

@@ -19,6 +19,9 @@ Private or internal uses (``INTERNAL_USES``), and why no public API serves them 
 1. ``LLM._preprocess_chat_one(conversation)`` in ``render_chat``: a chat request's
    messages -> the engine input ``LLM.chat`` would submit (the model's chat template, or the
    ``chat_template`` engine arg; content-format detection; Mistral tokenizers; no double BOS).
+   A conversation to classify (chat classifications and moderations) is rendered the same
+   way with ``add_generation_prompt=False``, as vLLM's own chat classify renders it; the
+   pooling path has no public chat renderer either (``LLM.classify`` takes prompts only).
    Public candidates, and why not:
    - ``LLM.chat`` renders and then runs every request to completion (no incremental feed).
    - ``LLM.enqueue_chat`` renders and adds in one call, but takes no request id and returns
@@ -84,6 +87,9 @@ class InternalUse:
 INTERNAL_USES: tuple[InternalUse, ...] = (
     InternalUse("vllm.entrypoints.llm:LLM", "_preprocess_chat_one", "method",
                 ("conversation",), used_by="render_chat"),
+    InternalUse("vllm.entrypoints.llm:LLM", "_preprocess_chat_one", "method",
+                ("conversation", "add_generation_prompt"), by_name=True,
+                used_by="render_chat (a conversation to classify: no generation prompt)"),
     InternalUse("vllm.v1.engine.llm_engine:LLMEngine", "engine_core", "instance attribute",
                 used_by="shutdown_now"),
     InternalUse("vllm.v1.engine.core_client:InprocClient", "shutdown", "method",
@@ -105,9 +111,13 @@ INTERNAL_USES: tuple[InternalUse, ...] = (
 # -- prompts ----------------------------------------------------------------------------
 
 
-def render_chat(llm: LLM, messages: list[dict[str, Any]]) -> Any:
-    """The engine input ``llm.chat(messages)`` would submit (private: see 1. above)."""
-    return llm._preprocess_chat_one(messages)
+def render_chat(llm: LLM, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> Any:
+    """The engine input ``llm.chat(messages)`` would submit (private: see 1. above);
+    ``add_generation_prompt=False`` for a conversation to classify, as vLLM's chat classify
+    renders it (nothing is generated after it)."""
+    if add_generation_prompt:  # the chat path: exactly LLM.chat's call
+        return llm._preprocess_chat_one(messages)
+    return llm._preprocess_chat_one(conversation=messages, add_generation_prompt=False)
 
 
 def render_prompt(llm: LLM, prompt: str | list[int]) -> Any:

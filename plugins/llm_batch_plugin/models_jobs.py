@@ -72,7 +72,8 @@ class CreateJob(BaseModel):
         default="/v1/chat/completions",
         max_length=128,
         description="The API every request calls: `/v1/chat/completions` (default), `/v1/completions`, "
-        "`/v1/embeddings` or `/v1/responses`",
+        "`/v1/embeddings`, `/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, "
+        "`/v1/chat/classifications`, `/v1/moderations` or `/v1/chat/moderations`",
     )
     model: str = Field(
         max_length=256,

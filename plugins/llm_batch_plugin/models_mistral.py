@@ -66,9 +66,10 @@ class CreateBatchJobRequest(BaseModel):
     )
     endpoint: str = Field(
         max_length=128,
-        description="The API every request calls: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` "
-        "or `/v1/responses`; "
-        "another (Mistral's fim, moderations, ocr, ...) is 400",
+        description="The API every request calls: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, "
+        "`/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, `/v1/chat/classifications`, "
+        "`/v1/moderations` or `/v1/chat/moderations`; "
+        "another (Mistral's ocr, conversations, audio, ...) is 400",
     )
     model: str | None = Field(
         default=None,

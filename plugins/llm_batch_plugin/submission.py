@@ -20,7 +20,13 @@ import orjson
 
 from llm_batch import storage, user_paths
 from llm_batch.config import Settings
-from llm_batch.endpoints import TASK_OF_ENDPOINT, UnsupportedEndpointError, parse_endpoint
+from llm_batch.endpoints import (
+    FEATURE_OF_ENDPOINT,
+    SUPPORTED_ENDPOINTS,
+    UnsupportedEndpointError,
+    parse_endpoint,
+    serving_problem,
+)
 from llm_batch.formats import not_json
 from llm_batch.job_request import JobRequest
 from llm_batch.jobs import JobStatus
@@ -67,10 +73,6 @@ def model_registry(settings: Settings) -> Registry:
     return _registry(path, modified)
 
 
-# What a model must do to serve an endpoint (the worker refuses a mismatch at its start).
-_TASK_OF_ENDPOINT = {e.value: task for e, task in TASK_OF_ENDPOINT.items()}
-
-
 def check_model(
     model: str | None,
     model_config: dict[str, Any],
@@ -90,20 +92,27 @@ def check_model(
         raise ApiError(400, str(exc), param="model_config", code="invalid_model_config") from None
     if checkpoint := model_config.get("checkpoint_path"):
         _check_checkpoint(str(checkpoint), settings, caller)
+        # The task of a checkpoint outside the registry is known only when it loads; an
+        # endpoint that needs a registry feature (a FIM template) needs a registered name.
+        if endpoint in _FEATURE_ENDPOINTS:
+            spec = model_registry(settings).models.get(model)
+            _check_serves(endpoint, model, spec.task if spec else "generate", spec.features if spec else [], param)
         return
     try:
         spec = model_registry(settings).get(model)
     except ModelError as exc:
         raise ApiError(400, str(exc), param=param, code="unknown_model") from None
-    needed = _TASK_OF_ENDPOINT.get(endpoint or "")
-    if needed is not None and spec.task != needed:
-        serves = [e for e, task in _TASK_OF_ENDPOINT.items() if task == spec.task]
-        raise ApiError(
-            400,
-            f"model {model!r} ({spec.task} task) serves {', '.join(serves)}, not {endpoint}",
-            param=param,
-            code="model_endpoint_mismatch",
-        )
+    if endpoint in _SUPPORTED:
+        _check_serves(endpoint, model, spec.task, spec.features, param)
+
+
+_SUPPORTED = frozenset(SUPPORTED_ENDPOINTS)
+_FEATURE_ENDPOINTS = frozenset(e.value for e in FEATURE_OF_ENDPOINT)
+
+
+def _check_serves(endpoint: str, model: str, task: str, features: list[str], param: str) -> None:
+    if (problem := serving_problem(endpoint, model, task, features)) is not None:
+        raise ApiError(400, problem, param=param, code="model_endpoint_mismatch")
 
 
 def _check_checkpoint(checkpoint: str, settings: Settings, caller: Caller | None) -> None:

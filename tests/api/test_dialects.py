@@ -75,7 +75,7 @@ def test_openai_create_errors_are_precise(client, creds):
     alice = creds.key("alice")
     file_id = upload(client, alice, chat_lines(1))
     cases = [
-        ({"input_file_id": file_id, "endpoint": "/v1/moderations", "completion_window": "24h"}, 400, "endpoint"),
+        ({"input_file_id": file_id, "endpoint": "/v1/ocr", "completion_window": "24h"}, 400, "endpoint"),
         ({"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "24h"}, 404, "input_file_id"),
         ({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "48h"}, 422, "completion_window"),
     ]

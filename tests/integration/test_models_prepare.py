@@ -86,11 +86,11 @@ def test_list_shows_every_model_ready(home, prepared):
     result = run_cli(home, "list")
     assert result.returncode == 0, result.stderr
     status = {line.split()[0]: line.split()[2] for line in result.stdout.splitlines()[2:]}
-    assert status == {
-        "smollm2-135m-instruct": "ready",
-        "all-minilm-l6-v2": "ready",
-        "tiny-random-llama": "ready",
-    }
+    prepared_here = {"smollm2-135m-instruct", "all-minilm-l6-v2", "tiny-random-llama"}
+    assert {name: status[name] for name in prepared_here} == dict.fromkeys(prepared_here, "ready")
+    # The other endpoints' tiny test models (fim, classifier, moderator) are listed, not built.
+    others = set(status) - prepared_here
+    assert others and all(name.startswith("tiny-random-") and status[name] == "not" for name in others)
 
 
 def test_prepare_of_an_unknown_model_fails_with_the_known_names(home):

@@ -72,6 +72,11 @@ class Flow:
     python: str
     base_url: str  # <server>/batch
     key: str  # the default caller's API key
+    flow: str | None = None  # the script in tests/sdk/flows/; default the dialect's FLOW_OF
+
+    def with_flow(self, script: str) -> Flow:
+        """The same release running another flow script of tests/sdk/flows/."""
+        return Flow(self.release, self.python, self.base_url, self.key, script)
 
     def run(self, step: str, key: str | None = None, **args: Any) -> dict[str, Any]:
         """One step of the release's flow script; what it observed (its JSON summary)."""
@@ -86,7 +91,7 @@ class Flow:
             "SCALE_API_KEY": key,
             "LLM_ENGINE_DISABLE_VERSION_CHECK": "true",  # no PyPI lookup at import
         }
-        script = FLOWS / FLOW_OF[self.release.rsplit("-", 1)[0]]
+        script = FLOWS / (self.flow or FLOW_OF[self.release.rsplit("-", 1)[0]])
         done = subprocess.run([self.python, script, step, json.dumps(args)], env=env, cwd=FLOWS,
                               capture_output=True, text=True, timeout=120)
         if done.returncode:
