@@ -92,6 +92,19 @@ class ShardTaskMixin:
         try_report_shard(self.job_store, self.shard, outcome)
         return outcome
 
+    def finish(self, outcome: ShardOutcome, context: Any = None) -> dict[str, Any]:
+        """End the task with a finished worker's outcome: recorded and logged; a usage error
+        fails the task for good, a failure raises for a retry, else the outcome dict."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        outcome = self.report_outcome(outcome, context)
+        self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)  # type: ignore[attr-defined]
+        if outcome.state == "usage":
+            raise AirflowFailException(outcome.message)
+        if outcome.state == "failed":
+            raise AirflowException(outcome.message)
+        return outcome.model_dump()
+
     def outcome(self, exit_code: int | None, forced: str | None) -> ShardOutcome:
         """The outcome of a finished worker; ``forced`` is the cause when it was killed."""
         if forced is not None:

@@ -38,6 +38,14 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--progress-interval-s", float, "seconds between progress updates (default 2)"),
 )
 
+# A multi-node worker's flags (llm_batch.multinode), the leader's and the followers' alike.
+GROUP_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--nnodes", int, "nodes of a multi-node worker (>= 2; leave out for a one-node worker)"),
+    ("--master-addr", str, "a multi-node worker's leader address (torch.distributed rendezvous)"),
+    ("--master-port", int, "... and port (default 29501)"),
+    ("--gpus-per-node", int, "GPUs on each node of a multi-node worker (its tensor-parallel size)"),
+)
+
 
 def _env(flag: str) -> str | None:
     return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper())
@@ -50,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for flag, kind, text in _FLAGS:
+    for flag, kind, text in (*_FLAGS, *GROUP_FLAGS):
         # Values stay strings from the environment; parse_config converts and names errors.
         parser.add_argument(flag, type=kind, default=_env(flag), help=text)
     parser.set_defaults(func=worker)
