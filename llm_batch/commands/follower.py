@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from llm_batch.commands.worker import GROUP_FLAGS, _env
+from llm_batch.commands.worker import GROUP_FLAGS, add_pod_command
 
 _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model-config", str, "JSON: the leader's --model-config"),
@@ -23,15 +23,8 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "worker-follower",
-        help="a follower node of a multi-node shard worker (flags fall back to LLM_BATCH_WORKER_* variables)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    for flag, kind, text in (*_FLAGS, *GROUP_FLAGS):
-        parser.add_argument(flag, type=kind, default=_env(flag), help=text)
-    parser.set_defaults(func=follower)
+    add_pod_command(subparsers, "worker-follower", "a follower node of a multi-node shard worker", __doc__,
+                    (*_FLAGS, *GROUP_FLAGS), follower)
 
 
 def follower(args: argparse.Namespace) -> int:
