@@ -99,9 +99,13 @@ def test_follower_failure_fails_the_shard_and_the_retry_makes_a_fresh_group(kube
 
 
 def test_cancel_past_the_grace_deletes_the_whole_group(kube, job_store):
+    from llm_batch import storage
+    from llm_batch.shard_task import ShardTask
+
     stub, config = kube
     stub.exit_code = None  # the leader ignores the cancel marker
-    operator = _operator(_group_shard(job_store, "job_grp_cancel"), config)
+    shard = _group_shard(job_store, "job_grp_cancel")
+    operator = _operator(shard, config)
     outcome: dict = {}
     runner = threading.Thread(target=lambda: outcome.update(operator.execute(_context())), daemon=True)
     runner.start()
@@ -112,6 +116,7 @@ def test_cancel_past_the_grace_deletes_the_whole_group(kube, job_store):
 
     assert outcome["state"] == "cancelled" and "killed" in outcome["message"]
     assert time.monotonic() - cancelled_at >= 1.0  # the grace (LLM_BATCH_CANCEL_GRACE_SECONDS=1) was given
+    assert storage.exists(ShardTask.model_validate(shard).cancel_marker)  # mirrored for the leader's worker
     (name,) = stub.sets_created
     assert stub.sets_deleted == [name] and not stub.pods
 
