@@ -37,11 +37,12 @@ from kubernetes.client.exceptions import ApiException
 from llm_batch import exit_codes
 from llm_batch.shard_task import ShardOutcome, ShardTask
 from llm_batch_operators import group_spec
-from llm_batch_operators.shard import ShardTaskMixin
+from llm_batch_operators.shard import ShardTaskMixin, error_tail
 
 POLL_SECONDS = 5.0
 STARTUP_TIMEOUT_S = 900  # image pulls of a vLLM image are slow (as the single pod's)
 STALE_WAIT_S = 120.0  # how long an old attempt's set may take to go
+LOG_TAIL_LINES = 20  # of the pod whose exit decided, into the task log (and a failure's message)
 # The pod operator's overrides that also apply here; the others (deferrable, ...) do not.
 HOOK_ARGS = ("kubernetes_conn_id", "config_file", "in_cluster", "cluster_context")
 
@@ -54,6 +55,8 @@ class GroupState:
     failure: str | None = None  # the group broke (and why)
     usage: bool = False  # ... because a follower refused its arguments
     running: bool = False  # every pod of the group is running
+    pod: str | None = None  # the pod whose exit decided, and whether its container has
+    restarted: bool = False  # restarted since (its log is then the previous container's)
 
 
 class ShardGroupOperator(ShardTaskMixin, BaseOperator):
@@ -112,8 +115,16 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         body = group_spec.leader_worker_set(task, self.llm_settings, name)
         self.log.info("shard %s: creating LeaderWorkerSet %s (%s nodes x %s GPUs)", task.shard, name,
                       task.nodes_per_worker, task.gpus)
-        self._objects().create_namespaced_custom_object(group_spec.GROUP, group_spec.VERSION, self.namespace,
-                                                        group_spec.PLURAL, body)
+        try:
+            self._objects().create_namespaced_custom_object(group_spec.GROUP, group_spec.VERSION, self.namespace,
+                                                            group_spec.PLURAL, body)
+        except ApiException as exc:
+            if exc.status not in (404, 422):
+                raise  # the API server failing: worth a retry
+            why = ("the cluster serves no LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1): install the LWS "
+                   "controller (https://github.com/kubernetes-sigs/lws) to run nodes_per_worker > 1"
+                   if exc.status == 404 else f"the cluster refused the LeaderWorkerSet: {_api_message(exc)}")
+            return self.finish(self._failed(why, usage=True), context)
         self.set_name = name
         try:
             outcome = self._supervise(task, name)
@@ -139,10 +150,15 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
                 return self._failed("the task was killed", exit_code=-9)
             self.report_progress()
             state = self.group_state(name)
-            if state.leader_exit is not None:
-                return self.outcome(state.leader_exit, None)
-            if state.failure is not None:
-                return self._failed(state.failure, usage=state.usage)
+            if state.leader_exit is not None or state.failure is not None:
+                tail = self._log_tail(state)
+                if state.leader_exit is not None:
+                    outcome = self.outcome(state.leader_exit, None)
+                else:
+                    outcome = self._failed(state.failure or "", usage=state.usage)
+                if outcome.state in ("failed", "usage") and tail:
+                    outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
+                return outcome
             ever_running = ever_running or state.running
             if not ever_running and time.monotonic() - created > self.startup_timeout_seconds:
                 return self._failed(f"the group of {task.nodes_per_worker} pods was not running "
@@ -177,7 +193,7 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         by_index = {int((pod.metadata.labels or {}).get(group_spec.WORKER_INDEX_LABEL, -1)): pod for pod in pods}
         leader = by_index.get(0)
         if leader is not None and (code := _exit_code(leader)) is not None:
-            return GroupState(leader_exit=code)
+            return GroupState(leader_exit=code, pod=leader.metadata.name, restarted=_restarted(leader))
         for index, uid in self._uids.items():
             pod = by_index.get(int(index))
             if pod is None or pod.metadata.uid != uid:
@@ -189,11 +205,31 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
             code = _exit_code(pod)
             if code is not None or (pod.status and pod.status.phase == "Failed"):
                 return GroupState(failure=f"follower {index} ({pod.metadata.name}) exited with code {code}",
-                                  usage=code == exit_codes.USAGE)
+                                  usage=code == exit_codes.USAGE, pod=pod.metadata.name, restarted=_restarted(pod))
         for index, pod in by_index.items():
             self._uids.setdefault(str(index), pod.metadata.uid)
         running = len(by_index) == size and all(p.status and p.status.phase == "Running" for p in by_index.values())
         return GroupState(running=running)
+
+    def _log_tail(self, state: GroupState) -> str:
+        """The last lines of the deciding pod's worker, into the task log; its error lines
+        (or last lines), bounded, for a failure's message. Best effort: a log that cannot be
+        read never changes the shard's outcome."""
+        if state.pod is None:
+            return ""
+        try:
+            # Raw bytes (the client's own decoding of a text/plain answer is a bytes repr).
+            answer = self.hook().core_v1_client.read_namespaced_pod_log(
+                state.pod, self.namespace, container=group_spec.CONTAINER, tail_lines=LOG_TAIL_LINES,
+                previous=state.restarted, _preload_content=False)
+            text = answer.data.decode("utf-8", errors="replace")
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            self.log.warning("could not read the log of %s: %s", state.pod, exc)
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        for line in lines:
+            self.log.info("[%s] %s", state.pod, line)
+        return error_tail(lines)
 
     # -- deletion ---------------------------------------------------------------------
 
@@ -217,7 +253,12 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
                 label_selector=group_spec.shard_selector(task))
             return [item["metadata"]["name"] for item in found.get("items", [])]
 
-        names = stale()
+        try:
+            names = stale()
+        except ApiException as exc:
+            if exc.status == 404:  # no LeaderWorkerSet API: the create says so
+                return
+            raise
         if not names:
             return
         self.log.warning("shard %s: deleting LeaderWorkerSets of an earlier attempt: %s", task.shard, ", ".join(names))
@@ -226,6 +267,20 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         deadline = time.monotonic() + STALE_WAIT_S
         while stale() and time.monotonic() < deadline:
             time.sleep(self.poll_interval)
+
+
+def _restarted(pod: Any) -> bool:
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return any(status.name == group_spec.CONTAINER and (status.restart_count or 0) > 0 for status in statuses)
+
+
+def _api_message(exc: ApiException) -> str:
+    import json
+
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except ValueError:
+        return str(exc.reason)
 
 
 def _exit_code(pod: Any) -> int | None:

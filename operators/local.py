@@ -31,7 +31,7 @@ from airflow.sdk.exceptions import AirflowException
 from llm_batch.placement import multi_node_refusal
 from llm_batch.shard_task import ShardOutcome
 from llm_batch.warm_engines import WarmEngineError, WarmShard, start_shard
-from llm_batch_operators.shard import ShardTaskMixin
+from llm_batch_operators.shard import ShardTaskMixin, error_tail
 
 # Seconds between supervision rounds (cancel flag, deadline, progress).
 POLL_SECONDS = 2.0
@@ -131,10 +131,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
 
     def worker_tail(self) -> str:
         """The worker's last output lines (bounded): what a failed shard says about why."""
-        lines = list(self._tail)
-        errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
-        text = " | ".join(errors[-2:] or lines[-TAIL_LINES:])
-        return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]
+        return error_tail(list(self._tail), TAIL_LINES, TAIL_CHARS)
 
     def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None

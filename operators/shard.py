@@ -18,6 +18,15 @@ STORE_WAIT_S = 60.0
 STORE_RETRY_S = 2.0
 
 
+def error_tail(lines: list[str], last: int = 5, chars: int = 600) -> str:
+    """What a failed worker's last output lines say about why: its last error lines, else
+    its ``last`` lines, joined and bounded to ``chars`` (the shard's message, the job's
+    status_reason)."""
+    errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
+    text = " | ".join(errors[-2:] or lines[-last:])
+    return text if len(text) <= chars else "..." + text[-chars:]
+
+
 class ShardTaskMixin:
     """For an operator with a ``shard_task`` dict (a ``llm_batch.shard_task.ShardTask``)."""
 

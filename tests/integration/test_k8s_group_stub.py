@@ -4,9 +4,10 @@ controller (the group's pods, StatefulSet-style restarts) and refuses a set the 
 CRD's schema refuses (422).
 
 Covered: the group is created, the leader's exit decides (done; cancelled by the worker);
-a follower dying fails the shard and its retry makes a fresh group; a cancel past the grace
+a follower dying fails the shard (its log's error in the message) and its retry makes a
+fresh group; a pod of the group deleted mid-run fails it too; a cancel past the grace
 deletes the whole group; a kill deletes it; a set left by a killed attempt is deleted
-before the retry's group is made.
+before the retry's group is made; a cluster without the LWS API fails the shard for good.
 """
 
 from __future__ import annotations
@@ -82,10 +83,14 @@ def test_follower_failure_fails_the_shard_and_the_retry_makes_a_fresh_group(kube
     stub, config = kube
     stub.exit_code = None  # the leader would run on ...
     stub.follower_exit_codes = {2: 1}  # ... but follower 2 dies
+    stub.log_of = lambda pod: b"loading\nERROR gloo: Connection reset by peer\n" if pod.endswith("-0-2") else b"ok\n"
     shard = _group_shard(job_store, "job_grp_follower")
-    with pytest.raises(AirflowException, match=r"follower 2 \(.*-0-2\) exited with code 1.*a retry makes a new group"):
+    with pytest.raises(AirflowException, match=r"follower 2 \(.*-0-2\) exited with code 1.*a retry makes a new group"
+                                               r".*: ERROR gloo: Connection reset by peer"):
         _operator(shard, config).execute(_context())
     (first,) = stub.sets_created
+    # Its log was read from the exited container (the kubelet had restarted it), before the group went.
+    assert stub.log_reads == [(f"{first}-0-2", True)]
     assert stub.sets_deleted == [first] and not stub.pods  # the whole group went, the leader too
     (row,) = job_store.shard_records("job_grp_follower")  # merge tells the requests it never ran why
     assert row.state == "failed" and "follower 2" in row.reason and "attempt 1 of 3" in row.reason
@@ -162,6 +167,44 @@ def test_a_set_left_by_a_killed_attempt_is_deleted_before_the_retry(kube, job_st
     assert outcome["state"] == "done"
     assert stub.sets_deleted[0] == stale["metadata"]["name"]
     assert len(stub.sets_created) == 2 and not stub.sets and not stub.pods
+
+
+def test_a_pod_of_the_group_deleted_mid_run_fails_the_shard(kube, job_store):
+    """A node drained or lost under a follower: its pod goes (a controller would make a new
+    one, which could not rejoin the running engine): the attempt fails and the group goes."""
+    from airflow.sdk.exceptions import AirflowException
+
+    stub, config = kube
+    stub.exit_code = None
+    operator = _operator(_group_shard(job_store, "job_grp_drained"), config)
+    errors: list[Exception] = []
+    runner = threading.Thread(target=lambda: _capture(errors, operator.execute, _context()), daemon=True)
+    runner.start()
+    _wait_for_the_group(stub)
+    (name,) = stub.sets_created
+    stub.delete(f"{name}-0-1")
+    runner.join(timeout=30)
+
+    assert len(errors) == 1 and isinstance(errors[0], AirflowException)
+    assert "pod 1 of the group was deleted or replaced" in str(errors[0])
+    assert stub.sets_deleted == [name] and not stub.pods
+
+
+def _capture(errors: list[Exception], func, *args) -> None:
+    try:
+        func(*args)
+    except Exception as exc:  # noqa: BLE001 - the test reads it
+        errors.append(exc)
+
+
+def test_a_cluster_without_the_lws_api_fails_the_shard_for_good(kube, job_store):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    stub, config = kube
+    stub.lws_installed = False
+    with pytest.raises(AirflowFailException, match="serves no LeaderWorkerSet API.*install the LWS controller"):
+        _operator(_group_shard(job_store, "job_grp_no_lws"), config).execute(_context())
+    assert not stub.pods and stub.requests["POST lws (not installed)"] == 1
 
 
 def test_the_stub_refuses_a_set_the_crd_refuses(kube):
