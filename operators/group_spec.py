@@ -15,6 +15,8 @@ name on the group's headless service) and ``LWS_WORKER_INDEX``; Kubernetes expan
   the pod), node selector, tolerations, labels, priority class, storage Secret, model cache,
   plus a memory-backed ``/dev/shm`` (NCCL and vLLM's shared-memory queues need more than
   the container runtime's 64 MiB).
+- ``Settings.group_topology_key`` (e.g. a rack label): the LWS exclusive-topology
+  annotation keeps a group's pods in one domain of that label, one group per domain.
 - ``restartPolicy: None``: the LWS controller does not recreate the group on a pod
   restart; the shard runner sees the restart, deletes the set and fails the attempt, and the
   task's retry makes a fresh set that resumes from the checkpoint (one retry budget, the task's).
@@ -42,6 +44,7 @@ KIND = "LeaderWorkerSet"
 # Labels the LWS controller puts on the group's pods.
 SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 CONTAINER = "base"  # as the single pod's container
 SHM_SIZE = "16Gi"
 _NAME_MAX = 45  # the controller appends "-0-<i>" for pods and the StatefulSets' hashes stay <= 63
@@ -111,7 +114,9 @@ def leader_worker_set(task: ShardTask, settings: Settings, name: str) -> dict[st
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
-        "metadata": {"name": name, "namespace": settings.k8s_namespace, "labels": pod_spec.labels(task)},
+        "metadata": {"name": name, "namespace": settings.k8s_namespace, "labels": pod_spec.labels(task),
+                     **({"annotations": {EXCLUSIVE_TOPOLOGY: settings.group_topology_key}}
+                        if settings.group_topology_key else {})},
         "spec": {
             "replicas": 1,
             "startupPolicy": "LeaderCreated",

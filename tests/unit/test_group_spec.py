@@ -64,6 +64,16 @@ def test_the_schema_check_is_strict(settings):  # noqa: F811
     errors = " | ".join(lws_errors(body))
     assert "'Sometimes' is not one of" in errors and "'surprise' was unexpected" in errors
     assert "'gpus' was unexpected" in errors
+    assert any("DNS-1035" in e for e in lws_errors({**body, "metadata": {"name": "3-starts-with-a-digit"}}))
+
+
+def test_a_topology_key_keeps_the_group_in_one_domain(settings):  # noqa: F811
+    task = _task(nodes_per_worker=2)
+    assert "annotations" not in group_spec.leader_worker_set(task, settings, "llm-batch-a")["metadata"]
+    racked = settings.model_copy(update={"group_topology_key": "cloud.example.com/rack"})
+    body = group_spec.leader_worker_set(task, racked, "llm-batch-a")
+    assert body["metadata"]["annotations"] == {"leaderworkerset.sigs.k8s.io/exclusive-topology": "cloud.example.com/rack"}
+    assert lws_errors(body) == []
 
 
 def test_set_names_are_fresh_and_short(settings):  # noqa: F811
