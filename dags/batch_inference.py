@@ -99,7 +99,7 @@ PARAMS = {
     ),
     "nodes_per_worker": Param(
         1, type="integer", minimum=1, maximum=16,
-        description="Nodes per worker; multi-node workers are not supported yet: only 1 is accepted at run time.",
+        description="Nodes per worker (Kubernetes runner: one LeaderWorkerSet per shard, pipeline parallel across nodes).",
     ),
 }
 

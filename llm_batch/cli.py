@@ -19,6 +19,7 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.merge",
     "llm_batch.commands.api_key",
     "llm_batch.commands.worker",
+    "llm_batch.commands.follower",
     "llm_batch.commands.engine_host",
     "llm_batch.commands.jobs",
     "llm_batch.commands.usage",

@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     model_cache_mount_path: str = "/models"
     # Secret whose keys (AWS_ACCESS_KEY_ID, ...) become the worker's storage credentials.
     storage_secret_name: str = "llm-batch-storage"
+    # A multi-node worker's pods all in one domain of this node label (e.g. a rack or a
+    # network block: pipeline stages talk every step), one group per domain: the LWS
+    # exclusive-topology annotation. None: anywhere the scheduler puts them.
+    group_topology_key: str | None = None
     # Job priority (a free string in the Scale contract) -> Airflow priority_weight and
     # pod PriorityClass; unknown names get the "normal" weight and no class.
     priority_weights: dict[str, int] = Field(

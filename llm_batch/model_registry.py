@@ -599,10 +599,13 @@ def job_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
     return {"model": config.model, **_set_fields(config)}
 
 
-def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | None = None) -> None:
-    """The rules that need the registry, and the job's ``gpus`` when it asks for some:
-    trust_remote_code only where the registry allows it, a chat_template name the registry
-    knows, tensor_parallel_size x pipeline_parallel_size = gpus. ``InvalidModelConfig``
+def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | None = None,
+                       nodes: int | None = None) -> None:
+    """The rules that need the registry, and the job's ``gpus`` (per node) and ``nodes``
+    (per worker) when it asks for them: trust_remote_code only where the registry allows it,
+    a chat_template name the registry knows, tensor_parallel_size x pipeline_parallel_size =
+    gpus x nodes (a multi-node worker defaults to tensor parallel over each node's gpus and
+    pipeline parallel over its nodes: llm_batch.multinode). ``InvalidModelConfig``
     naming the field otherwise (``UnknownModel`` for a model the registry lacks)."""
     spec = _spec_for(config, registry)
     problems: list[tuple[str, str]] = []
@@ -620,8 +623,8 @@ def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | N
         problems.append(("chat_template", f"{template!r} is not a template the registry knows "
                          f"({', '.join(sorted(registry.templates))}) nor inline Jinja text; "
                          "files are not read"))
-    if gpus is not None:
-        problems += _parallel_problems(config, job_engine_args(config, registry), gpus)
+    if gpus is not None or (nodes or 1) > 1:
+        problems += _parallel_problems(config, job_engine_args(config, registry), gpus or 1, nodes or 1)
     _raise_problems(problems)
 
 
@@ -694,20 +697,23 @@ def _field_problems(config: ModelConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def _parallel_problems(config: ModelConfig, args: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
-    """tensor_parallel_size x pipeline_parallel_size against the job's gpus, when either
-    size is set (by the job or the registry); gpus alone sets neither."""
+def _parallel_problems(config: ModelConfig, args: dict[str, Any], gpus: int, nodes: int = 1) -> list[tuple[str, str]]:
+    """tensor_parallel_size x pipeline_parallel_size against the job's gpus x nodes, when
+    either size is set (by the job or the registry); gpus alone sets neither."""
     if "tensor_parallel_size" not in args and "pipeline_parallel_size" not in args:
         return []
     tp, pp = args.get("tensor_parallel_size", 1), args.get("pipeline_parallel_size", 1)
-    if tp * pp == gpus:
+    if nodes > 1:  # a multi-node worker's default for the size left out (llm_batch.multinode)
+        tp, pp = args.get("tensor_parallel_size", gpus), args.get("pipeline_parallel_size", nodes)
+    if tp * pp == gpus * nodes:
         return []
     fields = _set_fields(config)
     named = [n for n in ("tensor_parallel_size", "num_shards", "pipeline_parallel_size") if n in fields]
     source = f"model_config.{named[0]}" if named else f"the registry entry of {config.model!r}"
+    asked = f"gpus={gpus}" if nodes == 1 else f"gpus={gpus} x nodes_per_worker={nodes} = {gpus * nodes} GPUs"
     return [(named[0] if named else "gpus",
              f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} GPUs (from "
-             f"{source}), but the job asks for gpus={gpus}: they must be equal")]
+             f"{source}), but the job asks for {asked}: they must be equal")]
 
 
 def _raise_problems(problems: list[tuple[str, str]]) -> None:

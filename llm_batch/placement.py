@@ -42,13 +42,21 @@ def priority_band(settings: Settings, priority: str | int | None) -> str:
     return below[-1] if below else names[0]
 
 
-def check_resources(nodes_per_worker: int | None, gpu_type: str | None) -> None:
-    """Refuse what no runner can honour, before anything runs."""
-    if nodes_per_worker not in (None, 1):
-        raise JobRejected(
-            f"nodes_per_worker={nodes_per_worker} is not supported: a shard worker runs on one "
-            "node (tensor parallel over its gpus); use data_parallelism for more workers"
-        )
+def multi_node_refusal(nodes_per_worker: int | None, shard_runner: str) -> str | None:
+    """Why ``shard_runner`` cannot run a worker of ``nodes_per_worker`` nodes, or None.
+    Only the Kubernetes runner spans nodes (a LeaderWorkerSet per shard); the local runner's
+    worker is one process on this machine."""
+    if nodes_per_worker in (None, 1) or shard_runner != "local":
+        return None
+    return (f"nodes_per_worker={nodes_per_worker} needs the Kubernetes shard runner "
+            "(LLM_BATCH_SHARD_RUNNER=kubernetes, a LeaderWorkerSet per shard): the local runner runs each "
+            "worker as one process on this machine; give nodes_per_worker=1 and use gpus for a bigger "
+            "worker or data_parallelism for more workers")
+
+
+def check_resources(nodes_per_worker: int | None, gpu_type: str | None, shard_runner: str = "local") -> None:
+    """Refuse what the deployment's runner cannot honour, before anything runs."""
+    if (refusal := multi_node_refusal(nodes_per_worker, shard_runner)) is not None:
+        raise JobRejected(refusal)
     if gpu_type is not None and gpu_type not in GPU_TYPES:
         raise JobRejected(f"gpu_type {gpu_type!r} is unknown; use one of {', '.join(GPU_TYPES)}")
-

@@ -63,7 +63,7 @@ class RecurringParams(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     gpus: int = Field(1, ge=1, le=8)
     gpu_type: str | None = None
-    nodes_per_worker: int = Field(1, ge=1, le=1)
+    nodes_per_worker: int = Field(1, ge=1, le=16)
 
 
 class RecurringSpec(BaseModel):

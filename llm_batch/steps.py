@@ -117,7 +117,7 @@ def register(
         if existing.dag_run_id != dag_run_id:
             store.set_dag_run(job_id, dag_run_id)
         return job_id
-    check_resources(run.nodes_per_worker, run.gpu_type)
+    check_resources(run.nodes_per_worker, run.gpu_type, settings.shard_runner)
     check_run_inputs(conf, run, settings)
     # The canonical spelling is what later steps read and write.
     paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from llm_batch.engine.responses import Usage
     from llm_batch.model_registry import ResolvedModel
+    from llm_batch.multinode import NodeGroup
 
 log = logging.getLogger("llm_batch.worker")
 
@@ -67,6 +68,7 @@ class WorkerConfig:
     storage_outage_s: float = 300.0
     progress_interval_s: float = 2.0
     cancel_check_s: float = 1.0
+    node_group: NodeGroup | None = None  # the leader's place in a multi-node worker
 
 
 class EngineSource(Protocol):
@@ -102,6 +104,8 @@ def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
     task that asked for it has gone (a warm engine's client), so its retry can resume."""
     try:
         model = resolve_for_endpoint(config.model_config, config.endpoint)
+        if config.node_group is not None:
+            model = _for_node_group(model, config.node_group)
         writer = ResultsWriter.open(
             config.results,
             flush_every_s=config.flush_every_s,
@@ -262,6 +266,15 @@ class StopMonitor:
         return None
 
 
+def _for_node_group(model: ResolvedModel, group: NodeGroup) -> ResolvedModel:
+    from llm_batch.multinode import NodeGroupError
+
+    try:
+        return group.model_for_node(model)
+    except NodeGroupError as exc:
+        raise WorkerUsageError(str(exc)) from None
+
+
 def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> ResolvedModel:
     """The model to load, checked to serve ``endpoint``; WorkerUsageError otherwise."""
     from llm_batch.model_registry import ModelError, resolve_model
@@ -314,10 +327,15 @@ def parse_config(
     cancel_marker: str | None = None,
     deadline: float | str | None = None,
     work_uri: str | None = None,
+    nnodes: int | str | None = None,
+    master_addr: str | None = None,
+    master_port: int | str | None = None,
+    gpus_per_node: int | str | None = None,
     **tuning: Any,
 ) -> WorkerConfig:
     """A WorkerConfig from flag/env strings. URIs left out come from the job layout under
-    ``work_uri`` (default Settings.work_uri). Raises WorkerUsageError naming the bad value."""
+    ``work_uri`` (default Settings.work_uri); ``nnodes`` (>= 2) makes this the leader of a
+    multi-node worker. Raises WorkerUsageError naming the bad value."""
     import orjson
 
     from llm_batch.config import get_settings
@@ -363,5 +381,31 @@ def parse_config(
         endpoint=parsed_endpoint,
         model_config=model_config,
         deadline=deadline_s,
+        node_group=node_group(nnodes, 0, master_addr, master_port, gpus_per_node),
         **{k: v for k, v in tuning.items() if v is not None},
     )
+
+
+def node_group(nnodes: int | str | None, node_rank: int | str | None, master_addr: str | None,
+               master_port: int | str | None, gpus_per_node: int | str | None) -> NodeGroup | None:
+    """The NodeGroup of the multi-node flags (None without --nnodes); WorkerUsageError
+    naming the bad one."""
+    from llm_batch.multinode import DEFAULT_MASTER_PORT, NodeGroup, NodeGroupError
+
+    if nnodes in (None, ""):
+        return None
+    values: dict[str, int] = {}
+    for flag, value, default in (("--nnodes", nnodes, None), ("--node-rank", node_rank, 0),
+                                 ("--master-port", master_port, DEFAULT_MASTER_PORT),
+                                 ("--gpus-per-node", gpus_per_node, 1)):
+        try:
+            values[flag] = int(value) if value not in (None, "") else int(default)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise WorkerUsageError(f"{flag}: not an integer: {value!r}") from None
+    group = NodeGroup(nnodes=values["--nnodes"], node_rank=values["--node-rank"], master_addr=master_addr or "",
+                      master_port=values["--master-port"], gpus_per_node=values["--gpus-per-node"])
+    try:
+        group.check()
+    except NodeGroupError as exc:
+        raise WorkerUsageError(str(exc)) from None
+    return group

@@ -3,7 +3,9 @@
 What the DAG holds is this light operator: importing the Kubernetes client and the pod
 operator takes seconds, too long for DAG parsing, so the KubernetesPodOperator doing the
 work (``kubernetes_pod.ShardPodOperator``: pod shape, deferral, logs, deletion) is built
-only when the task runs, and every entry point Airflow calls is handed to it.
+only when the task runs, and every entry point Airflow calls is handed to it. A shard whose
+worker spans several nodes (``nodes_per_worker > 1``) is handed to
+``kubernetes_group.ShardGroupOperator`` instead: a LeaderWorkerSet, supervised in the task.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
     """Run one shard (``shard_task``: a ``llm_batch.shard_task.ShardTask`` as a dict) as a GPU pod.
 
     ``pod_overrides``: KubernetesPodOperator arguments that replace what the settings
-    produce (e.g. ``config_file``, ``deferrable``). Returns the shard's outcome dict; a worker
-    failure raises (retry resumes), a usage error fails without retry, and
-    ``nodes_per_worker > 1`` is refused with ``pod_spec.UnsupportedPodShape``.
+    produce (e.g. ``config_file``, ``deferrable``; a multi-node shard takes the connection's
+    and ``poll_interval``). Returns the shard's outcome dict; a worker failure raises (retry
+    resumes), a usage error fails without retry.
     """
 
     template_fields = ("shard_task",)
@@ -34,12 +36,16 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
         self._pod_operator: Any = None
 
     def pod_operator(self) -> Any:
-        """The KubernetesPodOperator for this shard (built once per task process)."""
+        """The operator running this shard: a KubernetesPodOperator, or a ShardGroupOperator
+        for a multi-node worker (built once per task process)."""
         if self._pod_operator is None:
-            from llm_batch_operators.kubernetes_pod import ShardPodOperator
+            if int(self.shard_task.get("nodes_per_worker") or 1) > 1:
+                from llm_batch_operators.kubernetes_group import ShardGroupOperator as runner
+            else:
+                from llm_batch_operators.kubernetes_pod import ShardPodOperator as runner
 
-            self._pod_operator = ShardPodOperator(
-                task_id=self.task_id, shard_task=self.shard_task, **self.pod_overrides
+            self._pod_operator = runner(
+                task_id=self.task_id, shard_task=self.shard_task, retries=self.retries, **self.pod_overrides
             )
         return self._pod_operator
 

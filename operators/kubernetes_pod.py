@@ -64,7 +64,8 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
 
     Any KubernetesPodOperator argument may be given to override what the settings and
     pod_spec produce. Raises
-    ``pod_spec.UnsupportedPodShape`` for shards no single pod can run (nodes_per_worker > 1).
+    ``pod_spec.UnsupportedPodShape`` for shards no single pod can run (nodes_per_worker > 1:
+    ``kubernetes_group.ShardGroupOperator`` runs those).
     """
 
     template_fields = KubernetesPodOperator.template_fields
@@ -72,7 +73,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
 
     def __init__(self, *, shard_task: dict[str, Any], **kwargs: Any) -> None:
         task, settings = ShardTask.model_validate(shard_task), get_settings()
-        pod_spec.check_supported(task)
+        pod_spec.check_single_pod(task)
         volumes, mounts = pod_spec.model_cache(settings)
         # Callbacks and trigger_kwargs given as overrides are kept, ours are added.
         callbacks = kwargs.pop("callbacks", None) or []

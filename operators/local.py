@@ -26,10 +26,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 
+from llm_batch.placement import multi_node_refusal
+from llm_batch.shard_task import ShardOutcome
 from llm_batch.warm_engines import WarmEngineError, WarmShard, start_shard
-from llm_batch_operators.shard import ShardTaskMixin
+from llm_batch_operators.shard import ShardTaskMixin, error_tail
 
 # Seconds between supervision rounds (cancel flag, deadline, progress).
 POLL_SECONDS = 2.0
@@ -72,6 +74,9 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         early = self.stop_before_start()
         if early is not None:
             return self.report_outcome(early, context).model_dump()
+        if (refusal := multi_node_refusal(self.shard.nodes_per_worker, "local")) is not None:
+            # register and the API refuse such jobs already; a shard must not run on one node anyway.
+            return self.finish(ShardOutcome(shard=self.shard.shard, exit_code=-1, state="usage", message=refusal), context)
         if self.llm_settings.warm_engines:
             self._process = self._start_warm()
             forced = self._supervise(self._process)
@@ -85,13 +90,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         outcome = self.outcome(self._process.returncode, forced)
         if outcome.state in ("failed", "usage") and (tail := self.worker_tail()):
             outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
-        outcome = self.report_outcome(outcome, context)
-        self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)
-        if outcome.state == "usage":
-            raise AirflowFailException(outcome.message)
-        if outcome.state == "failed":
-            raise AirflowException(outcome.message)
-        return outcome.model_dump()
+        return self.finish(outcome, context)
 
     def on_kill(self) -> None:
         if isinstance(self._process, WarmShard):
@@ -132,10 +131,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
 
     def worker_tail(self) -> str:
         """The worker's last output lines (bounded): what a failed shard says about why."""
-        lines = list(self._tail)
-        errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
-        text = " | ".join(errors[-2:] or lines[-TAIL_LINES:])
-        return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]
+        return error_tail(list(self._tail), TAIL_LINES, TAIL_CHARS)
 
     def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None

@@ -34,15 +34,22 @@ class UnsupportedPodShape(ValueError):
 
 
 def check_supported(task: ShardTask) -> None:
-    if task.nodes_per_worker != 1:
-        raise UnsupportedPodShape(
-            f"nodes_per_worker={task.nodes_per_worker} is not supported: a shard worker is one pod "
-            "on one node (tensor parallel over its gpus); use data_parallelism for more workers"
-        )
+    """What every worker pod needs, one pod or a group of them (``group_spec``)."""
+    if task.nodes_per_worker < 1:
+        raise UnsupportedPodShape(f"nodes_per_worker must be >= 1, got {task.nodes_per_worker}")
     if task.gpu_type is not None and task.gpu_type not in GPU_TYPES:
         raise UnsupportedPodShape(f"gpu_type {task.gpu_type!r} is unknown; use one of {', '.join(GPU_TYPES)}")
     if task.gpus < 1:
         raise UnsupportedPodShape(f"gpus must be >= 1 for a GPU pod, got {task.gpus}")
+
+
+def check_single_pod(task: ShardTask) -> None:
+    check_supported(task)
+    if task.nodes_per_worker != 1:
+        raise UnsupportedPodShape(
+            f"nodes_per_worker={task.nodes_per_worker}: one pod cannot span nodes; "
+            "KubernetesShardOperator runs such a shard as a LeaderWorkerSet (group_spec)"
+        )
 
 
 def gpu_resource_name(gpu_type: str | None) -> str:

@@ -18,6 +18,15 @@ STORE_WAIT_S = 60.0
 STORE_RETRY_S = 2.0
 
 
+def error_tail(lines: list[str], last: int = 5, chars: int = 600) -> str:
+    """What a failed worker's last output lines say about why: its last error lines, else
+    its ``last`` lines, joined and bounded to ``chars`` (the shard's message, the job's
+    status_reason)."""
+    errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
+    text = " | ".join(errors[-2:] or lines[-last:])
+    return text if len(text) <= chars else "..." + text[-chars:]
+
+
 class ShardTaskMixin:
     """For an operator with a ``shard_task`` dict (a ``llm_batch.shard_task.ShardTask``)."""
 
@@ -91,6 +100,19 @@ class ShardTaskMixin:
             outcome = outcome.model_copy(update={"message": f"{outcome.message}{attempt}"})
         try_report_shard(self.job_store, self.shard, outcome)
         return outcome
+
+    def finish(self, outcome: ShardOutcome, context: Any = None) -> dict[str, Any]:
+        """End the task with a finished worker's outcome: recorded and logged; a usage error
+        fails the task for good, a failure raises for a retry, else the outcome dict."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        outcome = self.report_outcome(outcome, context)
+        self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)  # type: ignore[attr-defined]
+        if outcome.state == "usage":
+            raise AirflowFailException(outcome.message)
+        if outcome.state == "failed":
+            raise AirflowException(outcome.message)
+        return outcome.model_dump()
 
     def outcome(self, exit_code: int | None, forced: str | None) -> ShardOutcome:
         """The outcome of a finished worker; ``forced`` is the cause when it was killed."""

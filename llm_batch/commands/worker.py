@@ -38,22 +38,32 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--progress-interval-s", float, "seconds between progress updates (default 2)"),
 )
 
+# A multi-node worker's flags (llm_batch.multinode), the leader's and the followers' alike.
+GROUP_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--nnodes", int, "nodes of a multi-node worker (>= 2; leave out for a one-node worker)"),
+    ("--master-addr", str, "a multi-node worker's leader address (torch.distributed rendezvous)"),
+    ("--master-port", int, "... and port (default 29501)"),
+    ("--gpus-per-node", int, "GPUs on each node of a multi-node worker (its tensor-parallel size)"),
+)
+
 
 def _env(flag: str) -> str | None:
     return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper())
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "worker",
-        help="run one shard on vLLM (flags fall back to LLM_BATCH_WORKER_* variables)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    for flag, kind, text in _FLAGS:
+def add_pod_command(subparsers: argparse._SubParsersAction, name: str, help_text: str, doc: str,
+                    flags: tuple[tuple[str, type, str], ...], func) -> None:
+    """A pod entrypoint's subcommand whose every flag falls back to its LLM_BATCH_WORKER_* variable."""
+    parser = subparsers.add_parser(name, help=f"{help_text} (flags fall back to LLM_BATCH_WORKER_* variables)",
+                                   description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, kind, text in flags:
         # Values stay strings from the environment; parse_config converts and names errors.
         parser.add_argument(flag, type=kind, default=_env(flag), help=text)
-    parser.set_defaults(func=worker)
+    parser.set_defaults(func=func)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    add_pod_command(subparsers, "worker", "run one shard on vLLM", __doc__, (*_FLAGS, *GROUP_FLAGS), worker)
 
 
 def worker(args: argparse.Namespace) -> int:

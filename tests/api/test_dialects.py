@@ -252,6 +252,35 @@ def test_scale_resources_pass_the_dags_params(client, creds, api_store, alice_di
     assert api_store.get_job(job["job_id"]).endpoint == "/v1/completions"
 
 
+def test_scale_multi_node_workers_need_the_kubernetes_runner(client, creds, api_store, alice_dir, batch_api, monkeypatch):
+    """nodes_per_worker > 1: a 400 naming the field and what to use instead on a local stack;
+    with the Kubernetes runner the job is made and its run carries the node count, and the
+    parallel sizes must fill gpus x nodes_per_worker."""
+    alice = creds.key("alice")
+    body = {
+        "output_data_path": str(alice_dir / "multinode-out.json"),
+        "content": [{"prompt": "x", "max_tokens": 2}],
+        "model_config": {"model": "tiny-random-llama"},
+        "gpus": 2,
+        "nodes_per_worker": 2,
+    }
+    refused = client.post("/v2/batch-completions", headers=alice, json=body)
+    assert refused.status_code == 400 and refused.json()["param"] == "nodes_per_worker", refused.text
+    assert "needs the Kubernetes shard runner" in refused.text and "data_parallelism" in refused.text
+
+    state = batch_api.state.llm_batch
+    monkeypatch.setattr(state, "settings", state.settings.model_copy(update={"shard_runner": "kubernetes"}))
+    job = client.post("/v2/batch-completions", headers=alice, json=body).json()
+    assert job["status"] == "queued", job
+    conf = dag_run_of(job["job_id"])["conf"]
+    assert (conf["gpus"], conf["nodes_per_worker"]) == (2, 2)
+    assert api_store.get_job(job["job_id"]).resources["nodes_per_worker"] == 2
+    unfit = {**body, "model_config": {"model": "tiny-random-llama", "tensor_parallel_size": 2, "pipeline_parallel_size": 1}}
+    response = client.post("/v2/batch-completions", headers=alice, json=unfit)
+    assert response.status_code == 400 and response.json()["param"] == "model_config.tensor_parallel_size", response.text
+    assert "gpus=2 x nodes_per_worker=2 = 4 GPUs" in response.text
+
+
 def test_scale_model_config_is_checked_at_submission(client, creds, alice_dir):
     """A model_config field the worker would refuse is a 400 naming it, before any run."""
     response = client.post(

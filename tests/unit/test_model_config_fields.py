@@ -49,11 +49,12 @@ def engine_args(registry: Registry, **fields) -> dict:
     return job_engine_args(validate_model_config({"model": MODEL, **fields}), registry)
 
 
-def refusal(config: dict, registry: Registry | None = None, gpus: int | None = None) -> InvalidModelConfig:
+def refusal(config: dict, registry: Registry | None = None, gpus: int | None = None,
+            nodes: int | None = None) -> InvalidModelConfig:
     with pytest.raises(InvalidModelConfig) as caught:
         parsed = validate_model_config(config)
         if registry is not None:
-            check_model_config(parsed, registry, gpus=gpus)
+            check_model_config(parsed, registry, gpus=gpus, nodes=nodes)
     return caught.value
 
 
@@ -284,6 +285,18 @@ def test_parallel_sizes_that_fit_the_gpus(registry, fields, gpus):
 def test_parallel_sizes_that_do_not_fit_the_gpus_are_refused(registry, fields, gpus, field):
     error = refusal({"model": MODEL, **fields}, registry, gpus=gpus)
     assert error.fields == (field,) and f"gpus={gpus}" in str(error) and "must be equal" in str(error)
+
+
+def test_a_multi_node_worker_fills_gpus_times_nodes(registry):
+    """Tensor parallel over a node's gpus and pipeline parallel over the nodes by default;
+    sizes the job gives must fill gpus x nodes."""
+    for fields in ({}, {"tensor_parallel_size": 4}, {"pipeline_parallel_size": 2},
+                   {"tensor_parallel_size": 8, "pipeline_parallel_size": 1}):
+        check_model_config(validate_model_config({"model": MODEL, **fields}), registry, gpus=4, nodes=2)
+    error = refusal({"model": MODEL, "tensor_parallel_size": 2}, registry, gpus=4, nodes=2)
+    assert error.fields == ("tensor_parallel_size",)
+    assert "tensor_parallel_size 2 x pipeline_parallel_size 2 = 4 GPUs" in str(error)
+    assert "gpus=4 x nodes_per_worker=2 = 8 GPUs" in str(error)
 
 
 def test_a_registry_parallel_size_is_checked_against_the_gpus_too():

@@ -87,10 +87,16 @@ def test_pod_for_every_gpu_type_is_valid_strict(settings, gpu_type):
     assert container["volumeMounts"][0]["mountPath"] == settings.model_cache_mount_path
 
 
-def test_multi_node_workers_are_refused_with_the_reason(settings):
-    operator = KubernetesShardOperator(task_id="run_shard", shard_task=_task(nodes_per_worker=2).model_dump())
-    with pytest.raises(pod_spec.UnsupportedPodShape, match="nodes_per_worker=2 is not supported"):
-        operator.execute({})
+def test_a_single_pod_refuses_a_multi_node_shard(settings):
+    """nodes_per_worker > 1 goes to the group runner (tests/unit/test_group_spec.py); the pod
+    operator itself never spans nodes."""
+    from llm_batch_operators.kubernetes_group import ShardGroupOperator
+    from llm_batch_operators.kubernetes_pod import ShardPodOperator
+
+    task = _task(nodes_per_worker=2).model_dump()
+    assert isinstance(KubernetesShardOperator(task_id="run_shard", shard_task=task).pod_operator(), ShardGroupOperator)
+    with pytest.raises(pod_spec.UnsupportedPodShape, match="nodes_per_worker=2: one pod cannot span nodes"):
+        ShardPodOperator(task_id="run_shard", shard_task=task)
 
 
 def test_label_values_are_made_valid():

@@ -150,7 +150,7 @@ def test_register_makes_a_job_from_the_conf(store, settings):
         ({"input_uri": "/x.jsonl", "model": "gpt-4o-mini"}, "model 'gpt-4o-mini' is not in the model registry"),
         ({"input_uri": "/x.jsonl", "data_parallelism": 0}, "data_parallelism=0 is out of bounds"),
         ({"input_uri": "/x.jsonl", "max_runtime_sec": 0}, "max_runtime_sec=0 is out of bounds"),
-        ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4"),
+        ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4 needs the Kubernetes shard runner"),
         ({"input_uri": "/etc/passwd"}, "input_uri: /etc/passwd"),
         ({"input_requests": [{"body": {}}], "output_uri": "/root/out.json"}, "output_uri: /root/out.json"),
     ],
@@ -159,6 +159,17 @@ def test_register_refuses_naming_the_problem_and_makes_no_job(store, settings, c
     with pytest.raises(jobs.JobRejected, match=re.escape(reason)):
         steps.register(store, settings, {"job_id": "job_refused", **conf}, _run_id())
     assert store.get_job("job_refused") is None
+
+
+def test_multi_node_workers_register_with_the_kubernetes_runner(store, settings):
+    """Only the local runner refuses nodes_per_worker > 1 (it names what to use instead);
+    with the Kubernetes runner the job is made and its shards carry the node count."""
+    with pytest.raises(jobs.JobRejected, match="use gpus for a bigger worker or data_parallelism"):
+        steps.register(store, settings, _conf(settings, nodes_per_worker=2), _run_id())
+    kubernetes = settings.model_copy(update={"shard_runner": "kubernetes"})
+    job_id, tasks = _through_plan(store, kubernetes, _conf(kubernetes, nodes_per_worker=2, gpus=4))
+    assert store.get_job(job_id).resources == {"gpus": 4, "gpu_type": None, "nodes_per_worker": 2}
+    assert [(t["nodes_per_worker"], t["gpus"]) for t in tasks] == [(2, 4)]
 
 
 def test_a_run_of_another_owner_cannot_take_over_a_job(store, settings):

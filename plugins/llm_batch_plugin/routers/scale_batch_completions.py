@@ -17,6 +17,7 @@ from llm_batch.input_formats import InputFormat
 from llm_batch.job_request import JobRequest
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
+from llm_batch.placement import multi_node_refusal
 from llm_batch.model_registry import (
     ModelError,
     check_model_config,
@@ -147,7 +148,8 @@ def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, An
     if tokenizer := model_config.get("tokenizer"):
         model_config = {**model_config, "tokenizer": _check_tokenizer(tokenizer, settings, caller)}
     try:
-        check_model_config(validate_model_config(model_config), model_registry(settings), gpus=body.gpus)
+        check_model_config(validate_model_config(model_config), model_registry(settings), gpus=body.gpus,
+                           nodes=body.nodes_per_worker)
     except ModelError as exc:
         raise _model_config_error(exc) from None
     return model_config
@@ -190,6 +192,8 @@ def create_batch_completions(
         raise ApiError(400, "tool_config is not supported: this system runs no tools", param="tool_config")
     if (body.input_data_path is None) == (body.content is None):
         raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
+    if (refusal := multi_node_refusal(body.nodes_per_worker, settings.shard_runner)) is not None:
+        raise ApiError(400, refusal, param="nodes_per_worker")
     model_config = _stored_model_config(body)
     labels = {**(body.model_config_.labels or {}), **body.labels}
     inline_count = len(body.content.prompts if isinstance(body.content, V1Content) else body.content or [])
