@@ -190,6 +190,25 @@ def test_a_pod_of_the_group_deleted_mid_run_fails_the_shard(kube, job_store):
     assert stub.sets_deleted == [name] and not stub.pods
 
 
+def test_an_evicted_leader_fails_the_shard(kube, job_store):
+    from airflow.sdk.exceptions import AirflowException
+
+    stub, config = kube
+    stub.exit_code = None
+    operator = _operator(_group_shard(job_store, "job_grp_evicted"), config)
+    errors: list[Exception] = []
+    runner = threading.Thread(target=lambda: _capture(errors, operator.execute, _context()), daemon=True)
+    runner.start()
+    _wait_for_the_group(stub)
+    (name,) = stub.sets_created
+    stub.evicted.add(f"{name}-0")
+    runner.join(timeout=30)
+
+    assert len(errors) == 1 and isinstance(errors[0], AirflowException)
+    assert f"the leader pod {name}-0 failed (Evicted)" in str(errors[0])
+    assert stub.sets_deleted == [name] and not stub.pods
+
+
 def _capture(errors: list[Exception], func, *args) -> None:
     try:
         func(*args)
