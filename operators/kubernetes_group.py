@@ -115,6 +115,7 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         body = group_spec.leader_worker_set(task, self.llm_settings, name)
         self.log.info("shard %s: creating LeaderWorkerSet %s (%s nodes x %s GPUs)", task.shard, name,
                       task.nodes_per_worker, task.gpus)
+        self.set_name = name  # before the call: a kill while it is on its way deletes it too
         try:
             self._objects().create_namespaced_custom_object(group_spec.GROUP, group_spec.VERSION, self.namespace,
                                                             group_spec.PLURAL, body)
@@ -125,7 +126,6 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
                    "controller (https://github.com/kubernetes-sigs/lws) to run nodes_per_worker > 1"
                    if exc.status == 404 else f"the cluster refused the LeaderWorkerSet: {_api_message(exc)}")
             return self.finish(self._failed(why, usage=True), context)
-        self.set_name = name
         try:
             outcome = self._supervise(task, name)
         finally:
@@ -198,6 +198,8 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
             pod = by_index.get(int(index))
             if pod is None or pod.metadata.uid != uid:
                 return GroupState(failure=f"pod {index} of the group was deleted or replaced")
+        if leader is not None and leader.status and leader.status.phase == "Failed":  # evicted, no exit code
+            return GroupState(failure=f"the leader pod {leader.metadata.name} failed ({leader.status.reason or 'no reason given'})")
         for index in range(1, size):
             pod = by_index.get(index)
             if pod is None:

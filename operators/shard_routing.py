@@ -1,5 +1,5 @@
 """A cluster policy that puts each shard task instance of a batch_inference run in the
-run's lane (pool and priority weight).
+run's lane (pool and priority weight), and charges a multi-node shard one pool slot per node.
 
 Airflow fixes a task's pool and priority_weight when the DAG is parsed, and maps a task
 only over another task's whole return value, so a per-job pool once meant one mapped task
@@ -51,3 +51,17 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
         return
     task_instance.pool = lane.pool
     task_instance.priority_weight = lane.priority_weight
+    task_instance.pool_slots = pool_slots_of_run(_settings(), dag_run.conf)
+
+
+def pool_slots_of_run(settings: Settings, conf: Any) -> int:
+    """A shard's pool slots: a GPU pool counts nodes, so a worker of ``nodes_per_worker``
+    nodes (Kubernetes runner) takes that many, at most the whole pool (a task asking for
+    more slots than its pool has would never be scheduled); 1 otherwise."""
+    if settings.shard_runner != "kubernetes" or not isinstance(conf, dict):
+        return 1
+    try:
+        nodes = int(conf.get("nodes_per_worker") or 1)
+    except (TypeError, ValueError):
+        return 1
+    return max(1, min(nodes, settings.gpu_pool_slots))

@@ -94,6 +94,15 @@ def test_leader_and_follower_run_a_shard_pipeline_parallel(llm_batch_home, tiny_
     final = read_progress(layout.shard(0).progress)
     assert (final.state, final.done, final.succeeded) == (ShardState.DONE, total, total)
 
+    # The kubelet restarts a leader that exited (StatefulSet pods always restart), and a
+    # retry's leader starts from the checkpoint: with every result there it ends at once,
+    # before any engine or group forms (no follower needed), and writes nothing twice.
+    again = subprocess.run(_worker_cmd(layout, *_group_flags(_free_port())), env=_env(0), capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == exit_codes.DONE, again.stderr[-2000:]
+    assert "all 6 requests already have results" in again.stderr
+    assert [r.index for r in read_results(layout.shard(0).results)] == list(range(1000, 1000 + total))
+
 
 def test_follower_refuses_what_cannot_be_a_group(llm_batch_home, tiny_model_dir):
     """Usage errors before any engine loads: rank 0 (the leader's), a rank past the group,

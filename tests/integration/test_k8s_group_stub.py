@@ -172,29 +172,42 @@ def test_a_set_left_by_a_killed_attempt_is_deleted_before_the_retry(kube, job_st
 def test_a_pod_of_the_group_deleted_mid_run_fails_the_shard(kube, job_store):
     """A node drained or lost under a follower: its pod goes (a controller would make a new
     one, which could not rejoin the running engine): the attempt fails and the group goes."""
+    stub, _ = kube
+    name, error = _broken_mid_run(kube, job_store, "job_grp_drained", lambda name: stub.delete(f"{name}-0-1"))
+    assert "pod 1 of the group was deleted or replaced" in error
+
+
+def test_an_evicted_leader_fails_the_shard(kube, job_store):
+    stub, _ = kube
+    name, error = _broken_mid_run(kube, job_store, "job_grp_evicted", lambda name: stub.evicted.add(f"{name}-0"))
+    assert f"the leader pod {name}-0 failed (Evicted)" in error
+
+
+def _broken_mid_run(kube, job_store, job_id: str, breaks) -> tuple[str, str]:
+    """Run a group whose leader runs on, ``breaks(set name)`` once it runs; (the set's name,
+    the error the attempt raised), checking the whole group went."""
     from airflow.sdk.exceptions import AirflowException
 
     stub, config = kube
     stub.exit_code = None
-    operator = _operator(_group_shard(job_store, "job_grp_drained"), config)
+    operator = _operator(_group_shard(job_store, job_id), config)
     errors: list[Exception] = []
-    runner = threading.Thread(target=lambda: _capture(errors, operator.execute, _context()), daemon=True)
+
+    def run() -> None:
+        try:
+            operator.execute(_context())
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
     runner.start()
     _wait_for_the_group(stub)
     (name,) = stub.sets_created
-    stub.delete(f"{name}-0-1")
+    breaks(name)
     runner.join(timeout=30)
-
-    assert len(errors) == 1 and isinstance(errors[0], AirflowException)
-    assert "pod 1 of the group was deleted or replaced" in str(errors[0])
+    assert len(errors) == 1 and isinstance(errors[0], AirflowException), errors
     assert stub.sets_deleted == [name] and not stub.pods
-
-
-def _capture(errors: list[Exception], func, *args) -> None:
-    try:
-        func(*args)
-    except Exception as exc:  # noqa: BLE001 - the test reads it
-        errors.append(exc)
+    return name, str(errors[0])
 
 
 def test_a_cluster_without_the_lws_api_fails_the_shard_for_good(kube, job_store):

@@ -10,7 +10,8 @@ from llm_batch_operators import shard_routing
 
 
 def _ti(dag_id="batch_inference", task_id="run_shard"):
-    return SimpleNamespace(dag_id=dag_id, task_id=task_id, map_index=0, pool="default_pool", priority_weight=1)
+    return SimpleNamespace(dag_id=dag_id, task_id=task_id, map_index=0, pool="default_pool", priority_weight=1,
+                           pool_slots=1)
 
 
 def _run(conf):
@@ -56,3 +57,15 @@ def test_a_conf_that_breaks_the_lane_logs_and_leaves_the_default(monkeypatch, ca
     shard_routing.task_instance_mutation_hook(ti, _run(Exploding(priority="high")))
     assert (ti.pool, ti.priority_weight) == ("default_pool", 1)
     assert "could not read the lane" in caplog.text
+
+
+def test_a_multi_node_shard_takes_a_pool_slot_per_node():
+    from llm_batch.config import Settings
+
+    k8s = Settings(shard_runner="kubernetes", gpu_pool_slots=8)
+    assert [shard_routing.pool_slots_of_run(k8s, {"nodes_per_worker": n}) for n in (None, 1, 4, 16)] == [1, 1, 4, 8]
+    assert shard_routing.pool_slots_of_run(k8s, {"nodes_per_worker": "x"}) == 1
+    assert shard_routing.pool_slots_of_run(Settings(), {"nodes_per_worker": 4}) == 1  # local: refused anyway
+    ti = _ti()
+    shard_routing.task_instance_mutation_hook(ti, _run({"nodes_per_worker": 2}))
+    assert ti.pool_slots == 1  # this session's settings: the local runner
