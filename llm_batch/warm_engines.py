@@ -14,8 +14,11 @@ deadline, results go only to the shard's own URIs under the allowed roots. An en
 failure ends the host too, so the retry gets a fresh engine.
 
 Protocol, over a Unix socket that only this user can open (mode 0600, in a 0700 folder):
-the client sends one JSON line ``{"argv": [the worker's arguments]}``; the host answers
-``{"log": line}`` lines while the shard runs, then ``{"exit": code}``. The client closing its
+the host greets each connection it accepts with ``{"host": pid}``; the client sends one JSON
+line ``{"argv": [the worker's arguments]}``; the host answers ``{"log": line}`` lines while
+the shard runs, then ``{"exit": code}``. The greeting is how a client tells a live host from
+a killed one whose socket still takes connections: vLLM's engine processes are forked with
+the listening socket, and until the last of them has died a connect succeeds, then is reset. The client closing its
 end stops the shard at the next engine step (``StopReason.ABANDONED``).
 
 Slots: a client holds its slot's lock (flock) while its shard runs, so one task uses a host
@@ -206,20 +209,19 @@ def _take_slot(home: Path, key: str, slots: int) -> tuple[Slot, int]:
 
 def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
     """A connection to the slot's host (we hold the slot's lock, so nobody else starts one)."""
-    conn = _try_connect(slot)
-    if conn is not None:
-        return conn, _read_pid(slot.pid_file) or 0
+    if reached := _try_connect(slot):
+        return reached
     slot.socket.unlink(missing_ok=True)  # a killed host's leftover
     _evict_idle(slot)
     host = _spawn_host(slot, settings)
     deadline = time.monotonic() + HOST_START_S
-    while (conn := _try_connect(slot)) is None:
+    while (reached := _try_connect(slot)) is None:
         if host.poll() is not None or time.monotonic() > deadline:
             host.kill()
             raise WarmEngineError(f"warm engine {slot.name} did not start (exit {host.poll()}); "
                                   f"its log: {slot.log}: {_tail(slot.log)}")
         time.sleep(0.2)
-    return conn, host.pid
+    return reached
 
 
 def _evict_idle(starting: Slot, grace: float = 10.0) -> None:
@@ -239,12 +241,16 @@ def _evict_idle(starting: Slot, grace: float = 10.0) -> None:
             os.close(fd)
 
 
-def _try_connect(slot: Slot) -> socket.socket | None:
+def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
+    """A connection to a live host and its pid (from its greeting), or None: no socket, or
+    the socket of a killed host (reset, or closed, before a greeting)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(slot.socket))
-        return conn
-    except (FileNotFoundError, ConnectionRefusedError):
+        # No timeout: a live host greets once it has finished the shard a task abandoned.
+        with conn.makefile("rb") as stream:
+            return conn, int(orjson.loads(stream.readline())["host"])
+    except (OSError, ValueError, KeyError, TypeError):
         conn.close()
         return None
 
@@ -330,6 +336,7 @@ def serve(socket_path: Path, lock: Path, pid_file: Path, idle_seconds: float) ->
                 continue
             with conn:
                 conn.settimeout(None)
+                _ConnectionLog(conn).send({"host": os.getpid()})
                 _serve_shard(conn, engine)
             idle_since = time.monotonic()
     finally:
