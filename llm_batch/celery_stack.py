@@ -10,7 +10,7 @@
 - the **control plane**: Airflow's api-server, scheduler, dag-processor and triggerer with
   the CeleryExecutor (``llm_batch.stack.Stack``'s start, health wait and provisioning), with
   ``LLM_BATCH_HOME`` = the CLI's home;
-- **N Celery workers** (``airflow celery worker``, concurrency 1), each with a home of its own
+- **N Celery workers** (``airflow celery worker``, ``worker_concurrency``), each with a home of its own
   (``$LLM_BATCH_HOME/celery/worker-<n>``: its ``LLM_BATCH_HOME``, ``AIRFLOW_HOME``, task logs,
   model cache), which no other component opens. Each names itself ``celery-worker-<n>``
   (``AIRFLOW__CORE__HOSTNAME_CALLABLE``: the task instances' ``hostname`` says which worker
@@ -59,6 +59,12 @@ AIRFLOW_DB = "airflow"
 JOBS_DB = "llm_batch"
 S3_ACCESS_KEY = "llmbatch"
 WORKER_PREFIX = "celery-worker-"
+# Tasks a worker runs at once: one per engine, and with warm engines one more, whose Airflow
+# start-up (dispatch, task process, Execution API) overlaps the running shard and which then
+# waits for the engine's slot (llm_batch.warm_engines): the engine never waits on Airflow
+# between two shards. A dedicated engine per shard allows one only (two would load two).
+WARM_ENGINES_PER_WORKER = 1
+WAITING_TASKS_PER_WORKER = 1
 # What the workers' environment must not carry from the control plane's: files of its home.
 _CONTROL_ONLY = ("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", "LLM_BATCH_MODEL_CACHE",
                  "LLM_BATCH_LOCAL_ROOTS", "LLM_BATCH_RECURRING_SPECS")
@@ -68,6 +74,12 @@ def worker_hostname() -> str:
     """Airflow's ``hostname_callable`` in the workers: the worker's name (``celery-worker-<n>``),
     recorded as each task instance's ``hostname``; the machine's name elsewhere."""
     return os.environ.get("LLM_BATCH_WORKER_NAME") or socket.getfqdn()
+
+
+def worker_concurrency(settings: Settings) -> int:
+    if settings.warm_engines:
+        return WARM_ENGINES_PER_WORKER + WAITING_TASKS_PER_WORKER
+    return 1
 
 
 def redis_binary() -> str:
@@ -100,7 +112,8 @@ class CeleryStack(Stack):
             "s3_endpoint_url": f"http://127.0.0.1:{state['ports']['s3']['s3']}",
             # Storage confines every s3:// URI, the internal ones too, to the allowed buckets.
             "allowed_buckets": sorted({*settings.allowed_buckets, BUCKET}),
-            "local_pool_slots": int(os.environ.get("LLM_BATCH_LOCAL_POOL_SLOTS", state["workers"])),
+            "local_pool_slots": int(os.environ.get("LLM_BATCH_LOCAL_POOL_SLOTS",
+                                                   state["workers"] * worker_concurrency(settings))),
         })
         return cls(shaped, port, state["workers"])
 
@@ -163,7 +176,13 @@ class CeleryStack(Stack):
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
             "AIRFLOW__CELERY__BROKER_URL": self.redis_url,
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.airflow_db_url(),
-            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(worker_concurrency(s)),
+            # The workers' concurrency and the pools cap what runs. The executor's own cap
+            # (the embedded stack's 4) must not: it frees a slot only once the result backend
+            # reports the task's end, seconds after the task has ended, and held the next
+            # shard back that long (docs/benchmarks.md, Celery shape overhead).
+            "AIRFLOW__CORE__PARALLELISM": "32",
+            "LLM_BATCH_WARM_ENGINE_SLOTS": str(WARM_ENGINES_PER_WORKER),
             # A running task outlives a restart of the (only) api-server: its supervisor stops
             # it after this many failed heartbeats (one per 5 s at least), not Airflow's 3.
             "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "24",
@@ -354,7 +373,7 @@ class CeleryStack(Stack):
     # -- workers ------------------------------------------------------------------------
 
     def worker_command(self, n: int) -> list[str]:
-        return [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", "1",
+        return [sys.executable, "-m", "airflow", "celery", "worker", "--concurrency", str(worker_concurrency(self.settings)),
                 "--celery-hostname", f"{self.worker_name(n)}@%h", "--without-mingle", "--without-gossip"]
 
     def start_worker(self, n: int) -> int:

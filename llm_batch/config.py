@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     # (on a GPU, the KV cache a dedicated engine would need) for warm_engine_idle_seconds.
     warm_engines: bool = False
     warm_engine_idle_seconds: float = 300.0
+    # Warm engines per model configuration on one machine (each runs one shard at a time);
+    # None: local_pool_slots (one machine: the pool's slots are its engines). The Celery shape
+    # sets 1 per worker and lets a second task wait for it, so the engine never waits on
+    # Airflow's dispatch of the next shard (docs/production-shape.md).
+    warm_engine_slots: int | None = None
     gpu_pool_prefix: str = "llm_batch_gpu_"
     gpu_pool_slots: int = 8
     # A shard that has not stopped this long after cancel / deadline is killed.

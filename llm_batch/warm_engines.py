@@ -59,9 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llm_batch.warm_engines")
 
-# A client waiting for a free slot (all held: a host leaving, or more tasks than slots)
-# tries again this often.
-SLOT_RETRY_S = 0.5
+# A client waiting for a free slot (all held: a host leaving, or more tasks than slots, as
+# when the next shard's task waits for its engine) tries again this often: the handover
+# between two shards on one engine costs at most this.
+SLOT_RETRY_S = 0.05
 # How long a new host may take to open its socket (imports only: the engine loads with
 # the first shard, inside the shard's own time).
 HOST_START_S = 120.0
@@ -187,7 +188,7 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
     """Hand a shard (``worker_args``: ``ShardTask.worker_args()``) to a warm engine of its
     model on this machine, starting one if the free slot has none."""
     key = engine_key(model_config)
-    slot, lock_fd = _take_slot(settings.home, key, max(1, settings.local_pool_slots))
+    slot, lock_fd = _take_slot(settings.home, key, max(1, settings.warm_engine_slots or settings.local_pool_slots))
     try:
         conn, pid = _connect(slot, settings)
         conn.sendall(orjson.dumps({"argv": worker_args}) + b"\n")

@@ -1,7 +1,8 @@
 """Warm engines (``llm_batch.warm_engines``) on the tiny model: shards of different jobs on
-one engine in turn, cancel, a task that goes away, kill -9 of the host mid-shard (exactly
-one result per request after the retry), a request that is not a shard, idle engines of
-another configuration stopped to make room, and the idle exit.
+one engine in turn, a second task waiting for the busy engine, cancel, a task that goes
+away, kill -9 of the host mid-shard (exactly one result per request after the retry), a
+request that is not a shard, idle engines of another configuration stopped to make room,
+and the idle exit.
 
 The hosts are real ``llm-batch engine-host`` processes with the real engine, started the
 way the local runner starts them (``start_shard``).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -84,6 +86,23 @@ def test_shards_of_two_jobs_run_in_turn_on_one_engine(settings):
     _assert_exactly_once(first, 12)
     _assert_exactly_once(second, 5)
     assert read_progress(second.shard(0).progress).state == ShardState.DONE
+
+
+def test_a_task_that_comes_while_the_engine_is_busy_waits_then_gets_it(settings):
+    # The Celery shape runs two tasks per worker for its one engine: the second waits.
+    first, second = _shard(40, max_tokens=32), _shard(3)
+    running, _ = _run(settings, first, *SLOW)
+    waiting: dict = {}
+    handed = threading.Thread(target=lambda: waiting.update(shard=_run(settings, second)[0]))
+    handed.start()
+    _wait_results(first, 2, running)
+    assert handed.is_alive(), "the second shard got the engine's slot while the first ran"
+    assert running.wait(TIMEOUT_S) == exit_codes.DONE
+    handed.join(30)
+    assert waiting["shard"].wait(TIMEOUT_S) == exit_codes.DONE
+    assert waiting["shard"].pid == running.pid
+    _assert_exactly_once(first, 40)
+    _assert_exactly_once(second, 3)
 
 
 def test_cancel_marker_stops_a_warm_shard_and_the_engine_stays(settings):

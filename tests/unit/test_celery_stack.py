@@ -75,3 +75,13 @@ def test_the_worker_command_is_airflow_s(shape: CeleryStack) -> None:
     command = shape.worker_command(1)
     assert command[1:5] == ["-m", "airflow", "celery", "worker"]
     assert "--concurrency" in command and command[command.index("--concurrency") + 1] == "1"
+
+
+def test_with_warm_engines_a_second_task_per_worker_waits_for_its_one_engine(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("LLM_BATCH_LOCAL_POOL_SLOTS", raising=False)
+    warm = CeleryStack.create(Settings(home=tmp_path / "home", warm_engines=True), 18080, workers=2)
+    command, env = warm.worker_command(1), warm.worker_env(1)
+    assert command[command.index("--concurrency") + 1] == "2" == env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]
+    assert env["LLM_BATCH_WARM_ENGINE_SLOTS"] == "1"  # one engine per worker machine
+    assert env["LLM_BATCH_LOCAL_POOL_SLOTS"] == "4"  # the pool lets both tasks of each worker run
+    assert Settings(warm_engine_slots=int(env["LLM_BATCH_WARM_ENGINE_SLOTS"])).warm_engine_slots == 1
