@@ -178,8 +178,8 @@ class CeleryStack(Stack):
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.airflow_db_url(),
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(worker_concurrency(s)),
             # Airflow's Celery configuration; each worker imports the task code once, its
-            # tasks (forked from it) do not (llm_batch/celery_config.py).
-            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "llm_batch.celery_config.CELERY_CONFIG",
+            # tasks (forked from it) do not (operators/celery_config.py).
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "llm_batch_operators.celery_config.CELERY_CONFIG",
             # The workers' concurrency and the pools cap what runs. The executor's own cap
             # (the embedded stack's 4) must not: it frees a slot only once the result backend
             # reports the task's end, seconds after the task has ended, and held the next

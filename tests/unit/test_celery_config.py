@@ -1,4 +1,4 @@
-"""llm_batch.celery_config: Airflow's Celery configuration as it is, and the task code a
+"""llm_batch_operators.celery_config: Airflow's Celery configuration as it is, and the task code a
 worker imports once before its pool forks (every name real, a failure only logged)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 
-from llm_batch import celery_config
+from llm_batch_operators import celery_config
 from llm_batch.celery_stack import CeleryStack
 from llm_batch.config import Settings
 
@@ -29,7 +29,7 @@ def test_every_preloaded_module_exists(runner):
 
 def test_a_module_that_fails_to_import_is_only_logged(monkeypatch, caplog):
     monkeypatch.setattr(celery_config, "TASK_MODULES", ("llm_batch.no_such_module",))
-    with caplog.at_level(logging.WARNING, logger="llm_batch.celery_config"):
+    with caplog.at_level(logging.WARNING, logger="llm_batch_operators.celery_config"):
         celery_config._preload(sender=None)
     assert "not preloaded llm_batch.no_such_module" in caplog.text
 

@@ -1,7 +1,7 @@
 """The Celery configuration of llm-batch's Celery workers: Airflow's own, plus the task code
 imported once in each worker's main process.
 
-Set ``[celery] celery_config_options = llm_batch.celery_config.CELERY_CONFIG`` (the Celery
+Set ``[celery] celery_config_options = llm_batch_operators.celery_config.CELERY_CONFIG`` (the Celery
 shape and docker-compose.yaml do). Airflow runs each task in a process forked from the
 worker's pool process, which is itself forked from the main process, so what the main
 process has imported every task has for free. Without it every task imports the job store,
@@ -23,7 +23,7 @@ import time
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 from celery.signals import worker_init
 
-log = logging.getLogger("llm_batch.celery_config")
+log = logging.getLogger("llm_batch_operators.celery_config")
 
 CELERY_CONFIG = DEFAULT_CELERY_CONFIG
 
