@@ -82,13 +82,12 @@ def main() -> int:
         by_host: dict[str, list] = {}
         for ti in shards:
             by_host.setdefault(ti["hostname"], []).append(ti)
-        for host_tis in by_host.values():
-            host_tis.sort(key=lambda t: _ts(t["start_date"]))
-            gaps += [_ts(b["start_date"]) - _ts(a["end_date"]) for a, b in zip(host_tis, host_tis[1:], strict=False)]
         # Once each engine has run its first shard (its start and model load, or a dedicated
         # shard's own): the worker time per later shard beyond generation.
         later_wall = later_engine = 0.0
         for host_tis in by_host.values():
+            host_tis.sort(key=lambda t: _ts(t["start_date"]))
+            gaps += [_ts(b["start_date"]) - _ts(a["end_date"]) for a, b in zip(host_tis, host_tis[1:], strict=False)]
             first = min(host_tis, key=lambda t: _ts(t["end_date"]))
             later = [t for t in host_tis if t is not first]
             later_wall += max((_ts(t["end_date"]) for t in later), default=_ts(first["end_date"])) - _ts(first["end_date"])

@@ -18,8 +18,8 @@ the host greets each connection it accepts with ``{"host": pid}``; the client se
 line ``{"argv": [the worker's arguments]}``; the host answers ``{"log": line}`` lines while
 the shard runs, then ``{"exit": code}``. The greeting is how a client tells a live host from
 a killed one whose socket still takes connections: vLLM's engine processes are forked with
-the listening socket, and until the last of them has died a connect succeeds, then is reset. The client closing its
-end stops the shard at the next engine step (``StopReason.ABANDONED``).
+the listening socket, and until the last of them has died a connect succeeds, then is reset.
+The client closing its end stops the shard at the next engine step (``StopReason.ABANDONED``).
 
 Slots: a client holds its slot's lock (flock) while its shard runs, so one task uses a host
 at a time; a host about to exit idle takes the same lock first, so no client connects to a
