@@ -47,11 +47,15 @@ FEATURE_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.CHAT_MODERATIONS: "moderation",
 }
 
-# Listed by the Mistral contract but not served by this system (docs/api.md says why).
+# Listed by the Mistral contract, or by the openai client's batch endpoints, but not served
+# by this system (docs/api.md says why).
 UNSUPPORTED_ENDPOINTS: tuple[str, ...] = (
     "/v1/ocr",
     "/v1/conversations",
     "/v1/audio/transcriptions",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/videos",
 )
 
 

@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
     from llm_batch.jobstore import Job, JobStore
 
+# Who asks for a job: each API dialect, and "airflow" for a run of the DAG (the native route).
+DIALECTS = ("openai", "mistral", "scale", "airflow")
+
 
 @dataclass(frozen=True)
 class JobRequest:
-    dialect: str  # who asked: "openai", "mistral", "scale", or "airflow" (a run, the native route)
+    dialect: str  # one of DIALECTS
     endpoint: str
     model: str
     # The job's input record, as the steps read it: {"file_ids": [...]} (uploaded files,

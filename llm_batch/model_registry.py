@@ -174,23 +174,35 @@ Task = Literal["generate", "embed", "classify"]
 class ModerationMap(BaseModel):
     """A classifier's labels as moderation categories (``moderation:`` in a classify entry):
     ``categories`` maps each label of the model (its config's id2label) that counts to a
-    category (several labels may share one: the category's score is their highest); a
-    category is flagged when its score reaches its threshold (``thresholds``, else
-    ``threshold``). Meant for a multi-label model (``problem_type:
-    multi_label_classification``: one sigmoid per label), as moderation scores are
-    independent."""
+    category, or to a list of them (a ``self_harm`` label may score OpenAI's ``self-harm``,
+    ``self-harm/intent`` and ``self-harm/instructions`` alike); several labels may share a
+    category: its score is their highest. A category is flagged when its score reaches its
+    threshold (``thresholds``, else ``threshold``). Meant for a multi-label model
+    (``problem_type: multi_label_classification``: one sigmoid per label), as moderation
+    scores are independent."""
 
     model_config = ConfigDict(extra="forbid")
 
-    categories: dict[str, Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    categories: dict[str, Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                                           Field(min_length=1)]] = Field(min_length=1)
     threshold: float = Field(default=0.5, ge=0, le=1)
     thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _thresholds_name_categories(self) -> ModerationMap:
-        if unknown := sorted(set(self.thresholds) - set(self.categories.values())):
+        if unknown := sorted(set(self.thresholds) - set(self.category_names)):
             raise ValueError(f"thresholds name categories the map does not have: {', '.join(unknown)}")
         return self
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(label, category) for every category each label counts for, in the map's order."""
+        return [(label, category) for label, named in self.categories.items()
+                for category in ([named] if isinstance(named, str) else named)]
+
+    @property
+    def category_names(self) -> list[str]:
+        """The map's categories, each once, in the order they first appear."""
+        return list(dict.fromkeys(category for _, category in self.pairs()))
 
     def threshold_of(self, category: str) -> float:
         return self.thresholds.get(category, self.threshold)

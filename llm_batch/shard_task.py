@@ -35,6 +35,7 @@ class ShardTask(BaseModel):
     endpoint: str
     model_config_json: str  # the worker's --model-config
     deadline: str  # ISO 8601 UTC: workers stop there
+    dialect: str = "mistral"  # the job's (job_request.DIALECTS): results take its shape where APIs differ
     gpus: int = 1
     gpu_type: str | None = None
     nodes_per_worker: int = 1
@@ -54,6 +55,7 @@ class ShardTask(BaseModel):
             "--model-config", self.model_config_json,
             "--deadline", str(self.deadline_at.timestamp()),
             "--cancel-marker", self.cancel_marker,
+            "--dialect", self.dialect,
         ]  # fmt: skip
 
     @property

@@ -250,6 +250,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
             endpoint=job.endpoint,
             model_config_json=model_config_json,
             deadline=job_deadline(job).isoformat(),
+            dialect=job.dialect,
             gpus=int(resources.get("gpus") or 1),
             gpu_type=resources.get("gpu_type"),
             nodes_per_worker=int(resources.get("nodes_per_worker") or 1),

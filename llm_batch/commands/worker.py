@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 from llm_batch.endpoints import SUPPORTED_ENDPOINTS
+from llm_batch.job_request import DIALECTS
 
 if TYPE_CHECKING:
     from llm_batch.worker import WorkerConfig
@@ -31,6 +32,8 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--progress", str, "URI of the progress object (default: the job layout's)"),
     ("--cancel-marker", str, "URI whose existence cancels the shard (default: the job layout's)"),
     ("--deadline", float, "epoch seconds after which the shard stops (exit DEADLINE)"),
+    ("--dialect", str, "the API the job came in through (" + ", ".join(DIALECTS) + "; default mistral): where "
+                       "APIs answer an endpoint differently (/v1/moderations), the results take its shape"),
     ("--work-uri", str, "work prefix the default URIs live under (default: LLM_BATCH_WORK_URI)"),
     ("--window", int, "max requests between fed and written (default: 4 x max_num_seqs)"),
     ("--flush-every-s", float, "publish a results part at least this often (default 2)"),

@@ -212,20 +212,25 @@ def classification_response(
 
 
 def moderation_response(
-    outputs: Sequence[PoolingRequestOutput], model: str, moderation: ModerationMap, labels: Sequence[str]
+    outputs: Sequence[PoolingRequestOutput], model: str, moderation: ModerationMap, labels: Sequence[str],
+    *, openai: bool = False,
 ) -> dict[str, Any]:
-    """Mistral's ModerationResponse: one result per input (in order), each category's score
-    (the highest of the labels the registry maps to it) and whether it reaches its threshold."""
+    """A ModerationResponse: one result per input (in order), each category's score (the
+    highest of the labels the registry maps to it) and whether it reaches its threshold.
+    Mistral's result is ``categories`` and ``category_scores``; OpenAI's (``openai``) adds
+    ``flagged`` (any category flagged) and ``category_applied_input_types`` (text only here)."""
     results = []
     for output in outputs:
         scores = class_scores(output, labels)
         category_scores: dict[str, float] = {}
-        for label, category in moderation.categories.items():
+        for label, category in moderation.pairs():
             category_scores[category] = max(category_scores.get(category, 0.0), scores[label])
-        results.append({
-            "categories": {c: score >= moderation.threshold_of(c) for c, score in category_scores.items()},
-            "category_scores": category_scores,
-        })
+        flags = {c: score >= moderation.threshold_of(c) for c, score in category_scores.items()}
+        result: dict[str, Any] = {"categories": flags, "category_scores": category_scores}
+        if openai:
+            result = {"flagged": any(flags.values()), **result,
+                      "category_applied_input_types": {c: ["text"] for c in category_scores}}
+        results.append(result)
     return {"id": f"modr-{uuid.uuid4().hex}", "model": model, "results": results, "usage": _prompt_only_usage(outputs)}
 
 

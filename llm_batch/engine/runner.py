@@ -149,6 +149,7 @@ class EngineRunner:
         feed_order: str | None = None,
         serving: Serving | None = None,
         labels: tuple[str, ...] = (),
+        dialect: str | None = None,
     ):
         self.llm = llm
         self.engine = llm.llm_engine
@@ -159,6 +160,9 @@ class EngineRunner:
         # target) and a classifier's labels in score order (ResolvedModel.labels).
         self.serving = serving or Serving()
         self.labels = labels
+        # The API the job came in through, where APIs answer an endpoint differently (only
+        # /v1/moderations: OpenAI's result has more fields than Mistral's).
+        self.openai = dialect == "openai"
         if endpoint is Endpoint.FIM_COMPLETIONS:
             _check_fim_tokens(llm, self.serving.fim, model_name)
         if endpoint in _MODERATION_ENDPOINTS:
@@ -328,7 +332,8 @@ class EngineRunner:
         elif isinstance(body, ClassifyBody | ChatClassifyBody):
             if self.endpoint in _MODERATION_ENDPOINTS:
                 payload = responses.moderation_response(
-                    entry.outputs, self.model_name, self.serving.moderation, self.labels)  # type: ignore[arg-type]
+                    entry.outputs, self.model_name, self.serving.moderation, self.labels,  # type: ignore[arg-type]
+                    openai=self.openai)
             else:
                 payload = responses.classification_response(
                     entry.outputs, self.model_name, self.serving.classifier_target, self.labels)

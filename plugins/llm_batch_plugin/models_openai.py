@@ -13,6 +13,15 @@ from llm_batch_plugin.state import MAX_OPENAI_METADATA_PAIRS, check_pairs
 
 COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
 
+# The categories of an OpenAI moderation result (the openai SDK's Moderation: each one
+# required in category_scores): an OpenAI /v1/moderations batch needs a model whose registry
+# moderation map names them all.
+MODERATION_CATEGORIES = (
+    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit", "illicit/violent",
+    "self-harm", "self-harm/instructions", "self-harm/intent", "sexual", "sexual/minors", "violence",
+    "violence/graphic",
+)
+
 _UNIX = "Unix time in seconds"
 
 

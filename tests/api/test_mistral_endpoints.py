@@ -6,13 +6,12 @@ does not serve the endpoint is a 400 at create; a bad line is an error line with
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 import pytest
 
 from tests.api.test_end_to_end import DAG_TEST_USER
-from tests.sdk.conftest import SCRIPT, Flow, releases
+from tests.sdk.conftest import Flow, newest_flow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.engine]
 
@@ -20,13 +19,8 @@ pytestmark = [pytest.mark.airflow, pytest.mark.engine]
 @pytest.fixture(scope="module")
 def mistral(api_store, live_server) -> Flow:
     """The newest mistralai release of the SDK matrix, as the user dag.test runs as."""
-    from packaging.version import Version
-
-    release = max(releases("mistralai"), key=lambda name: Version(name.rsplit("-", 1)[1]))
-    built = subprocess.run([SCRIPT, release], check=True, capture_output=True, text=True, timeout=1200)
-    python = built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
     key = api_store.create_api_key(DAG_TEST_USER, "mistral endpoints")[1]
-    return Flow(release, python, f"{live_server}/batch", key).with_flow("mistralai_endpoints_flow.py")
+    return newest_flow("mistralai", f"{live_server}/batch", key, "mistralai_endpoints_flow.py")
 
 
 def _run_job(dag_bag, job_id: str) -> None:

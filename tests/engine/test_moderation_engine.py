@@ -37,11 +37,11 @@ def moderator_llm(moderator_engine) -> Any:
     return moderator_engine[1]
 
 
-def _runner(llm, model, endpoint: Endpoint, endpoint_labels=None, serving=None):
+def _runner(llm, model, endpoint: Endpoint, endpoint_labels=None, serving=None, dialect=None):
     from llm_batch.engine.runner import EngineRunner
 
     return EngineRunner(llm, endpoint, MODEL, serving=serving or model.serving,
-                        labels=model.labels if endpoint_labels is None else endpoint_labels, window=2)
+                        labels=model.labels if endpoint_labels is None else endpoint_labels, window=2, dialect=dialect)
 
 
 def _run(runner, bodies: list[dict[str, Any]]):
@@ -113,3 +113,35 @@ def test_a_moderation_map_the_checkpoint_cannot_honour_is_refused_before_any_req
         _runner(moderator_llm, moderator, Endpoint.MODERATIONS, serving=wrong)
     with pytest.raises(ModelCannotServe, match="no moderation map"):
         _runner(moderator_llm, moderator, Endpoint.CHAT_MODERATIONS, serving=Serving())
+
+
+def test_an_openai_job_gets_openai_s_moderation_result(moderator_llm, moderator):
+    """The same engine and checkpoint under the registry's OpenAI map (a label may count for
+    several categories): each result is the openai SDK's Moderation, every one of its
+    categories scored and flagged, ``flagged`` when any is."""
+    from openai.types import ModerationCreateResponse
+
+    from llm_batch.model_registry import load_registry
+
+    openai_map = load_registry().models["tiny-random-moderator-openai"]
+    runner = _runner(moderator_llm, moderator, Endpoint.MODERATIONS, serving=openai_map, dialect="openai")
+    bodies = [{"model": "tiny-random-moderator-openai", "input": "some text"}, {"input": ["one", "two"]}]
+    records = _run(runner, bodies)
+    assert [r.status_code for r in records] == [200, 200]
+    raw = _label_scores(_runner(moderator_llm, moderator, Endpoint.CLASSIFICATIONS), bodies)
+    for record, label_scores in zip(records, raw):
+        response = ModerationCreateResponse.model_validate(record.body)  # strict: every field present and typed
+        assert response.model == MODEL and len(response.results) == len(label_scores)
+        for result, answered, scores in zip(response.results, record.body["results"], label_scores):
+            assert len(answered["category_scores"]) == len(answered["categories"]) == 13  # the SDK's, all present
+            assert result.flagged is any(answered["categories"].values())
+            s = scores["moderation"]["scores"]
+            assert result.category_scores.self_harm_intent == s["self_harm"]  # one label, three categories
+            assert result.category_scores.self_harm_instructions == s["self_harm"]
+            assert result.category_scores.hate_threatening == s["threat"]
+            assert result.categories.violence_graphic is (s["violence"] >= 0.5)
+            assert answered["category_applied_input_types"]["violence"] == ["text"]
+    # A Mistral (or native) job's result has no OpenAI fields.
+    (mistral,) = _run(_runner(moderator_llm, moderator, Endpoint.MODERATIONS), bodies[:1])
+    assert set(mistral.body["results"][0]) == {"categories", "category_scores"}
+

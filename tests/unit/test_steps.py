@@ -251,6 +251,7 @@ def test_plan_gives_each_shard_the_jobs_priority(store, settings):
     assert args[0] == "worker" and args[args.index("--job-id") + 1] == job_id
     assert float(args[args.index("--deadline") + 1]) == pytest.approx(job.expires_at.timestamp())
     assert orjson.loads(args[args.index("--model-config") + 1])["model"] == "tiny-random-llama"
+    assert args[args.index("--dialect") + 1] == job.dialect == "airflow"  # a run's conf: the native route
     # A retried plan task plans the same shards again.
     assert steps.plan(store, settings, job_id) == planned
 

@@ -26,6 +26,8 @@ def test_uris_default_to_the_job_layout():
     assert config.endpoint is Endpoint.CHAT_COMPLETIONS
     assert config.model_config == {"model": "tiny-random-llama"}
     assert config.deadline is None
+    assert config.dialect == "mistral"  # results in Mistral's shape where the APIs differ
+    assert parse_config(**BASE, dialect="openai").dialect == "openai"
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -37,6 +39,7 @@ def test_uris_default_to_the_job_layout():
     ({"model_config": "[1]"}, "must be a JSON object"),
     ({"model_config": None}, "--model-config is required"),
     ({"deadline": "tomorrow"}, "--deadline"),
+    ({"dialect": "klingon"}, "--dialect: 'klingon' is not one of openai, mistral, scale, airflow"),
 ])
 def test_bad_arguments_are_named(change, message):
     with pytest.raises(WorkerUsageError, match=message):

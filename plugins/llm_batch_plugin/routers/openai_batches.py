@@ -8,6 +8,7 @@ import orjson
 from fastapi import APIRouter, Body, Query
 
 from llm_batch import storage
+from llm_batch.endpoints import Endpoint
 from llm_batch.input_formats import InputFormat
 from llm_batch.job_request import JobRequest
 from llm_batch.jobstore import InvalidCursor
@@ -17,9 +18,16 @@ from llm_batch_plugin.dag_trigger import TriggerDep
 from llm_batch_plugin.errors import ApiError, not_found
 from llm_batch_plugin.idempotency import IdempotencyDep, IdempotentRoute
 from llm_batch_plugin.limits import check_owner_limits
-from llm_batch_plugin.models_openai import COMPLETION_WINDOW_SECONDS, OPENAI_STATUS, BatchList, BatchOut, CreateBatchRequest
+from llm_batch_plugin.models_openai import (
+    COMPLETION_WINDOW_SECONDS,
+    MODERATION_CATEGORIES,
+    OPENAI_STATUS,
+    BatchList,
+    BatchOut,
+    CreateBatchRequest,
+)
 from llm_batch_plugin.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch_plugin.submission import check_endpoint, check_model, submit
+from llm_batch_plugin.submission import check_endpoint, check_model, model_registry, submit
 from llm_batch_plugin.uploads import expiry
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)
@@ -41,6 +49,18 @@ def _model_of_first_line(uri: str, file_id: str) -> str:
         message = f"file {file_id!r}: line {number or 1} has no body.model (a string naming the model)"
         raise ApiError(400, message, param="input_file_id", code="missing_model")
     return model
+
+
+def _check_moderation_categories(model: str, settings) -> None:
+    """OpenAI's moderation result has a fixed set of categories: the model's map must name
+    each (a model mapped to Mistral's categories serves Mistral's /v1/moderations)."""
+    moderation = model_registry(settings).get(model).moderation
+    if missing := [c for c in MODERATION_CATEGORIES if c not in moderation.category_names]:
+        raise ApiError(400, f"model {model!r} maps its labels to {', '.join(moderation.category_names)}; an OpenAI "
+                       f"/v1/moderations batch answers OpenAI's categories and the map lacks {', '.join(missing)} "
+                       "(docs/models.md: a label may count for several categories; or submit the batch through "
+                       "the Mistral API, which answers the map's own categories)",
+                       param="input_file_id", code="model_endpoint_mismatch")
 
 
 def _output_expiry(settings, body: CreateBatchRequest) -> dict[str, int]:
@@ -68,6 +88,8 @@ def create_batch(
         raise ApiError(400, f"file {input_file.id!r} is a job's {input_file.kind} file, not a batch input", param="input_file_id")
     model = _model_of_first_line(input_file.uri, input_file.id)
     check_model(model, {}, settings, param="input_file_id", endpoint=endpoint)
+    if endpoint == Endpoint.MODERATIONS:
+        _check_moderation_categories(model, settings)
     request = JobRequest(
         dialect="openai",
         endpoint=endpoint,
