@@ -5,7 +5,7 @@ operator takes seconds, too long for DAG parsing, so the KubernetesPodOperator d
 work (``kubernetes_pod.ShardPodOperator``: pod shape, deferral, logs, deletion) is built
 only when the task runs, and every entry point Airflow calls is handed to it. A shard whose
 worker spans several nodes (``nodes_per_worker > 1``) is handed to
-``kubernetes_group.ShardGroupOperator`` instead: a LeaderWorkerSet, supervised in the task.
+``kubernetes_group.ShardGroupOperator`` instead: a LeaderWorkerSet, watched from the triggerer.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
     """Run one shard (``shard_task``: a ``llm_batch.shard_task.ShardTask`` as a dict) as a GPU pod.
 
     ``pod_overrides``: KubernetesPodOperator arguments that replace what the settings
-    produce (e.g. ``config_file``, ``deferrable``; a multi-node shard takes the connection's
-    and ``poll_interval``). Returns the shard's outcome dict; a worker failure raises (retry
+    produce (e.g. ``config_file``, ``deferrable``; a multi-node shard takes the connection's,
+    ``deferrable`` and ``poll_interval``). Returns the shard's outcome dict; a worker failure raises (retry
     resumes), a usage error fails without retry.
     """
 

@@ -7,7 +7,7 @@ this module is its life:
 1. Sets of this shard left by an earlier attempt (a task killed with no time to clean up)
    are deleted first: two groups must never work on one shard.
 2. A fresh set is created (a new name per attempt).
-3. While it runs, the operator supervises it as the local runner supervises a process:
+3. While it runs, ``GroupWatch`` supervises it as the local runner supervises a process:
    each round it reports the shard's progress, mirrors a cancel to the marker the leader's
    worker reads, and reads the group's pods. The leader's exit code (its container's
    ``state`` or, once restarted, ``lastState``) is the shard's outcome. A follower that
@@ -15,29 +15,40 @@ this module is its life:
    running ``startup_timeout_seconds`` after creation fails the attempt. A worker still
    running ``cancel_grace_seconds`` after a cancel or the deadline is stopped (the set
    deleted) and the shard ends cancelled / deadline.
+   Deferrable (the default, as the single pod's): the task defers to ``ShardGroupTrigger``,
+   which runs the watch's rounds in the triggerer (no worker slot held while the group
+   runs, for hours on a big model), and resumes in ``trigger_reentry`` with the verdict.
+   ``deferrable=False`` runs the same rounds in the task.
 4. The set is deleted however the attempt ends (``propagationPolicy: Foreground``: the
-   StatefulSets and every pod of the group go with it), and on kill.
+   StatefulSets and every pod of the group go with it), and on kill (the task's
+   ``on_kill``; while deferred, the trigger's ``on_kill``, which Airflow calls when a user
+   marks the task failed or clears it).
 
 A failed attempt raises, so the task's retry makes a new group, which resumes from the
-shard's checkpoint as a single pod does. Not deferrable: the task holds its worker slot
-while the group runs (multi-node shards are few and long).
+shard's checkpoint as a single pod does. A triggerer restart starts the watch afresh: it
+forgets which pods it had seen (a pod replaced across the restart is then not noticed) and
+a stop's grace starts again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 from kubernetes.client.exceptions import ApiException
 
 from llm_batch import exit_codes
 from llm_batch.shard_task import ShardOutcome, ShardTask
 from llm_batch_operators import group_spec
-from llm_batch_operators.shard import ShardTaskMixin, error_tail
+from llm_batch_operators.shard import ShardTaskMixin, error_tail, shard_stop_of, watch_shard
 
 POLL_SECONDS = 5.0
 STARTUP_TIMEOUT_S = 900  # image pulls of a vLLM image are slow (as the single pod's)
@@ -45,6 +56,8 @@ STALE_WAIT_S = 120.0  # how long an old attempt's set may take to go
 LOG_TAIL_LINES = 20  # of the pod whose exit decided, into the task log (and a failure's message)
 # The pod operator's overrides that also apply here; the others (deferrable, ...) do not.
 HOOK_ARGS = ("kubernetes_conn_id", "config_file", "in_cluster", "cluster_context")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,30 +72,120 @@ class GroupState:
     restarted: bool = False  # restarted since (its log is then the previous container's)
 
 
+class GroupWatch:
+    """The supervision of one running group, a round at a time (blocking calls: the task
+    runs the rounds itself, ``ShardGroupTrigger`` in a thread). ``round`` returns None while
+    the group works on, else the verdict (JSON, a trigger event's payload): ``{"state":
+    GroupState fields}`` when the leader exited or the group broke, ``{"stopped": cause}``
+    when the worker outlived a stop's grace."""
+
+    def __init__(self, hook: Any, namespace: str, name: str, size: int, shard_stop: dict[str, Any],
+                 startup_timeout_seconds: float, created_at: float) -> None:
+        self.hook, self.namespace, self.name, self.size = hook, namespace, name, size
+        self.shard_stop = shard_stop
+        self.startup_timeout_seconds = startup_timeout_seconds
+        self.created_at = created_at  # Unix time: the trigger is built after the task's create
+        self._uids: dict[int, str] = {}  # worker index -> the uid of its pod when first seen
+        self._ever_running = False
+        self._stop_seen: tuple[str, float] | None = None
+
+    def round(self) -> dict[str, Any] | None:
+        cause = watch_shard(self.shard_stop)
+        state = self.read()
+        if state.leader_exit is not None or state.failure is not None:
+            return {"state": dataclasses.asdict(state)}
+        self._ever_running = self._ever_running or state.running
+        if not self._ever_running and time.time() - self.created_at > self.startup_timeout_seconds:
+            return {"state": dataclasses.asdict(GroupState(failure=(
+                f"the group of {self.size} pods was not running {self.startup_timeout_seconds:.0f}s after it was created")))}
+        if self._stop_seen is None:
+            if cause is not None:
+                log.info("group %s: %s; waiting up to %ss for the leader", self.name, cause, self.shard_stop["grace_seconds"])
+                self._stop_seen = (cause, time.monotonic())
+        elif time.monotonic() - self._stop_seen[1] > self.shard_stop["grace_seconds"]:
+            log.warning("group %s: leader did not stop %ss after %s: deleting the group", self.name,
+                        self.shard_stop["grace_seconds"], self._stop_seen[0])
+            return {"stopped": self._stop_seen[0]}
+        return None
+
+    def read(self) -> GroupState:
+        """One read of the set and its pods (see the module docstring for the verdicts)."""
+        try:
+            self.hook.custom_object_client.get_namespaced_custom_object(
+                group_spec.GROUP, group_spec.VERSION, self.namespace, group_spec.PLURAL, self.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return GroupState(failure=f"LeaderWorkerSet {self.name} was deleted while the shard ran")
+            raise
+        pods = self.hook.core_v1_client.list_namespaced_pod(
+            self.namespace, label_selector=group_spec.group_selector(self.name)).items
+        by_index = {int((pod.metadata.labels or {}).get(group_spec.WORKER_INDEX_LABEL, -1)): pod for pod in pods}
+        leader = by_index.get(0)
+        if leader is not None and (code := _exit_code(leader)) is not None:
+            return GroupState(leader_exit=code, pod=leader.metadata.name, restarted=_restarted(leader))
+        for index, uid in self._uids.items():
+            pod = by_index.get(index)
+            if pod is None or pod.metadata.uid != uid:
+                return GroupState(failure=f"pod {index} of the group was deleted or replaced")
+        if leader is not None and leader.status and leader.status.phase == "Failed":  # evicted, no exit code
+            return GroupState(failure=f"the leader pod {leader.metadata.name} failed ({leader.status.reason or 'no reason given'})")
+        for index in range(1, self.size):
+            pod = by_index.get(index)
+            if pod is None:
+                continue
+            code = _exit_code(pod)
+            if code is not None or (pod.status and pod.status.phase == "Failed"):
+                return GroupState(failure=f"follower {index} ({pod.metadata.name}) exited with code {code}",
+                                  usage=code == exit_codes.USAGE, pod=pod.metadata.name, restarted=_restarted(pod))
+        for index, pod in by_index.items():
+            self._uids.setdefault(index, pod.metadata.uid)
+        running = len(by_index) == self.size and all(p.status and p.status.phase == "Running" for p in by_index.values())
+        return GroupState(running=running)
+
+
+def kubernetes_hook(hook_args: dict[str, Any]) -> Any:
+    """The KubernetesHook of ``hook_args`` (``GroupOperator.hook_kwargs``)."""
+    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+    return KubernetesHook(**hook_args)
+
+
+def delete_group(hook: Any, namespace: str, name: str) -> None:
+    """Delete the set (and by cascade its StatefulSets and pods); gone already is fine."""
+    try:
+        hook.custom_object_client.delete_namespaced_custom_object(
+            group_spec.GROUP, group_spec.VERSION, namespace, group_spec.PLURAL, name, propagation_policy="Foreground")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 class ShardGroupOperator(ShardTaskMixin, BaseOperator):
     """Run one shard (``shard_task``: a ``llm_batch.shard_task.ShardTask`` as a dict, with
     ``nodes_per_worker > 1``) as a LeaderWorkerSet; see the module docstring.
 
     ``kubernetes_conn_id`` / ``config_file`` / ``in_cluster`` / ``cluster_context``: the
-    cluster (KubernetesHook's arguments; default: the settings' connection). Returns the
-    shard's outcome dict; a failed attempt raises for a retry, a usage error fails without.
+    cluster (KubernetesHook's arguments; default: the settings' connection).
+    ``deferrable``: wait for the group in the triggerer (default) or in the task.
+    ``poll_interval``: seconds between rounds of the watch. ``startup_timeout_seconds``: how
+    long the group may take to have every pod running. Returns the shard's outcome dict; a
+    failed attempt raises for a retry, a usage error fails without.
     """
 
     template_fields = ("shard_task",)
     ui_color = "#e8eef8"
 
     def __init__(self, *, shard_task: dict[str, Any], poll_interval: float = POLL_SECONDS,
-                 startup_timeout_seconds: float = STARTUP_TIMEOUT_S, **kwargs: Any) -> None:
+                 startup_timeout_seconds: float = STARTUP_TIMEOUT_S, deferrable: bool = True, **kwargs: Any) -> None:
         self.hook_args = {name: kwargs.pop(name) for name in HOOK_ARGS if name in kwargs}
-        for name in ("deferrable", "namespace"):  # pod-operator overrides with no meaning here
-            kwargs.pop(name, None)
+        kwargs.pop("namespace", None)  # a pod-operator override with no meaning here
         super().__init__(**kwargs)
         self.shard_task = shard_task
         self.poll_interval = poll_interval
         self.startup_timeout_seconds = startup_timeout_seconds
+        self.deferrable = deferrable
         self.set_name: str | None = None
         self._killed = threading.Event()
-        self._uids: dict[str, str] = {}  # worker index -> the uid of its pod when first seen
 
     # -- the cluster ------------------------------------------------------------------
 
@@ -90,14 +193,17 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
     def namespace(self) -> str:
         return self.llm_settings.k8s_namespace
 
-    def hook(self) -> Any:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+    @property
+    def hook_kwargs(self) -> dict[str, Any]:
+        """KubernetesHook's arguments: the overrides given, else the settings' connection."""
+        args = {"conn_id": self.llm_settings.k8s_conn_id, **self.hook_args}
+        if "kubernetes_conn_id" in args:
+            args["conn_id"] = args.pop("kubernetes_conn_id")
+        return args
 
+    def hook(self) -> Any:
         if getattr(self, "_hook", None) is None:
-            args = {"conn_id": self.llm_settings.k8s_conn_id, **self.hook_args}
-            if "kubernetes_conn_id" in args:
-                args["conn_id"] = args.pop("kubernetes_conn_id")
-            self._hook = KubernetesHook(**args)
+            self._hook = kubernetes_hook(self.hook_kwargs)
         return self._hook
 
     def _objects(self) -> Any:
@@ -126,8 +232,24 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
                    "controller (https://github.com/kubernetes-sigs/lws) to run nodes_per_worker > 1"
                    if exc.status == 404 else f"the cluster refused the LeaderWorkerSet: {_api_message(exc)}")
             return self.finish(self._failed(why, usage=True), context)
+        watch = {"namespace": self.namespace, "name": name, "size": task.nodes_per_worker,
+                 "shard_stop": shard_stop_of(task, self.llm_settings),
+                 "startup_timeout_seconds": self.startup_timeout_seconds, "created_at": time.time()}
+        if self.deferrable:  # raises TaskDeferred: Airflow resumes in trigger_reentry
+            self.defer(trigger=ShardGroupTrigger(hook_args=self.hook_kwargs, watch=watch, poll_interval=self.poll_interval),
+                       method_name="trigger_reentry")
         try:
-            outcome = self._supervise(task, name)
+            verdict = self._supervise(GroupWatch(self.hook(), **watch))
+            outcome = self._outcome_of(verdict)
+        finally:
+            self.delete_group()
+        return self.finish(outcome, context)
+
+    def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        """Back from ShardGroupTrigger with its verdict: the outcome, the group deleted."""
+        self.set_name = event["name"]
+        try:
+            outcome = self._outcome_of(event)
         finally:
             self.delete_group()
         return self.finish(outcome, context)
@@ -140,78 +262,35 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
 
     # -- supervision ------------------------------------------------------------------
 
-    def _supervise(self, task: ShardTask, name: str) -> ShardOutcome:
-        grace = self.llm_settings.cancel_grace_seconds
-        created = time.monotonic()
-        stop_seen: tuple[str, float] | None = None
-        ever_running = False
+    def _supervise(self, watch: GroupWatch) -> dict[str, Any]:
+        """The watch's rounds in the task, until a verdict (or the task is killed)."""
         while True:
             if self._killed.is_set():
-                return self._failed("the task was killed", exit_code=-9)
-            self.report_progress()
-            state = self.group_state(name)
-            if state.leader_exit is not None or state.failure is not None:
-                tail = self._log_tail(state)
-                if state.leader_exit is not None:
-                    outcome = self.outcome(state.leader_exit, None)
-                else:
-                    outcome = self._failed(state.failure or "", usage=state.usage)
-                if outcome.state in ("failed", "usage") and tail:
-                    outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
-                return outcome
-            ever_running = ever_running or state.running
-            if not ever_running and time.monotonic() - created > self.startup_timeout_seconds:
-                return self._failed(f"the group of {task.nodes_per_worker} pods was not running "
-                                    f"{self.startup_timeout_seconds:.0f}s after it was created")
-            if stop_seen is None:
-                cause = self.stop_cause(datetime.now(UTC))
-                if cause is not None:
-                    self.log.info("shard %s: %s; waiting up to %ss for the leader", task.shard, cause, grace)
-                    stop_seen = (cause, time.monotonic())
-            elif time.monotonic() - stop_seen[1] > grace:
-                self.log.warning("leader did not stop %ss after %s: deleting the group", grace, stop_seen[0])
-                return self.outcome(None, stop_seen[0])
+                return {"killed": True}
+            if (verdict := watch.round()) is not None:
+                return verdict
             self._killed.wait(self.poll_interval)
+
+    def _outcome_of(self, verdict: dict[str, Any]) -> ShardOutcome:
+        """The shard's outcome of a verdict of GroupWatch (the deciding pod's log read first)."""
+        if verdict.get("killed"):
+            return self._failed("the task was killed", exit_code=-9)
+        if (cause := verdict.get("stopped")) is not None:
+            return self.outcome(None, cause)
+        state = GroupState(**verdict["state"])
+        tail = self._log_tail(state)
+        if state.leader_exit is not None:
+            outcome = self.outcome(state.leader_exit, None)
+        else:
+            outcome = self._failed(state.failure or "", usage=state.usage)
+        if outcome.state in ("failed", "usage") and tail:
+            outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
+        return outcome
 
     def _failed(self, why: str, *, usage: bool = False, exit_code: int = exit_codes.FAILED) -> ShardOutcome:
         return ShardOutcome(shard=self.shard.shard, exit_code=exit_codes.USAGE if usage else exit_code,
                             state="usage" if usage else "failed",
                             message=f"multi-node worker failed: {why}" + ("" if usage else "; a retry makes a new group and resumes"))
-
-    def group_state(self, name: str) -> GroupState:
-        """One read of the set and its pods (see the module docstring for the verdicts)."""
-        try:
-            self._objects().get_namespaced_custom_object(group_spec.GROUP, group_spec.VERSION, self.namespace,
-                                                         group_spec.PLURAL, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return GroupState(failure=f"LeaderWorkerSet {name} was deleted while the shard ran")
-            raise
-        pods = self.hook().core_v1_client.list_namespaced_pod(
-            self.namespace, label_selector=group_spec.group_selector(name)).items
-        size = self.shard.nodes_per_worker
-        by_index = {int((pod.metadata.labels or {}).get(group_spec.WORKER_INDEX_LABEL, -1)): pod for pod in pods}
-        leader = by_index.get(0)
-        if leader is not None and (code := _exit_code(leader)) is not None:
-            return GroupState(leader_exit=code, pod=leader.metadata.name, restarted=_restarted(leader))
-        for index, uid in self._uids.items():
-            pod = by_index.get(int(index))
-            if pod is None or pod.metadata.uid != uid:
-                return GroupState(failure=f"pod {index} of the group was deleted or replaced")
-        if leader is not None and leader.status and leader.status.phase == "Failed":  # evicted, no exit code
-            return GroupState(failure=f"the leader pod {leader.metadata.name} failed ({leader.status.reason or 'no reason given'})")
-        for index in range(1, size):
-            pod = by_index.get(index)
-            if pod is None:
-                continue
-            code = _exit_code(pod)
-            if code is not None or (pod.status and pod.status.phase == "Failed"):
-                return GroupState(failure=f"follower {index} ({pod.metadata.name}) exited with code {code}",
-                                  usage=code == exit_codes.USAGE, pod=pod.metadata.name, restarted=_restarted(pod))
-        for index, pod in by_index.items():
-            self._uids.setdefault(str(index), pod.metadata.uid)
-        running = len(by_index) == size and all(p.status and p.status.phase == "Running" for p in by_index.values())
-        return GroupState(running=running)
 
     def _log_tail(self, state: GroupState) -> str:
         """The last lines of the deciding pod's worker, into the task log; its error lines
@@ -238,14 +317,8 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
     def delete_group(self, name: str | None = None) -> None:
         """Delete the set (and by cascade its StatefulSets and pods); gone already is fine."""
         name = name or self.set_name
-        if name is None:
-            return
-        try:
-            self._objects().delete_namespaced_custom_object(group_spec.GROUP, group_spec.VERSION, self.namespace,
-                                                            group_spec.PLURAL, name, propagation_policy="Foreground")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        if name is not None:
+            delete_group(self.hook(), self.namespace, name)
 
     def _delete_stale(self, task: ShardTask) -> None:
         """Delete the sets of earlier attempts of this shard and wait (bounded) until they are gone."""
@@ -269,6 +342,39 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         deadline = time.monotonic() + STALE_WAIT_S
         while stale() and time.monotonic() < deadline:
             time.sleep(self.poll_interval)
+
+
+class ShardGroupTrigger(BaseTrigger):
+    """Wait in the triggerer for a multi-node shard's group: GroupWatch's rounds, each in a
+    thread (the Kubernetes client and the job store are blocking), until its verdict, sent
+    as the event with the set's ``name``. A user's kill of the deferred task deletes the
+    group (``on_kill``).
+
+    :param hook_args: KubernetesHook's arguments (the operator's ``hook_kwargs``).
+    :param watch: GroupWatch's arguments other than the hook (JSON).
+    :param poll_interval: seconds between rounds.
+    """
+
+    def __init__(self, *, hook_args: dict[str, Any], watch: dict[str, Any], poll_interval: float = POLL_SECONDS) -> None:
+        super().__init__()
+        self.hook_args = hook_args
+        self.watch = watch
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{__name__}.ShardGroupTrigger",
+                {"hook_args": self.hook_args, "watch": self.watch, "poll_interval": self.poll_interval})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        watch = await asyncio.to_thread(lambda: GroupWatch(kubernetes_hook(self.hook_args), **self.watch))
+        while (verdict := await asyncio.to_thread(watch.round)) is None:
+            await asyncio.sleep(self.poll_interval)
+        yield TriggerEvent({**verdict, "name": self.watch["name"]})
+
+    async def on_kill(self) -> None:
+        self.log.info("deferred task killed: deleting LeaderWorkerSet %s", self.watch["name"])
+        await asyncio.to_thread(lambda: delete_group(kubernetes_hook(self.hook_args), self.watch["namespace"],
+                                                     self.watch["name"]))
 
 
 def _restarted(pod: Any) -> bool:

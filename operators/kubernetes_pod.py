@@ -25,8 +25,6 @@ attribute (``_fired_event``, ``remote_pod``) is read or written.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
@@ -38,7 +36,7 @@ from airflow.triggers.base import TriggerEvent
 from llm_batch.config import get_settings
 from llm_batch.shard_task import ShardOutcome, ShardTask
 from llm_batch_operators import pod_spec
-from llm_batch_operators.shard import ShardTaskMixin
+from llm_batch_operators.shard import ShardTaskMixin, shard_stop_of, watch_shard
 
 #: The apache-airflow-providers-cncf-kubernetes versions this module is written and tested
 #: against (the pin of the ``airflow`` extra in pyproject.toml).
@@ -78,14 +76,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         # Callbacks and trigger_kwargs given as overrides are kept, ours are added.
         callbacks = kwargs.pop("callbacks", None) or []
         callbacks = [*(callbacks if isinstance(callbacks, list) else [callbacks]), _KeepCompletedPod]
-        shard_stop = {
-            "job_id": task.job_id,
-            "shard": task.shard,
-            "progress_uri": task.progress_uri,
-            "cancel_marker": task.cancel_marker,
-            "deadline": task.deadline,
-            "grace_seconds": settings.cancel_grace_seconds,
-        }
+        shard_stop = shard_stop_of(task, settings)
         trigger_kwargs = {**(kwargs.pop("trigger_kwargs", None) or {}), SHARD_STOP_KEY: shard_stop}
         pod_args: dict[str, Any] = {
             "name": pod_spec.pod_name(task),
@@ -169,15 +160,6 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         return outcome.model_dump()
 
 
-@dataclass(frozen=True)
-class _ShardRef:
-    """What report_shard reads of a ShardTask: the trigger carries only these."""
-
-    job_id: str
-    shard: int
-    progress_uri: str
-
-
 def _exit_code(pod: Any, container: str) -> int | None:
     statuses = (pod.status.container_statuses if pod is not None and pod.status else None) or []
     for status in statuses:
@@ -246,23 +228,8 @@ class ShardPodTrigger(KubernetesPodTrigger):
         loop = asyncio.get_running_loop()
         while True:
             if cause is None:
-                cause = await asyncio.to_thread(_watch_shard, self.shard_stop)
+                cause = await asyncio.to_thread(watch_shard, self.shard_stop)
                 seen_at = loop.time() if cause else None
             elif loop.time() - (seen_at or 0) >= self.shard_stop["grace_seconds"]:
                 return cause
             await asyncio.sleep(self.poll_interval)
-
-
-def _watch_shard(shard_stop: dict[str, Any]) -> str | None:
-    """One round of the stop watch (blocking: run in a thread): report this shard's
-    progress to its row (the job's live counts), mirror a cancel to the marker, and return
-    the stop cause if there is one."""
-    from llm_batch.jobstore import get_job_store
-    from llm_batch.shard_task import shard_stop_cause, try_report_shard
-
-    settings = get_settings()
-    store = get_job_store(settings.database_url)
-    if shard_stop.get("progress_uri") is not None:  # a trigger serialized before they were added has none
-        try_report_shard(store, _ShardRef(shard_stop["job_id"], int(shard_stop["shard"]), shard_stop["progress_uri"]))
-    return shard_stop_cause(store, shard_stop["job_id"], shard_stop["cancel_marker"],
-                            datetime.fromisoformat(shard_stop["deadline"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,41 @@ def error_tail(lines: list[str], last: int = 5, chars: int = 600) -> str:
     errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
     text = " | ".join(errors[-2:] or lines[-last:])
     return text if len(text) <= chars else "..." + text[-chars:]
+
+
+def shard_stop_of(task: ShardTask, settings: Settings) -> dict[str, Any]:
+    """What a trigger waiting on a shard's worker needs for ``watch_shard`` (serializable)."""
+    return {
+        "job_id": task.job_id,
+        "shard": task.shard,
+        "progress_uri": task.progress_uri,
+        "cancel_marker": task.cancel_marker,
+        "deadline": task.deadline,
+        "grace_seconds": settings.cancel_grace_seconds,
+    }
+
+
+@dataclass(frozen=True)
+class _ShardRef:
+    """What try_report_shard reads of a ShardTask: a trigger carries only these."""
+
+    job_id: str
+    shard: int
+    progress_uri: str
+
+
+def watch_shard(shard_stop: dict[str, Any]) -> str | None:
+    """One round of a shard's stop watch (blocking: a trigger runs it in a thread): report
+    the shard's progress to its row (the job's live counts), mirror a cancel to the marker,
+    and return the stop cause if there is one. Reads the job store of the caller's own
+    settings (LLM_BATCH_DATABASE_URL) and this shard's progress object only."""
+    from llm_batch.jobstore import get_job_store
+
+    store = get_job_store(get_settings().database_url)
+    if shard_stop.get("progress_uri") is not None:  # a trigger serialized before they were added has none
+        try_report_shard(store, _ShardRef(shard_stop["job_id"], int(shard_stop["shard"]), shard_stop["progress_uri"]))
+    return shard_stop_cause(store, shard_stop["job_id"], shard_stop["cancel_marker"],
+                            datetime.fromisoformat(shard_stop["deadline"]))
 
 
 class ShardTaskMixin:
