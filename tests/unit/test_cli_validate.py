@@ -56,7 +56,7 @@ def test_unreadable_input_exits_2_with_the_reason_on_stderr(capsys, tmp_path: Pa
 
 
 def test_unsupported_endpoint_exits_2(capsys, batch: Path) -> None:
-    status, _, err = run_cli(capsys, str(batch), "--endpoint", "/v1/ocr")
+    status, _, err = run_cli(capsys, str(batch), "--endpoint", "/v1/conversations")
     assert status == 2 and "/v1/chat/completions" in err
 
 
