@@ -341,6 +341,8 @@ class EngineRunner:
             return [(vllm_api.render_chat(self.llm, messages), media_sampling_params())], (page, len(data))
         except (media.MediaRefused, AudioError, ocr.ImageError) as exc:
             raise InvalidRequest(str(exc), "invalid_media") from None
+        except (KeyError, TypeError) as exc:  # a body validation never saw (a hand-made shard file)
+            raise InvalidRequest(f"the body does not name its file as validation requires ({exc!r})") from None
         except InvalidRequest:
             raise
         except (VLLMClientError, ValueError, TemplateError) as exc:
