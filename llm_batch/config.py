@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     max_requests: int = 1_000_000
     max_input_bytes: int = 2 * 1024**3
     max_line_bytes: int = 1024**2
+    # One audio or image file a /v1/audio/transcriptions or /v1/ocr line names (llm_batch.media).
+    max_media_bytes: int = 100 * 1024**2
     # Per-owner limits (admins exempt; 0 = none): bytes of stored uploaded files, jobs not
     # yet ended, requests of those jobs. OWNER_LIMITS overrides them per owner (JSON:
     # {"alice": {"max_live_jobs": 50}}). Exceeding one answers 429 naming it.

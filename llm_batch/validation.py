@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 from pydantic import BaseModel, Field
@@ -43,6 +43,9 @@ from llm_batch.formats import (
 from llm_batch.input_formats import InputFormat
 from llm_batch.layout import JobLayout
 from llm_batch.records import BatchRequest, ErrorRecord
+
+if TYPE_CHECKING:
+    from llm_batch.media import MediaResolver
 
 OpenInput = Callable[[str], AbstractContextManager[BinaryIO]]
 
@@ -119,6 +122,7 @@ def validate_batch(
     validated_out: BinaryIO | None = None,
     errors_out: BinaryIO | None = None,
     open_input: OpenInput | None = None,
+    media: MediaResolver | None = None,
 ) -> ValidationReport:
     """Validate ``source`` and return the report; raise BatchRejected for a whole-batch refusal.
 
@@ -132,7 +136,9 @@ def validate_batch(
     as ErrorRecord lines, both in input order; with ``layout``, to ``layout.validated`` and
     ``layout.validation_errors`` (published even when no request is valid, so the errors can
     be served), plus the report at ``layout.validation_report``. On any other rejection
-    nothing is published. Memory stays flat: items are streamed; duplicate detection keeps
+    nothing is published. ``media`` resolves the files that lines of /v1/audio/transcriptions
+    and /v1/ocr name, for the job's owner (llm_batch.media); without it they are checked
+    for their form only (``llm-batch validate``). Memory stays flat: items are streamed; duplicate detection keeps
     16 bytes per custom_id at most.
     """
     fmt = check_format(fmt)
@@ -140,7 +146,7 @@ def validate_batch(
         raise ValueError("give either a layout or output streams, not both")
     limits = limits or ValidationLimits.from_settings()
     try:
-        checker = RequestChecker(parse_endpoint(endpoint) if endpoint else None)
+        checker = RequestChecker(parse_endpoint(endpoint) if endpoint else None, media)
     except UnsupportedEndpointError as exc:
         raise BatchRejected("unsupported_endpoint", str(exc)) from None
     report = ValidationReport(format=fmt.value)
@@ -190,8 +196,10 @@ def _consume(
             if type(item) is BatchRequest:
                 valid += 1
                 if write_valid is not None:
-                    write_valid(dumps({"index": item.index, "custom_id": item.custom_id,
-                                       "body": item.body, "line": item.line}, option=newline))
+                    record = {"index": item.index, "custom_id": item.custom_id, "body": item.body, "line": item.line}
+                    if item.media is not None:
+                        record["media"] = item.media
+                    write_valid(dumps(record, option=newline))
             else:
                 if len(errors) < max_errors:
                     errors.append(item)

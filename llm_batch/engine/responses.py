@@ -17,6 +17,7 @@ import numpy as np
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 
+from llm_batch.engine.transcription import Transcript
 from llm_batch.model_registry import ModerationMap
 
 # vLLM's finish reasons that OpenAI has no word for, mapped to the nearest one.
@@ -285,4 +286,39 @@ def response_object(
         "text": {"format": text_format or {"type": "text"}},
         "truncation": "disabled",
         "usage": generation_usage(output).to_responses_dict(),
+    }
+
+
+def summed_usage(outputs: Sequence[RequestOutput]) -> Usage:
+    """Prompt and completion tokens of several engine requests of one line."""
+    return Usage(prompt_tokens=sum(len(o.prompt_token_ids or ()) for o in outputs),
+                 completion_tokens=sum(len(c.token_ids) for o in outputs for c in o.outputs))
+
+
+def transcription_response(model: str, transcript: Transcript, usage: Usage, audio_seconds: float,
+                           segments: bool) -> dict[str, Any]:
+    """Mistral's TranscriptionResponse: the text, the language (the one asked for, else the
+    one the model said, else null), segments when asked for, and usage with the audio's
+    seconds (tokens summed over the audio's windows)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "text": transcript.text,
+        "language": transcript.language,
+        "usage": {**usage.to_dict(), "prompt_audio_seconds": int(round(audio_seconds))},
+    }
+    if segments:
+        body["segments"] = transcript.segments
+    return body
+
+
+def ocr_response(output: RequestOutput, model: str, width: int, height: int, dpi: int, size: int) -> dict[str, Any]:
+    """Mistral's OCRResponse for one image: one page (index 0) whose markdown is the model's
+    text; no images are extracted from it; usage_info counts the page and the file's bytes."""
+    (completion,) = output.outputs
+    return {
+        "pages": [{"index": 0, "markdown": completion.text.strip(), "images": [],
+                   "dimensions": {"dpi": dpi, "height": height, "width": width}}],
+        "model": model,
+        "document_annotation": None,
+        "usage_info": {"pages_processed": 1, "doc_size_bytes": size},
     }

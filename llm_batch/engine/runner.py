@@ -31,8 +31,10 @@ from vllm.exceptions import VLLMClientError, VLLMValidationError
 from vllm.outputs import PoolingRequestOutput, RequestOutput
 
 from llm_batch.config import get_settings
-from llm_batch.endpoints import Endpoint
-from llm_batch.engine import StopReason, responses, vllm_api
+from llm_batch import media
+from llm_batch.endpoints import MEDIA_ENDPOINTS, Endpoint
+from llm_batch.engine import StopReason, ocr, responses, transcription, vllm_api
+from llm_batch.engine.audio import AudioError, decode_wav
 from llm_batch.engine.responses import Usage
 from llm_batch.engine.sampling import (
     Body,
@@ -43,7 +45,10 @@ from llm_batch.engine.sampling import (
     EmbeddingBody,
     FimBody,
     InvalidRequest,
+    OcrBody,
     ResponsesBody,
+    TranscribeBody,
+    media_sampling_params,
     parse_body,
     pooling_params,
     sampling_params,
@@ -134,6 +139,8 @@ class _InFlight:
     body: Body
     outputs: list[Any] = field(default_factory=list)
     remaining: int = 0
+    # What a media request's result reports about its file (audio seconds; the page).
+    media_facts: Any = None
 
 
 class EngineRunner:
@@ -167,6 +174,9 @@ class EngineRunner:
             _check_fim_tokens(llm, self.serving.fim, model_name)
         if endpoint in _MODERATION_ENDPOINTS:
             _check_moderation_labels(self.serving.moderation, labels, model_name)
+        if endpoint is Endpoint.TRANSCRIPTIONS:
+            self.speech = transcription.SpeechInput.of_checkpoint(llm.model_config.model)
+            self.languages = _language_tokens(llm)
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
         # Engine request ids are unique per run: a warm engine serves many shards in turn.
@@ -266,12 +276,16 @@ class EngineRunner:
         self, position: int, request: BatchRequest, in_flight: dict[int, _InFlight]
     ) -> tuple[ResultRecord, Usage] | None:
         """Add one request to the engine; a finished error result if it cannot run."""
+        facts = None
         try:
             body = parse_body(self.endpoint, request.body)
-            parts = self._engine_inputs(body)
+            if self.endpoint in MEDIA_ENDPOINTS:
+                parts, facts = self._media_inputs(body, request)
+            else:
+                parts = self._engine_inputs(body)
         except InvalidRequest as exc:
             return error_result(request, exc.code, exc.message), Usage()
-        entry = _InFlight(request, body, outputs=[None] * len(parts), remaining=len(parts))
+        entry = _InFlight(request, body, outputs=[None] * len(parts), remaining=len(parts), media_facts=facts)
         added: list[str] = []
         try:
             for part, (prompt, params) in enumerate(parts):
@@ -308,6 +322,32 @@ class EngineRunner:
         except (VLLMClientError, ValueError, TemplateError) as exc:
             raise InvalidRequest(str(exc), _error_code(exc)) from None
 
+    def _media_inputs(self, body: Body, request: BatchRequest) -> tuple[list[tuple[Any, Any]], Any]:
+        """(prompt, params) per engine request of a transcription (one per audio window) or
+        an OCR page, and the facts its result reports; a file that cannot be read or decoded
+        is the request's fault."""
+        try:
+            data = media.load(self.endpoint, request.body, request.media)
+            if isinstance(body, TranscribeBody):
+                if body.language is not None and body.language not in self.languages:
+                    raise InvalidRequest(f"language: {body.language!r} is not a language the model knows")
+                audio = decode_wav(data, self.speech.sample_rate)
+                params = media_sampling_params(body.temperature, keep_special_tokens=True)
+                prompts = transcription.prompts(audio, self.speech, body.language, body.segments, body.context_bias)
+                inputs = [(vllm_api.render_prompt(self.llm, prompt), params.clone()) for prompt in prompts]
+                return inputs, len(audio) / self.speech.sample_rate
+            page = ocr.decode_image(data)
+            messages = ocr.page_messages(page, self.serving.ocr_prompt)
+            return [(vllm_api.render_chat(self.llm, messages), media_sampling_params())], (page, len(data))
+        except (media.MediaRefused, AudioError, ocr.ImageError) as exc:
+            raise InvalidRequest(str(exc), "invalid_media") from None
+        except (KeyError, TypeError) as exc:  # a body validation never saw (a hand-made shard file)
+            raise InvalidRequest(f"the body does not name its file as validation requires ({exc!r})") from None
+        except InvalidRequest:
+            raise
+        except (VLLMClientError, ValueError, TemplateError) as exc:
+            raise InvalidRequest(str(exc), _error_code(exc)) from None
+
     def _collect(
         self,
         output: RequestOutput | PoolingRequestOutput,
@@ -338,6 +378,19 @@ class EngineRunner:
                 payload = responses.classification_response(
                     entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
             usage = responses.pooling_usage(entry.outputs)
+        elif isinstance(body, TranscribeBody | OcrBody):
+            usage = responses.summed_usage(entry.outputs)
+            if any(c.finish_reason == "error" for o in entry.outputs for c in o.outputs):
+                return error_result(request, "engine_error", "the engine failed this request", 500), usage
+            if isinstance(body, TranscribeBody):
+                transcript = transcription.read_outputs([o.outputs[0].text for o in entry.outputs], self.speech,
+                                                        self.languages)
+                transcript.language = body.language or transcript.language
+                payload = responses.transcription_response(self.model_name, transcript, usage, entry.media_facts,
+                                                           body.segments)
+            else:
+                page, size = entry.media_facts
+                payload = responses.ocr_response(entry.outputs[0], self.model_name, page.width, page.height, page.dpi, size)
         else:
             (output,) = entry.outputs
             usage = responses.generation_usage(output)
@@ -394,6 +447,13 @@ def _check_fim_tokens(llm: LLM, fim: FimTemplate | None, model_name: str) -> Non
         if len(ids) != 1:
             raise ModelCannotServe(f"model {model_name!r}: the fim token {token!r} of its registry entry is "
                                    f"{len(ids)} tokens of its tokenizer, not one (a special token it does not know)")
+
+
+def _language_tokens(llm: LLM) -> frozenset[str]:
+    """The languages a Whisper tokenizer has a token for (``<|en|>`` -> "en")."""
+    return frozenset(token[2:-2] for token in llm.get_tokenizer().get_vocab()
+                     if len(token) <= 7 and token.startswith("<|") and token.endswith("|>") and token[2:-2].isalpha()
+                     and token[2:-2].islower())
 
 
 def _error_code(exc: Exception) -> str:

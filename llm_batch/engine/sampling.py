@@ -8,6 +8,7 @@ stay vLLM's. Every failure becomes ``InvalidRequest`` -> that request's 400 resu
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -274,6 +275,36 @@ class ChatModerateBody(ChatClassifyBody):
         return conversations  # type: ignore[return-value]
 
 
+class TranscribeBody(_Body):
+    """A /v1/audio/transcriptions body (its file is read from the request's media record):
+    the language, sampling temperature, the words to bias towards, and whether segments
+    with timestamps are wanted."""
+
+    language: str | None = None
+    temperature: float | None = None
+    context_bias: list[str] | None = None
+    timestamp_granularities: list[str] | None = None
+
+    @property
+    def segments(self) -> bool:
+        return "segment" in (self.timestamp_granularities or ())
+
+
+class OcrBody(_Body):
+    """A /v1/ocr body (its image is read from the request's media record): an image has one
+    page, 0, so ``pages`` may name only it."""
+
+    pages: str | list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_page(self) -> OcrBody:
+        pages = self.pages
+        named = ({int(p) for p in re.split(r"[,\s-]+", pages) if p} if isinstance(pages, str) else set(pages or ()))
+        if named - {0}:
+            raise ValueError(f"an image has one page (0); pages names {sorted(named - {0})}")
+        return self
+
+
 BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.CHAT_COMPLETIONS: ChatBody,
     Endpoint.RESPONSES: ResponsesBody,
@@ -284,9 +315,11 @@ BODY_MODELS: dict[Endpoint, type[_Body]] = {
     Endpoint.CHAT_CLASSIFICATIONS: ChatClassifyBody,
     Endpoint.MODERATIONS: ClassifyBody,
     Endpoint.CHAT_MODERATIONS: ChatModerateBody,
+    Endpoint.TRANSCRIPTIONS: TranscribeBody,
+    Endpoint.OCR: OcrBody,
 }
 
-Body = ChatBody | CompletionBody | FimBody | EmbeddingBody | ClassifyBody | ChatClassifyBody
+Body = ChatBody | CompletionBody | FimBody | EmbeddingBody | ClassifyBody | ChatClassifyBody | TranscribeBody | OcrBody
 
 
 def parse_body(endpoint: Endpoint, body: dict[str, Any]) -> Body:
@@ -343,6 +376,14 @@ def sampling_params(body: ChatBody | CompletionBody | FimBody) -> SamplingParams
         )
     except (VLLMClientError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+def media_sampling_params(temperature: float | None = None, *, keep_special_tokens: bool = False) -> SamplingParams:
+    """SamplingParams of a transcription or OCR request: greedy unless a temperature is
+    given, up to the context length. A transcript keeps its special tokens in the text (its
+    language and timestamp tokens are read from it, then removed)."""
+    return SamplingParams(temperature=temperature or 0.0, max_tokens=None, skip_special_tokens=not keep_special_tokens,
+                          output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def pooling_params(body: EmbeddingBody | ClassifyBody | ChatClassifyBody) -> PoolingParams:

@@ -134,13 +134,17 @@ def render_chat(llm: LLM, messages: list[dict[str, Any]], add_generation_prompt:
     return llm._preprocess_chat_one(conversation=messages, add_generation_prompt=False)
 
 
-def render_prompt(llm: LLM, prompt: str | list[int]) -> Any:
+def render_prompt(llm: LLM, prompt: str | list[int] | dict[str, Any]) -> Any:
     """The engine input ``llm.generate(prompt)`` / ``llm.embed(prompt)`` would submit, for a
-    text or token-id prompt (public: the renderer, as ``LLM._preprocess_cmpl_one`` uses it)."""
+    text or token-id prompt, or a prompt dict as vLLM takes it (an encoder-decoder prompt
+    with its audio) (public: the renderer, as ``LLM._preprocess_cmpl_one`` uses it)."""
     from vllm.inputs import TextPrompt, TokensPrompt
     from vllm.renderers.inputs.preprocess import parse_model_prompt
 
-    raw = TokensPrompt(prompt_token_ids=prompt) if isinstance(prompt, list) else TextPrompt(prompt=prompt)
+    if isinstance(prompt, dict):
+        raw: Any = prompt
+    else:
+        raw = TokensPrompt(prompt_token_ids=prompt) if isinstance(prompt, list) else TextPrompt(prompt=prompt)
     (engine_input,) = llm.renderer.render_cmpl([parse_model_prompt(llm.model_config, raw)])
     return engine_input
 

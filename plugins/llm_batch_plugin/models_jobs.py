@@ -73,7 +73,8 @@ class CreateJob(BaseModel):
         max_length=128,
         description="The API every request calls: `/v1/chat/completions` (default), `/v1/completions`, "
         "`/v1/embeddings`, `/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, "
-        "`/v1/chat/classifications`, `/v1/moderations` or `/v1/chat/moderations`",
+        "`/v1/chat/classifications`, `/v1/moderations`, `/v1/chat/moderations`, `/v1/audio/transcriptions` "
+        "or `/v1/ocr`",
     )
     model: str = Field(
         max_length=256,

@@ -68,8 +68,8 @@ class CreateBatchJobRequest(BaseModel):
         max_length=128,
         description="The API every request calls: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, "
         "`/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, `/v1/chat/classifications`, "
-        "`/v1/moderations` or `/v1/chat/moderations`; "
-        "another (Mistral's ocr, conversations, audio, ...) is 400",
+        "`/v1/moderations`, `/v1/chat/moderations`, `/v1/audio/transcriptions` or `/v1/ocr`; "
+        "another (Mistral's conversations, ...) is 400",
     )
     model: str | None = Field(
         default=None,

@@ -61,7 +61,8 @@ class CreateBatchRequest(BaseModel):
         max_length=128,
         description="The API every request of the batch calls: `/v1/chat/completions`, `/v1/completions`, "
         "`/v1/embeddings`, `/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, "
-        "`/v1/chat/classifications`, `/v1/moderations` or `/v1/chat/moderations`; another is 400 listing these",
+        "`/v1/chat/classifications`, `/v1/moderations`, `/v1/chat/moderations`, `/v1/audio/transcriptions` "
+        "or `/v1/ocr`; another is 400 listing these",
     )
     completion_window: Literal["24h"] = Field(
         default="24h",

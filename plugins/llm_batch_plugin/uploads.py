@@ -17,7 +17,10 @@ from llm_batch.layout import join_uri
 from llm_batch_plugin.errors import ApiError
 from llm_batch_plugin.models_files import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 
-ACCEPTED_PURPOSES = ("batch",)
+# batch: a JSONL input; ocr and audio (Mistral's purposes): a file a /v1/ocr or
+# /v1/audio/transcriptions line names by its id, kept as it is (llm_batch.media checks it).
+MEDIA_PURPOSES = ("ocr", "audio")
+ACCEPTED_PURPOSES = ("batch", *MEDIA_PURPOSES)
 CHUNK_BYTES = 1 << 20
 
 
@@ -25,7 +28,8 @@ def check_purpose(purpose: str) -> None:
     if purpose not in ACCEPTED_PURPOSES:
         raise ApiError(
             400,
-            f"purpose {purpose!r} is not accepted: this service takes batch input files only (purpose='batch')",
+            f"purpose {purpose!r} is not accepted: this service takes batch input files (purpose='batch') "
+            "and the audio and images batch lines name (purpose='audio' or 'ocr')",
             param="purpose",
             code="invalid_purpose",
         )
@@ -62,17 +66,19 @@ def save_upload(
     check_quota: Callable[[int], None] | None = None,
     expires_after: timedelta | None = None,
 ) -> FileObject:
-    """Copy `stream` to storage and record it; 413 above ``Settings.max_input_bytes``,
-    400 if it is empty (or blank) or not JSONL, and whatever ``check_quota(bytes)`` raises
-    once the size is known. Nothing is kept when it is refused. `expires_after`: the file
-    expires that long after its creation (see ``expiry``)."""
+    """Copy `stream` to storage and record it; 413 above ``Settings.max_input_bytes``
+    (``max_media_bytes`` for an audio or OCR file), 400 if it is empty (or blank) or, for a
+    batch file, not JSONL, and whatever ``check_quota(bytes)`` raises once the size is known.
+    Nothing is kept when it is refused. `expires_after`: the file expires that long after
+    its creation (see ``expiry``)."""
     check_purpose(purpose)
-    limit = settings.max_input_bytes
+    media = purpose in MEDIA_PURPOSES
+    limit = settings.max_media_bytes if media else settings.max_input_bytes
     file_id = new_file_id()
     uri = join_uri(settings.files_uri, file_id)
     written = 0
     head = b""  # the start of the file, until its first non-blank line is complete
-    checked = False
+    checked = media  # media files are not JSONL: their content is checked where a line names them
     with storage.open_write(uri) as out:
         while chunk := stream.read(CHUNK_BYTES):
             written += len(chunk)
@@ -87,6 +93,8 @@ def save_upload(
                 elif not text:  # only blank lines so far: keep their count, not their bytes
                     head = b"\n" * head.count(b"\n")
             out.write(chunk)
+        if media and not written:
+            raise ApiError(400, f"{filename}: the file is empty", param="file", code="invalid_file")
         if not checked:
             if not head.strip():
                 raise ApiError(400, f"{filename}: the file is empty (no request line)", param="file", code="invalid_file")

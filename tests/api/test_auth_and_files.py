@@ -104,6 +104,18 @@ def test_upload_wrong_purpose_is_400_saying_why(client, creds):
     assert response.json()["error"]["param"] == "purpose"
 
 
+def test_audio_and_ocr_uploads_are_kept_as_they_are_within_the_media_limit(client, creds, batch_api, monkeypatch):
+    """Files that /v1/audio/transcriptions and /v1/ocr lines name by id are not JSONL: their
+    content is checked where a line names them (llm_batch.media)."""
+    for purpose, content in (("audio", b"RIFF\x00\x00\x00\x00WAVE..."), ("ocr", b"\x89PNG\r\n\x1a\n...")):
+        response = upload(client, creds.key("alice"), content, filename=f"f.{purpose}", purpose=purpose)
+        assert response.status_code == 200, response.text
+        assert response.json()["purpose"] == purpose and response.json()["bytes"] == len(content)
+    assert upload(client, creds.key("alice"), b"", purpose="audio").status_code == 400
+    monkeypatch.setattr(batch_api.state.llm_batch.settings, "max_media_bytes", 10)
+    assert upload(client, creds.key("alice"), b"x" * 11, purpose="ocr").status_code == 413
+
+
 @pytest.mark.parametrize(
     "content, words",
     [(b"not json at all\n", "not valid JSON"), (b"[1, 2]\n", "not an object"), (b"", "empty")],

@@ -75,7 +75,7 @@ def test_openai_create_errors_are_precise(client, creds):
     alice = creds.key("alice")
     file_id = upload(client, alice, chat_lines(1))
     cases = [
-        ({"input_file_id": file_id, "endpoint": "/v1/ocr", "completion_window": "24h"}, 400, "endpoint"),
+        ({"input_file_id": file_id, "endpoint": "/v1/conversations", "completion_window": "24h"}, 400, "endpoint"),
         ({"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "24h"}, 404, "input_file_id"),
         ({"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "48h"}, 422, "completion_window"),
     ]
@@ -154,7 +154,7 @@ def test_mistral_from_files_cancel_and_refusals(client, creds):
         ({"input_files": ids, "endpoint": "/v1/chat/completions", "agent_id": "ag_1"}, 400, "agent_id"),
         ({"input_files": ids, "endpoint": "/v1/chat/completions", "model": "tiny-random-llama", "timeout_hours": 169}, 422, "timeout_hours"),
         ({"endpoint": "/v1/chat/completions", "model": "tiny-random-llama"}, 400, "input_files"),
-        ({"input_files": ids, "endpoint": "/v1/ocr", "model": "tiny-random-llama"}, 400, "endpoint"),
+        ({"input_files": ids, "endpoint": "/v1/conversations", "model": "tiny-random-llama"}, 400, "endpoint"),
         ({"input_files": ids, "endpoint": "/v1/chat/completions", "model": "no-such-model"}, 400, "model"),
     ]
     for body, status, param in refusals:

@@ -128,7 +128,7 @@ def test_refusals_name_the_field_and_create_nothing(client, creds, api_store, al
     base = {"requests": _requests(1), "model": MODEL}
     refusals = [
         ({**base, "model": "no-such-model"}, 400, "model"),
-        ({**base, "endpoint": "/v1/ocr"}, 400, "endpoint"),
+        ({**base, "endpoint": "/v1/conversations"}, 400, "endpoint"),
         ({"model": MODEL}, 400, "requests"),
         ({**base, "input_uri": str(alice_dir / "x.jsonl")}, 400, "requests"),
         ({**base, "output_uri": "/etc/llm-batch-out.jsonl"}, 400, "output_uri"),

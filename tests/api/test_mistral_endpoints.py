@@ -2,15 +2,19 @@
 (scripts/sdk_venvs.sh), creates inline batch jobs against the live API, a real run of
 batch_inference (dag.test, the real vLLM-CPU engine on tiny random models) runs them, and the
 client reads the results back with its own response models, in input order; a model that
-does not serve the endpoint is a 400 at create; a bad line is an error line with its id."""
+does not serve the endpoint is a 400 at create; a bad line is an error line with its id.
+Transcription and OCR lines name files the client uploaded, paths in the user's own folder
+and inline bytes; a web URL and another user's file id are error lines."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.api.test_end_to_end import DAG_TEST_USER
+from tests.fixtures.media import b64, data_url, image_bytes, wav_bytes
 from tests.sdk.conftest import Flow, newest_flow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.engine]
@@ -174,3 +178,63 @@ def test_the_worker_refuses_a_model_that_cannot_serve_the_endpoint(tiny_classifi
     assert resolve_for_endpoint({"model": "tiny-random-classifier"}, Endpoint.CHAT_CLASSIFICATIONS).labels
     with pytest.raises(WorkerUsageError, match="has no 'moderation' entry"):
         resolve_for_endpoint({"model": "tiny-random-classifier"}, Endpoint.MODERATIONS)
+
+
+def _own_folder(owner: str) -> Path:
+    """``owner``'s folder of the first user root: where the paths their lines name may be."""
+    from llm_batch.config import get_settings
+    from llm_batch.user_paths import owner_dirname
+
+    folder = get_settings().local_roots[0] / owner_dirname(owner) / "media"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_transcription_batch_with_the_mistral_client(mistral, dag_bag, creds, tiny_whisper_dir, engine_env):
+    own = mistral.run("upload", file_name="speech.wav", content=b64(wav_bytes(1.0)), purpose="audio")
+    others = mistral.run("upload", key=creds.keys["alice"], file_name="alice.wav", content=b64(wav_bytes(0.5)),
+                         purpose="audio")
+    path = _own_folder(DAG_TEST_USER) / "clip.wav"
+    path.write_bytes(wav_bytes(2.0, rate=44100, channels=2))
+    bodies = [
+        {"model": "tiny-random-whisper", "file_id": own["id"], "language": "en"},
+        {"file_url": str(path), "timestamp_granularities": ["segment"]},
+        {"file": {"file_name": "inline.wav", "content": b64(wav_bytes(0.5, rate=8000))}, "temperature": 0},
+        {"file_url": "https://example.com/speech.wav"},  # never fetched: an error line
+        {"file_id": others["id"]},  # alice's upload: an error line, as if it did not exist
+    ]
+    seen = _batch(mistral, dag_bag, "/v1/audio/transcriptions", "tiny-random-whisper", bodies, other_model="tiny-random-llama")
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [5, 5, 3, 2]
+    assert [o["custom_id"] for o in seen["outputs"]] == seen["inline"] == ["r-0", "r-1", "r-2"]
+    assert [e["custom_id"] for e in seen["errors"]] == ["r-3", "r-4"]
+    assert "never fetched" in str(seen["errors"][0]["error"]) and "not yours" in str(seen["errors"][1]["error"])
+    parsed = [o["parsed"] for o in seen["outputs"]]
+    assert [p["model"] for p in parsed] == ["tiny-random-whisper"] * 3 and parsed[0]["language"] == "en"
+    assert [p["usage"]["prompt_audio_seconds"] for p in parsed] == [1, 2, 0]
+    assert "segments" not in parsed[0] and isinstance(parsed[1]["segments"], list)
+    for p in parsed:
+        assert isinstance(p["text"], str) and p["usage"]["prompt_tokens"] > 0
+
+
+def test_ocr_batch_with_the_mistral_client(mistral, dag_bag, tiny_vlm_dir, engine_env):
+    page = mistral.run("upload", file_name="page.png", content=b64(image_bytes(80, 48)), purpose="ocr")
+    path = _own_folder(DAG_TEST_USER) / "scan.jpg"
+    path.write_bytes(image_bytes(120, 90, "JPEG"))
+    bodies = [
+        {"model": "tiny-random-idefics3", "document": {"type": "file", "file_id": page["id"]}},
+        {"document": {"type": "image_url", "image_url": data_url(image_bytes(64, 64))}, "include_image_base64": True},
+        {"document": {"type": "document_url", "document_url": str(path), "document_name": "scan"}, "pages": [0]},
+        {"document": {"type": "document_url", "document_url": data_url(b"%PDF-1.7 ...", "application/pdf")}},
+        {"document": {"type": "image_url", "image_url": {"url": "https://example.com/page.png"}}},
+    ]
+    seen = _batch(mistral, dag_bag, "/v1/ocr", "tiny-random-idefics3", bodies, other_model="tiny-random-whisper")
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [5, 5, 3, 2]
+    assert [o["custom_id"] for o in seen["outputs"]] == seen["inline"] == ["r-0", "r-1", "r-2"]
+    assert [e["custom_id"] for e in seen["errors"]] == ["r-3", "r-4"]
+    assert "PDFs are not supported" in str(seen["errors"][0]["error"]) and "never fetched" in str(seen["errors"][1]["error"])
+    for output, (width, height) in zip(seen["outputs"], [(80, 48), (64, 64), (120, 90)]):
+        parsed = output["parsed"]
+        (only,) = parsed["pages"]
+        assert parsed["model"] == "tiny-random-idefics3" and only["index"] == 0 and only["images"] == []
+        assert (only["dimensions"]["width"], only["dimensions"]["height"]) == (width, height)
+        assert isinstance(only["markdown"], str) and parsed["usage_info"]["pages_processed"] == 1

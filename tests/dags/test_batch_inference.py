@@ -100,7 +100,7 @@ def _assert_every_request_once(layout: JobLayout, job, n_lines: int) -> tuple[li
 def test_bad_conf_is_refused(batch_dag):
     from airflow.sdk.exceptions import ParamValidationError
 
-    for conf in ({"data_parallelism": 0}, {"data_parallelism": 65}, {"endpoint": "/v1/ocr"},
+    for conf in ({"data_parallelism": 0}, {"data_parallelism": 65}, {"endpoint": "/v1/conversations"},
                  {"max_runtime_sec": 604801}, {"max_runtime_sec": 0}, {"model": "gpt-4o-mini"}):
         with pytest.raises(ParamValidationError):
             batch_dag.test(run_conf={"input_uri": "/nowhere.jsonl", **conf})

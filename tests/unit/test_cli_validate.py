@@ -56,7 +56,7 @@ def test_unreadable_input_exits_2_with_the_reason_on_stderr(capsys, tmp_path: Pa
 
 
 def test_unsupported_endpoint_exits_2(capsys, batch: Path) -> None:
-    status, _, err = run_cli(capsys, str(batch), "--endpoint", "/v1/ocr")
+    status, _, err = run_cli(capsys, str(batch), "--endpoint", "/v1/conversations")
     assert status == 2 and "/v1/chat/completions" in err
 
 
@@ -131,3 +131,22 @@ def test_shard_without_validation_says_how_to_validate(capsys) -> None:
 def test_merge_without_shards_says_how_to_shard(capsys) -> None:
     assert main(["merge", "noshards", "--work-uri", get_settings().work_uri]) == 2
     assert "llm-batch shard noshards -n N" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("endpoint, bodies", [
+    ("/v1/audio/transcriptions", [{"file_id": "file-1", "language": "en"}, {"file_url": "s3://bucket/me/a.wav"},
+                                  {"file": {"file_name": "a.wav", "content": "UklGRiQAAABXQVZFZm10IA=="}},
+                                  {"file_url": "https://example.com/a.wav"}]),
+    ("/v1/ocr", [{"document": {"type": "file", "file_id": "file-1"}},
+                 {"document": {"type": "image_url", "image_url": "data:image/png;base64,iVBORw0KGgo="}},
+                 {"document": {"type": "document_url", "document_url": "/data/me/page.png"}, "pages": [0]},
+                 {"document": {"type": "document_url", "document_url": "data:application/pdf;base64,JVBERi0xLjc="}}]),
+])
+def test_media_endpoints_accept_valid_lines(capsys, tmp_path: Path, endpoint: str, bodies: list) -> None:
+    """Offline, a file id or path is checked for its form; inline bytes are read (the last
+    line of each: a web URL, a PDF, is refused)."""
+    path = tmp_path / "media.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": f"m{i}", "body": b}) + "\n" for i, b in enumerate(bodies)))
+    status, printed, _ = run_cli(capsys, str(path), "--endpoint", endpoint)
+    assert status == 0 and (printed["valid"], printed["invalid"]) == (3, 1)
+    assert printed["errors"][0]["line"] == 4 and printed["errors"][0]["code"] == "invalid_media"

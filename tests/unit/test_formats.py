@@ -203,7 +203,7 @@ def test_a_utf8_bom_before_the_first_line_is_ignored() -> None:
 
 
 def test_unsupported_url_with_no_endpoint_yet_names_the_supported_ones() -> None:
-    (item,) = jsonl(b'{"custom_id": "a", "url": "/v1/ocr", "body": {}}\n', endpoint=None)
+    (item,) = jsonl(b'{"custom_id": "a", "url": "/v1/conversations", "body": {}}\n', endpoint=None)
     assert item.code == "url_mismatch" and "/v1/embeddings" in item.message
 
 

@@ -164,8 +164,8 @@ def test_create_and_get_round_trip_every_field(store: JobStore):
 def test_create_refuses_bad_fields_precisely(store: JobStore):
     with pytest.raises(ValueError, match="dialect 'klingon'"):
         make_job(store, dialect="klingon")
-    with pytest.raises(UnsupportedEndpointError, match="/v1/ocr"):
-        make_job(store, endpoint="/v1/ocr")
+    with pytest.raises(UnsupportedEndpointError, match="/v1/conversations"):
+        make_job(store, endpoint="/v1/conversations")
     with pytest.raises(ValueError, match="data_parallelism"):
         make_job(store, data_parallelism=0)
     with pytest.raises(ValueError, match="created_at=.* naive datetime"):

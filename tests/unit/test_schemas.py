@@ -95,7 +95,7 @@ def test_several_problems_are_listed_and_capped() -> None:
 def test_body_model_for_takes_strings() -> None:
     assert body_model_for("/v1/embeddings") is body_model_for(EMBEDDINGS)
     with pytest.raises(ValueError):
-        body_model_for("/v1/ocr")
+        body_model_for("/v1/conversations")
 
 
 def test_prompt_chars() -> None:

@@ -129,7 +129,7 @@ def test_endpoint_is_taken_from_the_first_url() -> None:
 
 def test_unsupported_endpoint_is_rejected_naming_the_supported_ones() -> None:
     with pytest.raises(BatchRejected) as caught:
-        run(chat_line("a"), endpoint="/v1/ocr")
+        run(chat_line("a"), endpoint="/v1/conversations")
     assert caught.value.reason == "unsupported_endpoint"
     assert "/v1/chat/completions" in str(caught.value)
 

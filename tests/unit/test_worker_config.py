@@ -34,7 +34,7 @@ def test_uris_default_to_the_job_layout():
     ({"job_id": None}, "--job-id is required"),
     ({"shard": "x"}, "--shard: not an integer"),
     ({"shard": None}, "--shard is required"),
-    ({"endpoint": "/v1/ocr"}, "not supported"),
+    ({"endpoint": "/v1/conversations"}, "not supported"),
     ({"model_config": "{model"}, "--model-config: not JSON"),
     ({"model_config": "[1]"}, "must be a JSON object"),
     ({"model_config": None}, "--model-config is required"),

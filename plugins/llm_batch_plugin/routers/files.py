@@ -37,7 +37,8 @@ async def upload_file(
     store: StoreDep,
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="The JSONL file: one request per line")],
-    purpose: Annotated[str, Form(max_length=64, description="Only `batch` is accepted (400 otherwise)")] = "batch",
+    purpose: Annotated[str, Form(max_length=64, description="`batch` (a JSONL input), or `audio` / `ocr` (a file that "
+                                                      "/v1/audio/transcriptions or /v1/ocr lines name by id); 400 otherwise")] = "batch",
     expires_after_anchor: Annotated[str | None, Form(
         alias="expires_after[anchor]", max_length=64, description="OpenAI's expires_after.anchor: only `created_at`"
     )] = None,

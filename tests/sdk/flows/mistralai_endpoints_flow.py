@@ -1,11 +1,13 @@
-"""Mistral's other batch endpoints (fim, classifications, moderations) as mistralai's docs show
-a batch: inline `requests` to `batch.jobs.create`, then `batch.jobs.get` and
+"""Mistral's other batch endpoints (fim, classifications, moderations, transcriptions, ocr) as
+mistralai's docs show a batch: `files.upload` of the audio and images lines name by id,
+inline `requests` to `batch.jobs.create`, then `batch.jobs.get` and
 `files.download` of the output and error files; each output line's body is parsed with the
 client's own response model of the endpoint (`FIMCompletionResponse`, ...), so a shape the
 client cannot read fails the step. See _flow.py for the protocol (mistralai >= 2.0)."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 from _flow import refusal, run
@@ -19,7 +21,16 @@ RESPONSE_MODEL = {
     "/v1/chat/classifications": models.ClassificationResponse,
     "/v1/moderations": models.ModerationResponse,
     "/v1/chat/moderations": models.ModerationResponse,
+    "/v1/audio/transcriptions": models.TranscriptionResponse,
+    "/v1/ocr": models.OCRResponse,
 }
+
+
+def upload(base, key, file_name, content, purpose):
+    """Upload a file (``content`` base64 here, bytes to the client) as lines name it by id."""
+    client = Mistral(server_url=base, api_key=key)
+    uploaded = client.files.upload(file={"file_name": file_name, "content": base64.b64decode(content)}, purpose=purpose)
+    return {"id": uploaded.id, "bytes": uploaded.size_bytes, "purpose": str(uploaded.purpose)}
 
 
 def create(base, key, endpoint, model, requests, other_model=None):
@@ -50,4 +61,4 @@ def results(base, key, job_id):
 
 
 if __name__ == "__main__":
-    run("mistralai", {"create": create, "results": results})
+    run("mistralai", {"upload": upload, "create": create, "results": results})
