@@ -226,7 +226,7 @@ def test_deadline_mid_run_times_out_with_partial_results(e2e_stack, batch_client
     # Past the first results (validation and planning take seconds, start-up as measured
     # above) and long before the last: one request at a time, the batch takes ~184k
     # engine steps (minutes even on an idle machine).
-    deadline = int(max(first_result_after or [120.0]) + 45)
+    deadline = int(max(first_result_after or [120.0]) + 30)
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline,
                               model_config={"engine_args": {"max_num_seqs": 1}})
     job_logs.append(job.id)
