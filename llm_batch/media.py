@@ -12,8 +12,8 @@ A line names its audio or image one of three ways:
 ``MediaResolver.resolve`` runs at validation and returns what ``BatchRequest.media``
 records: ``{"uri": <canonical URI>, "bytes": n}`` for a stored file, ``{"inline": <body
 path>, "bytes": n}`` for inline bytes; or raises ``MediaRefused`` naming the field, which
-becomes that line's error record. It also looks at the first bytes: audio must be WAV, a
-document must not be a PDF. ``load`` is the worker's side: the bytes of what validation
+becomes that line's error record. It also looks at the first bytes: audio must be WAV (an
+OCR document is an image or a PDF, which the worker decodes). ``load`` is the worker's side: the bytes of what validation
 recorded, never a path the body itself names.
 """
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 # What the first bytes must (not) be, per kind of media.
 WAV_MAGIC, WAVE_TAG = b"RIFF", b"WAVE"
-PDF_MAGIC = b"%PDF-"
 _SNIFF_BYTES = 12
 
 
@@ -46,7 +45,7 @@ class MediaRef:
     ``file_id``, ``uri`` or ``inline`` (base64 text)."""
 
     field: str
-    kind: str  # "audio" | "image"
+    kind: str  # "audio" | "document" (an image or a PDF)
     file_id: str | None = None
     uri: str | None = None
     inline: str | None = None
@@ -63,13 +62,13 @@ def media_ref(endpoint: Endpoint, body: dict[str, Any]) -> MediaRef | None:
     if endpoint is Endpoint.OCR:
         document = body["document"]
         if document["type"] == "file":
-            return MediaRef("body.document.file_id", "image", file_id=document["file_id"])
+            return MediaRef("body.document.file_id", "document", file_id=document["file_id"])
         if document["type"] == "document_url":
-            return _url_ref("body.document.document_url", "image", document["document_url"])
+            return _url_ref("body.document.document_url", "document", document["document_url"])
         url = document["image_url"]
         if isinstance(url, dict):
-            return _url_ref("body.document.image_url.url", "image", url["url"])
-        return _url_ref("body.document.image_url", "image", url)
+            return _url_ref("body.document.image_url.url", "document", url["url"])
+        return _url_ref("body.document.image_url", "document", url)
     return None
 
 
@@ -170,9 +169,6 @@ def _refuse_scheme(ref: MediaRef) -> None:
 def _check_content(ref: MediaRef, head: bytes) -> None:
     if ref.kind == "audio" and not (head[:4] == WAV_MAGIC and head[8:12] == WAVE_TAG):
         raise MediaRefused(f"{ref.field}: not a WAV file (only WAV audio is supported)")
-    if ref.kind == "image" and head.startswith(PDF_MAGIC):
-        raise MediaRefused(f"{ref.field}: a PDF document; PDFs are not supported (no PDF "
-                           "rasteriser runs here): send each page as an image")
 
 
 def load(endpoint: Endpoint, body: dict[str, Any], media: dict[str, Any] | None,

@@ -734,9 +734,9 @@ def _check_pages(value: Any) -> Any:
 
 
 class OcrBody(_Strict):
-    """Body of a /v1/ocr request (Mistral's OCRRequest): ``document`` one image as a file id
-    (``file``), an ``image_url`` (a path under the allowed roots or buckets, or a
-    ``data:`` URL) or a ``document_url`` (the same; PDF documents are refused)."""
+    """Body of a /v1/ocr request (Mistral's OCRRequest): ``document`` one image or PDF as a
+    file id (``file``), an ``image_url`` (a path under the allowed roots or buckets, or a
+    ``data:`` URL) or a ``document_url`` (the same); the worker renders a PDF's pages."""
 
     model: str | None = None  # accepted; the job's model wins
     document: Annotated[Any, PlainValidator(_check_document)]

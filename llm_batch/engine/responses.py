@@ -311,14 +311,15 @@ def transcription_response(model: str, transcript: Transcript, usage: Usage, aud
     return body
 
 
-def ocr_response(output: RequestOutput, model: str, width: int, height: int, dpi: int, size: int) -> dict[str, Any]:
-    """Mistral's OCRResponse for one image: one page (index 0) whose markdown is the model's
-    text; no images are extracted from it; usage_info counts the page and the file's bytes."""
-    (completion,) = output.outputs
+def ocr_response(outputs: list[RequestOutput], pages: list[Any], model: str, size: int) -> dict[str, Any]:
+    """Mistral's OCRResponse: one page per engine output (``pages``: llm_batch.engine.ocr's
+    Page, in the same order) whose markdown is the model's text; no images are extracted;
+    usage_info counts the pages and the file's bytes."""
     return {
-        "pages": [{"index": 0, "markdown": completion.text.strip(), "images": [],
-                   "dimensions": {"dpi": dpi, "height": height, "width": width}}],
+        "pages": [{"index": page.index, "markdown": output.outputs[0].text.strip(), "images": [],
+                   "dimensions": {"dpi": page.dpi, "height": page.height, "width": page.width}}
+                  for output, page in zip(outputs, pages, strict=True)],
         "model": model,
         "document_annotation": None,
-        "usage_info": {"pages_processed": 1, "doc_size_bytes": size},
+        "usage_info": {"pages_processed": len(pages), "doc_size_bytes": size},
     }

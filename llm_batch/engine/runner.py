@@ -336,9 +336,11 @@ class EngineRunner:
                 prompts = transcription.prompts(audio, self.speech, body.language, body.segments, body.context_bias)
                 inputs = [(vllm_api.render_prompt(self.llm, prompt), params.clone()) for prompt in prompts]
                 return inputs, len(audio) / self.speech.sample_rate
-            page = ocr.decode_image(data)
-            messages = ocr.page_messages(page, self.serving.ocr_prompt)
-            return [(vllm_api.render_chat(self.llm, messages), media_sampling_params())], (page, len(data))
+            pages = ocr.decode_document(data, body.pages)
+            params = media_sampling_params()
+            inputs = [(vllm_api.render_chat(self.llm, ocr.page_messages(page, self.serving.ocr_prompt)), params.clone())
+                      for page in pages]
+            return inputs, (pages, len(data))
         except (media.MediaRefused, AudioError, ocr.ImageError) as exc:
             raise InvalidRequest(str(exc), "invalid_media") from None
         except (KeyError, TypeError) as exc:  # a body validation never saw (a hand-made shard file)
@@ -389,8 +391,8 @@ class EngineRunner:
                 payload = responses.transcription_response(self.model_name, transcript, usage, entry.media_facts,
                                                            body.segments)
             else:
-                page, size = entry.media_facts
-                payload = responses.ocr_response(entry.outputs[0], self.model_name, page.width, page.height, page.dpi, size)
+                pages, size = entry.media_facts
+                payload = responses.ocr_response(entry.outputs, pages, self.model_name, size)
         else:
             (output,) = entry.outputs
             usage = responses.generation_usage(output)

@@ -8,7 +8,6 @@ stay vLLM's. Every failure becomes ``InvalidRequest`` -> that request's 400 resu
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -291,18 +290,10 @@ class TranscribeBody(_Body):
 
 
 class OcrBody(_Body):
-    """A /v1/ocr body (its image is read from the request's media record): an image has one
-    page, 0, so ``pages`` may name only it."""
+    """A /v1/ocr body (its document is read from the request's media record); ``pages``
+    is checked against the document's pages when it is decoded (llm_batch.engine.ocr)."""
 
     pages: str | list[int] | None = None
-
-    @model_validator(mode="after")
-    def _one_page(self) -> OcrBody:
-        pages = self.pages
-        named = ({int(p) for p in re.split(r"[,\s-]+", pages) if p} if isinstance(pages, str) else set(pages or ()))
-        if named - {0}:
-            raise ValueError(f"an image has one page (0); pages names {sorted(named - {0})}")
-        return self
 
 
 BODY_MODELS: dict[Endpoint, type[_Body]] = {

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.api.test_end_to_end import DAG_TEST_USER
-from tests.fixtures.media import b64, data_url, image_bytes, wav_bytes
+from tests.fixtures.media import b64, data_url, image_bytes, pdf_bytes, wav_bytes
 from tests.sdk.conftest import Flow, newest_flow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.engine]
@@ -224,17 +224,18 @@ def test_ocr_batch_with_the_mistral_client(mistral, dag_bag, tiny_vlm_dir, engin
         {"model": "tiny-random-idefics3", "document": {"type": "file", "file_id": page["id"]}},
         {"document": {"type": "image_url", "image_url": data_url(image_bytes(64, 64))}, "include_image_base64": True},
         {"document": {"type": "document_url", "document_url": str(path), "document_name": "scan"}, "pages": [0]},
-        {"document": {"type": "document_url", "document_url": data_url(b"%PDF-1.7 ...", "application/pdf")}},
         {"document": {"type": "image_url", "image_url": {"url": "https://example.com/page.png"}}},
+        {"document": {"type": "document_url", "document_url": data_url(pdf_bytes(), "application/pdf")}, "pages": "1"},
     ]
     seen = _batch(mistral, dag_bag, "/v1/ocr", "tiny-random-idefics3", bodies, other_model="tiny-random-whisper")
-    assert seen["status"] == "SUCCESS" and seen["counts"] == [5, 5, 3, 2]
-    assert [o["custom_id"] for o in seen["outputs"]] == seen["inline"] == ["r-0", "r-1", "r-2"]
-    assert [e["custom_id"] for e in seen["errors"]] == ["r-3", "r-4"]
-    assert "PDFs are not supported" in str(seen["errors"][0]["error"]) and "never fetched" in str(seen["errors"][1]["error"])
-    for output, (width, height) in zip(seen["outputs"], [(80, 48), (64, 64), (120, 90)]):
+    assert seen["status"] == "SUCCESS" and seen["counts"] == [5, 5, 4, 1]
+    assert [o["custom_id"] for o in seen["outputs"]] == seen["inline"] == ["r-0", "r-1", "r-2", "r-4"]
+    assert [e["custom_id"] for e in seen["errors"]] == ["r-3"]
+    assert "never fetched" in str(seen["errors"][0]["error"])
+    # The PDF's page 1 (72 x 144 points), rendered at 150 dpi.
+    for output, (index, width, height) in zip(seen["outputs"], [(0, 80, 48), (0, 64, 64), (0, 120, 90), (1, 150, 300)]):
         parsed = output["parsed"]
         (only,) = parsed["pages"]
-        assert parsed["model"] == "tiny-random-idefics3" and only["index"] == 0 and only["images"] == []
+        assert parsed["model"] == "tiny-random-idefics3" and only["index"] == index and only["images"] == []
         assert (only["dimensions"]["width"], only["dimensions"]["height"]) == (width, height)
         assert isinstance(only["markdown"], str) and parsed["usage_info"]["pages_processed"] == 1

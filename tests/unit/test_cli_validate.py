@@ -138,13 +138,13 @@ def test_merge_without_shards_says_how_to_shard(capsys) -> None:
                                   {"file": {"file_name": "a.wav", "content": "UklGRiQAAABXQVZFZm10IA=="}},
                                   {"file_url": "https://example.com/a.wav"}]),
     ("/v1/ocr", [{"document": {"type": "file", "file_id": "file-1"}},
-                 {"document": {"type": "image_url", "image_url": "data:image/png;base64,iVBORw0KGgo="}},
+                 {"document": {"type": "document_url", "document_url": "data:application/pdf;base64,JVBERi0xLjc="}},
                  {"document": {"type": "document_url", "document_url": "/data/me/page.png"}, "pages": [0]},
-                 {"document": {"type": "document_url", "document_url": "data:application/pdf;base64,JVBERi0xLjc="}}]),
+                 {"document": {"type": "image_url", "image_url": "https://example.com/page.png"}}]),
 ])
 def test_media_endpoints_accept_valid_lines(capsys, tmp_path: Path, endpoint: str, bodies: list) -> None:
     """Offline, a file id or path is checked for its form; inline bytes are read (the last
-    line of each: a web URL, a PDF, is refused)."""
+    line of each, a web URL, is refused; a PDF's pages are the worker's to read)."""
     path = tmp_path / "media.jsonl"
     path.write_text("".join(json.dumps({"custom_id": f"m{i}", "body": b}) + "\n" for i, b in enumerate(bodies)))
     status, printed, _ = run_cli(capsys, str(path), "--endpoint", endpoint)

@@ -19,7 +19,7 @@ from llm_batch.jobstore.store import JobStore
 from llm_batch.media import MediaResolver
 from llm_batch.model_registry import load_registry
 from llm_batch.validation import ValidationLimits, validate_batch
-from tests.fixtures.media import b64, data_url, image_bytes, wav_bytes
+from tests.fixtures.media import b64, data_url, image_bytes, pdf_bytes, wav_bytes
 
 LIMITS = ValidationLimits(max_requests=1000, max_input_bytes=10**8, max_line_bytes=2**24, max_reported_errors=100)
 TRANSCRIPTIONS, OCR = Endpoint.TRANSCRIPTIONS.value, Endpoint.OCR.value
@@ -156,10 +156,10 @@ def test_an_admin_resolver_reads_any_owners_upload_and_the_limit_holds(store, me
         MediaResolver("bob", store, small).resolve(Endpoint.TRANSCRIPTIONS, {"file_id": bobs})
 
 
-def test_ocr_lines_take_images_and_refuse_pdfs_web_urls_and_others_files(store, media):
+def test_ocr_lines_take_images_and_pdfs_and_refuse_web_urls_and_others_files(store, media):
     settings = get_settings()
     page = _upload(store, "alice", image_bytes(), "page.png")
-    pdf = _upload(store, "alice", b"%PDF-1.4 a document", "doc.pdf")
+    pdf = _upload(store, "alice", pdf_bytes(), "doc.pdf")
     bobs = _upload(store, "bob", image_bytes(), "bob.png")
     alice = settings.local_roots[0] / "alice" / "media"
     bodies = [
@@ -182,12 +182,11 @@ def test_ocr_lines_take_images_and_refuse_pdfs_web_urls_and_others_files(store, 
         {"document": {"type": "file", "file_id": page}, "pages": "zero"},                        # 17
     ]
     report, valid = _validate(OCR, bodies, store)
-    assert (report.total, report.valid, report.invalid) == (17, 4, 13)
-    assert [v["line"] for v in valid] == [1, 2, 3, 4]
+    assert (report.total, report.valid, report.invalid) == (17, 7, 10)
+    # PDFs pass validation (their pages are read, and a broken one refused, by the worker).
+    assert [v["line"] for v in valid] == [1, 2, 3, 4, 5, 6, 7]
     assert valid[2]["media"] == {"inline": "body.document.image_url.url", "bytes": len(image_bytes(fmt="JPEG"))}
     errors = _errors(report)
-    for line in (5, 6, 7):
-        assert "PDFs are not supported" in errors[line], errors[line]
     assert "https:// URLs are never fetched" in errors[8]
     assert "does not exist (or is not yours)" in errors[9] and "outside your storage namespace" in errors[10]
     assert "data: URL must be base64" in errors[11] and "not valid base64" in errors[12]
@@ -254,6 +253,27 @@ def test_image_decoding_refuses_garbage_and_bombs(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
     with pytest.raises(ImageError, match="not an image"):
         decode_image(image_bytes(80, 48))
+
+
+def test_pdf_pages_are_rendered_and_pages_checked_against_the_document():
+    from llm_batch.engine.ocr import PDF_DPI, ImageError, decode_document
+
+    pages = decode_document(pdf_bytes((144, 72), (72, 144), (72, 72)))
+    assert [(p.index, p.width, p.height, p.dpi, p.image.mode) for p in pages] == [
+        (0, 300, 150, PDF_DPI, "RGB"), (1, 150, 300, PDF_DPI, "RGB"), (2, 150, 150, PDF_DPI, "RGB")]
+    assert [p.index for p in decode_document(pdf_bytes(*[(72, 72)] * 5), "0, 2-3")] == [0, 2, 3]
+    assert [p.index for p in decode_document(pdf_bytes(*[(72, 72)] * 3), [2, 0, 2])] == [0, 2]
+    with pytest.raises(ImageError, match=r"has 2 page\(s\), 0 to 1; pages names \[2, 5\]"):
+        decode_document(pdf_bytes(), [0, 2, 5])
+    with pytest.raises(ImageError, match="past the limit of 1000 pages"):
+        decode_document(pdf_bytes(), "0-99999999")  # refused before the range is expanded
+    with pytest.raises(ImageError, match=r"page 1 of the PDF is 14400 x 14400 points: over \d+ pixels"):
+        decode_document(pdf_bytes((72, 72), (14400, 14400)))  # 900 megapixels: never rendered
+    with pytest.raises(ImageError, match="the PDF cannot be read"):
+        decode_document(b"%PDF-1.7 but nothing more")
+    with pytest.raises(ImageError, match=r"an image has one page \(0\); pages names \[1\]"):
+        decode_document(image_bytes(), "0-1")
+    assert [p.index for p in decode_document(image_bytes(), [0])] == [0]
 
 
 def test_segments_and_language_are_read_from_whisper_tokens():
