@@ -28,6 +28,8 @@ class Endpoint(StrEnum):
 
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = tuple(e.value for e in Endpoint)
+# The served endpoints as the API's field descriptions list them: "`a`, `b` or `c`".
+SUPPORTED_LISTED = ", ".join(f"`{e}`" for e in SUPPORTED_ENDPOINTS[:-1]) + f" or `{SUPPORTED_ENDPOINTS[-1]}`"
 
 # The registry task a model must have to serve each endpoint (models.yaml `task`): the
 # worker refuses a mismatch at its start, the API at create.

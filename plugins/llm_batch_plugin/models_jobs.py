@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llm_batch.endpoints import SUPPORTED_LISTED
 from llm_batch.jobstore import Job
 from llm_batch_plugin.models_files import epoch
 from llm_batch_plugin.models_scale import GpuType
@@ -71,10 +72,7 @@ class CreateJob(BaseModel):
     endpoint: str = Field(
         default="/v1/chat/completions",
         max_length=128,
-        description="The API every request calls: `/v1/chat/completions` (default), `/v1/completions`, "
-        "`/v1/embeddings`, `/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, "
-        "`/v1/chat/classifications`, `/v1/moderations`, `/v1/chat/moderations`, `/v1/audio/transcriptions` "
-        "or `/v1/ocr`",
+        description=f"The API every request calls (default `/v1/chat/completions`): {SUPPORTED_LISTED}",
     )
     model: str = Field(
         max_length=256,

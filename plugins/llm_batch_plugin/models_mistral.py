@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llm_batch.endpoints import SUPPORTED_LISTED
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
 from llm_batch_plugin.models_files import epoch
@@ -66,10 +67,7 @@ class CreateBatchJobRequest(BaseModel):
     )
     endpoint: str = Field(
         max_length=128,
-        description="The API every request calls: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, "
-        "`/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, `/v1/chat/classifications`, "
-        "`/v1/moderations`, `/v1/chat/moderations`, `/v1/audio/transcriptions` or `/v1/ocr`; "
-        "another (Mistral's conversations, ...) is 400",
+        description=f"The API every request calls: {SUPPORTED_LISTED}; another (Mistral's conversations, ...) is 400",
     )
     model: str | None = Field(
         default=None,

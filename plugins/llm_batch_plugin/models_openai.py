@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llm_batch.endpoints import SUPPORTED_LISTED
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import Job
 from llm_batch_plugin.models_files import ExpiresAfter, epoch
@@ -59,10 +60,7 @@ class CreateBatchRequest(BaseModel):
     )
     endpoint: str = Field(
         max_length=128,
-        description="The API every request of the batch calls: `/v1/chat/completions`, `/v1/completions`, "
-        "`/v1/embeddings`, `/v1/responses`, `/v1/fim/completions`, `/v1/classifications`, "
-        "`/v1/chat/classifications`, `/v1/moderations`, `/v1/chat/moderations`, `/v1/audio/transcriptions` "
-        "or `/v1/ocr`; another is 400 listing these",
+        description=f"The API every request of the batch calls: {SUPPORTED_LISTED}; another is 400 listing these",
     )
     completion_window: Literal["24h"] = Field(
         default="24h",
