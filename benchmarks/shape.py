@@ -96,10 +96,10 @@ def all_task_instances(stack: Any, job: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run_task_instances(stack: Any, job: dict[str, Any],
                        tis: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The job's run in Airflow: (the ``plan`` task instance, the shard task instances by
+    """The job's run in Airflow: (the ``prepare`` task instance (it plans last), the shard task instances by
     map index: ``run_shard``'s expanded ones)."""
     tis = all_task_instances(stack, job) if tis is None else tis
     shards = sorted((ti for ti in tis if ti["task_id"] == "run_shard" and ti["map_index"] >= 0),
                     key=lambda t: t["map_index"])
-    plan = next(ti for ti in tis if ti["task_id"] == "plan")
+    plan = next(ti for ti in tis if ti["task_id"] == "prepare")
     return plan, shards

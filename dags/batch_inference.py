@@ -1,6 +1,11 @@
 """### batch_inference: one batch job per run
 
-`register -> validate -> plan -> run_shard (mapped: one task instance per shard) -> merge -> finalize`
+`prepare -> run_shard (mapped: one task instance per shard) -> finalize`
+
+`prepare` registers the job, validates its input and plans its shards; `finalize` merges the
+shards' results in input order and ends the job. Each runs its steps one after the other in
+one task: an Airflow task costs a process start and a scheduler round, and a small job's
+time went more to six of those than to inference.
 
 Trigger it from the UI form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the
 params below) or from the batch REST API (conf = `{"job_id": ...}` of a job it created).
@@ -136,24 +141,22 @@ def _end_job_of_failed_run(context: Any) -> None:
                    dag_run_id=context["dag_run"].run_id)
 
 
-REFUSED_KEY = "refused"  # register's XCom with the reason it refused the run
+# prepare's XComs: the job it registered (pushed before validation, so finalize ends that job
+# whatever happened after), or the reason it refused the run and made no job.
+JOB_ID_KEY = "job_id"
+REFUSED_KEY = "refused"
 
 
-def _skip_without_job(job_id: str | None, what: str) -> None:
-    """register refused the run (its reason is on its own red task; no job was made): merge
-    skips, nothing is retried."""
-    from airflow.sdk.exceptions import AirflowSkipException
-
-    if job_id is None or _store().get_job(job_id) is None:
-        raise AirflowSkipException(f"register made no job: {what}")
-
-
-def _fail_without_job(job_id: str | None) -> None:
-    """register refused the run: finalize fails once, without retries, with register's reason
-    (the run must end failed, and Airflow reads a run's state from its last task)."""
+def _registered_job_id() -> str:
+    """The job prepare registered. None of it: finalize fails once, without retries, with
+    prepare's reason (the run must end failed, and Airflow reads a run's state from its last
+    task)."""
+    ti = get_current_context()["ti"]
+    job_id = ti.xcom_pull(task_ids="prepare", key=JOB_ID_KEY)
     if job_id is None:
-        why = get_current_context()["ti"].xcom_pull(task_ids="register", key=REFUSED_KEY)
-        raise _rejected(jobs.JobRejected(f"register refused the run, no job was made: {why or 'see its log'}"))
+        why = ti.xcom_pull(task_ids="prepare", key=REFUSED_KEY)
+        raise _rejected(jobs.JobRejected(f"the run was refused, no job was made: {why or 'see the prepare log'}"))
+    return job_id
 
 
 def _emit_results(job: Any) -> None:
@@ -190,40 +193,36 @@ with DAG(
 ) as dag:
 
     @task(retries=2, retry_delay=timedelta(seconds=5))
-    def register() -> str:
+    def prepare() -> list[dict[str, Any]]:
+        """register -> validate -> plan: the job's shard tasks (each step is idempotent, so a
+        retry runs all three again safely)."""
         context = get_current_context()
-        dag_run = context["dag_run"]
+        dag_run, ti = context["dag_run"], context["ti"]
+        store = _store()
         try:
             # A new job belongs to whoever triggered the run (their API view shows it); a run
             # nobody triggered (a schedule: an admin's spec) may name paths beyond a namespace.
             user = getattr(dag_run, "triggering_user_name", None)
             conf = DEFAULTS | (dag_run.conf or {}) | {"owner": user or run_conf.DEFAULT_OWNER}
-            return steps.register(_store(), SETTINGS, conf, dag_run.run_id, trusted=user is None)
+            job_id = steps.register(store, SETTINGS, conf, dag_run.run_id, trusted=user is None)
         except jobs.JobRejected as exc:
-            context["ti"].xcom_push(key=REFUSED_KEY, value=str(exc))  # no job: finalize repeats it
+            ti.xcom_push(key=REFUSED_KEY, value=str(exc))  # no job: finalize repeats it
             raise _rejected(exc) from exc
-
-    @task(retries=2, retry_delay=timedelta(seconds=5))
-    def validate(job_id: str) -> dict[str, int] | None:
+        ti.xcom_push(key=JOB_ID_KEY, value=job_id)
         try:
-            return steps.validate(_store(), SETTINGS, job_id)
+            steps.validate(store, SETTINGS, job_id)
         except jobs.JobRejected as exc:
             raise _rejected(exc) from exc
-
-    @task(retries=2, retry_delay=timedelta(seconds=5))
-    def plan(job_id: str, validated: dict[str, int] | None) -> list[dict[str, Any]]:
-        return [shard.model_dump() for shard in steps.plan(_store(), SETTINGS, job_id)]
-
-    @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5))
-    def merge(job_id: str | None) -> dict[str, int] | None:
-        _skip_without_job(job_id, "nothing to merge")
-        return steps.merge(_store(), SETTINGS, job_id)
+        return [shard.model_dump() for shard in steps.plan(store, SETTINGS, job_id)]
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5),
           outlets=[AssetAlias(RESULTS_ALIAS)])
-    def finalize(job_id: str | None) -> str:
-        _fail_without_job(job_id)
-        job = steps.finalize(_store(), SETTINGS, job_id)
+    def finalize() -> str:
+        """merge -> finalize: the outputs in input order, then the job's terminal status."""
+        job_id = _registered_job_id()
+        store = _store()
+        steps.merge(store, SETTINGS, job_id)
+        job = steps.finalize(store, SETTINGS, job_id)
         summary = steps.job_summary(job)
         if job.status == jobs.JobStatus.FAILED:
             raise _rejected(jobs.JobRejected(f"job {job_id} failed: {job.status_reason}"))
@@ -234,8 +233,7 @@ with DAG(
         print(f"job {job_id}: {summary}")
         return job.status.value
 
-    job_id = register()
-    planned = plan(job_id, validate(job_id))
+    planned = prepare()
     lane = lanes.default_lane(SETTINGS)  # each task instance gets its run's (shard_routing)
     shards = ShardOperator.partial(
         task_id=SHARD_TASK_ID,
@@ -245,6 +243,4 @@ with DAG(
         retries=SETTINGS.shard_retries,
         retry_delay=timedelta(seconds=SETTINGS.shard_retry_delay_seconds),
     ).expand(shard_task=planned)
-    merged = merge(job_id)
-    shards >> merged
-    merged >> finalize(job_id)
+    shards >> finalize()

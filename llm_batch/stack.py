@@ -141,7 +141,9 @@ class Stack:
                 "LLM_BATCH_HOME": str(self.settings.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(repo_dags_folder()),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                # Airflow's LocalExecutor, the task code imported once before it forks
+                # (operators/local_executor.py).
+                "AIRFLOW__CORE__EXECUTOR": "llm_batch_operators.local_executor.LocalExecutor",
                 # 2 cores: a few worker processes, not Airflow's default 32.
                 "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "4"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",

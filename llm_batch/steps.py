@@ -3,7 +3,8 @@
 No Airflow and no vLLM here: every step takes the job store, the settings and a job id,
 so it is tested without a scheduler and reused by housekeeping and the CLI.
 
-A run goes ``register -> validate -> plan -> run shards -> merge -> finalize``. Each step
+A run goes ``register -> validate -> plan -> run shards -> merge -> finalize`` (the DAG runs
+the first three as its task ``prepare`` and the last two as ``finalize``). Each step
 is idempotent (a retried task redoes nothing harmful) and does nothing to a job that is
 already terminal, so a run that was cut short can be finished or reconciled later.
 Whatever happens, ``finalize`` (or ``fail_job`` from the run's failure path, or
@@ -104,7 +105,7 @@ def register(
     Records the DAG run on the job. A conf that cannot become a job (no input, unsupported
     resources, an unknown model, a path its owner may not name) raises JobRejected naming
     the problem and makes no job: a mistake in a form or a conf leaves nothing to clean up
-    (the run's register task carries the reason). `trusted` runs (scheduled ones: their conf comes from an
+    (the run's prepare task carries the reason). `trusted` runs (scheduled ones: their conf comes from an
     admin's spec, not a user) may name paths outside the owner's namespace.
     A conf naming another owner's existing job is refused and that job left alone.
     """
@@ -327,7 +328,7 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
 
 def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
     """The merge step's counts (a file, not an XCom: finalize must work whatever happened
-    to the merge task)."""
+    to an earlier try)."""
     try:
         return orjson.loads(storage.read_bytes(layout.merge_report))
     except storage.ObjectNotFound:

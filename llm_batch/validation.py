@@ -6,7 +6,7 @@ read, has no valid request, exceeds a limit (requests, bytes), or names an unsup
 endpoint; its ``reason`` says which and its message says what.
 
 Callers:
-- the DAG's validate task: ``validate_batch(uris, fmt=..., endpoint=..., layout=layout)``
+- the DAG's prepare task: ``validate_batch(uris, fmt=..., endpoint=..., layout=layout)``
   writes ``layout.validated``, ``layout.validation_errors`` and ``layout.validation_report``;
 - ``llm-batch validate``: counts only, with its own ``open_input`` for the user's local files;
 - the REST API's submission checks: ``parse_endpoint`` and ``check_format`` up front, then

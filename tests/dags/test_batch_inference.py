@@ -114,12 +114,12 @@ def test_unsupported_resources_fail_the_run_with_the_reason(batch_dag, store):
 
 
 def _refused(dag_run) -> str:
-    """Why register refused the run (its XCom, which finalize repeats)."""
+    """Why prepare refused the run (its XCom, which finalize repeats)."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, key="refused", task_ids="register")).first()
+        row = session.scalars(XComModel.get_many(run_id=dag_run.run_id, key="refused", task_ids="prepare")).first()
         return XComModel.deserialize_value(row) if row is not None else ""
 
 
@@ -128,7 +128,7 @@ def _states(dag_run) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("conf", "reason"), [
-    # Kubernetes-only fields stay accepted in a conf (API runs), and are checked at register.
+    # Kubernetes-only fields stay accepted in a conf (API runs), and are checked at prepare.
     ({"gpu_type": "nvidia-tesla-v100"}, "gpu_type 'nvidia-tesla-v100' is unknown"),
     ({"gpus": 0}, "gpus=0 is out of bounds"),
     ({"input_requests": [{"body": {}}]}, "give exactly one of input_uri, input_file_ids, input_requests"),
@@ -140,12 +140,12 @@ def test_bad_conf_beyond_the_form_is_one_red_task(batch_dag, store, conf, reason
     assert store.get_job(job_id) is None  # one mistake in a conf makes no job
     assert reason in _refused(dag_run)
     states = _states(dag_run)
-    # One mistake: register fails (no retry), merge skips, finalize fails once with the reason
-    # (a run's state is its last task's) instead of both failing three times on "job None".
-    assert states["register"] == "failed"
-    assert states["merge"] == "skipped" and states["finalize"] == "failed", states
+    # One mistake: prepare fails (no retry), the shards never start, finalize fails once with
+    # the reason (a run's state is its last task's) instead of three times on "job None".
+    assert states["prepare"] == "failed"
+    assert states["run_shard"] == "upstream_failed" and states["finalize"] == "failed", states
     tries = {ti.task_id: ti.try_number for ti in dag_run.get_task_instances() if ti.map_index < 0}
-    assert tries["register"] == tries["finalize"] == 1, tries
+    assert tries["prepare"] == tries["finalize"] == 1, tries
 
 
 def test_unknown_model_is_refused_at_register_naming_the_known_ones(store):

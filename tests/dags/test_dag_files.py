@@ -63,15 +63,15 @@ def test_batch_dag_wiring(dag_bag):
     assert {"smollm2-135m-instruct", "tiny-random-llama"} <= set(dag.params.get_param("model").schema["enum"])
     assert dag.params.get_param("data_parallelism").schema["minimum"] == 1
     assert dag.params.get_param("data_parallelism").schema["maximum"] == 64
-    # The graph: register, validate, plan, one mapped shard task, merge, finalize; no lane tasks.
-    assert {t.task_id for t in dag.tasks} == {"register", "validate", "plan", "run_shard", "merge", "finalize"}
+    # The graph: prepare, one mapped shard task, finalize (three tasks a job); no lane tasks.
+    assert {t.task_id for t in dag.tasks} == {"prepare", "run_shard", "finalize"}
     shard = dag.get_task("run_shard")
     assert [o.name for o in dag.get_task("finalize").outlets] == ["llm-batch-results"]
     # The parse-time lane (each task instance gets its run's from shard_routing).
     assert (shard.pool, shard.priority_weight) == ("llm_batch_local", 10)
-    for task_id in ("merge", "finalize"):
-        assert dag.get_task(task_id).trigger_rule == "all_done"
-    assert "run_shard" in dag.get_task("merge").upstream_task_ids
+    assert dag.get_task("finalize").trigger_rule == "all_done"
+    assert dag.get_task("finalize").upstream_task_ids == {"run_shard"}
+    assert dag.get_task("run_shard").upstream_task_ids == {"prepare"}
 
 
 def test_kubernetes_form_keeps_gpu_fields_and_one_shard_task():
@@ -89,7 +89,7 @@ print(json.dumps({"params": sorted(dag.params.keys()), "gpu_types": len(dag.para
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"gpus", "gpu_type", "nodes_per_worker"} <= set(report["params"])
     assert report["gpu_types"] == 8  # the seed's 7 and null
-    assert report["tasks"] == ["finalize", "merge", "plan", "register", "run_shard", "validate"]
+    assert report["tasks"] == ["finalize", "prepare", "run_shard"]
     assert report["pool"] == "llm_batch_gpu_nvidia_tesla_t4"
 
 
