@@ -95,7 +95,32 @@ def timeline(stack: Any, job: dict[str, Any]) -> list[str]:
     return rows
 
 
+def cpu_seconds(stack: Any) -> dict[str, float]:
+    """CPU seconds so far: the machine's (busy: all but idle and iowait) and each stack
+    component's process group, its reaped children included (the LocalExecutor's workers
+    live in the scheduler's group and reap their task processes)."""
+    import psutil
+
+    from llm_batch.stack import COMPONENTS, _read_pid
+
+    machine = psutil.cpu_times()
+    out = {"machine": sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)}
+    leaders = {c: _read_pid(stack.pid_file(c)) for c in COMPONENTS}
+    for component, leader in leaders.items():
+        total = 0.0
+        for proc in psutil.process_iter():
+            try:
+                if leader and os.getpgid(proc.pid) == leader:
+                    t = proc.cpu_times()
+                    total += t.user + t.system + t.children_user + t.children_system
+            except (psutil.Error, ProcessLookupError):
+                continue
+        out[component] = total
+    return out
+
+
 def many_jobs(stack: Any, model: str, jobs: int, max_tokens: int, timeout: float) -> dict[str, Any]:
+    cpu_before = cpu_seconds(stack)
     with batch_api(stack) as api:
         started = time.monotonic()
         ids = [submit(api, model, chat_requests(model, 1, max_tokens, f"many{i}")) for i in range(jobs)]
@@ -109,13 +134,15 @@ def many_jobs(stack: Any, model: str, jobs: int, max_tokens: int, timeout: float
                     pending.discard(job_id)
             time.sleep(2)
         took = time.monotonic() - started
+    cpu = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_seconds(stack).items()}
     statuses: dict[str, int] = {}
     for job in ended.values():
         statuses[job["status"]] = statuses.get(job["status"], 0) + 1
     counts = [(job.get("counts") or {}) for job in ended.values()]
     lost = sum(1 for c in counts if c.get("succeeded", 0) + c.get("failed", 0) != 1)
     return {"submitted_s": submitted, "took_s": took, "ended": len(ended), "pending": len(pending),
-            "statuses": statuses, "lost_or_duplicated": lost, "tasks": task_medians(stack, list(ended.values()))}
+            "statuses": statuses, "lost_or_duplicated": lost, "tasks": task_medians(stack, list(ended.values())),
+            "cpu": cpu}
 
 
 def task_medians(stack: Any, jobs: list[dict[str, Any]]) -> list[str]:
@@ -125,12 +152,17 @@ def task_medians(stack: Any, jobs: list[dict[str, Any]]) -> list[str]:
 
     waits: dict[str, list[float]] = {}
     runs: dict[str, list[float]] = {}
+    timeline: dict[str, dict[str, float]] = {}
     with airflow_api(stack) as airflow:
         for job in jobs:
             tis = airflow.get(f"/dags/batch_inference/dagRuns/{job['dag_run_id']}/taskInstances",
                               params={"limit": 100}).json()["task_instances"]
             for ti in tis:
                 queued, start, end = (ts(ti.get(k)) for k in ("queued_when", "start_date", "end_date"))
+                if ti["task_id"] == "run_shard" and start and end:
+                    timeline.setdefault(job["id"], {}).update(start=start, end=end)
+                if ti["task_id"] == "prepare" and end:
+                    timeline.setdefault(job["id"], {})["prepared"] = end
                 if start and end:
                     runs.setdefault(ti["task_id"], []).append(end - start)
                     if queued:
@@ -139,7 +171,26 @@ def task_medians(stack: Any, jobs: list[dict[str, Any]]) -> list[str]:
             f" (median of {len(r)})" for task, r in runs.items()]
     shard_runs = runs.get("run_shard") or []
     rows.append(f"    shard slot busy: {sum(shard_runs):.0f} s in all, {sum(shard_runs) / max(1, len(shard_runs)):.1f} s per shard")
+    rows.append(slot_gaps(list(timeline.values())))
     return rows
+
+
+def slot_gaps(jobs: list[dict[str, float]]) -> str:
+    """Between one shard's end and the next shard's start (one pool slot): how long the slot
+    stood idle while a job's shard was ready (its prepare had ended, its shard not started)
+    and while none was."""
+    jobs = sorted((j for j in jobs if {"prepared", "start", "end"} <= j.keys()), key=lambda j: j["start"])
+    ready_idle = none_idle = 0.0
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        gap_start, gap_end = before["end"], after["start"]
+        if gap_end <= gap_start:
+            continue
+        ready_at = min((j["prepared"] for j in jobs if j["start"] >= gap_end), default=gap_end)
+        ready_at = min(max(ready_at, gap_start), gap_end)
+        none_idle += ready_at - gap_start
+        ready_idle += gap_end - ready_at
+    return (f"    shard slot idle between shards: {ready_idle:.0f} s with a shard ready, "
+            f"{none_idle:.0f} s with none ready")
 
 
 def main() -> int:
@@ -173,6 +224,12 @@ def main() -> int:
                   f"{many['pending']} still live; lost or duplicated: {many['lost_or_duplicated']}", flush=True)
             print("  the many jobs' tasks: median wait (queued -> start) and run (start -> end)")
             print("\n".join(many["tasks"]), flush=True)
+            cpu = many["cpu"]
+            rest = cpu["machine"] - sum(v for k, v in cpu.items() if k != "machine")
+            print(f"  CPU seconds while they ran: machine {cpu['machine']:.0f} of {(os.cpu_count() or 1) * many['took_s']:.0f} "
+                  f"({os.cpu_count()} cores x {many['took_s']:.0f} s); "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items() if k != "machine")
+                  + f" (with the task processes), the rest {rest:.0f} (warm engine, this script)", flush=True)
             summary.append((mode, first, second, many))
     print("\nmode       first job  second job  many: all ended in   SUCCEEDED  lost/dup")
     for mode, first, second, many in summary:
