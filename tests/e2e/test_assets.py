@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, long_batch, wait_until
+from tests.e2e.conftest import MODEL, AirflowAPI, long_batch, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -20,16 +20,7 @@ CONSUMER = "llm_batch_on_batch_done"
 ALIAS = "llm-batch-results"
 
 
-class Airflow:
-    def __init__(self, stack):
-        self.api = f"{stack.base_url}/api/v2"
-        self.headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = httpx.request(method, f"{self.api}{path}", headers=self.headers, timeout=30, **kwargs)
-        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text[:500]}"
-        return response.json()
-
+class Airflow(AirflowAPI):
     def asset_events(self, path: str, **params: Any) -> list[dict[str, Any]]:
         """Airflow 3.3.2 answers 500 for asset events while a run they created is queued (its
         start_date is still null: apache/airflow#71360, fixed after 3.3.2): asked again, for
@@ -57,8 +48,7 @@ def _consumer_runs(airflow: Airflow) -> list[dict[str, Any]]:
 
 
 def test_succeeded_job_emits_an_event_and_runs_the_consumer(e2e_stack, airflow, batch_client, job_logs, tmp_path):
-    wait_until(f"{CONSUMER} parsed", lambda: httpx.get(f"{airflow.api}/dags/{CONSUMER}", headers=airflow.headers,
-                                                       timeout=30).status_code == 200, 180)
+    airflow.wait_parsed(CONSUMER)
     dag = airflow.call("GET", f"/dags/{CONSUMER}")
     assert dag["is_paused"], "the example consumer must start paused"
     airflow.call("PATCH", f"/dags/{CONSUMER}", json={"is_paused": False})

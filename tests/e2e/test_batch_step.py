@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from llm_batch_operators.batch_step import step_job_id
-from tests.e2e.conftest import MODEL, wait_until
+from tests.e2e.conftest import MODEL, AirflowAPI, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.airflow]
 
@@ -23,21 +23,11 @@ TIMEOUT = 420
 PROMPTS_DAG, MAPPED_DAG = "llm_batch_example_prompts", "llm_batch_example_mapped"
 
 
-class Airflow:
-    def __init__(self, stack):
-        self.api = f"{stack.base_url}/api/v2"
-        self.headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = httpx.request(method, f"{self.api}{path}", headers=self.headers, timeout=30, **kwargs)
-        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text[:500]}"
-        return response.json()
-
-    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
-        wait_until(f"{dag_id} parsed", lambda: httpx.get(f"{self.api}/dags/{dag_id}", headers=self.headers,
-                                                         timeout=30).status_code == 200, 180)
+class Airflow(AirflowAPI):
+    def trigger(self, dag_id: str, conf: dict[str, Any], attempts: int = 3) -> str:
+        self.wait_parsed(dag_id)
         self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        return self.call("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+        return super().trigger(dag_id, conf, attempts)
 
     def finished(self, dag_id: str, run_id: str) -> str:
         def state() -> str | None:

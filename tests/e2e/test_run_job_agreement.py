@@ -9,10 +9,9 @@ import time
 import uuid
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, long_batch, wait_until, worker_pids
+from tests.e2e.conftest import MODEL, AirflowAPI, long_batch, wait_until, worker_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -35,22 +34,6 @@ def _counts(job: Any) -> tuple:
     return (job.status.value, job.total, job.succeeded, job.failed)
 
 
-class Airflow:
-    def __init__(self, stack):
-        self.api = f"{stack.base_url}/api/v2"
-        self.headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = httpx.request(method, f"{self.api}{path}", headers=self.headers, timeout=30, **kwargs)
-        assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text[:500]}"
-        return response.json()
-
-
-@pytest.fixture(scope="module")
-def airflow(e2e_stack) -> Airflow:
-    return Airflow(e2e_stack)
-
-
 def test_plugin_loads_once(e2e_stack, airflow):
     errors = airflow.call("GET", "/importErrors", params={"limit": 100})["import_errors"]
     bad = [e for e in errors if "llm_batch" in (e.get("stack_trace") or "") + (e.get("filename") or "")]
@@ -69,7 +52,7 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
     job_logs.append(job_id)
     conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
             "owner": "admin", "model_config": {"engine_args": {"max_num_seqs": 2}}}
-    run_id = airflow.call("POST", f"/dags/{DAG}/dagRuns", json={"logical_date": None, "conf": conf})["dag_run_id"]
+    run_id = airflow.trigger(DAG, conf)
 
     wait_until(f"the worker of {job_id}", lambda: worker_pids(job_id), JOB_TIMEOUT)
     wait_until(f"job {job_id} to finish its first request",
@@ -108,7 +91,7 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
     assert airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")["state"] == "failed"
 
 
-def _clear_and_watch(airflow: Airflow, run_id: str, job_id: str, ended: tuple, **body: Any) -> None:
+def _clear_and_watch(airflow: AirflowAPI, run_id: str, job_id: str, ended: tuple, **body: Any) -> None:
     """Clear tasks of the run; until the run ends again no worker starts and the job holds."""
     before = {(ti["task_id"], ti["map_index"]): ti["try_number"] for ti in airflow.call(
         "GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances", params={"limit": 100})["task_instances"]}
