@@ -86,9 +86,10 @@ class AirflowAPI:
 
     def trigger(self, dag_id: str, conf: dict[str, Any], attempts: int = 3) -> str:
         """Start a run of `dag_id` under a run id chosen here, so a retry is safe. Airflow's
-        trigger route does not retry a transient metadata-DB error (a 500 seen once in CI while
-        the scheduler created the every-minute run); our own trigger (the plugin's dag_trigger)
-        does, so this does too: a 409 after a 500 is the earlier attempt having committed."""
+        trigger route answers 500 when the embedded stack's SQLite metadata DB stays locked
+        past its 5 s busy timeout (seen once in CI, a 5.1 s request while the scheduler was
+        busy); the plugin's own trigger (dag_trigger) retries that, and so does this: a 409
+        after a 500 is the earlier attempt having committed."""
         run_id = f"manual__e2e_{uuid.uuid4().hex[:12]}"
         body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
         for attempt in range(1, attempts + 1):
