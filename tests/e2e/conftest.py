@@ -69,38 +69,38 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
 
 
 class AirflowAPI:
-    """Airflow's REST API (/api/v2) on the stack, as the stack's admin."""
+    """Airflow's REST API (/api/v2) on the stack, as the stack's admin. Requests go through
+    the CLI's ``send_with_retries``: Airflow on the embedded stack's SQLite answers 500
+    "database is locked" when a write waits past SQLite's 5 s busy timeout (seen once in
+    CI: a run trigger that took 5.1 s), and users' clients (the CLI, ``up``) try again."""
 
     def __init__(self, stack: Any):
         self.api = f"{stack.base_url}/api/v2"
         self.headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
 
+    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        from llm_batch.client import send_with_retries
+
+        return send_with_retries(lambda: httpx.request(method, f"{self.api}{path}", headers=self.headers,
+                                                       timeout=30, **kwargs))
+
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = httpx.request(method, f"{self.api}{path}", headers=self.headers, timeout=30, **kwargs)
+        response = self.send(method, path, **kwargs)
         assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text[:2000]}"
         return response.json()
 
     def wait_parsed(self, dag_id: str, timeout: float = 180) -> None:
-        wait_until(f"{dag_id} parsed", lambda: httpx.get(f"{self.api}/dags/{dag_id}", headers=self.headers,
-                                                         timeout=30).status_code == 200, timeout)
+        wait_until(f"{dag_id} parsed", lambda: self.send("GET", f"/dags/{dag_id}").status_code == 200, timeout)
 
-    def trigger(self, dag_id: str, conf: dict[str, Any], attempts: int = 3) -> str:
-        """Start a run of `dag_id` under a run id chosen here, so a retry is safe. Airflow's
-        trigger route answers 500 when the embedded stack's SQLite metadata DB stays locked
-        past its 5 s busy timeout (seen once in CI, a 5.1 s request while the scheduler was
-        busy); the plugin's own trigger (dag_trigger) retries that, and so does this: a 409
-        after a 500 is the earlier attempt having committed."""
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        """Start a run of `dag_id` under a new run id chosen here, so a retried request is
+        safe: a 409 can only be an earlier try of this one that committed."""
         run_id = f"manual__e2e_{uuid.uuid4().hex[:12]}"
-        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
-        for attempt in range(1, attempts + 1):
-            response = httpx.post(f"{self.api}/dags/{dag_id}/dagRuns", headers=self.headers, json=body, timeout=30)
-            if response.status_code < 300 or (attempt > 1 and response.status_code == 409):
-                return run_id
-            assert response.status_code >= 500 and attempt < attempts, (
-                f"POST /dags/{dag_id}/dagRuns: {response.status_code} {response.text[:2000]}")
-            print(f"POST /dags/{dag_id}/dagRuns answered {response.status_code}, retrying: {response.text[:2000]}")
-            time.sleep(2)
-        raise AssertionError("unreachable")
+        response = self.send("POST", f"/dags/{dag_id}/dagRuns",
+                             json={"dag_run_id": run_id, "logical_date": None, "conf": conf})
+        assert response.status_code < 300 or response.status_code == 409, (
+            f"POST /dags/{dag_id}/dagRuns: {response.status_code} {response.text[:2000]}")
+        return run_id
 
 
 @pytest.fixture(scope="package")

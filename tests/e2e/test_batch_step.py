@@ -24,10 +24,10 @@ PROMPTS_DAG, MAPPED_DAG = "llm_batch_example_prompts", "llm_batch_example_mapped
 
 
 class Airflow(AirflowAPI):
-    def trigger(self, dag_id: str, conf: dict[str, Any], attempts: int = 3) -> str:
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
         self.wait_parsed(dag_id)
         self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-        return super().trigger(dag_id, conf, attempts)
+        return super().trigger(dag_id, conf)
 
     def finished(self, dag_id: str, run_id: str) -> str:
         def state() -> str | None:
