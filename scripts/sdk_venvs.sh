@@ -8,29 +8,71 @@
 #        scripts/sdk_venvs.sh --list      print the matrix ("NAME<TAB>REQUIREMENTS"), build nothing
 # Env:   LLM_BATCH_SDK_VENVS (default .cache/sdk-venvs), PYTHON (default python3.11)
 #
-# Bumping a client: `pip index versions openai` (add --pre for scale-llm-engine), change the
-# pin below and the venv's name with it, run tests/sdk, update docs/api.md "SDK matrix".
+# The newest release of each client is the one a user's pip installs today: asked of the
+# package index (`pip index versions`, kept for 6 h in $ROOT/.newest), never a pin that goes
+# stale (openai went 3.57 -> 3.60 in two days). Offline, the last release checked below stands.
+# The older rows are pins: the oldest supported release of each client, and what the main
+# venv resolves. Adding one: a line in MATRIX, run tests/sdk, update docs/api.md "SDK matrix".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${LLM_BATCH_SDK_VENVS:-.cache/sdk-venvs}
 PY=${PYTHON:-python3.11}
+mkdir -p "$ROOT"
+ROOT=$(cd "$ROOT" && pwd)
 
-# NAME (= <pip package>-<version>; the tests take the dialect from the package) and its exact
-# requirements. Newest releases resolved with `pip index versions` on 2026-12-01 (see docs).
+# newest PACKAGE LAST_CHECKED [--pre]: the newest release on the index (cached), at least LAST_CHECKED.
+newest() {
+  local package=$1 fallback=$2 cache=$ROOT/.newest now found
+  shift 2
+  now=$(date +%s)
+  found=$(awk -v p="$package" -v now="$now" '$1 == p && now - $3 < 6 * 3600 { print $2 }' "$cache" 2>/dev/null | tail -1)
+  if [[ -z $found ]]; then
+    found=$("$PY" -m pip index versions "$package" "$@" --disable-pip-version-check 2>/dev/null |
+            sed -nE '1s/^[^ ]+ \(([0-9][0-9A-Za-z.+!-]*)\)$/\1/p') || true
+    if [[ -n $found ]]; then
+      # Never older than the release last checked: a machine's local wheel folder
+      # (PIP_FIND_LINKS) can answer with an old one when the index is out of reach.
+      found=$(printf '%s\n%s\n' "$found" "$fallback" | sort -V | tail -1)
+      echo "$package $found $now" >>"$cache"
+    else
+      echo "sdk_venvs: the package index did not answer for $package: using $fallback" >&2
+      found=$fallback
+    fi
+  fi
+  echo "$found"
+}
+OPENAI=$(newest openai 3.60.0)
+MISTRALAI=$(newest mistralai 3.7.0)
+SCALE=$(newest scale-llm-engine 0.0.0b45 --pre)
+
+# NAME (= <pip package>-<version>; the tests take the dialect and the version from it) and its
+# exact requirements. The first row of each package is its newest release.
 MATRIX=(
-  "openai-3.57.0              openai==3.57.0"
+  "openai-$OPENAI              openai==$OPENAI"
   # Oldest 1.x with client.batches (create/retrieve/cancel; batches.list came in 1.22.0) and
   # files.content. openai<1.55.3 passes proxies= to httpx, which httpx 0.28 removed.
   "openai-1.18.0              openai==1.18.0 httpx==0.27.2"
-  "mistralai-3.7.0            mistralai==3.7.0"
+  "mistralai-$MISTRALAI            mistralai==$MISTRALAI"
   # Oldest with batch jobs (input files only; inline `requests` came in 1.x later); 1.x
   # imports `from mistralai import Mistral`, 2.0 on `from mistralai.client import Mistral`.
   "mistralai-1.2.0            mistralai==1.2.0"
-  # Newest: Completion.batch_create(use_v2=True) and the v2 get/update/cancel calls; needs openai<2.
+  # Newest (0.0.0b45 when checked): Completion.batch_create(use_v2=True) and the v2
+  # get/update/cancel calls; needs openai<2.
+  "scale-llm-engine-$SCALE  scale-llm-engine==$SCALE"
+  # The release of a user's report (tests/api/test_scale_model_config.py): kept when newer come.
   "scale-llm-engine-0.0.0b45  scale-llm-engine==0.0.0b45"
   # What pip resolved beside openai 3.x in the main venv: batch_create on the v1 route only.
   "scale-llm-engine-0.0.0b36  scale-llm-engine==0.0.0b36"
 )
+# A pinned row that is also today's newest is listed once.
+declare -A listed=()
+rows=()
+for entry in "${MATRIX[@]}"; do
+  read -r name _ <<<"$entry"
+  [[ -n ${listed[$name]:-} ]] || rows+=("$entry")
+  listed[$name]=1
+done
+MATRIX=("${rows[@]}")
 
 if [[ ${1:-} == --list ]]; then
   for entry in "${MATRIX[@]}"; do
@@ -45,8 +87,6 @@ wanted=("$@")
 for name in "${wanted[@]}"; do
   printf '%s\n' "${MATRIX[@]}" | grep -q "^$name " || { echo "sdk_venvs: no venv named $name (see --list)" >&2; exit 2; }
 done
-mkdir -p "$ROOT"
-ROOT=$(cd "$ROOT" && pwd)
 exec 9>"$ROOT/.lock"
 flock 9  # one builder at a time (two test sessions, or a test session and a shell)
 

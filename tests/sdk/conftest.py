@@ -54,12 +54,17 @@ def since(release: str, version: str) -> bool:
     return Version(release.rsplit("-", 1)[1]) >= Version(version)
 
 
+def newest(package: str) -> str:
+    """The newest release of ``package`` in the matrix: the index's newest when it answers."""
+    from packaging.version import Version
+
+    return max(releases(package), key=lambda name: Version(name.rsplit("-", 1)[1]))
+
+
 def newest_flow(package: str, base_url: str, key: str, script: str) -> Flow:
     """The flow ``script`` on the newest release of ``package`` in the matrix (its venv built
     alone, not the whole matrix), calling ``base_url`` (``<server>/batch``) with ``key``."""
-    from packaging.version import Version
-
-    release = max(releases(package), key=lambda name: Version(name.rsplit("-", 1)[1]))
+    release = newest(package)
     built = subprocess.run([SCRIPT, release], check=True, capture_output=True, text=True, timeout=1200)
     python = built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
     return Flow(release, python, base_url, key, script)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,8 +19,6 @@ from llm_batch.formats import RequestChecker, read_jsonl
 from llm_batch.records import ErrorRecord
 from llm_batch.schemas import RESPONSES_UNSUPPORTED
 
-ROOT = Path(__file__).resolve().parents[2]
-NEWEST_SDK = ROOT / ".cache/sdk-venvs/openai-3.57.0/bin/python"
 
 GOOD_BODIES: list[dict[str, Any]] = [
     {"model": "m", "input": "Say hi"},
@@ -251,12 +248,15 @@ print(openai.__version__)
 
 
 def test_the_newest_openai_sdk_parses_the_response():
-    if not NEWEST_SDK.exists():
-        pytest.skip(f"no SDK venv at {NEWEST_SDK}")
-    run = subprocess.run([str(NEWEST_SDK), "-c", _SDK_CHECK], input=json.dumps(_responses()),
+    from tests.sdk.conftest import SCRIPT, newest
+
+    release = newest("openai")
+    built = subprocess.run([SCRIPT, release], check=True, capture_output=True, text=True, timeout=1200)
+    python = built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
+    run = subprocess.run([python, "-c", _SDK_CHECK], input=json.dumps(_responses()),
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "3.57.0"
+    assert run.stdout.strip() == release.rsplit("-", 1)[1]
 
 
 # -- the merge's usage sums ---------------------------------------------------------------------
