@@ -196,6 +196,7 @@ class CeleryStack(Stack):
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
             env.pop(name, None)
         env.update(self.shared_env())
+        env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", None)  # SQLite's: not for PostgreSQL
         return env
 
     def worker_env(self, n: int) -> dict[str, str]:

@@ -147,6 +147,8 @@ class Stack:
                 # 2 cores: a few worker processes, not Airflow's default 32.
                 "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "4"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
+                # A writer waits up to 60 s for SQLite's lock, not 5 (operators/metadata_db.py).
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "llm_batch_operators.metadata_db.CONNECT_ARGS",
                 # Without these, tasks cannot reach the Execution API on a port other than 8080.
                 "AIRFLOW__API__BASE_URL": self.base_url,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
