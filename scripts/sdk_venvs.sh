@@ -25,7 +25,7 @@ newest() {
   local package=$1 fallback=$2 cache=$ROOT/.newest now found
   shift 2
   now=$(date +%s)
-  found=$(awk -v p="$package" -v now="$now" '$1 == p && now - $3 < 6 * 3600 { print $2 }' "$cache" 2>/dev/null | tail -1)
+  found=$(awk -v p="$package" -v now="$now" '$1 == p && now - $3 < 6 * 3600 { print $2 }' "$cache" 2>/dev/null | tail -1) || true
   if [[ -z $found ]]; then
     found=$("$PY" -m pip index versions "$package" "$@" --disable-pip-version-check 2>/dev/null |
             sed -nE '1s/^[^ ]+ \(([0-9][0-9A-Za-z.+!-]*)\)$/\1/p') || true
