@@ -23,7 +23,6 @@ from tests.api.conftest import dag_run_of
 pytestmark = pytest.mark.airflow
 
 BODIES = Path(__file__).parent / "scale_v2_bodies"
-REPO = Path(__file__).parents[2]
 
 
 def captured(name: str) -> tuple[str, dict]:
@@ -151,9 +150,9 @@ def _b45_python() -> str:
     built or found up to date by the SDK matrix's script (tests/sdk uses the same venv)."""
     if given := os.environ.get("LLM_BATCH_SCALE_B45_PYTHON"):
         return given
-    done = subprocess.run([str(REPO / "scripts" / "sdk_venvs.sh"), "scale-llm-engine-0.0.0b45"],
-                          capture_output=True, text=True, timeout=1200, check=True)
-    return done.stdout.strip().splitlines()[-1].split("\t", 1)[1]
+    from tests.sdk.conftest import venv_python
+
+    return venv_python("scale-llm-engine-0.0.0b45")
 
 
 _CLIENT_CALL = """

@@ -13,17 +13,11 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import MODEL
-from tests.sdk.conftest import newest
+from tests.sdk.conftest import newest, venv_python
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 FLOW = Path(__file__).parent / "flows" / "newest_client.py"
-
-
-def _python(release: str) -> str:
-    built = subprocess.run([REPO / "scripts" / "sdk_venvs.sh", release], check=True, capture_output=True, text=True, timeout=1200)
-    return built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +32,7 @@ def test_newest_client_runs_a_batch_on_the_stack(e2e_stack, erin_key, llm_batch_
     env = {**os.environ, "BASE": e2e_stack.base_url, "KEY": erin_key, "MODEL": MODEL,
            "LLM_ENGINE_BASE_PATH": f"{e2e_stack.base_url}/batch/", "SCALE_API_KEY": erin_key,
            "LLM_ENGINE_DISABLE_VERSION_CHECK": "true"}
-    done = subprocess.run([_python(newest(package)), str(FLOW), client], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([venv_python(newest(package)), str(FLOW), client], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     ids = [f"q{i}" for i in range(6)]

@@ -61,13 +61,17 @@ def newest(package: str) -> str:
     return max(releases(package), key=lambda name: Version(name.rsplit("-", 1)[1]))
 
 
-def newest_flow(package: str, base_url: str, key: str, script: str) -> Flow:
-    """The flow ``script`` on the newest release of ``package`` in the matrix (its venv built
-    alone, not the whole matrix), calling ``base_url`` (``<server>/batch``) with ``key``."""
-    release = newest(package)
+def venv_python(release: str) -> str:
+    """The python of one release's venv, built alone (not the whole matrix) or found up to date."""
     built = subprocess.run([SCRIPT, release], check=True, capture_output=True, text=True, timeout=1200)
-    python = built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
-    return Flow(release, python, base_url, key, script)
+    return built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
+
+
+def newest_flow(package: str, base_url: str, key: str, script: str) -> Flow:
+    """The flow ``script`` on the newest release of ``package`` in the matrix, calling
+    ``base_url`` (``<server>/batch``) with ``key``."""
+    release = newest(package)
+    return Flow(release, venv_python(release), base_url, key, script)
 
 
 @pytest.fixture(scope="session")

@@ -248,12 +248,10 @@ print(openai.__version__)
 
 
 def test_the_newest_openai_sdk_parses_the_response():
-    from tests.sdk.conftest import SCRIPT, newest
+    from tests.sdk.conftest import newest, venv_python
 
     release = newest("openai")
-    built = subprocess.run([SCRIPT, release], check=True, capture_output=True, text=True, timeout=1200)
-    python = built.stdout.strip().splitlines()[-1].split("\t", 1)[1]
-    run = subprocess.run([python, "-c", _SDK_CHECK], input=json.dumps(_responses()),
+    run = subprocess.run([venv_python(release), "-c", _SDK_CHECK], input=json.dumps(_responses()),
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == release.rsplit("-", 1)[1]
