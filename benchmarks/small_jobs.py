@@ -1,11 +1,13 @@
 """Small jobs on the embedded stack, dedicated vs warm engines, side by side in one run.
 
-    .venv/bin/python benchmarks/small_jobs.py [--requests 24] [--jobs 100] [--modes dedicated,warm]
-                                             [--model smollm2-135m-instruct] [--max-tokens 16]
+    .venv/bin/python benchmarks/small_jobs.py [--requests 24] [--jobs 100]
+        [--modes dedicated,warm,seated] [--seats 2] [--model smollm2-135m-instruct] [--max-tokens 16]
 
 For each mode, a fresh embedded stack (``llm-batch up``: LocalExecutor, SQLite, the local
 runner) in a temporary home, the model cache shared, ``LLM_BATCH_WARM_ENGINES`` off
-("dedicated": every shard starts its own engine) or on ("warm": ``llm_batch.warm_engines``):
+("dedicated": every shard starts its own engine) or on ("warm": ``llm_batch.warm_engines``,
+one engine, one shard at a time; "seated": one engine running ``--seats`` shards at once,
+the default 2 as ``llm-batch up`` runs it):
 
 1. A job of ``--requests`` chat requests, submitted on the native route; then the same job
    again. Printed: submit -> SUCCEEDED of each (in warm mode the first starts the engine,
@@ -38,10 +40,13 @@ from benchmarks.shape import airflow_api, batch_api, ts, wait_job  # noqa: E402
 
 
 @contextmanager
-def temp_stack(warm: bool, model_cache: Path) -> Iterator[Any]:
+def temp_stack(warm: bool, model_cache: Path, seats: int = 1) -> Iterator[Any]:
+    """One local engine at a time; with warm engines it runs ``seats`` shards at once (the
+    pool has as many slots: docs/worker.md, "Seats")."""
     home = Path(tempfile.mkdtemp(prefix="llm-batch-small-jobs-"))
     os.environ.update(LLM_BATCH_HOME=str(home), LLM_BATCH_MODEL_CACHE=str(model_cache),
-                      LLM_BATCH_WARM_ENGINES="1" if warm else "0")
+                      LLM_BATCH_WARM_ENGINES="1" if warm else "0", LLM_BATCH_WARM_ENGINE_SEATS=str(seats),
+                      LLM_BATCH_LOCAL_POOL_SLOTS="1")
     from llm_batch.config import get_settings
     from llm_batch.stack import Stack, free_port
 
@@ -197,7 +202,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--modes", default="dedicated,warm")
+    parser.add_argument("--modes", default="dedicated,warm,seated",
+                        help="dedicated: an engine per shard; warm: one warm engine, one shard at a time; "
+                             "seated: one warm engine running --seats shards at once")
+    parser.add_argument("--seats", type=int, default=2)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--many-timeout", type=float, default=900, help="stop waiting for the many jobs after this")
@@ -212,7 +220,7 @@ def main() -> int:
     summary = []
     for mode in args.modes.split(","):
         print(f"\n== {mode} engines", flush=True)
-        with temp_stack(mode == "warm", model_cache) as stack:
+        with temp_stack(mode != "dedicated", model_cache, args.seats if mode == "seated" else 1) as stack:
             first, _ = one_job(stack, args.model, args.requests, args.max_tokens, "a")
             second, job = one_job(stack, args.model, args.requests, args.max_tokens, "b")
             print(f"  {args.requests}-request job: first {first:.1f} s, second {second:.1f} s (submit -> SUCCEEDED)")

@@ -114,6 +114,7 @@ class CeleryStack(Stack):
             "allowed_buckets": sorted({*settings.allowed_buckets, BUCKET}),
             "local_pool_slots": int(os.environ.get("LLM_BATCH_LOCAL_POOL_SLOTS",
                                                    state["workers"] * worker_concurrency(settings))),
+            "warm_engine_seats": 1,  # as the workers are told (shared_env)
         })
         return cls(shaped, port, state["workers"])
 
@@ -186,6 +187,9 @@ class CeleryStack(Stack):
             # shard back that long (docs/benchmarks.md, Celery shape overhead).
             "AIRFLOW__CORE__PARALLELISM": "32",
             "LLM_BATCH_WARM_ENGINE_SLOTS": str(WARM_ENGINES_PER_WORKER),
+            # A worker's second task waits for its engine instead of sharing it: the shape's
+            # overhead was measured so; seats (docs/worker.md) were measured on one machine only.
+            "LLM_BATCH_WARM_ENGINE_SEATS": str(s.warm_engine_seats),
             # A running task outlives a restart of the (only) api-server: its supervisor stops
             # it after this many failed heartbeats (one per 5 s at least), not Airflow's 3.
             "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "24",

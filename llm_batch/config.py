@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     )
     priority_classes: dict[str, str] = Field(default_factory=dict)
     # Airflow pools cap concurrent shards: one for local workers, one per gpu_type.
+    # local_pool_slots: local engines at once (with warm engines, each runs
+    # warm_engine_seats shards: local_shard_slots).
     local_pool: str = "llm_batch_local"
     local_pool_slots: int = 1
     # Local shards run on warm engines (llm_batch.warm_engines): one long-lived engine process
@@ -116,6 +118,11 @@ class Settings(BaseSettings):
     # sets 1 per worker and lets a second task wait for it, so the engine never waits on
     # Airflow's dispatch of the next shard (docs/production-shape.md).
     warm_engine_slots: int | None = None
+    # Shards one warm engine runs at once, stepped together in its continuous batch (so a
+    # one-request shard does not hold an engine alone, and the next shard's task starts
+    # while one runs); with warm engines the local pool has local_pool_slots x this many
+    # slots. 2: 100 one-request jobs ended in 135 s instead of 175 (docs/benchmarks.md).
+    warm_engine_seats: int = Field(default=2, ge=1, le=64)
     gpu_pool_prefix: str = "llm_batch_gpu_"
     gpu_pool_slots: int = 8
     # A shard that has not stopped this long after cancel / deadline is killed.
@@ -149,6 +156,11 @@ class Settings(BaseSettings):
     webhook_poll_interval_s: float = 2.0
     # Run the delivery thread in the api-server (False: run `llm-batch webhook deliver`).
     webhook_deliverer: bool = True
+
+    @property
+    def local_shard_slots(self) -> int:
+        """The local pool's slots: shards at once on local engines."""
+        return self.local_pool_slots * (self.warm_engine_seats if self.warm_engines else 1)
 
     @model_validator(mode="before")
     @classmethod

@@ -144,8 +144,9 @@ class Stack:
                 # Airflow's LocalExecutor, the task code imported once before it forks
                 # (operators/local_executor.py).
                 "AIRFLOW__CORE__EXECUTOR": "llm_batch_operators.local_executor.LocalExecutor",
-                # 2 cores: a few worker processes, not Airflow's default 32.
-                "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "4"),
+                # 2 cores: a few worker processes, not Airflow's default 32; enough that a warm
+                # engine's seats leave room for other jobs' tasks (docs/benchmarks.md).
+                "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "6"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
                 # A writer waits up to 60 s for SQLite's lock, not 5 (operators/metadata_db.py).
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "llm_batch_operators.metadata_db.CONNECT_ARGS",

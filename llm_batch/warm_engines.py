@@ -6,12 +6,17 @@ the shard to a warm engine instead: a process (``llm-batch engine-host``) per mo
 configuration and pool slot on the machine that keeps its vLLM engine between shards and
 exits after ``warm_engine_idle_seconds`` without one.
 
-A host runs one shard at a time with the same ``run_worker`` a dedicated worker uses, so the
-shard's guarantees are the same: results resume after the shard's last published part
-(a kill -9 of the host drops the task's connection, the attempt fails, and its retry
-resumes: exactly once), cancel and deadline are read from the shard's own marker and
-deadline, results go only to the shard's own URIs under the allowed roots. An engine
-failure ends the host too, so the retry gets a fresh engine.
+A host runs each shard with the same ``run_worker`` a dedicated worker uses, so the shard's
+guarantees are the same: results resume after the shard's last published part (a kill -9 of
+the host drops the task's connection, the attempt fails, and its retry resumes: exactly
+once), cancel and deadline are read from the shard's own marker and deadline, results go
+only to the shard's own URIs under the allowed roots. An engine failure ends the host too
+(once its other shards have ended), so the retry gets a fresh engine.
+
+Seats (``Settings.warm_engine_seats``): a host runs up to that many shards at once, each in a
+thread of its own, all stepping the one engine (``SharedEngine``): their requests share the
+engine's continuous batch, so a one-request shard does not hold an engine alone, and the next
+shard's task is handed over while others run instead of after them.
 
 Protocol, over a Unix socket that only this user can open (mode 0600, in a 0700 folder):
 the host greets each connection it accepts with ``{"host": pid}``; the client sends one JSON
@@ -21,9 +26,10 @@ a killed one whose socket still takes connections: vLLM's engine processes are f
 the listening socket, and until the last of them has died a connect succeeds, then is reset.
 The client closing its end stops the shard at the next engine step (``StopReason.ABANDONED``).
 
-Slots: a client holds its slot's lock (flock) while its shard runs, so one task uses a host
-at a time; a host about to exit idle takes the same lock first, so no client connects to a
-host that is leaving.
+Slots and seats: a client holds a seat's lock (flock) while its shard runs, so a host runs at
+most its seats' shards at once; it takes the slot's own lock only while it reaches the host
+(or starts it), so one client at a time starts a host. A host about to exit idle takes every
+seat's lock first, so no client connects to a host that is leaving.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,7 +103,12 @@ class Slot:
 
     @property
     def lock(self) -> Path:
+        """Held while a client reaches or starts the host."""
         return engines_dir(self.home) / f"{self.name}.lock"
+
+    def seat_locks(self, seats: int) -> list[Path]:
+        """One per shard the host may run at once, each held while its shard runs."""
+        return [engines_dir(self.home) / f"{self.name}.seat{seat}.lock" for seat in range(seats)]
 
     @property
     def pid_file(self) -> Path:
@@ -138,11 +150,11 @@ class WarmShard:
     host's, a process-group leader), ``poll()``, ``wait()`` and ``returncode`` as on a
     ``Popen``; ``detach()`` stops the shard and leaves the host warm."""
 
-    def __init__(self, conn: socket.socket, lock_fd: int, pid: int, on_line: Callable[[str], None]):
+    def __init__(self, conn: socket.socket, seat_fd: int, pid: int, on_line: Callable[[str], None]):
         self.pid = pid
         self.returncode: int | None = None
         self._conn = conn
-        self._lock_fd = lock_fd
+        self._seat_fd = seat_fd
         self._on_line = on_line
         self._done = threading.Event()
         self._reader = threading.Thread(target=self._read, name="warm-engine-reader", daemon=True)
@@ -178,7 +190,7 @@ class WarmShard:
             self._on_line(f"lost the warm engine: {exc}")
         finally:
             self._conn.close()
-            os.close(self._lock_fd)  # the slot is free again
+            os.close(self._seat_fd)  # the seat is free again
             self.returncode = code
             self._done.set()
 
@@ -188,24 +200,39 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
     """Hand a shard (``worker_args``: ``ShardTask.worker_args()``) to a warm engine of its
     model on this machine, starting one if the free slot has none."""
     key = engine_key(model_config)
-    slot, lock_fd = _take_slot(settings.home, key, max(1, settings.warm_engine_slots or settings.local_pool_slots))
+    engines = max(1, settings.warm_engine_slots or settings.local_pool_slots)
+    slot, seat, seat_fd = _take_seat(settings.home, key, engines, settings.warm_engine_seats)
     try:
-        conn, pid = _connect(slot, settings)
+        with _holding(slot.lock):
+            conn, pid = _connect(slot, settings)
         conn.sendall(orjson.dumps({"argv": worker_args}) + b"\n")
     except BaseException:
-        os.close(lock_fd)
+        os.close(seat_fd)
         raise
-    on_line(f"shard on warm engine {slot.name} (pid {pid})")
-    return WarmShard(conn, lock_fd, pid, on_line)
+    on_line(f"shard on warm engine {slot.name}, seat {seat} (pid {pid})")
+    return WarmShard(conn, seat_fd, pid, on_line)
 
 
-def _take_slot(home: Path, key: str, slots: int) -> tuple[Slot, int]:
+def _take_seat(home: Path, key: str, engines: int, seats: int) -> tuple[Slot, int, int]:
+    """A free seat (slot, seat, its lock's descriptor): an idle engine's first, then a
+    second seat on a busy one."""
     while True:
-        for index in range(slots):
-            slot = Slot(home, key, index)
-            if (fd := _lock_now(slot.lock)) is not None:
-                return slot, fd
+        for seat in range(seats):
+            for index in range(engines):
+                slot = Slot(home, key, index)
+                if (fd := _lock_now(slot.seat_locks(seats)[seat])) is not None:
+                    return slot, seat, fd
         time.sleep(SLOT_RETRY_S)
+
+
+@contextmanager
+def _holding(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
@@ -213,7 +240,7 @@ def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
     if reached := _try_connect(slot):
         return reached
     slot.socket.unlink(missing_ok=True)  # a killed host's leftover
-    _evict_idle(slot)
+    _evict_idle(slot, settings.warm_engine_seats)
     host = _spawn_host(slot, settings)
     deadline = time.monotonic() + HOST_START_S
     while (reached := _try_connect(slot)) is None:
@@ -225,21 +252,23 @@ def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
     return reached
 
 
-def _evict_idle(starting: Slot, grace: float = 10.0) -> None:
+def _evict_idle(starting: Slot, seats: int, grace: float = 10.0) -> None:
     """Stop the idle hosts of other model configurations before a new one loads, so warm
     engines never hold more memory than the pool's slots of busy engines would (on a GPU an
-    idle engine's KV cache would leave a new one no room). Idle: its slot lock is free."""
+    idle engine's KV cache would leave a new one no room). Idle: all its seats are free."""
     for pid_file in engines_dir(starting.home).glob("*.pid"):
         if pid_file.stem.startswith(f"{starting.key}-") or not (pid := _read_pid(pid_file)):
             continue
-        if (fd := _lock_now(pid_file.with_suffix(".lock"))) is None:
+        key, _, index = pid_file.stem.rpartition("-")
+        if (fds := _lock_all(Slot(starting.home, key, int(index)).seat_locks(seats))) is None:
             continue  # busy: it serves a shard
-        try:  # holding its lock: no client can reach it meanwhile
+        try:  # holding its seats: no client can reach it meanwhile
             log.info("stopping idle warm engine %s (pid %d) to make room", pid_file.stem, pid)
             _stop_group(pid, grace)
             pid_file.unlink(missing_ok=True)
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
 
 
 def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
@@ -248,7 +277,8 @@ def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(slot.socket))
-        # No timeout: a live host greets once it has finished the shard a task abandoned.
+        # No timeout: a live host greets at once (each shard has a thread of its own); a
+        # broken one closes its socket at once (its running shards go on), so we start another.
         with conn.makefile("rb") as stream:
             return conn, int(orjson.loads(stream.readline())["host"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -258,8 +288,9 @@ def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
 
 def _spawn_host(slot: Slot, settings: Settings) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "llm_batch.cli", "engine-host", "--socket", str(slot.socket),
-               "--lock", str(slot.lock), "--pid-file", str(slot.pid_file),
-               "--idle-seconds", str(settings.warm_engine_idle_seconds)]
+               "--pid-file", str(slot.pid_file), "--idle-seconds", str(settings.warm_engine_idle_seconds)]
+    for seat_lock in slot.seat_locks(settings.warm_engine_seats):
+        command += ["--lock", str(seat_lock)]
     log.info("starting warm engine %s: %s", slot.name, " ".join(command))
     with open(slot.log, "ab") as out:
         # Its own session: it outlives the task that started it, and a kill reaches the
@@ -282,73 +313,219 @@ def stop_hosts(home: Path, grace: float = 10.0) -> None:
 
 class KeptEngine:
     """The host's engine source for ``run_worker``: the engine stays loaded between shards
-    (started again for a shard of another configuration); a failure discards it."""
+    and is shared by the shards running at once (each gets ``SharedEngine.for_shard``);
+    started again for a shard of another configuration once the running ones have ended; a
+    failure discards it once no shard uses it."""
 
     def __init__(self) -> None:
-        self.llm: LLM | None = None
+        self.shared: SharedEngine | None = None
         self._args: dict[str, Any] | None = None
         self.broken = False
+        self._users = 0
+        self._turn = threading.Condition()
 
     def get(self, model: ResolvedModel) -> LLM:
         from llm_batch.engine.runner import start_engine
 
-        if self.llm is not None and self._args != model.engine_args:
-            self.close()
-        if self.llm is None:
-            self.llm, self._args = start_engine(model), model.engine_args
-        else:
-            log.info("warm engine: model %s already loaded", model.name)
-        return self.llm
+        with self._turn:
+            # Another configuration of the model (another endpoint's task) waits for its turn.
+            while self._users and self._args != model.engine_args:
+                self._turn.wait()
+            if self.broken:
+                raise WarmEngineError("this warm engine failed and takes no more shards")
+            if self.shared is not None and self._args != model.engine_args:
+                self._close()
+            if self.shared is None:
+                self.shared, self._args = SharedEngine(start_engine(model)), model.engine_args
+            else:
+                log.info("warm engine: model %s already loaded", model.name)
+            self._users += 1
+            return self.shared.for_shard()
 
     def release(self, llm: LLM, healthy: bool) -> None:
-        if not healthy:
-            self.broken = True
-            self.close()
+        llm.llm_engine.close()
+        with self._turn:
+            self._users -= 1
+            self.broken |= not healthy
+            if self.broken and not self._users:
+                self._close()
+            self._turn.notify_all()
 
     def close(self) -> None:
+        with self._turn:
+            self._close()
+
+    def _close(self) -> None:
         from llm_batch.engine.runner import stop_engine
 
-        if self.llm is not None:
-            stop_engine(self.llm)
-        self.llm = self._args = None
+        if self.shared is not None:
+            with self.shared.lock:
+                stop_engine(self.shared.llm)
+        self.shared = self._args = None
 
 
-def serve(socket_path: Path, lock: Path, pid_file: Path, idle_seconds: float) -> int:
-    """The host's loop: one shard per connection until idle or broken."""
+class SharedEngine:
+    """One vLLM engine stepped by several shards at once, each from its own thread.
+
+    Each shard's ``EngineRunner`` drives its view (``EngineView``) as it would the engine:
+    adding requests, stepping, aborting, all under one lock. A step advances every shard's
+    requests; its finished outputs go to their shard's box (by the request id's prefix, unique
+    per runner), and a shard whose box already holds outputs gets them without a step."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.lock = threading.RLock()
+        self._boxes: dict[str, list[Any]] = {}
+
+    def for_shard(self) -> LLM:
+        """The LLM as one shard sees it: every attribute the engine's, but its own view of
+        the engine loop."""
+        return _ShardLLM(self.llm, EngineView(self))  # type: ignore[return-value]
+
+
+class EngineView:
+    """What a shard's ``EngineRunner`` uses of ``LLM.llm_engine`` (``add_request``, ``step``,
+    ``abort_request``; anything else is the engine's), shared with the other shards."""
+
+    def __init__(self, shared: SharedEngine):
+        self._shared = shared
+        self._engine = shared.llm.llm_engine
+        self._box: list[Any] = []
+        self._prefixes: set[str] = set()
+        # The runner feeds under it (rendering uses the tokenizer the steps use too).
+        self.submit_lock = shared.lock
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
+        with self._shared.lock:
+            prefix = _id_prefix(request_id)
+            if prefix not in self._prefixes:
+                self._prefixes.add(prefix)
+                self._shared._boxes[prefix] = self._box
+            self._engine.add_request(request_id, prompt, params)
+
+    def step(self) -> list[Any]:
+        with self._shared.lock:
+            if not self._box:
+                for output in self._engine.step():
+                    if output.finished and (box := self._shared._boxes.get(_id_prefix(output.request_id))) is not None:
+                        box.append(output)
+            outputs, self._box[:] = list(self._box), []
+            return outputs
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        with self._shared.lock:
+            self._engine.abort_request(request_ids)
+
+    def close(self) -> None:
+        """The shard has ended: outputs of its aborted requests are dropped from now on."""
+        with self._shared.lock:
+            for prefix in self._prefixes:
+                self._shared._boxes.pop(prefix, None)
+            self._box.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+class _ShardLLM:
+    def __init__(self, llm: LLM, view: EngineView):
+        self._llm = llm
+        self.llm_engine = view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+
+def _id_prefix(request_id: str) -> str:
+    return request_id.partition("-")[0]
+
+
+def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_seconds: float) -> int:
+    """The host's loop: each connection's shard in a thread of its own (at most one per
+    seat: clients hold a seat's lock), until idle or broken."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     socket_path.unlink(missing_ok=True)
     listener.bind(str(socket_path))
     os.chmod(socket_path, 0o600)
-    listener.listen(4)
+    bound = os.stat(socket_path).st_ino
+    listener.listen(len(seat_locks) + 4)
     listener.settimeout(1.0)
     pid_file.write_text(str(os.getpid()))
     engine = KeptEngine()
+    turns = _ShardTurns()
+    running: list[threading.Thread] = []
     idle_since = time.monotonic()
-    log.info("warm engine listening on %s (exits after %.0f s idle)", socket_path, idle_seconds)
+    log.info("warm engine listening on %s, %d seat(s) (exits after %.0f s idle)", socket_path, len(seat_locks),
+             idle_seconds)
     try:
         while not engine.broken:
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
-                # The lock is kept (held until exit): no client is using or entering us.
-                if time.monotonic() - idle_since >= idle_seconds and _lock_now(lock) is not None:
+                if ended := [thread for thread in running if not thread.is_alive()]:
+                    running = [thread for thread in running if thread not in ended]
+                    idle_since = time.monotonic()
+                # The seats are kept (held until exit): no client is using or entering us.
+                if (not running and time.monotonic() - idle_since >= idle_seconds
+                        and _lock_all(seat_locks) is not None):
                     log.info("warm engine idle for %.0f s: exiting", idle_seconds)
                     break
                 continue
-            with conn:
-                conn.settimeout(None)
-                _ConnectionLog(conn).send({"host": os.getpid()})
-                _serve_shard(conn, engine)
-            idle_since = time.monotonic()
+            thread = threading.Thread(target=_serve_connection, args=(conn, engine, turns), daemon=True,
+                                      name=f"shard-{len(running)}")
+            thread.start()
+            running.append(thread)
     finally:
+        # Broken: take no more shards (a client starts a new host), let the running ones end.
         listener.close()
-        socket_path.unlink(missing_ok=True)
-        pid_file.unlink(missing_ok=True)
+        _unlink_if(socket_path, lambda: os.stat(socket_path).st_ino == bound)
+        for thread in running:
+            thread.join()
+        _unlink_if(pid_file, lambda: _read_pid(pid_file) == os.getpid())
         engine.close()
     return 0
 
 
-def _serve_shard(conn: socket.socket, engine: KeptEngine) -> None:
+def _unlink_if(path: Path, ours: Callable[[], bool]) -> None:
+    """Remove a file of this host's unless a newer host has made its own there."""
+    try:
+        if ours():
+            path.unlink()
+    except OSError:
+        pass
+
+
+class _ShardTurns:
+    """Attempts at the same shard never overlap on a host: a retry that arrives while the
+    attempt its task abandoned is still stopping (and flushing) waits for it to end, since
+    both write the shard's results."""
+
+    def __init__(self) -> None:
+        self._running: set[str] = set()
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def turn(self, shard_results: str) -> Iterator[None]:
+        with self._changed:
+            while shard_results in self._running:
+                self._changed.wait()
+            self._running.add(shard_results)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running.discard(shard_results)
+                self._changed.notify_all()
+
+
+def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns) -> None:
+    with conn:
+        conn.settimeout(None)
+        _ConnectionLog(conn).send({"host": os.getpid()})
+        _serve_shard(conn, engine, turns)
+
+
+def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns) -> None:
     from llm_batch.commands.worker import config_from_argv
     from llm_batch.worker import WorkerUsageError, run_worker
 
@@ -365,7 +542,8 @@ def _serve_shard(conn: socket.socket, engine: KeptEngine) -> None:
             log.error("not a shard: %s", exc)
             code = exit_codes.USAGE
         else:
-            code = run_worker(config, engine, supervisor_gone=lambda: _peer_closed(conn))
+            with turns.turn(config.results):
+                code = run_worker(config, engine, supervisor_gone=lambda: _peer_closed(conn))
     finally:
         for logger in loggers:
             logger.removeHandler(forward)
@@ -373,15 +551,18 @@ def _serve_shard(conn: socket.socket, engine: KeptEngine) -> None:
 
 
 class _ConnectionLog(logging.Handler):
-    """The shard's log records, to the task that asked for it (its task log)."""
+    """The shard's log records, to the task that asked for it (its task log): those of the
+    thread that runs the shard (an engine step it makes logs for it too)."""
 
     def __init__(self, conn: socket.socket):
         super().__init__(logging.INFO)
         self.conn = conn
+        self.thread = threading.get_ident()
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.send({"log": self.format(record)})
+        if record.thread == self.thread:
+            self.send({"log": self.format(record)})
 
     def send(self, message: dict[str, Any]) -> None:
         try:
@@ -397,6 +578,18 @@ def _peer_closed(conn: socket.socket) -> bool:
         return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+def _lock_all(paths: list[Path]) -> list[int] | None:
+    """Every lock of ``paths`` taken without waiting, or None (and none kept) if one is held."""
+    fds: list[int] = []
+    for path in paths:
+        if (fd := _lock_now(path)) is None:
+            for held in fds:
+                os.close(held)
+            return None
+        fds.append(fd)
+    return fds
 
 
 def _lock_now(path: Path) -> int | None:

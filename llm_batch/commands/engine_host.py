@@ -12,7 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("engine-host", help="a warm engine process (started by the local runner)",
                                    description=__doc__)
     parser.add_argument("--socket", type=Path, required=True, help="the Unix socket to serve shards on")
-    parser.add_argument("--lock", type=Path, required=True, help="the slot's lock file (taken before an idle exit)")
+    parser.add_argument("--lock", type=Path, action="append", required=True,
+                        help="a seat's lock file, once per seat (all taken before an idle exit)")
     parser.add_argument("--pid-file", type=Path, required=True, help="where to write this process's pid")
     parser.add_argument("--idle-seconds", type=float, default=300.0, help="exit after this long without a shard")
     parser.set_defaults(func=engine_host)

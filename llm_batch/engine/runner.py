@@ -22,6 +22,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,8 +180,12 @@ class EngineRunner:
             self.languages = _language_tokens(llm)
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
-        # Engine request ids are unique per run: a warm engine serves many shards in turn.
+        # Engine request ids are unique per run: a warm engine serves many shards, in turn or
+        # at once (its engine view routes each step's outputs to their shard by this prefix).
         self._ids = f"{uuid.uuid4().hex[:8]}-"
+        # A warm engine shared by shards at once (warm_engines.EngineView) has a lock: feed
+        # under it, since rendering uses the engine's one tokenizer, which its steps use too.
+        self._feeding = getattr(self.engine, "submit_lock", None) or nullcontext()
         settings = get_settings()
         # Feed order (docs/data-plane.md, "Prefix-aware sharding"): "file", "grouped" or
         # "leaders_first"; default the settings' (file order when prefix awareness is off).
@@ -228,11 +233,12 @@ class EngineRunner:
                             exhausted = True
                             break
                         batch.append(request)
-                    for offset in self._feed_positions(batch):
-                        position = read + offset
-                        done = self._submit(position, batch[offset], in_flight)
-                        if done is not None:
-                            finished[position] = done
+                    with self._feeding:
+                        for offset in self._feed_positions(batch):
+                            position = read + offset
+                            done = self._submit(position, batch[offset], in_flight)
+                            if done is not None:
+                                finished[position] = done
                     read += len(batch)
                 while emitted in finished:
                     emit(*finished.pop(emitted))

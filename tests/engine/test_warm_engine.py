@@ -39,8 +39,10 @@ SLOW = ("--window", "1", "--flush-every-records", "4")
 
 @pytest.fixture(scope="module")
 def settings(tiny_model_dir, llm_batch_home):
-    # One slot: every shard of these tests goes to the same host unless it has died.
-    yield get_settings().model_copy(update={"local_pool_slots": 1, "warm_engine_idle_seconds": 600})
+    # One slot, one seat: every shard of these tests goes to the same host, one at a time,
+    # unless it has died (the seat tests below ask for two).
+    yield get_settings().model_copy(update={"local_pool_slots": 1, "warm_engine_seats": 1,
+                                            "warm_engine_idle_seconds": 600})
     stop_hosts(llm_batch_home)
 
 
@@ -196,3 +198,57 @@ def _ended(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+# -- seats: shards at once on one engine ----------------------------------------------------------
+
+SEATED_CONFIG = {**MODEL_CONFIG, "seed": 11}  # an engine of its own, started with two seats
+
+
+@pytest.fixture()
+def seated(settings):
+    return settings.model_copy(update={"warm_engine_seats": 2})
+
+
+def test_two_seats_run_two_jobs_shards_at_once_on_one_engine(seated):
+    long, short = _shard(60, max_tokens=32), _shard(4)
+    running, _ = _run(seated, long, *SLOW, model_config=SEATED_CONFIG)
+    _wait_results(long, 2, running)
+    beside, lines = _run(seated, short, model_config=SEATED_CONFIG)
+    assert beside.wait(TIMEOUT_S) == exit_codes.DONE
+    assert running.poll() is None, "the second shard waited for the first instead of running beside it"
+    assert beside.pid == running.pid and any("seat 1" in line for line in lines), lines[:3]
+    assert running.wait(TIMEOUT_S) == exit_codes.DONE
+    _assert_exactly_once(long, 60)
+    _assert_exactly_once(short, 4)
+    # Each task's log holds its own shard's lines, not the other's.
+    assert any("done: 4/4 done" in line for line in lines), lines
+    assert not any("/60 done" in line for line in lines), lines
+
+
+def test_a_retry_waits_for_its_abandoned_attempt_on_a_seated_engine(seated):
+    layout = _shard(150, max_tokens=64)
+    shard, _ = _run(seated, layout, *SLOW, model_config=SEATED_CONFIG)
+    _wait_results(layout, 8, shard)
+    shard.detach()
+    shard.wait(TIMEOUT_S)
+    # At once, on the other seat, while the abandoned attempt may still be stopping: the host
+    # runs the retry after it, so no result is written twice.
+    retry, _ = _run(seated, layout, model_config=SEATED_CONFIG)
+    assert retry.wait(TIMEOUT_S) == exit_codes.DONE and retry.pid == shard.pid
+    _assert_exactly_once(layout, 150)
+
+
+def test_kill_9_of_a_seated_engine_mid_two_shards_then_retries_give_exactly_once(seated):
+    first, second = _shard(120, max_tokens=64), _shard(120, max_tokens=64)
+    shards = [_run(seated, layout, *SLOW, model_config=SEATED_CONFIG)[0] for layout in (first, second)]
+    for layout, shard in zip((first, second), shards):
+        _wait_results(layout, 4, shard)
+    assert shards[0].pid == shards[1].pid
+    os.killpg(shards[0].pid, signal.SIGKILL)
+    assert [shard.wait(30) for shard in shards] == [HOST_GONE, HOST_GONE]
+    retries = [_run(seated, layout, model_config=SEATED_CONFIG)[0] for layout in (first, second)]
+    assert [retry.wait(TIMEOUT_S) for retry in retries] == [exit_codes.DONE, exit_codes.DONE]
+    assert retries[0].pid == retries[1].pid != shards[0].pid
+    for layout in (first, second):
+        _assert_exactly_once(layout, 120)

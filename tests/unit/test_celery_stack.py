@@ -84,4 +84,8 @@ def test_with_warm_engines_a_second_task_per_worker_waits_for_its_one_engine(tmp
     assert command[command.index("--concurrency") + 1] == "2" == env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]
     assert env["LLM_BATCH_WARM_ENGINE_SLOTS"] == "1"  # one engine per worker machine
     assert env["LLM_BATCH_LOCAL_POOL_SLOTS"] == "4"  # the pool lets both tasks of each worker run
+    # ... the second waiting for the engine, not sharing it (one seat), in the workers and
+    # in the pool the control plane makes (no more slots than the workers run tasks).
+    assert env["LLM_BATCH_WARM_ENGINE_SEATS"] == "1"
+    assert warm.settings.local_shard_slots == 4
     assert Settings(warm_engine_slots=int(env["LLM_BATCH_WARM_ENGINE_SLOTS"])).warm_engine_slots == 1
