@@ -2,7 +2,8 @@
 one engine in turn, a second task waiting for the busy engine, cancel, a task that goes
 away, kill -9 of the host mid-shard (exactly one result per request after the retry), a
 request that is not a shard, idle engines of another configuration stopped to make room,
-and the idle exit.
+and the idle exit; with two seats, two jobs' shards at once: cancel of one, a retry beside
+its abandoned attempt, kill -9 mid both.
 
 The hosts are real ``llm-batch engine-host`` processes with the real engine, started the
 way the local runner starts them (``start_shard``).
@@ -224,6 +225,19 @@ def test_two_seats_run_two_jobs_shards_at_once_on_one_engine(seated):
     # Each task's log holds its own shard's lines, not the other's.
     assert any("done: 4/4 done" in line for line in lines), lines
     assert not any("/60 done" in line for line in lines), lines
+
+
+def test_cancel_of_one_job_stops_its_shard_and_not_the_one_beside_it(seated):
+    cancelled, other = _shard(150, max_tokens=64), _shard(30, max_tokens=32)
+    shards = [_run(seated, layout, *SLOW, model_config=SEATED_CONFIG)[0] for layout in (cancelled, other)]
+    _wait_results(cancelled, 4, shards[0])
+    marker = Path(cancelled.cancel_marker)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_bytes(b"")
+    assert [shard.wait(TIMEOUT_S) for shard in shards] == [exit_codes.CANCELLED, exit_codes.DONE]
+    assert shards[0].pid == shards[1].pid
+    assert 4 <= count_results(cancelled.shard(0).results) < 150
+    _assert_exactly_once(other, 30)
 
 
 def test_a_retry_waits_for_its_abandoned_attempt_on_a_seated_engine(seated):
