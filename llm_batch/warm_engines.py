@@ -382,6 +382,20 @@ class SharedEngine:
         the engine loop."""
         return _ShardLLM(self.llm, EngineView(self))  # type: ignore[return-value]
 
+    def deliver_to(self, prefix: str, box: list[Any]) -> None:
+        """Finished outputs of requests whose id starts with ``prefix`` go to ``box``."""
+        self._boxes[prefix] = box
+
+    def forget(self, prefixes: set[str]) -> None:
+        for prefix in prefixes:
+            self._boxes.pop(prefix, None)
+
+    def step(self) -> None:
+        """One engine step (the caller holds the lock); each finished output to its box."""
+        for output in self.llm.llm_engine.step():
+            if output.finished and (box := self._boxes.get(_id_prefix(output.request_id))) is not None:
+                box.append(output)
+
 
 class EngineView:
     """What a shard's ``EngineRunner`` uses of ``LLM.llm_engine`` (``add_request``, ``step``,
@@ -400,15 +414,15 @@ class EngineView:
             prefix = _id_prefix(request_id)
             if prefix not in self._prefixes:
                 self._prefixes.add(prefix)
-                self._shared._boxes[prefix] = self._box
+                self._shared.deliver_to(prefix, self._box)
             self._engine.add_request(request_id, prompt, params)
 
     def step(self) -> list[Any]:
+        """This shard's finished outputs: those an earlier step (any shard's) left for it,
+        else what one more step finishes."""
         with self._shared.lock:
             if not self._box:
-                for output in self._engine.step():
-                    if output.finished and (box := self._shared._boxes.get(_id_prefix(output.request_id))) is not None:
-                        box.append(output)
+                self._shared.step()
             outputs, self._box[:] = list(self._box), []
             return outputs
 
@@ -419,8 +433,7 @@ class EngineView:
     def close(self) -> None:
         """The shard has ended: outputs of its aborted requests are dropped from now on."""
         with self._shared.lock:
-            for prefix in self._prefixes:
-                self._shared._boxes.pop(prefix, None)
+            self._shared.forget(self._prefixes)
             self._box.clear()
 
     def __getattr__(self, name: str) -> Any:
