@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     # Shards one warm engine runs at once, stepped together in its continuous batch (so a
     # one-request shard does not hold an engine alone, and the next shard's task starts
     # while one runs); with warm engines the local pool has local_pool_slots x this many
-    # slots. 2: 100 one-request jobs ended in 135 s instead of 175 (docs/benchmarks.md).
+    # slots. 2: 100 one-request jobs ended in 135-152 s, not 175-182 (docs/benchmarks.md).
     warm_engine_seats: int = Field(default=2, ge=1, le=64)
     gpu_pool_prefix: str = "llm_batch_gpu_"
     gpu_pool_slots: int = 8
