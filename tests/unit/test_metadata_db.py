@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from airflow.sdk.module_loading import import_string
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
@@ -17,13 +18,6 @@ from llm_batch.config import Settings
 from llm_batch.stack import Stack
 
 HOLD_S = 5.5  # longer than sqlite3's default busy timeout (5 s)
-
-
-def _import(path: str):
-    import importlib
-
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def _write_while_locked(db: Path, connect_args: dict) -> float:
@@ -52,7 +46,8 @@ def _write_while_locked(db: Path, connect_args: dict) -> float:
 
 def test_the_embedded_stack_waits_for_the_lock(tmp_path):
     env = Stack(Settings(home=tmp_path / "home"), 18080).env()
-    connect_args = _import(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"])
+    # Resolved as Airflow resolves it ([database] sql_alchemy_connect_args: conf.getimport).
+    connect_args = import_string(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"])
     assert connect_args["timeout"] >= 30
     took = _write_while_locked(tmp_path / "airflow.db", connect_args)
     assert HOLD_S - 0.5 < took < HOLD_S + 5  # it waited for the lock, then wrote
