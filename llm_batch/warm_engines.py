@@ -216,11 +216,12 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
 def _take_seat(home: Path, key: str, engines: int, seats: int) -> tuple[Slot, int, int]:
     """A free seat (slot, seat, its lock's descriptor): an idle engine's first, then a
     second seat on a busy one."""
+    slots = [Slot(home, key, index) for index in range(engines)]
+    locks = [slot.seat_locks(seats) for slot in slots]  # once: the wait below polls
     while True:
         for seat in range(seats):
-            for index in range(engines):
-                slot = Slot(home, key, index)
-                if (fd := _lock_now(slot.seat_locks(seats)[seat])) is not None:
+            for slot, seat_locks in zip(slots, locks):
+                if (fd := _lock_now(seat_locks[seat])) is not None:
                     return slot, seat, fd
         time.sleep(SLOT_RETRY_S)
 
