@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.commands.worker",
     "llm_batch.commands.follower",
     "llm_batch.commands.engine_host",
+    "llm_batch.commands.engine_service",
     "llm_batch.commands.jobs",
     "llm_batch.commands.usage",
     "llm_batch.commands.webhook",

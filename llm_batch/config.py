@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing import Annotated, Literal
 
@@ -123,6 +123,15 @@ class Settings(BaseSettings):
     # while one runs); with warm engines the local pool has local_pool_slots x this many
     # slots. 2: 100 one-request jobs ended in 135-152 s, not 175-182 (docs/benchmarks.md).
     warm_engine_seats: int = Field(default=2, ge=1, le=64)
+    # Engine services (llm_batch.engine_service; the Kubernetes runner): long-lived engines,
+    # a Deployment per model and GPU type, that take the small shards of many jobs instead of
+    # a pod each. JSON: {"<model>": "host:port", "<model>@<gpu_type>": "host:port"}; the more
+    # specific entry wins. A shard goes to its model's service when it has at most
+    # engine_service_max_requests requests and one node; bigger shards still get pods.
+    engine_services: dict[str, str] = Field(default_factory=dict)
+    engine_service_max_requests: int = Field(default=256, ge=0)
+    # The services' shared secret (a Secret in the Deployment and the Airflow workers' env).
+    engine_token: SecretStr | None = None
     gpu_pool_prefix: str = "llm_batch_gpu_"
     gpu_pool_slots: int = 8
     # A shard that has not stopped this long after cancel / deadline is killed.
@@ -177,6 +186,17 @@ class Settings(BaseSettings):
             if key in data:
                 data[key] = _split(data[key])
         return data
+
+    @model_validator(mode="after")
+    def _engine_services(self) -> Settings:
+        from llm_batch.engine_service import parse_address
+
+        for key, address in self.engine_services.items():
+            try:
+                parse_address(address)
+            except ValueError as exc:
+                raise ValueError(f"engine_services[{key!r}]: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:

@@ -41,6 +41,7 @@ class ShardTask(BaseModel):
     nodes_per_worker: int = 1
     priority: str = "normal"
     labels: dict[str, str] = Field(default_factory=dict)
+    requests: int | None = None  # how many the shard holds (None: planned before it was counted)
 
     def worker_args(self) -> list[str]:
         """`llm-batch worker ...` arguments (after the program name)."""

@@ -259,6 +259,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
             nodes_per_worker=int(resources.get("nodes_per_worker") or 1),
             priority=priority_band(settings, job.priority),
             labels={str(k): str(v) for k, v in (job.labels or {}).items()},
+            requests=shard.count,
         )
         for shard in plans
     ]

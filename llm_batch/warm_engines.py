@@ -30,12 +30,19 @@ Slots and seats: a client holds a seat's lock (flock) while its shard runs, so a
 most its seats' shards at once; it takes the slot's own lock only while it reaches the host
 (or starts it), so one client at a time starts a host. A host about to exit idle takes every
 seat's lock first, so no client connects to a host that is leaving.
+
+Engine services (the Kubernetes runner, ``llm_batch.engine_service``): the same host listens
+on TCP instead (``serve_service``), one Deployment per model and GPU type, and the client's
+request line carries the service's token too: ``{"token": ..., "argv": [...]}``. The host
+itself keeps the seats there (clients are on other machines: no lock file to share), checks
+the token before anything else, and only runs shards of the model it serves.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import logging
 import os
 import select
@@ -48,7 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +84,16 @@ HOST_START_S = 120.0
 # process would have).
 HOST_GONE = -signal.SIGKILL
 _LOGGERS = ("llm_batch", "vllm")
+# Engine services (TCP): a request line is at most this long (a shard's arguments are a few
+# KiB), and must arrive this soon after the greeting; a send to a client that stopped
+# reading gives up after SEND_TIMEOUT_S (its shard goes on; the stop check sees it gone).
+MAX_REQUEST_BYTES = 1 << 20
+REQUEST_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 30.0
+# Connections a service holds beyond its seats (shards waiting for one); more are turned away
+# at once, and their tasks retry.
+MAX_WAITING = 32
+SERVICE_CONNECT_S = 10.0
 
 
 class WarmEngineError(RuntimeError):
@@ -147,10 +164,11 @@ def socket_dir(home: Path) -> Path:
 
 class WarmShard:
     """A shard running on a warm engine, as the shard task supervises it: ``pid`` (the
-    host's, a process-group leader), ``poll()``, ``wait()`` and ``returncode`` as on a
-    ``Popen``; ``detach()`` stops the shard and leaves the host warm."""
+    host's, a process-group leader on this machine; None for an engine service, whose host
+    is elsewhere), ``poll()``, ``wait()`` and ``returncode`` as on a ``Popen``; ``detach()``
+    stops the shard and leaves the host warm."""
 
-    def __init__(self, conn: socket.socket, seat_fd: int, pid: int, on_line: Callable[[str], None]):
+    def __init__(self, conn: socket.socket, seat_fd: int | None, pid: int | None, on_line: Callable[[str], None]):
         self.pid = pid
         self.returncode: int | None = None
         self._conn = conn
@@ -190,7 +208,8 @@ class WarmShard:
             self._on_line(f"lost the warm engine: {exc}")
         finally:
             self._conn.close()
-            os.close(self._seat_fd)  # the seat is free again
+            if self._seat_fd is not None:
+                os.close(self._seat_fd)  # the seat is free again
             self.returncode = code
             self._done.set()
 
@@ -211,6 +230,37 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
         raise
     on_line(f"shard on warm engine {slot.name}, seat {seat} (pid {pid})")
     return WarmShard(conn, seat_fd, pid, on_line)
+
+
+def start_service_shard(address: tuple[str, int], token: str, worker_args: list[str],
+                        on_line: Callable[[str], None]) -> WarmShard:
+    """Hand a shard to an engine service (``llm_batch.engine_service``) at ``address``; the
+    service keeps the seats, so this returns once the request is sent, and a shard waiting
+    for a seat there is waiting in ``wait()`` like a running one."""
+    where = f"{address[0]}:{address[1]}"
+    conn: socket.socket | None = None
+    try:
+        conn = socket.create_connection(address, timeout=SERVICE_CONNECT_S)
+        _keep_alive(conn)
+        with conn.makefile("rb") as stream:
+            pid = int(orjson.loads(stream.readline(MAX_REQUEST_BYTES))["host"])
+        conn.sendall(orjson.dumps({"token": token, "argv": worker_args}) + b"\n")
+        conn.settimeout(None)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if conn is not None:
+            conn.close()
+        raise WarmEngineError(f"engine service {where} could not be reached: {exc!r}") from None
+    on_line(f"shard on engine service {where} (host pid {pid} there)")
+    return WarmShard(conn, None, None, on_line)
+
+
+def _keep_alive(conn: socket.socket) -> None:
+    """TCP keepalive, so a peer that vanished without a word (a node lost) is noticed within
+    about a minute: the client's attempt fails and retries, the host's shard stops."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _take_seat(home: Path, key: str, engines: int, seats: int) -> tuple[Slot, int, int]:
@@ -485,10 +535,7 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
                     log.info("warm engine idle for %.0f s: exiting", idle_seconds)
                     break
                 continue
-            thread = threading.Thread(target=_serve_connection, args=(conn, engine, turns), daemon=True,
-                                      name=f"shard-{len(running)}")
-            thread.start()
-            running.append(thread)
+            running.append(_start_connection(conn, engine, turns, None))
     finally:
         # Broken: take no more shards (a client starts a new host), let the running ones end.
         listener.close()
@@ -498,6 +545,94 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
         _unlink_if(pid_file, lambda: _read_pid(pid_file) == os.getpid())
         engine.close()
     return 0
+
+
+def serve_service(address: tuple[str, int], seats: int, token: str, model: str) -> int:
+    """An engine service's loop (``llm-batch engine-host --listen``): shards of ``model``
+    from clients holding ``token``, at most ``seats`` at once (the rest wait in line, up to
+    ``MAX_WAITING``), for as long as the engine is healthy. Exits 1 once it is broken and
+    its running shards have ended, so its supervisor (a Deployment) starts a fresh one."""
+    if not token:
+        raise WarmEngineError("an engine service needs a token (LLM_BATCH_ENGINE_TOKEN): refusing to listen without one")
+    listener = socket.create_server(address, backlog=seats + 4)
+    listener.settimeout(1.0)
+    engine, turns, door = KeptEngine(), _ShardTurns(), _Door(token, model, seats)
+    # SIGTERM (a rollout, a scale-down): take no more shards, and stop the running ones as if
+    # their tasks had left (finished results flushed, exit FAILED): their retries resume on
+    # another pod instead of waiting for this one's grace period to run out.
+    signal.signal(signal.SIGTERM, lambda *_: door.closing.set())
+    running: list[threading.Thread] = []
+    log.info("engine service for model %s listening on %s:%d, %d seat(s)", model, *listener.getsockname()[:2], seats)
+    try:
+        while not engine.broken and not door.closing.is_set():
+            try:
+                conn, peer = listener.accept()
+            except TimeoutError:
+                continue
+            finally:
+                running = [thread for thread in running if thread.is_alive()]
+            if len(running) >= seats + MAX_WAITING:
+                log.warning("turning away %s: %d shards running or waiting", peer[0], len(running))
+                _refuse(conn, f"engine service busy: {len(running)} shards running or waiting")
+                continue
+            running.append(_start_connection(conn, engine, turns, door))
+    finally:
+        listener.close()
+        for thread in running:
+            thread.join()
+        engine.close()
+    return exit_codes.FAILED if engine.broken else 0
+
+
+class _Door:
+    """What an engine service checks of a request before it runs the shard: the token (in
+    constant time), the model, and a free seat."""
+
+    def __init__(self, token: str, model: str, seats: int):
+        self._token = token.encode()
+        self.model = model
+        self._seats = threading.BoundedSemaphore(seats)
+        self.closing = threading.Event()
+
+    def refusal(self, request: dict[str, Any]) -> str | None:
+        token = request.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
+            return "refused: wrong or missing engine service token (LLM_BATCH_ENGINE_TOKEN)"
+        return None
+
+    def foreign(self, model_config: dict[str, Any]) -> str | None:
+        if (asked := model_config.get("model")) != self.model:
+            return f"this engine service serves model {self.model!r}, not {asked!r} (LLM_BATCH_ENGINE_SERVICES)"
+        return None
+
+    @contextmanager
+    def seat(self, conn: socket.socket) -> Iterator[bool]:
+        """True once a seat is ours (held until the block ends); False if the client left
+        while waiting."""
+        while not self._seats.acquire(timeout=0.5):
+            if _peer_closed(conn) or self.closing.is_set():
+                yield False
+                return
+        try:
+            yield True
+        finally:
+            self._seats.release()
+
+
+def _start_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door | None) -> threading.Thread:
+    thread = threading.Thread(target=_serve_connection, args=(conn, engine, turns, door), daemon=True,
+                              name=f"shard-{conn.fileno()}")
+    thread.start()
+    return thread
+
+
+def _refuse(conn: socket.socket, reason: str) -> None:
+    with conn:
+        conn.settimeout(REQUEST_TIMEOUT_S)
+        forward = _ConnectionLog(conn)
+        forward.send({"host": os.getpid()})
+        forward.send({"log": reason})
+        forward.send({"exit": exit_codes.FAILED})
 
 
 def _unlink_if(path: Path, ours: Callable[[], bool]) -> None:
@@ -532,14 +667,16 @@ class _ShardTurns:
                 self._changed.notify_all()
 
 
-def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns) -> None:
+def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door | None) -> None:
     with conn:
-        conn.settimeout(None)
+        # A service's clients are on the network: a request must come soon, and a client
+        # that stops reading must not hold the shard's thread (and the engine) forever.
+        conn.settimeout(None if door is None else REQUEST_TIMEOUT_S)
         _ConnectionLog(conn).send({"host": os.getpid()})
-        _serve_shard(conn, engine, turns)
+        _serve_shard(conn, engine, turns, door)
 
 
-def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns) -> None:
+def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door | None) -> None:
     from llm_batch.commands.worker import config_from_argv
     from llm_batch.worker import WorkerUsageError, run_worker
 
@@ -547,21 +684,46 @@ def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns) ->
     loggers = [logging.getLogger(name) for name in _LOGGERS]
     for logger in loggers:
         logger.addHandler(forward)
+    code = exit_codes.USAGE
     try:
-        with conn.makefile("rb") as stream:
-            line = stream.readline()
         try:
-            config = config_from_argv(orjson.loads(line)["argv"])
-        except (WorkerUsageError, ValueError, KeyError, TypeError) as exc:
+            request = _read_request(conn)
+            if door is not None and (refusal := door.refusal(request)):
+                raise WorkerUsageError(refusal)
+            config = config_from_argv(request["argv"])
+            if door is not None and (refusal := door.foreign(config.model_config)):
+                raise WorkerUsageError(refusal)
+        except (WorkerUsageError, OSError, ValueError, KeyError, TypeError) as exc:
             log.error("not a shard: %s", exc)
-            code = exit_codes.USAGE
         else:
-            with turns.turn(config.results):
-                code = run_worker(config, engine, supervisor_gone=lambda: _peer_closed(conn))
+            if door is not None:
+                conn.settimeout(SEND_TIMEOUT_S)
+            with door.seat(conn) if door is not None else nullcontext(True) as seated:
+                if not seated:
+                    return  # the client left while waiting: nobody to answer
+                with turns.turn(config.results):
+                    code = run_worker(config, engine, supervisor_gone=lambda: _gone(conn, door))
     finally:
         for logger in loggers:
             logger.removeHandler(forward)
     forward.send({"exit": code})
+
+
+def _gone(conn: socket.socket, door: _Door | None) -> bool:
+    """The shard's task has left, or the service is shutting down."""
+    return _peer_closed(conn) or (door is not None and door.closing.is_set())
+
+
+def _read_request(conn: socket.socket) -> dict[str, Any]:
+    """The client's one request line (bounded: a service's clients are on the network)."""
+    with conn.makefile("rb") as stream:
+        line = stream.readline(MAX_REQUEST_BYTES + 1)
+    if len(line) > MAX_REQUEST_BYTES:
+        raise ValueError(f"request longer than {MAX_REQUEST_BYTES} bytes")
+    request = orjson.loads(line)
+    if not isinstance(request, dict):
+        raise ValueError("the request is not a JSON object")
+    return request
 
 
 class _ConnectionLog(logging.Handler):

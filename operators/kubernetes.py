@@ -6,6 +6,8 @@ work (``kubernetes_pod.ShardPodOperator``: pod shape, deferral, logs, deletion) 
 only when the task runs, and every entry point Airflow calls is handed to it. A shard whose
 worker spans several nodes (``nodes_per_worker > 1``) is handed to
 ``kubernetes_group.ShardGroupOperator`` instead: a LeaderWorkerSet, watched from the triggerer.
+A small shard of a model with an engine service (``llm_batch.engine_service``) runs there,
+on a warm engine, instead of a pod of its own (``engine_service.EngineServiceShardOperator``).
 """
 
 from __future__ import annotations
@@ -36,9 +38,19 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
         self._pod_operator: Any = None
 
     def pod_operator(self) -> Any:
-        """The operator running this shard: a KubernetesPodOperator, or a ShardGroupOperator
-        for a multi-node worker (built once per task process)."""
+        """The operator running this shard (built once per task process): an
+        EngineServiceShardOperator when its model's engine service takes it, else a
+        KubernetesPodOperator, or a ShardGroupOperator for a multi-node worker."""
         if self._pod_operator is None:
+            from llm_batch.engine_service import service_for
+
+            if (address := service_for(self.shard, self.llm_settings)) is not None:
+                from llm_batch_operators.engine_service import EngineServiceShardOperator
+
+                self._pod_operator = EngineServiceShardOperator(
+                    task_id=self.task_id, shard_task=self.shard_task, address=address, retries=self.retries
+                )
+                return self._pod_operator
             if int(self.shard_task.get("nodes_per_worker") or 1) > 1:
                 from llm_batch_operators.kubernetes_group import ShardGroupOperator as runner
             else:

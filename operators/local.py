@@ -77,7 +77,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         if (refusal := multi_node_refusal(self.shard.nodes_per_worker, "local")) is not None:
             # register and the API refuse such jobs already; a shard must not run on one node anyway.
             return self.finish(ShardOutcome(shard=self.shard.shard, exit_code=-1, state="usage", message=refusal), context)
-        if self.llm_settings.warm_engines:
+        if self.on_warm_engine():
             self._process = self._start_warm()
             forced = self._supervise(self._process)
             self._process.wait(timeout=5)
@@ -99,6 +99,10 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         elif self._process is not None and self._process.poll() is None:
             self.log.info("task killed: terminating worker pid %s", self._process.pid)
             _terminate(self._process, self.term_seconds)
+
+    def on_warm_engine(self) -> bool:
+        """Whether the shard runs on a warm engine (``_start_warm``) or a worker of its own."""
+        return self.llm_settings.warm_engines
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -171,8 +175,13 @@ def _ended(process: subprocess.Popen[bytes] | WarmShard, timeout: float) -> bool
         return False
 
 
-def _terminate(process: subprocess.Popen[bytes], term_seconds: float) -> None:
-    """SIGTERM the worker's process group, then SIGKILL it if it lingers."""
+def _terminate(process: subprocess.Popen[bytes] | WarmShard, term_seconds: float) -> None:
+    """SIGTERM the worker's process group, then SIGKILL it if it lingers. A shard on a warm
+    engine is only left (the host stops it at its next step): the host runs other jobs'
+    shards too, which a kill would fail."""
+    if isinstance(process, WarmShard):
+        process.detach()
+        return
     for sig, wait in ((signal.SIGTERM, term_seconds), (signal.SIGKILL, None)):
         try:
             os.killpg(process.pid, sig)

@@ -57,7 +57,11 @@ def gpu_resource_name(gpu_type: str | None) -> str:
 
 
 def resources(task: ShardTask) -> k8s.V1ResourceRequirements:
-    gpus = {gpu_resource_name(task.gpu_type): str(task.gpus)}
+    return gpu_resources(task.gpu_type, task.gpus)
+
+
+def gpu_resources(gpu_type: str | None, count: int) -> k8s.V1ResourceRequirements:
+    gpus = {gpu_resource_name(gpu_type): str(count)}
     return k8s.V1ResourceRequirements(requests=dict(gpus), limits=dict(gpus))
 
 
@@ -68,7 +72,11 @@ def node_selector(settings: Settings, gpu_type: str | None) -> dict[str, str]:
 
 
 def tolerations(task: ShardTask) -> list[k8s.V1Toleration]:
-    resource = gpu_resource_name(task.gpu_type)
+    return gpu_tolerations(task.gpu_type)
+
+
+def gpu_tolerations(gpu_type: str | None) -> list[k8s.V1Toleration]:
+    resource = gpu_resource_name(gpu_type)
     keys = [GPU_RESOURCE] if resource == GPU_RESOURCE else [GPU_RESOURCE, resource]
     return [k8s.V1Toleration(key=key, operator="Exists", effect="NoSchedule") for key in keys]
 
@@ -109,9 +117,14 @@ def pod_name(task: ShardTask) -> str:
 
 
 def env_vars(task: ShardTask, settings: Settings) -> list[k8s.V1EnvVar]:
+    shard = [k8s.V1EnvVar(name="LLM_BATCH_JOB_ID", value=task.job_id),
+             k8s.V1EnvVar(name="LLM_BATCH_SHARD", value=str(task.shard))]
+    return shard + storage_env(settings)
+
+
+def storage_env(settings: Settings) -> list[k8s.V1EnvVar]:
+    """Where a worker finds storage and models: every worker pod's, and an engine service's."""
     values = {
-        "LLM_BATCH_JOB_ID": task.job_id,
-        "LLM_BATCH_SHARD": str(task.shard),
         "LLM_BATCH_WORK_URI": settings.work_uri,
         "LLM_BATCH_MODEL_CACHE": settings.model_cache_mount_path,
         "LLM_BATCH_ALLOWED_BUCKETS": ",".join(settings.allowed_buckets),
