@@ -547,16 +547,23 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
     return 0
 
 
-def serve_service(address: tuple[str, int], seats: int, token: str, model: str) -> int:
+def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
+                  preload: dict[str, Any] | None = None) -> int:
     """An engine service's loop (``llm-batch engine-host --listen``): shards of ``model``
     from clients holding ``token``, at most ``seats`` at once (the rest wait in line, up to
     ``MAX_WAITING``), for as long as the engine is healthy. Exits 1 once it is broken and
-    its running shards have ended, so its supervisor (a Deployment) starts a fresh one."""
+    its running shards have ended, so its supervisor (a Deployment) starts a fresh one.
+
+    ``preload``: a model configuration's overrides (``{}``: the registry's defaults) to load
+    before listening, so a pod is ready only once its engine is warm; shards whose
+    configuration differs load theirs when they come, as on any warm engine."""
     if not token:
         raise WarmEngineError("an engine service needs a token (LLM_BATCH_ENGINE_TOKEN): refusing to listen without one")
+    engine, turns, door = KeptEngine(), _ShardTurns(), _Door(token, model, seats)
+    if preload is not None:
+        _preload(engine, {**preload, "model": model})
     listener = socket.create_server(address, backlog=seats + 4)
     listener.settimeout(1.0)
-    engine, turns, door = KeptEngine(), _ShardTurns(), _Door(token, model, seats)
     # SIGTERM (a rollout, a scale-down): take no more shards, and stop the running ones as if
     # their tasks had left (finished results flushed, exit FAILED): their retries resume on
     # another pod instead of waiting for this one's grace period to run out.
@@ -582,6 +589,18 @@ def serve_service(address: tuple[str, int], seats: int, token: str, model: str) 
             thread.join()
         engine.close()
     return exit_codes.FAILED if engine.broken else 0
+
+
+def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
+    from llm_batch.model_registry import ModelError, resolve_model
+
+    try:
+        model = resolve_model(model_config)
+    except ModelError as exc:
+        raise WarmEngineError(f"cannot preload {model_config}: {exc}") from None
+    started = time.monotonic()
+    engine.release(engine.get(model), healthy=True)
+    log.info("engine service: model %s preloaded in %.1f s", model.name, time.monotonic() - started)
 
 
 class _Door:

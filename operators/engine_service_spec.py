@@ -8,8 +8,9 @@ tolerations for the GPU type, storage Secret and model cache); what differs:
 - the command: ``llm-batch engine-host --listen 0.0.0.0:PORT --model M --seats S``;
 - the token: ``LLM_BATCH_ENGINE_TOKEN`` from the Secret ``token_secret`` (key ``token``),
   which the Airflow workers get too;
-- probes: ready once it listens (the engine loads with the first shard, inside that shard's
-  time), and restarted by the kubelet if it stops listening; a host whose engine failed
+- probes: the host loads its engine (``--preload``) before it listens, so a pod is ready
+  only once warm; a startup probe gives the load (download included) up to 15 minutes, and
+  the kubelet restarts a host that stops listening after that. A host whose engine failed
   exits 1 once its running shards end, and the Deployment starts a fresh one.
 - ``terminationGracePeriodSeconds``: a rollout lets the running shards reach their next
   published part; a shard cut off later fails its attempt, which resumes elsewhere.
@@ -44,30 +45,33 @@ def service_name(model: str, gpu_type: str | None) -> str:
 
 def manifests(settings: Settings, model: str, gpu_type: str | None = None, *, gpus: int = 1, replicas: int = 1,
               seats: int = 2, port: int = DEFAULT_PORT, token_secret: str = "llm-batch-engine-token",
-              client_labels: dict[str, str] | None = None, grace_seconds: int = 120) -> list[dict[str, Any]]:
-    """Deployment, Service and NetworkPolicy, as the API server takes them."""
+              client_labels: dict[str, str] | None = None, grace_seconds: int = 120,
+              preload: str | None = "{}") -> list[dict[str, Any]]:
+    """Deployment, Service and NetworkPolicy, as the API server takes them. ``preload``: the
+    model_config overrides (JSON) its engine loads at start (None: with the first shard)."""
     name = service_name(model, gpu_type)
     labels = {"app.kubernetes.io/name": "llm-batch-engine", "app.kubernetes.io/component": "engine-service",
               f"{pod_spec.LABEL_PREFIX}/model": pod_spec.label_value(model),
               f"{pod_spec.LABEL_PREFIX}/engine-service": name}
     selector = {f"{pod_spec.LABEL_PREFIX}/engine-service": name}
     volumes, mounts = pod_spec.model_cache(settings)
-    probe = k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=port), period_seconds=10)
+    listening = k8s.V1TCPSocketAction(port=port)
     token = k8s.V1EnvVar(name="LLM_BATCH_ENGINE_TOKEN", value_from=k8s.V1EnvVarSource(
         secret_key_ref=k8s.V1SecretKeySelector(name=token_secret, key=TOKEN_KEY)))
     container = k8s.V1Container(
         name="engine",
         image=settings.worker_image,
         command=["llm-batch"],
-        args=["engine-host", "--listen", f"0.0.0.0:{port}", "--model", model, "--seats", str(seats)],
+        args=["engine-host", "--listen", f"0.0.0.0:{port}", "--model", model, "--seats", str(seats),
+              *(["--preload", preload] if preload is not None else [])],
         ports=[k8s.V1ContainerPort(name="shards", container_port=port)],
         env=[*pod_spec.storage_env(settings), token],
         env_from=pod_spec.env_from(settings),
         resources=pod_spec.gpu_resources(gpu_type, gpus),
         volume_mounts=mounts or None,
-        readiness_probe=probe,
-        liveness_probe=k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=port), period_seconds=30,
-                                   failure_threshold=4),
+        startup_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=10, failure_threshold=90),
+        readiness_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=10),
+        liveness_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=30, failure_threshold=4),
     )
     deployment = k8s.V1Deployment(
         api_version="apps/v1", kind="Deployment",

@@ -29,10 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="serve as an engine service on this TCP address instead (e.g. 0.0.0.0:8700)")
     parser.add_argument("--model", help="an engine service: the model it serves (a registry name)")
     parser.add_argument("--seats", type=int, default=2, help="an engine service: shards it runs at once")
+    parser.add_argument("--preload", nargs="?", const="{}", metavar="JSON",
+                        help="an engine service: load the model before listening, with these model_config "
+                             "overrides (none: the registry's defaults), so it is ready only when warm")
     parser.set_defaults(func=engine_host)
 
 
 def engine_host(args: argparse.Namespace) -> int:
+    import orjson
+
     from llm_batch import exit_codes
     from llm_batch.engine_service import parse_address
     from llm_batch.warm_engines import WarmEngineError, serve, serve_service
@@ -46,8 +51,11 @@ def engine_host(args: argparse.Namespace) -> int:
     try:
         if not args.model or args.seats < 1:
             raise ValueError("an engine service needs --model and --seats >= 1")
+        preload = None if args.preload is None else orjson.loads(args.preload)
+        if preload is not None and not isinstance(preload, dict):
+            raise ValueError("--preload takes a JSON object of model_config overrides")
         return serve_service(parse_address(args.listen), args.seats, os.environ.get("LLM_BATCH_ENGINE_TOKEN", ""),
-                             args.model)
+                             args.model, preload)
     except (ValueError, WarmEngineError, OSError) as exc:
         logging.error("engine-host: %s", exc)
         return exit_codes.USAGE

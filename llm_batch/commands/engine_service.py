@@ -25,6 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     manifest.add_argument("--client-label", action="append", default=[], metavar="KEY=VALUE",
                           help="a label of the pods let in (Airflow's workers; default component=worker, "
                                "tier=airflow); repeat for more")
+    manifest.add_argument("--preload-config", default="{}", metavar="JSON",
+                          help="model_config overrides the engine loads at start (default {}: the registry's "
+                               "defaults, what a job without model_config asks for)")
+    manifest.add_argument("--no-preload", action="store_true",
+                          help="load the engine with the first shard instead (the pod is ready before it is warm)")
     manifest.set_defaults(func=print_manifest)
 
 
@@ -46,6 +51,11 @@ def print_manifest(args: argparse.Namespace) -> int:
     port = args.port or DEFAULT_PORT
     if not 0 < port < 65536:
         problems.append(f"--port {port} is not a TCP port")
+    try:
+        if not isinstance(orjson.loads(args.preload_config), dict):
+            raise ValueError
+    except ValueError:
+        problems.append("--preload-config takes a JSON object of model_config overrides")
     labels = dict(label.partition("=")[::2] for label in args.client_label)
     if any(not key or not value for key, value in labels.items()):
         problems.append("--client-label takes KEY=VALUE")
@@ -57,7 +67,8 @@ def print_manifest(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     objects = manifests(settings, args.model, args.gpu_type, gpus=args.gpus, replicas=args.replicas,
-                        seats=args.seats, port=port, token_secret=args.token_secret, client_labels=labels or None)
+                        seats=args.seats, port=port, token_secret=args.token_secret, client_labels=labels or None,
+                        preload=None if args.no_preload else args.preload_config)
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
     entry = orjson.dumps(services_entry(settings, args.model, args.gpu_type, port)).decode()
     print(f"# route the model's small shards here (Airflow workers): LLM_BATCH_ENGINE_SERVICES='{entry}'",

@@ -72,9 +72,9 @@ class Host:
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "llm_batch.cli", "engine-host", "--listen", f"127.0.0.1:{self.port}",
-                 "--model", MODEL, "--seats", "2"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                 "--model", MODEL, "--seats", "2", "--preload", '{"max_context_length": 512}'], env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while True:
             assert self.process.poll() is None, self.log.read_text()[-2000:]
             assert time.monotonic() < deadline, "the engine service did not listen"
@@ -154,6 +154,9 @@ def test_two_jobs_shards_run_at_once_on_the_service_and_no_pod_is_made(host):
     _assert_exactly_once(first, 12)
     _assert_exactly_once(second, 5)
     assert read_progress(second.shard(0).progress).state == ShardState.DONE
+    # Preloaded before it listened: both shards found the engine warm.
+    log = host.log.read_text()
+    assert log.index("preloaded") < log.index("engine service for model") and log.count("already loaded") >= 2
     assert host.process.poll() is None, "the service should stay up for the next jobs"
 
 

@@ -122,7 +122,8 @@ def test_manifests_for_every_gpu_type_are_valid_strict(gpu_type):
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
     assert container["args"] == ["engine-host", "--listen", "0.0.0.0:8711", "--model", "smollm2-135m-instruct",
-                                 "--seats", "4"]
+                                 "--seats", "4", "--preload", "{}"]
+    assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 600
     token = next(e for e in container["env"] if e["name"] == "LLM_BATCH_ENGINE_TOKEN")
     assert "value" not in token and token["valueFrom"]["secretKeyRef"] == {"name": "llm-batch-engine-token",
                                                                            "key": "token"}
@@ -156,10 +157,15 @@ def test_the_manifest_command(capsys):
     assert [o["kind"] for o in objects] == ["Deployment", "Service", "NetworkPolicy"]
     assert objects[2]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {"app": "airflow-worker"}
     assert "LLM_BATCH_ENGINE_SERVICES=" in err and "smollm2-135m-instruct@nvidia-ampere-a10" in err
+    assert main(["engine-service", "manifest", "--model", "m", "--no-preload"]) == 0
+    assert "--preload" not in yaml.safe_load_all(capsys.readouterr().out).__next__()["spec"]["template"]["spec"][
+        "containers"][0]["args"]
 
 
 @pytest.mark.parametrize("args, what", [(["--gpu-type", "tpu"], "--gpu-type"), (["--seats", "0"], "--seats"),
-                                        (["--port", "70000"], "--port"), (["--client-label", "x"], "KEY=VALUE")])
+                                        (["--port", "70000"], "--port"), (["--client-label", "x"], "KEY=VALUE"),
+                                        (["--preload-config", "[1]"], "--preload-config"),
+                                        (["--preload-config", "{"], "--preload-config")])
 def test_the_manifest_command_refuses_bad_flags(capsys, args, what):
     assert main(["engine-service", "manifest", "--model", "m", *args]) == 2
     assert what in capsys.readouterr().err
