@@ -39,12 +39,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.worker import CHAT_MODEL, engine_env, prepare, worker_command, write_shard  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from llm_batch.stack import free_port  # noqa: E402
 
 
 def _shard(home: Path, n: int, max_tokens: int) -> str:
@@ -100,7 +95,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llm-batch-engine-service-") as tmp:
         home, logs = Path(tmp) / "home", Path(tmp)
         env = engine_env(home, args.model_cache)
-        token, port = secrets.token_hex(16), _free_port()
+        token, port = secrets.token_hex(16), free_port()
         os.environ.update({k: v for k, v in env.items() if k.startswith(("LLM_BATCH_", "VLLM_"))})
 
         print("dedicated (a worker per shard, as a shard pod runs it) ...", flush=True)

@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,8 +242,7 @@ def start_service_shard(address: tuple[str, int], token: str, worker_args: list[
     try:
         conn = socket.create_connection(address, timeout=SERVICE_CONNECT_S)
         _keep_alive(conn)
-        with conn.makefile("rb") as stream:
-            pid = int(orjson.loads(stream.readline(MAX_REQUEST_BYTES))["host"])
+        pid = _greeting(conn)
         conn.sendall(orjson.dumps({"token": token, "argv": worker_args}) + b"\n")
         conn.settimeout(None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -252,6 +251,12 @@ def start_service_shard(address: tuple[str, int], token: str, worker_args: list[
         raise WarmEngineError(f"engine service {where} could not be reached: {exc!r}") from None
     on_line(f"shard on engine service {where} (host pid {pid} there)")
     return WarmShard(conn, None, None, on_line)
+
+
+def _greeting(conn: socket.socket) -> int:
+    """The host's pid, from the line it greets each connection with."""
+    with conn.makefile("rb") as stream:
+        return int(orjson.loads(stream.readline(MAX_REQUEST_BYTES))["host"])
 
 
 def _keep_alive(conn: socket.socket) -> None:
@@ -330,8 +335,7 @@ def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
         conn.connect(str(slot.socket))
         # No timeout: a live host greets at once (each shard has a thread of its own); a
         # broken one closes its socket at once (its running shards go on), so we start another.
-        with conn.makefile("rb") as stream:
-            return conn, int(orjson.loads(stream.readline())["host"])
+        return conn, _greeting(conn)
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
         return None
@@ -515,8 +519,7 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
     listener.listen(len(seat_locks) + 4)
     listener.settimeout(1.0)
     pid_file.write_text(str(os.getpid()))
-    engine = KeptEngine()
-    turns = _ShardTurns()
+    engine, turns, door = KeptEngine(), _ShardTurns(), _Door()
     running: list[threading.Thread] = []
     idle_since = time.monotonic()
     log.info("warm engine listening on %s, %d seat(s) (exits after %.0f s idle)", socket_path, len(seat_locks),
@@ -535,7 +538,7 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
                     log.info("warm engine idle for %.0f s: exiting", idle_seconds)
                     break
                 continue
-            running.append(_start_connection(conn, engine, turns, None))
+            running.append(_start_connection(conn, engine, turns, door))
     finally:
         # Broken: take no more shards (a client starts a new host), let the running ones end.
         listener.close()
@@ -559,7 +562,7 @@ def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
     configuration differs load theirs when they come, as on any warm engine."""
     if not token:
         raise WarmEngineError("an engine service needs a token (LLM_BATCH_ENGINE_TOKEN): refusing to listen without one")
-    engine, turns, door = KeptEngine(), _ShardTurns(), _Door(token, model, seats)
+    engine, turns, door = KeptEngine(), _ShardTurns(), _ServiceDoor(token, model, seats)
     if preload is not None:
         _preload(engine, {**preload, "model": model})
     listener = socket.create_server(address, backlog=seats + 4)
@@ -604,14 +607,38 @@ def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
 
 
 class _Door:
-    """What an engine service checks of a request before it runs the shard: the token (in
-    constant time), the model, and a free seat."""
+    """What a host checks of a request before it runs the shard. A local host's socket is
+    private to its user and the clients hold its seats' locks, so it lets every request in,
+    waits on its clients as long as they take, and never closes early."""
+
+    request_timeout: float | None = None  # how long a client may take to send its request
+    send_timeout: float | None = None  # and to read what the host sends it
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()  # set: stop the running shards, take no more
+
+    def refusal(self, request: dict[str, Any]) -> str | None:
+        return None
+
+    def foreign(self, model_config: dict[str, Any]) -> str | None:
+        return None
+
+    def seat(self, conn: socket.socket) -> AbstractContextManager[bool]:
+        return nullcontext(True)
+
+
+class _ServiceDoor(_Door):
+    """An engine service's: its clients are on the network, so the token (in constant time),
+    the model, a free seat (the host keeps them), and timeouts on a client that goes quiet."""
+
+    request_timeout = REQUEST_TIMEOUT_S
+    send_timeout = SEND_TIMEOUT_S
 
     def __init__(self, token: str, model: str, seats: int):
+        super().__init__()
         self._token = token.encode()
         self.model = model
         self._seats = threading.BoundedSemaphore(seats)
-        self.closing = threading.Event()
 
     def refusal(self, request: dict[str, Any]) -> str | None:
         token = request.get("token")
@@ -625,7 +652,7 @@ class _Door:
         return None
 
     @contextmanager
-    def seat(self, conn: socket.socket) -> Iterator[bool]:
+    def seat(self, conn: socket.socket) -> Iterator[bool]:  # type: ignore[override]
         """True once a seat is ours (held until the block ends); False if the client left
         while waiting."""
         while not self._seats.acquire(timeout=0.5):
@@ -638,7 +665,7 @@ class _Door:
             self._seats.release()
 
 
-def _start_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door | None) -> threading.Thread:
+def _start_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> threading.Thread:
     thread = threading.Thread(target=_serve_connection, args=(conn, engine, turns, door), daemon=True,
                               name=f"shard-{conn.fileno()}")
     thread.start()
@@ -686,16 +713,14 @@ class _ShardTurns:
                 self._changed.notify_all()
 
 
-def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door | None) -> None:
+def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> None:
     with conn:
-        # A service's clients are on the network: a request must come soon, and a client
-        # that stops reading must not hold the shard's thread (and the engine) forever.
-        conn.settimeout(None if door is None else REQUEST_TIMEOUT_S)
+        conn.settimeout(door.request_timeout)
         _ConnectionLog(conn).send({"host": os.getpid()})
         _serve_shard(conn, engine, turns, door)
 
 
-def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door | None) -> None:
+def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> None:
     from llm_batch.commands.worker import config_from_argv
     from llm_batch.worker import WorkerUsageError, run_worker
 
@@ -707,17 +732,17 @@ def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, do
     try:
         try:
             request = _read_request(conn)
-            if door is not None and (refusal := door.refusal(request)):
+            if refusal := door.refusal(request):
                 raise WorkerUsageError(refusal)
             config = config_from_argv(request["argv"])
-            if door is not None and (refusal := door.foreign(config.model_config)):
+            if refusal := door.foreign(config.model_config):
                 raise WorkerUsageError(refusal)
         except (WorkerUsageError, OSError, ValueError, KeyError, TypeError) as exc:
             log.error("not a shard: %s", exc)
         else:
-            if door is not None:
-                conn.settimeout(SEND_TIMEOUT_S)
-            with door.seat(conn) if door is not None else nullcontext(True) as seated:
+            # A client that stops reading must not hold the shard's thread (and the engine).
+            conn.settimeout(door.send_timeout)
+            with door.seat(conn) as seated:
                 if not seated:
                     return  # the client left while waiting: nobody to answer
                 with turns.turn(config.results):
@@ -728,9 +753,9 @@ def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, do
     forward.send({"exit": code})
 
 
-def _gone(conn: socket.socket, door: _Door | None) -> bool:
-    """The shard's task has left, or the service is shutting down."""
-    return _peer_closed(conn) or (door is not None and door.closing.is_set())
+def _gone(conn: socket.socket, door: _Door) -> bool:
+    """The shard's task has left, or the host is shutting down."""
+    return _peer_closed(conn) or door.closing.is_set()
 
 
 def _read_request(conn: socket.socket) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from llm_batch.layout import JobLayout  # noqa: E402
 from llm_batch.progress import ShardState, read_progress  # noqa: E402
 from llm_batch.results import count_results  # noqa: E402
 from llm_batch.shard_task import ShardTask  # noqa: E402
+from llm_batch.stack import free_port  # noqa: E402
 from llm_batch.warm_engines import MAX_REQUEST_BYTES, REQUEST_TIMEOUT_S  # noqa: E402
 from llm_batch_operators.engine_service import EngineServiceShardOperator  # noqa: E402
 from llm_batch_operators.kubernetes import KubernetesShardOperator  # noqa: E402
@@ -51,12 +52,6 @@ TIMEOUT_S = 240
 # A shard long enough to act on mid-way: the tiny model makes ~20k tokens/s here, and the
 # first results are published after the worker's 2 s flush.
 LONG = (800, 200)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Host:
@@ -92,7 +87,7 @@ class Host:
 
 @pytest.fixture(scope="module")
 def host(tiny_model_dir, llm_batch_home):
-    port = _free_port()
+    port = free_port()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("LLM_BATCH_ENGINE_SERVICES", orjson.dumps({MODEL: f"127.0.0.1:{port}"}).decode())
         env.setenv("LLM_BATCH_ENGINE_TOKEN", TOKEN)
@@ -260,7 +255,7 @@ def test_what_an_attacker_sends_is_refused_and_the_host_keeps_serving(host):
 def test_a_service_refuses_to_listen_without_a_token(llm_batch_home):
     env = {k: v for k, v in os.environ.items() if k != "LLM_BATCH_ENGINE_TOKEN"}
     done = subprocess.run([sys.executable, "-m", "llm_batch.cli", "engine-host", "--listen",
-                           f"127.0.0.1:{_free_port()}", "--model", MODEL], env=env, capture_output=True,
+                           f"127.0.0.1:{free_port()}", "--model", MODEL], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == exit_codes.USAGE
     assert "token" in done.stderr
