@@ -5,15 +5,17 @@ engine-service manifest`` prints them.
 
 The pods are shaped like shard pods (``pod_spec``: image, GPUs, node selector and
 tolerations for the GPU type, storage Secret and model cache); what differs:
-- the command: ``llm-batch engine-host --listen 0.0.0.0:PORT --model M --seats S``;
+- the command: ``llm-batch engine-host --listen 0.0.0.0:PORT --model M --seats S --preload JSON``;
 - the token: ``LLM_BATCH_ENGINE_TOKEN`` from the Secret ``token_secret`` (key ``token``),
   which the Airflow workers get too;
 - probes: the host loads its engine (``--preload``) before it listens, so a pod is ready
   only once warm; a startup probe gives the load (download included) up to 15 minutes, and
   the kubelet restarts a host that stops listening after that. A host whose engine failed
   exits 1 once its running shards end, and the Deployment starts a fresh one.
-- ``terminationGracePeriodSeconds``: a rollout lets the running shards reach their next
-  published part; a shard cut off later fails its attempt, which resumes elsewhere.
+- ``terminationGracePeriodSeconds``: on SIGTERM (a rollout) the host stops its running
+  shards at their next engine step and flushes their finished results; this is the time it
+  has for that before the kubelet kills it. Either way each attempt fails and its retry
+  resumes on another pod.
 """
 
 from __future__ import annotations
