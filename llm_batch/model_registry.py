@@ -55,6 +55,7 @@ from pydantic import (
 )
 
 from llm_batch.config import Settings, get_settings
+from llm_batch.engine_args import PlainDict, allowed_engine_args
 from llm_batch.model_recipes import RECIPES, TINY_CHAT_TEMPLATE, MissingSource, build_tiny_llama
 
 __all__ = [
@@ -86,20 +87,9 @@ __all__ = [
     "fetch_checkpoint",
     "build_tiny_llama",
     "READY_MARKER",
-    "JOB_FORBIDDEN_ENGINE_ARGS",
 ]
 
 READY_MARKER = ".llm-batch-ready.json"
-# Engine args a job may not set: they name files or code to load, hub revisions, or
-# credentials. The registry (written by the operator) may set any of them. Some have a
-# model_config field of their own, checked (MODEL_CONFIG_FIELDS): `model_config.tokenizer`.
-JOB_FORBIDDEN_ENGINE_ARGS = frozenset({
-    "model", "tokenizer", "trust_remote_code", "download_dir", "load_format",
-    "model_loader_extra_config", "hf_token", "allowed_local_media_path",
-    "allowed_media_domains", "speculative_config", "worker_cls", "worker_extension_cls",
-    "distributed_executor_backend", "kv_transfer_config", "kv_events_config",
-    "chat_template", "hf_config_path", "revision", "code_revision", "tokenizer_revision",
-})
 PACKAGED_REGISTRY = "models.yaml"
 
 
@@ -405,9 +395,9 @@ MODEL_CONFIG_FIELDS: dict[str, FieldRule] = {
                                    "model's name)"),
     "labels": FieldRule(dict[str, str], "the job's labels (with the request's labels), not "
                         "an engine setting", default={}),
-    "engine_args": FieldRule(dict[str, Any], "more vllm.LLM keywords, merged last; those that "
-                             "name files, code, hub revisions or credentials "
-                             "(JOB_FORBIDDEN_ENGINE_ARGS) are refused", default={}),
+    "engine_args": FieldRule(dict[str, Any], "more vllm.LLM keywords, merged last: only those "
+                             "of the allow-list (llm_batch.engine_args.JOB_ENGINE_ARGS, plain "
+                             "values with bounds); the others are the registry's", default={}),
     # Size and parallelism.
     "num_shards": _honoured(_Parallel, "tensor_parallel_size", "honoured as "
                             "`tensor_parallel_size`, as a suggestion: the registry's value "
@@ -452,14 +442,15 @@ MODEL_CONFIG_FIELDS: dict[str, FieldRule] = {
     "config_format": _honoured(Literal["auto", "hf", "mistral"], "config_format", default="auto"),
     "tokenizer_mode": _honoured(Literal["auto", "hf", "mistral"], "tokenizer_mode",
                                 "honoured as `tokenizer_mode` (vLLM 0.32 has no `slow` mode)"),
-    "rope_scaling": _honoured(dict[str, Any], "hf_overrides.rope_parameters",
+    "rope_scaling": _honoured(PlainDict, "hf_overrides.rope_parameters",
                               "honoured as `hf_overrides.rope_parameters`, merged by the "
                               "worker over the checkpoint's own (rope_theta ...): vLLM 0.32 "
                               "reads RoPE scaling there and replaces the dict it is given"),
-    "limit_mm_per_prompt": _honoured(Annotated[str | dict[str, Any], AfterValidator(_checked_mm_limits)],
+    "limit_mm_per_prompt": _honoured(Annotated[Annotated[str, Field(max_length=1024)] | PlainDict,
+                                               AfterValidator(_checked_mm_limits)],
                                      "limit_mm_per_prompt", "honoured as `limit_mm_per_prompt` "
                                      "(Scale's JSON string, or an object)", convert=_mm_limits),
-    "mm_processor_kwargs": _honoured(dict[str, Any], "mm_processor_kwargs"),
+    "mm_processor_kwargs": _honoured(PlainDict, "mm_processor_kwargs"),
     "seed": _honoured(int, "seed", "honoured as `seed` (default 0)"),
     "trust_remote_code": _honoured(bool, "trust_remote_code", "true is honoured only when the "
                                    "registry entry's engine_args set trust_remote_code: true, "
@@ -473,7 +464,7 @@ MODEL_CONFIG_FIELDS: dict[str, FieldRule] = {
     "tokenizer_revision": _refused(str, _NO_HUB),
     "quantization_param_path": _refused(str, "it names a file to load, and vLLM 0.32 has no "
                                         "such option (KV-cache scales come from the checkpoint)"),
-    "override_neuron_config": _refused(dict[str, Any], "vLLM 0.32 has no AWS Neuron support"),
+    "override_neuron_config": _refused(PlainDict, "vLLM 0.32 has no AWS Neuron support"),
     "tool_call_parser": _refused(str, _NO_TOOLS),
     "enable_auto_tool_choice": _refused(bool, _NO_TOOLS, allowed={False}),
 }
@@ -489,18 +480,16 @@ class _ModelConfigRules(BaseModel):
 
     @field_validator("engine_args", check_fields=False)
     @classmethod
-    def _only_safe_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        forbidden = sorted(JOB_FORBIDDEN_ENGINE_ARGS.intersection(value))
-        if forbidden:
-            hint = " (use checkpoint_path)" if "model" in forbidden else ""
-            fields = [f"model_config.{name}" for name in forbidden if name in MODEL_CONFIG_FIELDS]
-            if fields:
-                hint += f" ({', '.join(fields)} is checked: use it)"
-            raise ValueError(
-                f"{', '.join(forbidden)} may not be set by a job{hint}; "
-                "the model registry may set it"
-            )
-        return value
+    def _only_allowed_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return allowed_engine_args(value)
+        except ValueError as exc:
+            # A refused argument that has a checked model_config field of its own: say so.
+            fields = [f"model_config.{name}" for name in value if name in MODEL_CONFIG_FIELDS
+                      and name not in ("engine_args", "labels")]
+            hint = f" ({', '.join(fields)} is checked: use it)" if fields else ""
+            hint += " (use checkpoint_path)" if "model" in value else ""
+            raise ValueError(f"{exc}{hint}") from None
 
 
 def _pydantic_field(name: str, rule: FieldRule) -> tuple[Any, Any]:
@@ -655,7 +644,7 @@ def job_engine_args(
     caller's path, a chat template its text). Later wins: seed=0, the weak fields
     (num_shards), the registry's engine_args (without trust_remote_code when a
     checkpoint_path replaces the registry's checkpoint), the other fields of
-    MODEL_CONFIG_FIELDS, enforce_eager=True if Settings say so, the job's engine_args."""
+    MODEL_CONFIG_FIELDS, the job's engine_args, enforce_eager=True if Settings say so."""
     spec = _spec_for(config, registry)
     fields = _set_fields(config)
     registry_args = dict(spec.engine_args) if spec else {}
@@ -671,9 +660,10 @@ def job_engine_args(
                 _put(args, rule.engine_arg, rule.convert(value) if rule.convert else value)
     if config.chat_template:
         args["chat_template"] = registry.templates.get(config.chat_template, config.chat_template)
+    args.update(config.engine_args)
+    # The deployment's choice wins over the job's (a job may not turn compilation back on).
     if settings is not None and _enforce_eager(settings):
         args["enforce_eager"] = True
-    args.update(config.engine_args)
     return args
 
 

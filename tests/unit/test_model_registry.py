@@ -210,7 +210,7 @@ def test_a_directory_without_the_ready_marker_is_not_prepared(settings):
         ({"model": "tiny-random-llama", "engine_args": {"model": "/x"}}, "use checkpoint_path"),
         (
             {"model": "tiny-random-llama", "engine_args": {"trust_remote_code": True, "tokenizer": "/etc"}},
-            "model_config.engine_args: Value error, tokenizer, trust_remote_code may not be set by a job",
+            "model_config.engine_args: Value error, trust_remote_code may not be set by a job",
         ),
     ],
 )
