@@ -27,10 +27,11 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llm_batch import strict_json
 from llm_batch.config import Settings, get_settings
 from llm_batch.jobstore import JobStore, get_job_store
 from llm_batch_plugin.auth import get_caller
-from llm_batch_plugin.errors import OPENAI_PREFIXES, install_error_handlers
+from llm_batch_plugin.errors import OPENAI_PREFIXES, ApiError, error_response, install_error_handlers
 from llm_batch_plugin.routers import (
     files,
     health,
@@ -100,6 +101,63 @@ async def _too_large(scope: Scope, send: Send, limit: int) -> None:
 
 async def _ignore_receive() -> Message:
     return {"type": "http.disconnect"}
+
+
+class StrictJsonBodies:
+    """The one edge every JSON body crosses: ``llm_batch.strict_json`` checks it before any
+    route reads it, and a body that is JSON to Python but not strict JSON (a lone surrogate,
+    NaN, an integer past 64 bits, nesting deeper than ``strict_json.MAX_DEPTH``) is answered
+    400 in the route's dialect naming what and where. Text that is not JSON at all goes on to
+    FastAPI, whose 422 already says where it breaks.
+
+    A body is JSON when its Content-Type says so or is missing (FastAPI then reads JSON).
+    It sits inside ``BodyLimit``, so what it buffers is bounded.
+    """
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _declares_json(scope):
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if body.strip():
+            try:
+                strict_json.check(body)
+            except strict_json.NotStrictJson as exc:
+                if not exc.syntax:
+                    param = f"body.{exc.where}" if exc.where else "body"
+                    error = ApiError(400, f"the request body is not strict JSON: {exc}", param=param, code="invalid_json")
+                    await error_response(Request(scope), error)(scope, _ignore_receive, send)
+                    return
+        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}]), send)
+
+
+def _declares_json(scope: Scope) -> bool:
+    if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+        return False
+    content_type = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
+    return not content_type or content_type == b"application/json" or (
+        content_type.startswith(b"application/") and content_type.endswith(b"+json"))
+
+
+def _replay(messages: list[Message]) -> Receive:
+    """A receive that hands on what was read, then waits for the client to go."""
+    pending = list(messages)
+
+    async def receive() -> Message:
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    return receive
 
 
 class ErrorBody(BaseModel):
@@ -291,5 +349,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     declare_error_responses(app)
     upload_limit = settings.max_input_bytes + _MULTIPART_OVERHEAD
     # Inline requests become an input file: no larger than an upload may be.
+    # Added last = outermost: the size limit first, then the strict JSON edge inside it.
+    app.add_middleware(StrictJsonBodies)
     app.add_middleware(BodyLimit, json_limit=min(MAX_JSON_BODY_BYTES, upload_limit), upload_limit=upload_limit)
     return app

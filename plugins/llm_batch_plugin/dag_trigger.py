@@ -24,6 +24,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from llm_batch import strict_json
 from llm_batch.run_conf import api_run_id
 from llm_batch_plugin.auth import CallerDep
 from llm_batch_plugin.state import DAG_ID
@@ -70,6 +71,10 @@ def _trigger_once(job_id: str, conf: dict[str, Any], user_name: str, session: Se
 
 def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
     """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError."""
+    # The API's edge admits only strict JSON; this keeps any other path from handing Airflow
+    # a conf it cannot serialise (its scheduler stops on one).
+    if (problem := strict_json.problem(conf)) is not None:
+        raise TriggerError(f"the run's conf is not strict JSON: {problem}")
     try:
         for attempt in Retrying(
             retry=retry_if_exception_type(OperationalError),
