@@ -111,14 +111,17 @@ class StrictJsonBodies:
     FastAPI, whose 422 already says where it breaks.
 
     A body is JSON when its Content-Type says so or is missing (FastAPI then reads JSON).
-    It sits inside ``BodyLimit``, so what it buffers is bounded.
+    In the batch app it sits inside ``BodyLimit``, so what it buffers is bounded. The plugin
+    also puts it in front of Airflow's own REST API (``prefixes``: ``/api/v2/``), where a
+    user's run conf arrives, since Python's parser there admits the same values.
     """
 
-    def __init__(self, app: ASGIApp):
+    def __init__(self, app: ASGIApp, prefixes: tuple[str, ...] = ("",)):
         self.app = app
+        self.prefixes = prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _declares_json(scope):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes) or not _declares_json(scope):
             await self.app(scope, receive, send)
             return
         chunks, more = [], True

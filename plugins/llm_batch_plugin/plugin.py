@@ -45,9 +45,20 @@ def _api_entry() -> dict:
     return {"app": app, "url_prefix": "/batch", "name": "llm-batch API"}
 
 
+def _strict_json_entry() -> dict:
+    from llm_batch_plugin.app import StrictJsonBodies
+
+    # Airflow's REST API parses a run's conf with Python's JSON parser, which admits what
+    # Airflow later cannot serialise (its scheduler stops on a lone surrogate): the batch
+    # API's strict edge guards it too.
+    return {"middleware": StrictJsonBodies, "args": [], "kwargs": {"prefixes": ("/api/v2/",)},
+            "name": "llm-batch strict JSON bodies"}
+
+
 class LlmBatchPlugin(AirflowPlugin):
     name = "llm_batch"
     fastapi_apps = [_api_entry()] if serving_api() else []
+    fastapi_root_middlewares = [_strict_json_entry()] if serving_api() else []
     # "Batch jobs" in Airflow's navigation: a page of our FastAPI app, shown inside Airflow's
     # UI (an iframe at /plugin/batch-jobs) because url_route is set (docs/ui.md).
     external_views = [BATCH_JOBS_VIEW]
