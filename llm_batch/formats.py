@@ -30,6 +30,7 @@ import ijson
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from llm_batch import strict_json
 from llm_batch.endpoints import MEDIA_ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint
 from llm_batch.records import BatchRequest, ErrorRecord
 from llm_batch.schemas import (
@@ -166,6 +167,9 @@ class RequestChecker:
             hint = _first_line_hint(raw) if line == 1 else ""
             return _error(index, line, None, ErrorCode.NOT_AN_OBJECT,
                           f"{where}expected a JSON object, got {_json_kind(obj)}{hint}")
+        # Counting brackets is cheap; only a line with enough of them can be too deep.
+        if raw.count(b"[") + raw.count(b"{") > strict_json.MAX_DEPTH and (deep := strict_json.depth_problem(obj)):
+            return _error(index, line, _id_if_str(obj), ErrorCode.INVALID_JSON, f"{where}{deep}")
         return self.check_record(obj, index, line, where)
 
     def check_record(
@@ -443,6 +447,8 @@ def read_inline(
                          f"{where}expected an object, got {_json_kind(obj)}")
         elif bad := not_json(obj, ""):
             yield _error(index, offset + 1, _id_if_str(obj), bad[0], f"{where}request {offset + 1}: {bad[1]}")
+        elif deep := strict_json.depth_problem(obj):
+            yield _error(index, offset + 1, _id_if_str(obj), ErrorCode.INVALID_JSON, f"{where}request {offset + 1}: {deep}")
         elif size := _oversize(obj, max_item_bytes):
             yield _error(index, offset + 1, _id_if_str(obj), ErrorCode.LINE_TOO_LONG,
                          f"{where}request {offset + 1} is {size} bytes as JSON, over the limit "

@@ -10,6 +10,7 @@ triggered.
 
     check(data: bytes) -> Any        the value, or NotStrictJson saying what and where
     problem(value) -> str | None     the same rules for a value already parsed (a conf)
+    depth_problem(value)             the depth rule alone, for what orjson parsed (batch lines)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_DEPTH", "NotStrictJson", "check", "problem"]
+__all__ = ["MAX_DEPTH", "NotStrictJson", "check", "depth_problem", "problem"]
 
 # Deep enough for any request body, chat message or JSON schema we have seen (they stay under
 # 20); far below orjson's own limit of 254, so a checked value can always be written again
@@ -38,7 +39,7 @@ class NotStrictJson(ValueError):
     any JSON parser says so itself); ``where`` is a path such as ``requests[3].body``."""
 
     def __init__(self, message: str, where: str = "", syntax: bool = False):
-        where = where if len(where) <= 120 else f"...{where[-100:]}"
+        where = _shortened(where)
         super().__init__(f"{where}: {message}" if where else message)
         self.message = message
         self.where = where
@@ -69,7 +70,19 @@ def _int64(text: str) -> int:
 def problem(value: Any) -> str | None:
     """What keeps an already parsed value from being strict JSON ("where: what"), else None."""
     found = _walk(value, "", 0, parsed=True)
-    return None if found is None else (f"{found[0]}: {found[1]}" if found[0] else found[1])
+    return None if found is None else (f"{_shortened(found[0])}: {found[1]}" if found[0] else found[1])
+
+
+def depth_problem(value: Any) -> str | None:
+    """Where a value parsed by orjson (whose own limit is 1024 levels) nests deeper than
+    ``MAX_DEPTH``, as "where: what", else None: a batch line that deep is that line's error,
+    never a failure of the step that writes it again."""
+    found = _walk(value, "", 0)
+    return None if found is None else (f"{_shortened(found[0])}: {found[1]}" if found[0] else found[1])
+
+
+def _shortened(where: str) -> str:
+    return where if len(where) <= 120 else f"...{where[-100:]}"
 
 
 def _decode_problem(data: bytes | str, exc: orjson.JSONDecodeError) -> NotStrictJson:
