@@ -32,7 +32,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetAlias, Param, get_current_context, task
 
-from llm_batch import input_formats, jobs, placement, run_conf, steps
+from llm_batch import airflow_users, input_formats, jobs, placement, run_conf, steps
 from llm_batch.config import get_settings
 from llm_batch.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch_operators import lanes, shard_operator
@@ -201,10 +201,12 @@ with DAG(
         store = _store()
         try:
             # A new job belongs to whoever triggered the run (their API view shows it); a run
-            # nobody triggered (a schedule: an admin's spec) may name paths beyond a namespace.
+            # nobody triggered (a schedule: an admin's spec) or an admin's may name paths beyond
+            # a namespace and anyone's files.
             user = getattr(dag_run, "triggering_user_name", None)
             conf = DEFAULTS | (dag_run.conf or {}) | {"owner": user or run_conf.DEFAULT_OWNER}
-            job_id = steps.register(store, SETTINGS, conf, dag_run.run_id, trusted=user is None)
+            trusted = user is None or airflow_users.is_admin(user)
+            job_id = steps.register(store, SETTINGS, conf, dag_run.run_id, trusted=trusted)
         except jobs.JobRejected as exc:
             ti.xcom_push(key=REFUSED_KEY, value=str(exc))  # no job: finalize repeats it
             raise _rejected(exc) from exc

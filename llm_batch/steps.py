@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llm_batch import storage
+from llm_batch import input_files, owners, storage
 from llm_batch.config import Settings
 from llm_batch.jobs import JobRejected, JobStatus
 from llm_batch.layout import JobLayout
@@ -103,13 +103,18 @@ def register(
     """The run's job id: the job named by the conf, or a new QUEUED job made from it.
 
     Records the DAG run on the job. A conf that cannot become a job (no input, unsupported
-    resources, an unknown model, a path its owner may not name) raises JobRejected naming
-    the problem and makes no job: a mistake in a form or a conf leaves nothing to clean up
-    (the run's prepare task carries the reason). `trusted` runs (scheduled ones: their conf comes from an
-    admin's spec, not a user) may name paths outside the owner's namespace.
+    resources, an unknown model, an owner that is no owner name, a path or an input file its
+    owner may not use) raises JobRejected naming the problem and makes no job: a mistake in a
+    form or a conf leaves nothing to clean up (the run's prepare task carries the reason).
+    `trusted` runs (an admin's, or scheduled ones: their conf comes from an admin's spec) may
+    name paths outside the owner's namespace and anyone's files.
     A conf naming another owner's existing job is refused and that job left alone.
     """
     run = RunConf.model_validate(conf)
+    try:
+        owners.check(run.owner)
+    except owners.OwnerNameRefused as exc:
+        raise JobRejected(f"the run's user cannot own a job: {exc}") from None
     job_id = run_job_id(conf, dag_run_id)
     existing = store.get_job(job_id)
     if existing is not None:
@@ -120,6 +125,7 @@ def register(
         return job_id
     check_resources(run.nodes_per_worker, run.gpu_type, settings.shard_runner)
     check_run_inputs(conf, run, settings)
+    _check_input_files(store, run, trusted)
     # The canonical spelling is what later steps read and write.
     paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)
              for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
@@ -138,6 +144,18 @@ def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool
     retry or a clear of it) or comes from the job's owner or an admin's schedule."""
     own_run = job.dag_run_id == dag_run_id or (job.dag_run_id is None and dag_run_id == api_run_id(job.id))
     return own_run or trusted or job.owner == owner
+
+
+def _check_input_files(store: JobStore, run: RunConf, trusted: bool) -> None:
+    """The run's input files: its owner's own (anyone's for a trusted run), uploaded as batch
+    input. A missing file and someone else's get the same answer."""
+    for position, file_id in enumerate(run.input_file_ids or []):
+        where = f"input_file_ids[{position}]"
+        found = store.get_file(file_id, owner=None if trusted else run.owner)
+        if found is None:
+            raise JobRejected(f"{where}: {run.owner!r} has no file {file_id!r}")
+        if (why := input_files.refusal(found)) is not None:
+            raise JobRejected(f"{where}: {why}")
 
 
 def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: bool) -> str:

@@ -14,9 +14,11 @@ The rules, in order (docs/api.md, "Security model"):
    Airflow's home, the work, files and model areas (their ``s3://`` prefixes too), even
    when an admin makes ``$LLM_BATCH_HOME`` itself a root.
 4. The owner's namespace: a non-admin names only ``<root>/<owner>/...`` and
-   ``s3://<bucket>/<owner>/...`` (``Settings.owner_namespaces=False`` turns this off for a
-   single-tenant deployment). A relative path is taken from the owner's namespace in the
-   first root, so ``out/results.json`` is a fine output path for anyone.
+   ``s3://<bucket>/<owner>/...``, compared exactly, as spelled (``Settings.owner_namespaces=False``
+   turns this off for a single-tenant deployment). The folder is the owner name itself:
+   owner names are canonical (``llm_batch.owners``: one spelling per owner, no two folding
+   together), and a name that is not has no folder. A relative path is taken from the
+   owner's namespace in the first root, so ``out/results.json`` is a fine output path for anyone.
 
 Refusals that do not depend on what exists (1, 2, 4 on the spelling) say precisely why:
 ``PathRefused``. Refusals that would tell whether something exists (a symlink or hard link
@@ -31,14 +33,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
-from llm_batch import storage
+from llm_batch import owners, storage
 from llm_batch.config import Settings
 
 _SQLITE = "sqlite:///"
 _BAD_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
-_OWNER_SAFE = re.compile(r"[A-Za-z0-9_@+-]")
 
 
 class PathRefused(ValueError):
@@ -58,11 +58,12 @@ class UserPath:
 
 
 def owner_dirname(owner: str) -> str:
-    """The owner's folder name: the name itself where it is plain, else percent-encoded, so
-    no name can be ``..``, hold a slash or reach another owner's folder."""
-    text = "".join(c if _OWNER_SAFE.fullmatch(c) or (c == "." and i) else quote(c, safe="") if c != "." else "%2E"
-                   for i, c in enumerate(owner))
-    return text or "%00"
+    """The owner's folder name: the owner name itself (PathRefused if it is not one, so no
+    spelling can be ``..``, hold a slash or be read as another owner's folder)."""
+    try:
+        return owners.check(owner)
+    except owners.OwnerNameRefused as exc:
+        raise PathRefused(f"no storage namespace: {exc}") from None
 
 
 def namespaces(owner: str, settings: Settings) -> list[str]:
@@ -117,10 +118,10 @@ def _check_local(uri: str, owner: str, settings: Settings, is_admin: bool) -> st
     lexical = _lexical(uri)
     if _internal_local(lexical, settings):
         raise PathRefused(f"{uri} is llm-batch's own state (database, keys, Airflow, work, uploads, models)")
-    if allowed is not None and not _inside_any(lexical, allowed):
+    if allowed is not None and not _inside_exactly(lexical, allowed):
         raise PathRefused(f"{uri} is outside your storage namespace ({', '.join(map(str, allowed))})")
     # From here on what exists decides: one answer for every way to be hidden.
-    if _internal_local(resolved, settings) or (allowed is not None and not _inside_any(resolved, allowed)):
+    if _internal_local(resolved, settings) or (allowed is not None and not _inside_exactly(resolved, allowed)):
         raise PathUnavailable(unavailable(uri, owner, settings))
     if resolved.is_file() and resolved.stat().st_nlink > 1:  # a hard link may be anyone's file
         raise PathUnavailable(unavailable(uri, owner, settings))
@@ -171,8 +172,10 @@ def _internal_local(path: Path, settings: Settings) -> bool:
     return False
 
 
-def _inside_any(path: Path, areas: list[Path]) -> bool:
-    return any(_within(path, area) for area in areas)
+def _inside_exactly(path: Path, areas: list[Path]) -> bool:
+    """Inside one of `areas` as spelled: an owner's folder has one spelling (no folding,
+    which would let ``alice3`` name ``Alice3/``)."""
+    return any(path.is_relative_to(area) for area in areas)
 
 
 def unavailable(uri: str, owner: str, settings: Settings) -> str:

@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="api_key_command", required=True)
 
     create = actions.add_parser("create", help="create a key for OWNER and print it (shown only once)")
-    create.add_argument("owner", help="the user the key acts for (owner of the jobs and files it creates)")
+    create.add_argument("owner", help="the user the key acts for (owner of the jobs and files it creates): "
+                        "lower-case letters, digits, '-', '_', '.' or '@', as Airflow spells the same user")
     create.add_argument("--name", default="", help="a label to recognise the key by")
     create.add_argument("--admin", action="store_true", help="the key sees and manages every user's jobs")
     create.set_defaults(func=create_key)
@@ -40,7 +41,13 @@ def _store(args: argparse.Namespace):
 
 
 def create_key(args: argparse.Namespace) -> int:
-    record, plaintext = _store(args).create_api_key(args.owner, args.name or args.owner, is_admin=args.admin)
+    from llm_batch.owners import OwnerNameRefused
+
+    try:
+        record, plaintext = _store(args).create_api_key(args.owner, args.name or args.owner, is_admin=args.admin)
+    except OwnerNameRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"id: {record.id}\nowner: {record.owner}\nadmin: {record.is_admin}", file=sys.stderr)
     print("the key (shown only now; store it safely):", file=sys.stderr)
     print(plaintext)

@@ -41,13 +41,14 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.elements import ColumnElement
 
+from llm_batch import owners
 from llm_batch.endpoints import parse_endpoint
 from llm_batch.jobs import JobStatus, check_transition
 from llm_batch.jobstore.database import VERSION_TABLE, WRITE, make_engine, upgrade_to_head
 from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow, ProgressHistoryRow, ShardProgressRow
 from llm_batch.jobstore.models import IdempotencyKeyRow  # idempotency keys
 from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
-from llm_batch.jobstore.webhooks import WebhookStoreMixin  # webhooks (outbox, endpoints, attempts)
+from llm_batch.jobstore.webhooks import ENDPOINTS, WebhookStoreMixin  # webhooks (outbox, endpoints, attempts)
 
 MAX_PAGE_SIZE = 1000
 # Compare-and-set attempts before giving up; each lost race means another writer moved the
@@ -246,18 +247,22 @@ def _page(
     limit: int,
     offset: int,
     after: str | None,
+    *,
+    owner: str | None,
 ) -> tuple[list[Row], int]:
     """One page of rows in (column, id) order and the count of all rows matching `filters`.
 
-    ``after`` is keyset pagination: rows strictly after that row in this order.
+    ``after`` is keyset pagination: rows strictly after that row in this order. The cursor
+    must be a row of `owner` (when given): another owner's id is as unknown as a made-up
+    one (InvalidCursor), so a listing tells nothing about what others hold.
     """
     column, descending = order
     total = connection.scalar(select(func.count()).select_from(table).where(*filters)) or 0
     query = select(table).where(*filters)
     if after is not None:
-        cursor = connection.execute(select(column, table.c.id).where(table.c.id == after)).one_or_none()
+        cursor = connection.execute(select(column, table.c.id).where(*_owned(table, after, owner))).one_or_none()
         if cursor is None:
-            raise InvalidCursor(f"after={after!r} names no {table.name} row")
+            raise InvalidCursor(f"after={after!r} names no {table.name.removesuffix('s')} of this listing")
         value, cursor_id = cursor
         if descending:
             query = query.where(or_(column < value, and_(column == value, table.c.id < cursor_id)))
@@ -570,7 +575,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         for key, value in (metadata or {}).items():
             filters.append(c.metadata[key].as_string() == str(value))
         with self._transaction(write=False) as connection:
-            rows, total = _page(connection, JOBS, filters, order, limit, offset, after)
+            rows, total = _page(connection, JOBS, filters, order, limit, offset, after, owner=owner)
             return [_job(r) for r in rows], total
 
     def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job:
@@ -947,7 +952,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         if not include_deleted:
             filters.append(FILES.c.deleted_at.is_(None))
         with self._transaction(write=False) as connection:
-            rows, total = _page(connection, FILES, filters, order, limit, offset, after)
+            rows, total = _page(connection, FILES, filters, order, limit, offset, after, owner=owner)
             return [_file(r) for r in rows], total
 
     def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject:
@@ -965,7 +970,14 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
 
     def create_api_key(self, owner: str, name: str, is_admin: bool = False) -> tuple[ApiKey, str]:
         """A new key for `owner`: its record and the plaintext, which is not kept anywhere
-        (only its sha256): show it once."""
+        (only its sha256): show it once. `owner` must be an owner name (llm_batch.owners)
+        that folds to no other owner already recorded (OwnerNameRefused)."""
+        owners.check(owner)
+        if (other := owners.twin(owner, self.owner_names())) is not None:
+            raise owners.OwnerNameRefused(
+                f"owner {owner!r} would be read as the existing owner {other!r} (names that differ only in case "
+                "or trailing dots are one owner): use a name of its own"
+            )
         plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
         values = dict(
             id=f"key_{uuid.uuid4().hex}",
@@ -978,6 +990,12 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
             revoked_at=None,
         )
         return _api_key(self._insert(API_KEYS, values, _API_KEY_COLUMNS)), plaintext
+
+    def owner_names(self) -> list[str]:
+        """Every owner the store records (of keys, jobs, files, webhook endpoints)."""
+        tables = (API_KEYS, JOBS, FILES, ENDPOINTS)
+        with self._transaction(write=False) as connection:
+            return sorted({name for table in tables for name in connection.scalars(select(table.c.owner).distinct())})
 
     def identify_api_key(self, plaintext: str) -> ApiKey | None:
         """The live (not revoked) key whose secret is `plaintext`, else None.

@@ -9,6 +9,13 @@ Accepted credentials, first match wins:
 An API key acts for its owner, may submit, and is admin if created so. An Airflow user's
 rights come from Airflow's auth manager on the ``batch_inference`` DAG's runs (a viewer may
 read, not submit); Airflow admins see every job. Non-admins see only their own objects.
+Every caller's name is a canonical owner name (``llm_batch.owners``); an Airflow user (or
+an old key) whose name is not one is refused (403), so no two spellings share an owner.
+
+The session cookie is taken for safe methods (GET, HEAD, OPTIONS) only: a state-changing
+request must carry its credentials in a header (``Authorization`` or ``x-api-key``), which
+a page of another origin or another port of the same host cannot make the browser add,
+while it can make it send the cookie (CSRF). Refused: 403, ``csrf_refused``.
 
 401 (with ``WWW-Authenticate``, in the route's error shape) means "who are you?": no
 credentials, or credentials that are malformed (any bytes), unknown, revoked or expired;
@@ -28,6 +35,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBasic, HTTPBearer
 
+from llm_batch import owners
 from llm_batch.jobstore import JobStore
 from llm_batch.jobstore.store import API_KEY_PREFIX
 from llm_batch_plugin.errors import ApiError
@@ -57,6 +65,7 @@ _INVALID = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
 # What an API key can look like (API_KEY_PREFIX + secrets.token_urlsafe): anything else is
 # refused before it reaches the store (NUL or control bytes break some database drivers).
 _KEY_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,256}")
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # the only ones the session cookie may authenticate
 _SHOWN_CHARS = 20  # of an unsupported scheme, echoed in the message
 
 
@@ -210,11 +219,20 @@ async def get_caller(
     _x_api_key: Annotated[str | None, Depends(_api_key_header)] = None,
     _basic_credentials: Annotated[Any, Depends(_basic)] = None,
 ) -> Caller:
-    """The caller of this request; 401 without (valid) credentials."""
+    """The caller of this request; 401 without (valid) credentials, 403 for a write that
+    only the session cookie would authenticate, or a name that is not an owner name."""
     if (key := api_key_of(request)) is not None:
-        return await run_in_threadpool(_key_caller, store, key)
-    user = await _airflow_user(request, bearer)
-    return await run_in_threadpool(_airflow_caller, request, user)
+        caller = await run_in_threadpool(_key_caller, store, key)
+    else:
+        user = await _airflow_user(request, bearer)
+        if bearer is None and request.method not in _SAFE_METHODS:  # known by the cookie alone
+            raise ApiError(403, f"{request.method} changes state: send your credentials in the Authorization or "
+                           "x-api-key header, not only the session cookie", code="csrf_refused")
+        caller = await run_in_threadpool(_airflow_caller, request, user)
+    if not owners.is_canonical(caller.name):
+        raise ApiError(403, f"{caller.name!r} cannot own jobs or files here: owner names are {owners.RULE} "
+                       "(ask an admin for a key of a canonical name)", code="invalid_owner_name")
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import quote
 
 from airflow.listeners import hookimpl
 
@@ -59,14 +60,17 @@ def job_link(job_id: str) -> str:
         base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
     except Exception:  # noqa: BLE001
         base = ""
-    return f"{base}/batch/ui/jobs#job={job_id}"
+    return f"{base}/batch/ui/jobs#job={quote(job_id, safe='')}"
 
 
 def run_note(job: Any) -> str:
-    """The note of a run: its job's status, counts, reason and link (markdown)."""
+    """The note of a run: its job's status, counts, reason and link (markdown). The id and
+    the reason may hold what a user wrote (a conf's job_id, a path, a model name): escaped."""
+    from llm_batch.markdown import escape
+
     counts = f"{job.succeeded} succeeded, {job.failed} failed of {job.total}" if job.total is not None else "no counts"
-    return (f"**llm-batch job `{job.id}`: {job.status.value}** ({counts})\n\n"
-            f"{job.status_reason or ''}\n\n[job status]({job_link(job.id)})")
+    return (f"**llm-batch job {escape(job.id)}: {job.status.value}** ({counts})\n\n"
+            f"{escape(job.status_reason or '')}\n\n[job status]({job_link(job.id)})")
 
 
 def end_job_of_run(dag_run: Any, state: str, msg: str | None) -> Any:

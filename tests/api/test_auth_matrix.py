@@ -42,6 +42,7 @@ class Kind:
     headers: Callable[[Any], dict[str, Any]]  # (the module's Secrets) -> headers
     role: str  # none | malformed | bad | other | viewer | owner | admin
     token_refused: bool = False  # 401 must say error="invalid_token"
+    cookie_only: bool = False  # known by the session cookie alone: reads only (writes: 403 csrf_refused)
 
 
 # Malformed: a header that names no usable credentials, whatever bytes it holds.
@@ -79,9 +80,10 @@ KINDS = [
     Kind("owner-key", lambda s: s.creds.key("alice"), "owner"),
     Kind("owner-key-basic", lambda s: {"Authorization": _basic(s.creds.keys["alice"].encode() + b":")}, "owner"),
     Kind("owner-jwt", lambda s: s.creds.jwt("alice"), "owner"),
-    Kind("owner-session-cookie", lambda s: {"Cookie": f"_token={s.creds.tokens['alice']}"}, "owner"),
+    Kind("owner-session-cookie", lambda s: {"Cookie": f"_token={s.creds.tokens['alice']}"}, "owner", cookie_only=True),
     # Airflow's rule: a header in another scheme (a proxy's) leaves the session cookie in charge.
-    Kind("owner-cookie-and-digest", lambda s: {"Cookie": f"_token={s.creds.tokens['alice']}", "Authorization": "Digest x"}, "owner"),
+    Kind("owner-cookie-and-digest", lambda s: {"Cookie": f"_token={s.creds.tokens['alice']}", "Authorization": "Digest x"},
+         "owner", cookie_only=True),
     Kind("admin-key", lambda s: s.creds.key("admin-key"), "admin"),
     Kind("admin-jwt", lambda s: s.creds.jwt("root"), "admin"),
 ]
@@ -270,6 +272,9 @@ def _problem(kind: Kind, operation: Operation, response, real_id: bool) -> str |
         return shape
     if kind.role in ("none", "malformed", "bad"):
         return _refusal_problem(kind, operation, response)
+    if kind.cookie_only and operation.writes:
+        code = _code(operation, response.json()) if status == 403 else None
+        return None if code == "csrf_refused" else f"a write on the cookie alone: wanted 403 csrf_refused, got {status}: {text}"
     if operation.admin_only and kind.role != "admin":
         return None if status == 403 else f"admin-only route: wanted 403, got {status}: {text}"
     if status in (401, 403) and not (kind.role == "viewer" and operation.writes and status == 403):

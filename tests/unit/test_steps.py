@@ -223,10 +223,53 @@ def test_validate_rejects_a_batch_without_valid_lines_and_serves_its_errors(stor
 
 
 def test_validate_names_a_missing_input_file(store, settings):
-    job_id = steps.register(store, settings, {"input_file_ids": ["file-nope"], "model": "tiny-random-llama"}, _run_id())
-    with pytest.raises(jobs.JobRejected, match="file-nope"):
+    """A file deleted between the run's register and its validation."""
+    file = store.create_file(owner="airflow", purpose="batch", filename="in.jsonl", bytes=1, uri="/x/in.jsonl")
+    job_id = steps.register(store, settings, {"input_file_ids": [file.id], "model": "tiny-random-llama"}, _run_id())
+    store.mark_file_deleted(file.id)
+    with pytest.raises(jobs.JobRejected, match=file.id):
         steps.validate(store, settings, job_id)
     assert store.get_job(job_id).status == JobStatus.FAILED
+
+
+def test_a_runs_input_files_are_its_users_own_batch_inputs(store, settings):
+    """A run from Airflow's UI or /api/v2 names input_file_ids: they must be its triggering
+    user's (anyone's for an admin's or a schedule's run) and uploaded with purpose batch;
+    someone else's file is refused exactly like a missing one, and no job is made."""
+    def upload(owner: str, purpose: str = "batch") -> str:
+        return store.create_file(owner=owner, purpose=purpose, filename="f", bytes=1, uri=f"/x/{uuid.uuid4().hex}").id
+
+    alices, bobs, media = upload("alice"), upload("bob"), upload("alice", "ocr")
+    conf = {"model": "tiny-random-llama", "owner": "alice"}
+    answers = []
+    for file_id in (bobs, "file-missing"):
+        with pytest.raises(jobs.JobRejected) as refused:
+            steps.register(store, settings, {**conf, "job_id": "job_refused", "input_file_ids": [alices, file_id]}, _run_id())
+        answers.append(str(refused.value).replace(file_id, "<id>"))
+    assert answers[0] == answers[1] == "input_file_ids[1]: 'alice' has no file '<id>'"
+    with pytest.raises(jobs.JobRejected, match=f"input_file_ids\\[0\\]: file '{media}' was uploaded with purpose 'ocr'"):
+        steps.register(store, settings, {**conf, "job_id": "job_refused", "input_file_ids": [media]}, _run_id())
+    assert store.get_job("job_refused") is None
+    assert store.get_job(steps.register(store, settings, {**conf, "input_file_ids": [alices]}, _run_id())).owner == "alice"
+    trusted = steps.register(store, settings, {**conf, "input_file_ids": [bobs]}, _run_id(), trusted=True)
+    assert store.get_job(trusted).input == {"file_ids": [bobs]}
+
+
+def test_a_run_whose_user_has_no_owner_name_makes_no_job(store, settings):
+    with pytest.raises(jobs.JobRejected, match="'Alice' is not an owner name"):
+        steps.register(store, settings, {"input_requests": [{"body": {}}], "owner": "Alice", "job_id": "job_x"}, _run_id())
+    assert store.get_job("job_x") is None
+
+
+def test_an_airflow_admin_is_told_from_the_simple_auth_managers_users(monkeypatch):
+    from llm_batch import airflow_users
+
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
+                       "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,root:admin,vic:viewer")
+    assert [airflow_users.is_admin(n) for n in ("root", "alice", "vic", "nobody")] == [True, False, False, False]
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager")
+    assert not airflow_users.is_admin("root")  # roles out of a task's reach: no admin
 
 
 def test_inline_requests_are_validated(store, settings):

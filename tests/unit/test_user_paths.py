@@ -90,14 +90,20 @@ def test_a_hard_link_to_someone_elses_file_is_refused(settings: Settings, home: 
         user_paths.check(str(home / "data" / "alice" / "linked.json"), "alice", settings)
 
 
-def test_owner_names_cannot_escape_their_folder(settings: Settings, home: Path) -> None:
-    for owner in ("..", ".", "a/b", "../bob", "bob/..", "", "x\0y"):
-        name = user_paths.owner_dirname(owner)
-        assert "/" not in name and name not in (".", "..", "") and "\0" not in name
-        assert user_paths.check("f.json", owner, settings).uri.startswith(str(home / "data") + "/")
+def test_a_name_that_is_not_an_owner_name_has_no_folder(settings: Settings, home: Path) -> None:
+    for owner in ("..", ".", "a/b", "../bob", "bob/..", "", "x\0y", "Alice", "alice.", "alice "):
+        with pytest.raises(PathRefused, match="not an owner name"):
+            user_paths.check("f.json", owner, settings)
     assert user_paths.owner_dirname("alice") == "alice"
-    with pytest.raises(PathRefused, match="namespace"):
-        user_paths.check(str(home / "data" / "bob" / "x.json"), "..", settings)
+
+
+def test_the_namespace_is_compared_as_spelled(settings: Settings, home: Path) -> None:
+    """alice3's folder is data/alice3 only: no spelling that folds to it (case, trailing
+    dots or spaces) is hers, so none can be another owner's folder she reaches."""
+    for folder in ("ALICE3", "Alice3", "alice3.", "alice3 ", "alice3.."):
+        with pytest.raises(PathRefused, match="namespace"):
+            user_paths.check(str(home / "data" / folder / "x.json"), "alice3", settings)
+    assert user_paths.check(str(home / "data" / "alice3" / "x.json"), "alice3", settings)
 
 
 def test_admins_may_name_any_user_folder_but_never_internal_state(settings: Settings, home: Path) -> None:

@@ -180,15 +180,13 @@ def list_jobs(
         owner_filter = caller.name
         if owner is not None and owner != caller.name:
             return JobList(data=[], next_cursor=None, has_more=False)
-    if after is not None and store.get_job(after, owner=caller.owner_filter) is None:
-        raise ApiError(400, f"after={after!r} names no job of yours", param="after", code="invalid_cursor")
     found: list[Job] = []
     cursor, batch = after, min(MAX_PAGE_SIZE, max(limit + 1, 100))
     while len(found) <= limit:
         try:
             page, _ = store.list_jobs(owner=owner_filter, statuses=status, model=model, limit=batch, after=cursor)
-        except InvalidCursor:
-            raise ApiError(400, f"after={after!r} names no job", param="after", code="invalid_cursor") from None
+        except InvalidCursor as exc:
+            raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
         found += [j for j in page if all(k in j.labels and str(j.labels[k]) == v for k, v in wanted.items())]
         if len(page) < batch:
             break

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Body, Query, Request
 
-from llm_batch import housekeeping, storage
+from llm_batch import housekeeping, input_files, storage
 from llm_batch.input_formats import InputFormat
 from llm_batch.job_request import JobRequest
 from llm_batch.jobs import JobStatus
@@ -61,9 +61,8 @@ def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[F
         found = store.get_file(file_id, owner=caller.owner_filter)
         if found is None:
             raise ApiError(404, f"No file found with id {file_id!r}.", param=where, code="not_found")
-        if found.kind != "input":
-            message = f"{where}: file {file_id!r} is a job's {found.kind} file, not a batch input"
-            raise ApiError(400, message, param=where, code="invalid_input_file")
+        if (why := input_files.refusal(found)) is not None:
+            raise ApiError(400, f"{where}: {why}", param=where, code="invalid_input_file")
         files.append(found)
     return files
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import orjson
 from fastapi import APIRouter, Body, Query
 
-from llm_batch import storage
+from llm_batch import input_files, storage
 from llm_batch.endpoints import Endpoint
 from llm_batch.input_formats import InputFormat
 from llm_batch.job_request import JobRequest
@@ -84,8 +84,8 @@ def create_batch(
     input_file = store.get_file(body.input_file_id, owner=caller.owner_filter)
     if input_file is None:
         raise ApiError(404, f"No file found with id {body.input_file_id!r}.", param="input_file_id", code="not_found")
-    if input_file.kind != "input":
-        raise ApiError(400, f"file {input_file.id!r} is a job's {input_file.kind} file, not a batch input", param="input_file_id")
+    if (why := input_files.refusal(input_file)) is not None:
+        raise ApiError(400, why, param="input_file_id", code="invalid_input_file")
     model = _model_of_first_line(input_file.uri, input_file.id)
     check_model(model, {}, settings, param="input_file_id", endpoint=endpoint)
     if endpoint == Endpoint.MODERATIONS:
