@@ -28,7 +28,8 @@ Outputs, each published atomically through ``storage.open_write``:
 ``response`` is set for engine errors and null for validation errors and requests not run.
 
 ``layout.output_json`` or ``array_output_uri`` (Scale): a JSON array with one element per
-input index, in input order: the response body for a success, and for a failure::
+input index, in input order (``llm_batch.scale_output``): for a success, the response body
+or what ``array_element`` makes of it (a v1 prompt's ``CompletionOutput``), and for a failure::
 
     {"error": {"code": ..., "message": ...}, "custom_id": ..., "line": 7}
 
@@ -62,6 +63,7 @@ from llm_batch import storage
 from llm_batch.layout import JobLayout
 from llm_batch.records import ErrorRecord, ResultRecord
 from llm_batch.results import read_results
+from llm_batch.scale_output import ArrayElement, failed_element, success_element
 from llm_batch.sharding import ShardPlan, read_manifest
 from llm_batch.streams import ChunkedWriter, stored_lines
 
@@ -175,9 +177,10 @@ class _Outputs:
     """The open output files; writes one outcome to each that is wanted."""
 
     def __init__(self, job_id: str, jsonl: ChunkedWriter | None, errors: ChunkedWriter | None,
-                 scale: ChunkedWriter | None):
+                 scale: ChunkedWriter | None, array_element: ArrayElement):
         self.job_id = job_id
         self.jsonl, self.errors, self.scale = jsonl, errors, scale
+        self.array_element = array_element
         self._scale_items = 0
         if scale is not None:
             scale.write(b"[")
@@ -191,9 +194,9 @@ class _Outputs:
                 writer.flush()
 
     def _scale_element(self, element: Any) -> None:
-        if self.scale is not None:
-            self.scale.write((b"," if self._scale_items else b"") + orjson.dumps(element))
-            self._scale_items += 1
+        assert self.scale is not None
+        self.scale.write((b"," if self._scale_items else b"") + orjson.dumps(element))
+        self._scale_items += 1
 
     def success(self, result: ResultRecord) -> None:
         if self.jsonl is not None:
@@ -204,7 +207,8 @@ class _Outputs:
                              "body": result.body},
                 "error": None,
             }) + b"\n")
-        self._scale_element(result.body)
+        if self.scale is not None:
+            self._scale_element(self.array_element(result.body))
 
     def engine_error(self, result: ResultRecord) -> None:
         error = result.error
@@ -228,8 +232,8 @@ class _Outputs:
                 "custom_id": custom_id, "line": line,
                 "response": response, "error": {"code": code, "message": message},
             }) + b"\n")
-        self._scale_element({"error": {"code": code, "message": message},
-                             "custom_id": custom_id, "line": line})
+        if self.scale is not None:
+            self._scale_element(failed_element(code, message, custom_id, line))
 
 
 def merge_job(
@@ -241,12 +245,14 @@ def merge_job(
     not_run_reason: str | None = None,
     not_run_code: str = SHARD_FAILED,
     shard_not_run_reasons: Mapping[int, str] | None = None,
+    array_element: ArrayElement | None = None,
 ) -> MergeCounts:
     """Write the job's merged outputs and return the counts.
 
     ``jsonl`` writes ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both always, the
     errors file empty when nothing failed). ``json_array`` (implied by ``array_output_uri``)
-    writes the Scale array to ``array_output_uri`` or ``layout.output_json``. A request with
+    writes the Scale array to ``array_output_uri`` or ``layout.output_json``, a success's element
+    made by ``array_element`` (default: the body; see ``scale_output.success_element``). A request with
     no result gets ``not_run_code`` (one of NOT_RUN_CODES) and ``shard_not_run_reasons[k]``
     (its shard's reason), else ``not_run_reason``, else a default message. Needs the shard manifest (``plan_shards``) and the validation
     errors file. Rerunning gives the same bytes; on error nothing is published.
@@ -279,6 +285,7 @@ def merge_job(
             errors=sink(layout.errors_jsonl) if jsonl else None,
             scale=sink(array_output_uri or layout.output_json)
             if json_array or array_output_uri else None,
+            array_element=array_element or success_element(None),
         )
         last_index = -1
         outcomes = heapq.merge(_validation_errors(layout.validation_errors), shard_outcomes,

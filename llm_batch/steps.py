@@ -309,6 +309,7 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
     None when the job never got shards (ended before planning) or is already terminal.
     """
     from llm_batch.merge import merge_job
+    from llm_batch.scale_output import success_element
     job = _job(store, job_id)
     layout = layout_of(settings, job_id)
     if job.terminal or not storage.exists(layout.shard_manifest):
@@ -325,6 +326,7 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
         jsonl=True,
         array_output_uri=job.array_output_uri,
         json_array=job.dialect == "scale",
+        array_element=success_element(job.input_format),
         not_run_reason=f"{cause[1] if cause else 'its shard failed after its retries'} before this request ran",
         not_run_code=_not_run_code(cause),
         shard_not_run_reasons=shard_not_run_reasons(store, job_id),

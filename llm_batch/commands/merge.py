@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-jsonl", dest="jsonl", action="store_false",
                         help="skip the OpenAI/Mistral output.jsonl and errors.jsonl")
     parser.add_argument("--scale", action="store_true", help="also write the Scale JSON array")
+    parser.add_argument("--scale-v1", action="store_true",
+                        help="the job's input was Scale v1 prompts: the array's elements are CompletionOutput "
+                             "objects (implies --scale)")
     parser.add_argument("--scale-output", metavar="URI",
                         help="where the Scale array goes (default: the job's output.json)")
     parser.add_argument("--not-run-reason", metavar="TEXT",
@@ -27,14 +30,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def merge(args: argparse.Namespace) -> int:
     from llm_batch.config import get_settings
     from llm_batch.layout import JobLayout
+    from llm_batch.input_formats import InputFormat
     from llm_batch.merge import MergeError, merge_job
     from llm_batch.results import ResultsError
+    from llm_batch.scale_output import success_element
     from llm_batch.storage import ObjectNotFound, StorageError
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
     try:
-        counts = merge_job(layout, jsonl=args.jsonl, json_array=args.scale,
-                           array_output_uri=args.scale_output, not_run_reason=args.not_run_reason)
+        counts = merge_job(layout, jsonl=args.jsonl, json_array=args.scale or args.scale_v1,
+                           array_output_uri=args.scale_output, not_run_reason=args.not_run_reason,
+                           array_element=success_element(InputFormat.SCALE_V1 if args.scale_v1 else None))
     except ObjectNotFound as exc:
         hint = (f" (plan the job's shards first: llm-batch shard {args.job_id} -n N)"
                 if exc.uri == layout.shard_manifest else "")

@@ -95,8 +95,10 @@ class CreateBatchCompletionsRequest(BaseModel):
     )
     output_data_path: str = Field(
         max_length=2048,
-        description="Where the results are written, a JSON array in input order (a result body, or an `error` "
-        "object, per request): a local path or `s3://` URI you may name (relative: from your own folder). It "
+        description="Where the results are written, a JSON array in input order, one element per request: for v1 "
+        "prompts Scale's CompletionOutput (`text`, `num_prompt_tokens`, `num_completion_tokens`, `tokens`), for "
+        "completion or chat requests the response body (`text_completion`, `chat.completion`), for a failure an "
+        "`error` object: a local path or `s3://` URI you may name (relative: from your own folder). It "
         "must name a file, not the input; an existing file is replaced only if your earlier job wrote it and "
         "the label `llm-batch.io/overwrite-output` is `true` (409 otherwise)",
     )

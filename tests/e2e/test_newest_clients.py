@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import MODEL
-from tests.sdk.conftest import newest, venv_python
+from tests.sdk.conftest import SCALE_V2_TYPES_REFUSE, newest, venv_python
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,17 @@ def test_newest_client_runs_a_batch_on_the_stack(e2e_stack, erin_key, llm_batch_
         assert seen["usage"]["total_tokens"] == seen["usage"]["input_tokens"] + seen["usage"]["output_tokens"]
     elif client == "mistralai":
         assert seen["status"] == "SUCCESS" and seen["counts"] == [6, 6, 6, 0] and seen["ids"] == ids
-    else:
+    else:  # every output item parsed by the client's own type (v2 chat; v1 route: CompletionOutput)
         assert seen["status"] == "completed" and seen["metadata"]["succeeded_requests"] == 6
         assert seen["output"] == str(llm_batch_home / "data" / "erin" / "e2e" / "newest-scale-client.json")
         assert len(orjson.loads(Path(seen["output"]).read_bytes())) == 6
+        chat = seen["chat"]
+        assert (chat["type"], chat["objects"], chat["unknown"]) == ("CreateChatCompletionResponse", ["chat.completion"], [])
+        assert {tuple(entry) for entry in chat["invalid"]} <= SCALE_V2_TYPES_REFUSE, chat["invalid"]
+        v1 = seen["v1"]
+        assert (v1["status"], v1["succeeded"], v1["type"]) == ("completed", 6, "CompletionOutput")
+        assert (v1["parsed"], v1["invalid"], v1["unknown"]) == (6, [], [])
+        assert v1["fields"] == ["num_completion_tokens", "num_prompt_tokens", "text", "tokens"]
+        for item in v1["items"]:  # one TokenOutput per generated token, asked for
+            assert item["tokens"] == item["num_completion_tokens"] <= 8 and item["num_prompt_tokens"] > 0
+        assert sum(item["tokens"] for item in v1["items"]) > 0

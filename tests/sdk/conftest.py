@@ -132,6 +132,14 @@ def sdk(sdk_pythons, live_server, creds):
     return flow
 
 
+# What scale-llm-engine's v2 response types refuse in every real chat or completion body (OpenAI's,
+# vLLM's, what Scale's own model-engine writes): 0.0.0b45's types, generated from an OpenAI spec
+# without its `nullable` marks, require a chat message's `refusal` as a string and a choice's
+# `logprobs` as an object, where those bodies have null (or no `refusal`) unless asked.
+SCALE_V2_TYPES_REFUSE = {("choices.*.message.refusal", "value_error.missing"),
+                         ("choices.*.logprobs", "type_error.none.not_allowed")}
+
+
 def error_of(refusal: dict[str, Any] | None) -> tuple[str, int] | None:
     """A flow's record of a refused call as (client error class, HTTP status)."""
     return refusal and (refusal["type"], refusal["status"])
@@ -146,10 +154,13 @@ def chat_file(path: Path, n: int, model: str = "tiny-random-llama") -> Path:
 def finish(store, job_id: str, ok: int, failed: int, while_running=None) -> None:
     """Run the job to SUCCEEDED with simulate_run (results req-0 ... req-<ok-1>), calling
     `while_running()` while it is running, then record the error file the merge would write:
-    one OpenAI-shaped error line per failed request (req-<ok> ... req-<ok+failed-1>)."""
+    one OpenAI-shaped error line per failed request (req-<ok> ... req-<ok+failed-1>). A Scale
+    job's array is the one its run writes: its own input validated, the engine's bodies for
+    the first `ok` requests (engine errors for the next `failed`), merged as the DAG merges."""
     from llm_batch import storage
     from llm_batch.config import get_settings
     from llm_batch.layout import JobLayout
+    from tests.unit.data_plane_fixtures import run_scale_job
 
     run = simulate_run(store, job_id, ok=ok, failed=failed)
     next(run)
@@ -157,6 +168,10 @@ def finish(store, job_id: str, ok: int, failed: int, while_running=None) -> None
         while_running()
     next(run, None)
     layout = JobLayout(get_settings().work_uri, job_id)
+    job = store.get_job(job_id)
+    if job.array_output_uri:
+        run_scale_job(layout, job.input["uri"], job.input_format, job.endpoint, failing=range(ok, ok + failed),
+                      array_output_uri=job.array_output_uri)
     errors = [
         {"id": f"batch_req_e{i}", "custom_id": f"req-{i}", "line": i + 1, "response": None,
          "error": {"code": "invalid_request", "message": "simulated failure"}}

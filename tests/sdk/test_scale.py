@@ -1,6 +1,8 @@
 """Scale's client (scale-llm-engine, module llmengine), each release of the matrix, in its own
 venv: Completion.batch_create on the default (v1) route, and with use_v2=True where the
-release has it. Paths are relative (taken from alice's own folder) or inside that folder."""
+release has it. Paths are relative (taken from alice's own folder) or inside that folder.
+Every output item is parsed by the client's own type for its job's content: CompletionOutput
+for v1 prompts (either route), the v2 response types for v2 completion and chat requests."""
 
 from __future__ import annotations
 
@@ -9,11 +11,31 @@ import json
 import pytest
 
 from llm_batch.jobs import JobStatus
-from tests.sdk.conftest import finish, releases, since
+from tests.sdk.conftest import SCALE_V2_TYPES_REFUSE, finish, releases, since
 
 pytestmark = [pytest.mark.airflow, pytest.mark.sdk]
 
 MODEL = "tiny-random-llama"
+V1_FIELDS = ["num_completion_tokens", "num_prompt_tokens", "text", "tokens"]  # exactly CompletionOutput's
+
+
+def assert_v2_items(parsed, kind, may_refuse=SCALE_V2_TYPES_REFUSE):
+    """v2 items: the client's v2 response type's fields only, every value taken by it but those
+    its generated types refuse in every real body (SCALE_V2_TYPES_REFUSE)."""
+    assert parsed["objects"] == [kind] and parsed["unknown"] == []
+    assert {tuple(entry) for entry in parsed["invalid"]} <= may_refuse, parsed["invalid"]
+
+
+def assert_v1_items(parsed, count, log_probs):
+    """v1 items: each a CompletionOutput, with its fields and no other; tokens (one per generated
+    token) only when asked."""
+    assert parsed["type"] == "CompletionOutput" and parsed["fields"] == V1_FIELDS
+    assert (parsed["parsed"], parsed["invalid"], parsed["unknown"]) == (count, [], [])
+    assert len(parsed["items"]) == count
+    for item in parsed["items"]:
+        assert item["num_completion_tokens"] > 0
+        assert item["tokens"] == (item["num_completion_tokens"] if log_probs else 0)
+        assert item["spelled"] is (True if log_probs else None)  # the tokens spell the text
 
 
 def error_type(refusal):
@@ -31,6 +53,7 @@ def test_scale_batch_create(release, sdk, creds, api_store, alice_dir, llm_batch
                        foreign_path=str(llm_batch_home / "data" / "bob" / "steal.json"))
     inline, from_file = api_store.get_job(created["inline"]), api_store.get_job(created["from_file"])
     assert (inline.owner, inline.input_format, inline.labels) == ("alice", "scale-v1", {"team": release})
+    assert api_store.get_job(created["logprobs"]).input_format == "scale-v1"
     assert (from_file.owner, from_file.input_format) == ("alice", "scale-v1")
     refused = created["refused"]
     assert error_type(refused["unknown_model"]) == "BadRequestError" and "no-such-model" in refused["unknown_model"]["body"]
@@ -44,8 +67,14 @@ def test_scale_batch_create(release, sdk, creds, api_store, alice_dir, llm_batch
         assert created["status"] is None and "cancel" not in created
 
     finish(api_store, created["inline"], ok=3, failed=0)
-    done = flow.run("results", job_id=created["inline"], local_path=str(alice_dir / "out" / f"{release}-inline.json"))
+    done = flow.run("results", job_id=created["inline"], local_path=str(alice_dir / "out" / f"{release}-inline.json"),
+                    shape="v1")
     assert done["results"] == 3 and done["status"] == ("completed" if v2_calls else None)
+    assert_v1_items(done["parsed"], 3, log_probs=False)
+    finish(api_store, created["logprobs"], ok=3, failed=0)
+    done = flow.run("results", job_id=created["logprobs"], shape="v1",
+                    local_path=str(alice_dir / "out" / f"{release}-inline.json.logprobs.json"))
+    assert_v1_items(done["parsed"], 3, log_probs=True)
 
     foreign = flow.run("foreign", key=creds.keys["bob"], job_id=created["inline"])["refused"]
     if v2_calls:
@@ -59,7 +88,8 @@ def test_scale_batch_create_v2(release, sdk, api_store, alice_dir):
                 [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]]
     (alice_dir / "in").mkdir(exist_ok=True)
     (alice_dir / "in" / f"{release}-v2.json").write_text(json.dumps([{"messages": m, "max_tokens": 4} for m in messages]))
-    created = flow.run("create_v2", model=MODEL, labels={"team": release}, messages=messages,
+    prompts = ["What is deep learning", "Hi", "Bye"]
+    created = flow.run("create_v2", model=MODEL, labels={"team": release}, messages=messages, prompts=prompts,
                        output_path=f"out/{release}-v2.json", input_path=f"in/{release}-v2.json",
                        file_output_path=f"out/{release}-v2-file.json")
     if created["v2"] is None:
@@ -74,5 +104,22 @@ def test_scale_batch_create_v2(release, sdk, api_store, alice_dir):
     assert error_type(created["refused"]["unknown_model"]) == "BadRequestError"
 
     finish(api_store, job.id, ok=2, failed=0)
-    done = flow.run("results", job_id=job.id, local_path=str(alice_dir / "out" / f"{release}-v2.json"))
-    assert done == {"status": "completed", "results": 2, "client": done["client"]}
+    done = flow.run("results", job_id=job.id, local_path=str(alice_dir / "out" / f"{release}-v2.json"), shape="chat")
+    assert (done["status"], done["results"]) == ("completed", 2)
+    assert done["parsed"]["type"] == "CreateChatCompletionResponse"
+    assert_v2_items(done["parsed"], "chat.completion")
+
+    # Completion requests: text_completion bodies; v1 prompts on the v2 route: CompletionOutput items.
+    for name, shape, kind in (("completions", "completion", "scale-v2"), ("v1_content", "v1", "scale-v1")):
+        made = created[name]
+        assert api_store.get_job(made["id"]).input_format == kind
+        finish(api_store, made["id"], ok=3, failed=0)
+        done = flow.run("results", job_id=made["id"], local_path=made["output_data_path"], shape=shape)
+        assert (done["status"], done["results"]) == ("completed", 3)
+        if shape == "v1":
+            assert_v1_items(done["parsed"], 3, log_probs=False)
+        else:
+            assert done["parsed"]["type"] == "CreateCompletionResponse"
+            # With logprobs asked, nothing is null that the types refuse: each item parses.
+            assert_v2_items(done["parsed"], "text_completion", may_refuse=set())
+            assert done["parsed"]["parsed"] == 3

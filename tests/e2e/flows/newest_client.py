@@ -45,15 +45,39 @@ elif CLIENT == "mistralai":
             "ids": ids}
 else:
     from llmengine import Completion, api_engine
-    from llmengine.data_types import CreateBatchCompletionsModelConfig, FilteredChatCompletionV2Request
+    from llmengine.data_types import (
+        CreateBatchCompletionsModelConfig,
+        CreateBatchCompletionsRequestContent,
+        FilteredChatCompletionV2Request,
+    )
 
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "sdk", "flows"))
+    from scale_flow import parse_output  # each output item parsed by the client's own type
+
+    config = CreateBatchCompletionsModelConfig(model=MODEL)
     created = Completion.batch_create(
         output_data_path="e2e/newest-scale-client.json",  # relative: the caller's own folder
-        model_config=CreateBatchCompletionsModelConfig(model=MODEL),
+        model_config=config,
         content=[FilteredChatCompletionV2Request(messages=b["messages"], max_tokens=b["max_tokens"]) for b in BODIES],
         use_v2=True,
     )
-    job = wait(lambda: api_engine.APIEngine._get(f"v2/batch-completions/{created.job_id}", timeout=30)["job"],
-               lambda j: j["status"] in ("completed", "failed", "cancelled"))
-    seen = {"status": job["status"], "metadata": job["metadata"], "output": job["output_data_path"]}
+    # The v1 route (the client's default), asking for each token's log probability.
+    v1 = Completion.batch_create(
+        output_data_path="e2e/newest-scale-client-v1.json", model_config=config, use_v2=False,
+        content=CreateBatchCompletionsRequestContent(prompts=[b["messages"][0]["content"] for b in BODIES],
+                                                     max_new_tokens=8, temperature=0.0, return_token_log_probs=True))
+
+    def ended(job_id):
+        return wait(lambda: api_engine.APIEngine._get(f"v2/batch-completions/{job_id}", timeout=30)["job"],
+                    lambda j: j["status"] in ("completed", "failed", "cancelled"))
+
+    def output(job):
+        with open(job["output_data_path"]) as f:
+            return json.load(f)
+
+    job, v1_job = ended(created.job_id), ended(v1.job_id)
+    seen = {"status": job["status"], "metadata": job["metadata"], "output": job["output_data_path"],
+            "chat": parse_output(output(job), "chat"),
+            "v1": {"status": v1_job["status"], "succeeded": v1_job["metadata"]["succeeded_requests"],
+                   **parse_output(output(v1_job), "v1")}}
 print(json.dumps(seen))
