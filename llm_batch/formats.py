@@ -254,42 +254,14 @@ _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
 
 def not_json(value: Any, path: str) -> tuple[ErrorCode, str] | None:
-    """Why inline content (Python objects from the API, not parsed from JSON text here) cannot
-    be written as JSON, and where: None when it can. Python's own JSON parser lets through
-    what orjson refuses to write (lone surrogates, integers past 64 bits, NaN)."""
-    kind = type(value)
-    if value is None or kind is bool:
+    """Why inline content (Python objects from the API, not parsed from JSON text here) is not
+    strict JSON (llm_batch.strict_json: it could not be written again), and where: None when
+    it is. Python's own JSON parser lets through lone surrogates, integers past 64 bits, NaN
+    and any depth."""
+    found = strict_json.problem(value, path)
+    if found is None:
         return None
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return ErrorCode.INVALID_UTF8, (f"{path}: text is not valid UTF-8 (a lone surrogate "
-                                            f"at character {exc.start + 1})")
-        return None
-    if isinstance(value, int):
-        if _INT64_MIN <= value <= _UINT64_MAX:
-            return None
-        digits = str(value)
-        shown = digits if len(digits) <= 30 else f"{digits[:27]}... ({len(digits)} digits)"
-        return ErrorCode.INVALID_JSON, f"{path}: the integer {shown} does not fit in 64 bits"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (
-            ErrorCode.INVALID_JSON, f"{path}: {value} is not a JSON number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return ErrorCode.INVALID_JSON, f"{path}: key {key!r} is not a string"
-            where = f"{path}.{key}" if path else key
-            if found := not_json(key, f"{path} (a key)") or not_json(item, where):
-                return found
-        return None
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            if found := not_json(item, f"{path}[{i}]"):
-                return found
-        return None
-    return ErrorCode.INVALID_JSON, f"{path}: a {kind.__name__} is not a JSON value"
+    return (ErrorCode.INVALID_UTF8 if found.unicode else ErrorCode.INVALID_JSON), str(found)
 
 
 def _bad_bytes(raw: bytes, exc: orjson.JSONDecodeError, index: int, line: int, where: str) -> ErrorRecord:
@@ -447,8 +419,6 @@ def read_inline(
                          f"{where}expected an object, got {_json_kind(obj)}")
         elif bad := not_json(obj, ""):
             yield _error(index, offset + 1, _id_if_str(obj), bad[0], f"{where}request {offset + 1}: {bad[1]}")
-        elif deep := strict_json.depth_problem(obj):
-            yield _error(index, offset + 1, _id_if_str(obj), ErrorCode.INVALID_JSON, f"{where}request {offset + 1}: {deep}")
         elif size := _oversize(obj, max_item_bytes):
             yield _error(index, offset + 1, _id_if_str(obj), ErrorCode.LINE_TOO_LONG,
                          f"{where}request {offset + 1} is {size} bytes as JSON, over the limit "

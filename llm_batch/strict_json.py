@@ -9,7 +9,7 @@ checks each JSON body here once, at its edge, and each DAG run's conf again befo
 triggered.
 
     check(data: bytes) -> Any        the value, or NotStrictJson saying what and where
-    problem(value) -> str | None     the same rules for a value already parsed (a conf)
+    problem(value) -> Problem | None the same rules for a value already parsed (a conf)
     depth_problem(value)             the depth rule alone, for what orjson parsed (batch lines)
 """
 
@@ -18,19 +18,19 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
-__all__ = ["MAX_DEPTH", "NotStrictJson", "check", "depth_problem", "problem"]
+__all__ = ["MAX_DEPTH", "NotStrictJson", "Problem", "check", "depth_problem", "problem"]
 
 # Deep enough for any request body, chat message or JSON schema we have seen (they stay under
 # 20); far below orjson's own limit of 254, so a checked value can always be written again
 # inside a record, a conf or a results line.
 MAX_DEPTH = 64
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
-# orjson reads an integer past 64 bits as a float: only a text with such a run of digits needs
-# its integers read again.
+# orjson reads an integer past 64 bits as a float: only a text with such a run of digits is
+# read again by Python's parser, which keeps integers as they are written.
 _LONG_DIGITS = re.compile(rb"\d{20,}")
 
 
@@ -52,33 +52,37 @@ def check(data: bytes | str) -> Any:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise _decode_problem(data, exc) from None
-    if found := _walk(value, "", 0):
-        raise NotStrictJson(found[1], found[0])
-    if _LONG_DIGITS.search(data.encode() if isinstance(data, str) else data):
-        json.loads(data, parse_int=_int64)  # the rare text that may hold one: read its integers
-    return value
-
-
-def _int64(text: str) -> int:
-    value = int(text)
-    if not _INT64_MIN <= value <= _UINT64_MAX:
-        shown = text if len(text) <= 30 else f"{text[:27]}... ({len(text)} digits)"
-        raise NotStrictJson(f"the integer {shown} does not fit in 64 bits")
-    return value
-
-
-def problem(value: Any) -> str | None:
-    """What keeps an already parsed value from being strict JSON ("where: what"), else None."""
-    found = _walk(value, "", 0, parsed=True)
-    return None if found is None else (f"{_shortened(found[0])}: {found[1]}" if found[0] else found[1])
-
-
-def depth_problem(value: Any) -> str | None:
-    """Where a value parsed by orjson (whose own limit is 1024 levels) nests deeper than
-    ``MAX_DEPTH``, as "where: what", else None: a batch line that deep is that line's error,
-    never a failure of the step that writes it again."""
     found = _walk(value, "", 0)
-    return None if found is None else (f"{_shortened(found[0])}: {found[1]}" if found[0] else found[1])
+    if found is None and _LONG_DIGITS.search(data.encode() if isinstance(data, str) else data):
+        found = problem(json.loads(data))  # the rare text that may hold one: read its integers
+    if found is not None:
+        raise NotStrictJson(found.what, found.where)
+    return value
+
+
+class Problem(NamedTuple):
+    """What keeps a value from being strict JSON, and where (``body.messages[0].content``);
+    ``unicode``: the problem is text that is not valid Unicode (a lone surrogate)."""
+
+    where: str
+    what: str
+    unicode: bool = False
+
+    def __str__(self) -> str:
+        return f"{_shortened(self.where)}: {self.what}" if self.where else self.what
+
+
+def problem(value: Any, where: str = "") -> Problem | None:
+    """What keeps an already parsed value (a conf, what Python's parser built) from being
+    strict JSON, else None; ``where`` is the value's own place, for the message."""
+    return _walk(value, where, 0, parsed=True)
+
+
+def depth_problem(value: Any) -> Problem | None:
+    """Where a value parsed by orjson (whose own limit is 1024 levels) nests deeper than
+    ``MAX_DEPTH``, else None: a batch line that deep is that line's error, never a failure
+    of the step that writes it again."""
+    return _walk(value, "", 0)
 
 
 def _shortened(where: str) -> str:
@@ -86,30 +90,30 @@ def _shortened(where: str) -> str:
 
 
 def _decode_problem(data: bytes | str, exc: orjson.JSONDecodeError) -> NotStrictJson:
-    try:
-        json.loads(data)
-    except (ValueError, RecursionError):
-        return NotStrictJson(f"not valid JSON: {exc.msg} at character {exc.pos}", syntax=True)
-    # Python's parser took it: what it admits and strict JSON does not.
-    if "surrogate" in exc.msg:
-        return NotStrictJson(f"text holds a lone surrogate (a \\ud800-\\udfff escape without its pair) "
-                             f"near character {exc.pos}: not valid Unicode")
+    """Why orjson refused ``data``: past its own depth limit, not JSON at all (``syntax``), or
+    what Python's parser admits and strict JSON does not, found where it is."""
     if "recursion" in exc.msg:
         return NotStrictJson(f"nested deeper than {MAX_DEPTH} levels")
-    return NotStrictJson(f"{exc.msg} at character {exc.pos}: NaN, Infinity and other values outside "
-                         "JSON are refused")
+    try:
+        found = problem(json.loads(data))
+    except (ValueError, RecursionError):
+        return NotStrictJson(f"not valid JSON: {exc.msg} at character {exc.pos}", syntax=True)
+    if found is None:  # not expected: say what orjson said
+        return NotStrictJson(f"{exc.msg} at character {exc.pos}")
+    return NotStrictJson(found.what, found.where)
 
 
-def _walk(value: Any, where: str, depth: int, parsed: bool = False) -> tuple[str, str] | None:
-    """(where, what) of the first thing that is not strict JSON, else None. ``parsed``: the
-    value did not come through orjson (check strings, integers and types too)."""
+def _walk(value: Any, where: str, depth: int, parsed: bool = False) -> Problem | None:
+    """The first thing in ``value`` that is not strict JSON, else None. ``parsed``: the value
+    did not come through orjson (check strings, integers, keys and types too)."""
     if depth > MAX_DEPTH:
-        return where, f"nested deeper than {MAX_DEPTH} levels"
+        return Problem(where, f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
         for key, item in value.items():
-            if parsed and (not isinstance(key, str) or not _utf8(key)):
-                return where, f"key {key!r} is not a JSON string"
-            if found := _walk(item, f"{where}.{key}" if where else str(key), depth + 1, parsed):
+            if parsed and not isinstance(key, str):
+                return Problem(where, f"key {key!r} is not a string")
+            here = f"{where}.{key}" if where else key
+            if found := (parsed and _text_problem(key, f"{where} (a key)")) or _walk(item, here, depth + 1, parsed):
                 return found
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
@@ -117,21 +121,24 @@ def _walk(value: Any, where: str, depth: int, parsed: bool = False) -> tuple[str
                 return found
     elif isinstance(value, float):
         if not math.isfinite(value):
-            return where, f"{value} is not a JSON number"
-    elif parsed:
-        if isinstance(value, bool) or value is None:
-            return None
-        if isinstance(value, int):
-            return None if _INT64_MIN <= value <= _UINT64_MAX else (where, "an integer that does not fit in 64 bits")
-        if isinstance(value, str):
-            return None if _utf8(value) else (where, "text holds a lone surrogate: not valid Unicode")
-        return where, f"a {type(value).__name__} is not a JSON value"
+            return Problem(where, f"{value} is not a JSON number")
+    elif not parsed or value is None or isinstance(value, bool):
+        return None
+    elif isinstance(value, int):
+        if not _INT64_MIN <= value <= _UINT64_MAX:
+            digits = str(value)
+            shown = digits if len(digits) <= 30 else f"{digits[:27]}... ({len(digits)} digits)"
+            return Problem(where, f"the integer {shown} does not fit in 64 bits")
+    elif isinstance(value, str):
+        return _text_problem(value, where)
+    else:
+        return Problem(where, f"a {type(value).__name__} is not a JSON value")
     return None
 
 
-def _utf8(text: str) -> bool:
+def _text_problem(text: str, where: str) -> Problem | None:
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    except UnicodeEncodeError as exc:
+        return Problem(where, f"text is not valid UTF-8 (a lone surrogate at character {exc.start + 1})", True)
+    return None
