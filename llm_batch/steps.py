@@ -55,8 +55,8 @@ def registry_model_names(settings: Settings) -> list[str]:
 
 
 def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> None:
-    """What the form cannot say alone: exactly one input, and a model of the registry
-    (unless the run names its own checkpoint_path)."""
+    """What the form cannot say alone: exactly one input, a model of the registry (unless
+    the run names its own checkpoint_path) and a model_config the API would take."""
     given = [name for name in INPUT_FIELDS if conf.get(name) not in (None, "", [])]
     if len(given) != 1:
         raise JobRejected(f"give exactly one of {', '.join(INPUT_FIELDS)} (got {', '.join(given) or 'none'})")
@@ -70,6 +70,14 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> 
     known = registry_model_names(settings)
     if known and run.model not in known and not run.engine_config.get("checkpoint_path"):
         raise JobRejected(f"model {run.model!r} is not in the model registry; known models: {', '.join(known)}")
+    # The API's own check of a model_config (the engine-argument allow-list among it), so a
+    # run from the form or /api/v2 is refused here, not by its first shard.
+    from llm_batch.model_registry import ModelError, validate_model_config
+
+    try:
+        validate_model_config({**run.engine_config, "model": run.model})
+    except ModelError as exc:
+        raise JobRejected(str(exc)) from None
 
 
 def layout_of(settings: Settings, job_id: str) -> JobLayout:

@@ -153,6 +153,9 @@ def test_register_makes_a_job_from_the_conf(store, settings):
         ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4 needs the Kubernetes shard runner"),
         ({"input_uri": "/etc/passwd"}, "input_uri: /etc/passwd"),
         ({"input_requests": [{"body": {}}], "output_uri": "/root/out.json"}, "output_uri: /root/out.json"),
+        ({"input_uri": "/x.jsonl", "model_config": {"engine_args": {"reasoning_parser_plugin": "/data/x/evil.py"}}},
+         "reasoning_parser_plugin may not be set by a job"),
+        ({"input_uri": "/x.jsonl", "model_config": {"max_model_len": -1}}, "model_config.max_model_len"),
     ],
 )
 def test_register_refuses_naming_the_problem_and_makes_no_job(store, settings, conf, reason):
