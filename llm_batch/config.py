@@ -148,14 +148,19 @@ class Settings(BaseSettings):
 
     # --- Webhooks: signed job-end events (llm_batch/webhooks.py, docs/api.md "Webhooks") ---
     # Hosts, addresses and networks (comma separated: hooks.internal, 10.0.0.5, 10.1.0.0/16,
-    # 127.0.0.1) webhooks may go to although they are not public: loopback, link-local (the
-    # cloud metadata address 169.254.169.254), private and other non-global addresses are
-    # refused unless listed here, at create and again at each delivery after DNS resolution.
+    # 127.0.0.1) webhooks may go to although they are not public: only globally routable
+    # unicast addresses are allowed otherwise (llm_batch/webhook_destinations.py), checked at
+    # create and again at each delivery after DNS resolution.
     webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # False: only the allowed hosts above, no public address either.
     webhook_allow_public: bool = True
-    # Per HTTP phase (connect, write, read) of one attempt.
-    webhook_timeout_s: float = 10.0
+    # The whole of one attempt: DNS, connect, send, the receiver's status (its body is not read).
+    webhook_timeout_s: float = 5.0
+    # Test events (POST .../test) of one owner: at most this many a minute, this many at once;
+    # and this many at once in one api-server process. Past any of them: 429 with Retry-After.
+    webhook_test_per_minute: int = 10
+    webhook_test_concurrency: int = 2
+    webhook_test_concurrency_total: int = 8
     # A job-end event is retried with exponential backoff (base, capped) for this long.
     webhook_retry_window_s: int = 86_400
     webhook_retry_base_s: float = 10.0

@@ -155,8 +155,5 @@ def _deliver(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     print(f"delivering webhooks as {deliverer.name} (Ctrl-C stops)", file=sys.stderr)
-    try:
-        deliverer.run(stop)
-    finally:
-        deliverer.close()
+    deliverer.run(stop)
     return 0

@@ -223,7 +223,8 @@ class IdempotencyKeyRow(Base):
 
 class WebhookEndpointRow(Base):
     """A receiver of one owner's job-end events: its URL, the event types it wants and the
-    Standard Webhooks secret (``whsec_...``) the deliveries are signed with."""
+    Standard Webhooks secret (``whsec_...``) the deliveries are signed with; after a rotation
+    that keeps the previous secret, that one signs too until ``previous_secret_expires_at``."""
 
     __tablename__ = "webhook_endpoints"
 
@@ -234,6 +235,10 @@ class WebhookEndpointRow(Base):
     description: Mapped[str] = mapped_column(String(512), default="")
     secret: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
+    # The last change of the URL, events, description or secret.
+    updated_at: Mapped[datetime]
+    previous_secret: Mapped[str | None] = mapped_column(String(128))
+    previous_secret_expires_at: Mapped[datetime | None]
 
 
 class WebhookDeliveryRow(Base):

@@ -59,7 +59,7 @@ def new_webhook_secret() -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WebhookEndpoint:
-    """A webhook endpoint (its secret is never part of the snapshot)."""
+    """A webhook endpoint (its secrets are never part of the snapshot: only a hint)."""
 
     id: str
     owner: str
@@ -67,6 +67,8 @@ class WebhookEndpoint:
     events: list[str]
     description: str
     created_at: datetime
+    updated_at: datetime
+    secret_hint: str  # whsec_...<the secret's last 4 characters>
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,15 +118,27 @@ class ClaimedDelivery:
 
     delivery: WebhookDelivery
     url: str
-    secret: str
+    secrets: tuple[str, ...]  # to sign with: the current one, then a rotated-out one still in its grace period
     lease: str
 
 
-_ENDPOINT_COLUMNS = [ENDPOINTS.c[f.name] for f in dataclasses.fields(WebhookEndpoint)]
+_ENDPOINT_FIELDS = [f.name for f in dataclasses.fields(WebhookEndpoint) if f.name != "secret_hint"]
+
+
+def secret_hint(secret: str) -> str:
+    """Enough of a secret to tell which one a receiver holds, never enough to sign with."""
+    return f"{SECRET_PREFIX}...{secret[-4:]}"
 
 
 def _endpoint(row: Row) -> WebhookEndpoint:
-    return WebhookEndpoint(**row._asdict())
+    values = row._mapping
+    return WebhookEndpoint(**{name: values[name] for name in _ENDPOINT_FIELDS}, secret_hint=secret_hint(values["secret"]))
+
+
+def _signing_secrets(row: Row, now: datetime) -> tuple[str, ...]:
+    keeps_previous = row.previous_secret is not None and row.previous_secret_expires_at is not None \
+        and row.previous_secret_expires_at > now
+    return (row.secret, row.previous_secret) if keeps_previous else (row.secret,)
 
 
 def _delivery(row: Row) -> WebhookDelivery:
@@ -177,31 +191,75 @@ class WebhookStoreMixin:
     ) -> tuple[WebhookEndpoint, str]:
         """A new endpoint of `owner` and its secret (``whsec_...``; the API shows it once).
         ``events`` defaults to every job-end event; unknown names raise ValueError."""
-        chosen = list(dict.fromkeys(events if events is not None else EVENT_TYPES))
-        unknown = [e for e in chosen if e not in EVENT_TYPES]
-        if unknown or not chosen:
-            raise ValueError(f"unknown or no event types {unknown}: choose from {', '.join(EVENT_TYPES)}")
-        secret = new_webhook_secret()
-        values = dict(id=f"we_{uuid.uuid4().hex}", owner=owner, url=url, events=chosen, description=description,
-                      secret=secret, created_at=_now())
+        secret, now = new_webhook_secret(), _now()
+        values = dict(id=f"we_{uuid.uuid4().hex}", owner=owner, url=url, events=_event_types(events),
+                      description=description, secret=secret, created_at=now, updated_at=now)
         with self._transaction(write=True) as connection:
-            row = connection.execute(insert(ENDPOINTS).values(**values).returning(*_ENDPOINT_COLUMNS)).one()
+            row = connection.execute(insert(ENDPOINTS).values(**values).returning(*ENDPOINTS.c)).one()
         return _endpoint(row), secret
 
     def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None:
         with self._transaction(write=False) as connection:
-            row = connection.execute(
-                select(*_ENDPOINT_COLUMNS).where(*_owned(ENDPOINTS, endpoint_id, owner))
-            ).one_or_none()
+            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
             return _endpoint(row) if row is not None else None
 
     def list_webhook_endpoints(self, owner: str | None = None) -> list[WebhookEndpoint]:
+        """Every endpoint of `owner` (None: everyone's), oldest first."""
         filters = [ENDPOINTS.c.owner == owner] if owner is not None else []
         with self._transaction(write=False) as connection:
-            rows = connection.execute(
-                select(*_ENDPOINT_COLUMNS).where(*filters).order_by(ENDPOINTS.c.created_at, ENDPOINTS.c.id)
-            )
+            rows = connection.execute(select(ENDPOINTS).where(*filters).order_by(ENDPOINTS.c.created_at, ENDPOINTS.c.id))
             return [_endpoint(r) for r in rows]
+
+    def page_webhook_endpoints(
+        self, owner: str | None = None, limit: int = 20, after: str | None = None
+    ) -> tuple[list[WebhookEndpoint], bool]:
+        """Up to `limit` endpoints newest first, those after the endpoint `after` (keyset, as
+        list_jobs; an unknown one raises InvalidCursor), and whether more follow."""
+        from llm_batch.jobstore.store import _page  # store.py builds on this module
+
+        filters = [ENDPOINTS.c.owner == owner] if owner is not None else []
+        with self._transaction(write=False) as connection:
+            rows, _ = _page(connection, ENDPOINTS, filters, (ENDPOINTS.c.created_at, True), limit + 1, 0, after,
+                             owner=owner)
+        return [_endpoint(r) for r in rows[:limit]], len(rows) > limit
+
+    def update_webhook_endpoint(
+        self, endpoint_id: str, owner: str | None = None, *, url: str | None = None, events: list[str] | None = None,
+        description: str | None = None,
+    ) -> WebhookEndpoint:
+        """Change what is given (None: keep); ``updated_at`` moves only if something changed."""
+        with self._transaction(write=True) as connection:
+            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            if row is None:
+                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            given = {"url": url, "events": None if events is None else _event_types(events), "description": description}
+            changes = {name: value for name, value in given.items() if value is not None and value != row._mapping[name]}
+            if changes:
+                row = connection.execute(
+                    update(ENDPOINTS).where(ENDPOINTS.c.id == endpoint_id).values(**changes, updated_at=_now())
+                    .returning(*ENDPOINTS.c)
+                ).one()
+            return _endpoint(row)
+
+    def rotate_webhook_secret(
+        self, endpoint_id: str, owner: str | None = None, keep_previous_for: timedelta | None = None
+    ) -> tuple[WebhookEndpoint, str]:
+        """A new secret for the endpoint (returned once, like at create). ``keep_previous_for``:
+        the secret it replaces signs every attempt too for that long (receivers switch
+        without missing an event); None: it stops at once."""
+        secret, now = new_webhook_secret(), _now()
+        with self._transaction(write=True) as connection:
+            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            if row is None:
+                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            kept = keep_previous_for is not None
+            row = connection.execute(
+                update(ENDPOINTS).where(ENDPOINTS.c.id == endpoint_id).values(
+                    secret=secret, updated_at=now, previous_secret=row.secret if kept else None,
+                    previous_secret_expires_at=now + keep_previous_for if kept else None,
+                ).returning(*ENDPOINTS.c)
+            ).one()
+        return _endpoint(row), secret
 
     def delete_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> None:
         """Remove the endpoint with its deliveries (pending ones are never sent) and attempts."""
@@ -275,13 +333,11 @@ class WebhookStoreMixin:
                 ).one_or_none()
                 if row is None:
                     continue  # another deliverer took it first
-                endpoint = connection.execute(
-                    select(ENDPOINTS.c.url, ENDPOINTS.c.secret).where(ENDPOINTS.c.id == row.endpoint_id)
-                ).one_or_none()
+                endpoint = connection.execute(select(ENDPOINTS).where(ENDPOINTS.c.id == row.endpoint_id)).one_or_none()
                 if endpoint is None:  # endpoint deleted in between
                     connection.execute(delete(DELIVERIES).where(c.id == candidate))
                     continue
-            claimed.append(ClaimedDelivery(_delivery(row), endpoint.url, endpoint.secret, token))
+            claimed.append(ClaimedDelivery(_delivery(row), endpoint.url, _signing_secrets(endpoint, now), token))
         return claimed
 
     def record_webhook_attempt(
@@ -349,6 +405,15 @@ class WebhookStoreMixin:
         )
         with self._transaction(write=False) as connection:
             return [WebhookAttempt(**r._asdict()) for r in connection.execute(query)]
+
+
+def _event_types(events: list[str] | None) -> list[str]:
+    """The event types an endpoint gets: `events` without repeats, or all; ValueError naming unknown ones."""
+    chosen = list(dict.fromkeys(events if events is not None else EVENT_TYPES))
+    unknown = [e for e in chosen if e not in EVENT_TYPES]
+    if unknown or not chosen:
+        raise ValueError(f"unknown or no event types {unknown}: choose from {', '.join(EVENT_TYPES)}")
+    return chosen
 
 
 def _owned(table: Table, row_id: str, owner: str | None) -> list[Any]:

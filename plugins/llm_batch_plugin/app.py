@@ -43,6 +43,7 @@ from llm_batch_plugin.routers import (
     usage,
 )
 from llm_batch_plugin.routers import webhooks  # webhooks: /v1/webhooks
+from llm_batch_plugin.routers import openai_webhooks  # OpenAI's: /v1/webhook_endpoints
 from llm_batch_plugin.state import MAX_JSON_BODY_BYTES, ApiState
 
 # Multipart framing on top of the largest accepted file.
@@ -345,6 +346,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     install_error_handlers(app)
     for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs, webhooks):
         app.include_router(module.router)
+    app.include_router(openai_webhooks.router)
     app.include_router(scale_batch_completions.v1_router)
     app.include_router(ui.router)
     app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")

@@ -1,7 +1,7 @@
 """API errors: one exception type, rendered per dialect.
 
-Routes raise ``ApiError(status, message, param=..., code=...)``. The OpenAI routes (files
-and batches) answer ``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API
+Routes raise ``ApiError(status, message, param=..., code=...)``. The OpenAI routes (files,
+batches, webhook endpoints) answer ``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API
 does; the other routes answer FastAPI's ``{"detail": message}`` plus the same fields, so
 every error body says what went wrong and where.
 """
@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 # Route prefixes whose clients (the openai SDK) expect OpenAI's error shape.
-OPENAI_PREFIXES = ("/v1/batches", "/v1/files")
+OPENAI_PREFIXES = ("/v1/batches", "/v1/files", "/v1/webhook_endpoints", "/v1/webhook_event_types")
 
 _ERROR_TYPES = {
     400: "invalid_request_error",

@@ -12,16 +12,18 @@ from pydantic import BaseModel, Field
 from llm_batch.jobstore.webhooks import WebhookAttempt, WebhookEndpoint
 
 WebhookEventType = Literal["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+URL_DESCRIPTION = (
+    "The receiver: an http(s) URL whose host is, or resolves only to, globally routable unicast addresses; any "
+    "other is refused (400 webhook_url_refused) unless an admin allowed the host in LLM_BATCH_WEBHOOK_ALLOWED_HOSTS"
+)
+SECRET_DESCRIPTION = ("The Standard Webhooks secret (whsec_...): verify each event with it, e.g. "
+                      "`openai.OpenAI().webhooks.unwrap(body, headers, secret=...)`")
 
 
 class WebhookEndpointCreate(BaseModel):
     """A new webhook endpoint: where the caller's job-end events go."""
 
-    url: str = Field(
-        min_length=1, max_length=2048,
-        description="The receiver: an http(s) URL. Loopback, link-local, private and other non-public addresses are "
-        "refused (400) unless an admin allowed the host in LLM_BATCH_WEBHOOK_ALLOWED_HOSTS",
-    )
+    url: str = Field(min_length=1, max_length=2048, description=URL_DESCRIPTION)
     events: list[WebhookEventType] | None = Field(
         None, min_length=1, max_length=4,
         description="The events to send: batch.completed, batch.failed, batch.expired, batch.cancelled; "
@@ -50,10 +52,7 @@ class WebhookEndpointOut(BaseModel):
 class WebhookEndpointCreated(WebhookEndpointOut):
     """A new endpoint with its signing secret: shown in this answer only, store it safely."""
 
-    secret: str = Field(
-        description="The Standard Webhooks secret (whsec_...): verify each event with it, e.g. "
-        "`openai.OpenAI().webhooks.unwrap(body, headers, secret=...)`"
-    )
+    secret: str = Field(description=SECRET_DESCRIPTION)
 
 
 class WebhookEndpointList(BaseModel):

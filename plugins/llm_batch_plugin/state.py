@@ -7,7 +7,7 @@ trigger is per request: ``dag_trigger.TriggerDep``.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from llm_batch.config import Settings
 from llm_batch.jobstore import JobStore
 from llm_batch.run_conf import BATCH_DAG_ID
+from llm_batch_plugin.throttle import Throttle
 
 DAG_ID = BATCH_DAG_ID
 
@@ -49,6 +50,8 @@ def check_pairs(value: dict[str, str] | None, *, max_pairs: int = MAX_PAIRS) -> 
 class ApiState:
     settings: Settings
     store: JobStore
+    # Webhook test events in flight and started lately, per owner (webhook_endpoints.send_test).
+    webhook_tests: Throttle = field(default_factory=Throttle)
 
 
 def get_state(request: Request) -> ApiState:

@@ -189,6 +189,12 @@ BODIES: dict[tuple[str, str], Callable[[dict[str, str]], dict[str, Any]]] = {
     # Webhooks: a public name (not resolved at create when DNS has no answer; checked again at delivery).
     ("post", "/v1/webhooks"): lambda ids: {"json": {"url": "https://hooks.example.com/llm-batch"}},
     ("post", "/v1/webhooks/{endpoint_id}/test"): lambda ids: {"json": {"event_type": "batch.completed"}},
+    ("post", "/v1/webhook_endpoints"): lambda ids: {"json": {
+        "url": "https://hooks.example.com/llm-batch", "name": "matrix", "event_types": ["batch.completed"]}},
+    ("post", "/v1/webhook_endpoints/{webhook_endpoint_id}"): lambda ids: {"json": {"name": "renamed"}},
+    ("post", "/v1/webhook_endpoints/{webhook_endpoint_id}/rotate_secret"): lambda ids: {
+        "json": {"keep_old_secret_active_for_24_hours": True}},
+    ("post", "/v1/webhook_endpoints/{webhook_endpoint_id}/test"): lambda ids: {"json": {"event_type": "batch.completed"}},
 }
 
 

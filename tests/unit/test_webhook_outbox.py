@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from llm_batch.config import Settings
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore import JobStore
 from llm_batch.jobstore.webhooks import JOB_END_EVENTS
-from llm_batch.webhooks import Deliverer, DestinationRefused, check_destination
+from llm_batch.webhook_destinations import DestinationRefused, check_destination
+from llm_batch.webhooks import Deliverer
 
 CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +37,11 @@ def _no_admin_allow_list(monkeypatch):
     allow-list (tests/e2e/conftest.py) must not reach the Settings they build."""
     monkeypatch.delenv("LLM_BATCH_WEBHOOK_ALLOWED_HOSTS", raising=False)
     monkeypatch.delenv("LLM_BATCH_WEBHOOK_ALLOW_PUBLIC", raising=False)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # many deliveries connect at once (the API's concurrency test)
 
 
 class Receiver:
@@ -61,8 +68,7 @@ class Receiver:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -198,7 +204,6 @@ def test_events_verify_with_the_openai_sdk(store, receiver, tmp_path):
         unwrap(headers, body.replace(job.id.encode(), b"job_forged"), secret)
     [delivery] = store.list_webhook_deliveries(job_id=job.id)
     assert delivery.status == "delivered"
-    deliverer.close()
 
 
 def test_a_receiver_answering_500_then_200_is_retried_with_the_same_webhook_id(store, tmp_path):
@@ -218,7 +223,6 @@ def test_a_receiver_answering_500_then_200_is_retried_with_the_same_webhook_id(s
         assert [(a.attempt, a.status_code) for a in reversed(attempts)] == [(1, 500), (2, 500), (3, 200)]
         assert attempts[-1].error == "HTTP 500" and attempts[0].error is None
         assert all(a.latency_ms >= 0 and a.delivery_status == "delivered" for a in attempts)
-        deliverer.close()
     finally:
         receiver.close()
 
@@ -232,7 +236,6 @@ def test_retries_stop_after_the_retry_window(store, tmp_path):
         deliverer = Deliverer(store, settings(tmp_path, webhook_retry_window_s=1, webhook_retry_base_s=0.3))
         deliver_until(deliverer, lambda: store.list_webhook_deliveries(job_id=job.id)[0].status == "failed")
         assert 1 <= len(store.list_webhook_attempts(endpoint.id)) < 10
-        deliverer.close()
     finally:
         receiver.close()
 
@@ -250,9 +253,112 @@ def test_a_dead_receiver_never_delays_the_job_end(store, tmp_path):
         deliverer.run_once()
         [attempt] = store.list_webhook_attempts(endpoint.id)
         assert attempt.status_code is None and "Timeout" in attempt.error
-        deliverer.close()
     finally:
         receiver.close()
+
+
+class DripReceiver:
+    """Answers one byte of its status line at a time, each well within any per-read
+    timeout: only a deadline on the whole attempt ends it."""
+
+    def __init__(self, every_s: float = 0.2):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(every_s,), daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hooks"
+
+    def _serve(self, every_s: float) -> None:
+        connection, _ = self.listener.accept()
+        with connection:
+            for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n" * 100:
+                if self.stop.wait(every_s):
+                    return
+                connection.sendall(bytes([byte]))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
+def test_one_deadline_bounds_the_whole_attempt(store, tmp_path):
+    """A receiver that drips its answer never trips a per-read timeout: the attempt still
+    ends at webhook_timeout_s."""
+    receiver = DripReceiver()
+    try:
+        endpoint, _ = store.create_webhook_endpoint("alice", receiver.url)
+        store.end_job(make_job(store).id, JobStatus.SUCCEEDED)
+        started = time.monotonic()
+        Deliverer(store, settings(tmp_path, webhook_timeout_s=1.0)).run_once()
+        assert time.monotonic() - started < 3.0
+        [attempt] = store.list_webhook_attempts(endpoint.id)
+        assert attempt.status_code is None and attempt.error == "Timeout: no answer within 1 s"
+        assert 900 <= attempt.latency_ms < 1500
+    finally:
+        receiver.close()
+
+
+def test_a_rotation_that_keeps_the_old_secret_signs_with_both_until_it_expires(store, receiver, tmp_path):
+    """Standard Webhooks allows several signatures: during the grace period a receiver
+    holding either secret verifies every event; after it, or after a plain rotation, only
+    the new secret does."""
+    import openai
+
+    endpoint, first = store.create_webhook_endpoint("alice", receiver.url)
+    rotated, second = store.rotate_webhook_secret(endpoint.id, "alice", keep_previous_for=timedelta(hours=24))
+    assert second != first and rotated.secret_hint == f"whsec_...{second[-4:]}"
+    assert rotated.updated_at > endpoint.updated_at
+    deliverer = Deliverer(store, settings(tmp_path))
+    store.end_job(make_job(store).id, JobStatus.SUCCEEDED)
+    deliver_until(deliverer, lambda: len(receiver.requests) == 1)
+    headers, body = receiver.requests[0]
+    assert len(headers["webhook-signature"].split()) == 2
+    assert unwrap(headers, body, first).type == unwrap(headers, body, second).type == "batch.completed"
+
+    [claim] = store.claim_webhook_deliveries("x", timedelta(seconds=5), delivery_id=store.enqueue_webhook_test(endpoint.id).id,
+                                             now=datetime.now(UTC) + timedelta(hours=25))
+    assert claim.secrets == (second,)  # the grace period is over
+
+    _, third = store.rotate_webhook_secret(endpoint.id, "alice")
+    store.end_job(make_job(store).id, JobStatus.FAILED)
+    deliver_until(deliverer, lambda: len(receiver.requests) == 2)
+    headers, body = receiver.requests[1]
+    assert len(headers["webhook-signature"].split()) == 1 and unwrap(headers, body, third).type == "batch.failed"
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        unwrap(headers, body, second)
+    with pytest.raises(LookupError):
+        store.rotate_webhook_secret(endpoint.id, "bob")
+
+
+def test_updates_move_updated_at_only_when_something_changes(store):
+    endpoint, _ = store.create_webhook_endpoint("alice", "http://127.0.0.1:9/a", description="one")
+    assert endpoint.updated_at == endpoint.created_at
+    same = store.update_webhook_endpoint(endpoint.id, "alice", url=endpoint.url, events=list(endpoint.events),
+                                         description="one")
+    assert same == endpoint
+    changed = store.update_webhook_endpoint(endpoint.id, "alice", events=["batch.failed", "batch.failed"])
+    assert changed.events == ["batch.failed"] and changed.description == "one" and changed.updated_at > endpoint.updated_at
+    with pytest.raises(ValueError):
+        store.update_webhook_endpoint(endpoint.id, "alice", events=["response.completed"])
+    with pytest.raises(LookupError):
+        store.update_webhook_endpoint(endpoint.id, "bob", description="mine now")
+
+
+def test_endpoint_pages_are_newest_first_and_follow_the_cursor(store):
+    from llm_batch.jobstore import InvalidCursor
+
+    ids = [store.create_webhook_endpoint("alice", f"http://127.0.0.1:9/{i}")[0].id for i in range(5)]
+    store.create_webhook_endpoint("bob", "http://127.0.0.1:9/b")
+    first, more = store.page_webhook_endpoints("alice", limit=2)
+    second, more_again = store.page_webhook_endpoints("alice", limit=2, after=first[-1].id)
+    last, no_more = store.page_webhook_endpoints("alice", limit=2, after=second[-1].id)
+    assert [e.id for e in first + second + last] == ids[::-1] and (more, more_again, no_more) == (True, True, False)
+    assert len(store.page_webhook_endpoints(None, limit=100)[0]) == 6
+    with pytest.raises(InvalidCursor):
+        store.page_webhook_endpoints("alice", after="we_nothing")
 
 
 # -- destinations ---------------------------------------------------------------------------
@@ -311,7 +417,6 @@ def test_a_name_that_resolves_to_a_refused_address_at_delivery_is_not_called(sto
     [attempt] = store.list_webhook_attempts(endpoint.id)
     assert attempt.status_code is None and "refused" in attempt.error and "127.0.0.1" in attempt.error
     assert receiver.requests == []
-    deliverer.close()
 
 
 def test_the_connection_goes_to_the_checked_address(store, receiver, tmp_path):
@@ -325,7 +430,6 @@ def test_the_connection_goes_to_the_checked_address(store, receiver, tmp_path):
     headers, body = receiver.requests[0]
     assert headers["host"] == f"hooks.test:{port}"
     assert unwrap(headers, body, secret).type == "batch.completed"
-    deliverer.close()
 
 
 # -- kill -9 of the deliverer ---------------------------------------------------------------
