@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any, NamedTuple
 
 import orjson
@@ -29,9 +28,9 @@ __all__ = ["MAX_DEPTH", "NotStrictJson", "Problem", "check", "depth_problem", "p
 # inside a record, a conf or a results line.
 MAX_DEPTH = 64
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
-# orjson reads an integer past 64 bits as a float: only a text with such a run of digits is
+# orjson reads an integer past 64 bits as a float: only a text where such a float turns up is
 # read again by Python's parser, which keeps integers as they are written.
-_LONG_DIGITS = re.compile(rb"\d{20,}")
+_HUGE = "a number past 64 bits"
 
 
 class NotStrictJson(ValueError):
@@ -53,7 +52,7 @@ def check(data: bytes | str) -> Any:
     except orjson.JSONDecodeError as exc:
         raise _decode_problem(data, exc) from None
     found = _walk(value, "", 0)
-    if found is None and _LONG_DIGITS.search(data.encode() if isinstance(data, str) else data):
+    if found is not None and found.what == _HUGE:
         found = problem(json.loads(data))  # the rare text that may hold one: read its integers
     if found is not None:
         raise NotStrictJson(found.what, found.where)
@@ -106,39 +105,76 @@ def _decode_problem(data: bytes | str, exc: orjson.JSONDecodeError) -> NotStrict
 def _walk(value: Any, where: str, depth: int, parsed: bool = False) -> Problem | None:
     """The first thing in ``value`` that is not strict JSON, else None. ``parsed``: the value
     did not come through orjson (check strings, integers, keys and types too)."""
+    found = _find(value, depth, parsed)
+    if found is None:
+        return None
+    path, what, unicode = found
+    for part in reversed(path):
+        if isinstance(part, int):
+            where += f"[{part}]"
+        elif part is _KEY:
+            where += " (a key)"
+        else:
+            where = f"{where}.{part}" if where else part
+    return Problem(where, what, unicode)
+
+
+# What orjson gives is never a problem but for its depth: skipped without a call (the walk
+# touches every value of bodies up to 64 MiB).
+_PLAIN = frozenset({str, int, bool, type(None)})
+_KEY = object()  # a path part: "the key itself", for a key that is not valid text
+
+
+def _find(value: Any, depth: int, parsed: bool) -> tuple[list[Any], str, bool] | None:
+    """(path to it, innermost first; what; is it bad text) of the first problem, else None.
+    The path is built only on the way back from a problem, never for good values."""
     if depth > MAX_DEPTH:
-        return Problem(where, f"nested deeper than {MAX_DEPTH} levels")
-    if isinstance(value, dict):
+        return [], f"nested deeper than {MAX_DEPTH} levels", False
+    kind = type(value)
+    if kind is dict:
         for key, item in value.items():
-            if parsed and not isinstance(key, str):
-                return Problem(where, f"key {key!r} is not a string")
-            here = f"{where}.{key}" if where else key
-            if found := (parsed and _text_problem(key, f"{where} (a key)")) or _walk(item, here, depth + 1, parsed):
+            if parsed:
+                if not isinstance(key, str):
+                    return [], f"key {key!r} is not a string", False
+                if bad := _bad_text(key):
+                    return [_KEY], bad, True
+            elif type(item) in _PLAIN:
+                continue
+            if found := _find(item, depth + 1, parsed):
+                found[0].append(key)
                 return found
-    elif isinstance(value, list | tuple):
+    elif kind is list or kind is tuple:
         for index, item in enumerate(value):
-            if found := _walk(item, f"{where}[{index}]", depth + 1, parsed):
+            if not parsed and type(item) in _PLAIN:
+                continue
+            if found := _find(item, depth + 1, parsed):
+                found[0].append(index)
                 return found
-    elif isinstance(value, float):
+    elif kind is float:
         if not math.isfinite(value):
-            return Problem(where, f"{value} is not a JSON number")
-    elif not parsed or value is None or isinstance(value, bool):
+            return [], f"{value} is not a JSON number", False
+        if not parsed and abs(value) >= 2.0**63:  # >=: -(2**63 + 1) reads as -2**63
+            return [], _HUGE, False
+    elif not parsed or value is None or kind is bool:
         return None
     elif isinstance(value, int):
         if not _INT64_MIN <= value <= _UINT64_MAX:
             digits = str(value)
             shown = digits if len(digits) <= 30 else f"{digits[:27]}... ({len(digits)} digits)"
-            return Problem(where, f"the integer {shown} does not fit in 64 bits")
+            return [], f"the integer {shown} does not fit in 64 bits", False
     elif isinstance(value, str):
-        return _text_problem(value, where)
+        if bad := _bad_text(value):
+            return [], bad, True
+    elif isinstance(value, float):  # a float subclass
+        return _find(float(value), depth, parsed)
     else:
-        return Problem(where, f"a {type(value).__name__} is not a JSON value")
+        return [], f"a {kind.__name__} is not a JSON value", False
     return None
 
 
-def _text_problem(text: str, where: str) -> Problem | None:
+def _bad_text(text: str) -> str | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        return Problem(where, f"text is not valid UTF-8 (a lone surrogate at character {exc.start + 1})", True)
+        return f"text is not valid UTF-8 (a lone surrogate at character {exc.start + 1})"
     return None

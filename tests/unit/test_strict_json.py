@@ -92,3 +92,27 @@ def test_a_batch_line_nested_too_deep_is_its_own_error_and_the_others_go_on():
                                                                        (4, "extra", "invalid_json")]
     assert all("nested deeper than 64 levels" in e["message"] for e in errors)
     assert (report.total, report.valid, report.invalid) == (4, 2, 2)
+
+
+_any_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4) | st.sampled_from(["\ud800", "a\udfffb"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_any_json)
+def test_the_fast_check_of_text_agrees_with_the_full_check_of_what_python_parses(value):
+    """check() parses with orjson and walks only what orjson cannot have refused; problem()
+    looks at every value Python's parser builds. Both must refuse the same texts."""
+    text = json.dumps(value).encode()
+    expected = strict_json.problem(json.loads(text))
+    try:
+        strict_json.check(text)
+    except strict_json.NotStrictJson as refused:
+        assert expected is not None, f"refused what is strict JSON: {refused}"
+        assert refused.message == expected.what
+    else:
+        assert expected is None, f"admitted {expected}"
