@@ -14,7 +14,8 @@
   (``$LLM_BATCH_HOME/celery/worker-<n>``: its ``LLM_BATCH_HOME``, ``AIRFLOW_HOME``, task logs,
   model cache), which no other component opens. Each names itself ``celery-worker-<n>``
   (``AIRFLOW__CORE__HOSTNAME_CALLABLE``: the task instances' ``hostname`` says which worker
-  ran them).
+  ran them). The stack's supervisor (``llm_batch.supervisor``) starts them with the control
+  plane, and starts again one that dies.
 
 What a component writes goes to PostgreSQL, S3 or its own home, never to a folder another
 reads. Layout, ports and the S3 secret are kept in ``$LLM_BATCH_HOME/celery/shape.json``
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from llm_batch.config import Settings, get_settings
 from llm_batch.stack import (
+    COMPONENTS,
     Stack,
     StackError,
     UpResult,
@@ -118,6 +120,10 @@ class CeleryStack(Stack):
         })
         return cls(shaped, port, state["workers"])
 
+    @classmethod
+    def from_env(cls) -> CeleryStack:
+        return cls.create()
+
     @staticmethod
     def exists(settings: Settings | None = None) -> bool:
         """Whether ``settings.home`` has a Celery shape (shape.json)."""
@@ -142,6 +148,9 @@ class CeleryStack(Stack):
 
     def worker_home(self, n: int) -> Path:
         return self.shape_dir / self.worker_name(n)
+
+    def worker_names(self) -> tuple[str, ...]:
+        return tuple(self.worker_name(n) for n in range(1, self.workers + 1))
 
     def worker_log(self, n: int) -> Path:
         return self.worker_home(n) / "airflow" / "logs" / "celery-worker.log"
@@ -224,13 +233,16 @@ class CeleryStack(Stack):
     # -- up / down ----------------------------------------------------------------------
 
     def up(self, timeout: float = 300.0, restart: bool = False) -> UpResult:
-        """Services, then the control plane (``Stack.up``: only what is missing), then the
-        workers that do not run; waits until each worker is ready."""
+        """Services, then ``Stack.up``: its supervisor starts the control plane's and the
+        workers that do not run; waits until each worker it started is ready."""
         if restart:
             self.down()
         self.services_up(timeout)
+        started = [n for n in range(1, self.workers + 1) if self._pid(self.worker_name(n)) is None]
+        offsets = {n: self.worker_log(n).stat().st_size if self.worker_log(n).exists() else 0 for n in started}
         result = super().up(timeout=timeout, restart=False)
-        started = self.workers_up(timeout)
+        for n in started:
+            self.wait_worker_ready(n, timeout, offsets[n])
         return UpResult(
             started=result.started + tuple(self.worker_name(n) for n in started),
             restarted=result.restarted,
@@ -239,8 +251,32 @@ class CeleryStack(Stack):
             config_changed=result.config_changed,
         )
 
+    def supervised(self) -> tuple[str, ...]:
+        return COMPONENTS + self.worker_names()
+
+    def pid_file(self, component: str) -> Path:
+        return self._pid_file(component) if component.startswith(WORKER_PREFIX) else super().pid_file(component)
+
+    def launch(self, component: str) -> subprocess.Popen:
+        if not component.startswith(WORKER_PREFIX):
+            return super().launch(component)
+        n = int(component.removeprefix(WORKER_PREFIX))
+        home = self.worker_home(n)
+        (home / "airflow" / "logs").mkdir(parents=True, exist_ok=True)
+        self.shape_run_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.worker_log(n), "ab")  # noqa: SIM115 (owned by the child)
+        log.write(f"\n==== {component} started {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(self.worker_command(n), env=self.worker_env(n), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=home / "airflow",
+                                start_new_session=True)
+        self._pid_file(component).write_text(str(proc.pid))
+        return proc
+
     def down(self, grace: float = 20.0) -> None:
-        """Workers (a warm shutdown, SIGKILL after `grace`), the control plane, then the services."""
+        """The supervisor, the workers (a warm shutdown, SIGKILL after `grace`), the control
+        plane, then the services."""
+        self.stop_supervisor(grace)
         pids = [pid for n in range(1, self.workers + 1) if (pid := _read_pid(self._pid_file(self.worker_name(n))))]
         # Airflow puts each task's runner in a process group of its own: collect them first.
         groups = {g for pid in pids for g in _process_groups(pid)}
@@ -386,20 +422,7 @@ class CeleryStack(Stack):
 
     def start_worker(self, n: int) -> int:
         """Start worker `n` (its own process group) unless it runs; returns its pid."""
-        name = self.worker_name(n)
-        if pid := self._pid(name):
-            return pid
-        home = self.worker_home(n)
-        (home / "airflow" / "logs").mkdir(parents=True, exist_ok=True)
-        self.shape_run_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.worker_log(n), "ab")  # noqa: SIM115 (owned by the child)
-        log.write(f"\n==== {name} started {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(self.worker_command(n), env=self.worker_env(n), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=home / "airflow",
-                                start_new_session=True)
-        self._pid_file(name).write_text(str(proc.pid))
-        return proc.pid
+        return self.start_component(self.worker_name(n))
 
     def workers_up(self, timeout: float) -> list[int]:
         """Start the workers that do not run; wait until each started one is ready."""

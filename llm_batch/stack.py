@@ -9,16 +9,19 @@ provisions what the DAG and the CLI need: the DAG unpaused, the Airflow pools it
 orphaned: ``airflow standalone`` is not used because stopping it with SIGTERM orphans its
 children.
 
-On a stack that partly runs, ``up`` starts only the components that are dead (pid gone) or
-not answering, and leaves the others (and the shard tasks they run) alone; ``up(restart=True)``
-stops everything first. The configuration the components started with is fingerprinted
-(``run/config.json``) so a change is named instead of being mixed into a running stack.
+The components are started, and started again whenever one dies or hangs, by the stack's
+supervisor (``llm_batch.supervisor``), which ``up`` starts and ``down`` stops first. On a
+stack that partly runs, ``up`` leaves the running components (and the shard tasks they run)
+alone; ``up(restart=True)`` stops everything first. The configuration the components started
+with is fingerprinted (``run/config.json``) so a change is named instead of being mixed into
+a running stack.
 
 Only imported by the CLI; Airflow runs in child processes, never in this one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.client
 import json
@@ -30,6 +33,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,9 @@ _CONFIG_PREFIXES = ("AIRFLOW", "LLM_BATCH_", "VLLM_")
 _CLIENT_ONLY = {"LLM_BATCH_API_URL", "LLM_BATCH_API_KEY", "LLM_BATCH_API_PORT"}
 # What monitor_health raises when the api-server gives no (usable) answer.
 NO_ANSWER = (OSError, ValueError, http.client.HTTPException)
+SUPERVISOR = "supervisor"
+# Lock files this process holds (component_lock is re-entrant: flock is per open file).
+_HELD_LOCKS: set[Path] = set()
 
 
 class StackError(RuntimeError):
@@ -189,13 +197,18 @@ class Stack:
     def pid_file(self, component: str) -> Path:
         return self.run_dir / f"{component}.pid"
 
+    def pid_of(self, name: str) -> int | None:
+        """The pid in `name`'s pid file if that process is alive, else None."""
+        pid = _read_pid(self.pid_file(name))
+        return pid if pid and _alive(pid) else None
+
     def running(self) -> dict[str, int | None]:
         """Each component's pid if its process is alive, else None."""
-        state: dict[str, int | None] = {}
-        for component in COMPONENTS:
-            pid = _read_pid(self.pid_file(component))
-            state[component] = pid if pid and _alive(pid) else None
-        return state
+        return {component: self.pid_of(component) for component in COMPONENTS}
+
+    def supervised(self) -> tuple[str, ...]:
+        """What the supervisor keeps running (a subclass adds its own processes)."""
+        return COMPONENTS
 
     def admin_password(self) -> str:
         if not self.passwords_file.exists():
@@ -207,18 +220,20 @@ class Stack:
     def up(self, timeout: float = 180.0, restart: bool = False) -> UpResult:
         """Start what is missing, wait until healthy, provision (idempotent).
 
-        Components that run and answer are left alone; dead ones (pid gone) and ones alive
-        but not answering (``not_answering``) are started, after stopping what is left of
-        their process group (a dead scheduler's log server would hold the port its
-        successor needs). Nothing running: a clean start (``airflow db migrate``, new
-        log-server ports). ``restart``: stop everything first, then the clean start (the
-        only way to apply a configuration change). Refuses to start a component beside
-        survivors whose configuration differs (StackError naming the variables)."""
+        Components that run and answer are left alone; ones alive but not answering
+        (``not_answering``) are stopped; the supervisor (started unless it runs) then starts
+        every component that does not run, after stopping what is left of its process group
+        (a dead scheduler's log server would hold the port its successor needs). Nothing
+        running: a clean start (``airflow db migrate``, new log-server ports). ``restart``:
+        stop everything first, then the clean start (the only way to apply a configuration
+        change). Refuses to start anything beside survivors whose configuration differs
+        (StackError naming the variables): a running supervisor starts components with the
+        configuration it started with, a new one would use the new one."""
         if restart:
             self.down()
         state = self.running()
         if not any(state.values()):
-            self._start_clean()
+            self._prepare_clean()
             result = UpResult(started=COMPONENTS)
         else:
             hung = self.not_answering(state)
@@ -229,33 +244,33 @@ class Stack:
                 already_running=tuple(c for c in COMPONENTS if c not in dead and c not in hung),
                 config_changed=self.config_changes(),
             )
-            if (dead or hung) and result.config_changed:
+            new = () if self.supervisor_pid() else (SUPERVISOR,)
+            if result.config_changed and new:
                 raise StackError(
                     f"the configuration changed since {', '.join(result.already_running) or 'the stack'} started "
-                    f"({', '.join(result.config_changed)}); starting {', '.join(dead + hung)} with it would mix "
+                    f"({', '.join(result.config_changed)}); starting {', '.join(new + dead + hung)} with it would mix "
                     "configurations: run `llm-batch up --restart` to restart every component with the new one"
                 )
-            for component in dead + hung:
-                self.stop_component(component)  # what is left of its process group
-                self.start_component(component)
+            for component in hung:
+                self.stop_component(component)  # the supervisor starts it again
         deadline = time.monotonic() + timeout
-        self.wait_healthy(timeout)
+        self.supervise(timeout)
+        self.wait_healthy(max(deadline - time.monotonic(), 30.0))
         self.provision(max(deadline - time.monotonic(), 30.0))  # e.g. a deleted CLI key is made again
         return result
 
-    def _start_clean(self) -> None:
+    def _prepare_clean(self) -> None:
         # Stale pid files, leftovers of dead process groups: the control plane's only (a
         # subclass's services, e.g. the Celery shape's, stay up).
         Stack.down(self)
         (self.run_dir / "log-ports.json").unlink(missing_ok=True)  # pick free ones again
+        self.restarts_file.unlink(missing_ok=True)  # a new stack: no restarts yet
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.admin_password()
         env = self.env()
         self.migrate(env)
         self.config_file.write_text(json.dumps(self.config_fingerprint(env), indent=1, sort_keys=True))
-        for component in COMPONENTS:
-            self.start_component(component)
 
     def migrate(self, env: dict[str, str]) -> None:
         _run_logged([sys.executable, "-m", "airflow", "db", "migrate"], env, self.log_dir / "db-migrate.log")
@@ -319,11 +334,14 @@ class Stack:
         return health
 
     def start_component(self, component: str) -> int:
-        """Start one component (its own process group, pid file, log) unless it runs;
-        returns its pid. Also restarts one component of a running stack."""
-        pid = _read_pid(self.pid_file(component))
-        if pid and _alive(pid):
-            return pid
+        """Start one component (or other supervised process) unless it runs; returns its pid."""
+        with self.component_lock(component):
+            return self.pid_of(component) or self.launch(component).pid
+
+    def launch(self, component: str) -> subprocess.Popen:
+        """Start one component: its own process group, pid file, log (the caller holds its
+        ``component_lock`` and has checked that it does not run)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{component}.log", "ab")  # noqa: SIM115 (owned by the child)
         # cwd = the Airflow home, not wherever `llm-batch up` ran: from the repository root
         # the plugin's package is seen twice (the editable install and ./llm_batch.egg-info),
@@ -334,14 +352,78 @@ class Stack:
             stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.airflow_home,
         )
         self.pid_file(component).write_text(str(proc.pid))
-        return proc.pid
+        return proc
 
     def stop_component(self, component: str, grace: float = 20.0) -> None:
-        """Stop one component's process group (SIGTERM, SIGKILL after `grace`)."""
-        pid = _read_pid(self.pid_file(component))
+        """Stop one component's process group (SIGTERM, SIGKILL after `grace`). The
+        supervisor starts it again (``down`` is how to stop the stack)."""
+        with self.component_lock(component):
+            pid = _read_pid(self.pid_file(component))
+            if pid:
+                _stop_group(pid, grace)
+            self.pid_file(component).unlink(missing_ok=True)
+
+    @contextmanager
+    def component_lock(self, name: str, blocking: bool = True) -> Iterator[bool]:
+        """Held while a process starts or stops `name` (up, the supervisor, a test), so a
+        component is never started twice. Yields False when not blocking and another
+        process holds it. Re-entrant within a process."""
+        path = self.pid_file(name).with_suffix(".lock")
+        if path in _HELD_LOCKS:
+            yield True
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            _HELD_LOCKS.add(path)
+            try:
+                yield True
+            finally:
+                _HELD_LOCKS.discard(path)  # the lock itself goes with the file's close
+
+    # -- the supervisor (llm_batch.supervisor) -------------------------------------------
+
+    def supervisor_command(self) -> list[str]:
+        """The supervisor process: it rebuilds this stack with ``from_env``."""
+        return [sys.executable, "-m", "llm_batch.supervisor", f"{type(self).__module__}:{type(self).__qualname__}"]
+
+    def supervisor_pid(self) -> int | None:
+        return self.pid_of(SUPERVISOR)
+
+    @property
+    def restarts_file(self) -> Path:
+        """The supervisor's record of restarts (``llm_batch.supervisor.read_restarts``)."""
+        return self.run_dir / "restarts.json"
+
+    def supervise(self, timeout: float = 60.0) -> None:
+        """Start the supervisor unless it runs, then wait until every supervised process runs."""
+        if not self.supervisor_pid():
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_dir / f"{SUPERVISOR}.log", "ab")  # noqa: SIM115 (owned by the child)
+            env = {**os.environ, "LLM_BATCH_HOME": str(self.settings.home), "LLM_BATCH_API_PORT": str(self.port)}
+            proc = subprocess.Popen(self.supervisor_command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.airflow_home)
+            self.pid_file(SUPERVISOR).write_text(str(proc.pid))
+        deadline = time.monotonic() + timeout
+        while missing := [name for name in self.supervised() if not self.pid_of(name)]:
+            if not self.supervisor_pid():
+                raise StackError(f"the supervisor exited; see {self.log_dir / SUPERVISOR}.log")
+            if time.monotonic() > deadline:
+                raise StackError(f"the supervisor did not start {', '.join(missing)} within {timeout:.0f}s; "
+                                 f"see {self.log_dir / SUPERVISOR}.log")
+            time.sleep(0.2)
+
+    def stop_supervisor(self, grace: float = 20.0) -> None:
+        """Stop the supervisor (it finishes what it is doing; the components keep running)."""
+        pid = _read_pid(self.pid_file(SUPERVISOR))
         if pid:
             _stop_group(pid, grace)
-        self.pid_file(component).unlink(missing_ok=True)
+        self.pid_file(SUPERVISOR).unlink(missing_ok=True)
 
     # -- what the DAG and the CLI need once Airflow answers ------------------------------
 
@@ -455,6 +537,7 @@ class Stack:
     def down(self, grace: float = 20.0) -> None:
         from llm_batch.warm_engines import stop_hosts
 
+        self.stop_supervisor(grace)  # first: it would start again what is stopped here
         stop_hosts(self.settings.home)
         pids = {c: _read_pid(self.pid_file(c)) for c in COMPONENTS}
         for pid in filter(None, pids.values()):
@@ -488,6 +571,25 @@ def _stop_group(pid: int, grace: float) -> None:
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     _signal_group(pid, signal.SIGKILL)
+    # Until the group is gone (SIGKILL takes a moment to end a large process): a leftover
+    # such as a dead scheduler's log server holds the port its successor binds.
+    deadline = time.monotonic() + 10
+    while group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` that have not exited (zombies left out)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            members.append(int(entry))
+    return members
 
 
 def _run_logged(cmd: list[str], env: dict[str, str], log: Path) -> None:

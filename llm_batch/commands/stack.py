@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down = subparsers.add_parser("down", help="stop the embedded stack")
     down.set_defaults(func=_down)
     status = subparsers.add_parser(
-        "status", help="show which stack components run and the job store's health (exit 3 if any is not ok)"
+        "status", help="show which stack components run, their restarts by the supervisor, and the job store's "
+        "health (exit 3 if any is not ok)"
     )
     status.set_defaults(func=_status)
 
@@ -97,7 +98,8 @@ def _down(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from llm_batch.jobstore.store import JobStore, JobStoreUnhealthy
     from llm_batch.celery_stack import CeleryStack
-    from llm_batch.stack import Stack
+    from llm_batch.stack import SUPERVISOR, Stack
+    from llm_batch.supervisor import describe_restarts, read_restarts
 
     stack = Stack.from_env()
     if CeleryStack.exists(stack.settings):
@@ -105,8 +107,12 @@ def _status(args: argparse.Namespace) -> int:
     state = stack.running()
     if isinstance(stack, CeleryStack):
         state.update(stack.shape_status())
+    state[SUPERVISOR] = stack.supervisor_pid()
+    restarts = read_restarts(stack)
     for component, pid in state.items():
         shown = "running" if pid is True else "running (pid %d)" % pid if pid else "stopped"
+        if restarted := describe_restarts(restarts.get(component)):
+            shown = f"{shown:20} {restarted}"
         print(f"{component:14} {shown}")
     # The store itself, through a new connection (what every worker and API process opens),
     # also when the api-server is down; open_store=False: never creates or migrates a store.

@@ -21,6 +21,7 @@ import httpx
 import orjson
 import pytest
 
+from llm_batch.supervisor import read_restarts
 from tests.e2e.conftest import read_jsonl, wait_until
 from tests.fixtures.engine import TINY_MODEL
 
@@ -191,9 +192,13 @@ def test_a_job_spreads_its_shards_over_both_workers(shape):
     assert {ti["hostname"] for ti in tis if ti["state"] == "success"} <= {"celery-worker-1", "celery-worker-2"}
 
 
-def test_a_killed_worker_s_shard_resumes_on_the_other_worker(shape):
-    requests = requests_of(60, first_tokens=60, step=6)
-    created = submit(shape, requests, shards=2, model_config=SLOW)
+def test_a_killed_worker_s_shard_resumes_and_the_worker_comes_back(shape):
+    # One sequence at a time: a shard takes 8,610 (shard 0) or 14,010 engine steps, ~17 s and
+    # ~28 s at the ~500 steps/s measured here. Its progress on S3 is written every 2 s, so when
+    # it shows 3 results no more than ~2.5 s of them are done: the kill lands mid-shard on a
+    # machine three times faster too.
+    requests = requests_of(60, first_tokens=200, step=6)
+    created = submit(shape, requests, shards=2, model_config={"engine_args": {"max_num_seqs": 1}})
     job_id = created["id"]
     run_id = wait_until("the job's run", lambda: job(shape, job_id)["dag_run_id"], 120)
     # Mid-shard: a shard runs on worker 1 and has checkpointed some results to S3.
@@ -202,17 +207,21 @@ def test_a_killed_worker_s_shard_resumes_on_the_other_worker(shape):
         "a shard on celery-worker-1 with results",
         lambda: next(((s,) for s, host in running_shards(shape, run_id).items() if host == "celery-worker-1"
                       and ((shard_progress(shape, job_id, s) or {}).get("done") or 0) >= 3), None),
-        JOB_TIMEOUT_S, poll=1,
+        JOB_TIMEOUT_S, poll=0.2,
     )
     before = shard_progress(shape, job_id, victim)
     assert before["done"] < before["total"], f"shard {victim} ended before the kill: {before}"
-    shape.kill_worker(1)
+    killed = shape.kill_worker(1)
     try:
+        # The stack's supervisor starts the worker again by itself.
+        wait_until("worker 1 started again", lambda: shape.pid_of("celery-worker-1") not in (None, killed), 60)
+        assert read_restarts(shape)["celery-worker-1"]["reason"] == "killed by SIGKILL"
         ended = wait_job(shape, job_id)
         _exactly_once(shape, ended, [r["custom_id"] for r in requests])
         tries = shard_tries(shape, run_id)[victim]
         print(f"shard {victim} tries:", [(t["try_number"], t["hostname"], t["state"]) for t in tries])
-        assert tries[0]["hostname"] == "celery-worker-1" and tries[-1]["hostname"] == "celery-worker-2"
+        # The retry runs on whichever worker is free first: worker 2, or worker 1 back.
+        assert tries[0]["hostname"] == "celery-worker-1"
         assert tries[-1]["state"] == "success" and len(tries) >= 2
         after = shard_progress(shape, job_id, victim)
         # The retry started from the checkpoint on S3: what the killed try finished was kept.
@@ -246,11 +255,11 @@ def test_a_job_outlasts_an_s3_outage_and_restarts_of_the_api_server_the_schedule
     job costs minutes of the suite). First the S3 server killed mid-shard and started again
     30 s later: the workers keep their results buffered (ResultsWriter's outage_s) and publish
     them once it is back, and no shard needs another try for it. Then the api-server and the
-    scheduler stopped, and ``up`` starts only that one; then PostgreSQL stopped (a fast
-    shutdown, dropping every connection) for 5 s. Airflow's scheduler, dag-processor and
-    triggerer exit when the metadata DB refuses connections (their supervisor restarts them
-    in production: Kubernetes, compose's ``restart:``; here ``up``); the api-server and the
-    workers' tasks ride it out. The job ends SUCCEEDED with every request once, and no job is
+    scheduler stopped, and the stack's supervisor starts each again; then PostgreSQL stopped
+    (a fast shutdown, dropping every connection) for 5 s. Airflow's scheduler, dag-processor
+    and triggerer exit when the metadata DB refuses connections (their supervisor restarts
+    them: in production Kubernetes, compose's ``restart:``; here the stack's); the
+    api-server and the workers' tasks ride it out. The job ends SUCCEEDED with every request once, and no job is
     left live."""
     started = time.monotonic()
     # 90 requests: on a quiet 2-core machine the faults are over ~95 s after the first
@@ -275,18 +284,18 @@ def test_a_job_outlasts_an_s3_outage_and_restarts_of_the_api_server_the_schedule
     assert not job(shape, job_id)["terminal"], "the job ended before the restarts were tested"
 
     for component in ("api-server", "scheduler"):
+        stopped = shape.running()[component]
         shape.stop_component(component, grace=10)
-        assert shape.running()[component] is None
-        result = shape.up(timeout=300)
-        assert result.started == (component,), result
+        wait_until(f"the {component} started again", lambda: shape.running()[component] not in (None, stopped), 60)
+        assert shape.up(timeout=300).started == (), "up found something to start"
         assert not job(shape, job_id)["terminal"], f"the job ended before the {component} restart was tested"
     shape.stop_service("postgres")
     time.sleep(5)
     shape.services_up()
     time.sleep(5)  # what exits of it has exited
-    restarted = shape.up(timeout=300).started
+    restarted = shape.up(timeout=300).started  # (the supervisor may not have started them all yet)
     phase("after the restarts")
-    print("restarted after the PostgreSQL restart:", restarted)
+    print("restarted after the PostgreSQL restart:", restarted, read_restarts(shape))
     assert set(restarted) <= {"scheduler", "dag-processor", "triggerer"}, restarted
     ended = wait_job(shape, job_id)
     phase("ended")

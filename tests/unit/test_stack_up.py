@@ -1,9 +1,10 @@
-"""``llm-batch up`` on a partly running stack starts only what is missing (llm_batch.stack).
+"""``llm-batch up`` on a partly running stack starts only what is missing, and its
+supervisor starts again a component that dies (llm_batch.stack, llm_batch.supervisor).
 
-Real processes, not Airflow: each component is a small process started by
-``Stack.start_component`` (own process group, pid file, log) exactly as the real ones are;
-the api-server is a tiny HTTP server answering ``/api/v2/monitor/health`` from a file the
-test writes, the others are ``sleep``. Migration and provisioning (Airflow's DB and REST
+Real processes, not Airflow: ``up`` starts the real supervisor process, which starts each
+component as a small process (own process group, pid file, log) exactly as the real ones
+are; the api-server is a tiny HTTP server answering ``/api/v2/monitor/health`` from a file
+the test writes, the others are ``sleep``. Migration and provisioning (Airflow's DB and REST
 API) are stubbed; tests/e2e runs the real stack.
 """
 
@@ -21,7 +22,10 @@ import pytest
 
 from llm_batch import stack as stack_module
 from llm_batch.config import Settings
-from llm_batch.stack import COMPONENTS, Stack, StackError, free_port
+from llm_batch.stack import COMPONENTS, SUPERVISOR, Stack, StackError, free_port
+from llm_batch.supervisor import read_restarts
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # The fake api-server: GET /api/v2/monitor/health answers the JSON in argv[2].
 FAKE_API_SERVER = """
@@ -53,6 +57,11 @@ class FakeStack(Stack):
             return [sys.executable, "-c", FAKE_API_SERVER, str(self.port), str(self.health_file)]
         return ["sleep", "600"]
 
+    def supervisor_command(self) -> list[str]:
+        # The supervisor rebuilds this class: importable from the repository's root.
+        boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from llm_batch.supervisor import main; main()"
+        return [sys.executable, "-c", boot, f"{__name__}:FakeStack"]
+
     def migrate(self, env: dict[str, str]) -> None:
         (self.settings.home / "migrated").touch()
 
@@ -68,17 +77,52 @@ def stack(tmp_path: Path) -> Iterator[FakeStack]:
     fake.down(grace=2)
 
 
-def kill(stack: Stack, component: str) -> None:
-    pid = stack.running()[component]
-    os.killpg(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while stack.running()[component] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert stack.running()[component] is None
+def kill(stack: Stack, *names: str) -> None:
+    """kill -9 of each process group, in order (the supervisor first, or it starts the others again)."""
+    for name in names:
+        os.killpg(stack.pid_of(name), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while stack.pid_of(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stack.pid_of(name) is None
+
+
+def wait_for(what: str, check, timeout: float = 15):
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return found
 
 
 def others(pids: dict[str, int | None], component: str) -> dict[str, int | None]:
     return {c: pid for c, pid in pids.items() if c != component}
+
+
+def test_a_killed_component_is_started_again_by_the_supervisor(stack, monkeypatch, capsys):
+    stack.up(timeout=30)
+    before = stack.running()
+    assert all(before.values()) and stack.supervisor_pid()
+    os.kill(before["scheduler"], signal.SIGKILL)  # the leader only, as a crash would
+
+    after = wait_for("the scheduler started again", lambda: (s := stack.running())["scheduler"] not in
+                     (None, before["scheduler"]) and s)
+    assert others(after, "scheduler") == others(before, "scheduler")
+    assert read_restarts(stack).keys() == {"scheduler"}
+    assert read_restarts(stack)["scheduler"]["restarts"] == 1
+    assert read_restarts(stack)["scheduler"]["reason"] == "killed by SIGKILL"
+    from llm_batch.cli import main
+
+    monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))
+    main(["status"])
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert f"running (pid {after['scheduler']})" in lines["scheduler"]
+    assert "1 restart, last " in lines["scheduler"] and lines["scheduler"].endswith(": killed by SIGKILL")
+    assert "restart" not in lines["triggerer"]
+    assert f"running (pid {stack.supervisor_pid()})" in lines[SUPERVISOR]
+
+    stack.down(grace=2)  # the supervisor first: nothing comes back
+    assert stack.supervisor_pid() is None and not any(stack.running().values())
 
 
 def test_up_starts_only_the_dead_component(stack, monkeypatch, capsys):
@@ -88,7 +132,7 @@ def test_up_starts_only_the_dead_component(stack, monkeypatch, capsys):
     assert all(before.values())
     (stack.settings.home / "migrated").unlink()
 
-    kill(stack, "scheduler")
+    kill(stack, SUPERVISOR, "scheduler")  # nothing left to start it again but `up`
     # Through the CLI: the line says what was started and what was already running.
     from llm_batch.cli import main
 
@@ -100,6 +144,7 @@ def test_up_starts_only_the_dead_component(stack, monkeypatch, capsys):
     after = stack.running()
     assert others(after, "scheduler") == others(before, "scheduler")
     assert after["scheduler"] and after["scheduler"] != before["scheduler"]
+    assert stack.supervisor_pid()  # a new one
     assert not (stack.settings.home / "migrated").exists()  # survivors' DB is left alone too
 
     again = stack.up(timeout=30)  # all running: nothing is touched
@@ -120,16 +165,19 @@ def test_a_component_alive_but_unhealthy_is_restarted(stack, monkeypatch):
     after = stack.running()
     assert after["triggerer"] != before["triggerer"]
     assert others(after, "triggerer") == others(before, "triggerer")
+    assert read_restarts(stack)["triggerer"]["reason"] == "killed by SIGTERM"  # up's stop, the supervisor's start
 
 
 def test_a_config_change_needs_restart(stack, monkeypatch):
     stack.up(timeout=30)
     before = stack.running()
     monkeypatch.setenv("LLM_BATCH_MAX_REQUESTS", "12")
-    kill(stack, "triggerer")
-    with pytest.raises(StackError, match=r"configuration changed .*\(LLM_BATCH_MAX_REQUESTS\).*llm-batch up --restart"):
+    # A running supervisor would start it again with the configuration it started with.
+    kill(stack, SUPERVISOR, "triggerer")
+    with pytest.raises(StackError, match=r"configuration changed .*\(LLM_BATCH_MAX_REQUESTS\); starting "
+                       r"supervisor, triggerer .*llm-batch up --restart"):
         stack.up(timeout=30)
-    assert stack.running()["triggerer"] is None  # nothing mixed in
+    assert stack.running()["triggerer"] is None and stack.supervisor_pid() is None  # nothing mixed in
 
     result = stack.up(timeout=30, restart=True)
     assert result.started == COMPONENTS
