@@ -23,7 +23,7 @@ from llm_batch.config import get_settings
 from llm_batch.jobs import JobStatus
 from llm_batch.layout import JobLayout
 from llm_batch.progress import read_progress
-from llm_batch.results import list_parts
+from llm_batch.results import count_results, list_parts
 
 pytestmark = [pytest.mark.airflow]
 
@@ -71,13 +71,18 @@ def _run(dag, conf: dict[str, Any], during: Callable[[], None] | None = None):
     return dag_run
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.5) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if condition():
             return
-        time.sleep(0.5)
+        time.sleep(poll)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# How often a kill test looks for its shard's checkpoint: the kill follows within this, and
+# what the shard has left after its first part takes thousands of engine steps (seconds).
+KILL_POLL_S = 0.02
 
 
 def _progress_done(uri: str) -> int:
@@ -204,19 +209,20 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")
     n = 600
-    # min_tokens: the random model hits EOS early; full-length answers, 32 at a time, keep the
-    # shard busy long enough to be killed mid-run on a fast machine too (and the first part
-    # comes early).
+    # min_tokens: the random model hits EOS early. Full-length answers, 32 at a time: the first
+    # part comes after the first 32 (200 engine steps), and 18 x 200 steps (seconds) are left
+    # then: the kill, within KILL_POLL_S of the part, lands mid-shard.
     uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_resume")
     shard = layout.shard(0)
 
     def kill_mid_shard() -> None:
         _wait_for(lambda: len(list_parts(shard.results)) > 0 if storage.exists(layout.root + "/shards.json") else False,
-                  900, "a first results part")
+                  900, "a first results part", poll=KILL_POLL_S)
         pids = _worker_pids()
         assert pids, "no worker process found"
         os.killpg(pids[0], signal.SIGKILL)
+        assert count_results(shard.results) < n, "the shard ended before the kill"
 
     dag_run = _run(batch_dag, {"job_id": "job_resume", "input_uri": uri, "model": TINY_MODEL,
                                "model_config": {"engine_args": {"max_num_seqs": 32}}}, during=kill_mid_shard)

@@ -18,15 +18,25 @@ from llm_batch.config import get_settings
 from llm_batch.jobs import JobStatus
 from llm_batch.layout import JobLayout
 from llm_batch.progress import read_progress
-from llm_batch.results import list_parts
+from llm_batch.results import count_results, list_parts
 from llm_batch.warm_engines import stop_hosts
-from tests.dags.test_batch_inference import TINY_MODEL, _assert_every_request_once, _request, _run, _wait_for, _write_input
+from tests.dags.test_batch_inference import (
+    KILL_POLL_S,
+    TINY_MODEL,
+    _assert_every_request_once,
+    _request,
+    _run,
+    _wait_for,
+    _write_input,
+)
 
 pytestmark = [pytest.mark.airflow, pytest.mark.engine]
 
-# Both jobs' configuration, so they share an engine; 32 sequences at a time with full-length
-# answers keep the second job's shard busy long enough to be killed mid-run.
-CONF = {"model": TINY_MODEL, "model_config": {"engine_args": {"max_num_seqs": 32}}}
+# Both jobs' configuration, so they share an engine. Eight sequences at a time: the second
+# job's 200 full-length answers take 25 x 200 engine steps, and its first results part comes
+# after the first 16 (flushed every 10 records), so 23 x 200 steps are left when the kill,
+# within KILL_POLL_S of that part, lands.
+CONF = {"model": TINY_MODEL, "model_config": {"engine_args": {"max_num_seqs": 8}}}
 
 
 @pytest.fixture
@@ -45,6 +55,10 @@ def _host_pids(engines) -> set[int]:
 
 def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_model_dir, llm_batch_home, warm,
                                                        monkeypatch):
+    # Before the first job: the engine host it starts reads the worker settings of its own
+    # environment for every shard it runs (else the second job's first part came after 2 s,
+    # when a fast machine had finished the shard).
+    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     first = _write_input(llm_batch_home, "warm_small", [_request(i) for i in range(6)])
     run = _run(batch_dag, {"job_id": "job_warm_a", "input_uri": first, "data_parallelism": 2, **CONF})
     job = store.get_job("job_warm_a")
@@ -53,7 +67,6 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     hosts = _host_pids(warm)
     assert len(hosts) >= 1, "no warm engine is running after the job"
 
-    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     n = 200
     second = _write_input(llm_batch_home, "warm_killed", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_warm_b")
@@ -61,12 +74,14 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
 
     def kill_mid_shard() -> None:
         _wait_for(lambda: len(list_parts(layout.shard(0).results)) > 0
-                  if storage.exists(layout.root + "/shards.json") else False, 900, "a first results part")
+                  if storage.exists(layout.root + "/shards.json") else False, 900, "a first results part",
+                  poll=KILL_POLL_S)
         serving = _host_pids(warm)
-        assert serving & hosts, f"job B did not run on job A's engine ({serving} vs {hosts})"
         for pid in serving:
             os.killpg(pid, signal.SIGKILL)
             killed.append(pid)
+        assert count_results(layout.shard(0).results) < n, "the shard ended before the kill"
+        assert serving & hosts, f"job B did not run on job A's engine ({serving} vs {hosts})"
 
     run = _run(batch_dag, {"job_id": "job_warm_b", "input_uri": second, **CONF}, during=kill_mid_shard)
     job = store.get_job("job_warm_b")
