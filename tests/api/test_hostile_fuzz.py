@@ -34,9 +34,9 @@ def _chat(custom_id: str = "a") -> dict[str, Any]:
     return {"custom_id": custom_id, "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
 
 
-def samples(alice_dir: str, file_id: str) -> dict[tuple[str, str], Any]:
+def samples(own_dir: str, file_id: str) -> dict[tuple[str, str], Any]:
     """A body each write route accepts (None: the route takes no JSON body)."""
-    scale_v2 = {"output_data_path": f"{alice_dir}/fuzz-out.json", "model_config": {"model": MODEL, "max_model_len": 256},
+    scale_v2 = {"output_data_path": f"{own_dir}/fuzz-out.json", "model_config": {"model": MODEL, "max_model_len": 256},
                 "content": [{"prompt": "hi", "max_tokens": 2}], "labels": {"team": "a"}, "priority": "normal"}
     return {
         ("POST", "/v1/files"): "multipart",
@@ -51,7 +51,7 @@ def samples(alice_dir: str, file_id: str) -> dict[tuple[str, str], Any]:
         ("POST", "/v2/batch-completions"): scale_v2,
         ("POST", "/v2/batch-completions/{batch_completion_id}/actions/cancel"): None,
         ("POST", "/v1/llm/batch-completions"): {
-            "output_data_path": f"{alice_dir}/fuzz-v1.json", "model_config": {"model": MODEL, "labels": {}},
+            "output_data_path": f"{own_dir}/fuzz-v1.json", "model_config": {"model": MODEL, "labels": {}},
             "content": {"prompts": ["hi"], "max_new_tokens": 2, "temperature": 0.0}},
         ("POST", "/v1/jobs"): {"model": MODEL, "endpoint": "/v1/chat/completions", "requests": [_chat()],
                                "model_config": {"max_model_len": 256, "engine_args": {"max_num_seqs": 2}},
@@ -149,7 +149,7 @@ def _dumps(body: Any) -> bytes:
         sys.setrecursionlimit(limit)
 
 
-# --- the fixture: alice's own file, bob's objects ---------------------------------------
+# --- the fixture: the attacker's own file, bob's objects -------------------------------
 
 @pytest.fixture(scope="module")
 def arena(batch_app, creds, api_store, llm_batch_home):
@@ -157,10 +157,13 @@ def arena(batch_app, creds, api_store, llm_batch_home):
 
     from tests.api.conftest import chat_lines
 
-    alice_dir = llm_batch_home / "data" / "alice"
-    alice_dir.mkdir(parents=True, exist_ok=True)
+    # An owner of its own: what the attack makes (webhook endpoints, jobs) stays out of the
+    # other tests' way.
+    own = {"Authorization": f"Bearer {api_store.create_api_key('mallory', 'fuzz key')[1]}"}
+    own_dir = llm_batch_home / "data" / "mallory"
+    own_dir.mkdir(parents=True, exist_ok=True)
     with TestClient(batch_app, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
-        uploaded = client.post("/v1/files", headers=creds.key("alice"), data={"purpose": "batch"},
+        uploaded = client.post("/v1/files", headers=own, data={"purpose": "batch"},
                                files={"file": ("in.jsonl", chat_lines(2))})
         assert uploaded.status_code == 200, uploaded.text
         bob_job = client.post("/v1/jobs", headers=creds.key("bob"), json={
@@ -169,7 +172,7 @@ def arena(batch_app, creds, api_store, llm_batch_home):
         bob_file = client.post("/v1/files", headers=creds.key("bob"), data={"purpose": "batch"},
                                files={"file": ("b.jsonl", chat_lines(1))})
         BOB.update(job=bob_job.json()["id"], file=bob_file.json()["id"])
-        yield {"client": client, "alice_dir": str(alice_dir), "file_id": uploaded.json()["id"]}
+        yield {"client": client, "own_dir": str(own_dir), "file_id": uploaded.json()["id"], "headers": own}
 
 
 def store_snapshot(store) -> dict[str, list[tuple]]:
@@ -181,7 +184,7 @@ def store_snapshot(store) -> dict[str, list[tuple]]:
 
 
 def test_every_write_route_has_a_sample_body(batch_api, arena):
-    table = samples(arena["alice_dir"], arena["file_id"])
+    table = samples(arena["own_dir"], arena["file_id"])
     missing = [route for route in write_routes(batch_api) if route not in table]
     assert not missing, f"write routes the fuzzer has no sample for (add them to samples()): {missing}"
 
@@ -194,7 +197,7 @@ def _path(template: str, draw_id: str) -> str:
 
 @pytest.mark.parametrize("seed_route", range(1))
 def test_hostile_input_on_every_write_route(batch_api, arena, creds, api_store, seed_route):
-    client, table = arena["client"], samples(arena["alice_dir"], arena["file_id"])
+    client, table = arena["client"], samples(arena["own_dir"], arena["file_id"])
     hostile = hostile_values(_engine_arg_names())
     routes = [route for route in write_routes(batch_api) if route in table]
     seen: dict[tuple[str, str], int] = {}
@@ -209,7 +212,7 @@ def test_hostile_input_on_every_write_route(batch_api, arena, creds, api_store, 
         from urllib.parse import quote
 
         path = _path(template, quote(ident.encode("utf-8", "surrogatepass"), safe="%"))
-        headers = {**creds.key("alice"), "Idempotency-Key": data.draw(st.sampled_from(["k1", "x" * 300, b"\xc3\xa9\xff", "a b\tc"]))}
+        headers = {**arena["headers"], "Idempotency-Key": data.draw(st.sampled_from(["k1", "x" * 300, b"\xc3\xa9\xff", "a b\tc"]))}
         before = store_snapshot(api_store)
         if sample == "multipart":
             purpose = data.draw(st.sampled_from(["batch", "ocr", "fine-tune", "../x", "batch\x00"]))
@@ -261,9 +264,9 @@ def assert_every_run_conf_is_strict_json() -> None:
                                "model_config": {"model": MODEL, "engine_args": {"otlp_traces_endpoint": "http://127.0.0.1:1"}}}),
 ])
 def test_engine_arguments_that_run_code_are_refused_naming_them(arena, creds, api_store, route, body):
-    body = json.loads(json.dumps(body).replace("{alice}", arena["alice_dir"]))
+    body = json.loads(json.dumps(body).replace("{alice}", arena["own_dir"]))
     before = store_snapshot(api_store)
-    response = arena["client"].post(route, headers=creds.key("alice"), json=body)
+    response = arena["client"].post(route, headers=arena["headers"], json=body)
     assert response.status_code in (400, 422), response.text
     assert "may not be set by a job" in response.text
     assert store_snapshot(api_store) == before
@@ -282,7 +285,7 @@ def test_engine_arguments_that_run_code_are_refused_naming_them(arena, creds, ap
 ])
 def test_what_python_parses_and_strict_json_refuses_is_a_precise_400(arena, creds, api_store, route, body):
     before = store_snapshot(api_store)
-    response = arena["client"].post(route, headers={**creds.key("alice"), "content-type": "application/json"},
+    response = arena["client"].post(route, headers={**arena["headers"], "content-type": "application/json"},
                                     content=body.encode())
     assert response.status_code == 400, response.text
     assert "not strict JSON" in response.text
@@ -293,7 +296,7 @@ def test_what_python_parses_and_strict_json_refuses_is_a_precise_400(arena, cred
 @pytest.mark.parametrize("depth", [64, 253, 600])
 def test_deep_nesting_is_refused_naming_the_limit(arena, creds, route, depth):
     body = {"model": MODEL, "requests": [{"custom_id": "a", "body": _nest(depth)}], "content": [_nest(depth)]}
-    response = arena["client"].post(route, headers={**creds.key("alice"), "content-type": "application/json"},
+    response = arena["client"].post(route, headers={**arena["headers"], "content-type": "application/json"},
                                     content=_dumps(body))
     assert response.status_code == 400, response.text
     assert f"nested deeper than {strict_json.MAX_DEPTH} levels" in response.text
