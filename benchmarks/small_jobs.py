@@ -106,11 +106,12 @@ def cpu_seconds(stack: Any) -> dict[str, float]:
     live in the scheduler's group and reap their task processes)."""
     import psutil
 
-    from llm_batch.stack import COMPONENTS, _read_pid
+    from llm_batch.processes import read_pid
+    from llm_batch.stack import COMPONENTS
 
     machine = psutil.cpu_times()
     out = {"machine": sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)}
-    leaders = {c: _read_pid(stack.pid_file(c)) for c in COMPONENTS}
+    leaders = {c: read_pid(stack.pid_file(c)) for c in COMPONENTS}
     for component, leader in leaders.items():
         total = 0.0
         for proc in psutil.process_iter():

@@ -42,17 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_batch.config import Settings, get_settings
-from llm_batch.stack import (
-    COMPONENTS,
-    Stack,
-    StackError,
-    UpResult,
-    _alive,
-    _read_pid,
-    _signal_group,
-    _stop_group,
-    free_port,
-)
+from llm_batch.processes import alive, read_pid, signal_group, stop_group
+from llm_batch.stack import COMPONENTS, Stack, StackError, UpResult, free_port
 from llm_batch.warm_engines import stop_hosts
 
 SHAPE_DIR = "celery"
@@ -277,17 +268,17 @@ class CeleryStack(Stack):
         """The supervisor, the workers (a warm shutdown, SIGKILL after `grace`), the control
         plane, then the services."""
         self.stop_supervisor(grace)
-        pids = [pid for n in range(1, self.workers + 1) if (pid := _read_pid(self._pid_file(self.worker_name(n))))]
+        pids = [pid for n in range(1, self.workers + 1) if (pid := read_pid(self._pid_file(self.worker_name(n))))]
         # Airflow puts each task's runner in a process group of its own: collect them first.
         groups = {g for pid in pids for g in _process_groups(pid)}
         for pid in pids:
-            _signal_group(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for pid in pids:
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
         for group in groups:
-            _signal_group(group, signal.SIGKILL)
+            signal_group(group, signal.SIGKILL)
         for n in range(1, self.workers + 1):
             self._pid_file(self.worker_name(n)).unlink(missing_ok=True)
             stop_hosts(self.worker_home(n))
@@ -298,8 +289,8 @@ class CeleryStack(Stack):
         return self.shape_run_dir / f"{name}.pid"
 
     def _pid(self, name: str) -> int | None:
-        pid = _read_pid(self._pid_file(name))
-        return pid if pid and _alive(pid) else None
+        pid = read_pid(self._pid_file(name))
+        return pid if pid and alive(pid) else None
 
     def shape_status(self) -> dict[str, int | bool | None]:
         """Services and workers: a pid (or True for PostgreSQL) when running, else None."""
@@ -409,9 +400,9 @@ class CeleryStack(Stack):
 
     def _stop_process(self, name: str, grace: float) -> None:
         """SIGTERM the process group in ``name``'s pid file, SIGKILL after `grace`."""
-        pid = _read_pid(self._pid_file(name))
+        pid = read_pid(self._pid_file(name))
         if pid:
-            _stop_group(pid, grace)
+            stop_group(pid, grace)
         self._pid_file(name).unlink(missing_ok=True)
 
     # -- workers ------------------------------------------------------------------------
@@ -453,11 +444,11 @@ class CeleryStack(Stack):
         process group (main process, pool, the tasks' supervisors) and the group of each task
         runner (Airflow gives each its own) with the shard's ``llm-batch worker`` (its own
         group too). Returns the worker's pid."""
-        pid = _read_pid(self._pid_file(self.worker_name(n)))
-        if not pid or not _alive(pid):
+        pid = read_pid(self._pid_file(self.worker_name(n)))
+        if not pid or not alive(pid):
             raise StackError(f"{self.worker_name(n)} is not running")
         for group in _process_groups(pid):
-            _signal_group(group, signal.SIGKILL)
+            signal_group(group, signal.SIGKILL)
         return pid
 
     def prepare_model(self, name: str) -> None:

@@ -112,7 +112,7 @@ def default_base_url() -> str:
 
 def default_api_key(settings: Settings | None = None) -> str:
     """LLM_BATCH_API_KEY, else the key ``llm-batch up`` stored; raises NoApiKey."""
-    from llm_batch.stack import API_KEY_FILE
+    from llm_batch.config import API_KEY_FILE
 
     key = os.environ.get("LLM_BATCH_API_KEY")
     if key:

@@ -14,6 +14,20 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing import Annotated, Literal
 
+# The file under the home the CLI reads its admin API key from (beside the job store it is
+# valid for); `llm-batch up` writes it, and it is never a user path.
+API_KEY_FILE = "api-key"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) -> (host, port); ValueError naming what is wrong.
+    (An engine service's address: a setting, and what ``engine-host --listen`` takes.)"""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not a host:port address: {text!r}")
+    return host, int(port)
+
 
 def _split(value: object) -> object:
     if isinstance(value, str):
@@ -194,8 +208,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _engine_services(self) -> Settings:
-        from llm_batch.engine_service import parse_address
-
         for key, address in self.engine_services.items():
             try:
                 parse_address(address)

@@ -24,19 +24,10 @@ is not encrypted: keep it inside the cluster network (or put a service mesh's mT
 
 from __future__ import annotations
 
-from llm_batch.config import Settings
+from llm_batch.config import Settings, parse_address
 from llm_batch.shard_task import ShardTask
 
 DEFAULT_PORT = 8700
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) -> (host, port); ValueError naming what is wrong."""
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not a host:port address: {text!r}")
-    return host, int(port)
 
 
 def service_for(task: ShardTask, settings: Settings) -> tuple[str, int] | None:

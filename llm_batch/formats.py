@@ -19,7 +19,6 @@ count them so they match an editor's.
 
 from __future__ import annotations
 
-import math
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator

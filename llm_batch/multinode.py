@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from llm_batch import exit_codes
 
 if TYPE_CHECKING:
-    from llm_batch.endpoints import Endpoint
     from llm_batch.model_registry import ResolvedModel
 
 log = logging.getLogger("llm_batch.multinode")
@@ -86,19 +85,17 @@ class NodeGroup:
         return replace(model, engine_args=self.engine_args(model.engine_args))
 
 
-def run_follower(model_config: dict[str, Any], endpoint: Endpoint, group: NodeGroup) -> int:
-    """Join the leader's engine as node ``group.node_rank`` and serve it until it ends; the
-    exit code (``llm_batch.exit_codes``): USAGE for a model or group that cannot be,
-    FAILED when the engine's workers on this node die, DONE when they end (the leader
-    stopped its engine)."""
-    from llm_batch.worker import WorkerUsageError, resolve_for_endpoint
-
+def run_follower(model: ResolvedModel, group: NodeGroup) -> int:
+    """Join the leader's engine with ``model`` (resolved for the leader's endpoint, as the
+    leader resolves it) as node ``group.node_rank`` and serve it until it ends; the exit code
+    (``llm_batch.exit_codes``): USAGE for a group that cannot be, FAILED when the engine's
+    workers on this node die, DONE when they end (the leader stopped its engine)."""
     if group.leader:
         log.error("node rank 0 is the leader: it runs `llm-batch worker`, not a follower")
         return exit_codes.USAGE
     try:
-        model = group.model_for_node(resolve_for_endpoint(model_config, endpoint))
-    except (WorkerUsageError, NodeGroupError) as exc:
+        model = group.model_for_node(model)
+    except NodeGroupError as exc:
         log.error("follower node %d cannot run: %s", group.node_rank, exc)
         return exit_codes.USAGE
     from llm_batch.engine import vllm_api

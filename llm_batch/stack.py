@@ -41,13 +41,12 @@ from typing import Any
 
 import httpx
 
-from llm_batch.config import Settings, get_settings
+from llm_batch.config import API_KEY_FILE, Settings, get_settings
+from llm_batch.processes import alive, read_pid, signal_group, stop_group
 from llm_batch.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
-# The file the CLI reads its API key from (beside the job store it is valid for).
-API_KEY_FILE = "api-key"
 # Where each heartbeating component appears in /api/v2/monitor/health.
 HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
 # A live component is "not answering" (and restarted by `up`) only once it has run this
@@ -199,8 +198,8 @@ class Stack:
 
     def pid_of(self, name: str) -> int | None:
         """The pid in `name`'s pid file if that process is alive, else None."""
-        pid = _read_pid(self.pid_file(name))
-        return pid if pid and _alive(pid) else None
+        pid = read_pid(self.pid_file(name))
+        return pid if pid and alive(pid) else None
 
     def running(self) -> dict[str, int | None]:
         """Each component's pid if its process is alive, else None."""
@@ -358,9 +357,9 @@ class Stack:
         """Stop one component's process group (SIGTERM, SIGKILL after `grace`). The
         supervisor starts it again (``down`` is how to stop the stack)."""
         with self.component_lock(component):
-            pid = _read_pid(self.pid_file(component))
+            pid = read_pid(self.pid_file(component))
             if pid:
-                _stop_group(pid, grace)
+                stop_group(pid, grace)
             self.pid_file(component).unlink(missing_ok=True)
 
     @contextmanager
@@ -420,9 +419,9 @@ class Stack:
 
     def stop_supervisor(self, grace: float = 20.0) -> None:
         """Stop the supervisor (it finishes what it is doing; the components keep running)."""
-        pid = _read_pid(self.pid_file(SUPERVISOR))
+        pid = read_pid(self.pid_file(SUPERVISOR))
         if pid:
-            _stop_group(pid, grace)
+            stop_group(pid, grace)
         self.pid_file(SUPERVISOR).unlink(missing_ok=True)
 
     # -- what the DAG and the CLI need once Airflow answers ------------------------------
@@ -539,15 +538,15 @@ class Stack:
 
         self.stop_supervisor(grace)  # first: it would start again what is stopped here
         stop_hosts(self.settings.home)
-        pids = {c: _read_pid(self.pid_file(c)) for c in COMPONENTS}
+        pids = {c: read_pid(self.pid_file(c)) for c in COMPONENTS}
         for pid in filter(None, pids.values()):
-            _signal_group(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for component, pid in pids.items():
-            while pid and _alive(pid) and time.monotonic() < deadline:
+            while pid and alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             if pid:
-                _signal_group(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
             self.pid_file(component).unlink(missing_ok=True)
 
 
@@ -565,63 +564,7 @@ def _pool_specs(settings: Settings):
     return runner_pool_specs(settings)
 
 
-def _stop_group(pid: int, grace: float) -> None:
-    _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    _signal_group(pid, signal.SIGKILL)
-    # Until the group is gone (SIGKILL takes a moment to end a large process): a leftover
-    # such as a dead scheduler's log server holds the port its successor binds.
-    deadline = time.monotonic() + 10
-    while group_members(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def group_members(pgid: int) -> list[int]:
-    """The processes of process group `pgid` that have not exited (zombies left out)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
-        except (OSError, IndexError, ValueError):
-            continue
-        if int(group) == pgid and state != "Z":
-            members.append(int(entry))
-    return members
-
-
 def _run_logged(cmd: list[str], env: dict[str, str], log: Path) -> None:
     with open(log, "ab") as out:
         if subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode:
             raise StackError(f"{' '.join(cmd[2:])} failed; see {log}")
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by us) counts as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_batch import owners, storage
-from llm_batch.config import Settings
+from llm_batch.config import API_KEY_FILE, Settings
 
 _SQLITE = "sqlite:///"
 _BAD_KEY_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
@@ -142,8 +142,6 @@ def _own_areas(owner: str, settings: Settings, is_admin: bool) -> list[Path] | N
 
 def internal_areas(settings: Settings) -> list[Path]:
     """Folders and files that are llm-batch's own state, never a user path."""
-    from llm_batch.stack import API_KEY_FILE  # the embedded stack's admin key
-
     areas = [settings.home / "airflow", settings.home / API_KEY_FILE, Path(settings.model_cache)]
     areas += [Path(u) for u in (settings.work_uri, settings.files_uri) if not storage.is_s3(u)]
     if airflow_home := os.environ.get("AIRFLOW_HOME"):

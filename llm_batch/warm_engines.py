@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llm_batch import exit_codes
-from llm_batch.stack import _read_pid, _stop_group
+from llm_batch.processes import read_pid, stop_group
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -313,14 +313,14 @@ def _evict_idle(starting: Slot, seats: int, grace: float = 10.0) -> None:
     engines never hold more memory than the pool's slots of busy engines would (on a GPU an
     idle engine's KV cache would leave a new one no room). Idle: all its seats are free."""
     for pid_file in engines_dir(starting.home).glob("*.pid"):
-        if pid_file.stem.startswith(f"{starting.key}-") or not (pid := _read_pid(pid_file)):
+        if pid_file.stem.startswith(f"{starting.key}-") or not (pid := read_pid(pid_file)):
             continue
         key, _, index = pid_file.stem.rpartition("-")
         if (fds := _lock_all(Slot(starting.home, key, int(index)).seat_locks(seats))) is None:
             continue  # busy: it serves a shard
         try:  # holding its seats: no client can reach it meanwhile
             log.info("stopping idle warm engine %s (pid %d) to make room", pid_file.stem, pid)
-            _stop_group(pid, grace)
+            stop_group(pid, grace)
             pid_file.unlink(missing_ok=True)
         finally:
             for fd in fds:
@@ -358,8 +358,8 @@ def stop_hosts(home: Path, grace: float = 10.0) -> None:
     """Stop every warm engine of ``home`` (``llm-batch down``)."""
     folder = home / "engines"
     for pid_file in folder.glob("*.pid") if folder.is_dir() else ():
-        if pid := _read_pid(pid_file):
-            _stop_group(pid, grace)
+        if pid := read_pid(pid_file):
+            stop_group(pid, grace)
         pid_file.unlink(missing_ok=True)
 
 
@@ -545,7 +545,7 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
         _unlink_if(socket_path, lambda: os.stat(socket_path).st_ino == bound)
         for thread in running:
             thread.join()
-        _unlink_if(pid_file, lambda: _read_pid(pid_file) == os.getpid())
+        _unlink_if(pid_file, lambda: read_pid(pid_file) == os.getpid())
         engine.close()
     return 0
 

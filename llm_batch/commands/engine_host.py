@@ -39,7 +39,7 @@ def engine_host(args: argparse.Namespace) -> int:
     import orjson
 
     from llm_batch import exit_codes
-    from llm_batch.engine_service import parse_address
+    from llm_batch.config import parse_address
     from llm_batch.warm_engines import WarmEngineError, serve, serve_service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -33,7 +33,7 @@ def follower(args: argparse.Namespace) -> int:
     from llm_batch import exit_codes
     from llm_batch.endpoints import UnsupportedEndpointError, parse_endpoint
     from llm_batch.multinode import run_follower
-    from llm_batch.worker import WorkerUsageError, node_group
+    from llm_batch.worker import WorkerUsageError, node_group, resolve_for_endpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("llm_batch.multinode")
@@ -48,4 +48,9 @@ def follower(args: argparse.Namespace) -> int:
     except (WorkerUsageError, UnsupportedEndpointError, orjson.JSONDecodeError) as exc:
         log.error("%s", exc)
         return exit_codes.USAGE
-    return run_follower(model_config, endpoint, group)
+    try:
+        model = resolve_for_endpoint(model_config, endpoint)
+    except WorkerUsageError as exc:
+        log.error("follower node %d cannot run: %s", group.node_rank, exc)
+        return exit_codes.USAGE
+    return run_follower(model, group)

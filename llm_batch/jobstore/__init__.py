@@ -6,15 +6,17 @@ metadata database. See docs/jobstore.md for the API.
 
 from llm_batch.jobstore.database import make_engine, upgrade_to_head
 from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
-from llm_batch.jobstore.store import (
+from llm_batch.jobstore.errors import (
     ApiKeyNotFound,
     ConcurrentUpdate,
     DuplicateId,
     FileNotFound,
     InvalidCursor,
     JobNotFound,
-    JobStore,
     JobStoreError,
+)
+from llm_batch.jobstore.store import (
+    JobStore,
     get_job_store,
     new_file_id,
     new_job_id,

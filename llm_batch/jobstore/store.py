@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Row, Table, and_, case, create_engine, delete, func, insert, or_, select, update
+from sqlalchemy import Column, Connection, Engine, Row, Table, and_, case, create_engine, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -45,8 +45,18 @@ from llm_batch import owners
 from llm_batch.endpoints import parse_endpoint
 from llm_batch.jobs import JobStatus, check_transition
 from llm_batch.jobstore.database import VERSION_TABLE, WRITE, make_engine, upgrade_to_head
+from llm_batch.jobstore.errors import (
+    ApiKeyNotFound,
+    ConcurrentUpdate,
+    DuplicateId,
+    FileNotFound,
+    JobNotFound,
+    JobStoreError,
+    JobStoreUnhealthy,
+)
 from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow, ProgressHistoryRow, ShardProgressRow
 from llm_batch.jobstore.models import IdempotencyKeyRow  # idempotency keys
+from llm_batch.jobstore.paging import owned, page
 from llm_batch.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
 from llm_batch.jobstore.webhooks import ENDPOINTS, WebhookStoreMixin  # webhooks (outbox, endpoints, attempts)
 
@@ -77,39 +87,6 @@ _COUNTERS = ("total", "completed", "succeeded", "failed")
 _SHARD_COUNTERS = ("total", "done", "succeeded", "failed", "prompt_tokens", "completion_tokens",
                    "cached_prompt_tokens", "engine_seconds")
 _LIVE_SHARD_STATES = ("starting", "running")
-
-
-class JobStoreError(Exception):
-    pass
-
-
-class JobNotFound(JobStoreError, LookupError):
-    pass
-
-
-class FileNotFound(JobStoreError, LookupError):
-    pass
-
-
-class ApiKeyNotFound(JobStoreError, LookupError):
-    pass
-
-
-class DuplicateId(JobStoreError, ValueError):
-    pass
-
-
-class InvalidCursor(JobStoreError, ValueError):
-    pass
-
-
-class ConcurrentUpdate(JobStoreError):
-    """A compare-and-set kept losing to other writers (should not happen in practice)."""
-
-
-class JobStoreUnhealthy(JobStoreError):
-    """``check_health``: a new connection could not read and write the store. The message
-    names the store (its URL without the password), the step and the error."""
 
 
 # How long check_health waits to connect, for the write lock and for each statement.
@@ -237,45 +214,6 @@ def _order(table: Table, order_by: str, allowed: set[str]) -> tuple[Column[Any],
     if name not in allowed:
         raise ValueError(f"cannot order by {order_by!r}; use one of {sorted(allowed)} (prefix - for descending)")
     return table.c[name], descending
-
-
-def _page(
-    connection: Connection,
-    table: Table,
-    filters: list[ColumnElement[bool]],
-    order: tuple[Column[Any], bool],
-    limit: int,
-    offset: int,
-    after: str | None,
-    *,
-    owner: str | None,
-) -> tuple[list[Row], int]:
-    """One page of rows in (column, id) order and the count of all rows matching `filters`.
-
-    ``after`` is keyset pagination: rows strictly after that row in this order. The cursor
-    must be a row of `owner` (when given): another owner's id is as unknown as a made-up
-    one (InvalidCursor), so a listing tells nothing about what others hold.
-    """
-    column, descending = order
-    total = connection.scalar(select(func.count()).select_from(table).where(*filters)) or 0
-    query = select(table).where(*filters)
-    if after is not None:
-        cursor = connection.execute(select(column, table.c.id).where(*_owned(table, after, owner))).one_or_none()
-        if cursor is None:
-            raise InvalidCursor(f"after={after!r} names no {table.name.removesuffix('s')} of this listing")
-        value, cursor_id = cursor
-        if descending:
-            query = query.where(or_(column < value, and_(column == value, table.c.id < cursor_id)))
-        else:
-            query = query.where(or_(column > value, and_(column == value, table.c.id > cursor_id)))
-    ordering = (column.desc(), table.c.id.desc()) if descending else (column.asc(), table.c.id.asc())
-    rows = connection.execute(query.order_by(*ordering).limit(limit).offset(offset)).all()
-    return list(rows), total
-
-
-def _owned(table: Table, row_id: str, owner: str | None) -> list[ColumnElement[bool]]:
-    """WHERE clauses: this id, and this owner's if one is given."""
-    return [table.c.id == row_id, *([table.c.owner == owner] if owner is not None else [])]
 
 
 def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]:
@@ -421,7 +359,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         it was computed from; re-read and recompute when another writer moved it first."""
         for _ in range(_CAS_ATTEMPTS):
             with self._transaction(write=True) as connection:
-                row = connection.execute(select(JOBS).where(*_owned(JOBS, job_id, owner))).one_or_none()
+                row = connection.execute(select(JOBS).where(*owned(JOBS, job_id, owner))).one_or_none()
                 if row is None:
                     raise JobNotFound(f"no job {job_id!r}")
                 values = changes(row)
@@ -442,7 +380,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
     def _update_job(self, job_id: str, owner: str | None = None, **values: Any) -> Job:
         with self._transaction(write=True) as connection:
             updated = connection.execute(
-                update(JOBS).where(*_owned(JOBS, job_id, owner)).values(**values, updated_at=utcnow()).returning(*JOBS.c)
+                update(JOBS).where(*owned(JOBS, job_id, owner)).values(**values, updated_at=utcnow()).returning(*JOBS.c)
             ).one_or_none()
             if updated is None:
                 raise JobNotFound(f"no job {job_id!r}")
@@ -530,7 +468,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
     def get_job(self, job_id: str, owner: str | None = None) -> Job | None:
         """The job, or None if it does not exist or belongs to another owner."""
         with self._transaction(write=False) as connection:
-            row = connection.execute(select(JOBS).where(*_owned(JOBS, job_id, owner))).one_or_none()
+            row = connection.execute(select(JOBS).where(*owned(JOBS, job_id, owner))).one_or_none()
             return _job(row) if row is not None else None
 
     def list_jobs(
@@ -575,7 +513,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         for key, value in (metadata or {}).items():
             filters.append(c.metadata[key].as_string() == str(value))
         with self._transaction(write=False) as connection:
-            rows, total = _page(connection, JOBS, filters, order, limit, offset, after, owner=owner)
+            rows, total = page(connection, JOBS, filters, order, limit, offset, after, owner=owner)
             return [_job(r) for r in rows], total
 
     def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job:
@@ -730,7 +668,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         """The job's progress history, oldest first (empty for an unknown or not-owned job,
         or one no shard reported on yet)."""
         with self._transaction(write=False) as connection:
-            if connection.execute(select(JOBS.c.id).where(*_owned(JOBS, job_id, owner))).one_or_none() is None:
+            if connection.execute(select(JOBS.c.id).where(*owned(JOBS, job_id, owner))).one_or_none() is None:
                 return []
             rows = connection.execute(select(HISTORY).where(HISTORY.c.job_id == job_id).order_by(HISTORY.c.at))
             return [ProgressPoint(**r._asdict()) for r in rows]
@@ -795,7 +733,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         a live job is cancelled first, never deleted under its run)."""
         terminal = [s.value for s in JobStatus if s.terminal]
         with self._transaction(write=True) as connection:
-            deleted = connection.execute(delete(JOBS).where(*_owned(JOBS, job_id, owner), JOBS.c.status.in_(terminal)))
+            deleted = connection.execute(delete(JOBS).where(*owned(JOBS, job_id, owner), JOBS.c.status.in_(terminal)))
             if deleted.rowcount != 1:
                 raise JobNotFound(f"no ended job {job_id!r}")
             connection.execute(delete(SHARDS).where(SHARDS.c.job_id == job_id))
@@ -921,7 +859,7 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
 
     def get_file(self, file_id: str, owner: str | None = None, include_deleted: bool = False) -> FileObject | None:
         """The file object, or None if unknown, someone else's, or deleted (unless asked)."""
-        filters = _owned(FILES, file_id, owner)
+        filters = owned(FILES, file_id, owner)
         if not include_deleted:
             filters.append(FILES.c.deleted_at.is_(None))
         with self._transaction(write=False) as connection:
@@ -952,16 +890,16 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         if not include_deleted:
             filters.append(FILES.c.deleted_at.is_(None))
         with self._transaction(write=False) as connection:
-            rows, total = _page(connection, FILES, filters, order, limit, offset, after, owner=owner)
+            rows, total = page(connection, FILES, filters, order, limit, offset, after, owner=owner)
             return [_file(r) for r in rows], total
 
     def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject:
         """Set deleted_at (once; repeating is harmless). The content is the caller's to delete."""
         with self._transaction(write=True) as connection:
             connection.execute(
-                update(FILES).where(*_owned(FILES, file_id, owner), FILES.c.deleted_at.is_(None)).values(deleted_at=utcnow())
+                update(FILES).where(*owned(FILES, file_id, owner), FILES.c.deleted_at.is_(None)).values(deleted_at=utcnow())
             )
-            row = connection.execute(select(FILES).where(*_owned(FILES, file_id, owner))).one_or_none()
+            row = connection.execute(select(FILES).where(*owned(FILES, file_id, owner))).one_or_none()
             if row is None:
                 raise FileNotFound(f"no file {file_id!r}")
             return _file(row)
@@ -1020,10 +958,10 @@ class JobStore(WebhookStoreMixin):  # webhooks: llm_batch/jobstore/webhooks.py
         with self._transaction(write=True) as connection:
             connection.execute(
                 update(API_KEYS)
-                .where(*_owned(API_KEYS, key_id, owner), API_KEYS.c.revoked_at.is_(None))
+                .where(*owned(API_KEYS, key_id, owner), API_KEYS.c.revoked_at.is_(None))
                 .values(revoked_at=utcnow())
             )
-            row = connection.execute(select(*_API_KEY_COLUMNS).where(*_owned(API_KEYS, key_id, owner))).one_or_none()
+            row = connection.execute(select(*_API_KEY_COLUMNS).where(*owned(API_KEYS, key_id, owner))).one_or_none()
             if row is None:
                 raise ApiKeyNotFound(f"no API key {key_id!r}")
             return _api_key(row)

@@ -25,6 +25,7 @@ from sqlalchemy import Connection, Row, Table, and_, delete, insert, or_, select
 
 from llm_batch.jobs import JobStatus
 from llm_batch.jobstore.models import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
+from llm_batch.jobstore.paging import page
 
 ENDPOINTS: Table = WebhookEndpointRow.__table__
 DELIVERIES: Table = WebhookDeliveryRow.__table__
@@ -215,11 +216,10 @@ class WebhookStoreMixin:
     ) -> tuple[list[WebhookEndpoint], bool]:
         """Up to `limit` endpoints newest first, those after the endpoint `after` (keyset, as
         list_jobs; an unknown one raises InvalidCursor), and whether more follow."""
-        from llm_batch.jobstore.store import _page  # store.py builds on this module
 
         filters = [ENDPOINTS.c.owner == owner] if owner is not None else []
         with self._transaction(write=False) as connection:
-            rows, _ = _page(connection, ENDPOINTS, filters, (ENDPOINTS.c.created_at, True), limit + 1, 0, after,
+            rows, _ = page(connection, ENDPOINTS, filters, (ENDPOINTS.c.created_at, True), limit + 1, 0, after,
                              owner=owner)
         return [_endpoint(r) for r in rows[:limit]], len(rows) > limit
 

@@ -18,7 +18,8 @@ from datetime import datetime
 
 import pytest
 
-from llm_batch.stack import COMPONENTS, group_members
+from llm_batch.processes import group_members
+from llm_batch.stack import COMPONENTS
 from llm_batch.supervisor import read_restarts
 from tests.e2e.conftest import MODEL, long_batch, stack_logs, wait_until
 

@@ -19,7 +19,8 @@ from pydantic import ValidationError  # noqa: E402
 
 from llm_batch.cli import main  # noqa: E402
 from llm_batch.config import Settings  # noqa: E402
-from llm_batch.engine_service import parse_address, service_for  # noqa: E402
+from llm_batch.config import parse_address  # noqa: E402
+from llm_batch.engine_service import service_for  # noqa: E402
 from llm_batch.placement import GPU_TYPES  # noqa: E402
 from llm_batch.shard_task import ShardTask  # noqa: E402
 from llm_batch_operators.engine_service import EngineServiceShardOperator  # noqa: E402

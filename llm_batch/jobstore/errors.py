@@ -1,0 +1,36 @@
+"""What the job store raises."""
+
+from __future__ import annotations
+
+
+class JobStoreError(Exception):
+    pass
+
+
+class JobNotFound(JobStoreError, LookupError):
+    pass
+
+
+class FileNotFound(JobStoreError, LookupError):
+    pass
+
+
+class ApiKeyNotFound(JobStoreError, LookupError):
+    pass
+
+
+class DuplicateId(JobStoreError, ValueError):
+    pass
+
+
+class InvalidCursor(JobStoreError, ValueError):
+    pass
+
+
+class ConcurrentUpdate(JobStoreError):
+    """A compare-and-set kept losing to other writers (should not happen in practice)."""
+
+
+class JobStoreUnhealthy(JobStoreError):
+    """``check_health``: a new connection could not read and write the store. The message
+    names the store (its URL without the password), the step and the error."""

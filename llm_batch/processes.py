@@ -1,0 +1,72 @@
+"""Process groups and pid files: how the stack, its supervisor and warm engines start, find
+and stop the processes they own.
+
+    read_pid(path) -> int | None      the pid a pid file holds
+    alive(pid) -> bool                the process runs (a zombie counts as ended)
+    signal_group(pid, sig)            a signal to the process group, if it is still there
+    stop_group(pid, grace)            SIGTERM, SIGKILL after ``grace``, then wait until it is gone
+    group_members(pgid) -> [pid]      the group's processes that have not exited
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def stop_group(pid: int, grace: float) -> None:
+    signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    signal_group(pid, signal.SIGKILL)
+    # Until the group is gone (SIGKILL takes a moment to end a large process): a leftover
+    # such as a dead scheduler's log server holds the port its successor binds.
+    deadline = time.monotonic() + 10
+    while group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` that have not exited (zombies left out)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, _, group = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            members.append(int(entry))
+    return members
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by us) counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
