@@ -12,9 +12,7 @@ FROM ${AIRFLOW_IMAGE}
 ARG LLM_BATCH_EXTRAS=airflow,postgres
 
 COPY --chown=airflow:0 pyproject.toml README.md /opt/llm-batch/src/
-COPY --chown=airflow:0 llm_batch /opt/llm-batch/src/llm_batch
-COPY --chown=airflow:0 operators /opt/llm-batch/src/operators
-COPY --chown=airflow:0 plugins /opt/llm-batch/src/plugins
+COPY --chown=airflow:0 src /opt/llm-batch/src/src
 
 # Airflow's rule for extending its image: name apache-airflow with the image's own version in
 # the same pip call, so installing a package can never up- or downgrade Airflow.

@@ -61,8 +61,8 @@ def environment(root: Path, port: int) -> dict[str, str]:
 
 def seed_store(n_jobs: int) -> str:
     """N jobs spread over owners, statuses, models, metadata; returns user0's API key."""
-    from llm_batch.jobs import JobStatus
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.core.jobs import JobStatus
+    from llm_batch.infra.jobstore import get_job_store
 
     store = get_job_store()
     rng = random.Random(7)
@@ -157,7 +157,7 @@ def main() -> int:
         wait_healthy(url, server)
         import httpx
 
-        from llm_batch.jobstore import get_job_store
+        from llm_batch.infra.jobstore import get_job_store
 
         own, _ = get_job_store().list_jobs(owner=OWNERS[0], limit=1000)
         ids = [j.id for j in own]

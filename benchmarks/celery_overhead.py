@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/celery_overhead.py [--shards 64] [--workers 2] [--max-tokens 4]
 
 Starts the Celery shape (CeleryExecutor, Redis broker, PostgreSQL, SeaweedFS S3, N Celery
-workers with homes of their own; llm_batch/celery_stack.py) under a temporary LLM_BATCH_HOME
+workers with homes of their own; src/llm_batch/devstack/celery_stack.py) under a temporary LLM_BATCH_HOME
 on free ports, prepares the tiny random model in each worker's cache, submits one job of
 ``--shards`` shards x 1 request (native route, inline requests) and reads the run's task
 instances from Airflow's API and each shard's ``engine_seconds`` from its progress on S3.

@@ -61,7 +61,7 @@ def generate(path: Path, lines: int) -> None:
 
 def validate(input_path: Path, layout) -> int:
     """The real validation: writes layout.validated and layout.validation_errors."""
-    from llm_batch.validation import validate_batch
+    from llm_batch.pipeline.validation import validate_batch
 
     report = validate_batch(str(input_path), fmt="jsonl", endpoint="/v1/chat/completions",
                             layout=layout)
@@ -72,10 +72,10 @@ def fabricate_results(plans) -> int:
     """A result per request, in shard order, as a worker writes them (no engine)."""
     import orjson
 
-    from llm_batch import storage
-    from llm_batch.records import RequestError, ResultRecord
-    from llm_batch.results import ResultsWriter
-    from llm_batch.streams import iter_lines
+    from llm_batch.core.records import RequestError, ResultRecord
+    from llm_batch.infra import storage
+    from llm_batch.infra.results import ResultsWriter
+    from llm_batch.infra.streams import iter_lines
 
     written = 0
     for plan in plans:
@@ -105,10 +105,10 @@ def fabricate_results(plans) -> int:
 
 def run_one(lines: int) -> dict:
     """Every step for one size, in this process; returns the figures."""
-    from llm_batch.config import get_settings
-    from llm_batch.layout import JobLayout
-    from llm_batch.merge import merge_job
-    from llm_batch.sharding import plan_shards
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.pipeline.merge import merge_job
+    from llm_batch.pipeline.sharding import plan_shards
 
     layout = JobLayout(get_settings().work_uri, "bench")
     input_path = get_settings().home / "input.jsonl"

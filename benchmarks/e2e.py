@@ -4,7 +4,7 @@
 
 1. Direct, twice: a subprocess builds ``vllm.LLM`` with the model registry's engine
    arguments, once as vLLM ships it (engine core in its own process) and once placed as the
-   worker places it (``llm_batch.engine.runner.start_engine``: in the process on CPU), and
+   worker places it (``llm_batch.runtime.engine.runner.start_engine``: in the process on CPU), and
    runs ``LLM.chat`` over all requests; its time runs from the process's start (imports and
    model load count, as they do in the pipeline's worker) to the last output.
 2. Pipeline: a fresh embedded stack (temporary LLM_BATCH_HOME, free port, the model cache
@@ -73,8 +73,8 @@ def run_direct(model: str, count: int, max_tokens: int, placed_as_worker: bool) 
     started = psutil.Process().create_time()
     from vllm import SamplingParams
 
-    from llm_batch.engine.runner import start_engine
-    from llm_batch.model_registry import resolve_model
+    from llm_batch.infra.model_registry import resolve_model
+    from llm_batch.runtime.engine.runner import start_engine
 
     resolved = resolve_model({"model": model})
     load_started = time.time()
@@ -107,9 +107,9 @@ def pipeline(model: str, count: int, max_tokens: int, model_cache: Path) -> dict
     home = Path(tempfile.mkdtemp(prefix="llm-batch-bench-"))
     os.environ["LLM_BATCH_HOME"] = str(home)
     os.environ["LLM_BATCH_MODEL_CACHE"] = str(model_cache)
-    from llm_batch.client import BatchClient
-    from llm_batch.config import get_settings
-    from llm_batch.stack import Stack, free_port
+    from llm_batch.core.config import get_settings
+    from llm_batch.devstack.stack import Stack, free_port
+    from llm_batch.infra.api_client import BatchClient
 
     get_settings.cache_clear()
     stack = Stack(get_settings(), free_port())
@@ -159,7 +159,7 @@ def main() -> None:
               flush=True)
         return
 
-    from llm_batch.model_registry import prepare_model
+    from llm_batch.infra.model_registry import prepare_model
 
     model_cache = prepare_model(args.model).parent  # the shared cache (prepared once)
     print(f"{args.requests} chat requests, max_tokens {args.max_tokens}, model {args.model}, "

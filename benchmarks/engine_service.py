@@ -39,7 +39,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.worker import CHAT_MODEL, engine_env, prepare, worker_command, write_shard  # noqa: E402
-from llm_batch.stack import free_port  # noqa: E402
+from llm_batch.devstack.stack import free_port  # noqa: E402
 
 
 def _shard(home: Path, n: int, max_tokens: int) -> str:
@@ -66,10 +66,10 @@ def dedicated(home: Path, env: dict, config: str, shards: int, n: int, max_token
 
 
 def service_shard(address: tuple[str, int], token: str, home: Path, config: str, n: int, max_tokens: int) -> float:
-    from llm_batch.warm_engines import start_service_shard
+    from llm_batch.runtime.warm_engines import start_service_shard
 
     job = _shard(home, n, max_tokens)
-    argv = worker_command(job, config)[3:]  # after "python -m llm_batch.cli"
+    argv = worker_command(job, config)[3:]  # after "python -m llm_batch.cli.main"
     started = time.monotonic()
     code = start_service_shard(address, token, argv, lambda line: None).wait(600)
     seconds = time.monotonic() - started
@@ -103,7 +103,7 @@ def main() -> None:
 
         print("engine service ...", flush=True)
         started = time.monotonic()
-        host = subprocess.Popen([sys.executable, "-m", "llm_batch.cli", "engine-host", "--listen", f"127.0.0.1:{port}",
+        host = subprocess.Popen([sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--listen", f"127.0.0.1:{port}",
                                  "--model", args.model, "--seats", str(args.seats)],
                                 env={**env, "LLM_BATCH_ENGINE_TOKEN": token}, stdout=open(logs / "host.log", "wb"),
                                 stderr=subprocess.STDOUT, start_new_session=True)

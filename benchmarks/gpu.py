@@ -150,7 +150,7 @@ class Plan:
 def resolve_model(given: str) -> Path:
     """A local checkpoint directory: absolute as given, relative in the model cache (the
     rule of a job's checkpoint_path; the inference image's cache is /var/lib/llm-batch/models)."""
-    from llm_batch.config import Settings
+    from llm_batch.core.config import Settings
 
     path = Path(given).expanduser()
     if not path.is_absolute():
@@ -202,7 +202,7 @@ def planned_limits(case: str, limits: dict | None) -> str:
 # -- the environment of the cases --------------------------------------------------------
 
 def base_env(plan: Plan, home: Path, on_gpu: bool) -> dict[str, str]:
-    from llm_batch.config import Settings
+    from llm_batch.core.config import Settings
 
     env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
     env.update({"LLM_BATCH_HOME": str(home), "LLM_BATCH_MODEL_CACHE": str(Settings().model_cache),

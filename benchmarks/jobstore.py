@@ -26,9 +26,9 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from llm_batch.jobs import JobStatus
-from llm_batch.jobstore import JobStore
-from llm_batch.jobstore.models import JobRow
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore.models import JobRow
 
 OWNERS = [f"user{i}" for i in range(50)]
 STATUSES = [JobStatus.SUCCEEDED, JobStatus.SUCCEEDED, JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.FAILED]

@@ -124,9 +124,9 @@ def engine_env(home: Path, cache: Path) -> dict[str, str]:
 
 
 def plan_job(source: Path, dp: int, prefix: bool, home: Path):
-    from llm_batch.layout import JobLayout
-    from llm_batch.sharding import plan_shards, read_manifest
-    from llm_batch.validation import validate_batch
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.pipeline.sharding import plan_shards, read_manifest
+    from llm_batch.pipeline.validation import validate_batch
 
     layout = JobLayout(str(home / "work"), f"bench-{uuid.uuid4().hex[:8]}")
     validate_batch(str(source), fmt="jsonl", layout=layout)
@@ -137,7 +137,7 @@ def plan_job(source: Path, dp: int, prefix: bool, home: Path):
 
 def run_job(name: str, source: Path, dp: int, prefix: bool, env: dict[str, str], home: Path,
             work: Path, feed: str | None = None) -> dict:
-    from llm_batch.merge import merge_job
+    from llm_batch.pipeline.merge import merge_job
 
     layout, plans, plan_s, manifest = plan_job(source, dp, prefix, home)
     config = json.dumps({"model": MODEL, "dtype": "bfloat16"})
@@ -154,7 +154,7 @@ def run_job(name: str, source: Path, dp: int, prefix: bool, env: dict[str, str],
             shard_env["VLLM_CPU_OMP_THREADS_BIND"] = (
                 str(first) if per == 1 else f"{first}-{first + per - 1}")
         log = (work / f"{layout.job_id}-{plan.index}.log").open("wb")
-        cmd = [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id,
+        cmd = [sys.executable, "-m", "llm_batch.cli.main", "worker", "--job-id", layout.job_id,
                "--shard", str(plan.index), "--endpoint", ENDPOINT, "--model-config", config]
         procs.append((subprocess.Popen(cmd, env=shard_env, stdout=log, stderr=subprocess.STDOUT), log))
     ends = []
@@ -285,8 +285,8 @@ def main() -> None:
         (home / "data").mkdir(parents=True)
         env = engine_env(home, args.model_cache)
         os.environ.update({k: env[k] for k in ("LLM_BATCH_HOME", "LLM_BATCH_MODEL_CACHE")})
-        from llm_batch.config import Settings
-        from llm_batch.model_registry import prepare_model
+        from llm_batch.core.config import Settings
+        from llm_batch.infra.model_registry import prepare_model
 
         model_dir = prepare_model(MODEL, settings=Settings(home=home, model_cache=args.model_cache))
         words = words_for(args.doc_tokens, model_dir)

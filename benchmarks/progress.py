@@ -10,7 +10,7 @@ and a SQLite job store in a temp dir; plans a job of 4 requests a shard (inline 
 progress object (one PUT a shard), then every shard's watcher reports, all 64 at once on 8
 threads, as the shard tasks' 2-second watch loops do. Meanwhile one client thread GETs the
 job (``GET /batch/v1/batches/{id}``, the plugin app in-process through TestClient, an API
-key). S3 calls are counted with a botocore ``before-call`` hook on llm_batch.storage's client.
+key). S3 calls are counted with a botocore ``before-call`` hook on llm_batch.infra.storage's client.
 
 - old: what ``pipeline.publish_progress`` did (removed; reproduced here): read the manifest,
   the validation report and every shard's progress object, then one UPDATE of the counts.
@@ -49,9 +49,10 @@ class _TmpFactory:
 
 def _old_publish(store, settings, job_id: str) -> None:
     """The old watcher round: every shard's progress object, whoever asks."""
-    from llm_batch import steps, storage
-    from llm_batch.progress import read_progress
-    from llm_batch.sharding import read_manifest
+    from llm_batch.infra import storage
+    from llm_batch.infra.progress import read_progress
+    from llm_batch.pipeline import steps
+    from llm_batch.pipeline.sharding import read_manifest
 
     layout = steps.layout_of(settings, job_id)
     manifest = read_manifest(layout)
@@ -94,12 +95,14 @@ def main() -> None:
 def run(args: argparse.Namespace) -> None:
     from fastapi.testclient import TestClient
 
-    from llm_batch import run_conf, shard_task, steps, storage
-    from llm_batch.config import get_settings
-    from llm_batch.jobs import JobStatus
-    from llm_batch.jobstore import JobStore
-    from llm_batch.progress import ShardProgress
-    from llm_batch_plugin.app import create_app
+    from llm_batch.api.app import create_app
+    from llm_batch.core import run_conf
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.jobs import JobStatus
+    from llm_batch.infra import storage
+    from llm_batch.infra.jobstore import JobStore
+    from llm_batch.infra.progress import ShardProgress
+    from llm_batch.pipeline import shard_task, steps
 
     settings = get_settings()
     store = JobStore(settings.database_url)

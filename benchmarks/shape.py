@@ -24,9 +24,9 @@ def temp_shape(workers: int, keep: bool = False) -> Iterator[Any]:
     home = Path(tempfile.mkdtemp(prefix="llm-batch-shape-bench-"))
     os.environ["LLM_BATCH_HOME"] = str(home)
 
-    from llm_batch.celery_stack import CeleryStack
-    from llm_batch.config import Settings
-    from llm_batch.stack import free_port
+    from llm_batch.core.config import Settings
+    from llm_batch.devstack.celery_stack import CeleryStack
+    from llm_batch.devstack.stack import free_port
 
     stack = CeleryStack.create(Settings(home=home), free_port(), workers=workers)
     started = time.monotonic()

@@ -5,7 +5,7 @@
 
 For each mode, a fresh embedded stack (``llm-batch up``: LocalExecutor, SQLite, the local
 runner) in a temporary home, the model cache shared, ``LLM_BATCH_WARM_ENGINES`` off
-("dedicated": every shard starts its own engine) or on ("warm": ``llm_batch.warm_engines``,
+("dedicated": every shard starts its own engine) or on ("warm": ``llm_batch.runtime.warm_engines``,
 one engine, one shard at a time; "seated": one engine running ``--seats`` shards at once,
 the default 2 as ``llm-batch up`` runs it):
 
@@ -47,8 +47,8 @@ def temp_stack(warm: bool, model_cache: Path, seats: int = 1) -> Iterator[Any]:
     os.environ.update(LLM_BATCH_HOME=str(home), LLM_BATCH_MODEL_CACHE=str(model_cache),
                       LLM_BATCH_WARM_ENGINES="1" if warm else "0", LLM_BATCH_WARM_ENGINE_SEATS=str(seats),
                       LLM_BATCH_LOCAL_POOL_SLOTS="1")
-    from llm_batch.config import get_settings
-    from llm_batch.stack import Stack, free_port
+    from llm_batch.core.config import get_settings
+    from llm_batch.devstack.stack import Stack, free_port
 
     get_settings.cache_clear()
     stack = Stack(get_settings(), free_port())
@@ -106,8 +106,8 @@ def cpu_seconds(stack: Any) -> dict[str, float]:
     live in the scheduler's group and reap their task processes)."""
     import psutil
 
-    from llm_batch.processes import read_pid
-    from llm_batch.stack import COMPONENTS
+    from llm_batch.devstack.stack import COMPONENTS
+    from llm_batch.infra.processes import read_pid
 
     machine = psutil.cpu_times()
     out = {"machine": sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)}
@@ -213,7 +213,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("LLM_BATCH_ENFORCE_EAGER", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from llm_batch.model_registry import prepare_model
+    from llm_batch.infra.model_registry import prepare_model
 
     model_cache = prepare_model(args.model).parent
     print(f"load average at start: {os.getloadavg()[0]:.1f}; model {args.model}, {args.requests} requests x "

@@ -4,7 +4,7 @@ Starts the stack N times (default 20), each a clean start (``up --restart``: sto
 start the five components, wait until healthy, provision pools, the admin user and the CLI
 key), in one LLM_BATCH_HOME, and prints per start: seconds, whether it failed, and how many
 answers Airflow gave under lock (HTTP 5xx or a dropped connection) that the provisioning's
-retries (``llm_batch.client.send_with_retries``) absorbed. A start that saw such an answer
+retries (``llm_batch.infra.api_client.send_with_retries``) absorbed. A start that saw such an answer
 is one that would have failed without the retries.
 
     .venv/bin/python benchmarks/stack_starts.py --starts 20
@@ -35,9 +35,9 @@ def main() -> int:
 
     import httpx
 
-    from llm_batch import client
-    from llm_batch.config import get_settings
-    from llm_batch.stack import Stack
+    from llm_batch.core.config import get_settings
+    from llm_batch.devstack.stack import Stack
+    from llm_batch.infra import api_client as client
 
     absorbed = {"n": 0}
     transient = client._transient

@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from llm_batch import strict_json
+from llm_batch.core import strict_json
 
 
 def body(requests: int) -> bytes:

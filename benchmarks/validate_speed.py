@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from llm_batch.validation import ValidationLimits, validate_batch
+from llm_batch.pipeline.validation import ValidationLimits, validate_batch
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -7,7 +7,7 @@ tokens), each in a fresh process with the same engine settings (enforce_eager, b
 max_model_len 2048, VLLM_CPU_KVCACHE_SPACE=2):
 
   (a) ``LLM.chat`` over the whole list in one call, the engine core where the worker puts
-      it (``llm_batch.engine.runner.place_engine_core``: in the process on CPU)
+      it (``llm_batch.runtime.engine.runner.place_engine_core``: in the process on CPU)
   (b) vLLM's ``run_batch`` entrypoint as shipped (AsyncLLM: engine core in its own process)
   (c) ``llm-batch worker`` on one shard as shipped (default checkpointing: a part every 2 s)
   (d) the worker checkpointing every single record (``--flush-every-records 1``)
@@ -101,7 +101,7 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, PeakRs
 def llm_chat_main(model_dir: str, out: str, n: int) -> None:
     from vllm import LLM, SamplingParams
 
-    from llm_batch.engine.runner import place_engine_core
+    from llm_batch.runtime.engine.runner import place_engine_core
 
     place_engine_core()  # where the worker places it
 
@@ -160,7 +160,7 @@ def run_vllm_batch(model_dir: Path, n: int, env: dict[str, str], work: Path) -> 
 # -- (c) our worker ------------------------------------------------------------------------
 
 def write_shard(home: Path, job: str, n: int, tokens_of=max_tokens, body_of=None) -> Path:
-    from llm_batch.records import BatchRequest, dumps_line
+    from llm_batch.core.records import BatchRequest, dumps_line
 
     body_of = body_of or (lambda i: chat_body(i, tokens_of))
     path = home / "work" / job / "shards" / "00000" / "requests.jsonl"
@@ -173,7 +173,7 @@ def write_shard(home: Path, job: str, n: int, tokens_of=max_tokens, body_of=None
 
 def worker_command(job: str, config: str, *extra: str) -> list[str]:
     """``llm-batch worker`` on shard 0 of ``job`` with the model config JSON ``config``."""
-    return [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", job, "--shard", "0",
+    return [sys.executable, "-m", "llm_batch.cli.main", "worker", "--job-id", job, "--shard", "0",
             "--endpoint", "/v1/chat/completions", "--model-config", config, *extra]
 
 
@@ -193,8 +193,8 @@ def run_worker(name: str, model: str, n: int, env: dict[str, str], home: Path, w
 
 
 def prepare(cache: Path, *names: str) -> dict[str, Path]:
-    from llm_batch.config import Settings
-    from llm_batch.model_registry import prepare_model
+    from llm_batch.core.config import Settings
+    from llm_batch.infra.model_registry import prepare_model
 
     settings = Settings(home=cache.parent, model_cache=cache)
     return {name: prepare_model(name, settings=settings) for name in names}

@@ -10,12 +10,12 @@ time went more to six of those than to inference.
 Trigger it from the UI form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the
 params below) or from the batch REST API (conf = `{"job_id": ...}` of a job it created).
 Every run is a job in llm-batch's job store; whatever happens, the job ends in a terminal
-status with a reason. The steps live in `llm_batch.steps`; this file only wires them.
+status with a reason. The steps live in `llm_batch.pipeline.steps`; this file only wires them.
 
 Shards run on the configured runner (`LLM_BATCH_SHARD_RUNNER`: local subprocess or GPU pod).
 A job's shard tasks wait in its lane: the pool of its GPU type (the local pool under the
 local runner) at its priority band's weight, set on each task instance from the run's conf
-by llm-batch's cluster policy (`llm_batch_operators.shard_routing`).
+by llm-batch's cluster policy (`llm_batch.airflow.policies`).
 
 `finalize` emits an asset event through the alias `llm-batch-results` for every job that
 succeeded (the event's `extra`: job id, status, counts, labels), so a DAG scheduled on
@@ -32,11 +32,14 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetAlias, Param, get_current_context, task
 
-from llm_batch import airflow_users, input_formats, jobs, placement, run_conf, steps
-from llm_batch.config import get_settings
-from llm_batch.endpoints import SUPPORTED_ENDPOINTS
-from llm_batch_operators import lanes, shard_operator
-from llm_batch_operators.shard_routing import SHARD_TASK_ID
+from llm_batch.airflow import lanes
+from llm_batch.airflow import users as airflow_users
+from llm_batch.airflow.operators import shard_operator
+from llm_batch.airflow.policies import SHARD_TASK_ID
+from llm_batch.core import input_formats, jobs, placement, run_conf
+from llm_batch.core.config import get_settings
+from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
+from llm_batch.pipeline import steps
 
 SETTINGS = get_settings()
 # Every completed batch's output is an asset event through this alias.
@@ -124,7 +127,7 @@ ShardOperator = shard_operator(SETTINGS.shard_runner)
 
 
 def _store():
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     return get_job_store(SETTINGS.database_url)
 

@@ -10,7 +10,7 @@ Every 10 minutes:
   `output_expires_after`), are deleted from storage and marked deleted in the store;
   idempotency keys older than 24 hours are deleted.
 
-The steps live in `llm_batch.housekeeping`; run states come from Airflow's Execution API
+The steps live in `llm_batch.pipeline.housekeeping`; run states come from Airflow's Execution API
 (task code never reads Airflow's metadata database).
 """
 
@@ -20,14 +20,15 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
-from llm_batch import housekeeping, run_conf
-from llm_batch.config import get_settings
+from llm_batch.core import run_conf
+from llm_batch.core.config import get_settings
+from llm_batch.pipeline import housekeeping
 
 SETTINGS = get_settings()
 
 
 def _store():
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     return get_job_store(SETTINGS.database_url)
 

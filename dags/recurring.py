@@ -2,7 +2,7 @@
 
 Each YAML spec in the spec folder (`LLM_BATCH_RECURRING_SPECS`, default
 `dags/recurring_specs/`) becomes a DAG whose runs trigger `batch_inference` with the spec's
-input/output templates rendered for the run (see `llm_batch.recurring`).
+input/output templates rendered for the run (see `llm_batch.pipeline.recurring`).
 
 Each spec names its output asset, `llm-batch://recurring/<name>`: `batch_inference`'s
 finalize updates it when a run's batch succeeds (with the job's id and counts in the
@@ -21,9 +21,15 @@ from pathlib import Path
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset
 
-from llm_batch.config import get_settings
-from llm_batch.run_conf import BATCH_DAG_ID
-from llm_batch.recurring import DAG_ID_PREFIX, RecurringSpec, RecurringSpecError, load_spec, spec_files
+from llm_batch.core.config import get_settings
+from llm_batch.core.run_conf import BATCH_DAG_ID
+from llm_batch.pipeline.recurring import (
+    DAG_ID_PREFIX,
+    RecurringSpec,
+    RecurringSpecError,
+    load_spec,
+    spec_files,
+)
 
 SPEC_FOLDER = get_settings().recurring_specs or Path(__file__).parent / "recurring_specs"
 

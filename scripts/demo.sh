@@ -29,7 +29,7 @@ set +e
 outcome=$?
 set -e
 
-home=$("$VENV/bin/python" -c 'from llm_batch.config import get_settings; print(get_settings().home)')
+home=$("$VENV/bin/python" -c 'from llm_batch.core.config import get_settings; print(get_settings().home)')
 results="$home/demo-results.jsonl"
 if "$CLI" results "$job" -o "$results"; then
   echo

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param, task
 
-from llm_batch_operators.batch_step import LLMBatchOperator
+from llm_batch.airflow.operators.batch_step import LLMBatchOperator
 
 with DAG(
     dag_id="llm_batch_example_mapped",

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param, task
 
-from llm_batch_operators.hooks import LLMBatchHook
+from llm_batch.airflow.hooks.llm_batch import LLMBatchHook
 
 with DAG(
     dag_id="llm_batch_example_prompts",

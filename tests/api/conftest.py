@@ -46,7 +46,7 @@ def auth_manager(airflow_db):
 
 @pytest.fixture(scope="session")
 def api_store():
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     return get_job_store()
 
@@ -54,7 +54,7 @@ def api_store():
 @pytest.fixture(scope="session")
 def batch_api(auth_manager, api_store, airflow_dags_in_db):
     """The plugin's app itself (create_app), with Airflow's auth manager."""
-    from llm_batch_plugin.app import create_app
+    from llm_batch.api.app import create_app
 
     api = create_app(store=api_store)
     api.state.auth_manager = auth_manager
@@ -116,7 +116,7 @@ def dag_run_of(job_id: str):
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
 
-    from llm_batch_plugin.dag_trigger import run_id_for
+    from llm_batch.api.dag_trigger import run_id_for
 
     with create_session() as session:
         run = session.query(DagRun).filter(DagRun.dag_id == "batch_inference", DagRun.run_id == run_id_for(job_id)).one_or_none()
@@ -132,10 +132,10 @@ def simulate_run(store, job_id: str, ok: int, failed: int, cancel_after: int | N
     output file object (and, for Scale, the JSON array at the user's output path)."""
     import orjson
 
-    from llm_batch import storage
-    from llm_batch.config import get_settings
-    from llm_batch.jobs import JobStatus
-    from llm_batch.layout import JobLayout
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.jobs import JobStatus
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
 
     job = store.get_job(job_id)
     total = ok + failed

@@ -106,7 +106,7 @@ def test_upload_wrong_purpose_is_400_saying_why(client, creds):
 
 def test_audio_and_ocr_uploads_are_kept_as_they_are_within_the_media_limit(client, creds, batch_api, monkeypatch):
     """Files that /v1/audio/transcriptions and /v1/ocr lines name by id are not JSONL: their
-    content is checked where a line names them (llm_batch.media)."""
+    content is checked where a line names them (llm_batch.infra.media)."""
     for purpose, content in (("audio", b"RIFF\x00\x00\x00\x00WAVE..."), ("ocr", b"\x89PNG\r\n\x1a\n...")):
         response = upload(client, creds.key("alice"), content, filename=f"f.{purpose}", purpose=purpose)
         assert response.status_code == 200, response.text
@@ -147,7 +147,7 @@ def test_admin_sees_every_users_jobs_others_only_their_own(client, creds):
 def test_json_body_over_the_limit_is_413(api_store, auth_manager, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from llm_batch_plugin import app as app_module
+    from llm_batch.api import app as app_module
 
     monkeypatch.setattr(app_module, "MAX_JSON_BODY_BYTES", 1000)
     small = app_module.create_app(store=api_store)
@@ -164,8 +164,8 @@ def test_page_sizes_are_capped(client, creds, path, params):
 
 
 def test_storage_failure_is_503_saying_what(client, creds, monkeypatch):
-    from llm_batch import storage
-    from llm_batch_plugin import uploads
+    from llm_batch.api import uploads
+    from llm_batch.infra import storage
 
     def broken(uri):
         raise storage.StorageError(uri, "connection refused")

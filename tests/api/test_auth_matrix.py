@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from llm_batch_plugin.errors import OPENAI_PREFIXES
+from llm_batch.api.errors import OPENAI_PREFIXES
 from tests.api.conftest import chat_lines
 
 pytestmark = pytest.mark.airflow
@@ -160,7 +160,7 @@ def operations(document) -> list[Operation]:
 @pytest.fixture(scope="module")
 def no_dag_runs(batch_api):
     """Creates reach the store; the trigger records nothing in Airflow (no run, no engine)."""
-    from llm_batch_plugin.dag_trigger import get_trigger, run_id_for
+    from llm_batch.api.dag_trigger import get_trigger, run_id_for
 
     batch_api.dependency_overrides[get_trigger] = lambda: (lambda job_id, conf: run_id_for(job_id))
     yield

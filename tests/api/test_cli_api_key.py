@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_batch.cli import main
+from llm_batch.cli.main import main
 
 pytestmark = pytest.mark.airflow
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from llm_batch.jobs import JobStatus
+from llm_batch.core.jobs import JobStatus
 from tests.api.conftest import chat_lines, dag_run_of, simulate_run
 
 pytestmark = pytest.mark.airflow
@@ -54,9 +54,9 @@ def test_openai_batch_lifecycle(client, creds, api_store):
 
 
 def test_openai_cancel_writes_marker_and_stays_readable(client, creds, api_store):
-    from llm_batch import storage
-    from llm_batch.config import get_settings
-    from llm_batch.layout import JobLayout
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
 
     alice = creds.key("alice")
     file_id = upload(client, alice, chat_lines(2))
@@ -97,7 +97,7 @@ def test_viewer_cannot_submit(client, creds):
 
 
 def test_trigger_failure_marks_job_failed_with_reason(client, creds, monkeypatch):
-    from llm_batch_plugin import dag_trigger
+    from llm_batch.api import dag_trigger
 
     monkeypatch.setattr(dag_trigger, "DAG_ID", "no_such_dag")
     alice = creds.key("alice")
@@ -299,9 +299,9 @@ def test_openai_usage_and_scale_figures_live_then_exact(client, creds, api_store
     """OpenAI's Batch.usage (the SDK's BatchUsage): null before the run, live from the shard
     rows while it runs, the output lines' sum at the end; Scale has no usage field, so the
     figures ride in its metadata beside the counts (GPU-seconds = engine seconds x gpus)."""
-    from llm_batch_plugin.models_scale import BatchCompletionsJob
     from openai.types import Batch
 
+    from llm_batch.api.scale.models import BatchCompletionsJob
     from tests.api.conftest import CACHED_TOKENS, COMPLETION_TOKENS, PROMPT_TOKENS
 
     alice = creds.key("alice")
@@ -333,7 +333,7 @@ def test_scale_update_reprioritizes_the_runs_waiting_tasks(client, creds, api_st
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
 
-    from llm_batch_plugin.dag_trigger import run_id_for
+    from llm_batch.api.dag_trigger import run_id_for
 
     alice = creds.key("alice")
     created = client.post("/v2/batch-completions", headers=alice, json={
@@ -358,8 +358,8 @@ def test_scale_update_reprioritizes_the_runs_waiting_tasks(client, creds, api_st
     assert weights.pop(running_id) == running_weight
     assert weights and set(weights.values()) == {high}
     # The shard tasks made after plan take the new priority from the run's conf.
-    from llm_batch.config import get_settings
-    from llm_batch_operators.lanes import lane_of_run
+    from llm_batch.airflow.lanes import lane_of_run
+    from llm_batch.core.config import get_settings
 
     with create_session() as session:
         run = session.query(DagRun).filter(DagRun.run_id == run_id_for(job_id)).one()

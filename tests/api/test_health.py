@@ -16,11 +16,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from llm_batch.config import Settings
-from llm_batch.jobstore import JobStore
-from llm_batch.jobstore.store import JobStoreUnhealthy
-from llm_batch_plugin.routers import health
-from llm_batch_plugin.state import ApiState
+from llm_batch.api.routers import health
+from llm_batch.api.state import ApiState
+from llm_batch.core.config import Settings
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore.store import JobStoreUnhealthy
 from tests.unit.test_jobstore import make_job, store, store_url  # noqa: F401 (fixtures)
 
 

@@ -18,9 +18,11 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from llm_batch import strict_json
+from llm_batch.core import strict_json
 
 pytestmark = pytest.mark.airflow
 

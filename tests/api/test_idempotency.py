@@ -122,7 +122,7 @@ def test_bad_key_is_400_naming_the_header(client, creds, key, why):
 
 
 def test_a_4xx_is_kept_a_5xx_releases_the_key(client, creds, monkeypatch):
-    from llm_batch_plugin.routers import jobs as jobs_router
+    from llm_batch.api.native import jobs as jobs_router
 
     alice = {**creds.key("alice"), "Idempotency-Key": _key()}
     missing = {"input_file_ids": ["file-missing"], "model": MODEL}
@@ -198,8 +198,8 @@ def test_50_concurrent_creates_with_one_key_make_one_job_postgres(postgres_db_ur
     import uvicorn
     from fastapi import FastAPI
 
-    from llm_batch.jobstore import JobStore
-    from llm_batch_plugin.app import create_app
+    from llm_batch.api.app import create_app
+    from llm_batch.infra.jobstore import JobStore
 
     store = JobStore(postgres_db_url)
     key = store.create_api_key("carol", "pg test key")[1]
@@ -228,8 +228,8 @@ def test_50_concurrent_creates_with_one_key_make_one_job_postgres(postgres_db_ur
 
 
 def test_a_pending_key_past_its_lease_is_free_and_housekeeping_drops_old_keys(client, creds, api_store):
-    from llm_batch import housekeeping
-    from llm_batch_plugin import idempotency
+    from llm_batch.api import idempotency
+    from llm_batch.pipeline import housekeeping
 
     key = _key()
     past = datetime.now(UTC) - idempotency.LEASE - timedelta(seconds=5)
@@ -257,7 +257,7 @@ def test_the_header_is_in_the_openapi_document(client):
 
 
 def test_the_cli_client_sends_a_derived_key(live_server, creds, tmp_path):
-    from llm_batch.client import BatchClient, submit_key
+    from llm_batch.infra.api_client import BatchClient, submit_key
 
     batch = tmp_path / "batch.jsonl"
     batch.write_bytes(chat_lines(2) + f'{{"custom_id": "{uuid.uuid4().hex}", "body": {{"messages": []}}}}\n'.encode())
@@ -278,7 +278,7 @@ def test_the_cli_client_sends_a_derived_key(live_server, creds, tmp_path):
 def test_the_operator_hook_sends_a_key_of_its_job_id(live_server, creds, monkeypatch):
     from types import SimpleNamespace
 
-    from llm_batch_operators.hooks import LLMBatchHook, idempotency_key_for
+    from llm_batch.airflow.hooks.llm_batch import LLMBatchHook, idempotency_key_for
 
     hook = LLMBatchHook()
     conn = SimpleNamespace(conn_id="llm_batch_default", host=live_server, schema=None, port=None,

@@ -172,8 +172,8 @@ def test_a_model_that_cannot_serve_the_endpoint_is_refused_at_create(
 
 
 def test_the_worker_refuses_a_model_that_cannot_serve_the_endpoint(tiny_classifier_dir):
-    from llm_batch.endpoints import Endpoint
-    from llm_batch.worker import WorkerUsageError, resolve_for_endpoint
+    from llm_batch.core.endpoints import Endpoint
+    from llm_batch.runtime.worker import WorkerUsageError, resolve_for_endpoint
 
     assert resolve_for_endpoint({"model": "tiny-random-classifier"}, Endpoint.CHAT_CLASSIFICATIONS).labels
     with pytest.raises(WorkerUsageError, match="has no 'moderation' entry"):
@@ -182,8 +182,8 @@ def test_the_worker_refuses_a_model_that_cannot_serve_the_endpoint(tiny_classifi
 
 def _own_folder(owner: str) -> Path:
     """``owner``'s folder of the first user root: where the paths their lines name may be."""
-    from llm_batch.config import get_settings
-    from llm_batch.user_paths import owner_dirname
+    from llm_batch.core.config import get_settings
+    from llm_batch.infra.user_paths import owner_dirname
 
     folder = get_settings().local_roots[0] / owner_dirname(owner) / "media"
     folder.mkdir(parents=True, exist_ok=True)

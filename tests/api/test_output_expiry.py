@@ -25,7 +25,7 @@ def _sdk(live_server, creds, owner: str = "alice"):
 def test_upload_expires_after_through_the_sdk_and_housekeeping_deletes_it(live_server, creds, api_store):
     from openai import NotFoundError
 
-    from llm_batch import housekeeping
+    from llm_batch.pipeline import housekeeping
 
     client = _sdk(live_server, creds)
     uploaded = client.files.create(file=("in.jsonl", chat_lines(2)), purpose="batch",
@@ -80,10 +80,11 @@ def test_bad_output_expiry_is_422_naming_the_field(client, creds, policy, param)
 def test_batch_output_expires_after_reaches_its_files_and_housekeeping_deletes_them(live_server, creds, api_store):
     from openai import NotFoundError
 
-    from llm_batch import housekeeping, storage
-    from llm_batch.config import get_settings
-    from llm_batch.layout import JobLayout
-    from llm_batch.steps import _record_file
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
+    from llm_batch.pipeline import housekeeping
+    from llm_batch.pipeline.steps import _record_file
 
     client = _sdk(live_server, creds)
     uploaded = client.files.create(file=("in.jsonl", chat_lines(2)), purpose="batch")
@@ -123,8 +124,8 @@ def test_without_a_policy_output_files_follow_the_retention(client, creds, api_s
 
 
 def test_a_policy_is_capped_by_the_retention():
-    from llm_batch.config import get_settings
-    from llm_batch_plugin.uploads import expiry
+    from llm_batch.api.uploads import expiry
+    from llm_batch.core.config import get_settings
 
     settings = get_settings().model_copy(update={"retention_days": 7})
     assert expiry(settings, 2 * HOUR) == timedelta(hours=2)

@@ -21,7 +21,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_batch.config import Settings, get_settings
+from llm_batch.core.config import Settings, get_settings
 from tests.api.conftest import simulate_run
 
 pytestmark = pytest.mark.airflow
@@ -202,7 +202,7 @@ def test_s3_paths_are_confined_to_the_owners_prefix_and_never_internal(
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch_plugin.app import create_app
+    from llm_batch.api.app import create_app
 
     s3 = s3_server.client()
     for key in ("alice/in.json", "bob/in.json", "bob/out.json", "llm-batch/work/job_x/output.jsonl", "llm-batch/files/file-x"):

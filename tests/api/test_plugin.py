@@ -41,7 +41,7 @@ def test_airflow_loads_the_plugin_with_the_app_at_batch_on_the_api_server(airflo
 
 
 def test_other_airflow_processes_do_not_build_the_app(airflow_db):
-    from llm_batch_plugin.plugin import serving_api
+    from llm_batch.api.plugin import serving_api
 
     assert _probe("scheduler")["apps"] == 0
     assert _probe("scheduler", LLM_BATCH_SERVE_API="true")["apps"] == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_batch.jobs import JobStatus
+from llm_batch.core.jobs import JobStatus
 from tests.api.conftest import chat_lines, simulate_run
 
 pytestmark = pytest.mark.airflow

@@ -37,8 +37,8 @@ def test_streamed_body_over_the_limit_is_413_naming_the_limit():
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch_plugin.app import BodyLimit
-    from llm_batch_plugin.errors import install_error_handlers
+    from llm_batch.api.app import BodyLimit
+    from llm_batch.api.errors import install_error_handlers
 
     app = FastAPI()
     install_error_handlers(app)
@@ -231,7 +231,7 @@ def test_file_read_by_a_live_job_cannot_be_deleted(client, creds, api_store):
     assert refused.json()["error"]["code"] == "file_in_use" and batch["id"] in refused.json()["error"]["message"]
     assert client.get(f"/v1/files/{file_id}/content", headers=creds.key("alice")).status_code == 200
 
-    from llm_batch.jobs import JobStatus
+    from llm_batch.core.jobs import JobStatus
 
     api_store.transition(batch["id"], JobStatus.CANCELLED)
     assert client.delete(f"/v1/files/{file_id}", headers=creds.key("alice")).status_code == 200
@@ -242,8 +242,8 @@ def test_own_storage_outside_the_roots_is_a_server_error_not_the_users(auth_mana
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch.config import get_settings
-    from llm_batch_plugin.app import create_app
+    from llm_batch.api.app import create_app
+    from llm_batch.core.config import get_settings
 
     settings = get_settings().model_copy(update={"files_uri": str(tmp_path / "outside-the-roots")})
     api = create_app(settings=settings, store=api_store)
@@ -262,7 +262,7 @@ def test_own_storage_outside_the_roots_is_a_server_error_not_the_users(auth_mana
 
 def test_cancel_of_an_ended_job_is_409_naming_its_status(client, creds, api_store):
     """Was 200 with the job unchanged: the caller could not tell nothing happened."""
-    from llm_batch.jobs import JobStatus
+    from llm_batch.core.jobs import JobStatus
 
     batch = client.post(
         "/v1/batches", headers=creds.key("alice"),
@@ -343,7 +343,7 @@ def test_scale_output_below_a_file_is_refused(client, creds, scale_paths):
 
 
 def test_scale_output_that_names_a_bucket_is_refused():
-    from llm_batch_plugin.routers.scale_batch_completions import _check_output_path
+    from llm_batch.api.scale.batch_completions import _check_output_path
 
     for uri in ("s3://bucket", "s3://bucket/", "s3://bucket/folder/"):
         with pytest.raises(Exception, match="names a bucket or folder"):
@@ -374,8 +374,8 @@ def test_inline_json_bodies_are_capped_by_a_small_upload_limit(auth_manager, api
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch.config import get_settings
-    from llm_batch_plugin.app import create_app
+    from llm_batch.api.app import create_app
+    from llm_batch.core.config import get_settings
 
     api = create_app(settings=get_settings().model_copy(update={"max_input_bytes": 10_000}), store=api_store)
     api.state.auth_manager = auth_manager

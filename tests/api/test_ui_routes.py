@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from llm_batch import storage
-from llm_batch.steps import layout_of
+from llm_batch.infra import storage
+from llm_batch.pipeline.steps import layout_of
 
 pytestmark = pytest.mark.airflow
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from llm_batch.cli import main
+from llm_batch.cli.main import main
 
 pytestmark = pytest.mark.airflow
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from llm_batch.jobs import JobStatus
-from llm_batch.webhooks import Deliverer
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.webhooks import Deliverer
 from tests.unit.test_webhook_outbox import Receiver, deliver_until, unwrap
 
 pytestmark = pytest.mark.airflow
@@ -26,7 +26,7 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def hook_settings():
-    from llm_batch.config import get_settings
+    from llm_batch.core.config import get_settings
 
     return get_settings().model_copy(update=dict(
         webhook_allowed_hosts=["127.0.0.1"], webhook_retry_base_s=0.05, webhook_timeout_s=2.0,
@@ -38,7 +38,7 @@ def mounted(settings, store, auth_manager):
     """create_app(settings) mounted at /batch, as airflow api-server serves it."""
     from fastapi import FastAPI
 
-    from llm_batch_plugin.app import create_app
+    from llm_batch.api.app import create_app
 
     api = create_app(settings=settings, store=store)
     api.state.auth_manager = auth_manager
@@ -219,7 +219,7 @@ def hook_server(hook_app) -> Iterator[str]:
 
 
 def test_cli_add_list_test_remove(hook_server, creds, receiver, monkeypatch, capsys, api_store):
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     monkeypatch.setenv("LLM_BATCH_API_URL", hook_server)
     monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])

@@ -13,7 +13,7 @@ os.environ.setdefault("LLM_BATCH_SHARD_RETRY_DELAY_SECONDS", "1")
 os.environ.setdefault("LLM_BATCH_SHARD_RUNNER", "local")
 os.environ.setdefault("LLM_BATCH_LOCAL_POOL_SLOTS", "2")
 
-from llm_batch.config import get_settings  # noqa: E402
+from llm_batch.core.config import get_settings  # noqa: E402
 
 get_settings.cache_clear()
 
@@ -26,6 +26,6 @@ def batch_dag(dag_bag):
 
 @pytest.fixture(scope="module")
 def store():
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     return get_job_store(get_settings().database_url)

@@ -18,12 +18,12 @@ from typing import Any
 import orjson
 import pytest
 
-from llm_batch import storage
-from llm_batch.config import get_settings
-from llm_batch.jobs import JobStatus
-from llm_batch.layout import JobLayout
-from llm_batch.progress import read_progress
-from llm_batch.results import count_results, list_parts
+from llm_batch.core.config import get_settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.core.layout import JobLayout
+from llm_batch.infra import storage
+from llm_batch.infra.progress import read_progress
+from llm_batch.infra.results import count_results, list_parts
 
 pytestmark = [pytest.mark.airflow]
 
@@ -154,7 +154,7 @@ def test_bad_conf_beyond_the_form_is_one_red_task(batch_dag, store, conf, reason
 
 
 def test_unknown_model_is_refused_at_register_naming_the_known_ones(store):
-    from llm_batch import steps
+    from llm_batch.pipeline import steps
 
     with pytest.raises(steps.JobRejected) as refused:
         steps.register(store, get_settings(), {"job_id": "job_unknown_model", "input_uri": "/x.jsonl",
@@ -199,7 +199,7 @@ def _worker_pids() -> list[int]:
     return [
         p.pid
         for p in psutil.Process().children(recursive=True)
-        if "llm_batch.cli" in " ".join(p.cmdline()) and "worker" in p.cmdline() and os.getpgid(p.pid) == p.pid
+        if "llm_batch.cli.main" in " ".join(p.cmdline()) and "worker" in p.cmdline() and os.getpgid(p.pid) == p.pid
     ]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch.endpoints import SUPPORTED_ENDPOINTS
+from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from tests.fixtures.airflow import DAGS_FOLDER
 
 pytestmark = [pytest.mark.airflow]
@@ -25,7 +25,7 @@ bag = DagBag(dag_folder=sys.argv[1], collect_dags=False)
 start = time.perf_counter()
 bag.collect_dags(dag_folder=sys.argv[1], safe_mode=False)
 elapsed = time.perf_counter() - start
-heavy = sorted(m for m in ("vllm", "torch", "transformers", "kubernetes", "llm_batch.jobstore") if m in sys.modules)
+heavy = sorted(m for m in ("vllm", "torch", "transformers", "kubernetes", "llm_batch.infra.jobstore") if m in sys.modules)
 print(json.dumps({"seconds": elapsed, "dags": sorted(bag.dag_ids), "errors": bag.import_errors, "heavy": heavy}))
 """
 
@@ -94,8 +94,8 @@ print(json.dumps({"params": sorted(dag.params.keys()), "gpu_types": len(dag.para
 
 
 def test_pools_of_a_local_stack_are_cpu_only():
-    from llm_batch.config import get_settings
-    from llm_batch_operators.lanes import runner_pool_specs
+    from llm_batch.airflow.lanes import runner_pool_specs
+    from llm_batch.core.config import get_settings
 
     settings = get_settings()
     assert [p.name for p in runner_pool_specs(settings)] == [settings.local_pool]
@@ -106,7 +106,7 @@ def test_pools_of_a_local_stack_are_cpu_only():
 def test_broken_recurring_spec_is_an_import_error_naming_it(airflow_db, tmp_path, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
 
-    from llm_batch.config import get_settings
+    from llm_batch.core.config import get_settings
 
     (tmp_path / "good.yaml").write_text((DAGS_FOLDER / "recurring_specs" / "example.yaml").read_text())
     (tmp_path / "typo.yaml").write_text("name: typo\nschedule: '0 1 * * *'\nmodel: m\ninput_uri: x\ndata_paralelism: 2\n")
@@ -142,7 +142,7 @@ def test_recurring_run_starts_a_batch_run_with_rendered_templates(dag_bag):
 
 
 def test_example_spec_is_valid():
-    from llm_batch.recurring import load_spec
+    from llm_batch.pipeline.recurring import load_spec
 
     spec = load_spec(Path(DAGS_FOLDER / "recurring_specs" / "example.yaml"))
     assert spec.dag_id == "recurring__example_daily_summaries" and spec.schedule == "0 2 * * *"

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from llm_batch.config import get_settings
-from llm_batch.jobs import JobStatus
-from llm_batch.jobstore import get_job_store, utcnow
+from llm_batch.core.config import get_settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore import get_job_store, utcnow
 
 pytestmark = [pytest.mark.airflow]
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from llm_batch import storage
-from llm_batch.config import get_settings
-from llm_batch.jobstore import get_job_store
-from llm_batch.shard_task import ShardTask
+from llm_batch.core.config import get_settings
+from llm_batch.infra import storage
+from llm_batch.infra.jobstore import get_job_store
+from llm_batch.pipeline.shard_task import ShardTask
 
 pytestmark = [pytest.mark.airflow]
 
@@ -38,7 +38,7 @@ while True:
 
 @pytest.fixture
 def operator_for(tmp_path, monkeypatch):
-    from llm_batch_operators.local import LocalShardOperator
+    from llm_batch.airflow.operators.local import LocalShardOperator
 
     script = tmp_path / "fake_worker.py"
     script.write_text(FAKE_WORKER)
@@ -127,7 +127,7 @@ def test_a_failed_worker_says_why_in_the_outcome(operator_for, monkeypatch):
     monkeypatch.setenv("FAKE_WORKER_MODE", "exit1")
     operator.worker_command = (sys.executable, "-c",
                                "import sys; print('INFO starting'); "
-                               "print(\"ERROR llm_batch.worker: model 'gpt-4o-mini' is not in the registry\"); sys.exit(1)")
+                               "print(\"ERROR llm_batch.runtime.worker: model 'gpt-4o-mini' is not in the registry\"); sys.exit(1)")
     with pytest.raises(Exception, match="model 'gpt-4o-mini' is not in the registry"):
         operator.execute({})
     [record] = [r for r in store.shard_records(shard.job_id) if r.shard == 0]
@@ -135,7 +135,7 @@ def test_a_failed_worker_says_why_in_the_outcome(operator_for, monkeypatch):
 
 
 def test_a_cleared_shard_of_an_ended_job_starts_no_worker(operator_for):
-    from llm_batch.jobs import JobStatus
+    from llm_batch.core.jobs import JobStatus
 
     store, shard, operator = operator_for("job_local_ended", "obedient")
     store.end_job(shard.job_id, JobStatus.SUCCEEDED, "done before")
@@ -148,8 +148,8 @@ def test_a_cleared_shard_of_an_ended_job_starts_no_worker(operator_for):
 def test_user_marking_the_run_ends_its_job_with_that_reason(operator_for):
     from types import SimpleNamespace
 
-    from llm_batch.jobs import JobStatus
-    from llm_batch_plugin import listeners
+    from llm_batch.api import listeners
+    from llm_batch.core.jobs import JobStatus
 
     store, shard, _ = operator_for("job_marked_failed", "obedient")
     run = SimpleNamespace(dag_id="batch_inference", run_id="manual__marked", conf={"job_id": shard.job_id})
@@ -172,8 +172,8 @@ def test_a_run_a_user_marked_failed_stays_failed_when_the_scheduler_ends_it_succ
 
     from airflow.utils.state import DagRunState
 
-    from llm_batch.jobs import JobStatus
-    from llm_batch_plugin import listeners
+    from llm_batch.api import listeners
+    from llm_batch.core.jobs import JobStatus
 
     states = []
     store, shard, _ = operator_for("job_marked_then_success", "obedient")
@@ -194,7 +194,7 @@ def test_a_run_a_user_marked_failed_stays_failed_when_the_scheduler_ends_it_succ
 
 def test_a_shard_starting_while_the_store_restarts_waits_for_it(operator_for, monkeypatch):
     """The store refusing connections at the task's start (a PostgreSQL restart) is asked
-    again (operators/shard.py STORE_WAIT_S) instead of failing the try."""
+    again (src/llm_batch/airflow/operators/shard.py STORE_WAIT_S) instead of failing the try."""
     from sqlalchemy.exc import OperationalError
 
     store, shard, operator = operator_for("job_local_store_restart", "exit0")
@@ -207,7 +207,7 @@ def test_a_shard_starting_while_the_store_restarts_waits_for_it(operator_for, mo
         return real(job_id, *args, **kwargs)
 
     monkeypatch.setattr(store, "get_job", restarting)
-    monkeypatch.setattr("llm_batch_operators.shard.STORE_RETRY_S", 0.01)
+    monkeypatch.setattr("llm_batch.airflow.operators.shard.STORE_RETRY_S", 0.01)
     operator.__dict__["job_store"] = store  # the cached_property, set to the patched store
     outcome = operator.execute({})
     assert outcome["state"] == "done" and len(calls) >= 3

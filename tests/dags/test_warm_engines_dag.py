@@ -13,13 +13,13 @@ import signal
 
 import pytest
 
-from llm_batch import storage
-from llm_batch.config import get_settings
-from llm_batch.jobs import JobStatus
-from llm_batch.layout import JobLayout
-from llm_batch.progress import read_progress
-from llm_batch.results import count_results, list_parts
-from llm_batch.warm_engines import stop_hosts
+from llm_batch.core.config import get_settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.core.layout import JobLayout
+from llm_batch.infra import storage
+from llm_batch.infra.progress import read_progress
+from llm_batch.infra.results import count_results, list_parts
+from llm_batch.runtime.warm_engines import stop_hosts
 from tests.dags.test_batch_inference import (
     KILL_POLL_S,
     TINY_MODEL,

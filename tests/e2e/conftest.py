@@ -1,7 +1,7 @@
 """The real embedded stack for end-to-end tests: one per session, shared by every test.
 
 ``e2e_stack`` starts api-server, scheduler, dag-processor and triggerer as processes
-(``llm_batch.stack.Stack``) on a free 127.0.0.1 port under the session's temporary
+(``llm_batch.devstack.stack.Stack``) on a free 127.0.0.1 port under the session's temporary
 LLM_BATCH_HOME, with the tiny random model prepared and eager vLLM (fast start-up). A
 failing test prints the tails of the component logs and of its job's task logs.
 """
@@ -35,8 +35,8 @@ def pytest_runtest_makereport(item, call):
 # e2e tests are done, so the engine, shape and unit tests after them have the cores.
 @pytest.fixture(scope="package")
 def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
-    from llm_batch.config import get_settings
-    from llm_batch.stack import Stack, free_port
+    from llm_batch.core.config import get_settings
+    from llm_batch.devstack.stack import Stack, free_port
 
     # The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach the
     # real stack: unit-test mode changes scheduling (e.g. DAGs start unpaused).
@@ -57,7 +57,7 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     # response a failing test prints, instead of an id to look up in a log CI does not keep.
     os.environ["AIRFLOW__API__EXPOSE_STACKTRACE"] = "True"
     stack = Stack(get_settings(), free_port())
-    os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.client) finds it
+    os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.infra.api_client) finds it
     try:
         stack.up(timeout=300)
     except Exception:
@@ -79,7 +79,7 @@ class AirflowAPI:
         self.headers = {"Authorization": f"Bearer {stack.airflow_token()}"}
 
     def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        from llm_batch.client import send_with_retries
+        from llm_batch.infra.api_client import send_with_retries
 
         return send_with_retries(lambda: httpx.request(method, f"{self.api}{path}", headers=self.headers,
                                                        timeout=30, **kwargs))
@@ -131,7 +131,7 @@ def _recurring_spec(home: Path) -> Path:
 
 @pytest.fixture
 def batch_client(e2e_stack):
-    from llm_batch.client import BatchClient
+    from llm_batch.infra.api_client import BatchClient
 
     with BatchClient(f"{e2e_stack.base_url}/batch", e2e_stack.ensure_api_key()) as client:
         yield client

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from llm_batch_operators.batch_step import step_job_id
+from llm_batch.airflow.operators.batch_step import step_job_id
 from tests.e2e.conftest import MODEL, AirflowAPI, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.airflow]

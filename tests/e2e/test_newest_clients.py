@@ -22,7 +22,7 @@ FLOW = Path(__file__).parent / "flows" / "newest_client.py"
 
 @pytest.fixture(scope="module")
 def erin_key() -> str:
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     return get_job_store().create_api_key("erin", "newest clients e2e")[1]
 

@@ -20,8 +20,8 @@ DAG = "batch_inference"
 
 
 def _store():
-    from llm_batch.config import get_settings
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.core.config import get_settings
+    from llm_batch.infra.jobstore import get_job_store
 
     return get_job_store(get_settings().database_url)
 

@@ -20,7 +20,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, long_batch, read_jsonl, wait_until, worker_pids
+from tests.e2e.conftest import (
+    MODEL,
+    RECURRING_REQUESTS,
+    RECURRING_SPEC,
+    long_batch,
+    read_jsonl,
+    wait_until,
+    worker_pids,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -56,7 +64,7 @@ def _wait_for_progress(client, job_id: str) -> Any:
 
 
 def _status_or_none(client, job_id: str) -> str | None:
-    from llm_batch.client import ApiError
+    from llm_batch.infra.api_client import ApiError
 
     try:
         return client.job(job_id).status
@@ -68,7 +76,7 @@ def _status_or_none(client, job_id: str) -> str | None:
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "llm_batch.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "llm_batch.cli.main", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -100,7 +108,7 @@ def test_openai_sdk_job(e2e_stack, batch_client, job_logs, tmp_path):
 def test_recurring_spec_runs_on_its_schedule(e2e_stack, batch_client, job_logs):
     """The spec's DAG (paused, as new DAGs are) is unpaused; its next scheduled run starts a
     batch_inference run, which is an ordinary job that ends with outputs."""
-    from llm_batch.run_conf import run_job_id
+    from llm_batch.core.run_conf import run_job_id
 
     headers = {"Authorization": f"Bearer {e2e_stack.airflow_token()}"}
     api = f"{e2e_stack.base_url}/api/v2/dags"
@@ -182,12 +190,12 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
     """The Scale route with two shards (what ``llm-batch submit --shards 2`` sends; with one
     sequence at a time, which the CLI has no flag for), then the CLI: kill -9 the shards'
     workers mid-shard; the task retries, the worker resumes, and every request has one result."""
-    from llm_batch import storage
-    from llm_batch.client import BatchClient
-    from llm_batch.config import get_settings
-    from llm_batch.layout import JobLayout
-    from llm_batch.progress import ShardState, read_progress
-    from llm_batch.results import count_results
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
+    from llm_batch.infra.api_client import BatchClient
+    from llm_batch.infra.progress import ShardState, read_progress
+    from llm_batch.infra.results import count_results
 
     batch = long_batch(tmp_path / "kill.jsonl", 60, first_tokens=60, step=12)
     with BatchClient.from_env() as client:

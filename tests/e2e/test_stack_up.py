@@ -18,9 +18,9 @@ from datetime import datetime
 
 import pytest
 
-from llm_batch.processes import group_members
-from llm_batch.stack import COMPONENTS
-from llm_batch.supervisor import read_restarts
+from llm_batch.devstack.stack import COMPONENTS
+from llm_batch.devstack.supervisor import read_restarts
+from llm_batch.infra.processes import group_members
 from tests.e2e.conftest import MODEL, long_batch, stack_logs, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.airflow, pytest.mark.engine]
@@ -57,7 +57,7 @@ def test_a_killed_scheduler_is_started_again_by_the_supervisor(e2e_stack, batch_
         return beat and datetime.fromisoformat(beat) > killed_at
 
     wait_until("the new scheduler to heartbeat", fresh_heartbeat, 120)
-    status = subprocess.run([sys.executable, "-m", "llm_batch.cli", "status"], capture_output=True, text=True,
+    status = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "status"], capture_output=True, text=True,
                             timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
     line = next(line for line in status.stdout.splitlines() if line.startswith("scheduler "))

@@ -3,7 +3,7 @@ real embedded stack: log in to Airflow's UI, open "Batch jobs" from Airflow's na
 watch a running job's bar move, cancel it, download its results; a viewer sees no cancel
 button and gets a 403 if they try. Screenshots go to docs/ui/.
 
-The stack's simple auth manager knows only ``admin`` (llm_batch/stack.py); the viewer is a
+The stack's simple auth manager knows only ``admin`` (src/llm_batch/devstack/stack.py); the viewer is a
 JWT of role viewer signed with the stack's secret (the simple auth manager takes a user
 from the token's claims), set as Airflow's session cookie.
 """

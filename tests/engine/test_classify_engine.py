@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.records import BatchRequest
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest
 from tests.fixtures.engine import registered_engine
 
 pytestmark = pytest.mark.engine
@@ -38,7 +38,7 @@ def classifier_llm(classifier_engine) -> Any:
 
 
 def _run(llm, model, endpoint: Endpoint, bodies: list[dict[str, Any]]):
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     runner = EngineRunner(llm, endpoint, MODEL, serving=model.serving, labels=model.labels, window=3)
     emitted: list[Any] = []
@@ -86,7 +86,7 @@ def test_text_classifications_one_result_per_input_in_order(classifier_llm, clas
 
 
 def test_chat_classifications_classify_each_rendered_conversation(classifier_llm, classifier):
-    from llm_batch.engine import vllm_api
+    from llm_batch.runtime.engine import vllm_api
 
     conversation = [{"role": "user", "content": "is this good?"}, {"role": "assistant", "content": "yes"}]
     emitted = _run(classifier_llm, classifier, Endpoint.CHAT_CLASSIFICATIONS, [

@@ -11,9 +11,9 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.engine import StopReason
-from llm_batch.records import BatchRequest, ResultRecord
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest, ResultRecord
+from llm_batch.runtime.engine import StopReason
 
 pytestmark = pytest.mark.engine
 
@@ -25,7 +25,7 @@ def _requests(bodies: list[dict[str, Any]], first_index: int = 100) -> list[Batc
 
 
 def _run(llm, endpoint: Endpoint, bodies, window: int | None = None, should_stop=None):
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     runner = EngineRunner(llm, endpoint, MODEL, "assistant", window=window)
     emitted: list[tuple[ResultRecord, Any]] = []
@@ -145,7 +145,7 @@ def test_stop_aborts_in_flight_and_emits_only_a_prefix(tiny_llm):
     def stop_after_two():
         return StopReason.CANCELLED if len(emitted_before_stop) >= 2 else None
 
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     runner = EngineRunner(tiny_llm, Endpoint.CHAT_COMPLETIONS, MODEL)
     bodies = [_chat(f"r{i}", max_tokens=5 if i < 2 else 200, min_tokens=5 if i < 2 else 200) for i in range(10)]

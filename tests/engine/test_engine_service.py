@@ -1,4 +1,4 @@
-"""Engine services (``llm_batch.engine_service``): warm engines on TCP, as a Deployment's pods
+"""Engine services (``llm_batch.runtime.engine_service``): warm engines on TCP, as a Deployment's pods
 run them, taking the small shards of the Kubernetes runner.
 
 The hosts are real ``llm-batch engine-host --listen`` processes on 127.0.0.1 with the real
@@ -30,16 +30,16 @@ pytest.importorskip("airflow.providers.cncf.kubernetes")
 
 from airflow.sdk.exceptions import AirflowException  # noqa: E402
 
-from llm_batch import exit_codes  # noqa: E402
-from llm_batch.config import get_settings  # noqa: E402
-from llm_batch.layout import JobLayout  # noqa: E402
-from llm_batch.progress import ShardState, read_progress  # noqa: E402
-from llm_batch.results import count_results  # noqa: E402
-from llm_batch.shard_task import ShardTask  # noqa: E402
-from llm_batch.stack import free_port  # noqa: E402
-from llm_batch.warm_engines import MAX_REQUEST_BYTES, REQUEST_TIMEOUT_S  # noqa: E402
-from llm_batch_operators.engine_service import EngineServiceShardOperator  # noqa: E402
-from llm_batch_operators.kubernetes import KubernetesShardOperator  # noqa: E402
+from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator  # noqa: E402
+from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # noqa: E402
+from llm_batch.core import exit_codes  # noqa: E402
+from llm_batch.core.config import get_settings  # noqa: E402
+from llm_batch.core.layout import JobLayout  # noqa: E402
+from llm_batch.devstack.stack import free_port  # noqa: E402
+from llm_batch.infra.progress import ShardState, read_progress  # noqa: E402
+from llm_batch.infra.results import count_results  # noqa: E402
+from llm_batch.pipeline.shard_task import ShardTask  # noqa: E402
+from llm_batch.runtime.warm_engines import MAX_REQUEST_BYTES, REQUEST_TIMEOUT_S  # noqa: E402
 from tests.engine.test_warm_engine import _assert_exactly_once, _wait_results  # noqa: E402
 from tests.engine.test_worker_process import _shard as make_shard  # noqa: E402
 
@@ -66,7 +66,7 @@ class Host:
         env = {**os.environ, "LLM_BATCH_ENGINE_TOKEN": token}
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "llm_batch.cli", "engine-host", "--listen", f"127.0.0.1:{self.port}",
+                [sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--listen", f"127.0.0.1:{self.port}",
                  "--model", MODEL, "--seats", "2", "--preload", '{"max_context_length": 512}'], env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         deadline = time.monotonic() + 180
@@ -103,7 +103,7 @@ def host(tiny_model_dir, llm_batch_home):
 
 def _job(n: int, max_tokens: int = 8) -> tuple[JobLayout, dict]:
     """A job of ``n`` chat requests in the store, and its one shard's task."""
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     layout = make_shard(get_settings().home, n, max_tokens)[0]
     get_job_store(get_settings().database_url).create_job(
@@ -156,7 +156,7 @@ def test_two_jobs_shards_run_at_once_on_the_service_and_no_pod_is_made(host):
 
 
 def test_cancel_stops_one_jobs_shard_and_not_the_other(host):
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     (cancelled, cancelled_task), (kept, kept_task) = _job(*LONG), _job(6)
     running = Attempt(cancelled_task)
@@ -254,7 +254,7 @@ def test_what_an_attacker_sends_is_refused_and_the_host_keeps_serving(host):
 
 def test_a_service_refuses_to_listen_without_a_token(llm_batch_home):
     env = {k: v for k, v in os.environ.items() if k != "LLM_BATCH_ENGINE_TOKEN"}
-    done = subprocess.run([sys.executable, "-m", "llm_batch.cli", "engine-host", "--listen",
+    done = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--listen",
                            f"127.0.0.1:{free_port()}", "--model", MODEL], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == exit_codes.USAGE

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.records import BatchRequest
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest
 from tests.fixtures.engine import registered_engine
 
 pytestmark = pytest.mark.engine
@@ -36,7 +36,7 @@ def fim_llm(fim_engine) -> Any:
 
 
 def _run(llm, model, bodies: list[dict[str, Any]]):
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     runner = EngineRunner(llm, Endpoint.FIM_COMPLETIONS, MODEL, serving=model.serving, window=2)
     emitted: list[Any] = []
@@ -73,7 +73,7 @@ def test_fim_results_parse_as_mistral_fim_responses_in_order(fim_llm, fim_model)
 
 
 def test_the_prompt_is_the_registry_template_around_prompt_and_suffix(fim_llm, fim_model):
-    from llm_batch.engine import vllm_api
+    from llm_batch.runtime.engine import vllm_api
 
     tokenizer = fim_llm.get_tokenizer()
     prefix, suffix, middle = (tokenizer.convert_tokens_to_ids(t) for t in fim_model.fim.tokens)
@@ -86,8 +86,8 @@ def test_the_prompt_is_the_registry_template_around_prompt_and_suffix(fim_llm, f
 
 
 def test_a_template_the_tokenizer_cannot_encode_is_refused_before_any_request(fim_llm, fim_model):
-    from llm_batch.engine.runner import EngineRunner, ModelCannotServe
-    from llm_batch.model_registry import FimTemplate, Serving
+    from llm_batch.infra.model_registry import FimTemplate, Serving
+    from llm_batch.runtime.engine.runner import EngineRunner, ModelCannotServe
 
     unknown = Serving(fim=FimTemplate(prefix="<PRE>", suffix="<SUF>", middle="<MID>"))
     with pytest.raises(ModelCannotServe, match="'<PRE>'.*not one"):

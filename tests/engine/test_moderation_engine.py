@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.records import BatchRequest
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest
 from tests.fixtures.engine import registered_engine
 
 pytestmark = pytest.mark.engine
@@ -38,7 +38,7 @@ def moderator_llm(moderator_engine) -> Any:
 
 
 def _runner(llm, model, endpoint: Endpoint, endpoint_labels=None, serving=None, dialect=None):
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     return EngineRunner(llm, endpoint, MODEL, serving=serving or model.serving,
                         labels=model.labels if endpoint_labels is None else endpoint_labels, window=2, dialect=dialect)
@@ -105,8 +105,8 @@ def test_chat_moderations_one_result_per_conversation(moderator_llm, moderator):
 
 
 def test_a_moderation_map_the_checkpoint_cannot_honour_is_refused_before_any_request(moderator_llm, moderator):
-    from llm_batch.engine.runner import ModelCannotServe
-    from llm_batch.model_registry import ModerationMap, Serving
+    from llm_batch.infra.model_registry import ModerationMap, Serving
+    from llm_batch.runtime.engine.runner import ModelCannotServe
 
     wrong = Serving(moderation=ModerationMap(categories={"violence": "violence_and_threats", "gore": "violence_and_threats"}))
     with pytest.raises(ModelCannotServe, match="does not have: gore"):
@@ -121,7 +121,7 @@ def test_an_openai_job_gets_openai_s_moderation_result(moderator_llm, moderator)
     categories scored and flagged, ``flagged`` when any is."""
     from openai.types import ModerationCreateResponse
 
-    from llm_batch.model_registry import load_registry
+    from llm_batch.infra.model_registry import load_registry
 
     openai_map = load_registry().models["tiny-random-moderator-openai"]
     runner = _runner(moderator_llm, moderator, Endpoint.MODERATIONS, serving=openai_map, dialect="openai")

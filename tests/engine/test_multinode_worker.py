@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch import exit_codes
-from llm_batch.progress import ShardState, read_progress
-from llm_batch.results import read_results
+from llm_batch.core import exit_codes
+from llm_batch.infra.progress import ShardState, read_progress
+from llm_batch.infra.results import read_results
 from tests.engine.test_worker_process import MODEL_CONFIG, _shard, _worker_cmd
 
 pytestmark = pytest.mark.engine
@@ -66,7 +66,7 @@ def test_leader_and_follower_run_a_shard_pipeline_parallel(llm_batch_home, tiny_
     port = _free_port()
     logs = {role: (tmp_path / f"{role}.log").open("wb") for role in ("leader", "follower")}
     follower = subprocess.Popen(
-        [sys.executable, "-m", "llm_batch.cli", "worker-follower", "--model-config", MODEL_CONFIG,
+        [sys.executable, "-m", "llm_batch.cli.main", "worker-follower", "--model-config", MODEL_CONFIG,
          "--endpoint", "/v1/chat/completions", "--node-rank", "1", *_group_flags(port)],
         env=_env(1), start_new_session=True, stdout=logs["follower"], stderr=subprocess.STDOUT)
     leader = subprocess.Popen(_worker_cmd(layout, *_group_flags(port)), env=_env(0), start_new_session=True,
@@ -107,7 +107,7 @@ def test_leader_and_follower_run_a_shard_pipeline_parallel(llm_batch_home, tiny_
 def test_follower_refuses_what_cannot_be_a_group(llm_batch_home, tiny_model_dir):
     """Usage errors before any engine loads: rank 0 (the leader's), a rank past the group,
     parallel sizes that do not fill the group, a model that cannot serve the endpoint."""
-    base = [sys.executable, "-m", "llm_batch.cli", "worker-follower", "--endpoint", "/v1/chat/completions"]
+    base = [sys.executable, "-m", "llm_batch.cli.main", "worker-follower", "--endpoint", "/v1/chat/completions"]
     cases = [
         (["--model-config", MODEL_CONFIG, "--node-rank", "0", *_group_flags(1)], "node rank 0 is the leader"),
         (["--model-config", MODEL_CONFIG, "--node-rank", "2", *_group_flags(1)], "--node-rank must be in 0..1"),

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.records import BatchRequest
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest
 from tests.fixtures.engine import TINY_VLM, registered_engine
 from tests.fixtures.media import data_url, image_bytes, pdf_bytes
 
@@ -33,7 +33,7 @@ def _image_line(data: bytes, mime: str = "image/png", **fields: Any) -> tuple[di
 def test_pages_parse_as_mistral_ocr_responses_in_order(vlm, alice_dir):
     from mistralai.client.models import OCRResponse
 
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     model, llm = vlm
     stored = image_bytes(120, 90, "JPEG")
@@ -73,7 +73,7 @@ def test_pages_parse_as_mistral_ocr_responses_in_order(vlm, alice_dir):
 
 
 def test_the_prompt_holds_the_image_tokens_and_the_registry_prompt(vlm):
-    from llm_batch.engine import ocr, vllm_api
+    from llm_batch.runtime.engine import ocr, vllm_api
 
     model, llm = vlm
     page = ocr.decode_image(image_bytes())

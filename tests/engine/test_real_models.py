@@ -11,9 +11,9 @@ import pytest
 from openai.types import CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.engine.runner import EngineRunner
-from llm_batch.records import BatchRequest
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest
+from llm_batch.runtime.engine.runner import EngineRunner
 
 pytestmark = pytest.mark.engine
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from openai.types.responses import Response
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.records import BatchRequest, ResultRecord
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest, ResultRecord
 
 pytestmark = pytest.mark.engine
 
@@ -20,7 +20,7 @@ MODEL = "tiny-random-llama"
 
 
 def _run(llm, bodies: list[dict[str, Any]], window: int | None = None):
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     runner = EngineRunner(llm, Endpoint.RESPONSES, MODEL, "assistant", window=window)
     requests = [BatchRequest(index=200 + i, custom_id=f"resp-{i}", body=b) for i, b in enumerate(bodies)]

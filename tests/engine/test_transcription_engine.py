@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.records import BatchRequest
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.records import BatchRequest
 from tests.fixtures.engine import TINY_WHISPER, registered_engine
 from tests.fixtures.media import b64, wav_bytes
 
@@ -31,7 +31,7 @@ def _inline(audio: bytes, **fields: Any) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def _run(llm, model, lines: list[tuple[dict[str, Any], dict[str, Any] | None]]):
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     runner = EngineRunner(llm, Endpoint.TRANSCRIPTIONS, TINY_WHISPER, serving=model.serving, window=2)
     emitted: list[Any] = []
@@ -73,7 +73,7 @@ def test_transcripts_parse_as_mistral_responses_in_order(whisper):
 
 
 def test_the_decoder_prompt_holds_whisper_task_tokens_in_order(whisper):
-    from llm_batch.engine import transcription, vllm_api
+    from llm_batch.runtime.engine import transcription, vllm_api
 
     model, llm = whisper
     tokenizer = llm.get_tokenizer()

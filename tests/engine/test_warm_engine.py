@@ -1,4 +1,4 @@
-"""Warm engines (``llm_batch.warm_engines``) on the tiny model: shards of different jobs on
+"""Warm engines (``llm_batch.runtime.warm_engines``) on the tiny model: shards of different jobs on
 one engine in turn, a second task waiting for the busy engine, cancel, a task that goes
 away, kill -9 of the host mid-shard (exactly one result per request after the retry), a
 request that is not a shard, idle engines of another configuration stopped to make room,
@@ -22,12 +22,12 @@ import orjson
 import psutil
 import pytest
 
-from llm_batch import exit_codes
-from llm_batch.config import get_settings
-from llm_batch.layout import JobLayout
-from llm_batch.progress import ShardState, read_progress
-from llm_batch.results import count_results, read_results
-from llm_batch.warm_engines import HOST_GONE, Slot, engine_key, start_shard, stop_hosts
+from llm_batch.core import exit_codes
+from llm_batch.core.config import get_settings
+from llm_batch.core.layout import JobLayout
+from llm_batch.infra.progress import ShardState, read_progress
+from llm_batch.infra.results import count_results, read_results
+from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, start_shard, stop_hosts
 from tests.engine.test_worker_process import _shard as make_shard
 
 pytestmark = pytest.mark.engine

@@ -19,11 +19,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_batch import exit_codes
-from llm_batch.layout import JobLayout
-from llm_batch.progress import ShardState, read_progress
-from llm_batch.records import BatchRequest, dumps_line
-from llm_batch.results import count_results, read_results
+from llm_batch.core import exit_codes
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import BatchRequest, dumps_line
+from llm_batch.infra.progress import ShardState, read_progress
+from llm_batch.infra.results import count_results, read_results
 
 pytestmark = pytest.mark.engine
 
@@ -45,7 +45,7 @@ def _shard(home: Path, n: int, max_tokens: int, first_index: int = 1000) -> tupl
 
 
 def _worker_cmd(layout: JobLayout, *extra: str, model_config: str = MODEL_CONFIG) -> list[str]:
-    return [sys.executable, "-m", "llm_batch.cli", "worker", "--job-id", layout.job_id, "--shard", "0",
+    return [sys.executable, "-m", "llm_batch.cli.main", "worker", "--job-id", layout.job_id, "--shard", "0",
             "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
             "--model-config", model_config, *extra]
 
@@ -121,7 +121,7 @@ def test_cancel_marker_on_s3_stops_the_shard_with_a_prefix_written(s3_bucket, ti
     # Everything on the real S3 server: requests, result parts, progress, cancel marker; the
     # engine core in its own process (vLLM's default, the GPU layout), and two requests the
     # engine refuses among the first results.
-    from llm_batch import storage
+    from llm_batch.infra import storage
 
     total = 400
     layout = JobLayout(f"s3://{s3_bucket}/work", "job-s3")

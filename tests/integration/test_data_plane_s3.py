@@ -6,14 +6,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from llm_batch import storage
-from llm_batch.layout import JobLayout
-from llm_batch.merge import MergeCounts, merge_job
-from llm_batch.records import ResultRecord
-from llm_batch.results import ResultsWriter, count_results, list_parts, read_results
-from llm_batch.sharding import plan_shards, read_manifest
-from llm_batch.streams import iter_lines
-from llm_batch.validation import validate_batch
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import ResultRecord
+from llm_batch.infra import storage
+from llm_batch.infra.results import ResultsWriter, count_results, list_parts, read_results
+from llm_batch.infra.streams import iter_lines
+from llm_batch.pipeline.merge import MergeCounts, merge_job
+from llm_batch.pipeline.sharding import plan_shards, read_manifest
+from llm_batch.pipeline.validation import validate_batch
 
 pytestmark = pytest.mark.s3
 

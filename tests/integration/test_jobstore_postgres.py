@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from llm_batch.jobs import JobStatus
-from llm_batch.jobstore import JobStore
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore import JobStore
 
 PROCESSES = 4
 JOBS_PER_PROCESS = 50  # 200 submissions in all
@@ -109,7 +109,7 @@ def _head() -> str:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    import llm_batch.jobstore as jobstore
+    import llm_batch.infra.jobstore as jobstore
 
     config = Config(str(Path(jobstore.__file__).with_name("alembic.ini")))
     config.set_main_option("script_location", str(Path(jobstore.__file__).with_name("migrations")))

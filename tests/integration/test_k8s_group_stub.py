@@ -54,7 +54,7 @@ def mode(request) -> str:
 
 
 def _operator(shard: dict, kubeconfig: str, mode: str = "deferred"):
-    from llm_batch_operators.kubernetes import KubernetesShardOperator
+    from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator
 
     return KubernetesShardOperator(task_id="run_shard", shard_task=shard, retries=2, pod_overrides={
         "config_file": kubeconfig, "in_cluster": False, "poll_interval": 0.1, "deferrable": mode == "deferred"})
@@ -65,14 +65,14 @@ def _run(operator, context: dict[str, Any] | None = None) -> dict[str, Any]:
     serialized form runs to its event, and a fresh operator (a new task process) resumes."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from llm_batch_operators.kubernetes_group import ShardGroupTrigger
+    from llm_batch.airflow.operators.kubernetes_group import ShardGroupTrigger
 
     context = context or _context()
     try:
         return operator.execute(context)
     except TaskDeferred as deferred:
         classpath, kwargs = deferred.trigger.serialize()
-        assert classpath == "llm_batch_operators.kubernetes_group.ShardGroupTrigger"
+        assert classpath == "llm_batch.airflow.operators.kubernetes_group.ShardGroupTrigger"
         event = asyncio.run(_first_event(ShardGroupTrigger(**kwargs)))
         resumed = type(operator)(task_id=operator.task_id, shard_task=operator.shard_task, retries=operator.retries,
                                  pod_overrides=operator.pod_overrides)
@@ -140,8 +140,8 @@ def test_follower_failure_fails_the_shard_and_the_retry_makes_a_fresh_group(kube
 
 
 def test_cancel_past_the_grace_deletes_the_whole_group(kube, job_store, mode):
-    from llm_batch import storage
-    from llm_batch.shard_task import ShardTask
+    from llm_batch.infra import storage
+    from llm_batch.pipeline.shard_task import ShardTask
 
     stub, config = kube
     stub.exit_code = None  # the leader ignores the cancel marker
@@ -189,7 +189,7 @@ def test_a_kill_of_the_deferred_task_deletes_the_group(kube, job_store):
     clear) reaches the trigger's on_kill, which deletes the group."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from llm_batch_operators.kubernetes_group import ShardGroupTrigger
+    from llm_batch.airflow.operators.kubernetes_group import ShardGroupTrigger
 
     stub, config = kube
     stub.exit_code = None
@@ -212,13 +212,13 @@ def test_a_kill_of_the_deferred_task_deletes_the_group(kube, job_store):
 def test_a_set_left_by_a_killed_attempt_is_deleted_before_the_retry(kube, job_store):
     """An attempt killed with no time to clean up (kill -9) leaves its set; the retry deletes
     it before making its own, so two groups never work on one shard."""
-    from llm_batch.shard_task import ShardTask
-    from llm_batch_operators import group_spec
+    from llm_batch.airflow.specs import group_spec
+    from llm_batch.pipeline.shard_task import ShardTask
 
     stub, config = kube
     shard = _group_shard(job_store, "job_grp_stale")
     task = ShardTask.model_validate(shard)
-    from llm_batch.config import get_settings
+    from llm_batch.core.config import get_settings
 
     stale = group_spec.leader_worker_set(task, get_settings(), group_spec.set_name(task))
     assert stub.create_set("default", stale)[0] == 201

@@ -23,8 +23,8 @@ import pytest
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 
-from llm_batch.config import get_settings  # noqa: E402
-from llm_batch.shard_task import ShardTask  # noqa: E402
+from llm_batch.core.config import get_settings  # noqa: E402
+from llm_batch.pipeline.shard_task import ShardTask  # noqa: E402
 from tests.fixtures.kube_stub import KubeStub, serve, write_kubeconfig  # noqa: E402
 
 pytestmark = [pytest.mark.airflow]
@@ -43,7 +43,7 @@ def kube(tmp_path: Path):
 def job_store(monkeypatch):
     monkeypatch.setenv("LLM_BATCH_CANCEL_GRACE_SECONDS", "1")
     get_settings.cache_clear()
-    from llm_batch.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store
 
     yield get_job_store(get_settings().database_url)
     get_settings.cache_clear()
@@ -69,7 +69,7 @@ def _context() -> dict[str, Any]:
 
 
 def _operator(shard: dict[str, Any], kubeconfig: str, **kwargs: Any):
-    from llm_batch_operators.kubernetes import KubernetesShardOperator
+    from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator
 
     overrides = {"config_file": kubeconfig, "in_cluster": False, "poll_interval": 0.2, **kwargs}
     return KubernetesShardOperator(task_id="run_shard", shard_task=shard, pod_overrides=overrides)
@@ -138,8 +138,8 @@ def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
     the pod and returns the cancelled outcome."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from llm_batch import storage
-    from llm_batch_operators.kubernetes_pod import SHARD_STOP_KEY, STOP_KEY, ShardPodTrigger
+    from llm_batch.airflow.operators.kubernetes_pod import SHARD_STOP_KEY, STOP_KEY, ShardPodTrigger
+    from llm_batch.infra import storage
 
     stub, config = kube
     stub.exit_code = None
@@ -151,7 +151,7 @@ def test_deferred_wait_kills_pod_after_cancel_grace(kube, job_store):
     trigger = deferred.value.trigger
     assert isinstance(trigger, ShardPodTrigger)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "llm_batch_operators.kubernetes_pod.ShardPodTrigger"
+    assert classpath == "llm_batch.airflow.operators.kubernetes_pod.ShardPodTrigger"
     assert kwargs["trigger_kwargs"][SHARD_STOP_KEY]["job_id"] == "job_k8s_defer"  # the provider's own parameter
     assert "shard_stop" not in kwargs  # the provider trigger's arguments only
 
@@ -175,7 +175,7 @@ def test_deferred_exit_code_comes_from_the_completed_pod(kube, job_store):
     """Deferrable path, the worker exits 3 (cancelled) by itself: the provider's trigger
     reports the failed container; at re-entry the exit code is read from the pod the
     provider hands to the on_pod_completion callback, so the task ends well."""
-    from llm_batch_operators.kubernetes_pod import STOP_KEY
+    from llm_batch.airflow.operators.kubernetes_pod import STOP_KEY
 
     stub, config = kube
     stub.exit_code = 3
@@ -214,7 +214,7 @@ def _deferred_first_event(operator, context) -> dict[str, Any]:
     """Run the operator until it defers, then its trigger until the first event's payload."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from llm_batch_operators.kubernetes_pod import ShardPodTrigger
+    from llm_batch.airflow.operators.kubernetes_pod import ShardPodTrigger
 
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute(context)

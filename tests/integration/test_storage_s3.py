@@ -1,4 +1,4 @@
-"""llm_batch.storage against a real S3 server (SeaweedFS, signatures checked)."""
+"""llm_batch.infra.storage against a real S3 server (SeaweedFS, signatures checked)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch import storage
-from llm_batch.config import get_settings
-from llm_batch.storage import AccessDenied, ObjectNotFound, PathNotAllowed, StorageError
+from llm_batch.core.config import get_settings
+from llm_batch.infra import storage
+from llm_batch.infra.storage import AccessDenied, ObjectNotFound, PathNotAllowed, StorageError
 
 pytestmark = pytest.mark.s3
 

@@ -7,9 +7,9 @@ import json
 import orjson
 import pytest
 
-from llm_batch import storage
-from llm_batch.layout import JobLayout
-from llm_batch.validation import BatchRejected, ValidationLimits, validate_batch
+from llm_batch.core.layout import JobLayout
+from llm_batch.infra import storage
+from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, validate_batch
 
 pytestmark = pytest.mark.s3
 
@@ -62,7 +62,7 @@ def test_missing_object_is_unreadable_and_named(s3_bucket: str) -> None:
 # -- tried as a user: the CLI on s3:// URIs, each failure a named reason and exit 2 -------------
 
 def _cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     status = main(["validate", *argv])
     out, err = capsys.readouterr()

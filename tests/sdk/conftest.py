@@ -23,8 +23,8 @@ from tests.api.conftest import (  # noqa: F401 - fixtures re-used as they are
     auth_manager,
     batch_api,
     batch_app,
-    creds,
     chat_lines,
+    creds,
     live_server,
     simulate_run,
 )
@@ -157,9 +157,9 @@ def finish(store, job_id: str, ok: int, failed: int, while_running=None) -> None
     one OpenAI-shaped error line per failed request (req-<ok> ... req-<ok+failed-1>). A Scale
     job's array is the one its run writes: its own input validated, the engine's bodies for
     the first `ok` requests (engine errors for the next `failed`), merged as the DAG merges."""
-    from llm_batch import storage
-    from llm_batch.config import get_settings
-    from llm_batch.layout import JobLayout
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
     from tests.unit.data_plane_fixtures import run_scale_job
 
     run = simulate_run(store, job_id, ok=ok, failed=failed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_batch.jobs import JobStatus
+from llm_batch.core.jobs import JobStatus
 from tests.sdk.conftest import chat_file, error_of, finish, releases, since
 
 pytestmark = [pytest.mark.airflow, pytest.mark.sdk]

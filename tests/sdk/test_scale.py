@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from llm_batch.jobs import JobStatus
+from llm_batch.core.jobs import JobStatus
 from tests.sdk.conftest import SCALE_V2_TYPES_REFUSE, finish, releases, since
 
 pytestmark = [pytest.mark.airflow, pytest.mark.sdk]

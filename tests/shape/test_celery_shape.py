@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from llm_batch.supervisor import read_restarts
+from llm_batch.devstack.supervisor import read_restarts
 from tests.e2e.conftest import read_jsonl, wait_until
 from tests.fixtures.engine import TINY_MODEL
 
@@ -32,9 +32,9 @@ JOB_TIMEOUT_S = 600
 
 @pytest.fixture(scope="package")
 def celery_shape(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Any]:
-    from llm_batch.celery_stack import CeleryStack
-    from llm_batch.config import Settings
-    from llm_batch.stack import free_port
+    from llm_batch.core.config import Settings
+    from llm_batch.devstack.celery_stack import CeleryStack
+    from llm_batch.devstack.stack import free_port
 
     # As for e2e_stack: no in-process Airflow test settings in the real components.
     for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
@@ -309,7 +309,7 @@ def test_a_job_outlasts_an_s3_outage_and_restarts_of_the_api_server_the_schedule
 def test_no_component_has_a_file_open_under_another_s_home(shape):
     """While idle and after the jobs above: each process of the shape has open files only in
     its own home (or outside every home: code, the venv, /tmp, sockets)."""
-    from llm_batch.celery_stack import _descendants
+    from llm_batch.devstack.celery_stack import _descendants
 
     homes = {"control": shape.settings.home, **{shape.worker_name(n): shape.worker_home(n)
                                                 for n in range(1, shape.workers + 1)}}

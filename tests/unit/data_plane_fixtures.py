@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import uuid
 
-from llm_batch import storage
-from llm_batch.config import get_settings
-from llm_batch.layout import JobLayout
-from llm_batch.records import BatchRequest, ErrorRecord, ResultRecord, RequestError, dumps_line
+from llm_batch.core.config import get_settings
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import BatchRequest, ErrorRecord, RequestError, ResultRecord, dumps_line
+from llm_batch.infra import storage
 
 
 def new_layout() -> JobLayout:
@@ -47,12 +47,12 @@ def engine_error(request: BatchRequest) -> ResultRecord:
 
 def engine_answer(request: BatchRequest, tokens: int = 3, model: str = "tiny-random-llama") -> ResultRecord:
     """The worker's result for a completion or chat request, its body built by
-    llm_batch.engine.responses as the runner builds it, from a stand-in vLLM output of
+    llm_batch.runtime.engine.responses as the runner builds it, from a stand-in vLLM output of
     ``tokens`` tokens (with each token's logprob when the request asks for them)."""
     from vllm.logprobs import Logprob
     from vllm.outputs import CompletionOutput, RequestOutput
 
-    from llm_batch.engine import responses
+    from llm_batch.runtime.engine import responses
 
     body = request.body
     chat = "messages" in body
@@ -79,12 +79,12 @@ def run_scale_job(layout: JobLayout, source, fmt: str, endpoint: str, *, failing
     output.json)."""
     import orjson
 
-    from llm_batch.merge import merge_job
-    from llm_batch.results import ResultsWriter
-    from llm_batch.scale_output import success_element
-    from llm_batch.sharding import plan_shards
-    from llm_batch.streams import stored_lines
-    from llm_batch.validation import validate_batch
+    from llm_batch.core.scale_output import success_element
+    from llm_batch.infra.results import ResultsWriter
+    from llm_batch.infra.streams import stored_lines
+    from llm_batch.pipeline.merge import merge_job
+    from llm_batch.pipeline.sharding import plan_shards
+    from llm_batch.pipeline.validation import validate_batch
 
     validate_batch(source, fmt=fmt, endpoint=endpoint, layout=layout)
     for plan in plan_shards(layout, shards, prefix_aware=False):

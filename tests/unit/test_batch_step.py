@@ -11,10 +11,11 @@ import pytest
 
 pytest.importorskip("airflow.sdk")
 
-from llm_batch_operators import batch_step, triggers  # noqa: E402
-from llm_batch_operators.batch_step import LLMBatchOperator, manifest_of, step_job_id  # noqa: E402
-from llm_batch_operators.hooks import LLMBatchApiError, LLMBatchHook, base_url_of  # noqa: E402
-from llm_batch_operators.triggers import BatchJobTrigger  # noqa: E402
+from llm_batch.airflow.hooks.llm_batch import LLMBatchApiError, LLMBatchHook, base_url_of  # noqa: E402
+from llm_batch.airflow.operators import batch_step  # noqa: E402
+from llm_batch.airflow.operators.batch_step import LLMBatchOperator, manifest_of, step_job_id  # noqa: E402
+from llm_batch.airflow.triggers import batch_job as triggers  # noqa: E402
+from llm_batch.airflow.triggers.batch_job import BatchJobTrigger  # noqa: E402
 
 pytestmark = pytest.mark.airflow
 
@@ -55,7 +56,7 @@ def test_bodies_from_each_input_and_exactly_one():
 def test_trigger_serialize_round_trips():
     trigger = BatchJobTrigger(job_id="af-1", llm_batch_conn_id="c", poll_interval=0.5, end_time=123.0, max_poll_errors=2)
     path, kwargs = trigger.serialize()
-    assert path == "llm_batch_operators.triggers.BatchJobTrigger"
+    assert path == "llm_batch.airflow.triggers.batch_job.BatchJobTrigger"
     module, _, name = path.rpartition(".")
     again = getattr(__import__(module, fromlist=[name]), name)(**kwargs)
     assert again.serialize() == (path, kwargs)
@@ -92,7 +93,7 @@ def test_manifest_and_pass_fail_rule():
     from airflow.sdk import AssetAlias
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
-    from llm_batch_operators.batch_step import STEP_RESULTS_ALIAS, step_asset_uri
+    from llm_batch.airflow.operators.batch_step import STEP_RESULTS_ALIAS, step_asset_uri
 
     manifest = manifest_of(_job(failed=1, succeeded=2), "http://h/batch")
     assert manifest["request_count"] == 3 and manifest["succeeded"] == 2 and manifest["errored"] == 1
@@ -149,7 +150,7 @@ def test_connection_host_forms():
 def test_decorator_is_registered_and_maps_the_return_value():
     from airflow.sdk import task
 
-    from llm_batch_operators.decorators import input_of, llm_batch_task
+    from llm_batch.airflow.decorators.llm_batch import input_of, llm_batch_task
 
     assert task.llm_batch is llm_batch_task
     assert input_of(["a", "b"]) == {"prompts": ["a", "b"]}

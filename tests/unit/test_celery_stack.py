@@ -1,4 +1,4 @@
-"""llm_batch.celery_stack without starting anything: the layout, ports and environments of
+"""llm_batch.devstack.celery_stack without starting anything: the layout, ports and environments of
 the production shape (the processes themselves: tests/shape/test_celery_shape.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch.celery_stack import CeleryStack, worker_hostname
-from llm_batch.config import Settings
+from llm_batch.core.config import Settings
+from llm_batch.devstack.celery_stack import CeleryStack, worker_hostname
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_each_worker_has_a_home_of_its_own(shape: CeleryStack) -> None:
         home = Path(env["LLM_BATCH_HOME"])
         assert env["AIRFLOW_HOME"] == str(home / "airflow")
         assert env["LLM_BATCH_WORKER_NAME"] == f"celery-worker-{n}"
-        assert env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] == "llm_batch.celery_stack.worker_hostname"
+        assert env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] == "llm_batch.devstack.celery_stack.worker_hostname"
         # Nothing names a file of another component's home.
         for name, value in env.items():
             for other in [shape.airflow_home, *(Path(envs[m]["LLM_BATCH_HOME"]) for m in envs if m != n)]:

@@ -14,9 +14,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_batch.endpoints import Endpoint, endpoints_served, parse_endpoint, serving_problem
-from llm_batch.model_registry import InvalidModelConfig, ModerationMap, _class_labels, _task_of, load_registry
-from llm_batch.validation import ValidationLimits, validate_batch
+from llm_batch.core.endpoints import Endpoint, endpoints_served, parse_endpoint, serving_problem
+from llm_batch.infra.model_registry import (
+    InvalidModelConfig,
+    ModerationMap,
+    _class_labels,
+    _task_of,
+    load_registry,
+)
+from llm_batch.pipeline.validation import ValidationLimits, validate_batch
 
 LIMITS = ValidationLimits(max_requests=1000, max_input_bytes=10**7, max_line_bytes=2**20, max_reported_errors=100)
 CHAT = [{"role": "user", "content": "is this good?"}, {"role": "assistant", "content": "yes"}]
@@ -103,7 +109,7 @@ def test_chat_classification_lines_are_checked_one_by_one():
 
 @pytest.mark.parametrize("endpoint", ["/v1/classifications", "/v1/chat/classifications"])
 def test_llm_batch_validate_takes_the_endpoints(capsys, tmp_path: Path, endpoint: str):
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     good = {"input": "x"} if endpoint == "/v1/classifications" else {"input": {"messages": CHAT}}
     path = tmp_path / "in.jsonl"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch.cli import main
-from llm_batch.config import get_settings
+from llm_batch.cli.main import main
+from llm_batch.core.config import get_settings
 
 GOOD = '{"custom_id": "%s", "body": {"messages": [{"role": "user", "content": "Hi"}]}}\n'
 
@@ -93,7 +93,7 @@ def test_several_inputs_are_one_batch(capsys, tmp_path: Path) -> None:
 
 
 def test_console_entry_point_reads_stdin(batch: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "llm_batch.cli", "validate", "-"],
+    done = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "validate", "-"],
                           input=batch.read_bytes(), capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["valid"] == 2
@@ -101,7 +101,7 @@ def test_console_entry_point_reads_stdin(batch: Path) -> None:
 
 def test_scale_v1_from_a_pipe_is_read_twice() -> None:
     content = b'{"prompts": ["a", "b", ""], "max_new_tokens": 5, "temperature": 0.5}'
-    done = subprocess.run([sys.executable, "-m", "llm_batch.cli", "validate", "--format",
+    done = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "validate", "--format",
                            "scale-v1", "-"], input=content, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llm_batch import client as client_module
-from llm_batch.client import ApiError, BatchClient, scale_content, uses_mistral_route
-from llm_batch.commands import jobs as jobs_command
+from llm_batch.cli import jobs as jobs_command
+from llm_batch.infra import api_client as client_module
+from llm_batch.infra.api_client import ApiError, BatchClient, scale_content, uses_mistral_route
 
 JOB = {
     "id": "job_1", "status": "QUEUED", "endpoint": "/v1/chat/completions", "model": "m",
@@ -105,7 +105,7 @@ def test_job_wait_exit_codes(monkeypatch, capsys, native, status, code):
     stub = Recorder({("GET", "/batch/v1/jobs/job_1"): httpx.Response(
         200, json={**NATIVE_JOB, "status": native, "terminal": True})})
     monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     assert main(["job", "job_1", "--wait"]) == code
     assert status in capsys.readouterr().out
@@ -114,7 +114,7 @@ def test_job_wait_exit_codes(monkeypatch, capsys, native, status, code):
 def test_http_and_usage_errors_exit_2(monkeypatch, capsys, tmp_path):
     stub = Recorder({})
     monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     assert main(["cancel", "nope"]) == jobs_command.EXIT_USAGE
     assert "HTTP 404" in capsys.readouterr().err
@@ -125,10 +125,10 @@ def test_http_and_usage_errors_exit_2(monkeypatch, capsys, tmp_path):
 def test_no_api_key_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("LLM_BATCH_API_KEY", raising=False)
     monkeypatch.setenv("LLM_BATCH_API_URL", "http://127.0.0.1:9/batch")
-    from llm_batch.config import Settings
+    from llm_batch.core.config import Settings
 
     monkeypatch.setattr(client_module, "get_settings", lambda: Settings(home=tmp_path))
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     assert main(["jobs"]) == 2
     assert "llm-batch up" in capsys.readouterr().err
@@ -153,7 +153,7 @@ def test_a_busy_airflow_is_asked_again():
     once in five `llm-batch up`): the CLI and `up` try again; a lasting error is returned."""
     import httpx
 
-    from llm_batch.client import send_with_retries
+    from llm_batch.infra.api_client import send_with_retries
 
     answers = iter([500, 500, 200])
     calls = []

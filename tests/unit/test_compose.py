@@ -25,7 +25,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yaml"
-PACKAGE_DIRS = ("llm_batch", "operators", "plugins", "dags")
+PACKAGE_DIRS = ("src", "dags")
 AIRFLOW_SERVICES = ("airflow-init", "airflow-apiserver", "airflow-scheduler",
                     "airflow-dag-processor", "airflow-triggerer", "airflow-worker")
 _VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}")
@@ -112,7 +112,7 @@ def test_dockerfile_builds_on_airflow_with_the_project_extras(compose: dict[str,
 # -- environment
 
 def _names_the_project_reads() -> set[str]:
-    from llm_batch.config import Settings
+    from llm_batch.core.config import Settings
 
     names = {f"LLM_BATCH_{field.upper()}" for field in Settings.model_fields}
     for folder in PACKAGE_DIRS:
@@ -130,8 +130,8 @@ def test_every_llm_batch_name_is_read_by_the_project(compose: dict[str, Any]) ->
 
 @pytest.mark.parametrize("runner", ["local", "kubernetes"])
 def test_the_environment_loads_into_settings(runner: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llm_batch import storage
-    from llm_batch.config import Settings, get_settings
+    from llm_batch.core.config import Settings, get_settings
+    from llm_batch.infra import storage
 
     env = _environment(load_compose({"LLM_BATCH_SHARD_RUNNER": runner}), "airflow-scheduler")
     for name in [k for k in os.environ if k.startswith("LLM_BATCH_")]:
@@ -176,8 +176,8 @@ def test_the_pieces_agree(compose: dict[str, Any]) -> None:
 
 
 def test_pools_are_the_ones_the_dag_uses(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from llm_batch.config import Settings
-    from llm_batch_operators.lanes import pool_specs
+    from llm_batch.airflow.lanes import pool_specs
+    from llm_batch.core.config import Settings
 
     # The settings the compose services run with, not whatever this test process inherited
     # (the DAG tests set LLM_BATCH_* variables of their own).
@@ -240,7 +240,7 @@ print(json.dumps(bad))
 
 
 def test_every_command_is_a_real_airflow_or_llm_batch_command(compose: dict[str, Any], tmp_path: Path) -> None:
-    from llm_batch.cli import build_parser
+    from llm_batch.cli.main import build_parser
 
     lines = _project_command_lines(compose)
     commands = {tuple(line[:2]) for line in lines}

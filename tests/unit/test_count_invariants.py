@@ -25,17 +25,21 @@ from datetime import timedelta
 from pathlib import Path
 
 import orjson
-from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
-from llm_batch import jobs, run_conf, shard_task, steps, storage
-from llm_batch.config import Settings
-from llm_batch.jobstore import JobStore, utcnow
-from llm_batch.progress import ShardProgress
-from llm_batch.records import ResultRecord
-from llm_batch.results import ResultsWriter
-from llm_batch_plugin.models_mistral import BatchJobOut
-from llm_batch_plugin.models_openai import BatchOut
-from llm_batch_plugin.models_scale import BatchCompletionsJob
+from llm_batch.api.mistral.models import BatchJobOut
+from llm_batch.api.openai.models import BatchOut
+from llm_batch.api.scale.models import BatchCompletionsJob
+from llm_batch.core import jobs, run_conf
+from llm_batch.core.config import Settings
+from llm_batch.core.records import ResultRecord
+from llm_batch.infra import storage
+from llm_batch.infra.jobstore import JobStore, utcnow
+from llm_batch.infra.progress import ShardProgress
+from llm_batch.infra.results import ResultsWriter
+from llm_batch.pipeline import shard_task, steps
 
 STEP = st.one_of(
     st.tuples(st.just("progress"), st.integers(0, 3), st.integers(1, 4), st.booleans()),

@@ -1,4 +1,4 @@
-"""What a job may ask of the engine: the allow-list of engine arguments (llm_batch.engine_args).
+"""What a job may ask of the engine: the allow-list of engine arguments (llm_batch.core.engine_args).
 
 The classification test fails when a vLLM upgrade adds an engine argument nobody classified
 (or drops one we list); the rest attack the allow-list as a class: every argument vLLM knows,
@@ -11,11 +11,18 @@ import dataclasses
 import typing
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from llm_batch.config import Settings
-from llm_batch.engine_args import JOB_ENGINE_ARGS, QUANTIZATION_METHODS, REGISTRY_ONLY_ENGINE_ARGS
-from llm_batch.model_registry import InvalidModelConfig, job_engine_args, load_registry, validate_model_config
+from llm_batch.core.config import Settings
+from llm_batch.core.engine_args import JOB_ENGINE_ARGS, QUANTIZATION_METHODS, REGISTRY_ONLY_ENGINE_ARGS
+from llm_batch.infra.model_registry import (
+    InvalidModelConfig,
+    job_engine_args,
+    load_registry,
+    validate_model_config,
+)
 
 MODEL = "tiny-random-llama"
 
@@ -32,7 +39,7 @@ def test_every_engine_argument_of_the_installed_vllm_is_classified(vllm_engine_a
     unclassified = known - set(JOB_ENGINE_ARGS) - set(REGISTRY_ONLY_ENGINE_ARGS)
     assert not unclassified, (
         f"vLLM has engine arguments nobody classified: {sorted(unclassified)}; add each to "
-        "JOB_ENGINE_ARGS (a plain value with bounds) or REGISTRY_ONLY_ENGINE_ARGS (llm_batch/engine_args.py)"
+        "JOB_ENGINE_ARGS (a plain value with bounds) or REGISTRY_ONLY_ENGINE_ARGS (src/llm_batch/core/engine_args.py)"
     )
     assert not set(JOB_ENGINE_ARGS) & set(REGISTRY_ONLY_ENGINE_ARGS)
     stale = (set(JOB_ENGINE_ARGS) | set(REGISTRY_ONLY_ENGINE_ARGS)) - known

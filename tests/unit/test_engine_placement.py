@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from llm_batch.config import get_settings
-from llm_batch.engine import runner as engine_runner
-from llm_batch.model_registry import ResolvedModel
+from llm_batch.core.config import get_settings
+from llm_batch.infra.model_registry import ResolvedModel
+from llm_batch.runtime.engine import runner as engine_runner
 
 
 @pytest.fixture

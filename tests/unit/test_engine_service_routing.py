@@ -17,16 +17,18 @@ import kubernetes_validate  # noqa: E402
 from airflow.sdk.exceptions import AirflowFailException  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from llm_batch.cli import main  # noqa: E402
-from llm_batch.config import Settings  # noqa: E402
-from llm_batch.config import parse_address  # noqa: E402
-from llm_batch.engine_service import service_for  # noqa: E402
-from llm_batch.placement import GPU_TYPES  # noqa: E402
-from llm_batch.shard_task import ShardTask  # noqa: E402
-from llm_batch_operators.engine_service import EngineServiceShardOperator  # noqa: E402
-from llm_batch_operators.engine_service_spec import manifests, service_name, services_entry  # noqa: E402
-from llm_batch_operators.kubernetes import KubernetesShardOperator  # noqa: E402
-from llm_batch_operators.kubernetes_pod import ShardPodOperator  # noqa: E402
+from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator  # noqa: E402
+from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # noqa: E402
+from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator  # noqa: E402
+from llm_batch.airflow.specs.engine_service_spec import manifests, service_name, services_entry  # noqa: E402
+from llm_batch.cli.main import main  # noqa: E402
+from llm_batch.core.config import (
+    Settings,  # noqa: E402
+    parse_address,  # noqa: E402
+)
+from llm_batch.core.placement import GPU_TYPES  # noqa: E402
+from llm_batch.pipeline.shard_task import ShardTask  # noqa: E402
+from llm_batch.runtime.engine_service import service_for  # noqa: E402
 
 K8S_VERSION = "1.37.0"
 SERVICES = {"smollm2-135m-instruct": "engines.llm.svc:8700",

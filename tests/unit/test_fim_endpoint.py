@@ -11,10 +11,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_batch.cli import main
-from llm_batch.endpoints import SUPPORTED_ENDPOINTS, Endpoint, endpoints_served, parse_endpoint, serving_problem
-from llm_batch.model_registry import FimTemplate, InvalidModelConfig, load_registry
-from llm_batch.validation import ValidationLimits, validate_batch
+from llm_batch.cli.main import main
+from llm_batch.core.endpoints import (
+    SUPPORTED_ENDPOINTS,
+    Endpoint,
+    endpoints_served,
+    parse_endpoint,
+    serving_problem,
+)
+from llm_batch.infra.model_registry import FimTemplate, InvalidModelConfig, load_registry
+from llm_batch.pipeline.validation import ValidationLimits, validate_batch
 
 FIM = "/v1/fim/completions"
 LIMITS = ValidationLimits(max_requests=1000, max_input_bytes=10**7, max_line_bytes=2**20, max_reported_errors=100)

@@ -8,8 +8,8 @@ import json
 import orjson
 import pytest
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.formats import (
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.formats import (
     IdSet,
     InputUnreadable,
     RequestChecker,
@@ -21,7 +21,7 @@ from llm_batch.formats import (
     scale_v2_body,
     scan_scale_v1_params,
 )
-from llm_batch.records import BatchRequest, ErrorRecord
+from llm_batch.core.records import BatchRequest, ErrorRecord
 
 CHAT = Endpoint.CHAT_COMPLETIONS
 

@@ -54,7 +54,7 @@ def test_dry_run_prints_each_case_with_its_layout_and_command():
         assert "--tensor-parallel-size 2" in commands[case]
     assert "--max-num-seqs" not in commands["b"] and "--max-num-seqs" in commands["r"]
     for case in "ci":
-        assert " -m llm_batch.cli worker " in commands[case]
+        assert " -m llm_batch.cli.main worker " in commands[case]
         assert f'"checkpoint_path": "{CHECKPOINT}"' in commands[case]
         assert '"tensor_parallel_size": 2' in commands[case]
     # the as-shipped worker keeps vLLM's layout; only (i) flips the switch

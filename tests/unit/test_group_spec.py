@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 
-from llm_batch.placement import GPU_TYPES  # noqa: E402
-from llm_batch_operators import group_spec, pod_spec  # noqa: E402
+from llm_batch.airflow.specs import group_spec, pod_spec  # noqa: E402
+from llm_batch.core.placement import GPU_TYPES  # noqa: E402
 from tests.fixtures.lws_schema import lws_errors  # noqa: E402
 from tests.unit.test_pod_spec import _task, settings  # noqa: E402,F401 - the same shard and settings
 

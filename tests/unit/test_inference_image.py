@@ -43,12 +43,12 @@ def test_entrypoint_is_the_worker_command():
     entrypoints = [json.loads(args) for keyword, args in _instructions() if keyword == "ENTRYPOINT"]
     assert entrypoints == [["llm-batch", "worker"]]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["llm-batch"] == "llm_batch.cli:main"
+    assert scripts["llm-batch"] == "llm_batch.cli.main:main"
 
-    from llm_batch.cli import build_parser
-    from llm_batch.commands.worker import worker
+    from llm_batch.cli.main import build_parser
+    from llm_batch.cli.worker import worker
 
-    # The tests run `python -m llm_batch.cli worker ...`: the same parser and function.
+    # The tests run `python -m llm_batch.cli.main worker ...`: the same parser and function.
     assert build_parser().parse_args(entrypoints[0][1:]).func is worker
 
 
@@ -70,9 +70,9 @@ class NoAirflow(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoAirflow())
-import llm_batch.worker, llm_batch.cli
-from llm_batch import exit_codes
-code = llm_batch.cli.main(["worker", "--job-id", "j", "--shard", "0", "--endpoint",
+import llm_batch.runtime.worker, llm_batch.cli.main
+from llm_batch.core import exit_codes
+code = llm_batch.cli.main.main(["worker", "--job-id", "j", "--shard", "0", "--endpoint",
                            "/v1/chat/completions", "--model-config", '{"model": "no-such-model"}'])
 assert code == exit_codes.USAGE, code
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {"airflow", "vllm", "torch"})

@@ -4,12 +4,13 @@ as exactly one output or error line, in input order, none lost, none duplicated.
 from __future__ import annotations
 
 import orjson
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llm_batch import storage
-from llm_batch.merge import merge_job
-from llm_batch.results import ResultsWriter
-from llm_batch.sharding import plan_shards
+from llm_batch.infra import storage
+from llm_batch.infra.results import ResultsWriter
+from llm_batch.pipeline.merge import merge_job
+from llm_batch.pipeline.sharding import plan_shards
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 
 # Per input line: invalid, or valid with a fate once run: ok, engine error, never run.

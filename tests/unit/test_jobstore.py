@@ -18,9 +18,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from llm_batch.endpoints import UnsupportedEndpointError
-from llm_batch.jobs import TERMINAL_STATUSES, InvalidTransition, JobStatus
-from llm_batch.jobstore import (
+from llm_batch.core.endpoints import UnsupportedEndpointError
+from llm_batch.core.jobs import TERMINAL_STATUSES, InvalidTransition, JobStatus
+from llm_batch.infra.jobstore import (
     ApiKeyNotFound,
     DuplicateId,
     FileNotFound,
@@ -29,7 +29,7 @@ from llm_batch.jobstore import (
     JobStore,
     upgrade_to_head,
 )
-from llm_batch.jobstore.models import Base
+from llm_batch.infra.jobstore.models import Base
 
 CHAT = "/v1/chat/completions"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -82,8 +82,8 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
 
 def test_snapshots_mirror_their_tables():
     """The store builds snapshots straight from rows: their fields must be the columns."""
-    from llm_batch.jobstore import ApiKey, FileObject, Job
-    from llm_batch.jobstore.models import ApiKeyRow, FileRow, JobRow
+    from llm_batch.infra.jobstore import ApiKey, FileObject, Job
+    from llm_batch.infra.jobstore.models import ApiKeyRow, FileRow, JobRow
 
     def fields(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
@@ -97,7 +97,7 @@ def test_migration_0003_keeps_the_array_output_path_under_its_new_name(store_url
     from alembic import command
     from alembic.config import Config
 
-    from llm_batch.jobstore import database
+    from llm_batch.infra.jobstore import database
 
     engine = create_engine(store_url)
     try:

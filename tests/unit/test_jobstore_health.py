@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from llm_batch.config import Settings
-from llm_batch.jobstore import JobStore
-from llm_batch.jobstore.store import JobStoreUnhealthy
-from llm_batch.stack import Stack, free_port
+from llm_batch.core.config import Settings
+from llm_batch.devstack.stack import Stack, free_port
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore.store import JobStoreUnhealthy
 from tests.unit.test_jobstore import make_job
 
 
@@ -85,7 +85,7 @@ def test_an_unreachable_postgres_is_unhealthy_naming_it():
 
 
 def test_status_shows_the_job_store(tmp_path, monkeypatch, capsys):
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     stack = Stack(Settings(home=tmp_path), free_port())
     monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))

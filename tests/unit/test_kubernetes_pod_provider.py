@@ -1,4 +1,4 @@
-"""The provider contract of operators/kubernetes_pod.py, checked without a cluster.
+"""The provider contract of src/llm_batch/airflow/operators/kubernetes_pod.py, checked without a cluster.
 
 Fails loudly when the installed apache-airflow-providers-cncf-kubernetes leaves
 ``SUPPORTED_PROVIDER`` or changes one of the extension points ShardPodOperator and
@@ -39,7 +39,7 @@ def _accepts_any_keyword(func) -> bool:
 
 
 def test_installed_provider_is_in_the_supported_range():
-    from llm_batch_operators.kubernetes_pod import SUPPORTED_PROVIDER
+    from llm_batch.airflow.operators.kubernetes_pod import SUPPORTED_PROVIDER
 
     installed = version(PROVIDER)
     assert Version(installed) in SpecifierSet(SUPPORTED_PROVIDER), (
@@ -63,7 +63,7 @@ def test_operator_parameters_and_overridden_methods():
 def test_on_pod_completion_callback_hands_over_pod_and_operator():
     from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
 
-    from llm_batch_operators.kubernetes_pod import _KeepCompletedPod
+    from llm_batch.airflow.operators.kubernetes_pod import _KeepCompletedPod
 
     provider = inspect.signature(KubernetesPodOperatorCallback.on_pod_completion).parameters
     assert {"pod", "operator"} <= {n for n, p in provider.items() if p.kind is p.KEYWORD_ONLY}, MOVED
@@ -101,18 +101,18 @@ STOP = {"job_id": "j", "shard": 0, "progress_uri": "file:///p", "cancel_marker":
 
 
 def test_shard_trigger_is_the_provider_trigger_with_our_classpath():
-    from llm_batch_operators.kubernetes_pod import SHARD_STOP_KEY, ShardPodTrigger
+    from llm_batch.airflow.operators.kubernetes_pod import SHARD_STOP_KEY, ShardPodTrigger
 
     kwargs = _provider_trigger_kwargs(**{SHARD_STOP_KEY: STOP, "_redefer_count": 1})
     classpath, again = ShardPodTrigger(**kwargs).serialize()
-    assert classpath == "llm_batch_operators.kubernetes_pod.ShardPodTrigger"
+    assert classpath == "llm_batch.airflow.operators.kubernetes_pod.ShardPodTrigger"
     assert again == kwargs  # nothing added: the provider's own arguments round-trip
     assert ShardPodTrigger(**again).shard_stop == STOP
 
 
 def test_shard_trigger_serialized_by_the_previous_version_still_loads():
     """Deferred tasks from before the stop watch moved into trigger_kwargs carry `shard_stop`."""
-    from llm_batch_operators.kubernetes_pod import SHARD_STOP_KEY, ShardPodTrigger
+    from llm_batch.airflow.operators.kubernetes_pod import SHARD_STOP_KEY, ShardPodTrigger
 
     trigger = ShardPodTrigger(shard_stop=STOP, **_provider_trigger_kwargs())
     assert trigger.shard_stop == STOP
@@ -122,8 +122,8 @@ def test_shard_trigger_serialized_by_the_previous_version_still_loads():
 def test_operator_adds_its_callback_and_trigger_kwargs_to_overrides():
     from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
 
-    from llm_batch.shard_task import ShardTask
-    from llm_batch_operators.kubernetes_pod import SHARD_STOP_KEY, ShardPodOperator, _KeepCompletedPod
+    from llm_batch.airflow.operators.kubernetes_pod import SHARD_STOP_KEY, ShardPodOperator, _KeepCompletedPod
+    from llm_batch.pipeline.shard_task import ShardTask
 
     class Theirs(KubernetesPodOperatorCallback):
         pass

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llm_batch.jobs import JobStatus
-from llm_batch.markdown import MAX_CHARS, escape
+from llm_batch.core.jobs import JobStatus
+from llm_batch.core.markdown import MAX_CHARS, escape
 
 ATTACK = "![x](http://127.0.0.1:8081/steal.png) <img src=x onerror=alert(1)> `a` [l](javascript:x) &amp;\n# heading"
 
@@ -35,7 +35,7 @@ def test_no_markup_character_survives_and_the_value_stays_one_bounded_line(value
 
 
 def test_an_image_link_in_a_reason_is_text_in_the_run_note():
-    from llm_batch_plugin.listeners import run_note
+    from llm_batch.api.listeners import run_note
 
     job = SimpleNamespace(id="job_`x`)![i](http://evil/)", status=JobStatus.FAILED, succeeded=0, failed=1, total=1,
                           status_reason=ATTACK)

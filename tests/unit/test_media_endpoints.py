@@ -1,5 +1,5 @@
 """/v1/audio/transcriptions and /v1/ocr lines tried as an attacker would: the file each line
-names is resolved for the job's owner at validation (llm_batch.media) or the line fails alone
+names is resolved for the job's owner at validation (llm_batch.infra.media) or the line fails alone
 with an error naming the line and field. Another owner's file id, paths outside the owner's
 namespace or the roots, traversal, internal state, symlinks, web URLs, garbage and non-WAV
 audio, PDFs, malformed base64 and missing fields: never a crash, never a dropped line."""
@@ -13,12 +13,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_batch.config import get_settings
-from llm_batch.endpoints import Endpoint, endpoints_served, serving_problem
-from llm_batch.jobstore.store import JobStore
-from llm_batch.media import MediaResolver
-from llm_batch.model_registry import load_registry
-from llm_batch.validation import ValidationLimits, validate_batch
+from llm_batch.core.config import get_settings
+from llm_batch.core.endpoints import Endpoint, endpoints_served, serving_problem
+from llm_batch.infra.jobstore.store import JobStore
+from llm_batch.infra.media import MediaResolver
+from llm_batch.infra.model_registry import load_registry
+from llm_batch.pipeline.validation import ValidationLimits, validate_batch
 from tests.fixtures.media import b64, data_url, image_bytes, pdf_bytes, wav_bytes
 
 LIMITS = ValidationLimits(max_requests=1000, max_input_bytes=10**8, max_line_bytes=2**24, max_reported_errors=100)
@@ -150,7 +150,7 @@ def test_an_admin_resolver_reads_any_owners_upload_and_the_limit_holds(store, me
     small = get_settings().model_copy(update={"max_media_bytes": 100})
     report, _ = _validate(TRANSCRIPTIONS, [{"file_id": bobs}], store, owner="bob")
     assert report.valid == 1
-    from llm_batch.media import MediaRefused
+    from llm_batch.infra.media import MediaRefused
 
     with pytest.raises(MediaRefused, match="over the limit of 100"):
         MediaResolver("bob", store, small).resolve(Endpoint.TRANSCRIPTIONS, {"file_id": bobs})
@@ -207,8 +207,8 @@ def test_offline_validation_checks_the_form_and_inline_bytes_only(tmp_path):
 
 
 def test_the_worker_reads_only_what_validation_recorded(media):
-    from llm_batch import media as media_module
-    from llm_batch.media import MediaRefused
+    from llm_batch.infra import media as media_module
+    from llm_batch.infra.media import MediaRefused
 
     body = {"file_url": "/etc/passwd"}  # what the body says is never read by the worker
     with pytest.raises(MediaRefused, match="not resolved at validation"):
@@ -224,14 +224,14 @@ def test_the_worker_reads_only_what_validation_recorded(media):
     (wav_bytes(0.1)[:44], "no audio frames"), (b"\x00" * 5000, "not a WAV file"),
 ])
 def test_audio_decoding_refuses_what_it_cannot_read(data, message):
-    from llm_batch.engine.audio import AudioError, decode_wav
+    from llm_batch.runtime.engine.audio import AudioError, decode_wav
 
     with pytest.raises(AudioError, match=message):
         decode_wav(data, 16000)
 
 
 def test_audio_is_mixed_down_and_resampled():
-    from llm_batch.engine.audio import decode_wav
+    from llm_batch.runtime.engine.audio import decode_wav
 
     for rate, channels, width in ((16000, 1, 2), (44100, 2, 2), (8000, 1, 1), (22050, 1, 4)):
         samples = decode_wav(wav_bytes(0.5, rate=rate, channels=channels, width=width), 16000)
@@ -242,7 +242,7 @@ def test_audio_is_mixed_down_and_resampled():
 def test_image_decoding_refuses_garbage_and_bombs(monkeypatch):
     from PIL import Image
 
-    from llm_batch.engine.ocr import ImageError, decode_image
+    from llm_batch.runtime.engine.ocr import ImageError, decode_image
 
     page = decode_image(image_bytes(80, 48))
     assert (page.width, page.height, page.dpi, page.image.mode) == (80, 48, 72, "RGB")
@@ -256,7 +256,7 @@ def test_image_decoding_refuses_garbage_and_bombs(monkeypatch):
 
 
 def test_pdf_pages_are_rendered_and_pages_checked_against_the_document():
-    from llm_batch.engine.ocr import PDF_DPI, ImageError, decode_document
+    from llm_batch.runtime.engine.ocr import PDF_DPI, ImageError, decode_document
 
     pages = decode_document(pdf_bytes((144, 72), (72, 144), (72, 72)))
     assert [(p.index, p.width, p.height, p.dpi, p.image.mode) for p in pages] == [
@@ -277,7 +277,7 @@ def test_pdf_pages_are_rendered_and_pages_checked_against_the_document():
 
 
 def test_segments_and_language_are_read_from_whisper_tokens():
-    from llm_batch.engine.transcription import SpeechInput, decoder_prompt, read_outputs
+    from llm_batch.runtime.engine.transcription import SpeechInput, decoder_prompt, read_outputs
 
     speech = SpeechInput()
     out = read_outputs(["<|startoftranscript|><|de|><|transcribe|><|0.00|> Guten Tag<|1.50|><|1.50|> Welt<|3.00|><|endoftext|>",

@@ -7,11 +7,11 @@ import contextlib
 import orjson
 import pytest
 
-from llm_batch import storage
-from llm_batch.merge import MergeCounts, MergeError, merge_job
-from llm_batch.records import BatchRequest, ErrorRecord, ResultRecord, dumps_line
-from llm_batch.results import ResultsWriter, part_uri
-from llm_batch.sharding import plan_shards
+from llm_batch.core.records import BatchRequest, ErrorRecord, ResultRecord, dumps_line
+from llm_batch.infra import storage
+from llm_batch.infra.results import ResultsWriter, part_uri
+from llm_batch.pipeline.merge import MergeCounts, MergeError, merge_job
+from llm_batch.pipeline.sharding import plan_shards
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 
 
@@ -144,7 +144,7 @@ def test_overlapping_records_for_one_index_fail_the_merge_and_publish_nothing(jo
 
 
 def test_cli_shards_and_merges_a_job(capsys):
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     layout = new_layout()
     write_job(layout, [True, False, True, True])
@@ -188,7 +188,7 @@ def test_merge_holds_at_most_three_streams_open_whatever_the_shard_count(monkeyp
 
 def test_error_lines_carry_the_input_line_past_blank_lines():
     """Blank JSONL lines get no index, so the line number must come from validation."""
-    from llm_batch.validation import validate_batch
+    from llm_batch.pipeline.validation import validate_batch
 
     layout = new_layout()
     body = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})

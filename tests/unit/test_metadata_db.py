@@ -1,5 +1,5 @@
 """The embedded stack's Airflow metadata DB (SQLite, WAL) makes a writer wait for the lock
-instead of failing after sqlite3's default 5 s (operators/metadata_db.py); the production
+instead of failing after sqlite3's default 5 s (src/llm_batch/devstack/metadata_db.py); the production
 shape (PostgreSQL) does not get SQLite's arguments."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from airflow.sdk.module_loading import import_string
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from llm_batch.config import Settings
-from llm_batch.stack import Stack
+from llm_batch.core.config import Settings
+from llm_batch.devstack.stack import Stack
 
 HOLD_S = 5.5  # longer than sqlite3's default busy timeout (5 s)
 
@@ -60,7 +60,7 @@ def test_without_it_the_writer_fails_after_five_seconds(tmp_path):
 
 
 def test_the_production_shape_on_postgresql_does_not_get_sqlite_arguments(tmp_path):
-    from llm_batch.celery_stack import CeleryStack
+    from llm_batch.devstack.celery_stack import CeleryStack
 
     shape = CeleryStack.create(Settings(home=tmp_path / "home"), 18081, workers=1)
     env = shape.env()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch.config import Settings
-from llm_batch.model_registry import (
+from llm_batch.core.config import Settings
+from llm_batch.infra.model_registry import (
     BUILTIN_CHAT_TEMPLATES,
     MODEL_CONFIG_FIELDS,
     READY_MARKER,
@@ -42,7 +42,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return load_registry(Path(__file__).parents[2] / "llm_batch" / "models.yaml")
+    return load_registry(Path(__file__).parents[2] / "src" / "llm_batch" / "models.yaml")
 
 
 def engine_args(registry: Registry, **fields) -> dict:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch import model_recipes
-from llm_batch import model_registry as models
-from llm_batch.config import Settings
-from llm_batch.model_recipes import Recipe
-from llm_batch.model_registry import (
+from llm_batch.core import model_recipes
+from llm_batch.core.config import Settings
+from llm_batch.core.model_recipes import Recipe
+from llm_batch.infra import model_registry as models
+from llm_batch.infra.model_registry import (
     READY_MARKER,
     CheckpointNotAllowed,
     CheckpointNotFound,
@@ -283,7 +283,7 @@ def test_checkpoint_path_without_a_model_directory_is_an_error(settings):
 @pytest.fixture
 def fake_bucket(tmp_path, monkeypatch):
     """``storage.download_dir`` copying from tmp_path/bucket; records each call."""
-    from llm_batch import storage
+    from llm_batch.infra import storage
 
     bucket = tmp_path / "bucket"
     make_model_dir(bucket / "models" / "llama")
@@ -343,7 +343,7 @@ def test_a_missing_s3_prefix_is_checkpoint_not_found_and_leaves_nothing(settings
 
 
 def test_a_forbidden_s3_prefix_is_checkpoint_not_allowed(settings, monkeypatch):
-    from llm_batch import storage
+    from llm_batch.infra import storage
 
     def denied(prefix: str, dest: Path) -> Path:
         raise storage.AccessDenied(prefix, "access denied")
@@ -448,10 +448,10 @@ def test_prepare_refuses_unknown_models_and_missing_sources(settings, monkeypatc
 def test_models_command_prepares_and_lists(settings, counting_recipe, monkeypatch, capsys):
     import argparse
 
-    from llm_batch.commands import models as command
+    from llm_batch.cli import models as command
 
     monkeypatch.setattr(models, "get_settings", lambda: settings)
-    monkeypatch.setattr("llm_batch.config.get_settings", lambda: settings)
+    monkeypatch.setattr("llm_batch.core.config.get_settings", lambda: settings)
     parser = argparse.ArgumentParser()
     command.register(parser.add_subparsers())
 

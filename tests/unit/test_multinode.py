@@ -1,11 +1,11 @@
-"""A multi-node worker's engine arguments (llm_batch.multinode) and the leader's flags."""
+"""A multi-node worker's engine arguments (llm_batch.runtime.multinode) and the leader's flags."""
 
 from __future__ import annotations
 
 import pytest
 
-from llm_batch.multinode import NodeGroup, NodeGroupError
-from llm_batch.worker import WorkerUsageError, parse_config
+from llm_batch.runtime.multinode import NodeGroup, NodeGroupError
+from llm_batch.runtime.worker import WorkerUsageError, parse_config
 
 GROUP = NodeGroup(nnodes=2, node_rank=1, master_addr="leader.grp", master_port=29600, gpus_per_node=4)
 

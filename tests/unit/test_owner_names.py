@@ -1,4 +1,4 @@
-"""Owner names (llm_batch.owners): one spelling per owner, so names that fold together
+"""Owner names (llm_batch.core.owners): one spelling per owner, so names that fold together
 (``Alice3``, ``alice3.``, ``alice3 ``) never become two owners sharing a folder.
 
 Tried as an attacker would: every spelling hypothesis finds that folds to an owner is
@@ -13,12 +13,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from llm_batch import owners, user_paths
-from llm_batch.cli import main
-from llm_batch.config import Settings
-from llm_batch.jobstore import JobStore
-from llm_batch.owners import OwnerNameRefused
-from llm_batch.user_paths import PathRefused
+from llm_batch.cli.main import main
+from llm_batch.core import owners
+from llm_batch.core.config import Settings
+from llm_batch.core.owners import OwnerNameRefused
+from llm_batch.infra import user_paths
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.user_paths import PathRefused
 
 canonical_names = st.from_regex(owners.OWNER_NAME, fullmatch=True)
 

@@ -10,11 +10,11 @@ pytest.importorskip("airflow.providers.cncf.kubernetes")
 import kubernetes_validate  # noqa: E402
 from kubernetes.client import ApiClient  # noqa: E402
 
-from llm_batch.config import Settings  # noqa: E402
-from llm_batch.placement import GPU_TYPES
-from llm_batch.shard_task import ShardTask# noqa: E402
-from llm_batch_operators import pod_spec  # noqa: E402
-from llm_batch_operators.kubernetes import KubernetesShardOperator  # noqa: E402
+from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # noqa: E402
+from llm_batch.airflow.specs import pod_spec  # noqa: E402
+from llm_batch.core.config import Settings  # noqa: E402
+from llm_batch.core.placement import GPU_TYPES
+from llm_batch.pipeline.shard_task import ShardTask  # noqa: E402
 
 K8S_VERSION = "1.37.0"
 
@@ -44,7 +44,7 @@ def settings(monkeypatch) -> Settings:
     monkeypatch.setenv("LLM_BATCH_PRIORITY_CLASSES", '{"high": "llm-batch-high"}')
     monkeypatch.setenv("LLM_BATCH_GPU_NODE_LABEL_KEY", "cloud.example.com/accelerator")
     monkeypatch.setenv("LLM_BATCH_GPU_NODE_LABEL_VALUES", '{"nvidia-tesla-t4": "t4"}')
-    from llm_batch.config import get_settings
+    from llm_batch.core.config import get_settings
 
     get_settings.cache_clear()
     yield get_settings()
@@ -90,8 +90,8 @@ def test_pod_for_every_gpu_type_is_valid_strict(settings, gpu_type):
 def test_a_single_pod_refuses_a_multi_node_shard(settings):
     """nodes_per_worker > 1 goes to the group runner (tests/unit/test_group_spec.py); the pod
     operator itself never spans nodes."""
-    from llm_batch_operators.kubernetes_group import ShardGroupOperator
-    from llm_batch_operators.kubernetes_pod import ShardPodOperator
+    from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator
+    from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator
 
     task = _task(nodes_per_worker=2).model_dump()
     assert isinstance(KubernetesShardOperator(task_id="run_shard", shard_task=task).pod_operator(), ShardGroupOperator)

@@ -12,15 +12,20 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llm_batch import storage
-from llm_batch.config import get_settings
-from llm_batch.merge import merge_job
-from llm_batch.records import BatchRequest
-from llm_batch.results import ResultsWriter
-from llm_batch.sharding import (
-    _read_lines, estimate_prompt_tokens, plan_shards, prefix_key, read_manifest,
+from llm_batch.core.config import get_settings
+from llm_batch.core.records import BatchRequest
+from llm_batch.infra import storage
+from llm_batch.infra.results import ResultsWriter
+from llm_batch.pipeline.merge import merge_job
+from llm_batch.pipeline.sharding import (
+    _read_lines,
+    estimate_prompt_tokens,
+    plan_shards,
+    prefix_key,
+    read_manifest,
 )
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 
@@ -317,8 +322,8 @@ class RecordingLLM:
 
 def _run_feed(order: str, window: int = 16):
     pytest.importorskip("vllm")
-    from llm_batch.endpoints import Endpoint
-    from llm_batch.engine.runner import EngineRunner
+    from llm_batch.core.endpoints import Endpoint
+    from llm_batch.runtime.engine.runner import EngineRunner
 
     texts, doc_of = doc_qa_texts(docs=4, questions=3, seed=5, chars=1100)
     texts.insert(3, "no long prefix")
@@ -362,8 +367,8 @@ def test_feed_order_respects_the_window():
 
 
 def test_replanning_keeps_checkpoints_only_for_the_same_requests():
-    from llm_batch.records import ResultRecord
-    from llm_batch.results import count_results
+    from llm_batch.core.records import ResultRecord
+    from llm_batch.infra.results import count_results
 
     layout = new_layout()
     texts, _ = doc_qa_texts(docs=12, questions=4)

@@ -1,6 +1,6 @@
 """The task code Airflow's long-lived worker processes import once before they fork tasks:
-the Celery workers (llm_batch_operators.celery_config) and the embedded stack's
-LocalExecutor (llm_batch_operators.local_executor). Every name real, a failure only logged."""
+the Celery workers (llm_batch.airflow.celery_config) and the embedded stack's
+LocalExecutor (llm_batch.devstack.local_executor). Every name real, a failure only logged."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 
-from llm_batch.celery_stack import CeleryStack
-from llm_batch.config import Settings
-from llm_batch.stack import Stack
-from llm_batch_operators import celery_config, preload
+from llm_batch.airflow import celery_config, preload
+from llm_batch.core.config import Settings
+from llm_batch.devstack.celery_stack import CeleryStack
+from llm_batch.devstack.stack import Stack
 
 
 def test_the_celery_configuration_is_airflow_s():
@@ -26,16 +26,16 @@ def test_the_celery_configuration_is_airflow_s():
 @pytest.mark.parametrize("runner", ["local", "kubernetes"])
 def test_every_preloaded_module_exists(runner):
     names = preload.preload_modules(runner)
-    assert {"llm_batch.jobstore", "llm_batch.steps"} <= set(names)
+    assert {"llm_batch.infra.jobstore", "llm_batch.pipeline.steps"} <= set(names)
     for name in names:
         importlib.import_module(name)
 
 
 def test_a_module_that_fails_to_import_is_only_logged(monkeypatch, caplog):
-    monkeypatch.setattr(preload, "TASK_MODULES", ("llm_batch.no_such_module", "llm_batch.steps"))
-    with caplog.at_level(logging.WARNING, logger="llm_batch_operators.preload"):
+    monkeypatch.setattr(preload, "TASK_MODULES", ("llm_batch.no_such_module", "llm_batch.pipeline.steps"))
+    with caplog.at_level(logging.WARNING, logger="llm_batch.airflow.preload"):
         celery_config._preload(sender=None)
-        assert preload.preload("local") == ["llm_batch.steps", "llm_batch_operators.local"]
+        assert preload.preload("local") == ["llm_batch.pipeline.steps", "llm_batch.airflow.operators.local"]
     assert "not preloaded llm_batch.no_such_module" in caplog.text
 
 
@@ -52,7 +52,7 @@ def test_the_embedded_stack_s_executor_preloads_then_starts_airflow_s(tmp_path):
     """`llm-batch up` names the subclass; Airflow's executor loader resolves it as a local
     executor; start() has the task code imported before the workers fork."""
     env = Stack(Settings(home=tmp_path / "home"), 18081).env()
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "llm_batch_operators.local_executor.LocalExecutor"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "llm_batch.devstack.local_executor.LocalExecutor"
     probe = f"""
 import sys
 from airflow.executors.executor_loader import ExecutorLoader
@@ -60,10 +60,10 @@ from airflow.executors.local_executor import LocalExecutor
 cls, _ = ExecutorLoader.import_executor_cls(ExecutorLoader.get_executor_names()[0])
 assert issubclass(cls, LocalExecutor) and cls.is_local, cls
 executor = cls(parallelism=1)
-assert "llm_batch.jobstore" not in sys.modules
+assert "llm_batch.infra.jobstore" not in sys.modules
 executor.start()
 try:
-    assert "llm_batch.jobstore" in sys.modules and "llm_batch_operators.local" in sys.modules
+    assert "llm_batch.infra.jobstore" in sys.modules and "llm_batch.airflow.operators.local" in sys.modules
 finally:
     executor.end()
 print("ok")

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from llm_batch.jobstore import JobStore
-from llm_batch.jobstore import store as store_module
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore import store as store_module
 from tests.unit.test_jobstore import T0, make_job, store, store_url  # noqa: F401 (fixtures)
 
 

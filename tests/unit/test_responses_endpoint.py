@@ -14,11 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
-from llm_batch.endpoints import SUPPORTED_ENDPOINTS, TASK_OF_ENDPOINT, Endpoint, parse_endpoint
-from llm_batch.formats import RequestChecker, read_jsonl
-from llm_batch.records import ErrorRecord
-from llm_batch.schemas import RESPONSES_UNSUPPORTED
-
+from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS, TASK_OF_ENDPOINT, Endpoint, parse_endpoint
+from llm_batch.core.formats import RequestChecker, read_jsonl
+from llm_batch.core.records import ErrorRecord
+from llm_batch.core.schemas import RESPONSES_UNSUPPORTED
 
 GOOD_BODIES: list[dict[str, Any]] = [
     {"model": "m", "input": "Say hi"},
@@ -148,7 +147,7 @@ def test_bad_lines_keep_their_line_numbers_beside_good_ones():
 
 
 def test_a_responses_body_runs_as_a_chat():
-    from llm_batch.engine.sampling import parse_body, sampling_params
+    from llm_batch.runtime.engine.sampling import parse_body, sampling_params
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     body = parse_body(Endpoint.RESPONSES, {
@@ -173,7 +172,7 @@ def test_a_responses_body_runs_as_a_chat():
 
 
 def test_json_object_format_and_no_format():
-    from llm_batch.engine.sampling import parse_body, sampling_params
+    from llm_batch.runtime.engine.sampling import parse_body, sampling_params
 
     json_object = sampling_params(parse_body(Endpoint.RESPONSES, {
         "input": "x", "text": {"format": {"type": "json_object"}}}))
@@ -185,7 +184,7 @@ def test_json_object_format_and_no_format():
 
 @pytest.mark.parametrize("option", sorted(UNSUPPORTED))
 def test_the_engine_refuses_unsupported_options_too(option):
-    from llm_batch.engine.sampling import InvalidRequest, parse_body
+    from llm_batch.runtime.engine.sampling import InvalidRequest, parse_body
 
     with pytest.raises(InvalidRequest, match=f"{option} is not supported"):
         parse_body(Endpoint.RESPONSES, {"input": "x", option: UNSUPPORTED[option]})
@@ -202,7 +201,7 @@ def _fake_output(text: str, finish_reason: str, prompt: int, generated: int, cac
 
 
 def _responses() -> list[dict[str, Any]]:
-    from llm_batch.engine.responses import response_object
+    from llm_batch.runtime.engine.responses import response_object
 
     fmt = {"type": "json_schema", "name": "color", "schema": {"enum": ["red"]}, "strict": True}
     return [
@@ -261,7 +260,7 @@ def test_the_newest_openai_sdk_parses_the_response():
 
 
 def test_merge_sums_responses_usage_names():
-    from llm_batch.merge import _UsageSum
+    from llm_batch.pipeline.merge import _UsageSum
 
     total = _UsageSum()
     for body in _responses():

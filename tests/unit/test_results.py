@@ -8,13 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_batch import storage
-from llm_batch.layout import join_uri
-from llm_batch.records import ResultRecord, dumps_line
-from llm_batch.results import (
-    ResultsError, ResultsWriter, count_results, list_parts, part_uri, read_results,
+from llm_batch.core.layout import join_uri
+from llm_batch.core.records import ResultRecord, dumps_line
+from llm_batch.infra import storage
+from llm_batch.infra.results import (
+    ResultsError,
+    ResultsWriter,
+    count_results,
+    list_parts,
+    part_uri,
+    read_results,
 )
-from llm_batch.streams import iter_lines
+from llm_batch.infra.streams import iter_lines
 from tests.unit.data_plane_fixtures import new_layout
 
 
@@ -150,7 +155,7 @@ class Outage:
 
 
 def test_records_stay_buffered_through_a_storage_outage_and_publish_after_it(results_uri, monkeypatch):
-    monkeypatch.setattr("llm_batch.results._RETRY_PUBLISH_AFTER_S", 0.0)
+    monkeypatch.setattr("llm_batch.infra.results._RETRY_PUBLISH_AFTER_S", 0.0)
     outage = Outage(monkeypatch)
     writer = ResultsWriter.open(results_uri, flush_every_s=0, outage_s=60)
     for i in range(3):
@@ -171,7 +176,7 @@ def test_a_failed_checkpoint_is_not_retried_on_every_write(results_uri, monkeypa
 
 
 def test_close_waits_out_a_short_outage(results_uri, monkeypatch):
-    monkeypatch.setattr("llm_batch.results._RETRY_PUBLISH_AFTER_S", 0.01)
+    monkeypatch.setattr("llm_batch.infra.results._RETRY_PUBLISH_AFTER_S", 0.01)
     outage = Outage(monkeypatch)
     writer = ResultsWriter.open(results_uri, flush_every_s=3600, outage_s=60)
     writer.write(result(0))
@@ -182,13 +187,13 @@ def test_close_waits_out_a_short_outage(results_uri, monkeypatch):
             outage.down = False  # the server is back after the third attempt
         real_sleep(s)
 
-    monkeypatch.setattr("llm_batch.results.time.sleep", sleep)
+    monkeypatch.setattr("llm_batch.infra.results.time.sleep", sleep)
     writer.close()
     assert [r.index for r in read_results(results_uri)] == [0]
 
 
 def test_an_outage_longer_than_outage_s_fails_the_shard_keeping_what_was_published(results_uri, monkeypatch):
-    monkeypatch.setattr("llm_batch.results._RETRY_PUBLISH_AFTER_S", 0.0)
+    monkeypatch.setattr("llm_batch.infra.results._RETRY_PUBLISH_AFTER_S", 0.0)
     writer = ResultsWriter.open(results_uri, flush_every_s=0, outage_s=0.05)
     writer.write(result(0))  # published before the outage
     outage = Outage(monkeypatch)

@@ -1,7 +1,7 @@
 """A Scale job's output array holds each case in Scale's shape: v1 prompts (either route) as
 ``CompletionOutput`` (with ``tokens`` when asked), v2 completion and chat items as their
 ``text_completion`` / ``chat.completion`` bodies, a failure as an ``error`` object; one
-element per input item, in input order. The bodies are the engine's (llm_batch.engine.responses)
+element per input item, in input order. The bodies are the engine's (llm_batch.runtime.engine.responses)
 from stand-in outputs; structure, counts and order are checked, never text."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from llm_batch.input_formats import InputFormat
-from llm_batch.records import BatchRequest
-from llm_batch.results import read_results
-from llm_batch.scale_output import CompletionOutput, success_element
-from llm_batch.sharding import read_manifest
+from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.records import BatchRequest
+from llm_batch.core.scale_output import CompletionOutput, success_element
+from llm_batch.infra.results import read_results
+from llm_batch.pipeline.sharding import read_manifest
 from tests.unit.data_plane_fixtures import engine_answer, new_layout, run_scale_job
 
 V1_KEYS = {"text", "num_prompt_tokens", "num_completion_tokens", "tokens"}
@@ -84,8 +84,8 @@ def test_the_success_element_follows_the_input_format():
 
 
 def test_cli_merge_writes_v1_elements_with_scale_v1(capsys):
-    from llm_batch import storage
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
+    from llm_batch.infra import storage
 
     layout = new_layout()
     run_scale_job(layout, _v1_content(), InputFormat.SCALE_V1, "/v1/completions", shards=2)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.schemas import (
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.schemas import (
     MAX_N,
     body_model_for,
     describe_validation_error,

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llm_batch_operators import shard_routing
+from llm_batch.airflow import policies as shard_routing
 
 
 def _ti(dag_id="batch_inference", task_id="run_shard"):
@@ -60,7 +60,7 @@ def test_a_conf_that_breaks_the_lane_logs_and_leaves_the_default(monkeypatch, ca
 
 
 def test_a_multi_node_shard_takes_a_pool_slot_per_node():
-    from llm_batch.config import Settings
+    from llm_batch.core.config import Settings
 
     k8s = Settings(shard_runner="kubernetes", gpu_pool_slots=8)
     assert [shard_routing.pool_slots_of_run(k8s, {"nodes_per_worker": n}) for n in (None, 1, 4, 16)] == [1, 1, 4, 8]

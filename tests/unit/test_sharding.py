@@ -5,12 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from llm_batch import storage
-from llm_batch.records import ResultRecord
-from llm_batch.results import ResultsWriter, count_results
-from llm_batch.sharding import (
-    ShardingError, estimate_prompt_tokens, plan_shards, read_manifest,
-)
+from llm_batch.core.records import ResultRecord
+from llm_batch.infra import storage
+from llm_batch.infra.results import ResultsWriter, count_results
+from llm_batch.pipeline.sharding import ShardingError, estimate_prompt_tokens, plan_shards, read_manifest
 from tests.unit.data_plane_fixtures import new_layout, write_job
 
 

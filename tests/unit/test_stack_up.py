@@ -1,5 +1,5 @@
 """``llm-batch up`` on a partly running stack starts only what is missing, and its
-supervisor starts again a component that dies (llm_batch.stack, llm_batch.supervisor).
+supervisor starts again a component that dies (llm_batch.devstack.stack, llm_batch.devstack.supervisor).
 
 Real processes, not Airflow: ``up`` starts the real supervisor process, which starts each
 component as a small process (own process group, pid file, log) exactly as the real ones
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch import stack as stack_module
-from llm_batch.config import Settings
-from llm_batch.stack import COMPONENTS, SUPERVISOR, Stack, StackError, free_port
-from llm_batch.supervisor import read_restarts
+from llm_batch.core.config import Settings
+from llm_batch.devstack import stack as stack_module
+from llm_batch.devstack.stack import COMPONENTS, SUPERVISOR, Stack, StackError, free_port
+from llm_batch.devstack.supervisor import read_restarts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ class FakeStack(Stack):
 
     def supervisor_command(self) -> list[str]:
         # The supervisor rebuilds this class: importable from the repository's root.
-        boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from llm_batch.supervisor import main; main()"
+        boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from llm_batch.devstack.supervisor import main; main()"
         return [sys.executable, "-c", boot, f"{__name__}:FakeStack"]
 
     def migrate(self, env: dict[str, str]) -> None:
@@ -111,7 +111,7 @@ def test_a_killed_component_is_started_again_by_the_supervisor(stack, monkeypatc
     assert read_restarts(stack).keys() == {"scheduler"}
     assert read_restarts(stack)["scheduler"]["restarts"] == 1
     assert read_restarts(stack)["scheduler"]["reason"] == "killed by SIGKILL"
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))
     main(["status"])
@@ -134,7 +134,7 @@ def test_up_starts_only_the_dead_component(stack, monkeypatch, capsys):
 
     kill(stack, SUPERVISOR, "scheduler")  # nothing left to start it again but `up`
     # Through the CLI: the line says what was started and what was already running.
-    from llm_batch.cli import main
+    from llm_batch.cli.main import main
 
     monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))
     assert main(["up", "--timeout", "30"]) == 0

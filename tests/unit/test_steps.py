@@ -5,7 +5,6 @@ runs in tests/dags). Checks status moves, counts, outputs, ids and reasons."""
 from __future__ import annotations
 
 import re
-
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -13,14 +12,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llm_batch import exit_codes, housekeeping, jobs, placement, run_conf, shard_task, steps, storage
-from llm_batch_operators import lanes
-from llm_batch.config import Settings
-from llm_batch.jobs import JobStatus
-from llm_batch.jobstore import JobStore, utcnow
-from llm_batch.progress import ShardProgress
-from llm_batch.records import ResultRecord
-from llm_batch.results import ResultsWriter
+from llm_batch.airflow import lanes
+from llm_batch.core import exit_codes, jobs, placement, run_conf
+from llm_batch.core.config import Settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.core.records import ResultRecord
+from llm_batch.infra import storage
+from llm_batch.infra.jobstore import JobStore, utcnow
+from llm_batch.infra.progress import ShardProgress
+from llm_batch.infra.results import ResultsWriter
+from llm_batch.pipeline import housekeeping, shard_task, steps
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def _chat(i: int) -> bytes:
 
 
 def _input(settings: Settings, lines: list[bytes]) -> str:
-    # The default owner's own folder of the user root (llm_batch.user_paths).
+    # The default owner's own folder of the user root (llm_batch.infra.user_paths).
     path = settings.local_roots[0] / run_conf.DEFAULT_OWNER / f"input-{uuid.uuid4().hex[:8]}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"\n".join(lines) + b"\n")
@@ -265,7 +266,7 @@ def test_a_run_whose_user_has_no_owner_name_makes_no_job(store, settings):
 
 
 def test_an_airflow_admin_is_told_from_the_simple_auth_managers_users(monkeypatch):
-    from llm_batch import airflow_users
+    from llm_batch.airflow import users as airflow_users
 
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
                        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")

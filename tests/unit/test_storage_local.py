@@ -1,4 +1,4 @@
-"""llm_batch.storage over local paths: confinement, atomic writes, streaming, listing."""
+"""llm_batch.infra.storage over local paths: confinement, atomic writes, streaming, listing."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch import storage
-from llm_batch.config import get_settings
-from llm_batch.storage import AccessDenied, ObjectNotFound, PathNotAllowed, StorageError
+from llm_batch.core.config import get_settings
+from llm_batch.infra import storage
+from llm_batch.infra.storage import AccessDenied, ObjectNotFound, PathNotAllowed, StorageError
 
 MIB = 1024**2
 

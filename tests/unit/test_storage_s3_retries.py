@@ -14,8 +14,8 @@ from botocore.response import StreamingBody
 from botocore.stub import Stubber
 from urllib3.exceptions import ProtocolError
 
-from llm_batch import storage
-from llm_batch.storage import AccessDenied, S3Storage, StorageError
+from llm_batch.infra import storage
+from llm_batch.infra.storage import AccessDenied, S3Storage, StorageError
 
 URI = "s3://bucket/key.jsonl"
 

@@ -1,4 +1,4 @@
-"""Strict JSON (llm_batch.strict_json): what Python's parser admits and the pipeline cannot
+"""Strict JSON (llm_batch.core.strict_json): what Python's parser admits and the pipeline cannot
 write again is refused at the edge, and a batch line nested too deep is that line's error
 record, never a failure of the step that writes the valid lines again."""
 
@@ -9,9 +9,10 @@ import math
 
 import orjson
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llm_batch import strict_json
+from llm_batch.core import strict_json
 from tests.unit.test_validation import chat_line, run
 
 

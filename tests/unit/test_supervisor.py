@@ -1,4 +1,4 @@
-"""The supervisor's rounds (llm_batch.supervisor.Supervisor.poll) on `sleep` processes
+"""The supervisor's rounds (llm_batch.devstack.supervisor.Supervisor.poll) on `sleep` processes
 standing in for the components, with the clock passed in: what it starts, when (backoff),
 what it records, what it leaves alone. The supervisor process itself, started by ``up``, is
 tested in test_stack_up.py; on the real stack in tests/e2e/test_stack_up.py.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch.config import Settings
-from llm_batch.stack import COMPONENTS, Stack
-from llm_batch.supervisor import HEALTH_EVERY_S, NOT_ANSWERING, Supervisor, read_restarts
+from llm_batch.core.config import Settings
+from llm_batch.devstack.stack import COMPONENTS, Stack
+from llm_batch.devstack.supervisor import HEALTH_EVERY_S, NOT_ANSWERING, Supervisor, read_restarts
 
 
 class SleepStack(Stack):

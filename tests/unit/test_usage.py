@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llm_batch import client as client_module
-from llm_batch.cli import main
-from llm_batch.client import BatchClient
-from llm_batch.commands.usage import parse_since
-from llm_batch.jobstore import JobStore
-from llm_batch.jobstore.store import UsageRow
+from llm_batch.cli.main import main
+from llm_batch.cli.usage import parse_since
+from llm_batch.infra import api_client as client_module
+from llm_batch.infra.api_client import BatchClient
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore.store import UsageRow
 
 CHAT = "/v1/chat/completions"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""llm_batch.user_paths: the gate for paths users name, tried as an attacker would.
+"""llm_batch.infra.user_paths: the gate for paths users name, tried as an attacker would.
 
 A home with the real layout (job database and its -wal/-shm files, the admin key, Airflow's
 home, work, files and model areas) and two owners, alice and bob, each with files in their
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch import user_paths
-from llm_batch.config import Settings
-from llm_batch.user_paths import PathRefused, PathUnavailable
+from llm_batch.core.config import Settings
+from llm_batch.infra import user_paths
+from llm_batch.infra.user_paths import PathRefused, PathUnavailable
 
 
 @pytest.fixture

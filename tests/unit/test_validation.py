@@ -11,15 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_batch import storage
-from llm_batch.formats import ErrorCode
-from llm_batch.layout import JobLayout
-from llm_batch.validation import (
-    BatchRejected,
-    ValidationLimits,
-    check_format,
-    validate_batch,
-)
+from llm_batch.core.formats import ErrorCode
+from llm_batch.core.layout import JobLayout
+from llm_batch.infra import storage
+from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, check_format, validate_batch
 
 CORPUS = Path(__file__).parent.parent / "corpus"
 EXPECTED = {k: v for k, v in json.loads((CORPUS / "expected.json").read_text()).items()

@@ -1,4 +1,4 @@
-"""The vLLM internals llm_batch uses (llm_batch/engine/vllm_api.py) against the installed
+"""The vLLM internals llm_batch uses (src/llm_batch/runtime/engine/vllm_api.py) against the installed
 vLLM, without starting an engine: every name in ``INTERNAL_USES`` exists with a signature
 the adapter's calls still fit, and the installed version is inside ``SUPPORTED_VLLM``.
 
@@ -21,8 +21,8 @@ pytest.importorskip("vllm")
 from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.version import Version  # noqa: E402
 
-from llm_batch.engine import vllm_api  # noqa: E402
-from llm_batch.engine.vllm_api import INTERNAL_USES, SUPPORTED_VLLM, InternalUse  # noqa: E402
+from llm_batch.runtime.engine import vllm_api  # noqa: E402
+from llm_batch.runtime.engine.vllm_api import INTERNAL_USES, SUPPORTED_VLLM, InternalUse  # noqa: E402
 
 
 def _where(use: InternalUse) -> str:
@@ -33,9 +33,9 @@ def _fail(use: InternalUse, problem: str) -> None:
     installed = vllm_api.installed_vllm_version()
     kind = "private vLLM API" if use.private else "vLLM API"
     pytest.fail(
-        f"{_where(use)} ({kind}, used by llm_batch.engine.vllm_api.{use.used_by}) {problem} "
+        f"{_where(use)} ({kind}, used by llm_batch.runtime.engine.vllm_api.{use.used_by}) {problem} "
         f"in the installed vLLM {installed}; llm-batch supports vllm{SUPPORTED_VLLM}. "
-        f"Adapt llm_batch/engine/vllm_api.py to this vLLM (then widen SUPPORTED_VLLM), "
+        f"Adapt src/llm_batch/runtime/engine/vllm_api.py to this vLLM (then widen SUPPORTED_VLLM), "
         f"or install a vLLM inside the range.",
         pytrace=False,
     )
@@ -111,7 +111,7 @@ def test_installed_vllm_is_in_the_supported_range():
     installed = vllm_api.installed_vllm_version()
     assert SpecifierSet(SUPPORTED_VLLM).contains(Version(installed), prereleases=True), (
         f"installed vLLM {installed} is outside llm-batch's supported range vllm{SUPPORTED_VLLM}: "
-        "the adapter's internal uses (llm_batch/engine/vllm_api.py) are only known to match "
+        "the adapter's internal uses (src/llm_batch/runtime/engine/vllm_api.py) are only known to match "
         "inside it; check them on this vLLM, then move SUPPORTED_VLLM and the pins "
         "(pyproject's vllm extra, inference_image/Dockerfile's base tag) together")
     assert vllm_api.vllm_supported() and vllm_api.check_vllm_version()
@@ -123,7 +123,7 @@ def test_installed_vllm_is_in_the_supported_range():
 ])
 def test_outside_the_range_warns_once_and_never_raises(caplog, monkeypatch, version, inside):
     monkeypatch.setattr(vllm_api, "_warned", set())
-    with caplog.at_level(logging.WARNING, logger="llm_batch.engine"):
+    with caplog.at_level(logging.WARNING, logger="llm_batch.runtime.engine"):
         assert vllm_api.check_vllm_version(version) is inside
         assert vllm_api.check_vllm_version(version) is inside
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

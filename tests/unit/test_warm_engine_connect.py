@@ -1,4 +1,4 @@
-"""How a client reaches a warm engine's socket (``llm_batch.warm_engines._try_connect``),
+"""How a client reaches a warm engine's socket (``llm_batch.runtime.warm_engines._try_connect``),
 without an engine: a live host greets; a killed host whose listening socket a forked child
 still holds (as vLLM's engine processes do) takes the connection, then resets it, and is
 not mistaken for a live one. (A CI run once handed a retry to such a host: exit -9.)"""
@@ -14,7 +14,7 @@ import time
 import orjson
 import pytest
 
-from llm_batch.warm_engines import Slot, _try_connect
+from llm_batch.runtime.warm_engines import Slot, _try_connect
 
 
 @pytest.fixture

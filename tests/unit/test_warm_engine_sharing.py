@@ -1,4 +1,4 @@
-"""One warm engine shared by shards at once (``llm_batch.warm_engines``: ``SharedEngine``,
+"""One warm engine shared by shards at once (``llm_batch.runtime.warm_engines``: ``SharedEngine``,
 ``EngineView``, ``KeptEngine``), on a stand-in engine for speed; the real engine runs the
 same paths in ``tests/engine/test_warm_engine.py``."""
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from llm_batch import warm_engines
-from llm_batch.warm_engines import EngineView, KeptEngine, SharedEngine, WarmEngineError
+from llm_batch.runtime import warm_engines
+from llm_batch.runtime.warm_engines import EngineView, KeptEngine, SharedEngine, WarmEngineError
 
 
 @dataclass
@@ -89,8 +89,8 @@ def engines(monkeypatch):
         started.append(model.engine_args)
         return SimpleNamespace(llm_engine=FakeEngine())
 
-    monkeypatch.setattr("llm_batch.engine.runner.start_engine", start)
-    monkeypatch.setattr("llm_batch.engine.runner.stop_engine", stopped.append)
+    monkeypatch.setattr("llm_batch.runtime.engine.runner.start_engine", start)
+    monkeypatch.setattr("llm_batch.runtime.engine.runner.stop_engine", stopped.append)
     return started, stopped
 
 
@@ -140,8 +140,8 @@ def test_seats_fill_idle_engines_before_second_seats(tmp_path):
 
 
 def test_the_local_pool_has_a_slot_per_seat_of_each_engine_with_warm_engines():
-    from llm_batch.config import Settings
-    from llm_batch_operators.lanes import pool_specs
+    from llm_batch.airflow.lanes import pool_specs
+    from llm_batch.core.config import Settings
 
     def local_slots(**settings) -> int:
         made = Settings(**settings)

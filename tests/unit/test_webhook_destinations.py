@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_batch.config import Settings
-from llm_batch.webhook_destinations import DestinationRefused, check_destination, refusal
+from llm_batch.core.config import Settings
+from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination, refusal
 
 DEFAULTS = Settings(webhook_allowed_hosts=[], webhook_allow_public=True)
 NON_GLOBAL_V4 = ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",

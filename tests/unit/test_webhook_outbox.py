@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from llm_batch.config import Settings
-from llm_batch.jobs import JobStatus
-from llm_batch.jobstore import JobStore
-from llm_batch.jobstore.webhooks import JOB_END_EVENTS
-from llm_batch.webhook_destinations import DestinationRefused, check_destination
-from llm_batch.webhooks import Deliverer
+from llm_batch.core.config import Settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore.webhooks import JOB_END_EVENTS
+from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination
+from llm_batch.infra.webhooks import Deliverer
 
 CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[2]
@@ -348,7 +348,7 @@ def test_updates_move_updated_at_only_when_something_changes(store):
 
 
 def test_endpoint_pages_are_newest_first_and_follow_the_cursor(store):
-    from llm_batch.jobstore import InvalidCursor
+    from llm_batch.infra.jobstore import InvalidCursor
 
     ids = [store.create_webhook_endpoint("alice", f"http://127.0.0.1:9/{i}")[0].id for i in range(5)]
     store.create_webhook_endpoint("bob", "http://127.0.0.1:9/b")
@@ -440,7 +440,7 @@ def _deliverer_process(tmp_path: Path, url: str) -> subprocess.Popen:
            "LLM_BATCH_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1", "LLM_BATCH_WEBHOOK_TIMEOUT_S": "1",
            "LLM_BATCH_WEBHOOK_LEASE_S": "1", "LLM_BATCH_WEBHOOK_RETRY_BASE_S": "0.1",
            "LLM_BATCH_WEBHOOK_POLL_INTERVAL_S": "0.1"}
-    return subprocess.Popen([sys.executable, "-m", "llm_batch.cli", "webhook", "deliver"], env=env, cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "llm_batch.cli.main", "webhook", "deliver"], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from llm_batch import exit_codes
-from llm_batch.cli import build_parser
-from llm_batch.endpoints import Endpoint
-from llm_batch.layout import JobLayout
-from llm_batch.progress import ShardState, read_progress
-from llm_batch.records import BatchRequest, ResultRecord, dumps_line
-from llm_batch.results import ResultsWriter
-from llm_batch.worker import WorkerUsageError, parse_config, run_worker
+from llm_batch.cli.main import build_parser
+from llm_batch.core import exit_codes
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
+from llm_batch.infra.progress import ShardState, read_progress
+from llm_batch.infra.results import ResultsWriter
+from llm_batch.runtime.worker import WorkerUsageError, parse_config, run_worker
 
 BASE = dict(job_id="job1", shard="2", requests=None, results=None, endpoint="/v1/chat/completions",
             model_config='{"model": "tiny-random-llama"}', work_uri="/w")

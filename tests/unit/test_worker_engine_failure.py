@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from llm_batch import exit_codes
-from llm_batch.engine import runner as engine_runner
-from llm_batch.layout import JobLayout
-from llm_batch.progress import ShardState, read_progress
-from llm_batch.records import BatchRequest, dumps_line
-from llm_batch.results import read_results
-from llm_batch.worker import parse_config, run_worker
+from llm_batch.core import exit_codes
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import BatchRequest, dumps_line
+from llm_batch.infra.progress import ShardState, read_progress
+from llm_batch.infra.results import read_results
+from llm_batch.runtime.engine import runner as engine_runner
+from llm_batch.runtime.worker import parse_config, run_worker
 
 
 class StandInEngine:

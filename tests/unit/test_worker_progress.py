@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.engine import StopReason
-from llm_batch.progress import ProgressReporter, ShardProgress, ShardState, read_progress
-from llm_batch.worker import StopMonitor, WorkerConfig
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
+from llm_batch.runtime.engine import StopReason
+from llm_batch.runtime.worker import StopMonitor, WorkerConfig
 
 
 class Clock:

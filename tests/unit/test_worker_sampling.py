@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from vllm.sampling_params import RequestOutputKind
 
-from llm_batch.endpoints import Endpoint
-from llm_batch.engine.sampling import InvalidRequest, parse_body, pooling_params, sampling_params
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.runtime.engine.sampling import InvalidRequest, parse_body, pooling_params, sampling_params
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 

@@ -1,0 +1,25 @@
+"""Shard runners: the operators that run one shard of a batch job, with the same arguments.
+
+- ``LocalShardOperator`` (``llm_batch.airflow.operators.local``): a local subprocess.
+- ``KubernetesShardOperator`` (``llm_batch.airflow.operators.kubernetes``): a GPU pod.
+
+``shard_operator(runner)`` imports only the one asked for, so a DAG file using the local
+runner never pays for the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def shard_operator(runner: str) -> type[Any]:
+    """The operator class of `runner` ("local" or "kubernetes")."""
+    if runner == "local":
+        from llm_batch.airflow.operators.local import LocalShardOperator
+
+        return LocalShardOperator
+    if runner == "kubernetes":
+        from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator
+
+        return KubernetesShardOperator
+    raise ValueError(f"shard runner {runner!r} is unknown; use 'local' or 'kubernetes'")

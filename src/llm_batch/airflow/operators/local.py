@@ -1,0 +1,194 @@
+"""LocalShardOperator: one shard as a local `llm-batch worker` subprocess.
+
+The embedded set-up's runner (and CI's). While the worker runs, the operator is its
+supervisor: it streams the worker's output into the task log, mirrors the job's cancel
+flag to the cancel marker the worker reads, reports its shard's progress (and at the end its
+outcome) to the shard's row in the job store, and kills
+the worker if it has not stopped ``cancel_grace_seconds`` after a cancel or the deadline.
+On kill (task cleared, run timed out) the worker's process group is terminated.
+
+With ``Settings.warm_engines`` the shard runs on a warm engine of its model instead of a new
+worker process (``llm_batch.runtime.warm_engines``); the supervision is the same, and a kill stops
+the shard but leaves the engine warm for the next one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail
+from llm_batch.core.placement import multi_node_refusal
+from llm_batch.pipeline.shard_task import ShardOutcome
+from llm_batch.runtime.warm_engines import WarmEngineError, WarmShard, start_shard
+
+# Seconds between supervision rounds (cancel flag, deadline, progress).
+POLL_SECONDS = 2.0
+# After SIGTERM, seconds before SIGKILL.
+TERM_SECONDS = 10.0
+# The worker's last output lines carried into a failed shard's outcome (and the job's
+# status_reason): at most this many lines, this many characters.
+TAIL_LINES = 5
+TAIL_CHARS = 600
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the task process dies without cleaning up (kill -9),
+    the kernel kills the worker too, so a retry never races an orphan on the same shard."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class LocalShardOperator(ShardTaskMixin, BaseOperator):
+    """Run one shard (``shard_task``: a ``llm_batch.pipeline.shard_task.ShardTask`` as a dict) as a subprocess.
+
+    Returns the shard's outcome (``llm_batch.pipeline.shard_task.ShardOutcome`` as a dict). A worker failure
+    raises (the task retries and the worker resumes); a usage error fails without retry.
+    """
+
+    template_fields = ("shard_task",)
+    ui_color = "#e8f4ea"
+    # The worker program; the shard's `worker ...` arguments follow it.
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "llm_batch.cli.main")
+    term_seconds: float = TERM_SECONDS
+
+    def __init__(self, *, shard_task: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard_task = shard_task
+        self._process: subprocess.Popen[bytes] | WarmShard | None = None
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES * 4)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        early = self.stop_before_start()
+        if early is not None:
+            return self.report_outcome(early, context).model_dump()
+        if (refusal := multi_node_refusal(self.shard.nodes_per_worker, "local")) is not None:
+            # register and the API refuse such jobs already; a shard must not run on one node anyway.
+            return self.finish(ShardOutcome(shard=self.shard.shard, exit_code=-1, state="usage", message=refusal), context)
+        if self.on_warm_engine():
+            self._process = self._start_warm()
+            forced = self._supervise(self._process)
+            self._process.wait(timeout=5)
+        else:
+            self._process = self._start()
+            reader = threading.Thread(target=self._stream_output, args=(self._process,), daemon=True)
+            reader.start()
+            forced = self._supervise(self._process)
+            reader.join(timeout=5)
+        outcome = self.outcome(self._process.returncode, forced)
+        if outcome.state in ("failed", "usage") and (tail := self.worker_tail()):
+            outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
+        return self.finish(outcome, context)
+
+    def on_kill(self) -> None:
+        if isinstance(self._process, WarmShard):
+            self.log.info("task killed: stopping the shard on warm engine pid %s", self._process.pid)
+            self._process.detach()
+        elif self._process is not None and self._process.poll() is None:
+            self.log.info("task killed: terminating worker pid %s", self._process.pid)
+            _terminate(self._process, self.term_seconds)
+
+    def on_warm_engine(self) -> bool:
+        """Whether the shard runs on a warm engine (``_start_warm``) or a worker of its own."""
+        return self.llm_settings.warm_engines
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        task = self.shard
+        command = [*self.worker_command, *task.worker_args()]
+        env = {**os.environ, "LLM_BATCH_JOB_ID": task.job_id, "LLM_BATCH_SHARD": str(task.shard)}
+        self.log.info("starting worker: %s", " ".join(command))
+        # Its own process group, so a kill reaches the engine processes vLLM spawns too.
+        return subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    def _start_warm(self) -> WarmShard:
+        """The shard on a warm engine of its model (``llm_batch.runtime.warm_engines``)."""
+        import orjson
+
+        task = self.shard
+        self.log.info("handing shard %s to a warm engine", task.shard)
+        try:
+            return start_shard(self.llm_settings, orjson.loads(task.model_config_json), task.worker_args(),
+                               self._log_line)
+        except WarmEngineError as exc:
+            raise AirflowException(str(exc)) from None
+
+    def worker_tail(self) -> str:
+        """The worker's last output lines (bounded): what a failed shard says about why."""
+        return error_tail(list(self._tail), TAIL_LINES, TAIL_CHARS)
+
+    def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for raw in iter(process.stdout.readline, b""):
+            self._log_line(raw.decode("utf-8", errors="backslashreplace").rstrip())
+
+    def _log_line(self, line: str) -> None:
+        self.log.info("[worker] %s", line)
+        if line.strip() and not line.lstrip().startswith(("Traceback", "File ", "^")):
+            self._tail.append(line.strip()[:300])
+
+    def _supervise(self, process: subprocess.Popen[bytes]) -> str | None:
+        """Wait for the worker; returns "cancelled"/"deadline" if it had to be killed."""
+        grace = self.llm_settings.cancel_grace_seconds
+        stop_seen: tuple[str, float] | None = None
+        while not _ended(process, POLL_SECONDS):
+            self.report_progress()
+            if stop_seen is None:
+                cause = self.stop_cause(datetime.now(UTC))
+                if cause is not None:
+                    self.log.info("shard %s: %s; waiting up to %ss for the worker", self.shard.shard, cause, grace)
+                    stop_seen = (cause, time.monotonic())
+            elif time.monotonic() - stop_seen[1] > grace and process.poll() is None:
+                self.log.warning("worker did not stop %ss after %s: killing it", grace, stop_seen[0])
+                _terminate(process, self.term_seconds)
+                return stop_seen[0]
+        return None
+
+
+def _ended(process: subprocess.Popen[bytes] | WarmShard, timeout: float) -> bool:
+    """Whether the worker ends within ``timeout``: a wait, not a sleep, so a short shard's
+    task ends as soon as its worker does."""
+    try:
+        process.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _terminate(process: subprocess.Popen[bytes] | WarmShard, term_seconds: float) -> None:
+    """SIGTERM the worker's process group, then SIGKILL it if it lingers. A shard on a warm
+    engine is only left (the host stops it at its next step): the host runs other jobs'
+    shards too, which a kill would fail."""
+    if isinstance(process, WarmShard):
+        process.detach()
+        return
+    for sig, wait in ((signal.SIGTERM, term_seconds), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,169 @@
+"""What both shard runners share: the shard's arguments, stop checks and outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from llm_batch.core.config import Settings, get_settings
+from llm_batch.pipeline.shard_task import (
+    ShardOutcome,
+    ShardTask,
+    interpret_exit,
+    shard_stop_cause,
+    try_report_shard,
+)
+
+if TYPE_CHECKING:
+    from llm_batch.infra.jobstore import JobStore
+
+# How long a shard task starting while the job store is down (a PostgreSQL restart) waits
+# for it, instead of failing and spending one of its retries.
+STORE_WAIT_S = 60.0
+STORE_RETRY_S = 2.0
+
+
+def error_tail(lines: list[str], last: int = 5, chars: int = 600) -> str:
+    """What a failed worker's last output lines say about why: its last error lines, else
+    its ``last`` lines, joined and bounded to ``chars`` (the shard's message, the job's
+    status_reason)."""
+    errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
+    text = " | ".join(errors[-2:] or lines[-last:])
+    return text if len(text) <= chars else "..." + text[-chars:]
+
+
+def shard_stop_of(task: ShardTask, settings: Settings) -> dict[str, Any]:
+    """What a trigger waiting on a shard's worker needs for ``watch_shard`` (serializable)."""
+    return {
+        "job_id": task.job_id,
+        "shard": task.shard,
+        "progress_uri": task.progress_uri,
+        "cancel_marker": task.cancel_marker,
+        "deadline": task.deadline,
+        "grace_seconds": settings.cancel_grace_seconds,
+    }
+
+
+@dataclass(frozen=True)
+class _ShardRef:
+    """What try_report_shard reads of a ShardTask: a trigger carries only these."""
+
+    job_id: str
+    shard: int
+    progress_uri: str
+
+
+def watch_shard(shard_stop: dict[str, Any]) -> str | None:
+    """One round of a shard's stop watch (blocking: a trigger runs it in a thread): report
+    the shard's progress to its row (the job's live counts), mirror a cancel to the marker,
+    and return the stop cause if there is one. Reads the job store of the caller's own
+    settings (LLM_BATCH_DATABASE_URL) and this shard's progress object only."""
+    from llm_batch.infra.jobstore import get_job_store
+
+    store = get_job_store(get_settings().database_url)
+    if shard_stop.get("progress_uri") is not None:  # a trigger serialized before they were added has none
+        try_report_shard(store, _ShardRef(shard_stop["job_id"], int(shard_stop["shard"]), shard_stop["progress_uri"]))
+    return shard_stop_cause(store, shard_stop["job_id"], shard_stop["cancel_marker"],
+                            datetime.fromisoformat(shard_stop["deadline"]))
+
+
+class ShardTaskMixin:
+    """For an operator with a ``shard_task`` dict (a ``llm_batch.pipeline.shard_task.ShardTask``)."""
+
+    shard_task: dict[str, Any]
+
+    @property
+    def shard(self) -> ShardTask:
+        return ShardTask.model_validate(self.shard_task)
+
+    @cached_property
+    def llm_settings(self) -> Settings:
+        return get_settings()
+
+    @cached_property
+    def job_store(self) -> JobStore:
+        from llm_batch.infra.jobstore import get_job_store
+
+        return get_job_store(self.llm_settings.database_url)
+
+    def stop_cause(self, now: datetime | None = None) -> str | None:
+        """"cancelled" or "deadline" when the shard must stop (mirrors the cancel flag to
+        the marker on the way), else None."""
+        task = self.shard
+        return shard_stop_cause(self.job_store, task.job_id, task.cancel_marker, task.deadline_at, now)
+
+    def stop_before_start(self) -> ShardOutcome | None:
+        """The outcome of a shard that must not start at all: its job has ended already
+        (state "ended": a cleared task of a finished run never runs inference again), or
+        it is cancelled or past its deadline."""
+        job = self._job_waiting_for_the_store()
+        if job is not None and job.terminal:
+            message = (f"job {job.id} has already ended ({job.status.value}): not starting a worker, "
+                       "its results stay as they are")
+            self.log.info("shard %s: %s", self.shard.shard, message)  # type: ignore[attr-defined]
+            return ShardOutcome(shard=self.shard.shard, exit_code=-1, state="ended", message=message)
+        cause = self.stop_cause()
+        if cause is None:
+            return None
+        return ShardOutcome(
+            shard=self.shard.shard, exit_code=-1, state=cause, message=f"not started: {cause}"
+        )
+
+    def _job_waiting_for_the_store(self):
+        from sqlalchemy.exc import OperationalError
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+        waiting = Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_WAIT_S),
+                           wait=wait_fixed(STORE_RETRY_S), reraise=True)
+        return waiting(self.job_store.get_job, self.shard.job_id)
+
+    def report_progress(self) -> None:
+        """This shard's progress into its row of the store (live counts for the API): one
+        read of its own progress object; a failure here must never fail the shard."""
+        try_report_shard(self.job_store, self.shard)
+
+    def report_outcome(self, outcome: ShardOutcome, context: Any = None) -> ShardOutcome:
+        """Record how this attempt ended in the shard's row (merge tells the requests it never
+        ran which shard and why); a failure says which attempt of how many it was. A shard
+        of an ended job ("ended") leaves the row as the job's own run left it."""
+        if outcome.state == "ended":
+            return outcome
+        if outcome.state in ("failed", "usage"):
+            ti = (context or {}).get("ti")
+            attempts = int(getattr(self, "retries", 0) or 0) + 1
+            if outcome.state == "usage":
+                attempt = "; not retried"
+            elif ti is not None:
+                attempt = f" on attempt {ti.try_number} of {attempts}"
+            else:
+                attempt = ""
+            outcome = outcome.model_copy(update={"message": f"{outcome.message}{attempt}"})
+        try_report_shard(self.job_store, self.shard, outcome)
+        return outcome
+
+    def finish(self, outcome: ShardOutcome, context: Any = None) -> dict[str, Any]:
+        """End the task with a finished worker's outcome: recorded and logged; a usage error
+        fails the task for good, a failure raises for a retry, else the outcome dict."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        outcome = self.report_outcome(outcome, context)
+        self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)  # type: ignore[attr-defined]
+        if outcome.state == "usage":
+            raise AirflowFailException(outcome.message)
+        if outcome.state == "failed":
+            raise AirflowException(outcome.message)
+        return outcome.model_dump()
+
+    def outcome(self, exit_code: int | None, forced: str | None) -> ShardOutcome:
+        """The outcome of a finished worker; ``forced`` is the cause when it was killed."""
+        if forced is not None:
+            grace = self.llm_settings.cancel_grace_seconds
+            return ShardOutcome(
+                shard=self.shard.shard,
+                exit_code=exit_code if exit_code is not None else -9,
+                state=forced,
+                message=f"killed: still running {grace}s after the stop ({forced})",
+            )
+        return interpret_exit(self.shard.shard, exit_code if exit_code is not None else -1)

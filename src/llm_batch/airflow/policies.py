@@ -1,0 +1,67 @@
+"""A cluster policy that puts each shard task instance of a batch_inference run in the
+run's lane (pool and priority weight), and charges a multi-node shard one pool slot per node.
+
+Airflow fixes a task's pool and priority_weight when the DAG is parsed, and maps a task
+only over another task's whole return value, so a per-job pool once meant one mapped task
+(and one picker task) per lane in every run. Airflow's ``task_instance_mutation_hook`` is
+the public way to route a task instance on its run's conf: the scheduler calls it when it
+creates each mapped shard task instance (and again when a task is cleared), with the run.
+
+Installed through the ``airflow.policy`` entry point (pyproject.toml), so it is active in
+every Airflow component that has llm-batch installed; it touches only the batch DAG's shard
+task. It runs inside the scheduler's transaction: no database access, and it never raises
+(a conf it cannot read leaves the DAG's default lane).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from typing import Any
+
+import pluggy
+
+from llm_batch.airflow.lanes import lane_of_run
+from llm_batch.core.config import Settings, get_settings
+from llm_batch.core.run_conf import BATCH_DAG_ID
+
+log = logging.getLogger(__name__)
+
+# airflow.policies.hookimpl, made here: importing airflow from this module would start
+# Airflow's initialisation, which loads this entry point while it is half imported.
+hookimpl = pluggy.HookimplMarker("airflow.policy")
+
+# The batch DAG's mapped shard task (dags/batch_inference.py names it with this).
+SHARD_TASK_ID = "run_shard"
+
+
+@cache
+def _settings() -> Settings:
+    return get_settings()
+
+
+@hookimpl
+def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
+    if task_instance.task_id != SHARD_TASK_ID or task_instance.dag_id != BATCH_DAG_ID or dag_run is None:
+        return
+    try:
+        lane = lane_of_run(_settings(), dag_run.conf)
+    except Exception:  # noqa: BLE001 - a policy must never break the scheduler's loop
+        log.exception("llm-batch: could not read the lane of run %s; the DAG's default lane stays", dag_run.run_id)
+        return
+    task_instance.pool = lane.pool
+    task_instance.priority_weight = lane.priority_weight
+    task_instance.pool_slots = pool_slots_of_run(_settings(), dag_run.conf)
+
+
+def pool_slots_of_run(settings: Settings, conf: Any) -> int:
+    """A shard's pool slots: a GPU pool counts nodes, so a worker of ``nodes_per_worker``
+    nodes (Kubernetes runner) takes that many, at most the whole pool (a task asking for
+    more slots than its pool has would never be scheduled); 1 otherwise."""
+    if settings.shard_runner != "kubernetes" or not isinstance(conf, dict):
+        return 1
+    try:
+        nodes = int(conf.get("nodes_per_worker") or 1)
+    except (TypeError, ValueError):
+        return 1
+    return max(1, min(nodes, settings.gpu_pool_slots))

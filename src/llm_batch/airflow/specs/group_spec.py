@@ -1,0 +1,141 @@
+"""The LeaderWorkerSet of a multi-node shard worker (``nodes_per_worker > 1``), from a
+ShardTask and the settings (no Airflow here).
+
+One LeaderWorkerSet (sigs.k8s.io/lws, ``leaderworkerset.x-k8s.io/v1``) per shard attempt:
+one group (``replicas: 1``) of ``size = nodes_per_worker`` pods. The LWS controller names
+the pods ``<name>-0`` (the leader) and ``<name>-0-<i>``, labels them with the set's name and
+their worker index, and gives every container ``LWS_LEADER_ADDRESS`` (the leader's DNS
+name on the group's headless service) and ``LWS_WORKER_INDEX``; Kubernetes expands
+``$(VAR)`` in the container arguments from those.
+
+- The leader runs ``llm-batch worker <the shard's arguments> --nnodes N --master-addr
+  $(LWS_LEADER_ADDRESS) ...``; the followers ``llm-batch worker-follower --node-rank
+  $(LWS_WORKER_INDEX) ...`` (``llm_batch.runtime.multinode``: vLLM's own multi-node executor).
+- Every pod has the single pod's shape (``pod_spec``): ``gpus`` GPUs (tensor parallel inside
+  the pod), node selector, tolerations, labels, priority class, storage Secret, model cache,
+  plus a memory-backed ``/dev/shm`` (NCCL and vLLM's shared-memory queues need more than
+  the container runtime's 64 MiB).
+- ``Settings.group_topology_key`` (e.g. a rack label): the LWS exclusive-topology
+  annotation keeps a group's pods in one domain of that label, one group per domain.
+- ``restartPolicy: None``: the LWS controller does not recreate the group on a pod
+  restart; the shard runner sees the restart, deletes the set and fails the attempt, and the
+  task's retry makes a fresh set that resumes from the checkpoint (one retry budget, the task's).
+- The containers' restartPolicy is Always (StatefulSet pods allow no other): a leader that
+  exits is restarted, so the runner reads its exit code from ``lastState`` as well.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
+
+from llm_batch.airflow.specs import pod_spec
+from llm_batch.core.config import Settings
+from llm_batch.pipeline.shard_task import ShardTask
+from llm_batch.runtime.multinode import DEFAULT_MASTER_PORT
+
+GROUP = "leaderworkerset.x-k8s.io"
+VERSION = "v1"
+PLURAL = "leaderworkersets"
+KIND = "LeaderWorkerSet"
+# Labels the LWS controller puts on the group's pods.
+SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+EXCLUSIVE_TOPOLOGY = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+CONTAINER = "base"  # as the single pod's container
+SHM_SIZE = "16Gi"
+_NAME_MAX = 45  # the controller appends "-0-<i>" for pods and the StatefulSets' hashes stay <= 63
+
+
+def set_name(task: ShardTask) -> str:
+    """A fresh DNS-1123 name for one attempt's set (a retry never reuses a set)."""
+    suffix = secrets.token_hex(3)
+    return f"{pod_spec.pod_name(task)[:_NAME_MAX - len(suffix) - 1].rstrip('-')}-{suffix}"
+
+
+def leader_args(task: ShardTask) -> list[str]:
+    return [*task.worker_args(), *_group_args(task)]
+
+
+def follower_args(task: ShardTask) -> list[str]:
+    return [
+        "worker-follower",
+        "--model-config", task.model_config_json,
+        "--endpoint", task.endpoint,
+        "--node-rank", "$(LWS_WORKER_INDEX)",
+        *_group_args(task),
+    ]  # fmt: skip
+
+
+def _group_args(task: ShardTask) -> list[str]:
+    return [
+        "--nnodes", str(task.nodes_per_worker),
+        "--master-addr", "$(LWS_LEADER_ADDRESS)",
+        "--master-port", str(DEFAULT_MASTER_PORT),
+        "--gpus-per-node", str(task.gpus),
+    ]  # fmt: skip
+
+
+def _pod_template(task: ShardTask, settings: Settings, args: list[str], role: str) -> k8s.V1PodTemplateSpec:
+    volumes, mounts = pod_spec.model_cache(settings)
+    volumes = [*volumes, k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=SHM_SIZE))]
+    mounts = [*mounts, k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
+    container = k8s.V1Container(
+        name=CONTAINER,
+        image=settings.worker_image,
+        command=["llm-batch"],
+        args=args,
+        env=pod_spec.env_vars(task, settings),
+        env_from=pod_spec.env_from(settings),
+        resources=pod_spec.resources(task),
+        volume_mounts=mounts,
+        ports=[k8s.V1ContainerPort(name="dist", container_port=DEFAULT_MASTER_PORT)] if role == "leader" else None,
+    )
+    return k8s.V1PodTemplateSpec(
+        metadata=k8s.V1ObjectMeta(labels={**pod_spec.labels(task), f"{pod_spec.LABEL_PREFIX}/role": role}),
+        spec=k8s.V1PodSpec(
+            containers=[container],
+            restart_policy="Always",
+            node_selector=pod_spec.node_selector(settings, task.gpu_type) or None,
+            tolerations=pod_spec.tolerations(task),
+            priority_class_name=pod_spec.priority_class(settings, task),
+            volumes=volumes,
+            termination_grace_period_seconds=settings.cancel_grace_seconds,
+        ),
+    )
+
+
+def leader_worker_set(task: ShardTask, settings: Settings, name: str) -> dict[str, Any]:
+    """The LeaderWorkerSet manifest (a dict, as the API takes it)."""
+    pod_spec.check_supported(task)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": settings.k8s_namespace, "labels": pod_spec.labels(task),
+                     **({"annotations": {EXCLUSIVE_TOPOLOGY: settings.group_topology_key}}
+                        if settings.group_topology_key else {})},
+        "spec": {
+            "replicas": 1,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": task.nodes_per_worker,
+                "restartPolicy": "None",
+                "leaderTemplate": _pod_template(task, settings, leader_args(task), "leader"),
+                "workerTemplate": _pod_template(task, settings, follower_args(task), "follower"),
+            },
+        },
+    }
+    return ApiClient().sanitize_for_serialization(body)
+
+
+def group_selector(name: str) -> str:
+    """The label selector of the set's pods."""
+    return f"{SET_NAME_LABEL}={name}"
+
+
+def shard_selector(task: ShardTask) -> str:
+    """The label selector of every set of this shard (a killed attempt's included)."""
+    return f"{pod_spec.LABEL_PREFIX}/job={pod_spec.label_value(task.job_id)},{pod_spec.LABEL_PREFIX}/shard={task.shard}"

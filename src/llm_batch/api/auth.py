@@ -1,0 +1,238 @@
+"""Who is calling: an Airflow user (JWT checked by Airflow's security code) or an API key.
+
+Accepted credentials, first match wins:
+- ``x-api-key: <key>`` (Scale's client sends this),
+- ``Authorization: Basic`` with the key as user name (Scale's client, requests' auth tuple),
+- ``Authorization: Bearer <key>`` where the key starts with ``lbk_`` (OpenAI, Mistral SDKs),
+- ``Authorization: Bearer <Airflow JWT>`` or Airflow's session cookie (``/auth/token``).
+
+An API key acts for its owner, may submit, and is admin if created so. An Airflow user's
+rights come from Airflow's auth manager on the ``batch_inference`` DAG's runs (a viewer may
+read, not submit); Airflow admins see every job. Non-admins see only their own objects.
+Every caller's name is a canonical owner name (``llm_batch.core.owners``); an Airflow user (or
+an old key) whose name is not one is refused (403), so no two spellings share an owner.
+
+The session cookie is taken for safe methods (GET, HEAD, OPTIONS) only: a state-changing
+request must carry its credentials in a header (``Authorization`` or ``x-api-key``), which
+a page of another origin or another port of the same host cannot make the browser add,
+while it can make it send the cookie (CSRF). Refused: 403, ``csrf_refused``.
+
+401 (with ``WWW-Authenticate``, in the route's error shape) means "who are you?": no
+credentials, or credentials that are malformed (any bytes), unknown, revoked or expired;
+unusable credentials in a scheme we take answer ``Bearer error="invalid_token"`` (RFC
+6750), Airflow's 403 for a token it cannot validate included. 403 means "known, not
+allowed": an Airflow user without the right on ``batch_inference`` runs, a viewer's write.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBasic, HTTPBearer
+
+from llm_batch.api.errors import ApiError
+from llm_batch.api.state import DAG_ID, StoreDep
+from llm_batch.core import owners
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore.store import API_KEY_PREFIX
+
+# Declared so /batch/openapi.json and /batch/docs show the three ways to authenticate;
+# none raises by itself: get_caller decides.
+_bearer = HTTPBearer(auto_error=False, description="An llm-batch API key (lbk_...) or an Airflow JWT")
+_api_key_header = APIKeyHeader(name="x-api-key", auto_error=False, description="An llm-batch API key")
+
+
+class _DocumentedBasic(HTTPBasic):
+    """HTTP basic for the OpenAPI document only: FastAPI's own parsing answers a vague 401
+    (even with auto_error off) to credentials ``_basic_user`` explains precisely."""
+
+    async def __call__(self, request: Request) -> None:  # type: ignore[override]
+        return None
+
+
+_basic = _DocumentedBasic(auto_error=False, description="An llm-batch API key as the user name")
+
+# No credentials (or a scheme we do not take): the challenge names what we take.
+_UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
+# Credentials presented but unusable (RFC 6750 section 3.1).
+_INVALID = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+# What an API key can look like (API_KEY_PREFIX + secrets.token_urlsafe): anything else is
+# refused before it reaches the store (NUL or control bytes break some database drivers).
+_KEY_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,256}")
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # the only ones the session cookie may authenticate
+_SHOWN_CHARS = 20  # of an unsupported scheme, echoed in the message
+
+
+def unauthenticated(message: str, *, invalid: bool = True, code: str = "invalid_credentials") -> ApiError:
+    """The one form of every 401 (the error handlers render it in the route's dialect)."""
+    return ApiError(401, message, code=code, headers=_INVALID if invalid else _UNAUTHENTICATED)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated principal of one request."""
+
+    name: str  # recorded as the owner of what it creates
+    is_admin: bool
+    can_submit: bool
+    via: str  # "api_key" or "airflow"
+
+    @property
+    def owner_filter(self) -> str | None:
+        """The owner to restrict store calls to: None (everything) for admins."""
+        return None if self.is_admin else self.name
+
+    def require_submit(self) -> None:
+        if not self.can_submit:
+            raise ApiError(403, f"user {self.name!r} may read batch jobs but not submit or change them", code="forbidden")
+
+
+def _authorization(request: Request) -> tuple[str, str] | None:
+    """(scheme in lower case, value) of the Authorization header, else None."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    return scheme.lower(), value.strip()
+
+
+def _basic_user(value: str) -> str:
+    """The user name of ``Authorization: Basic`` credentials (our API key); 401 saying what
+    is wrong when they carry no key."""
+    try:
+        # ValueError covers binascii.Error, UnicodeDecodeError and non-ASCII text.
+        user, _, _ = base64.b64decode(value, validate=True).decode().partition(":")
+    except ValueError:
+        raise unauthenticated("malformed HTTP basic credentials: not base64 of UTF-8 'user:password'") from None
+    if not user:
+        raise unauthenticated("HTTP basic credentials carry no user name: give an llm-batch API key as the user name")
+    return user
+
+
+def api_key_of(request: Request) -> str | None:
+    """The API key the request carries, in any of the three accepted forms, else None."""
+    if (key := request.headers.get("x-api-key")) is not None:
+        if not key.strip():
+            raise unauthenticated("the x-api-key header is empty: give an llm-batch API key", code="invalid_api_key")
+        return key.strip()
+    authorization = _authorization(request)
+    if authorization is None:
+        return None
+    scheme, value = authorization
+    if scheme == "basic":
+        return _basic_user(value)
+    if scheme == "bearer" and value.startswith(API_KEY_PREFIX):
+        return value
+    return None
+
+
+def _key_caller(store: JobStore, plaintext: str) -> Caller:
+    key = store.identify_api_key(plaintext) if _KEY_SHAPE.fullmatch(plaintext) else None
+    if key is None:
+        raise unauthenticated("invalid or revoked API key", code="invalid_api_key")
+    return Caller(name=key.owner, is_admin=key.is_admin, can_submit=True, via="api_key")
+
+
+async def _airflow_user(request: Request, bearer: HTTPAuthorizationCredentials | None) -> Any:
+    """Airflow's own check of its JWT (Bearer header, else its session cookie). Airflow
+    answers 401 for a missing or expired token and 403 for one it cannot validate: both are
+    401 here (the caller is not known); a known user's lack of rights is our 403."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    try:
+        return await get_user(request, None, bearer)
+    except HTTPException as exc:
+        if exc.status_code not in (401, 403):
+            raise
+        raise _token_refusal(request, bearer, str(exc.detail)) from None
+
+
+def _token_refusal(request: Request, bearer: HTTPAuthorizationCredentials | None, detail: str) -> ApiError:
+    """The 401 saying why Airflow found no user in this request."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+
+    if bearer is not None:
+        return unauthenticated(f"Airflow token refused: {detail}", code="invalid_token")
+    if request.cookies.get(COOKIE_NAME_JWT_TOKEN):
+        return unauthenticated(f"Airflow session cookie refused: {detail}", code="invalid_token")
+    authorization = _authorization(request)
+    if authorization is None:
+        message = "no credentials: send an llm-batch API key (Authorization: Bearer, x-api-key or HTTP basic) or an Airflow JWT"
+        return unauthenticated(message, invalid=False, code="not_authenticated")
+    scheme, _ = authorization
+    if not scheme:
+        return unauthenticated("the Authorization header is empty")
+    if scheme == "bearer":
+        return unauthenticated("empty Bearer token: give an llm-batch API key or an Airflow JWT")
+    shown = request.headers["authorization"].strip().partition(" ")[0][:_SHOWN_CHARS]
+    return unauthenticated(
+        f"unsupported Authorization scheme {shown!r}: use Bearer (an llm-batch API key or an Airflow JWT), "
+        "Basic with an API key as the user name, or x-api-key",
+        invalid=False,
+    )
+
+
+def _is_airflow_admin(user: Any) -> bool:
+    """Admin role of Airflow's simple auth manager (``role``) or FAB (``roles``)."""
+    role = getattr(user, "role", None)
+    if isinstance(role, str) and role.upper() == "ADMIN":
+        return True
+    roles = getattr(user, "roles", None) or []
+    return any(getattr(r, "name", r) == "Admin" for r in roles)
+
+
+def _airflow_caller(request: Request, user: Any) -> Caller:
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    auth_manager = _auth_manager(request)
+    details = DagDetails(id=DAG_ID)
+
+    def allowed(method: str) -> bool:
+        return auth_manager.is_authorized_dag(
+            method=method, access_entity=DagAccessEntity.RUN, details=details, user=user
+        )
+
+    if not allowed("GET"):
+        raise ApiError(403, f"user {user.get_name()!r} may not read runs of DAG {DAG_ID!r}", code="forbidden")
+    return Caller(name=user.get_name(), is_admin=_is_airflow_admin(user), can_submit=allowed("POST"), via="airflow")
+
+
+def _auth_manager(request: Request):
+    manager = getattr(request.app.state, "auth_manager", None)
+    if manager is None:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        manager = get_auth_manager()
+    return manager
+
+
+async def get_caller(
+    request: Request,
+    store: StoreDep,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None,
+    _x_api_key: Annotated[str | None, Depends(_api_key_header)] = None,
+    _basic_credentials: Annotated[Any, Depends(_basic)] = None,
+) -> Caller:
+    """The caller of this request; 401 without (valid) credentials, 403 for a write that
+    only the session cookie would authenticate, or a name that is not an owner name."""
+    if (key := api_key_of(request)) is not None:
+        caller = await run_in_threadpool(_key_caller, store, key)
+    else:
+        user = await _airflow_user(request, bearer)
+        if bearer is None and request.method not in _SAFE_METHODS:  # known by the cookie alone
+            raise ApiError(403, f"{request.method} changes state: send your credentials in the Authorization or "
+                           "x-api-key header, not only the session cookie", code="csrf_refused")
+        caller = await run_in_threadpool(_airflow_caller, request, user)
+    if not owners.is_canonical(caller.name):
+        raise ApiError(403, f"{caller.name!r} cannot own jobs or files here: owner names are {owners.RULE} "
+                       "(ask an admin for a key of a canonical name)", code="invalid_owner_name")
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]

@@ -1,0 +1,50 @@
+"""The cancel use case: flag the job in the store and drop the job's cancel marker.
+
+Workers watch the marker file (``JobLayout.cancel_marker``) between checkpoints; the DAG
+and housekeeping read the store flag. Cancel is idempotent: a job already cancelling or
+cancelled is answered as it is (a cancelled job stays readable, never a 404). A job that
+ended otherwise (completed, failed, expired) is left as it ended; dialects whose answer is
+the job (OpenAI, Mistral) then get a 409 naming its status, Scale's ``{"success": false}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from llm_batch.api.errors import ApiError, not_found
+from llm_batch.core.config import Settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra import storage
+from llm_batch.infra.jobstore import Job, JobNotFound, JobStore
+from llm_batch.pipeline.shard_task import write_cancel_marker
+from llm_batch.pipeline.steps import layout_of
+
+
+def cancel_job(
+    store: JobStore,
+    settings: Settings,
+    job_id: str,
+    owner: str | None,
+    kind: str = "batch",
+    refuse_ended: Mapping[JobStatus, str] | None = None,
+) -> Job:
+    """Request the cancel of `job_id` and return the job. With `refuse_ended` (the dialect's
+    status words), a job that already ended other than cancelled is a 409 naming its status."""
+    try:
+        job = store.request_cancel(job_id, owner=owner, reason="cancel requested through the API")
+    except JobNotFound:
+        raise not_found(kind, job_id) from None
+    if job.terminal and job.status != JobStatus.CANCELLED and refuse_ended is not None:
+        raise ApiError(
+            409,
+            f"{kind} {job_id!r} has already ended with status {refuse_ended[job.status]!r}: there is nothing to cancel",
+            param="id",
+            code="already_ended",
+        )
+    if not job.terminal:
+        try:
+            write_cancel_marker(layout_of(settings, job.id).cancel_marker, job)
+        except storage.StorageError as exc:
+            # The store flag is set and the DAG checks it too; say what failed, loudly.
+            raise ApiError(503, f"cancel recorded, but the cancel marker could not be written: {exc}") from exc
+    return job

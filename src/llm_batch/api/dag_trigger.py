@@ -1,0 +1,123 @@
+"""The one place that touches a ``batch_inference`` run through Airflow's internals: it
+starts a job's run, and re-prioritises the run's tasks that have not started yet.
+
+``airflow.api.common.trigger_dag.trigger_dag`` is not a public interface, so it is wrapped
+here and nowhere else. The run uses the request's metadata-DB session (Airflow's
+``SessionDep``) and is committed before we answer, so a job that says it has a run has one.
+A busy metadata DB (SQLite's "database is locked" when many submit at once) is retried
+with jittered backoff; any other failure is final and becomes the job's reason.
+Routes take ``TriggerDep``: the trigger bound to the caller and that session.
+``reprioritize_waiting_tasks`` updates the run's task instances in the same metadata DB
+(the scheduler orders queued work by ``priority_weight``; the DAG's shard tasks use the
+"absolute" weight rule, so the stored weight is the one that counts) and the run's conf,
+whose priority gives the shard tasks not created yet theirs (``shard_routing``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import Depends
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from llm_batch.api.auth import CallerDep
+from llm_batch.api.state import DAG_ID
+from llm_batch.core import strict_json
+from llm_batch.core.run_conf import api_run_id
+
+TRIGGER_ATTEMPTS = 8
+
+# (job_id, conf) -> run id; raises TriggerError.
+Trigger = Callable[[str, dict[str, Any]], str]
+
+
+class TriggerError(RuntimeError):
+    """The run could not be started; the message says why (it becomes the job's reason)."""
+
+
+run_id_for = api_run_id  # deterministic: see run_conf.api_run_id
+
+
+def _trigger_once(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagRunAlreadyExists
+    from airflow.utils.types import DagRunTriggeredByType
+
+    try:
+        dag_run = trigger_dag(
+            DAG_ID,
+            run_id=run_id_for(job_id),
+            conf=conf,
+            logical_date=None,
+            triggered_by=DagRunTriggeredByType.REST_API,
+            triggering_user_name=user_name,
+            session=session,
+        )
+        session.commit()
+    except DagRunAlreadyExists:
+        session.rollback()
+        return run_id_for(job_id)
+    except Exception:
+        session.rollback()
+        raise
+    if dag_run is None:
+        raise TriggerError(f"DAG {DAG_ID!r} did not create a run")
+    return dag_run.run_id
+
+
+def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
+    """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError."""
+    # The API's edge admits only strict JSON; this keeps any other path from handing Airflow
+    # a conf it cannot serialise (its scheduler stops on one).
+    if (problem := strict_json.problem(conf)) is not None:
+        raise TriggerError(f"the run's conf is not strict JSON: {problem}")
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(OperationalError),
+            stop=stop_after_attempt(TRIGGER_ATTEMPTS),
+            wait=wait_random_exponential(multiplier=0.05, max=2),
+            reraise=True,
+        ):
+            with attempt:
+                return _trigger_once(job_id, conf, user_name, session)
+    except TriggerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
+        raise TriggerError(f"could not start DAG {DAG_ID!r}: {type(exc).__name__}: {exc}") from exc
+    raise AssertionError("unreachable")  # Retrying either returns or raises
+
+
+def reprioritize_waiting_tasks(job_id: str, weight: int, session: Session) -> int:
+    """Give the tasks of the job's run that have not started (no state yet, scheduled,
+    queued, waiting to retry) the priority `weight`; returns how many changed. Running and
+    finished tasks keep theirs; a pod already created keeps its PriorityClass. The run's
+    conf takes the weight too: the shard tasks the scheduler creates after plan read it."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.state import TaskInstanceState
+
+    run = session.query(DagRun).filter(DagRun.dag_id == DAG_ID, DagRun.run_id == run_id_for(job_id)).one_or_none()
+    if run is not None:
+        run.conf = {**(run.conf or {}), "priority": weight}
+
+    waiting = [TaskInstanceState.SCHEDULED, TaskInstanceState.QUEUED, TaskInstanceState.UP_FOR_RETRY]
+    changed = (
+        session.query(TaskInstance)
+        .filter(TaskInstance.dag_id == DAG_ID, TaskInstance.run_id == run_id_for(job_id))
+        .filter((TaskInstance.state.is_(None)) | (TaskInstance.state.in_(waiting)))
+        .update({TaskInstance.priority_weight: weight}, synchronize_session=False)
+    )
+    session.commit()
+    return changed
+
+
+def get_trigger(caller: CallerDep, session: SessionDep) -> Trigger:
+    """This request's trigger: runs start as the caller, in the request's metadata-DB session."""
+    return lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session)
+
+
+TriggerDep = Annotated[Trigger, Depends(get_trigger)]

@@ -1,0 +1,182 @@
+"""API errors: one exception type, rendered per dialect.
+
+Routes raise ``ApiError(status, message, param=..., code=...)``. The OpenAI routes (files,
+batches, webhook endpoints) answer ``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API
+does; the other routes answer FastAPI's ``{"detail": message}`` plus the same fields, so
+every error body says what went wrong and where.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+# Route prefixes whose clients (the openai SDK) expect OpenAI's error shape.
+OPENAI_PREFIXES = ("/v1/batches", "/v1/files", "/v1/webhook_endpoints", "/v1/webhook_event_types")
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class ApiError(Exception):
+    """An error answered to the client as-is: `message` says what, `param` says where."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def not_found(kind: str, object_id: str) -> ApiError:
+    """The one answer for a missing id and for someone else's id (no existence leak)."""
+    return ApiError(404, f"No {kind} found with id {object_id!r}.", param="id", code="not_found")
+
+
+def _wants_openai_shape(request: Request) -> bool:
+    path = request.scope.get("path", "")
+    root = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path.startswith(OPENAI_PREFIXES)
+
+
+def error_response(request: Request, error: ApiError) -> JSONResponse:
+    if _wants_openai_shape(request):
+        body: dict[str, Any] = {
+            "error": {
+                "message": error.message,
+                "type": _ERROR_TYPES.get(error.status_code, "api_error"),
+                "param": error.param,
+                "code": error.code,
+            }
+        }
+    else:
+        body = {"detail": error.message, "param": error.param, "code": error.code}
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    """``("body", "requests", 3, "body")`` -> ``requests[3].body`` (where, for people)."""
+    parts = [p for p in loc if p not in ("body", "query", "path", "header", "form")] or list(loc)
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    where = _location(tuple(first.get("loc", ())))
+    if body_problem := _body_problem(request, first):
+        message, where = body_problem, "body"
+    else:
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    response = error_response(request, ApiError(422, message, param=where or None, code="invalid_value"))
+    if not _wants_openai_shape(request):
+        # Keep FastAPI's per-field list too: clients that parse it (mistralai) still can.
+        body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None}
+        return JSONResponse(body, status_code=422)
+    return response
+
+
+def _body_problem(request: Request, error: dict[str, Any]) -> str | None:
+    """A plain sentence for a body that is not JSON at all (FastAPI's own words point at
+    a character offset, or at a body it never parsed because of the content type)."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "json_invalid":
+        reason = (error.get("ctx") or {}).get("error", "invalid JSON")
+        return f"the request body is not valid JSON: {reason} at character {loc[-1]}"
+    content_type = request.headers.get("content-type", "")
+    if loc == ("body",) and error.get("type") == "model_attributes_type" and "json" not in content_type:
+        shown = content_type or "none"
+        return f"the request body must be a JSON object sent as Content-Type: application/json (got {shown!r})"
+    return None
+
+
+def _jsonable(error: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in error.items() if k in ("loc", "msg", "type")}
+    out["loc"] = [p if isinstance(p, (str, int)) else str(p) for p in out.get("loc", ())]
+    return out
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Raised by Airflow's security dependencies (401/403), by routing (404/405), by the
+    # body limit (413) and by FastAPI's body parsing (400).
+    message, code = str(exc.detail), _HTTP_CODES.get(exc.status_code)
+    headers = getattr(exc, "headers", None)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"no such route: {where} (the routes are listed at /batch/docs)"
+    elif exc.status_code == 405:
+        allowed = (headers or {}).get("Allow", "")
+        message = f"method not allowed: {where}" + (f"; allowed: {allowed}" if allowed else "")
+    elif exc.status_code == 400 and exc.__cause__ is not None:
+        # FastAPI's body parsing failed (e.g. not UTF-8): say why.
+        message, code = f"{message}: {type(exc.__cause__).__name__}: {exc.__cause__}", "invalid_body"
+        return error_response(request, ApiError(400, message, param="body", code=code, headers=headers))
+    return error_response(request, ApiError(exc.status_code, message, code=code, headers=headers))
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+
+def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+    """Storage failures that escaped a route: say which object and that it is ours."""
+    from llm_batch.infra import storage
+
+    if isinstance(exc, storage.PathNotAllowed):
+        # User paths are checked (and refused with 400) before any storage call, so this
+        # is one of our own areas outside the configured roots/buckets: a server problem.
+        message = (
+            f"server configuration: llm-batch's own storage is outside the allowed roots or buckets "
+            f"(LLM_BATCH_LOCAL_ROOTS / LLM_BATCH_ALLOWED_BUCKETS must include the work and files areas): {exc}"
+        )
+        error = ApiError(503, message, code="storage_misconfigured")
+    elif isinstance(exc, storage.ObjectNotFound):
+        error = ApiError(404, str(exc), code="object_missing")
+    else:
+        error = ApiError(503, f"storage unavailable: {exc}", code="storage_unavailable")
+    return error_response(request, error)
+
+
+def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(request, ApiError(503, f"job store unavailable: {type(exc).__name__}", code="store_unavailable"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from llm_batch.infra.storage import StorageError
+
+    app.add_exception_handler(ApiError, lambda request, exc: error_response(request, exc))
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(StorageError, _storage_error)
+    app.add_exception_handler(OperationalError, _database_error)

@@ -1,0 +1,1 @@
+"""Mistral's dialect: batch jobs, with Mistral's words."""

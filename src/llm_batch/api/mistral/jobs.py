@@ -1,0 +1,215 @@
+"""Mistral batch jobs: ``/v1/batch/jobs`` (create from files or inline requests, list with
+filters, get, cancel)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Body, Query, Request
+
+from llm_batch.api.auth import Caller, CallerDep
+from llm_batch.api.cancellation import cancel_job
+from llm_batch.api.dag_trigger import TriggerDep
+from llm_batch.api.errors import ApiError, not_found
+from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
+from llm_batch.api.limits import check_owner_limits
+from llm_batch.api.mistral.models import (
+    MISTRAL_STATUS,
+    BatchJobList,
+    BatchJobOut,
+    CreateBatchJobRequest,
+    DeleteBatchJobResponse,
+)
+from llm_batch.api.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.submission import (
+    check_endpoint,
+    check_model,
+    inline_request_lines,
+    save_inline_requests,
+    submit,
+)
+from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_request import JobRequest
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra import input_files, storage
+from llm_batch.infra.jobstore import FileObject, Job, JobStore
+from llm_batch.pipeline import housekeeping
+
+router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"], route_class=IdempotentRoute)
+
+MistralStatus = Literal[
+    "QUEUED", "RUNNING", "SUCCESS", "FAILED", "TIMEOUT_EXCEEDED", "CANCELLATION_REQUESTED", "CANCELLED"
+]
+
+
+def _canonical(statuses: list[str]) -> set[JobStatus]:
+    return {canonical for canonical, word in MISTRAL_STATUS.items() if word in statuses}
+
+
+def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[FileObject]:
+    """The caller's uploaded input files, in order; each named once (a repeated file would
+    run its requests twice under the same custom_ids)."""
+    files: list[FileObject] = []
+    first_position: dict[str, int] = {}
+    for position, file_id in enumerate(file_ids):
+        where = f"input_files[{position}]"
+        if file_id in first_position:
+            message = f"{where}: file {file_id!r} is already input_files[{first_position[file_id]}]; name each file once"
+            raise ApiError(400, message, param=where, code="duplicate_input_file")
+        first_position[file_id] = position
+        found = store.get_file(file_id, owner=caller.owner_filter)
+        if found is None:
+            raise ApiError(404, f"No file found with id {file_id!r}.", param=where, code="not_found")
+        if (why := input_files.refusal(found)) is not None:
+            raise ApiError(400, f"{where}: {why}", param=where, code="invalid_input_file")
+        files.append(found)
+    return files
+
+
+def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:
+    """Inline jobs answer their results inline once the output file exists."""
+    if not job.input.get("inline") or not job.output_file_id:
+        return None
+    output = store.get_file(job.output_file_id)
+    if output is None:
+        return None
+    results = []
+    try:
+        with storage.open_read(output.uri) as stream:
+            for line in stream:
+                if line.strip():
+                    results.append(orjson.loads(line))
+                if len(results) >= MAX_INLINE_REQUESTS:
+                    break
+    except (storage.StorageError, orjson.JSONDecodeError):
+        return None
+    return results
+
+
+_LIST_PARAMS = frozenset(
+    {"page", "page_size", "model", "agent_id", "metadata", "created_after", "created_by_me", "status", "order_by"}
+)
+
+
+def _exploded_metadata(request: Request) -> dict[str, str]:
+    """Mistral's metadata filter arrives form-exploded: every unknown query parameter."""
+    return {key: value for key, value in request.query_params.items() if key not in _LIST_PARAMS}
+
+
+@router.post("", response_model=BatchJobOut, summary="Create a batch job")
+def create_batch_job(
+    body: Annotated[CreateBatchJobRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
+) -> BatchJobOut:
+    caller.require_submit()
+    if body.agent_id is not None:
+        raise ApiError(400, "agent_id is not supported: this system runs models, not agents; give model", param="agent_id")
+    if bool(body.input_files) == bool(body.requests):
+        raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
+    endpoint = check_endpoint(body.endpoint)
+    check_model(body.model, {}, settings, param="model", endpoint=endpoint)
+    check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
+    if body.input_files:
+        files = _input_files(store, caller, body.input_files)
+        job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}
+    else:
+        inline = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []), "inline-requests.jsonl")
+        job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
+    request = JobRequest(
+        dialect="mistral",
+        endpoint=endpoint,
+        model=body.model or "",
+        input=job_input,
+        input_format=InputFormat.JSONL,
+        metadata=body.metadata or {},
+        max_runtime_sec=body.timeout_hours * 3600,
+    )
+    job = submit(store, caller.name, request, trigger)
+    return BatchJobOut.of(job)
+
+
+@router.get("", response_model=BatchJobList, summary="List batch jobs")
+def list_batch_jobs(
+    request: Request,
+    caller: CallerDep,
+    store: StoreDep,
+    page: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    page_size: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 100,
+    model: Annotated[str | None, Query(max_length=256)] = None,
+    agent_id: Annotated[str | None, Query(max_length=256, description="No job here runs an agent")] = None,
+    metadata: Annotated[
+        str | None,
+        Query(
+            max_length=4096,
+            description='Jobs whose metadata has these pairs: a JSON object (e.g. {"team": "a"}), or, as the '
+            "Mistral SDK sends it (form style, exploded), any other query parameter such as team=a",
+        ),
+    ] = None,
+    created_after: datetime | None = None,
+    created_by_me: bool = False,
+    status: Annotated[list[MistralStatus] | None, Query()] = None,
+    order_by: Literal["created", "-created"] = "-created",
+) -> BatchJobList:
+    wanted_metadata = _exploded_metadata(request)
+    if metadata:
+        try:
+            given = orjson.loads(metadata)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"metadata must be a JSON object: {exc}", param="metadata") from None
+        if not isinstance(given, dict):
+            raise ApiError(400, "metadata must be a JSON object", param="metadata")
+        wanted_metadata.update(given)
+    if agent_id is not None:
+        return BatchJobList(data=[], total=0)
+    if created_after is not None and created_after.tzinfo is None:
+        created_after = created_after.replace(tzinfo=UTC)  # a time without zone is UTC
+    jobs, total = store.list_jobs(
+        owner=caller.name if created_by_me else caller.owner_filter,
+        statuses=_canonical(status) if status else None,
+        model=model,
+        metadata={str(k): str(v) for k, v in wanted_metadata.items()} if wanted_metadata else None,
+        created_after=created_after,
+        dialect="mistral",
+        order_by="created_at" if order_by == "created" else "-created_at",
+        limit=page_size,
+        offset=page * page_size,
+    )
+    return BatchJobList(data=[BatchJobOut.of(j) for j in jobs], total=total)
+
+
+@router.get("/{job_id}", response_model=BatchJobOut, summary="Get a batch job")
+def get_batch_job(job_id: str, caller: CallerDep, store: StoreDep) -> BatchJobOut:
+    job = store.get_job(job_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch job", job_id)
+    return BatchJobOut.of(job, outputs=_outputs(store, job))
+
+
+@router.post("/{job_id}/cancel", response_model=BatchJobOut, summary="Cancel a batch job")
+def cancel_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchJobOut:
+    caller.require_submit()
+    job = cancel_job(store, settings, job_id, caller.owner_filter, kind="batch job", refuse_ended=MISTRAL_STATUS)
+    return BatchJobOut.of(job)
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=DeleteBatchJobResponse,
+    summary="Delete an ended batch job: its record, results and errors (a live job: 409, cancel it first)",
+)
+def delete_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> DeleteBatchJobResponse:
+    caller.require_submit()
+    job = store.get_job(job_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch job", job_id)
+    if not job.terminal:
+        raise ApiError(409, f"batch job {job_id!r} is {MISTRAL_STATUS[job.status]}: cancel it first, then delete it "
+                       "once it has ended", param="job_id", code="job_not_ended")
+    housekeeping.delete_job(store, settings, job)
+    return DeleteBatchJobResponse(id=job_id)

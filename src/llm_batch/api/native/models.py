@@ -1,0 +1,214 @@
+"""The native jobs route (``/v1/jobs``): request and response models in the canonical words
+(``llm_batch.core.jobs.JobStatus``), no dialect's. What ``llm_batch.airflow.operators.LLMBatchOperator``
+and the ``llm-batch`` CLI speak."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from llm_batch.api.file_models import epoch
+from llm_batch.api.scale.models import GpuType
+from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
+from llm_batch.core.endpoints import SUPPORTED_LISTED
+from llm_batch.infra.jobstore import Job
+
+_UNIX = "Unix time in seconds"
+JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+
+__all__ = ["JOB_ID_PATTERN", "CreateJob", "JobList", "JobOut", "JobRequestItem"]
+
+
+class JobRequestItem(BaseModel):
+    """One inline request of a job. No other field is allowed (422)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    custom_id: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Your id for the request, carried by its result or error line; default: its 0-based position "
+        "in `requests`, as a string",
+    )
+    body: dict[str, Any] = Field(
+        description="The request body for the job's endpoint (e.g. `messages`, `max_tokens`); checked per request "
+        "by the job's validation (a bad one is an error line, not a refused job). A `model` in it is not used"
+    )
+
+
+class CreateJob(BaseModel):
+    """Create a job: exactly one of ``requests``, ``input_file_ids`` and ``input_uri``.
+    With ``id``, a create is idempotent: an id you already used answers that job (200),
+    an id another owner used is 409. Unknown fields are refused (422)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    id: str | None = Field(
+        default=None,
+        pattern=JOB_ID_PATTERN,
+        description="Your id for the job (1-128 of A-Z a-z 0-9 _ . -); default: a new `job_<hex>`. Creating an id "
+        "that is already yours answers that job unchanged (re-attach: a retried task never submits twice)",
+    )
+    requests: list[JobRequestItem] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_INLINE_REQUESTS,
+        description="Inline requests (1-100,000), stored as the job's input file",
+    )
+    input_file_ids: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description="Ids of your uploaded input files (POST /v1/files), read in order as one batch; each at most "
+        "once, and not a job's output or error file (400)",
+    )
+    input_uri: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="A JSONL file you may name: an absolute path under the local roots, or `s3://` in an allowed "
+        "bucket (400 naming the rule otherwise)",
+    )
+    endpoint: str = Field(
+        default="/v1/chat/completions",
+        max_length=128,
+        description=f"The API every request calls (default `/v1/chat/completions`): {SUPPORTED_LISTED}",
+    )
+    model: str = Field(
+        max_length=256,
+        description="The model to run, a name from the model registry, able to serve the endpoint (400 otherwise)",
+    )
+    model_config_: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="model_config",
+        description="Engine configuration (fields of the model registry's model_config: max_model_len, dtype, "
+        "checkpoint_path, ...); a bad field is 400 naming it",
+    )
+    data_parallelism: int = Field(
+        default=1, ge=1, le=64, description="How many shards (workers in parallel) the requests are split into, 1-64"
+    )
+    max_runtime_sec: int | None = Field(
+        default=None,
+        ge=1,
+        le=172_800,
+        description="The job's deadline in seconds after creation (1-172800; default: the server's, one day): "
+        "workers stop there, finished results are kept, the status is TIMEOUT_EXCEEDED",
+    )
+    priority: str | None = Field(
+        default=None,
+        max_length=64,
+        description="A priority band the server knows (by default `low`, `normal`, `high`); another is 400. "
+        "Null: normal",
+    )
+    gpu_type: GpuType | None = Field(
+        default=None, description="GPU node type of the workers (Kubernetes runner); null: no node selector"
+    )
+    labels: dict[str, str] | None = Field(
+        default=None,
+        description="Your key-value pairs, stored with the job (list filter `label`, usage grouping, pod labels): "
+        "at most 64 pairs, keys up to 64 characters, values up to 512 (422 beyond)",
+    )
+    output_uri: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Also write the results, as JSONL in input order, to this path you may name (same rules as "
+        "input_uri); an existing file is 409 unless your earlier job wrote it and label "
+        "`llm-batch.io/overwrite-output` is `true`",
+    )
+
+    _labels = field_validator("labels")(check_pairs)
+
+
+class JobCounts(BaseModel):
+    """A job's request counts, live while it runs."""
+
+    total: int = Field(description="Requests in the job; 0 until its input has been read")
+    completed: int = Field(description="Requests with an outcome (succeeded + failed)")
+    succeeded: int = Field(description="Requests with a result line in the output file")
+    failed: int = Field(
+        description="Requests with an error line: invalid input lines, engine errors, requests never run "
+        "(cancelled, timed out, a failed shard)"
+    )
+
+
+class JobUsage(BaseModel):
+    """What a job used so far (final once it ended)."""
+
+    prompt_tokens: int = Field(description="Prompt tokens of the succeeded requests")
+    completion_tokens: int = Field(description="Generated tokens of the succeeded requests")
+    total_tokens: int = Field(description="prompt_tokens + completion_tokens")
+    engine_seconds: float = Field(description="Seconds the engines spent on the job's shards, summed")
+
+
+class JobOut(BaseModel):
+    """A job in the canonical words: every job is readable here by id, whichever route or
+    Airflow run created it."""
+
+    id: str = Field(description="The job id")
+    status: str = Field(
+        description="QUEUED, VALIDATING, RUNNING, FINALIZING, CANCELLING (live), or SUCCEEDED, FAILED, "
+        "TIMEOUT_EXCEEDED, CANCELLED (ended)"
+    )
+    terminal: bool = Field(description="Whether the status is an end status (the job will not change any more)")
+    endpoint: str = Field(description="The API every request calls")
+    model: str = Field(description="The model the job runs")
+    owner: str = Field(description="Who owns the job (the API key's owner or the Airflow user)")
+    counts: JobCounts = Field(description="The request counts")
+    usage: JobUsage = Field(description="Tokens and engine time")
+    input_file_ids: list[str] = Field(description="Ids of the uploaded input files, in order; empty otherwise")
+    output_file_id: str | None = Field(
+        default=None,
+        description="Id of the JSONL file of the succeeded requests' results in input order (GET "
+        "/v1/files/{id}/content); set once the results are merged, also for a cancelled or timed-out job",
+    )
+    error_file_id: str | None = Field(
+        default=None, description="Id of the JSONL file of the failed requests (one line each); set once merged"
+    )
+    output_uri: str | None = Field(default=None, description="The output_uri the job also writes, as given; null when none")
+    created_at: int = Field(description=f"When the job was created, {_UNIX}")
+    started_at: int | None = Field(default=None, description=f"When the job began reading its input, {_UNIX}")
+    ended_at: int | None = Field(default=None, description=f"When the job ended (any end status), {_UNIX}")
+    expires_at: int | None = Field(default=None, description=f"The job's deadline, {_UNIX}")
+    status_reason: str | None = Field(default=None, description="Why the job is in its status (a failure's reason)")
+    dag_run_id: str | None = Field(default=None, description="The batch_inference DAG run that drives the job")
+    labels: dict[str, Any] = Field(description="The job's labels")
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        ended = job.completed_at or job.failed_at or job.cancelled_at or job.expired_at
+        return cls(
+            id=job.id,
+            status=job.status.value,
+            terminal=job.terminal,
+            endpoint=job.endpoint,
+            model=job.model,
+            owner=job.owner,
+            counts=JobCounts(total=job.total, completed=job.completed, succeeded=job.succeeded, failed=job.failed),
+            usage=JobUsage(
+                prompt_tokens=job.prompt_tokens,
+                completion_tokens=job.completion_tokens,
+                total_tokens=job.prompt_tokens + job.completion_tokens,
+                engine_seconds=job.engine_seconds,
+            ),
+            input_file_ids=list(job.input.get("file_ids") or []),
+            output_file_id=job.output_file_id,
+            error_file_id=job.error_file_id,
+            output_uri=job.array_output_uri,
+            created_at=epoch(job.created_at) or 0,
+            started_at=epoch(job.started_at),
+            ended_at=epoch(ended) if job.terminal else None,
+            expires_at=epoch(job.expires_at),
+            status_reason=job.status_reason,
+            dag_run_id=job.dag_run_id,
+            labels=dict(job.labels or {}),
+        )
+
+
+class JobList(BaseModel):
+    """A page of jobs, newest first."""
+
+    data: list[JobOut] = Field(description="The jobs of this page")
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `after` for the next page; null on the last page"
+    )
+    has_more: bool = Field(description="Whether another page follows")

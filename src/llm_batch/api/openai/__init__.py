@@ -1,0 +1,1 @@
+"""OpenAI's dialect: the Batch API and webhook endpoints, with OpenAI's words."""

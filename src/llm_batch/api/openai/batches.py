@@ -1,0 +1,137 @@
+"""OpenAI Batch API: ``/v1/batches`` (create from an uploaded file, list, get, cancel)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Body, Query
+
+from llm_batch.api.auth import CallerDep
+from llm_batch.api.cancellation import cancel_job
+from llm_batch.api.dag_trigger import TriggerDep
+from llm_batch.api.errors import ApiError, not_found
+from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
+from llm_batch.api.limits import check_owner_limits
+from llm_batch.api.openai.models import (
+    COMPLETION_WINDOW_SECONDS,
+    MODERATION_CATEGORIES,
+    OPENAI_STATUS,
+    BatchList,
+    BatchOut,
+    CreateBatchRequest,
+)
+from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.submission import check_endpoint, check_model, model_registry, submit
+from llm_batch.api.uploads import expiry
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_request import JobRequest
+from llm_batch.infra import input_files, storage
+from llm_batch.infra.jobstore import InvalidCursor
+
+router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)
+
+
+def _model_of_first_line(uri: str, file_id: str) -> str:
+    """OpenAI batches name the model per line; the job records the first request line's
+    model (blank lines are skipped, as the pipeline skips them)."""
+    number, line = 0, b""
+    with storage.open_read(uri) as stream:
+        for number, line in enumerate(stream, start=1):
+            if line.strip():
+                break
+    try:
+        model = orjson.loads(line).get("body", {}).get("model")
+    except (orjson.JSONDecodeError, AttributeError):
+        model = None
+    if not isinstance(model, str) or not model:
+        message = f"file {file_id!r}: line {number or 1} has no body.model (a string naming the model)"
+        raise ApiError(400, message, param="input_file_id", code="missing_model")
+    return model
+
+
+def _check_moderation_categories(model: str, settings) -> None:
+    """OpenAI's moderation result has a fixed set of categories: the model's map must name
+    each (a model mapped to Mistral's categories serves Mistral's /v1/moderations)."""
+    moderation = model_registry(settings).get(model).moderation
+    if missing := [c for c in MODERATION_CATEGORIES if c not in moderation.category_names]:
+        raise ApiError(400, f"model {model!r} maps its labels to {', '.join(moderation.category_names)}; an OpenAI "
+                       f"/v1/moderations batch answers OpenAI's categories and the map lacks {', '.join(missing)} "
+                       "(docs/models.md: a label may count for several categories; or submit the batch through "
+                       "the Mistral API, which answers the map's own categories)",
+                       param="input_file_id", code="model_endpoint_mismatch")
+
+
+def _output_expiry(settings, body: CreateBatchRequest) -> dict[str, int]:
+    """The output and error files' expiry, carried in the job's input (steps._record_file)."""
+    given = expiry(settings, body.output_expires_after.seconds if body.output_expires_after else None)
+    return {"output_expires_after_s": int(given.total_seconds())} if given else {}
+
+
+@router.post("", response_model=BatchOut, summary="Create a batch from an uploaded JSONL file")
+def create_batch(
+    body: Annotated[CreateBatchRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
+) -> BatchOut:
+    caller.require_submit()
+    check_owner_limits(store, settings, caller, new_jobs=1)
+    endpoint = check_endpoint(body.endpoint)
+    input_file = store.get_file(body.input_file_id, owner=caller.owner_filter)
+    if input_file is None:
+        raise ApiError(404, f"No file found with id {body.input_file_id!r}.", param="input_file_id", code="not_found")
+    if (why := input_files.refusal(input_file)) is not None:
+        raise ApiError(400, why, param="input_file_id", code="invalid_input_file")
+    model = _model_of_first_line(input_file.uri, input_file.id)
+    check_model(model, {}, settings, param="input_file_id", endpoint=endpoint)
+    if endpoint == Endpoint.MODERATIONS:
+        _check_moderation_categories(model, settings)
+    request = JobRequest(
+        dialect="openai",
+        endpoint=endpoint,
+        model=model,
+        input={"file_ids": [input_file.id], **_output_expiry(settings, body)},
+        input_format=InputFormat.JSONL,
+        metadata=body.metadata or {},
+        max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],
+    )
+    job = submit(store, caller.name, request, trigger)
+    return BatchOut.of(job)
+
+
+@router.get("", response_model=BatchList, summary="List batches, newest first")
+def list_batches(
+    caller: CallerDep,
+    store: StoreDep,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_OPENAI_PAGE_SIZE)] = 20,
+) -> BatchList:
+    try:
+        jobs, total = store.list_jobs(owner=caller.owner_filter, dialect="openai", limit=limit + 1, after=after)
+    except InvalidCursor as exc:
+        raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
+    data = [BatchOut.of(j) for j in jobs[:limit]]
+    return BatchList(
+        data=data,
+        has_more=len(jobs) > limit,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
+
+
+@router.get("/{batch_id}", response_model=BatchOut, summary="Get a batch")
+def get_batch(batch_id: str, caller: CallerDep, store: StoreDep) -> BatchOut:
+    job = store.get_job(batch_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch", batch_id)
+    return BatchOut.of(job)
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchOut, summary="Cancel a batch")
+def cancel_batch(batch_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchOut:
+    caller.require_submit()
+    return BatchOut.of(cancel_job(store, settings, batch_id, caller.owner_filter, refuse_ended=OPENAI_STATUS))

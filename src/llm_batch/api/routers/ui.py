@@ -1,0 +1,211 @@
+"""The "Batch jobs" page of Airflow's UI (an ``external_views`` entry, see docs/ui.md).
+
+``/ui/jobs`` is the page (HTML + its own JS/CSS from ``ui/static``, nothing
+from the internet); it reads the JSON routes below with the logged-in Airflow user's
+session cookie (same-origin GETs).
+
+Writes never ride on the cookie (auth.py refuses a write the cookie alone authenticates):
+``GET /ui/api/session`` hands the page a short-lived JWT of the same user (only a
+same-origin script can read that answer: no CORS), and the cancel POST carries it in
+``Authorization: Bearer``. Rights are the API's (auth.py): everyone reads what they own,
+admins everything; only owners and admins cancel (an Airflow viewer gets no button and a 403).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse
+from fastapi.security import HTTPAuthorizationCredentials
+
+from llm_batch.api.auth import Caller, CallerDep, _auth_manager
+from llm_batch.api.cancellation import cancel_job
+from llm_batch.api.errors import ApiError, not_found
+from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra import storage
+from llm_batch.infra.jobstore import InvalidCursor, Job, JobStore
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
+ERROR_LINES = 20  # first lines of the error file shown on the detail
+ERROR_LINE_CHARS = 2000
+SESSION_TOKEN_SECONDS = 15 * 60
+_ENDED_AT = ("completed_at", "failed_at", "cancelled_at", "expired_at")
+
+router = APIRouter(prefix="/ui", tags=["ui"], include_in_schema=False)
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def page() -> HTMLResponse:
+    """The page's shell: its data comes from the JSON routes, with the caller's rights."""
+    return HTMLResponse((STATIC_DIR / "jobs.html").read_text(), headers={"Cache-Control": "no-store"})
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _can_cancel(caller: Caller, job: Job) -> bool:
+    return (caller.can_submit and (caller.is_admin or job.owner == caller.name) and not job.terminal
+            and not job.cancel_requested)
+
+
+def _summary(caller: Caller, job: Job) -> dict[str, Any]:
+    ended = [getattr(job, name) for name in _ENDED_AT if getattr(job, name) is not None]
+    return {
+        "id": job.id,
+        "status": job.status.value,
+        "dialect": job.dialect,
+        "model": job.model,
+        "endpoint": job.endpoint,
+        "owner": job.owner,
+        "labels": job.labels,
+        "total": job.total,
+        "completed": job.completed,
+        "succeeded": job.succeeded,
+        "failed": job.failed,
+        "tokens_per_s": job.tokens_per_s,
+        "created_at": _iso(job.created_at),
+        "ended_at": _iso(max(ended)) if ended and job.terminal else None,
+        "can_cancel": _can_cancel(caller, job),
+    }
+
+
+@router.get("/api/session")
+async def session(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Who the page acts for, and the header token its writes carry (Airflow users only:
+    an API key caller already sends its key in a header)."""
+    token = None
+    if caller.via == "airflow":
+        from airflow.api_fastapi.core_api.security import get_user
+
+        scheme, _, value = request.headers.get("authorization", "").strip().partition(" ")
+        bearer = HTTPAuthorizationCredentials(scheme=scheme, credentials=value.strip()) if scheme.lower() == "bearer" else None
+        user = await get_user(request, None, bearer)
+        token = _auth_manager(request).generate_jwt(user, expiration_time_in_seconds=SESSION_TOKEN_SECONDS)
+    return {"user": caller.name, "is_admin": caller.is_admin, "can_submit": caller.can_submit, "token": token,
+            "dag_id": DAG_ID, "statuses": [s.value for s in JobStatus]}
+
+
+def _label_pairs(labels: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in labels:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ApiError(400, f"label {item!r} is not key=value", param="label", code="invalid_label")
+        pairs[key] = value
+    return pairs
+
+
+@router.get("/api/jobs")
+def list_jobs(
+    caller: CallerDep,
+    store: StoreDep,
+    status: Annotated[list[JobStatus] | None, Query()] = None,
+    owner: Annotated[str | None, Query(max_length=256)] = None,
+    model: Annotated[str | None, Query(max_length=256)] = None,
+    label: Annotated[list[str] | None, Query(max_length=640)] = None,
+    after: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> dict[str, Any]:
+    """One page of jobs, newest first (keyset paging: ``after`` = the previous ``next_after``).
+    ``total`` counts every match (unknown, null, with a label filter: labels are matched
+    page by page)."""
+    wanted = _label_pairs(label or [])
+    owner_filter = owner if caller.is_admin else caller.name
+    if not caller.is_admin and owner not in (None, "", caller.name):
+        return {"jobs": [], "total": 0, "next_after": None}
+    owner_filter = owner_filter or None
+    found: list[Job] = []
+    cursor, batch = after, (limit + 1 if not wanted else MAX_PAGE_SIZE)
+    total: int | None = None
+    while len(found) <= limit:
+        try:
+            page, matching = store.list_jobs(owner=owner_filter, statuses=status, model=model or None,
+                                             limit=batch, after=cursor)
+        except InvalidCursor as exc:
+            raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
+        total = None if wanted else matching
+        found += [j for j in page if all(k in j.labels and str(j.labels[k]) == v for k, v in wanted.items())]
+        if len(page) < batch:
+            break
+        cursor = page[-1].id
+    has_more = len(found) > limit
+    shown = found[:limit]
+    return {"jobs": [_summary(caller, j) for j in shown], "total": total,
+            "next_after": shown[-1].id if has_more else None}
+
+
+def _first_error_lines(store: JobStore, job: Job) -> list[str]:
+    """The first lines of the job's error file (through llm_batch.infra.storage), [] without one."""
+    if job.error_file_id is None:
+        return []
+    file = store.get_file(job.error_file_id)
+    if file is None or file.deleted:
+        return []
+    lines: list[str] = []
+    try:
+        with storage.open_read(file.uri) as stream:
+            for raw in stream:
+                lines.append(raw.decode("utf-8", "replace").rstrip("\r\n")[:ERROR_LINE_CHARS])
+                if len(lines) >= ERROR_LINES:
+                    break
+    except storage.StorageError as exc:
+        return [f"(the error file could not be read: {exc})"]
+    return lines
+
+
+def _shard(record: Any) -> dict[str, Any]:
+    rate = record.completion_tokens / record.engine_seconds if record.engine_seconds > 0 else 0.0
+    return {"shard": record.shard, "state": record.state, "total": record.total, "done": record.done,
+            "succeeded": record.succeeded, "failed": record.failed, "tokens_per_s": round(rate, 1),
+            "reason": record.reason, "updated_at": _iso(record.updated_at)}
+
+
+def _links(job: Job) -> dict[str, str] | None:
+    if not job.dag_run_id:
+        return None
+    run = f"/dags/{quote(DAG_ID)}/runs/{quote(job.dag_run_id, safe='')}"
+    return {"run": run, "logs": f"{run}/task_instances"}
+
+
+def _detail(store: JobStore, caller: Caller, job_id: str) -> dict[str, Any]:
+    job = store.get_job(job_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("job", job_id)
+    history = [{"at": _iso(p.at), "total": p.total, "completed": p.completed, "succeeded": p.succeeded,
+                "failed": p.failed, "tokens_per_s": p.tokens_per_s}
+               for p in store.progress_history(job.id)]
+    # The job as it is now ends the series (a last point even between two history points).
+    history.append({"at": _iso(job.updated_at), "total": job.total, "completed": job.completed,
+                    "succeeded": job.succeeded, "failed": job.failed, "tokens_per_s": job.tokens_per_s})
+    return {
+        **_summary(caller, job),
+        "status_reason": job.status_reason,
+        "errors": job.errors,
+        "output_file_id": job.output_file_id,
+        "error_file_id": job.error_file_id,
+        "dag_run_id": job.dag_run_id,
+        "links": _links(job),
+        "shards": [_shard(r) for r in store.shard_records(job.id)],
+        "history": history,
+        "error_lines": _first_error_lines(store, job),
+    }
+
+
+@router.get("/api/jobs/{job_id}")
+async def job_detail(job_id: str, caller: CallerDep, store: StoreDep) -> dict[str, Any]:
+    return await run_in_threadpool(_detail, store, caller, job_id)
+
+
+@router.post("/api/jobs/{job_id}/cancel")
+def cancel(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
+    """Cancel (owners and admins; with a header credential, as every write: auth.py)."""
+    caller.require_submit()
+    job = cancel_job(store, settings, job_id, caller.owner_filter, kind="job")
+    return _summary(caller, job)

@@ -1,0 +1,310 @@
+"""Scale batch completions v2: ``/v2/batch-completions`` (create from a path or inline
+content, get, update priority, cancel, list)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import APIRouter, Body
+
+from llm_batch.api.auth import Caller, CallerDep
+from llm_batch.api.cancellation import cancel_job
+from llm_batch.api.dag_trigger import TriggerDep, reprioritize_waiting_tasks
+from llm_batch.api.errors import ApiError, not_found
+from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
+from llm_batch.api.limits import check_owner_limits
+from llm_batch.api.scale.models import (
+    BatchCompletionsJob,
+    CancelBatchCompletionsResponse,
+    CreateBatchCompletionsRequest,
+    CreateBatchCompletionsV1Response,
+    GetBatchCompletionResponse,
+    ListBatchCompletionsResponse,
+    UpdateBatchCompletionsRequest,
+    UpdateBatchCompletionsResponse,
+    V1Content,
+)
+from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.submission import (
+    check_model,
+    check_output_target,
+    check_user_path,
+    inline_json,
+    model_registry,
+    path_unavailable,
+    priority_weight,
+    save_inline_requests,
+    submit,
+)
+from llm_batch.core.config import Settings
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_request import JobRequest
+from llm_batch.core.jobs import JobStatus
+from llm_batch.core.placement import multi_node_refusal
+from llm_batch.infra import storage, user_paths
+from llm_batch.infra.jobstore import Job
+from llm_batch.infra.model_registry import (
+    ModelError,
+    check_model_config,
+    job_model_config,
+    local_tokenizer_dir,
+    validate_model_config,
+)
+
+router = APIRouter(prefix="/v2/batch-completions", tags=["scale"], route_class=IdempotentRoute)
+# Scale's client (llmengine Completion.batch_create) still posts v1; same job, v1 answer.
+v1_router = APIRouter(prefix="/v1/llm/batch-completions", tags=["scale"], route_class=IdempotentRoute)
+
+_SNIFF_BYTES = 64 * 1024
+
+
+def priority_name(settings: Settings, weight: int) -> str | None:
+    names = [name for name, w in settings.priority_weights.items() if w == weight]
+    return names[0] if names else (str(weight) if weight else None)
+
+
+def _endpoint_of_content(content: list[dict[str, Any]] | V1Content) -> str:
+    if isinstance(content, V1Content) or not content:
+        return Endpoint.COMPLETIONS.value
+    return Endpoint.CHAT_COMPLETIONS.value if "messages" in content[0] else Endpoint.COMPLETIONS.value
+
+
+def _sniff_file(uri: str, given: str, owner: str, settings: Settings) -> tuple[str, str]:
+    """(endpoint, input format) of a Scale input file, from its first 64 KiB: an array is
+    scale-v2 (chat if its requests have messages), an object is scale-v1 prompts. Anything
+    else is refused now, not at validation: an empty file, one that is not JSON at all, and
+    (when the whole file fits in the window) one that does not parse."""
+    param = "input_data_path"
+    try:
+        with storage.open_read(uri) as stream:
+            head = stream.read(_SNIFF_BYTES + 1)
+    except storage.ObjectNotFound:  # the same answer as a path hidden from the caller
+        raise path_unavailable(param, user_paths.unavailable(given, owner, settings)) from None
+    except storage.StorageError as exc:
+        raise ApiError(400, f"input_data_path: {exc}", param=param, code="input_unreadable") from None
+    start = head.lstrip()[:1]
+    if not start:
+        raise ApiError(400, f"input_data_path {uri!r} is empty", param=param, code="invalid_input")
+    if start not in (b"[", b"{"):
+        raise ApiError(400, f"input_data_path {uri!r}: {_EXPECTED_INPUT}", param=param, code="invalid_input")
+    if len(head) <= _SNIFF_BYTES:  # the whole file: parse it
+        try:
+            parsed = orjson.loads(head)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"input_data_path {uri!r}: not valid JSON ({exc}); {_EXPECTED_INPUT}", param=param, code="invalid_input") from None
+        if parsed == []:
+            raise ApiError(400, f"input_data_path {uri!r} holds no requests (an empty array)", param=param, code="invalid_input")
+    if start == b"{":
+        return Endpoint.COMPLETIONS.value, InputFormat.SCALE_V1
+    messages, prompt = head.find(b'"messages"'), head.find(b'"prompt')
+    chat = messages >= 0 and (prompt < 0 or messages < prompt)
+    return (Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value), InputFormat.SCALE_V2
+
+
+_EXPECTED_INPUT = "expected a JSON array of completion or chat requests, or a {\"prompts\": [...]} object"
+
+
+def _check_output_path(output_uri: str, input_uri: str | None) -> None:
+    """The output must name an object the job can write at its end: not the job's own
+    input, not a bucket or directory, not below an existing file."""
+    def refuse(why: str) -> ApiError:
+        return ApiError(400, f"output_data_path {output_uri!r} {why}", param="output_data_path", code="invalid_output")
+
+    if output_uri == input_uri:
+        raise refuse("is the input_data_path: the results would overwrite the requests")
+    if storage.is_s3(output_uri):
+        key = output_uri[5:].partition("/")[2]
+        if not key or key.endswith("/"):
+            raise refuse("names a bucket or folder, not an object: name the JSON file to write")
+        return
+    path = Path(output_uri)
+    if path.is_dir():
+        raise refuse("is a directory; name the JSON file to write")
+    existing = next(parent for parent in path.parents if parent.exists())
+    if not existing.is_dir():
+        raise refuse(f"lies below {str(existing)!r}, which is a file, not a directory")
+
+
+def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
+    """The model_config as the job stores it: every field Scale's clients send is known
+    (llm_batch.infra.model_registry.MODEL_CONFIG_FIELDS); nulls and client defaults are dropped, a value
+    the table refuses is a 400 naming the field."""
+    try:
+        return job_model_config(body.model_config_.model_dump())
+    except ModelError as exc:
+        raise _model_config_error(exc) from None
+
+
+def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, Any], endpoint: str,
+                 settings: Settings, caller: Caller) -> dict[str, Any]:
+    """The model and its config, checked as the worker will check them, plus what only the
+    submission knows: the job's gpus against the parallel sizes, and a tokenizer path the
+    caller may name (stored canonical). Returns the model_config to store."""
+    check_model(model_config["model"], model_config, settings, param="model_config.model", endpoint=endpoint, caller=caller)
+    if tokenizer := model_config.get("tokenizer"):
+        model_config = {**model_config, "tokenizer": _check_tokenizer(tokenizer, settings, caller)}
+    try:
+        check_model_config(validate_model_config(model_config), model_registry(settings), gpus=body.gpus,
+                           nodes=body.nodes_per_worker)
+    except ModelError as exc:
+        raise _model_config_error(exc) from None
+    return model_config
+
+
+def _check_tokenizer(tokenizer: str, settings: Settings, caller: Caller) -> str:
+    """model_config.tokenizer under checkpoint_path's rules: absolute, a local directory the
+    caller may name (user paths); relative, a folder of the shared model cache."""
+    param = "model_config.tokenizer"
+    if tokenizer.startswith("/"):
+        tokenizer = check_user_path(tokenizer, param, settings, caller)
+    try:
+        local_tokenizer_dir(tokenizer, settings)
+    except ModelError as exc:
+        raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_tokenizer") from None
+    return tokenizer
+
+
+def _model_config_error(exc: ModelError) -> ApiError:
+    fields = getattr(exc, "fields", ())
+    param = "gpus" if fields[:1] == ("gpus",) else f"model_config.{fields[0]}" if fields else "model_config"
+    return ApiError(400, str(exc), param=param, code="invalid_model_config")
+
+
+def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
+    return BatchCompletionsJob.of(job, priority_name(settings, job.priority))
+
+
+@router.post("", response_model=BatchCompletionsJob, summary="Create a batch completions job")
+def create_batch_completions(
+    body: Annotated[CreateBatchCompletionsRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
+) -> BatchCompletionsJob:
+    caller.require_submit()
+    if body.tool_config is not None:
+        raise ApiError(400, "tool_config is not supported: this system runs no tools", param="tool_config")
+    if (body.input_data_path is None) == (body.content is None):
+        raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
+    if (refusal := multi_node_refusal(body.nodes_per_worker, settings.shard_runner)) is not None:
+        raise ApiError(400, refusal, param="nodes_per_worker")
+    model_config = _stored_model_config(body)
+    labels = {**(body.model_config_.labels or {}), **body.labels}
+    inline_count = len(body.content.prompts if isinstance(body.content, V1Content) else body.content or [])
+    check_owner_limits(store, settings, caller, new_jobs=1, new_requests=inline_count)
+    output_uri = check_user_path(body.output_data_path, "output_data_path", settings, caller)
+    weight = priority_weight(settings, body.priority)
+    if body.input_data_path is not None:
+        input_uri = check_user_path(body.input_data_path, "input_data_path", settings, caller)
+        _check_output_path(output_uri, input_uri)
+        endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller.name, settings)
+        job_input: dict[str, Any] = {"uri": input_uri, "path": body.input_data_path}
+        check_output_target(store, caller, output_uri, labels)
+        model_config = _check_model(body, model_config, endpoint, settings, caller)
+    else:
+        if body.content == []:
+            raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
+        _check_output_path(output_uri, None)
+        endpoint = _endpoint_of_content(body.content)
+        input_format = InputFormat.SCALE_V1 if isinstance(body.content, V1Content) else InputFormat.SCALE_V2
+        # Checked before the inline file is written: a refused job leaves nothing behind.
+        model_config = _check_model(body, model_config, endpoint, settings, caller)
+        check_output_target(store, caller, output_uri, labels)
+        content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
+        inline = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")], "inline-content.json")
+        job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
+    resources = {
+        key: value
+        for key, value in body.model_dump(include={"gpus", "gpu_type", "nodes_per_worker", "cpus", "memory", "storage"}).items()
+        if value is not None
+    }
+    request = JobRequest(
+        dialect="scale",
+        endpoint=endpoint,
+        model=body.model_config_.model,
+        input=job_input,
+        input_format=input_format,
+        model_config=model_config,
+        output_uri=output_uri,
+        labels=labels,
+        priority=weight,
+        priority_name=body.priority,
+        data_parallelism=body.data_parallelism,
+        resources=resources,
+        max_runtime_sec=body.max_runtime_sec,
+    )
+    job = submit(store, caller.name, request, trigger)
+    return _job_out(settings, job)
+
+
+@v1_router.post("", response_model=CreateBatchCompletionsV1Response, summary="Create a job (Scale v1 client)")
+def create_batch_completions_v1(
+    body: Annotated[CreateBatchCompletionsRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    trigger: TriggerDep,
+    _idempotency: IdempotencyDep = None,
+) -> CreateBatchCompletionsV1Response:
+    job = create_batch_completions(body, caller, store, settings, trigger)
+    return CreateBatchCompletionsV1Response(job_id=job.job_id)
+
+
+@router.get("", response_model=ListBatchCompletionsResponse, summary="List batch completions jobs")
+def list_batch_completions(caller: CallerDep, store: StoreDep, settings: SettingsDep) -> ListBatchCompletionsResponse:
+    jobs, _ = store.list_jobs(owner=caller.owner_filter, dialect="scale", limit=MAX_PAGE_SIZE)
+    return ListBatchCompletionsResponse(jobs=[_job_out(settings, j) for j in jobs])
+
+
+@router.get("/{batch_completion_id}", response_model=GetBatchCompletionResponse, summary="Get a job")
+def get_batch_completion(
+    batch_completion_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep
+) -> GetBatchCompletionResponse:
+    job = store.get_job(batch_completion_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch completion", batch_completion_id)
+    return GetBatchCompletionResponse(job=_job_out(settings, job))
+
+
+@router.post(
+    "/{batch_completion_id}", response_model=UpdateBatchCompletionsResponse, summary="Update a job's priority"
+)
+def update_batch_completion(
+    batch_completion_id: str,
+    body: Annotated[UpdateBatchCompletionsRequest, Body()],
+    caller: CallerDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    session: SessionDep,
+) -> UpdateBatchCompletionsResponse:
+    """The new priority is the job's, and its run's tasks that have not started take it
+    (queued shards move up or down the pool's queue); running shards keep theirs."""
+    caller.require_submit()
+    job = store.get_job(batch_completion_id, owner=caller.owner_filter)
+    if job is None:
+        raise not_found("batch completion", batch_completion_id)
+    if body.priority is not None:
+        weight = priority_weight(settings, body.priority)
+        job = store.set_priority(job.id, weight, owner=caller.owner_filter)
+        if not job.terminal:
+            reprioritize_waiting_tasks(job.id, weight, session)
+    return UpdateBatchCompletionsResponse(**_job_out(settings, job).model_dump(by_alias=True), success=True)
+
+
+@router.post(
+    "/{batch_completion_id}/actions/cancel",
+    response_model=CancelBatchCompletionsResponse,
+    summary="Cancel a job (success: it is cancelling or cancelled now)",
+)
+def cancel_batch_completion(
+    batch_completion_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep
+) -> CancelBatchCompletionsResponse:
+    caller.require_submit()
+    job = cancel_job(store, settings, batch_completion_id, caller.owner_filter, kind="batch completion")
+    return CancelBatchCompletionsResponse(success=job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED))

@@ -1,0 +1,77 @@
+"""``llm-batch api-key create|list|revoke``: API keys for the batch REST API.
+
+A key is shown once, at creation; the store keeps only its hash. Clients send it as
+``Authorization: Bearer <key>``, ``x-api-key: <key>`` or HTTP basic with the key as user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from llm_batch.cli import print_table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("api-key", help="create, list and revoke API keys of the batch REST API")
+    parser.add_argument("--database-url", help="the job store (default: LLM_BATCH_DATABASE_URL or the embedded SQLite)")
+    actions = parser.add_subparsers(dest="api_key_command", required=True)
+
+    create = actions.add_parser("create", help="create a key for OWNER and print it (shown only once)")
+    create.add_argument("owner", help="the user the key acts for (owner of the jobs and files it creates): "
+                        "lower-case letters, digits, '-', '_', '.' or '@', as Airflow spells the same user")
+    create.add_argument("--name", default="", help="a label to recognise the key by")
+    create.add_argument("--admin", action="store_true", help="the key sees and manages every user's jobs")
+    create.set_defaults(func=create_key)
+
+    listing = actions.add_parser("list", help="list keys (never their secrets)")
+    listing.add_argument("--owner", help="only this user's keys")
+    listing.add_argument("--all", action="store_true", help="include revoked keys")
+    listing.set_defaults(func=list_keys)
+
+    revoke = actions.add_parser("revoke", help="revoke a key by its id (key_...)")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=revoke_key)
+
+
+def _store(args: argparse.Namespace):
+    from llm_batch.infra.jobstore import get_job_store
+
+    return get_job_store(args.database_url)
+
+
+def create_key(args: argparse.Namespace) -> int:
+    from llm_batch.core.owners import OwnerNameRefused
+
+    try:
+        record, plaintext = _store(args).create_api_key(args.owner, args.name or args.owner, is_admin=args.admin)
+    except OwnerNameRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"id: {record.id}\nowner: {record.owner}\nadmin: {record.is_admin}", file=sys.stderr)
+    print("the key (shown only now; store it safely):", file=sys.stderr)
+    print(plaintext)
+    return 0
+
+
+def list_keys(args: argparse.Namespace) -> int:
+    keys = _store(args).list_api_keys(owner=args.owner, include_revoked=args.all)
+    rows = [("ID", "OWNER", "NAME", "ADMIN", "CREATED", "REVOKED")]
+    for key in keys:
+        revoked = key.revoked_at.isoformat(timespec="seconds") if key.revoked_at else "-"
+        rows.append((key.id, key.owner, key.name, "yes" if key.is_admin else "no",
+                     key.created_at.isoformat(timespec="seconds"), revoked))
+    print_table(rows)
+    return 0
+
+
+def revoke_key(args: argparse.Namespace) -> int:
+    from llm_batch.infra.jobstore import ApiKeyNotFound
+
+    try:
+        key = _store(args).revoke_api_key(args.key_id)
+    except ApiKeyNotFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"revoked {key.id} (owner {key.owner})")
+    return 0

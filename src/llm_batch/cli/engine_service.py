@@ -1,0 +1,76 @@
+"""``llm-batch engine-service manifest``: the Kubernetes objects of an engine service (a warm
+engine Deployment for one model and GPU type, its Service and NetworkPolicy) as YAML, to
+apply with ``kubectl apply -f -``; the settings line that routes the model's small shards to
+it goes to stderr. See docs/orchestration.md, "Engine services"."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("engine-service", help="warm engines on Kubernetes (manifests)",
+                                   description=__doc__)
+    actions = parser.add_subparsers(dest="action", required=True)
+    manifest = actions.add_parser("manifest", help="print the Deployment, Service and NetworkPolicy")
+    manifest.add_argument("--model", required=True, help="the model it serves (a registry name)")
+    manifest.add_argument("--gpu-type", help="the GPU type its pods run on (one of the runner's gpu_type values)")
+    manifest.add_argument("--gpus", type=int, default=1, help="GPUs per pod")
+    manifest.add_argument("--replicas", type=int, default=1, help="pods (engines)")
+    manifest.add_argument("--seats", type=int, default=2, help="shards each engine runs at once")
+    manifest.add_argument("--port", type=int, default=None, help="its TCP port (default 8700)")
+    manifest.add_argument("--token-secret", default="llm-batch-engine-token",
+                          help="the Secret holding the token (key 'token'), shared with the Airflow workers")
+    manifest.add_argument("--client-label", action="append", default=[], metavar="KEY=VALUE",
+                          help="a label of the pods let in (Airflow's workers; default component=worker, "
+                               "tier=airflow); repeat for more")
+    manifest.add_argument("--preload-config", default="{}", metavar="JSON",
+                          help="model_config overrides the engine loads at start (default {}: the registry's "
+                               "defaults, what a job without model_config asks for)")
+    manifest.add_argument("--no-preload", action="store_true",
+                          help="load the engine with the first shard instead (the pod is ready before it is warm)")
+    manifest.set_defaults(func=print_manifest)
+
+
+def print_manifest(args: argparse.Namespace) -> int:
+    import orjson
+    import yaml
+
+    from llm_batch.core import exit_codes
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.placement import GPU_TYPES
+    from llm_batch.runtime.engine_service import DEFAULT_PORT
+
+    problems = []
+    if args.gpu_type is not None and args.gpu_type not in GPU_TYPES:
+        problems.append(f"--gpu-type {args.gpu_type!r} is unknown; use one of {', '.join(GPU_TYPES)}")
+    for flag in ("gpus", "replicas", "seats"):
+        if getattr(args, flag) < 1:
+            problems.append(f"--{flag} must be at least 1")
+    port = args.port or DEFAULT_PORT
+    if not 0 < port < 65536:
+        problems.append(f"--port {port} is not a TCP port")
+    try:
+        if not isinstance(orjson.loads(args.preload_config), dict):
+            raise ValueError
+    except ValueError:
+        problems.append("--preload-config takes a JSON object of model_config overrides")
+    labels = dict(label.partition("=")[::2] for label in args.client_label)
+    if any(not key or not value for key, value in labels.items()):
+        problems.append("--client-label takes KEY=VALUE")
+    if problems:
+        print("llm-batch engine-service: " + "; ".join(problems), file=sys.stderr)
+        return exit_codes.USAGE
+
+    from llm_batch.airflow.specs.engine_service_spec import manifests, services_entry
+
+    settings = get_settings()
+    objects = manifests(settings, args.model, args.gpu_type, gpus=args.gpus, replicas=args.replicas,
+                        seats=args.seats, port=port, token_secret=args.token_secret, client_labels=labels or None,
+                        preload=None if args.no_preload else args.preload_config)
+    sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    entry = orjson.dumps(services_entry(settings, args.model, args.gpu_type, port)).decode()
+    print(f"# route the model's small shards here (Airflow workers): LLM_BATCH_ENGINE_SERVICES='{entry}'",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,269 @@
+"""``llm-batch submit | jobs | job | cancel | results``: jobs through the batch REST API.
+
+    llm-batch submit FILE --endpoint E --model M [--shards N] [--format F] [--wait]
+                          [--idempotency-key KEY | --new]
+    llm-batch jobs [--limit N]
+    llm-batch job ID [--wait]
+    llm-batch cancel ID
+    llm-batch results ID [--errors] [-o FILE]
+
+Exit codes (``--wait`` and ``job --wait`` report the job's end; the others 0 on success):
+0 succeeded (or done), 1 failed, 2 usage or HTTP error (bad arguments, the API refused or
+did not answer), 3 cancelled, 4 timed out (the job's deadline, TIMEOUT_EXCEEDED).
+The server and key come from LLM_BATCH_API_URL / LLM_BATCH_API_KEY, else the embedded
+stack (see llm_batch.infra.api_client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llm_batch.cli import print_table
+from llm_batch.core.input_formats import INPUT_FORMATS
+
+if TYPE_CHECKING:
+    from llm_batch.infra.api_client import BatchClient, JobView
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3
+EXIT_TIMED_OUT = 4
+
+# Mistral status words (how the client reads jobs) -> exit code of a finished job.
+EXIT_OF_STATUS = {
+    "SUCCESS": EXIT_SUCCEEDED,
+    "FAILED": EXIT_FAILED,
+    "CANCELLED": EXIT_CANCELLED,
+    "TIMEOUT_EXCEEDED": EXIT_TIMED_OUT,
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    submit = subparsers.add_parser("submit", help="submit a batch file through the REST API")
+    submit.add_argument("file", type=Path, help="the requests (JSONL, or a Scale JSON file with --format)")
+    submit.add_argument("--endpoint", default="/v1/chat/completions", help="e.g. /v1/chat/completions")
+    submit.add_argument("--model", required=True, help="a registered model name (llm-batch models list)")
+    submit.add_argument("--shards", type=int, default=1, help="shards run in parallel (data_parallelism)")
+    submit.add_argument("--format", dest="input_format", default="jsonl", choices=INPUT_FORMATS)
+    submit.add_argument("--max-runtime", type=int, metavar="SEC", help="deadline in seconds from submission")
+    submit.add_argument("--output", help="Scale route only: where the server writes the JSON results")
+    submit.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
+    again = submit.add_mutually_exclusive_group()
+    again.add_argument(
+        "--idempotency-key", metavar="KEY",
+        help="the Idempotency-Key to send (up to 255 printable ASCII characters). By default submit sends a key "
+        "derived from the file's sha256 and these arguments, so re-running the same command (a retry after a "
+        "timeout, a script run twice) answers the job it made before instead of submitting it again (the "
+        "server keeps keys 24 hours)",
+    )
+    again.add_argument("--new", action="store_true", help="send no Idempotency-Key: always submit a new job")
+    submit.set_defaults(func=_submit)
+
+    listing = subparsers.add_parser("jobs", help="list your newest jobs")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.set_defaults(func=_jobs)
+
+    show = subparsers.add_parser("job", help="show one job")
+    show.add_argument("job_id")
+    show.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
+    show.set_defaults(func=_job)
+
+    cancel = subparsers.add_parser("cancel", help="cancel a job (finished results are kept)")
+    cancel.add_argument("job_id")
+    cancel.set_defaults(func=_cancel)
+
+    results = subparsers.add_parser("results", help="download a job's results (JSONL, input order)")
+    results.add_argument("job_id")
+    results.add_argument("--errors", action="store_true", help="the error file instead (failed and invalid requests)")
+    results.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    results.set_defaults(func=_results)
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def _submit(args: argparse.Namespace) -> int:
+    if args.shards < 1:
+        return _usage("--shards must be at least 1")
+    if not args.file.is_file():
+        return _usage(f"{args.file}: no such file")
+
+    def run(client: BatchClient) -> int:
+        job = client.submit(
+            args.file, endpoint=args.endpoint, model=args.model, shards=args.shards,
+            input_format=args.input_format, max_runtime_sec=args.max_runtime, output_path=args.output,
+            idempotency_key=args.idempotency_key, new=args.new,
+        )
+        print(job.id)
+        print(f"submitted {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)
+        return _wait_and_report(client, job) if args.wait else EXIT_SUCCEEDED
+
+    return _with_client(run)
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        rows = [("ID", "STATUS", "MODEL", "DONE/TOTAL", "FAILED", "CREATED")]
+        for job in client.jobs(limit=args.limit):
+            rows.append((job.id, job.status, job.model or "-", f"{job.completed}/{job.total}",
+                         str(job.failed), _when(job.created_at)))
+        print_table(rows)
+        return EXIT_SUCCEEDED
+
+    return _with_client(run)
+
+
+def _job(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        job = client.job(args.job_id)
+        if args.wait and not job.terminal:
+            return _wait_and_report(client, job)
+        _describe(job)
+        return EXIT_OF_STATUS.get(job.status, EXIT_SUCCEEDED) if args.wait else EXIT_SUCCEEDED
+
+    return _with_client(run)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        job = client.cancel(args.job_id)
+        print(f"{job.id}: {job.status}")
+        return EXIT_SUCCEEDED
+
+    return _with_client(run)
+
+
+def _results(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        job = client.job(args.job_id)
+        file_id = job.error_file if args.errors else job.output_file
+        if file_id is None:
+            kind = "error" if args.errors else "output"
+            why = "it has none (no request failed)" if job.terminal else f"it is {job.status}; wait for it to end"
+            print(f"error: job {job.id} has no {kind} file: {why}", file=sys.stderr)
+            return EXIT_USAGE
+        out = args.output.open("wb") if args.output else sys.stdout.buffer
+        try:
+            for chunk in client.file_content(file_id):
+                out.write(chunk)
+        finally:
+            if args.output:
+                out.close()
+        return EXIT_SUCCEEDED
+
+    return _with_client(run)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _with_client(run) -> int:
+    """Run `run(client)`; API, network and input errors become a message and exit 2."""
+    import httpx
+
+    from llm_batch.infra.api_client import ApiError, BatchClient, NoApiKey
+
+    try:
+        with BatchClient.from_env() as client:
+            return run(client)
+    except (ApiError, NoApiKey, ValueError, OSError) as exc:
+        return _usage(str(exc))
+    except httpx.HTTPError as exc:
+        return _usage(f"the batch API did not answer ({exc}); is the stack up? (llm-batch status)")
+
+
+def _usage(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _wait_and_report(client: BatchClient, job: JobView) -> int:
+    job = _follow(client, job)
+    _describe(job)
+    return EXIT_OF_STATUS.get(job.status, EXIT_FAILED)
+
+
+def _follow(client: BatchClient, job: JobView) -> JobView:
+    """Poll the job with a progress bar (requests done/total, tokens/s) until it ends."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    tokens = ShardTokens(job.id)
+    columns = (
+        TextColumn("[bold]{task.fields[status]:<16}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("requests  {task.fields[rate]}"), TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=_stderr_console(), transient=False) as progress:
+        bar = progress.add_task("job", total=None, status=job.status, rate="")
+
+        def update(current: JobView) -> None:
+            rate = tokens.rate()
+            progress.update(
+                bar, completed=current.completed, total=current.total or None, status=current.status,
+                rate=f"{rate:,.0f} tokens/s" if rate is not None else "",
+            )
+
+        return client.wait(job.id, poll=1.0, on_update=update)
+
+
+class ShardTokens:
+    """Generated tokens/s of a running job, from its shards' progress objects. Readable when
+    the CLI shares storage with the server (the embedded stack); None otherwise."""
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+
+    def rate(self) -> float | None:
+        try:
+            from llm_batch.core.config import get_settings
+            from llm_batch.infra.progress import ShardState, read_progress
+            from llm_batch.pipeline.sharding import read_manifest
+            from llm_batch.pipeline.steps import layout_of
+
+            manifest = read_manifest(layout_of(get_settings(), self.job_id))
+            rates = []
+            for shard in manifest.shards:
+                try:
+                    progress = read_progress(shard.progress_uri)
+                except Exception:  # noqa: BLE001 (not started yet: no progress object)
+                    continue
+                if progress.state == ShardState.RUNNING:
+                    rates.append(progress.tokens_per_s)
+            return sum(rates) if rates else None
+        except Exception:  # noqa: BLE001 (advisory: no manifest yet, remote storage, ...)
+            return None
+
+
+def _describe(job: JobView) -> None:
+    print(f"job        {job.id}")
+    print(f"status     {job.status}")
+    print(f"model      {job.model or '-'}  ({job.endpoint})")
+    print(f"requests   {job.completed}/{job.total} done: {job.succeeded} succeeded, {job.failed} failed")
+    print(f"created    {_when(job.created_at)}")
+    if job.started_at:
+        print(f"started    {_when(job.started_at)}")
+    if job.completed_at:
+        print(f"ended      {_when(job.completed_at)}")
+    if job.output_file:
+        print(f"results    {job.output_file}   (llm-batch results {job.id})")
+    if job.error_file and job.failed:
+        print(f"errors     {job.error_file}   (llm-batch results {job.id} --errors)")
+    for message in job.errors:
+        print(f"note       {message}")
+
+
+def _when(epoch: int | None) -> str:
+    if not epoch:
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+

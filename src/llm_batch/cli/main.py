@@ -1,0 +1,45 @@
+"""The ``llm-batch`` command: one entry point, one module per subcommand.
+
+Each module in ``COMMANDS`` exposes ``register(subparsers)`` that adds its parser and sets
+``func`` (called with the parsed args; its return value is the exit status). Modules are
+imported lazily so ``llm-batch validate`` never pays for vLLM or Airflow imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: tuple[str, ...] = (
+    "llm_batch.cli.validate",
+    "llm_batch.cli.models",
+    "llm_batch.cli.stack",
+    "llm_batch.cli.shard",
+    "llm_batch.cli.merge",
+    "llm_batch.cli.api_key",
+    "llm_batch.cli.worker",
+    "llm_batch.cli.follower",
+    "llm_batch.cli.engine_host",
+    "llm_batch.cli.engine_service",
+    "llm_batch.cli.jobs",
+    "llm_batch.cli.usage",
+    "llm_batch.cli.webhook",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-batch", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""``llm-batch merge JOB_ID``: merge a job's shard results into its output files."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "merge", help="merge a job's shard results, in input order, into output and error files"
+    )
+    parser.add_argument("job_id")
+    parser.add_argument("--no-jsonl", dest="jsonl", action="store_false",
+                        help="skip the OpenAI/Mistral output.jsonl and errors.jsonl")
+    parser.add_argument("--scale", action="store_true", help="also write the Scale JSON array")
+    parser.add_argument("--scale-v1", action="store_true",
+                        help="the job's input was Scale v1 prompts: the array's elements are CompletionOutput "
+                             "objects (implies --scale)")
+    parser.add_argument("--scale-output", metavar="URI",
+                        help="where the Scale array goes (default: the job's output.json)")
+    parser.add_argument("--not-run-reason", metavar="TEXT",
+                        help="message for requests that never ran (e.g. 'job cancelled')")
+    parser.add_argument("--work-uri", help="work prefix (default: LLM_BATCH_WORK_URI)")
+    parser.set_defaults(func=merge)
+
+
+def merge(args: argparse.Namespace) -> int:
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.input_formats import InputFormat
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.core.scale_output import success_element
+    from llm_batch.infra.results import ResultsError
+    from llm_batch.infra.storage import ObjectNotFound, StorageError
+    from llm_batch.pipeline.merge import MergeError, merge_job
+
+    layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
+    try:
+        counts = merge_job(layout, jsonl=args.jsonl, json_array=args.scale or args.scale_v1,
+                           array_output_uri=args.scale_output, not_run_reason=args.not_run_reason,
+                           array_element=success_element(InputFormat.SCALE_V1 if args.scale_v1 else None))
+    except ObjectNotFound as exc:
+        hint = (f" (plan the job's shards first: llm-batch shard {args.job_id} -n N)"
+                if exc.uri == layout.shard_manifest else "")
+        print(f"error: {exc}{hint}", file=sys.stderr)
+        return 2
+    except (MergeError, ResultsError, StorageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(dataclasses.asdict(counts)))
+    return 0

@@ -1,0 +1,65 @@
+"""``llm-batch models list`` and ``llm-batch models prepare [NAME ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from llm_batch.cli import print_table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "models", help="list the model registry and prepare models for offline use"
+    )
+    actions = parser.add_subparsers(dest="models_command", required=True)
+
+    listing = actions.add_parser("list", help="the registered models and whether each is ready")
+    listing.set_defaults(func=list_models)
+
+    prepare = actions.add_parser(
+        "prepare",
+        help="build registered models in the model cache (default: the default chat and "
+        "embedding models); idempotent, fast when already done",
+    )
+    prepare.add_argument("names", nargs="*", metavar="NAME", help="registered model names")
+    prepare.add_argument("--force", action="store_true", help="rebuild even if ready")
+    prepare.set_defaults(func=prepare_models)
+
+
+def list_models(args: argparse.Namespace) -> int:
+    from llm_batch.core.config import get_settings
+    from llm_batch.infra.model_registry import ModelError, load_registry, model_status
+
+    try:
+        registry = load_registry()
+    except ModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    defaults = {registry.default_chat_model: "chat", registry.default_embedding_model: "embedding"}
+    print(f"model cache: {get_settings().model_cache}")
+    rows = [("NAME", "TASK", "STATUS", "DEFAULT", "CHECKPOINT")]
+    for name, spec in registry.models.items():
+        status = model_status(name, spec)
+        rows.append((name, spec.task, status, defaults.get(name, ""), spec.checkpoint))
+    print_table(rows)
+    return 0
+
+
+def prepare_models(args: argparse.Namespace) -> int:
+    from llm_batch.infra.model_registry import ModelError, load_registry, prepare_model
+
+    try:
+        registry = load_registry()
+        names = args.names or registry.default_models
+        for name in names:
+            registry.get(name)  # every name is checked before anything is built
+        for name in names:
+            started = time.monotonic()
+            path = prepare_model(name, force=args.force, registry=registry)
+            print(f"{name}: ready at {path} ({time.monotonic() - started:.1f} s)")
+    except ModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

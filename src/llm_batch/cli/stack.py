@@ -1,0 +1,128 @@
+"""``llm-batch up | down | status``: the embedded stack (see llm_batch.devstack.stack)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser(
+        "up",
+        help="start the embedded Airflow stack's missing components (running ones are left alone), "
+        "wait until healthy, make the CLI's API key",
+    )
+    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health")
+    up.add_argument(
+        "--restart", action="store_true",
+        help="stop every component first, then start them all (applies a configuration change)",
+    )
+    up.add_argument(
+        "--executor", choices=("local", "celery"), default="local",
+        help="local: LocalExecutor on SQLite, one home (default); celery: the production shape on one machine "
+        "(CeleryExecutor, Redis broker, PostgreSQL, SeaweedFS S3, workers with homes of their own: "
+        "docs/production-shape.md)",
+    )
+    up.add_argument("--workers", type=int, default=None, help="celery: how many Celery workers (default 2, then kept)")
+    up.add_argument(
+        "--prepare-model", action="append", default=[], metavar="NAME",
+        help="celery: prepare this registered model in every worker's own model cache (repeatable)",
+    )
+    up.set_defaults(func=_up)
+    down = subparsers.add_parser("down", help="stop the embedded stack")
+    down.set_defaults(func=_down)
+    status = subparsers.add_parser(
+        "status", help="show which stack components run, their restarts by the supervisor, and the job store's "
+        "health (exit 3 if any is not ok)"
+    )
+    status.set_defaults(func=_status)
+
+
+def _up(args: argparse.Namespace) -> int:
+    import httpx
+
+    from llm_batch.devstack.celery_stack import CeleryStack
+    from llm_batch.devstack.stack import Stack, StackError
+
+    if args.executor == "celery":
+        if args.workers is not None and args.workers < 1:
+            print("error: --workers must be at least 1", file=sys.stderr)
+            return 2
+        stack = CeleryStack.create(workers=args.workers)
+    else:
+        if args.workers is not None or args.prepare_model:
+            print("error: --workers and --prepare-model need --executor celery", file=sys.stderr)
+            return 2
+        stack = Stack.from_env()
+        if CeleryStack.exists(stack.settings) and any(CeleryStack.create().shape_status().values()):
+            print("error: the Celery shape runs in this LLM_BATCH_HOME: `llm-batch up --executor celery`, "
+                  "or `llm-batch down` first", file=sys.stderr)
+            return 1
+    print(f"starting the embedded stack (logs in {stack.log_dir}) ...", file=sys.stderr)
+    try:
+        result = stack.up(timeout=args.timeout, restart=args.restart)
+        if isinstance(stack, CeleryStack):
+            for name in args.prepare_model:
+                stack.prepare_model(name)
+    except (StackError, httpx.HTTPError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print("the components that did start keep running; stop them with: llm-batch down", file=sys.stderr)
+        return 1
+    print(f"Components:         {result.summary()}")
+    if result.config_changed:
+        print(
+            f"warning: the running components started with another configuration ({', '.join(result.config_changed)}); "
+            "llm-batch up --restart applies it",
+            file=sys.stderr,
+        )
+    print(f"Airflow UI and API: {stack.base_url}  (user {stack.admin_user}, password {stack.admin_password()})")
+    print(f"Batch API:          {stack.base_url}/batch  (docs: {stack.base_url}/batch/docs)")
+    print(f"CLI API key:        {stack.api_key_file} (admin; llm-batch submit/jobs/... use it)")
+    print("API key for SDKs:   llm-batch api-key create <user>   (add --admin to see every job)")
+    print("Stop:               llm-batch down")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from llm_batch.devstack.celery_stack import CeleryStack
+    from llm_batch.devstack.stack import Stack
+
+    stack = Stack.from_env()
+    if CeleryStack.exists(stack.settings):
+        CeleryStack.create().down()  # workers, control plane, services
+    else:
+        stack.down()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from llm_batch.devstack.celery_stack import CeleryStack
+    from llm_batch.devstack.stack import SUPERVISOR, Stack
+    from llm_batch.devstack.supervisor import describe_restarts, read_restarts
+    from llm_batch.infra.jobstore.store import JobStore, JobStoreUnhealthy
+
+    stack = Stack.from_env()
+    if CeleryStack.exists(stack.settings):
+        stack = CeleryStack.create()
+    state = stack.running()
+    if isinstance(stack, CeleryStack):
+        state.update(stack.shape_status())
+    state[SUPERVISOR] = stack.supervisor_pid()
+    restarts = read_restarts(stack)
+    for component, pid in state.items():
+        shown = "running" if pid is True else "running (pid %d)" % pid if pid else "stopped"
+        if restarted := describe_restarts(restarts.get(component)):
+            shown = f"{shown:20} {restarted}"
+        print(f"{component:14} {shown}")
+    # The store itself, through a new connection (what every worker and API process opens),
+    # also when the api-server is down; open_store=False: never creates or migrates a store.
+    try:
+        JobStore(stack.settings.database_url).check_health(open_store=False)
+    except JobStoreUnhealthy as exc:
+        store = f"FAILED: {exc}"
+    else:
+        store = "ok"
+    print(f"{'job store':14} {store}")
+    if all(state.values()):
+        print(f"URL: {stack.base_url}")
+    return 0 if all(state.values()) and store == "ok" else 3

@@ -1,0 +1,159 @@
+"""``llm-batch webhook add|list|remove|test|attempts|deliver``: webhook endpoints of the
+caller's job-end events, through the batch REST API (``/v1/webhooks``).
+
+    llm-batch webhook add URL [--events batch.completed,batch.failed] [--description TEXT]
+    llm-batch webhook list | remove ID | test ID [--event TYPE] | attempts ID
+    llm-batch webhook deliver          # a deliverer of the job store's outbox, in the foreground
+
+``add`` prints the endpoint's signing secret (``whsec_...``) alone on its own line of stdout
+(shown only then). Events are OpenAI's batch events signed with Standard Webhooks: verify them
+with ``openai.OpenAI().webhooks.unwrap(body, headers, secret=...)``. ``deliver`` reads the job
+store directly (LLM_BATCH_DATABASE_URL), for deployments that run delivery outside the
+api-server (LLM_BATCH_WEBHOOK_DELIVERER=false). Exit codes: 0; 1 when a test was not
+delivered; 2 for a usage or HTTP error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from llm_batch.cli import print_table
+
+# llm_batch.infra.jobstore.webhooks.EVENT_TYPES (not imported: the CLI's parser loads no SQLAlchemy).
+EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
+
+if TYPE_CHECKING:
+    from llm_batch.infra.api_client import BatchClient
+
+
+def _events(text: str) -> list[str]:
+    events = [e.strip() for e in text.replace(" ", ",").split(",") if e.strip()]
+    unknown = [e for e in events if e not in EVENT_TYPES]
+    if unknown or not events:
+        raise argparse.ArgumentTypeError(f"unknown events {unknown}: choose from {', '.join(EVENT_TYPES)}")
+    return events
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("webhook", help="signed webhooks of your jobs' ends (add, list, remove, test)")
+    actions = parser.add_subparsers(dest="webhook_command", required=True)
+
+    add = actions.add_parser("add", help="add an endpoint and print its secret (shown only once)")
+    add.add_argument("url", help="the receiver (http:// or https://)")
+    add.add_argument("--events", type=_events, help=f"comma separated, of {', '.join(EVENT_TYPES)} (default: all)")
+    add.add_argument("--description", default="", help="a label to recognise the endpoint by")
+    add.set_defaults(func=_add)
+
+    listing = actions.add_parser("list", help="list your endpoints")
+    listing.set_defaults(func=_list)
+
+    remove = actions.add_parser("remove", help="remove an endpoint by its id (we_...)")
+    remove.add_argument("endpoint_id")
+    remove.set_defaults(func=_remove)
+
+    test = actions.add_parser("test", help="send a signed test event now and show the answer")
+    test.add_argument("endpoint_id")
+    test.add_argument("--event", choices=EVENT_TYPES, default="batch.completed", help="the test event's type")
+    test.set_defaults(func=_test)
+
+    attempts = actions.add_parser("attempts", help="an endpoint's delivery attempts, newest first")
+    attempts.add_argument("endpoint_id")
+    attempts.add_argument("--limit", type=int, default=20)
+    attempts.set_defaults(func=_attempts)
+
+    deliver = actions.add_parser("deliver", help="run a deliverer of the job store's outbox (foreground)")
+    deliver.add_argument("--database-url", help="the job store (default: LLM_BATCH_DATABASE_URL or the embedded SQLite)")
+    deliver.set_defaults(func=_deliver)
+
+
+def _client_run(run) -> int:
+    from llm_batch.cli.jobs import _with_client
+
+    return _with_client(run)
+
+
+def _when(seconds: int | None) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds") if seconds else "-"
+
+
+def _add(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        endpoint = client.create_webhook(args.url, args.events, args.description)
+        print(f"id: {endpoint['id']}\nurl: {endpoint['url']}\nevents: {', '.join(endpoint['events'])}", file=sys.stderr)
+        print("the signing secret (shown only now; store it safely):", file=sys.stderr)
+        print(endpoint["secret"])
+        return 0
+
+    return _client_run(run)
+
+
+def _list(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        rows = [("ID", "URL", "EVENTS", "CREATED", "DESCRIPTION")]
+        for e in client.webhooks():
+            rows.append((e["id"], e["url"], ",".join(e["events"]), _when(e["created_at"]), e.get("description") or ""))
+        print_table(rows)
+        return 0
+
+    return _client_run(run)
+
+
+def _remove(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        client.delete_webhook(args.endpoint_id)
+        print(f"removed {args.endpoint_id}")
+        return 0
+
+    return _client_run(run)
+
+
+def _test(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        result = client.test_webhook(args.endpoint_id, args.event)
+        status = result.get("status_code")
+        print(f"{result['event_type']} webhook-id {result['webhook_id']}: "
+              f"{'delivered' if result['delivered'] else 'NOT delivered'}, HTTP {status if status else '-'}, "
+              f"{result['latency_ms']:.0f} ms" + (f" ({result['error']})" if result.get("error") else ""))
+        return 0 if result["delivered"] else 1
+
+    return _client_run(run)
+
+
+def _attempts(args: argparse.Namespace) -> int:
+    def run(client: BatchClient) -> int:
+        print_attempts(client.webhook_attempts(args.endpoint_id, limit=args.limit))
+        return 0
+
+    return _client_run(run)
+
+
+def print_attempts(attempts: list[dict[str, Any]]) -> None:
+    rows = [("STARTED", "EVENT", "JOB", "WEBHOOK-ID", "#", "HTTP", "MS", "STATE", "ERROR")]
+    for a in attempts:
+        rows.append((_when(a["started_at"]), a["event_type"], a.get("job_id") or "-", a["webhook_id"], str(a["attempt"]),
+                     str(a["status_code"] or "-"), f"{a['latency_ms']:.0f}", a["delivery_status"],
+                     (a.get("error") or "")[:80]))
+    print_table(rows)
+
+
+def _deliver(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from llm_batch.core.config import get_settings
+    from llm_batch.infra.jobstore import get_job_store
+    from llm_batch.infra.webhooks import Deliverer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    deliverer = Deliverer(get_job_store(args.database_url or settings.database_url), settings)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"delivering webhooks as {deliverer.name} (Ctrl-C stops)", file=sys.stderr)
+    deliverer.run(stop)
+    return 0

@@ -1,0 +1,233 @@
+"""Settings, read once from the environment (prefix ``LLM_BATCH_``).
+
+Everything has an embedded default under ``LLM_BATCH_HOME`` (``~/.llm-batch``) so a fresh
+machine runs with no configuration; production points the URIs at S3 and the database URL
+at PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# The file under the home the CLI reads its admin API key from (beside the job store it is
+# valid for); `llm-batch up` writes it, and it is never a user path.
+API_KEY_FILE = "api-key"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) -> (host, port); ValueError naming what is wrong.
+    (An engine service's address: a setting, and what ``engine-host --listen`` takes.)"""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not a host:port address: {text!r}")
+    return host, int(port)
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [v.strip() for v in value.replace(",", ":").split(":") if v.strip()] if value else []
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLM_BATCH_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".llm-batch")
+    # Local paths users may name are confined to these roots (colon or comma separated);
+    # default $LLM_BATCH_HOME/data, which holds no internal state (llm_batch.infra.user_paths).
+    local_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    # Each non-admin owner names only <root>/<owner>/... and s3://<bucket>/<owner>/...;
+    # False: one namespace for all (a single-tenant deployment).
+    owner_namespaces: bool = True
+    # s3:// URIs users may name are confined to these buckets.
+    allowed_buckets: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    s3_endpoint_url: str | None = None
+    # Where job intermediates and uploaded files live (local path or s3:// prefix).
+    work_uri: str = ""
+    files_uri: str = ""
+    database_url: str = ""
+    model_registry: Path | None = None
+    model_cache: Path | None = None
+    # vLLM without graph compilation: ~20 s start instead of ~60 s on CPU (tests, CI, embedded).
+    enforce_eager: bool = False
+    # Run vLLM's engine core inside the worker's process (None: yes on CPU, no on GPU).
+    # See llm_batch.runtime.engine.runner.engine_in_process for why.
+    engine_in_process: bool | None = None
+
+    # Limits of one batch.
+    max_requests: int = 1_000_000
+    max_input_bytes: int = 2 * 1024**3
+    max_line_bytes: int = 1024**2
+    # One audio or image file a /v1/audio/transcriptions or /v1/ocr line names (llm_batch.infra.media).
+    max_media_bytes: int = 100 * 1024**2
+    # Per-owner limits (admins exempt; 0 = none): bytes of stored uploaded files, jobs not
+    # yet ended, requests of those jobs. OWNER_LIMITS overrides them per owner (JSON:
+    # {"alice": {"max_live_jobs": 50}}). Exceeding one answers 429 naming it.
+    owner_max_file_bytes: int = 20 * 1024**3
+    owner_max_live_jobs: int = 1000
+    owner_max_requests_in_flight: int = 10_000_000
+    owner_limits: dict[str, dict[str, int]] = Field(default_factory=dict)
+    # How many error records `llm-batch validate` prints (counts are never capped).
+    max_reported_errors: int = 100
+
+    # --- Prefix-aware sharding (src/llm_batch/pipeline/sharding.py, docs/data-plane.md) ---
+    # Requests whose prompts share their first prefix_key_chars characters go to one shard,
+    # and each shard feeds them to vLLM together, so its prefix cache serves the siblings.
+    # False: today's contiguous plan, requests fed in file order.
+    prefix_aware_sharding: bool = True
+    prefix_key_chars: int = Field(default=1024, ge=16)
+    # Keep the contiguous plan unless grouping saves at least this share of the job's
+    # estimated prompt tokens (its merge reads one shard at a time).
+    prefix_min_saving: float = Field(default=0.05, ge=0.0)
+    # Within a shard: "grouped" feeds a prefix group's requests one after another;
+    # "leaders_first" feeds one request per group first, the siblings after.
+    prefix_feed_order: Literal["grouped", "leaders_first"] = "grouped"
+
+    # --- Orchestration: the batch DAG, shard runners, housekeeping (dags/, src/llm_batch/airflow/operators/) ---
+    # Which operator runs a shard: a local subprocess (embedded) or a GPU pod (production).
+    shard_runner: Literal["local", "kubernetes"] = "local"
+    # Kubernetes: the inference image (its entrypoint is `llm-batch`), where pods go, and
+    # the Airflow connection to the cluster (None: in-cluster or KUBECONFIG).
+    worker_image: str = "llm-batch-worker:0.1.0"
+    k8s_namespace: str = "default"
+    k8s_conn_id: str | None = None
+    # gpu_type -> node selector {gpu_node_label_key: value}; a type missing from the map
+    # uses its own name as the value (JSON in the environment).
+    gpu_node_label_key: str = "llm-batch.io/gpu-type"
+    gpu_node_label_values: dict[str, str] = Field(default_factory=dict)
+    # A ReadWriteMany PVC holding downloaded checkpoints, mounted at model_cache_mount_path.
+    model_cache_claim: str | None = "llm-batch-model-cache"
+    model_cache_mount_path: str = "/models"
+    # Secret whose keys (AWS_ACCESS_KEY_ID, ...) become the worker's storage credentials.
+    storage_secret_name: str = "llm-batch-storage"
+    # A multi-node worker's pods all in one domain of this node label (e.g. a rack or a
+    # network block: pipeline stages talk every step), one group per domain: the LWS
+    # exclusive-topology annotation. None: anywhere the scheduler puts them.
+    group_topology_key: str | None = None
+    # Job priority (a free string in the Scale contract) -> Airflow priority_weight and
+    # pod PriorityClass; unknown names get the "normal" weight and no class.
+    priority_weights: dict[str, int] = Field(
+        default_factory=lambda: {"low": 1, "normal": 10, "high": 100}
+    )
+    priority_classes: dict[str, str] = Field(default_factory=dict)
+    # Airflow pools cap concurrent shards: one for local workers, one per gpu_type.
+    # local_pool_slots: local engines at once (with warm engines, each runs
+    # warm_engine_seats shards: local_shard_slots).
+    local_pool: str = "llm_batch_local"
+    local_pool_slots: int = 1
+    # Local shards run on warm engines (llm_batch.runtime.warm_engines): one long-lived engine process
+    # per model and pool slot on each machine takes the shards of many jobs in turn, so a
+    # small job pays no engine start. Off by default: an idle warm engine keeps its memory
+    # (on a GPU, the KV cache a dedicated engine would need) for warm_engine_idle_seconds.
+    warm_engines: bool = False
+    warm_engine_idle_seconds: float = 300.0
+    # Warm engines per model configuration on one machine (each runs one shard at a time);
+    # None: local_pool_slots (one machine: the pool's slots are its engines). The Celery shape
+    # sets 1 per worker and lets a second task wait for it, so the engine never waits on
+    # Airflow's dispatch of the next shard (docs/production-shape.md).
+    warm_engine_slots: int | None = None
+    # Shards one warm engine runs at once, stepped together in its continuous batch (so a
+    # one-request shard does not hold an engine alone, and the next shard's task starts
+    # while one runs); with warm engines the local pool has local_pool_slots x this many
+    # slots. 2: 100 one-request jobs ended in 135-152 s, not 175-182 (docs/benchmarks.md).
+    warm_engine_seats: int = Field(default=2, ge=1, le=64)
+    # Engine services (llm_batch.runtime.engine_service; the Kubernetes runner): long-lived engines,
+    # a Deployment per model and GPU type, that take the small shards of many jobs instead of
+    # a pod each. JSON: {"<model>": "host:port", "<model>@<gpu_type>": "host:port"}; the more
+    # specific entry wins. A shard goes to its model's service when it has at most
+    # engine_service_max_requests requests and one node; bigger shards still get pods.
+    engine_services: dict[str, str] = Field(default_factory=dict)
+    engine_service_max_requests: int = Field(default=256, ge=0)
+    # The services' shared secret (a Secret in the Deployment and the Airflow workers' env).
+    engine_token: SecretStr | None = None
+    gpu_pool_prefix: str = "llm_batch_gpu_"
+    gpu_pool_slots: int = 8
+    # A shard that has not stopped this long after cancel / deadline is killed.
+    cancel_grace_seconds: int = 60
+    # Job deadline when a run names none (the Scale contract: one day).
+    default_max_runtime_sec: int = 86_400
+    # Retries of a failed shard attempt (each resumes from the shard's results).
+    shard_retries: int = 2
+    shard_retry_delay_seconds: int = 10
+    # Input, output and error files older than this are deleted by housekeeping.
+    retention_days: int = 30
+    # Folder of recurring batch specs (YAML); None: dags/recurring_specs beside the DAGs.
+    recurring_specs: Path | None = None
+
+    # --- Webhooks: signed job-end events (src/llm_batch/infra/webhooks.py, docs/api.md "Webhooks") ---
+    # Hosts, addresses and networks (comma separated: hooks.internal, 10.0.0.5, 10.1.0.0/16,
+    # 127.0.0.1) webhooks may go to although they are not public: only globally routable
+    # unicast addresses are allowed otherwise (src/llm_batch/infra/webhook_destinations.py), checked at
+    # create and again at each delivery after DNS resolution.
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # False: only the allowed hosts above, no public address either.
+    webhook_allow_public: bool = True
+    # The whole of one attempt: DNS, connect, send, the receiver's status (its body is not read).
+    webhook_timeout_s: float = 5.0
+    # Test events (POST .../test) of one owner: at most this many a minute, this many at once;
+    # and this many at once in one api-server process. Past any of them: 429 with Retry-After.
+    webhook_test_per_minute: int = 10
+    webhook_test_concurrency: int = 2
+    webhook_test_concurrency_total: int = 8
+    # A job-end event is retried with exponential backoff (base, capped) for this long.
+    webhook_retry_window_s: int = 86_400
+    webhook_retry_base_s: float = 10.0
+    webhook_retry_max_delay_s: float = 3600.0
+    # How long a deliverer holds a claimed row (another takes it over after that).
+    webhook_lease_s: float = 60.0
+    webhook_poll_interval_s: float = 2.0
+    # Run the delivery thread in the api-server (False: run `llm-batch webhook deliver`).
+    webhook_deliverer: bool = True
+
+    @property
+    def local_shard_slots(self) -> int:
+        """The local pool's slots: shards at once on local engines."""
+        return self.local_pool_slots * (self.warm_engine_seats if self.warm_engines else 1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _webhook_hosts(cls, data: dict) -> dict:
+        value = data.get("webhook_allowed_hosts") if isinstance(data, dict) else None
+        if isinstance(value, str):
+            data["webhook_allowed_hosts"] = [v.strip() for v in value.replace(" ", ",").split(",") if v.strip()]
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists(cls, data: dict) -> dict:
+        for key in ("local_roots", "allowed_buckets"):
+            if key in data:
+                data[key] = _split(data[key])
+        return data
+
+    @model_validator(mode="after")
+    def _engine_services(self) -> Settings:
+        for key, address in self.engine_services.items():
+            try:
+                parse_address(address)
+            except ValueError as exc:
+                raise ValueError(f"engine_services[{key!r}]: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Settings:
+        self.home = self.home.expanduser().resolve()
+        if not self.local_roots:
+            self.local_roots = [self.home / "data"]
+        self.local_roots = [Path(p).expanduser().resolve() for p in self.local_roots]
+        self.work_uri = self.work_uri or str(self.home / "work")
+        self.files_uri = self.files_uri or str(self.home / "files")
+        self.database_url = self.database_url or f"sqlite:///{self.home / 'jobs.db'}"
+        self.model_cache = (self.model_cache or self.home / "models").expanduser()
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

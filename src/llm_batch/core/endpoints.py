@@ -1,0 +1,104 @@
+"""The endpoints a batch can name, what a model must be to serve each, and the ones we
+refuse with a clear message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+
+class Endpoint(StrEnum):
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    EMBEDDINGS = "/v1/embeddings"
+    # The Responses API, run on the chat path (docs/api.md "Responses in batches").
+    RESPONSES = "/v1/responses"
+    # Mistral's fill-in-the-middle: prompt + suffix -> the middle (docs/api.md "FIM").
+    FIM_COMPLETIONS = "/v1/fim/completions"
+    # A sequence-classification model's label scores, for texts or rendered conversations.
+    CLASSIFICATIONS = "/v1/classifications"
+    CHAT_CLASSIFICATIONS = "/v1/chat/classifications"
+    # A multi-label classifier's scores as moderation categories, with a flag each.
+    MODERATIONS = "/v1/moderations"
+    CHAT_MODERATIONS = "/v1/chat/moderations"
+    # A speech model's transcript of one audio file (docs/api.md "Transcriptions").
+    TRANSCRIPTIONS = "/v1/audio/transcriptions"
+    # A vision-language model's markdown of one image (docs/api.md "OCR").
+    OCR = "/v1/ocr"
+
+
+SUPPORTED_ENDPOINTS: tuple[str, ...] = tuple(e.value for e in Endpoint)
+# The served endpoints as the API's field descriptions list them: "`a`, `b` or `c`".
+SUPPORTED_LISTED = ", ".join(f"`{e}`" for e in SUPPORTED_ENDPOINTS[:-1]) + f" or `{SUPPORTED_ENDPOINTS[-1]}`"
+
+# The registry task a model must have to serve each endpoint (models.yaml `task`): the
+# worker refuses a mismatch at its start, the API at create.
+TASK_OF_ENDPOINT: dict[Endpoint, str] = {
+    Endpoint.CHAT_COMPLETIONS: "generate",
+    Endpoint.COMPLETIONS: "generate",
+    Endpoint.EMBEDDINGS: "embed",
+    Endpoint.RESPONSES: "generate",
+    Endpoint.FIM_COMPLETIONS: "generate",
+    Endpoint.CLASSIFICATIONS: "classify",
+    Endpoint.CHAT_CLASSIFICATIONS: "classify",
+    Endpoint.MODERATIONS: "classify",
+    Endpoint.CHAT_MODERATIONS: "classify",
+    Endpoint.TRANSCRIPTIONS: "transcribe",
+    Endpoint.OCR: "ocr",
+}
+
+# Endpoints whose lines name a file (audio, an image) that validation resolves for the
+# line's owner (llm_batch.infra.media) before any engine reads it.
+MEDIA_ENDPOINTS: tuple[Endpoint, ...] = (Endpoint.TRANSCRIPTIONS, Endpoint.OCR)
+
+# Endpoints that need more than the task: a part of the model's registry entry (`fim`: its
+# fill-in-the-middle template; `moderation`: its labels as moderation categories).
+FEATURE_OF_ENDPOINT: dict[Endpoint, str] = {
+    Endpoint.FIM_COMPLETIONS: "fim",
+    Endpoint.MODERATIONS: "moderation",
+    Endpoint.CHAT_MODERATIONS: "moderation",
+}
+
+# Listed by the Mistral contract, or by the openai client's batch endpoints, but not served
+# by this system (docs/api.md says why).
+UNSUPPORTED_ENDPOINTS: tuple[str, ...] = (
+    "/v1/conversations",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/videos",
+)
+
+
+class UnsupportedEndpointError(ValueError):
+    pass
+
+
+def parse_endpoint(value: str) -> Endpoint:
+    """The Endpoint for `value`, or an error naming the supported ones."""
+    try:
+        return Endpoint(value)
+    except ValueError:
+        known = "is not supported by this system" if value in UNSUPPORTED_ENDPOINTS else "is unknown"
+        raise UnsupportedEndpointError(
+            f"endpoint {value!r} {known}; supported endpoints: {', '.join(SUPPORTED_ENDPOINTS)}"
+        ) from None
+
+
+def endpoints_served(task: str, features: Iterable[str] = ()) -> list[Endpoint]:
+    """The endpoints a model of ``task`` with the registry ``features`` serves."""
+    have = set(features)
+    return [e for e, needed in TASK_OF_ENDPOINT.items()
+            if needed == task and FEATURE_OF_ENDPOINT.get(e, task) in have | {task}]
+
+
+def serving_problem(endpoint: Endpoint | str, model: str, task: str, features: Iterable[str] = ()) -> str | None:
+    """Why ``model`` (its registry task and features) cannot serve ``endpoint``, or None."""
+    endpoint = Endpoint(endpoint)
+    if endpoint in endpoints_served(task, features):
+        return None
+    if TASK_OF_ENDPOINT[endpoint] != task:
+        serves = ", ".join(endpoints_served(task, features)) or "no endpoint"
+        return f"model {model!r} ({task} task) serves {serves}, not {endpoint.value}"
+    feature = FEATURE_OF_ENDPOINT[endpoint]
+    return (f"model {model!r} has no {feature!r} entry in the model registry, which "
+            f"{endpoint.value} needs (docs/models.md)")

@@ -1,0 +1,62 @@
+"""Where and in what order a job's shards may run: the GPU types a deployment knows, the
+resources a worker may ask for, and the priority bands jobs fall into."""
+
+from __future__ import annotations
+
+from llm_batch.core.config import Settings
+from llm_batch.core.jobs import JobRejected
+
+# The GPU node types runners can place a shard on (node pools and Airflow pools per type).
+# The names are the Scale contract's gpu_type values, which its API edge accepts as they are.
+GPU_TYPES: tuple[str, ...] = (
+    "nvidia-tesla-t4",
+    "nvidia-ampere-a10",
+    "nvidia-ampere-a100",
+    "nvidia-ampere-a100e",
+    "nvidia-hopper-h100",
+    "nvidia-hopper-h100-1g20gb",
+    "nvidia-hopper-h100-3g40gb",
+)
+
+
+def priority_bands(settings: Settings) -> list[tuple[str, int]]:
+    return sorted(settings.priority_weights.items(), key=lambda item: item[1])
+
+
+def priority_band(settings: Settings, priority: str | int | None) -> str:
+    """The band of a job priority: a band name, or a number mapped to the nearest band
+    at or below it; no priority (None, "", 0: the store's "not given") and unknown names
+    are "normal" (or the middle band)."""
+    bands = priority_bands(settings)
+    names = [name for name, _ in bands]
+    default = "normal" if "normal" in names else names[len(names) // 2]
+    if priority in (None, "", 0, "0"):
+        return default
+    if isinstance(priority, str) and priority.strip().lower() in names:
+        return priority.strip().lower()
+    try:
+        number = int(priority)
+    except (TypeError, ValueError):
+        return default
+    below = [name for name, weight in bands if weight <= number]
+    return below[-1] if below else names[0]
+
+
+def multi_node_refusal(nodes_per_worker: int | None, shard_runner: str) -> str | None:
+    """Why ``shard_runner`` cannot run a worker of ``nodes_per_worker`` nodes, or None.
+    Only the Kubernetes runner spans nodes (a LeaderWorkerSet per shard); the local runner's
+    worker is one process on this machine."""
+    if nodes_per_worker in (None, 1) or shard_runner != "local":
+        return None
+    return (f"nodes_per_worker={nodes_per_worker} needs the Kubernetes shard runner "
+            "(LLM_BATCH_SHARD_RUNNER=kubernetes, a LeaderWorkerSet per shard): the local runner runs each "
+            "worker as one process on this machine; give nodes_per_worker=1 and use gpus for a bigger "
+            "worker or data_parallelism for more workers")
+
+
+def check_resources(nodes_per_worker: int | None, gpu_type: str | None, shard_runner: str = "local") -> None:
+    """Refuse what the deployment's runner cannot honour, before anything runs."""
+    if (refusal := multi_node_refusal(nodes_per_worker, shard_runner)) is not None:
+        raise JobRejected(refusal)
+    if gpu_type is not None and gpu_type not in GPU_TYPES:
+        raise JobRejected(f"gpu_type {gpu_type!r} is unknown; use one of {', '.join(GPU_TYPES)}")

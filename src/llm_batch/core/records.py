@@ -1,0 +1,73 @@
+"""The canonical records that flow through a job, one JSON object per line.
+
+Every input line ends as exactly one of:
+- a ``ResultRecord`` written by a worker (success or a per-request engine error), or
+- an ``ErrorRecord`` written by validation (a bad line) or by merge (a request never run).
+
+``index`` is the 0-based position of the request in the job's input (for JSONL: the line,
+for Scale arrays: the element, for Scale v1: the prompt); it orders everything. ``line`` in
+error records is 1-based, for people.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+
+class BatchRequest(BaseModel):
+    """One validated request, as stored in validated and shard files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    custom_id: str
+    body: dict[str, Any]
+    # 1-based line (JSONL) or element (arrays) in its input file: what error records report.
+    line: int | None = None
+    # The file the body names (audio, an image), resolved for the job's owner at validation
+    # (llm_batch.infra.media.MediaResolver): the worker reads only what this says.
+    media: dict[str, Any] | None = None
+
+
+class RequestError(BaseModel):
+    code: str
+    message: str
+
+
+class ResultRecord(BaseModel):
+    """A worker's answer to one request: ``body`` on success, ``error`` otherwise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    custom_id: str
+    status_code: int
+    body: dict[str, Any] | None = None
+    error: RequestError | None = None
+    # The request's input line; merge copies it from the request when the worker did not.
+    line: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and 200 <= self.status_code < 300
+
+
+class ErrorRecord(BaseModel):
+    """A request that produced no result: bad at validation, or never run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    line: int
+    custom_id: str | None = None
+    code: str
+    message: str
+
+
+def dumps_line(record: BaseModel | dict[str, Any]) -> bytes:
+    """One JSONL line (with the newline) for a record or a plain dict."""
+    data = record.model_dump(exclude_none=True) if isinstance(record, BaseModel) else record
+    return orjson.dumps(data) + b"\n"

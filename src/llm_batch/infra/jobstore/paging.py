@@ -1,0 +1,49 @@
+"""Keyset pages of a table's rows, shared by the store's listings (jobs, files, webhook
+endpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Column, ColumnElement, Connection, Row, Table, and_, func, or_, select
+
+from llm_batch.infra.jobstore.errors import InvalidCursor
+
+
+def page(
+    connection: Connection,
+    table: Table,
+    filters: list[ColumnElement[bool]],
+    order: tuple[Column[Any], bool],
+    limit: int,
+    offset: int,
+    after: str | None,
+    *,
+    owner: str | None,
+) -> tuple[list[Row], int]:
+    """One page of rows in (column, id) order and the count of all rows matching `filters`.
+
+    ``after`` is keyset pagination: rows strictly after that row in this order. The cursor
+    must be a row of `owner` (when given): another owner's id is as unknown as a made-up
+    one (InvalidCursor), so a listing tells nothing about what others hold.
+    """
+    column, descending = order
+    total = connection.scalar(select(func.count()).select_from(table).where(*filters)) or 0
+    query = select(table).where(*filters)
+    if after is not None:
+        cursor = connection.execute(select(column, table.c.id).where(*owned(table, after, owner))).one_or_none()
+        if cursor is None:
+            raise InvalidCursor(f"after={after!r} names no {table.name.removesuffix('s')} of this listing")
+        value, cursor_id = cursor
+        if descending:
+            query = query.where(or_(column < value, and_(column == value, table.c.id < cursor_id)))
+        else:
+            query = query.where(or_(column > value, and_(column == value, table.c.id > cursor_id)))
+    ordering = (column.desc(), table.c.id.desc()) if descending else (column.asc(), table.c.id.asc())
+    rows = connection.execute(query.order_by(*ordering).limit(limit).offset(offset)).all()
+    return list(rows), total
+
+
+def owned(table: Table, row_id: str, owner: str | None) -> list[ColumnElement[bool]]:
+    """WHERE clauses: this id, and this owner's if one is given."""
+    return [table.c.id == row_id, *([table.c.owner == owner] if owner is not None else [])]

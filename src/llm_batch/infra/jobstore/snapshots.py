@@ -1,0 +1,130 @@
+"""What the store hands to callers: frozen snapshots, never live ORM objects.
+
+A snapshot is a plain value (safe to keep after the transaction, to pass between threads,
+to turn into a dict with ``dataclasses.asdict``). Dialect translation happens at the API
+edge from these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from llm_batch.core.jobs import JobStatus
+
+DIALECTS = ("openai", "mistral", "scale", "airflow")
+FILE_KINDS = ("input", "output", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    dialect: str
+    endpoint: str
+    model: str
+    owner: str
+    status: JobStatus
+    created_at: datetime
+    updated_at: datetime
+    model_config: dict[str, Any] = field(default_factory=dict)
+    input: dict[str, Any] = field(default_factory=dict)
+    input_format: str | None = None
+    output_uri: str | None = None
+    array_output_uri: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    data_parallelism: int = 1
+    resources: dict[str, Any] = field(default_factory=dict)
+    max_runtime_sec: int | None = None
+    status_reason: str | None = None
+    started_at: datetime | None = None
+    in_progress_at: datetime | None = None
+    finalizing_at: datetime | None = None
+    completed_at: datetime | None = None
+    failed_at: datetime | None = None
+    cancelling_at: datetime | None = None
+    cancelled_at: datetime | None = None
+    expired_at: datetime | None = None
+    expires_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    total: int = 0
+    completed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    invalid: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int | None = None
+    reasoning_tokens: int = 0
+    engine_seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    dag_run_id: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRecord:
+    """A shard's row: its last reported progress, and its task's outcome once it ended
+    (``reason`` is None while it runs)."""
+
+    job_id: str
+    shard: int
+    state: str
+    updated_at: datetime
+    total: int = 0
+    done: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    engine_seconds: float = 0.0
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FileObject:
+    id: str
+    owner: str
+    purpose: str
+    filename: str
+    bytes: int
+    uri: str
+    kind: str
+    created_at: datetime
+    job_id: str | None = None
+    expires_at: datetime | None = None
+    deleted_at: datetime | None = None
+
+    @property
+    def deleted(self) -> bool:
+        return self.deleted_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key's record; the secret itself is never stored (only its sha256)."""
+
+    id: str
+    owner: str
+    name: str
+    prefix: str
+    is_admin: bool
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None

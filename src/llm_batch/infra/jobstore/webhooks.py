@@ -1,0 +1,420 @@
+"""The job store's webhook tables: endpoints, the delivery outbox and attempts.
+
+``WebhookStoreMixin`` is a base of ``JobStore`` (its methods run in the store's
+transactions). The outbox row of a job's end is written by ``_enqueue_job_end``, called by
+``JobStore._compare_and_set`` in the very transaction that moves the job into its terminal
+status: the end and its events commit together or not at all, so no end is ever missed,
+whichever path ended the job (``end_job``, ``transition``, a cancel).
+
+Deliverers (src/llm_batch/infra/webhooks.py) claim due rows with a lease (``claim_webhook_deliveries``:
+a compare-and-set on the lease, so two deliverers never hold one row), send, and record each
+attempt with ``record_webhook_attempt`` (which moves the row on only while its lease is still
+the caller's). A killed deliverer's lease expires and its rows are claimed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import uuid
+from base64 import b64encode
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, Table, and_, delete, insert, or_, select, update
+
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore.models import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
+from llm_batch.infra.jobstore.paging import page
+
+ENDPOINTS: Table = WebhookEndpointRow.__table__
+DELIVERIES: Table = WebhookDeliveryRow.__table__
+ATTEMPTS: Table = WebhookAttemptRow.__table__
+
+# OpenAI's batch event names, by the canonical terminal status they announce.
+JOB_END_EVENTS: dict[JobStatus, str] = {
+    JobStatus.SUCCEEDED: "batch.completed",
+    JobStatus.FAILED: "batch.failed",
+    JobStatus.TIMEOUT_EXCEEDED: "batch.expired",
+    JobStatus.CANCELLED: "batch.cancelled",
+}
+EVENT_TYPES: tuple[str, ...] = tuple(JOB_END_EVENTS.values())
+DELIVERY_STATUSES = ("pending", "delivered", "failed")
+SECRET_PREFIX = "whsec_"
+# How long a job-end event is retried (JobStore.webhook_retry_window, from the settings).
+DEFAULT_RETRY_WINDOW = timedelta(hours=24)
+
+
+class WebhookEndpointNotFound(LookupError):
+    pass
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_webhook_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` + base64 of 32 random bytes."""
+    return SECRET_PREFIX + b64encode(secrets.token_bytes(32)).decode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WebhookEndpoint:
+    """A webhook endpoint (its secrets are never part of the snapshot: only a hint)."""
+
+    id: str
+    owner: str
+    url: str
+    events: list[str]
+    description: str
+    created_at: datetime
+    updated_at: datetime
+    secret_hint: str  # whsec_...<the secret's last 4 characters>
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WebhookDelivery:
+    """One event for one endpoint (an outbox row); ``id`` is the ``webhook-id`` header."""
+
+    id: str
+    endpoint_id: str
+    owner: str
+    event_id: str
+    event_type: str
+    job_id: str | None
+    payload: dict[str, Any]
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    give_up_at: datetime
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    delivered_at: datetime | None
+    last_error: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WebhookAttempt:
+    """One HTTP attempt of a delivery, with the delivery's event (for listings)."""
+
+    id: str
+    delivery_id: str
+    endpoint_id: str
+    attempt: int
+    started_at: datetime
+    status_code: int | None
+    latency_ms: float
+    error: str | None
+    deliverer: str
+    event_id: str = ""
+    event_type: str = ""
+    job_id: str | None = None
+    delivery_status: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """A delivery a deliverer holds (until ``lease_expires_at``), with what sending needs."""
+
+    delivery: WebhookDelivery
+    url: str
+    secrets: tuple[str, ...]  # to sign with: the current one, then a rotated-out one still in its grace period
+    lease: str
+
+
+_ENDPOINT_FIELDS = [f.name for f in dataclasses.fields(WebhookEndpoint) if f.name != "secret_hint"]
+
+
+def secret_hint(secret: str) -> str:
+    """Enough of a secret to tell which one a receiver holds, never enough to sign with."""
+    return f"{SECRET_PREFIX}...{secret[-4:]}"
+
+
+def _endpoint(row: Row) -> WebhookEndpoint:
+    values = row._mapping
+    return WebhookEndpoint(**{name: values[name] for name in _ENDPOINT_FIELDS}, secret_hint=secret_hint(values["secret"]))
+
+
+def _signing_secrets(row: Row, now: datetime) -> tuple[str, ...]:
+    keeps_previous = row.previous_secret is not None and row.previous_secret_expires_at is not None \
+        and row.previous_secret_expires_at > now
+    return (row.secret, row.previous_secret) if keeps_previous else (row.secret,)
+
+
+def _delivery(row: Row) -> WebhookDelivery:
+    return WebhookDelivery(**row._asdict())
+
+
+def _unix(when: datetime | None) -> int:
+    return int((when or _now()).timestamp())
+
+
+def event_payload(event_id: str, event_type: str, created_at: int, object_id: str) -> dict[str, Any]:
+    """OpenAI's event body: ``{"id", "object": "event", "created_at", "type", "data": {"id"}}``."""
+    return {"id": event_id, "object": "event", "created_at": created_at, "type": event_type, "data": {"id": object_id}}
+
+
+class WebhookStoreMixin:
+    """JobStore's webhook methods (see the module docstring). Needs ``_transaction``."""
+
+    webhook_retry_window: timedelta = DEFAULT_RETRY_WINDOW
+
+    # -- the outbox write, inside the job's compare-and-set ------------------------------
+
+    def _enqueue_job_end(self, connection: Connection, before: Row, after: Row) -> None:
+        """In the transaction that moved a job from `before` to `after`: if that move ended
+        it, one outbox row per endpoint of its owner that wants the event (nothing else)."""
+        if JobStatus(before.status).terminal or not JobStatus(after.status).terminal:
+            return
+        event_type = JOB_END_EVENTS[JobStatus(after.status)]
+        endpoints = connection.execute(
+            select(ENDPOINTS.c.id, ENDPOINTS.c.events).where(ENDPOINTS.c.owner == after.owner)
+        ).all()
+        wanted = [e.id for e in endpoints if event_type in (e.events or [])]
+        if not wanted:
+            return
+        now = _now()
+        ended_at = after.completed_at or after.updated_at or now
+        payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(ended_at), after.id)
+        connection.execute(insert(DELIVERIES), [
+            dict(id=f"msg_{uuid.uuid4().hex}", endpoint_id=endpoint_id, owner=after.owner, event_id=payload["id"],
+                 event_type=event_type, job_id=after.id, payload=payload, status="pending", attempts=0,
+                 next_attempt_at=now, give_up_at=now + self.webhook_retry_window, lease_owner=None,
+                 lease_expires_at=None, created_at=now, delivered_at=None, last_error=None)
+            for endpoint_id in wanted
+        ])
+
+    # -- endpoints -----------------------------------------------------------------------
+
+    def create_webhook_endpoint(
+        self, owner: str, url: str, events: list[str] | None = None, description: str = ""
+    ) -> tuple[WebhookEndpoint, str]:
+        """A new endpoint of `owner` and its secret (``whsec_...``; the API shows it once).
+        ``events`` defaults to every job-end event; unknown names raise ValueError."""
+        secret, now = new_webhook_secret(), _now()
+        values = dict(id=f"we_{uuid.uuid4().hex}", owner=owner, url=url, events=_event_types(events),
+                      description=description, secret=secret, created_at=now, updated_at=now)
+        with self._transaction(write=True) as connection:
+            row = connection.execute(insert(ENDPOINTS).values(**values).returning(*ENDPOINTS.c)).one()
+        return _endpoint(row), secret
+
+    def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None:
+        with self._transaction(write=False) as connection:
+            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            return _endpoint(row) if row is not None else None
+
+    def list_webhook_endpoints(self, owner: str | None = None) -> list[WebhookEndpoint]:
+        """Every endpoint of `owner` (None: everyone's), oldest first."""
+        filters = [ENDPOINTS.c.owner == owner] if owner is not None else []
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(select(ENDPOINTS).where(*filters).order_by(ENDPOINTS.c.created_at, ENDPOINTS.c.id))
+            return [_endpoint(r) for r in rows]
+
+    def page_webhook_endpoints(
+        self, owner: str | None = None, limit: int = 20, after: str | None = None
+    ) -> tuple[list[WebhookEndpoint], bool]:
+        """Up to `limit` endpoints newest first, those after the endpoint `after` (keyset, as
+        list_jobs; an unknown one raises InvalidCursor), and whether more follow."""
+
+        filters = [ENDPOINTS.c.owner == owner] if owner is not None else []
+        with self._transaction(write=False) as connection:
+            rows, _ = page(connection, ENDPOINTS, filters, (ENDPOINTS.c.created_at, True), limit + 1, 0, after,
+                             owner=owner)
+        return [_endpoint(r) for r in rows[:limit]], len(rows) > limit
+
+    def update_webhook_endpoint(
+        self, endpoint_id: str, owner: str | None = None, *, url: str | None = None, events: list[str] | None = None,
+        description: str | None = None,
+    ) -> WebhookEndpoint:
+        """Change what is given (None: keep); ``updated_at`` moves only if something changed."""
+        with self._transaction(write=True) as connection:
+            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            if row is None:
+                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            given = {"url": url, "events": None if events is None else _event_types(events), "description": description}
+            changes = {name: value for name, value in given.items() if value is not None and value != row._mapping[name]}
+            if changes:
+                row = connection.execute(
+                    update(ENDPOINTS).where(ENDPOINTS.c.id == endpoint_id).values(**changes, updated_at=_now())
+                    .returning(*ENDPOINTS.c)
+                ).one()
+            return _endpoint(row)
+
+    def rotate_webhook_secret(
+        self, endpoint_id: str, owner: str | None = None, keep_previous_for: timedelta | None = None
+    ) -> tuple[WebhookEndpoint, str]:
+        """A new secret for the endpoint (returned once, like at create). ``keep_previous_for``:
+        the secret it replaces signs every attempt too for that long (receivers switch
+        without missing an event); None: it stops at once."""
+        secret, now = new_webhook_secret(), _now()
+        with self._transaction(write=True) as connection:
+            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            if row is None:
+                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            kept = keep_previous_for is not None
+            row = connection.execute(
+                update(ENDPOINTS).where(ENDPOINTS.c.id == endpoint_id).values(
+                    secret=secret, updated_at=now, previous_secret=row.secret if kept else None,
+                    previous_secret_expires_at=now + keep_previous_for if kept else None,
+                ).returning(*ENDPOINTS.c)
+            ).one()
+        return _endpoint(row), secret
+
+    def delete_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> None:
+        """Remove the endpoint with its deliveries (pending ones are never sent) and attempts."""
+        with self._transaction(write=True) as connection:
+            if connection.execute(delete(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).rowcount != 1:
+                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            connection.execute(delete(ATTEMPTS).where(ATTEMPTS.c.endpoint_id == endpoint_id))
+            connection.execute(delete(DELIVERIES).where(DELIVERIES.c.endpoint_id == endpoint_id))
+
+    # -- deliveries ----------------------------------------------------------------------
+
+    def enqueue_webhook_test(self, endpoint_id: str, owner: str | None = None,
+                             event_type: str = "batch.completed") -> WebhookDelivery:
+        """A test event (data.id ``batch_test``) for the endpoint: one attempt, no retries."""
+        if event_type not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {event_type!r}: choose from {', '.join(EVENT_TYPES)}")
+        now = _now()
+        with self._transaction(write=True) as connection:
+            found = connection.execute(
+                select(ENDPOINTS.c.owner).where(*_owned(ENDPOINTS, endpoint_id, owner))
+            ).one_or_none()
+            if found is None:
+                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(now), "batch_test")
+            row = connection.execute(insert(DELIVERIES).values(
+                id=f"msg_{uuid.uuid4().hex}", endpoint_id=endpoint_id, owner=found.owner, event_id=payload["id"],
+                event_type=event_type, job_id=None, payload=payload, status="pending", attempts=0,
+                next_attempt_at=now, give_up_at=now, lease_owner=None, lease_expires_at=None, created_at=now,
+                delivered_at=None, last_error=None,
+            ).returning(*DELIVERIES.c)).one()
+            return _delivery(row)
+
+    def get_webhook_delivery(self, delivery_id: str) -> WebhookDelivery | None:
+        with self._transaction(write=False) as connection:
+            row = connection.execute(select(DELIVERIES).where(DELIVERIES.c.id == delivery_id)).one_or_none()
+            return _delivery(row) if row is not None else None
+
+    def list_webhook_deliveries(
+        self, endpoint_id: str | None = None, owner: str | None = None, job_id: str | None = None
+    ) -> list[WebhookDelivery]:
+        given = {"endpoint_id": endpoint_id, "owner": owner, "job_id": job_id}
+        filters = [DELIVERIES.c[name] == value for name, value in given.items() if value is not None]
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(select(DELIVERIES).where(*filters).order_by(DELIVERIES.c.created_at))
+            return [_delivery(r) for r in rows]
+
+    def claim_webhook_deliveries(
+        self, deliverer: str, lease: timedelta, limit: int = 10, delivery_id: str | None = None,
+        now: datetime | None = None,
+    ) -> list[ClaimedDelivery]:
+        """Take up to `limit` due pending rows (next attempt reached, no live lease) for
+        `lease`. Each row is taken by a compare-and-set on its lease: of two deliverers
+        racing for a row, one gets it. ``delivery_id``: only that row (if due)."""
+        now = now or _now()
+        c = DELIVERIES.c
+        free = or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now)
+        due = [c.status == "pending", c.next_attempt_at <= now, free]
+        if delivery_id is not None:
+            due.append(c.id == delivery_id)
+        with self._transaction(write=False) as connection:
+            candidates = connection.execute(
+                select(c.id).where(*due).order_by(c.next_attempt_at).limit(limit)
+            ).scalars().all()
+        claimed = []
+        for candidate in candidates:
+            token = f"{deliverer}:{uuid.uuid4().hex[:12]}"
+            with self._transaction(write=True) as connection:
+                row = connection.execute(
+                    update(DELIVERIES).where(c.id == candidate, *due)
+                    .values(lease_owner=token, lease_expires_at=now + lease).returning(*DELIVERIES.c)
+                ).one_or_none()
+                if row is None:
+                    continue  # another deliverer took it first
+                endpoint = connection.execute(select(ENDPOINTS).where(ENDPOINTS.c.id == row.endpoint_id)).one_or_none()
+                if endpoint is None:  # endpoint deleted in between
+                    connection.execute(delete(DELIVERIES).where(c.id == candidate))
+                    continue
+            claimed.append(ClaimedDelivery(_delivery(row), endpoint.url, _signing_secrets(endpoint, now), token))
+        return claimed
+
+    def record_webhook_attempt(
+        self, claim: ClaimedDelivery, *, started_at: datetime, status_code: int | None, latency_ms: float,
+        error: str | None, delivered: bool, retry_in: timedelta, deliverer: str,
+        retry_window: timedelta | None = None,
+    ) -> WebhookDelivery | None:
+        """Record one attempt of a claimed delivery and release its lease: delivered, or
+        pending again in `retry_in` (failed once that passes its give-up time). The row moves
+        only while the lease is still `claim`'s (else only the attempt is recorded); None if
+        the delivery is gone (its endpoint deleted)."""
+        c = DELIVERIES.c
+        now = _now()
+        with self._transaction(write=True) as connection:
+            row = connection.execute(select(DELIVERIES).where(c.id == claim.delivery.id)).one_or_none()
+            if row is None:
+                return None
+            connection.execute(insert(ATTEMPTS).values(
+                id=f"wa_{uuid.uuid4().hex}", delivery_id=row.id, endpoint_id=row.endpoint_id, attempt=row.attempts + 1,
+                started_at=started_at, status_code=status_code, latency_ms=round(latency_ms, 1),
+                error=error[:2000] if error else None, deliverer=deliverer,
+            ))
+            if row.lease_owner != claim.lease or row.status != "pending":
+                return _delivery(row)
+            values: dict[str, Any] = dict(attempts=c.attempts + 1, lease_owner=None, lease_expires_at=None,
+                                          last_error=None if delivered else error)
+            if delivered:
+                values.update(status="delivered", delivered_at=now)
+            elif now + retry_in > self._give_up_at(row, retry_window):
+                values.update(status="failed")
+            else:
+                values.update(next_attempt_at=now + retry_in)
+            updated = connection.execute(
+                update(DELIVERIES).where(c.id == row.id, c.lease_owner == claim.lease).values(**values)
+                .returning(*DELIVERIES.c)
+            ).one()
+            return _delivery(updated)
+
+    @staticmethod
+    def _give_up_at(row: Row, retry_window: timedelta | None) -> datetime:
+        """When a delivery stops being retried: the deliverer's window from the event's
+        creation (its settings), else the row's own (test events: right away)."""
+        if retry_window is None or row.job_id is None:
+            return row.give_up_at
+        return row.created_at + retry_window
+
+    def list_webhook_attempts(
+        self, endpoint_id: str, owner: str | None = None, limit: int = 100, delivery_id: str | None = None,
+        job_id: str | None = None,
+    ) -> list[WebhookAttempt]:
+        """The endpoint's attempts, newest first, each with its delivery's event and status
+        (empty for an unknown or not-owned endpoint)."""
+        a, d = ATTEMPTS.c, DELIVERIES.c
+        filters = [a.endpoint_id == endpoint_id]
+        if owner is not None:
+            filters.append(d.owner == owner)
+        if delivery_id is not None:
+            filters.append(a.delivery_id == delivery_id)
+        if job_id is not None:
+            filters.append(d.job_id == job_id)
+        query = (
+            select(*ATTEMPTS.c, d.event_id, d.event_type, d.job_id, d.status.label("delivery_status"))
+            .join(DELIVERIES, and_(d.id == a.delivery_id))
+            .where(*filters).order_by(a.started_at.desc(), a.id.desc()).limit(limit)
+        )
+        with self._transaction(write=False) as connection:
+            return [WebhookAttempt(**r._asdict()) for r in connection.execute(query)]
+
+
+def _event_types(events: list[str] | None) -> list[str]:
+    """The event types an endpoint gets: `events` without repeats, or all; ValueError naming unknown ones."""
+    chosen = list(dict.fromkeys(events if events is not None else EVENT_TYPES))
+    unknown = [e for e in chosen if e not in EVENT_TYPES]
+    if unknown or not chosen:
+        raise ValueError(f"unknown or no event types {unknown}: choose from {', '.join(EVENT_TYPES)}")
+    return chosen
+
+
+def _owned(table: Table, row_id: str, owner: str | None) -> list[Any]:
+    return [table.c.id == row_id, *([table.c.owner == owner] if owner is not None else [])]

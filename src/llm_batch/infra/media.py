@@ -1,0 +1,188 @@
+"""The file a /v1/audio/transcriptions or /v1/ocr line names, resolved for the job's owner.
+
+A line names its audio or image one of three ways:
+- an uploaded ``file_id``: a file of the job's owner (another owner's id, or a deleted
+  file, reads as unknown: no existence oracle);
+- a path URI (``file_url``, ``image_url``, ``document_url``): held to the rules of the
+  owner's own paths (``llm_batch.infra.user_paths``: roots and buckets, the owner's namespace,
+  never internal state, symlinks and ``..`` refused). ``http(s)://`` and any other scheme
+  are never fetched: this system reaches no network on a user's behalf;
+- the bytes inline: base64 (a transcription's ``file.content``) or a ``data:`` URL.
+
+``MediaResolver.resolve`` runs at validation and returns what ``BatchRequest.media``
+records: ``{"uri": <canonical URI>, "bytes": n}`` for a stored file, ``{"inline": <body
+path>, "bytes": n}`` for inline bytes; or raises ``MediaRefused`` naming the field, which
+becomes that line's error record. It also looks at the first bytes: audio must be WAV (an
+OCR document is an image or a PDF, which the worker decodes). ``load`` is the worker's side: the bytes of what validation
+recorded, never a path the body itself names.
+"""
+
+from __future__ import annotations
+
+import binascii
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llm_batch.core.config import Settings, get_settings
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.formats import MediaRefused
+from llm_batch.infra import storage, user_paths
+
+if TYPE_CHECKING:
+    from llm_batch.infra.jobstore.store import JobStore
+
+# What the first bytes must (not) be, per kind of media.
+WAV_MAGIC, WAVE_TAG = b"RIFF", b"WAVE"
+_SNIFF_BYTES = 12
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """What a (schema-valid) body names: ``field`` its path in the body, and one of
+    ``file_id``, ``uri`` or ``inline`` (base64 text)."""
+
+    field: str
+    kind: str  # "audio" | "document" (an image or a PDF)
+    file_id: str | None = None
+    uri: str | None = None
+    inline: str | None = None
+
+
+def media_ref(endpoint: Endpoint, body: dict[str, Any]) -> MediaRef | None:
+    """The file ``body`` names, or None for an endpoint without media."""
+    if endpoint is Endpoint.TRANSCRIPTIONS:
+        if body.get("file_id") is not None:
+            return MediaRef("body.file_id", "audio", file_id=body["file_id"])
+        if body.get("file_url") is not None:
+            return _url_ref("body.file_url", "audio", body["file_url"])
+        return MediaRef("body.file.content", "audio", inline=body["file"]["content"])
+    if endpoint is Endpoint.OCR:
+        document = body["document"]
+        if document["type"] == "file":
+            return MediaRef("body.document.file_id", "document", file_id=document["file_id"])
+        if document["type"] == "document_url":
+            return _url_ref("body.document.document_url", "document", document["document_url"])
+        url = document["image_url"]
+        if isinstance(url, dict):
+            return _url_ref("body.document.image_url.url", "document", url["url"])
+        return _url_ref("body.document.image_url", "document", url)
+    return None
+
+
+def _url_ref(field: str, kind: str, url: str) -> MediaRef:
+    """A data: URL is inline bytes; anything else is a path URI (checked later)."""
+    if url[:5].lower() == "data:":
+        header, comma, data = url.partition(",")
+        if not comma or not header.lower().endswith(";base64"):
+            raise MediaRefused(f"{field}: a data: URL must be base64 (data:<type>;base64,<data>)")
+        return MediaRef(field, kind, inline=data)
+    return MediaRef(field, kind, uri=url)
+
+
+def _decoded(ref: MediaRef) -> bytes:
+    try:
+        return binascii.a2b_base64(ref.inline or "", strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MediaRefused(f"{ref.field}: not valid base64 ({exc})") from None
+
+
+class MediaResolver:
+    """Resolves the files of one job's lines for ``owner``; ``store`` finds uploaded file ids.
+
+    ``MediaResolver.offline()`` is ``llm-batch validate``'s: no owner, no job store, so file
+    ids and paths are checked for their form only (paths are the user's own files there)."""
+
+    def __init__(self, owner: str | None, store: JobStore | None = None, settings: Settings | None = None,
+                 *, is_admin: bool = False):
+        self.owner = owner
+        self.store = store
+        self.settings = settings or get_settings()
+        self.is_admin = is_admin
+
+    @classmethod
+    def offline(cls, settings: Settings | None = None) -> MediaResolver:
+        return cls(None, None, settings)
+
+    def resolve(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The ``BatchRequest.media`` record for ``body``, or MediaRefused."""
+        ref = media_ref(endpoint, body)
+        if ref is None:
+            return None
+        if ref.inline is not None:
+            data = _decoded(ref)
+            self._check_size(ref, len(data))
+            _check_content(ref, data[:_SNIFF_BYTES])
+            return {"inline": ref.field, "bytes": len(data)}
+        if self.owner is None:  # offline: the form only
+            if ref.uri is not None:
+                _refuse_scheme(ref)
+            return None
+        uri = self._stored_uri(ref)
+        try:
+            size = storage.size(uri)
+            with storage.open_read(uri) as stream:
+                head = stream.read(_SNIFF_BYTES)
+        except storage.StorageError:
+            raise MediaRefused(f"{ref.field}: {self._unavailable(ref)}") from None
+        self._check_size(ref, size)
+        _check_content(ref, head)
+        return {"uri": uri, "bytes": size}
+
+    def _stored_uri(self, ref: MediaRef) -> str:
+        if ref.file_id is not None:
+            file = self.store.get_file(ref.file_id, owner=None if self.is_admin else self.owner) if self.store else None
+            if file is None:
+                raise MediaRefused(f"{ref.field}: file {ref.file_id!r} does not exist (or is not yours)")
+            return file.uri
+        _refuse_scheme(ref)
+        try:
+            return user_paths.check(ref.uri, self.owner, self.settings, is_admin=self.is_admin).uri  # type: ignore[arg-type]
+        except (user_paths.PathRefused, user_paths.PathUnavailable) as exc:
+            raise MediaRefused(f"{ref.field}: {exc}") from None
+
+    def _unavailable(self, ref: MediaRef) -> str:
+        if ref.file_id is not None:
+            return f"file {ref.file_id!r} cannot be read"
+        return user_paths.unavailable(ref.uri or "", self.owner or "", self.settings)
+
+    def _check_size(self, ref: MediaRef, size: int) -> None:
+        limit = self.settings.max_media_bytes
+        if size > limit:
+            raise MediaRefused(f"{ref.field}: the file is {size} bytes, over the limit of {limit} "
+                               "(LLM_BATCH_MAX_MEDIA_BYTES)")
+        if size == 0:
+            raise MediaRefused(f"{ref.field}: the file is empty")
+
+
+def _refuse_scheme(ref: MediaRef) -> None:
+    """Only paths, file:// and s3:// name files here; a web URL is never fetched."""
+    uri = ref.uri or ""
+    scheme = uri.partition("://")[0].lower() if "://" in uri else ""
+    if scheme not in ("", "file", "s3"):
+        raise MediaRefused(f"{ref.field}: {scheme}:// URLs are never fetched; upload the file "
+                           "(then name its file id) or name a path under the allowed roots or buckets")
+
+
+def _check_content(ref: MediaRef, head: bytes) -> None:
+    if ref.kind == "audio" and not (head[:4] == WAV_MAGIC and head[8:12] == WAVE_TAG):
+        raise MediaRefused(f"{ref.field}: not a WAV file (only WAV audio is supported)")
+
+
+def load(endpoint: Endpoint, body: dict[str, Any], media: dict[str, Any] | None,
+         settings: Settings | None = None) -> bytes:
+    """The bytes of the line's file as validation recorded it (MediaRefused otherwise)."""
+    if not media:
+        raise MediaRefused("the line's file was not resolved at validation (validate the batch "
+                           "through the API or the DAG, which resolve it for the job's owner)")
+    if "inline" in media:
+        ref = media_ref(endpoint, body)
+        return _decoded(ref)  # type: ignore[arg-type]
+    limit = (settings or get_settings()).max_media_bytes
+    try:
+        with storage.open_read(media["uri"]) as stream:
+            data = stream.read(limit + 1)
+    except storage.StorageError as exc:
+        raise MediaRefused(f"the line's file cannot be read any more: {exc}") from None
+    if len(data) > limit:
+        raise MediaRefused(f"the line's file is over the limit of {limit} bytes (LLM_BATCH_MAX_MEDIA_BYTES)")
+    return data

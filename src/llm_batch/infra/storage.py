@@ -1,0 +1,686 @@
+"""One small interface over URIs: local paths (confined to configured roots) and s3://.
+
+CONTRACT (implementations must keep it; other modules code against these names):
+
+    open_read(uri) -> context manager yielding a binary stream (streamed, never slurped)
+    open_write(uri) -> context manager yielding a binary stream; the object appears only
+                       when the block exits without error (atomic publish: temp file +
+                       rename locally, multipart upload on S3 aborted on error)
+    read_bytes(uri) -> bytes ; write_bytes(uri, data)   (small objects: progress, reports)
+    exists(uri) -> bool ; size(uri) -> int
+    list_uris(prefix) -> sorted list of URIs under prefix (recursive)
+    delete(uri) ; delete_prefix(prefix)
+    download_dir(prefix, dest: Path) -> Path   (a model checkpoint into the local cache)
+
+Errors are ``StorageError`` subclasses whose message names the URI:
+    ObjectNotFound, AccessDenied (also bad credentials), PathNotAllowed (outside roots or
+    buckets, ``..``, symlink escapes), StorageError (anything else).
+    (A missing bucket is ``BucketNotFound``, an ObjectNotFound whose message names it.)
+
+Details of the contract, as implemented here:
+
+- A URI is ``s3://bucket/key``, ``file:///absolute/path`` or a plain path (relative paths
+  are taken from the current directory). Any other scheme is ``PathNotAllowed``.
+- Every call is confined: local paths must resolve (symlinks followed) inside
+  ``Settings.local_roots`` or llm-batch's own local areas (``$LLM_BATCH_HOME``, the work
+  and files folders); s3 buckets must be in ``Settings.allowed_buckets`` when that list is
+  non-empty. Which paths a *user* may name is stricter: ``llm_batch.infra.user_paths``.
+- ``open_read`` yields a buffered binary reader (``read(n)``, ``readline()``, iteration by
+  line). On S3 the body is streamed and a dropped connection resumes at the same offset.
+- ``open_write`` yields a binary writer. Locally: a temp file beside the target, renamed
+  over it on clean exit. On S3: a spooled temp file uploaded on clean exit with boto3's
+  transfer manager (multipart above the threshold; a failed multipart upload is aborted);
+  nothing is sent when the block raises.
+- Prefixes are directories: ``list_uris("s3://b/x")`` lists keys under ``x/``, not ``xy``.
+  A missing prefix lists as ``[]``. Returned URIs keep the prefix's spelling.
+- ``exists``/``size`` are about objects (files), not directories. ``delete`` of a missing
+  object is a no-op; ``delete_prefix`` refuses a whole root or bucket.
+- ``download_dir`` copies every object under the prefix to ``dest`` (keeping relative
+  paths; each file appears whole; files already there with the same size are skipped) and
+  returns ``dest`` resolved. ``dest`` is the caller's cache directory, not confined.
+- Transient S3 failures (throttling, 5xx, dropped connections) are retried a few times
+  with backoff (tenacity); botocore's own retries are off so there is one policy.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from llm_batch.core.config import get_settings
+
+if TYPE_CHECKING:
+    from boto3.s3.transfer import TransferConfig
+
+
+class StorageError(Exception):
+    """A storage operation failed; ``uri`` says on what."""
+
+    def __init__(self, uri: str, message: str):
+        super().__init__(f"{uri}: {message}")
+        self.uri = uri
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+class AccessDenied(StorageError):
+    pass
+
+
+class PathNotAllowed(StorageError):
+    pass
+
+
+class SymlinkEscape(PathNotAllowed):
+    """A path inside the roots whose symlinks lead outside them."""
+
+
+class BucketNotFound(ObjectNotFound):
+    """The bucket itself is missing (an ObjectNotFound whose message names the bucket)."""
+
+
+# --------------------------------------------------------------------------- public API
+
+def open_read(uri: str) -> AbstractContextManager[IO[bytes]]:
+    """Context manager: a buffered binary reader of the object at ``uri``."""
+    return _backend(uri).open_read(uri)
+
+
+def open_write(uri: str) -> AbstractContextManager[IO[bytes]]:
+    """Context manager: a binary writer; the object is published only on clean exit."""
+    return _backend(uri).open_write(uri)
+
+
+def read_bytes(uri: str) -> bytes:
+    with open_read(uri) as stream:
+        return stream.read()
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    with open_write(uri) as stream:
+        stream.write(data)
+
+
+def exists(uri: str) -> bool:
+    return _backend(uri).exists(uri)
+
+
+def size(uri: str) -> int:
+    return _backend(uri).size(uri)
+
+
+def list_uris(prefix: str) -> list[str]:
+    return _backend(prefix).list_uris(prefix)
+
+
+def delete(uri: str) -> None:
+    _backend(uri).delete(uri)
+
+
+def delete_prefix(prefix: str) -> None:
+    _backend(prefix).delete_prefix(prefix)
+
+
+def download_dir(prefix: str, dest: Path) -> Path:
+    return _backend(prefix).download_dir(prefix, Path(dest))
+
+
+def check(uri: str) -> str:
+    """Refuse (``PathNotAllowed``) a URI this module would refuse to touch; return it
+    canonical (local: absolute, symlinks resolved). No object is read. Which paths a user
+    may name is stricter: ``llm_batch.infra.user_paths``."""
+    return _backend(uri).check(uri)
+
+
+def is_s3(uri: str) -> bool:
+    return uri[:5].lower() == "s3://"
+
+
+def reset() -> None:
+    """Forget cached backends and S3 clients (after settings or credentials change)."""
+    _local_backend.cache_clear()
+    _s3_backend.cache_clear()
+    _s3_client.cache_clear()
+
+
+class Storage(Protocol):
+    """What a backend implements; the module functions above dispatch to one by scheme."""
+
+    def check(self, uri: str) -> str: ...
+    def open_read(self, uri: str) -> AbstractContextManager[IO[bytes]]: ...
+    def open_write(self, uri: str) -> AbstractContextManager[IO[bytes]]: ...
+    def exists(self, uri: str) -> bool: ...
+    def size(self, uri: str) -> int: ...
+    def list_uris(self, prefix: str) -> list[str]: ...
+    def delete(self, uri: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def download_dir(self, prefix: str, dest: Path) -> Path: ...
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_ONE_SLASH_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")  # "s3:/bucket/key", a typo
+
+
+def _backend(uri: str) -> Storage:
+    if not isinstance(uri, str) or not uri:
+        raise PathNotAllowed(repr(uri), "empty or not a string")
+    match = _SCHEME.match(uri)
+    scheme = match.group(1).lower() if match else "file"
+    settings = get_settings()
+    if scheme == "file":
+        return _local_backend(tuple(settings.local_roots) + _own_local_areas(settings))
+    if scheme == "s3":
+        return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
+                           os.getpid())
+    raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
+
+
+def _own_local_areas(settings: Any) -> tuple[Path, ...]:
+    """Where llm-batch itself reads and writes locally, whatever the user roots are."""
+    areas = [settings.home] + [Path(u) for u in (settings.work_uri, settings.files_uri) if not is_s3(u)]
+    return tuple(areas)
+
+
+@lru_cache(maxsize=4)
+def _local_backend(roots: tuple[Path, ...]) -> LocalStorage:
+    return LocalStorage(roots)
+
+
+@lru_cache(maxsize=4)
+def _s3_backend(endpoint_url: str | None, buckets: tuple[str, ...], pid: int) -> S3Storage:
+    return S3Storage(_s3_client(endpoint_url, pid), allowed_buckets=buckets)
+
+
+# --------------------------------------------------------------------------- local paths
+
+class LocalStorage:
+    """Files under a set of root directories; every path is checked against the roots."""
+
+    def __init__(self, roots: tuple[Path, ...] | list[Path]):
+        self.roots = tuple(Path(r).resolve() for r in roots)
+
+    def path(self, uri: str) -> Path:
+        """The resolved path ``uri`` names, or ``PathNotAllowed`` if it leaves the roots."""
+        raw = file_uri_path(uri) if uri[:7].lower() == "file://" else uri
+        if problem := spelling_problem(raw):
+            raise PathNotAllowed(uri, problem)
+        lexical = Path(raw) if os.path.isabs(raw) else Path.cwd() / raw
+        resolved = lexical.resolve()
+        if self._inside(resolved):
+            return resolved
+        if self._inside(Path(os.path.normpath(lexical))):
+            raise SymlinkEscape(uri, f"a symlink leads outside the allowed roots to {resolved}")
+        raise PathNotAllowed(uri, f"outside the allowed roots {self._roots_text()} "
+                                  "(LLM_BATCH_LOCAL_ROOTS)")
+
+    def check(self, uri: str) -> str:
+        return str(self.path(uri))
+
+    @contextmanager
+    def open_read(self, uri: str) -> Iterator[IO[bytes]]:
+        path = self.path(uri)
+        with _os_errors(uri):
+            stream = open(path, "rb")
+        with stream:
+            yield stream
+
+    @contextmanager
+    def open_write(self, uri: str) -> Iterator[IO[bytes]]:
+        path = self.path(uri)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        with _os_errors(uri):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Mode 0666 under the umask, like open(): the published file looks ordinary.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as stream:
+                yield stream
+                stream.flush()
+                os.fsync(stream.fileno())  # results files are checkpoints: make them durable
+            with _os_errors(uri):
+                os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def exists(self, uri: str) -> bool:
+        return self.path(uri).is_file()
+
+    def size(self, uri: str) -> int:
+        path = self.path(uri)
+        with _os_errors(uri):
+            if path.is_dir():
+                raise StorageError(uri, "is a directory, not an object")
+            return path.stat().st_size
+
+    def list_uris(self, prefix: str) -> list[str]:
+        root = self.path(prefix)
+        if not root.is_dir():
+            return []
+        base = prefix.rstrip("/")
+        found = []
+        with _os_errors(prefix):
+            for dirpath, _dirnames, filenames in os.walk(root):
+                rel_dir = Path(dirpath).relative_to(root)
+                found.extend(f"{base}/{(rel_dir / name).as_posix()}" for name in filenames)
+        return sorted(found)
+
+    def delete(self, uri: str) -> None:
+        path = self.path(uri)
+        with _os_errors(uri):
+            path.unlink(missing_ok=True)
+
+    def delete_prefix(self, prefix: str) -> None:
+        path = self.path(prefix)
+        if path in self.roots:
+            raise PathNotAllowed(prefix, "refusing to delete a whole storage root")
+        with _os_errors(prefix):
+            if path.is_dir():
+                shutil.rmtree(path)
+
+    def download_dir(self, prefix: str, dest: Path) -> Path:
+        uris = self.list_uris(prefix)
+        if not uris:
+            raise ObjectNotFound(prefix, "no files under this directory")
+        base = prefix.rstrip("/") + "/"
+        dest = dest.resolve()
+        for uri in uris:
+            source = self.path(uri)  # a symlink out of the roots is refused, not copied
+            target = dest / uri[len(base):]
+            with _os_errors(uri):
+                if target.is_file() and target.stat().st_size == source.stat().st_size:
+                    continue  # already there from an earlier copy
+                target.parent.mkdir(parents=True, exist_ok=True)
+                partial = target.with_name(f".{target.name}.partial")
+                shutil.copyfile(source, partial)
+                os.replace(partial, target)  # a file appears whole or not at all
+        return dest
+
+    def _inside(self, path: Path) -> bool:
+        return any(path.is_relative_to(root) for root in self.roots)
+
+    def _roots_text(self) -> str:
+        return ", ".join(str(r) for r in self.roots) or "(none configured)"
+
+
+def spelling_problem(raw: str) -> str | None:
+    """What is wrong with how a local path is written, whatever the filesystem holds."""
+    if not raw or "\0" in raw:
+        return "empty path or NUL byte in path"
+    if ".." in PurePosixPath(raw).parts:
+        return "'..' is not allowed in paths"
+    if raw.startswith("~"):  # whose home would it be? (the API server's, not the user's)
+        return "'~' is not expanded: give an absolute path"
+    if _ONE_SLASH_URI.match(raw):
+        return f"looks like a URI with one slash: write {raw.split(':', 1)[0]}://..."
+    return None
+
+
+def file_uri_path(uri: str) -> str:
+    """The local path a ``file://`` URI names (``PathNotAllowed`` unless file:///abs)."""
+    rest = uri[len("file://"):]
+    if rest.startswith("localhost/"):
+        rest = rest[len("localhost"):]
+    if not rest.startswith("/"):
+        raise PathNotAllowed(uri, "a file:// URI must be file:///absolute/path")
+    return unquote(rest)
+
+
+@contextmanager
+def _os_errors(uri: str) -> Iterator[None]:
+    """Turn OSErrors from local file operations into StorageErrors naming ``uri``."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise ObjectNotFound(uri, "no such file or directory") from exc
+    except PermissionError as exc:
+        raise AccessDenied(uri, f"permission denied ({exc.strerror})") from exc
+    except IsADirectoryError as exc:
+        raise StorageError(uri, "is a directory, not an object") from exc
+    except OSError as exc:
+        raise StorageError(uri, exc.strerror or str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- S3
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_DENIED_CODES = {
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+    "InvalidToken", "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem", "403",
+}
+_THROTTLE_CODES = {
+    "Throttling", "ThrottlingException", "SlowDown", "RequestLimitExceeded",
+    "RequestTimeout", "InternalError", "ServiceUnavailable",
+}
+# Few attempts, short waits: a batch step that still fails is retried by Airflow.
+RETRY_ATTEMPTS = 4
+_SPOOL_BYTES = 8 * 1024**2
+_READ_BUFFER = 1024**2
+
+
+def s3_location(uri: str, allowed_buckets: tuple[str, ...] | list[str]) -> S3Location:
+    """Parse ``s3://bucket/key`` and confine it to `allowed_buckets` (none: any bucket);
+    ``PathNotAllowed`` names what is wrong. No request is made."""
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not _BUCKET.match(bucket):
+        raise PathNotAllowed(uri, f"invalid bucket name {bucket!r}")
+    if allowed_buckets and bucket not in allowed_buckets:
+        raise PathNotAllowed(uri, f"bucket {bucket!r} is not one of the allowed buckets "
+                                  f"{', '.join(allowed_buckets)} (LLM_BATCH_ALLOWED_BUCKETS)")
+    return S3Location(bucket, key)
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    key: str
+
+    def uri(self, key: str | None = None) -> str:
+        return f"s3://{self.bucket}/{self.key if key is None else key}"
+
+    @property
+    def dir_prefix(self) -> str:
+        """The key as a directory prefix: ``""`` for the bucket, else ending in ``/``."""
+        return self.key if not self.key or self.key.endswith("/") else self.key + "/"
+
+
+def _s3_endpoint_url(configured: str | None) -> str | None:
+    """Settings.s3_endpoint_url, else AWS's own variables; None: AWS itself."""
+    return configured or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+@lru_cache(maxsize=4)
+def _s3_client(endpoint_url: str | None, pid: int) -> Any:
+    """One client per process (clients are thread-safe but not fork-safe: ``pid`` keys it).
+
+    Credentials come from the standard AWS chain.
+    """
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity retries instead
+        connect_timeout=10,
+        read_timeout=60,
+        # Custom endpoints (SeaweedFS, MinIO, ...) serve path-style; AWS takes either.
+        s3={"addressing_style": "path"} if endpoint_url else None,
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
+class S3Storage:
+    """Objects in S3 buckets through one boto3 client; buckets may be confined."""
+
+    def __init__(self, client: Any, allowed_buckets: tuple[str, ...] | list[str] = (),
+                 transfer_config: TransferConfig | None = None):
+        from boto3.s3.transfer import TransferConfig
+
+        self.client = client
+        self.allowed_buckets = tuple(allowed_buckets)
+        self.transfer_config = transfer_config or TransferConfig()
+
+    def location(self, uri: str) -> S3Location:
+        """Parse and confine ``s3://bucket/key`` (``PathNotAllowed`` if refused)."""
+        return s3_location(uri, self.allowed_buckets)
+
+    def check(self, uri: str) -> str:
+        self.location(uri)
+        return uri
+
+    def object_location(self, uri: str) -> S3Location:
+        loc = self.location(uri)
+        if not loc.key or loc.key.endswith("/"):
+            raise StorageError(uri, "names a prefix, not an object")
+        return loc
+
+    @contextmanager
+    def open_read(self, uri: str) -> Iterator[IO[bytes]]:
+        loc = self.object_location(uri)
+        with self._errors(uri, loc):
+            reader = _S3Reader(self, uri, loc)
+        with io.BufferedReader(reader, buffer_size=_READ_BUFFER) as stream:
+            yield stream
+
+    @contextmanager
+    def open_write(self, uri: str) -> Iterator[IO[bytes]]:
+        loc = self.object_location(uri)
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            yield spool
+            with self._errors(uri, loc):
+                self._retrying(self._upload, spool, loc)
+
+    def exists(self, uri: str) -> bool:
+        try:
+            self.size(uri)
+        except BucketNotFound:
+            raise  # a misnamed bucket is a configuration error, not a missing object
+        except ObjectNotFound:
+            return False
+        return True
+
+    def size(self, uri: str) -> int:
+        loc = self.object_location(uri)
+        with self._errors(uri, loc):
+            head = self.call("head_object", Bucket=loc.bucket, Key=loc.key)
+        return int(head["ContentLength"])
+
+    def list_uris(self, prefix: str) -> list[str]:
+        loc = self.location(prefix)
+        return sorted(loc.uri(key) for key, _size in self._objects(prefix, loc))
+
+    def delete(self, uri: str) -> None:
+        loc = self.object_location(uri)
+        with self._errors(uri, loc):
+            self.call("delete_object", Bucket=loc.bucket, Key=loc.key)
+
+    def delete_prefix(self, prefix: str) -> None:
+        loc = self.location(prefix)
+        if not loc.dir_prefix:
+            raise PathNotAllowed(prefix, "refusing to delete a whole bucket")
+        keys = [key for key, _size in self._objects(prefix, loc)]
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = [{"Key": k} for k in keys[start:start + 1000]]
+            with self._errors(prefix, loc):
+                reply = self.call("delete_objects", Bucket=loc.bucket,
+                                  Delete={"Objects": batch, "Quiet": True})
+            if reply.get("Errors"):
+                first = reply["Errors"][0]
+                raise StorageError(loc.uri(first.get("Key", "")),
+                                   f"delete failed: {first.get('Code')} {first.get('Message')}")
+
+    def download_dir(self, prefix: str, dest: Path) -> Path:
+        loc = self.location(prefix)
+        objects = list(self._objects(prefix, loc))
+        if not objects:
+            raise ObjectNotFound(prefix, "no objects under this prefix")
+        dest = dest.resolve()
+        for key, object_size in objects:
+            target = (dest / key[len(loc.dir_prefix):]).resolve()
+            if not target.is_relative_to(dest) or target == dest:
+                raise PathNotAllowed(loc.uri(key), f"key would be written outside {dest}")
+            uri = loc.uri(key)
+            with _os_errors(str(target)):
+                target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_file() and target.stat().st_size == object_size:
+                continue  # already there from an earlier download
+            with self._errors(uri, S3Location(loc.bucket, key)):
+                # s3transfer writes a temp file and renames it: a file appears whole or not.
+                self._retrying(self.client.download_file, loc.bucket, key, str(target),
+                               Config=self.transfer_config)
+        return dest
+
+    # -- helpers
+
+    def call(self, operation: str, **kwargs: Any) -> Any:
+        """One client operation, retried on transient failures."""
+        return self._retrying(getattr(self.client, operation), **kwargs)
+
+    def _retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        retrying = Retrying(
+            retry=retry_if_exception(_is_transient),
+            stop=stop_after_attempt(RETRY_ATTEMPTS),
+            wait=wait_exponential(multiplier=0.2, max=2),
+            reraise=True,
+        )
+        return retrying(fn, *args, **kwargs)
+
+    def _upload(self, spool: IO[bytes], loc: S3Location) -> None:
+        spool.seek(0)  # also on a retry
+        self.client.upload_fileobj(_KeptOpen(spool), loc.bucket, loc.key, Config=self.transfer_config)
+
+    def _objects(self, prefix: str, loc: S3Location) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object under the prefix, directory markers left out."""
+        with self._errors(prefix, loc):
+            token: dict[str, str] = {}
+            while True:
+                page = self.call("list_objects_v2", Bucket=loc.bucket, Prefix=loc.dir_prefix, **token)
+                for item in page.get("Contents", []):
+                    if not item["Key"].endswith("/"):  # skip "directory" marker objects
+                        yield item["Key"], int(item["Size"])
+                if not page.get("IsTruncated"):
+                    return
+                token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    @contextmanager
+    def _errors(self, uri: str, loc: S3Location) -> Iterator[None]:
+        """Turn boto3/botocore failures inside the block into StorageErrors naming ``uri``."""
+        from boto3.exceptions import Boto3Error, RetriesExceededError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except RetriesExceededError as exc:
+            raise self._translate(uri, loc, exc.last_exception) from exc
+        except (ClientError, BotoCoreError, Boto3Error) as exc:
+            raise self._translate(uri, loc, exc) from exc
+
+    def _translate(self, uri: str, loc: S3Location, exc: BaseException) -> StorageError:
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            return AccessDenied(uri, f"no usable AWS credentials ({exc}); set them by the "
+                                     "standard chain (AWS_* env, ~/.aws, instance role)")
+        if isinstance(exc, EndpointConnectionError):
+            return StorageError(uri, f"cannot reach the S3 endpoint: {exc}")
+        if not isinstance(exc, ClientError):
+            return StorageError(uri, f"{type(exc).__name__}: {exc}")
+        code, status = _error_code(exc), _status(exc)
+        message = exc.response.get("Error", {}).get("Message") or code
+        if code == "NoSuchBucket":
+            return BucketNotFound(uri, f"bucket {loc.bucket!r} does not exist")
+        if code in _DENIED_CODES or status == 403:
+            return AccessDenied(uri, f"access denied ({code}: {message})")
+        if code in {"NoSuchKey", "NotFound", "404"} or status == 404:
+            # HEAD answers a bare 404 for a missing bucket too: ask which it is.
+            if not self._bucket_exists(loc.bucket):
+                return BucketNotFound(uri, f"bucket {loc.bucket!r} does not exist")
+            return ObjectNotFound(uri, "no such object")
+        return StorageError(uri, f"{code}: {message}")
+
+    def _bucket_exists(self, bucket: str) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.call("head_bucket", Bucket=bucket)
+        except ClientError as exc:
+            return _status(exc) != 404
+        except BotoCoreError:
+            return True  # unknown: let the caller report the object as missing
+        return True
+
+
+class _KeptOpen:
+    """A file whose close() is a no-op: s3transfer closes what it uploads, a retry rereads it."""
+
+    def __init__(self, file: IO[bytes]):
+        self._file = file
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+    def close(self) -> None:
+        pass
+
+
+class _S3Reader(io.RawIOBase):
+    """The raw side of an object's stream: reads the StreamingBody, resumes on drop."""
+
+    def __init__(self, storage: S3Storage, uri: str, loc: S3Location):
+        super().__init__()
+        self._storage, self._uri, self._loc = storage, uri, loc
+        self._position = 0
+        reply = storage.call("get_object", Bucket=loc.bucket, Key=loc.key)
+        self._etag = reply.get("ETag")
+        self._body = reply["Body"]
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        for attempt in range(1, RETRY_ATTEMPTS + 1):
+            try:
+                count = self._body.readinto(buffer)
+                self._position += count
+                return count
+            except Exception as exc:
+                if attempt == RETRY_ATTEMPTS or not _is_transient(exc):
+                    raise self._storage._translate(self._uri, self._loc, exc) from exc
+                self._reopen()
+        raise AssertionError("unreachable")
+
+    def _reopen(self) -> None:
+        """Continue the same version of the object from where the stream broke."""
+        self._body.close()
+        with self._storage._errors(self._uri, self._loc):
+            reply = self._storage.call(
+                "get_object", Bucket=self._loc.bucket, Key=self._loc.key,
+                Range=f"bytes={self._position}-", **({"IfMatch": self._etag} if self._etag else {}),
+            )
+        self._body = reply["Body"]
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()
+
+
+def _error_code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: Any) -> int | None:
+    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Throttling, 5xx and dropped/timed-out connections: worth another try."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionError,
+        HTTPClientError,
+        IncompleteReadError,
+    )
+
+    if isinstance(exc, ClientError):
+        status = _status(exc) or 0
+        return _error_code(exc) in _THROTTLE_CODES or status == 429 or status >= 500
+    return isinstance(exc, (ConnectionError, HTTPClientError, IncompleteReadError))

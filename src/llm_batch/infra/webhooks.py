@@ -1,0 +1,246 @@
+"""Webhooks: how they are signed, and the deliverer that sends them.
+
+Events are OpenAI's (``batch.completed``, ``batch.failed``, ``batch.expired``,
+``batch.cancelled``; body ``{"id": "evt_...", "object": "event", "created_at", "type",
+"data": {"id": <job id>}}``) for every dialect's jobs, signed with the Standard Webhooks scheme
+(``webhook-id``, ``webhook-timestamp``, ``webhook-signature``; the ``standardwebhooks``
+package), so ``openai.OpenAI().webhooks.unwrap(body, headers, secret=...)`` verifies them.
+During a secret rotation's grace period each attempt carries two signatures (the new and
+the previous secret's, space separated, as the scheme allows): a receiver holding either
+verifies it.
+
+Delivery is at least once from the job store's outbox (src/llm_batch/infra/jobstore/webhooks.py): a
+``Deliverer`` claims due rows with a lease, sends each (one deadline for the whole attempt:
+DNS, connect, send, the answer's status; no redirects, no proxies, to the address it
+checked), records the attempt, and retries with exponential backoff until the event's retry
+window (24 h) has passed. Every attempt of one event carries the same ``webhook-id`` and
+body; the timestamp and signature are fresh. Sending is asynchronous (``send_once``), so a
+slow receiver holds no thread: the deliverer runs its own event loop, as a daemon thread in
+the api-server (``start_in_background``) or as ``llm-batch webhook deliver``; any number may
+run at once. The API's test route sends on the API's own loop.
+
+Destinations are checked by llm_batch.infra.webhook_destinations, at create and before each attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import httpx
+import orjson
+from anyio import to_thread
+
+from llm_batch.core.config import Settings
+from llm_batch.infra.jobstore.webhooks import EVENT_TYPES, ClaimedDelivery
+from llm_batch.infra.webhook_destinations import (
+    DestinationRefused,
+    Resolver,
+    check_destination,
+    system_resolver,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EVENT_TYPES", "Deliverer", "send_once", "sign", "start_in_background"]
+
+USER_AGENT = "llm-batch-webhooks/0.1"
+
+
+# -- signing --------------------------------------------------------------------------
+
+
+def body_of(payload: dict) -> bytes:
+    """The exact bytes sent (and signed) for an event's payload."""
+    return orjson.dumps(payload)
+
+
+def sign(secrets: Sequence[str], webhook_id: str, body: bytes, when: datetime | None = None) -> dict[str, str]:
+    """The Standard Webhooks headers of one attempt: one signature per secret, space
+    separated (``standardwebhooks`` computes each: HMAC-SHA256 over ``{id}.{timestamp}.{body}``
+    with the base64 secret)."""
+    from standardwebhooks import Webhook
+
+    when = when or datetime.now(UTC)
+    signature = " ".join(Webhook(secret).sign(webhook_id, when, body.decode()) for secret in secrets)
+    return {"webhook-id": webhook_id, "webhook-timestamp": str(int(when.timestamp())), "webhook-signature": signature}
+
+
+# -- sending --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    status_code: int | None
+    latency_ms: float
+    error: str | None
+
+    @property
+    def delivered(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def _pinned(url: str, address: str) -> tuple[str, str, dict]:
+    """The URL with its host replaced by the checked `address`, the Host header, and the
+    TLS server name: the connection goes where the check looked (no second DNS answer)."""
+    parts = urlsplit(url)
+    host_text = f"[{address}]" if ":" in address else address
+    netloc = host_text + (f":{parts.port}" if parts.port else "")
+    target = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+    host_header = parts.netloc.rpartition("@")[2]
+    extensions = {"sni_hostname": parts.hostname} if parts.scheme == "https" else {}
+    return target, host_header, extensions
+
+
+async def send_once(
+    client: httpx.AsyncClient, settings: Settings, url: str, secrets: Sequence[str], webhook_id: str, payload: dict,
+    resolve: Resolver | None = system_resolver,
+) -> AttemptResult:
+    """One signed POST of `payload` to `url`, after checking where it resolves now, all of
+    it within ``webhook_timeout_s`` (the answer's body is never read)."""
+    started = time.monotonic()
+    deadline = settings.webhook_timeout_s
+
+    def result(status: int | None, error: str | None) -> AttemptResult:
+        return AttemptResult(status, (time.monotonic() - started) * 1000, error)
+
+    try:
+        with anyio.fail_after(deadline):
+            # getaddrinfo blocks: a thread, left behind if the deadline passes first.
+            check = partial(check_destination, url, settings, resolve)
+            addresses = await to_thread.run_sync(check, abandon_on_cancel=True)
+            body = body_of(payload)
+            headers = {**sign(secrets, webhook_id, body), "content-type": "application/json", "user-agent": USER_AGENT}
+            if addresses:
+                target, headers["host"], extensions = _pinned(url, addresses[0])
+            else:
+                target, extensions = url, {}
+            async with client.stream("POST", target, content=body, headers=headers, extensions=extensions) as response:
+                status = response.status_code
+    except DestinationRefused as exc:
+        return result(None, f"refused: {exc}")
+    except TimeoutError:
+        return result(None, f"Timeout: no answer within {deadline:g} s")
+    except httpx.HTTPError as exc:
+        return result(None, f"{type(exc).__name__}: {exc}"[:500])
+    return result(status, None if 200 <= status < 300 else f"HTTP {status}")
+
+
+def new_client(settings: Settings) -> httpx.AsyncClient:
+    """No redirects (a redirect could point anywhere), no proxies from the environment."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(settings.webhook_timeout_s), follow_redirects=False,
+                             trust_env=False)
+
+
+class Deliverer:
+    """Claims due outbox rows of `store` and sends them (see the module docstring). The
+    store's calls block, so they run in threads; the sending does not."""
+
+    def __init__(self, store, settings: Settings, name: str | None = None, resolve: Resolver | None = system_resolver,
+                 batch: int = 16, concurrency: int = 4):
+        self.store = store
+        self.settings = settings
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.resolve = resolve
+        self.batch = batch
+        self.concurrency = concurrency
+
+    @property
+    def lease(self) -> timedelta:
+        # Longer than any attempt can take (its deadline), so a live deliverer never loses
+        # its row mid-attempt.
+        return timedelta(seconds=max(self.settings.webhook_lease_s, self.settings.webhook_timeout_s + 10))
+
+    def backoff(self, attempts_made: int) -> timedelta:
+        """Before attempt n+1: base x 2^(n-1), capped, +-10 % jitter."""
+        base = self.settings.webhook_retry_base_s * 2 ** max(0, attempts_made - 1)
+        delay = min(base, self.settings.webhook_retry_max_delay_s)
+        return timedelta(seconds=delay * random.uniform(0.9, 1.1))
+
+    async def deliver(self, client: httpx.AsyncClient, claim: ClaimedDelivery):
+        """One attempt of a claimed delivery, recorded; the delivery as it is now."""
+        started_at = datetime.now(UTC)
+        result = await send_once(client, self.settings, claim.url, claim.secrets, claim.delivery.id,
+                                 claim.delivery.payload, self.resolve)
+        record = partial(
+            self.store.record_webhook_attempt, claim, started_at=started_at, status_code=result.status_code,
+            latency_ms=result.latency_ms, error=result.error, delivered=result.delivered,
+            retry_in=self.backoff(claim.delivery.attempts + 1), deliverer=self.name,
+            retry_window=timedelta(seconds=self.settings.webhook_retry_window_s),
+        )
+        return await to_thread.run_sync(record)
+
+    async def deliver_now(self, client: httpx.AsyncClient, delivery_id: str):
+        """Claim and attempt this one delivery at once (the API's test); None if not due."""
+        claims = await self._claim(limit=1, delivery_id=delivery_id)
+        return await self.deliver(client, claims[0]) if claims else None
+
+    async def round(self, client: httpx.AsyncClient) -> int:
+        """Claim a batch of due rows and attempt them (`concurrency` at once); how many were tried."""
+        claims = await self._claim(limit=self.batch)
+        limiter = anyio.CapacityLimiter(self.concurrency)
+
+        async def one(claim: ClaimedDelivery) -> None:
+            async with limiter:
+                await self.deliver(client, claim)
+
+        async with anyio.create_task_group() as group:
+            for claim in claims:
+                group.start_soon(one, claim)
+        return len(claims)
+
+    async def _claim(self, **which) -> list[ClaimedDelivery]:
+        return await to_thread.run_sync(partial(self.store.claim_webhook_deliveries, self.name, self.lease, **which))
+
+    def run_once(self) -> int:
+        """One round on an event loop of its own (scripts and tests)."""
+
+        async def once() -> int:
+            async with new_client(self.settings) as client:
+                return await self.round(client)
+
+        return anyio.run(once)
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Deliver until `stop` is set; a failing store is logged and retried."""
+        anyio.run(self._serve, stop or threading.Event())
+
+    async def _serve(self, stop: threading.Event) -> None:
+        async with new_client(self.settings) as client:
+            while not stop.is_set():
+                try:
+                    tried = await self.round(client)
+                except Exception:  # noqa: BLE001 - keep delivering whatever one round hit
+                    log.exception("webhook delivery round failed")
+                    tried = 0
+                if not tried:
+                    await to_thread.run_sync(stop.wait, self.settings.webhook_poll_interval_s)
+
+
+_started: dict[int, threading.Thread] = {}
+_start_lock = threading.Lock()
+
+
+def start_in_background(store, settings: Settings) -> threading.Thread | None:
+    """The deliverer as a daemon thread of this process (once per process; None when
+    ``webhook_deliverer`` is off). A slow receiver only slows this thread, never a job."""
+    if not settings.webhook_deliverer:
+        return None
+    with _start_lock:
+        thread = _started.get(os.getpid())
+        if thread is None or not thread.is_alive():
+            thread = threading.Thread(target=Deliverer(store, settings).run, name="llm-batch-webhooks", daemon=True)
+            thread.start()
+            _started[os.getpid()] = thread
+        return thread

@@ -1,0 +1,142 @@
+"""Housekeeping of the job store: end jobs past their expiry, reconcile jobs whose run
+ended without finalizing them, delete files past the retention, delete ended jobs. The
+housekeeping DAG, the API's delete route and the CLI call these; no Airflow here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from llm_batch.core.config import Settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.core.layout import join_uri
+from llm_batch.infra import storage
+from llm_batch.pipeline.steps import fail_job, finalize, layout_of, merge
+
+if TYPE_CHECKING:
+    from llm_batch.infra.jobstore import FileObject, Job, JobStore
+
+log = logging.getLogger("llm_batch.pipeline.housekeeping")
+
+
+def live_jobs(store: JobStore, **filters: Any) -> Iterator[Job]:
+    """Every job not yet terminal (paged through the store), oldest first."""
+    live = [s for s in JobStatus if not s.terminal]
+    while True:
+        page, _ = store.list_jobs(statuses=live, order_by="created_at", limit=500, **filters)
+        yield from page
+        if len(page) < 500:
+            return
+        filters["after"] = page[-1].id
+
+
+def expire(store: JobStore, settings: Settings, now: datetime | None = None) -> list[str]:
+    """Jobs still live past their expires_at (+ the cancel grace, by which their workers
+    have stopped or been killed) end as TIMEOUT_EXCEEDED, keeping what finished: their
+    shards' results are merged first. Returns their ids."""
+    now = now or datetime.now(UTC)
+    cutoff = now - timedelta(seconds=settings.cancel_grace_seconds)
+    expired = []
+    for job in list(live_jobs(store, expires_before=cutoff)):
+        _end(store, settings, job.id, f"expired: the job passed its expires_at ({job.expires_at})")
+        expired.append(job.id)
+    return expired
+
+
+def _end(store: JobStore, settings: Settings, job_id: str, why: str) -> None:
+    """Merge and finalize a job outside its run; if that fails, FAILED with `why`."""
+    try:
+        merge(store, settings, job_id)
+        finalize(store, settings, job_id)
+    except Exception as exc:  # noqa: BLE001 - whatever happens, the job must end
+        log.warning("job %s: could not merge and finalize (%s)", job_id, exc)
+        fail_job(store, job_id, f"{why}; its results could not be merged: {exc}")
+        return
+    fail_job(store, job_id, why)  # only if finalize left it live (it never should)
+
+
+def reconcile(store: JobStore, settings: Settings, run_states: dict[str, str]) -> list[str]:
+    """Live jobs whose DAG run has ended (``run_states``: dag_run_id -> Airflow state) were
+    not finalized (a killed run, a scheduler crash): merge what exists and finalize them."""
+    reconciled = []
+    for job in list(live_jobs(store)):
+        state = run_states.get(job.dag_run_id or "")
+        if state not in ("success", "failed"):
+            continue
+        _end(store, settings, job.id, f"reconciled after its run ended ({state})")
+        reconciled.append(job.id)
+    return reconciled
+
+
+def delete_expired_files(store: JobStore, settings: Settings, now: datetime | None = None) -> list[str]:
+    """Delete the content of files older than the retention and mark them deleted; also
+    drop the job's work folder once its files are gone. Returns the deleted file ids."""
+    now = now or datetime.now(UTC)
+    cutoff = now - timedelta(days=settings.retention_days)
+    deleted = []
+    while True:
+        page, _ = store.list_files(created_before=cutoff, limit=500)
+        if not page:
+            return deleted
+        for file in page:
+            _remove_file(store, file)
+            deleted.append(file.id)
+            if file.job_id:
+                _drop_work_dir(settings, file.job_id)
+
+
+def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
+    """Remove an ended job and what it made: its output, error and inline-input files
+    (records marked deleted, content removed), its work folder, then its record. Files the
+    owner uploaded stay: they are the owner's objects, and other jobs may read them."""
+    made = [job.output_file_id, job.error_file_id, (job.input or {}).get("inline_file_id")]
+    for file_id in filter(None, made):
+        if (file := store.get_file(file_id)) is not None:
+            _remove_file(store, file)
+    _drop_work_dir(settings, job.id)
+    store.delete_job(job.id)
+
+
+def _remove_file(store: JobStore, file: FileObject) -> None:
+    """Delete a file object's content (already gone is fine) and mark its record deleted."""
+    try:
+        storage.delete(file.uri)
+    except storage.ObjectNotFound:
+        pass
+    store.mark_file_deleted(file.id)
+
+
+def _drop_work_dir(settings: Settings, job_id: str) -> None:
+    prefix = join_uri(layout_of(settings, job_id).root, "")
+    try:
+        storage.delete_prefix(prefix.rstrip("/") + "/")
+    except storage.ObjectNotFound:
+        pass
+
+
+
+# -- idempotency keys and files' own expiry ---------------------------------------------
+
+# Idempotency keys are kept at least this long (src/llm_batch/api/idempotency.py).
+IDEMPOTENCY_KEEP = timedelta(hours=24)
+
+
+def delete_old_idempotency_keys(store: JobStore, now: datetime | None = None) -> int:
+    """Delete the idempotency keys older than IDEMPOTENCY_KEEP; returns how many."""
+    now = now or datetime.now(UTC)
+    return store.delete_idempotency_keys(created_before=now - IDEMPOTENCY_KEEP)
+
+
+def delete_files_past_expiry(store: JobStore, now: datetime | None = None) -> list[str]:
+    """Delete the files whose own expires_at has passed (an upload's ``expires_after``, a
+    batch's ``output_expires_after``): content removed, record marked deleted (404 after).
+    Returns their ids."""
+    now = now or datetime.now(UTC)
+    deleted = []
+    while page := store.list_expiring_files(expires_before=now, limit=500):
+        for file in page:
+            _remove_file(store, file)
+            deleted.append(file.id)
+    return deleted

@@ -1,0 +1,316 @@
+"""Merge a job: every input index ends as exactly one output or error line, in input order.
+
+A streaming merge (``heapq.merge`` by input index) of the validation errors with the shards'
+outcomes, where each shard's requests are paired with its results:
+
+- a request with a successful result  -> an output line (and a Scale element: the body);
+- a request with an engine error      -> an error line with the response and the error;
+- a request with no result            -> an error line whose code says why it never ran:
+  ``batch_cancelled`` (the job was cancelled), ``batch_expired`` (its deadline passed) or
+  ``shard_failed`` (its shard failed for good), OpenAI's words where it has them; the
+  message says which shard and why when a reason is given;
+- a validation error                  -> an error line with its line number and code.
+
+Outputs, each published atomically through ``storage.open_write``:
+
+``layout.output_jsonl`` (OpenAI / Mistral output file), one line per success::
+
+    {"id": "batch_req_<h>", "custom_id": ..., "response": {"status_code": 200,
+     "request_id": "req_<h>", "body": {...}}, "error": null}
+
+``layout.errors_jsonl`` (OpenAI error file shape, plus the 1-based input ``line``)::
+
+    {"id": "batch_req_<h>", "custom_id": ..., "line": 7,
+     "response": {"status_code": 400, "request_id": "req_<h>",
+                  "body": {"error": {"message", "type", "code"}}} | null,
+     "error": {"code": ..., "message": ...}}
+
+``response`` is set for engine errors and null for validation errors and requests not run.
+
+``layout.output_json`` or ``array_output_uri`` (Scale): a JSON array with one element per
+input index, in input order (``llm_batch.core.scale_output``): for a success, the response body
+or what ``array_element`` makes of it (a v1 prompt's ``CompletionOutput``), and for a failure::
+
+    {"error": {"code": ..., "message": ...}, "custom_id": ..., "line": 7}
+
+``<h>`` is a hash of the job id and input index, so a rerun writes the same bytes.
+
+Shards are contiguous, ordered ranges of the validated requests (see ``sharding``), so the
+shards' outcomes are read one shard after another, each opened when the merge reaches it:
+whatever the number of shards, at most three input streams are open (validation errors, one
+shard's requests and results) and memory is constant. Holding 2N streams open instead would
+leave S3 connections idle for most of a long merge. A prefix-aware plan's shards hold
+prefix groups whose indices interleave: then every shard is read at once (a k-way merge of
+their outcomes, each shard's in index order; 2N + 1 streams, memory still constant). Should
+a plan ever break the ordering, the merge refuses (``MergeError``) rather than misorder or
+duplicate a line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
+from typing import Any
+
+import orjson
+
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import ErrorRecord, ResultRecord
+from llm_batch.core.scale_output import ArrayElement, failed_element, success_element
+from llm_batch.infra import storage
+from llm_batch.infra.results import read_results
+from llm_batch.infra.streams import ChunkedWriter, stored_lines
+from llm_batch.pipeline.sharding import ShardPlan, read_manifest
+
+# Codes of requests that never ran; they count as failed (and as completed: they have an
+# outcome), as OpenAI counts the requests of a cancelled or expired batch.
+BATCH_CANCELLED = "batch_cancelled"
+BATCH_EXPIRED = "batch_expired"
+SHARD_FAILED = "shard_failed"
+NOT_RUN_CODES = frozenset({BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED})
+DEFAULT_NOT_RUN_MESSAGE = "the request was not run: its shard stopped before reaching it"
+
+Outcome = ResultRecord | ErrorRecord
+
+
+class MergeError(ValueError):
+    """The merge inputs contradict each other (e.g. two records for one input index)."""
+
+
+@dataclass(frozen=True)
+class MergeCounts:
+    """total = succeeded + failed; failed counts invalid lines, engine errors and not run.
+
+    The token counts are sums of the output lines' ``usage`` (the job's usage); the cached
+    prompt tokens are None (unknown) unless every output line gives them; reasoning tokens
+    count only where a line gives them (a line without any has no hidden reasoning: every
+    token it generated is in its output)."""
+
+    total: int
+    succeeded: int
+    failed: int
+    not_run: int
+    invalid: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int | None = 0
+    reasoning_tokens: int = 0
+
+
+class _UsageSum:
+    """The sum of the output lines' usage (see MergeCounts for the details)."""
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = self.reasoning = 0
+        self.cached: int | None = 0
+
+    def add(self, body: dict[str, Any] | None) -> None:
+        usage = (body or {}).get("usage") or {}
+        # Chat/completions/embeddings name them prompt/completion; a /v1/responses Response
+        # input/output (its ResponseUsage).
+        self.prompt += int(_named(usage, "prompt_tokens", "input_tokens") or 0)
+        self.completion += int(_named(usage, "completion_tokens", "output_tokens") or 0)
+        cached = (_named(usage, "prompt_tokens_details", "input_tokens_details") or {}).get("cached_tokens")
+        reasoning = (_named(usage, "completion_tokens_details", "output_tokens_details") or {}).get(
+            "reasoning_tokens")
+        self.cached = None if cached is None or self.cached is None else self.cached + int(cached)
+        self.reasoning += int(reasoning or 0)
+
+
+def _named(usage: dict[str, Any], name: str, responses_name: str) -> Any:
+    """The usage field under its chat name, else under its Responses API name."""
+    value = usage.get(name)
+    return usage.get(responses_name) if value is None else value
+
+
+def stable_request_hash(job_id: str, index: int) -> str:
+    return hashlib.blake2b(f"{job_id}:{index}".encode(), digest_size=12).hexdigest()
+
+
+def _validation_errors(uri: str) -> Iterator[ErrorRecord]:
+    for line in stored_lines(uri):
+        yield ErrorRecord.model_validate_json(line)
+
+
+def _shard_outcomes(plan: ShardPlan, not_run_code: str, not_run_message: str) -> Iterator[Outcome]:
+    """Each request of the shard, in order, paired with its result or marked not run."""
+    results = read_results(plan.results_uri)
+    pending = next(results, None)
+    for line in stored_lines(plan.requests_uri):
+        request = orjson.loads(line)
+        index = request["index"]
+        line_number = request.get("line") or index + 1
+        # Results for indices this shard does not hold (a stale checkpoint) are passed over.
+        while pending is not None and pending.index < index:
+            pending = next(results, None)
+        if pending is not None and pending.index == index:
+            if pending.line is None:
+                pending.line = line_number
+            yield pending
+            pending = next(results, None)
+        else:
+            yield ErrorRecord(index=index, line=line_number, custom_id=request["custom_id"],
+                              code=not_run_code, message=not_run_message)
+
+
+def _contiguous(plans: list[ShardPlan]) -> bool:
+    """Whether the shards (sorted by first index) hold disjoint, ascending index ranges."""
+    return all(earlier.last_index < later.first_index for earlier, later in zip(plans, plans[1:]))
+
+
+def _error_body(result: ResultRecord) -> dict[str, Any]:
+    """The OpenAI-style error body of an engine error (the engine's own, when it gave one)."""
+    if result.body and isinstance(result.body.get("error"), dict):
+        return result.body
+    error = result.error
+    kind = "invalid_request_error" if 400 <= result.status_code < 500 else "server_error"
+    return {"error": {"message": error.message if error else "request failed",
+                      "type": kind, "code": error.code if error else None}}
+
+
+class _Outputs:
+    """The open output files; writes one outcome to each that is wanted."""
+
+    def __init__(self, job_id: str, jsonl: ChunkedWriter | None, errors: ChunkedWriter | None,
+                 scale: ChunkedWriter | None, array_element: ArrayElement):
+        self.job_id = job_id
+        self.jsonl, self.errors, self.scale = jsonl, errors, scale
+        self.array_element = array_element
+        self._scale_items = 0
+        if scale is not None:
+            scale.write(b"[")
+
+    def finish(self) -> None:
+        """Close the Scale array and hand every buffered byte to storage."""
+        if self.scale is not None:
+            self.scale.write(b"]")
+        for writer in (self.jsonl, self.errors, self.scale):
+            if writer is not None:
+                writer.flush()
+
+    def _scale_element(self, element: Any) -> None:
+        assert self.scale is not None
+        self.scale.write((b"," if self._scale_items else b"") + orjson.dumps(element))
+        self._scale_items += 1
+
+    def success(self, result: ResultRecord) -> None:
+        if self.jsonl is not None:
+            h = stable_request_hash(self.job_id, result.index)
+            self.jsonl.write(orjson.dumps({
+                "id": f"batch_req_{h}", "custom_id": result.custom_id,
+                "response": {"status_code": result.status_code, "request_id": f"req_{h}",
+                             "body": result.body},
+                "error": None,
+            }) + b"\n")
+        if self.scale is not None:
+            self._scale_element(self.array_element(result.body))
+
+    def engine_error(self, result: ResultRecord) -> None:
+        error = result.error
+        code = error.code if error else f"http_{result.status_code}"
+        message = error.message if error else f"request failed with status {result.status_code}"
+        h = stable_request_hash(self.job_id, result.index)
+        response = {"status_code": result.status_code, "request_id": f"req_{h}",
+                    "body": _error_body(result)}
+        self._failure(result.index, result.line or result.index + 1, result.custom_id, code,
+                      message, response)
+
+    def no_result(self, record: ErrorRecord) -> None:
+        """A validation error or a request never run: there is no response."""
+        self._failure(record.index, record.line, record.custom_id, record.code, record.message)
+
+    def _failure(self, index: int, line: int, custom_id: str | None, code: str, message: str,
+                 response: dict[str, Any] | None = None) -> None:
+        if self.errors is not None:
+            self.errors.write(orjson.dumps({
+                "id": f"batch_req_{stable_request_hash(self.job_id, index)}",
+                "custom_id": custom_id, "line": line,
+                "response": response, "error": {"code": code, "message": message},
+            }) + b"\n")
+        if self.scale is not None:
+            self._scale_element(failed_element(code, message, custom_id, line))
+
+
+def merge_job(
+    layout: JobLayout,
+    *,
+    jsonl: bool = True,
+    json_array: bool = False,
+    array_output_uri: str | None = None,
+    not_run_reason: str | None = None,
+    not_run_code: str = SHARD_FAILED,
+    shard_not_run_reasons: Mapping[int, str] | None = None,
+    array_element: ArrayElement | None = None,
+) -> MergeCounts:
+    """Write the job's merged outputs and return the counts.
+
+    ``jsonl`` writes ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both always, the
+    errors file empty when nothing failed). ``json_array`` (implied by ``array_output_uri``)
+    writes the Scale array to ``array_output_uri`` or ``layout.output_json``, a success's element
+    made by ``array_element`` (default: the body; see ``scale_output.success_element``). A request with
+    no result gets ``not_run_code`` (one of NOT_RUN_CODES) and ``shard_not_run_reasons[k]``
+    (its shard's reason), else ``not_run_reason``, else a default message. Needs the shard manifest (``plan_shards``) and the validation
+    errors file. Rerunning gives the same bytes; on error nothing is published.
+    """
+    manifest = read_manifest(layout)
+    shard_reasons = shard_not_run_reasons or {}
+
+    def outcomes_of(plan: ShardPlan) -> Iterator[Outcome]:
+        return _shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index)
+                               or not_run_reason or DEFAULT_NOT_RUN_MESSAGE)
+
+    plans = sorted(manifest.shards, key=attrgetter("first_index"))
+    if _contiguous(plans):
+        shard_outcomes: Iterator[Outcome] = chain.from_iterable(outcomes_of(p) for p in plans)
+    else:
+        # Prefix-aware plans interleave the shards' indices: each shard's outcomes still
+        # ascend by index (its requests file and results are in index order), so a k-way
+        # merge of all of them, every shard open at once, restores input order.
+        shard_outcomes = heapq.merge(*(outcomes_of(p) for p in plans), key=attrgetter("index"))
+
+    succeeded = failed = not_run = invalid = 0
+    usage = _UsageSum()
+    with ExitStack() as stack:
+        def sink(uri: str) -> ChunkedWriter:
+            return ChunkedWriter(stack.enter_context(storage.open_write(uri)))
+
+        outputs = _Outputs(
+            layout.job_id,
+            jsonl=sink(layout.output_jsonl) if jsonl else None,
+            errors=sink(layout.errors_jsonl) if jsonl else None,
+            scale=sink(array_output_uri or layout.output_json)
+            if json_array or array_output_uri else None,
+            array_element=array_element or success_element(None),
+        )
+        last_index = -1
+        outcomes = heapq.merge(_validation_errors(layout.validation_errors), shard_outcomes,
+                               key=attrgetter("index"))
+        for outcome in outcomes:
+            if outcome.index <= last_index:
+                raise MergeError(
+                    f"job {layout.job_id}: input index {outcome.index} comes after index "
+                    f"{last_index}: validation errors and shards overlap or are out of order"
+                )
+            last_index = outcome.index
+            if isinstance(outcome, ErrorRecord):
+                failed += 1
+                not_run += outcome.code in NOT_RUN_CODES
+                invalid += outcome.code not in NOT_RUN_CODES
+                outputs.no_result(outcome)
+            elif outcome.ok:
+                succeeded += 1
+                usage.add(outcome.body)
+                outputs.success(outcome)
+            else:
+                failed += 1
+                outputs.engine_error(outcome)
+        outputs.finish()
+    return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
+                       not_run=not_run, invalid=invalid, prompt_tokens=usage.prompt,
+                       completion_tokens=usage.completion, cached_prompt_tokens=usage.cached,
+                       reasoning_tokens=usage.reasoning)

@@ -1,0 +1,547 @@
+"""Plan a job's shards: ranges or prefix groups of the validated file, one requests file each.
+
+``plan_shards(layout, n)`` streams ``layout.validated`` twice and writes
+``ShardLayout(k).requests`` for each shard and a manifest, ``{job}/shards.json``, that merge
+and the DAG read. Every shard file keeps its requests in input-index order.
+
+Two plans (docs/data-plane.md, "Prefix-aware sharding"):
+
+- **contiguous** (today's plan, and what the off switch gives): contiguous ranges of the
+  validated file, balanced by request count (sizes differ by at most one) or by estimated
+  prompt tokens (about four characters a token; see ``estimate_prompt_tokens``). Each
+  request goes to the shard its cumulative weight falls in, nudged so that no shard is
+  empty. Memory does not grow with the number of requests.
+- **prefix-aware** (``Settings.prefix_aware_sharding``, on by default): requests whose
+  prompts share their first ``Settings.prefix_key_chars`` characters (a *prefix group*)
+  land on one shard, so each shard's vLLM computes a shared prefix once and serves the
+  siblings from its prefix cache. Pass 1 keeps a few integers per line (prefix hashes,
+  weight, group id; never the lines), groups them, splits a group larger than a shard's
+  fair share along its longer shared prefixes, and assigns groups to shards greedily,
+  largest first, to the lightest shard; lines with no long prefix fill the shards up to
+  balance, in file order. Pass 2 writes the files. The plan is used only when it is
+  estimated to save at least ``Settings.prefix_min_saving`` of the job's prompt tokens
+  over the contiguous plan; otherwise the contiguous plan is written.
+
+Either way a plan has exactly ``min(n, number of requests)`` shards, numbered 0.. without
+gaps (shard 0 holds the first request); no empty shard is ever planned.
+
+Planning is deterministic. Re-planning a job with the same input and arguments rewrites the
+same files and keeps the shards' results (their checkpoints); a different plan discards the
+old shards' results, which would no longer match their requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel
+
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.schemas import prompt_chars
+from llm_batch.infra import storage
+from llm_batch.infra.streams import ChunkedWriter, stored_lines
+
+MAX_SHARDS = 64
+ShardBy = Literal["count", "tokens"]
+# The longer shared prefix a prefix group is split along when it is too big for one shard,
+# and counted at when every member shares it: this many times Settings.prefix_key_chars.
+LONG_PREFIX_FACTOR = 4
+
+
+class ShardPlan(BaseModel):
+    """One shard: ``count`` requests, the first at position ``start`` of the validated file.
+
+    A contiguous plan's shard holds positions ``start .. start + count - 1``; a prefix-aware
+    plan's shard holds whole prefix groups, in input order, spread over the file."""
+
+    index: int  # k, as in JobLayout.shard(k)
+    start: int  # position of its first request in the validated file (0-based)
+    count: int
+    first_index: int  # input index of its first and last request
+    last_index: int
+    weight: int  # what was balanced: requests, or estimated prompt tokens
+    requests_uri: str
+    results_uri: str
+    progress_uri: str
+    # Prefix-aware plans: a hash of the shard's lines, so a re-plan keeps a shard's results
+    # only if it holds the very same requests (its summary above could match by chance).
+    digest: str | None = None
+
+
+class ShardManifest(BaseModel):
+    job_id: str
+    by: ShardBy
+    num_shards: int  # as asked; len(shards) may be smaller
+    total_requests: int
+    total_weight: int
+    shards: list[ShardPlan]
+    # True: shards hold prefix groups (not contiguous ranges); merge then reads all at once.
+    prefix_aware: bool = False
+    prefix_groups: int = 0  # groups of requests sharing a long prefix (0 when not looked for)
+    # Estimated prompt tokens the plan saves over the contiguous plan (prefix computed once
+    # per shard instead of once per shard it is spread over).
+    estimated_saved_tokens: int = 0
+
+
+class ShardingError(ValueError):
+    pass
+
+
+def read_manifest(layout: JobLayout) -> ShardManifest:
+    return ShardManifest.model_validate_json(storage.read_bytes(layout.shard_manifest))
+
+
+def estimate_prompt_tokens(body: dict[str, Any]) -> int:
+    """A tokenizer-free estimate (~4 characters a token), at least 1 per request."""
+    return max(1, prompt_chars(body) // 4)
+
+
+def _weight(line: bytes, by: ShardBy) -> int:
+    return estimate_prompt_tokens(orjson.loads(line)["body"]) if by == "tokens" else 1
+
+
+# -- prefix keys ----------------------------------------------------------------------------
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "") if isinstance(part, dict) and isinstance(part.get("text"), str)
+            else orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode()
+            for part in content)
+    if content is None:
+        return ""
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def prefix_text(body: dict[str, Any], limit: int) -> str:
+    """The start (at least ``limit`` characters when there are that many) of the text the
+    model's prompt is rendered from, in rendering order: tools (chat templates put them
+    first), then each message's role and content (or the responses API's instructions and
+    input, or a completion's prompt). The chat template itself is the same for every
+    request of a job, so it does not change which prompts share a prefix."""
+    pieces: list[str] = []
+    size = 0
+
+    def add(text: str) -> bool:
+        nonlocal size
+        pieces.append(text)
+        size += len(text)
+        return size >= limit
+
+    if body.get("tools"):
+        if add("\x00tools" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode()):
+            return "".join(pieces)
+    if isinstance(body.get("instructions"), str):
+        if add("\x00system\x1f" + body["instructions"] + "\x1e"):
+            return "".join(pieces)
+    if isinstance(body.get("messages"), list):
+        for message in body["messages"]:
+            if not isinstance(message, dict):
+                continue
+            if add(f"\x00{message.get('role')}\x1f" + _content_text(message.get("content")) + "\x1e"):
+                break
+    else:
+        for field_name in ("prompt", "input"):
+            value = body.get(field_name)
+            if isinstance(value, str):
+                add(value)
+                break
+            if isinstance(value, list) and value:
+                ids = value if all(type(v) is int for v in value) else (
+                    value[0] if isinstance(value[0], list) else None)  # token ids
+                if ids is not None:
+                    add("\x00ids" + ",".join(str(t) for t in ids[:limit]))
+                    break
+                for item in value:  # texts, or the Responses API's input items
+                    text = (f"\x00{item.get('role')}\x1f" + _content_text(item.get("content")) + "\x1e"
+                            if isinstance(item, dict) else _content_text(item))
+                    if add(text):
+                        break
+                break
+    return "".join(pieces)
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True) or 1
+
+
+def prefix_key(body: dict[str, Any], chars: int) -> tuple[int, int] | None:
+    """(hash of the prompt's first ``chars`` characters, hash of its first
+    ``LONG_PREFIX_FACTOR * chars`` or 0 if it is shorter), or None for a prompt shorter
+    than ``chars``: it shares no long prefix."""
+    long_chars = LONG_PREFIX_FACTOR * chars
+    text = prefix_text(body, long_chars)
+    if len(text) < chars:
+        return None
+    return _hash(text[:chars]), (_hash(text[:long_chars]) if len(text) >= long_chars else 0)
+
+
+# -- the contiguous plan ----------------------------------------------------------------------
+
+
+class _Assigner:
+    """Gives each request, in order, its shard: where its weight's midpoint falls among
+    ``n`` equal slices of the total, clamped so shards advance one at a time and enough
+    requests remain for the rest (so none is empty)."""
+
+    def __init__(self, num_shards: int, total_requests: int, total_weight: int):
+        self.n, self.requests, self.total = num_shards, total_requests, total_weight
+        self.cumulative = 0
+        self.position = 0
+        self.shard = 0
+
+    def assign(self, weight: int) -> int:
+        midpoint = (2 * self.cumulative + weight) * self.n // (2 * self.total)
+        must_reach = self.n - (self.requests - self.position)
+        if self.position > 0:
+            self.shard = max(must_reach, min(self.shard + 1, max(self.shard, midpoint)))
+        self.cumulative += weight
+        self.position += 1
+        return self.shard
+
+
+class _ShardFileWriter:
+    """Writes one shard's requests file and records what its plan entry needs."""
+
+    def __init__(self, layout: JobLayout, k: int, start: int, *, digest: bool = False):
+        self.shard = layout.shard(k)
+        self.k, self.start = k, start
+        self.count = self.weight = 0
+        self._digest = hashlib.blake2b(digest_size=12) if digest else None
+        self.first_line = self.last_line = b""
+        self._context = storage.open_write(self.shard.requests)
+        self._out = ChunkedWriter(self._context.__enter__())
+
+    def add(self, line: bytes, weight: int) -> None:
+        if not self.count:
+            self.first_line = line
+        self.last_line = line
+        self.count += 1
+        self.weight += weight
+        self._out.write(line + b"\n")
+        if self._digest is not None:
+            self._digest.update(line + b"\n")
+
+    def close(self) -> ShardPlan:
+        self._out.flush()
+        context, self._context = self._context, None
+        context.__exit__(None, None, None)  # publishes the file
+        return ShardPlan(
+            index=self.k, start=self.start, count=self.count,
+            first_index=orjson.loads(self.first_line)["index"],
+            last_index=orjson.loads(self.last_line)["index"],
+            weight=self.weight, requests_uri=self.shard.requests,
+            results_uri=self.shard.results, progress_uri=self.shard.progress,
+            digest=self._digest.hexdigest() if self._digest is not None else None,
+        )
+
+    def abort(self, exc: BaseException) -> None:
+        """Discard the unfinished file (the storage context does not publish it)."""
+        if self._context is not None:
+            context, self._context = self._context, None
+            context.__exit__(type(exc), exc, exc.__traceback__)
+
+
+def _write_contiguous(layout: JobLayout, num_shards: int, by: ShardBy, total_requests: int,
+                      total_weight: int) -> list[ShardPlan]:
+    plans: list[ShardPlan] = []
+    writer: _ShardFileWriter | None = None
+    # min(): with more shards asked than requests, one request per shard, numbered 0..
+    assigner = _Assigner(min(num_shards, total_requests), total_requests, total_weight)
+    try:
+        for position, line in enumerate(stored_lines(layout.validated)):
+            weight = _weight(line, by)
+            k = assigner.assign(weight)
+            if writer is None or k != writer.k:
+                if writer is not None:
+                    plans.append(writer.close())
+                writer = _ShardFileWriter(layout, k, position)
+            writer.add(line, weight)
+        if writer is not None:
+            plans.append(writer.close())
+    except BaseException as exc:
+        if writer is not None:
+            writer.abort(exc)
+        raise
+    if assigner.position != total_requests:
+        raise ShardingError(f"{layout.validated}: changed while shards were planned")
+    return plans
+
+
+# -- the prefix-aware plan --------------------------------------------------------------------
+
+
+@dataclass
+class _Lines:
+    """Pass 1's compact view of the validated file: a few integers per line, not the lines."""
+
+    weight: array = field(default_factory=lambda: array("q"))  # what is balanced
+    group: array = field(default_factory=lambda: array("q"))  # prefix group id, -1 for none
+    long_key: array = field(default_factory=lambda: array("q"))  # longer-prefix hash, 0 if none
+    prompt_tokens: int = 0  # estimated, all lines
+    # per group: its weight and first position
+    g_weight: array = field(default_factory=lambda: array("q"))
+    g_first: array = field(default_factory=lambda: array("q"))
+
+    @property
+    def total(self) -> int:
+        return len(self.weight)
+
+
+def _read_lines(layout: JobLayout, by: ShardBy, chars: int) -> _Lines:
+    lines = _Lines()
+    group_of: dict[int, int] = {}  # prefix hash -> group id (only lines with a long prompt)
+    for position, line in enumerate(stored_lines(layout.validated)):
+        body = orjson.loads(line)["body"]
+        tokens = estimate_prompt_tokens(body)
+        lines.prompt_tokens += tokens
+        weight = tokens if by == "tokens" else 1
+        lines.weight.append(weight)
+        key = prefix_key(body, chars)
+        if key is None:
+            lines.group.append(-1)
+            lines.long_key.append(0)
+            continue
+        short, long = key
+        g = group_of.setdefault(short, len(group_of))
+        if g == len(lines.g_weight):
+            lines.g_weight.append(0)
+            lines.g_first.append(position)
+        lines.g_weight[g] += weight
+        lines.group.append(g)
+        lines.long_key.append(long)
+    return lines
+
+
+def _pieces(lines: _Lines, target: float) -> tuple[array, list[tuple[int, int]]]:
+    """Each line's piece (-1: no long prefix, a filler) and each piece's (weight, first
+    position). A group is one piece unless heavier than ``target`` (a shard's fair share):
+    then it is split into its longer-prefix subgroups, and any piece still too heavy (or
+    its members without a longer shared prefix) into consecutive runs of at most ``target``."""
+    piece_of = array("q", [-1]) * lines.total
+    pieces: list[tuple[int, int]] = []
+    group_piece = array("q", [-1]) * len(lines.g_weight)
+    for g, weight in enumerate(lines.g_weight):
+        if weight <= target:
+            group_piece[g] = len(pieces)
+            pieces.append((weight, lines.g_first[g]))
+    # Oversized groups: (group, long key or 0 for none) -> the piece being filled
+    open_piece: dict[tuple[int, int], int] = {}
+    weights = [w for w, _ in pieces]
+    firsts = [f for _, f in pieces]
+    for position in range(lines.total):
+        g = lines.group[position]
+        if g < 0:
+            continue
+        piece = group_piece[g]
+        if piece < 0:  # a member of an oversized group
+            long = lines.long_key[position]
+            sub = (g, long if long else 0)
+            piece = open_piece.get(sub, -1)
+            weight = lines.weight[position]
+            if piece < 0 or weights[piece] + weight > target:
+                piece = len(weights)
+                weights.append(0)
+                firsts.append(position)
+                open_piece[sub] = piece
+            weights[piece] += weight
+        piece_of[position] = piece
+    return piece_of, list(zip(weights, firsts))
+
+
+def _prefix_assignment(lines: _Lines, num_shards: int) -> tuple[array, int] | None:
+    """Each line's shard under the prefix-aware plan and its number of shards, or None if
+    that plan would leave a shard empty."""
+    m = min(num_shards, lines.total)
+    total_weight = sum(lines.weight)
+    target = total_weight / m
+    piece_of, pieces = _pieces(lines, target)
+    # Largest first, each to the lightest shard (ties: the lower shard): deterministic.
+    order = sorted(range(len(pieces)), key=lambda p: (-pieces[p][0], pieces[p][1]))
+    loads = [(0, k) for k in range(m)]
+    piece_shard = array("q", [0]) * len(pieces)
+    for p in order:
+        load, k = heapq.heappop(loads)
+        piece_shard[p] = k
+        heapq.heappush(loads, (load + pieces[p][0], k))
+    load_of = [0] * m
+    for load, k in loads:
+        load_of[k] = load
+    # Fillers (no long prefix) top the shards up towards the fair share, in file order: each
+    # shard below target takes a run of them in proportion to what it lacks.
+    filler_weight = sum(w for w, p in zip(lines.weight, piece_of) if p < 0)
+    lack = [max(0.0, target - load) for load in load_of]
+    if not sum(lack):
+        lack = [1.0] * m
+    scale = filler_weight / sum(lack) if filler_weight and sum(lack) else 0.0
+    bounds: list[tuple[float, int]] = []  # cumulative filler weight where shard k's run ends
+    cumulative = 0.0
+    for k in range(m):
+        if lack[k] > 0:
+            cumulative += lack[k] * scale
+            bounds.append((cumulative, k))
+    shard_of = array("b", [0]) * lines.total
+    counts = [0] * m
+    filled = 0
+    run = 0
+    for position in range(lines.total):
+        p = piece_of[position]
+        if p >= 0:
+            k = piece_shard[p]
+        else:
+            weight = lines.weight[position]
+            midpoint = filled + weight / 2
+            while run < len(bounds) - 1 and midpoint > bounds[run][0]:
+                run += 1
+            k = bounds[run][1] if bounds else 0
+            filled += weight
+        shard_of[position] = k
+        counts[k] += 1
+    if min(counts) == 0:
+        return None
+    # Number the shards by their first line, so shard 0 holds the first request.
+    first: dict[int, int] = {}
+    for position in range(lines.total):
+        first.setdefault(shard_of[position], len(first))
+        if len(first) == m:
+            break
+    if any(first[k] != k for k in first):
+        for position in range(lines.total):
+            shard_of[position] = first[shard_of[position]]
+    return shard_of, m
+
+
+def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -> int:
+    """Estimated prompt tokens the plan saves over the contiguous one: per group, (shards
+    it spans there - shards it spans here) x ``chars`` / 4 tokens, plus the same for each
+    set of requests sharing the longer prefix, x the further (``LONG_PREFIX_FACTOR`` - 1) x
+    ``chars`` / 4 tokens they share."""
+    if not len(lines.g_weight):
+        return 0
+    # group id, and longer prefix's hash -> [the shard it was last seen on in the
+    # contiguous plan, its span there, the shards it is on here (a bit mask: <= 64 shards),
+    # its span here]
+    spans: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
+    assigner = _Assigner(num_shards, lines.total, sum(lines.weight))
+    for position in range(lines.total):
+        k = assigner.assign(lines.weight[position])
+        g = lines.group[position]
+        if g < 0:
+            continue
+        bit = 1 << shard_of[position]
+        for table, key in ((spans[0], g), (spans[1], lines.long_key[position])):
+            if table is spans[1] and not key:
+                continue
+            span = table.setdefault(key, [-1, 0, 0, 0])
+            if span[0] != k:
+                span[0] = k
+                span[1] += 1
+            if not span[2] & bit:
+                span[2] |= bit
+                span[3] += 1
+    short, further = chars // 4, (LONG_PREFIX_FACTOR - 1) * chars // 4
+    return (sum(s[1] - s[3] for s in spans[0].values()) * short
+            + sum(s[1] - s[3] for s in spans[1].values()) * further)
+
+
+def _write_assigned(layout: JobLayout, shard_of: array, m: int, weights: array) -> list[ShardPlan]:
+    writers: list[_ShardFileWriter | None] = [None] * m
+    position = -1
+    try:
+        for position, line in enumerate(stored_lines(layout.validated)):
+            if position >= len(shard_of):
+                break
+            k = shard_of[position]
+            writer = writers[k]
+            if writer is None:
+                writer = writers[k] = _ShardFileWriter(layout, k, position, digest=True)
+            writer.add(line, weights[position])
+        if position + 1 != len(shard_of) or any(w is None for w in writers):
+            raise ShardingError(f"{layout.validated}: changed while shards were planned")
+        plans = [w.close() for w in writers]  # type: ignore[union-attr]
+    except BaseException as exc:
+        for writer in writers:
+            if writer is not None:
+                writer.abort(exc)
+        raise
+    return plans
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
+                prefix_aware: bool | None = None, prefix_chars: int | None = None,
+                min_saving: float | None = None) -> list[ShardPlan]:
+    """Write the shards' request files and the manifest; return the (non-empty) shards.
+
+    ``prefix_aware``, ``prefix_chars`` and ``min_saving`` default to the settings
+    ``prefix_aware_sharding``, ``prefix_key_chars`` and ``prefix_min_saving``."""
+    if not 1 <= num_shards <= MAX_SHARDS:
+        raise ShardingError(f"number of shards must be 1..{MAX_SHARDS}, got {num_shards}")
+    if by not in ("count", "tokens"):
+        raise ShardingError(f"shards balance by 'count' or 'tokens', got {by!r}")
+    if prefix_aware is None or prefix_chars is None or min_saving is None:
+        from llm_batch.core.config import get_settings
+
+        settings = get_settings()
+        prefix_aware = settings.prefix_aware_sharding if prefix_aware is None else prefix_aware
+        prefix_chars = settings.prefix_key_chars if prefix_chars is None else prefix_chars
+        min_saving = settings.prefix_min_saving if min_saving is None else min_saving
+
+    assignment = None
+    groups = saved = 0
+    if prefix_aware and num_shards > 1:
+        lines = _read_lines(layout, by, prefix_chars)
+        total_requests, total_weight = lines.total, sum(lines.weight)
+        groups = len(lines.g_weight)
+        if groups and total_requests > 1:
+            assignment = _prefix_assignment(lines, num_shards)
+            if assignment is not None:
+                saved = _saved_tokens(lines, assignment[0], min(num_shards, total_requests),
+                                      prefix_chars)
+                if saved <= 0 or saved < min_saving * lines.prompt_tokens:
+                    assignment, saved = None, 0
+        weights = lines.weight
+    else:
+        total_requests = total_weight = 0
+        for line in stored_lines(layout.validated):
+            total_requests += 1
+            total_weight += _weight(line, by)
+
+    if assignment is None:
+        plans = _write_contiguous(layout, num_shards, by, total_requests, total_weight)
+    else:
+        plans = _write_assigned(layout, assignment[0], assignment[1], weights)
+
+    manifest = ShardManifest(job_id=layout.job_id, by=by, num_shards=num_shards,
+                             total_requests=total_requests, total_weight=total_weight,
+                             shards=plans, prefix_aware=assignment is not None,
+                             prefix_groups=groups, estimated_saved_tokens=saved)
+    _discard_stale_shards(layout, manifest)
+    storage.write_bytes(layout.shard_manifest, manifest.model_dump_json(indent=2).encode())
+    return plans
+
+
+def _discard_stale_shards(layout: JobLayout, manifest: ShardManifest) -> None:
+    """Drop results planned against a different plan: they no longer match the requests."""
+    uri = layout.shard_manifest
+    if not storage.exists(uri):
+        return
+    previous = ShardManifest.model_validate_json(storage.read_bytes(uri))
+    if previous.shards == manifest.shards and previous.prefix_aware == manifest.prefix_aware:
+        return
+    for plan in manifest.shards:
+        storage.delete_prefix(plan.results_uri.rstrip("/") + "/")
+        if storage.exists(plan.progress_uri):
+            storage.delete(plan.progress_uri)
+    for plan in previous.shards[len(manifest.shards):]:
+        storage.delete_prefix(layout.shard(plan.index).root.rstrip("/") + "/")

@@ -1,0 +1,460 @@
+"""The steps of one batch job as plain functions: the DAG's tasks are thin wrappers.
+
+No Airflow and no vLLM here: every step takes the job store, the settings and a job id,
+so it is tested without a scheduler and reused by housekeeping and the CLI.
+
+A run goes ``register -> validate -> plan -> run shards -> merge -> finalize`` (the DAG runs
+the first three as its task ``prepare`` and the last two as ``finalize``). Each step
+is idempotent (a retried task redoes nothing harmful) and does nothing to a job that is
+already terminal, so a run that was cut short can be finished or reconciled later.
+Whatever happens, ``finalize`` (or ``fail_job`` from the run's failure path, or
+``housekeeping.reconcile``) leaves the job in a terminal status with a reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from llm_batch.core import owners
+from llm_batch.core.config import Settings
+from llm_batch.core.jobs import JobRejected, JobStatus
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.placement import check_resources, priority_band
+from llm_batch.core.run_conf import DEFAULT_RUNTIME_SEC, RunConf, api_run_id, run_job_id
+from llm_batch.infra import input_files, storage
+from llm_batch.pipeline.shard_task import ShardTask, shard_not_run_reasons
+
+if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
+    from llm_batch.infra.jobstore import FileObject, Job, JobStore
+
+__all__ = ["JobRejected", "fail_job", "finalize", "job_deadline", "layout_of", "merge", "plan",
+           "register", "registry_model_names", "validate"]
+
+INPUT_FIELDS = ("input_uri", "input_file_ids", "input_requests")
+
+
+def registry_model_names(settings: Settings) -> list[str]:
+    """The model names of the registry, read cheaply (YAML only, no model_registry import):
+    the DAG form's enum at parse time and register's check. Empty if it cannot be read."""
+    import yaml
+
+    try:
+        if settings.model_registry is None:
+            from importlib import resources
+
+            text = resources.files("llm_batch").joinpath("models.yaml").read_text()
+        else:
+            with open(settings.model_registry) as f:
+                text = f.read()
+        return sorted((yaml.safe_load(text) or {}).get("models") or {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+
+
+def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> None:
+    """What the form cannot say alone: exactly one input, a model of the registry (unless
+    the run names its own checkpoint_path) and a model_config the API would take."""
+    given = [name for name in INPUT_FIELDS if conf.get(name) not in (None, "", [])]
+    if len(given) != 1:
+        raise JobRejected(f"give exactly one of {', '.join(INPUT_FIELDS)} (got {', '.join(given) or 'none'})")
+    from llm_batch.core.run_conf import MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC
+
+    bounds = {"data_parallelism": (run.data_parallelism, MAX_DATA_PARALLELISM), "gpus": (run.gpus, 8),
+              "nodes_per_worker": (run.nodes_per_worker, 16), "max_runtime_sec": (run.max_runtime_sec, MAX_RUNTIME_SEC)}
+    for name, (value, most) in bounds.items():
+        if value is not None and not 1 <= value <= most:  # refused, never clamped
+            raise JobRejected(f"{name}={value} is out of bounds: give 1 to {most}")
+    known = registry_model_names(settings)
+    if known and run.model not in known and not run.engine_config.get("checkpoint_path"):
+        raise JobRejected(f"model {run.model!r} is not in the model registry; known models: {', '.join(known)}")
+    # The API's own check of a model_config (the engine-argument allow-list among it), so a
+    # run from the form or /api/v2 is refused here, not by its first shard.
+    from llm_batch.infra.model_registry import ModelError, validate_model_config
+
+    try:
+        validate_model_config({**run.engine_config, "model": run.model})
+    except ModelError as exc:
+        raise JobRejected(str(exc)) from None
+
+
+def layout_of(settings: Settings, job_id: str) -> JobLayout:
+    return JobLayout(settings.work_uri, job_id)
+
+
+def _job(store: JobStore, job_id: str) -> Job:
+    job = store.get_job(job_id)
+    if job is None:
+        raise JobRejected(f"job {job_id!r} is not in the job store")
+    return job
+
+
+def fail_job(store: JobStore, job_id: str, reason: str, *, dag_run_id: str | None = None) -> Job | None:
+    """End a live job as FAILED with `reason` (a terminal job is left as it ended). With
+    `dag_run_id`, only if the job is that run's: a foreign run's failure leaves it alone."""
+    job = store.get_job(job_id)
+    if job is None or job.terminal:
+        return job
+    if dag_run_id is not None and job.dag_run_id not in (None, dag_run_id):
+        return job
+    return store.end_job(job_id, JobStatus.FAILED, reason)
+
+
+# -- register -----------------------------------------------------------------------------
+
+
+def register(
+    store: JobStore, settings: Settings, conf: dict[str, Any], dag_run_id: str, *, trusted: bool = False
+) -> str:
+    """The run's job id: the job named by the conf, or a new QUEUED job made from it.
+
+    Records the DAG run on the job. A conf that cannot become a job (no input, unsupported
+    resources, an unknown model, an owner that is no owner name, a path or an input file its
+    owner may not use) raises JobRejected naming the problem and makes no job: a mistake in a
+    form or a conf leaves nothing to clean up (the run's prepare task carries the reason).
+    `trusted` runs (an admin's, or scheduled ones: their conf comes from an admin's spec) may
+    name paths outside the owner's namespace and anyone's files.
+    A conf naming another owner's existing job is refused and that job left alone.
+    """
+    run = RunConf.model_validate(conf)
+    try:
+        owners.check(run.owner)
+    except owners.OwnerNameRefused as exc:
+        raise JobRejected(f"the run's user cannot own a job: {exc}") from None
+    job_id = run_job_id(conf, dag_run_id)
+    existing = store.get_job(job_id)
+    if existing is not None:
+        if not _run_may_drive(existing, run.owner, dag_run_id, trusted):
+            raise JobRejected(f"job {job_id!r} belongs to another run; give a new job_id (or none)")
+        if existing.dag_run_id != dag_run_id:
+            store.set_dag_run(job_id, dag_run_id)
+        return job_id
+    check_resources(run.nodes_per_worker, run.gpu_type, settings.shard_runner)
+    check_run_inputs(conf, run, settings)
+    _check_input_files(store, run, trusted)
+    # The canonical spelling is what later steps read and write.
+    paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)
+             for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
+    request = run.job_request(
+        job_id,
+        input_uri=paths["input_uri"],
+        output_uri=paths["output_uri"],
+        priority=settings.priority_weights[priority_band(settings, run.priority)],
+        max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
+    )
+    return request.create(store, run.owner, dag_run_id=dag_run_id).id
+
+
+def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:
+    """A run may take over an existing job only if it is that job's own run (the API's, a
+    retry or a clear of it) or comes from the job's owner or an admin's schedule."""
+    own_run = job.dag_run_id == dag_run_id or (job.dag_run_id is None and dag_run_id == api_run_id(job.id))
+    return own_run or trusted or job.owner == owner
+
+
+def _check_input_files(store: JobStore, run: RunConf, trusted: bool) -> None:
+    """The run's input files: its owner's own (anyone's for a trusted run), uploaded as batch
+    input. A missing file and someone else's get the same answer."""
+    for position, file_id in enumerate(run.input_file_ids or []):
+        where = f"input_file_ids[{position}]"
+        found = store.get_file(file_id, owner=None if trusted else run.owner)
+        if found is None:
+            raise JobRejected(f"{where}: {run.owner!r} has no file {file_id!r}")
+        if (why := input_files.refusal(found)) is not None:
+            raise JobRejected(f"{where}: {why}")
+
+
+def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: bool) -> str:
+    """A path of the run's conf as its owner may name it (llm_batch.infra.user_paths)."""
+    from llm_batch.infra import user_paths
+
+    try:
+        return user_paths.check(uri, owner, settings, is_admin=trusted).uri
+    except (user_paths.PathRefused, user_paths.PathUnavailable) as exc:
+        raise JobRejected(f"{name}: {exc}") from None
+
+
+# -- validate -----------------------------------------------------------------------------
+
+
+def _input_source(store: JobStore, job: Job) -> tuple[Any, str]:
+    """What validation reads (a URI, a list of URIs, or inline requests) and its format."""
+    given = job.input or {}
+    fmt = job.input_format or "jsonl"
+    if given.get("requests") is not None:
+        return list(given["requests"]), "inline" if fmt == "jsonl" else fmt
+    if given.get("file_ids"):
+        uris = []
+        for file_id in given["file_ids"]:
+            file = store.get_file(file_id)
+            if file is None:
+                raise JobRejected(f"input file {file_id!r} does not exist (or was deleted)")
+            uris.append(file.uri)
+        return uris if len(uris) > 1 else uris[0], fmt
+    if given.get("uri"):
+        return given["uri"], fmt
+    raise JobRejected("the job names no input")
+
+
+def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
+    """Stream the input into the validated file and error records; set total and the
+    invalid count. None when the job is already over (cancelled before it started)."""
+    from llm_batch.infra.media import MediaResolver
+    from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, validate_batch
+
+    job = _job(store, job_id)
+    if job.terminal or job.cancel_requested:
+        return None
+    store.transition(job_id, JobStatus.VALIDATING)
+    layout = layout_of(settings, job_id)
+    try:
+        source, fmt = _input_source(store, job)
+        report = validate_batch(
+            source, fmt=fmt, endpoint=job.endpoint, layout=layout,
+            limits=ValidationLimits.from_settings(settings),
+            media=MediaResolver(job.owner, store, settings),
+        )  # fmt: skip
+    except BatchRejected as exc:
+        if exc.report is not None:  # read through, nothing valid: serve the error lines
+            _set_counts(store, job_id, exc.report.total, exc.report.invalid)
+            error_file = _record_file(store, job, layout.validation_errors, "error")
+            store.set_outputs(job_id, error_file_id=error_file.id)
+        fail_job(store, job_id, f"input rejected: {exc}")
+        raise JobRejected(f"input rejected: {exc}") from exc
+    except (JobRejected, storage.StorageError) as exc:
+        fail_job(store, job_id, f"input rejected: {exc}")
+        raise JobRejected(f"input rejected: {exc}") from exc
+    _set_counts(store, job_id, report.total, report.invalid)
+    return {"total": report.total, "valid": report.valid, "invalid": report.invalid}
+
+
+def _set_counts(store: JobStore, job_id: str, total: int, invalid: int) -> None:
+    """Counts after validation: invalid lines are already completed (as failures), and
+    stay the base the shards' progress rows add to."""
+    store.set_counts(job_id, total=total, completed=invalid, succeeded=0, failed=invalid, invalid=invalid)
+
+# -- plan ---------------------------------------------------------------------------------
+
+
+def job_deadline(job: Job) -> datetime:
+    """When the job's workers must stop: expires_at, else created_at + max_runtime_sec.
+    (The store hands back timezone-aware UTC datetimes, so they compare with now(UTC).)"""
+    if job.expires_at is not None:
+        return job.expires_at
+    return job.created_at + timedelta(seconds=job.max_runtime_sec or DEFAULT_RUNTIME_SEC)
+
+
+def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
+    """Write the shard files and return the job's shard tasks.
+
+    The job moves to RUNNING; a job cancelled (or ended) before this point gets no shard
+    task. Planning again (a retried task) writes the same shards and keeps their results.
+    """
+    from llm_batch.pipeline.sharding import plan_shards
+
+    job = _job(store, job_id)
+    if job.status not in (JobStatus.VALIDATING, JobStatus.RUNNING, JobStatus.CANCELLING):
+        return []
+    layout = layout_of(settings, job_id)
+    if job.cancel_requested and not storage.exists(layout.validation_report):
+        return []  # cancelled before its input was read: no line to account for
+    # Planned even when cancelled after validation: merge then reports every valid line
+    # as never run, so no line of a job whose input was read goes unaccounted for.
+    plans = plan_shards(layout, job.data_parallelism)
+    if job.cancel_requested:
+        return []
+    store.transition(job_id, JobStatus.RUNNING)
+    resources = job.resources or {}
+    model_config_json = orjson.dumps({"model": job.model, **(job.model_config or {})}).decode()
+    return [
+        ShardTask(
+            job_id=job_id,
+            shard=shard.index,
+            requests_uri=shard.requests_uri,
+            results_uri=shard.results_uri,
+            progress_uri=shard.progress_uri,
+            cancel_marker=layout.cancel_marker,
+            endpoint=job.endpoint,
+            model_config_json=model_config_json,
+            deadline=job_deadline(job).isoformat(),
+            dialect=job.dialect,
+            gpus=int(resources.get("gpus") or 1),
+            gpu_type=resources.get("gpu_type"),
+            nodes_per_worker=int(resources.get("nodes_per_worker") or 1),
+            priority=priority_band(settings, job.priority),
+            labels={str(k): str(v) for k, v in (job.labels or {}).items()},
+            requests=shard.count,
+        )
+        for shard in plans
+    ]
+
+
+# -- merge and finalize -------------------------------------------------------------------
+
+
+def _stop_cause(job: Job, now: datetime | None = None) -> tuple[JobStatus, str] | None:
+    """Why the job's unfinished requests were not run, if it was stopped on purpose."""
+    if job.cancel_requested:
+        return JobStatus.CANCELLED, "the job was cancelled"
+    if (now or datetime.now(UTC)) >= job_deadline(job):
+        return JobStatus.TIMEOUT_EXCEEDED, "the job's deadline passed"
+    return None
+
+
+def _not_run_code(cause: tuple[JobStatus, str] | None) -> str:
+    """The error code of requests that never ran, by why the job stopped."""
+    from llm_batch.pipeline.merge import BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED
+
+    status = cause[0] if cause else None
+    return {JobStatus.CANCELLED: BATCH_CANCELLED, JobStatus.TIMEOUT_EXCEEDED: BATCH_EXPIRED}.get(status, SHARD_FAILED)
+
+
+def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
+    """Merge the shards' results into the job's outputs (idempotent) and set the counts.
+
+    None when the job never got shards (ended before planning) or is already terminal.
+    """
+    from llm_batch.core.scale_output import success_element
+    from llm_batch.pipeline.merge import merge_job
+    job = _job(store, job_id)
+    layout = layout_of(settings, job_id)
+    if job.terminal or not storage.exists(layout.shard_manifest):
+        return None
+    if job.status == JobStatus.RUNNING:
+        store.transition(job_id, JobStatus.FINALIZING)
+    cause = _stop_cause(job)
+    if job.array_output_uri:  # checked at submission; checked again right before writing
+        from llm_batch.infra import user_paths
+
+        user_paths.refuse_internal(job.array_output_uri, settings)
+    counts = merge_job(
+        layout,
+        jsonl=True,
+        array_output_uri=job.array_output_uri,
+        json_array=job.dialect == "scale",
+        array_element=success_element(job.input_format),
+        not_run_reason=f"{cause[1] if cause else 'its shard failed after its retries'} before this request ran",
+        not_run_code=_not_run_code(cause),
+        shard_not_run_reasons=shard_not_run_reasons(store, job_id),
+    )
+    # Every request has an outcome now, those never run included (counted failed).
+    store.set_counts(
+        job_id,
+        total=counts.total,
+        completed=counts.succeeded + counts.failed,
+        succeeded=counts.succeeded,
+        failed=counts.failed,
+    )
+    # The exact usage: the sum over the output lines (the live figure came from progress).
+    store.set_usage(job_id, prompt_tokens=counts.prompt_tokens, completion_tokens=counts.completion_tokens,
+                    cached_prompt_tokens=counts.cached_prompt_tokens, reasoning_tokens=counts.reasoning_tokens)
+    report = dataclasses.asdict(counts)
+    storage.write_bytes(layout.merge_report, orjson.dumps(report))
+    return report
+
+
+def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
+    """The merge step's counts (a file, not an XCom: finalize must work whatever happened
+    to an earlier try)."""
+    try:
+        return orjson.loads(storage.read_bytes(layout.merge_report))
+    except storage.ObjectNotFound:
+        return None
+
+
+def _record_file(store: JobStore, job: Job, uri: str, kind: str) -> FileObject:
+    name = f"{job.id}_{kind}.jsonl"
+    # An OpenAI batch's output_expires_after (seconds, capped by the retention at create).
+    expiry = (job.input or {}).get("output_expires_after_s")
+    return store.create_file(
+        owner=job.owner,
+        purpose="batch_output" if kind == "output" else "batch_error",
+        filename=name,
+        bytes=storage.size(uri),
+        uri=uri,
+        kind=kind,
+        job_id=job.id,
+        expires_after=timedelta(seconds=expiry) if expiry else None,
+    )
+
+
+def _error_summary(counts: dict[str, int]) -> list[dict[str, Any]]:
+    summary = []
+    if counts.get("invalid"):
+        summary.append({"code": "invalid_request", "message": "input lines failed validation", "count": counts["invalid"]})
+    if counts.get("not_run"):
+        summary.append({"code": "not_run", "message": "requests were never run (cancel, deadline or a failed shard)",
+                        "count": counts["not_run"]})
+    engine = counts.get("failed", 0) - counts.get("invalid", 0) - counts.get("not_run", 0)
+    if engine > 0:
+        summary.append({"code": "request_failed", "message": "requests failed in the engine", "count": engine})
+    return summary
+
+
+def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
+    """End the job: record its output/error files and move it to its terminal status.
+
+    SUCCEEDED when every request has a result or error line from a finished shard;
+    CANCELLED / TIMEOUT_EXCEEDED when it was stopped on purpose (partial results kept);
+    FAILED when shards failed for good or the run ended before merging. A terminal job is
+    returned unchanged (finalize is idempotent).
+    """
+    job = _job(store, job_id)
+    if job.terminal:
+        return job
+    cause = _stop_cause(job)
+    layout = layout_of(settings, job_id)
+    counts = _read_merge_report(layout)
+    if counts is None:
+        if cause is not None and not storage.exists(layout.validation_report):
+            return store.end_job(job_id, cause[0], f"{cause[1]} before its input was read: no request was run")
+        status, reason = cause or (JobStatus.FAILED, "the run ended before the shards' results were merged")
+        return store.end_job(job_id, status, reason)
+    output = job.output_file_id and store.get_file(job.output_file_id)
+    errors = job.error_file_id and store.get_file(job.error_file_id)
+    store.set_outputs(
+        job_id,
+        output_uri=layout.output_jsonl,
+        output_file_id=(output or _record_file(store, job, layout.output_jsonl, "output")).id,
+        error_file_id=(errors or _record_file(store, job, layout.errors_jsonl, "error")).id,
+        errors=_error_summary(counts),
+    )
+    not_run = counts["not_run"]
+    if not_run:
+        failed_shards = "; ".join(shard_not_run_reasons(store, job_id).values())
+        status, why = cause or (JobStatus.FAILED, failed_shards or "a shard failed after its retries")
+        reason = f"{why}; {not_run} requests were not run"
+    elif job.cancel_requested:
+        status, reason = JobStatus.CANCELLED, "the job was cancelled after every request had finished"
+    else:
+        status, reason = JobStatus.SUCCEEDED, f"{counts['succeeded']} succeeded, {counts['failed']} failed"
+    return store.end_job(job_id, status, reason)
+
+
+
+# -- what a finished job tells Airflow -----------------------------------------------------
+
+
+def job_summary(job: Job) -> str:
+    """One line: status, counts, reason."""
+    return (f"{job.status.value}: {job.succeeded} succeeded, {job.failed} failed of {job.total}"
+            f" ({job.status_reason or 'no reason recorded'})")
+
+
+def asset_uri(uri: str) -> str:
+    """An output location as an Airflow asset URI (a local path becomes file://...)."""
+    return uri if "://" in uri else "file://" + uri
+
+
+def result_asset_uris(job: Job) -> list[str]:
+    """The assets a job with results updates: its output file, the array output it was
+    asked for, and a recurring spec's own asset (``llm_batch.pipeline.recurring.output_asset_uri``)."""
+    from llm_batch.pipeline.recurring import output_asset_uri
+
+    uris = [asset_uri(u) for u in (job.output_uri, job.array_output_uri) if u]
+    if recurring := (job.metadata or {}).get("recurring"):
+        uris.append(output_asset_uri(str(recurring)))
+    return list(dict.fromkeys(uris))

@@ -1,0 +1,380 @@
+"""Validate a whole batch, streaming: one pass over the input, valid requests and error records
+written as they come, counts and a capped list of the first errors in the report.
+
+One bad line never fails a batch. ``BatchRejected`` is raised only when the input cannot be
+read, has no valid request, exceeds a limit (requests, bytes), or names an unsupported
+endpoint; its ``reason`` says which and its message says what.
+
+Callers:
+- the DAG's prepare task: ``validate_batch(uris, fmt=..., endpoint=..., layout=layout)``
+  writes ``layout.validated``, ``layout.validation_errors`` and ``layout.validation_report``;
+- ``llm-batch validate``: counts only, with its own ``open_input`` for the user's local files;
+- the REST API's submission checks: ``parse_endpoint`` and ``check_format`` up front, then
+  the DAG validates the content.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import orjson
+from pydantic import BaseModel, Field
+
+from llm_batch.core.config import Settings, get_settings
+from llm_batch.core.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
+from llm_batch.core.formats import (
+    InputUnreadable,
+    Item,
+    RequestChecker,
+    read_inline,
+    read_jsonl,
+    read_scale_v1,
+    read_scale_v2,
+    scale_v1_params,
+    scale_v1_prompts,
+    scan_scale_v1_params,
+)
+from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import BatchRequest, ErrorRecord
+from llm_batch.infra.media import MediaResolver
+
+OpenInput = Callable[[str], AbstractContextManager[BinaryIO]]
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    """The limits of one batch (defaults from Settings: LLM_BATCH_MAX_*)."""
+
+    max_requests: int
+    max_input_bytes: int
+    max_line_bytes: int
+    max_reported_errors: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> ValidationLimits:
+        s = settings or get_settings()
+        return cls(s.max_requests, s.max_input_bytes, s.max_line_bytes, s.max_reported_errors)
+
+
+class ValidationReport(BaseModel):
+    """Counts of one validation (never capped) and its first errors (capped)."""
+
+    format: str
+    endpoint: str | None = None
+    total: int = 0
+    valid: int = 0
+    invalid: int = 0
+    input_bytes: int = 0
+    estimated_prompt_tokens: int = 0  # about 4 characters a token, summed over valid requests
+    errors: list[ErrorRecord] = Field(default_factory=list)  # the first max_reported_errors
+
+    def summary(self) -> dict[str, Any]:
+        """What ``llm-batch validate`` prints."""
+        return {
+            "total": self.total,
+            "valid": self.valid,
+            "invalid": self.invalid,
+            "errors": [
+                {"line": e.line, "custom_id": e.custom_id, "code": e.code, "message": e.message}
+                for e in self.errors
+            ],
+        }
+
+
+class BatchRejected(Exception):
+    """The whole batch is refused. ``reason`` is one of REASONS; ``report`` holds the counts
+    when the input was read through (no valid request)."""
+
+    REASONS = ("unreadable", "no_valid_requests", "too_many_requests", "input_too_large",
+               "unsupported_endpoint")
+
+    def __init__(self, reason: str, message: str, report: ValidationReport | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.report = report
+
+
+def check_format(value: str) -> InputFormat:
+    """The InputFormat for ``value``, or ValueError naming the known ones."""
+    try:
+        return InputFormat(value)
+    except ValueError:
+        known = ", ".join(f.value for f in InputFormat)
+        raise ValueError(f"input format {value!r} is unknown; known formats: {known}") from None
+
+
+def validate_batch(
+    source: Any,
+    *,
+    fmt: InputFormat | str,
+    endpoint: Endpoint | str | None = None,
+    layout: JobLayout | None = None,
+    limits: ValidationLimits | None = None,
+    validated_out: BinaryIO | None = None,
+    errors_out: BinaryIO | None = None,
+    open_input: OpenInput | None = None,
+    media: MediaResolver | None = None,
+) -> ValidationReport:
+    """Validate ``source`` and return the report; raise BatchRejected for a whole-batch refusal.
+
+    ``source``: a URI or a list of URIs (read with ``open_input``, by default
+    ``llm_batch.infra.storage.open_read``; indexes continue across files and error messages name
+    the file), a binary stream, or inline content: a list of dicts (``inline``, ``scale-v2``)
+    or a dict (``scale-v1``). ``endpoint`` None: taken from the input (a JSONL ``url``, a Scale
+    item's prompt vs messages), else /v1/chat/completions (/v1/completions for scale-v1).
+
+    Valid requests go to ``validated_out`` as BatchRequest lines and errors to ``errors_out``
+    as ErrorRecord lines, both in input order; with ``layout``, to ``layout.validated`` and
+    ``layout.validation_errors`` (published even when no request is valid, so the errors can
+    be served), plus the report at ``layout.validation_report``. On any other rejection
+    nothing is published. ``media`` resolves the files that lines of /v1/audio/transcriptions
+    and /v1/ocr name, for the job's owner (llm_batch.infra.media); without it they are checked
+    for their form only (``llm-batch validate``). Memory stays flat: items are streamed; duplicate detection keeps
+    16 bytes per custom_id at most.
+    """
+    fmt = check_format(fmt)
+    if layout is not None and (validated_out is not None or errors_out is not None):
+        raise ValueError("give either a layout or output streams, not both")
+    limits = limits or ValidationLimits.from_settings()
+    try:
+        checker = RequestChecker(parse_endpoint(endpoint) if endpoint else None, media or MediaResolver.offline())
+    except UnsupportedEndpointError as exc:
+        raise BatchRejected("unsupported_endpoint", str(exc)) from None
+    report = ValidationReport(format=fmt.value)
+    budget = _ByteBudget(limits.max_input_bytes)
+    items = _items(source, fmt, checker, limits, budget, open_input or _storage_open_read)
+
+    with ExitStack() as stack:
+        stack.enter_context(closing(items))  # closes the input even when a limit stops us
+        if layout is not None:
+            from llm_batch.infra import storage
+
+            validated_out = stack.enter_context(storage.open_write(layout.validated))
+            errors_out = stack.enter_context(storage.open_write(layout.validation_errors))
+        _consume(items, report, limits, validated_out, errors_out)
+
+    report.endpoint = checker.settle(_default_endpoint(fmt)).value
+    report.input_bytes = budget.used
+    report.estimated_prompt_tokens = (checker.prompt_chars + 3) // 4
+    if layout is not None:
+        from llm_batch.infra import storage
+
+        storage.write_bytes(layout.validation_report, report.model_dump_json().encode())
+    if report.valid == 0:
+        raise BatchRejected("no_valid_requests", _no_valid_message(report), report)
+    return report
+
+
+def _consume(
+    items: Iterator[Item],
+    report: ValidationReport,
+    limits: ValidationLimits,
+    validated_out: BinaryIO | None,
+    errors_out: BinaryIO | None,
+) -> None:
+    """Count and write every item; the hot loop of validation."""
+    dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+    write_valid = validated_out.write if validated_out is not None else None
+    write_error = errors_out.write if errors_out is not None else None
+    errors, max_errors, max_requests = report.errors, limits.max_reported_errors, limits.max_requests
+    total = valid = 0
+    try:
+        for item in items:
+            total += 1
+            if total > max_requests:
+                raise BatchRejected("too_many_requests", f"the input has more than {max_requests} "
+                                    "requests (limit max_requests)")
+            if type(item) is BatchRequest:
+                valid += 1
+                if write_valid is not None:
+                    record = {"index": item.index, "custom_id": item.custom_id, "body": item.body, "line": item.line}
+                    if item.media is not None:
+                        record["media"] = item.media
+                    write_valid(dumps(record, option=newline))
+            else:
+                if len(errors) < max_errors:
+                    errors.append(item)
+                if write_error is not None:
+                    write_error(dumps(item.model_dump(), option=newline))
+    except InputUnreadable as exc:
+        raise BatchRejected("unreadable", f"the input cannot be read as {report.format}: {exc}") from None
+    report.total, report.valid, report.invalid = total, valid, total - valid
+
+
+def _no_valid_message(report: ValidationReport) -> str:
+    if report.total == 0:
+        return "the input has no requests"
+    first = report.errors[0] if report.errors else None
+    detail = f" (first: line {first.line}, {first.code}: {first.message})" if first else ""
+    return f"no valid request in the input: all {report.total} are invalid{detail}"
+
+
+def _default_endpoint(fmt: InputFormat) -> Endpoint:
+    return Endpoint.COMPLETIONS if fmt is InputFormat.SCALE_V1 else Endpoint.CHAT_COMPLETIONS
+
+
+# -- reading the sources ---------------------------------------------------------------------
+
+
+def _items(
+    source: Any,
+    fmt: InputFormat,
+    checker: RequestChecker,
+    limits: ValidationLimits,
+    budget: _ByteBudget,
+    open_input: OpenInput,
+) -> Iterator[Item]:
+    """Every item of every input, indexes continuing across files."""
+    if fmt is InputFormat.INLINE or (fmt is InputFormat.SCALE_V2 and _is_inline_list(source)):
+        reader = read_inline if fmt is InputFormat.INLINE else read_scale_v2
+        yield from reader(_require_list(source, fmt), checker, max_item_bytes=limits.max_line_bytes)
+        return
+    if fmt is InputFormat.SCALE_V1 and isinstance(source, dict):
+        params = scale_v1_params(source)
+        yield from read_scale_v1(params, source["prompts"], checker,
+                                 max_item_bytes=limits.max_line_bytes)
+        return
+    inputs = _openers(source, open_input)
+    next_index = 0
+    for name, open_stream in inputs:
+        where = f"{name}: " if len(inputs) > 1 else ""
+        for item in _read_one(fmt, name, open_stream, checker, limits, budget, next_index, where):
+            next_index = item.index + 1
+            yield item
+
+
+def _read_one(
+    fmt: InputFormat,
+    name: str,
+    open_stream: Callable[[], AbstractContextManager[BinaryIO]],
+    checker: RequestChecker,
+    limits: ValidationLimits,
+    budget: _ByteBudget,
+    start_index: int,
+    where: str,
+) -> Iterator[Item]:
+    if fmt is InputFormat.SCALE_V1:
+        # Two passes: the shared fields may follow the prompts in the object.
+        with _opened(name, open_stream) as stream:
+            params = scan_scale_v1_params(budget.wrap(stream), where)
+        with _opened(name, open_stream) as stream:
+            prompts = scale_v1_prompts(stream, where)
+            yield from read_scale_v1(params, prompts, checker, start_index=start_index, where=where,
+                                     max_item_bytes=limits.max_line_bytes)
+        return
+    with _opened(name, open_stream) as stream:
+        counted = budget.wrap(stream)
+        if fmt is InputFormat.JSONL:
+            yield from read_jsonl(counted, checker, max_line_bytes=limits.max_line_bytes,
+                                  start_index=start_index, where=where)
+        else:
+            yield from read_scale_v2(counted, checker, start_index=start_index, where=where,
+                                     max_item_bytes=limits.max_line_bytes)
+
+
+@contextmanager
+def _opened(name: str, open_stream: Callable[[], AbstractContextManager[BinaryIO]]) -> Iterator[BinaryIO]:
+    """Open an input; failing to open or read it makes the input unreadable, naming it."""
+    from llm_batch.infra.storage import StorageError
+
+    try:
+        with open_stream() as stream:
+            yield stream
+    except StorageError as exc:  # its message names the URI
+        raise InputUnreadable(str(exc)) from None
+    except OSError as exc:
+        raise InputUnreadable(f"{name}: {exc.strerror or exc}") from None
+
+
+def _openers(source: Any, open_input: OpenInput) -> list[tuple[str, Callable[[], Any]]]:
+    """(name, opener) per input; an opener may be called twice (scale-v1 reads twice)."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if isinstance(source, str):
+        return [(source, lambda: open_input(source))]
+    if hasattr(source, "read"):
+        return [("input", _rereadable(source))]
+    if isinstance(source, Sequence) and all(isinstance(s, str | os.PathLike) for s in source):
+        uris = [os.fspath(s) for s in source]
+        return [(uri, (lambda u=uri: open_input(u))) for uri in uris]
+    raise TypeError(f"cannot read a batch from {type(source).__name__}")
+
+
+def _rereadable(stream: BinaryIO) -> Callable[[], AbstractContextManager[BinaryIO]]:
+    """An opener for a caller's stream: from its start each time (spooled to a temporary
+    file first if it cannot seek). The caller keeps ownership: it is not closed here."""
+    state: dict[str, Any] = {}
+
+    def opener() -> AbstractContextManager[BinaryIO]:
+        if "start" not in state:
+            if stream.seekable():
+                state["start"], state["stream"] = stream.tell(), stream
+                return nullcontext(stream)
+            spooled = tempfile.TemporaryFile()
+            shutil.copyfileobj(stream, spooled)
+            state["start"], state["stream"] = 0, spooled
+        state["stream"].seek(state["start"])
+        return nullcontext(state["stream"])
+
+    return opener
+
+
+def _is_inline_list(source: Any) -> bool:
+    return isinstance(source, list) and not any(isinstance(s, str | os.PathLike) for s in source[:1])
+
+
+def _require_list(source: Any, fmt: InputFormat) -> list[Any]:
+    if not isinstance(source, list):
+        raise BatchRejected("unreadable", f"{fmt.value} inline content must be a list of "
+                            f"objects, got {type(source).__name__}")
+    return source
+
+
+def _storage_open_read(uri: str) -> AbstractContextManager[BinaryIO]:
+    from llm_batch.infra import storage
+
+    return storage.open_read(uri)
+
+
+class _ByteBudget:
+    """Counts the bytes read from all inputs; over ``limit`` the batch is rejected."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+
+    def wrap(self, stream: BinaryIO) -> _CountingReader:
+        return _CountingReader(stream, self)
+
+    def overspent(self) -> BatchRejected:
+        return BatchRejected("input_too_large", f"the input is over {self.limit} bytes "
+                             "(limit max_input_bytes)")
+
+
+class _CountingReader:
+    """A read-only view of a stream that charges what it reads to a byte budget."""
+
+    def __init__(self, stream: BinaryIO, budget: _ByteBudget):
+        self._read = stream.read
+        self._readline = stream.readline
+        self._budget = budget
+
+    def read(self, size: int = -1) -> bytes:
+        return self._spent(self._read(size))
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._spent(self._readline(size))
+
+    def _spent(self, data: bytes) -> bytes:
+        budget = self._budget
+        budget.used += len(data)
+        if budget.used > budget.limit:
+            raise budget.overspent()
+        return data

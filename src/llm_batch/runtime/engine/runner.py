@@ -1,0 +1,470 @@
+"""The engine loop: feed a shard's requests to vLLM continuously, hand back results in order.
+
+``EngineRunner.run`` keeps at most ``window`` requests between "fed to the engine" and
+"written" (in flight plus finished-but-waiting for an earlier one), so memory is bounded
+whatever the shard size, and tops the engine up after every ``step()`` so new requests
+start as old ones finish (no waiting for the slowest request of a chunk). Results leave in
+input order through a reorder buffer, like vLLM's run_batch ordered writer.
+
+A request the engine refuses (bad body, prompt longer than the context, a schema the
+structured-output backend rejects) becomes its own 400 ``ResultRecord``; anything raised
+by ``step()`` is an engine failure and propagates (the attempt fails, a rerun resumes).
+
+Chat, Responses (run as a chat) and completion prompts go through the same rendering vLLM's ``LLM.chat`` /
+``LLM.generate`` use (the model's chat template, its tokenizer). Rendering and the fast
+shutdown are in ``vllm_api``, the one module that uses vLLM internals; everything here is
+vLLM's public API (``LLM.llm_engine``: ``add_request``, ``step``, ``abort_request``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from jinja2 import TemplateError
+from vllm import LLM
+from vllm.exceptions import VLLMClientError, VLLMValidationError
+from vllm.outputs import PoolingRequestOutput, RequestOutput
+
+from llm_batch.core.config import get_settings
+from llm_batch.core.endpoints import MEDIA_ENDPOINTS, Endpoint
+from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
+from llm_batch.infra import media
+from llm_batch.infra.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
+from llm_batch.runtime.engine import StopReason, ocr, responses, transcription, vllm_api
+from llm_batch.runtime.engine.audio import AudioError, decode_wav
+from llm_batch.runtime.engine.responses import Usage
+from llm_batch.runtime.engine.sampling import (
+    Body,
+    ChatBody,
+    ChatClassifyBody,
+    ClassifyBody,
+    CompletionBody,
+    EmbeddingBody,
+    FimBody,
+    InvalidRequest,
+    OcrBody,
+    ResponsesBody,
+    TranscribeBody,
+    media_sampling_params,
+    parse_body,
+    pooling_params,
+    sampling_params,
+)
+
+log = logging.getLogger("llm_batch.runtime.engine")
+
+# Requests in the window per sequence the scheduler runs at once: enough queued work that
+# the engine never idles between steps, small enough to keep the reorder buffer short.
+WINDOW_PER_SEQ = 4
+
+
+Emit = Callable[[ResultRecord, Usage], None]
+
+
+def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
+    """Load ``model`` into vLLM's offline engine (``engine_args`` carry the checkpoint dir),
+    its engine core placed by ``place_engine_core``."""
+    vllm_api.check_vllm_version()
+    in_process = place_engine_core(in_process)
+    log.info("starting vLLM for model %s (%s), engine core %s", model.name, model.path,
+             "in this process" if in_process else "in its own process")
+    return LLM(**model.engine_args)
+
+
+def place_engine_core(in_process: bool | None = None) -> bool:
+    """Tell vLLM where the next engine's core runs (default: ``engine_in_process()``); the
+    choice made. vLLM reads the switch from its environment when the engine is built, and
+    freezes its environment once an in-process engine exists: a process keeps its first
+    choice."""
+    in_process = engine_in_process() if in_process is None else in_process
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    return in_process
+
+
+def engine_in_process() -> bool:
+    """Whether the engine core runs in the worker's process: ``Settings.engine_in_process``,
+    else True exactly on CPU.
+
+    On GPU, vLLM's separate engine-core process overlaps output processing with the GPU's
+    steps, so its default stays. On CPU that layout costs: vLLM keeps a core for the
+    busy-polling engine-core process (half the compute of a 2-core machine) and spawns two
+    more Python processes at start. In-process, a shard ran 1.8x faster end to end here
+    (docs/benchmarks.md, "Worker").
+    """
+    setting = get_settings().engine_in_process
+    if setting is not None:
+        return setting
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def stop_engine(llm: LLM) -> None:
+    """Stop the engine's processes at once, as vLLM's run_batch does (``timeout=0``).
+
+    Every result the shard will keep is already in this process when the engine stops, so
+    nothing is lost by not waiting: a graceful shutdown (vLLM's default) spends ~5 s per
+    shard waiting for the engine's workers to exit, and leaving it to interpreter exit as
+    long again."""
+    try:
+        vllm_api.shutdown_now(llm)
+    except Exception:  # noqa: BLE001 - best effort: the shard's outcome is already decided
+        log.warning("vLLM engine shutdown failed", exc_info=True)
+
+
+class ModelCannotServe(ValueError):
+    """The loaded model cannot serve the endpoint as its registry entry says (e.g. a FIM
+    token its tokenizer does not know): no request of the shard can run."""
+
+
+def error_result(request: BatchRequest, code: str, message: str, status_code: int = 400) -> ResultRecord:
+    return ResultRecord(
+        index=request.index,
+        custom_id=request.custom_id,
+        status_code=status_code,
+        error=RequestError(code=code, message=message),
+    )
+
+
+@dataclass
+class _InFlight:
+    """One shard request in the engine; embeddings of a list input are several parts."""
+
+    request: BatchRequest
+    body: Body
+    outputs: list[Any] = field(default_factory=list)
+    remaining: int = 0
+    # What a media request's result reports about its file (audio seconds; the page).
+    media_facts: Any = None
+
+
+class EngineRunner:
+    """Runs requests of one endpoint on an ``LLM`` built for that endpoint's task."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        endpoint: Endpoint,
+        model_name: str,
+        response_role: str = "assistant",
+        window: int | None = None,
+        feed_order: str | None = None,
+        serving: Serving | None = None,
+        labels: tuple[str, ...] = (),
+        dialect: str | None = None,
+    ):
+        self.llm = llm
+        self.engine = llm.llm_engine
+        self.endpoint = endpoint
+        self.model_name = model_name
+        self.response_role = response_role
+        # What the model's registry entry says beyond its task (FIM template, classifier
+        # target) and a classifier's labels in score order (ResolvedModel.labels).
+        self.serving = serving or Serving()
+        self.labels = labels
+        # The API the job came in through, where APIs answer an endpoint differently (only
+        # /v1/moderations: OpenAI's result has more fields than Mistral's).
+        self.openai = dialect == "openai"
+        if endpoint is Endpoint.FIM_COMPLETIONS:
+            _check_fim_tokens(llm, self.serving.fim, model_name)
+        if endpoint in _MODERATION_ENDPOINTS:
+            _check_moderation_labels(self.serving.moderation, labels, model_name)
+        if endpoint is Endpoint.TRANSCRIPTIONS:
+            self.speech = transcription.SpeechInput.of_checkpoint(llm.model_config.model)
+            self.languages = _language_tokens(llm)
+        max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
+        self.window = window or WINDOW_PER_SEQ * max_num_seqs
+        # Engine request ids are unique per run: a warm engine serves many shards, in turn or
+        # at once (its engine view routes each step's outputs to their shard by this prefix).
+        self._ids = f"{uuid.uuid4().hex[:8]}-"
+        # A warm engine shared by shards at once (warm_engines.EngineView) has a lock: feed
+        # under it, since rendering uses the engine's one tokenizer, which its steps use too.
+        self._feeding = getattr(self.engine, "submit_lock", None) or nullcontext()
+        settings = get_settings()
+        # Feed order (docs/data-plane.md, "Prefix-aware sharding"): "file", "grouped" or
+        # "leaders_first"; default the settings' (file order when prefix awareness is off).
+        if feed_order is None:
+            feed_order = settings.prefix_feed_order if settings.prefix_aware_sharding else "file"
+        self.feed_order: str | None = None if feed_order == "file" else feed_order
+        self.prefix_chars = settings.prefix_key_chars
+        # Requests are read (and reordered) in batches of at least this many.
+        self.feed_chunk = max(1, self.window // 2) if self.feed_order else 1
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(
+        self,
+        requests: Iterable[BatchRequest],
+        emit: Emit,
+        should_stop: Callable[[], StopReason | None] = lambda: None,
+    ) -> StopReason | None:
+        """Run ``requests``, calling ``emit`` once per request in input order.
+
+        Returns None when every request was emitted, or the StopReason that ``should_stop``
+        gave (checked between engine steps): then in-flight requests are aborted and only
+        requests before the first unfinished one have been emitted.
+
+        With a feed order (prefix-aware), requests are read in batches of at least
+        ``feed_chunk`` (half the window) and each batch is fed to the engine with the
+        requests that share a long prompt prefix next to each other (``prefix_feed_order``);
+        results still leave in input order, and at most ``window`` requests are between
+        read and emitted, as in file order.
+        """
+        source: Iterator[BatchRequest] = iter(requests)
+        in_flight: dict[int, _InFlight] = {}
+        finished: dict[int, tuple[ResultRecord, Usage]] = {}
+        read = emitted = 0
+        exhausted = False
+        try:
+            while True:
+                if (reason := should_stop()) is not None:
+                    return reason
+                if not exhausted and read - emitted <= self.window - self.feed_chunk:
+                    batch: list[BatchRequest] = []
+                    while read + len(batch) - emitted < self.window:
+                        request = next(source, None)
+                        if request is None:
+                            exhausted = True
+                            break
+                        batch.append(request)
+                    with self._feeding:
+                        for offset in self._feed_positions(batch):
+                            position = read + offset
+                            done = self._submit(position, batch[offset], in_flight)
+                            if done is not None:
+                                finished[position] = done
+                    read += len(batch)
+                while emitted in finished:
+                    emit(*finished.pop(emitted))
+                    emitted += 1
+                if exhausted and emitted == read:
+                    return None
+                if in_flight:
+                    for output in self.engine.step():
+                        self._collect(output, in_flight, finished)
+        finally:
+            if in_flight:
+                self._abort(in_flight)
+
+    def _feed_positions(self, batch: list[BatchRequest]) -> list[int]:
+        """The order to feed a batch in (offsets into it): file order, or prefix groups
+        (``sharding.prefix_key``) in the order of their first request, each group's requests
+        together (those sharing the longer prefix next to each other), in file order within;
+        requests with no long prefix stay where they are. ``leaders_first``: the first
+        request of every group, then the rest in that order."""
+        if self.feed_order is None or len(batch) < 2:
+            return list(range(len(batch)))
+        from llm_batch.pipeline.sharding import prefix_key
+
+        group_first: dict[int, int] = {}
+        long_first: dict[tuple[int, int], int] = {}
+        order: list[tuple[int, int, int, int]] = []
+        leaders = self.feed_order == "leaders_first"
+        for offset, request in enumerate(batch):
+            key = prefix_key(request.body, self.prefix_chars) if isinstance(request.body, dict) else None
+            if key is None:
+                order.append((0, offset, offset, offset))
+                continue
+            first = group_first.setdefault(key[0], offset)
+            sub = long_first.setdefault(key, offset) if key[1] else offset
+            rank = 1 if leaders and offset != first else 0
+            order.append((rank, first, sub, offset))
+        order.sort()
+        return [offset for *_, offset in order]
+
+    def _submit(
+        self, position: int, request: BatchRequest, in_flight: dict[int, _InFlight]
+    ) -> tuple[ResultRecord, Usage] | None:
+        """Add one request to the engine; a finished error result if it cannot run."""
+        facts = None
+        try:
+            body = parse_body(self.endpoint, request.body)
+            if self.endpoint in MEDIA_ENDPOINTS:
+                parts, facts = self._media_inputs(body, request)
+            else:
+                parts = self._engine_inputs(body)
+        except InvalidRequest as exc:
+            return error_result(request, exc.code, exc.message), Usage()
+        entry = _InFlight(request, body, outputs=[None] * len(parts), remaining=len(parts), media_facts=facts)
+        added: list[str] = []
+        try:
+            for part, (prompt, params) in enumerate(parts):
+                request_id = f"{self._ids}{position}.{part}"
+                self.engine.add_request(request_id, prompt, params)
+                added.append(request_id)
+        except (VLLMClientError, ValueError, TemplateError) as exc:
+            if added:
+                self.engine.abort_request(added)
+            return error_result(request, _error_code(exc), str(exc)), Usage()
+        in_flight[position] = entry
+        return None
+
+    def _engine_inputs(self, body: Body) -> list[tuple[Any, Any]]:
+        """(prompt, params) per engine request; rendering errors are the request's fault."""
+        try:
+            if isinstance(body, ChatBody):
+                prompt = vllm_api.render_chat(self.llm, body.messages)
+                return [(prompt, sampling_params(body))]
+            if isinstance(body, FimBody):
+                text = self.serving.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
+                return [(vllm_api.render_prompt(self.llm, text), sampling_params(body))]
+            if isinstance(body, CompletionBody):
+                params = sampling_params(body)
+                return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
+            params = pooling_params(body)
+            if isinstance(body, ChatClassifyBody):
+                # As vLLM's own chat classify does: the conversation, no generation prompt.
+                return [(vllm_api.render_chat(self.llm, messages, add_generation_prompt=False), params.clone())
+                        for messages in body.conversations()]
+            return [(vllm_api.render_prompt(self.llm, text), params.clone()) for text in body.inputs()]
+        except InvalidRequest:
+            raise
+        except (VLLMClientError, ValueError, TemplateError) as exc:
+            raise InvalidRequest(str(exc), _error_code(exc)) from None
+
+    def _media_inputs(self, body: Body, request: BatchRequest) -> tuple[list[tuple[Any, Any]], Any]:
+        """(prompt, params) per engine request of a transcription (one per audio window) or
+        an OCR page, and the facts its result reports; a file that cannot be read or decoded
+        is the request's fault."""
+        try:
+            data = media.load(self.endpoint, request.body, request.media)
+            if isinstance(body, TranscribeBody):
+                if body.language is not None and body.language not in self.languages:
+                    raise InvalidRequest(f"language: {body.language!r} is not a language the model knows")
+                audio = decode_wav(data, self.speech.sample_rate)
+                params = media_sampling_params(body.temperature, keep_special_tokens=True)
+                prompts = transcription.prompts(audio, self.speech, body.language, body.segments, body.context_bias)
+                inputs = [(vllm_api.render_prompt(self.llm, prompt), params.clone()) for prompt in prompts]
+                return inputs, len(audio) / self.speech.sample_rate
+            pages = ocr.decode_document(data, body.pages)
+            params = media_sampling_params()
+            inputs = [(vllm_api.render_chat(self.llm, ocr.page_messages(page, self.serving.ocr_prompt)), params.clone())
+                      for page in pages]
+            return inputs, (pages, len(data))
+        except (media.MediaRefused, AudioError, ocr.ImageError) as exc:
+            raise InvalidRequest(str(exc), "invalid_media") from None
+        except (KeyError, TypeError) as exc:  # a body validation never saw (a hand-made shard file)
+            raise InvalidRequest(f"the body does not name its file as validation requires ({exc!r})") from None
+        except InvalidRequest:
+            raise
+        except (VLLMClientError, ValueError, TemplateError) as exc:
+            raise InvalidRequest(str(exc), _error_code(exc)) from None
+
+    def _collect(
+        self,
+        output: RequestOutput | PoolingRequestOutput,
+        in_flight: dict[int, _InFlight],
+        finished: dict[int, tuple[ResultRecord, Usage]],
+    ) -> None:
+        if not output.finished:
+            return
+        position, part = (int(x) for x in output.request_id.removeprefix(self._ids).split("."))
+        entry = in_flight[position]
+        entry.outputs[part] = output
+        entry.remaining -= 1
+        if entry.remaining == 0:
+            del in_flight[position]
+            finished[position] = self._result(entry)
+
+    def _result(self, entry: _InFlight) -> tuple[ResultRecord, Usage]:
+        request, body = entry.request, entry.body
+        if isinstance(body, EmbeddingBody):
+            payload = responses.embedding_list(entry.outputs, self.model_name, body.encoding_format)
+            usage = responses.pooling_usage(entry.outputs)
+        elif isinstance(body, ClassifyBody | ChatClassifyBody):
+            if self.endpoint in _MODERATION_ENDPOINTS:
+                payload = responses.moderation_response(
+                    entry.outputs, self.model_name, self.serving.moderation, self.labels,  # type: ignore[arg-type]
+                    openai=self.openai)
+            else:
+                payload = responses.classification_response(
+                    entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
+            usage = responses.pooling_usage(entry.outputs)
+        elif isinstance(body, TranscribeBody | OcrBody):
+            usage = responses.summed_usage(entry.outputs)
+            if any(c.finish_reason == "error" for o in entry.outputs for c in o.outputs):
+                return error_result(request, "engine_error", "the engine failed this request", 500), usage
+            if isinstance(body, TranscribeBody):
+                transcript = transcription.read_outputs([o.outputs[0].text for o in entry.outputs], self.speech,
+                                                        self.languages)
+                transcript.language = body.language or transcript.language
+                payload = responses.transcription_response(self.model_name, transcript, usage, entry.media_facts,
+                                                           body.segments)
+            else:
+                pages, size = entry.media_facts
+                payload = responses.ocr_response(entry.outputs, pages, self.model_name, size)
+        else:
+            (output,) = entry.outputs
+            usage = responses.generation_usage(output)
+            if any(c.finish_reason == "error" for c in output.outputs):
+                # vLLM's request-level internal error (e.g. a KV load failure): retryable.
+                return error_result(request, "engine_error", "the engine failed this request", 500), usage
+            top = body.sample_logprobs or 0
+            if isinstance(body, ResponsesBody):  # a ChatBody too: test it first
+                payload = responses.response_object(
+                    output, self.model_name, instructions=body.instructions, metadata=body.metadata,
+                    max_output_tokens=body.max_output_tokens, temperature=body.temperature,
+                    top_p=body.top_p, text_format=body.text_format,
+                    parallel_tool_calls=body.parallel_tool_calls, tool_choice=body.tool_choice)
+            elif isinstance(body, ChatBody):
+                payload = responses.chat_completion(output, self.model_name, self.response_role, top)
+            elif isinstance(body, FimBody):
+                # Mistral answers FIM with a chat completion object (FIMCompletionResponse).
+                payload = responses.chat_completion(output, self.model_name, "assistant")
+            else:
+                payload = responses.text_completion(output, self.model_name, top)
+        record = ResultRecord(index=request.index, custom_id=request.custom_id, status_code=200, body=payload)
+        return record, usage
+
+    def _abort(self, in_flight: dict[int, _InFlight]) -> None:
+        ids = [f"{self._ids}{pos}.{part}" for pos, entry in in_flight.items() for part in range(len(entry.outputs))]
+        log.info("aborting %d in-flight engine requests", len(ids))
+        try:
+            self.engine.abort_request(ids)
+        except Exception:  # noqa: BLE001 - the engine may be the thing that failed
+            log.warning("could not abort in-flight requests", exc_info=True)
+        in_flight.clear()
+
+
+_MODERATION_ENDPOINTS = (Endpoint.MODERATIONS, Endpoint.CHAT_MODERATIONS)
+
+
+def _check_moderation_labels(moderation: ModerationMap | None, labels: tuple[str, ...], model_name: str) -> None:
+    """Every label the registry maps to a category must be one of the model's."""
+    if moderation is None:
+        raise ModelCannotServe(f"model {model_name!r} has no moderation map in the model registry")
+    if unknown := [label for label in moderation.categories if label not in labels]:
+        raise ModelCannotServe(f"model {model_name!r}: its registry moderation map names labels the checkpoint "
+                               f"does not have: {', '.join(unknown)} (its labels: {', '.join(labels) or 'none'})")
+
+
+def _check_fim_tokens(llm: LLM, fim: FimTemplate | None, model_name: str) -> None:
+    """Each token of the model's FIM template must be one token of its tokenizer, or every
+    prompt would be rendered wrong: refuse the shard before any request runs."""
+    if fim is None:
+        raise ModelCannotServe(f"model {model_name!r} has no fim template in the model registry")
+    tokenizer = llm.get_tokenizer()
+    for token in fim.tokens:
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ModelCannotServe(f"model {model_name!r}: the fim token {token!r} of its registry entry is "
+                                   f"{len(ids)} tokens of its tokenizer, not one (a special token it does not know)")
+
+
+def _language_tokens(llm: LLM) -> frozenset[str]:
+    """The languages a Whisper tokenizer has a token for (``<|en|>`` -> "en")."""
+    return frozenset(token[2:-2] for token in llm.get_tokenizer().get_vocab()
+                     if len(token) <= 7 and token.startswith("<|") and token.endswith("|>") and token[2:-2].isalpha()
+                     and token[2:-2].islower())
+
+
+def _error_code(exc: Exception) -> str:
+    if isinstance(exc, VLLMValidationError) and exc.parameter == "input_tokens":
+        return "context_length_exceeded"
+    return "invalid_request"

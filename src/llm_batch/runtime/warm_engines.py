@@ -1,0 +1,830 @@
+"""Warm engines: long-lived engine processes that run the shards of many jobs in turn.
+
+A shard normally starts an engine of its own (``llm-batch worker``); for a one-request shard
+that start is nearly all of its time. With ``Settings.warm_engines`` the local runner hands
+the shard to a warm engine instead: a process (``llm-batch engine-host``) per model
+configuration and pool slot on the machine that keeps its vLLM engine between shards and
+exits after ``warm_engine_idle_seconds`` without one.
+
+A host runs each shard with the same ``run_worker`` a dedicated worker uses, so the shard's
+guarantees are the same: results resume after the shard's last published part (a kill -9 of
+the host drops the task's connection, the attempt fails, and its retry resumes: exactly
+once), cancel and deadline are read from the shard's own marker and deadline, results go
+only to the shard's own URIs under the allowed roots. An engine failure ends the host too
+(once its other shards have ended), so the retry gets a fresh engine.
+
+Seats (``Settings.warm_engine_seats``): a host runs up to that many shards at once, each in a
+thread of its own, all stepping the one engine (``SharedEngine``): their requests share the
+engine's continuous batch, so a one-request shard does not hold an engine alone, and the next
+shard's task is handed over while others run instead of after them.
+
+Protocol, over a Unix socket that only this user can open (mode 0600, in a 0700 folder):
+the host greets each connection it accepts with ``{"host": pid}``; the client sends one JSON
+line ``{"argv": [the worker's arguments]}``; the host answers ``{"log": line}`` lines while
+the shard runs, then ``{"exit": code}``. The greeting is how a client tells a live host from
+a killed one whose socket still takes connections: vLLM's engine processes are forked with
+the listening socket, and until the last of them has died a connect succeeds, then is reset.
+The client closing its end stops the shard at the next engine step (``StopReason.ABANDONED``).
+
+Slots and seats: a client holds a seat's lock (flock) while its shard runs, so a host runs at
+most its seats' shards at once; it takes the slot's own lock only while it reaches the host
+(or starts it), so one client at a time starts a host. A host about to exit idle takes every
+seat's lock first, so no client connects to a host that is leaving.
+
+Engine services (the Kubernetes runner, ``llm_batch.runtime.engine_service``): the same host listens
+on TCP instead (``serve_service``), one Deployment per model and GPU type, and the client's
+request line carries the service's token too: ``{"token": ..., "argv": [...]}``. The host
+itself keeps the seats there (clients are on other machines: no lock file to share), checks
+the token before anything else, and only runs shards of the model it serves.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import logging
+import os
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from llm_batch.core import exit_codes
+from llm_batch.infra.processes import read_pid, stop_group
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+    from llm_batch.core.config import Settings
+    from llm_batch.infra.model_registry import ResolvedModel
+
+log = logging.getLogger("llm_batch.runtime.warm_engines")
+
+# A client waiting for a free slot (all held: a host leaving, or more tasks than slots, as
+# when the next shard's task waits for its engine) tries again this often: the handover
+# between two shards on one engine costs at most this.
+SLOT_RETRY_S = 0.05
+# How long a new host may take to open its socket (imports only: the engine loads with
+# the first shard, inside the shard's own time).
+HOST_START_S = 120.0
+# The exit code a client reports when its host went away without answering (as a killed
+# process would have).
+HOST_GONE = -signal.SIGKILL
+_LOGGERS = ("llm_batch", "vllm")
+# Engine services (TCP): a request line is at most this long (a shard's arguments are a few
+# KiB), and must arrive this soon after the greeting; a send to a client that stopped
+# reading gives up after SEND_TIMEOUT_S (its shard goes on; the stop check sees it gone).
+MAX_REQUEST_BYTES = 1 << 20
+REQUEST_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 30.0
+# Connections a service holds beyond its seats (shards waiting for one); more are turned away
+# at once, and their tasks retry.
+MAX_WAITING = 32
+SERVICE_CONNECT_S = 10.0
+
+
+class WarmEngineError(RuntimeError):
+    """A warm engine could not be reached or started."""
+
+
+def engine_key(model_config: dict[str, Any]) -> str:
+    """Shards whose model configurations are equal share engines."""
+    return hashlib.sha256(orjson.dumps(model_config, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One host's files: lock, pid and log in the home; its socket in a short private folder
+    (a Unix socket's path must stay under ~100 bytes, and homes can be deep)."""
+
+    home: Path
+    key: str
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}-{self.index}"
+
+    @property
+    def lock(self) -> Path:
+        """Held while a client reaches or starts the host."""
+        return engines_dir(self.home) / f"{self.name}.lock"
+
+    def seat_locks(self, seats: int) -> list[Path]:
+        """One per shard the host may run at once, each held while its shard runs."""
+        return [engines_dir(self.home) / f"{self.name}.seat{seat}.lock" for seat in range(seats)]
+
+    @property
+    def pid_file(self) -> Path:
+        return engines_dir(self.home) / f"{self.name}.pid"
+
+    @property
+    def log(self) -> Path:
+        return engines_dir(self.home) / f"{self.name}.log"
+
+    @property
+    def socket(self) -> Path:
+        return socket_dir(self.home) / f"{self.name}.sock"
+
+
+def engines_dir(home: Path) -> Path:
+    path = home / "engines"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def socket_dir(home: Path) -> Path:
+    """``$TMPDIR/llm-batch-<uid>/<hash of the home>``, 0700 and ours (checked: a folder in a
+    shared temp dir could have been made by someone else)."""
+    base = Path(tempfile.gettempdir()) / f"llm-batch-{os.getuid()}"
+    path = base / hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
+    for folder in (base, path):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise WarmEngineError(f"{folder} is not a private folder of this user: not using it for engine sockets")
+    return path
+
+
+# -- the client: the shard task's side ---------------------------------------------------------
+
+
+class WarmShard:
+    """A shard running on a warm engine, as the shard task supervises it: ``pid`` (the
+    host's, a process-group leader on this machine; None for an engine service, whose host
+    is elsewhere), ``poll()``, ``wait()`` and ``returncode`` as on a ``Popen``; ``detach()``
+    stops the shard and leaves the host warm."""
+
+    def __init__(self, conn: socket.socket, seat_fd: int | None, pid: int | None, on_line: Callable[[str], None]):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._conn = conn
+        self._seat_fd = seat_fd
+        self._on_line = on_line
+        self._done = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="warm-engine-reader", daemon=True)
+        self._reader.start()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired("warm engine shard", timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def detach(self) -> None:
+        """Close our end: the host stops the shard (flushing its finished results)."""
+        try:
+            self._conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _read(self) -> None:
+        code = HOST_GONE
+        try:
+            with self._conn.makefile("rb") as stream:
+                for raw in stream:
+                    message = orjson.loads(raw)
+                    if "exit" in message:
+                        code = int(message["exit"])
+                        break
+                    self._on_line(str(message.get("log", "")))
+        except (OSError, ValueError) as exc:
+            self._on_line(f"lost the warm engine: {exc}")
+        finally:
+            self._conn.close()
+            if self._seat_fd is not None:
+                os.close(self._seat_fd)  # the seat is free again
+            self.returncode = code
+            self._done.set()
+
+
+def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: list[str],
+                on_line: Callable[[str], None]) -> WarmShard:
+    """Hand a shard (``worker_args``: ``ShardTask.worker_args()``) to a warm engine of its
+    model on this machine, starting one if the free slot has none."""
+    key = engine_key(model_config)
+    engines = max(1, settings.warm_engine_slots or settings.local_pool_slots)
+    slot, seat, seat_fd = _take_seat(settings.home, key, engines, settings.warm_engine_seats)
+    try:
+        with _holding(slot.lock):
+            conn, pid = _connect(slot, settings)
+        conn.sendall(orjson.dumps({"argv": worker_args}) + b"\n")
+    except BaseException:
+        os.close(seat_fd)
+        raise
+    on_line(f"shard on warm engine {slot.name}, seat {seat} (pid {pid})")
+    return WarmShard(conn, seat_fd, pid, on_line)
+
+
+def start_service_shard(address: tuple[str, int], token: str, worker_args: list[str],
+                        on_line: Callable[[str], None]) -> WarmShard:
+    """Hand a shard to an engine service (``llm_batch.runtime.engine_service``) at ``address``; the
+    service keeps the seats, so this returns once the request is sent, and a shard waiting
+    for a seat there is waiting in ``wait()`` like a running one."""
+    where = f"{address[0]}:{address[1]}"
+    conn: socket.socket | None = None
+    try:
+        conn = socket.create_connection(address, timeout=SERVICE_CONNECT_S)
+        _keep_alive(conn)
+        pid = _greeting(conn)
+        conn.sendall(orjson.dumps({"token": token, "argv": worker_args}) + b"\n")
+        conn.settimeout(None)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if conn is not None:
+            conn.close()
+        raise WarmEngineError(f"engine service {where} could not be reached: {exc!r}") from None
+    on_line(f"shard on engine service {where} (host pid {pid} there)")
+    return WarmShard(conn, None, None, on_line)
+
+
+def _greeting(conn: socket.socket) -> int:
+    """The host's pid, from the line it greets each connection with."""
+    with conn.makefile("rb") as stream:
+        return int(orjson.loads(stream.readline(MAX_REQUEST_BYTES))["host"])
+
+
+def _keep_alive(conn: socket.socket) -> None:
+    """TCP keepalive, so a peer that vanished without a word (a node lost) is noticed within
+    about a minute: the client's attempt fails and retries, the host's shard stops."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def _take_seat(home: Path, key: str, engines: int, seats: int) -> tuple[Slot, int, int]:
+    """A free seat (slot, seat, its lock's descriptor): an idle engine's first, then a
+    second seat on a busy one."""
+    slots = [Slot(home, key, index) for index in range(engines)]
+    locks = [slot.seat_locks(seats) for slot in slots]  # once: the wait below polls
+    while True:
+        for seat in range(seats):
+            for slot, seat_locks in zip(slots, locks):
+                if (fd := _lock_now(seat_locks[seat])) is not None:
+                    return slot, seat, fd
+        time.sleep(SLOT_RETRY_S)
+
+
+@contextmanager
+def _holding(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
+    """A connection to the slot's host (we hold the slot's lock, so nobody else starts one)."""
+    if reached := _try_connect(slot):
+        return reached
+    slot.socket.unlink(missing_ok=True)  # a killed host's leftover
+    _evict_idle(slot, settings.warm_engine_seats)
+    host = _spawn_host(slot, settings)
+    deadline = time.monotonic() + HOST_START_S
+    while (reached := _try_connect(slot)) is None:
+        if host.poll() is not None or time.monotonic() > deadline:
+            host.kill()
+            raise WarmEngineError(f"warm engine {slot.name} did not start (exit {host.poll()}); "
+                                  f"its log: {slot.log}: {_tail(slot.log)}")
+        time.sleep(0.2)
+    return reached
+
+
+def _evict_idle(starting: Slot, seats: int, grace: float = 10.0) -> None:
+    """Stop the idle hosts of other model configurations before a new one loads, so warm
+    engines never hold more memory than the pool's slots of busy engines would (on a GPU an
+    idle engine's KV cache would leave a new one no room). Idle: all its seats are free."""
+    for pid_file in engines_dir(starting.home).glob("*.pid"):
+        if pid_file.stem.startswith(f"{starting.key}-") or not (pid := read_pid(pid_file)):
+            continue
+        key, _, index = pid_file.stem.rpartition("-")
+        if (fds := _lock_all(Slot(starting.home, key, int(index)).seat_locks(seats))) is None:
+            continue  # busy: it serves a shard
+        try:  # holding its seats: no client can reach it meanwhile
+            log.info("stopping idle warm engine %s (pid %d) to make room", pid_file.stem, pid)
+            stop_group(pid, grace)
+            pid_file.unlink(missing_ok=True)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
+    """A connection to a live host and its pid (from its greeting), or None: no socket, or
+    the socket of a killed host (reset, or closed, before a greeting)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(slot.socket))
+        # No timeout: a live host greets at once (each shard has a thread of its own); a
+        # broken one closes its socket at once (its running shards go on), so we start another.
+        return conn, _greeting(conn)
+    except (OSError, ValueError, KeyError, TypeError):
+        conn.close()
+        return None
+
+
+def _spawn_host(slot: Slot, settings: Settings) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--socket", str(slot.socket),
+               "--pid-file", str(slot.pid_file), "--idle-seconds", str(settings.warm_engine_idle_seconds)]
+    for seat_lock in slot.seat_locks(settings.warm_engine_seats):
+        command += ["--lock", str(seat_lock)]
+    log.info("starting warm engine %s: %s", slot.name, " ".join(command))
+    with open(slot.log, "ab") as out:
+        # Its own session: it outlives the task that started it, and a kill reaches the
+        # engine processes vLLM may spawn.
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=settings.home)
+
+
+def stop_hosts(home: Path, grace: float = 10.0) -> None:
+    """Stop every warm engine of ``home`` (``llm-batch down``)."""
+    folder = home / "engines"
+    for pid_file in folder.glob("*.pid") if folder.is_dir() else ():
+        if pid := read_pid(pid_file):
+            stop_group(pid, grace)
+        pid_file.unlink(missing_ok=True)
+
+
+# -- the host ------------------------------------------------------------------------------------
+
+
+class KeptEngine:
+    """The host's engine source for ``run_worker``: the engine stays loaded between shards
+    and is shared by the shards running at once (each gets ``SharedEngine.for_shard``);
+    started again for a shard of another configuration once the running ones have ended; a
+    failure discards it once no shard uses it."""
+
+    def __init__(self) -> None:
+        self.shared: SharedEngine | None = None
+        self._args: dict[str, Any] | None = None
+        self.broken = False
+        self._users = 0
+        self._turn = threading.Condition()
+
+    def get(self, model: ResolvedModel) -> LLM:
+        from llm_batch.runtime.engine.runner import start_engine
+
+        with self._turn:
+            # Another configuration of the model (another endpoint's task) waits for its turn.
+            while self._users and self._args != model.engine_args:
+                self._turn.wait()
+            if self.broken:
+                raise WarmEngineError("this warm engine failed and takes no more shards")
+            if self.shared is not None and self._args != model.engine_args:
+                self._close()
+            if self.shared is None:
+                self.shared, self._args = SharedEngine(start_engine(model)), model.engine_args
+            else:
+                log.info("warm engine: model %s already loaded", model.name)
+            self._users += 1
+            return self.shared.for_shard()
+
+    def release(self, llm: LLM, healthy: bool) -> None:
+        llm.llm_engine.close()
+        with self._turn:
+            self._users -= 1
+            self.broken |= not healthy
+            if self.broken and not self._users:
+                self._close()
+            self._turn.notify_all()
+
+    def close(self) -> None:
+        with self._turn:
+            self._close()
+
+    def _close(self) -> None:
+        from llm_batch.runtime.engine.runner import stop_engine
+
+        if self.shared is not None:
+            with self.shared.lock:
+                stop_engine(self.shared.llm)
+        self.shared = self._args = None
+
+
+class SharedEngine:
+    """One vLLM engine stepped by several shards at once, each from its own thread.
+
+    Each shard's ``EngineRunner`` drives its view (``EngineView``) as it would the engine:
+    adding requests, stepping, aborting, all under one lock. A step advances every shard's
+    requests; its finished outputs go to their shard's box (by the request id's prefix, unique
+    per runner), and a shard whose box already holds outputs gets them without a step."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.lock = threading.RLock()
+        self._boxes: dict[str, list[Any]] = {}
+
+    def for_shard(self) -> LLM:
+        """The LLM as one shard sees it: every attribute the engine's, but its own view of
+        the engine loop."""
+        return _ShardLLM(self.llm, EngineView(self))  # type: ignore[return-value]
+
+    def deliver_to(self, prefix: str, box: list[Any]) -> None:
+        """Finished outputs of requests whose id starts with ``prefix`` go to ``box``."""
+        self._boxes[prefix] = box
+
+    def forget(self, prefixes: set[str]) -> None:
+        for prefix in prefixes:
+            self._boxes.pop(prefix, None)
+
+    def step(self) -> None:
+        """One engine step (the caller holds the lock); each finished output to its box."""
+        for output in self.llm.llm_engine.step():
+            if output.finished and (box := self._boxes.get(_id_prefix(output.request_id))) is not None:
+                box.append(output)
+
+
+class EngineView:
+    """What a shard's ``EngineRunner`` uses of ``LLM.llm_engine`` (``add_request``, ``step``,
+    ``abort_request``; anything else is the engine's), shared with the other shards."""
+
+    def __init__(self, shared: SharedEngine):
+        self._shared = shared
+        self._engine = shared.llm.llm_engine
+        self._box: list[Any] = []
+        self._prefixes: set[str] = set()
+        # The runner feeds under it (rendering uses the tokenizer the steps use too).
+        self.submit_lock = shared.lock
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
+        with self._shared.lock:
+            prefix = _id_prefix(request_id)
+            if prefix not in self._prefixes:
+                self._prefixes.add(prefix)
+                self._shared.deliver_to(prefix, self._box)
+            self._engine.add_request(request_id, prompt, params)
+
+    def step(self) -> list[Any]:
+        """This shard's finished outputs: those an earlier step (any shard's) left for it,
+        else what one more step finishes."""
+        with self._shared.lock:
+            if not self._box:
+                self._shared.step()
+            outputs, self._box[:] = list(self._box), []
+            return outputs
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        with self._shared.lock:
+            self._engine.abort_request(request_ids)
+
+    def close(self) -> None:
+        """The shard has ended: outputs of its aborted requests are dropped from now on."""
+        with self._shared.lock:
+            self._shared.forget(self._prefixes)
+            self._box.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+class _ShardLLM:
+    def __init__(self, llm: LLM, view: EngineView):
+        self._llm = llm
+        self.llm_engine = view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+
+def _id_prefix(request_id: str) -> str:
+    return request_id.partition("-")[0]
+
+
+def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_seconds: float) -> int:
+    """The host's loop: each connection's shard in a thread of its own (at most one per
+    seat: clients hold a seat's lock), until idle or broken."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    socket_path.unlink(missing_ok=True)
+    listener.bind(str(socket_path))
+    os.chmod(socket_path, 0o600)
+    bound = os.stat(socket_path).st_ino
+    listener.listen(len(seat_locks) + 4)
+    listener.settimeout(1.0)
+    pid_file.write_text(str(os.getpid()))
+    engine, turns, door = KeptEngine(), _ShardTurns(), _Door()
+    running: list[threading.Thread] = []
+    idle_since = time.monotonic()
+    log.info("warm engine listening on %s, %d seat(s) (exits after %.0f s idle)", socket_path, len(seat_locks),
+             idle_seconds)
+    try:
+        while not engine.broken:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                if ended := [thread for thread in running if not thread.is_alive()]:
+                    running = [thread for thread in running if thread not in ended]
+                    idle_since = time.monotonic()
+                # The seats are kept (held until exit): no client is using or entering us.
+                if (not running and time.monotonic() - idle_since >= idle_seconds
+                        and _lock_all(seat_locks) is not None):
+                    log.info("warm engine idle for %.0f s: exiting", idle_seconds)
+                    break
+                continue
+            running.append(_start_connection(conn, engine, turns, door))
+    finally:
+        # Broken: take no more shards (a client starts a new host), let the running ones end.
+        listener.close()
+        _unlink_if(socket_path, lambda: os.stat(socket_path).st_ino == bound)
+        for thread in running:
+            thread.join()
+        _unlink_if(pid_file, lambda: read_pid(pid_file) == os.getpid())
+        engine.close()
+    return 0
+
+
+def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
+                  preload: dict[str, Any] | None = None) -> int:
+    """An engine service's loop (``llm-batch engine-host --listen``): shards of ``model``
+    from clients holding ``token``, at most ``seats`` at once (the rest wait in line, up to
+    ``MAX_WAITING``), for as long as the engine is healthy. Exits 1 once it is broken and
+    its running shards have ended, so its supervisor (a Deployment) starts a fresh one.
+
+    ``preload``: a model configuration's overrides (``{}``: the registry's defaults) to load
+    before listening, so a pod is ready only once its engine is warm; shards whose
+    configuration differs load theirs when they come, as on any warm engine."""
+    if not token:
+        raise WarmEngineError("an engine service needs a token (LLM_BATCH_ENGINE_TOKEN): refusing to listen without one")
+    engine, turns, door = KeptEngine(), _ShardTurns(), _ServiceDoor(token, model, seats)
+    if preload is not None:
+        _preload(engine, {**preload, "model": model})
+    listener = socket.create_server(address, backlog=seats + 4)
+    listener.settimeout(1.0)
+    # SIGTERM (a rollout, a scale-down): take no more shards, and stop the running ones as if
+    # their tasks had left (finished results flushed, exit FAILED): their retries resume on
+    # another pod instead of waiting for this one's grace period to run out.
+    signal.signal(signal.SIGTERM, lambda *_: door.closing.set())
+    running: list[threading.Thread] = []
+    log.info("engine service for model %s listening on %s:%d, %d seat(s)", model, *listener.getsockname()[:2], seats)
+    try:
+        while not engine.broken and not door.closing.is_set():
+            try:
+                conn, peer = listener.accept()
+            except TimeoutError:
+                continue
+            finally:
+                running = [thread for thread in running if thread.is_alive()]
+            if len(running) >= seats + MAX_WAITING:
+                log.warning("turning away %s: %d shards running or waiting", peer[0], len(running))
+                _refuse(conn, f"engine service busy: {len(running)} shards running or waiting")
+                continue
+            running.append(_start_connection(conn, engine, turns, door))
+    finally:
+        listener.close()
+        for thread in running:
+            thread.join()
+        engine.close()
+    return exit_codes.FAILED if engine.broken else 0
+
+
+def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
+    from llm_batch.infra.model_registry import ModelError, resolve_model
+
+    try:
+        model = resolve_model(model_config)
+    except ModelError as exc:
+        raise WarmEngineError(f"cannot preload {model_config}: {exc}") from None
+    started = time.monotonic()
+    engine.release(engine.get(model), healthy=True)
+    log.info("engine service: model %s preloaded in %.1f s", model.name, time.monotonic() - started)
+
+
+class _Door:
+    """What a host checks of a request before it runs the shard. A local host's socket is
+    private to its user and the clients hold its seats' locks, so it lets every request in,
+    waits on its clients as long as they take, and never closes early."""
+
+    request_timeout: float | None = None  # how long a client may take to send its request
+    send_timeout: float | None = None  # and to read what the host sends it
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()  # set: stop the running shards, take no more
+
+    def refusal(self, request: dict[str, Any]) -> str | None:
+        return None
+
+    def foreign(self, model_config: dict[str, Any]) -> str | None:
+        return None
+
+    def seat(self, conn: socket.socket) -> AbstractContextManager[bool]:
+        return nullcontext(True)
+
+
+class _ServiceDoor(_Door):
+    """An engine service's: its clients are on the network, so the token (in constant time),
+    the model, a free seat (the host keeps them), and timeouts on a client that goes quiet."""
+
+    request_timeout = REQUEST_TIMEOUT_S
+    send_timeout = SEND_TIMEOUT_S
+
+    def __init__(self, token: str, model: str, seats: int):
+        super().__init__()
+        self._token = token.encode()
+        self.model = model
+        self._seats = threading.BoundedSemaphore(seats)
+
+    def refusal(self, request: dict[str, Any]) -> str | None:
+        token = request.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
+            return "refused: wrong or missing engine service token (LLM_BATCH_ENGINE_TOKEN)"
+        return None
+
+    def foreign(self, model_config: dict[str, Any]) -> str | None:
+        if (asked := model_config.get("model")) != self.model:
+            return f"this engine service serves model {self.model!r}, not {asked!r} (LLM_BATCH_ENGINE_SERVICES)"
+        return None
+
+    @contextmanager
+    def seat(self, conn: socket.socket) -> Iterator[bool]:  # type: ignore[override]
+        """True once a seat is ours (held until the block ends); False if the client left
+        while waiting."""
+        while not self._seats.acquire(timeout=0.5):
+            if _peer_closed(conn) or self.closing.is_set():
+                yield False
+                return
+        try:
+            yield True
+        finally:
+            self._seats.release()
+
+
+def _start_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> threading.Thread:
+    thread = threading.Thread(target=_serve_connection, args=(conn, engine, turns, door), daemon=True,
+                              name=f"shard-{conn.fileno()}")
+    thread.start()
+    return thread
+
+
+def _refuse(conn: socket.socket, reason: str) -> None:
+    with conn:
+        conn.settimeout(REQUEST_TIMEOUT_S)
+        forward = _ConnectionLog(conn)
+        forward.send({"host": os.getpid()})
+        forward.send({"log": reason})
+        forward.send({"exit": exit_codes.FAILED})
+
+
+def _unlink_if(path: Path, ours: Callable[[], bool]) -> None:
+    """Remove a file of this host's unless a newer host has made its own there."""
+    try:
+        if ours():
+            path.unlink()
+    except OSError:
+        pass
+
+
+class _ShardTurns:
+    """Attempts at the same shard never overlap on a host: a retry that arrives while the
+    attempt its task abandoned is still stopping (and flushing) waits for it to end, since
+    both write the shard's results."""
+
+    def __init__(self) -> None:
+        self._running: set[str] = set()
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def turn(self, shard_results: str) -> Iterator[None]:
+        with self._changed:
+            while shard_results in self._running:
+                self._changed.wait()
+            self._running.add(shard_results)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running.discard(shard_results)
+                self._changed.notify_all()
+
+
+def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> None:
+    with conn:
+        conn.settimeout(door.request_timeout)
+        _ConnectionLog(conn).send({"host": os.getpid()})
+        _serve_shard(conn, engine, turns, door)
+
+
+def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> None:
+    from llm_batch.runtime.worker import WorkerUsageError, run_worker
+    from llm_batch.runtime.worker_args import config_from_argv
+
+    forward = _ConnectionLog(conn)
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    for logger in loggers:
+        logger.addHandler(forward)
+    code = exit_codes.USAGE
+    try:
+        try:
+            request = _read_request(conn)
+            if refusal := door.refusal(request):
+                raise WorkerUsageError(refusal)
+            config = config_from_argv(request["argv"])
+            if refusal := door.foreign(config.model_config):
+                raise WorkerUsageError(refusal)
+        except (WorkerUsageError, OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("not a shard: %s", exc)
+        else:
+            # A client that stops reading must not hold the shard's thread (and the engine).
+            conn.settimeout(door.send_timeout)
+            with door.seat(conn) as seated:
+                if not seated:
+                    return  # the client left while waiting: nobody to answer
+                with turns.turn(config.results):
+                    code = run_worker(config, engine, supervisor_gone=lambda: _gone(conn, door))
+    finally:
+        for logger in loggers:
+            logger.removeHandler(forward)
+    forward.send({"exit": code})
+
+
+def _gone(conn: socket.socket, door: _Door) -> bool:
+    """The shard's task has left, or the host is shutting down."""
+    return _peer_closed(conn) or door.closing.is_set()
+
+
+def _read_request(conn: socket.socket) -> dict[str, Any]:
+    """The client's one request line (bounded: a service's clients are on the network)."""
+    with conn.makefile("rb") as stream:
+        line = stream.readline(MAX_REQUEST_BYTES + 1)
+    if len(line) > MAX_REQUEST_BYTES:
+        raise ValueError(f"request longer than {MAX_REQUEST_BYTES} bytes")
+    request = orjson.loads(line)
+    if not isinstance(request, dict):
+        raise ValueError("the request is not a JSON object")
+    return request
+
+
+class _ConnectionLog(logging.Handler):
+    """The shard's log records, to the task that asked for it (its task log): those of the
+    thread that runs the shard (an engine step it makes logs for it too)."""
+
+    def __init__(self, conn: socket.socket):
+        super().__init__(logging.INFO)
+        self.conn = conn
+        self.thread = threading.get_ident()
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:
+            self.send({"log": self.format(record)})
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self.conn.sendall(orjson.dumps(message) + b"\n")
+        except OSError:
+            pass  # the client has gone: the stop check sees it
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """The client sends nothing after its request, so readable means closed."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _lock_all(paths: list[Path]) -> list[int] | None:
+    """Every lock of ``paths`` taken without waiting, or None (and none kept) if one is held."""
+    fds: list[int] = []
+    for path in paths:
+        if (fd := _lock_now(path)) is None:
+            for held in fds:
+                os.close(held)
+            return None
+        fds.append(fd)
+    return fds
+
+
+def _lock_now(path: Path) -> int | None:
+    """A slot's lock taken without waiting (its open descriptor holds it), or None if held."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def _tail(path: Path, chars: int = 600) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:].strip()
+    except OSError:
+        return ""

@@ -1,0 +1,419 @@
+"""Run one shard: read its requests, run them on vLLM in-process, write ordered results.
+
+``run_worker(config) -> exit code`` (``llm_batch.core.exit_codes``) is the whole contract, so the
+pod entrypoint (inference image), the local shard runner and tests behave the same:
+
+- USAGE before anything loads: unknown model, bad model_config, endpoint the model cannot
+  serve, a URI outside the allowed roots, a shard file that is not BatchRequest lines.
+- Resume: ``ResultsWriter.open(results).done == k`` means the first k requests of the shard
+  have results; they are skipped, so a rerun after kill -9 writes each result exactly once.
+- Cancel / deadline: checked between engine steps (the marker at most every
+  ``cancel_check_s``); on either, in-flight requests are aborted, finished results flushed,
+  the final progress written, and CANCELLED / DEADLINE returned. Requests never run get no
+  result (merge reports them).
+- Any other error (an engine crash included) flushes what is finished and returns FAILED.
+
+This module imports neither Airflow nor vLLM at module level: the engine is imported when a
+shard actually runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from llm_batch.core import exit_codes
+from llm_batch.core.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint, serving_problem
+from llm_batch.core.job_request import DIALECTS
+from llm_batch.core.records import BatchRequest, ResultRecord
+from llm_batch.infra import storage
+from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
+from llm_batch.infra.results import ResultsWriter, read_results
+from llm_batch.infra.streams import iter_lines
+from llm_batch.runtime.engine import StopReason
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.runtime.engine.responses import Usage
+    from llm_batch.runtime.multinode import NodeGroup
+
+log = logging.getLogger("llm_batch.runtime.worker")
+
+
+class WorkerUsageError(ValueError):
+    """Bad arguments or configuration: the shard cannot run as asked, retrying won't help."""
+
+
+@dataclass
+class WorkerConfig:
+    """Everything one shard run needs (see ``llm_batch.runtime.worker_args`` for the flags)."""
+
+    job_id: str
+    shard: int
+    requests: str
+    results: str
+    endpoint: Endpoint
+    model_config: dict[str, Any]
+    progress: str | None = None
+    cancel_marker: str | None = None
+    deadline: float | None = None  # epoch seconds
+    # The API the job came in through: results take its shape where APIs differ (moderations).
+    dialect: str = "mistral"
+    window: int | None = None  # requests between fed and written; default 4 x max_num_seqs
+    flush_every_s: float = 2.0
+    flush_every_records: int = 1000
+    # How long results may fail to reach storage (kept buffered meanwhile) before the shard
+    # fails and its retry resumes from the last published part: rides out an S3 restart.
+    storage_outage_s: float = 300.0
+    progress_interval_s: float = 2.0
+    cancel_check_s: float = 1.0
+    node_group: NodeGroup | None = None  # the leader's place in a multi-node worker
+
+
+class EngineSource(Protocol):
+    """Where a shard's engine comes from, and goes back to (``healthy``: no error raised
+    while it ran)."""
+
+    def get(self, model: ResolvedModel) -> LLM: ...
+
+    def release(self, llm: LLM, healthy: bool) -> None: ...
+
+
+class DedicatedEngine:
+    """The default engine source: an engine started for the shard and stopped after it
+    (``llm_batch.runtime.warm_engines.KeptEngine`` keeps one for the next shard instead)."""
+
+    def get(self, model: ResolvedModel) -> LLM:
+        from llm_batch.runtime.engine.runner import start_engine
+
+        return start_engine(model)
+
+    def release(self, llm: LLM, healthy: bool) -> None:
+        from llm_batch.runtime.engine.runner import stop_engine
+
+        stop_engine(llm)
+
+
+def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
+               supervisor_gone: Callable[[], bool] | None = None) -> int:
+    """Run the shard described by ``config``; the exit code says how it ended.
+
+    ``engines`` gives the engine and takes it back (default: a dedicated one);
+    ``supervisor_gone``, checked between engine steps, stops the shard as FAILED when the
+    task that asked for it has gone (a warm engine's client), so its retry can resume."""
+    try:
+        model = resolve_for_endpoint(config.model_config, config.endpoint)
+        if config.node_group is not None:
+            model = _for_node_group(model, config.node_group)
+        writer = ResultsWriter.open(
+            config.results,
+            flush_every_s=config.flush_every_s,
+            flush_every_records=config.flush_every_records,
+            outage_s=config.storage_outage_s,
+        )
+        total = count_requests(config.requests)
+        earlier = _earlier_attempts(config) if writer.done else ShardProgress(
+            job_id=config.job_id, shard=config.shard, total=total)
+    except (WorkerUsageError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
+        log.error("shard %d of job %s cannot run: %s", config.shard, config.job_id, exc)
+        return exit_codes.USAGE
+    except storage.StorageError as exc:  # unreachable or failing storage: worth a retry
+        log.error("shard %d of job %s: storage failed: %s", config.shard, config.job_id, exc)
+        return exit_codes.FAILED
+
+    # A resumed attempt reports its earlier results (and their tokens, and the earlier
+    # engines' time) too, so live counts never go back.
+    progress = ProgressReporter(
+        config.progress,
+        earlier.model_copy(update={"total": total, "done": writer.done, "resumed": writer.done,
+                                   "failed": writer.done - earlier.succeeded}),
+        interval=config.progress_interval_s,
+    )
+    monitor = StopMonitor(config, progress, writer, supervisor_gone=supervisor_gone)
+    with writer:
+        return _run(config, model, writer, progress, monitor, engines or DedicatedEngine())
+
+
+def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
+    """What earlier attempts did: the successes and token usage of the results they wrote
+    (read once, streamed), and the engine seconds they published (0 if unreadable)."""
+    earlier = ShardProgress(job_id=config.job_id, shard=config.shard, total=0)
+    for record in read_results(config.results):
+        earlier.succeeded += record.ok
+        usage = (record.body or {}).get("usage") or {}
+        # chat/completions names, else the Responses API's (input/output tokens)
+        earlier.prompt_tokens += int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        earlier.completion_tokens += int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+        earlier.cached_prompt_tokens += int(details.get("cached_tokens") or 0)
+    if config.progress:
+        try:
+            earlier.engine_seconds = read_progress(config.progress).engine_seconds
+        except (storage.StorageError, ValueError):
+            pass
+    return earlier
+
+
+def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
+         progress: ProgressReporter, monitor: StopMonitor, engines: EngineSource) -> int:
+    if writer.done >= progress.progress.total:
+        log.info("shard %d of job %s: all %d requests already have results",
+                 config.shard, config.job_id, writer.done)
+        progress.publish(ShardState.DONE)
+        return exit_codes.DONE
+    if (reason := monitor.check_now()) is not None:
+        return _stopped(reason, writer, progress)
+    progress.publish(ShardState.STARTING)
+
+    def emit(record: ResultRecord, usage: Usage) -> None:
+        writer.write(record)
+        progress.record(record.ok, usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens or 0)
+
+    llm = None
+    healthy = True
+    try:
+        from llm_batch.runtime.engine.runner import EngineRunner, ModelCannotServe
+
+        llm = engines.get(model)
+        try:
+            runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
+                                  serving=model.serving, labels=model.labels, dialect=config.dialect)
+        except ModelCannotServe as exc:
+            raise WorkerUsageError(str(exc)) from None
+        progress.start_running()
+        reason = runner.run(read_requests(config.requests, skip=writer.done), emit, monitor)
+        progress.stop_running()
+    except WorkerUsageError as exc:
+        log.error("shard %d of job %s: %s", config.shard, config.job_id, exc)
+        writer.flush()
+        progress.publish(ShardState.FAILED)
+        return exit_codes.USAGE
+    except Exception:
+        # Results finished so far are complete and in order: keep them for the rerun.
+        log.exception("shard %d of job %s failed", config.shard, config.job_id)
+        healthy = False
+        writer.flush()
+        progress.publish(ShardState.FAILED)
+        return exit_codes.FAILED
+    finally:
+        if llm is not None:
+            engines.release(llm, healthy)
+    if reason is not None:
+        return _stopped(reason, writer, progress)
+    writer.flush()
+    progress.publish(ShardState.DONE)
+    return exit_codes.DONE
+
+
+def _stopped(reason: StopReason, writer: ResultsWriter, progress: ProgressReporter) -> int:
+    writer.flush()
+    if reason is StopReason.ABANDONED:
+        progress.publish(ShardState.FAILED)
+        return exit_codes.FAILED
+    cancelled = reason is StopReason.CANCELLED
+    progress.publish(ShardState.CANCELLED if cancelled else ShardState.DEADLINE)
+    return exit_codes.CANCELLED if cancelled else exit_codes.DEADLINE
+
+
+class StopMonitor:
+    """Called between engine steps: checkpoints, publishes progress, says whether to stop.
+
+    The checkpoint (flush the results writer, then publish progress) runs every progress
+    interval, so a result counted in the progress object is already durable and a long
+    request at the head of the shard never leaves finished results unflushed for long.
+    """
+
+    def __init__(self, config: WorkerConfig, progress: ProgressReporter,
+                 writer: ResultsWriter | None = None, clock=time.monotonic, wall_clock=time.time,
+                 supervisor_gone: Callable[[], bool] | None = None):
+        self.config = config
+        self.supervisor_gone = supervisor_gone
+        self.progress = progress
+        self.writer = writer
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._next_marker_check = 0.0
+
+    def check_now(self) -> StopReason | None:
+        self._next_marker_check = 0.0
+        return self._reason()
+
+    def __call__(self) -> StopReason | None:
+        if self.progress.due:
+            if self.writer is not None:
+                self.writer.flush()
+            self.progress.publish()
+        return self._reason()
+
+    def _reason(self) -> StopReason | None:
+        if self.supervisor_gone is not None and self.supervisor_gone():
+            log.warning("the task running shard %d has gone: stopping it", self.config.shard)
+            return StopReason.ABANDONED
+        if self.config.deadline is not None and self._wall_clock() >= self.config.deadline:
+            log.warning("deadline passed: stopping shard %d", self.config.shard)
+            return StopReason.DEADLINE
+        marker = self.config.cancel_marker
+        now = self._clock()
+        if marker and now >= self._next_marker_check:
+            self._next_marker_check = now + self.config.cancel_check_s
+            try:
+                if storage.exists(marker):
+                    log.warning("cancel marker %s found: stopping shard %d", marker, self.config.shard)
+                    return StopReason.CANCELLED
+            except storage.StorageError as exc:
+                log.warning("could not check the cancel marker: %s", exc)
+        return None
+
+
+def _for_node_group(model: ResolvedModel, group: NodeGroup) -> ResolvedModel:
+    from llm_batch.runtime.multinode import NodeGroupError
+
+    try:
+        return group.model_for_node(model)
+    except NodeGroupError as exc:
+        raise WorkerUsageError(str(exc)) from None
+
+
+def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> ResolvedModel:
+    """The model to load, checked to serve ``endpoint``; WorkerUsageError otherwise."""
+    from llm_batch.infra.model_registry import ModelError, resolve_model
+
+    try:
+        model = resolve_model(model_config)
+    except ModelError as exc:
+        raise WorkerUsageError(str(exc)) from None
+    if (problem := serving_problem(endpoint, model.name, model.task, model.features)) is not None:
+        raise WorkerUsageError(problem)
+    return model
+
+
+def _request_lines(uri: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line) of the non-blank lines of a shard's requests file."""
+    with storage.open_read(uri) as stream:
+        for number, line in enumerate(iter_lines(stream), start=1):
+            if line.strip():
+                yield number, line
+
+
+def count_requests(uri: str) -> int:
+    """The shard's size, streamed (the file may be far larger than memory)."""
+    return sum(1 for _ in _request_lines(uri))
+
+
+def read_requests(uri: str, skip: int = 0) -> Iterator[BatchRequest]:
+    """The shard's requests after the first ``skip`` (those already have results)."""
+    position = 0
+    for number, line in _request_lines(uri):
+        position += 1
+        if position <= skip:
+            continue
+        try:
+            yield BatchRequest.model_validate_json(line)
+        except ValueError as exc:
+            # The shard file is written by our own pipeline: a bad line is a broken file.
+            raise WorkerUsageError(f"{uri}: line {number} is not a BatchRequest: {exc}") from None
+
+
+def parse_config(
+    *,
+    job_id: str | None,
+    shard: int | str | None,
+    requests: str | None,
+    results: str | None,
+    endpoint: str | None,
+    model_config: str | dict[str, Any] | None,
+    progress: str | None = None,
+    cancel_marker: str | None = None,
+    deadline: float | str | None = None,
+    work_uri: str | None = None,
+    dialect: str | None = None,
+    nnodes: int | str | None = None,
+    master_addr: str | None = None,
+    master_port: int | str | None = None,
+    gpus_per_node: int | str | None = None,
+    **tuning: Any,
+) -> WorkerConfig:
+    """A WorkerConfig from flag/env strings. URIs left out come from the job layout under
+    ``work_uri`` (default Settings.work_uri); ``nnodes`` (>= 2) makes this the leader of a
+    multi-node worker. Raises WorkerUsageError naming the bad value."""
+    import orjson
+
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+
+    if not job_id:
+        raise WorkerUsageError("--job-id is required")
+    try:
+        shard_index = int(shard) if shard is not None else -1
+    except ValueError:
+        raise WorkerUsageError(f"--shard: not an integer: {shard!r}") from None
+    if shard_index < 0:
+        raise WorkerUsageError("--shard is required (a shard index >= 0)")
+    if not endpoint:
+        raise WorkerUsageError("--endpoint is required")
+    try:
+        parsed_endpoint = parse_endpoint(endpoint)
+    except UnsupportedEndpointError as exc:
+        raise WorkerUsageError(f"--endpoint: {exc}") from None
+    if model_config is None:
+        raise WorkerUsageError("--model-config is required (JSON, e.g. '{\"model\": \"smollm2-135m-instruct\"}')")
+    if isinstance(model_config, str):
+        try:
+            model_config = orjson.loads(model_config)
+        except orjson.JSONDecodeError as exc:
+            raise WorkerUsageError(f"--model-config: not JSON: {exc}") from None
+    if not isinstance(model_config, dict):
+        raise WorkerUsageError("--model-config: must be a JSON object")
+    try:
+        deadline_s = float(deadline) if deadline not in (None, "") else None
+    except ValueError:
+        raise WorkerUsageError(f"--deadline: not epoch seconds: {deadline!r}") from None
+    if dialect is not None and dialect not in DIALECTS:
+        raise WorkerUsageError(f"--dialect: {dialect!r} is not one of {', '.join(DIALECTS)}")
+
+    job = JobLayout(work_uri or get_settings().work_uri, job_id)
+    shard_layout = job.shard(shard_index)
+    return WorkerConfig(
+        job_id=job_id,
+        shard=shard_index,
+        requests=requests or shard_layout.requests,
+        results=results or shard_layout.results,
+        progress=progress or shard_layout.progress,
+        cancel_marker=cancel_marker or job.cancel_marker,
+        endpoint=parsed_endpoint,
+        model_config=model_config,
+        deadline=deadline_s,
+        dialect=dialect or "mistral",
+        node_group=node_group(nnodes, 0, master_addr, master_port, gpus_per_node),
+        **{k: v for k, v in tuning.items() if v is not None},
+    )
+
+
+def node_group(nnodes: int | str | None, node_rank: int | str | None, master_addr: str | None,
+               master_port: int | str | None, gpus_per_node: int | str | None) -> NodeGroup | None:
+    """The NodeGroup of the multi-node flags (None without --nnodes); WorkerUsageError
+    naming the bad one."""
+    from llm_batch.runtime.multinode import DEFAULT_MASTER_PORT, NodeGroup, NodeGroupError
+
+    if nnodes in (None, ""):
+        return None
+    values: dict[str, int] = {}
+    for flag, value, default in (("--nnodes", nnodes, None), ("--node-rank", node_rank, 0),
+                                 ("--master-port", master_port, DEFAULT_MASTER_PORT),
+                                 ("--gpus-per-node", gpus_per_node, 1)):
+        try:
+            values[flag] = int(value) if value not in (None, "") else int(default)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise WorkerUsageError(f"{flag}: not an integer: {value!r}") from None
+    group = NodeGroup(nnodes=values["--nnodes"], node_rank=values["--node-rank"], master_addr=master_addr or "",
+                      master_port=values["--master-port"], gpus_per_node=values["--gpus-per-node"])
+    try:
+        group.check()
+    except NodeGroupError as exc:
+        raise WorkerUsageError(str(exc)) from None
+    return group
