@@ -26,8 +26,11 @@ class PoolSpec:
     description: str
 
 
+GPU_POOL_PREFIX = "llm_batch_gpu_"
+
+
 def gpu_pool(settings: Settings, gpu_type: str) -> str:
-    return f"{settings.gpu_pool_prefix}{gpu_type.replace('-', '_')}"
+    return f"{GPU_POOL_PREFIX}{gpu_type.replace('-', '_')}"
 
 
 def pool_specs(settings: Settings) -> list[PoolSpec]:

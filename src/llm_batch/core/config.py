@@ -77,14 +77,10 @@ class Settings(BaseSettings):
     max_reported_errors: int = 100
 
     # --- Prefix-aware sharding (src/llm_batch/pipeline/sharding.py, docs/data-plane.md) ---
-    # Requests whose prompts share their first prefix_key_chars characters go to one shard,
-    # and each shard feeds them to vLLM together, so its prefix cache serves the siblings.
-    # False: today's contiguous plan, requests fed in file order.
+    # Requests whose prompts share their first characters go to one shard, and each shard
+    # feeds them to vLLM together, so its prefix cache serves the siblings.
+    # False: the contiguous plan, requests fed in file order.
     prefix_aware_sharding: bool = True
-    prefix_key_chars: int = Field(default=1024, ge=16)
-    # Keep the contiguous plan unless grouping saves at least this share of the job's
-    # estimated prompt tokens (its merge reads one shard at a time).
-    prefix_min_saving: float = Field(default=0.05, ge=0.0)
     # Within a shard: "grouped" feeds a prefix group's requests one after another;
     # "leaders_first" feeds one request per group first, the siblings after.
     prefix_feed_order: Literal["grouped", "leaders_first"] = "grouped"
@@ -146,7 +142,6 @@ class Settings(BaseSettings):
     engine_service_max_requests: int = Field(default=256, ge=0)
     # The services' shared secret (a Secret in the Deployment and the Airflow workers' env).
     engine_token: SecretStr | None = None
-    gpu_pool_prefix: str = "llm_batch_gpu_"
     gpu_pool_slots: int = 8
     # A shard that has not stopped this long after cancel / deadline is killed.
     cancel_grace_seconds: int = 60
@@ -175,10 +170,9 @@ class Settings(BaseSettings):
     webhook_test_per_minute: int = 10
     webhook_test_concurrency: int = 2
     webhook_test_concurrency_total: int = 8
-    # A job-end event is retried with exponential backoff (base, capped) for this long.
+    # A job-end event is retried with exponential backoff (from base, capped at an hour) for this long.
     webhook_retry_window_s: int = 86_400
     webhook_retry_base_s: float = 10.0
-    webhook_retry_max_delay_s: float = 3600.0
     # How long a deliverer holds a claimed row (another takes it over after that).
     webhook_lease_s: float = 60.0
     webhook_poll_interval_s: float = 2.0

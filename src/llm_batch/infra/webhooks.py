@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 __all__ = ["EVENT_TYPES", "Deliverer", "send_once", "sign", "start_in_background"]
 
 USER_AGENT = "llm-batch-webhooks/0.1"
+# The longest wait between two attempts of one event (the backoff doubles up to it).
+RETRY_MAX_DELAY_S = 3600.0
 
 
 # -- signing --------------------------------------------------------------------------
@@ -165,7 +167,7 @@ class Deliverer:
     def backoff(self, attempts_made: int) -> timedelta:
         """Before attempt n+1: base x 2^(n-1), capped, +-10 % jitter."""
         base = self.settings.webhook_retry_base_s * 2 ** max(0, attempts_made - 1)
-        delay = min(base, self.settings.webhook_retry_max_delay_s)
+        delay = min(base, RETRY_MAX_DELAY_S)
         return timedelta(seconds=delay * random.uniform(0.9, 1.1))
 
     async def deliver(self, client: httpx.AsyncClient, claim: ClaimedDelivery):

@@ -12,14 +12,14 @@ Two plans (docs/data-plane.md, "Prefix-aware sharding"):
   request goes to the shard its cumulative weight falls in, nudged so that no shard is
   empty. Memory does not grow with the number of requests.
 - **prefix-aware** (``Settings.prefix_aware_sharding``, on by default): requests whose
-  prompts share their first ``Settings.prefix_key_chars`` characters (a *prefix group*)
+  prompts share their first ``PREFIX_KEY_CHARS`` characters (a *prefix group*)
   land on one shard, so each shard's vLLM computes a shared prefix once and serves the
   siblings from its prefix cache. Pass 1 keeps a few integers per line (prefix hashes,
   weight, group id; never the lines), groups them, splits a group larger than a shard's
   fair share along its longer shared prefixes, and assigns groups to shards greedily,
   largest first, to the lightest shard; lines with no long prefix fill the shards up to
   balance, in file order. Pass 2 writes the files. The plan is used only when it is
-  estimated to save at least ``Settings.prefix_min_saving`` of the job's prompt tokens
+  estimated to save at least ``MIN_PREFIX_SAVING`` of the job's prompt tokens
   over the contiguous plan; otherwise the contiguous plan is written.
 
 Either way a plan has exactly ``min(n, number of requests)`` shards, numbered 0.. without
@@ -47,9 +47,15 @@ from llm_batch.infra import storage
 from llm_batch.infra.streams import ChunkedWriter, stored_lines
 
 MAX_SHARDS = 64
+# Requests whose prompts share this many first characters form a prefix group (the worker
+# orders its feed by the same key: llm_batch.runtime.engine.runner).
+PREFIX_KEY_CHARS = 1024
+# The prefix-aware plan is kept only if it saves at least this share of the job's estimated
+# prompt tokens (its merge reads one shard at a time, so a small saving is not worth it).
+MIN_PREFIX_SAVING = 0.05
 ShardBy = Literal["count", "tokens"]
 # The longer shared prefix a prefix group is split along when it is too big for one shard,
-# and counted at when every member shares it: this many times Settings.prefix_key_chars.
+# and counted at when every member shares it: this many times PREFIX_KEY_CHARS.
 LONG_PREFIX_FACTOR = 4
 
 
@@ -483,19 +489,18 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
                 min_saving: float | None = None) -> list[ShardPlan]:
     """Write the shards' request files and the manifest; return the (non-empty) shards.
 
-    ``prefix_aware``, ``prefix_chars`` and ``min_saving`` default to the settings
-    ``prefix_aware_sharding``, ``prefix_key_chars`` and ``prefix_min_saving``."""
+    ``prefix_aware`` defaults to the setting ``prefix_aware_sharding``, ``prefix_chars`` to
+    PREFIX_KEY_CHARS and ``min_saving`` to MIN_PREFIX_SAVING."""
     if not 1 <= num_shards <= MAX_SHARDS:
         raise ShardingError(f"number of shards must be 1..{MAX_SHARDS}, got {num_shards}")
     if by not in ("count", "tokens"):
         raise ShardingError(f"shards balance by 'count' or 'tokens', got {by!r}")
-    if prefix_aware is None or prefix_chars is None or min_saving is None:
+    if prefix_aware is None:
         from llm_batch.core.config import get_settings
 
-        settings = get_settings()
-        prefix_aware = settings.prefix_aware_sharding if prefix_aware is None else prefix_aware
-        prefix_chars = settings.prefix_key_chars if prefix_chars is None else prefix_chars
-        min_saving = settings.prefix_min_saving if min_saving is None else min_saving
+        prefix_aware = get_settings().prefix_aware_sharding
+    prefix_chars = PREFIX_KEY_CHARS if prefix_chars is None else prefix_chars
+    min_saving = MIN_PREFIX_SAVING if min_saving is None else min_saving
 
     assignment = None
     groups = saved = 0

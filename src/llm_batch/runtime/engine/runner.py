@@ -36,6 +36,7 @@ from llm_batch.core.endpoints import MEDIA_ENDPOINTS, Endpoint
 from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
 from llm_batch.infra import media
 from llm_batch.infra.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
+from llm_batch.pipeline.sharding import PREFIX_KEY_CHARS
 from llm_batch.runtime.engine import StopReason, ocr, responses, transcription, vllm_api
 from llm_batch.runtime.engine.audio import AudioError, decode_wav
 from llm_batch.runtime.engine.responses import Usage
@@ -192,7 +193,7 @@ class EngineRunner:
         if feed_order is None:
             feed_order = settings.prefix_feed_order if settings.prefix_aware_sharding else "file"
         self.feed_order: str | None = None if feed_order == "file" else feed_order
-        self.prefix_chars = settings.prefix_key_chars
+        self.prefix_chars = PREFIX_KEY_CHARS
         # Requests are read (and reordered) in batches of at least this many.
         self.feed_chunk = max(1, self.window // 2) if self.feed_order else 1
 
