@@ -23,7 +23,7 @@ import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import ijson
 import orjson
@@ -39,9 +39,6 @@ from llm_batch.core.schemas import (
     prompt_chars,
     shown,
 )
-
-if TYPE_CHECKING:
-    from llm_batch.infra.media import MediaResolver
 
 Item = BatchRequest | ErrorRecord
 
@@ -120,6 +117,13 @@ class MediaRefused(ValueError):
     """A line's file cannot be used; the message names the body field and why."""
 
 
+class MediaLookup(Protocol):
+    """What resolves the file a media line names (``llm_batch.infra.media.MediaResolver``)."""
+
+    def resolve(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The line's ``BatchRequest.media`` record; MediaRefused when the file cannot be used."""
+
+
 class RequestChecker:
     """Checks items against one job: custom_id, method, url and body for its endpoint.
 
@@ -127,12 +131,11 @@ class RequestChecker:
     ``url``, a Scale item's prompt vs messages) fixes it; a body checked before that is
     taken as chat, and ``settle(default)`` decides when no item did.
     Keeps the custom_ids seen (for duplicates) and the prompt characters of valid items.
-    ``media`` (``llm_batch.infra.media.MediaResolver``, or anything with its ``resolve``)
-    resolves the file a line of a media endpoint names, raising MediaRefused; without one,
+    ``media`` resolves the file a line of a media endpoint names, raising MediaRefused; without one,
     such lines are checked for their form only.
     """
 
-    def __init__(self, endpoint: Endpoint | str | None = None, media: MediaResolver | None = None):
+    def __init__(self, endpoint: Endpoint | str | None = None, media: MediaLookup | None = None):
         self.endpoint: Endpoint | None = Endpoint(endpoint) if endpoint else None
         self.media = media
         self.seen_ids = IdSet()
@@ -233,7 +236,7 @@ class RequestChecker:
         media = None
         if self.endpoint in MEDIA_ENDPOINTS and self.media is not None:
             try:
-                media = self.media.resolve(self.endpoint, body)  # type: ignore[arg-type]
+                media = self.media.resolve(self.endpoint, body)
             except MediaRefused as exc:
                 return _error(index, line, custom_id, ErrorCode.INVALID_MEDIA, f"{where}{exc}")
         self.prompt_chars += chars
