@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/serving_layer.py [--requests 256] [--repeat 3] [--cases abe]
 
-Issue 30: could vLLM's own serving layer replace ``engine/sampling.py`` (body -> SamplingParams),
-``engine/responses.py`` (RequestOutput -> OpenAI body) and the private rendering call? The same
+Issue 30: could vLLM's own serving layer replace ``llm_batch.runtime.engine.sampling`` (body ->
+SamplingParams), ``.responses`` (RequestOutput -> OpenAI body) and the private rendering call? The same
 requests as benchmarks/worker.py (256 chat prompts, SmolLM2-135M-Instruct, greedy, 64-128 max
 tokens; enforce_eager, bf16, max_model_len 2048, VLLM_CPU_KVCACHE_SPACE=2), each case in a fresh
 process, rounds interleaved (abe abe ...), median of ``--repeat``:
