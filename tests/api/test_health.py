@@ -20,7 +20,7 @@ from llm_batch.api.routers import health
 from llm_batch.api.state import ApiState
 from llm_batch.core.config import Settings
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.jobstore.store import JobStoreUnhealthy
+from llm_batch.infra.jobstore.errors import JobStoreUnhealthy
 from tests.unit.test_jobstore import make_job, store, store_url  # noqa: F401 (fixtures)
 
 

@@ -14,7 +14,7 @@ import pytest
 from llm_batch.core.config import Settings
 from llm_batch.devstack.stack import Stack, free_port
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.jobstore.store import JobStoreUnhealthy
+from llm_batch.infra.jobstore.errors import JobStoreUnhealthy
 from tests.unit.test_jobstore import make_job
 
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.jobstore import store as store_module
+from llm_batch.infra.jobstore import progress as progress_module
 from tests.unit.test_jobstore import T0, make_job, store, store_url  # noqa: F401 (fixtures)
 
 
@@ -46,7 +46,7 @@ def test_points_are_at_most_one_per_interval_per_job(store: JobStore):
 
 def test_history_is_thinned_evenly_and_keeps_first_and_last(store: JobStore, monkeypatch: pytest.MonkeyPatch):
     clock = iter(T0 + timedelta(seconds=i) for i in range(10_000))  # a report each second
-    monkeypatch.setattr(store_module, "utcnow", lambda: next(clock))
+    monkeypatch.setattr(progress_module, "utcnow", lambda: next(clock))
     store.history_interval_s = 0
     store.max_history_points = 20
     job = _running(store, total=1000)
@@ -76,8 +76,8 @@ def test_history_follows_ownership_and_ended_jobs_and_deletion(store: JobStore):
 
 
 def test_default_interval_and_cap(store: JobStore):
-    assert store.history_interval_s == store_module.HISTORY_INTERVAL_S > 0
-    assert store.max_history_points == store_module.MAX_HISTORY_POINTS == 500
+    assert store.history_interval_s == progress_module.HISTORY_INTERVAL_S > 0
+    assert store.max_history_points == progress_module.MAX_HISTORY_POINTS == 500
     job = _running(store)
     store.report_shard(job.id, 0, state="running", total=100, done=1, succeeded=1)
     store.report_shard(job.id, 0, state="running", total=100, done=2, succeeded=2)

@@ -16,7 +16,7 @@ from llm_batch.cli.usage import parse_since
 from llm_batch.infra import api_client as client_module
 from llm_batch.infra.api_client import BatchClient
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.jobstore.store import UsageRow
+from llm_batch.infra.jobstore.usage import UsageRow
 
 CHAT = "/v1/chat/completions"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

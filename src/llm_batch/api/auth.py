@@ -39,7 +39,7 @@ from llm_batch.api.errors import ApiError
 from llm_batch.api.state import DAG_ID, StoreDep
 from llm_batch.core import owners
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.jobstore.store import API_KEY_PREFIX
+from llm_batch.infra.jobstore.api_keys import API_KEY_PREFIX
 
 # Declared so /batch/openapi.json and /batch/docs show the three ways to authenticate;
 # none raises by itself: get_caller decides.

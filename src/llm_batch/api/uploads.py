@@ -15,7 +15,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import FileObject, JobStore, new_file_id
+from llm_batch.infra.jobstore import FileObject, Files, Jobs, JobStore, new_file_id
 
 # batch: a JSONL input; ocr and audio (Mistral's purposes): a file a /v1/ocr or
 # /v1/audio/transcriptions line names by its id, kept as it is (llm_batch.infra.media checks it).
@@ -57,7 +57,7 @@ def _check_first_line(head: bytes, filename: str, max_line_bytes: int) -> None:
 
 
 def save_upload(
-    store: JobStore,
+    store: Files,
     settings: Settings,
     owner: str,
     filename: str,
@@ -153,7 +153,7 @@ def read_content(f: FileObject) -> Iterator[bytes]:
     return chunks()
 
 
-def jobs_reading(store: JobStore, file_id: str) -> list[str]:
+def jobs_reading(store: Jobs, file_id: str) -> list[str]:
     """Ids of the jobs not yet ended that read `file_id` (uploaded or inline input)."""
     live = [status for status in JobStatus if not status.terminal]
     readers, after = [], None

@@ -99,7 +99,8 @@ def _status(args: argparse.Namespace) -> int:
     from llm_batch.devstack.celery_stack import CeleryStack
     from llm_batch.devstack.stack import SUPERVISOR, Stack
     from llm_batch.devstack.supervisor import describe_restarts, read_restarts
-    from llm_batch.infra.jobstore.store import JobStore, JobStoreUnhealthy
+    from llm_batch.infra.jobstore.errors import JobStoreUnhealthy
+    from llm_batch.infra.jobstore.store import JobStore
 
     stack = Stack.from_env()
     if CeleryStack.exists(stack.settings):

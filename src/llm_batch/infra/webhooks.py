@@ -43,7 +43,7 @@ import orjson
 from anyio import to_thread
 
 from llm_batch.core.config import Settings
-from llm_batch.infra.jobstore.webhooks import EVENT_TYPES, ClaimedDelivery
+from llm_batch.infra.jobstore.webhooks import EVENT_TYPES, ClaimedDelivery, WebhookOutbox
 from llm_batch.infra.webhook_destinations import (
     DestinationRefused,
     Resolver,
@@ -149,8 +149,8 @@ class Deliverer:
     """Claims due outbox rows of `store` and sends them (see the module docstring). The
     store's calls block, so they run in threads; the sending does not."""
 
-    def __init__(self, store, settings: Settings, name: str | None = None, resolve: Resolver | None = system_resolver,
-                 batch: int = 16, concurrency: int = 4):
+    def __init__(self, store: WebhookOutbox, settings: Settings, name: str | None = None,
+                 resolve: Resolver | None = system_resolver, batch: int = 16, concurrency: int = 4):
         self.store = store
         self.settings = settings
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -234,7 +234,7 @@ _started: dict[int, threading.Thread] = {}
 _start_lock = threading.Lock()
 
 
-def start_in_background(store, settings: Settings) -> threading.Thread | None:
+def start_in_background(store: WebhookOutbox, settings: Settings) -> threading.Thread | None:
     """The deliverer as a daemon thread of this process (once per process; None when
     ``webhook_deliverer`` is off). A slow receiver only slows this thread, never a job."""
     if not settings.webhook_deliverer:

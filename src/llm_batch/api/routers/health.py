@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from llm_batch.api.state import StoreDep
-from llm_batch.infra.jobstore.store import JobStoreUnhealthy
+from llm_batch.infra.jobstore.errors import JobStoreUnhealthy
 
 router = APIRouter(tags=["health"])
 

@@ -1,9 +1,10 @@
-"""The job store: jobs, file objects and API keys in our own SQL database.
+"""The job store: jobs, file objects, API keys, usage and webhooks in our own SQL database.
 
 SQLite file by default (``Settings.database_url``), PostgreSQL by URL; never Airflow's
 metadata database. See docs/jobstore.md for the API.
 """
 
+from llm_batch.infra.jobstore.api_keys import ApiKeys
 from llm_batch.infra.jobstore.database import make_engine, upgrade_to_head
 from llm_batch.infra.jobstore.errors import (
     ApiKeyNotFound,
@@ -14,24 +15,41 @@ from llm_batch.infra.jobstore.errors import (
     JobNotFound,
     JobStoreError,
 )
+from llm_batch.infra.jobstore.files import Files, new_file_id
+from llm_batch.infra.jobstore.health import Health
+from llm_batch.infra.jobstore.idempotency import IdempotencyKeys
+from llm_batch.infra.jobstore.jobs import Jobs, new_job_id
+from llm_batch.infra.jobstore.progress import Progress
+from llm_batch.infra.jobstore.repository import utcnow
 from llm_batch.infra.jobstore.snapshots import DIALECTS, FILE_KINDS, ApiKey, FileObject, Job, ShardRecord
-from llm_batch.infra.jobstore.store import JobStore, get_job_store, new_file_id, new_job_id, utcnow
+from llm_batch.infra.jobstore.store import JobStore, get_job_store
+from llm_batch.infra.jobstore.usage import Usage
+from llm_batch.infra.jobstore.webhooks import WebhookEndpoints, WebhookOutbox
 
 __all__ = [
     "DIALECTS",
     "FILE_KINDS",
     "ApiKey",
     "ApiKeyNotFound",
+    "ApiKeys",
     "ConcurrentUpdate",
     "DuplicateId",
     "FileNotFound",
     "FileObject",
+    "Files",
+    "Health",
+    "IdempotencyKeys",
     "InvalidCursor",
     "Job",
     "JobNotFound",
     "JobStore",
     "JobStoreError",
+    "Jobs",
+    "Progress",
     "ShardRecord",
+    "Usage",
+    "WebhookEndpoints",
+    "WebhookOutbox",
     "get_job_store",
     "make_engine",
     "new_file_id",

@@ -1,5 +1,5 @@
 """Keyset pages of a table's rows, shared by the store's listings (jobs, files, webhook
-endpoints)."""
+endpoints), and the checks of their paging and ordering arguments."""
 
 from __future__ import annotations
 
@@ -8,6 +8,24 @@ from typing import Any
 from sqlalchemy import Column, ColumnElement, Connection, Row, Table, and_, func, or_, select
 
 from llm_batch.infra.jobstore.errors import InvalidCursor
+
+MAX_PAGE_SIZE = 1000
+
+
+def check_page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+
+
+def ordering(table: Table, order_by: str, allowed: set[str]) -> tuple[Column[Any], bool]:
+    """The column and direction (descending?) named by ``[-]column``."""
+    descending = order_by.startswith("-")
+    name = order_by.lstrip("-+")
+    if name not in allowed:
+        raise ValueError(f"cannot order by {order_by!r}; use one of {sorted(allowed)} (prefix - for descending)")
+    return table.c[name], descending
 
 
 def page(

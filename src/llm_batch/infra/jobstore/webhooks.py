@@ -1,10 +1,10 @@
 """The job store's webhook tables: endpoints, the delivery outbox and attempts.
 
-``WebhookStoreMixin`` is a base of ``JobStore`` (its methods run in the store's
-transactions). The outbox row of a job's end is written by ``_enqueue_job_end``, called by
-``JobStore._compare_and_set`` in the very transaction that moves the job into its terminal
-status: the end and its events commit together or not at all, so no end is ever missed,
-whichever path ended the job (``end_job``, ``transition``, a cancel).
+``WebhookRepository`` holds the endpoints, deliveries and attempts. The outbox rows of a
+job's end are written by ``enqueue_job_end``, called by ``JobRepository._compare_and_set``
+(``jobs.py``) in the very transaction that moves the job into its terminal status: the end and
+its events commit together or not at all, so no end is ever missed, whichever path ended the
+job (``end_job``, ``transition``, a cancel).
 
 Deliverers (src/llm_batch/infra/webhooks.py) claim due rows with a lease (``claim_webhook_deliveries``:
 a compare-and-set on the lease, so two deliverers never hold one row), send, and record each
@@ -18,18 +18,15 @@ import dataclasses
 import secrets
 import uuid
 from base64 import b64encode
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row, Table, and_, delete, insert, or_, select, update
+from sqlalchemy import Connection, Row, and_, delete, insert, or_, select, update
 
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore.models import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
-from llm_batch.infra.jobstore.paging import page
-
-ENDPOINTS: Table = WebhookEndpointRow.__table__
-DELIVERIES: Table = WebhookDeliveryRow.__table__
-ATTEMPTS: Table = WebhookAttemptRow.__table__
+from llm_batch.infra.jobstore.paging import owned, page
+from llm_batch.infra.jobstore.repository import Repository, utcnow
+from llm_batch.infra.jobstore.tables import ATTEMPTS, DELIVERIES, ENDPOINTS
 
 # OpenAI's batch event names, by the canonical terminal status they announce.
 JOB_END_EVENTS: dict[JobStatus, str] = {
@@ -41,16 +38,12 @@ JOB_END_EVENTS: dict[JobStatus, str] = {
 EVENT_TYPES: tuple[str, ...] = tuple(JOB_END_EVENTS.values())
 DELIVERY_STATUSES = ("pending", "delivered", "failed")
 SECRET_PREFIX = "whsec_"
-# How long a job-end event is retried (JobStore.webhook_retry_window, from the settings).
+# How long a job-end event is retried unless the deliverer says (its settings' webhook_retry_window_s).
 DEFAULT_RETRY_WINDOW = timedelta(hours=24)
 
 
 class WebhookEndpointNotFound(LookupError):
     pass
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 def new_webhook_secret() -> str:
@@ -147,7 +140,7 @@ def _delivery(row: Row) -> WebhookDelivery:
 
 
 def _unix(when: datetime | None) -> int:
-    return int((when or _now()).timestamp())
+    return int((when or utcnow()).timestamp())
 
 
 def event_payload(event_id: str, event_type: str, created_at: int, object_id: str) -> dict[str, Any]:
@@ -155,35 +148,78 @@ def event_payload(event_id: str, event_type: str, created_at: int, object_id: st
     return {"id": event_id, "object": "event", "created_at": created_at, "type": event_type, "data": {"id": object_id}}
 
 
-class WebhookStoreMixin:
-    """JobStore's webhook methods (see the module docstring). Needs ``_transaction``."""
+def _pending_delivery(endpoint_id: str, owner: str, payload: dict[str, Any], job_id: str | None, now: datetime,
+                     give_up_at: datetime) -> dict[str, Any]:
+    """An outbox row of `payload` for the endpoint, due now, never attempted."""
+    return dict(id=f"msg_{uuid.uuid4().hex}", endpoint_id=endpoint_id, owner=owner, event_id=payload["id"],
+                event_type=payload["type"], job_id=job_id, payload=payload, status="pending", attempts=0,
+                next_attempt_at=now, give_up_at=give_up_at, lease_owner=None, lease_expires_at=None,
+                created_at=now, delivered_at=None, last_error=None)
 
-    webhook_retry_window: timedelta = DEFAULT_RETRY_WINDOW
 
-    # -- the outbox write, inside the job's compare-and-set ------------------------------
+def enqueue_job_end(connection: Connection, before: Row, after: Row) -> None:
+    """In the transaction that moved a job from `before` to `after`: if that move ended it,
+    one outbox row per endpoint of its owner that wants the event (nothing else)."""
+    if JobStatus(before.status).terminal or not JobStatus(after.status).terminal:
+        return
+    event_type = JOB_END_EVENTS[JobStatus(after.status)]
+    endpoints = connection.execute(
+        select(ENDPOINTS.c.id, ENDPOINTS.c.events).where(ENDPOINTS.c.owner == after.owner)
+    ).all()
+    wanted = [e.id for e in endpoints if event_type in (e.events or [])]
+    if not wanted:
+        return
+    now = utcnow()
+    ended_at = after.completed_at or after.updated_at or now
+    payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(ended_at), after.id)
+    connection.execute(insert(DELIVERIES), [
+        _pending_delivery(endpoint_id, after.owner, payload, after.id, now, now + DEFAULT_RETRY_WINDOW)
+        for endpoint_id in wanted
+    ])
 
-    def _enqueue_job_end(self, connection: Connection, before: Row, after: Row) -> None:
-        """In the transaction that moved a job from `before` to `after`: if that move ended
-        it, one outbox row per endpoint of its owner that wants the event (nothing else)."""
-        if JobStatus(before.status).terminal or not JobStatus(after.status).terminal:
-            return
-        event_type = JOB_END_EVENTS[JobStatus(after.status)]
-        endpoints = connection.execute(
-            select(ENDPOINTS.c.id, ENDPOINTS.c.events).where(ENDPOINTS.c.owner == after.owner)
-        ).all()
-        wanted = [e.id for e in endpoints if event_type in (e.events or [])]
-        if not wanted:
-            return
-        now = _now()
-        ended_at = after.completed_at or after.updated_at or now
-        payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(ended_at), after.id)
-        connection.execute(insert(DELIVERIES), [
-            dict(id=f"msg_{uuid.uuid4().hex}", endpoint_id=endpoint_id, owner=after.owner, event_id=payload["id"],
-                 event_type=event_type, job_id=after.id, payload=payload, status="pending", attempts=0,
-                 next_attempt_at=now, give_up_at=now + self.webhook_retry_window, lease_owner=None,
-                 lease_expires_at=None, created_at=now, delivered_at=None, last_error=None)
-            for endpoint_id in wanted
-        ])
+
+class WebhookEndpoints(Protocol):
+    """The endpoints and their attempts, as the API's webhook routes use them (WebhookRepository)."""
+
+    def create_webhook_endpoint(
+        self, owner: str, url: str, events: list[str] | None = None, description: str = ""
+    ) -> tuple[WebhookEndpoint, str]: ...
+    def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None: ...
+    def list_webhook_endpoints(self, owner: str | None = None) -> list[WebhookEndpoint]: ...
+    def page_webhook_endpoints(
+        self, owner: str | None = None, limit: int = 20, after: str | None = None
+    ) -> tuple[list[WebhookEndpoint], bool]: ...
+    def update_webhook_endpoint(
+        self, endpoint_id: str, owner: str | None = None, *, url: str | None = None, events: list[str] | None = None,
+        description: str | None = None,
+    ) -> WebhookEndpoint: ...
+    def rotate_webhook_secret(
+        self, endpoint_id: str, owner: str | None = None, keep_previous_for: timedelta | None = None
+    ) -> tuple[WebhookEndpoint, str]: ...
+    def delete_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> None: ...
+    def enqueue_webhook_test(self, endpoint_id: str, owner: str | None = None,
+                             event_type: str = "batch.completed") -> WebhookDelivery: ...
+    def list_webhook_attempts(
+        self, endpoint_id: str, owner: str | None = None, limit: int = 100, delivery_id: str | None = None,
+        job_id: str | None = None,
+    ) -> list[WebhookAttempt]: ...
+
+
+class WebhookOutbox(Protocol):
+    """The outbox, as a deliverer (llm_batch.infra.webhooks.Deliverer) works it (WebhookRepository)."""
+
+    def claim_webhook_deliveries(
+        self, deliverer: str, lease: timedelta, limit: int = 10, delivery_id: str | None = None,
+        now: datetime | None = None,
+    ) -> list[ClaimedDelivery]: ...
+    def record_webhook_attempt(
+        self, claim: ClaimedDelivery, *, started_at: datetime, status_code: int | None, latency_ms: float,
+        error: str | None, delivered: bool, retry_in: timedelta, deliverer: str, retry_window: timedelta | None = None,
+    ) -> WebhookDelivery | None: ...
+
+
+class WebhookRepository(Repository):
+    """The webhook endpoints, deliveries and attempts (see the module docstring)."""
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -192,7 +228,7 @@ class WebhookStoreMixin:
     ) -> tuple[WebhookEndpoint, str]:
         """A new endpoint of `owner` and its secret (``whsec_...``; the API shows it once).
         ``events`` defaults to every job-end event; unknown names raise ValueError."""
-        secret, now = new_webhook_secret(), _now()
+        secret, now = new_webhook_secret(), utcnow()
         values = dict(id=f"we_{uuid.uuid4().hex}", owner=owner, url=url, events=_event_types(events),
                       description=description, secret=secret, created_at=now, updated_at=now)
         with self._transaction(write=True) as connection:
@@ -201,7 +237,7 @@ class WebhookStoreMixin:
 
     def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None:
         with self._transaction(write=False) as connection:
-            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            row = connection.execute(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
             return _endpoint(row) if row is not None else None
 
     def list_webhook_endpoints(self, owner: str | None = None) -> list[WebhookEndpoint]:
@@ -229,14 +265,14 @@ class WebhookStoreMixin:
     ) -> WebhookEndpoint:
         """Change what is given (None: keep); ``updated_at`` moves only if something changed."""
         with self._transaction(write=True) as connection:
-            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            row = connection.execute(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
             if row is None:
                 raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
             given = {"url": url, "events": None if events is None else _event_types(events), "description": description}
             changes = {name: value for name, value in given.items() if value is not None and value != row._mapping[name]}
             if changes:
                 row = connection.execute(
-                    update(ENDPOINTS).where(ENDPOINTS.c.id == endpoint_id).values(**changes, updated_at=_now())
+                    update(ENDPOINTS).where(ENDPOINTS.c.id == endpoint_id).values(**changes, updated_at=utcnow())
                     .returning(*ENDPOINTS.c)
                 ).one()
             return _endpoint(row)
@@ -247,9 +283,9 @@ class WebhookStoreMixin:
         """A new secret for the endpoint (returned once, like at create). ``keep_previous_for``:
         the secret it replaces signs every attempt too for that long (receivers switch
         without missing an event); None: it stops at once."""
-        secret, now = new_webhook_secret(), _now()
+        secret, now = new_webhook_secret(), utcnow()
         with self._transaction(write=True) as connection:
-            row = connection.execute(select(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+            row = connection.execute(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
             if row is None:
                 raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
             kept = keep_previous_for is not None
@@ -264,7 +300,7 @@ class WebhookStoreMixin:
     def delete_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> None:
         """Remove the endpoint with its deliveries (pending ones are never sent) and attempts."""
         with self._transaction(write=True) as connection:
-            if connection.execute(delete(ENDPOINTS).where(*_owned(ENDPOINTS, endpoint_id, owner))).rowcount != 1:
+            if connection.execute(delete(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).rowcount != 1:
                 raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
             connection.execute(delete(ATTEMPTS).where(ATTEMPTS.c.endpoint_id == endpoint_id))
             connection.execute(delete(DELIVERIES).where(DELIVERIES.c.endpoint_id == endpoint_id))
@@ -276,26 +312,19 @@ class WebhookStoreMixin:
         """A test event (data.id ``batch_test``) for the endpoint: one attempt, no retries."""
         if event_type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {event_type!r}: choose from {', '.join(EVENT_TYPES)}")
-        now = _now()
+        now = utcnow()
         with self._transaction(write=True) as connection:
             found = connection.execute(
-                select(ENDPOINTS.c.owner).where(*_owned(ENDPOINTS, endpoint_id, owner))
+                select(ENDPOINTS.c.owner).where(*owned(ENDPOINTS, endpoint_id, owner))
             ).one_or_none()
             if found is None:
                 raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
             payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(now), "batch_test")
-            row = connection.execute(insert(DELIVERIES).values(
-                id=f"msg_{uuid.uuid4().hex}", endpoint_id=endpoint_id, owner=found.owner, event_id=payload["id"],
-                event_type=event_type, job_id=None, payload=payload, status="pending", attempts=0,
-                next_attempt_at=now, give_up_at=now, lease_owner=None, lease_expires_at=None, created_at=now,
-                delivered_at=None, last_error=None,
-            ).returning(*DELIVERIES.c)).one()
+            row = connection.execute(
+                insert(DELIVERIES).values(**_pending_delivery(endpoint_id, found.owner, payload, None, now, now))
+                .returning(*DELIVERIES.c)
+            ).one()
             return _delivery(row)
-
-    def get_webhook_delivery(self, delivery_id: str) -> WebhookDelivery | None:
-        with self._transaction(write=False) as connection:
-            row = connection.execute(select(DELIVERIES).where(DELIVERIES.c.id == delivery_id)).one_or_none()
-            return _delivery(row) if row is not None else None
 
     def list_webhook_deliveries(
         self, endpoint_id: str | None = None, owner: str | None = None, job_id: str | None = None
@@ -313,7 +342,7 @@ class WebhookStoreMixin:
         """Take up to `limit` due pending rows (next attempt reached, no live lease) for
         `lease`. Each row is taken by a compare-and-set on its lease: of two deliverers
         racing for a row, one gets it. ``delivery_id``: only that row (if due)."""
-        now = now or _now()
+        now = now or utcnow()
         c = DELIVERIES.c
         free = or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now)
         due = [c.status == "pending", c.next_attempt_at <= now, free]
@@ -350,7 +379,7 @@ class WebhookStoreMixin:
         only while the lease is still `claim`'s (else only the attempt is recorded); None if
         the delivery is gone (its endpoint deleted)."""
         c = DELIVERIES.c
-        now = _now()
+        now = utcnow()
         with self._transaction(write=True) as connection:
             row = connection.execute(select(DELIVERIES).where(c.id == claim.delivery.id)).one_or_none()
             if row is None:
@@ -414,7 +443,3 @@ def _event_types(events: list[str] | None) -> list[str]:
     if unknown or not chosen:
         raise ValueError(f"unknown or no event types {unknown}: choose from {', '.join(EVENT_TYPES)}")
     return chosen
-
-
-def _owned(table: Table, row_id: str, owner: str | None) -> list[Any]:
-    return [table.c.id == row_id, *([table.c.owner == owner] if owner is not None else [])]

@@ -1,0 +1,393 @@
+"""Jobs: their records, status moves and counters (the ``jobs`` table).
+
+Every public method is one transaction and returns ``snapshots.Job``, never a live row.
+``get_job`` returns None for an unknown (or not-owned) id; mutators raise ``JobNotFound``.
+``owner=None`` means "any owner" (admins, the DAG); a given owner restricts the call to that
+owner's rows, so someone else's id looks exactly like a missing one.
+
+Concurrency: status moves are compare-and-set (``UPDATE ... WHERE id=? AND status=?``,
+re-read and retried when another writer won), counters are SQL increments, so many shard
+workers and API callers can update one job at once without losing anything. The move that
+ends a job writes its webhook outbox rows in the same transaction (``webhooks.enqueue_job_end``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from sqlalchemy import Row, delete, select, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from llm_batch.core.endpoints import parse_endpoint
+from llm_batch.core.jobs import JobStatus, check_transition
+from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
+from llm_batch.infra.jobstore.paging import check_page, ordering, owned, page
+from llm_batch.infra.jobstore.repository import (
+    CAS_ATTEMPTS,
+    Repository,
+    require_aware,
+    require_non_negative,
+    utcnow,
+)
+from llm_batch.infra.jobstore.snapshots import DIALECTS, Job
+from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
+from llm_batch.infra.jobstore.webhooks import enqueue_job_end
+
+# The timestamps a status sets when it is entered (each only if still unset, so a
+# repeated or resumed step never moves them).
+_STATUS_TIMESTAMPS: dict[JobStatus, tuple[str, ...]] = {
+    JobStatus.QUEUED: (),
+    JobStatus.VALIDATING: ("started_at",),
+    JobStatus.RUNNING: ("started_at", "in_progress_at"),
+    JobStatus.FINALIZING: ("finalizing_at",),
+    JobStatus.CANCELLING: ("cancel_requested_at", "cancelling_at"),
+    JobStatus.SUCCEEDED: ("completed_at",),
+    JobStatus.FAILED: ("failed_at", "completed_at"),
+    JobStatus.TIMEOUT_EXCEEDED: ("expired_at", "completed_at"),
+    JobStatus.CANCELLED: ("cancelled_at", "completed_at"),
+}
+_JOB_ORDER_COLUMNS = {"created_at", "updated_at", "priority"}
+_COUNTERS = ("total", "completed", "succeeded", "failed")
+
+
+def new_job_id() -> str:
+    return f"job_{uuid.uuid4().hex}"
+
+
+def job_snapshot(row: Row) -> Job:
+    values = row._asdict()
+    values["status"] = JobStatus(values["status"])
+    return Job(**values)
+
+
+def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]:
+    """The column values of moving `row` into `status`: the status, its still-unset
+    timestamps, and the reason if one is given."""
+    now = utcnow()
+    values: dict[str, Any] = {"status": status.value}
+    values.update({ts: now for ts in _STATUS_TIMESTAMPS[status] if getattr(row, ts) is None})
+    if reason is not None:
+        values["status_reason"] = reason
+    return values
+
+
+class Jobs(Protocol):
+    """The jobs, as the API, the pipeline and the operators use them (JobRepository)."""
+
+    def create_job(
+        self, *, dialect: str, endpoint: str, model: str, owner: str, input: dict[str, Any] | None = None,
+        input_format: str | None = None, model_config: dict[str, Any] | None = None, output_uri: str | None = None,
+        array_output_uri: str | None = None, metadata: dict[str, Any] | None = None,
+        labels: dict[str, Any] | None = None, priority: int = 0, data_parallelism: int = 1,
+        resources: dict[str, Any] | None = None, max_runtime_sec: int | None = None,
+        expires_at: datetime | None = None, dag_run_id: str | None = None, id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> Job: ...
+    def get_job(self, job_id: str, owner: str | None = None) -> Job | None: ...
+    def list_jobs(
+        self, owner: str | None = None, statuses: Iterable[JobStatus | str] | None = None, model: str | None = None,
+        metadata: Mapping[str, str] | None = None, created_after: datetime | None = None, dialect: str | None = None,
+        expires_before: datetime | None = None, order_by: str = "-created_at", limit: int = 100, offset: int = 0,
+        after: str | None = None,
+    ) -> tuple[list[Job], int]: ...
+    def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job: ...
+    def end_job(self, job_id: str, status: JobStatus | str, reason: str | None = None) -> Job: ...
+    def request_cancel(self, job_id: str, owner: str | None = None, reason: str | None = None) -> Job: ...
+    def set_priority(self, job_id: str, priority: int, owner: str | None = None) -> Job: ...
+    def set_dag_run(self, job_id: str, dag_run_id: str) -> Job: ...
+    def delete_job(self, job_id: str, owner: str | None = None) -> None: ...
+    def jobs_writing(self, array_output_uri: str) -> list[Job]: ...
+
+
+class JobRepository(Repository):
+    """The jobs (see the module docstring)."""
+
+    def _compare_and_set(
+        self, job_id: str, changes: Callable[[Row], dict[str, Any] | None], owner: str | None = None
+    ) -> Job:
+        """Apply ``changes(row)`` (None = nothing to do) only if the status is still the one
+        it was computed from; re-read and recompute when another writer moved it first."""
+        for _ in range(CAS_ATTEMPTS):
+            with self._transaction(write=True) as connection:
+                row = connection.execute(select(JOBS).where(*owned(JOBS, job_id, owner))).one_or_none()
+                if row is None:
+                    raise JobNotFound(f"no job {job_id!r}")
+                values = changes(row)
+                if values is None:
+                    return job_snapshot(row)
+                updated = connection.execute(
+                    update(JOBS)
+                    .where(JOBS.c.id == job_id, JOBS.c.status == row.status)
+                    .values(**values, updated_at=utcnow())
+                    .returning(*JOBS.c)
+                ).one_or_none()
+                if updated is not None:
+                    # Webhooks: a job's end writes its outbox rows in this same transaction.
+                    enqueue_job_end(connection, row, updated)
+                    return job_snapshot(updated)
+        raise ConcurrentUpdate(f"job {job_id!r}: status kept changing under {CAS_ATTEMPTS} attempts")
+
+    def _update_job(self, job_id: str, owner: str | None = None, **values: Any) -> Job:
+        with self._transaction(write=True) as connection:
+            updated = connection.execute(
+                update(JOBS).where(*owned(JOBS, job_id, owner)).values(**values, updated_at=utcnow()).returning(*JOBS.c)
+            ).one_or_none()
+            if updated is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            return job_snapshot(updated)
+
+    def create_job(
+        self,
+        *,
+        dialect: str,
+        endpoint: str,
+        model: str,
+        owner: str,
+        input: dict[str, Any] | None = None,
+        input_format: str | None = None,
+        model_config: dict[str, Any] | None = None,
+        output_uri: str | None = None,
+        array_output_uri: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        labels: dict[str, Any] | None = None,
+        priority: int = 0,
+        data_parallelism: int = 1,
+        resources: dict[str, Any] | None = None,
+        max_runtime_sec: int | None = None,
+        expires_at: datetime | None = None,
+        dag_run_id: str | None = None,
+        id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> Job:
+        """Insert a QUEUED job and return it.
+
+        ``id`` defaults to ``job_<uuid4 hex>``; an id already taken raises DuplicateId.
+        ``expires_at`` defaults to created_at + max_runtime_sec when that is given.
+        ``endpoint`` must be a supported endpoint, ``dialect`` one of DIALECTS.
+        """
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect {dialect!r} is unknown; use one of {', '.join(DIALECTS)}")
+        endpoint = parse_endpoint(endpoint).value
+        if data_parallelism < 1:
+            raise ValueError(f"data_parallelism must be >= 1, got {data_parallelism}")
+        if max_runtime_sec is not None and max_runtime_sec < 1:
+            raise ValueError(f"max_runtime_sec must be >= 1, got {max_runtime_sec}")
+        require_aware(created_at=created_at, expires_at=expires_at)
+        created_at = created_at or utcnow()
+        if expires_at is None and max_runtime_sec is not None:
+            expires_at = created_at + timedelta(seconds=max_runtime_sec)
+        values = dict(
+            id=id or new_job_id(),
+            dialect=dialect,
+            endpoint=endpoint,
+            model=model,
+            owner=owner,
+            input=input or {},
+            input_format=input_format,
+            model_config=model_config or {},
+            output_uri=output_uri,
+            array_output_uri=array_output_uri,
+            metadata=metadata or {},
+            labels=labels or {},
+            priority=priority,
+            data_parallelism=data_parallelism,
+            resources=resources or {},
+            max_runtime_sec=max_runtime_sec,
+            expires_at=expires_at,
+            dag_run_id=dag_run_id,
+            status=JobStatus.QUEUED.value,
+            created_at=created_at,
+            updated_at=created_at,
+            errors=[],
+            total=0,
+            completed=0,
+            succeeded=0,
+            failed=0,
+        )
+        return job_snapshot(self._insert(JOBS, values, JOBS.c))
+
+    def get_job(self, job_id: str, owner: str | None = None) -> Job | None:
+        """The job, or None if it does not exist or belongs to another owner."""
+        with self._transaction(write=False) as connection:
+            row = connection.execute(select(JOBS).where(*owned(JOBS, job_id, owner))).one_or_none()
+            return job_snapshot(row) if row is not None else None
+
+    def list_jobs(
+        self,
+        owner: str | None = None,
+        statuses: Iterable[JobStatus | str] | None = None,
+        model: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        created_after: datetime | None = None,
+        dialect: str | None = None,
+        expires_before: datetime | None = None,
+        order_by: str = "-created_at",
+        limit: int = 100,
+        offset: int = 0,
+        after: str | None = None,
+    ) -> tuple[list[Job], int]:
+        """One page of jobs matching every given filter, and how many match in all.
+
+        ``metadata`` matches jobs whose metadata has each key with that (string) value.
+        ``order_by`` is ``[-]created_at|updated_at|priority`` (ties broken by id).
+        Paginate with ``offset`` or with ``after`` = the last job id of the previous page
+        (keyset: stable while new jobs arrive); an unknown ``after`` raises InvalidCursor.
+        ``total`` ignores limit, offset and after.
+        """
+        check_page(limit, offset)
+        require_aware(created_after=created_after, expires_before=expires_before)
+        order = ordering(JOBS, order_by, _JOB_ORDER_COLUMNS)
+        c = JOBS.c
+        filters: list[ColumnElement[bool]] = []
+        if owner is not None:
+            filters.append(c.owner == owner)
+        if statuses is not None:
+            filters.append(c.status.in_([JobStatus(s).value for s in statuses]))
+        if model is not None:
+            filters.append(c.model == model)
+        if dialect is not None:
+            filters.append(c.dialect == dialect)
+        if created_after is not None:
+            filters.append(c.created_at > created_after)
+        if expires_before is not None:
+            filters.append(c.expires_at < expires_before)
+        for key, value in (metadata or {}).items():
+            filters.append(c.metadata[key].as_string() == str(value))
+        with self._transaction(write=False) as connection:
+            rows, total = page(connection, JOBS, filters, order, limit, offset, after, owner=owner)
+            return [job_snapshot(r) for r in rows], total
+
+    def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job:
+        """Move the job to `new_status` (atomically; see check_transition for legal moves).
+
+        Sets the status's timestamps if unset (see _STATUS_TIMESTAMPS) and the reason if
+        given. Moving to the status it has already is a no-op returning the job (so a
+        retried step is harmless); a terminal status is never left (InvalidTransition).
+        """
+        new = JobStatus(new_status)
+
+        def changes(row: Row) -> dict[str, Any] | None:
+            current = JobStatus(row.status)
+            check_transition(current, new)
+            if current == new:
+                return None
+            return _entering(row, new, reason)
+
+        return self._compare_and_set(job_id, changes)
+
+    def end_job(self, job_id: str, status: JobStatus | str, reason: str | None = None) -> Job:
+        """End a live job in the terminal `status` (with its timestamps and `reason`); a job
+        that has ended already is returned as it ended. Race-free, unlike reading the job
+        and then calling transition: meant for failure callbacks, expiry and reconciling."""
+        final = JobStatus(status)
+        if not final.terminal:
+            raise ValueError(f"end_job needs a terminal status, got {final}")
+
+        def changes(row: Row) -> dict[str, Any] | None:
+            if JobStatus(row.status).terminal:
+                return None
+            return _entering(row, final, reason)
+
+        return self._compare_and_set(job_id, changes)
+
+    def request_cancel(self, job_id: str, owner: str | None = None, reason: str | None = None) -> Job:
+        """Ask a live job to stop: sets cancel_requested_at and moves it to CANCELLING.
+
+        A job already CANCELLING or terminal is returned unchanged (cancel is idempotent
+        and never rewrites how a job ended). Workers notice through the cancel marker
+        their runner mirrors from this flag (llm_batch.pipeline.shard_task).
+        """
+
+        def changes(row: Row) -> dict[str, Any] | None:
+            current = JobStatus(row.status)
+            if current.terminal or current == JobStatus.CANCELLING:
+                return None
+            return _entering(row, JobStatus.CANCELLING, reason or "cancel requested")
+
+        return self._compare_and_set(job_id, changes, owner)
+
+    def set_counts(
+        self,
+        job_id: str,
+        *,
+        total: int | None = None,
+        completed: int | None = None,
+        succeeded: int | None = None,
+        failed: int | None = None,
+        invalid: int | None = None,
+    ) -> Job:
+        """Overwrite the given counters (None leaves one as it is). ``invalid``: the lines
+        that failed validation, the base of the live counts (see report_shard)."""
+        given = (total, completed, succeeded, failed, invalid)
+        values = {k: v for k, v in zip((*_COUNTERS, "invalid"), given) if v is not None}
+        require_non_negative(values)
+        return self._update_job(job_id, **values)
+
+    def set_usage(
+        self,
+        job_id: str,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_prompt_tokens: int | None,
+        reasoning_tokens: int,
+    ) -> Job:
+        """Overwrite the job's token counts (the merge's exact sums over the output lines;
+        cached None = unknown)."""
+        return self._update_job(job_id, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                cached_prompt_tokens=cached_prompt_tokens, reasoning_tokens=reasoning_tokens)
+
+    def add_counts(
+        self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0
+    ) -> Job:
+        """Add to the counters atomically in SQL (``completed = completed + n``): safe when
+        many workers report at once."""
+        deltas = dict(zip(_COUNTERS, (total, completed, succeeded, failed)))
+        return self._update_job(job_id, **{name: JOBS.c[name] + delta for name, delta in deltas.items() if delta})
+
+    def set_outputs(
+        self,
+        job_id: str,
+        *,
+        output_uri: str | None = None,
+        array_output_uri: str | None = None,
+        output_file_id: str | None = None,
+        error_file_id: str | None = None,
+        errors: list[dict[str, Any]] | None = None,
+    ) -> Job:
+        """Record where the results went and the error summary ([{code, message, count}]).
+        Arguments left None are left unchanged."""
+        given = {
+            "output_uri": output_uri,
+            "array_output_uri": array_output_uri,
+            "output_file_id": output_file_id,
+            "error_file_id": error_file_id,
+            "errors": errors,
+        }
+        return self._update_job(job_id, **{k: v for k, v in given.items() if v is not None})
+
+    def set_priority(self, job_id: str, priority: int, owner: str | None = None) -> Job:
+        return self._update_job(job_id, owner, priority=priority)
+
+    def set_dag_run(self, job_id: str, dag_run_id: str) -> Job:
+        return self._update_job(job_id, dag_run_id=dag_run_id)
+
+    def delete_job(self, job_id: str, owner: str | None = None) -> None:
+        """Remove an ended job's record (JobNotFound if unknown, someone else's, or live:
+        a live job is cancelled first, never deleted under its run)."""
+        terminal = [s.value for s in JobStatus if s.terminal]
+        with self._transaction(write=True) as connection:
+            deleted = connection.execute(delete(JOBS).where(*owned(JOBS, job_id, owner), JOBS.c.status.in_(terminal)))
+            if deleted.rowcount != 1:
+                raise JobNotFound(f"no ended job {job_id!r}")
+            connection.execute(delete(SHARDS).where(SHARDS.c.job_id == job_id))
+            connection.execute(delete(HISTORY).where(HISTORY.c.job_id == job_id))
+
+    def jobs_writing(self, array_output_uri: str) -> list[Job]:
+        """Every job (any owner, any status) whose results go to this user path."""
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(select(JOBS).where(JOBS.c.array_output_uri == array_output_uri))
+            return [job_snapshot(r) for r in rows]

@@ -1,0 +1,124 @@
+"""Usage: what owners hold now (the per-owner limits' measures) and what jobs used, summed by
+owner, model or label (``/v1/usage``, ``llm-batch usage``). Reads the ``jobs`` and ``files``
+tables; writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import func, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore.repository import Repository, require_aware
+from llm_batch.infra.jobstore.tables import FILES, JOBS
+
+# JobStore.usage: what it groups by, and the groups that are not a value of the column.
+USAGE_GROUPINGS = ("owner", "model", "label")
+USAGE_ALL_GROUP = "(all)"  # by=None: one row over every job
+USAGE_NO_LABELS_GROUP = "(none)"  # by="label": the jobs without labels
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageRow:
+    """JobStore.usage: the sums over one group's jobs (any status; live jobs with their live
+    counts). ``gpu_seconds``: each job's engine seconds x its GPUs (see JobStore.usage)."""
+
+    group: str
+    jobs: int = 0
+    requests_total: int = 0
+    requests_succeeded: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # jobs whose count is unknown (None) add 0
+    reasoning_tokens: int = 0
+    engine_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+
+
+class Usage(Protocol):
+    """Usage, as the API's limits and usage report and the CLI read it (UsageRepository)."""
+
+    def owner_usage(self, owner: str) -> dict[str, int]: ...
+    def usage(
+        self, by: str | None = None, since: datetime | None = None, owner: str | None = None
+    ) -> list[UsageRow]: ...
+
+
+class UsageRepository(Repository):
+    """Usage (see the module docstring)."""
+
+    def owner_usage(self, owner: str) -> dict[str, int]:
+        """What `owner` holds now: live jobs, their requests (known totals) and the bytes of
+        their stored files that are not deleted (the per-owner limits' measures)."""
+        live = [s.value for s in JobStatus if not s.terminal]
+        with self._transaction(write=False) as connection:
+            jobs, requests = connection.execute(
+                select(func.count(), func.coalesce(func.sum(JOBS.c.total), 0))
+                .where(JOBS.c.owner == owner, JOBS.c.status.in_(live))
+            ).one()
+            stored = connection.execute(
+                select(func.coalesce(func.sum(FILES.c.bytes), 0))
+                .where(FILES.c.owner == owner, FILES.c.deleted_at.is_(None))
+            ).scalar_one()
+        return {"live_jobs": int(jobs), "requests_in_flight": int(requests), "file_bytes": int(stored)}
+
+    def usage(
+        self, by: str | None = None, since: datetime | None = None, owner: str | None = None
+    ) -> list[UsageRow]:
+        """Usage summed over jobs created at or after `since` (every job when None), of
+        `owner` when given, whatever their status: jobs, requests (total, succeeded,
+        failed), tokens, engine seconds and GPU seconds.
+
+        ``by``: None -> one row, group ``(all)`` (zeros when no job matches); ``owner`` or
+        ``model`` -> one row per value (summed in SQL); ``label`` -> one row per label
+        ``key=value`` a job has: a job with two labels counts in both rows, a job without
+        labels in the row ``(none)`` (labels are JSON: summed in Python over the streamed
+        rows, keeping only the per-group sums). Rows are ordered by group.
+
+        GPU seconds of a job: its engine seconds x the ``gpus`` in its resources, 1 when it
+        names none (what every shard is planned with). A job recorded with ``gpus: 0`` (a CPU
+        run) adds 0; the store does not record the device a shard ran on, so a CPU run
+        planned with the default counts as 1 GPU.
+        """
+        if by is not None and by not in USAGE_GROUPINGS:
+            raise ValueError(f"cannot group usage by {by!r}; use one of {', '.join(USAGE_GROUPINGS)} (or none)")
+        require_aware(since=since)
+        c = JOBS.c
+        filters: list[ColumnElement[bool]] = []
+        if since is not None:
+            filters.append(c.created_at >= since)
+        if owner is not None:
+            filters.append(c.owner == owner)
+        gpus = func.coalesce(c.resources["gpus"].as_integer(), 1)
+        measures = (c.total, c.succeeded, c.failed, c.prompt_tokens, c.completion_tokens, c.cached_prompt_tokens,
+                    c.reasoning_tokens, c.engine_seconds, c.engine_seconds * gpus)
+        integers = len(measures) - 2  # the last two are seconds
+
+        def row_of(group: str, jobs: int, sums: list[Any]) -> UsageRow:
+            counts, seconds = sums[:integers], sums[integers:]
+            return UsageRow(str(group), int(jobs), *(int(v or 0) for v in counts), *(float(v or 0) for v in seconds))
+
+        with self._transaction(write=False) as connection:
+            if by == "label":
+                totals: dict[str, list[float]] = {}
+                rows = connection.execution_options(yield_per=1000).execute(select(c.labels, *measures).where(*filters))
+                for labels, *values in rows:
+                    pairs = labels.items() if isinstance(labels, dict) else ()
+                    for group in [f"{key}={value}" for key, value in pairs] or [USAGE_NO_LABELS_GROUP]:
+                        sums = totals.setdefault(group, [0] * (len(measures) + 1))
+                        sums[0] += 1
+                        for i, value in enumerate(values, start=1):
+                            sums[i] += value or 0
+                return [row_of(group, sums[0], sums[1:]) for group, sums in sorted(totals.items())]
+            query = select(func.count(), *(func.coalesce(func.sum(m), 0) for m in measures)).where(*filters)
+            if by is None:
+                jobs, *sums = connection.execute(query).one()
+                return [row_of(USAGE_ALL_GROUP, jobs, sums)]
+            key = c[by]
+            rows = connection.execute(query.add_columns(key).group_by(key).order_by(key))
+            return [row_of(group, jobs, sums) for jobs, *sums, group in rows]
