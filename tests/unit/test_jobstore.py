@@ -8,6 +8,7 @@ The ``store`` fixture is parametrised: ``sqlite`` (a file in tmp_path) and ``pos
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta, timezone
@@ -122,7 +123,7 @@ def test_migration_0003_keeps_the_array_output_path_under_its_new_name(store_url
 def test_postgres_fixture_names_the_install_line_when_postgres_is_missing(tmp_path: Path):
     from tests.fixtures.postgres import INSTALL_HINT, find_postgres_bin
 
-    with pytest.raises(pytest.fail.Exception, match=INSTALL_HINT):
+    with pytest.raises(pytest.fail.Exception, match=re.escape(INSTALL_HINT)):
         find_postgres_bin(tmp_path)
     (tmp_path / "pginstall" / "bin").mkdir(parents=True)
     for name in ("initdb", "pg_ctl"):
