@@ -122,7 +122,7 @@ def pipeline(model: str, count: int, max_tokens: int, model_cache: Path) -> dict
             job = client.submit(batch, endpoint="/v1/chat/completions", model=model)
             job = client.wait(job.id, poll=0.5)
             ended = time.monotonic()
-            if job.status != "SUCCESS":
+            if job.status != "SUCCEEDED":
                 raise SystemExit(f"the pipeline job ended {job.status}: {job.errors}")
             results = b"".join(client.file_content(job.output_file)).splitlines()
         tokens = sum(json.loads(r)["response"]["body"]["usage"]["completion_tokens"] for r in results if r.strip())

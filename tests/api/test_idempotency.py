@@ -267,7 +267,7 @@ def test_the_cli_client_sends_a_derived_key(live_server, creds, tmp_path):
         assert cli.submit(batch, endpoint=CHAT, model=MODEL, new=True).id != first.id
         other = cli.submit(batch, endpoint=CHAT, model=MODEL, idempotency_key=_key())
         assert other.id != first.id
-        # The Scale route (shards): the default output path follows the key, so a retry is a replay.
+        # With shards (and any other option) the same: upload + native create, both keyed.
         sharded = cli.submit(batch, endpoint=CHAT, model=MODEL, shards=2)
         assert cli.submit(batch, endpoint=CHAT, model=MODEL, shards=2).id == sharded.id
     assert submit_key(batch, model=MODEL) == submit_key(batch, model=MODEL) != submit_key(batch, model="other")

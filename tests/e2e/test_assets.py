@@ -58,7 +58,7 @@ def test_succeeded_job_emits_an_event_and_runs_the_consumer(e2e_stack, airflow, 
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL)
     job_logs.append(job.id)
     job = batch_client.wait(job.id, timeout=JOB_TIMEOUT)
-    assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCESS", 5, 5, 0), job
+    assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCEEDED", 5, 5, 0), job
 
     events = wait_until(f"an asset event of job {job.id}", lambda: airflow.events_of(job.id), 60, poll=2)
     extra = events[0]["extra"]

@@ -34,5 +34,5 @@ def test_what_stopped_the_scheduler_is_refused_and_the_stack_keeps_working(e2e_s
                               endpoint="/v1/chat/completions", model=MODEL).id
     job_logs.append(job)
     done = wait_until(f"job {job} to end", lambda: (lambda j: j if j.terminal else None)(batch_client.job(job)), 420)
-    assert (done.status, done.succeeded, done.failed) == ("SUCCESS", 2, 0)
+    assert (done.status, done.succeeded, done.failed) == ("SUCCEEDED", 2, 0)
     assert e2e_stack.running()["scheduler"] == scheduler, "the scheduler was restarted: it had stopped"

@@ -130,7 +130,7 @@ def test_recurring_spec_runs_on_its_schedule(e2e_stack, batch_client, job_logs):
     job_logs.append(job_id)
     wait_until(f"job {job_id} to exist", lambda: _status_or_none(batch_client, job_id), 120)
     job = batch_client.wait(job_id, timeout=JOB_TIMEOUT)
-    assert (job.status, job.total, job.succeeded) == ("SUCCESS", RECURRING_REQUESTS, RECURRING_REQUESTS), job
+    assert (job.status, job.total, job.succeeded) == ("SUCCEEDED", RECURRING_REQUESTS, RECURRING_REQUESTS), job
     assert len(_content(batch_client, job.output_file)) == RECURRING_REQUESTS
 
 
@@ -160,7 +160,7 @@ def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, j
     e2e_stack.start_component("scheduler")
 
     job = batch_client.wait(job_id, timeout=JOB_TIMEOUT)
-    assert job.status == "SUCCESS", job
+    assert job.status == "SUCCEEDED", job
     assert (job.total, job.succeeded, job.failed) == (30, 30, 0)
     assert _job_ids(_content(batch_client, job.output_file)) == [f"req-{i:04d}" for i in range(30)]
 
@@ -169,27 +169,26 @@ def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs,
     batch = long_batch(tmp_path / "cancel.jsonl", 150)
     # Four at a time: the first result comes early and tens of seconds of work are left when
     # the cancel reaches the worker (all 150 at once finish within seconds of the first).
-    # A model_config makes it a Scale job: results are numbered by position.
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
                               model_config={"engine_args": {"max_num_seqs": 4}})
     job_logs.append(job.id)
     _wait_for_progress(batch_client, job.id)
 
-    assert batch_client.cancel(job.id).status in ("CANCELLATION_REQUESTED", "CANCELLED")
+    assert batch_client.cancel(job.id).status in ("CANCELLING", "CANCELLED")
     job = batch_client.wait(job.id, timeout=JOB_TIMEOUT)
     assert job.status == "CANCELLED", job
     outputs, errors = _content(batch_client, job.output_file), _content(batch_client, job.error_file)
     assert 0 < job.succeeded < job.total == 150
     assert job.succeeded + job.failed == job.total
     assert len(outputs) == job.succeeded and len(errors) == job.failed
-    assert sorted(_job_ids(outputs) + _job_ids(errors)) == sorted(str(i) for i in range(150))
+    assert sorted(_job_ids(outputs) + _job_ids(errors)) == [f"req-{i:04d}" for i in range(150)]
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
 
 
 def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
-    """The Scale route with two shards (what ``llm-batch submit --shards 2`` sends; with one
-    sequence at a time, which the CLI has no flag for), then the CLI: kill -9 the shards'
-    workers mid-shard; the task retries, the worker resumes, and every request has one result."""
+    """Two shards, one sequence at a time (``llm-batch submit --shards 2 --model-config
+    '{"engine_args": {"max_num_seqs": 1}}'``), then the CLI: kill -9 the shards' workers
+    mid-shard; the task retries, the worker resumes, and every request has one result."""
     from llm_batch.core.config import get_settings
     from llm_batch.core.layout import JobLayout
     from llm_batch.infra import storage
@@ -223,16 +222,16 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
         waited = _cli("job", job_id, "--wait", timeout=JOB_TIMEOUT)
         assert waited.returncode == 0, waited.stdout + waited.stderr
         job = client.job(job_id)
-    assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCESS", 60, 60, 0)
+    assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCEEDED", 60, 60, 0)
 
     results = tmp_path / "results.jsonl"
     fetched = _cli("results", job_id, "-o", str(results))
     assert fetched.returncode == 0, fetched.stderr
-    # The Scale route numbers requests by position: exactly one result per request, in order.
-    assert _job_ids(read_jsonl(results.read_bytes())) == [str(i) for i in range(60)]
+    # Exactly one result per request, in input order, under the file's custom_ids.
+    assert _job_ids(read_jsonl(results.read_bytes())) == [f"req-{i:04d}" for i in range(60)]
     listed = _cli("jobs", "--limit", "50")
     assert listed.returncode == 0, listed.stderr
-    assert re.search(rf"^{job_id}\s+SUCCESS\s", listed.stdout, re.MULTILINE), listed.stdout
+    assert re.search(rf"^{job_id}\s+SUCCEEDED\s", listed.stdout, re.MULTILINE), listed.stdout
     tries = _shard_tries(e2e_stack, job_id)
     assert max(tries) >= 2, f"no shard task was retried: {tries}"
 
@@ -262,4 +261,4 @@ def test_deadline_mid_run_times_out_with_partial_results(e2e_stack, batch_client
     assert 0 < job.succeeded < job.total == 400, job
     assert job.succeeded + job.failed == job.total
     assert len(outputs) == job.succeeded and len(errors) == job.failed
-    assert sorted(_job_ids(outputs) + _job_ids(errors)) == sorted(str(i) for i in range(400))
+    assert sorted(_job_ids(outputs) + _job_ids(errors)) == [f"req-{i:04d}" for i in range(400)]

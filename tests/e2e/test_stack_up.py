@@ -69,7 +69,7 @@ def test_a_killed_scheduler_is_started_again_by_the_supervisor(e2e_stack, batch_
                               endpoint="/v1/chat/completions", model=MODEL)
     job_logs.append(job.id)
     job = batch_client.wait(job.id, timeout=420)
-    assert (job.status, job.total, job.succeeded) == ("SUCCESS", 4, 4), job
+    assert (job.status, job.total, job.succeeded) == ("SUCCEEDED", 4, 4), job
 
     result = e2e_stack.up(timeout=180)  # nothing left to do
     assert (result.started, result.restarted, result.already_running) == ((), (), COMPONENTS)

@@ -1,5 +1,7 @@
-"""The REST client and the job commands against a stub transport (fast; the real stack is
-tests/e2e): route choice, request bodies, error messages, exit codes."""
+"""The REST client and the job commands against a stub transport (fast; the real API app:
+tests/api/test_cli_submit.py; the real stack: tests/e2e): what a submission sends (upload,
+then the native create, for every option), Scale files as JSONL, the canonical status
+words, error messages, exit codes."""
 
 from __future__ import annotations
 
@@ -11,14 +13,9 @@ import pytest
 
 from llm_batch.cli import jobs as jobs_command
 from llm_batch.infra import api_client as client_module
-from llm_batch.infra.api_client import ApiError, BatchClient, scale_content, uses_mistral_route
+from llm_batch.infra.api_client import ApiError, BatchClient, scale_to_jsonl
 
-JOB = {
-    "id": "job_1", "status": "QUEUED", "endpoint": "/v1/chat/completions", "model": "m",
-    "total_requests": 0, "completed_requests": 0, "succeeded_requests": 0, "failed_requests": 0,
-    "created_at": 1, "errors": [],
-}
-# The same job as the native route (GET /v1/jobs/{id}) answers it: job() and jobs() read that.
+# A job as the native route (POST/GET /v1/jobs) answers it.
 NATIVE_JOB = {
     "id": "job_1", "status": "QUEUED", "terminal": False, "endpoint": "/v1/chat/completions", "model": "m",
     "counts": {"total": 0, "completed": 0, "succeeded": 0, "failed": 0}, "created_at": 1,
@@ -48,67 +45,137 @@ class Recorder:
         return BatchClient("http://stub/batch", "key-1", transport=httpx.MockTransport(self))
 
 
-@pytest.mark.parametrize(
-    ("fmt", "shards", "runtime", "mistral"),
-    [("jsonl", 1, None, True), ("jsonl", 1, 7200, True), ("jsonl", 2, None, False),
-     ("jsonl", 1, 90, False), ("scale-v2", 1, None, False)],
-)
-def test_route_choice(fmt, shards, runtime, mistral):
-    assert uses_mistral_route(fmt, shards, runtime) is mistral
-    assert uses_mistral_route(fmt, shards, runtime, {"engine_args": {"max_num_seqs": 2}}) is False
-
-
-def test_scale_content_keeps_bodies_in_order_and_names_bad_lines(tmp_path):
-    assert [item["messages"][0]["content"] for item in scale_content(_batch(tmp_path), "jsonl")] == ["0", "1", "2"]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"custom_id": "a", "body": {}}\n{"custom_id": "b"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: no 'body' object"):
-        scale_content(bad, "jsonl")
-
-
-def test_one_shard_goes_through_upload_and_the_mistral_route(tmp_path):
-    stub = Recorder({
+def _submit_stub() -> Recorder:
+    return Recorder({
         ("POST", "/batch/v1/files"): httpx.Response(200, json={"id": "file-1"}),
-        ("POST", "/batch/v1/batch/jobs"): httpx.Response(200, json=JOB),
+        ("POST", "/batch/v1/jobs"): httpx.Response(200, json=NATIVE_JOB),
     })
-    job = stub.client().submit(_batch(tmp_path), endpoint="/v1/chat/completions", model="m", max_runtime_sec=7200)
-    assert job.id == "job_1" and not job.terminal
-    body = json.loads(stub.seen[1].content)
-    assert body == {"input_files": ["file-1"], "endpoint": "/v1/chat/completions", "model": "m", "timeout_hours": 2}
-    assert stub.seen[0].headers["authorization"] == "Bearer key-1"
 
 
-def test_shards_go_through_the_scale_route_as_data_parallelism(tmp_path):
+@pytest.mark.parametrize("options", [
+    {},
+    {"shards": 3, "max_runtime_sec": 90, "model_config": {"engine_args": {"max_num_seqs": 2}},
+     "output_path": "/srv/out.jsonl", "metadata": {"team": "a"}},
+])
+def test_every_submission_is_an_upload_then_a_native_create(tmp_path, options):
+    batch = _batch(tmp_path)
+    stub = _submit_stub()
+    job = stub.client().submit(batch, endpoint="/v1/chat/completions", model="m", **options)
+    assert job.id == "job_1" and job.status == "QUEUED" and not job.terminal
+    upload, create = stub.seen
+    assert (upload.method, upload.url.path, create.method, create.url.path) == (
+        "POST", "/batch/v1/files", "POST", "/batch/v1/jobs")
+    assert batch.read_bytes() in upload.content  # the file as it is: its custom_ids are the job's
+    assert upload.headers["authorization"] == create.headers["authorization"] == "Bearer key-1"
+    assert upload.headers["idempotency-key"] == create.headers["idempotency-key"] + ":upload"
+    expected = {"input_file_ids": ["file-1"], "endpoint": "/v1/chat/completions", "model": "m",
+                "data_parallelism": options.get("shards", 1)}
+    if options:
+        expected |= {"max_runtime_sec": 90, "model_config": {"engine_args": {"max_num_seqs": 2}},
+                     "output_uri": "/srv/out.jsonl", "labels": {"team": "a"}}
+    assert json.loads(create.content) == expected
+
+
+def test_the_cli_passes_every_option_and_refuses_a_bad_model_config(monkeypatch, capsys, tmp_path):
+    stub = _submit_stub()
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    from llm_batch.cli.main import main
+
+    assert main(["submit", str(_batch(tmp_path)), "--model", "m", "--shards", "2", "--max-runtime", "5400",
+                 "--model-config", '{"max_model_len": 512}', "--output", "out/r.jsonl", "--new"]) == 0
+    assert capsys.readouterr().out.strip() == "job_1"
+    body = json.loads(stub.seen[-1].content)
+    assert (body["data_parallelism"], body["max_runtime_sec"], body["model_config"], body["output_uri"]) == (
+        2, 5400, {"max_model_len": 512}, "out/r.jsonl")
+    assert "idempotency-key" not in stub.seen[-1].headers  # --new
+    with pytest.raises(SystemExit):
+        main(["submit", str(_batch(tmp_path)), "--model", "m", "--model-config", "[1]"])
+    assert "must be a JSON object" in capsys.readouterr().err
+
+
+def test_scale_files_are_sent_as_jsonl_lines_numbered_by_position(tmp_path):
+    v2 = tmp_path / "v2.json"
+    v2.write_text(json.dumps([{"messages": [{"role": "user", "content": "a"}], "guided_choice": ["x", "y"]},
+                              {"messages": [{"role": "user", "content": "b"}]}, 7]))
+    stub = _submit_stub()
+    stub.client().submit(v2, endpoint="/v1/chat/completions", model="m", input_format="scale-v2", shards=2)
+    lines = [json.loads(line) for line in stub.seen[0].content.split(b"\n") if line.startswith(b'{"custom_id"')]
+    assert [line["custom_id"] for line in lines] == ["0", "1", "2"]
+    assert lines[0]["body"] == {"messages": [{"role": "user", "content": "a"}],
+                                "structured_outputs": {"choice": ["x", "y"]}}
+    assert lines[2]["body"] == 7  # not a request: the job's validation reports it as request 2's error
+    assert json.loads(stub.seen[1].content)["data_parallelism"] == 2
+
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps({"prompts": ["p0", "p1"], "max_new_tokens": 3, "temperature": 0.5}))
+    with open(tmp_path / "out.jsonl", "wb") as out:
+        assert scale_to_jsonl(v1, "scale-v1", "/v1/completions", out) == 2
+    first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
+    assert first == {"custom_id": "0", "body": {"prompt": "p0", "max_tokens": 3, "temperature": 0.5,
+                                                "skip_special_tokens": True}}
+
+
+def test_a_scale_file_for_another_endpoint_or_unreadable_is_refused_before_any_request(tmp_path):
+    stub = _submit_stub()
+    v2 = tmp_path / "v2.json"
+    v2.write_text(json.dumps([{"prompt": "a"}]))
+    with pytest.raises(ValueError, match="its endpoint must be /v1/completions"):
+        stub.client().submit(v2, endpoint="/v1/chat/completions", model="m", input_format="scale-v2")
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps({"prompts": ["p"], "max_new_tokens": 3, "temperature": 0.5}))
+    with pytest.raises(ValueError, match="scale-v1 content makes /v1/completions requests"):
+        stub.client().submit(v1, endpoint="/v1/chat/completions", model="m", input_format="scale-v1")
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"prompt": "a"}, {')
+    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+        stub.client().submit(broken, endpoint="/v1/completions", model="m", input_format="scale-v2")
+    assert stub.seen == []
+
+
+def test_jobs_are_read_listed_and_cancelled_through_the_native_route():
+    cancelling = {**NATIVE_JOB, "status": "CANCELLING"}
     stub = Recorder({
-        ("POST", "/batch/v2/batch-completions"): httpx.Response(200, json={"job_id": "job_1"}),
-        ("GET", "/batch/v1/jobs/job_1"): httpx.Response(200, json=NATIVE_JOB),
+        ("GET", "/batch/v1/jobs/job_1"): httpx.Response(200, json={**NATIVE_JOB, "status": "VALIDATING"}),
+        ("GET", "/batch/v1/jobs"): httpx.Response(200, json={"data": [NATIVE_JOB], "has_more": False}),
+        ("POST", "/batch/v1/jobs/job_1/cancel"): httpx.Response(200, json=cancelling),
     })
-    stub.client().submit(_batch(tmp_path), endpoint="/v1/chat/completions", model="m", shards=3,
-                         output_path="/srv/out.json")
-    body = json.loads(stub.seen[0].content)
-    assert body["data_parallelism"] == 3 and body["model_config"] == {"model": "m"}
-    assert body["output_data_path"] == "/srv/out.json" and len(body["content"]) == 3
+    api = stub.client()
+    assert api.job("job_1").status == "VALIDATING"
+    assert [j.id for j in api.jobs(limit=5)] == ["job_1"] and stub.seen[1].url.params["limit"] == "5"
+    assert api.cancel("job_1").status == "CANCELLING"
+    assert all(r.url.path.startswith("/batch/v1/jobs") for r in stub.seen)
 
 
-def test_api_errors_carry_message_and_parameter():
-    stub = Recorder({("GET", "/batch/v1/jobs/x"): httpx.Response(
-        400, json={"detail": "model 'q' is unknown", "param": "model"})})
+def test_api_errors_carry_message_parameter_and_code():
+    stub = Recorder({
+        ("GET", "/batch/v1/jobs/x"): httpx.Response(
+            400, json={"detail": "model 'q' is unknown", "param": "model", "code": "unknown_model"}),
+        ("POST", "/batch/v1/files"): httpx.Response(
+            413, json={"error": {"message": "too large", "param": "file", "code": "file_too_large"}}),
+        ("GET", "/batch/v1/jobs/y"): httpx.Response(502, text="bad gateway"),
+    })
+    api = stub.client()
     with pytest.raises(ApiError) as caught:
-        stub.client().job("x")
-    assert (caught.value.status, caught.value.message, caught.value.param) == (400, "model 'q' is unknown", "model")
+        api.job("x")
+    assert (caught.value.status, caught.value.message, caught.value.param, caught.value.code) == (
+        400, "model 'q' is unknown", "model", "unknown_model")
+    with pytest.raises(ApiError) as caught:
+        api.upload_stream(__import__("io").BytesIO(b"{}\n"), "a.jsonl")
+    assert (caught.value.status, caught.value.param, caught.value.code) == (413, "file", "file_too_large")
 
 
-@pytest.mark.parametrize(("native", "status", "code"), [("SUCCEEDED", "SUCCESS", 0), ("FAILED", "FAILED", 1),
-                                                        ("CANCELLED", "CANCELLED", 3),
-                                                        ("TIMEOUT_EXCEEDED", "TIMEOUT_EXCEEDED", 4)])
-def test_job_wait_exit_codes(monkeypatch, capsys, native, status, code):
+@pytest.mark.parametrize(("status", "code"), [("SUCCEEDED", 0), ("FAILED", 1), ("CANCELLED", 3),
+                                              ("TIMEOUT_EXCEEDED", 4)])
+def test_job_wait_exit_codes(monkeypatch, capsys, status, code):
     stub = Recorder({("GET", "/batch/v1/jobs/job_1"): httpx.Response(
-        200, json={**NATIVE_JOB, "status": native, "terminal": True})})
+        200, json={**NATIVE_JOB, "status": status, "terminal": True, "status_reason": "why"})})
     monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
     from llm_batch.cli.main import main
 
     assert main(["job", "job_1", "--wait"]) == code
-    assert status in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert f"status     {status}" in shown
+    assert ("note       why" in shown) is (status in ("FAILED", "TIMEOUT_EXCEEDED"))
 
 
 def test_http_and_usage_errors_exit_2(monkeypatch, capsys, tmp_path):

@@ -1,11 +1,16 @@
 """``llm-batch submit | jobs | job | cancel | results``: jobs through the batch REST API.
 
-    llm-batch submit FILE --endpoint E --model M [--shards N] [--format F] [--wait]
-                          [--idempotency-key KEY | --new]
+    llm-batch submit FILE --endpoint E --model M [--shards N] [--format F] [--max-runtime SEC]
+                          [--model-config JSON] [--output URI] [--wait] [--idempotency-key KEY | --new]
     llm-batch jobs [--limit N]
     llm-batch job ID [--wait]
     llm-batch cancel ID
     llm-batch results ID [--errors] [-o FILE]
+
+``submit`` uploads the file (streamed, any size up to the server's limit) and creates the job
+through the native route (``POST /batch/v1/jobs``) with every option; ``jobs``, ``job``,
+``cancel`` read the same route, so statuses are the canonical words
+(``llm_batch.core.jobs.JobStatus``). See llm_batch.infra.api_client.
 
 Exit codes (``--wait`` and ``job --wait`` report the job's end; the others 0 on success):
 0 succeeded (or done), 1 failed, 2 usage or HTTP error (bad arguments, the API refused or
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from llm_batch.cli import print_table
 from llm_batch.core.input_formats import INPUT_FORMATS
+from llm_batch.core.jobs import JobStatus
 
 if TYPE_CHECKING:
     from llm_batch.infra.api_client import BatchClient, JobView
@@ -34,24 +40,30 @@ EXIT_USAGE = 2
 EXIT_CANCELLED = 3
 EXIT_TIMED_OUT = 4
 
-# Mistral status words (how the client reads jobs) -> exit code of a finished job.
+# The end status of a job (canonical words) -> the exit code.
 EXIT_OF_STATUS = {
-    "SUCCESS": EXIT_SUCCEEDED,
-    "FAILED": EXIT_FAILED,
-    "CANCELLED": EXIT_CANCELLED,
-    "TIMEOUT_EXCEEDED": EXIT_TIMED_OUT,
+    JobStatus.SUCCEEDED: EXIT_SUCCEEDED,
+    JobStatus.FAILED: EXIT_FAILED,
+    JobStatus.CANCELLED: EXIT_CANCELLED,
+    JobStatus.TIMEOUT_EXCEEDED: EXIT_TIMED_OUT,
 }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     submit = subparsers.add_parser("submit", help="submit a batch file through the REST API")
-    submit.add_argument("file", type=Path, help="the requests (JSONL, or a Scale JSON file with --format)")
+    submit.add_argument("file", type=Path, help="the requests (JSONL, or a Scale JSON file with --format); "
+                        "uploaded streamed, so any size up to the server's upload limit")
     submit.add_argument("--endpoint", default="/v1/chat/completions", help="e.g. /v1/chat/completions")
     submit.add_argument("--model", required=True, help="a registered model name (llm-batch models list)")
     submit.add_argument("--shards", type=int, default=1, help="shards run in parallel (data_parallelism)")
-    submit.add_argument("--format", dest="input_format", default="jsonl", choices=INPUT_FORMATS)
-    submit.add_argument("--max-runtime", type=int, metavar="SEC", help="deadline in seconds from submission")
-    submit.add_argument("--output", help="Scale route only: where the server writes the JSON results")
+    submit.add_argument("--format", dest="input_format", default="jsonl", choices=INPUT_FORMATS,
+                        help="the file's format; a Scale file's requests get their positions as custom_ids")
+    submit.add_argument("--max-runtime", type=int, metavar="SEC",
+                        help="deadline in seconds from submission (then TIMEOUT_EXCEEDED, finished results kept)")
+    submit.add_argument("--model-config", type=_json_object, metavar="JSON",
+                        help='engine settings, e.g. \'{"engine_args": {"max_num_seqs": 2}, "max_model_len": 4096}\'')
+    submit.add_argument("--output", metavar="URI",
+                        help="also write the results (JSONL, input order) to this path on the server or s3:// URI")
     submit.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
     again = submit.add_mutually_exclusive_group()
     again.add_argument(
@@ -97,7 +109,7 @@ def _submit(args: argparse.Namespace) -> int:
         job = client.submit(
             args.file, endpoint=args.endpoint, model=args.model, shards=args.shards,
             input_format=args.input_format, max_runtime_sec=args.max_runtime, output_path=args.output,
-            idempotency_key=args.idempotency_key, new=args.new,
+            model_config=args.model_config, idempotency_key=args.idempotency_key, new=args.new,
         )
         print(job.id)
         print(f"submitted {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)
@@ -160,6 +172,18 @@ def _results(args: argparse.Namespace) -> int:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _json_object(text: str) -> dict:
+    import orjson
+
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _with_client(run) -> int:
@@ -246,8 +270,8 @@ def _describe(job: JobView) -> None:
     print(f"created    {_when(job.created_at)}")
     if job.started_at:
         print(f"started    {_when(job.started_at)}")
-    if job.completed_at:
-        print(f"ended      {_when(job.completed_at)}")
+    if job.ended_at:
+        print(f"ended      {_when(job.ended_at)}")
     if job.output_file:
         print(f"results    {job.output_file}   (llm-batch results {job.id})")
     if job.error_file and job.failed:

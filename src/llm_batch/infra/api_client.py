@@ -1,60 +1,66 @@
-"""A small HTTP client of llm-batch's batch REST API (the plugin mounted at ``/batch``).
+"""The HTTP client of llm-batch's batch REST API (the plugin mounted at ``/batch``): the one
+the CLI, the dev stack and the Airflow provider's ``LLMBatchHook`` use.
 
     client = BatchClient.from_env()
     job = client.submit(Path("batch.jsonl"), endpoint="/v1/chat/completions", model="m", shards=2)
     job = client.job(job.id)            # JobView: status, counts, output/error file ids
     for chunk in client.file_content(job.output_file): ...
 
-Which route a submission takes (the API has three dialects; none carries everything):
-- the Mistral route (upload the file to ``/v1/files``, then ``POST /v1/batch/jobs``) when
-  the request fits it: a JSONL file, one shard, a deadline in whole hours, no engine
-  settings (``model_config``). It keeps the
-  file's custom_ids and takes any file size.
-- the Scale route (``POST /v2/batch-completions`` with the requests as inline ``content``)
-  otherwise: it alone carries ``data_parallelism`` (shards), a deadline in seconds,
-  ``model_config`` and the Scale input formats. A JSONL file's bodies become Scale v2 items, so custom_ids become
-  the requests' 0-based positions (as Scale defines them); Scale also needs an output path
-  on the server (``output_data_path``), by default ``outputs/...`` in the caller's own folder there.
-Jobs of both routes are read through the Mistral route (``GET /v1/batch/jobs/{id}``, which
-serves any job of the caller), so every job looks the same to the CLI.
+How a submission travels (whatever its options):
+1. the file is uploaded to ``POST /v1/files`` as multipart, streamed from disk in chunks
+   (the client never holds the file in memory; any size up to the server's upload limit);
+   a Scale file (``scale-v2``, ``scale-v1``) is first converted to JSONL lines in a temporary
+   file, streamed too (``scale_to_jsonl``);
+2. the job is created with ``POST /v1/jobs`` (the native route) naming that file
+   (``input_file_ids``) with the endpoint, model, shards (``data_parallelism``), deadline
+   (``max_runtime_sec``), ``model_config``, ``labels`` and ``output_uri``.
+A JSONL file's custom_ids are the job's; a Scale file's requests get their 0-based
+positions ("0", "1", ...), as Scale numbers them.
 
-Errors: ``ApiError`` (the server's answer: status, message, param) and ``httpx.HTTPError``
-(no answer). Configuration: ``LLM_BATCH_API_URL`` (default: the embedded stack's
-``http://127.0.0.1:$LLM_BATCH_API_PORT/batch``) and ``LLM_BATCH_API_KEY`` (default: the key
-``llm-batch up`` stored in ``$LLM_BATCH_HOME/api-key``).
+Jobs are read, listed and cancelled through the same native route (``/v1/jobs``), so a job
+shows the canonical status words (``llm_batch.core.jobs.JobStatus``: QUEUED, VALIDATING,
+RUNNING, FINALIZING, CANCELLING, SUCCEEDED, FAILED, TIMEOUT_EXCEEDED, CANCELLED) whichever
+route or Airflow run created it.
+
+Errors: ``ApiError`` (the server's answer: status, message, param, code) and
+``httpx.HTTPError`` (no answer). Reads (GET) are tried again on 5xx answers and transport
+errors (``send_with_retries``). Configuration: ``LLM_BATCH_API_URL`` (default: the embedded
+stack's ``http://127.0.0.1:$LLM_BATCH_API_PORT/batch``) and ``LLM_BATCH_API_KEY`` (default:
+the key ``llm-batch up`` stored in ``$LLM_BATCH_HOME/api-key``).
 """
 
 from __future__ import annotations
 
-import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import orjson
 import tenacity
 
 from llm_batch.core.config import Settings, get_settings
-from llm_batch.core.input_formats import INPUT_FORMATS
-
-# Mistral status words (the route every job is read through) -> is the job over.
-TERMINAL_STATUSES = frozenset({"SUCCESS", "FAILED", "TIMEOUT_EXCEEDED", "CANCELLED"})
-_HOUR = 3600
+from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.input_formats import INPUT_FORMATS, InputFormat
+from llm_batch.core.jobs import TERMINAL_STATUSES
 
 
 class ApiError(Exception):
-    """The API answered with an error: ``status``, ``message`` and, if given, ``param``."""
+    """The API answered with an error: ``status``, ``message`` and, if given, ``param`` (the
+    field it names) and ``code`` (a stable word, e.g. ``idempotency_key_reused``)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(f"HTTP {status}: {message}" + (f" (at {param})" if param else ""))
         self.status = status
         self.message = message
         self.param = param
+        self.code = code
 
 
 class NoApiKey(Exception):
@@ -63,10 +69,10 @@ class NoApiKey(Exception):
 
 @dataclass(frozen=True)
 class JobView:
-    """One job as the client shows it (built from the Mistral route's BatchJobOut)."""
+    """One job as the client shows it (built from the native route's job, ``JobOut``)."""
 
     id: str
-    status: str  # Mistral words: QUEUED, RUNNING, SUCCESS, FAILED, TIMEOUT_EXCEEDED, ...
+    status: str  # the canonical words (llm_batch.core.jobs.JobStatus): QUEUED, ..., SUCCEEDED, ...
     endpoint: str
     model: str | None
     total: int
@@ -75,10 +81,11 @@ class JobView:
     failed: int
     created_at: int
     started_at: int | None = None
-    completed_at: int | None = None
+    ended_at: int | None = None
     output_file: str | None = None
     error_file: str | None = None
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # why it failed or timed out (status_reason)
+    labels: dict[str, Any] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -86,21 +93,25 @@ class JobView:
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> JobView:
+        """A JobView of the native route's job (``GET /v1/jobs/{id}``)."""
+        counts = body.get("counts") or {}
+        reason = body.get("status_reason")
         return cls(
             id=body["id"],
             status=body["status"],
             endpoint=body.get("endpoint", ""),
             model=body.get("model"),
-            total=body.get("total_requests", 0),
-            completed=body.get("completed_requests", 0),
-            succeeded=body.get("succeeded_requests", 0),
-            failed=body.get("failed_requests", 0),
+            total=counts.get("total", 0),
+            completed=counts.get("completed", 0),
+            succeeded=counts.get("succeeded", 0),
+            failed=counts.get("failed", 0),
             created_at=body.get("created_at", 0),
             started_at=body.get("started_at"),
-            completed_at=body.get("completed_at"),
-            output_file=body.get("output_file"),
-            error_file=body.get("error_file"),
-            errors=[str(e.get("message")) for e in body.get("errors") or []],
+            ended_at=body.get("ended_at"),
+            output_file=body.get("output_file_id"),
+            error_file=body.get("error_file_id"),
+            errors=[reason] if reason and body["status"] in ("FAILED", "TIMEOUT_EXCEEDED") else [],
+            labels=dict(body.get("labels") or {}),
         )
 
 
@@ -126,47 +137,78 @@ def default_api_key(settings: Settings | None = None) -> str:
         ) from None
 
 
-def uses_mistral_route(
-    input_format: str, shards: int, max_runtime_sec: int | None, model_config: dict[str, Any] | None = None
-) -> bool:
-    """Whether a submission fits the Mistral route (see the module docstring)."""
-    whole_hours = max_runtime_sec is None or max_runtime_sec % _HOUR == 0
-    return input_format == "jsonl" and shards == 1 and whole_hours and not model_config
+def scale_to_jsonl(path: Path, input_format: str, endpoint: str, out: IO[bytes]) -> int:
+    """Write a Scale file's requests to `out` as JSONL lines ``{"custom_id": "<position>",
+    "body": ...}``, streamed (ijson: one request in memory at a time); returns their count.
 
+    ``scale-v2`` (a JSON array of ``prompt`` or ``messages`` requests): each element's body as
+    the pipeline reads it (``llm_batch.core.formats.scale_v2_body``); an element that is not
+    a request is written as it is, for the job's validation to report as that request's
+    error. ``scale-v1`` (``{"prompts": [...], shared fields}``): one /v1/completions body per
+    prompt. Raises ValueError when the file cannot be read as its format, or its requests
+    are not for `endpoint` (scale-v1: /v1/completions; scale-v2: its first request's kind,
+    messages: chat, prompt: completions)."""
+    from llm_batch.core.formats import (
+        InputUnreadable,
+        _array_elements,
+        scale_v1_prompts,
+        scale_v2_body,
+        scan_scale_v1_params,
+    )
 
-def scale_content(path: Path, input_format: str) -> list[dict[str, Any]] | dict[str, Any]:
-    """A file's requests as Scale ``content``: scale-v1/v2 files as they are, JSONL lines'
-    bodies as Scale v2 items. Raises ValueError naming the line that cannot be sent."""
-    if input_format != "jsonl":
-        try:
-            return orjson.loads(path.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON document ({input_format}): {exc}") from None
-    items = []
-    with path.open("rb") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                body = orjson.loads(line).get("body")
-            except (orjson.JSONDecodeError, AttributeError):
-                raise ValueError(f"{path}:{number}: not a JSON object") from None
-            if not isinstance(body, dict):
-                raise ValueError(f"{path}:{number}: no 'body' object")
-            items.append(body)
-    return items
+    where = f"{path}: "
+    count = 0
+
+    def write(body: Any) -> None:
+        nonlocal count
+        out.write(orjson.dumps({"custom_id": str(count), "body": body}) + b"\n")
+        count += 1
+
+    try:
+        if input_format == InputFormat.SCALE_V1:
+            with path.open("rb") as stream:
+                params = scan_scale_v1_params(stream, where)
+            if endpoint != Endpoint.COMPLETIONS:
+                raise ValueError(f"{where}scale-v1 content makes /v1/completions requests: its endpoint must be "
+                                 f"/v1/completions, not {endpoint} (--endpoint)")
+            with path.open("rb") as stream:
+                for prompt in scale_v1_prompts(stream, where):
+                    write(params.completion_body(prompt))
+            return count
+        if input_format != InputFormat.SCALE_V2:
+            raise ValueError(f"input format {input_format!r} is not a Scale format")
+        with path.open("rb") as stream:
+            for element in _array_elements(stream, where):
+                if isinstance(element, dict):
+                    if count == 0 and ("messages" in element) != ("prompt" in element):
+                        implied = Endpoint.CHAT_COMPLETIONS if "messages" in element else Endpoint.COMPLETIONS
+                        if implied != endpoint:
+                            raise ValueError(f"{where}its requests are for {implied} (messages: chat, prompt: "
+                                             f"completions): its endpoint must be {implied}, not {endpoint} "
+                                             "(--endpoint)")
+                    element = scale_v2_body(element)
+                write(element)
+    except InputUnreadable as exc:
+        raise ValueError(str(exc)) from None
+    return count
 
 
 class BatchClient:
-    """The batch REST API, authenticated with an API key (``Authorization: Bearer``)."""
+    """The batch REST API, authenticated with an API key (``Authorization: Bearer``; none
+    sent when `api_key` is empty)."""
 
     def __init__(
-        self, base_url: str, api_key: str, *, timeout: float = 120.0, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        timeout: float | httpx.Timeout = 120.0,
+        transport: httpx.BaseTransport | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(
-            base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout,
-            transport=transport,
+            base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+            timeout=timeout, transport=transport,
         )
 
     @classmethod
@@ -192,14 +234,66 @@ class BatchClient:
         _raise_for(response)
         return response.json()
 
+    @contextmanager
+    def _stream(self, url: str) -> Iterator[httpx.Response]:
+        with self._http.stream("GET", url) as response:
+            if response.is_error:
+                response.read()
+                _raise_for(response)
+            yield response
+
+    # -- files ----------------------------------------------------------------------------
+
     def upload(self, path: Path, idempotency_key: str | None = None) -> str:
-        """Upload a JSONL input file; returns its file id. With `idempotency_key` (sent as
-        ``Idempotency-Key``) uploading the same content again answers the same file."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        """Upload a JSONL input file, streamed from disk; returns its file id. With
+        `idempotency_key` (sent as ``Idempotency-Key``) uploading the same content again
+        answers the same file."""
         with path.open("rb") as data:
-            body = self._call("POST", "/v1/files", files={"file": (path.name, data)}, data={"purpose": "batch"},
-                              headers=headers)
+            return self.upload_stream(data, path.name, idempotency_key)
+
+    def upload_stream(self, data: IO[bytes], filename: str, idempotency_key: str | None = None) -> str:
+        """Upload an open binary file (read from its start in chunks, never whole)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = self._call("POST", "/v1/files", files={"file": (filename, data, "application/jsonl")},
+                          data={"purpose": "batch"}, headers=headers)
         return body["id"]
+
+    def get_file(self, file_id: str) -> dict[str, Any]:
+        """``GET /v1/files/{id}``: the file object."""
+        return self._call("GET", f"/v1/files/{file_id}")
+
+    def file_content(self, file_id: str) -> Iterator[bytes]:
+        """A file's content, streamed."""
+        with self._stream(f"/v1/files/{file_id}/content") as response:
+            yield from response.iter_bytes()
+
+    def file_lines(self, file_id: str) -> Iterator[bytes]:
+        """A file's non-blank lines (e.g. a job's results, one JSON object each), streamed."""
+        with self._stream(f"/v1/files/{file_id}/content") as response:
+            for line in response.iter_lines():
+                if line.strip():
+                    yield line.encode()
+
+    # -- jobs: the native route (/v1/jobs), answers as the API gives them -------------------
+
+    def create_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /v1/jobs`` with `body` (``llm_batch.api.native.models.CreateJob``): the job."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/v1/jobs", json=body, headers=headers)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Request the cancel (idempotent; an ended job is answered as it is)."""
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def list_jobs(self, **params: Any) -> dict[str, Any]:
+        """``GET /v1/jobs`` (filters: status, model, label, owner, after, limit): a page
+        ``{"data", "next_cursor", "has_more"}``, newest first."""
+        return self._call("GET", "/v1/jobs", params={k: v for k, v in params.items() if v is not None})
+
+    # -- jobs as JobViews (the CLI's) -------------------------------------------------------
 
     def submit(
         self,
@@ -216,10 +310,13 @@ class BatchClient:
         idempotency_key: str | None = None,
         new: bool = False,
     ) -> JobView:
-        """Submit the file as one job (route: see the module docstring); returns the job.
+        """Submit the file as one job: upload it (streamed), then ``POST /v1/jobs`` naming it
+        (see the module docstring); returns the job.
 
-        ``model_config``: Scale's fields beside the model (``engine_args``, ``seed``,
-        ``max_context_length``, ...); only the Scale route carries it.
+        ``shards``: ``data_parallelism``; ``max_runtime_sec``: the deadline in seconds after
+        creation; ``output_path``: ``output_uri``, a server path (or ``s3://``) the results
+        are also written to as JSONL; ``metadata``: the job's ``labels``; ``model_config``:
+        engine settings (``engine_args``, ``max_model_len``, ``seed``, ...).
 
         Retry-safe by default: the create (and the upload) carry an ``Idempotency-Key``,
         `idempotency_key` or else ``submit_key(...)`` of the file's content and these
@@ -231,73 +328,51 @@ class BatchClient:
             path, endpoint=endpoint, model=model, shards=shards, input_format=input_format,
             max_runtime_sec=max_runtime_sec, output_path=output_path, metadata=metadata, model_config=model_config,
         )
-        headers = {"Idempotency-Key": key} if key else {}
-        if uses_mistral_route(input_format, shards, max_runtime_sec, model_config):
-            file_id = self.upload(path, idempotency_key=f"{key}:upload"[:255] if key else None)
-            body: dict[str, Any] = {"input_files": [file_id], "endpoint": endpoint, "model": model}
-            if max_runtime_sec is not None:
-                body["timeout_hours"] = max(1, math.ceil(max_runtime_sec / _HOUR))
-            if metadata:
-                body["metadata"] = metadata
-            return JobView.of(self._call("POST", "/v1/batch/jobs", json=body, headers=headers))
-        content = scale_content(path, input_format)
-        # With a key the default output path follows it (a retry must send the same body).
-        default_output = default_output_path(path) if key is None else f"outputs/{path.stem}-{_digest(key)[:16]}.json"
-        body = {
-            "content": content,
-            "output_data_path": output_path or default_output,
-            "model_config": {**(model_config or {}), "model": model},
-            "data_parallelism": shards,
-            "labels": metadata or {},
-        }
+        upload_key = f"{key}:upload"[:255] if key else None
+        if input_format == InputFormat.JSONL:
+            file_id = self.upload(path, idempotency_key=upload_key)
+        else:
+            with tempfile.TemporaryFile(prefix="llm-batch-", suffix=".jsonl") as converted:
+                scale_to_jsonl(path, input_format, endpoint, converted)
+                converted.flush()
+                file_id = self.upload_stream(converted, f"{path.stem}.jsonl", idempotency_key=upload_key)
+        body: dict[str, Any] = {"input_file_ids": [file_id], "endpoint": endpoint, "model": model,
+                                "data_parallelism": shards}
         if max_runtime_sec is not None:
             body["max_runtime_sec"] = max_runtime_sec
-        created = self._call("POST", "/v2/batch-completions", json=body, headers=headers)
-        job = self.job(created["job_id"])
-        if job.endpoint != endpoint:
-            # Scale infers the endpoint from the items (messages: chat; prompt: completions).
-            raise ValueError(
-                f"job {job.id} runs {job.endpoint}, not {endpoint}: with --shards the endpoint "
-                "follows the requests (messages: chat, prompt: completions)"
-            )
-        return job
-
-    # The native route's canonical status -> the words JobView shows (Mistral's).
-    _SHOWN_STATUS = {"VALIDATING": "RUNNING", "FINALIZING": "RUNNING", "CANCELLING": "CANCELLATION_REQUESTED",
-                     "SUCCEEDED": "SUCCESS"}
-
-    @classmethod
-    def _view(cls, body: dict[str, Any]) -> JobView:
-        """A JobView of the native route's job (``GET /v1/jobs/{id}``)."""
-        counts = body.get("counts") or {}
-        errors = [body["status_reason"]] if body.get("status_reason") and body["status"] in ("FAILED", "TIMEOUT_EXCEEDED") else []
-        return JobView(
-            id=body["id"],
-            status=cls._SHOWN_STATUS.get(body["status"], body["status"]),
-            endpoint=body.get("endpoint", ""),
-            model=body.get("model"),
-            total=counts.get("total", 0),
-            completed=counts.get("completed", 0),
-            succeeded=counts.get("succeeded", 0),
-            failed=counts.get("failed", 0),
-            created_at=body.get("created_at", 0),
-            started_at=body.get("started_at"),
-            completed_at=body.get("ended_at"),
-            output_file=body.get("output_file_id"),
-            error_file=body.get("error_file_id"),
-            errors=errors,
-        )
+        if model_config:
+            body["model_config"] = model_config
+        if output_path is not None:
+            body["output_uri"] = output_path
+        if metadata:
+            body["labels"] = metadata
+        return JobView.of(self.create_job(body, idempotency_key=key))
 
     def job(self, job_id: str) -> JobView:
-        return self._view(self._call("GET", f"/v1/jobs/{job_id}"))
+        return JobView.of(self.get_job(job_id))
 
     def jobs(self, limit: int = 20) -> list[JobView]:
-        """The caller's newest jobs, newest first: every route's and every Airflow run's
-        (the native route lists them all)."""
-        return [self._view(body) for body in self._call("GET", "/v1/jobs", params={"limit": limit})["data"]]
+        """The caller's newest jobs, newest first: every route's and every Airflow run's."""
+        return [JobView.of(body) for body in self.list_jobs(limit=limit)["data"]]
 
     def cancel(self, job_id: str) -> JobView:
-        return JobView.of(self._call("POST", f"/v1/batch/jobs/{job_id}/cancel"))
+        return JobView.of(self.cancel_job(job_id))
+
+    def wait(self, job_id: str, *, poll: float = 2.0, timeout: float | None = None, on_update=None) -> JobView:
+        """Poll until the job is over (or `timeout` s pass: TimeoutError); ``on_update(job)``
+        is called after every poll."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if on_update is not None:
+                on_update(job)
+            if job.terminal:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
+            time.sleep(poll)
+
+    # -- usage (/v1/usage) ----------------------------------------------------------------
 
     def usage(self, by: str | None = None, since: datetime | None = None) -> dict[str, Any]:
         """``GET /v1/usage`` (admins only): ``{"object": "list", "by", "since", "data": [...]}``,
@@ -331,28 +406,6 @@ class BatchClient:
         """The endpoint's delivery attempts, newest first."""
         return self._call("GET", f"/v1/webhooks/{endpoint_id}/attempts", params={"limit": limit})["data"]
 
-    def file_content(self, file_id: str) -> Iterator[bytes]:
-        """A file's content, streamed."""
-        with self._http.stream("GET", f"/v1/files/{file_id}/content") as response:
-            if response.is_error:
-                response.read()
-                _raise_for(response)
-            yield from response.iter_bytes()
-
-    def wait(self, job_id: str, *, poll: float = 2.0, timeout: float | None = None, on_update=None) -> JobView:
-        """Poll until the job is over (or `timeout` s pass: TimeoutError); ``on_update(job)``
-        is called after every poll."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            job = self.job(job_id)
-            if on_update is not None:
-                on_update(job)
-            if job.terminal:
-                return job
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.status} after {timeout:.0f}s")
-            time.sleep(poll)
-
 
 def _digest(text: str) -> str:
     import hashlib
@@ -374,14 +427,6 @@ def submit_key(path: Path, **arguments: Any) -> str:
     return f"llm-batch-cli:{_digest(content.hexdigest() + ':' + given.decode())}"
 
 
-def default_output_path(path: Path) -> str:
-    """Where a Scale-route job writes its JSON results on the server when none is given:
-    ``outputs/<file stem>-<UTC time>.json``, relative, so in the caller's own folder of the
-    server's first local root (llm_batch.infra.user_paths)."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-    return f"outputs/{path.stem}-{stamp}.json"
-
-
 def _transient(outcome: Any) -> bool:
     return isinstance(outcome, httpx.Response) and outcome.status_code in (500, 502, 503, 504)
 
@@ -401,15 +446,19 @@ def send_with_retries(send: Callable[[], httpx.Response]) -> httpx.Response:
 
 
 def _raise_for(response: httpx.Response) -> None:
+    """ApiError from an error answer: the OpenAI shape ``{"error": {"message", "param",
+    "code"}}`` or the others' ``{"detail" (or "message"), "param", "code"}``."""
     if not response.is_error:
         return
     try:
         body = response.json()
     except ValueError:
         raise ApiError(response.status_code, response.text[:500] or response.reason_phrase) from None
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):  # the OpenAI shape
-        raise ApiError(response.status_code, str(error.get("message")), error.get("param"))
-    detail = body.get("detail") if isinstance(body, dict) else body
-    param = body.get("param") if isinstance(body, dict) else None
-    raise ApiError(response.status_code, detail if isinstance(detail, str) else orjson.dumps(detail).decode(), param)
+    if not isinstance(body, dict):
+        raise ApiError(response.status_code, orjson.dumps(body).decode()[:500])
+    if isinstance(body.get("error"), dict):  # the OpenAI shape
+        error = body["error"]
+        raise ApiError(response.status_code, str(error.get("message")), error.get("param"), error.get("code"))
+    detail = body.get("message") if isinstance(body.get("message"), str) else body.get("detail")
+    raise ApiError(response.status_code, detail if isinstance(detail, str) else orjson.dumps(detail).decode(),
+                   body.get("param"), body.get("code"))

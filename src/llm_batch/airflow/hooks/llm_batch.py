@@ -1,19 +1,25 @@
-"""``LLMBatchHook``: the llm-batch REST API (the native ``/batch/v1/jobs`` route) over HTTP,
-for Airflow tasks and triggers.
+"""``LLMBatchHook``: the llm-batch REST API (the native ``/batch/v1/jobs`` route) for Airflow
+tasks and triggers, through ``llm_batch.infra.api_client.BatchClient`` (the one HTTP client
+of the API: its requests, retries of reads and error mapping).
 
-The Airflow Connection (default ``llm_batch_default``; ``llm-batch up`` makes it for the
-embedded stack): ``host`` = the api-server's base URL (e.g. ``http://127.0.0.1:8080``; a
-bare host name gets ``schema`` (default http) and ``port``), ``password`` = an llm-batch API
-key (``llm-batch api-key create USER``). Sync methods for the operator, ``aget_job`` for
-the trigger. A refusal raises ``LLMBatchApiError`` with the API's message and field.
+The hook adds the Airflow Connection (default ``llm_batch_default``; ``llm-batch up`` makes
+it for the embedded stack): ``host`` = the api-server's base URL (e.g.
+``http://127.0.0.1:8080``; a bare host name gets ``schema`` (default http) and ``port``),
+``password`` = an llm-batch API key (``llm-batch api-key create USER``). Sync methods for the
+operator, ``aget_job`` for the trigger. A refusal raises ``LLMBatchApiError`` with the API's
+message and field.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
+
+from llm_batch.infra.api_client import ApiError, BatchClient
 
 try:
     from airflow.sdk import BaseHook
@@ -23,28 +29,23 @@ except ImportError:  # pragma: no cover - Airflow 2 style import path
 TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
 
-class LLMBatchApiError(Exception):
-    """The API refused a call: ``status``, its ``message`` and the ``param`` it names."""
+class LLMBatchApiError(ApiError):
+    """The API refused a call: ``status``, its ``message``, the ``param`` it names and its ``code``."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(f"llm-batch API {status}: {message}" + (f" (field {param})" if param else ""))
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
+        super().__init__(status, message, param, code)
+        Exception.__init__(self, f"llm-batch API {status}: {message}" + (f" (field {param})" if param else ""))
 
 
-def _raise_for(response: httpx.Response) -> None:
-    if not response.is_error:
-        return
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """BatchClient's ApiError as the hook's LLMBatchApiError."""
     try:
-        body = response.json()
-    except ValueError:
-        raise LLMBatchApiError(response.status_code, response.text[:500]) from None
-    message = body.get("message") if isinstance(body.get("message"), str) else body.get("detail")
-    if isinstance(body.get("error"), dict):  # the OpenAI-shaped routes
-        message, body = body["error"].get("message"), body["error"]
-    raise LLMBatchApiError(response.status_code, str(message), body.get("param"), body.get("code"))
+        yield
+    except LLMBatchApiError:
+        raise
+    except ApiError as exc:
+        raise LLMBatchApiError(exc.status, exc.message, exc.param, exc.code) from None
 
 
 def base_url_of(conn: Any) -> str:
@@ -79,19 +80,17 @@ class LLMBatchHook(BaseHook):
         self.llm_batch_conn_id = llm_batch_conn_id
 
     @staticmethod
-    def _client_args(conn: Any) -> dict[str, Any]:
-        headers = {"Authorization": f"Bearer {conn.password}"} if conn.password else {}
-        return {"base_url": base_url_of(conn), "headers": headers, "timeout": TIMEOUT}
+    def _client_of(conn: Any) -> BatchClient:
+        return BatchClient(base_url_of(conn), conn.password or None, timeout=TIMEOUT)
 
-    def get_conn(self) -> httpx.Client:
-        """A new ``httpx.Client`` on ``<api-server>/batch`` with the key (close it)."""
-        return httpx.Client(**self._client_args(self.get_connection(self.llm_batch_conn_id)))
+    def get_conn(self) -> BatchClient:
+        """A new ``BatchClient`` on ``<api-server>/batch`` with the connection's key (close it)."""
+        return self._client_of(self.get_connection(self.llm_batch_conn_id))
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        with self.get_conn() as client:
-            response = client.request(method, path, **kwargs)
-        _raise_for(response)
-        return response.json()
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``BatchClient.<method>(*args, **kwargs)`` on a new client, refusals as LLMBatchApiError."""
+        with self.get_conn() as client, _refusals():
+            return getattr(client, method)(*args, **kwargs)
 
     def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/jobs``: the job (with ``id``: the existing job of that id, if yours).
@@ -103,36 +102,31 @@ class LLMBatchHook(BaseHook):
         again without it and re-attaches to the job of that id as before."""
         job_id = body.get("id")
         if not job_id:
-            return self._call("POST", "/v1/jobs", json=body)
+            return self._call("create_job", body)
         try:
-            return self._call("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": idempotency_key_for(job_id)})
+            return self._call("create_job", body, idempotency_key=idempotency_key_for(job_id))
         except LLMBatchApiError as exc:
             if exc.code != "idempotency_key_reused":
                 raise
-            return self._call("POST", "/v1/jobs", json=body)
+            return self._call("create_job", body)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        return self._call("get_job", job_id)
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         """Request the cancel (idempotent; an ended job is answered as it is)."""
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+        return self._call("cancel_job", job_id)
 
     def list_jobs(self, **params: Any) -> dict[str, Any]:
-        return self._call("GET", "/v1/jobs", params={k: v for k, v in params.items() if v is not None})
+        return self._call("list_jobs", **params)
 
     def get_file(self, file_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/files/{file_id}")
+        return self._call("get_file", file_id)
 
     def iter_file_lines(self, file_id: str) -> Iterator[bytes]:
         """The lines of a file (e.g. a job's ``output_file_id``), streamed."""
-        with self.get_conn() as client, client.stream("GET", f"/v1/files/{file_id}/content") as response:
-            if response.is_error:
-                response.read()
-                _raise_for(response)
-            for line in response.iter_lines():
-                if line.strip():
-                    yield line.encode() if isinstance(line, str) else line
+        with self.get_conn() as client, _refusals():
+            yield from client.file_lines(file_id)
 
     def read_results(self, file_id: str) -> list[dict[str, Any]]:
         """A results (or errors) file as a list of its JSON lines, in file order."""
@@ -141,9 +135,12 @@ class LLMBatchHook(BaseHook):
         return [json.loads(line) for line in self.iter_file_lines(file_id)]
 
     async def aget_job(self, job_id: str) -> dict[str, Any]:
-        """``get_job`` for triggers (async; the connection is read once per call)."""
+        """``get_job`` for triggers (async: the connection is read once per call, the request
+        runs in a worker thread, off the triggerer's event loop)."""
         conn = await self.aget_connection(self.llm_batch_conn_id)
-        async with httpx.AsyncClient(**self._client_args(conn)) as client:
-            response = await client.get(f"/v1/jobs/{job_id}")
-        _raise_for(response)
-        return response.json()
+
+        def get() -> dict[str, Any]:
+            with self._client_of(conn) as client, _refusals():
+                return client.get_job(job_id)
+
+        return await asyncio.to_thread(get)
