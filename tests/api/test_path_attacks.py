@@ -191,7 +191,7 @@ def test_relative_paths_are_the_callers_own(client, creds, api_store, owners):
                            json={"input_data_path": "in.json", "output_data_path": f"rel/{os.urandom(3).hex()}.json", "model_config": MODEL})
     assert response.status_code == 200, response.text
     job = api_store.get_job(response.json()["job_id"])
-    assert job.input["uri"] == str(owners["alice"] / "in.json")
+    assert job.input.uri == str(owners["alice"] / "in.json")
     assert job.array_output_uri.startswith(str(owners["alice"]) + "/rel/")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.records import BatchRequest
 from tests.fixtures.engine import registered_engine
 
@@ -37,11 +38,12 @@ def moderator_llm(moderator_engine) -> Any:
     return moderator_engine[1]
 
 
-def _runner(llm, model, endpoint: Endpoint, endpoint_labels=None, serving=None, dialect=None):
+def _runner(llm, model, endpoint: Endpoint, endpoint_labels=None, serving=None, shape=ModerationShape.SCORES):
     from llm_batch.runtime.engine.runner import EngineRunner
 
     return EngineRunner(llm, endpoint, MODEL, serving=serving or model.serving,
-                        labels=model.labels if endpoint_labels is None else endpoint_labels, window=2, dialect=dialect)
+                        labels=model.labels if endpoint_labels is None else endpoint_labels, window=2,
+                        moderation_shape=shape)
 
 
 def _run(runner, bodies: list[dict[str, Any]]):
@@ -124,7 +126,8 @@ def test_an_openai_job_gets_openai_s_moderation_result(moderator_llm, moderator)
     from llm_batch.infra.model_registry import load_registry
 
     openai_map = load_registry().models["tiny-random-moderator-openai"]
-    runner = _runner(moderator_llm, moderator, Endpoint.MODERATIONS, serving=openai_map, dialect="openai")
+    runner = _runner(moderator_llm, moderator, Endpoint.MODERATIONS, serving=openai_map,
+                     shape=ModerationShape.FLAGGED)
     bodies = [{"model": "tiny-random-moderator-openai", "input": "some text"}, {"input": ["one", "two"]}]
     records = _run(runner, bodies)
     assert [r.status_code for r in records] == [200, 200]

@@ -170,7 +170,7 @@ def finish(store, job_id: str, ok: int, failed: int, while_running=None) -> None
     layout = JobLayout(get_settings().work_uri, job_id)
     job = store.get_job(job_id)
     if job.array_output_uri:
-        run_scale_job(layout, job.input["uri"], job.input_format, job.endpoint, failing=range(ok, ok + failed),
+        run_scale_job(layout, job.input.uri, job.input_format, job.endpoint, failing=range(ok, ok + failed),
                       array_output_uri=job.array_output_uri)
     errors = [
         {"id": f"batch_req_e{i}", "custom_id": f"req-{i}", "line": i + 1, "response": None,

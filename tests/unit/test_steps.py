@@ -15,6 +15,7 @@ import pytest
 from llm_batch.airflow import lanes
 from llm_batch.core import exit_codes, jobs, placement, run_conf
 from llm_batch.core.config import Settings
+from llm_batch.core.job_input import JobInput
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.records import ResultRecord
 from llm_batch.infra import storage
@@ -202,9 +203,9 @@ def test_register_holds_a_users_paths_to_their_namespace(store, settings):
             steps.register(store, settings, {"input_requests": [{"body": {}}], "output_uri": internal}, _run_id(), trusted=True)
     # A schedule (an admin's spec) may read any user folder; relative paths are the owner's.
     job = store.get_job(steps.register(store, settings, {"input_uri": str(other)}, _run_id(), trusted=True))
-    assert job.input == {"uri": str(other)}
+    assert job.input == JobInput(uri=str(other))
     job = store.get_job(steps.register(store, settings, {"input_uri": "in.jsonl", "owner": "bob"}, _run_id()))
-    assert job.input == {"uri": str(other)}
+    assert job.input == JobInput(uri=str(other))
 
 
 def test_validate_counts_bad_lines(store, settings):
@@ -256,7 +257,7 @@ def test_a_runs_input_files_are_its_users_own_batch_inputs(store, settings):
     assert store.get_job("job_refused") is None
     assert store.get_job(steps.register(store, settings, {**conf, "input_file_ids": [alices]}, _run_id())).owner == "alice"
     trusted = steps.register(store, settings, {**conf, "input_file_ids": [bobs]}, _run_id(), trusted=True)
-    assert store.get_job(trusted).input == {"file_ids": [bobs]}
+    assert store.get_job(trusted).input == JobInput(file_ids=[bobs])
 
 
 def test_a_run_whose_user_has_no_owner_name_makes_no_job(store, settings):
@@ -298,7 +299,7 @@ def test_plan_gives_each_shard_the_jobs_priority(store, settings):
     assert args[0] == "worker" and args[args.index("--job-id") + 1] == job_id
     assert float(args[args.index("--deadline") + 1]) == pytest.approx(job.expires_at.timestamp())
     assert orjson.loads(args[args.index("--model-config") + 1])["model"] == "tiny-random-llama"
-    assert args[args.index("--dialect") + 1] == job.dialect == "airflow"  # a run's conf: the native route
+    assert args[args.index("--moderation-shape") + 1] == "scores"  # a run's conf: the native route's shape
     # A retried plan task plans the same shards again.
     assert steps.plan(store, settings, job_id) == planned
 

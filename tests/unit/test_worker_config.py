@@ -8,6 +8,7 @@ import pytest
 from llm_batch.cli.main import build_parser
 from llm_batch.core import exit_codes
 from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra.progress import ShardState, read_progress
@@ -26,8 +27,8 @@ def test_uris_default_to_the_job_layout():
     assert config.endpoint is Endpoint.CHAT_COMPLETIONS
     assert config.model_config == {"model": "tiny-random-llama"}
     assert config.deadline is None
-    assert config.dialect == "mistral"  # results in Mistral's shape where the APIs differ
-    assert parse_config(**BASE, dialect="openai").dialect == "openai"
+    assert config.moderation_shape is ModerationShape.SCORES  # moderation results without "flagged"
+    assert parse_config(**BASE, moderation_shape="flagged").moderation_shape is ModerationShape.FLAGGED
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -39,7 +40,7 @@ def test_uris_default_to_the_job_layout():
     ({"model_config": "[1]"}, "must be a JSON object"),
     ({"model_config": None}, "--model-config is required"),
     ({"deadline": "tomorrow"}, "--deadline"),
-    ({"dialect": "klingon"}, "--dialect: 'klingon' is not one of openai, mistral, scale, airflow"),
+    ({"moderation_shape": "openai"}, "--moderation-shape: 'openai' is not one of scores, flagged"),
 ])
 def test_bad_arguments_are_named(change, message):
     with pytest.raises(WorkerUsageError, match=message):

@@ -210,8 +210,8 @@ def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
     under the DAG's Param names, so the run shows what it does and Airflow checks it."""
     conf: dict[str, Any] = {
         "job_id": job.id,
-        "input_uri": job.input.get("uri"),
-        "input_file_ids": job.input.get("file_ids"),
+        "input_uri": job.input.uri,
+        "input_file_ids": job.input.file_ids,
         "input_format": job.input_format,
         "endpoint": job.endpoint,
         "model": job.model,

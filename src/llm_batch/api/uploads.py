@@ -159,7 +159,7 @@ def jobs_reading(store: Jobs, file_id: str) -> list[str]:
     readers, after = [], None
     while True:
         jobs, _ = store.list_jobs(statuses=live, order_by="created_at", limit=_PAGE, after=after)
-        readers += [j.id for j in jobs if file_id in (j.input.get("file_ids") or []) or j.input.get("inline_file_id") == file_id]
+        readers += [j.id for j in jobs if file_id in (j.input.file_ids or []) or j.input.inline_file_id == file_id]
         if len(jobs) < _PAGE:
             return readers
         after = jobs[-1].id

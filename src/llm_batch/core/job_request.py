@@ -7,10 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from llm_batch.core.job_input import JobInput
+
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
     from llm_batch.infra.jobstore import Job, JobStore
 
 # Who asks for a job: each API dialect, and "airflow" for a run of the DAG (the native route).
+# The job records it (the API answers in its words and lists jobs per dialect); the
+# pipeline and the runtime never read it: what differs is a field of the job's JobInput.
 DIALECTS = ("openai", "mistral", "scale", "airflow")
 
 
@@ -19,11 +23,7 @@ class JobRequest:
     dialect: str  # one of DIALECTS
     endpoint: str
     model: str
-    # The job's input record, as the steps read it: {"file_ids": [...]} (uploaded files,
-    # read in order), {"uri": ...} (a user path or stored inline requests) or
-    # {"requests": [...]} (a run's inline requests), plus notes for the API ("path": the
-    # user's spelling, "inline": True).
-    input: dict[str, Any]
+    input: JobInput  # what the job reads, and its options (llm_batch.core.job_input)
     input_format: str
     model_config: dict[str, Any] = field(default_factory=dict)
     output_uri: str | None = None  # also write the results as one JSON array here
@@ -44,7 +44,7 @@ class JobRequest:
             endpoint=self.endpoint,
             model=self.model,
             owner=owner,
-            input=self.input,
+            input=self.input.stored(),
             input_format=self.input_format,
             model_config=self.model_config,
             array_output_uri=self.output_uri,

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 
 # The parameterised DAG whose runs are jobs (its file, housekeeping, recurring DAGs and the API name it).
@@ -72,14 +73,14 @@ class RunConf(BaseModel):
             max_runtime_sec=max_runtime_sec,
         )
 
-    def job_input(self) -> dict[str, Any]:
+    def job_input(self) -> JobInput:
         if self.input_requests:
-            return {"requests": self.input_requests}
+            return JobInput(requests=self.input_requests)
         if self.input_file_ids:
-            return {"file_ids": self.input_file_ids}
+            return JobInput(file_ids=self.input_file_ids)
         if self.input_uri:
-            return {"uri": self.input_uri}
-        return {}
+            return JobInput(uri=self.input_uri)
+        return JobInput()
 
 
 

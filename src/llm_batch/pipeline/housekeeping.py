@@ -91,7 +91,7 @@ def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
     """Remove an ended job and what it made: its output, error and inline-input files
     (records marked deleted, content removed), its work folder, then its record. Files the
     owner uploaded stay: they are the owner's objects, and other jobs may read them."""
-    made = [job.output_file_id, job.error_file_id, (job.input or {}).get("inline_file_id")]
+    made = [job.output_file_id, job.error_file_id, job.input.inline_file_id]
     for file_id in filter(None, made):
         if (file := store.get_file(file_id)) is not None:
             _remove_file(store, file)

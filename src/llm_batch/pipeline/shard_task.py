@@ -16,6 +16,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from llm_batch.core import exit_codes
+from llm_batch.core.job_input import ModerationShape
 from llm_batch.infra import storage
 
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
@@ -36,7 +37,7 @@ class ShardTask(BaseModel):
     endpoint: str
     model_config_json: str  # the worker's --model-config
     deadline: str  # ISO 8601 UTC: workers stop there
-    dialect: str = "mistral"  # the job's (job_request.DIALECTS): results take its shape where APIs differ
+    moderation_shape: ModerationShape = ModerationShape.SCORES  # the job's: its /v1/moderations results' shape
     gpus: int = 1
     gpu_type: str | None = None
     nodes_per_worker: int = 1
@@ -57,7 +58,7 @@ class ShardTask(BaseModel):
             "--model-config", self.model_config_json,
             "--deadline", str(self.deadline_at.timestamp()),
             "--cancel-marker", self.cancel_marker,
-            "--dialect", self.dialect,
+            "--moderation-shape", str(self.moderation_shape),
         ]  # fmt: skip
 
     @property

@@ -21,6 +21,7 @@ import orjson
 
 from llm_batch.core import owners
 from llm_batch.core.config import Settings
+from llm_batch.core.job_input import OutputFormat
 from llm_batch.core.jobs import JobRejected, JobStatus
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.placement import check_resources, priority_band
@@ -182,20 +183,20 @@ def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: boo
 
 def _input_source(store: JobStore, job: Job) -> tuple[Any, str]:
     """What validation reads (a URI, a list of URIs, or inline requests) and its format."""
-    given = job.input or {}
+    given = job.input
     fmt = job.input_format or "jsonl"
-    if given.get("requests") is not None:
-        return list(given["requests"]), "inline" if fmt == "jsonl" else fmt
-    if given.get("file_ids"):
+    if given.requests is not None:
+        return list(given.requests), "inline" if fmt == "jsonl" else fmt
+    if given.file_ids:
         uris = []
-        for file_id in given["file_ids"]:
+        for file_id in given.file_ids:
             file = store.get_file(file_id)
             if file is None:
                 raise JobRejected(f"input file {file_id!r} does not exist (or was deleted)")
             uris.append(file.uri)
         return uris if len(uris) > 1 else uris[0], fmt
-    if given.get("uri"):
-        return given["uri"], fmt
+    if given.uri:
+        return given.uri, fmt
     raise JobRejected("the job names no input")
 
 
@@ -280,7 +281,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
             endpoint=job.endpoint,
             model_config_json=model_config_json,
             deadline=job_deadline(job).isoformat(),
-            dialect=job.dialect,
+            moderation_shape=job.input.moderation_shape,
             gpus=int(resources.get("gpus") or 1),
             gpu_type=resources.get("gpu_type"),
             nodes_per_worker=int(resources.get("nodes_per_worker") or 1),
@@ -334,7 +335,7 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
         layout,
         jsonl=True,
         array_output_uri=job.array_output_uri,
-        json_array=job.dialect == "scale",
+        json_array=job.input.output_format == OutputFormat.JSON_ARRAY,
         array_element=success_element(job.input_format),
         not_run_reason=f"{cause[1] if cause else 'its shard failed after its retries'} before this request ran",
         not_run_code=_not_run_code(cause),
@@ -367,8 +368,8 @@ def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
 
 def _record_file(store: JobStore, job: Job, uri: str, kind: str) -> FileObject:
     name = f"{job.id}_{kind}.jsonl"
-    # An OpenAI batch's output_expires_after (seconds, capped by the retention at create).
-    expiry = (job.input or {}).get("output_expires_after_s")
+    # Set by the API edge (OpenAI's output_expires_after, capped by the retention at create).
+    expiry = job.input.output_expires_after_s
     return store.create_file(
         owner=job.owner,
         purpose="batch_output" if kind == "output" else "batch_error",

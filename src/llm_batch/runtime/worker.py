@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_batch.core import exit_codes
 from llm_batch.core.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint, serving_problem
-from llm_batch.core.job_request import DIALECTS
+from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.records import BatchRequest, ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
@@ -62,8 +62,8 @@ class WorkerConfig:
     progress: str | None = None
     cancel_marker: str | None = None
     deadline: float | None = None  # epoch seconds
-    # The API the job came in through: results take its shape where APIs differ (moderations).
-    dialect: str = "mistral"
+    # The shape of /v1/moderations results (the job's, set by the API edge).
+    moderation_shape: ModerationShape = ModerationShape.SCORES
     window: int | None = None  # requests between fed and written; default 4 x max_num_seqs
     flush_every_s: float = 2.0
     flush_every_records: int = 1000
@@ -182,7 +182,8 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         llm = engines.get(model)
         try:
             runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
-                                  serving=model.serving, labels=model.labels, dialect=config.dialect)
+                                  serving=model.serving, labels=model.labels,
+                                  moderation_shape=config.moderation_shape)
         except ModelCannotServe as exc:
             raise WorkerUsageError(str(exc)) from None
         progress.start_running()
@@ -331,7 +332,7 @@ def parse_config(
     cancel_marker: str | None = None,
     deadline: float | str | None = None,
     work_uri: str | None = None,
-    dialect: str | None = None,
+    moderation_shape: str | None = None,
     nnodes: int | str | None = None,
     master_addr: str | None = None,
     master_port: int | str | None = None,
@@ -373,8 +374,11 @@ def parse_config(
         deadline_s = float(deadline) if deadline not in (None, "") else None
     except ValueError:
         raise WorkerUsageError(f"--deadline: not epoch seconds: {deadline!r}") from None
-    if dialect is not None and dialect not in DIALECTS:
-        raise WorkerUsageError(f"--dialect: {dialect!r} is not one of {', '.join(DIALECTS)}")
+    try:
+        shape = ModerationShape(moderation_shape or ModerationShape.SCORES)
+    except ValueError:
+        raise WorkerUsageError(f"--moderation-shape: {moderation_shape!r} is not one of "
+                               f"{', '.join(ModerationShape)}") from None
 
     job = JobLayout(work_uri or get_settings().work_uri, job_id)
     shard_layout = job.shard(shard_index)
@@ -388,7 +392,7 @@ def parse_config(
         endpoint=parsed_endpoint,
         model_config=model_config,
         deadline=deadline_s,
-        dialect=dialect or "mistral",
+        moderation_shape=shape,
         node_group=node_group(nnodes, 0, master_addr, master_port, gpus_per_node),
         **{k: v for k, v in tuning.items() if v is not None},
     )

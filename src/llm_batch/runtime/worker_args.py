@@ -9,7 +9,7 @@ import argparse
 import os
 
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
-from llm_batch.core.job_request import DIALECTS
+from llm_batch.core.job_input import ModerationShape
 from llm_batch.runtime.worker import WorkerConfig, WorkerUsageError, parse_config
 
 ENV_PREFIX = "LLM_BATCH_WORKER_"
@@ -26,8 +26,8 @@ WORKER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--progress", str, "URI of the progress object (default: the job layout's)"),
     ("--cancel-marker", str, "URI whose existence cancels the shard (default: the job layout's)"),
     ("--deadline", float, "epoch seconds after which the shard stops (exit DEADLINE)"),
-    ("--dialect", str, "the API the job came in through (" + ", ".join(DIALECTS) + "; default mistral): where "
-                       "APIs answer an endpoint differently (/v1/moderations), the results take its shape"),
+    ("--moderation-shape", str, "the shape of /v1/moderations results (" + ", ".join(ModerationShape)
+                                + "; default scores): flagged adds flagged and category_applied_input_types"),
     ("--work-uri", str, "work prefix the default URIs live under (default: LLM_BATCH_WORK_URI)"),
     ("--window", int, "max requests between fed and written (default: 4 x max_num_seqs)"),
     ("--flush-every-s", float, "publish a results part at least this often (default 2)"),

@@ -31,6 +31,7 @@ from llm_batch.api.submission import (
     submit,
 )
 from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import input_files, storage
@@ -70,7 +71,7 @@ def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[F
 
 def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:
     """Inline jobs answer their results inline once the output file exists."""
-    if not job.input.get("inline") or not job.output_file_id:
+    if not job.input.inline or not job.output_file_id:
         return None
     output = store.get_file(job.output_file_id)
     if output is None:
@@ -117,10 +118,10 @@ def create_batch_job(
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
     if body.input_files:
         files = _input_files(store, caller, body.input_files)
-        job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}
+        job_input = JobInput(file_ids=[f.id for f in files])
     else:
         inline = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []), "inline-requests.jsonl")
-        job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
+        job_input = JobInput(uri=inline.uri, inline=True, inline_file_id=inline.id)
     request = JobRequest(
         dialect="mistral",
         endpoint=endpoint,

@@ -168,7 +168,7 @@ class BatchJobOut(BaseModel):
             errors.insert(0, BatchErrorOut(message=job.status_reason, count=1))
         return cls(
             id=job.id,
-            input_files=list(job.input.get("file_ids") or []),
+            input_files=list(job.input.file_ids or []),
             metadata=job.metadata or None,
             endpoint=job.endpoint,
             model=job.model or None,

@@ -34,6 +34,7 @@ from llm_batch.api.submission import (
     submit,
 )
 from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore import DuplicateId, InvalidCursor, Job, JobStore
@@ -114,12 +115,12 @@ def create_job(
             param = (exc.param or "").replace("input_files", "input_file_ids")
             raise ApiError(exc.status_code, exc.message.replace("input_files[", "input_file_ids["), param=param,
                            code=exc.code) from None
-        job_input: dict[str, Any] = {"file_ids": [f.id for f in files]}
+        job_input = JobInput(file_ids=[f.id for f in files])
     elif input_uri is not None:
-        job_input = {"uri": input_uri, "path": body.input_uri}
+        job_input = JobInput(uri=input_uri, path=body.input_uri)
     else:
         inline = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []), "inline-requests.jsonl")
-        job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
+        job_input = JobInput(uri=inline.uri, inline=True, inline_file_id=inline.id)
     request = JobRequest(
         dialect="airflow",
         endpoint=endpoint,

@@ -190,7 +190,7 @@ class JobOut(BaseModel):
                 total_tokens=job.prompt_tokens + job.completion_tokens,
                 engine_seconds=job.engine_seconds,
             ),
-            input_file_ids=list(job.input.get("file_ids") or []),
+            input_file_ids=list(job.input.file_ids or []),
             output_file_id=job.output_file_id,
             error_file_id=job.error_file_id,
             output_uri=job.array_output_uri,

@@ -26,6 +26,7 @@ from llm_batch.api.submission import check_endpoint, check_model, model_registry
 from llm_batch.api.uploads import expiry
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_input import JobInput, ModerationShape
 from llm_batch.core.job_request import JobRequest
 from llm_batch.infra import input_files, storage
 from llm_batch.infra.jobstore import InvalidCursor
@@ -63,10 +64,10 @@ def _check_moderation_categories(model: str, settings) -> None:
                        param="input_file_id", code="model_endpoint_mismatch")
 
 
-def _output_expiry(settings, body: CreateBatchRequest) -> dict[str, int]:
-    """The output and error files' expiry, carried in the job's input (steps._record_file)."""
+def _output_expiry(settings, body: CreateBatchRequest) -> int | None:
+    """The output and error files' expiry in seconds (JobInput.output_expires_after_s)."""
     given = expiry(settings, body.output_expires_after.seconds if body.output_expires_after else None)
-    return {"output_expires_after_s": int(given.total_seconds())} if given else {}
+    return int(given.total_seconds()) if given else None
 
 
 @router.post("", response_model=BatchOut, summary="Create a batch from an uploaded JSONL file")
@@ -94,7 +95,8 @@ def create_batch(
         dialect="openai",
         endpoint=endpoint,
         model=model,
-        input={"file_ids": [input_file.id], **_output_expiry(settings, body)},
+        input=JobInput(file_ids=[input_file.id], output_expires_after_s=_output_expiry(settings, body),
+                       moderation_shape=ModerationShape.FLAGGED),  # OpenAI's moderation results
         input_format=InputFormat.JSONL,
         metadata=body.metadata or {},
         max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],

@@ -243,7 +243,7 @@ class BatchOut(BaseModel):
             endpoint=job.endpoint,
             model=job.model or None,
             errors=_errors(job),
-            input_file_id=(job.input.get("file_ids") or [""])[0],
+            input_file_id=(job.input.file_ids or [""])[0],
             status=OPENAI_STATUS[job.status],
             output_file_id=job.output_file_id,
             error_file_id=job.error_file_id,

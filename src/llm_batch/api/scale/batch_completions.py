@@ -42,6 +42,7 @@ from llm_batch.api.submission import (
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.job_input import JobInput, OutputFormat
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.placement import multi_node_refusal
@@ -204,7 +205,7 @@ def create_batch_completions(
         input_uri = check_user_path(body.input_data_path, "input_data_path", settings, caller)
         _check_output_path(output_uri, input_uri)
         endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller.name, settings)
-        job_input: dict[str, Any] = {"uri": input_uri, "path": body.input_data_path}
+        job_input = JobInput(uri=input_uri, path=body.input_data_path, output_format=OutputFormat.JSON_ARRAY)
         check_output_target(store, caller, output_uri, labels)
         model_config = _check_model(body, model_config, endpoint, settings, caller)
     else:
@@ -218,7 +219,8 @@ def create_batch_completions(
         check_output_target(store, caller, output_uri, labels)
         content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
         inline = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")], "inline-content.json")
-        job_input = {"uri": inline.uri, "inline": True, "inline_file_id": inline.id}
+        job_input = JobInput(uri=inline.uri, inline=True, inline_file_id=inline.id,
+                             output_format=OutputFormat.JSON_ARRAY)
     resources = {
         key: value
         for key, value in body.model_dump(include={"gpus", "gpu_type", "nodes_per_worker", "cpus", "memory", "storage"}).items()

@@ -233,7 +233,7 @@ class BatchCompletionsJob(BaseModel):
     def of(cls, job: Job, priority_name: str | None) -> BatchCompletionsJob:
         return cls(
             job_id=job.id,
-            input_data_path=job.input.get("path"),
+            input_data_path=job.input.path,
             output_data_path=job.array_output_uri or "",
             model_config=job.model_config,
             priority=priority_name,

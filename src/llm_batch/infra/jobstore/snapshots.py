@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from llm_batch.core.job_input import JobInput
+from llm_batch.core.job_request import DIALECTS
 from llm_batch.core.jobs import JobStatus
 
-DIALECTS = ("openai", "mistral", "scale", "airflow")
+__all__ = ["DIALECTS", "FILE_KINDS", "ApiKey", "FileObject", "Job", "ShardRecord"]
+
 FILE_KINDS = ("input", "output", "error")
 
 
@@ -28,7 +31,7 @@ class Job:
     created_at: datetime
     updated_at: datetime
     model_config: dict[str, Any] = field(default_factory=dict)
-    input: dict[str, Any] = field(default_factory=dict)
+    input: JobInput = field(default_factory=JobInput)  # the row's JSON, read as a JobInput
     input_format: str | None = None
     output_uri: str | None = None
     array_output_uri: str | None = None
@@ -64,6 +67,10 @@ class Job:
     tokens_per_s: float = 0.0
     errors: list[dict[str, Any]] = field(default_factory=list)
     dag_run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.input, JobInput):  # a row's stored JSON (a dict)
+            object.__setattr__(self, "input", JobInput.from_stored(self.input))
 
     @property
     def terminal(self) -> bool:

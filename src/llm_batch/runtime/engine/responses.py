@@ -17,6 +17,7 @@ import numpy as np
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 
+from llm_batch.core.job_input import ModerationShape
 from llm_batch.infra.model_registry import ModerationMap
 from llm_batch.runtime.engine.transcription import Transcript
 
@@ -214,12 +215,13 @@ def classification_response(
 
 def moderation_response(
     outputs: Sequence[PoolingRequestOutput], model: str, moderation: ModerationMap, labels: Sequence[str],
-    *, openai: bool = False,
+    *, shape: ModerationShape = ModerationShape.SCORES,
 ) -> dict[str, Any]:
     """A ModerationResponse: one result per input (in order), each category's score (the
     highest of the labels the registry maps to it) and whether it reaches its threshold.
-    Mistral's result is ``categories`` and ``category_scores``; OpenAI's (``openai``) adds
-    ``flagged`` (any category flagged) and ``category_applied_input_types`` (text only here)."""
+    A result is ``categories`` and ``category_scores`` (Mistral's); ``ModerationShape.FLAGGED``
+    (OpenAI's) adds ``flagged`` (any category flagged) and ``category_applied_input_types``
+    (text only here)."""
     results = []
     for output in outputs:
         scores = class_scores(output, labels)
@@ -228,7 +230,7 @@ def moderation_response(
             category_scores[category] = max(category_scores.get(category, 0.0), scores[label])
         flags = {c: score >= moderation.threshold_of(c) for c, score in category_scores.items()}
         result: dict[str, Any] = {"categories": flags, "category_scores": category_scores}
-        if openai:
+        if shape is ModerationShape.FLAGGED:
             result = {"flagged": any(flags.values()), **result,
                       "category_applied_input_types": {c: ["text"] for c in category_scores}}
         results.append(result)

@@ -33,6 +33,7 @@ from vllm.outputs import PoolingRequestOutput, RequestOutput
 
 from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import MEDIA_ENDPOINTS, Endpoint
+from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
 from llm_batch.infra import media
 from llm_batch.infra.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
@@ -158,7 +159,7 @@ class EngineRunner:
         feed_order: str | None = None,
         serving: Serving | None = None,
         labels: tuple[str, ...] = (),
-        dialect: str | None = None,
+        moderation_shape: ModerationShape = ModerationShape.SCORES,
     ):
         self.llm = llm
         self.engine = llm.llm_engine
@@ -169,9 +170,8 @@ class EngineRunner:
         # target) and a classifier's labels in score order (ResolvedModel.labels).
         self.serving = serving or Serving()
         self.labels = labels
-        # The API the job came in through, where APIs answer an endpoint differently (only
-        # /v1/moderations: OpenAI's result has more fields than Mistral's).
-        self.openai = dialect == "openai"
+        # The job's shape of /v1/moderations results (the one endpoint APIs answer differently).
+        self.moderation_shape = moderation_shape
         if endpoint is Endpoint.FIM_COMPLETIONS:
             _check_fim_tokens(llm, self.serving.fim, model_name)
         if endpoint in _MODERATION_ENDPOINTS:
@@ -382,7 +382,7 @@ class EngineRunner:
             if self.endpoint in _MODERATION_ENDPOINTS:
                 payload = responses.moderation_response(
                     entry.outputs, self.model_name, self.serving.moderation, self.labels,  # type: ignore[arg-type]
-                    openai=self.openai)
+                    shape=self.moderation_shape)
             else:
                 payload = responses.classification_response(
                     entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
