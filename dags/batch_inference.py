@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetAlias, Param, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from llm_batch.airflow import lanes
 from llm_batch.airflow import users as airflow_users
@@ -127,7 +128,7 @@ ShardOperator = shard_operator(SETTINGS.shard_runner)
 
 
 def _store():
-    from llm_batch.infra.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store  # heavy
 
     return get_job_store(SETTINGS.database_url)
 
@@ -174,8 +175,6 @@ def _emit_results(job: Any) -> None:
 
 
 def _rejected(exc: jobs.JobRejected):
-    from airflow.sdk.exceptions import AirflowFailException
-
     return AirflowFailException(str(exc))
 
 

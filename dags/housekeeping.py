@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
+from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
 from llm_batch.core import run_conf
 from llm_batch.core.config import get_settings
@@ -28,7 +29,7 @@ SETTINGS = get_settings()
 
 
 def _store():
-    from llm_batch.infra.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store  # heavy
 
     return get_job_store(SETTINGS.database_url)
 
@@ -51,8 +52,6 @@ with DAG(
 
     @task
     def reconcile() -> list[str]:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
         store = _store()
         states = {}
         for job in housekeeping.live_jobs(store):

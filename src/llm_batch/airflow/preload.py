@@ -17,6 +17,8 @@ import importlib
 import logging
 import time
 
+from llm_batch.core.config import get_settings
+
 log = logging.getLogger("llm_batch.airflow.preload")
 
 # What the batch DAG's file and its tasks import (the DAG file is parsed again in each task).
@@ -52,8 +54,6 @@ def preload(runner: str | None = None) -> list[str]:
     imported. A module that fails is left out with a warning: the task imports it again and
     reports why."""
     if runner is None:
-        from llm_batch.core.config import get_settings
-
         runner = get_settings().shard_runner
     started = time.monotonic()
     names = preload_modules(runner)

@@ -14,10 +14,10 @@ _SIMPLE = "SimpleAuthManager"
 
 
 def is_admin(user_name: str) -> bool:
-    from airflow.configuration import conf
+    from airflow.configuration import conf  # airflow
 
     if not conf.get("core", "auth_manager", fallback="").endswith(_SIMPLE):
         return False
-    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager  # airflow
 
     return any(u.username == user_name and (u.role or "").upper() == "ADMIN" for u in SimpleAuthManager.get_users())

@@ -13,6 +13,7 @@ message and field.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -130,8 +131,6 @@ class LLMBatchHook(BaseHook):
 
     def read_results(self, file_id: str) -> list[dict[str, Any]]:
         """A results (or errors) file as a list of its JSON lines, in file order."""
-        import json
-
         return [json.loads(line) for line in self.iter_file_lines(file_id)]
 
     async def aget_job(self, job_id: str) -> dict[str, Any]:

@@ -15,11 +15,11 @@ from typing import Any
 def shard_operator(runner: str) -> type[Any]:
     """The operator class of `runner` ("local" or "kubernetes")."""
     if runner == "local":
-        from llm_batch.airflow.operators.local import LocalShardOperator
+        from llm_batch.airflow.operators.local import LocalShardOperator  # airflow
 
         return LocalShardOperator
     if runner == "kubernetes":
-        from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator
+        from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # airflow
 
         return KubernetesShardOperator
     raise ValueError(f"shard runner {runner!r} is unknown; use 'local' or 'kubernetes'")

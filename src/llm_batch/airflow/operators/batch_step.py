@@ -25,7 +25,7 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from llm_batch.airflow.hooks.llm_batch import LLMBatchApiError, LLMBatchHook
+from llm_batch.airflow.hooks.llm_batch import LLMBatchApiError, LLMBatchHook, base_url_of
 from llm_batch.airflow.triggers.batch_job import BatchJobTrigger
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -318,8 +318,6 @@ class LLMBatchOperator(BaseOperator):
 
     def _base_url(self) -> str | None:
         try:
-            from llm_batch.airflow.hooks.llm_batch import base_url_of
-
             return base_url_of(self.hook.get_connection(self.llm_batch_conn_id))
         except Exception:  # the manifest's content URIs are a convenience
             return None

@@ -16,7 +16,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator
 from llm_batch.airflow.operators.shard import ShardTaskMixin
+from llm_batch.runtime.engine_service import service_for
 
 
 class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
@@ -42,19 +44,15 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
         EngineServiceShardOperator when its model's engine service takes it, else a
         KubernetesPodOperator, or a ShardGroupOperator for a multi-node worker."""
         if self._pod_operator is None:
-            from llm_batch.runtime.engine_service import service_for
-
             if (address := service_for(self.shard, self.llm_settings)) is not None:
-                from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator
-
                 self._pod_operator = EngineServiceShardOperator(
                     task_id=self.task_id, shard_task=self.shard_task, address=address, retries=self.retries
                 )
                 return self._pod_operator
             if int(self.shard_task.get("nodes_per_worker") or 1) > 1:
-                from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator as runner
+                from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator as runner  # kubernetes
             else:
-                from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator as runner
+                from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator as runner  # kubernetes
 
             self._pod_operator = runner(
                 task_id=self.task_id, shard_task=self.shard_task, retries=self.retries, **self.pod_overrides

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.sdk import BaseOperator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from kubernetes.client.exceptions import ApiException
@@ -145,8 +147,6 @@ class GroupWatch:
 
 def kubernetes_hook(hook_args: dict[str, Any]) -> Any:
     """The KubernetesHook of ``hook_args`` (``GroupOperator.hook_kwargs``)."""
-    from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
     return KubernetesHook(**hook_args)
 
 
@@ -383,8 +383,6 @@ def _restarted(pod: Any) -> bool:
 
 
 def _api_message(exc: ApiException) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body or "{}").get("message") or exc.reason)
     except ValueError:

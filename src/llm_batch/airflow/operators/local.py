@@ -25,6 +25,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
@@ -123,8 +124,6 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
 
     def _start_warm(self) -> WarmShard:
         """The shard on a warm engine of its model (``llm_batch.runtime.warm_engines``)."""
-        import orjson
-
         task = self.shard
         self.log.info("handing shard %s to a warm engine", task.shard)
         try:

@@ -7,6 +7,9 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import OperationalError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.pipeline.shard_task import (
     ShardOutcome,
@@ -60,7 +63,7 @@ def watch_shard(shard_stop: dict[str, Any]) -> str | None:
     the shard's progress to its row (the job's live counts), mirror a cancel to the marker,
     and return the stop cause if there is one. Reads the job store of the caller's own
     settings (LLM_BATCH_DATABASE_URL) and this shard's progress object only."""
-    from llm_batch.infra.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store  # heavy
 
     store = get_job_store(get_settings().database_url)
     if shard_stop.get("progress_uri") is not None:  # a trigger serialized before they were added has none
@@ -84,7 +87,7 @@ class ShardTaskMixin:
 
     @cached_property
     def job_store(self) -> JobStore:
-        from llm_batch.infra.jobstore import get_job_store
+        from llm_batch.infra.jobstore import get_job_store  # heavy
 
         return get_job_store(self.llm_settings.database_url)
 
@@ -112,9 +115,6 @@ class ShardTaskMixin:
         )
 
     def _job_waiting_for_the_store(self):
-        from sqlalchemy.exc import OperationalError
-        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
-
         waiting = Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_WAIT_S),
                            wait=wait_fixed(STORE_RETRY_S), reraise=True)
         return waiting(self.job_store.get_job, self.shard.job_id)
@@ -146,7 +146,7 @@ class ShardTaskMixin:
     def finish(self, outcome: ShardOutcome, context: Any = None) -> dict[str, Any]:
         """End the task with a finished worker's outcome: recorded and logged; a usage error
         fails the task for good, a failure raises for a retry, else the outcome dict."""
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException  # airflow
 
         outcome = self.report_outcome(outcome, context)
         self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)  # type: ignore[attr-defined]
