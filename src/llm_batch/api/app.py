@@ -25,6 +25,7 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llm_batch.api.auth import get_caller
@@ -91,8 +92,6 @@ def too_large_message(limit: int) -> str:
 
 
 async def _too_large(scope: Scope, send: Send, limit: int) -> None:
-    from starlette.responses import JSONResponse
-
     message = too_large_message(limit)
     body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "body_too_large"}}
     await JSONResponse(body, status_code=413)(scope, _ignore_receive, send)
@@ -308,7 +307,7 @@ def serve_docs_offline(app: FastAPI) -> None:
     """``/docs``: FastAPI's Swagger UI page with its JS, CSS and icon served from the
     ``swagger-ui-bundle`` package under ``/docs/assets`` (FastAPI's default loads them from
     a CDN, which an offline or locked-down Airflow cannot reach)."""
-    import swagger_ui_bundle
+    import swagger_ui_bundle  # optional
 
     app.mount("/docs/assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger-assets")
 

@@ -143,7 +143,7 @@ async def _airflow_user(request: Request, bearer: HTTPAuthorizationCredentials |
     """Airflow's own check of its JWT (Bearer header, else its session cookie). Airflow
     answers 401 for a missing or expired token and 403 for one it cannot validate: both are
     401 here (the caller is not known); a known user's lack of rights is our 403."""
-    from airflow.api_fastapi.core_api.security import get_user
+    from airflow.api_fastapi.core_api.security import get_user  # airflow
 
     try:
         return await get_user(request, None, bearer)
@@ -155,7 +155,7 @@ async def _airflow_user(request: Request, bearer: HTTPAuthorizationCredentials |
 
 def _token_refusal(request: Request, bearer: HTTPAuthorizationCredentials | None, detail: str) -> ApiError:
     """The 401 saying why Airflow found no user in this request."""
-    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN  # airflow
 
     if bearer is not None:
         return unauthenticated(f"Airflow token refused: {detail}", code="invalid_token")
@@ -188,7 +188,7 @@ def _is_airflow_admin(user: Any) -> bool:
 
 
 def _airflow_caller(request: Request, user: Any) -> Caller:
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails  # airflow
 
     auth_manager = _auth_manager(request)
     details = DagDetails(id=DAG_ID)
@@ -206,7 +206,7 @@ def _airflow_caller(request: Request, user: Any) -> Caller:
 def _auth_manager(request: Request):
     manager = getattr(request.app.state, "auth_manager", None)
     if manager is None:
-        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.app import get_auth_manager  # airflow
 
         manager = get_auth_manager()
     return manager

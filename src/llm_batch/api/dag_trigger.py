@@ -19,6 +19,9 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.exceptions import DagRunAlreadyExists
+from airflow.utils.state import TaskInstanceState
+from airflow.utils.types import DagRunTriggeredByType
 from fastapi import Depends
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -43,9 +46,7 @@ run_id_for = api_run_id  # deterministic: see run_conf.api_run_id
 
 
 def _trigger_once(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
-    from airflow.api.common.trigger_dag import trigger_dag
-    from airflow.exceptions import DagRunAlreadyExists
-    from airflow.utils.types import DagRunTriggeredByType
+    from airflow.api.common.trigger_dag import trigger_dag  # airflow
 
     try:
         dag_run = trigger_dag(
@@ -96,9 +97,8 @@ def reprioritize_waiting_tasks(job_id: str, weight: int, session: Session) -> in
     queued, waiting to retry) the priority `weight`; returns how many changed. Running and
     finished tasks keep theirs; a pod already created keeps its PriorityClass. The run's
     conf takes the weight too: the shard tasks the scheduler creates after plan read it."""
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.state import TaskInstanceState
+    from airflow.models.dagrun import DagRun  # airflow
+    from airflow.models.taskinstance import TaskInstance  # airflow
 
     run = session.query(DagRun).filter(DagRun.dag_id == DAG_ID, DagRun.run_id == run_id_for(job_id)).one_or_none()
     if run is not None:

@@ -13,7 +13,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llm_batch.infra import storage
+from llm_batch.infra.storage import StorageError
 
 # Route prefixes whose clients (the openai SDK) expect OpenAI's error shape.
 OPENAI_PREFIXES = ("/v1/batches", "/v1/files", "/v1/webhook_endpoints", "/v1/webhook_event_types")
@@ -149,8 +153,6 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large
 
 def _storage_error(request: Request, exc: Exception) -> JSONResponse:
     """Storage failures that escaped a route: say which object and that it is ours."""
-    from llm_batch.infra import storage
-
     if isinstance(exc, storage.PathNotAllowed):
         # User paths are checked (and refused with 400) before any storage call, so this
         # is one of our own areas outside the configured roots/buckets: a server problem.
@@ -171,10 +173,6 @@ def _database_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    from sqlalchemy.exc import OperationalError
-
-    from llm_batch.infra.storage import StorageError
-
     app.add_exception_handler(ApiError, lambda request, exc: error_response(request, exc))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -42,7 +42,7 @@ from starlette.datastructures import UploadFile
 from llm_batch.api.auth import CallerDep
 from llm_batch.api.errors import ApiError, error_response
 from llm_batch.api.state import StoreDep
-from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore import JobStore, utcnow
 
 log = logging.getLogger("llm_batch.api.idempotency")
 
@@ -182,8 +182,6 @@ async def idempotency_key(
 
 
 def _now() -> datetime:
-    from llm_batch.infra.jobstore import utcnow
-
     return utcnow()
 
 

@@ -28,9 +28,18 @@ import logging
 from typing import Any
 from urllib.parse import quote
 
+from airflow.configuration import conf
 from airflow.listeners import hookimpl
+from airflow.utils.state import DagRunState
+from sqlalchemy.orm import object_session
 
-from llm_batch.core.run_conf import BATCH_DAG_ID
+from llm_batch.core.config import get_settings
+from llm_batch.core.jobs import JobStatus
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.markdown import escape
+from llm_batch.core.run_conf import BATCH_DAG_ID, run_job_id
+from llm_batch.infra import storage
+from llm_batch.pipeline.shard_task import write_cancel_marker
 
 log = logging.getLogger("llm_batch.listeners")
 
@@ -40,23 +49,18 @@ def _manual(msg: str | None) -> bool:
 
 
 def _store():
-    from llm_batch.core.config import get_settings
-    from llm_batch.infra.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store  # heavy
 
     return get_job_store(get_settings().database_url)
 
 
 def _job_id(dag_run: Any) -> str:
-    from llm_batch.core.run_conf import run_job_id
-
     return run_job_id(dag_run.conf or {}, dag_run.run_id)
 
 
 def job_link(job_id: str) -> str:
     """Where the job is seen: its page on Airflow's Batch jobs view (docs/ui.md)."""
     try:
-        from airflow.configuration import conf
-
         base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
     except Exception:  # noqa: BLE001
         base = ""
@@ -66,8 +70,6 @@ def job_link(job_id: str) -> str:
 def run_note(job: Any) -> str:
     """The note of a run: its job's status, counts, reason and link (markdown). The id and
     the reason may hold what a user wrote (a conf's job_id, a path, a model name): escaped."""
-    from llm_batch.core.markdown import escape
-
     counts = f"{job.succeeded} succeeded, {job.failed} failed of {job.total}" if job.total is not None else "no counts"
     return (f"**llm-batch job {escape(job.id)}: {job.status.value}** ({counts})\n\n"
             f"{escape(job.status_reason or '')}\n\n[job status]({job_link(job.id)})")
@@ -76,12 +78,6 @@ def run_note(job: Any) -> str:
 def end_job_of_run(dag_run: Any, state: str, msg: str | None) -> Any:
     """End the live job of `dag_run`, which ended in `state` ("failed" / "success").
     Returns the job (None when the store has none)."""
-    from llm_batch.core.config import get_settings
-    from llm_batch.core.jobs import JobStatus
-    from llm_batch.core.layout import JobLayout
-    from llm_batch.infra import storage
-    from llm_batch.pipeline.shard_task import write_cancel_marker
-
     store = _store()
     job_id = _job_id(dag_run)
     job = store.get_job(job_id)
@@ -114,8 +110,6 @@ def keep_a_users_failed_mark(dag_run: Any, state: str, msg: str | None, job: Any
     metadata DB is SQLite (no row locks: the scheduler's loop read the run as running before
     the mark was committed, then found its tasks finished). The job kept what the user did,
     so the run goes back to failed. Returns whether it did."""
-    from airflow.utils.state import DagRunState
-
     if state != "success" or _manual(msg) or job is None or job.status.value != "FAILED":
         return False
     if user_mark_reason(dag_run.run_id, "failed") not in (job.status_reason or ""):
@@ -142,8 +136,6 @@ def _set_note(dag_run: Any, note: str) -> None:
     """The run's note, in the caller's session (the scheduler's or the API call's: it
     commits it with the state change). A run object without one (in-process dag.test
     callers) keeps its note."""
-    from sqlalchemy.orm import object_session
-
     if object_session(dag_run) is None:
         log.debug("run %s is not bound to a session: no note", dag_run.run_id)
         return

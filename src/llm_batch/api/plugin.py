@@ -35,8 +35,8 @@ BATCH_JOBS_VIEW = {
 
 
 def _api_entry() -> dict:
-    from llm_batch.api.app import create_app
-    from llm_batch.infra.webhooks import start_in_background
+    from llm_batch.api.app import create_app  # heavy
+    from llm_batch.infra.webhooks import start_in_background  # heavy
 
     app = create_app()
     # Webhooks: the deliverer of the job store's outbox, a daemon thread of the api-server
@@ -46,7 +46,7 @@ def _api_entry() -> dict:
 
 
 def _strict_json_entry() -> dict:
-    from llm_batch.api.app import StrictJsonBodies
+    from llm_batch.api.app import StrictJsonBodies  # heavy
 
     # Airflow's REST API parses a run's conf with Python's JSON parser, which admits what
     # Airflow later cannot serialise (its scheduler stops on a lone surrogate): the batch

@@ -82,7 +82,7 @@ async def session(request: Request, caller: CallerDep) -> dict[str, Any]:
     an API key caller already sends its key in a header)."""
     token = None
     if caller.via == "airflow":
-        from airflow.api_fastapi.core_api.security import get_user
+        from airflow.api_fastapi.core_api.security import get_user  # airflow
 
         scheme, _, value = request.headers.get("authorization", "").strip().partition(" ")
         bearer = HTTPAuthorizationCredentials(scheme=scheme, credentials=value.strip()) if scheme.lower() == "bearer" else None
