@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from llm_batch.cli import print_table
+from llm_batch.core.owners import OwnerNameRefused
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,14 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace):
-    from llm_batch.infra.jobstore import get_job_store
+    from llm_batch.infra.jobstore import get_job_store  # heavy
 
     return get_job_store(args.database_url)
 
 
 def create_key(args: argparse.Namespace) -> int:
-    from llm_batch.core.owners import OwnerNameRefused
-
     try:
         record, plaintext = _store(args).create_api_key(args.owner, args.name or args.owner, is_admin=args.admin)
     except OwnerNameRefused as exc:
@@ -66,7 +65,7 @@ def list_keys(args: argparse.Namespace) -> int:
 
 
 def revoke_key(args: argparse.Namespace) -> int:
-    from llm_batch.infra.jobstore import ApiKeyNotFound
+    from llm_batch.infra.jobstore import ApiKeyNotFound  # heavy
 
     try:
         key = _store(args).revoke_api_key(args.key_id)

@@ -16,6 +16,12 @@ import logging
 import os
 from pathlib import Path
 
+import orjson
+
+from llm_batch.core import exit_codes
+from llm_batch.core.config import parse_address
+from llm_batch.runtime.warm_engines import WarmEngineError, serve, serve_service
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("engine-host", help="a warm engine process (local runner, or an engine service)",
@@ -36,12 +42,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def engine_host(args: argparse.Namespace) -> int:
-    import orjson
-
-    from llm_batch.core import exit_codes
-    from llm_batch.core.config import parse_address
-    from llm_batch.runtime.warm_engines import WarmEngineError, serve, serve_service
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.listen is None:
         if args.socket is None or not args.lock or args.pid_file is None:

@@ -8,6 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+import orjson
+
+from llm_batch.core import exit_codes
+from llm_batch.core.config import get_settings
+from llm_batch.core.placement import GPU_TYPES
+from llm_batch.runtime.engine_service import DEFAULT_PORT
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("engine-service", help="warm engines on Kubernetes (manifests)",
@@ -34,13 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def print_manifest(args: argparse.Namespace) -> int:
-    import orjson
-    import yaml
-
-    from llm_batch.core import exit_codes
-    from llm_batch.core.config import get_settings
-    from llm_batch.core.placement import GPU_TYPES
-    from llm_batch.runtime.engine_service import DEFAULT_PORT
+    import yaml  # heavy
 
     problems = []
     if args.gpu_type is not None and args.gpu_type not in GPU_TYPES:
@@ -63,7 +64,7 @@ def print_manifest(args: argparse.Namespace) -> int:
         print("llm-batch engine-service: " + "; ".join(problems), file=sys.stderr)
         return exit_codes.USAGE
 
-    from llm_batch.airflow.specs.engine_service_spec import manifests, services_entry
+    from llm_batch.airflow.specs.engine_service_spec import manifests, services_entry  # kubernetes
 
     settings = get_settings()
     objects = manifests(settings, args.model, args.gpu_type, gpus=args.gpus, replicas=args.replicas,

@@ -13,6 +13,12 @@ from __future__ import annotations
 import argparse
 import logging
 
+import orjson
+
+from llm_batch.core import exit_codes
+from llm_batch.core.endpoints import UnsupportedEndpointError, parse_endpoint
+from llm_batch.runtime.multinode import run_follower
+from llm_batch.runtime.worker import WorkerUsageError, node_group, resolve_for_endpoint
 from llm_batch.runtime.worker_args import GROUP_FLAGS, add_pod_command
 
 _FLAGS: tuple[tuple[str, type, str], ...] = (
@@ -28,13 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def follower(args: argparse.Namespace) -> int:
-    import orjson
-
-    from llm_batch.core import exit_codes
-    from llm_batch.core.endpoints import UnsupportedEndpointError, parse_endpoint
-    from llm_batch.runtime.multinode import run_follower
-    from llm_batch.runtime.worker import WorkerUsageError, node_group, resolve_for_endpoint
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("llm_batch.runtime.multinode")
     try:

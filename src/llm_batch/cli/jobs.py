@@ -27,9 +27,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import orjson
+
 from llm_batch.cli import print_table
+from llm_batch.core.config import get_settings
 from llm_batch.core.input_formats import INPUT_FORMATS
 from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.progress import ShardState, read_progress
 
 if TYPE_CHECKING:
     from llm_batch.infra.api_client import BatchClient, JobView
@@ -175,8 +179,6 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _json_object(text: str) -> dict:
-    import orjson
-
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
@@ -188,9 +190,9 @@ def _json_object(text: str) -> dict:
 
 def _with_client(run) -> int:
     """Run `run(client)`; API, network and input errors become a message and exit 2."""
-    import httpx
+    import httpx  # heavy
 
-    from llm_batch.infra.api_client import ApiError, BatchClient, NoApiKey
+    from llm_batch.infra.api_client import ApiError, BatchClient, NoApiKey  # heavy
 
     try:
         with BatchClient.from_env() as client:
@@ -214,7 +216,7 @@ def _wait_and_report(client: BatchClient, job: JobView) -> int:
 
 def _follow(client: BatchClient, job: JobView) -> JobView:
     """Poll the job with a progress bar (requests done/total, tokens/s) until it ends."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # heavy
 
     tokens = ShardTokens(job.id)
     columns = (
@@ -243,10 +245,8 @@ class ShardTokens:
 
     def rate(self) -> float | None:
         try:
-            from llm_batch.core.config import get_settings
-            from llm_batch.infra.progress import ShardState, read_progress
-            from llm_batch.pipeline.sharding import read_manifest
-            from llm_batch.pipeline.steps import layout_of
+            from llm_batch.pipeline.sharding import read_manifest  # heavy
+            from llm_batch.pipeline.steps import layout_of  # heavy
 
             manifest = read_manifest(layout_of(get_settings(), self.job_id))
             rates = []
@@ -287,7 +287,7 @@ def _when(epoch: int | None) -> str:
 
 
 def _stderr_console():
-    from rich.console import Console
+    from rich.console import Console  # heavy
 
     return Console(stderr=True)
 

@@ -7,6 +7,13 @@ import dataclasses
 import json
 import sys
 
+from llm_batch.core.config import get_settings
+from llm_batch.core.input_formats import InputFormat
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.scale_output import success_element
+from llm_batch.infra.results import ResultsError
+from llm_batch.infra.storage import ObjectNotFound, StorageError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -28,13 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def merge(args: argparse.Namespace) -> int:
-    from llm_batch.core.config import get_settings
-    from llm_batch.core.input_formats import InputFormat
-    from llm_batch.core.layout import JobLayout
-    from llm_batch.core.scale_output import success_element
-    from llm_batch.infra.results import ResultsError
-    from llm_batch.infra.storage import ObjectNotFound, StorageError
-    from llm_batch.pipeline.merge import MergeError, merge_job
+    from llm_batch.pipeline.merge import MergeError, merge_job  # heavy
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
     try:

@@ -7,6 +7,7 @@ import sys
 import time
 
 from llm_batch.cli import print_table
+from llm_batch.core.config import get_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,8 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def list_models(args: argparse.Namespace) -> int:
-    from llm_batch.core.config import get_settings
-    from llm_batch.infra.model_registry import ModelError, load_registry, model_status
+    from llm_batch.infra.model_registry import ModelError, load_registry, model_status  # heavy
 
     try:
         registry = load_registry()
@@ -48,7 +48,7 @@ def list_models(args: argparse.Namespace) -> int:
 
 
 def prepare_models(args: argparse.Namespace) -> int:
-    from llm_batch.infra.model_registry import ModelError, load_registry, prepare_model
+    from llm_batch.infra.model_registry import ModelError, load_registry, prepare_model  # heavy
 
     try:
         registry = load_registry()

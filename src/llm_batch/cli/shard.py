@@ -6,6 +6,10 @@ import argparse
 import json
 import sys
 
+from llm_batch.core.config import get_settings
+from llm_batch.core.layout import JobLayout
+from llm_batch.infra.storage import ObjectNotFound, StorageError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -20,10 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def shard(args: argparse.Namespace) -> int:
-    from llm_batch.core.config import get_settings
-    from llm_batch.core.layout import JobLayout
-    from llm_batch.infra.storage import ObjectNotFound, StorageError
-    from llm_batch.pipeline.sharding import ShardingError, plan_shards
+    from llm_batch.pipeline.sharding import ShardingError, plan_shards  # heavy
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
     try:

@@ -39,10 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    import httpx
+    import httpx  # heavy
 
-    from llm_batch.devstack.celery_stack import CeleryStack
-    from llm_batch.devstack.stack import Stack, StackError
+    from llm_batch.devstack.celery_stack import CeleryStack  # heavy
+    from llm_batch.devstack.stack import Stack, StackError  # heavy
 
     if args.executor == "celery":
         if args.workers is not None and args.workers < 1:
@@ -84,8 +84,8 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from llm_batch.devstack.celery_stack import CeleryStack
-    from llm_batch.devstack.stack import Stack
+    from llm_batch.devstack.celery_stack import CeleryStack  # heavy
+    from llm_batch.devstack.stack import Stack  # heavy
 
     stack = Stack.from_env()
     if CeleryStack.exists(stack.settings):
@@ -96,11 +96,11 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from llm_batch.devstack.celery_stack import CeleryStack
-    from llm_batch.devstack.stack import SUPERVISOR, Stack
-    from llm_batch.devstack.supervisor import describe_restarts, read_restarts
-    from llm_batch.infra.jobstore.errors import JobStoreUnhealthy
-    from llm_batch.infra.jobstore.store import JobStore
+    from llm_batch.devstack.celery_stack import CeleryStack  # heavy
+    from llm_batch.devstack.stack import SUPERVISOR, Stack  # heavy
+    from llm_batch.devstack.supervisor import describe_restarts, read_restarts  # heavy
+    from llm_batch.infra.jobstore.errors import JobStoreUnhealthy  # heavy
+    from llm_batch.infra.jobstore.store import JobStore  # heavy
 
     stack = Stack.from_env()
     if CeleryStack.exists(stack.settings):

@@ -18,7 +18,10 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from llm_batch.cli import print_table
+from llm_batch.cli.jobs import EXIT_SUCCEEDED, _with_client
 
 if TYPE_CHECKING:
     from llm_batch.infra.api_client import BatchClient
@@ -64,13 +67,9 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 
 def _usage_command(args: argparse.Namespace) -> int:
-    from llm_batch.cli.jobs import EXIT_SUCCEEDED, _with_client
-
     def run(client: BatchClient) -> int:
         report = client.usage(by=args.by, since=args.since)
         if args.json:
-            import orjson
-
             sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
             return EXIT_SUCCEEDED
         print_report(report)

@@ -17,8 +17,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import BinaryIO
 
+import orjson
+
+from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.core.input_formats import INPUT_FORMATS
+from llm_batch.core.layout import JobLayout
+from llm_batch.infra import storage
+from llm_batch.infra.storage import StorageError
 
 EXIT_VALID = 0
 EXIT_REJECTED = 2  # no valid request, unreadable input, or a limit exceeded
@@ -53,10 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import orjson
-
-    from llm_batch.infra.storage import StorageError
-    from llm_batch.pipeline.validation import BatchRejected, validate_batch
+    from llm_batch.pipeline.validation import BatchRejected, validate_batch  # heavy
 
     source = args.inputs[0] if len(args.inputs) == 1 else args.inputs
     try:
@@ -80,9 +83,6 @@ def _layout(args: argparse.Namespace):
     would no longer match a new validated file."""
     if not args.job:
         return None
-    from llm_batch.core.config import get_settings
-    from llm_batch.core.layout import JobLayout
-    from llm_batch.infra import storage
 
     layout = JobLayout(args.work_uri or get_settings().work_uri, args.job)
     if storage.exists(layout.shard_manifest):
@@ -109,8 +109,6 @@ def input_opener(fmt: str) -> Callable[[str], AbstractContextManager[BinaryIO]]:
                 stdin.seek(0)
             return nullcontext(stdin)
         if uri.startswith("s3://"):
-            from llm_batch.infra import storage
-
             return storage.open_read(uri)
         return open(uri, "rb")
 

@@ -16,11 +16,16 @@ delivered; 2 for a usage or HTTP error.
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llm_batch.cli import print_table
+from llm_batch.cli.jobs import _with_client
+from llm_batch.core.config import get_settings
 
 # llm_batch.infra.jobstore.webhooks.EVENT_TYPES (not imported: the CLI's parser loads no SQLAlchemy).
 EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
@@ -70,8 +75,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _client_run(run) -> int:
-    from llm_batch.cli.jobs import _with_client
-
     return _with_client(run)
 
 
@@ -140,13 +143,8 @@ def print_attempts(attempts: list[dict[str, Any]]) -> None:
 
 
 def _deliver(args: argparse.Namespace) -> int:
-    import logging
-    import signal
-    import threading
-
-    from llm_batch.core.config import get_settings
-    from llm_batch.infra.jobstore import get_job_store
-    from llm_batch.infra.webhooks import Deliverer
+    from llm_batch.infra.jobstore import get_job_store  # heavy
+    from llm_batch.infra.webhooks import Deliverer  # heavy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()

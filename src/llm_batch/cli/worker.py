@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from llm_batch.core import exit_codes
+from llm_batch.runtime.worker import WorkerUsageError, run_worker
 from llm_batch.runtime.worker_args import GROUP_FLAGS, WORKER_FLAGS, add_pod_command, config_from_args
 
 
@@ -18,9 +20,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def worker(args: argparse.Namespace) -> int:
-    from llm_batch.core import exit_codes
-    from llm_batch.runtime.worker import WorkerUsageError, run_worker
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)

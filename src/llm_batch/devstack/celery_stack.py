@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_batch.core.config import Settings, get_settings
+from llm_batch.devstack.pg_server import PostgresError, PostgresServer, find_postgres_bin, reachable_bin, server_user
+from llm_batch.devstack.s3_server import PORT_NAMES, S3ServerError, WeedServer, free_ports
 from llm_batch.devstack.stack import COMPONENTS, Stack, StackError, UpResult, free_port
 from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
 from llm_batch.runtime.warm_engines import stop_hosts
@@ -306,14 +308,10 @@ class CeleryStack(Stack):
     # -- services -----------------------------------------------------------------------
 
     def _pg(self):
-        from llm_batch.devstack.pg_server import PostgresServer, find_postgres_bin, reachable_bin, server_user
-
         root = self.pg_root
         return PostgresServer(root, self.state["ports"]["postgres"], reachable_bin(find_postgres_bin(), server_user(), root))
 
     def _weed(self, pid: int):
-        from llm_batch.devstack.s3_server import WeedServer
-
         return WeedServer(self.settings.s3_endpoint_url or "", S3_ACCESS_KEY, self.state["s3_secret"],
                           self.shape_dir / "s3" / "weed.log", pid)
 
@@ -322,9 +320,6 @@ class CeleryStack(Stack):
         return self._weed(0).client()
 
     def services_up(self, timeout: float = 120.0) -> None:
-        from llm_batch.devstack.pg_server import PostgresError, PostgresServer
-        from llm_batch.devstack.s3_server import S3ServerError, WeedServer
-
         self.shape_run_dir.mkdir(parents=True, exist_ok=True)
         try:
             if not self._pg().running():
@@ -507,7 +502,6 @@ def _ensure_state(shape_dir: Path, workers: int | None) -> dict:
     if state is not None and (workers is None or workers == state["workers"]):
         if workers is None or len(state["ports"]["worker_logs"]) >= workers:
             return state
-    from llm_batch.devstack.s3_server import PORT_NAMES, free_ports
 
     if state is None:
         ports = free_ports(2 + len(PORT_NAMES))

