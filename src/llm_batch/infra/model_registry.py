@@ -57,6 +57,7 @@ from pydantic import (
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.engine_args import PlainDict, allowed_engine_args
 from llm_batch.core.model_recipes import RECIPES, TINY_CHAT_TEMPLATE, MissingSource, build_tiny_llama
+from llm_batch.infra import storage
 
 __all__ = [
     "ModelError",
@@ -750,8 +751,8 @@ def _jinja_problem(text: str) -> str | None:
     """Why ``text`` is not a Jinja template (None: it parses, or jinja2 is not installed
     here and the engine will say). Tags of extensions (transformers' {% generation %}) pass."""
     try:
-        from jinja2 import TemplateSyntaxError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from jinja2 import TemplateSyntaxError  # optional
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # optional
     except ImportError:  # the core needs no jinja2; vLLM (which brings it) checks at start
         return None
     try:
@@ -917,8 +918,6 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
     A missing prefix is ``CheckpointNotFound``, a forbidden one ``CheckpointNotAllowed``;
     other ``StorageError``s (the server failing after retries) propagate: worth a retry.
     """
-    from llm_batch.infra import storage  # the implementation, imported when a download is needed
-
     dest = _s3_cache_dir(uri, settings or get_settings())
     if (dest / READY_MARKER).is_file():
         return dest

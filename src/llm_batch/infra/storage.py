@@ -409,8 +409,8 @@ def _s3_client(endpoint_url: str | None, pid: int) -> Any:
 
     Credentials come from the standard AWS chain.
     """
-    import boto3
-    from botocore.config import Config
+    import boto3  # heavy
+    from botocore.config import Config  # heavy
 
     config = Config(
         retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity retries instead
@@ -427,7 +427,7 @@ class S3Storage:
 
     def __init__(self, client: Any, allowed_buckets: tuple[str, ...] | list[str] = (),
                  transfer_config: TransferConfig | None = None):
-        from boto3.s3.transfer import TransferConfig
+        from boto3.s3.transfer import TransferConfig  # heavy
 
         self.client = client
         self.allowed_buckets = tuple(allowed_buckets)
@@ -558,8 +558,8 @@ class S3Storage:
     @contextmanager
     def _errors(self, uri: str, loc: S3Location) -> Iterator[None]:
         """Turn boto3/botocore failures inside the block into StorageErrors naming ``uri``."""
-        from boto3.exceptions import Boto3Error, RetriesExceededError
-        from botocore.exceptions import BotoCoreError, ClientError
+        from boto3.exceptions import Boto3Error, RetriesExceededError  # heavy
+        from botocore.exceptions import BotoCoreError, ClientError  # heavy
 
         try:
             yield
@@ -569,7 +569,7 @@ class S3Storage:
             raise self._translate(uri, loc, exc) from exc
 
     def _translate(self, uri: str, loc: S3Location, exc: BaseException) -> StorageError:
-        from botocore.exceptions import (
+        from botocore.exceptions import (  # heavy
             ClientError,
             EndpointConnectionError,
             NoCredentialsError,
@@ -597,7 +597,7 @@ class S3Storage:
         return StorageError(uri, f"{code}: {message}")
 
     def _bucket_exists(self, bucket: str) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # heavy
 
         try:
             self.call("head_bucket", Bucket=bucket)
@@ -673,7 +673,7 @@ def _status(exc: Any) -> int | None:
 
 def _is_transient(exc: BaseException) -> bool:
     """Throttling, 5xx and dropped/timed-out connections: worth another try."""
-    from botocore.exceptions import (
+    from botocore.exceptions import (  # heavy
         ClientError,
         ConnectionError,
         HTTPClientError,

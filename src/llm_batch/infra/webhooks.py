@@ -72,7 +72,7 @@ def sign(secrets: Sequence[str], webhook_id: str, body: bytes, when: datetime | 
     """The Standard Webhooks headers of one attempt: one signature per secret, space
     separated (``standardwebhooks`` computes each: HMAC-SHA256 over ``{id}.{timestamp}.{body}``
     with the base64 secret)."""
-    from standardwebhooks import Webhook
+    from standardwebhooks import Webhook  # optional
 
     when = when or datetime.now(UTC)
     signature = " ".join(Webhook(secret).sign(webhook_id, when, body.decode()) for secret in secrets)

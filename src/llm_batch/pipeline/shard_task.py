@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from llm_batch.core import exit_codes
 from llm_batch.core.job_input import ModerationShape
 from llm_batch.infra import storage
+from llm_batch.infra.progress import read_progress
 
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
     from llm_batch.infra.jobstore import Job, JobStore
@@ -139,8 +140,6 @@ def report_shard(store: JobStore, task: ShardTask, outcome: ShardOutcome | None 
     counts and usage from the sum of its rows (``JobStore.report_shard``). With `outcome`
     (the shard task's end), the row also keeps the state and why, which merge reads.
     None when there is nothing to report yet (no progress object and no outcome)."""
-    from llm_batch.infra.progress import read_progress
-
     try:
         figures = read_progress(task.progress_uri).model_dump(
             include={"total", "done", "succeeded", "failed", "prompt_tokens", "completion_tokens",

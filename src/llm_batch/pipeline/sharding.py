@@ -41,6 +41,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel
 
+from llm_batch.core.config import get_settings
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.schemas import prompt_chars
 from llm_batch.infra import storage
@@ -496,8 +497,6 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
     if by not in ("count", "tokens"):
         raise ShardingError(f"shards balance by 'count' or 'tokens', got {by!r}")
     if prefix_aware is None:
-        from llm_batch.core.config import get_settings
-
         prefix_aware = get_settings().prefix_aware_sharding
     prefix_chars = PREFIX_KEY_CHARS if prefix_chars is None else prefix_chars
     min_saving = MIN_PREFIX_SAVING if min_saving is None else min_saving

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import yaml
 
 from llm_batch.core import owners
 from llm_batch.core.config import Settings
@@ -25,8 +27,16 @@ from llm_batch.core.job_input import OutputFormat
 from llm_batch.core.jobs import JobRejected, JobStatus
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.placement import check_resources, priority_band
-from llm_batch.core.run_conf import DEFAULT_RUNTIME_SEC, RunConf, api_run_id, run_job_id
-from llm_batch.infra import input_files, storage
+from llm_batch.core.run_conf import (
+    DEFAULT_RUNTIME_SEC,
+    MAX_DATA_PARALLELISM,
+    MAX_RUNTIME_SEC,
+    RunConf,
+    api_run_id,
+    run_job_id,
+)
+from llm_batch.infra import input_files, storage, user_paths
+from llm_batch.pipeline.recurring import output_asset_uri
 from llm_batch.pipeline.shard_task import ShardTask, shard_not_run_reasons
 
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
@@ -41,12 +51,8 @@ INPUT_FIELDS = ("input_uri", "input_file_ids", "input_requests")
 def registry_model_names(settings: Settings) -> list[str]:
     """The model names of the registry, read cheaply (YAML only, no model_registry import):
     the DAG form's enum at parse time and register's check. Empty if it cannot be read."""
-    import yaml
-
     try:
         if settings.model_registry is None:
-            from importlib import resources
-
             text = resources.files("llm_batch").joinpath("models.yaml").read_text()
         else:
             with open(settings.model_registry) as f:
@@ -62,7 +68,6 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> 
     given = [name for name in INPUT_FIELDS if conf.get(name) not in (None, "", [])]
     if len(given) != 1:
         raise JobRejected(f"give exactly one of {', '.join(INPUT_FIELDS)} (got {', '.join(given) or 'none'})")
-    from llm_batch.core.run_conf import MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC
 
     bounds = {"data_parallelism": (run.data_parallelism, MAX_DATA_PARALLELISM), "gpus": (run.gpus, 8),
               "nodes_per_worker": (run.nodes_per_worker, 16), "max_runtime_sec": (run.max_runtime_sec, MAX_RUNTIME_SEC)}
@@ -74,7 +79,7 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> 
         raise JobRejected(f"model {run.model!r} is not in the model registry; known models: {', '.join(known)}")
     # The API's own check of a model_config (the engine-argument allow-list among it), so a
     # run from the form or /api/v2 is refused here, not by its first shard.
-    from llm_batch.infra.model_registry import ModelError, validate_model_config
+    from llm_batch.infra.model_registry import ModelError, validate_model_config  # heavy
 
     try:
         validate_model_config({**run.engine_config, "model": run.model})
@@ -170,8 +175,6 @@ def _check_input_files(store: JobStore, run: RunConf, trusted: bool) -> None:
 
 def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: bool) -> str:
     """A path of the run's conf as its owner may name it (llm_batch.infra.user_paths)."""
-    from llm_batch.infra import user_paths
-
     try:
         return user_paths.check(uri, owner, settings, is_admin=trusted).uri
     except (user_paths.PathRefused, user_paths.PathUnavailable) as exc:
@@ -203,8 +206,8 @@ def _input_source(store: JobStore, job: Job) -> tuple[Any, str]:
 def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
     """Stream the input into the validated file and error records; set total and the
     invalid count. None when the job is already over (cancelled before it started)."""
-    from llm_batch.infra.media import MediaResolver
-    from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, validate_batch
+    from llm_batch.infra.media import MediaResolver  # heavy
+    from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, validate_batch  # heavy
 
     job = _job(store, job_id)
     if job.terminal or job.cancel_requested:
@@ -254,7 +257,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
     The job moves to RUNNING; a job cancelled (or ended) before this point gets no shard
     task. Planning again (a retried task) writes the same shards and keeps their results.
     """
-    from llm_batch.pipeline.sharding import plan_shards
+    from llm_batch.pipeline.sharding import plan_shards  # heavy
 
     job = _job(store, job_id)
     if job.status not in (JobStatus.VALIDATING, JobStatus.RUNNING, JobStatus.CANCELLING):
@@ -307,7 +310,7 @@ def _stop_cause(job: Job, now: datetime | None = None) -> tuple[JobStatus, str] 
 
 def _not_run_code(cause: tuple[JobStatus, str] | None) -> str:
     """The error code of requests that never ran, by why the job stopped."""
-    from llm_batch.pipeline.merge import BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED
+    from llm_batch.pipeline.merge import BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED  # heavy
 
     status = cause[0] if cause else None
     return {JobStatus.CANCELLED: BATCH_CANCELLED, JobStatus.TIMEOUT_EXCEEDED: BATCH_EXPIRED}.get(status, SHARD_FAILED)
@@ -318,8 +321,8 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
 
     None when the job never got shards (ended before planning) or is already terminal.
     """
-    from llm_batch.core.scale_output import success_element
-    from llm_batch.pipeline.merge import merge_job
+    from llm_batch.core.scale_output import success_element  # heavy
+    from llm_batch.pipeline.merge import merge_job  # heavy
     job = _job(store, job_id)
     layout = layout_of(settings, job_id)
     if job.terminal or not storage.exists(layout.shard_manifest):
@@ -328,8 +331,6 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
         store.transition(job_id, JobStatus.FINALIZING)
     cause = _stop_cause(job)
     if job.array_output_uri:  # checked at submission; checked again right before writing
-        from llm_batch.infra import user_paths
-
         user_paths.refuse_internal(job.array_output_uri, settings)
     counts = merge_job(
         layout,
@@ -453,8 +454,6 @@ def asset_uri(uri: str) -> str:
 def result_asset_uris(job: Job) -> list[str]:
     """The assets a job with results updates: its output file, the array output it was
     asked for, and a recurring spec's own asset (``llm_batch.pipeline.recurring.output_asset_uri``)."""
-    from llm_batch.pipeline.recurring import output_asset_uri
-
     uris = [asset_uri(u) for u in (job.output_uri, job.array_output_uri) if u]
     if recurring := (job.metadata or {}).get("recurring"):
         uris.append(output_asset_uri(str(recurring)))

@@ -43,7 +43,9 @@ from llm_batch.core.formats import (
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, ErrorRecord
+from llm_batch.infra import storage
 from llm_batch.infra.media import MediaResolver
+from llm_batch.infra.storage import StorageError
 
 OpenInput = Callable[[str], AbstractContextManager[BinaryIO]]
 
@@ -154,8 +156,6 @@ def validate_batch(
     with ExitStack() as stack:
         stack.enter_context(closing(items))  # closes the input even when a limit stops us
         if layout is not None:
-            from llm_batch.infra import storage
-
             validated_out = stack.enter_context(storage.open_write(layout.validated))
             errors_out = stack.enter_context(storage.open_write(layout.validation_errors))
         _consume(items, report, limits, validated_out, errors_out)
@@ -164,8 +164,6 @@ def validate_batch(
     report.input_bytes = budget.used
     report.estimated_prompt_tokens = (checker.prompt_chars + 3) // 4
     if layout is not None:
-        from llm_batch.infra import storage
-
         storage.write_bytes(layout.validation_report, report.model_dump_json().encode())
     if report.valid == 0:
         raise BatchRejected("no_valid_requests", _no_valid_message(report), report)
@@ -282,8 +280,6 @@ def _read_one(
 @contextmanager
 def _opened(name: str, open_stream: Callable[[], AbstractContextManager[BinaryIO]]) -> Iterator[BinaryIO]:
     """Open an input; failing to open or read it makes the input unreadable, naming it."""
-    from llm_batch.infra.storage import StorageError
-
     try:
         with open_stream() as stream:
             yield stream
@@ -338,8 +334,6 @@ def _require_list(source: Any, fmt: InputFormat) -> list[Any]:
 
 
 def _storage_open_read(uri: str) -> AbstractContextManager[BinaryIO]:
-    from llm_batch.infra import storage
-
     return storage.open_read(uri)
 
 

@@ -24,6 +24,8 @@ is not encrypted: keep it inside the cluster network (or put a service mesh's mT
 
 from __future__ import annotations
 
+import orjson
+
 from llm_batch.core.config import Settings, parse_address
 from llm_batch.pipeline.shard_task import ShardTask
 
@@ -42,6 +44,4 @@ def service_for(task: ShardTask, settings: Settings) -> tuple[str, int] | None:
 
 
 def _model_of(task: ShardTask) -> str:
-    import orjson
-
     return str(orjson.loads(task.model_config_json).get("model", ""))

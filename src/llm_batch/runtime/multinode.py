@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from llm_batch.core import exit_codes
+from llm_batch.runtime.engine import vllm_api
 
 if TYPE_CHECKING:
     from llm_batch.infra.model_registry import ResolvedModel
@@ -98,7 +99,6 @@ def run_follower(model: ResolvedModel, group: NodeGroup) -> int:
     except NodeGroupError as exc:
         log.error("follower node %d cannot run: %s", group.node_rank, exc)
         return exit_codes.USAGE
-    from llm_batch.runtime.engine import vllm_api
 
     log.info("follower node %d of %d joining %s:%d for model %s", group.node_rank, group.nnodes,
              group.master_addr, group.master_port, model.name)

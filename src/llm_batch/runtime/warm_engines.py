@@ -380,7 +380,7 @@ class KeptEngine:
         self._turn = threading.Condition()
 
     def get(self, model: ResolvedModel) -> LLM:
-        from llm_batch.runtime.engine.runner import start_engine
+        from llm_batch.runtime.engine.runner import start_engine  # vllm
 
         with self._turn:
             # Another configuration of the model (another endpoint's task) waits for its turn.
@@ -411,7 +411,7 @@ class KeptEngine:
             self._close()
 
     def _close(self) -> None:
-        from llm_batch.runtime.engine.runner import stop_engine
+        from llm_batch.runtime.engine.runner import stop_engine  # vllm
 
         if self.shared is not None:
             with self.shared.lock:
@@ -595,7 +595,7 @@ def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
 
 
 def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
-    from llm_batch.infra.model_registry import ModelError, resolve_model
+    from llm_batch.infra.model_registry import ModelError, resolve_model  # heavy
 
     try:
         model = resolve_model(model_config)
@@ -721,8 +721,8 @@ def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurn
 
 
 def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> None:
-    from llm_batch.runtime.worker import WorkerUsageError, run_worker
-    from llm_batch.runtime.worker_args import config_from_argv
+    from llm_batch.runtime.worker import WorkerUsageError, run_worker  # heavy
+    from llm_batch.runtime.worker_args import config_from_argv  # heavy
 
     forward = _ConnectionLog(conn)
     loggers = [logging.getLogger(name) for name in _LOGGERS]

@@ -25,22 +25,26 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
 from llm_batch.core import exit_codes
+from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint, serving_problem
 from llm_batch.core.job_input import ModerationShape
+from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
 from llm_batch.infra.results import ResultsWriter, read_results
 from llm_batch.infra.streams import iter_lines
 from llm_batch.runtime.engine import StopReason
+from llm_batch.runtime.multinode import DEFAULT_MASTER_PORT, NodeGroup, NodeGroupError
 
 if TYPE_CHECKING:
     from vllm import LLM
 
     from llm_batch.infra.model_registry import ResolvedModel
     from llm_batch.runtime.engine.responses import Usage
-    from llm_batch.runtime.multinode import NodeGroup
 
 log = logging.getLogger("llm_batch.runtime.worker")
 
@@ -89,12 +93,12 @@ class DedicatedEngine:
     (``llm_batch.runtime.warm_engines.KeptEngine`` keeps one for the next shard instead)."""
 
     def get(self, model: ResolvedModel) -> LLM:
-        from llm_batch.runtime.engine.runner import start_engine
+        from llm_batch.runtime.engine.runner import start_engine  # vllm
 
         return start_engine(model)
 
     def release(self, llm: LLM, healthy: bool) -> None:
-        from llm_batch.runtime.engine.runner import stop_engine
+        from llm_batch.runtime.engine.runner import stop_engine  # vllm
 
         stop_engine(llm)
 
@@ -177,7 +181,7 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
     llm = None
     healthy = True
     try:
-        from llm_batch.runtime.engine.runner import EngineRunner, ModelCannotServe
+        from llm_batch.runtime.engine.runner import EngineRunner, ModelCannotServe  # vllm
 
         llm = engines.get(model)
         try:
@@ -272,8 +276,6 @@ class StopMonitor:
 
 
 def _for_node_group(model: ResolvedModel, group: NodeGroup) -> ResolvedModel:
-    from llm_batch.runtime.multinode import NodeGroupError
-
     try:
         return group.model_for_node(model)
     except NodeGroupError as exc:
@@ -282,7 +284,7 @@ def _for_node_group(model: ResolvedModel, group: NodeGroup) -> ResolvedModel:
 
 def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> ResolvedModel:
     """The model to load, checked to serve ``endpoint``; WorkerUsageError otherwise."""
-    from llm_batch.infra.model_registry import ModelError, resolve_model
+    from llm_batch.infra.model_registry import ModelError, resolve_model  # heavy
 
     try:
         model = resolve_model(model_config)
@@ -342,11 +344,6 @@ def parse_config(
     """A WorkerConfig from flag/env strings. URIs left out come from the job layout under
     ``work_uri`` (default Settings.work_uri); ``nnodes`` (>= 2) makes this the leader of a
     multi-node worker. Raises WorkerUsageError naming the bad value."""
-    import orjson
-
-    from llm_batch.core.config import get_settings
-    from llm_batch.core.layout import JobLayout
-
     if not job_id:
         raise WorkerUsageError("--job-id is required")
     try:
@@ -402,8 +399,6 @@ def node_group(nnodes: int | str | None, node_rank: int | str | None, master_add
                master_port: int | str | None, gpus_per_node: int | str | None) -> NodeGroup | None:
     """The NodeGroup of the multi-node flags (None without --nnodes); WorkerUsageError
     naming the bad one."""
-    from llm_batch.runtime.multinode import DEFAULT_MASTER_PORT, NodeGroup, NodeGroupError
-
     if nnodes in (None, ""):
         return None
     values: dict[str, int] = {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from llm_batch.core.config import get_settings
 from llm_batch.infra.jobstore.api_keys import ApiKeyRepository
 from llm_batch.infra.jobstore.files import FileRepository
 from llm_batch.infra.jobstore.health import HealthRepository
@@ -64,7 +65,5 @@ def _store_for(url: str) -> JobStore:
 def get_job_store(url: str | None = None) -> JobStore:
     """The process-wide store for `url` (default: Settings.database_url)."""
     if url is None:
-        from llm_batch.core.config import get_settings
-
         url = get_settings().database_url
     return _store_for(url)

@@ -61,7 +61,7 @@ def _resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     if rate == target:
         return samples
     try:
-        from scipy.signal import resample_poly
+        from scipy.signal import resample_poly  # optional
     except ImportError:  # an image without the vllm extra's scipy: this line fails, not the shard
         raise AudioError(f"audio at {rate} Hz needs resampling to {target} Hz, and scipy is not installed") from None
 

