@@ -231,7 +231,7 @@ def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
 def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -> Job:
     """Create the job and start its run; returns the job (FAILED, with the reason, if the
     run could not be started)."""
-    job = request.create(store, owner)
+    job = store.create_requested_job(request, owner)
     try:
         run_id = trigger(job.id, dag_conf(job, request))
     except TriggerError as exc:

@@ -151,7 +151,7 @@ def register(
         priority=settings.priority_weights[priority_band(settings, run.priority)],
         max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
     )
-    return request.create(store, run.owner, dag_run_id=dag_run_id).id
+    return store.create_requested_job(request, run.owner, dag_run_id=dag_run_id).id
 
 
 def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:

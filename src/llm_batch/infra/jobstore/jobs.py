@@ -22,6 +22,7 @@ from sqlalchemy import Row, delete, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.core.endpoints import parse_endpoint
+from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus, check_transition
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
 from llm_batch.infra.jobstore.paging import check_page, ordering, owned, page
@@ -86,6 +87,7 @@ class Jobs(Protocol):
         expires_at: datetime | None = None, dag_run_id: str | None = None, id: str | None = None,
         created_at: datetime | None = None,
     ) -> Job: ...
+    def create_requested_job(self, request: JobRequest, owner: str, *, dag_run_id: str | None = None) -> Job: ...
     def get_job(self, job_id: str, owner: str | None = None) -> Job | None: ...
     def list_jobs(
         self, owner: str | None = None, statuses: Iterable[JobStatus | str] | None = None, model: str | None = None,
@@ -208,6 +210,16 @@ class JobRepository(Repository):
             failed=0,
         )
         return job_snapshot(self._insert(JOBS, values, JOBS.c))
+
+    def create_requested_job(self, request: JobRequest, owner: str, *, dag_run_id: str | None = None) -> Job:
+        """The QUEUED job of a dialect-neutral request (``llm_batch.core.job_request``), owned by `owner`."""
+        return self.create_job(
+            id=request.id, dialect=request.dialect, endpoint=request.endpoint, model=request.model, owner=owner,
+            input=request.input.stored(), input_format=request.input_format, model_config=request.model_config,
+            array_output_uri=request.output_uri, metadata=request.metadata, labels=request.labels,
+            priority=request.priority, data_parallelism=request.data_parallelism, resources=request.resources,
+            max_runtime_sec=request.max_runtime_sec, dag_run_id=dag_run_id,
+        )
 
     def get_job(self, job_id: str, owner: str | None = None) -> Job | None:
         """The job, or None if it does not exist or belongs to another owner."""
