@@ -48,13 +48,6 @@ import tenacity
 
 from llm_batch.core.config import API_KEY_FILE, Settings, get_settings
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.formats import (
-    InputUnreadable,
-    _array_elements,
-    scale_v1_prompts,
-    scale_v2_body,
-    scan_scale_v1_params,
-)
 from llm_batch.core.input_formats import INPUT_FORMATS, InputFormat
 from llm_batch.core.jobs import TERMINAL_STATUSES
 
@@ -154,6 +147,14 @@ def scale_to_jsonl(path: Path, input_format: str, endpoint: str, out: IO[bytes])
     prompt. Raises ValueError when the file cannot be read as its format, or its requests
     are not for `endpoint` (scale-v1: /v1/completions; scale-v2: its first request's kind,
     messages: chat, prompt: completions)."""
+    from llm_batch.core.formats import (  # heavy
+        InputUnreadable,
+        _array_elements,
+        scale_v1_prompts,
+        scale_v2_body,
+        scan_scale_v1_params,
+    )
+
     where = f"{path}: "
     count = 0
 
