@@ -45,14 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.worker import (  # noqa: E402  (the CPU benchmark's helpers)
-    _median_row,
-    completion_tokens,
-    run_worker,
-    timed,
-    worker_command,
-    write_run_batch_input,
-)
+from benchmarks.worker import _median_row, completion_tokens, run_worker, timed, worker_command, write_run_batch_input  # noqa: E402  (the CPU benchmark's helpers)
 
 SCRIPT = str(Path(__file__).resolve())
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"

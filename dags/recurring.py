@@ -23,13 +23,7 @@ from airflow.sdk import DAG, Asset
 
 from llm_batch.core.config import get_settings
 from llm_batch.core.run_conf import BATCH_DAG_ID
-from llm_batch.pipeline.recurring import (
-    DAG_ID_PREFIX,
-    RecurringSpec,
-    RecurringSpecError,
-    load_spec,
-    spec_files,
-)
+from llm_batch.pipeline.recurring import DAG_ID_PREFIX, RecurringSpec, RecurringSpecError, load_spec, spec_files
 
 SPEC_FOLDER = get_settings().recurring_specs or Path(__file__).parent / "recurring_specs"
 

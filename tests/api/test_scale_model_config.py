@@ -17,12 +17,7 @@ from pathlib import Path
 import pytest
 
 from llm_batch.core.config import get_settings
-from llm_batch.infra.model_registry import (
-    BUILTIN_CHAT_TEMPLATES,
-    job_engine_args,
-    load_registry,
-    validate_model_config,
-)
+from llm_batch.infra.model_registry import BUILTIN_CHAT_TEMPLATES, job_engine_args, load_registry, validate_model_config
 from tests.api.conftest import dag_run_of
 
 pytestmark = pytest.mark.airflow

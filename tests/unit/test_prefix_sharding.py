@@ -20,13 +20,7 @@ from llm_batch.core.records import BatchRequest
 from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline.merge import merge_job
-from llm_batch.pipeline.sharding import (
-    _read_lines,
-    estimate_prompt_tokens,
-    plan_shards,
-    prefix_key,
-    read_manifest,
-)
+from llm_batch.pipeline.sharding import _read_lines, estimate_prompt_tokens, plan_shards, prefix_key, read_manifest
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()

@@ -11,14 +11,7 @@ from hypothesis import strategies as st
 from llm_batch.core.layout import join_uri
 from llm_batch.core.records import ResultRecord, dumps_line
 from llm_batch.infra import storage
-from llm_batch.infra.results import (
-    ResultsError,
-    ResultsWriter,
-    count_results,
-    list_parts,
-    part_uri,
-    read_results,
-)
+from llm_batch.infra.results import ResultsError, ResultsWriter, count_results, list_parts, part_uri, read_results
 from llm_batch.infra.streams import iter_lines
 from tests.unit.data_plane_fixtures import new_layout
 

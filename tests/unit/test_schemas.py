@@ -9,13 +9,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.schemas import (
-    MAX_N,
-    body_model_for,
-    describe_validation_error,
-    fast_check_for,
-    prompt_chars,
-)
+from llm_batch.core.schemas import MAX_N, body_model_for, describe_validation_error, fast_check_for, prompt_chars
 
 CHAT, COMPLETIONS, EMBEDDINGS = Endpoint.CHAT_COMPLETIONS, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS
 USER = [{"role": "user", "content": "Hello"}]

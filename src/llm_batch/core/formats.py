@@ -32,13 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from llm_batch.core import strict_json
 from llm_batch.core.endpoints import MEDIA_ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint
 from llm_batch.core.records import BatchRequest, ErrorRecord
-from llm_batch.core.schemas import (
-    body_model_for,
-    describe_validation_error,
-    fast_check_for,
-    prompt_chars,
-    shown,
-)
+from llm_batch.core.schemas import body_model_for, describe_validation_error, fast_check_for, prompt_chars, shown
 
 Item = BatchRequest | ErrorRecord
 

@@ -20,14 +20,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.functional_validators import PlainValidator
 from pydantic_core import PydanticCustomError
 

@@ -673,12 +673,7 @@ def _status(exc: Any) -> int | None:
 
 def _is_transient(exc: BaseException) -> bool:
     """Throttling, 5xx and dropped/timed-out connections: worth another try."""
-    from botocore.exceptions import (  # heavy
-        ClientError,
-        ConnectionError,
-        HTTPClientError,
-        IncompleteReadError,
-    )
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError, IncompleteReadError  # heavy
 
     if isinstance(exc, ClientError):
         status = _status(exc) or 0

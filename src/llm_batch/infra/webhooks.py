@@ -44,12 +44,7 @@ from anyio import to_thread
 
 from llm_batch.core.config import Settings
 from llm_batch.infra.jobstore.webhooks import EVENT_TYPES, ClaimedDelivery, WebhookOutbox
-from llm_batch.infra.webhook_destinations import (
-    DestinationRefused,
-    Resolver,
-    check_destination,
-    system_resolver,
-)
+from llm_batch.infra.webhook_destinations import DestinationRefused, Resolver, check_destination, system_resolver
 
 log = logging.getLogger(__name__)
 

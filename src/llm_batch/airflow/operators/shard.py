@@ -11,13 +11,7 @@ from sqlalchemy.exc import OperationalError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from llm_batch.core.config import Settings, get_settings
-from llm_batch.pipeline.shard_task import (
-    ShardOutcome,
-    ShardTask,
-    interpret_exit,
-    shard_stop_cause,
-    try_report_shard,
-)
+from llm_batch.pipeline.shard_task import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_report_shard
 
 if TYPE_CHECKING:
     from llm_batch.infra.jobstore import JobStore

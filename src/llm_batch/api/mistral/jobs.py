@@ -23,13 +23,7 @@ from llm_batch.api.mistral.models import (
     DeleteBatchJobResponse,
 )
 from llm_batch.api.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch.api.submission import (
-    check_endpoint,
-    check_model,
-    inline_request_lines,
-    save_inline_requests,
-    submit,
-)
+from llm_batch.api.submission import check_endpoint, check_model, inline_request_lines, save_inline_requests, submit
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest

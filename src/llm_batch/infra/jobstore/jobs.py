@@ -26,13 +26,7 @@ from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus, check_transition
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
 from llm_batch.infra.jobstore.paging import check_page, ordering, owned, page
-from llm_batch.infra.jobstore.repository import (
-    CAS_ATTEMPTS,
-    Repository,
-    require_aware,
-    require_non_negative,
-    utcnow,
-)
+from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, require_non_negative, utcnow
 from llm_batch.infra.jobstore.snapshots import DIALECTS, Job
 from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
 from llm_batch.infra.jobstore.webhooks import enqueue_job_end
