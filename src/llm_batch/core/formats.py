@@ -23,6 +23,7 @@ import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from enum import StrEnum
+from itertools import chain
 from typing import Any, BinaryIO, Protocol
 
 import ijson
@@ -102,9 +103,6 @@ class IdSet:
                 while slots[i]:
                     i = (i + 1) & mask
                 slots[i] = fingerprint
-
-
-_MISSING = object()
 
 
 class MediaRefused(ValueError):
@@ -200,8 +198,8 @@ class RequestChecker:
                       f"a supported endpoint ({', '.join(SUPPORTED_ENDPOINTS)})")
             return _error(index, line, custom_id, ErrorCode.URL_MISMATCH,
                           f"{where}url {shown(url)} is not {wanted}")
-        body = obj.get("body", _MISSING)
-        if body is _MISSING or body is None:
+        body = obj.get("body")
+        if body is None:
             return _error(index, line, custom_id, ErrorCode.MISSING_BODY, f"{where}body is missing")
         return self.check_body(body, custom_id, index, line, where)
 
@@ -247,9 +245,6 @@ def _json_kind(value: Any) -> str:
     kinds = {list: "an array", str: "a string", bool: "a boolean", int: "a number",
              float: "a number", type(None): "null"}
     return kinds.get(type(value), type(value).__name__)
-
-
-_INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
 
 def not_json(value: Any, path: str) -> tuple[ErrorCode, str] | None:
@@ -381,14 +376,12 @@ class WithoutBom:
 
     def __init__(self, stream: BinaryIO):
         self._stream = stream
-        self._head: bytes | None = None
+        head = b""
+        while len(head) < len(_BOM) and (more := stream.read(len(_BOM) - len(head))):
+            head += more
+        self._head = b"" if head == _BOM else head
 
     def read(self, size: int = -1) -> bytes:
-        if self._head is None:
-            head = b""
-            while len(head) < len(_BOM) and (more := self._stream.read(len(_BOM) - len(head))):
-                head += more
-            self._head = b"" if head == _BOM else head
         if not self._head:
             return self._stream.read(size)
         if 0 <= size < len(self._head):
@@ -416,24 +409,23 @@ def read_inline(
         if type(obj) is not dict:
             yield _error(index, offset + 1, None, ErrorCode.NOT_AN_OBJECT,
                          f"{where}expected an object, got {_json_kind(obj)}")
-        elif bad := not_json(obj, ""):
-            yield _error(index, offset + 1, _id_if_str(obj), bad[0], f"{where}request {offset + 1}: {bad[1]}")
-        elif size := _oversize(obj, max_item_bytes):
-            yield _error(index, offset + 1, _id_if_str(obj), ErrorCode.LINE_TOO_LONG,
-                         f"{where}request {offset + 1} is {size} bytes as JSON, over the limit "
-                         f"of {max_item_bytes}")
+        elif unfit := _unfit(obj, "", f"{where}request {offset + 1}", max_item_bytes):
+            yield _error(index, offset + 1, _id_if_str(obj), *unfit)
         else:
             yield checker.check_record(obj, index, offset + 1, where, id_required=False)
 
 
-def _oversize(value: Any, max_bytes: int | None) -> int:
-    """The size of ``value`` as compact JSON when it is over ``max_bytes``, else 0. Array
-    elements have no line to measure: their JSON size keeps the same bound downstream
+def _unfit(value: Any, path: str, label: str, max_bytes: int | None,
+           parsed: bool = False) -> tuple[ErrorCode, str] | None:
+    """Why an item cannot be taken, its message starting with ``label``: not strict JSON
+    (unless ``parsed`` from JSON text), or over ``max_bytes`` as compact JSON; else None.
+    Array elements have no line to measure: their JSON size keeps the same bound downstream
     (validated.jsonl lines, shard files, the worker)."""
-    if max_bytes is None:
-        return 0
-    size = len(orjson.dumps(value))
-    return size if size > max_bytes else 0
+    if not parsed and (bad := not_json(value, path)):
+        return bad[0], f"{label}: {bad[1]}"
+    if max_bytes is not None and (size := len(orjson.dumps(value))) > max_bytes:
+        return ErrorCode.LINE_TOO_LONG, f"{label} is {size} bytes as JSON, over the limit of {max_bytes}"
+    return None
 
 
 def _id_if_str(obj: dict[str, Any]) -> str | None:
@@ -479,12 +471,8 @@ def read_scale_v2(
                          f"{where}element {line}: expected an object, got {_json_kind(obj)}")
             continue
         custom_id = str(index)
-        if inline and (bad := not_json(obj, "body")):
-            yield _error(index, line, custom_id, bad[0], f"{where}element {line}: {bad[1]}")
-            continue
-        if size := _oversize(obj, max_item_bytes):
-            yield _error(index, line, custom_id, ErrorCode.LINE_TOO_LONG, f"{where}element {line} "
-                         f"is {size} bytes as JSON, over the limit of {max_item_bytes}")
+        if unfit := _unfit(obj, "body", f"{where}element {line}", max_item_bytes, parsed=not inline):
+            yield _error(index, line, custom_id, *unfit)
             continue
         has_prompt, has_messages = "prompt" in obj, "messages" in obj
         if has_prompt == has_messages:
@@ -506,22 +494,21 @@ def _array_elements(stream: BinaryIO, where: str) -> Iterator[Any]:
     """The elements of a top-level JSON array, one at a time."""
     count = 0
     try:
-        events = ijson.parse(WithoutBom(stream), use_float=True)
-        first = next(events, None)
-        if first is None or first[1] != "start_array":
-            raise InputUnreadable(f"{where}expected a JSON array of requests")
-        for element in ijson.items(_resume(first, events), "item"):
+        events = _events(stream, "start_array", "expected a JSON array of requests", where)
+        for element in ijson.items(events, "item"):
             count += 1
             yield element
     except ijson.JSONError as exc:  # also IncompleteJSONError
-        raise InputUnreadable(
-            f"{where}not valid JSON after element {count}: {_ijson_reason(exc)}"
-        ) from None
+        raise InputUnreadable(f"{where}not valid JSON after element {count}: {_ijson_reason(exc)}") from None
 
 
-def _resume(first: tuple, events: Iterator[tuple]) -> Iterator[tuple]:
-    yield first
-    yield from events
+def _events(stream: BinaryIO, start: str, wrong_start: str, where: str) -> Iterator[tuple]:
+    """ijson's parse events of a stream whose top-level value must begin with ``start``."""
+    events = ijson.parse(WithoutBom(stream), use_float=True)
+    first = next(events, None)
+    if first is None or first[1] != start:
+        raise InputUnreadable(where + wrong_start)
+    return chain([first], events)
 
 
 # yajl's words for numbers it cannot hold, said plainly.
@@ -567,11 +554,6 @@ class ScaleV1Params(BaseModel):
 
     def completion_body(self, prompt: Any) -> dict[str, Any]:
         """The /v1/completions body for one prompt."""
-        body: dict[str, Any] = {
-            "prompt": prompt,
-            "max_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-        }
         optional = {
             "stop": self.stop_sequences,
             "logprobs": 1 if self.return_token_log_probs else None,
@@ -581,8 +563,8 @@ class ScaleV1Params(BaseModel):
             "top_p": self.top_p,
             "skip_special_tokens": self.skip_special_tokens,
         }
-        body.update((k, v) for k, v in optional.items() if v is not None)
-        return body
+        return {"prompt": prompt, "max_tokens": self.max_new_tokens, "temperature": self.temperature,
+                **{k: v for k, v in optional.items() if v is not None}}
 
 
 def scale_v1_params(content: dict[str, Any], where: str = "") -> ScaleV1Params:
@@ -604,10 +586,7 @@ def scan_scale_v1_params(stream: BinaryIO, where: str = "") -> ScaleV1Params:
     fields: dict[str, Any] = {}
     prompts_kind = None
     try:
-        events = ijson.parse(WithoutBom(stream), use_float=True)
-        first = next(events, None)
-        if first is None or first[1] != "start_map":
-            raise InputUnreadable(f"{where}scale-v1 content must be a JSON object")
+        events = _events(stream, "start_map", "scale-v1 content must be a JSON object", where)
         key = None
         for prefix, event, value in events:
             if prefix == "":
@@ -668,12 +647,8 @@ def read_scale_v1(
                               f"job's endpoint is {checker.endpoint}")
     for offset, prompt in enumerate(prompts):
         index = start_index + offset
-        if bad := not_json(prompt, "body.prompt"):
-            yield _error(index, offset + 1, str(index), bad[0], f"{where}prompt {offset + 1}: {bad[1]}")
-            continue
-        if size := _oversize(prompt, max_item_bytes):
-            yield _error(index, offset + 1, str(index), ErrorCode.LINE_TOO_LONG, f"{where}prompt "
-                         f"{offset + 1} is {size} bytes as JSON, over the limit of {max_item_bytes}")
-            continue
-        yield checker.check_body(params.completion_body(prompt), str(index), index, offset + 1,
-                                 f"{where}prompt {offset + 1}: ")
+        if unfit := _unfit(prompt, "body.prompt", f"{where}prompt {offset + 1}", max_item_bytes):
+            yield _error(index, offset + 1, str(index), *unfit)
+        else:
+            yield checker.check_body(params.completion_body(prompt), str(index), index, offset + 1,
+                                     f"{where}prompt {offset + 1}: ")

@@ -41,7 +41,6 @@ CONTENT_PART_PAYLOADS = {
     "file": "file", "image_embeds": "image_embeds", "audio_embeds": "audio_embeds",
     "video_embeds": "video_embeds", "prompt_embeds": "data", "tool_reference": "name",
 }
-CONTENT_PART_TYPES = tuple(CONTENT_PART_PAYLOADS)
 # Parts whose payload is an object with a "url" (OpenAI and vLLM both read part[type]["url"]).
 _URL_PARTS = ("image_url", "audio_url", "video_url")
 # What an assistant message may carry instead of content (the SDK allows each alone).
@@ -56,6 +55,12 @@ class _Strict(BaseModel):
 
 def _fail(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, message)
+
+
+def _nested_error(subpath: str, detail: str) -> PydanticCustomError:
+    """An error at ``subpath`` below the field being checked (describe_validation_error
+    appends it to the field's path)."""
+    return PydanticCustomError("nested_error", "{detail}", {"subpath": subpath, "detail": detail})
 
 
 # -- union-typed fields, checked by hand so the error says what is allowed -----------------
@@ -78,8 +83,7 @@ def _is_texts(value: Any, field: str) -> bool:
         return True
     if type(value) is list and value and _is_str_list(value):
         if "" in value:
-            raise PydanticCustomError("nested_error", "{detail}", {
-                "subpath": f"[{value.index('')}]", "detail": "must not be an empty string"})
+            raise _nested_error(f"[{value.index('')}]", "must not be an empty string")
         return True
     return False
 
@@ -89,18 +93,11 @@ def _prompt_like(field: str):
     list either (vLLM refuses empty prompts; OpenAI refuses empty embedding inputs)."""
 
     def check(value: Any) -> Any:
-        if _is_texts(value, field):
+        if _is_texts(value, field) or (type(value) is list and value and (
+                _is_token_ids(value) or all(_is_token_ids(v) and v for v in value))):
             return value
-        if type(value) is list and value:
-            if _is_token_ids(value):
-                return value
-            if all(_is_token_ids(v) and v for v in value):
-                return value
-        raise _fail(
-            "invalid_input",
-            f"{field} must be a non-empty string, list of strings, list of token ids "
-            "or list of token-id lists",
-        )
+        raise _fail("invalid_input", f"{field} must be a non-empty string, list of strings, "
+                    "list of token ids or list of token-id lists")
 
     return PlainValidator(check)
 
@@ -128,28 +125,21 @@ def _check_content(value: Any) -> Any:
     if value is None or type(value) is str:
         return value
     if type(value) is list:
-        try:
-            return _CONTENT_PARTS.validate_python(value)
-        except ValidationError as exc:
-            raise _nested(exc) from None
+        return _check_nested(_CONTENT_PARTS, value)
     raise _fail("invalid_content", "content must be a string or a list of content parts")
 
 
-def _nested(exc: ValidationError) -> PydanticCustomError:
-    """Re-raise a nested model's first error so its path continues the outer one."""
-    err = exc.errors(include_url=False)[0]
-    subpath, detail = _path("", err["loc"]), _message(err)
-    if err["type"] == "nested_error":  # a nested check's own nested error: keep its path
-        subpath, detail = subpath + err["ctx"]["subpath"], err["ctx"]["detail"]
-    return PydanticCustomError("nested_error", "{detail}", {"subpath": subpath, "detail": detail})
+def _check_nested(adapter: TypeAdapter, value: Any, prefix: str = "", drop: str = "") -> Any:
+    """``value`` validated with ``adapter``; its first error raised as a nested error whose
+    path continues the outer one: ``prefix``, then its own path without a leading ``drop``."""
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        subpath, detail = _located(exc.errors(include_url=False)[0], "")
+        raise _nested_error(prefix + subpath.removeprefix(drop), detail) from None
 
 
-Prompt = Annotated[Any, _prompt_like("prompt")]
-EmbeddingInput = Annotated[Any, _prompt_like("input")]
-Stop = Annotated[Any, PlainValidator(_check_stop)]
 Stream = Annotated[Any, PlainValidator(_check_stream)]
-ToolChoice = Annotated[Any, PlainValidator(_check_tool_choice)]
-Content = Annotated[Any, PlainValidator(_check_content)]
 
 
 # -- chat messages ----------------------------------------------------------------------------
@@ -159,7 +149,7 @@ class ContentPart(_Strict):
     """One part of a message's content: its type's payload field must be present (for
     ``text`` and ``input_text`` that is ``text``, for ``image_url`` an object with a url)."""
 
-    type: Literal[CONTENT_PART_TYPES]  # type: ignore[valid-type]
+    type: Literal[tuple(CONTENT_PART_PAYLOADS)]  # type: ignore[valid-type]
     text: str | None = None
 
     @model_validator(mode="after")
@@ -196,7 +186,7 @@ class Message(_Strict):
     """A chat message; per-role rules follow OpenAI (tool messages name their call)."""
 
     role: Literal[ROLES]  # type: ignore[valid-type]
-    content: Content = None
+    content: Annotated[Any, PlainValidator(_check_content)] = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -258,7 +248,7 @@ class _GenerationBody(_Strict):
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     n: int | None = Field(default=None, ge=1, le=MAX_N)
-    stop: Stop = None
+    stop: Annotated[Any, PlainValidator(_check_stop)] = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's server: torch.long
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -290,7 +280,7 @@ class ChatCompletionBody(_GenerationBody):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoice = None
+    tool_choice: Annotated[Any, PlainValidator(_check_tool_choice)] = None
 
     def _max_tokens_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -305,7 +295,7 @@ class ChatCompletionBody(_GenerationBody):
 class CompletionBody(_GenerationBody):
     """Body of a /v1/completions request."""
 
-    prompt: Prompt
+    prompt: Annotated[Any, _prompt_like("prompt")]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
     suffix: str | None = None
@@ -324,15 +314,11 @@ class FimCompletionBody(_GenerationBody):
     prompt_cache_key: str | None = None
 
 
-def _texts(field: str):
+def _check_texts(value: Any) -> Any:
     """A non-empty string or a non-empty list of non-empty strings (one result each)."""
-
-    def check(value: Any) -> Any:
-        if _is_texts(value, field):
-            return value
-        raise _fail("invalid_input", f"{field} must be a non-empty string or a non-empty list of strings")
-
-    return PlainValidator(check)
+    if _is_texts(value, "input"):
+        return value
+    raise _fail("invalid_input", "input must be a non-empty string or a non-empty list of strings")
 
 
 class ClassificationBody(_Strict):
@@ -340,7 +326,7 @@ class ClassificationBody(_Strict):
     per text of ``input``, in order; ``metadata`` accepted (no effect)."""
 
     model: str | None = None  # accepted; the job's model wins
-    input: Annotated[Any, _texts("input")]
+    input: Annotated[Any, PlainValidator(_check_texts)]
     metadata: dict[str, Any] | None = None
 
 
@@ -351,17 +337,6 @@ class InstructRequest(_Strict):
 
 
 _CONVERSATIONS = TypeAdapter(list[InstructRequest])
-
-
-def _check_nested(adapter: TypeAdapter, value: Any, prefix: str = "", drop: str = "") -> None:
-    """Validate ``value`` with ``adapter``; its first error raised as a nested error whose
-    path continues the outer one: ``prefix``, then its own path without a leading ``drop``."""
-    try:
-        adapter.validate_python(value)
-    except ValidationError as exc:
-        context = _nested(exc).context or {}
-        raise PydanticCustomError("nested_error", "{detail}", {
-            "subpath": prefix + context["subpath"].removeprefix(drop), "detail": context["detail"]}) from None
 
 
 def _check_conversations(value: Any) -> Any:
@@ -409,7 +384,7 @@ class EmbeddingBody(_Strict):
     """Body of a /v1/embeddings request."""
 
     model: str | None = None  # accepted; the job's model wins
-    input: EmbeddingInput
+    input: Annotated[Any, _prompt_like("input")]
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = Field(default=None, ge=1)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
@@ -453,17 +428,19 @@ RESPONSES_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _check_unsupported(value: Any, rules: dict[str, tuple[Callable[[Any], bool], str]], endpoint: str) -> Any:
-    """Refuse the first option of ``rules`` set to a value that is not harmless, naming it."""
-    if type(value) is not dict:
+def _refusing(rules: dict[str, tuple[Callable[[Any], bool], str]], endpoint: str) -> Any:
+    """A body's model validator: refuse the first option of ``rules`` set to a value that is
+    not harmless, naming it."""
+
+    def refuse(cls: type, value: Any) -> Any:
+        if type(value) is dict:
+            for option, (harmless, why) in rules.items():
+                if option in value and not harmless(value[option]):
+                    raise _nested_error(f".{option}", f"{option} is not supported in a {endpoint} "
+                                        f"batch request: {why} (got {shown(value[option])})")
         return value
-    for option, (harmless, why) in rules.items():
-        if option in value and not harmless(value[option]):
-            raise PydanticCustomError("nested_error", "{detail}", {
-                "subpath": f".{option}",
-                "detail": f"{option} is not supported in a {endpoint} batch request: {why} "
-                          f"(got {shown(value[option])})"})
-    return value
+
+    return model_validator(mode="before")(classmethod(refuse))
 
 
 class ResponsesContentPart(_Strict):
@@ -487,10 +464,7 @@ def _check_responses_content(value: Any) -> Any:
     if type(value) is str:
         return value
     if type(value) is list:
-        try:
-            return _RESPONSES_PARTS.validate_python(value)
-        except ValidationError as exc:
-            raise _nested(exc) from None
+        return _check_nested(_RESPONSES_PARTS, value)
     raise _fail("invalid_content", "content must be a string or a list of input_text parts")
 
 
@@ -516,17 +490,13 @@ def _check_responses_input(value: Any) -> Any:
             raise _fail("empty_input", "input must not be an empty string")
         return value
     if type(value) is list and value:
-        try:
-            return _RESPONSES_ITEMS.validate_python(value)
-        except ValidationError as exc:
-            raise _nested(exc) from None
+        return _check_nested(_RESPONSES_ITEMS, value)
     if type(value) is list:
         raise _fail("empty_input", "input must not be empty")
     raise _fail("invalid_input", "input must be a string or a list of input messages")
 
 
 _RESPONSES_ITEMS = TypeAdapter(list[ResponsesInputMessage])
-ResponsesInput = Annotated[Any, PlainValidator(_check_responses_input)]
 
 
 class ResponsesTextFormat(_Strict):
@@ -572,31 +542,26 @@ def _check_metadata(value: Any) -> Any:
     return value
 
 
-Metadata = Annotated[Any, PlainValidator(_check_metadata)]
-
 
 class ResponsesBody(_Strict):
     """Body of a /v1/responses request (run as a chat: instructions, then the input)."""
 
     model: str | None = None  # accepted; the job's model wins
     stream: Stream = None
-    input: ResponsesInput
+    input: Annotated[Any, PlainValidator(_check_responses_input)]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     text: ResponsesText | None = None
-    metadata: Metadata = None
+    metadata: Annotated[Any, PlainValidator(_check_metadata)] = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, value: Any) -> Any:
-        return _check_unsupported(value, RESPONSES_UNSUPPORTED, "/v1/responses")
+    _refuse_unsupported = _refusing(RESPONSES_UNSUPPORTED, "/v1/responses")
 
 
 # -- media endpoints: audio transcriptions and OCR ------------------------------------------
@@ -651,10 +616,7 @@ class TranscriptionBody(_Strict):
     speaker_references: dict[str, str] | None = None
     timestamp_granularities: list[Literal["segment", "word"]] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, value: Any) -> Any:
-        return _check_unsupported(value, TRANSCRIPTION_UNSUPPORTED, "/v1/audio/transcriptions")
+    _refuse_unsupported = _refusing(TRANSCRIPTION_UNSUPPORTED, "/v1/audio/transcriptions")
 
     @model_validator(mode="after")
     def _one_file(self) -> TranscriptionBody:
@@ -686,21 +648,19 @@ class DocumentURLChunk(_Strict):
     document_name: str | None = None
 
 
-_DOCUMENT_TYPES = {"file": FileChunk, "image_url": ImageURLChunk, "document_url": DocumentURLChunk}
+_DOCUMENT_TYPES = {"file": TypeAdapter(FileChunk), "image_url": TypeAdapter(ImageURLChunk),
+                   "document_url": TypeAdapter(DocumentURLChunk)}
 
 
 def _check_document(value: Any) -> Any:
     """One of Mistral's document chunks, chosen by its ``type`` (no union noise in errors)."""
     kind = value.get("type") if type(value) is dict else None
-    model = _DOCUMENT_TYPES.get(kind)  # type: ignore[arg-type]
-    if model is None:
+    adapter = _DOCUMENT_TYPES.get(kind)  # type: ignore[arg-type]
+    if adapter is None:
         raise _fail("invalid_document", "document must be an object of type \"file\" (file_id), "
                     "\"image_url\" (image_url) or \"document_url\" (document_url)"
                     + (f", got type {shown(kind)}" if type(value) is dict else f", got {shown(value)}"))
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise _nested(exc) from None
+    return _check_nested(adapter, value)
 
 
 OCR_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -737,10 +697,7 @@ class OcrBody(_Strict):
     image_limit: int | None = Field(default=None, ge=0)
     image_min_size: int | None = Field(default=None, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, value: Any) -> Any:
-        return _check_unsupported(value, OCR_UNSUPPORTED, "/v1/ocr")
+    _refuse_unsupported = _refusing(OCR_UNSUPPORTED, "/v1/ocr")
 
 
 _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
@@ -794,11 +751,13 @@ _SIMPLE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: type(v) is str,
 }
 _CHAT_FIELDS = {**_SIMPLE_FIELDS, "max_completion_tokens": _int_in(1, _INF)}
+# Roles whose string-content message is valid both in a chat and in /v1/responses input.
 _PLAIN_ROLES = frozenset(("system", "user", "assistant", "developer"))
 
 
-def _fast_chat(body: dict[str, Any]) -> int | None:
-    messages = body.get("messages")
+def _plain_chars(messages: Any) -> int | None:
+    """The content characters of a non-empty list of ``{"role", "content"}`` messages with
+    plain roles and string content; None for any other value."""
     if type(messages) is not list or not messages:
         return None
     chars = 0
@@ -809,32 +768,30 @@ def _fast_chat(body: dict[str, Any]) -> int | None:
         if type(content) is not str or message.get("role") not in _PLAIN_ROLES:
             return None
         chars += len(content)
-    fields = _CHAT_FIELDS
-    for key, value in body.items():
-        if key != "messages":
-            check = fields.get(key)
-            if check is None or not check(value):
-                return None
     return chars
 
 
-def _fast_prompt(field: str) -> Callable[[dict[str, Any]], int | None]:
-    fields = _SIMPLE_FIELDS if field == "prompt" else {"model": _SIMPLE_FIELDS["model"]}
+def _fast(field: str, fields: dict[str, Callable[[Any], bool]], *, text: bool = True,
+          messages: bool = False) -> Callable[[dict[str, Any]], int | None]:
+    """The fast check of bodies whose ``field`` is a non-empty string (``text``) or plain
+    messages (``messages``) and whose other fields are all simple ones of ``fields``."""
 
     def check(body: dict[str, Any]) -> int | None:
-        text = body.get(field)
-        if type(text) is not str or not text:
+        value = body.get(field)
+        chars = len(value) if text and type(value) is str and value else _plain_chars(value) if messages else None
+        if chars is None:
             return None
-        for key, value in body.items():
+        for key, other in body.items():
             if key != field:
                 check_field = fields.get(key)
-                if check_field is None or not check_field(value):
+                if check_field is None or not check_field(other):
                     return None
-        return len(text)
+        return chars + len(body.get("instructions") or "")  # a Responses body's (no other fields allow it)
 
     return check
 
 
+_MODEL_ONLY = {"model": _SIMPLE_FIELDS["model"]}
 _RESPONSES_FIELDS: dict[str, Callable[[Any], bool]] = {
     "model": _SIMPLE_FIELDS["model"],
     "instructions": lambda v: type(v) is str,
@@ -845,39 +802,15 @@ _RESPONSES_FIELDS: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _fast_responses(body: dict[str, Any]) -> int | None:
-    """A string input (or plain string-content messages) and simple fields only."""
-    value = body.get("input")
-    if type(value) is str and value:
-        chars = len(value)
-    elif type(value) is list and value:
-        chars = 0
-        for message in value:
-            if type(message) is not dict or len(message) != 2:
-                return None
-            content = message.get("content")
-            if type(content) is not str or message.get("role") not in RESPONSES_ROLES:
-                return None
-            chars += len(content)
-    else:
-        return None
-    for key, field_value in body.items():
-        if key != "input":
-            check = _RESPONSES_FIELDS.get(key)
-            if check is None or not check(field_value):
-                return None
-    return chars + len(body.get("instructions") or "")
-
-
 _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
-    Endpoint.CHAT_COMPLETIONS: _fast_chat,
-    Endpoint.COMPLETIONS: _fast_prompt("prompt"),
-    Endpoint.EMBEDDINGS: _fast_prompt("input"),
-    Endpoint.RESPONSES: _fast_responses,
-    Endpoint.FIM_COMPLETIONS: _fast_prompt("prompt"),
-    Endpoint.CLASSIFICATIONS: _fast_prompt("input"),
+    Endpoint.CHAT_COMPLETIONS: _fast("messages", _CHAT_FIELDS, text=False, messages=True),
+    Endpoint.COMPLETIONS: _fast("prompt", _SIMPLE_FIELDS),
+    Endpoint.EMBEDDINGS: _fast("input", _MODEL_ONLY),
+    Endpoint.RESPONSES: _fast("input", _RESPONSES_FIELDS, messages=True),
+    Endpoint.FIM_COMPLETIONS: _fast("prompt", _SIMPLE_FIELDS),
+    Endpoint.CLASSIFICATIONS: _fast("input", _MODEL_ONLY),
     Endpoint.CHAT_CLASSIFICATIONS: lambda body: None,  # always the full model
-    Endpoint.MODERATIONS: _fast_prompt("input"),
+    Endpoint.MODERATIONS: _fast("input", _MODEL_ONLY),
     Endpoint.CHAT_MODERATIONS: lambda body: None,
     Endpoint.TRANSCRIPTIONS: lambda body: None,
     Endpoint.OCR: lambda body: None,
@@ -938,9 +871,6 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-_UINT64_LIMIT = float(1 << 64)
-
-
 def _message(err: Any) -> str:
     """What is wrong, with the offending value when it helps."""
     kind = err["type"]
@@ -951,7 +881,7 @@ def _message(err: Any) -> str:
     value = err.get("input")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"must be a JSON object (got {shown(value)})"
-    if kind == "int_type" and type(value) is float and abs(value) >= _UINT64_LIMIT:
+    if kind == "int_type" and type(value) is float and abs(value) >= 2.0**64:
         # orjson reads an integer literal past 64 bits as a float: say what went wrong.
         return f"Input should be an integer that fits in 64 bits (got {shown(value)})"
     message = err["msg"].removeprefix("Value error, ")
@@ -960,19 +890,19 @@ def _message(err: Any) -> str:
     return f"{message} (got {shown(err.get('input'))})"
 
 
+def _located(err: Any, root: str) -> tuple[str, str]:
+    """Where an error is (a nested check's error continues its field's path) and what it is."""
+    where = _path(root, err["loc"])
+    if err["type"] == "nested_error":
+        return where + err["ctx"]["subpath"], err["ctx"]["detail"]
+    return where, _message(err)
+
+
 def describe_validation_error(exc: ValidationError, root: str = "body", max_errors: int = 3) -> str:
     """One line naming where each problem is and what it is, e.g.
     ``body.temperature: Input should be less than or equal to 2 (got 3.5)``."""
-    parts = []
     errors = exc.errors(include_url=False)
-    for err in errors[:max_errors]:
-        where = _path(root, err["loc"])
-        if err["type"] == "nested_error":
-            where += err["ctx"]["subpath"]
-            message = err["ctx"]["detail"]
-        else:
-            message = _message(err)
-        parts.append(f"{where}: {message}")
+    parts = [": ".join(_located(err, root)) for err in errors[:max_errors]]
     if len(errors) > max_errors:
         parts.append(f"and {len(errors) - max_errors} more")
     return "; ".join(parts)

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, BinaryIO
 
 import orjson
@@ -79,23 +80,14 @@ class ValidationReport(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         """What ``llm-batch validate`` prints."""
-        return {
-            "total": self.total,
-            "valid": self.valid,
-            "invalid": self.invalid,
-            "errors": [
-                {"line": e.line, "custom_id": e.custom_id, "code": e.code, "message": e.message}
-                for e in self.errors
-            ],
-        }
+        return self.model_dump(include={"total": True, "valid": True, "invalid": True, "errors": {
+            "__all__": {"line", "custom_id", "code", "message"}}})
 
 
 class BatchRejected(Exception):
-    """The whole batch is refused. ``reason`` is one of REASONS; ``report`` holds the counts
+    """The whole batch is refused. ``reason`` is one of unreadable, no_valid_requests,
+    too_many_requests, input_too_large and unsupported_endpoint; ``report`` holds the counts
     when the input was read through (no valid request)."""
-
-    REASONS = ("unreadable", "no_valid_requests", "too_many_requests", "input_too_large",
-               "unsupported_endpoint")
 
     def __init__(self, reason: str, message: str, report: ValidationReport | None = None):
         super().__init__(message)
@@ -151,7 +143,7 @@ def validate_batch(
         raise BatchRejected("unsupported_endpoint", str(exc)) from None
     report = ValidationReport(format=fmt.value)
     budget = _ByteBudget(limits.max_input_bytes)
-    items = _items(source, fmt, checker, limits, budget, open_input or _storage_open_read)
+    items = _items(source, fmt, checker, limits, budget, open_input or storage.open_read)
 
     with ExitStack() as stack:
         stack.enter_context(closing(items))  # closes the input even when a limit stops us
@@ -160,7 +152,8 @@ def validate_batch(
             errors_out = stack.enter_context(storage.open_write(layout.validation_errors))
         _consume(items, report, limits, validated_out, errors_out)
 
-    report.endpoint = checker.settle(_default_endpoint(fmt)).value
+    default = Endpoint.COMPLETIONS if fmt is InputFormat.SCALE_V1 else Endpoint.CHAT_COMPLETIONS
+    report.endpoint = checker.settle(default).value
     report.input_bytes = budget.used
     report.estimated_prompt_tokens = (checker.prompt_chars + 3) // 4
     if layout is not None:
@@ -214,10 +207,6 @@ def _no_valid_message(report: ValidationReport) -> str:
     return f"no valid request in the input: all {report.total} are invalid{detail}"
 
 
-def _default_endpoint(fmt: InputFormat) -> Endpoint:
-    return Endpoint.COMPLETIONS if fmt is InputFormat.SCALE_V1 else Endpoint.CHAT_COMPLETIONS
-
-
 # -- reading the sources ---------------------------------------------------------------------
 
 
@@ -235,8 +224,7 @@ def _items(
         yield from reader(_require_list(source, fmt), checker, max_item_bytes=limits.max_line_bytes)
         return
     if fmt is InputFormat.SCALE_V1 and isinstance(source, dict):
-        params = scale_v1_params(source)
-        yield from read_scale_v1(params, source["prompts"], checker,
+        yield from read_scale_v1(scale_v1_params(source), source["prompts"], checker,
                                  max_item_bytes=limits.max_line_bytes)
         return
     inputs = _openers(source, open_input)
@@ -261,14 +249,14 @@ def _read_one(
     if fmt is InputFormat.SCALE_V1:
         # Two passes: the shared fields may follow the prompts in the object.
         with _opened(name, open_stream) as stream:
-            params = scan_scale_v1_params(budget.wrap(stream), where)
+            params = scan_scale_v1_params(_CountingReader(stream, budget), where)
         with _opened(name, open_stream) as stream:
             prompts = scale_v1_prompts(stream, where)
             yield from read_scale_v1(params, prompts, checker, start_index=start_index, where=where,
                                      max_item_bytes=limits.max_line_bytes)
         return
     with _opened(name, open_stream) as stream:
-        counted = budget.wrap(stream)
+        counted = _CountingReader(stream, budget)
         if fmt is InputFormat.JSONL:
             yield from read_jsonl(counted, checker, max_line_bytes=limits.max_line_bytes,
                                   start_index=start_index, where=where)
@@ -298,8 +286,7 @@ def _openers(source: Any, open_input: OpenInput) -> list[tuple[str, Callable[[],
     if hasattr(source, "read"):
         return [("input", _rereadable(source))]
     if isinstance(source, Sequence) and all(isinstance(s, str | os.PathLike) for s in source):
-        uris = [os.fspath(s) for s in source]
-        return [(uri, (lambda u=uri: open_input(u))) for uri in uris]
+        return [(uri, partial(open_input, uri)) for uri in map(os.fspath, source)]
     raise TypeError(f"cannot read a batch from {type(source).__name__}")
 
 
@@ -333,10 +320,6 @@ def _require_list(source: Any, fmt: InputFormat) -> list[Any]:
     return source
 
 
-def _storage_open_read(uri: str) -> AbstractContextManager[BinaryIO]:
-    return storage.open_read(uri)
-
-
 class _ByteBudget:
     """Counts the bytes read from all inputs; over ``limit`` the batch is rejected."""
 
@@ -344,31 +327,22 @@ class _ByteBudget:
         self.limit = limit
         self.used = 0
 
-    def wrap(self, stream: BinaryIO) -> _CountingReader:
-        return _CountingReader(stream, self)
-
-    def overspent(self) -> BatchRejected:
-        return BatchRejected("input_too_large", f"the input is over {self.limit} bytes "
-                             "(limit max_input_bytes)")
+    def spend(self, data: bytes) -> bytes:
+        self.used += len(data)
+        if self.used > self.limit:
+            raise BatchRejected("input_too_large", f"the input is over {self.limit} bytes "
+                                "(limit max_input_bytes)")
+        return data
 
 
 class _CountingReader:
     """A read-only view of a stream that charges what it reads to a byte budget."""
 
     def __init__(self, stream: BinaryIO, budget: _ByteBudget):
-        self._read = stream.read
-        self._readline = stream.readline
-        self._budget = budget
+        self._read, self._readline, self._spend = stream.read, stream.readline, budget.spend
 
     def read(self, size: int = -1) -> bytes:
-        return self._spent(self._read(size))
+        return self._spend(self._read(size))
 
     def readline(self, size: int = -1) -> bytes:
-        return self._spent(self._readline(size))
-
-    def _spent(self, data: bytes) -> bytes:
-        budget = self._budget
-        budget.used += len(data)
-        if budget.used > budget.limit:
-            raise budget.overspent()
-        return data
+        return self._spend(self._readline(size))
