@@ -62,7 +62,6 @@ class NodeGroup:
         node's GPUs and pipeline parallel over the nodes unless the job or the registry set
         the sizes, which must then fill the group exactly (vLLM puts world_size / nnodes
         ranks on each node)."""
-        self.check()
         tp = int(args.get("tensor_parallel_size") or self.gpus_per_node)
         pp = int(args.get("pipeline_parallel_size") or self.nnodes)
         if tp * pp != self.gpus_per_node * self.nnodes:

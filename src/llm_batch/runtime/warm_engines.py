@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,7 +174,6 @@ class WarmShard:
         self._conn = conn
         self._seat_fd = seat_fd
         self._on_line = on_line
-        self._done = threading.Event()
         self._reader = threading.Thread(target=self._read, name="warm-engine-reader", daemon=True)
         self._reader.start()
 
@@ -182,17 +181,15 @@ class WarmShard:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._done.wait(timeout):
+        self._reader.join(timeout)
+        if self.returncode is None:
             raise subprocess.TimeoutExpired("warm engine shard", timeout or 0)
-        assert self.returncode is not None
         return self.returncode
 
     def detach(self) -> None:
         """Close our end: the host stops the shard (flushing its finished results)."""
-        try:
+        with suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def _read(self) -> None:
         code = HOST_GONE
@@ -211,7 +208,6 @@ class WarmShard:
             if self._seat_fd is not None:
                 os.close(self._seat_fd)  # the seat is free again
             self.returncode = code
-            self._done.set()
 
 
 def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: list[str],
@@ -242,7 +238,7 @@ def start_service_shard(address: tuple[str, int], token: str, worker_args: list[
     try:
         conn = socket.create_connection(address, timeout=SERVICE_CONNECT_S)
         _keep_alive(conn)
-        pid = _greeting(conn)
+        pid = int(_read_message(conn)["host"])
         conn.sendall(orjson.dumps({"token": token, "argv": worker_args}) + b"\n")
         conn.settimeout(None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -251,12 +247,6 @@ def start_service_shard(address: tuple[str, int], token: str, worker_args: list[
         raise WarmEngineError(f"engine service {where} could not be reached: {exc!r}") from None
     on_line(f"shard on engine service {where} (host pid {pid} there)")
     return WarmShard(conn, None, None, on_line)
-
-
-def _greeting(conn: socket.socket) -> int:
-    """The host's pid, from the line it greets each connection with."""
-    with conn.makefile("rb") as stream:
-        return int(orjson.loads(stream.readline(MAX_REQUEST_BYTES))["host"])
 
 
 def _keep_alive(conn: socket.socket) -> None:
@@ -335,7 +325,7 @@ def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
         conn.connect(str(slot.socket))
         # No timeout: a live host greets at once (each shard has a thread of its own); a
         # broken one closes its socket at once (its running shards go on), so we start another.
-        return conn, _greeting(conn)
+        return conn, int(_read_message(conn)["host"])
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
         return None
@@ -356,8 +346,7 @@ def _spawn_host(slot: Slot, settings: Settings) -> subprocess.Popen[bytes]:
 
 def stop_hosts(home: Path, grace: float = 10.0) -> None:
     """Stop every warm engine of ``home`` (``llm-batch down``)."""
-    folder = home / "engines"
-    for pid_file in folder.glob("*.pid") if folder.is_dir() else ():
+    for pid_file in (home / "engines").glob("*.pid"):  # none if it was never made
         if pid := read_pid(pid_file):
             stop_group(pid, grace)
         pid_file.unlink(missing_ok=True)
@@ -430,25 +419,18 @@ class SharedEngine:
     def __init__(self, llm: LLM):
         self.llm = llm
         self.lock = threading.RLock()
-        self._boxes: dict[str, list[Any]] = {}
+        # Finished outputs of requests whose id starts with a key go to its shard's box.
+        self.boxes: dict[str, list[Any]] = {}
 
     def for_shard(self) -> LLM:
         """The LLM as one shard sees it: every attribute the engine's, but its own view of
         the engine loop."""
         return _ShardLLM(self.llm, EngineView(self))  # type: ignore[return-value]
 
-    def deliver_to(self, prefix: str, box: list[Any]) -> None:
-        """Finished outputs of requests whose id starts with ``prefix`` go to ``box``."""
-        self._boxes[prefix] = box
-
-    def forget(self, prefixes: set[str]) -> None:
-        for prefix in prefixes:
-            self._boxes.pop(prefix, None)
-
     def step(self) -> None:
         """One engine step (the caller holds the lock); each finished output to its box."""
         for output in self.llm.llm_engine.step():
-            if output.finished and (box := self._boxes.get(_id_prefix(output.request_id))) is not None:
+            if output.finished and (box := self.boxes.get(_id_prefix(output.request_id))) is not None:
                 box.append(output)
 
 
@@ -469,7 +451,7 @@ class EngineView:
             prefix = _id_prefix(request_id)
             if prefix not in self._prefixes:
                 self._prefixes.add(prefix)
-                self._shared.deliver_to(prefix, self._box)
+                self._shared.boxes[prefix] = self._box
             self._engine.add_request(request_id, prompt, params)
 
     def step(self) -> list[Any]:
@@ -488,7 +470,8 @@ class EngineView:
     def close(self) -> None:
         """The shard has ended: outputs of its aborted requests are dropped from now on."""
         with self._shared.lock:
-            self._shared.forget(self._prefixes)
+            for prefix in self._prefixes:
+                self._shared.boxes.pop(prefix, None)
             self._box.clear()
 
     def __getattr__(self, name: str) -> Any:
@@ -617,6 +600,10 @@ class _Door:
     def __init__(self) -> None:
         self.closing = threading.Event()  # set: stop the running shards, take no more
 
+    def gone(self, conn: socket.socket) -> bool:
+        """The shard's task has left, or the host is shutting down."""
+        return _peer_closed(conn) or self.closing.is_set()
+
     def refusal(self, request: dict[str, Any]) -> str | None:
         return None
 
@@ -656,7 +643,7 @@ class _ServiceDoor(_Door):
         """True once a seat is ours (held until the block ends); False if the client left
         while waiting."""
         while not self._seats.acquire(timeout=0.5):
-            if _peer_closed(conn) or self.closing.is_set():
+            if self.gone(conn):
                 yield False
                 return
         try:
@@ -683,11 +670,9 @@ def _refuse(conn: socket.socket, reason: str) -> None:
 
 def _unlink_if(path: Path, ours: Callable[[], bool]) -> None:
     """Remove a file of this host's unless a newer host has made its own there."""
-    try:
+    with suppress(OSError):
         if ours():
             path.unlink()
-    except OSError:
-        pass
 
 
 class _ShardTurns:
@@ -716,58 +701,50 @@ class _ShardTurns:
 def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> None:
     with conn:
         conn.settimeout(door.request_timeout)
-        _ConnectionLog(conn).send({"host": os.getpid()})
-        _serve_shard(conn, engine, turns, door)
+        forward = _ConnectionLog(conn)
+        forward.send({"host": os.getpid()})
+        from llm_batch.runtime.worker import WorkerUsageError, run_worker  # heavy
+        from llm_batch.runtime.worker_args import config_from_argv  # heavy
 
-
-def _serve_shard(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> None:
-    from llm_batch.runtime.worker import WorkerUsageError, run_worker  # heavy
-    from llm_batch.runtime.worker_args import config_from_argv  # heavy
-
-    forward = _ConnectionLog(conn)
-    loggers = [logging.getLogger(name) for name in _LOGGERS]
-    for logger in loggers:
-        logger.addHandler(forward)
-    code = exit_codes.USAGE
-    try:
-        try:
-            request = _read_request(conn)
-            if refusal := door.refusal(request):
-                raise WorkerUsageError(refusal)
-            config = config_from_argv(request["argv"])
-            if refusal := door.foreign(config.model_config):
-                raise WorkerUsageError(refusal)
-        except (WorkerUsageError, OSError, ValueError, KeyError, TypeError) as exc:
-            log.error("not a shard: %s", exc)
-        else:
-            # A client that stops reading must not hold the shard's thread (and the engine).
-            conn.settimeout(door.send_timeout)
-            with door.seat(conn) as seated:
-                if not seated:
-                    return  # the client left while waiting: nobody to answer
-                with turns.turn(config.results):
-                    code = run_worker(config, engine, supervisor_gone=lambda: _gone(conn, door))
-    finally:
+        loggers = [logging.getLogger(name) for name in _LOGGERS]
         for logger in loggers:
-            logger.removeHandler(forward)
-    forward.send({"exit": code})
+            logger.addHandler(forward)
+        code = exit_codes.USAGE
+        try:
+            try:
+                request = _read_message(conn)
+                if refusal := door.refusal(request):
+                    raise WorkerUsageError(refusal)
+                config = config_from_argv(request["argv"])
+                if refusal := door.foreign(config.model_config):
+                    raise WorkerUsageError(refusal)
+            except (WorkerUsageError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("not a shard: %s", exc)
+            else:
+                # A client that stops reading must not hold the shard's thread (and the engine).
+                conn.settimeout(door.send_timeout)
+                with door.seat(conn) as seated:
+                    if not seated:
+                        return  # the client left while waiting: nobody to answer
+                    with turns.turn(config.results):
+                        code = run_worker(config, engine, supervisor_gone=lambda: door.gone(conn))
+        finally:
+            for logger in loggers:
+                logger.removeHandler(forward)
+        forward.send({"exit": code})
 
 
-def _gone(conn: socket.socket, door: _Door) -> bool:
-    """The shard's task has left, or the host is shutting down."""
-    return _peer_closed(conn) or door.closing.is_set()
-
-
-def _read_request(conn: socket.socket) -> dict[str, Any]:
-    """The client's one request line (bounded: a service's clients are on the network)."""
+def _read_message(conn: socket.socket) -> dict[str, Any]:
+    """One JSON object line: the host's greeting, the client's request (bounded: a service's
+    clients are on the network)."""
     with conn.makefile("rb") as stream:
         line = stream.readline(MAX_REQUEST_BYTES + 1)
     if len(line) > MAX_REQUEST_BYTES:
-        raise ValueError(f"request longer than {MAX_REQUEST_BYTES} bytes")
-    request = orjson.loads(line)
-    if not isinstance(request, dict):
-        raise ValueError("the request is not a JSON object")
-    return request
+        raise ValueError(f"a line longer than {MAX_REQUEST_BYTES} bytes")
+    message = orjson.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError("not a JSON object")
+    return message
 
 
 class _ConnectionLog(logging.Handler):
@@ -785,10 +762,8 @@ class _ConnectionLog(logging.Handler):
             self.send({"log": self.format(record)})
 
     def send(self, message: dict[str, Any]) -> None:
-        try:
+        with suppress(OSError):  # the client has gone: the stop check sees it
             self.conn.sendall(orjson.dumps(message) + b"\n")
-        except OSError:
-            pass  # the client has gone: the stop check sees it
 
 
 def _peer_closed(conn: socket.socket) -> bool:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -113,7 +115,7 @@ def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
     try:
         model = resolve_for_endpoint(config.model_config, config.endpoint)
         if config.node_group is not None:
-            model = _for_node_group(model, config.node_group)
+            model = config.node_group.model_for_node(model)
         writer = ResultsWriter.open(
             config.results,
             flush_every_s=config.flush_every_s,
@@ -123,7 +125,7 @@ def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
         total = count_requests(config.requests)
         earlier = _earlier_attempts(config) if writer.done else ShardProgress(
             job_id=config.job_id, shard=config.shard, total=total)
-    except (WorkerUsageError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
+    except (WorkerUsageError, NodeGroupError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
         log.error("shard %d of job %s cannot run: %s", config.shard, config.job_id, exc)
         return exit_codes.USAGE
     except storage.StorageError as exc:  # unreachable or failing storage: worth a retry
@@ -156,10 +158,8 @@ def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
         details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
         earlier.cached_prompt_tokens += int(details.get("cached_tokens") or 0)
     if config.progress:
-        try:
+        with suppress(storage.StorageError, ValueError):
             earlier.engine_seconds = read_progress(config.progress).engine_seconds
-        except (storage.StorageError, ValueError):
-            pass
     return earlier
 
 
@@ -171,7 +171,7 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         progress.publish(ShardState.DONE)
         return exit_codes.DONE
     if (reason := monitor.check_now()) is not None:
-        return _stopped(reason, writer, progress)
+        return _finish(writer, progress, *_STOPPED[reason])
     progress.publish(ShardState.STARTING)
 
     def emit(record: ResultRecord, usage: Usage) -> None:
@@ -195,34 +195,33 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         progress.stop_running()
     except WorkerUsageError as exc:
         log.error("shard %d of job %s: %s", config.shard, config.job_id, exc)
-        writer.flush()
-        progress.publish(ShardState.FAILED)
-        return exit_codes.USAGE
+        return _finish(writer, progress, ShardState.FAILED, exit_codes.USAGE)
     except Exception:
         # Results finished so far are complete and in order: keep them for the rerun.
         log.exception("shard %d of job %s failed", config.shard, config.job_id)
         healthy = False
-        writer.flush()
-        progress.publish(ShardState.FAILED)
-        return exit_codes.FAILED
+        return _finish(writer, progress, ShardState.FAILED, exit_codes.FAILED)
     finally:
         if llm is not None:
             engines.release(llm, healthy)
     if reason is not None:
-        return _stopped(reason, writer, progress)
-    writer.flush()
-    progress.publish(ShardState.DONE)
-    return exit_codes.DONE
+        return _finish(writer, progress, *_STOPPED[reason])
+    return _finish(writer, progress, ShardState.DONE, exit_codes.DONE)
 
 
-def _stopped(reason: StopReason, writer: ResultsWriter, progress: ProgressReporter) -> int:
+# How a stopped shard ends: its progress state and exit code.
+_STOPPED = {
+    StopReason.ABANDONED: (ShardState.FAILED, exit_codes.FAILED),
+    StopReason.CANCELLED: (ShardState.CANCELLED, exit_codes.CANCELLED),
+    StopReason.DEADLINE: (ShardState.DEADLINE, exit_codes.DEADLINE),
+}
+
+
+def _finish(writer: ResultsWriter, progress: ProgressReporter, state: ShardState, code: int) -> int:
+    """Flush the finished results, then publish the final progress (what it counts is durable)."""
     writer.flush()
-    if reason is StopReason.ABANDONED:
-        progress.publish(ShardState.FAILED)
-        return exit_codes.FAILED
-    cancelled = reason is StopReason.CANCELLED
-    progress.publish(ShardState.CANCELLED if cancelled else ShardState.DEADLINE)
-    return exit_codes.CANCELLED if cancelled else exit_codes.DEADLINE
+    progress.publish(state)
+    return code
 
 
 class StopMonitor:
@@ -275,13 +274,6 @@ class StopMonitor:
         return None
 
 
-def _for_node_group(model: ResolvedModel, group: NodeGroup) -> ResolvedModel:
-    try:
-        return group.model_for_node(model)
-    except NodeGroupError as exc:
-        raise WorkerUsageError(str(exc)) from None
-
-
 def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> ResolvedModel:
     """The model to load, checked to serve ``endpoint``; WorkerUsageError otherwise."""
     from llm_batch.infra.model_registry import ModelError, resolve_model  # heavy
@@ -310,11 +302,7 @@ def count_requests(uri: str) -> int:
 
 def read_requests(uri: str, skip: int = 0) -> Iterator[BatchRequest]:
     """The shard's requests after the first ``skip`` (those already have results)."""
-    position = 0
-    for number, line in _request_lines(uri):
-        position += 1
-        if position <= skip:
-            continue
+    for number, line in islice(_request_lines(uri), skip, None):
         try:
             yield BatchRequest.model_validate_json(line)
         except ValueError as exc:

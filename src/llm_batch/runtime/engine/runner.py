@@ -193,7 +193,6 @@ class EngineRunner:
         if feed_order is None:
             feed_order = settings.prefix_feed_order if settings.prefix_aware_sharding else "file"
         self.feed_order: str | None = None if feed_order == "file" else feed_order
-        self.prefix_chars = PREFIX_KEY_CHARS
         # Requests are read (and reordered) in batches of at least this many.
         self.feed_chunk = max(1, self.window // 2) if self.feed_order else 1
 
@@ -267,7 +266,7 @@ class EngineRunner:
         order: list[tuple[int, int, int, int]] = []
         leaders = self.feed_order == "leaders_first"
         for offset, request in enumerate(batch):
-            key = prefix_key(request.body, self.prefix_chars) if isinstance(request.body, dict) else None
+            key = prefix_key(request.body, PREFIX_KEY_CHARS) if isinstance(request.body, dict) else None
             if key is None:
                 order.append((0, offset, offset, offset))
                 continue
@@ -281,52 +280,45 @@ class EngineRunner:
     def _submit(
         self, position: int, request: BatchRequest, in_flight: dict[int, _InFlight]
     ) -> tuple[ResultRecord, Usage] | None:
-        """Add one request to the engine; a finished error result if it cannot run."""
+        """Add one request to the engine; a finished error result if it cannot run (an invalid
+        body, or rendering or the engine refusing it: the request's fault)."""
         facts = None
+        added: list[str] = []
         try:
             body = parse_body(self.endpoint, request.body)
             if self.endpoint in MEDIA_ENDPOINTS:
                 parts, facts = self._media_inputs(body, request)
             else:
                 parts = self._engine_inputs(body)
-        except InvalidRequest as exc:
-            return error_result(request, exc.code, exc.message), Usage()
-        entry = _InFlight(request, body, outputs=[None] * len(parts), remaining=len(parts), media_facts=facts)
-        added: list[str] = []
-        try:
             for part, (prompt, params) in enumerate(parts):
                 request_id = f"{self._ids}{position}.{part}"
                 self.engine.add_request(request_id, prompt, params)
                 added.append(request_id)
-        except (VLLMClientError, ValueError, TemplateError) as exc:
+        except (VLLMClientError, ValueError, TemplateError) as exc:  # InvalidRequest included
             if added:
                 self.engine.abort_request(added)
             return error_result(request, _error_code(exc), str(exc)), Usage()
-        in_flight[position] = entry
+        in_flight[position] = _InFlight(request, body, outputs=[None] * len(parts), remaining=len(parts),
+                                        media_facts=facts)
         return None
 
     def _engine_inputs(self, body: Body) -> list[tuple[Any, Any]]:
-        """(prompt, params) per engine request; rendering errors are the request's fault."""
-        try:
-            if isinstance(body, ChatBody):
-                prompt = vllm_api.render_chat(self.llm, body.messages)
-                return [(prompt, sampling_params(body))]
-            if isinstance(body, FimBody):
-                text = self.serving.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
-                return [(vllm_api.render_prompt(self.llm, text), sampling_params(body))]
-            if isinstance(body, CompletionBody):
-                params = sampling_params(body)
-                return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
-            params = pooling_params(body)
-            if isinstance(body, ChatClassifyBody):
-                # As vLLM's own chat classify does: the conversation, no generation prompt.
-                return [(vllm_api.render_chat(self.llm, messages, add_generation_prompt=False), params.clone())
-                        for messages in body.conversations()]
-            return [(vllm_api.render_prompt(self.llm, text), params.clone()) for text in body.inputs()]
-        except InvalidRequest:
-            raise
-        except (VLLMClientError, ValueError, TemplateError) as exc:
-            raise InvalidRequest(str(exc), _error_code(exc)) from None
+        """(prompt, params) per engine request."""
+        if isinstance(body, ChatBody):
+            prompt = vllm_api.render_chat(self.llm, body.messages)
+            return [(prompt, sampling_params(body))]
+        if isinstance(body, FimBody):
+            text = self.serving.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
+            return [(vllm_api.render_prompt(self.llm, text), sampling_params(body))]
+        if isinstance(body, CompletionBody):
+            params = sampling_params(body)
+            return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
+        params = pooling_params(body)
+        if isinstance(body, ChatClassifyBody):
+            # As vLLM's own chat classify does: the conversation, no generation prompt.
+            return [(vllm_api.render_chat(self.llm, messages, add_generation_prompt=False), params.clone())
+                    for messages in body.conversations()]
+        return [(vllm_api.render_prompt(self.llm, text), params.clone()) for text in body.inputs()]
 
     def _media_inputs(self, body: Body, request: BatchRequest) -> tuple[list[tuple[Any, Any]], Any]:
         """(prompt, params) per engine request of a transcription (one per audio window) or
@@ -351,10 +343,6 @@ class EngineRunner:
             raise InvalidRequest(str(exc), "invalid_media") from None
         except (KeyError, TypeError) as exc:  # a body validation never saw (a hand-made shard file)
             raise InvalidRequest(f"the body does not name its file as validation requires ({exc!r})") from None
-        except InvalidRequest:
-            raise
-        except (VLLMClientError, ValueError, TemplateError) as exc:
-            raise InvalidRequest(str(exc), _error_code(exc)) from None
 
     def _collect(
         self,
@@ -373,54 +361,51 @@ class EngineRunner:
             finished[position] = self._result(entry)
 
     def _result(self, entry: _InFlight) -> tuple[ResultRecord, Usage]:
-        request, body = entry.request, entry.body
-        if isinstance(body, EmbeddingBody):
-            payload = responses.embedding_list(entry.outputs, self.model_name, body.encoding_format)
-            usage = responses.pooling_usage(entry.outputs)
-        elif isinstance(body, ClassifyBody | ChatClassifyBody):
-            if self.endpoint in _MODERATION_ENDPOINTS:
-                payload = responses.moderation_response(
-                    entry.outputs, self.model_name, self.serving.moderation, self.labels,  # type: ignore[arg-type]
-                    shape=self.moderation_shape)
-            else:
-                payload = responses.classification_response(
-                    entry.outputs, self.model_name, self.serving.classifier_target, self.labels)
-            usage = responses.pooling_usage(entry.outputs)
-        elif isinstance(body, TranscribeBody | OcrBody):
-            usage = responses.summed_usage(entry.outputs)
-            if any(c.finish_reason == "error" for o in entry.outputs for c in o.outputs):
-                return error_result(request, "engine_error", "the engine failed this request", 500), usage
-            if isinstance(body, TranscribeBody):
-                transcript = transcription.read_outputs([o.outputs[0].text for o in entry.outputs], self.speech,
-                                                        self.languages)
-                transcript.language = body.language or transcript.language
-                payload = responses.transcription_response(self.model_name, transcript, usage, entry.media_facts,
-                                                           body.segments)
-            else:
-                pages, size = entry.media_facts
-                payload = responses.ocr_response(entry.outputs, pages, self.model_name, size)
+        request, body, outputs = entry.request, entry.body, entry.outputs
+        if isinstance(body, EmbeddingBody | ClassifyBody | ChatClassifyBody):
+            usage = responses.pooling_usage(outputs)
         else:
-            (output,) = entry.outputs
-            usage = responses.generation_usage(output)
-            if any(c.finish_reason == "error" for c in output.outputs):
+            media = isinstance(body, TranscribeBody | OcrBody)
+            usage = responses.summed_usage(outputs) if media else responses.generation_usage(outputs[0])
+            if any(c.finish_reason == "error" for o in outputs for c in o.outputs):
                 # vLLM's request-level internal error (e.g. a KV load failure): retryable.
                 return error_result(request, "engine_error", "the engine failed this request", 500), usage
-            top = body.sample_logprobs or 0
-            if isinstance(body, ResponsesBody):  # a ChatBody too: test it first
-                payload = responses.response_object(
-                    output, self.model_name, instructions=body.instructions, metadata=body.metadata,
-                    max_output_tokens=body.max_output_tokens, temperature=body.temperature,
-                    top_p=body.top_p, text_format=body.text_format,
-                    parallel_tool_calls=body.parallel_tool_calls, tool_choice=body.tool_choice)
-            elif isinstance(body, ChatBody):
-                payload = responses.chat_completion(output, self.model_name, self.response_role, top)
-            elif isinstance(body, FimBody):
-                # Mistral answers FIM with a chat completion object (FIMCompletionResponse).
-                payload = responses.chat_completion(output, self.model_name, "assistant")
-            else:
-                payload = responses.text_completion(output, self.model_name, top)
-        record = ResultRecord(index=request.index, custom_id=request.custom_id, status_code=200, body=payload)
-        return record, usage
+        payload = self._payload(entry, usage)
+        return ResultRecord(index=request.index, custom_id=request.custom_id, status_code=200, body=payload), usage
+
+    def _payload(self, entry: _InFlight, usage: Usage) -> dict[str, Any]:
+        body, outputs = entry.body, entry.outputs
+        if isinstance(body, EmbeddingBody):
+            return responses.embedding_list(outputs, self.model_name, body.encoding_format)
+        if isinstance(body, ClassifyBody | ChatClassifyBody):
+            if self.endpoint in _MODERATION_ENDPOINTS:
+                return responses.moderation_response(
+                    outputs, self.model_name, self.serving.moderation, self.labels,  # type: ignore[arg-type]
+                    shape=self.moderation_shape)
+            return responses.classification_response(outputs, self.model_name, self.serving.classifier_target,
+                                                      self.labels)
+        if isinstance(body, TranscribeBody):
+            transcript = transcription.read_outputs([o.outputs[0].text for o in outputs], self.speech, self.languages)
+            transcript.language = body.language or transcript.language
+            return responses.transcription_response(self.model_name, transcript, usage, entry.media_facts,
+                                                    body.segments)
+        if isinstance(body, OcrBody):
+            pages, size = entry.media_facts
+            return responses.ocr_response(outputs, pages, self.model_name, size)
+        (output,) = outputs
+        top = body.sample_logprobs or 0
+        if isinstance(body, ResponsesBody):  # a ChatBody too: test it first
+            return responses.response_object(
+                output, self.model_name, instructions=body.instructions, metadata=body.metadata,
+                max_output_tokens=body.max_output_tokens, temperature=body.temperature,
+                top_p=body.top_p, text_format=body.text_format,
+                parallel_tool_calls=body.parallel_tool_calls, tool_choice=body.tool_choice)
+        if isinstance(body, ChatBody):
+            return responses.chat_completion(output, self.model_name, self.response_role, top)
+        if isinstance(body, FimBody):
+            # Mistral answers FIM with a chat completion object (FIMCompletionResponse).
+            return responses.chat_completion(output, self.model_name, "assistant")
+        return responses.text_completion(output, self.model_name, top)
 
     def _abort(self, in_flight: dict[int, _InFlight]) -> None:
         ids = [f"{self._ids}{pos}.{part}" for pos, entry in in_flight.items() for part in range(len(entry.outputs))]
@@ -465,6 +450,8 @@ def _language_tokens(llm: LLM) -> frozenset[str]:
 
 
 def _error_code(exc: Exception) -> str:
+    if isinstance(exc, InvalidRequest):
+        return exc.code
     if isinstance(exc, VLLMValidationError) and exc.parameter == "input_tokens":
         return "context_length_exceeded"
     return "invalid_request"
