@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.schemas import MAX_N, body_model_for, describe_validation_error, fast_check_for, prompt_chars
+from llm_batch.core.schemas import (
+    MAX_N,
+    OCR_UNSUPPORTED,
+    RESPONSES_UNSUPPORTED,
+    TRANSCRIPTION_UNSUPPORTED,
+    body_model_for,
+    describe_validation_error,
+    fast_check_for,
+    prompt_chars,
+)
 
 CHAT, COMPLETIONS, EMBEDDINGS = Endpoint.CHAT_COMPLETIONS, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS
 USER = [{"role": "user", "content": "Hello"}]
@@ -240,3 +249,29 @@ def test_sdk_request_options_are_accepted() -> None:
 def test_user_mistakes_say_what_and_where(endpoint: Endpoint, body: dict, expected: str) -> None:
     assert error_of(endpoint, body).startswith(expected)
 
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=8)
+# Each option a rule refuses, on the endpoint that has the rule, with a body that is otherwise valid.
+_REFUSED_OPTIONS = [
+    (Endpoint.RESPONSES, {"model": "m", "input": "hi"}, option) for option in RESPONSES_UNSUPPORTED
+] + [
+    (Endpoint.TRANSCRIPTIONS, {"model": "m", "file_id": "file-1"}, option) for option in TRANSCRIPTION_UNSUPPORTED
+] + [
+    (Endpoint.OCR, {"model": "m", "document": {"type": "document_url", "document_url": "a.pdf"}}, option)
+    for option in OCR_UNSUPPORTED
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "option"), _REFUSED_OPTIONS)
+@settings(max_examples=60, deadline=None)
+@given(value=_JSON)
+def test_a_refusing_rule_never_raises_whatever_the_value(endpoint: Endpoint, body: dict, option: str, value) -> None:
+    """Any JSON value of a refused option is that line's error or accepted, never an exception
+    out of validation (one bad line never fails a batch)."""
+    try:
+        body_model_for(endpoint).model_validate({**body, option: value})
+    except ValidationError:
+        pass

@@ -428,16 +428,30 @@ RESPONSES_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def refused_option(rules: dict[str, tuple[Callable[[Any], bool], str]], body: dict[str, Any]) -> tuple[str, str] | None:
+    """The first option of ``rules`` that ``body`` sets to a value that is not harmless, and why.
+    A value a rule cannot judge (another type than the option's) is left to the field's own
+    type check, which names it: a rule never raises for a line."""
+    for option, (harmless, why) in rules.items():
+        if option in body:
+            try:
+                refused = not harmless(body[option])
+            except (TypeError, ValueError, AttributeError):
+                refused = False
+            if refused:
+                return option, why
+    return None
+
+
 def _refusing(rules: dict[str, tuple[Callable[[Any], bool], str]], endpoint: str) -> Any:
     """A body's model validator: refuse the first option of ``rules`` set to a value that is
     not harmless, naming it."""
 
     def refuse(cls: type, value: Any) -> Any:
-        if type(value) is dict:
-            for option, (harmless, why) in rules.items():
-                if option in value and not harmless(value[option]):
-                    raise _nested_error(f".{option}", f"{option} is not supported in a {endpoint} "
-                                        f"batch request: {why} (got {shown(value[option])})")
+        if type(value) is dict and (found := refused_option(rules, value)):
+            option, why = found
+            raise _nested_error(f".{option}", f"{option} is not supported in a {endpoint} "
+                                f"batch request: {why} (got {shown(value[option])})")
         return value
 
     return model_validator(mode="before")(classmethod(refuse))

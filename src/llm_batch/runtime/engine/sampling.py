@@ -16,7 +16,7 @@ from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.schemas import RESPONSES_TEXT_PARTS, RESPONSES_UNSUPPORTED
+from llm_batch.core.schemas import RESPONSES_TEXT_PARTS, RESPONSES_UNSUPPORTED, refused_option
 
 # OpenAI's default for /v1/completions; chat has none (up to the context length).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -96,9 +96,8 @@ class ResponsesBody(ChatBody):
     def _as_chat(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value
-        for option, (harmless, why) in RESPONSES_UNSUPPORTED.items():
-            if option in value and not harmless(value[option]):
-                raise ValueError(f"{option} is not supported in a /v1/responses batch request: {why}")
+        if found := refused_option(RESPONSES_UNSUPPORTED, value):
+            raise ValueError(f"{found[0]} is not supported in a /v1/responses batch request: {found[1]}")
         messages = []
         instructions = value.get("instructions")
         if instructions is not None:
