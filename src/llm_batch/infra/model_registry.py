@@ -239,10 +239,9 @@ class ModelSpec(Serving):
 
     @model_validator(mode="after")
     def _features_fit_the_task(self) -> ModelSpec:
-        if self.fim is not None and self.task != "generate":
-            raise ValueError(f"fim is for generate models, not a {self.task} model")
-        if self.moderation is not None and self.task != "classify":
-            raise ValueError(f"moderation is for classify models, not a {self.task} model")
+        for feature, task in (("fim", "generate"), ("moderation", "classify")):
+            if getattr(self, feature) is not None and self.task != task:
+                raise ValueError(f"{feature} is for {task} models, not a {self.task} model")
         return self
 
 
@@ -268,7 +267,6 @@ class Registry(BaseModel):
 
     @property
     def templates(self) -> dict[str, str]:
-        """The chat templates a job may name: the built-in ones and the registry's."""
         return {**BUILTIN_CHAT_TEMPLATES, **self.chat_templates}
 
     @property
@@ -276,7 +274,6 @@ class Registry(BaseModel):
         return [self.default_chat_model, self.default_embedding_model]
 
     def get(self, name: str) -> ModelSpec:
-        """The entry for ``name``; ``UnknownModel`` listing the known names otherwise."""
         try:
             return self.models[name]
         except KeyError:
@@ -326,7 +323,7 @@ def _mm_limits(value: str | dict[str, Any]) -> dict[str, Any]:
         try:
             value = orjson.loads(value)
         except orjson.JSONDecodeError:
-            raise ValueError('a JSON object of modality -> count, e.g. {"image": 2}') from None
+            value = None
     if not isinstance(value, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) or isinstance(v, dict) for v in value.values()
     ):
@@ -663,7 +660,7 @@ def job_engine_args(
         args["chat_template"] = registry.templates.get(config.chat_template, config.chat_template)
     args.update(config.engine_args)
     # The deployment's choice wins over the job's (a job may not turn compilation back on).
-    if settings is not None and _enforce_eager(settings):
+    if settings is not None and settings.enforce_eager:
         args["enforce_eager"] = True
     return args
 
@@ -708,7 +705,7 @@ def _field_problems(config: ModelConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def _parallel_problems(config: ModelConfig, args: dict[str, Any], gpus: int, nodes: int = 1) -> list[tuple[str, str]]:
+def _parallel_problems(config: ModelConfig, args: dict[str, Any], gpus: int, nodes: int) -> list[tuple[str, str]]:
     """tensor_parallel_size x pipeline_parallel_size against the job's gpus x nodes, when
     either size is set (by the job or the registry); gpus alone sets neither."""
     if "tensor_parallel_size" not in args and "pipeline_parallel_size" not in args:
@@ -812,10 +809,6 @@ def _spec_for(config: ModelConfig, registry: Registry) -> ModelSpec | None:
     if config.checkpoint_path:
         return None
     return registry.get(config.model)  # raises UnknownModel with the known names
-
-
-def _enforce_eager(settings: Settings) -> bool:
-    return settings.enforce_eager
 
 
 def _task_of(engine_args: dict[str, Any]) -> Task:
@@ -986,11 +979,11 @@ def prepare_model(
     recipe = RECIPES[spec.prepare]
     dest = _cache_path(spec.checkpoint, settings)
     marker = {"model": name, "recipe": spec.prepare, "source": recipe.source()}
-    if not force and _marker_matches(dest, marker):
+    if not force and _read_marker(dest) == marker:
         return dest
     try:
         _build_once(
-            dest, marker, recipe.build, replace=lambda: force or not _marker_matches(dest, marker)
+            dest, marker, recipe.build, replace=lambda: force or _read_marker(dest) != marker
         )
     except MissingSource as exc:
         raise ModelError(f"model {name!r} cannot be prepared: {exc}") from None
@@ -1002,10 +995,6 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
         return json.loads((path / READY_MARKER).read_text())
     except (OSError, ValueError):
         return None
-
-
-def _marker_matches(path: Path, marker: dict[str, Any]) -> bool:
-    return _read_marker(path) == marker
 
 
 def _build_once(

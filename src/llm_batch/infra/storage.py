@@ -2,14 +2,18 @@
 
 CONTRACT (implementations must keep it; other modules code against these names):
 
-    open_read(uri) -> context manager yielding a binary stream (streamed, never slurped)
-    open_write(uri) -> context manager yielding a binary stream; the object appears only
-                       when the block exits without error (atomic publish: temp file +
-                       rename locally, multipart upload on S3 aborted on error)
+    open_read(uri) -> context manager yielding a buffered binary reader (read(n),
+                      readline(), iteration by line): streamed, never slurped; on S3 a
+                      dropped connection resumes at the same offset
+    open_write(uri) -> context manager yielding a binary writer; the object appears only
+                       when the block exits without error (locally: a temp file beside the
+                       target, renamed over it; on S3: a spooled temp file uploaded with
+                       boto3's transfer manager, multipart above the threshold, a failed
+                       multipart upload aborted; nothing is sent when the block raises)
     read_bytes(uri) -> bytes ; write_bytes(uri, data)   (small objects: progress, reports)
-    exists(uri) -> bool ; size(uri) -> int
+    exists(uri) -> bool ; size(uri) -> int   (about objects (files), not directories)
     list_uris(prefix) -> sorted list of URIs under prefix (recursive)
-    delete(uri) ; delete_prefix(prefix)
+    delete(uri) (a missing object: no-op) ; delete_prefix(prefix) (not a whole root or bucket)
     download_dir(prefix, dest: Path) -> Path   (a model checkpoint into the local cache)
 
 Errors are ``StorageError`` subclasses whose message names the URI:
@@ -25,23 +29,14 @@ Details of the contract, as implemented here:
   ``Settings.local_roots`` or llm-batch's own local areas (``$LLM_BATCH_HOME``, the work
   and files folders); s3 buckets must be in ``Settings.allowed_buckets`` when that list is
   non-empty. Which paths a *user* may name is stricter: ``llm_batch.infra.user_paths``.
-- ``open_read`` yields a buffered binary reader (``read(n)``, ``readline()``, iteration by
-  line). On S3 the body is streamed and a dropped connection resumes at the same offset.
-- ``open_write`` yields a binary writer. Locally: a temp file beside the target, renamed
-  over it on clean exit. On S3: a spooled temp file uploaded on clean exit with boto3's
-  transfer manager (multipart above the threshold; a failed multipart upload is aborted);
-  nothing is sent when the block raises.
 - Prefixes are directories: ``list_uris("s3://b/x")`` lists keys under ``x/``, not ``xy``.
   A missing prefix lists as ``[]``. Returned URIs keep the prefix's spelling.
-- ``exists``/``size`` are about objects (files), not directories. ``delete`` of a missing
-  object is a no-op; ``delete_prefix`` refuses a whole root or bucket.
 - ``download_dir`` copies every object under the prefix to ``dest`` (keeping relative
   paths; each file appears whole; files already there with the same size are skipped) and
   returns ``dest`` resolved. ``dest`` is the caller's cache directory, not confined.
 - Transient S3 failures (throttling, 5xx, dropped connections) are retried a few times
   with backoff (tenacity); botocore's own retries are off so there is one policy.
 """
-
 from __future__ import annotations
 
 import io
@@ -55,7 +50,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -158,25 +153,12 @@ def reset() -> None:
     _s3_client.cache_clear()
 
 
-class Storage(Protocol):
-    """What a backend implements; the module functions above dispatch to one by scheme."""
-
-    def check(self, uri: str) -> str: ...
-    def open_read(self, uri: str) -> AbstractContextManager[IO[bytes]]: ...
-    def open_write(self, uri: str) -> AbstractContextManager[IO[bytes]]: ...
-    def exists(self, uri: str) -> bool: ...
-    def size(self, uri: str) -> int: ...
-    def list_uris(self, prefix: str) -> list[str]: ...
-    def delete(self, uri: str) -> None: ...
-    def delete_prefix(self, prefix: str) -> None: ...
-    def download_dir(self, prefix: str, dest: Path) -> Path: ...
-
-
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _ONE_SLASH_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")  # "s3:/bucket/key", a typo
 
 
-def _backend(uri: str) -> Storage:
+def _backend(uri: str) -> LocalStorage | S3Storage:
+    """The backend the module functions above dispatch ``uri`` to, by its scheme."""
     if not isinstance(uri, str) or not uri:
         raise PathNotAllowed(repr(uri), "empty or not a string")
     match = _SCHEME.match(uri)
@@ -192,13 +174,7 @@ def _backend(uri: str) -> Storage:
 
 def _own_local_areas(settings: Any) -> tuple[Path, ...]:
     """Where llm-batch itself reads and writes locally, whatever the user roots are."""
-    areas = [settings.home] + [Path(u) for u in (settings.work_uri, settings.files_uri) if not is_s3(u)]
-    return tuple(areas)
-
-
-@lru_cache(maxsize=4)
-def _local_backend(roots: tuple[Path, ...]) -> LocalStorage:
-    return LocalStorage(roots)
+    return (settings.home, *(Path(u) for u in (settings.work_uri, settings.files_uri) if not is_s3(u)))
 
 
 @lru_cache(maxsize=4)
@@ -225,8 +201,8 @@ class LocalStorage:
             return resolved
         if self._inside(Path(os.path.normpath(lexical))):
             raise SymlinkEscape(uri, f"a symlink leads outside the allowed roots to {resolved}")
-        raise PathNotAllowed(uri, f"outside the allowed roots {self._roots_text()} "
-                                  "(LLM_BATCH_LOCAL_ROOTS)")
+        roots = ", ".join(map(str, self.roots)) or "(none configured)"
+        raise PathNotAllowed(uri, f"outside the allowed roots {roots} (LLM_BATCH_LOCAL_ROOTS)")
 
     def check(self, uri: str) -> str:
         return str(self.path(uri))
@@ -313,8 +289,8 @@ class LocalStorage:
     def _inside(self, path: Path) -> bool:
         return any(path.is_relative_to(root) for root in self.roots)
 
-    def _roots_text(self) -> str:
-        return ", ".join(str(r) for r in self.roots) or "(none configured)"
+
+_local_backend = lru_cache(maxsize=4)(LocalStorage)
 
 
 def spelling_problem(raw: str) -> str | None:
@@ -434,7 +410,6 @@ class S3Storage:
         self.transfer_config = transfer_config or TransferConfig()
 
     def location(self, uri: str) -> S3Location:
-        """Parse and confine ``s3://bucket/key`` (``PathNotAllowed`` if refused)."""
         return s3_location(uri, self.allowed_buckets)
 
     def check(self, uri: str) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -134,46 +135,39 @@ def prefix_text(body: dict[str, Any], limit: int) -> str:
     first), then each message's role and content (or the responses API's instructions and
     input, or a completion's prompt). The chat template itself is the same for every
     request of a job, so it does not change which prompts share a prefix."""
-    pieces: list[str] = []
-    size = 0
+    text = ""
+    for piece in _prompt_pieces(body, limit):
+        text += piece
+        if len(text) >= limit:
+            break
+    return text
 
-    def add(text: str) -> bool:
-        nonlocal size
-        pieces.append(text)
-        size += len(text)
-        return size >= limit
 
+def _prompt_pieces(body: dict[str, Any], limit: int) -> Iterator[str]:
     if body.get("tools"):
-        if add("\x00tools" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode()):
-            return "".join(pieces)
+        yield "\x00tools" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode()
     if isinstance(body.get("instructions"), str):
-        if add("\x00system\x1f" + body["instructions"] + "\x1e"):
-            return "".join(pieces)
+        yield "\x00system\x1f" + body["instructions"] + "\x1e"
     if isinstance(body.get("messages"), list):
-        for message in body["messages"]:
-            if not isinstance(message, dict):
-                continue
-            if add(f"\x00{message.get('role')}\x1f" + _content_text(message.get("content")) + "\x1e"):
-                break
-    else:
-        for field_name in ("prompt", "input"):
-            value = body.get(field_name)
-            if isinstance(value, str):
-                add(value)
-                break
-            if isinstance(value, list) and value:
-                ids = value if all(type(v) is int for v in value) else (
-                    value[0] if isinstance(value[0], list) else None)  # token ids
-                if ids is not None:
-                    add("\x00ids" + ",".join(str(t) for t in ids[:limit]))
-                    break
-                for item in value:  # texts, or the Responses API's input items
-                    text = (f"\x00{item.get('role')}\x1f" + _content_text(item.get("content")) + "\x1e"
-                            if isinstance(item, dict) else _content_text(item))
-                    if add(text):
-                        break
-                break
-    return "".join(pieces)
+        yield from (_message_text(message) for message in body["messages"] if isinstance(message, dict))
+        return
+    for field_name in ("prompt", "input"):
+        value = body.get(field_name)
+        if isinstance(value, str):
+            yield value
+            return
+        if isinstance(value, list) and value:
+            ids = value if all(type(v) is int for v in value) else (
+                value[0] if isinstance(value[0], list) else None)  # token ids
+            if ids is not None:
+                yield "\x00ids" + ",".join(str(t) for t in ids[:limit])
+            else:  # texts, or the Responses API's input items
+                yield from (_message_text(item) if isinstance(item, dict) else _content_text(item) for item in value)
+            return
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    return f"\x00{message.get('role')}\x1f" + _content_text(message.get("content")) + "\x1e"
 
 
 def _hash(text: str) -> int:
@@ -334,31 +328,29 @@ def _pieces(lines: _Lines, target: float) -> tuple[array, list[tuple[int, int]]]
     then it is split into its longer-prefix subgroups, and any piece still too heavy (or
     its members without a longer shared prefix) into consecutive runs of at most ``target``."""
     piece_of = array("q", [-1]) * lines.total
-    pieces: list[tuple[int, int]] = []
+    weights: list[int] = []  # per piece
+    firsts: list[int] = []
     group_piece = array("q", [-1]) * len(lines.g_weight)
     for g, weight in enumerate(lines.g_weight):
         if weight <= target:
-            group_piece[g] = len(pieces)
-            pieces.append((weight, lines.g_first[g]))
+            group_piece[g] = len(weights)
+            weights.append(weight)
+            firsts.append(lines.g_first[g])
     # Oversized groups: (group, long key or 0 for none) -> the piece being filled
     open_piece: dict[tuple[int, int], int] = {}
-    weights = [w for w, _ in pieces]
-    firsts = [f for _, f in pieces]
     for position in range(lines.total):
         g = lines.group[position]
         if g < 0:
             continue
         piece = group_piece[g]
         if piece < 0:  # a member of an oversized group
-            long = lines.long_key[position]
-            sub = (g, long if long else 0)
+            sub = (g, lines.long_key[position])
             piece = open_piece.get(sub, -1)
             weight = lines.weight[position]
             if piece < 0 or weights[piece] + weight > target:
-                piece = len(weights)
+                piece = open_piece[sub] = len(weights)
                 weights.append(0)
                 firsts.append(position)
-                open_piece[sub] = piece
             weights[piece] += weight
         piece_of[position] = piece
     return piece_of, list(zip(weights, firsts))
@@ -379,16 +371,14 @@ def _prefix_assignment(lines: _Lines, num_shards: int) -> tuple[array, int] | No
         load, k = heapq.heappop(loads)
         piece_shard[p] = k
         heapq.heappush(loads, (load + pieces[p][0], k))
-    load_of = [0] * m
-    for load, k in loads:
-        load_of[k] = load
+    load_of = [load for load, _k in sorted(loads, key=lambda shard: shard[1])]
     # Fillers (no long prefix) top the shards up towards the fair share, in file order: each
     # shard below target takes a run of them in proportion to what it lacks.
     filler_weight = sum(w for w, p in zip(lines.weight, piece_of) if p < 0)
     lack = [max(0.0, target - load) for load in load_of]
     if not sum(lack):
         lack = [1.0] * m
-    scale = filler_weight / sum(lack) if filler_weight and sum(lack) else 0.0
+    scale = filler_weight / sum(lack)
     bounds: list[tuple[float, int]] = []  # cumulative filler weight where shard k's run ends
     cumulative = 0.0
     for k in range(m):
@@ -408,21 +398,17 @@ def _prefix_assignment(lines: _Lines, num_shards: int) -> tuple[array, int] | No
             midpoint = filled + weight / 2
             while run < len(bounds) - 1 and midpoint > bounds[run][0]:
                 run += 1
-            k = bounds[run][1] if bounds else 0
+            k = bounds[run][1]  # never empty: some shard lacks weight
             filled += weight
         shard_of[position] = k
         counts[k] += 1
     if min(counts) == 0:
         return None
     # Number the shards by their first line, so shard 0 holds the first request.
-    first: dict[int, int] = {}
-    for position in range(lines.total):
-        first.setdefault(shard_of[position], len(first))
-        if len(first) == m:
-            break
-    if any(first[k] != k for k in first):
-        for position in range(lines.total):
-            shard_of[position] = first[shard_of[position]]
+    order = list(dict.fromkeys(shard_of))
+    if order != list(range(m)):
+        number = {k: i for i, k in enumerate(order)}
+        shard_of = array("b", (number[k] for k in shard_of))
     return shard_of, m
 
 
@@ -431,32 +417,23 @@ def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -
     it spans there - shards it spans here) x ``chars`` / 4 tokens, plus the same for each
     set of requests sharing the longer prefix, x the further (``LONG_PREFIX_FACTOR`` - 1) x
     ``chars`` / 4 tokens they share."""
-    if not len(lines.g_weight):
-        return 0
-    # group id, and longer prefix's hash -> [the shard it was last seen on in the
-    # contiguous plan, its span there, the shards it is on here (a bit mask: <= 64 shards),
-    # its span here]
-    spans: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
+    # (0, group id) and (1, longer prefix's hash) -> [the shard it was last seen on in the
+    # contiguous plan, its span there, the shards it is on here (a bit mask: <= 64 shards)]
+    spans: dict[tuple[int, int], list[int]] = {}
     assigner = _Assigner(num_shards, lines.total, sum(lines.weight))
     for position in range(lines.total):
         k = assigner.assign(lines.weight[position])
-        g = lines.group[position]
+        g, long = lines.group[position], lines.long_key[position]
         if g < 0:
             continue
-        bit = 1 << shard_of[position]
-        for table, key in ((spans[0], g), (spans[1], lines.long_key[position])):
-            if table is spans[1] and not key:
-                continue
-            span = table.setdefault(key, [-1, 0, 0, 0])
+        for key in ((0, g), (1, long)) if long else ((0, g),):
+            span = spans.setdefault(key, [-1, 0, 0])
             if span[0] != k:
                 span[0] = k
                 span[1] += 1
-            if not span[2] & bit:
-                span[2] |= bit
-                span[3] += 1
-    short, further = chars // 4, (LONG_PREFIX_FACTOR - 1) * chars // 4
-    return (sum(s[1] - s[3] for s in spans[0].values()) * short
-            + sum(s[1] - s[3] for s in spans[1].values()) * further)
+            span[2] |= 1 << shard_of[position]
+    tokens = (chars // 4, (LONG_PREFIX_FACTOR - 1) * chars // 4)
+    return sum((runs - here.bit_count()) * tokens[level] for (level, _), (_, runs, here) in spans.items())
 
 
 def _write_assigned(layout: JobLayout, shard_of: array, m: int, weights: array) -> list[ShardPlan]:
@@ -486,35 +463,31 @@ def _write_assigned(layout: JobLayout, shard_of: array, m: int, weights: array) 
 
 
 def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
-                prefix_aware: bool | None = None, prefix_chars: int | None = None,
-                min_saving: float | None = None) -> list[ShardPlan]:
+                prefix_aware: bool | None = None, min_saving: float | None = None) -> list[ShardPlan]:
     """Write the shards' request files and the manifest; return the (non-empty) shards.
 
-    ``prefix_aware`` defaults to the setting ``prefix_aware_sharding``, ``prefix_chars`` to
-    PREFIX_KEY_CHARS and ``min_saving`` to MIN_PREFIX_SAVING."""
+    ``prefix_aware`` defaults to the setting ``prefix_aware_sharding``, ``min_saving`` to
+    MIN_PREFIX_SAVING."""
     if not 1 <= num_shards <= MAX_SHARDS:
         raise ShardingError(f"number of shards must be 1..{MAX_SHARDS}, got {num_shards}")
     if by not in ("count", "tokens"):
         raise ShardingError(f"shards balance by 'count' or 'tokens', got {by!r}")
     if prefix_aware is None:
         prefix_aware = get_settings().prefix_aware_sharding
-    prefix_chars = PREFIX_KEY_CHARS if prefix_chars is None else prefix_chars
     min_saving = MIN_PREFIX_SAVING if min_saving is None else min_saving
 
     assignment = None
     groups = saved = 0
     if prefix_aware and num_shards > 1:
-        lines = _read_lines(layout, by, prefix_chars)
+        lines = _read_lines(layout, by, PREFIX_KEY_CHARS)
         total_requests, total_weight = lines.total, sum(lines.weight)
         groups = len(lines.g_weight)
         if groups and total_requests > 1:
             assignment = _prefix_assignment(lines, num_shards)
             if assignment is not None:
-                saved = _saved_tokens(lines, assignment[0], min(num_shards, total_requests),
-                                      prefix_chars)
+                saved = _saved_tokens(lines, *assignment, PREFIX_KEY_CHARS)
                 if saved <= 0 or saved < min_saving * lines.prompt_tokens:
                     assignment, saved = None, 0
-        weights = lines.weight
     else:
         total_requests = total_weight = 0
         for line in stored_lines(layout.validated):
@@ -524,7 +497,7 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
     if assignment is None:
         plans = _write_contiguous(layout, num_shards, by, total_requests, total_weight)
     else:
-        plans = _write_assigned(layout, assignment[0], assignment[1], weights)
+        plans = _write_assigned(layout, *assignment, lines.weight)
 
     manifest = ShardManifest(job_id=layout.job_id, by=by, num_shards=num_shards,
                              total_requests=total_requests, total_weight=total_weight,
@@ -537,15 +510,13 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
 
 def _discard_stale_shards(layout: JobLayout, manifest: ShardManifest) -> None:
     """Drop results planned against a different plan: they no longer match the requests."""
-    uri = layout.shard_manifest
-    if not storage.exists(uri):
+    if not storage.exists(layout.shard_manifest):
         return
-    previous = ShardManifest.model_validate_json(storage.read_bytes(uri))
+    previous = read_manifest(layout)
     if previous.shards == manifest.shards and previous.prefix_aware == manifest.prefix_aware:
         return
     for plan in manifest.shards:
         storage.delete_prefix(plan.results_uri.rstrip("/") + "/")
-        if storage.exists(plan.progress_uri):
-            storage.delete(plan.progress_uri)
+        storage.delete(plan.progress_uri)  # a missing one: no-op
     for plan in previous.shards[len(manifest.shards):]:
         storage.delete_prefix(layout.shard(plan.index).root.rstrip("/") + "/")
