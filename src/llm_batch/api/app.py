@@ -17,7 +17,6 @@ import re
 from typing import Any
 
 from fastapi import FastAPI, Request, params
-from fastapi.dependencies.models import Dependant
 from fastapi.dependencies.utils import get_flat_params
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse
@@ -30,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llm_batch.api.auth import get_caller
 from llm_batch.api.errors import OPENAI_PREFIXES, ApiError, error_response, install_error_handlers
+from llm_batch.api.idempotency import depends_on
 from llm_batch.api.mistral import jobs as mistral_jobs
 from llm_batch.api.native import (
     jobs,
@@ -72,7 +72,9 @@ class BodyLimit:
         limit = self.upload_limit if is_upload else self.json_limit
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _too_large(scope, send, limit)
+            error = {"message": too_large_message(limit), "type": "invalid_request_error", "param": None,
+                     "code": "body_too_large"}
+            await JSONResponse({"error": error}, status_code=413)(scope, _replay([]), send)
             return
         seen = 0
 
@@ -89,16 +91,6 @@ class BodyLimit:
 
 def too_large_message(limit: int) -> str:
     return f"request body larger than the limit of {limit} bytes"
-
-
-async def _too_large(scope: Scope, send: Send, limit: int) -> None:
-    message = too_large_message(limit)
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "body_too_large"}}
-    await JSONResponse(body, status_code=413)(scope, _ignore_receive, send)
-
-
-async def _ignore_receive() -> Message:
-    return {"type": "http.disconnect"}
 
 
 class StrictJsonBodies:
@@ -138,7 +130,7 @@ class StrictJsonBodies:
                 if not exc.syntax:
                     param = f"body.{exc.where}" if exc.where else "body"
                     error = ApiError(400, f"the request body is not strict JSON: {exc}", param=param, code="invalid_json")
-                    await error_response(Request(scope), error)(scope, _ignore_receive, send)
+                    await error_response(Request(scope), error)(scope, _replay([]), send)
                     return
         await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}]), send)
 
@@ -228,10 +220,6 @@ _WWW_AUTHENTICATE = {
 _FILE_REFERENCE = re.compile(r"(^|_)(file_ids?|files)$")
 
 
-def _depends_on(dependant: Dependant, call: Any) -> bool:
-    return any(d.call is call or _depends_on(d, call) for d in dependant.dependencies)
-
-
 def _names_files(route: APIRoute) -> bool:
     model = route.body_field.field_info.annotation if route.body_field is not None else None
     return any(_FILE_REFERENCE.search(name) for name in getattr(model, "model_fields", {}))
@@ -239,7 +227,7 @@ def _names_files(route: APIRoute) -> bool:
 
 def error_statuses(route: APIRoute) -> list[int]:
     """The 4xx statuses `route` may answer, from what it takes."""
-    authenticated = _depends_on(route.dependant, get_caller)
+    authenticated = depends_on(route.dependant, get_caller)
     takes_id = bool(route.dependant.path_params)
     has_body = route.body_field is not None
     flat = get_flat_params(route.dependant)

@@ -1,4 +1,4 @@
-"""The cancel use case: flag the job in the store and drop the job's cancel marker.
+"""Reading a job the caller may see, and the cancel use case: flag the job in the store and drop the job's cancel marker.
 
 Workers watch the marker file (``JobLayout.cancel_marker``) between checkpoints; the DAG
 and housekeeping read the store flag. Cancel is idempotent: a job already cancelling or
@@ -18,6 +18,13 @@ from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobNotFound, JobStore
 from llm_batch.pipeline.shard_task import write_cancel_marker
 from llm_batch.pipeline.steps import layout_of
+
+
+def owned_job(store: JobStore, job_id: str, owner: str | None, kind: str) -> Job:
+    """The job of that id, if `owner`'s (None: anyone's); else 404 naming `kind`."""
+    if (job := store.get_job(job_id, owner=owner)) is None:
+        raise not_found(kind, job_id)
+    return job
 
 
 def cancel_job(

@@ -17,6 +17,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llm_batch.infra import storage
+from llm_batch.infra.jobstore import InvalidCursor
 from llm_batch.infra.storage import StorageError
 
 # Route prefixes whose clients (the openai SDK) expect OpenAI's error shape.
@@ -102,12 +103,11 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    response = error_response(request, ApiError(422, message, param=where or None, code="invalid_value"))
-    if not _wants_openai_shape(request):
-        # Keep FastAPI's per-field list too: clients that parse it (mistralai) still can.
-        body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None}
-        return JSONResponse(body, status_code=422)
-    return response
+    if _wants_openai_shape(request):
+        return error_response(request, ApiError(422, message, param=where or None, code="invalid_value"))
+    # Keep FastAPI's per-field list too: clients that parse it (mistralai) still can.
+    body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None}
+    return JSONResponse(body, status_code=422)
 
 
 def _body_problem(request: Request, error: dict[str, Any]) -> str | None:
@@ -174,6 +174,9 @@ def _database_error(request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, lambda request, exc: error_response(request, exc))
+    # Every list route names its cursor `after`.
+    app.add_exception_handler(InvalidCursor, lambda request, exc: error_response(
+        request, ApiError(400, str(exc), param="after", code="invalid_cursor")))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(StorageError, _storage_error)

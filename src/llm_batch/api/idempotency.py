@@ -17,8 +17,8 @@ built with ``route_class=IdempotentRoute``; nothing else changes in the route:
   releases the key, so a retry runs afresh; a reservation whose request never finished (a
   killed server) is free again after ``LEASE``.
 
-Replays carry ``Idempotent-Replayed: true``. Keys are kept ``KEEP`` (24 hours) at least:
-housekeeping deletes older ones (llm_batch.pipeline.housekeeping.delete_old_idempotency_keys).
+Replays carry ``Idempotent-Replayed: true``. Keys are kept 24 hours at least: housekeeping
+deletes older ones (llm_batch.pipeline.housekeeping.delete_old_idempotency_keys).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from typing import Annotated, Any
 from fastapi import Depends, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.dependencies.models import Dependant
-from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.datastructures import UploadFile
 
@@ -52,8 +51,6 @@ MAX_KEY_CHARS = 255
 WAIT_S = 30.0
 # A pending reservation older than this belongs to a request that never finished.
 LEASE = timedelta(minutes=5)
-# How long keys are kept (housekeeping deletes older ones).
-KEEP = timedelta(hours=24)
 # Answers not kept: a retry runs again.
 _NOT_KEPT = {429}
 _HASH_CHUNK = 1 << 20
@@ -83,8 +80,8 @@ class _Replay(Exception):
         self.response = response
 
 
-def check_key(key: str) -> str:
-    """`key` if usable, else 400 naming the header."""
+def check_key(key: str) -> None:
+    """400 naming the header unless `key` is usable."""
     problem = None
     if not key:
         problem = "is empty"
@@ -95,7 +92,6 @@ def check_key(key: str) -> str:
     if problem:
         raise ApiError(400, f"the {HEADER} header {problem}: give up to {MAX_KEY_CHARS} printable ASCII characters",
                        param=HEADER, code="invalid_idempotency_key")
-    return key
 
 
 def _hash_file(upload: UploadFile, digest: Any) -> None:
@@ -122,15 +118,6 @@ async def fingerprint(request: Request) -> str:
             digest.update(value.encode())
         digest.update(b"\0")
     return digest.hexdigest()
-
-
-def _reused(route: str) -> ApiError:
-    return ApiError(
-        422,
-        f"the {HEADER} was already used with another request body or on another route ({route}): "
-        "use a new key for a different request",
-        param=HEADER, code="idempotency_key_reused",
-    )
 
 
 def _replay(record: Any) -> Response:
@@ -160,7 +147,7 @@ async def idempotency_key(
     delay = 0.02
     record = None
     while True:
-        if record is None or (record.status_code is None and record.locked_at <= _now() - LEASE):
+        if record is None or (record.status_code is None and record.locked_at <= utcnow() - LEASE):
             taken, record = await run_in_threadpool(
                 store.reserve_idempotency_key, caller.name, key, route, body_hash, LEASE
             )
@@ -168,7 +155,9 @@ async def idempotency_key(
                 setattr(request.state, _STATE, _Held(store, caller.name, key, record.locked_at))
                 return key
         if record.route != route or record.fingerprint != body_hash:
-            raise _reused(record.route)
+            raise ApiError(422, f"the {HEADER} was already used with another request body or on another route "
+                           f"({record.route}): use a new key for a different request",
+                           param=HEADER, code="idempotency_key_reused")
         if record.status_code is not None:
             raise _Replay(_replay(record))
         if time.monotonic() > deadline:
@@ -181,15 +170,12 @@ async def idempotency_key(
         record = await run_in_threadpool(store.get_idempotency_key, caller.name, key)
 
 
-def _now() -> datetime:
-    return utcnow()
-
-
 IdempotencyDep = Annotated[str | None, Depends(idempotency_key)]
 
 
-def _depends_on(dependant: Dependant, call: Any) -> bool:
-    return any(d.call is call or _depends_on(d, call) for d in dependant.dependencies)
+def depends_on(dependant: Dependant, call: Any) -> bool:
+    """Whether `call` is among the dependencies of `dependant`, at any depth."""
+    return any(d.call is call or depends_on(d, call) for d in dependant.dependencies)
 
 
 async def _finish(held: _Held | None, response: Response | None) -> None:
@@ -216,7 +202,7 @@ class IdempotentRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        if not _depends_on(self.dependant, idempotency_key):
+        if not depends_on(self.dependant, idempotency_key):
             return handler
 
         async def run(request: Request) -> Response:
@@ -232,7 +218,7 @@ class IdempotentRoute(APIRoute):
                 response = error_response(request, exc)
                 await _finish(held, response)
                 return response
-            except (RequestValidationError, Exception):
+            except Exception:  # a request that fails the schema (RequestValidationError) too
                 await _finish(getattr(request.state, _STATE, None), None)
                 raise
             await _finish(getattr(request.state, _STATE, None), response)

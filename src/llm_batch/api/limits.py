@@ -22,11 +22,6 @@ _LIMITS = {
 }
 
 
-def limit_of(settings: Settings, owner: str, name: str) -> int:
-    """The owner's value of one limit (0: none)."""
-    return int(settings.owner_limits.get(owner, {}).get(name, getattr(settings, f"owner_{name}")))
-
-
 def check_owner_limits(
     store: JobStore, settings: Settings, caller: Caller, *, new_jobs: int = 0, new_requests: int = 0, new_bytes: int = 0
 ) -> None:
@@ -36,7 +31,7 @@ def check_owner_limits(
     usage = store.owner_usage(caller.name)
     adding = {"live_jobs": new_jobs, "requests_in_flight": new_requests, "file_bytes": new_bytes}
     for name, (measure, words) in _LIMITS.items():
-        limit = limit_of(settings, caller.name, name)
+        limit = int(settings.owner_limits.get(caller.name, {}).get(name, getattr(settings, f"owner_{name}")))
         if limit and adding[measure] and usage[measure] + adding[measure] > limit:
             raise ApiError(
                 429,

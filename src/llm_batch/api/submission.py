@@ -2,7 +2,8 @@
 job row and a DAG run.
 
 Routers translate their dialect's body into a ``JobRequest`` (and may first store inline
-requests as a file with ``save_inline_requests``); ``submit`` then
+requests as a file with ``save_inline_requests``, or check uploaded ones with
+``check_input_files``); ``submit`` then
 1. creates the QUEUED job in the store (owner = the caller),
 2. triggers the ``batch_inference`` run through ``dag_trigger`` with ``dag_conf(job)``,
 3. records the run id, or, if the trigger failed, marks the job FAILED with the reason,
@@ -14,13 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, NamedTuple
 
 import orjson
+from fastapi import Depends
 
-from llm_batch.api.auth import Caller
-from llm_batch.api.dag_trigger import Trigger, TriggerError
+from llm_batch.api.auth import Caller, CallerDep
+from llm_batch.api.dag_trigger import Trigger, TriggerDep, TriggerError
 from llm_batch.api.errors import ApiError
+from llm_batch.api.idempotency import IdempotencyDep
+from llm_batch.api.state import SettingsDep, StoreDep
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import (
     FEATURE_OF_ENDPOINT,
@@ -30,11 +34,12 @@ from llm_batch.core.endpoints import (
     serving_problem,
 )
 from llm_batch.core.formats import not_json
+from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
-from llm_batch.infra import storage, user_paths
-from llm_batch.infra.jobstore import FileObject, Job, JobStore, new_file_id
+from llm_batch.infra import input_files, storage, user_paths
+from llm_batch.infra.jobstore import Job, JobStore, new_file_id
 from llm_batch.infra.model_registry import (
     ModelError,
     Registry,
@@ -42,6 +47,24 @@ from llm_batch.infra.model_registry import (
     load_registry,
     validate_model_config,
 )
+
+
+class Submitting(NamedTuple):
+    """What a create route works with (``SubmittingDep``); depending on it also makes the
+    route take an ``Idempotency-Key`` (on a router with ``route_class=IdempotentRoute``)."""
+
+    caller: Caller
+    store: JobStore
+    settings: Settings
+    trigger: Trigger
+
+
+async def _submitting(caller: CallerDep, store: StoreDep, settings: SettingsDep, trigger: TriggerDep,
+                      _idempotency: IdempotencyDep = None) -> Submitting:
+    return Submitting(caller, store, settings, trigger)
+
+
+SubmittingDep = Annotated[Submitting, Depends(_submitting)]
 
 
 def priority_weight(settings: Settings, name: str | None) -> int:
@@ -102,11 +125,10 @@ def check_model(
         spec = model_registry(settings).get(model)
     except ModelError as exc:
         raise ApiError(400, str(exc), param=param, code="unknown_model") from None
-    if endpoint in _SUPPORTED:
+    if endpoint in SUPPORTED_ENDPOINTS:
         _check_serves(endpoint, model, spec.task, spec.features, param)
 
 
-_SUPPORTED = frozenset(SUPPORTED_ENDPOINTS)
 _FEATURE_ENDPOINTS = frozenset(e.value for e in FEATURE_OF_ENDPOINT)
 
 
@@ -151,11 +173,11 @@ def path_unavailable(param: str, why: object) -> ApiError:
 OVERWRITE_LABEL = "llm-batch.io/overwrite-output"
 
 
-def check_output_target(store: JobStore, caller: Caller, output_uri: str, labels: dict[str, Any]) -> None:
+def check_output_target(store: JobStore, caller: Caller, output_uri: str, labels: dict[str, Any],
+                        param: str = "output_data_path") -> None:
     """An output never replaces a file its owner's jobs did not write, nor one that a job
-    not yet ended will write: 409 naming the conflict. An owner's own earlier output may be
-    replaced only when the create says so (label OVERWRITE_LABEL = "true")."""
-    param = "output_data_path"
+    not yet ended will write: 409 naming the conflict (`param`: the route's field). An owner's
+    own earlier output may be replaced only when the create says so (label OVERWRITE_LABEL = "true")."""
     writers = store.jobs_writing(output_uri)
     if busy := [j.id for j in writers if not j.terminal]:
         raise ApiError(409, f"{param}: {output_uri} is the output of a job not yet ended ({busy[0]})", param=param, code="output_in_use")
@@ -167,6 +189,24 @@ def check_output_target(store: JobStore, caller: Caller, output_uri: str, labels
     if str(labels.get(OVERWRITE_LABEL, "")).lower() != "true":
         raise ApiError(409, f"{param}: {output_uri} holds an earlier job's results: name a new file, or set the "
                        f"label {OVERWRITE_LABEL}=true to replace them", param=param, code="output_exists")
+
+
+def check_input_files(store: JobStore, caller: Caller, file_ids: list[str], param: str) -> list[str]:
+    """The ids of the caller's uploaded input files, in order; each named once (a repeated
+    file would run its requests twice under the same custom_ids). `param`: the route's field."""
+    first_position: dict[str, int] = {}
+    for position, file_id in enumerate(file_ids):
+        where = f"{param}[{position}]"
+        if file_id in first_position:
+            message = f"{where}: file {file_id!r} is already {param}[{first_position[file_id]}]; name each file once"
+            raise ApiError(400, message, param=where, code="duplicate_input_file")
+        first_position[file_id] = position
+        found = store.get_file(file_id, owner=caller.owner_filter)
+        if found is None:
+            raise ApiError(404, f"No file found with id {file_id!r}.", param=where, code="not_found")
+        if (why := input_files.refusal(found)) is not None:
+            raise ApiError(400, f"{where}: {why}", param=where, code="invalid_input_file")
+    return list(file_ids)
 
 
 def inline_json(value: Any, param: str) -> bytes:
@@ -189,10 +229,10 @@ def inline_request_lines(requests: Iterable[Any]) -> Iterator[bytes]:
 
 
 def save_inline_requests(
-    store: JobStore, settings: Settings, owner: str, lines: Iterable[bytes], filename: str
-) -> FileObject:
-    """Write inline requests (already serialised, one per item) to the files area and record
-    them as an input file object of `owner`."""
+    store: JobStore, settings: Settings, owner: str, lines: Iterable[bytes], filename: str, **input_fields: Any
+) -> JobInput:
+    """Write inline requests (already serialised, one per item) to the files area, record
+    them as an input file object of `owner`, and return the job's input reading it."""
     file_id = new_file_id()
     uri = join_uri(settings.files_uri, file_id)
     written = 0
@@ -200,9 +240,8 @@ def save_inline_requests(
         for line in lines:
             out.write(line)
             written += len(line)
-    return store.create_file(
-        id=file_id, owner=owner, purpose="batch", filename=filename, bytes=written, uri=uri, kind="input"
-    )
+    store.create_file(id=file_id, owner=owner, purpose="batch", filename=filename, bytes=written, uri=uri, kind="input")
+    return JobInput(uri=uri, inline=True, inline_file_id=file_id, **input_fields)
 
 
 def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:

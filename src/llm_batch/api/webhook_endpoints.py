@@ -1,8 +1,8 @@
 """The webhook endpoint resource, whichever path serves it: each operation with its checks,
 limits and errors, so the routers only translate shapes.
 
-One resource under two paths: ``/v1/webhooks`` (routers/webhooks.py: our shape, for the CLI
-and the other dialects' users) and ``/v1/webhook_endpoints`` (routers/openai_webhooks.py:
+One resource under two paths: ``/v1/webhooks`` (native/webhooks.py: our shape, for the CLI
+and the other dialects' users) and ``/v1/webhook_endpoints`` (openai/webhooks.py:
 OpenAI's ``client.webhooks``) reach the same per-owner endpoints in one table, delivered by
 one outbox. Two resources would need keeping in sync; here an endpoint made through either
 path is listed, tested, rotated and deleted through both, and a rule (destination checks,

@@ -9,11 +9,10 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Body, Query, Request
 
-from llm_batch.api.auth import Caller, CallerDep
-from llm_batch.api.cancellation import cancel_job
-from llm_batch.api.dag_trigger import TriggerDep
-from llm_batch.api.errors import ApiError, not_found
-from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
+from llm_batch.api.auth import CallerDep
+from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.errors import ApiError
+from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.mistral.models import (
     MISTRAL_STATUS,
@@ -23,13 +22,20 @@ from llm_batch.api.mistral.models import (
     DeleteBatchJobResponse,
 )
 from llm_batch.api.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch.api.submission import check_endpoint, check_model, inline_request_lines, save_inline_requests, submit
+from llm_batch.api.submission import (
+    SubmittingDep,
+    check_endpoint,
+    check_input_files,
+    check_model,
+    inline_request_lines,
+    save_inline_requests,
+    submit,
+)
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
-from llm_batch.core.jobs import JobStatus
-from llm_batch.infra import input_files, storage
-from llm_batch.infra.jobstore import FileObject, Job, JobStore
+from llm_batch.infra import storage
+from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.pipeline import housekeeping
 
 router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"], route_class=IdempotentRoute)
@@ -37,30 +43,6 @@ router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"], route_class=Idempo
 MistralStatus = Literal[
     "QUEUED", "RUNNING", "SUCCESS", "FAILED", "TIMEOUT_EXCEEDED", "CANCELLATION_REQUESTED", "CANCELLED"
 ]
-
-
-def _canonical(statuses: list[str]) -> set[JobStatus]:
-    return {canonical for canonical, word in MISTRAL_STATUS.items() if word in statuses}
-
-
-def _input_files(store: JobStore, caller: Caller, file_ids: list[str]) -> list[FileObject]:
-    """The caller's uploaded input files, in order; each named once (a repeated file would
-    run its requests twice under the same custom_ids)."""
-    files: list[FileObject] = []
-    first_position: dict[str, int] = {}
-    for position, file_id in enumerate(file_ids):
-        where = f"input_files[{position}]"
-        if file_id in first_position:
-            message = f"{where}: file {file_id!r} is already input_files[{first_position[file_id]}]; name each file once"
-            raise ApiError(400, message, param=where, code="duplicate_input_file")
-        first_position[file_id] = position
-        found = store.get_file(file_id, owner=caller.owner_filter)
-        if found is None:
-            raise ApiError(404, f"No file found with id {file_id!r}.", param=where, code="not_found")
-        if (why := input_files.refusal(found)) is not None:
-            raise ApiError(400, f"{where}: {why}", param=where, code="invalid_input_file")
-        files.append(found)
-    return files
 
 
 def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:
@@ -88,20 +70,9 @@ _LIST_PARAMS = frozenset(
 )
 
 
-def _exploded_metadata(request: Request) -> dict[str, str]:
-    """Mistral's metadata filter arrives form-exploded: every unknown query parameter."""
-    return {key: value for key, value in request.query_params.items() if key not in _LIST_PARAMS}
-
-
 @router.post("", response_model=BatchJobOut, summary="Create a batch job")
-def create_batch_job(
-    body: Annotated[CreateBatchJobRequest, Body()],
-    caller: CallerDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    trigger: TriggerDep,
-    _idempotency: IdempotencyDep = None,
-) -> BatchJobOut:
+def create_batch_job(body: Annotated[CreateBatchJobRequest, Body()], submitting: SubmittingDep) -> BatchJobOut:
+    caller, store, settings, trigger = submitting
     caller.require_submit()
     if body.agent_id is not None:
         raise ApiError(400, "agent_id is not supported: this system runs models, not agents; give model", param="agent_id")
@@ -111,11 +82,10 @@ def create_batch_job(
     check_model(body.model, {}, settings, param="model", endpoint=endpoint)
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
     if body.input_files:
-        files = _input_files(store, caller, body.input_files)
-        job_input = JobInput(file_ids=[f.id for f in files])
+        job_input = JobInput(file_ids=check_input_files(store, caller, body.input_files, "input_files"))
     else:
-        inline = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []), "inline-requests.jsonl")
-        job_input = JobInput(uri=inline.uri, inline=True, inline_file_id=inline.id)
+        job_input = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []),
+                                         "inline-requests.jsonl")
     request = JobRequest(
         dialect="mistral",
         endpoint=endpoint,
@@ -151,7 +121,8 @@ def list_batch_jobs(
     status: Annotated[list[MistralStatus] | None, Query()] = None,
     order_by: Literal["created", "-created"] = "-created",
 ) -> BatchJobList:
-    wanted_metadata = _exploded_metadata(request)
+    # Mistral's metadata filter arrives form-exploded: every unknown query parameter.
+    wanted_metadata = {key: value for key, value in request.query_params.items() if key not in _LIST_PARAMS}
     if metadata:
         try:
             given = orjson.loads(metadata)
@@ -166,7 +137,7 @@ def list_batch_jobs(
         created_after = created_after.replace(tzinfo=UTC)  # a time without zone is UTC
     jobs, total = store.list_jobs(
         owner=caller.name if created_by_me else caller.owner_filter,
-        statuses=_canonical(status) if status else None,
+        statuses={canonical for canonical, word in MISTRAL_STATUS.items() if word in status} if status else None,
         model=model,
         metadata={str(k): str(v) for k, v in wanted_metadata.items()} if wanted_metadata else None,
         created_after=created_after,
@@ -180,9 +151,7 @@ def list_batch_jobs(
 
 @router.get("/{job_id}", response_model=BatchJobOut, summary="Get a batch job")
 def get_batch_job(job_id: str, caller: CallerDep, store: StoreDep) -> BatchJobOut:
-    job = store.get_job(job_id, owner=caller.owner_filter)
-    if job is None:
-        raise not_found("batch job", job_id)
+    job = owned_job(store, job_id, caller.owner_filter, "batch job")
     return BatchJobOut.of(job, outputs=_outputs(store, job))
 
 
@@ -200,9 +169,7 @@ def cancel_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: 
 )
 def delete_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> DeleteBatchJobResponse:
     caller.require_submit()
-    job = store.get_job(job_id, owner=caller.owner_filter)
-    if job is None:
-        raise not_found("batch job", job_id)
+    job = owned_job(store, job_id, caller.owner_filter, "batch job")
     if not job.terminal:
         raise ApiError(409, f"batch job {job_id!r} is {MISTRAL_STATUS[job.status]}: cancel it first, then delete it "
                        "once it has ended", param="job_id", code="job_not_ended")

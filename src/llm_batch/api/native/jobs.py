@@ -15,16 +15,16 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Query
 
 from llm_batch.api.auth import Caller, CallerDep
-from llm_batch.api.cancellation import cancel_job
-from llm_batch.api.dag_trigger import TriggerDep
-from llm_batch.api.errors import ApiError, not_found
-from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
+from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.errors import ApiError
+from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
-from llm_batch.api.mistral.jobs import _input_files
 from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, JobList, JobOut
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.submission import (
+    SubmittingDep,
     check_endpoint,
+    check_input_files,
     check_model,
     check_output_target,
     check_user_path,
@@ -37,16 +37,14 @@ from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore import DuplicateId, InvalidCursor, Job, JobStore
+from llm_batch.infra.jobstore import DuplicateId, Job, JobStore
 from llm_batch.infra.model_registry import ModelError, job_model_config
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=IdempotentRoute)
 
 _KIND = "job"
 # The canonical status words, as a list filter takes them (a Literal: no separate enum schema).
-StatusWord = Literal["QUEUED", "VALIDATING", "RUNNING", "FINALIZING", "CANCELLING", "SUCCEEDED", "FAILED",
-                     "TIMEOUT_EXCEEDED", "CANCELLED"]
-assert set(StatusWord.__args__) == {s.value for s in JobStatus}
+StatusWord = Literal[tuple(s.value for s in JobStatus)]
 
 
 def _reattach(store: JobStore, caller: Caller, job_id: str) -> Job | None:
@@ -68,24 +66,9 @@ def _stored_model_config(model: str, model_config: dict[str, Any]) -> dict[str, 
         raise ApiError(400, str(exc), param=param, code="invalid_model_config") from None
 
 
-def _output_target(store: JobStore, caller: Caller, output_uri: str, labels: dict[str, Any]) -> None:
-    """check_output_target, its answer naming this route's field."""
-    try:
-        check_output_target(store, caller, output_uri, labels)
-    except ApiError as exc:
-        raise ApiError(exc.status_code, exc.message.replace("output_data_path", "output_uri"), param="output_uri",
-                       code=exc.code) from None
-
-
 @router.post("", response_model=JobOut, summary="Create a job (with `id`: idempotent, re-attaches to yours)")
-def create_job(
-    body: Annotated[CreateJob, Body()],
-    caller: CallerDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    trigger: TriggerDep,
-    _idempotency: IdempotencyDep = None,
-) -> JobOut:
+def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) -> JobOut:
+    caller, store, settings, trigger = submitting
     caller.require_submit()
     if body.id is not None and (existing := _reattach(store, caller, body.id)) is not None:
         return JobOut.of(existing)
@@ -106,21 +89,15 @@ def create_job(
         if output_uri == input_uri:
             raise ApiError(400, "output_uri is the input_uri: the results would overwrite the requests",
                            param="output_uri", code="invalid_output")
-        _output_target(store, caller, output_uri, labels)
+        check_output_target(store, caller, output_uri, labels, param="output_uri")
     # Every check is done: only now is anything written.
     if body.input_file_ids:
-        try:
-            files = _input_files(store, caller, body.input_file_ids)
-        except ApiError as exc:  # the Mistral check, naming this route's field
-            param = (exc.param or "").replace("input_files", "input_file_ids")
-            raise ApiError(exc.status_code, exc.message.replace("input_files[", "input_file_ids["), param=param,
-                           code=exc.code) from None
-        job_input = JobInput(file_ids=[f.id for f in files])
+        job_input = JobInput(file_ids=check_input_files(store, caller, body.input_file_ids, "input_file_ids"))
     elif input_uri is not None:
         job_input = JobInput(uri=input_uri, path=body.input_uri)
     else:
-        inline = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []), "inline-requests.jsonl")
-        job_input = JobInput(uri=inline.uri, inline=True, inline_file_id=inline.id)
+        job_input = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []),
+                                         "inline-requests.jsonl")
     request = JobRequest(
         dialect="airflow",
         endpoint=endpoint,
@@ -147,7 +124,8 @@ def create_job(
     return JobOut.of(job)
 
 
-def _label_pairs(labels: list[str]) -> dict[str, str]:
+def label_pairs(labels: list[str]) -> dict[str, str]:
+    """The ``label`` filter's ``key=value`` items as a dict; 400 naming a malformed one."""
     pairs = {}
     for index, item in enumerate(labels):
         key, sep, value = item.partition("=")
@@ -155,6 +133,22 @@ def _label_pairs(labels: list[str]) -> dict[str, str]:
             raise ApiError(400, f"label[{index}] {item!r} is not key=value", param="label", code="invalid_label")
         pairs[key] = value
     return pairs
+
+
+def labelled_jobs(store: JobStore, wanted: dict[str, str], *, limit: int, after: str | None, batch: int,
+                  **filters: Any) -> tuple[list[Job], bool, int]:
+    """Up to `limit` jobs matching `filters` (``JobStore.list_jobs``) that carry every `wanted`
+    label, read `batch` at a time (labels are matched page by page); whether more follow, and
+    how many match `filters` in all."""
+    found: list[Job] = []
+    cursor, matching = after, 0
+    while len(found) <= limit:
+        page, matching = store.list_jobs(limit=batch, after=cursor, **filters)
+        found += [j for j in page if all(k in j.labels and str(j.labels[k]) == v for k, v in wanted.items())]
+        if len(page) < batch:
+            break
+        cursor = page[-1].id
+    return found[:limit], len(found) > limit, matching
 
 
 @router.get("", response_model=JobList, summary="List jobs, newest first")
@@ -174,35 +168,18 @@ def list_jobs(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Jobs per page, 1-1000")] = 100,
 ) -> JobList:
-    wanted = _label_pairs(label or [])
-    if caller.is_admin:
-        owner_filter = owner
-    else:
-        owner_filter = caller.name
-        if owner is not None and owner != caller.name:
-            return JobList(data=[], next_cursor=None, has_more=False)
-    found: list[Job] = []
-    cursor, batch = after, min(MAX_PAGE_SIZE, max(limit + 1, 100))
-    while len(found) <= limit:
-        try:
-            page, _ = store.list_jobs(owner=owner_filter, statuses=status, model=model, limit=batch, after=cursor)
-        except InvalidCursor as exc:
-            raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
-        found += [j for j in page if all(k in j.labels and str(j.labels[k]) == v for k, v in wanted.items())]
-        if len(page) < batch:
-            break
-        cursor = page[-1].id
-    has_more = len(found) > limit
-    data = found[:limit]
+    wanted = label_pairs(label or [])
+    if not caller.is_admin and owner not in (None, caller.name):
+        return JobList(data=[], next_cursor=None, has_more=False)
+    data, has_more, _ = labelled_jobs(
+        store, wanted, limit=limit, after=after, batch=min(MAX_PAGE_SIZE, max(limit + 1, 100)),
+        owner=owner if caller.is_admin else caller.name, statuses=status, model=model)
     return JobList(data=[JobOut.of(j) for j in data], next_cursor=data[-1].id if has_more else None, has_more=has_more)
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job")
 def get_job(job_id: str, caller: CallerDep, store: StoreDep) -> JobOut:
-    job = store.get_job(job_id, owner=caller.owner_filter)
-    if job is None:
-        raise not_found(_KIND, job_id)
-    return JobOut.of(job)
+    return JobOut.of(owned_job(store, job_id, caller.owner_filter, _KIND))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (idempotent; an ended job is answered as it is)")

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.api.file_models import epoch
+from llm_batch.api.mistral.models import InlineRequest
 from llm_batch.api.scale.models import GpuType
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
@@ -20,21 +21,8 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 __all__ = ["JOB_ID_PATTERN", "CreateJob", "JobList", "JobOut", "JobRequestItem"]
 
 
-class JobRequestItem(BaseModel):
+class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline request
     """One inline request of a job. No other field is allowed (422)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    custom_id: str | None = Field(
-        default=None,
-        max_length=512,
-        description="Your id for the request, carried by its result or error line; default: its 0-based position "
-        "in `requests`, as a string",
-    )
-    body: dict[str, Any] = Field(
-        description="The request body for the job's endpoint (e.g. `messages`, `max_tokens`); checked per request "
-        "by the job's validation (a bad one is an error line, not a refused job). A `model` in it is not used"
-    )
 
 
 class CreateJob(BaseModel):

@@ -2,7 +2,7 @@
 
 An endpoint gets its owner's job-end events (every dialect's jobs) as OpenAI's batch events,
 signed with Standard Webhooks; the secret is shown once, in the create answer. The same
-endpoints are OpenAI's ``/v1/webhook_endpoints`` (routers/openai_webhooks.py); the rules of
+endpoints are OpenAI's ``/v1/webhook_endpoints`` (openai/webhooks.py); the rules of
 both are in webhook_endpoints.py. Admins see and manage every owner's endpoints."""
 
 from __future__ import annotations

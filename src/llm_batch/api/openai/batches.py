@@ -8,10 +8,9 @@ import orjson
 from fastapi import APIRouter, Body, Query
 
 from llm_batch.api.auth import CallerDep
-from llm_batch.api.cancellation import cancel_job
-from llm_batch.api.dag_trigger import TriggerDep
-from llm_batch.api.errors import ApiError, not_found
-from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
+from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.errors import ApiError
+from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.openai.models import (
     COMPLETION_WINDOW_SECONDS,
@@ -22,14 +21,13 @@ from llm_batch.api.openai.models import (
     CreateBatchRequest,
 )
 from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch.api.submission import check_endpoint, check_model, model_registry, submit
+from llm_batch.api.submission import SubmittingDep, check_endpoint, check_model, model_registry, submit
 from llm_batch.api.uploads import expiry
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput, ModerationShape
 from llm_batch.core.job_request import JobRequest
 from llm_batch.infra import input_files, storage
-from llm_batch.infra.jobstore import InvalidCursor
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)
 
@@ -71,14 +69,8 @@ def _output_expiry(settings, body: CreateBatchRequest) -> int | None:
 
 
 @router.post("", response_model=BatchOut, summary="Create a batch from an uploaded JSONL file")
-def create_batch(
-    body: Annotated[CreateBatchRequest, Body()],
-    caller: CallerDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    trigger: TriggerDep,
-    _idempotency: IdempotencyDep = None,
-) -> BatchOut:
+def create_batch(body: Annotated[CreateBatchRequest, Body()], submitting: SubmittingDep) -> BatchOut:
+    caller, store, settings, trigger = submitting
     caller.require_submit()
     check_owner_limits(store, settings, caller, new_jobs=1)
     endpoint = check_endpoint(body.endpoint)
@@ -112,10 +104,7 @@ def list_batches(
     after: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_OPENAI_PAGE_SIZE)] = 20,
 ) -> BatchList:
-    try:
-        jobs, total = store.list_jobs(owner=caller.owner_filter, dialect="openai", limit=limit + 1, after=after)
-    except InvalidCursor as exc:
-        raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
+    jobs, _ = store.list_jobs(owner=caller.owner_filter, dialect="openai", limit=limit + 1, after=after)
     data = [BatchOut.of(j) for j in jobs[:limit]]
     return BatchList(
         data=data,
@@ -127,10 +116,7 @@ def list_batches(
 
 @router.get("/{batch_id}", response_model=BatchOut, summary="Get a batch")
 def get_batch(batch_id: str, caller: CallerDep, store: StoreDep) -> BatchOut:
-    job = store.get_job(batch_id, owner=caller.owner_filter)
-    if job is None:
-        raise not_found("batch", batch_id)
-    return BatchOut.of(job)
+    return BatchOut.of(owned_job(store, batch_id, caller.owner_filter, "batch"))
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchOut, summary="Cancel a batch")

@@ -107,8 +107,6 @@ class InputTokensDetails(BaseModel):
 class OutputTokensDetails(BaseModel):
     """Details of the generated tokens."""
 
-    # Hidden reasoning tokens: 0 unless the output lines count some (the engine returns
-    # every token it generates as output).
     reasoning_tokens: int = Field(
         default=0,
         description="Hidden reasoning tokens: 0 unless the output lines count some (the engine returns every "

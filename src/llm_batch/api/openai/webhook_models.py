@@ -2,7 +2,7 @@
 openai SDK's types being the contract (``openai.types.webhooks``: ``WebhookEndpoint``,
 ``WebhookEndpointWithSecret``, ``WebhookEndpointList``, ``DeletedWebhookEndpoint``,
 ``WebhookEndpointTestResult``, ``WebhookEventTypeList``). An endpoint's ``name`` is the
-``description`` of our own route's shape (models_webhooks.py): one resource, two spellings."""
+``description`` of our own route's shape (native/webhook_models.py): one resource, two spellings."""
 
 from __future__ import annotations
 

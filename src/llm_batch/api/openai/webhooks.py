@@ -1,6 +1,6 @@
 """OpenAI's webhook endpoints API, as the openai SDK's ``client.webhooks`` calls it:
 ``/v1/webhook_endpoints`` (create, retrieve, update, list, delete, rotate_secret, test) and
-``/v1/webhook_event_types``, in the SDK's shapes (models_openai_webhooks.py) and OpenAI's
+``/v1/webhook_event_types``, in the SDK's shapes (openai/webhook_models.py) and OpenAI's
 error shape. The endpoints are the same as ``/v1/webhooks``' (webhook_endpoints.py says why
 one resource serves both paths)."""
 
@@ -27,7 +27,6 @@ from llm_batch.api.openai.webhook_models import (
     WebhookTestParams,
 )
 from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StateDep, StoreDep
-from llm_batch.infra.jobstore import InvalidCursor
 from llm_batch.infra.jobstore.webhooks import EVENT_TYPES
 
 router = APIRouter(tags=["webhooks"])
@@ -58,10 +57,7 @@ def list_webhook_endpoints(
     after: Annotated[str | None, Query(max_length=128, description="The last endpoint id of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_OPENAI_PAGE_SIZE, description="At most this many endpoints")] = 20,
 ) -> OpenAIWebhookEndpointList:
-    try:
-        endpoints, has_more = store.page_webhook_endpoints(caller.owner_filter, limit=limit, after=after)
-    except InvalidCursor as exc:
-        raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
+    endpoints, has_more = store.page_webhook_endpoints(caller.owner_filter, limit=limit, after=after)
     data = [OpenAIWebhookEndpoint.of(e) for e in endpoints]
     return OpenAIWebhookEndpointList(data=data, has_more=has_more, first_id=data[0].id if data else None,
                                      last_id=data[-1].id if data else None)

@@ -18,7 +18,7 @@ from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.uploads import delete_file, expiry, form_expires_after, read_content, save_upload
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import FileObject, InvalidCursor
+from llm_batch.infra.jobstore import FileObject
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=IdempotentRoute)
 
@@ -82,18 +82,15 @@ def list_files(
     page_size: Annotated[int | None, Query(ge=1, le=MAX_PAGE_SIZE)] = None,
 ) -> FileList:
     size = limit or page_size or 100
-    try:
-        files, total = store.list_files(
-            owner=caller.owner_filter,
-            purpose=purpose if purpose != "batch_output" else None,
-            kind="output" if purpose == "batch_output" else None,
-            order_by="created_at" if order == "asc" else "-created_at",
-            limit=size,
-            offset=0 if after else page * size,
-            after=after,
-        )
-    except InvalidCursor as exc:
-        raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
+    files, total = store.list_files(
+        owner=caller.owner_filter,
+        purpose=purpose if purpose != "batch_output" else None,
+        kind="output" if purpose == "batch_output" else None,
+        order_by="created_at" if order == "asc" else "-created_at",
+        limit=size,
+        offset=0 if after else page * size,
+        after=after,
+    )
     data = [FileOut.of(f) for f in files]
     shown_before = 0 if after else page * size
     return FileList(

@@ -24,12 +24,12 @@ from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from llm_batch.api.auth import Caller, CallerDep, _auth_manager
-from llm_batch.api.cancellation import cancel_job
-from llm_batch.api.errors import ApiError, not_found
+from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.native.jobs import label_pairs, labelled_jobs
 from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import InvalidCursor, Job, JobStore
+from llm_batch.infra.jobstore import Job, JobStore
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
 ERROR_LINES = 20  # first lines of the error file shown on the detail
@@ -92,16 +92,6 @@ async def session(request: Request, caller: CallerDep) -> dict[str, Any]:
             "dag_id": DAG_ID, "statuses": [s.value for s in JobStatus]}
 
 
-def _label_pairs(labels: list[str]) -> dict[str, str]:
-    pairs = {}
-    for item in labels:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ApiError(400, f"label {item!r} is not key=value", param="label", code="invalid_label")
-        pairs[key] = value
-    return pairs
-
-
 @router.get("/api/jobs")
 def list_jobs(
     caller: CallerDep,
@@ -116,28 +106,13 @@ def list_jobs(
     """One page of jobs, newest first (keyset paging: ``after`` = the previous ``next_after``).
     ``total`` counts every match (unknown, null, with a label filter: labels are matched
     page by page)."""
-    wanted = _label_pairs(label or [])
-    owner_filter = owner if caller.is_admin else caller.name
+    wanted = label_pairs(label or [])
     if not caller.is_admin and owner not in (None, "", caller.name):
         return {"jobs": [], "total": 0, "next_after": None}
-    owner_filter = owner_filter or None
-    found: list[Job] = []
-    cursor, batch = after, (limit + 1 if not wanted else MAX_PAGE_SIZE)
-    total: int | None = None
-    while len(found) <= limit:
-        try:
-            page, matching = store.list_jobs(owner=owner_filter, statuses=status, model=model or None,
-                                             limit=batch, after=cursor)
-        except InvalidCursor as exc:
-            raise ApiError(400, str(exc), param="after", code="invalid_cursor") from None
-        total = None if wanted else matching
-        found += [j for j in page if all(k in j.labels and str(j.labels[k]) == v for k, v in wanted.items())]
-        if len(page) < batch:
-            break
-        cursor = page[-1].id
-    has_more = len(found) > limit
-    shown = found[:limit]
-    return {"jobs": [_summary(caller, j) for j in shown], "total": total,
+    shown, has_more, matching = labelled_jobs(
+        store, wanted, limit=limit, after=after, batch=MAX_PAGE_SIZE if wanted else limit + 1,
+        owner=(owner if caller.is_admin else caller.name) or None, statuses=status, model=model or None)
+    return {"jobs": [_summary(caller, j) for j in shown], "total": None if wanted else matching,
             "next_after": shown[-1].id if has_more else None}
 
 
@@ -175,9 +150,7 @@ def _links(job: Job) -> dict[str, str] | None:
 
 
 def _detail(store: JobStore, caller: Caller, job_id: str) -> dict[str, Any]:
-    job = store.get_job(job_id, owner=caller.owner_filter)
-    if job is None:
-        raise not_found("job", job_id)
+    job = owned_job(store, job_id, caller.owner_filter, "job")
     history = [{"at": _iso(p.at), "total": p.total, "completed": p.completed, "succeeded": p.succeeded,
                 "failed": p.failed, "tokens_per_s": p.tokens_per_s}
                for p in store.progress_history(job.id)]

@@ -11,10 +11,10 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body
 
 from llm_batch.api.auth import Caller, CallerDep
-from llm_batch.api.cancellation import cancel_job
-from llm_batch.api.dag_trigger import TriggerDep, reprioritize_waiting_tasks
-from llm_batch.api.errors import ApiError, not_found
-from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
+from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.dag_trigger import reprioritize_waiting_tasks
+from llm_batch.api.errors import ApiError
+from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.scale.models import (
     BatchCompletionsJob,
@@ -29,6 +29,7 @@ from llm_batch.api.scale.models import (
 )
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.submission import (
+    SubmittingDep,
     check_model,
     check_output_target,
     check_user_path,
@@ -180,14 +181,9 @@ def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
 
 
 @router.post("", response_model=BatchCompletionsJob, summary="Create a batch completions job")
-def create_batch_completions(
-    body: Annotated[CreateBatchCompletionsRequest, Body()],
-    caller: CallerDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    trigger: TriggerDep,
-    _idempotency: IdempotencyDep = None,
-) -> BatchCompletionsJob:
+def create_batch_completions(body: Annotated[CreateBatchCompletionsRequest, Body()],
+                             submitting: SubmittingDep) -> BatchCompletionsJob:
+    caller, store, settings, trigger = submitting
     caller.require_submit()
     if body.tool_config is not None:
         raise ApiError(400, "tool_config is not supported: this system runs no tools", param="tool_config")
@@ -218,14 +214,10 @@ def create_batch_completions(
         model_config = _check_model(body, model_config, endpoint, settings, caller)
         check_output_target(store, caller, output_uri, labels)
         content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
-        inline = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")], "inline-content.json")
-        job_input = JobInput(uri=inline.uri, inline=True, inline_file_id=inline.id,
-                             output_format=OutputFormat.JSON_ARRAY)
-    resources = {
-        key: value
-        for key, value in body.model_dump(include={"gpus", "gpu_type", "nodes_per_worker", "cpus", "memory", "storage"}).items()
-        if value is not None
-    }
+        job_input = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")],
+                                         "inline-content.json", output_format=OutputFormat.JSON_ARRAY)
+    resources = body.model_dump(include={"gpus", "gpu_type", "nodes_per_worker", "cpus", "memory", "storage"},
+                                exclude_none=True)
     request = JobRequest(
         dialect="scale",
         endpoint=endpoint,
@@ -246,15 +238,9 @@ def create_batch_completions(
 
 
 @v1_router.post("", response_model=CreateBatchCompletionsV1Response, summary="Create a job (Scale v1 client)")
-def create_batch_completions_v1(
-    body: Annotated[CreateBatchCompletionsRequest, Body()],
-    caller: CallerDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    trigger: TriggerDep,
-    _idempotency: IdempotencyDep = None,
-) -> CreateBatchCompletionsV1Response:
-    job = create_batch_completions(body, caller, store, settings, trigger)
+def create_batch_completions_v1(body: Annotated[CreateBatchCompletionsRequest, Body()],
+                                submitting: SubmittingDep) -> CreateBatchCompletionsV1Response:
+    job = create_batch_completions(body, submitting)
     return CreateBatchCompletionsV1Response(job_id=job.job_id)
 
 
@@ -268,9 +254,7 @@ def list_batch_completions(caller: CallerDep, store: StoreDep, settings: Setting
 def get_batch_completion(
     batch_completion_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep
 ) -> GetBatchCompletionResponse:
-    job = store.get_job(batch_completion_id, owner=caller.owner_filter)
-    if job is None:
-        raise not_found("batch completion", batch_completion_id)
+    job = owned_job(store, batch_completion_id, caller.owner_filter, "batch completion")
     return GetBatchCompletionResponse(job=_job_out(settings, job))
 
 
@@ -288,9 +272,7 @@ def update_batch_completion(
     """The new priority is the job's, and its run's tasks that have not started take it
     (queued shards move up or down the pool's queue); running shards keep theirs."""
     caller.require_submit()
-    job = store.get_job(batch_completion_id, owner=caller.owner_filter)
-    if job is None:
-        raise not_found("batch completion", batch_completion_id)
+    job = owned_job(store, batch_completion_id, caller.owner_filter, "batch completion")
     if body.priority is not None:
         weight = priority_weight(settings, body.priority)
         job = store.set_priority(job.id, weight, owner=caller.owner_filter)

@@ -257,15 +257,6 @@ def scale_metadata(job: Job) -> dict[str, Any]:
         "failed_requests": job.failed,
         "reason": job.status_reason or None,
         # Usage (Scale's job has no field for it): live while it runs, exact once merged.
-        **usage_metadata(job),
-    }
-    return {**{str(k): str(v) for k, v in (job.labels or {}).items()},
-            **{k: v for k, v in counts.items() if v is not None}}
-
-
-def usage_metadata(job: Job) -> dict[str, Any]:
-    """Tokens, engine and GPU seconds (engine seconds x gpus) and the live output rate."""
-    return {
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": job.completion_tokens,
         "cached_prompt_tokens": job.cached_prompt_tokens,  # left out while unknown
@@ -273,6 +264,8 @@ def usage_metadata(job: Job) -> dict[str, Any]:
         "gpu_seconds": round(job.engine_seconds * int((job.resources or {}).get("gpus") or 1), 1),
         "tokens_per_second": job.tokens_per_s,
     }
+    return {**{str(k): str(v) for k, v in (job.labels or {}).items()},
+            **{k: v for k, v in counts.items() if v is not None}}
 
 
 class GetBatchCompletionResponse(BaseModel):
