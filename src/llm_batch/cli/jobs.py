@@ -216,18 +216,18 @@ def _wait_and_report(client: BatchClient, job: JobView) -> int:
 
 def _follow(client: BatchClient, job: JobView) -> JobView:
     """Poll the job with a progress bar (requests done/total, tokens/s) until it ends."""
+    from rich.console import Console  # heavy
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # heavy
 
-    tokens = ShardTokens(job.id)
     columns = (
         TextColumn("[bold]{task.fields[status]:<16}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("requests  {task.fields[rate]}"), TimeElapsedColumn(),
     )
-    with Progress(*columns, console=_stderr_console(), transient=False) as progress:
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
         bar = progress.add_task("job", total=None, status=job.status, rate="")
 
         def update(current: JobView) -> None:
-            rate = tokens.rate()
+            rate = _tokens_per_s(job.id)
             progress.update(
                 bar, completed=current.completed, total=current.total or None, status=current.status,
                 rate=f"{rate:,.0f} tokens/s" if rate is not None else "",
@@ -236,30 +236,25 @@ def _follow(client: BatchClient, job: JobView) -> JobView:
         return client.wait(job.id, poll=1.0, on_update=update)
 
 
-class ShardTokens:
+def _tokens_per_s(job_id: str) -> float | None:
     """Generated tokens/s of a running job, from its shards' progress objects. Readable when
     the CLI shares storage with the server (the embedded stack); None otherwise."""
+    try:
+        from llm_batch.pipeline.sharding import read_manifest  # heavy
+        from llm_batch.pipeline.steps import layout_of  # heavy
 
-    def __init__(self, job_id: str):
-        self.job_id = job_id
-
-    def rate(self) -> float | None:
-        try:
-            from llm_batch.pipeline.sharding import read_manifest  # heavy
-            from llm_batch.pipeline.steps import layout_of  # heavy
-
-            manifest = read_manifest(layout_of(get_settings(), self.job_id))
-            rates = []
-            for shard in manifest.shards:
-                try:
-                    progress = read_progress(shard.progress_uri)
-                except Exception:  # noqa: BLE001 (not started yet: no progress object)
-                    continue
-                if progress.state == ShardState.RUNNING:
-                    rates.append(progress.tokens_per_s)
-            return sum(rates) if rates else None
-        except Exception:  # noqa: BLE001 (advisory: no manifest yet, remote storage, ...)
-            return None
+        manifest = read_manifest(layout_of(get_settings(), job_id))
+        rates = []
+        for shard in manifest.shards:
+            try:
+                progress = read_progress(shard.progress_uri)
+            except Exception:  # noqa: BLE001 (not started yet: no progress object)
+                continue
+            if progress.state == ShardState.RUNNING:
+                rates.append(progress.tokens_per_s)
+        return sum(rates) if rates else None
+    except Exception:  # noqa: BLE001 (advisory: no manifest yet, remote storage, ...)
+        return None
 
 
 def _describe(job: JobView) -> None:
@@ -284,10 +279,4 @@ def _when(epoch: int | None) -> str:
     if not epoch:
         return "-"
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _stderr_console():
-    from rich.console import Console  # heavy
-
-    return Console(stderr=True)
 

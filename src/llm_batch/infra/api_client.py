@@ -391,9 +391,6 @@ class BatchClient:
     def webhooks(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/webhooks")["data"]
 
-    def webhook(self, endpoint_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/webhooks/{endpoint_id}")
-
     def delete_webhook(self, endpoint_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/v1/webhooks/{endpoint_id}")
 
@@ -406,10 +403,6 @@ class BatchClient:
         return self._call("GET", f"/v1/webhooks/{endpoint_id}/attempts", params={"limit": limit})["data"]
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def submit_key(path: Path, **arguments: Any) -> str:
     """The ``Idempotency-Key`` of submitting `path` with `arguments` (BatchClient.submit's):
     ``llm-batch-cli:`` + sha256 of the file's sha256 and the arguments, so the same command
@@ -419,7 +412,7 @@ def submit_key(path: Path, **arguments: Any) -> str:
         while chunk := data.read(1 << 20):
             content.update(chunk)
     given = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
-    return f"llm-batch-cli:{_digest(content.hexdigest() + ':' + given.decode())}"
+    return f"llm-batch-cli:{hashlib.sha256(content.hexdigest().encode() + b':' + given).hexdigest()}"
 
 
 def _transient(outcome: Any) -> bool:

@@ -19,7 +19,7 @@ from sqlalchemy import Row, select, update
 
 from llm_batch.core import owners
 from llm_batch.infra.jobstore.errors import ApiKeyNotFound
-from llm_batch.infra.jobstore.paging import owned
+from llm_batch.infra.jobstore.paging import matching, owned
 from llm_batch.infra.jobstore.repository import Repository, utcnow
 from llm_batch.infra.jobstore.snapshots import ApiKey
 from llm_batch.infra.jobstore.tables import API_KEYS, ENDPOINTS, FILES, JOBS
@@ -69,7 +69,6 @@ class ApiKeyRepository(Repository):
             sha256=_sha256(plaintext),
             is_admin=is_admin,
             created_at=utcnow(),
-            revoked_at=None,
         )
         return _api_key(self._insert(API_KEYS, values, _API_KEY_COLUMNS)), plaintext
 
@@ -111,9 +110,7 @@ class ApiKeyRepository(Repository):
             return _api_key(row)
 
     def list_api_keys(self, owner: str | None = None, include_revoked: bool = False) -> list[ApiKey]:
-        filters = [API_KEYS.c.owner == owner] if owner is not None else []
+        filters = matching(API_KEYS, owner=owner)
         if not include_revoked:
             filters.append(API_KEYS.c.revoked_at.is_(None))
-        with self._transaction(write=False) as connection:
-            rows = connection.execute(select(*_API_KEY_COLUMNS).where(*filters).order_by(API_KEYS.c.created_at))
-            return [_api_key(r) for r in rows]
+        return self._read_all(select(*_API_KEY_COLUMNS).where(*filters).order_by(API_KEYS.c.created_at), _api_key)

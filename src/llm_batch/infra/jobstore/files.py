@@ -15,7 +15,7 @@ from typing import Protocol
 from sqlalchemy import Row, select, update
 
 from llm_batch.infra.jobstore.errors import FileNotFound
-from llm_batch.infra.jobstore.paging import check_page, ordering, owned, page
+from llm_batch.infra.jobstore.paging import check_page, matching, ordering, owned, page
 from llm_batch.infra.jobstore.repository import Repository, require_aware, utcnow
 from llm_batch.infra.jobstore.snapshots import FILE_KINDS, FileObject
 from llm_batch.infra.jobstore.tables import FILES
@@ -81,7 +81,6 @@ class FileRepository(Repository):
             job_id=job_id,
             created_at=created_at,
             expires_at=expires_at,
-            deleted_at=None,
         )
         return _file(self._insert(FILES, values, FILES.c))
 
@@ -90,9 +89,7 @@ class FileRepository(Repository):
         filters = owned(FILES, file_id, owner)
         if not include_deleted:
             filters.append(FILES.c.deleted_at.is_(None))
-        with self._transaction(write=False) as connection:
-            row = connection.execute(select(FILES).where(*filters)).one_or_none()
-            return _file(row) if row is not None else None
+        return self._read_one(select(FILES).where(*filters), _file)
 
     def list_files(
         self,
@@ -111,8 +108,7 @@ class FileRepository(Repository):
         check_page(limit, offset)
         require_aware(created_before=created_before)
         order = ordering(FILES, order_by, _FILE_ORDER_COLUMNS)
-        given = {"owner": owner, "purpose": purpose, "kind": kind, "job_id": job_id}
-        filters = [FILES.c[name] == value for name, value in given.items() if value is not None]
+        filters = matching(FILES, owner=owner, purpose=purpose, kind=kind, job_id=job_id)
         if created_before is not None:
             filters.append(FILES.c.created_at < created_before)
         if not include_deleted:
@@ -142,5 +138,4 @@ class FileRepository(Repository):
             .order_by(FILES.c.expires_at, FILES.c.id)
             .limit(limit)
         )
-        with self._transaction(write=False) as connection:
-            return [_file(r) for r in connection.execute(query)]
+        return self._read_all(query, _file)

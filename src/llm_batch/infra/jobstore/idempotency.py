@@ -13,11 +13,10 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy import delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import ColumnElement, Row, delete, select, update
 
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate
-from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, utcnow
+from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, upsert, utcnow
 from llm_batch.infra.jobstore.tables import IDEMPOTENCY_KEYS
 
 
@@ -35,6 +34,14 @@ class IdempotencyRecord:
     content_type: str | None
     response_body: str | None
     completed_at: datetime | None
+
+
+def _record(row: Row) -> IdempotencyRecord:
+    return IdempotencyRecord(**row._asdict())
+
+
+def _key(owner: str, key: str) -> list[ColumnElement[bool]]:
+    return [IDEMPOTENCY_KEYS.c.owner == owner, IDEMPOTENCY_KEYS.c.key == key]
 
 
 class IdempotencyKeys(Protocol):
@@ -60,42 +67,38 @@ class IdempotencyRepository(Repository):
         (``(False, record)``: pending while its ``status_code`` is None, else completed).
 
         Exactly one of many concurrent callers gets True: the INSERT hits the primary key
-        (owner, key). A pending reservation older than `lease` (its request never finished)
-        is taken over by a compare-and-set on ``locked_at``; the route and fingerprint become
-        the new request's."""
+        (owner, key) and does nothing. A pending reservation older than `lease` (its request
+        never finished) is taken over by a compare-and-set on ``locked_at``; the route and
+        fingerprint become the new request's."""
         now = now or utcnow()
         require_aware(now=now)
-        values = dict(owner=owner, key=key, route=route, fingerprint=fingerprint, created_at=now, locked_at=now,
-                      status_code=None, content_type=None, response_body=None, completed_at=None)
+        values = dict(owner=owner, key=key, route=route, fingerprint=fingerprint, created_at=now, locked_at=now)
         for _ in range(CAS_ATTEMPTS):
-            try:
-                with self._transaction(write=True) as connection:
-                    row = connection.execute(insert(IDEMPOTENCY_KEYS).values(**values).returning(*IDEMPOTENCY_KEYS.c)).one()
-                return True, IdempotencyRecord(**row._asdict())
-            except IntegrityError:
-                pass
             with self._transaction(write=True) as connection:
-                c = IDEMPOTENCY_KEYS.c
-                row = connection.execute(select(IDEMPOTENCY_KEYS).where(c.owner == owner, c.key == key)).one_or_none()
+                inserted = connection.execute(
+                    upsert(connection, IDEMPOTENCY_KEYS).values(**values).on_conflict_do_nothing()
+                    .returning(*IDEMPOTENCY_KEYS.c)
+                ).one_or_none()
+                if inserted is not None:
+                    return True, _record(inserted)
+                row = connection.execute(select(IDEMPOTENCY_KEYS).where(*_key(owner, key))).one_or_none()
                 if row is None:
                     continue  # released in between: try the insert again
                 if row.status_code is not None or row.locked_at > now - lease:
-                    return False, IdempotencyRecord(**row._asdict())
+                    return False, _record(row)
+                c = IDEMPOTENCY_KEYS.c
                 taken = connection.execute(
                     update(IDEMPOTENCY_KEYS)
-                    .where(c.owner == owner, c.key == key, c.status_code.is_(None), c.locked_at == row.locked_at)
+                    .where(*_key(owner, key), c.status_code.is_(None), c.locked_at == row.locked_at)
                     .values(route=route, fingerprint=fingerprint, locked_at=now, created_at=now)
                     .returning(*IDEMPOTENCY_KEYS.c)
                 ).one_or_none()
                 if taken is not None:
-                    return True, IdempotencyRecord(**taken._asdict())
+                    return True, _record(taken)
         raise ConcurrentUpdate(f"idempotency key {key!r}: kept changing under {CAS_ATTEMPTS} attempts")
 
     def get_idempotency_key(self, owner: str, key: str) -> IdempotencyRecord | None:
-        c = IDEMPOTENCY_KEYS.c
-        with self._transaction(write=False) as connection:
-            row = connection.execute(select(IDEMPOTENCY_KEYS).where(c.owner == owner, c.key == key)).one_or_none()
-            return IdempotencyRecord(**row._asdict()) if row is not None else None
+        return self._read_one(select(IDEMPOTENCY_KEYS).where(*_key(owner, key)), _record)
 
     def complete_idempotency_key(
         self, owner: str, key: str, locked_at: datetime, status_code: int, content_type: str | None, body: str
@@ -106,7 +109,7 @@ class IdempotencyRepository(Repository):
         with self._transaction(write=True) as connection:
             done = connection.execute(
                 update(IDEMPOTENCY_KEYS)
-                .where(c.owner == owner, c.key == key, c.locked_at == locked_at, c.status_code.is_(None))
+                .where(*_key(owner, key), c.locked_at == locked_at, c.status_code.is_(None))
                 .values(status_code=status_code, content_type=content_type, response_body=body, completed_at=utcnow())
             )
             return done.rowcount == 1
@@ -116,9 +119,7 @@ class IdempotencyRepository(Repository):
         c = IDEMPOTENCY_KEYS.c
         with self._transaction(write=True) as connection:
             connection.execute(
-                delete(IDEMPOTENCY_KEYS).where(
-                    c.owner == owner, c.key == key, c.locked_at == locked_at, c.status_code.is_(None)
-                )
+                delete(IDEMPOTENCY_KEYS).where(*_key(owner, key), c.locked_at == locked_at, c.status_code.is_(None))
             )
 
     def delete_idempotency_keys(self, created_before: datetime) -> int:

@@ -1,9 +1,7 @@
 """Jobs: their records, status moves and counters (the ``jobs`` table).
 
-Every public method is one transaction and returns ``snapshots.Job``, never a live row.
-``get_job`` returns None for an unknown (or not-owned) id; mutators raise ``JobNotFound``.
-``owner=None`` means "any owner" (admins, the DAG); a given owner restricts the call to that
-owner's rows, so someone else's id looks exactly like a missing one.
+The store's rules (``store.py``) hold: ``get_job`` returns None for an unknown (or not-owned)
+id, mutators raise ``JobNotFound``, ``owner=None`` means "any owner".
 
 Concurrency: status moves are compare-and-set (``UPDATE ... WHERE id=? AND status=?``,
 re-read and retried when another writer won), counters are SQL increments, so many shard
@@ -19,13 +17,12 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import Row, delete, select, update
-from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.core.endpoints import parse_endpoint
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus, check_transition
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
-from llm_batch.infra.jobstore.paging import check_page, ordering, owned, page
+from llm_batch.infra.jobstore.paging import check_page, given, matching, ordering, owned, page
 from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, require_non_negative, utcnow
 from llm_batch.infra.jobstore.snapshots import DIALECTS, Job
 from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
@@ -45,7 +42,6 @@ _STATUS_TIMESTAMPS: dict[JobStatus, tuple[str, ...]] = {
     JobStatus.CANCELLED: ("cancelled_at", "completed_at"),
 }
 _JOB_ORDER_COLUMNS = {"created_at", "updated_at", "priority"}
-_COUNTERS = ("total", "completed", "succeeded", "failed")
 
 
 def new_job_id() -> str:
@@ -197,12 +193,7 @@ class JobRepository(Repository):
             status=JobStatus.QUEUED.value,
             created_at=created_at,
             updated_at=created_at,
-            errors=[],
-            total=0,
-            completed=0,
-            succeeded=0,
-            failed=0,
-        )
+        )  # the errors, counters and usage start at the columns' defaults (empty, 0)
         return job_snapshot(self._insert(JOBS, values, JOBS.c))
 
     def create_requested_job(self, request: JobRequest, owner: str, *, dag_run_id: str | None = None) -> Job:
@@ -217,9 +208,7 @@ class JobRepository(Repository):
 
     def get_job(self, job_id: str, owner: str | None = None) -> Job | None:
         """The job, or None if it does not exist or belongs to another owner."""
-        with self._transaction(write=False) as connection:
-            row = connection.execute(select(JOBS).where(*owned(JOBS, job_id, owner))).one_or_none()
-            return job_snapshot(row) if row is not None else None
+        return self._read_one(select(JOBS).where(*owned(JOBS, job_id, owner)), job_snapshot)
 
     def list_jobs(
         self,
@@ -247,15 +236,9 @@ class JobRepository(Repository):
         require_aware(created_after=created_after, expires_before=expires_before)
         order = ordering(JOBS, order_by, _JOB_ORDER_COLUMNS)
         c = JOBS.c
-        filters: list[ColumnElement[bool]] = []
-        if owner is not None:
-            filters.append(c.owner == owner)
+        filters = matching(JOBS, owner=owner, model=model, dialect=dialect)
         if statuses is not None:
             filters.append(c.status.in_([JobStatus(s).value for s in statuses]))
-        if model is not None:
-            filters.append(c.model == model)
-        if dialect is not None:
-            filters.append(c.dialect == dialect)
         if created_after is not None:
             filters.append(c.created_at > created_after)
         if expires_before is not None:
@@ -327,8 +310,7 @@ class JobRepository(Repository):
     ) -> Job:
         """Overwrite the given counters (None leaves one as it is). ``invalid``: the lines
         that failed validation, the base of the live counts (see report_shard)."""
-        given = (total, completed, succeeded, failed, invalid)
-        values = {k: v for k, v in zip((*_COUNTERS, "invalid"), given) if v is not None}
+        values = given(total=total, completed=completed, succeeded=succeeded, failed=failed, invalid=invalid)
         require_non_negative(values)
         return self._update_job(job_id, **values)
 
@@ -351,7 +333,7 @@ class JobRepository(Repository):
     ) -> Job:
         """Add to the counters atomically in SQL (``completed = completed + n``): safe when
         many workers report at once."""
-        deltas = dict(zip(_COUNTERS, (total, completed, succeeded, failed)))
+        deltas = dict(total=total, completed=completed, succeeded=succeeded, failed=failed)
         return self._update_job(job_id, **{name: JOBS.c[name] + delta for name, delta in deltas.items() if delta})
 
     def set_outputs(
@@ -366,14 +348,9 @@ class JobRepository(Repository):
     ) -> Job:
         """Record where the results went and the error summary ([{code, message, count}]).
         Arguments left None are left unchanged."""
-        given = {
-            "output_uri": output_uri,
-            "array_output_uri": array_output_uri,
-            "output_file_id": output_file_id,
-            "error_file_id": error_file_id,
-            "errors": errors,
-        }
-        return self._update_job(job_id, **{k: v for k, v in given.items() if v is not None})
+        return self._update_job(job_id, **given(output_uri=output_uri, array_output_uri=array_output_uri,
+                                                output_file_id=output_file_id, error_file_id=error_file_id,
+                                                errors=errors))
 
     def set_priority(self, job_id: str, priority: int, owner: str | None = None) -> Job:
         return self._update_job(job_id, owner, priority=priority)
@@ -394,6 +371,4 @@ class JobRepository(Repository):
 
     def jobs_writing(self, array_output_uri: str) -> list[Job]:
         """Every job (any owner, any status) whose results go to this user path."""
-        with self._transaction(write=False) as connection:
-            rows = connection.execute(select(JOBS).where(JOBS.c.array_output_uri == array_output_uri))
-            return [job_snapshot(r) for r in rows]
+        return self._read_all(select(JOBS).where(JOBS.c.array_output_uri == array_output_uri), job_snapshot)

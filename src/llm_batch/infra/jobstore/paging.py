@@ -62,6 +62,16 @@ def page(
     return list(rows), total
 
 
+def given(**values: Any) -> dict[str, Any]:
+    """The arguments that were given (None: not given)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def matching(table: Table, **values: Any) -> list[ColumnElement[bool]]:
+    """WHERE clauses: each given (not None) column equals its value."""
+    return [table.c[name] == value for name, value in given(**values).items()]
+
+
 def owned(table: Table, row_id: str, owner: str | None) -> list[ColumnElement[bool]]:
     """WHERE clauses: this id, and this owner's if one is given."""
-    return [table.c.id == row_id, *([table.c.owner == owner] if owner is not None else [])]
+    return matching(table, id=row_id, owner=owner)

@@ -12,14 +12,13 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row, Table, and_, case, delete, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Row, and_, case, delete, func, insert, select, update
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.errors import JobNotFound
 from llm_batch.infra.jobstore.jobs import job_snapshot
 from llm_batch.infra.jobstore.paging import owned
-from llm_batch.infra.jobstore.repository import Repository, require_non_negative, utcnow
+from llm_batch.infra.jobstore.repository import Repository, require_non_negative, upsert, utcnow
 from llm_batch.infra.jobstore.snapshots import Job, ShardRecord
 from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
 
@@ -56,11 +55,6 @@ class Progress(Protocol):
     ) -> Job: ...
     def progress_history(self, job_id: str, owner: str | None = None) -> list[ProgressPoint]: ...
     def shard_records(self, job_id: str) -> list[ShardRecord]: ...
-
-
-def _upsert(connection: Connection, table: Table):
-    """INSERT ... ON CONFLICT for this connection's dialect (SQLite and PostgreSQL spell it alike)."""
-    return (postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert)(table)
 
 
 def _live_from_rows(job: Row, sums: Row) -> dict[str, Any]:
@@ -137,10 +131,10 @@ class ProgressRepository(Repository):
             if JobStatus(job.status).terminal:
                 return job_snapshot(job)
             now = utcnow()
-            upsert = _upsert(connection, SHARDS).values(job_id=job_id, shard=shard, state=state, reason=reason,
-                                                         updated_at=now, **given)
-            new = upsert.excluded
-            connection.execute(upsert.on_conflict_do_update(
+            report = upsert(connection, SHARDS).values(job_id=job_id, shard=shard, state=state, reason=reason,
+                                                       updated_at=now, **given)
+            new = report.excluded
+            connection.execute(report.on_conflict_do_update(
                 index_elements=[SHARDS.c.job_id, SHARDS.c.shard],
                 set_={**{name: case((SHARDS.c[name] < new[name], new[name]), else_=SHARDS.c[name])
                          for name in _SHARD_COUNTERS},
@@ -192,6 +186,5 @@ class ProgressRepository(Repository):
 
     def shard_records(self, job_id: str) -> list[ShardRecord]:
         """The job's shard rows, by shard index (empty before any shard reported)."""
-        with self._transaction(write=False) as connection:
-            rows = connection.execute(select(SHARDS).where(SHARDS.c.job_id == job_id).order_by(SHARDS.c.shard))
-            return [ShardRecord(**r._asdict()) for r in rows]
+        query = select(SHARDS).where(SHARDS.c.job_id == job_id).order_by(SHARDS.c.shard)
+        return self._read_all(query, lambda row: ShardRecord(**row._asdict()))

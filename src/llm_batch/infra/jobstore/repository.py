@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Column, Connection, Engine, Row, Table, insert
+from sqlalchemy import Column, Connection, Engine, Executable, Row, Table, insert
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
@@ -27,6 +28,7 @@ from llm_batch.infra.jobstore.errors import DuplicateId
 # Compare-and-set attempts before giving up; each lost race means another writer moved the
 # row, so a handful is plenty.
 CAS_ATTEMPTS = 20
+T = TypeVar("T")
 
 
 def utcnow() -> datetime:
@@ -45,6 +47,11 @@ def require_non_negative(values: Mapping[str, float]) -> None:
     for name, value in values.items():
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def upsert(connection: Connection, table: Table):
+    """INSERT ... ON CONFLICT for this connection's dialect (SQLite and PostgreSQL spell it alike)."""
+    return (postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert)(table)
 
 
 class Repository:
@@ -87,6 +94,16 @@ class Repository:
         engine = self.engine
         with (self._writer if write else engine).begin() as connection:
             yield connection
+
+    def _read_one(self, query: Executable, snapshot: Callable[[Row], T]) -> T | None:
+        """The snapshot of the one row `query` reads, None if it reads none."""
+        with self._transaction(write=False) as connection:
+            row = connection.execute(query).one_or_none()
+        return snapshot(row) if row is not None else None
+
+    def _read_all(self, query: Executable, snapshot: Callable[[Row], T]) -> list[T]:
+        with self._transaction(write=False) as connection:
+            return [snapshot(row) for row in connection.execute(query)]
 
     def _insert(self, table: Table, values: dict[str, Any], columns: Iterable[Column[Any]]) -> Row:
         try:

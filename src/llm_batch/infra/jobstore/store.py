@@ -49,12 +49,8 @@ class JobStore(
     HealthRepository,
     WebhookRepository,
 ):
-    """The job store at `url` (SQLAlchemy URL: ``sqlite:///path`` or ``postgresql://...``):
-    every repository's methods over one engine (see the module docstring).
-
-    Construction is cheap and touches nothing; the first call opens the engine and runs
-    the migrations to head. One instance is safe to share between threads.
-    """
+    """The job store at `url`: every repository's methods over one engine (see the module
+    docstring; construction and threads as ``Repository``)."""
 
 
 @lru_cache(maxsize=None)

@@ -21,10 +21,10 @@ from base64 import b64encode
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row, and_, delete, insert, or_, select, update
+from sqlalchemy import Connection, Row, delete, insert, or_, select, update
 
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore.paging import owned, page
+from llm_batch.infra.jobstore.paging import matching, owned, page
 from llm_batch.infra.jobstore.repository import Repository, utcnow
 from llm_batch.infra.jobstore.tables import ATTEMPTS, DELIVERIES, ENDPOINTS
 
@@ -36,7 +36,6 @@ JOB_END_EVENTS: dict[JobStatus, str] = {
     JobStatus.CANCELLED: "batch.cancelled",
 }
 EVENT_TYPES: tuple[str, ...] = tuple(JOB_END_EVENTS.values())
-DELIVERY_STATUSES = ("pending", "delivered", "failed")
 SECRET_PREFIX = "whsec_"
 # How long a job-end event is retried unless the deliverer says (its settings' webhook_retry_window_s).
 DEFAULT_RETRY_WINDOW = timedelta(hours=24)
@@ -150,11 +149,10 @@ def event_payload(event_id: str, event_type: str, created_at: int, object_id: st
 
 def _pending_delivery(endpoint_id: str, owner: str, payload: dict[str, Any], job_id: str | None, now: datetime,
                      give_up_at: datetime) -> dict[str, Any]:
-    """An outbox row of `payload` for the endpoint, due now, never attempted."""
+    """An outbox row of `payload` for the endpoint, due now, never attempted (no lease, no error)."""
     return dict(id=f"msg_{uuid.uuid4().hex}", endpoint_id=endpoint_id, owner=owner, event_id=payload["id"],
                 event_type=payload["type"], job_id=job_id, payload=payload, status="pending", attempts=0,
-                next_attempt_at=now, give_up_at=give_up_at, lease_owner=None, lease_expires_at=None,
-                created_at=now, delivered_at=None, last_error=None)
+                next_attempt_at=now, give_up_at=give_up_at, created_at=now)
 
 
 def enqueue_job_end(connection: Connection, before: Row, after: Row) -> None:
@@ -236,27 +234,22 @@ class WebhookRepository(Repository):
         return _endpoint(row), secret
 
     def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None:
-        with self._transaction(write=False) as connection:
-            row = connection.execute(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
-            return _endpoint(row) if row is not None else None
+        return self._read_one(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner)), _endpoint)
 
     def list_webhook_endpoints(self, owner: str | None = None) -> list[WebhookEndpoint]:
         """Every endpoint of `owner` (None: everyone's), oldest first."""
-        filters = [ENDPOINTS.c.owner == owner] if owner is not None else []
-        with self._transaction(write=False) as connection:
-            rows = connection.execute(select(ENDPOINTS).where(*filters).order_by(ENDPOINTS.c.created_at, ENDPOINTS.c.id))
-            return [_endpoint(r) for r in rows]
+        query = select(ENDPOINTS).where(*matching(ENDPOINTS, owner=owner))
+        return self._read_all(query.order_by(ENDPOINTS.c.created_at, ENDPOINTS.c.id), _endpoint)
 
     def page_webhook_endpoints(
         self, owner: str | None = None, limit: int = 20, after: str | None = None
     ) -> tuple[list[WebhookEndpoint], bool]:
         """Up to `limit` endpoints newest first, those after the endpoint `after` (keyset, as
         list_jobs; an unknown one raises InvalidCursor), and whether more follow."""
-
-        filters = [ENDPOINTS.c.owner == owner] if owner is not None else []
+        filters = matching(ENDPOINTS, owner=owner)
         with self._transaction(write=False) as connection:
             rows, _ = page(connection, ENDPOINTS, filters, (ENDPOINTS.c.created_at, True), limit + 1, 0, after,
-                             owner=owner)
+                           owner=owner)
         return [_endpoint(r) for r in rows[:limit]], len(rows) > limit
 
     def update_webhook_endpoint(
@@ -265,9 +258,7 @@ class WebhookRepository(Repository):
     ) -> WebhookEndpoint:
         """Change what is given (None: keep); ``updated_at`` moves only if something changed."""
         with self._transaction(write=True) as connection:
-            row = connection.execute(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
-            if row is None:
-                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            row = _owned_endpoint(connection, endpoint_id, owner)
             given = {"url": url, "events": None if events is None else _event_types(events), "description": description}
             changes = {name: value for name, value in given.items() if value is not None and value != row._mapping[name]}
             if changes:
@@ -285,9 +276,7 @@ class WebhookRepository(Repository):
         without missing an event); None: it stops at once."""
         secret, now = new_webhook_secret(), utcnow()
         with self._transaction(write=True) as connection:
-            row = connection.execute(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
-            if row is None:
-                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            row = _owned_endpoint(connection, endpoint_id, owner)
             kept = keep_previous_for is not None
             row = connection.execute(
                 update(ENDPOINTS).where(ENDPOINTS.c.id == endpoint_id).values(
@@ -314,14 +303,10 @@ class WebhookRepository(Repository):
             raise ValueError(f"unknown event type {event_type!r}: choose from {', '.join(EVENT_TYPES)}")
         now = utcnow()
         with self._transaction(write=True) as connection:
-            found = connection.execute(
-                select(ENDPOINTS.c.owner).where(*owned(ENDPOINTS, endpoint_id, owner))
-            ).one_or_none()
-            if found is None:
-                raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+            endpoint_owner = _owned_endpoint(connection, endpoint_id, owner).owner
             payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(now), "batch_test")
             row = connection.execute(
-                insert(DELIVERIES).values(**_pending_delivery(endpoint_id, found.owner, payload, None, now, now))
+                insert(DELIVERIES).values(**_pending_delivery(endpoint_id, endpoint_owner, payload, None, now, now))
                 .returning(*DELIVERIES.c)
             ).one()
             return _delivery(row)
@@ -329,11 +314,8 @@ class WebhookRepository(Repository):
     def list_webhook_deliveries(
         self, endpoint_id: str | None = None, owner: str | None = None, job_id: str | None = None
     ) -> list[WebhookDelivery]:
-        given = {"endpoint_id": endpoint_id, "owner": owner, "job_id": job_id}
-        filters = [DELIVERIES.c[name] == value for name, value in given.items() if value is not None]
-        with self._transaction(write=False) as connection:
-            rows = connection.execute(select(DELIVERIES).where(*filters).order_by(DELIVERIES.c.created_at))
-            return [_delivery(r) for r in rows]
+        filters = matching(DELIVERIES, endpoint_id=endpoint_id, owner=owner, job_id=job_id)
+        return self._read_all(select(DELIVERIES).where(*filters).order_by(DELIVERIES.c.created_at), _delivery)
 
     def claim_webhook_deliveries(
         self, deliverer: str, lease: timedelta, limit: int = 10, delivery_id: str | None = None,
@@ -393,9 +375,12 @@ class WebhookRepository(Repository):
                 return _delivery(row)
             values: dict[str, Any] = dict(attempts=c.attempts + 1, lease_owner=None, lease_expires_at=None,
                                           last_error=None if delivered else error)
+            # Retried until the deliverer's window from the event's creation (its settings), else
+            # until the row's own give-up time (test events: right away).
+            own_window = retry_window is None or row.job_id is None
             if delivered:
                 values.update(status="delivered", delivered_at=now)
-            elif now + retry_in > self._give_up_at(row, retry_window):
+            elif now + retry_in > (row.give_up_at if own_window else row.created_at + retry_window):
                 values.update(status="failed")
             else:
                 values.update(next_attempt_at=now + retry_in)
@@ -404,14 +389,6 @@ class WebhookRepository(Repository):
                 .returning(*DELIVERIES.c)
             ).one()
             return _delivery(updated)
-
-    @staticmethod
-    def _give_up_at(row: Row, retry_window: timedelta | None) -> datetime:
-        """When a delivery stops being retried: the deliverer's window from the event's
-        creation (its settings), else the row's own (test events: right away)."""
-        if retry_window is None or row.job_id is None:
-            return row.give_up_at
-        return row.created_at + retry_window
 
     def list_webhook_attempts(
         self, endpoint_id: str, owner: str | None = None, limit: int = 100, delivery_id: str | None = None,
@@ -429,11 +406,18 @@ class WebhookRepository(Repository):
             filters.append(d.job_id == job_id)
         query = (
             select(*ATTEMPTS.c, d.event_id, d.event_type, d.job_id, d.status.label("delivery_status"))
-            .join(DELIVERIES, and_(d.id == a.delivery_id))
+            .join(DELIVERIES, d.id == a.delivery_id)
             .where(*filters).order_by(a.started_at.desc(), a.id.desc()).limit(limit)
         )
-        with self._transaction(write=False) as connection:
-            return [WebhookAttempt(**r._asdict()) for r in connection.execute(query)]
+        return self._read_all(query, lambda row: WebhookAttempt(**row._asdict()))
+
+
+def _owned_endpoint(connection: Connection, endpoint_id: str, owner: str | None) -> Row:
+    """The endpoint's row (of `owner` if given), else WebhookEndpointNotFound."""
+    row = connection.execute(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner))).one_or_none()
+    if row is None:
+        raise WebhookEndpointNotFound(f"no webhook endpoint {endpoint_id!r}")
+    return row
 
 
 def _event_types(events: list[str] | None) -> list[str]:
