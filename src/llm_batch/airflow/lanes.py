@@ -36,12 +36,10 @@ def gpu_pool(settings: Settings, gpu_type: str) -> str:
 def pool_specs(settings: Settings) -> list[PoolSpec]:
     """Every pool the batch DAG may name under either runner, with its configured size (a
     static pools file such as docker-compose's, whose runner is chosen at start)."""
-    pools = [PoolSpec(settings.local_pool, settings.local_shard_slots, "llm-batch local shard workers")]
-    pools += [
-        PoolSpec(gpu_pool(settings, g), settings.gpu_pool_slots, f"llm-batch shards on {g}")
-        for g in GPU_TYPES
+    return [
+        PoolSpec(settings.local_pool, settings.local_shard_slots, "llm-batch local shard workers"),
+        *(PoolSpec(gpu_pool(settings, g), settings.gpu_pool_slots, f"llm-batch shards on {g}") for g in GPU_TYPES),
     ]
-    return pools
 
 
 def runner_pool_specs(settings: Settings) -> list[PoolSpec]:

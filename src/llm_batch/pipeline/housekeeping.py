@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
-from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage
 from llm_batch.pipeline.steps import fail_job, finalize, layout_of, merge
 
@@ -101,20 +101,14 @@ def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
 
 def _remove_file(store: JobStore, file: FileObject) -> None:
     """Delete a file object's content (already gone is fine) and mark its record deleted."""
-    try:
+    with suppress(storage.ObjectNotFound):
         storage.delete(file.uri)
-    except storage.ObjectNotFound:
-        pass
     store.mark_file_deleted(file.id)
 
 
 def _drop_work_dir(settings: Settings, job_id: str) -> None:
-    prefix = join_uri(layout_of(settings, job_id).root, "")
-    try:
-        storage.delete_prefix(prefix.rstrip("/") + "/")
-    except storage.ObjectNotFound:
-        pass
-
+    with suppress(storage.ObjectNotFound):
+        storage.delete_prefix(layout_of(settings, job_id).root.rstrip("/") + "/")
 
 
 # -- idempotency keys and files' own expiry ---------------------------------------------

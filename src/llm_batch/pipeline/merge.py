@@ -132,11 +132,6 @@ def stable_request_hash(job_id: str, index: int) -> str:
     return hashlib.blake2b(f"{job_id}:{index}".encode(), digest_size=12).hexdigest()
 
 
-def _validation_errors(uri: str) -> Iterator[ErrorRecord]:
-    for line in stored_lines(uri):
-        yield ErrorRecord.model_validate_json(line)
-
-
 def _shard_outcomes(plan: ShardPlan, not_run_code: str, not_run_message: str) -> Iterator[Outcome]:
     """Each request of the shard, in order, paired with its result or marked not run."""
     results = read_results(plan.results_uri)
@@ -288,8 +283,8 @@ def merge_job(
             array_element=array_element or success_element(None),
         )
         last_index = -1
-        outcomes = heapq.merge(_validation_errors(layout.validation_errors), shard_outcomes,
-                               key=attrgetter("index"))
+        validation_errors = (ErrorRecord.model_validate_json(line) for line in stored_lines(layout.validation_errors))
+        outcomes = heapq.merge(validation_errors, shard_outcomes, key=attrgetter("index"))
         for outcome in outcomes:
             if outcome.index <= last_index:
                 raise MergeError(

@@ -111,8 +111,7 @@ def mirror_cancel(store: JobStore, job_id: str, cancel_marker: str) -> bool:
     return True
 
 
-def shard_stop_cause(store: JobStore, job_id: str, cancel_marker: str, deadline: datetime,
-                     now: datetime | None = None) -> str | None:
+def shard_stop_cause(store: JobStore, job_id: str, cancel_marker: str, deadline: datetime) -> str | None:
     """"cancelled" or "deadline" when a job's shard must stop (mirroring the cancel flag to
     the marker on the way), else None. Both shard runners ask this while a worker runs."""
     try:
@@ -120,7 +119,7 @@ def shard_stop_cause(store: JobStore, job_id: str, cancel_marker: str, deadline:
             return "cancelled"
     except Exception as exc:  # noqa: BLE001 - the store or storage down for a moment (a restart): asked again next round
         log.warning("could not check whether job %s was cancelled (asked again next round): %s", job_id, exc)
-    if (now or datetime.now(UTC)) >= deadline:
+    if datetime.now(UTC) >= deadline:
         return "deadline"
     return None
 

@@ -221,14 +221,11 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
             limits=ValidationLimits.from_settings(settings),
             media=MediaResolver(job.owner, store, settings),
         )  # fmt: skip
-    except BatchRejected as exc:
-        if exc.report is not None:  # read through, nothing valid: serve the error lines
+    except (BatchRejected, JobRejected, storage.StorageError) as exc:
+        if isinstance(exc, BatchRejected) and exc.report is not None:  # read through, nothing valid: serve the error lines
             _set_counts(store, job_id, exc.report.total, exc.report.invalid)
             error_file = _record_file(store, job, layout.validation_errors, "error")
             store.set_outputs(job_id, error_file_id=error_file.id)
-        fail_job(store, job_id, f"input rejected: {exc}")
-        raise JobRejected(f"input rejected: {exc}") from exc
-    except (JobRejected, storage.StorageError) as exc:
         fail_job(store, job_id, f"input rejected: {exc}")
         raise JobRejected(f"input rejected: {exc}") from exc
     _set_counts(store, job_id, report.total, report.invalid)
@@ -299,11 +296,11 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
 # -- merge and finalize -------------------------------------------------------------------
 
 
-def _stop_cause(job: Job, now: datetime | None = None) -> tuple[JobStatus, str] | None:
+def _stop_cause(job: Job) -> tuple[JobStatus, str] | None:
     """Why the job's unfinished requests were not run, if it was stopped on purpose."""
     if job.cancel_requested:
         return JobStatus.CANCELLED, "the job was cancelled"
-    if (now or datetime.now(UTC)) >= job_deadline(job):
+    if datetime.now(UTC) >= job_deadline(job):
         return JobStatus.TIMEOUT_EXCEEDED, "the job's deadline passed"
     return None
 
@@ -434,7 +431,6 @@ def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
     else:
         status, reason = JobStatus.SUCCEEDED, f"{counts['succeeded']} succeeded, {counts['failed']} failed"
     return store.end_job(job_id, status, reason)
-
 
 
 # -- what a finished job tells Airflow -----------------------------------------------------

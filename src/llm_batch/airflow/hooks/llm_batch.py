@@ -19,13 +19,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+from airflow.sdk import BaseHook
 
 from llm_batch.infra.api_client import ApiError, BatchClient
-
-try:
-    from airflow.sdk import BaseHook
-except ImportError:  # pragma: no cover - Airflow 2 style import path
-    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
 
 TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
@@ -43,8 +39,6 @@ def _refusals() -> Iterator[None]:
     """BatchClient's ApiError as the hook's LLMBatchApiError."""
     try:
         yield
-    except LLMBatchApiError:
-        raise
     except ApiError as exc:
         raise LLMBatchApiError(exc.status, exc.message, exc.param, exc.code) from None
 

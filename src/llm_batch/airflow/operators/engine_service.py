@@ -10,17 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
-
 from llm_batch.airflow.operators.local import LocalShardOperator
 from llm_batch.pipeline.shard_task import ShardOutcome
-from llm_batch.runtime.warm_engines import WarmEngineError, WarmShard, start_service_shard
+from llm_batch.runtime.warm_engines import WarmShard, start_service_shard
 
 
 class EngineServiceShardOperator(LocalShardOperator):
     """Run one shard (``shard_task``) on the engine service at ``address`` (host, port)."""
-
-    template_fields = ("shard_task",)
 
     def __init__(self, *, shard_task: dict[str, Any], address: tuple[str, int], **kwargs: Any) -> None:
         super().__init__(shard_task=shard_task, **kwargs)
@@ -43,8 +39,4 @@ class EngineServiceShardOperator(LocalShardOperator):
         token = self.llm_settings.engine_token
         assert token is not None  # execute checked
         self.log.info("handing shard %s to engine service %s:%s", self.shard.shard, *self.address)
-        try:
-            return start_service_shard(self.address, token.get_secret_value(), self.shard.worker_args(),
-                                       self._log_line)
-        except WarmEngineError as exc:
-            raise AirflowException(str(exc)) from None
+        return start_service_shard(self.address, token.get_secret_value(), self.shard.worker_args(), self._log_line)

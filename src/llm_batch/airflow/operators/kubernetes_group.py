@@ -145,11 +145,6 @@ class GroupWatch:
         return GroupState(running=running)
 
 
-def kubernetes_hook(hook_args: dict[str, Any]) -> Any:
-    """The KubernetesHook of ``hook_args`` (``GroupOperator.hook_kwargs``)."""
-    return KubernetesHook(**hook_args)
-
-
 def delete_group(hook: Any, namespace: str, name: str) -> None:
     """Delete the set (and by cascade its StatefulSets and pods); gone already is fine."""
     try:
@@ -203,11 +198,8 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
 
     def hook(self) -> Any:
         if getattr(self, "_hook", None) is None:
-            self._hook = kubernetes_hook(self.hook_kwargs)
+            self._hook = KubernetesHook(**self.hook_kwargs)
         return self._hook
-
-    def _objects(self) -> Any:
-        return self.hook().custom_object_client
 
     # -- execute ------------------------------------------------------------------------
 
@@ -223,8 +215,8 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
                       task.nodes_per_worker, task.gpus)
         self.set_name = name  # before the call: a kill while it is on its way deletes it too
         try:
-            self._objects().create_namespaced_custom_object(group_spec.GROUP, group_spec.VERSION, self.namespace,
-                                                            group_spec.PLURAL, body)
+            self.hook().custom_object_client.create_namespaced_custom_object(
+                group_spec.GROUP, group_spec.VERSION, self.namespace, group_spec.PLURAL, body)
         except ApiException as exc:
             if exc.status not in (404, 422):
                 raise  # the API server failing: worth a retry
@@ -323,7 +315,7 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
     def _delete_stale(self, task: ShardTask) -> None:
         """Delete the sets of earlier attempts of this shard and wait (bounded) until they are gone."""
         def stale() -> list[str]:
-            found = self._objects().list_namespaced_custom_object(
+            found = self.hook().custom_object_client.list_namespaced_custom_object(
                 group_spec.GROUP, group_spec.VERSION, self.namespace, group_spec.PLURAL,
                 label_selector=group_spec.shard_selector(task))
             return [item["metadata"]["name"] for item in found.get("items", [])]
@@ -366,14 +358,14 @@ class ShardGroupTrigger(BaseTrigger):
                 {"hook_args": self.hook_args, "watch": self.watch, "poll_interval": self.poll_interval})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = await asyncio.to_thread(lambda: GroupWatch(kubernetes_hook(self.hook_args), **self.watch))
+        watch = await asyncio.to_thread(lambda: GroupWatch(KubernetesHook(**self.hook_args), **self.watch))
         while (verdict := await asyncio.to_thread(watch.round)) is None:
             await asyncio.sleep(self.poll_interval)
         yield TriggerEvent({**verdict, "name": self.watch["name"]})
 
     async def on_kill(self) -> None:
         self.log.info("deferred task killed: deleting LeaderWorkerSet %s", self.watch["name"])
-        await asyncio.to_thread(lambda: delete_group(kubernetes_hook(self.hook_args), self.watch["namespace"],
+        await asyncio.to_thread(lambda: delete_group(KubernetesHook(**self.hook_args), self.watch["namespace"],
                                                      self.watch["name"]))
 
 

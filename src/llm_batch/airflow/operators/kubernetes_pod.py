@@ -30,13 +30,13 @@ from typing import Any
 from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import TriggerEvent
 
 from llm_batch.airflow.operators.shard import ShardTaskMixin, shard_stop_of, watch_shard
 from llm_batch.airflow.specs import pod_spec
 from llm_batch.core.config import get_settings
-from llm_batch.pipeline.shard_task import ShardOutcome, ShardTask
+from llm_batch.pipeline.shard_task import ShardTask
 
 #: The apache-airflow-providers-cncf-kubernetes versions this module is written and tested
 #: against (the pin of the ``airflow`` extra in pyproject.toml).
@@ -87,9 +87,9 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
             "arguments": task.worker_args(),
             "env_vars": pod_spec.env_vars(task, settings),
             "env_from": pod_spec.env_from(settings),
-            "container_resources": pod_spec.resources(task),
+            "container_resources": pod_spec.gpu_resources(task.gpu_type, task.gpus),
             "node_selector": pod_spec.node_selector(settings, task.gpu_type),
-            "tolerations": pod_spec.tolerations(task),
+            "tolerations": pod_spec.gpu_tolerations(task.gpu_type),
             "labels": pod_spec.labels(task),
             "priority_class_name": pod_spec.priority_class(settings, task),
             "volumes": volumes,
@@ -122,7 +122,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
             super().execute(context)  # deferrable: raises TaskDeferred, resumes in trigger_reentry
         except AirflowException:
             return self._outcome_of_failed_pod()
-        return self._finished(self.outcome(0, None))
+        return self.finish(self.outcome(0, None), context)
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> Any:
         self._context = context
@@ -131,7 +131,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
             super().trigger_reentry(context, event)
         except AirflowException:
             return self._outcome_of_failed_pod()
-        return self._finished(self.outcome(0, None))
+        return self.finish(self.outcome(0, None), context)
 
     def defer(self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None) -> None:
         """Wait in ShardPodTrigger instead of the provider's trigger: the same trigger, built
@@ -145,19 +145,12 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
     def _outcome_of_failed_pod(self) -> dict[str, Any]:
         """A pod that did not succeed: stopped on purpose (a good end), or a failure."""
         if self._stop_cause is not None:
-            return self._finished(self.outcome(None, self._stop_cause))
+            return self.finish(self.outcome(None, self._stop_cause), self._context)
         outcome = self.outcome(_exit_code(self.completed_pod, self.base_container_name), None)
-        if outcome.state in ("cancelled", "deadline"):
-            return self._finished(outcome)
-        outcome = self.report_outcome(outcome, self._context)
-        if outcome.state == "usage":
-            raise AirflowFailException(outcome.message)
-        raise AirflowException(outcome.message)
-
-    def _finished(self, outcome: ShardOutcome) -> dict[str, Any]:
-        outcome = self.report_outcome(outcome, self._context)
-        self.log.info("shard %s: %s (%s)", outcome.shard, outcome.state, outcome.message)
-        return outcome.model_dump()
+        if outcome.state == "done":  # the worker exited 0, yet the pod failed: the attempt fails
+            self.report_outcome(outcome, self._context)
+            raise AirflowException(outcome.message)
+        return self.finish(outcome, self._context)
 
 
 def _exit_code(pod: Any, container: str) -> int | None:

@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections import deque
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -31,17 +30,13 @@ from airflow.sdk.exceptions import AirflowException
 
 from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail
 from llm_batch.core.placement import multi_node_refusal
-from llm_batch.pipeline.shard_task import ShardOutcome
+from llm_batch.pipeline.shard_task import ShardOutcome, try_report_shard
 from llm_batch.runtime.warm_engines import WarmEngineError, WarmShard, start_shard
 
 # Seconds between supervision rounds (cancel flag, deadline, progress).
 POLL_SECONDS = 2.0
 # After SIGTERM, seconds before SIGKILL.
 TERM_SECONDS = 10.0
-# The worker's last output lines carried into a failed shard's outcome (and the job's
-# status_reason): at most this many lines, this many characters.
-TAIL_LINES = 5
-TAIL_CHARS = 600
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -69,7 +64,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         super().__init__(**kwargs)
         self.shard_task = shard_task
         self._process: subprocess.Popen[bytes] | WarmShard | None = None
-        self._tail: deque[str] = deque(maxlen=TAIL_LINES * 4)
+        self._tail: deque[str] = deque(maxlen=20)  # the worker's last output lines, for error_tail
 
     def execute(self, context: Any) -> dict[str, Any]:
         early = self.stop_before_start()
@@ -79,7 +74,10 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
             # register and the API refuse such jobs already; a shard must not run on one node anyway.
             return self.finish(ShardOutcome(shard=self.shard.shard, exit_code=-1, state="usage", message=refusal), context)
         if self.on_warm_engine():
-            self._process = self._start_warm()
+            try:
+                self._process = self._start_warm()
+            except WarmEngineError as exc:
+                raise AirflowException(str(exc)) from None
             forced = self._supervise(self._process)
             self._process.wait(timeout=5)
         else:
@@ -89,7 +87,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
             forced = self._supervise(self._process)
             reader.join(timeout=5)
         outcome = self.outcome(self._process.returncode, forced)
-        if outcome.state in ("failed", "usage") and (tail := self.worker_tail()):
+        if outcome.state in ("failed", "usage") and (tail := error_tail(list(self._tail))):
             outcome = outcome.model_copy(update={"message": f"{outcome.message}: {tail}"})
         return self.finish(outcome, context)
 
@@ -126,15 +124,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         """The shard on a warm engine of its model (``llm_batch.runtime.warm_engines``)."""
         task = self.shard
         self.log.info("handing shard %s to a warm engine", task.shard)
-        try:
-            return start_shard(self.llm_settings, orjson.loads(task.model_config_json), task.worker_args(),
-                               self._log_line)
-        except WarmEngineError as exc:
-            raise AirflowException(str(exc)) from None
-
-    def worker_tail(self) -> str:
-        """The worker's last output lines (bounded): what a failed shard says about why."""
-        return error_tail(list(self._tail), TAIL_LINES, TAIL_CHARS)
+        return start_shard(self.llm_settings, orjson.loads(task.model_config_json), task.worker_args(), self._log_line)
 
     def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
@@ -151,9 +141,9 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         grace = self.llm_settings.cancel_grace_seconds
         stop_seen: tuple[str, float] | None = None
         while not _ended(process, POLL_SECONDS):
-            self.report_progress()
+            try_report_shard(self.job_store, self.shard)  # live counts for the API; never fails the shard
             if stop_seen is None:
-                cause = self.stop_cause(datetime.now(UTC))
+                cause = self.stop_cause()
                 if cause is not None:
                     self.log.info("shard %s: %s; waiting up to %ss for the worker", self.shard.shard, cause, grace)
                     stop_seen = (cause, time.monotonic())

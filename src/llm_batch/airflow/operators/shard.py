@@ -85,11 +85,11 @@ class ShardTaskMixin:
 
         return get_job_store(self.llm_settings.database_url)
 
-    def stop_cause(self, now: datetime | None = None) -> str | None:
+    def stop_cause(self) -> str | None:
         """"cancelled" or "deadline" when the shard must stop (mirrors the cancel flag to
         the marker on the way), else None."""
         task = self.shard
-        return shard_stop_cause(self.job_store, task.job_id, task.cancel_marker, task.deadline_at, now)
+        return shard_stop_cause(self.job_store, task.job_id, task.cancel_marker, task.deadline_at)
 
     def stop_before_start(self) -> ShardOutcome | None:
         """The outcome of a shard that must not start at all: its job has ended already
@@ -113,27 +113,18 @@ class ShardTaskMixin:
                            wait=wait_fixed(STORE_RETRY_S), reraise=True)
         return waiting(self.job_store.get_job, self.shard.job_id)
 
-    def report_progress(self) -> None:
-        """This shard's progress into its row of the store (live counts for the API): one
-        read of its own progress object; a failure here must never fail the shard."""
-        try_report_shard(self.job_store, self.shard)
-
     def report_outcome(self, outcome: ShardOutcome, context: Any = None) -> ShardOutcome:
         """Record how this attempt ended in the shard's row (merge tells the requests it never
         ran which shard and why); a failure says which attempt of how many it was. A shard
         of an ended job ("ended") leaves the row as the job's own run left it."""
         if outcome.state == "ended":
             return outcome
-        if outcome.state in ("failed", "usage"):
-            ti = (context or {}).get("ti")
+        ti = (context or {}).get("ti")
+        if outcome.state == "usage":
+            outcome = outcome.model_copy(update={"message": f"{outcome.message}; not retried"})
+        elif outcome.state == "failed" and ti is not None:
             attempts = int(getattr(self, "retries", 0) or 0) + 1
-            if outcome.state == "usage":
-                attempt = "; not retried"
-            elif ti is not None:
-                attempt = f" on attempt {ti.try_number} of {attempts}"
-            else:
-                attempt = ""
-            outcome = outcome.model_copy(update={"message": f"{outcome.message}{attempt}"})
+            outcome = outcome.model_copy(update={"message": f"{outcome.message} on attempt {ti.try_number} of {attempts}"})
         try_report_shard(self.job_store, self.shard, outcome)
         return outcome
 

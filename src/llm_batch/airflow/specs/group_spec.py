@@ -56,10 +56,6 @@ def set_name(task: ShardTask) -> str:
     return f"{pod_spec.pod_name(task)[:_NAME_MAX - len(suffix) - 1].rstrip('-')}-{suffix}"
 
 
-def leader_args(task: ShardTask) -> list[str]:
-    return [*task.worker_args(), *_group_args(task)]
-
-
 def follower_args(task: ShardTask) -> list[str]:
     return [
         "worker-follower",
@@ -90,7 +86,7 @@ def _pod_template(task: ShardTask, settings: Settings, args: list[str], role: st
         args=args,
         env=pod_spec.env_vars(task, settings),
         env_from=pod_spec.env_from(settings),
-        resources=pod_spec.resources(task),
+        resources=pod_spec.gpu_resources(task.gpu_type, task.gpus),
         volume_mounts=mounts,
         ports=[k8s.V1ContainerPort(name="dist", container_port=DEFAULT_MASTER_PORT)] if role == "leader" else None,
     )
@@ -100,7 +96,7 @@ def _pod_template(task: ShardTask, settings: Settings, args: list[str], role: st
             containers=[container],
             restart_policy="Always",
             node_selector=pod_spec.node_selector(settings, task.gpu_type) or None,
-            tolerations=pod_spec.tolerations(task),
+            tolerations=pod_spec.gpu_tolerations(task.gpu_type),
             priority_class_name=pod_spec.priority_class(settings, task),
             volumes=volumes,
             termination_grace_period_seconds=settings.cancel_grace_seconds,
@@ -123,7 +119,7 @@ def leader_worker_set(task: ShardTask, settings: Settings, name: str) -> dict[st
             "leaderWorkerTemplate": {
                 "size": task.nodes_per_worker,
                 "restartPolicy": "None",
-                "leaderTemplate": _pod_template(task, settings, leader_args(task), "leader"),
+                "leaderTemplate": _pod_template(task, settings, [*task.worker_args(), *_group_args(task)], "leader"),
                 "workerTemplate": _pod_template(task, settings, follower_args(task), "follower"),
             },
         },

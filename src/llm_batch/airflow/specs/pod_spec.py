@@ -56,10 +56,6 @@ def gpu_resource_name(gpu_type: str | None) -> str:
     return MIG_RESOURCES.get(gpu_type or "", GPU_RESOURCE)
 
 
-def resources(task: ShardTask) -> k8s.V1ResourceRequirements:
-    return gpu_resources(task.gpu_type, task.gpus)
-
-
 def gpu_resources(gpu_type: str | None, count: int) -> k8s.V1ResourceRequirements:
     gpus = {gpu_resource_name(gpu_type): str(count)}
     return k8s.V1ResourceRequirements(requests=dict(gpus), limits=dict(gpus))
@@ -69,10 +65,6 @@ def node_selector(settings: Settings, gpu_type: str | None) -> dict[str, str]:
     if gpu_type is None:
         return {}
     return {settings.gpu_node_label_key: settings.gpu_node_label_values.get(gpu_type, gpu_type)}
-
-
-def tolerations(task: ShardTask) -> list[k8s.V1Toleration]:
-    return gpu_tolerations(task.gpu_type)
 
 
 def gpu_tolerations(gpu_type: str | None) -> list[k8s.V1Toleration]:
@@ -94,20 +86,14 @@ def _label_key(key: str) -> str | None:
 
 def labels(task: ShardTask) -> dict[str, str]:
     """The pod's labels: job, shard and component first, then the job's own labels."""
-    result = {}
-    for key, value in task.labels.items():
-        user_key = _label_key(key)
-        if user_key:
-            result[user_key] = label_value(value)
-    result.update(
-        {
-            "app.kubernetes.io/name": "llm-batch-worker",
-            "app.kubernetes.io/component": "shard",
-            f"{LABEL_PREFIX}/job": label_value(task.job_id),
-            f"{LABEL_PREFIX}/shard": str(task.shard),
-        }
-    )
-    return result
+    own = {user_key: label_value(value) for key, value in task.labels.items() if (user_key := _label_key(key))}
+    return {
+        **own,
+        "app.kubernetes.io/name": "llm-batch-worker",
+        "app.kubernetes.io/component": "shard",
+        f"{LABEL_PREFIX}/job": label_value(task.job_id),
+        f"{LABEL_PREFIX}/shard": str(task.shard),
+    }
 
 
 def pod_name(task: ShardTask) -> str:
