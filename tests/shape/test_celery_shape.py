@@ -231,12 +231,13 @@ def test_a_killed_worker_s_shard_resumes_and_the_worker_comes_back(shape):
 
 
 def _mid_job(shape: Any, count: int, shards: int = 2) -> tuple[list[dict[str, Any]], str, str]:
-    """A job long enough to outlast the faults, once a shard has checkpointed a few results
-    to S3: (requests, job id, run id)."""
+    """A job long enough to outlast the faults, once every shard has checkpointed a few results
+    to S3, so a fault lands mid-shard in each (a shard still starting would meet it while it
+    reads its requests, which no retry within the outage can help): (requests, job id, run id)."""
     requests = requests_of(count, first_tokens=100, step=5)
     job_id = submit(shape, requests, shards=shards, model_config=SLOW)["id"]
     run_id = wait_until("the job's run", lambda: job(shape, job_id)["dag_run_id"], 120)
-    wait_until("a shard with results", lambda: any(
+    wait_until("every shard with results", lambda: all(
         ((shard_progress(shape, job_id, s) or {}).get("done") or 0) >= 3 for s in range(shards)),
         JOB_TIMEOUT_S, poll=1)
     return requests, job_id, run_id
