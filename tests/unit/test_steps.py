@@ -92,7 +92,7 @@ def test_lanes_cover_every_pool_and_band(settings):
     k8s = settings.model_copy(update={"shard_runner": "kubernetes"})
     seen = {lanes.lane_for(k8s, g, band) for g in placement.GPU_TYPES for band in ("low", "normal", "high")}
     assert len(seen) == len(placement.GPU_TYPES) * 3
-    assert {lane.pool for lane in seen} == {lanes.gpu_pool(settings, g) for g in placement.GPU_TYPES}
+    assert {lane.pool for lane in seen} == {lanes.gpu_pool(g) for g in placement.GPU_TYPES}
     assert {p.name for p in lanes.pool_specs(settings)} == {settings.local_pool} | {lane.pool for lane in seen}
     assert {p.name for p in lanes.runner_pool_specs(k8s)} == {lane.pool for lane in seen}
     assert [p.name for p in lanes.runner_pool_specs(settings)] == [settings.local_pool]
@@ -112,7 +112,7 @@ def test_a_runs_lane_from_a_conf_it_cannot_use_is_the_default(settings, conf):
 def test_a_runs_lane_follows_its_conf(settings):
     k8s = settings.model_copy(update={"shard_runner": "kubernetes"})
     lane = lanes.lane_of_run(k8s, {"gpu_type": placement.GPU_TYPES[2], "priority": "high"})
-    assert lane == lanes.Lane(lanes.gpu_pool(k8s, placement.GPU_TYPES[2]), "high", 100)
+    assert lane == lanes.Lane(lanes.gpu_pool(placement.GPU_TYPES[2]), "high", 100)
     assert lanes.lane_of_run(settings, {"priority": 150, "gpu_type": placement.GPU_TYPES[2]}) == lanes.Lane(
         settings.local_pool, "high", 100)
 

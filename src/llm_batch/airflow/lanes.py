@@ -29,7 +29,7 @@ class PoolSpec:
 GPU_POOL_PREFIX = "llm_batch_gpu_"
 
 
-def gpu_pool(settings: Settings, gpu_type: str) -> str:
+def gpu_pool(gpu_type: str) -> str:
     return f"{GPU_POOL_PREFIX}{gpu_type.replace('-', '_')}"
 
 
@@ -38,7 +38,7 @@ def pool_specs(settings: Settings) -> list[PoolSpec]:
     static pools file such as docker-compose's, whose runner is chosen at start)."""
     return [
         PoolSpec(settings.local_pool, settings.local_shard_slots, "llm-batch local shard workers"),
-        *(PoolSpec(gpu_pool(settings, g), settings.gpu_pool_slots, f"llm-batch shards on {g}") for g in GPU_TYPES),
+        *(PoolSpec(gpu_pool(g), settings.gpu_pool_slots, f"llm-batch shards on {g}") for g in GPU_TYPES),
     ]
 
 
@@ -66,7 +66,7 @@ def lane_for(settings: Settings, gpu_type: str | None, priority: str | int | Non
     if settings.shard_runner == "local":
         pool = settings.local_pool
     else:
-        pool = gpu_pool(settings, gpu_type if gpu_type in GPU_TYPES else GPU_TYPES[0])
+        pool = gpu_pool(gpu_type if gpu_type in GPU_TYPES else GPU_TYPES[0])
     return Lane(pool, band, settings.priority_weights[band])
 
 
