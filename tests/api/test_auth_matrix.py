@@ -162,7 +162,7 @@ def no_dag_runs(batch_api):
     """Creates reach the store; the trigger records nothing in Airflow (no run, no engine)."""
     from llm_batch.api.dag_trigger import get_trigger, run_id_for
 
-    batch_api.dependency_overrides[get_trigger] = lambda: (lambda job_id, conf: run_id_for(job_id))
+    batch_api.dependency_overrides[get_trigger] = lambda: (lambda job_id, conf, submitted_at: run_id_for(job_id))
     yield
     batch_api.dependency_overrides.pop(get_trigger, None)
 

@@ -16,6 +16,7 @@ whose priority gives the shard tasks not created yet theirs (``shard_routing``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -23,7 +24,7 @@ from airflow.exceptions import DagRunAlreadyExists
 from airflow.utils.state import TaskInstanceState
 from airflow.utils.types import DagRunTriggeredByType
 from fastapi import Depends
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
@@ -33,9 +34,12 @@ from llm_batch.core import strict_json
 from llm_batch.core.run_conf import api_run_id
 
 TRIGGER_ATTEMPTS = 8
+# Airflow keeps (dag_id, logical_date) unique: a job made in the same microsecond as another
+# takes the next free microsecond (its place in the queue is the same).
+LOGICAL_DATE_TRIES = 50
 
-# (job_id, conf) -> run id; raises TriggerError.
-Trigger = Callable[[str, dict[str, Any]], str]
+# (job_id, conf, submitted_at) -> run id; raises TriggerError.
+Trigger = Callable[[str, dict[str, Any], datetime], str]
 
 
 class TriggerError(RuntimeError):
@@ -45,33 +49,47 @@ class TriggerError(RuntimeError):
 run_id_for = api_run_id  # deterministic: see run_conf.api_run_id
 
 
-def _trigger_once(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
+def _trigger_once(job_id: str, conf: dict[str, Any], submitted_at: datetime, user_name: str, session: Session) -> str:
     from airflow.api.common.trigger_dag import trigger_dag  # airflow
 
-    try:
-        dag_run = trigger_dag(
-            DAG_ID,
-            run_id=run_id_for(job_id),
-            conf=conf,
-            logical_date=None,
-            triggered_by=DagRunTriggeredByType.REST_API,
-            triggering_user_name=user_name,
-            session=session,
-        )
-        session.commit()
-    except DagRunAlreadyExists:
-        session.rollback()
-        return run_id_for(job_id)
-    except Exception:
-        session.rollback()
-        raise
-    if dag_run is None:
-        raise TriggerError(f"DAG {DAG_ID!r} did not create a run")
-    return dag_run.run_id
+    for shift in range(LOGICAL_DATE_TRIES):
+        try:
+            dag_run = trigger_dag(
+                DAG_ID,
+                run_id=run_id_for(job_id),
+                conf=conf,
+                logical_date=submitted_at + timedelta(microseconds=shift),
+                replace_microseconds=False,
+                triggered_by=DagRunTriggeredByType.REST_API,
+                triggering_user_name=user_name,
+                session=session,
+            )
+            session.commit()
+        except DagRunAlreadyExists:
+            session.rollback()
+            return run_id_for(job_id)
+        except IntegrityError as exc:
+            session.rollback()
+            if "logical_date" not in str(exc):
+                raise
+            continue  # another run has this instant: the next microsecond
+        except Exception:
+            session.rollback()
+            raise
+        if dag_run is None:
+            raise TriggerError(f"DAG {DAG_ID!r} did not create a run")
+        return dag_run.run_id
+    raise TriggerError(f"no free logical date within {LOGICAL_DATE_TRIES} microseconds of {submitted_at.isoformat()}")
 
 
-def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session: Session) -> str:
-    """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError."""
+def trigger_batch_dag(job_id: str, conf: dict[str, Any], submitted_at: datetime, user_name: str, session: Session) -> str:
+    """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError.
+
+    The run's logical date is the job's submission time: Airflow's scheduler picks waiting
+    tasks by priority weight, then by their run's logical date, so jobs start by priority
+    band, then in the order they were submitted, whichever way in made them (the form and a
+    recurring spec's TriggerDagRunOperator give their runs the time they were triggered). A
+    run without one (NULL) sorts first on SQLite and last on PostgreSQL."""
     # The API's edge admits only strict JSON; this keeps any other path from handing Airflow
     # a conf it cannot serialise (its scheduler stops on one).
     if (problem := strict_json.problem(conf)) is not None:
@@ -84,7 +102,7 @@ def trigger_batch_dag(job_id: str, conf: dict[str, Any], user_name: str, session
             reraise=True,
         ):
             with attempt:
-                return _trigger_once(job_id, conf, user_name, session)
+                return _trigger_once(job_id, conf, submitted_at, user_name, session)
     except TriggerError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
@@ -117,7 +135,7 @@ def reprioritize_waiting_tasks(job_id: str, weight: int, session: Session) -> in
 
 def get_trigger(caller: CallerDep, session: SessionDep) -> Trigger:
     """This request's trigger: runs start as the caller, in the request's metadata-DB session."""
-    return lambda job_id, conf: trigger_batch_dag(job_id, conf, caller.name, session)
+    return lambda job_id, conf, submitted_at: trigger_batch_dag(job_id, conf, submitted_at, caller.name, session)
 
 
 TriggerDep = Annotated[Trigger, Depends(get_trigger)]

@@ -272,7 +272,7 @@ def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -
     run could not be started)."""
     job = store.create_requested_job(request, owner)
     try:
-        run_id = trigger(job.id, dag_conf(job, request))
+        run_id = trigger(job.id, dag_conf(job, request), job.created_at)
     except TriggerError as exc:
         return store.transition(job.id, JobStatus.FAILED, reason=str(exc))
     # The run may already have moved the job on; only the run id is ours to set.
