@@ -20,7 +20,8 @@ by llm-batch's cluster policy (`llm_batch.airflow.policies`).
 `finalize` emits an asset event through the alias `llm-batch-results` for every job that
 succeeded (the event's `extra`: job id, status, counts, labels), so a DAG scheduled on
 that alias (or on the output asset) runs when a batch completes; it fails the run of a
-CANCELLED or TIMEOUT_EXCEEDED job with the reason. Each ended run's note gives the job's
+FAILED or TIMEOUT_EXCEEDED job with the reason. A CANCELLED job's run ends success (a cancel
+is a user's decision, not a failure of the pipeline). Each ended run's note gives the job's
 status, counts and link (the plugin's listener).
 """
 
@@ -230,7 +231,12 @@ with DAG(
         summary = steps.job_summary(job)
         if job.status == jobs.JobStatus.FAILED:
             raise _rejected(jobs.JobRejected(f"job {job_id} failed: {job.status_reason}"))
-        if job.status in (jobs.JobStatus.CANCELLED, jobs.JobStatus.TIMEOUT_EXCEEDED):
+        if job.status == jobs.JobStatus.CANCELLED:
+            # A cancel is what a user asked for, not a failure of the pipeline: the run ends
+            # success, its note says CANCELLED; no results event (the job did not complete).
+            print(f"job {job_id}: {summary}")
+            return job.status.value
+        if job.status == jobs.JobStatus.TIMEOUT_EXCEEDED:
             # Partial results are kept (and served), but the run must not look like a success.
             raise _rejected(jobs.JobRejected(f"job {job_id} ended {job.status.value}: {summary}"))
         _emit_results(job)

@@ -116,6 +116,29 @@ def test_manifest_and_pass_fail_rule():
         tolerant.execute_complete({"ti": ti}, {"status": "ended", "job_id": "af-1", "job": _job("FAILED", status_reason="x")})
 
 
+def test_each_end_status_ends_the_step_so():
+    """SUCCEEDED: success; CANCELLED: skipped (a decision, not a failure), the manifest of
+    the partial results pushed; FAILED and TIMEOUT_EXCEEDED: failed."""
+    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    op = LLMBatchOperator(task_id="t", model="m", prompts=["a"], max_failed_fraction=1.0)
+    outcomes = {}
+    for status in ("SUCCEEDED", "CANCELLED", "FAILED", "TIMEOUT_EXCEEDED"):
+        pushed = {}
+        ti = SimpleNamespace(xcom_push=lambda key, value, pushed=pushed: pushed.setdefault(key, value))
+        try:
+            op.execute_complete({"ti": ti, "outlet_events": OutletEventAccessors()},
+                                {"status": "ended", "job_id": "af-1", "job": _job(status, failed=1, succeeded=1)})
+            outcomes[status] = "success"
+        except AirflowSkipException:
+            outcomes[status] = "skipped"
+            assert pushed["manifest"]["succeeded"] == 1 and pushed["manifest"]["errored"] == 1
+        except Exception:  # noqa: BLE001 - any other exception fails the task
+            outcomes[status] = "failed"
+    assert outcomes == {"SUCCEEDED": "success", "CANCELLED": "skipped", "FAILED": "failed", "TIMEOUT_EXCEEDED": "failed"}
+
+
 def test_execute_reattaches_fails_fast_on_refusals_and_cancels_on_kill(monkeypatch):
     created, cancelled = [], []
     monkeypatch.setattr(LLMBatchHook, "create_job", lambda self, body: created.append(body) or _job())

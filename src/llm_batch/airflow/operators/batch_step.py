@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from llm_batch.airflow.hooks.llm_batch import LLMBatchApiError, LLMBatchHook, base_url_of
 from llm_batch.airflow.triggers.batch_job import BatchJobTrigger
@@ -140,6 +140,9 @@ class LLMBatchOperator(BaseOperator):
     :param cancel_on_kill: cancel the job when the running task is killed (marked failed or
         success by hand, ``execution_timeout`` of a non-deferred wait).
     :param cancel_on_timeout: cancel the job when the wait outlasts ``execution_timeout``.
+    A job that ends CANCELLED ends the task skipped (a cancel is a decision, not a failure);
+    FAILED and TIMEOUT_EXCEEDED end it failed.
+
     :param max_failed_fraction: the task fails when more than this fraction of the requests
         ended as error lines (default 0.0: any error line fails it, so partial results are
         never passed on silently; e.g. 0.05 tolerates 5 %). The manifest is pushed (XCom key
@@ -302,6 +305,13 @@ class LLMBatchOperator(BaseOperator):
         total = manifest["request_count"]
         failed_fraction = manifest["errored"] / total if total else 0.0
         problem = None
+        if job["status"] == "CANCELLED":
+            # Someone stopped the job on purpose: not a failure of this pipeline. The task ends
+            # skipped (its downstream tasks skip too, by the default trigger rule), with the
+            # manifest of the partial results pushed.
+            context["ti"].xcom_push(key="manifest", value=manifest)
+            raise AirflowSkipException(f"llm-batch job {job['id']} was cancelled: "
+                                       f"{job.get('status_reason') or 'no reason given'}")
         if job["status"] != "SUCCEEDED":
             problem = f"llm-batch job {job['id']} ended {job['status']}: {job.get('status_reason') or 'no reason given'}"
         elif failed_fraction > self.max_failed_fraction:
