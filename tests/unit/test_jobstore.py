@@ -75,7 +75,7 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             drift = [d for d in compare_metadata(context, Base.metadata) if d[0] != "remove_table"
                      or d[1].name != "llm_batch_alembic_version"]
-        assert versions == [("0008",)]
+        assert versions == [("0009",)]
         assert drift == []
     finally:
         engine.dispose()
@@ -489,6 +489,55 @@ def test_list_expires_before_finds_overdue_jobs(store: JobStore):
     make_job(store)
     overdue, total = store.list_jobs(expires_before=T0 + timedelta(minutes=1))
     assert [j.id for j in overdue] == [soon.id] and total == 1
+
+
+def test_search_matches_id_prefix_file_name_path_and_labels_literally_per_owner(store: JobStore):
+    upload = store.create_file(owner="alice", purpose="batch", filename="Prompts_50%.jsonl", bytes=1, uri="/f/1")
+    by_file = make_job(store, id="job_aaa111", input={"file_ids": [upload.id]})
+    by_path = make_job(store, id="job_bbb222", input={"uri": "/data/nightly-eval.jsonl", "path": "/data/nightly-eval.jsonl"})
+    by_label = make_job(store, id="job_ccc333", labels={"team": "Search-Quality"})
+    make_job(store, id="job_ddd444", owner="bob", labels={"team": "search-quality"})
+
+    def found(text: str, owner: str | None = "alice") -> list[str]:
+        jobs, total = store.list_jobs(owner=owner, search=text)
+        assert total == len(jobs)
+        return sorted(j.id for j in jobs)
+
+    assert found("job_aaa") == [by_file.id]  # id prefix
+    assert found("aaa111") == []  # an id matches by prefix only
+    assert found("prompts_50%") == [by_file.id]  # file name, any case, % literal
+    assert found("prompts_5_") == [] and found("%") == [by_file.id]  # wildcards are plain characters
+    assert found("nightly") == [by_path.id]
+    assert found("search-quality") == [by_label.id]  # another owner's job is not listed
+    assert found("team") == [by_label.id]  # a label key
+    assert found("search-quality", owner=None) == sorted([by_label.id, "job_ddd444"])  # admins: every owner
+    with pytest.raises(ValueError, match="1-200"):
+        store.list_jobs(search="x" * 201)
+
+
+def test_search_pages_with_the_keyset_cursor(store: JobStore):
+    ids = [make_job(store, labels={"run": "sweep"}, created_at=T0 + timedelta(seconds=i)).id for i in range(5)]
+    make_job(store, labels={"run": "other"})
+    seen, after = [], None
+    while True:
+        jobs, total = store.list_jobs(search="sweep", limit=2, after=after)
+        assert total == 5
+        seen += [j.id for j in jobs]
+        if len(jobs) < 2:
+            break
+        after = jobs[-1].id
+    assert seen == ids[::-1]
+
+
+def test_a_derived_job_names_its_source(store: JobStore):
+    from llm_batch.core.job_request import DerivedFrom
+
+    source = make_job(store)
+    retry = make_job(store, derived_from=DerivedFrom(source.id, "retry"))
+    assert store.get_job(retry.id).derived_from == DerivedFrom(source.id, "retry")
+    assert source.derived_from is None
+    with pytest.raises(ValueError, match="unknown"):
+        DerivedFrom(source.id, "clone")
 
 
 # -- files --------------------------------------------------------------------------------

@@ -14,6 +14,22 @@ from llm_batch.core.job_input import JobInput
 # pipeline and the runtime never read it: what differs is a field of the job's JobInput.
 DIALECTS = ("openai", "mistral", "scale", "airflow")
 
+# How a job can be made from an ended one: ``retry`` runs only its failed and never-run
+# lines, ``rerun`` all of its input again (llm_batch.pipeline.rerun).
+DERIVED_KINDS = ("retry", "rerun")
+
+
+@dataclass(frozen=True)
+class DerivedFrom:
+    """The job a new job was made from, and how (one of DERIVED_KINDS)."""
+
+    job_id: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in DERIVED_KINDS:
+            raise ValueError(f"derived kind {self.kind!r} is unknown; use one of {', '.join(DERIVED_KINDS)}")
+
 
 @dataclass(frozen=True)
 class JobRequest:
@@ -32,3 +48,4 @@ class JobRequest:
     resources: dict[str, Any] = field(default_factory=dict)
     max_runtime_sec: int | None = None
     id: str | None = None  # a chosen job id (a run's, the native route's); None: generated
+    derived_from: DerivedFrom | None = None  # a retry or rerun of an ended job

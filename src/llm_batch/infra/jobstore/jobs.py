@@ -16,16 +16,16 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Row, delete, select, update
+from sqlalchemy import ColumnElement, Row, Text, cast, delete, func, or_, select, update
 
 from llm_batch.core.endpoints import parse_endpoint
-from llm_batch.core.job_request import JobRequest
+from llm_batch.core.job_request import DerivedFrom, JobRequest
 from llm_batch.core.jobs import JobStatus, check_transition
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
 from llm_batch.infra.jobstore.paging import check_page, given, matching, ordering, owned, page
 from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, require_non_negative, utcnow
 from llm_batch.infra.jobstore.snapshots import DIALECTS, Job
-from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
+from llm_batch.infra.jobstore.tables import FILES, HISTORY, JOBS, SHARDS
 from llm_batch.infra.jobstore.webhooks import enqueue_job_end
 
 # The timestamps a status sets when it is entered (each only if still unset, so a
@@ -46,6 +46,34 @@ _JOB_ORDER_COLUMNS = {"created_at", "updated_at", "priority"}
 
 def new_job_id() -> str:
     return f"job_{uuid.uuid4().hex}"
+
+
+MAX_SEARCH_LENGTH = 200
+
+
+def search_filter(text: str) -> ColumnElement[bool]:
+    """Jobs whose id starts with `text`, or whose uploaded input file's name, input (its
+    path, file ids) or labels (keys and values, as stored JSON text) contain it; ignoring
+    case, `text` taken literally (LIKE wildcards escaped). Input files are the owner's
+    ``kind="input"`` files named in the job's stored input."""
+    if not 1 <= len(text) <= MAX_SEARCH_LENGTH:
+        raise ValueError(f"search must be 1-{MAX_SEARCH_LENGTH} characters, got {len(text)}")
+    needle = text.lower()
+    c = JOBS.c
+    input_text = func.lower(cast(c.input, Text))
+    named_file = (
+        select(FILES.c.id)
+        .where(FILES.c.owner == c.owner, FILES.c.kind == "input",
+               func.lower(FILES.c.filename).contains(needle, autoescape=True),
+               cast(c.input, Text).contains(FILES.c.id))
+        .exists()
+    )
+    return or_(
+        func.lower(c.id).startswith(needle, autoescape=True),
+        input_text.contains(needle, autoescape=True),
+        func.lower(cast(c.labels, Text)).contains(needle, autoescape=True),
+        named_file,
+    )
 
 
 def job_snapshot(row: Row) -> Job:
@@ -75,7 +103,7 @@ class Jobs(Protocol):
         labels: dict[str, Any] | None = None, priority: int = 0, data_parallelism: int = 1,
         resources: dict[str, Any] | None = None, max_runtime_sec: int | None = None,
         expires_at: datetime | None = None, dag_run_id: str | None = None, id: str | None = None,
-        created_at: datetime | None = None,
+        created_at: datetime | None = None, derived_from: DerivedFrom | None = None,
     ) -> Job: ...
     def create_requested_job(self, request: JobRequest, owner: str, *, dag_run_id: str | None = None) -> Job: ...
     def get_job(self, job_id: str, owner: str | None = None) -> Job | None: ...
@@ -83,7 +111,7 @@ class Jobs(Protocol):
         self, owner: str | None = None, statuses: Iterable[JobStatus | str] | None = None, model: str | None = None,
         metadata: Mapping[str, str] | None = None, created_after: datetime | None = None, dialect: str | None = None,
         expires_before: datetime | None = None, order_by: str = "-created_at", limit: int = 100, offset: int = 0,
-        after: str | None = None,
+        after: str | None = None, search: str | None = None,
     ) -> tuple[list[Job], int]: ...
     def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job: ...
     def end_job(self, job_id: str, status: JobStatus | str, reason: str | None = None) -> Job: ...
@@ -153,6 +181,7 @@ class JobRepository(Repository):
         dag_run_id: str | None = None,
         id: str | None = None,
         created_at: datetime | None = None,
+        derived_from: DerivedFrom | None = None,
     ) -> Job:
         """Insert a QUEUED job and return it.
 
@@ -190,6 +219,8 @@ class JobRepository(Repository):
             max_runtime_sec=max_runtime_sec,
             expires_at=expires_at,
             dag_run_id=dag_run_id,
+            derived_from_id=derived_from.job_id if derived_from else None,
+            derived_kind=derived_from.kind if derived_from else None,
             status=JobStatus.QUEUED.value,
             created_at=created_at,
             updated_at=created_at,
@@ -203,7 +234,7 @@ class JobRepository(Repository):
             input=request.input.stored(), input_format=request.input_format, model_config=request.model_config,
             array_output_uri=request.output_uri, metadata=request.metadata, labels=request.labels,
             priority=request.priority, data_parallelism=request.data_parallelism, resources=request.resources,
-            max_runtime_sec=request.max_runtime_sec, dag_run_id=dag_run_id,
+            max_runtime_sec=request.max_runtime_sec, dag_run_id=dag_run_id, derived_from=request.derived_from,
         )
 
     def get_job(self, job_id: str, owner: str | None = None) -> Job | None:
@@ -223,8 +254,13 @@ class JobRepository(Repository):
         limit: int = 100,
         offset: int = 0,
         after: str | None = None,
+        search: str | None = None,
     ) -> tuple[list[Job], int]:
         """One page of jobs matching every given filter, and how many match in all.
+
+        ``search`` (``search_filter``) matches a job id by prefix, the name of an uploaded
+        input file, the input path, or a label's key or value, case-insensitively and
+        literally (``%`` and ``_`` are plain characters).
 
         ``metadata`` matches jobs whose metadata has each key with that (string) value.
         ``order_by`` is ``[-]created_at|updated_at|priority`` (ties broken by id).
@@ -245,6 +281,8 @@ class JobRepository(Repository):
             filters.append(c.expires_at < expires_before)
         for key, value in (metadata or {}).items():
             filters.append(c.metadata[key].as_string() == str(value))
+        if search is not None:
+            filters.append(search_filter(search))
         with self._transaction(write=False) as connection:
             rows, total = page(connection, JOBS, filters, order, limit, offset, after, owner=owner)
             return [job_snapshot(r) for r in rows], total

@@ -120,6 +120,9 @@ class JobRow(Base):
 
     owner: Mapped[str] = mapped_column(String(256))
     dag_run_id: Mapped[str | None] = mapped_column(String(256))
+    # A job made from another (llm_batch.core.job_request.DerivedFrom): its id and how.
+    derived_from_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    derived_kind: Mapped[str | None] = mapped_column(String(16))
 
     __table_args__ = (
         Index("ix_jobs_owner_created_at", "owner", "created_at"),

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from llm_batch.core.job_input import JobInput
-from llm_batch.core.job_request import DIALECTS
+from llm_batch.core.job_request import DIALECTS, DerivedFrom
 from llm_batch.core.jobs import JobStatus
 
 __all__ = ["DIALECTS", "FILE_KINDS", "ApiKey", "FileObject", "Job", "ShardRecord"]
@@ -67,6 +67,8 @@ class Job:
     tokens_per_s: float = 0.0
     errors: list[dict[str, Any]] = field(default_factory=list)
     dag_run_id: str | None = None
+    derived_from_id: str | None = None  # the job this one was made from (retry, rerun)
+    derived_kind: str | None = None  # how: one of llm_batch.core.job_request.DERIVED_KINDS
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, JobInput):  # a row's stored JSON (a dict)
@@ -79,6 +81,13 @@ class Job:
     @property
     def cancel_requested(self) -> bool:
         return self.cancel_requested_at is not None
+
+    @property
+    def derived_from(self) -> DerivedFrom | None:
+        """The job this one was made from, and how; None for an ordinary job."""
+        if self.derived_from_id is None or self.derived_kind is None:
+            return None
+        return DerivedFrom(self.derived_from_id, self.derived_kind)
 
 
 @dataclass(frozen=True, slots=True)
