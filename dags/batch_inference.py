@@ -17,9 +17,10 @@ A job's shard tasks wait in its lane: the pool of its GPU type (the local pool u
 local runner) at its priority band's weight, set on each task instance from the run's conf
 by llm-batch's cluster policy (`llm_batch.airflow.policies`).
 
-`finalize` emits an asset event through the alias `llm-batch-results` for every job that
-succeeded (the event's `extra`: job id, status, counts, labels), so a DAG scheduled on
-that alias (or on the output asset) runs when a batch completes; it fails the run of a
+`finalize` emits one asset event through the alias `llm-batch-results` for every job that
+succeeded, on its result file (the event's `extra`: job id, status, counts, labels), so a
+DAG scheduled on that alias runs once per completed batch; the other assets a job updates
+(a Scale array output, a recurring spec's asset) get theirs through `llm-batch-more-results`; it fails the run of a
 FAILED or TIMEOUT_EXCEEDED job with the reason. A CANCELLED job's run ends success (a cancel
 is a user's decision, not a failure of the pipeline). Each ended run's note gives the job's
 status, counts and link (the plugin's listener).
@@ -44,8 +45,11 @@ from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.pipeline import steps
 
 SETTINGS = get_settings()
-# Every completed batch's output is an asset event through this alias.
+# Every completed batch is ONE asset event through this alias (its result file); the other
+# assets it updates (a Scale array output, a recurring spec's asset) go through the second,
+# so a consumer of the first sees each job once.
 RESULTS_ALIAS = "llm-batch-results"
+MORE_RESULTS_ALIAS = "llm-batch-more-results"
 # The registry's models (a YAML read, no model_registry import): the form's choices.
 MODELS = steps.registry_model_names(SETTINGS)
 
@@ -165,13 +169,15 @@ def _registered_job_id() -> str:
 
 
 def _emit_results(job: Any) -> None:
-    """An asset event for the job's output (and for a recurring spec's own asset)."""
-    alias = AssetAlias(RESULTS_ALIAS)
+    """One asset event for the job's result file through RESULTS_ALIAS; one for each other
+    asset it updates (its array output, a recurring spec's own asset) through MORE_RESULTS_ALIAS."""
     outlet_events = get_current_context()["outlet_events"]
     extra = {"job_id": job.id, "status": job.status.value, "total": job.total, "succeeded": job.succeeded,
              "failed": job.failed, "labels": {str(k): str(v) for k, v in (job.labels or {}).items()},
              "output_uri": job.output_uri, "array_output_uri": job.array_output_uri}
-    for uri in steps.result_asset_uris(job):
+    uris = steps.result_asset_uris(job)
+    for n, uri in enumerate(uris):
+        alias = AssetAlias(RESULTS_ALIAS if n == 0 else MORE_RESULTS_ALIAS)
         outlet_events[alias].add(Asset(uri=uri), extra=extra)
 
 
@@ -221,7 +227,7 @@ with DAG(
         return [shard.model_dump() for shard in steps.plan(store, SETTINGS, job_id)]
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5),
-          outlets=[AssetAlias(RESULTS_ALIAS)])
+          outlets=[AssetAlias(RESULTS_ALIAS), AssetAlias(MORE_RESULTS_ALIAS)])
     def finalize() -> str:
         """merge -> finalize: the outputs in input order, then the job's terminal status."""
         job_id = _registered_job_id()

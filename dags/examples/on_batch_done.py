@@ -2,8 +2,11 @@
 
 `batch_inference`'s finalize emits an asset event through the alias `llm-batch-results`
 for each job that succeeded: the asset is the job's output file, the event's `extra`
-holds the job id, status, counts and labels. This DAG is scheduled on that alias, so it
-runs once per completed batch; its task reads the events that triggered it. Start from it
+holds the job id, status, counts and labels. This DAG is scheduled on that alias; its task
+reads the events that triggered it, one per completed batch (Airflow may batch several
+into one run). Its first run after you unpause it also gets the batches completed since
+Airflow first parsed it (Airflow's rule for a new consumer without catchup: the event window
+starts when the DAG started scheduling on its assets, paused or not). Start from it
 for post-processing (load the results somewhere, notify a team). New DAGs start paused:
 unpause it to use it. A recurring spec's own asset (`llm-batch://recurring/<name>`)
 works the same way for the batches of one spec.
@@ -15,10 +18,12 @@ from datetime import datetime
 
 from airflow.sdk import DAG, AssetAlias, get_current_context, task
 
+RESULTS_ALIAS = "llm-batch-results"  # one event per completed batch (dags/batch_inference.py)
+
 with DAG(
     dag_id="llm_batch_on_batch_done",
     description="Example: runs when an llm-batch batch completes",
-    schedule=AssetAlias("llm-batch-results"),
+    schedule=AssetAlias(RESULTS_ALIAS),
     start_date=datetime(2025, 1, 1),
     catchup=False,
     is_paused_upon_creation=True,
@@ -29,14 +34,15 @@ with DAG(
     @task
     def report_batches() -> list[dict]:
         """The completed batches behind this run: one dict per asset event."""
-        events = get_current_context()["triggering_asset_events"]
+        # Read the alias's events only: Airflow lists each event under its asset AND under
+        # the alias it came through, so iterating every key sees each batch twice.
+        events = get_current_context()["triggering_asset_events"][AssetAlias(RESULTS_ALIAS)]
         done = []
-        for asset, asset_events in events.items():
-            for event in asset_events:
-                extra = dict(event.extra or {})
-                print(f"batch {extra.get('job_id')} done: {extra.get('succeeded')}/{extra.get('total')} "
-                      f"succeeded, output {getattr(asset, 'uri', asset)}")
-                done.append({"uri": getattr(asset, "uri", str(asset)), **extra})
+        for event in events:
+            extra = dict(event.extra or {})
+            print(f"batch {extra.get('job_id')} done: {extra.get('succeeded')}/{extra.get('total')} "
+                  f"succeeded, output {event.asset.uri}")
+            done.append({"uri": event.asset.uri, **extra})
         return done
 
     report_batches()

@@ -66,7 +66,7 @@ def test_batch_dag_wiring(dag_bag):
     # The graph: prepare, one mapped shard task, finalize (three tasks a job); no lane tasks.
     assert {t.task_id for t in dag.tasks} == {"prepare", "run_shard", "finalize"}
     shard = dag.get_task("run_shard")
-    assert [o.name for o in dag.get_task("finalize").outlets] == ["llm-batch-results"]
+    assert [o.name for o in dag.get_task("finalize").outlets] == ["llm-batch-results", "llm-batch-more-results"]
     # The parse-time lane (each task instance gets its run's from shard_routing).
     assert (shard.pool, shard.priority_weight) == ("llm_batch_local", 10)
     assert dag.get_task("finalize").trigger_rule == "all_done"

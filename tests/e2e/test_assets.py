@@ -81,6 +81,12 @@ def test_succeeded_job_emits_an_event_and_runs_the_consumer(e2e_stack, airflow, 
         return state if state in ("success", "failed") else None
 
     assert wait_until(f"{CONSUMER} run to finish", finished, 180, poll=2) == "success"
+    # The consumer saw each batch once (Airflow lists an event under its asset and its alias:
+    # reading every key would see each twice).
+    entry = airflow.call("GET", f"/dags/{CONSUMER}/dagRuns/{run['dag_run_id']}/taskInstances/report_batches"
+                                "/xcomEntries/return_value", params={"deserialize": True})
+    seen = [batch["job_id"] for batch in entry["value"]]
+    assert job.id in seen and len(seen) == len(set(seen)), seen
 
 
 def test_cancelled_job_emits_no_event(e2e_stack, airflow, batch_client, job_logs, tmp_path):
