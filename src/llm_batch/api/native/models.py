@@ -4,7 +4,7 @@ and the ``llm-batch`` CLI speak."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -18,7 +18,7 @@ from llm_batch.infra.jobstore import Job
 _UNIX = "Unix time in seconds"
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 
-__all__ = ["JOB_ID_PATTERN", "CreateJob", "JobList", "JobOut", "JobRequestItem"]
+__all__ = ["JOB_ID_PATTERN", "CreateJob", "DerivedFromOut", "JobList", "JobOut", "JobRequestItem"]
 
 
 class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline request
@@ -128,6 +128,15 @@ class JobUsage(BaseModel):
     engine_seconds: float = Field(description="Seconds the engines spent on the job's shards, summed")
 
 
+class DerivedFromOut(BaseModel):
+    """The ended job a job was made from, and how."""
+
+    job_id: str = Field(description="The id of the job it was made from")
+    kind: Literal["retry", "rerun"] = Field(
+        description="`retry`: only that job's failed and never-run lines; `rerun`: all of its input again"
+    )
+
+
 class JobOut(BaseModel):
     """A job in the canonical words: every job is readable here by id, whichever route or
     Airflow run created it."""
@@ -160,6 +169,11 @@ class JobOut(BaseModel):
     status_reason: str | None = Field(default=None, description="Why the job is in its status (a failure's reason)")
     dag_run_id: str | None = Field(default=None, description="The batch_inference DAG run that drives the job")
     labels: dict[str, Any] = Field(description="The job's labels")
+    derived_from: DerivedFromOut | None = Field(
+        default=None,
+        description="The job this one was made from by `POST /v1/jobs/{id}/retry` or `/rerun`; null for a job "
+        "submitted otherwise",
+    )
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -189,6 +203,8 @@ class JobOut(BaseModel):
             status_reason=job.status_reason,
             dag_run_id=job.dag_run_id,
             labels=dict(job.labels or {}),
+            derived_from=DerivedFromOut(job_id=job.derived_from.job_id, kind=job.derived_from.kind)
+            if job.derived_from else None,
         )
 
 
