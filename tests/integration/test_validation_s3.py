@@ -72,8 +72,8 @@ def _cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 def test_cli_reads_s3_and_writes_the_job_there(s3_bucket: str, capsys) -> None:
     uri = f"s3://{s3_bucket}/my batch/in put.jsonl"  # spaces in keys
     storage.write_bytes(uri, b"\xef\xbb\xbf" + chat_line("a").replace(b"\n", b"\r\n") + b"junk")
-    status, out, err = _cli(capsys, uri, "--job", "j-s3", "--work-uri", f"s3://{s3_bucket}/work")
-    assert status == 0, err
+    status, out, err = _cli(capsys, uri, "--job", "j-s3", "--work-uri", f"s3://{s3_bucket}/work", "--json")
+    assert status == 1, err  # a bad line: the others would run
     assert json.loads(out)["errors"][0]["line"] == 2
     layout = JobLayout(f"s3://{s3_bucket}/work", "j-s3")
     assert len(storage.read_bytes(layout.validated).splitlines()) == 1

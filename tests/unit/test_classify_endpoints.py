@@ -108,7 +108,7 @@ def test_llm_batch_validate_takes_the_endpoints(capsys, tmp_path: Path, endpoint
     good = {"input": "x"} if endpoint == "/v1/classifications" else {"input": {"messages": CHAT}}
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"custom_id": c, "body": b}) + b"\n" for c, b in [("a", good), ("b", {})]))
-    assert main(["validate", str(path), "--endpoint", endpoint]) == 0
+    assert main(["validate", str(path), "--endpoint", endpoint, "--json"]) == 1
     printed = json.loads(capsys.readouterr().out)
     assert (printed["valid"], printed["invalid"]) == (1, 1) and printed["errors"][0]["line"] == 2
 

@@ -1,4 +1,5 @@
-"""``llm-batch validate``: the JSON it prints and its exit statuses."""
+"""``llm-batch validate``: its readable summary, the JSON it prints with --json, and its exit
+statuses (0 all valid, 1 some lines bad, 2 refused)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,42 @@ def batch(tmp_path: Path) -> Path:
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, dict | None, str]:
-    status = main(["validate", *argv])
+    status = main(["validate", *argv, "--json"])
     out, err = capsys.readouterr()
     return status, (json.loads(out) if out.strip() else None), err
 
 
-def test_prints_counts_and_errors_and_exits_0(capsys, batch: Path) -> None:
+def test_readable_summary_names_each_bad_line_and_exits_1(capsys, batch: Path) -> None:
+    status = main(["validate", str(batch)])
+    out, err = capsys.readouterr()
+    assert status == 1 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "4 lines read: 2 valid, 2 bad"
+    assert lines[1] == "bad lines by code: invalid_json 1, duplicate_custom_id 1"
+    assert lines[2].startswith("  line 2  custom_id=-  invalid_json: ")
+    assert lines[3].startswith("  line 3  custom_id=a  duplicate_custom_id: ")
+    assert len(lines) == 4
+
+
+def test_an_all_valid_batch_exits_0(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "ok.jsonl"
+    path.write_text(GOOD % "a" + GOOD % "b")
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out == "2 lines read: 2 valid, 0 bad\n"
+
+
+def test_the_summary_shows_the_first_bad_lines_and_says_how_many_more(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "many.jsonl"
+    path.write_text("junk\n" * 15 + GOOD % "ok")
+    assert main(["validate", str(path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("  line ") for line in lines) == 10
+    assert lines[-1] == "  ... and 5 more (all of them: --json)"
+
+
+def test_prints_counts_and_errors_and_exits_1(capsys, batch: Path) -> None:
     status, printed, err = run_cli(capsys, str(batch))
-    assert status == 0 and err == ""
+    assert status == 1 and err == ""
     assert set(printed) == {"total", "valid", "invalid", "errors"}
     assert (printed["total"], printed["valid"], printed["invalid"]) == (4, 2, 2)
     assert printed["errors"] == [
@@ -65,7 +94,7 @@ def test_endpoint_and_format_options(capsys, tmp_path: Path) -> None:
     path.write_text(json.dumps([{"prompt": "a"}, {"messages": [{"role": "user", "content": "b"}]}]))
     status, printed, _ = run_cli(capsys, str(path), "--format", "scale-v2",
                                  "--endpoint", "/v1/completions")
-    assert status == 0 and (printed["valid"], printed["invalid"]) == (1, 1)
+    assert status == 1 and (printed["valid"], printed["invalid"]) == (1, 1)
     assert printed["errors"][0]["code"] == "endpoint_mismatch"
 
 
@@ -79,7 +108,7 @@ def test_errors_are_capped_by_settings_counts_are_not(capsys, monkeypatch, tmp_p
     finally:
         monkeypatch.delenv("LLM_BATCH_MAX_REPORTED_ERRORS")
         get_settings.cache_clear()
-    assert status == 0
+    assert status == 1
     assert printed["invalid"] == 12 and len(printed["errors"]) == 3
 
 
@@ -88,22 +117,22 @@ def test_several_inputs_are_one_batch(capsys, tmp_path: Path) -> None:
     first.write_text(GOOD % "a")
     second.write_text(GOOD % "a")
     status, printed, _ = run_cli(capsys, str(first), str(second))
-    assert status == 0 and printed["errors"][0]["code"] == "duplicate_custom_id"
+    assert status == 1 and printed["errors"][0]["code"] == "duplicate_custom_id"
     assert str(second) in printed["errors"][0]["message"]
 
 
 def test_console_entry_point_reads_stdin(batch: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "validate", "-"],
+    done = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "validate", "-", "--json"],
                           input=batch.read_bytes(), capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["valid"] == 2
 
 
 def test_scale_v1_from_a_pipe_is_read_twice() -> None:
     content = b'{"prompts": ["a", "b", ""], "max_new_tokens": 5, "temperature": 0.5}'
     done = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "validate", "--format",
-                           "scale-v1", "-"], input=content, capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+                           "scale-v1", "-", "--json"], input=content, capture_output=True, timeout=120)
+    assert done.returncode == 1, done.stderr
     printed = json.loads(done.stdout)
     assert (printed["total"], printed["valid"]) == (3, 2)
     assert printed["errors"][0]["line"] == 3
@@ -112,7 +141,7 @@ def test_scale_v1_from_a_pipe_is_read_twice() -> None:
 def test_job_option_writes_the_files_shard_reads(capsys, batch: Path) -> None:
     work = Path(get_settings().work_uri)
     status, printed, _ = run_cli(capsys, str(batch), "--job", "j1")
-    assert status == 0 and printed["valid"] == 2
+    assert status == 1 and printed["valid"] == 2
     assert sorted(p.name for p in (work / "j1").iterdir()) == [
         "validated.jsonl", "validation.json", "validation_errors.jsonl"]
     assert len((work / "j1" / "validation_errors.jsonl").read_text().splitlines()) == 2
@@ -148,5 +177,5 @@ def test_media_endpoints_accept_valid_lines(capsys, tmp_path: Path, endpoint: st
     path = tmp_path / "media.jsonl"
     path.write_text("".join(json.dumps({"custom_id": f"m{i}", "body": b}) + "\n" for i, b in enumerate(bodies)))
     status, printed, _ = run_cli(capsys, str(path), "--endpoint", endpoint)
-    assert status == 0 and (printed["valid"], printed["invalid"]) == (3, 1)
+    assert status == 1 and (printed["valid"], printed["invalid"]) == (3, 1)
     assert printed["errors"][0]["line"] == 4 and printed["errors"][0]["code"] == "invalid_media"

@@ -99,7 +99,7 @@ def test_fim_lines_are_checked_one_by_one_with_line_numbers():
 def test_llm_batch_validate_checks_fim_lines(capsys, tmp_path: Path):
     path = tmp_path / "fim.jsonl"
     path.write_bytes(_lines({"prompt": "def f(", "suffix": "):"}, {"prompt": 3}))
-    status = main(["validate", str(path), "--endpoint", FIM])
+    status = main(["validate", str(path), "--endpoint", FIM, "--json"])
     printed = json.loads(capsys.readouterr().out)
-    assert status == 0 and (printed["valid"], printed["invalid"]) == (1, 1)
+    assert status == 1 and (printed["valid"], printed["invalid"]) == (1, 1)
     assert printed["errors"][0]["line"] == 2 and printed["errors"][0]["message"].startswith("body.prompt:")

@@ -1,10 +1,14 @@
-"""``llm-batch validate INPUT... [--endpoint E] [--format F] [--job ID]``: check a batch offline.
+"""``llm-batch validate INPUT... [--endpoint E] [--format F] [--job ID] [--json]``: check a batch offline.
 
-Prints one JSON object ``{"total", "valid", "invalid", "errors": [{"line", "custom_id",
-"code", "message"}, ...]}``; errors are capped at Settings.max_reported_errors
-(LLM_BATCH_MAX_REPORTED_ERRORS, default 100), counts never are. Exit status 0 when at least
-one request is valid, 2 otherwise and when the input cannot be read or exceeds a limit
-(the reason on stderr).
+Prints a readable summary: lines read, valid, bad, the bad ones by error code, and the first
+bad lines (``line 12  custom_id=abc  invalid_body: ...``). ``--json`` prints one JSON object
+``{"total", "valid", "invalid", "errors": [{"line", "custom_id", "code", "message"}, ...]}``
+instead. Errors are capped at Settings.max_reported_errors (LLM_BATCH_MAX_REPORTED_ERRORS,
+default 100), counts never are.
+
+Exit status: 0 every line is valid; 1 some lines are bad (a job of this batch would run the
+valid ones and report each bad one as an error line); 2 the batch would be refused: no valid
+line, unreadable input, a limit exceeded (the reason on stderr).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import BinaryIO
@@ -26,8 +31,11 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.infra import storage
 from llm_batch.infra.storage import StorageError
 
-EXIT_VALID = 0
+EXIT_VALID = 0  # every line is valid
+EXIT_BAD_LINES = 1  # some lines are bad: a job would run the others
 EXIT_REJECTED = 2  # no valid request, unreadable input, or a limit exceeded
+# Bad lines the readable summary shows (--json shows up to max_reported_errors).
+SHOWN_ERRORS = 10
 
 FORMATS = INPUT_FORMATS
 
@@ -35,7 +43,7 @@ FORMATS = INPUT_FORMATS
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "validate",
-        help="check a batch input offline and print counts and errors as JSON",
+        help="check a batch input offline: counts and bad lines (exit 0 all valid, 1 some bad, 2 refused)",
         description=__doc__.splitlines()[0],
     )
     parser.add_argument(
@@ -55,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also write the job's validated.jsonl, validation_errors.jsonl and "
                              "validation.json under the work prefix, ready for `llm-batch shard`")
     parser.add_argument("--work-uri", help="work prefix for --job (default: LLM_BATCH_WORK_URI)")
+    parser.add_argument("--json", action="store_true", help="print the counts and errors as one JSON object")
     parser.set_defaults(func=run)
 
 
@@ -71,11 +80,37 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_REJECTED
     except BatchRejected as exc:
         if exc.report is not None:  # read through: the counts and errors still help
-            sys.stdout.write(orjson.dumps(exc.report.summary()).decode() + "\n")
+            _print(exc.report.summary(), args.json)
         print(f"llm-batch validate: rejected ({exc.reason}): {exc}", file=sys.stderr)
         return EXIT_REJECTED
-    sys.stdout.write(orjson.dumps(report.summary()).decode() + "\n")
-    return EXIT_VALID
+    summary = report.summary()
+    _print(summary, args.json)
+    return EXIT_BAD_LINES if summary["invalid"] else EXIT_VALID
+
+
+def _print(summary: dict, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+        return
+    sys.stdout.write(readable(summary))
+
+
+def readable(summary: dict) -> str:
+    """The summary for a person: counts, bad lines by code, the first bad lines."""
+    total, valid, invalid = summary["total"], summary["valid"], summary["invalid"]
+    lines = [f"{total} line{'s' if total != 1 else ''} read: {valid} valid, {invalid} bad"]
+    errors = summary["errors"]
+    if errors:
+        by_code = Counter(e["code"] for e in errors)
+        counted = ", ".join(f"{code} {n}" for code, n in by_code.most_common())
+        more = " (of the first reported)" if len(errors) < invalid else ""
+        lines.append(f"bad lines by code{more}: {counted}")
+        for e in errors[:SHOWN_ERRORS]:
+            custom_id = f"custom_id={e['custom_id']}" if e["custom_id"] is not None else "custom_id=-"
+            lines.append(f"  line {e['line']}  {custom_id}  {e['code']}: {e['message']}")
+        if invalid > SHOWN_ERRORS:
+            lines.append(f"  ... and {invalid - SHOWN_ERRORS} more (all of them: --json)")
+    return "\n".join(lines) + "\n"
 
 
 def _layout(args: argparse.Namespace):
