@@ -93,6 +93,33 @@ def test_the_cli_passes_every_option_and_refuses_a_bad_model_config(monkeypatch,
     assert "must be a JSON object" in capsys.readouterr().err
 
 
+def test_submit_takes_the_model_from_the_lines_when_they_agree(monkeypatch, capsys, tmp_path):
+    stub = _submit_stub()
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    from llm_batch.cli.main import main
+
+    def write(name: str, models: list) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"custom_id": f"c{i}", "body": {"messages": [], **({"model": m} if m else {})}})
+                                + "\n" for i, m in enumerate(models)) + "not json\n")
+        return path
+
+    # Every line that names one names the same: that one (a line naming none runs it too).
+    assert main(["submit", str(write("same.jsonl", ["tiny", None, "tiny"])), "--new"]) == 0
+    assert json.loads(stub.seen[-1].content)["model"] == "tiny"
+    sent = len(stub.seen)
+    # Different models, or none at all: a usage error naming them, before any request.
+    assert main(["submit", str(write("mixed.jsonl", ["a", "b", "a"])), "--new"]) == 2
+    err = capsys.readouterr().err
+    assert "2 models" in err and "'a' (line 1)" in err and "'b' (line 2)" in err and "--model" in err
+    assert main(["submit", str(write("none.jsonl", [None, None])), "--new"]) == 2
+    assert "no line names a model" in capsys.readouterr().err
+    assert len(stub.seen) == sent
+    # --model wins over the lines.
+    assert main(["submit", str(write("given.jsonl", ["a", "b"])), "--model", "m", "--new"]) == 0
+    assert json.loads(stub.seen[-1].content)["model"] == "m"
+
+
 def test_scale_files_are_sent_as_jsonl_lines_numbered_by_position(tmp_path):
     v2 = tmp_path / "v2.json"
     v2.write_text(json.dumps([{"messages": [{"role": "user", "content": "a"}], "guided_choice": ["x", "y"]},

@@ -1,6 +1,6 @@
 """``llm-batch submit | jobs | job | cancel | results``: jobs through the batch REST API.
 
-    llm-batch submit FILE --endpoint E --model M [--shards N] [--format F] [--max-runtime SEC]
+    llm-batch submit FILE --endpoint E [--model M] [--shards N] [--format F] [--max-runtime SEC]
                           [--model-config JSON] [--output URI] [--wait] [--idempotency-key KEY | --new]
     llm-batch jobs [--limit N]
     llm-batch job ID [--wait]
@@ -8,7 +8,8 @@
     llm-batch results ID [--errors] [-o FILE]
 
 ``submit`` uploads the file (streamed, any size up to the server's limit) and creates the job
-through the native route (``POST /batch/v1/jobs``) with every option; ``jobs``, ``job``,
+through the native route (``POST /batch/v1/jobs``) with every option (without ``--model``: the
+model the lines name, when they all name the same one); ``jobs``, ``job``,
 ``cancel`` read the same route, so statuses are the canonical words
 (``llm_batch.core.jobs.JobStatus``). See llm_batch.infra.api_client.
 
@@ -58,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("file", type=Path, help="the requests (JSONL, or a Scale JSON file with --format); "
                         "uploaded streamed, so any size up to the server's upload limit")
     submit.add_argument("--endpoint", default="/v1/chat/completions", help="e.g. /v1/chat/completions")
-    submit.add_argument("--model", required=True, help="a registered model name (llm-batch models list)")
+    submit.add_argument("--model", help="a registered model name (llm-batch models list); default: the model "
+                        "the file's lines name (body.model), when they all name the same one")
     submit.add_argument("--shards", type=int, default=1, help="shards run in parallel (data_parallelism)")
     submit.add_argument("--format", dest="input_format", default="jsonl", choices=INPUT_FORMATS,
                         help="the file's format; a Scale file's requests get their positions as custom_ids")
@@ -109,9 +111,17 @@ def _submit(args: argparse.Namespace) -> int:
     if not args.file.is_file():
         return _usage(f"{args.file}: no such file")
 
+    model = args.model
+    if model is None:
+        if args.input_format != "jsonl":
+            return _usage(f"--model is required for a {args.input_format} file")
+        model, problem = model_of_lines(args.file)
+        if problem:
+            return _usage(f"{problem}: give --model")
+
     def run(client: BatchClient) -> int:
         job = client.submit(
-            args.file, endpoint=args.endpoint, model=args.model, shards=args.shards,
+            args.file, endpoint=args.endpoint, model=model, shards=args.shards,
             input_format=args.input_format, max_runtime_sec=args.max_runtime, output_path=args.output,
             model_config=args.model_config, idempotency_key=args.idempotency_key, new=args.new,
         )
@@ -120,6 +130,28 @@ def _submit(args: argparse.Namespace) -> int:
         return _wait_and_report(client, job) if args.wait else EXIT_SUCCEEDED
 
     return _with_client(run)
+
+
+def model_of_lines(path: Path) -> tuple[str | None, str | None]:
+    """(the model every JSONL line's body names, None), or (None, why not): no line names one,
+    or lines name different ones (the first line of each, so the user can find them).
+    Lines that do not parse or name none are left to validation."""
+    first_line_of: dict[str, int] = {}
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                body = orjson.loads(line).get("body")
+            except (orjson.JSONDecodeError, AttributeError):
+                continue
+            named = body.get("model") if isinstance(body, dict) else None
+            if isinstance(named, str) and named and named not in first_line_of:
+                first_line_of[named] = number
+    if len(first_line_of) == 1:
+        return next(iter(first_line_of)), None
+    if not first_line_of:
+        return None, f"{path}: no line names a model (body.model)"
+    named = ", ".join(f"{m!r} (line {n})" for m, n in list(first_line_of.items())[:5])
+    return None, f"{path}: the lines name {len(first_line_of)} models: {named}"
 
 
 def _jobs(args: argparse.Namespace) -> int:
