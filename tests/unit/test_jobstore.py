@@ -494,7 +494,7 @@ def test_list_expires_before_finds_overdue_jobs(store: JobStore):
 def test_search_matches_id_prefix_file_name_path_and_labels_literally_per_owner(store: JobStore):
     upload = store.create_file(owner="alice", purpose="batch", filename="Prompts_50%.jsonl", bytes=1, uri="/f/1")
     by_file = make_job(store, id="job_aaa111", input={"file_ids": [upload.id]})
-    by_path = make_job(store, id="job_bbb222", input={"uri": "/data/nightly-eval.jsonl", "path": "/data/nightly-eval.jsonl"})
+    by_path = make_job(store, id="job_bbb222", input={"uri": "/store/x/nightly-eval.jsonl", "path": "/data/nightly-eval.jsonl"})
     by_label = make_job(store, id="job_ccc333", labels={"team": "Search-Quality"})
     make_job(store, id="job_ddd444", owner="bob", labels={"team": "search-quality"})
 
@@ -508,6 +508,7 @@ def test_search_matches_id_prefix_file_name_path_and_labels_literally_per_owner(
     assert found("prompts_50%") == [by_file.id]  # file name, any case, % literal
     assert found("prompts_5_") == [] and found("%") == [by_file.id]  # wildcards are plain characters
     assert found("nightly") == [by_path.id]
+    assert found("/store/x") == []  # the stored URI is ours, not the user's: only the path they gave
     assert found("search-quality") == [by_label.id]  # another owner's job is not listed
     assert found("team") == [by_label.id]  # a label key
     assert found("search-quality", owner=None) == sorted([by_label.id, "job_ddd444"])  # admins: every owner

@@ -19,6 +19,7 @@ from llm_batch.api.cancellation import cancel_job, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
+from llm_batch.api.native.derived import derive_job
 from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, JobList, JobOut
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.submission import (
@@ -38,6 +39,7 @@ from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore import DuplicateId, Job, JobStore
+from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.infra.model_registry import ModelError, job_model_config
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=IdempotentRoute)
@@ -167,19 +169,35 @@ def list_jobs(
         str | None, Query(max_length=128, pattern=JOB_ID_PATTERN, description="The `next_cursor` of the previous page")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="Jobs per page, 1-1000")] = 100,
+    q: Annotated[
+        str | None, Query(min_length=1, max_length=MAX_SEARCH_LENGTH, pattern=r"^[^\x00-\x1f\x7f]+$",
+                          description="Search, 1-200 printable characters taken literally, any case: a job id "
+                          "(prefix), an uploaded input file's name or the input path, a label's key or value")
+    ] = None,
 ) -> JobList:
     wanted = label_pairs(label or [])
     if not caller.is_admin and owner not in (None, caller.name):
         return JobList(data=[], next_cursor=None, has_more=False)
     data, has_more, _ = labelled_jobs(
         store, wanted, limit=limit, after=after, batch=min(MAX_PAGE_SIZE, max(limit + 1, 100)),
-        owner=owner if caller.is_admin else caller.name, statuses=status, model=model)
+        owner=owner if caller.is_admin else caller.name, statuses=status, model=model, search=q)
     return JobList(data=[JobOut.of(j) for j in data], next_cursor=data[-1].id if has_more else None, has_more=has_more)
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job")
 def get_job(job_id: str, caller: CallerDep, store: StoreDep) -> JobOut:
     return JobOut.of(owned_job(store, job_id, caller.owner_filter, _KIND))
+
+
+@router.post("/{job_id}/retry", response_model=JobOut,
+             summary="Retry an ended job's failed and never-run lines as a new job (409 when there are none)")
+def retry(job_id: str, submitting: SubmittingDep) -> JobOut:
+    return JobOut.of(derive_job(submitting, job_id, "retry"))
+
+
+@router.post("/{job_id}/rerun", response_model=JobOut, summary="Run an ended job's whole input again as a new job")
+def rerun(job_id: str, submitting: SubmittingDep) -> JobOut:
+    return JobOut.of(derive_job(submitting, job_id, "rerun"))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (idempotent; an ended job is answered as it is)")

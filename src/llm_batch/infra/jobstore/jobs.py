@@ -52,15 +52,14 @@ MAX_SEARCH_LENGTH = 200
 
 
 def search_filter(text: str) -> ColumnElement[bool]:
-    """Jobs whose id starts with `text`, or whose uploaded input file's name, input (its
-    path, file ids) or labels (keys and values, as stored JSON text) contain it; ignoring
-    case, `text` taken literally (LIKE wildcards escaped). Input files are the owner's
-    ``kind="input"`` files named in the job's stored input."""
+    """Jobs whose id starts with `text`, or whose input file's name (an upload, the stored
+    inline requests), input path as the user spelt it, or labels (keys and values, as the
+    stored JSON text) contain it; ignoring case, `text` taken literally (LIKE wildcards
+    escaped). Input files are the owner's ``kind="input"`` files the job's input names."""
     if not 1 <= len(text) <= MAX_SEARCH_LENGTH:
         raise ValueError(f"search must be 1-{MAX_SEARCH_LENGTH} characters, got {len(text)}")
     needle = text.lower()
     c = JOBS.c
-    input_text = func.lower(cast(c.input, Text))
     named_file = (
         select(FILES.c.id)
         .where(FILES.c.owner == c.owner, FILES.c.kind == "input",
@@ -70,7 +69,7 @@ def search_filter(text: str) -> ColumnElement[bool]:
     )
     return or_(
         func.lower(c.id).startswith(needle, autoescape=True),
-        input_text.contains(needle, autoescape=True),
+        func.lower(c.input["path"].as_string()).contains(needle, autoescape=True),
         func.lower(cast(c.labels, Text)).contains(needle, autoescape=True),
         named_file,
     )
