@@ -201,8 +201,8 @@ _REF = "#/components/schemas/"
 _ERROR_DESCRIPTIONS = {
     400: "Refused: the message says why, `param` where",
     401: "No usable credentials: none, malformed, unknown, revoked or expired (see WWW-Authenticate)",
-    403: "Authenticated but not allowed: no read right on batch_inference runs, a read-only user (viewer) on a write, "
-    "or a non-admin on an admin route (/v1/usage)",
+    403: "Authenticated but not allowed: no read right on batch_inference runs, or a read-only user (viewer) on a "
+    "write",
     404: "No such object, or one that is not the caller's (the same answer)",
     409: "Conflicts with the state of an object: cancelling an ended job, deleting a file a job still reads, "
     "an output another job writes",

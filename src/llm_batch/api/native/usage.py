@@ -1,6 +1,7 @@
 """``GET /v1/usage``: tokens, requests, engine and GPU seconds summed over jobs, grouped by
-owner, model or label, for accounting. Admins only (an admin API key or an Airflow Admin);
-anyone else gets 403, whatever the parameters."""
+owner, model or label, for accounting. Admins (an admin API key or an Airflow Admin) see
+every owner's jobs, or one owner's with ``owner``; anyone else sees only their own jobs,
+whatever ``owner`` they ask for (the answer's ``owner`` says whose jobs were counted)."""
 
 from __future__ import annotations
 
@@ -8,27 +9,14 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
-from llm_batch.api.auth import Caller, CallerDep
+from llm_batch.api.auth import CallerDep
 from llm_batch.api.errors import ApiError
 from llm_batch.api.native.usage_models import UsageGroup, UsageGrouping, UsageList
 from llm_batch.api.state import StoreDep
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"])
-
-
-def require_admin(caller: CallerDep) -> Caller:
-    """The caller, if an admin; else 403. A dependency, so it answers before the query
-    parameters are checked (a non-admin learns nothing about them)."""
-    if not caller.is_admin:
-        raise ApiError(403, f"{caller.name!r} is not an admin: the usage report covers every owner's jobs, "
-                       "so it needs an admin API key (llm-batch api-key create NAME --admin) or an Airflow Admin",
-                       code="forbidden")
-    return caller
-
-
-AdminDep = Annotated[Caller, Depends(require_admin)]
 
 
 def parse_since(text: str) -> datetime:
@@ -50,9 +38,10 @@ def parse_since(text: str) -> datetime:
                        f"(2026-01-01, 2026-01-01T12:00:00Z) ({exc})", param="since", code="invalid_value") from None
 
 
-@router.get("", response_model=UsageList, summary="Usage summed over jobs, by owner, model or label (admins only)")
+@router.get("", response_model=UsageList,
+            summary="Usage summed over jobs, by owner, model or label (your own jobs; admins: every owner's)")
 def get_usage(
-    caller: AdminDep,
+    caller: CallerDep,
     store: StoreDep,
     by: Annotated[
         UsageGrouping | None,
@@ -64,7 +53,12 @@ def get_usage(
         Query(max_length=64, description="Only jobs created at or after this time: Unix seconds or ISO 8601 "
               "(no zone: UTC)"),
     ] = None,
+    owner: Annotated[
+        str | None,
+        Query(max_length=256, description="Admins: only this owner's jobs; others always get only their own"),
+    ] = None,
 ) -> UsageList:
     start = parse_since(since) if since is not None else None
-    rows = store.usage(by=by, since=start)
-    return UsageList(by=by, since=start, data=[UsageGroup.of(row) for row in rows])
+    counted = owner if caller.is_admin else caller.name
+    rows = store.usage(by=by, since=start, owner=counted)
+    return UsageList(by=by, since=start, owner=counted, data=[UsageGroup.of(row) for row in rows])

@@ -63,7 +63,8 @@ class UsageGroup(BaseModel):
 
 
 class UsageList(BaseModel):
-    """The usage report of `GET /v1/usage` (admins only): one entry per group."""
+    """The usage report of `GET /v1/usage`: one entry per group, of the caller's own jobs
+    (admins: every owner's, or the `owner` asked for)."""
 
     object: Literal["list"] = Field("list", description="Always `list`")
     by: UsageGrouping | None = Field(
@@ -71,6 +72,11 @@ class UsageList(BaseModel):
     )
     since: datetime | None = Field(
         description="Only jobs created at or after this time (UTC, ISO 8601) are counted; null: every job"
+    )
+    owner: str | None = Field(
+        default=None,
+        description="Whose jobs are counted: the caller's own name for a non-admin, the `owner` an admin asked "
+        "for, null: every owner's (admins)",
     )
     data: list[UsageGroup] = Field(
         description="One entry per group, ordered by group (empty when no job matches a `by`)"
