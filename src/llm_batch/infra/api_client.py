@@ -287,9 +287,20 @@ class BatchClient:
         """Request the cancel (idempotent; an ended job is answered as it is)."""
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 
+    def retry_job(self, job_id: str, idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /v1/jobs/{id}/retry``: a new job of the ended job's failed and never-run
+        lines (its ``derived_from`` names the source); 409 when there are none."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", f"/v1/jobs/{job_id}/retry", headers=headers)
+
+    def rerun_job(self, job_id: str, idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /v1/jobs/{id}/rerun``: a new job of the ended job's whole input."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", f"/v1/jobs/{job_id}/rerun", headers=headers)
+
     def list_jobs(self, **params: Any) -> dict[str, Any]:
-        """``GET /v1/jobs`` (filters: status, model, label, owner, after, limit): a page
-        ``{"data", "next_cursor", "has_more"}``, newest first."""
+        """``GET /v1/jobs`` (filters: status, model, label, owner, q (search), after, limit):
+        a page ``{"data", "next_cursor", "has_more"}``, newest first."""
         return self._call("GET", "/v1/jobs", params={k: v for k, v in params.items() if v is not None})
 
     # -- jobs as JobViews (the CLI's) -------------------------------------------------------
@@ -350,9 +361,10 @@ class BatchClient:
     def job(self, job_id: str) -> JobView:
         return JobView.of(self.get_job(job_id))
 
-    def jobs(self, limit: int = 20) -> list[JobView]:
-        """The caller's newest jobs, newest first: every route's and every Airflow run's."""
-        return [JobView.of(body) for body in self.list_jobs(limit=limit)["data"]]
+    def jobs(self, limit: int = 20, search: str | None = None) -> list[JobView]:
+        """The caller's newest jobs, newest first: every route's and every Airflow run's;
+        with `search`, those whose id, input file name or path, or labels match it."""
+        return [JobView.of(body) for body in self.list_jobs(limit=limit, q=search)["data"]]
 
     def cancel(self, job_id: str) -> JobView:
         return JobView.of(self.cancel_job(job_id))
@@ -374,7 +386,8 @@ class BatchClient:
     # -- usage (/v1/usage) ----------------------------------------------------------------
 
     def usage(self, by: str | None = None, since: datetime | None = None) -> dict[str, Any]:
-        """``GET /v1/usage`` (admins only): ``{"object": "list", "by", "since", "data": [...]}``,
+        """``GET /v1/usage`` (a non-admin's own jobs; admins every owner's): ``{"object": "list",
+        "by", "since", "owner", "data": [...]}``,
         one entry per group (owner, model, label ``key=value``; one ``(all)`` without `by`)."""
         params = {"by": by, "since": since.isoformat() if since is not None else None}
         return self._call("GET", "/v1/usage", params={k: v for k, v in params.items() if v is not None})
