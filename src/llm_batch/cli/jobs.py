@@ -2,7 +2,7 @@
 
     llm-batch submit FILE --endpoint E [--model M] [--shards N] [--format F] [--max-runtime SEC]
                           [--model-config JSON] [--output URI] [--wait] [--idempotency-key KEY | --new]
-    llm-batch jobs [--limit N]
+    llm-batch jobs [--limit N] [--search TEXT]
     llm-batch job ID [--wait]
     llm-batch cancel ID
     llm-batch results ID [--errors] [-o FILE]
@@ -84,6 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     listing = subparsers.add_parser("jobs", help="list your newest jobs")
     listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--search", metavar="TEXT",
+                         help="only jobs whose id starts with TEXT, or whose input file name or path, or a label's "
+                         "key or value, contains it (any case, taken literally)")
     listing.set_defaults(func=_jobs)
 
     show = subparsers.add_parser("job", help="show one job")
@@ -157,7 +160,7 @@ def model_of_lines(path: Path) -> tuple[str | None, str | None]:
 def _jobs(args: argparse.Namespace) -> int:
     def run(client: BatchClient) -> int:
         rows = [("ID", "STATUS", "MODEL", "DONE/TOTAL", "FAILED", "CREATED")]
-        for job in client.jobs(limit=args.limit):
+        for job in client.jobs(limit=args.limit, search=args.search):
             rows.append((job.id, job.status, job.model or "-", f"{job.completed}/{job.total}",
                          str(job.failed), _when(job.created_at)))
         print_table(rows)
