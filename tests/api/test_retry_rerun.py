@@ -172,3 +172,46 @@ def test_an_idempotency_key_makes_a_retry_happen_once(client, creds, api_store):
     assert first.json()["id"] == second.json()["id"]
     derived = [j for j in api_store.list_jobs(owner="alice", limit=1000)[0] if j.derived_from_id == source["id"]]
     assert len(derived) == 1
+
+
+def test_cli_retry_rerun_and_jobs_search(live_server, creds, api_store, monkeypatch, capsys):
+    from llm_batch.cli.main import main
+
+    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
+    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])
+    tag = uuid.uuid4().hex[:8]
+    job = api_store.create_job(dialect="airflow", endpoint="/v1/chat/completions", model=MODEL, owner="alice",
+                               labels={"cli": tag})
+    # Not ended yet: the API's 409 is exit 2 with its message.
+    assert main(["retry", job.id]) == 2
+    assert "QUEUED" in capsys.readouterr().err  # the API's message: only an ended job can be retried
+    file_id = api_store.create_file(owner="alice", purpose="batch", filename=f"cli-{tag}.jsonl", bytes=1,
+                                    uri=_stored_input(chat_lines(3))).id
+    source = api_store.create_job(dialect="airflow", endpoint="/v1/chat/completions", model=MODEL, owner="alice",
+                                  labels={"cli": tag}, input={"file_ids": [file_id]}, input_format="jsonl")
+    _end_with_errors(api_store, source.id, [_engine_error("req-2", 3)], "FAILED", succeeded=2)
+
+    assert main(["retry", source.id]) == 0
+    out, err = capsys.readouterr()
+    retried = out.splitlines()[-1]  # (the in-process server's logs share stdout)
+    assert retried.startswith("job_") and f"retry of {source.id}" in err
+    assert api_store.get_job(retried).derived_from_id == source.id
+    assert _input_of(api_store, retried) == chat_lines(3).splitlines(keepends=True)[2]
+
+    assert main(["rerun", source.id]) == 0
+    rerun = capsys.readouterr().out.splitlines()[-1]
+    assert api_store.get_job(rerun).derived_kind == "rerun" and api_store.get_job(rerun).input.file_ids == [file_id]
+
+    assert main(["jobs", "--search", f"cli-{tag}", "--limit", "50"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("job_")}
+    assert listed == {source.id, rerun}  # the file name; the retry reads its own retry-of file
+
+
+def _stored_input(content: bytes) -> str:
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import join_uri
+    from llm_batch.infra import storage
+
+    uri = join_uri(get_settings().files_uri, f"cli-{uuid.uuid4().hex}")
+    storage.write_bytes(uri, content)
+    return uri

@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.cli.engine_host",
     "llm_batch.cli.engine_service",
     "llm_batch.cli.jobs",
+    "llm_batch.cli.retry",
     "llm_batch.cli.usage",
     "llm_batch.cli.webhook",
 )
