@@ -1,5 +1,5 @@
 """``llm-batch usage``: tokens, requests, engine and GPU seconds summed over jobs, through the
-batch REST API (``GET /v1/usage``, admins only: the key must be an admin key).
+batch REST API (``GET /v1/usage``): your own jobs; with an admin key, every owner's.
 
     llm-batch usage [--by owner|model|label] [--since 7d|2026-11-01|<ISO 8601>] [--json]
 
@@ -7,7 +7,7 @@ Every job counts, whatever its status (live jobs with their live counts). ``--by
 one group per label ``key=value``; a job with two labels counts in both groups, jobs without
 labels in the group ``(none)``. Without ``--by``: one group, ``(all)``. GPU seconds: each
 job's engine seconds x its GPUs (1 when the job names none; 0 for a job recorded with 0).
-Exit codes: 0, or 2 for a usage or HTTP error (bad arguments, not an admin key, no answer).
+Exit codes: 0, or 2 for a usage or HTTP error (bad arguments, a refused key, no answer).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ _RELATIVE = re.compile(r"(\d+)([smhdw])")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "usage", help="tokens, requests, engine and GPU seconds summed over jobs (needs an admin key)",
+        "usage", help="tokens, requests, engine and GPU seconds summed over your jobs (admins: everyone's)",
         description="Tokens, requests, engine and GPU seconds summed over jobs (any status; live jobs with their "
-        "live counts), through the batch REST API (GET /v1/usage): needs an admin API key. GPU seconds: each job's "
+        "live counts), through the batch REST API (GET /v1/usage): your own jobs; an admin API key sees every owner's. GPU seconds: each job's "
         "engine seconds x its GPUs (1 when the job names none, 0 for a job recorded with 0 GPUs).",
     )
     parser.add_argument(
