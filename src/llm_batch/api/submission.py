@@ -42,9 +42,11 @@ from llm_batch.infra import input_files, storage, user_paths
 from llm_batch.infra.jobstore import Job, JobStore, new_file_id
 from llm_batch.infra.model_registry import (
     ModelError,
+    ModelNotPrepared,
     Registry,
     check_local_checkpoint,
     load_registry,
+    submission_problems,
     validate_model_config,
 )
 
@@ -120,6 +122,7 @@ def check_model(
         if endpoint in _FEATURE_ENDPOINTS:
             spec = model_registry(settings).models.get(model)
             _check_serves(endpoint, model, spec.task if spec else "generate", spec.features if spec else [], param)
+        check_engine_would_start(model, model_config, settings, param)
         return
     try:
         spec = model_registry(settings).get(model)
@@ -127,6 +130,25 @@ def check_model(
         raise ApiError(400, str(exc), param=param, code="unknown_model") from None
     if endpoint in SUPPORTED_ENDPOINTS:
         _check_serves(endpoint, model, spec.task, spec.features, param)
+    check_engine_would_start(model, model_config, settings, param)
+
+
+def check_engine_would_start(model: str, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:
+    """A 400 now for what the engine would refuse minutes later: a model not prepared, engine
+    arguments its checkpoint rules out (``submission_problems``); only where the api-server
+    sees the workers' model cache (``check_models_at_submit``)."""
+    if not settings.check_models_at_submit:
+        return
+    config = validate_model_config({**model_config, "model": model})
+    try:
+        problems = submission_problems(config, model_registry(settings), settings)
+    except ModelNotPrepared as exc:
+        raise ApiError(400, str(exc), param=param, code="model_not_ready") from None
+    except ModelError:
+        return  # the checks above name registry problems; the rest is the worker's
+    if problems:
+        field, why = problems[0]
+        raise ApiError(400, f"model_config.{field}: {why}", param=f"model_config.{field}", code="invalid_model_config")
 
 
 _FEATURE_ENDPOINTS = frozenset(e.value for e in FEATURE_OF_ENDPOINT)
@@ -162,6 +184,18 @@ def check_user_path(uri: str, param: str, settings: Settings, caller: Caller) ->
         raise ApiError(400, f"{param}: {exc}", param=param, code="path_not_allowed") from None
     except user_paths.PathUnavailable as exc:
         raise path_unavailable(param, exc) from None
+
+
+def check_input_readable(uri: str, given: str, param: str, settings: Settings, caller: Caller) -> None:
+    """An input file a job names must exist and be readable now, not when its run validates
+    it minutes later; a missing one gets the answer of a path hidden from the caller."""
+    try:
+        with storage.open_read(uri) as stream:
+            stream.read(1)
+    except storage.ObjectNotFound:
+        raise path_unavailable(param, user_paths.unavailable(given, caller.name, settings)) from None
+    except (storage.StorageError, OSError) as exc:
+        raise ApiError(400, f"{param}: {given} cannot be read: {exc}", param=param, code="input_unreadable") from None
 
 
 def path_unavailable(param: str, why: object) -> ApiError:

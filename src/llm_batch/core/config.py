@@ -54,6 +54,11 @@ class Settings(BaseSettings):
     database_url: str = ""
     model_registry: Path | None = None
     model_cache: Path | None = None
+    # The API refuses a job whose registered model is not prepared in model_cache, and engine
+    # arguments its checkpoint's config.json rules out (llm_batch.infra.model_registry.
+    # submission_problems). False where the api-server does not see the workers' model cache
+    # (the Celery shape's workers, Kubernetes pods with their own volume).
+    check_models_at_submit: bool = True
     # vLLM without graph compilation: ~20 s start instead of ~60 s on CPU (tests, CI, embedded).
     enforce_eager: bool = False
     # Run vLLM's engine core inside the worker's process (None: yes on CPU, no on GPU).

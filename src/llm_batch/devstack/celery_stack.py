@@ -175,6 +175,8 @@ class CeleryStack(Stack):
             "AWS_SECRET_ACCESS_KEY": self.state["s3_secret"],
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_EC2_METADATA_DISABLED": "true",
+            # The api-server does not see the workers' model caches (each prepares its own).
+            "LLM_BATCH_CHECK_MODELS_AT_SUBMIT": "false",
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
             "AIRFLOW__CELERY__BROKER_URL": self.redis_url,

@@ -635,6 +635,41 @@ def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | N
     _raise_problems(problems)
 
 
+def submission_problems(config: ModelConfig, registry: Registry, settings: Settings) -> list[tuple[str, str]]:
+    """What the engine would refuse at start-up, found where the API can see it (its own
+    model cache, the checkpoint's config.json; no vLLM import): ``ModelNotPrepared`` for a
+    registered model that is not prepared, else (field, why) for a max_model_len above the
+    checkpoint's max_position_embeddings (vLLM refuses it unless rope scaling stretches the
+    context) and a tensor_parallel_size that does not divide its attention heads. A
+    checkpoint the API cannot read here (s3://, a hub id) is the worker's to check."""
+    spec = _spec_for(config, registry)
+    if config.checkpoint_path:
+        if "://" in config.checkpoint_path:
+            return []
+        path = _user_local_dir(config.checkpoint_path, settings, "checkpoint")
+    elif spec is not None and spec.prepare is not None:
+        path = _registered_checkpoint_dir(config.model, spec, settings)  # ModelNotPrepared
+    else:
+        return []
+    try:
+        checkpoint = orjson.loads((path / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return []
+    text = checkpoint.get("text_config") if isinstance(checkpoint.get("text_config"), dict) else checkpoint
+    args = job_engine_args(config, registry, settings)
+    problems: list[tuple[str, str]] = []
+    limit, asked = text.get("max_position_embeddings"), args.get("max_model_len")
+    stretched = text.get("rope_scaling") or checkpoint.get("rope_scaling") or config.rope_scaling
+    if isinstance(limit, int) and isinstance(asked, int) and asked > limit and not stretched:
+        problems.append(("max_model_len", f"{asked} is above the model's context ({limit} tokens, "
+                         "max_position_embeddings of its config.json): the engine refuses it"))
+    heads, tp = text.get("num_attention_heads"), args.get("tensor_parallel_size")
+    if isinstance(heads, int) and isinstance(tp, int) and tp > 1 and heads % tp:
+        problems.append(("tensor_parallel_size", f"{tp} does not divide the model's {heads} attention heads: "
+                         "the engine refuses it"))
+    return problems
+
+
 def job_engine_args(
     config: ModelConfig, registry: Registry, settings: Settings | None = None
 ) -> dict[str, Any]:

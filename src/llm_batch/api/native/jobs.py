@@ -26,6 +26,7 @@ from llm_batch.api.submission import (
     SubmittingDep,
     check_endpoint,
     check_input_files,
+    check_input_readable,
     check_model,
     check_output_target,
     check_user_path,
@@ -85,6 +86,8 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
     weight = priority_weight(settings, body.priority)
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
     input_uri = check_user_path(body.input_uri, "input_uri", settings, caller) if body.input_uri else None
+    if input_uri is not None and body.input_uri is not None:
+        check_input_readable(input_uri, body.input_uri, "input_uri", settings, caller)
     output_uri = None
     if body.output_uri is not None:
         output_uri = check_user_path(body.output_uri, "output_uri", settings, caller)
