@@ -172,6 +172,11 @@ def test_an_idempotency_key_makes_a_retry_happen_once(client, creds, api_store):
     assert first.json()["id"] == second.json()["id"]
     derived = [j for j in api_store.list_jobs(owner="alice", limit=1000)[0] if j.derived_from_id == source["id"]]
     assert len(derived) == 1
+    # The same key on another job's retry is another request: refused, not answered with this one.
+    other = _create(client, alice, _upload(client, alice, chat_lines(2)))
+    _end_with_errors(api_store, other["id"], [_not_run("req-1", 2)], "CANCELLED", succeeded=1)
+    reused = client.post(f"/v1/jobs/{other['id']}/retry", headers=headers)
+    assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused", reused.text
 
 
 def test_cli_retry_rerun_and_jobs_search(live_server, creds, api_store, monkeypatch, capsys):

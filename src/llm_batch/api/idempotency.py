@@ -143,6 +143,9 @@ async def idempotency_key(
     route_obj = request.scope.get("route")
     route = f"{request.method} {getattr(route_obj, 'path_format', request.url.path)}"
     body_hash = await fingerprint(request)
+    if request.path_params:  # a route on an object (POST /v1/jobs/{job_id}/retry): which object counts too
+        params = "\0".join(f"{k}={v}" for k, v in sorted(request.path_params.items()))
+        body_hash = hashlib.sha256(f"{params}\0{body_hash}".encode()).hexdigest()
     deadline = time.monotonic() + WAIT_S
     delay = 0.02
     record = None
