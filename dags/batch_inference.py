@@ -164,7 +164,7 @@ def _registered_job_id() -> str:
     job_id = ti.xcom_pull(task_ids="prepare", key=JOB_ID_KEY)
     if job_id is None:
         why = ti.xcom_pull(task_ids="prepare", key=REFUSED_KEY)
-        raise _rejected(jobs.JobRejected(f"the run was refused, no job was made: {why or 'see the prepare log'}"))
+        raise _rejected(jobs.JobRejected(f"the run was refused: {why or 'see the prepare log'}"))
     return job_id
 
 
@@ -217,7 +217,7 @@ with DAG(
             trusted = user is None or airflow_users.is_admin(user)
             job_id = steps.register(store, SETTINGS, conf, dag_run.run_id, trusted=trusted)
         except jobs.JobRejected as exc:
-            ti.xcom_push(key=REFUSED_KEY, value=str(exc))  # no job: finalize repeats it
+            ti.xcom_push(key=REFUSED_KEY, value=str(exc))  # finalize repeats it
             raise _rejected(exc) from exc
         ti.xcom_push(key=JOB_ID_KEY, value=job_id)
         try:

@@ -114,8 +114,36 @@ def test_bad_conf_is_refused(batch_dag):
 def test_unsupported_resources_fail_the_run_with_the_reason(batch_dag, store):
     dag_run = batch_dag.test(run_conf={"job_id": "job_multinode", "input_uri": "/x.jsonl", "nodes_per_worker": 2})
     assert dag_run.state == "failed"
-    assert store.get_job("job_multinode") is None
     assert "nodes_per_worker=2" in _refused(dag_run)
+    _assert_refused_job(store, "job_multinode", dag_run, "nodes_per_worker=2")
+
+
+def _assert_refused_job(store, job_id: str, dag_run, reason: str) -> None:
+    """A refused run leaves a FAILED job with the reason (seen on the page and in the API),
+    no input recorded, and (the run-end listener's) a one-line note saying why."""
+    from llm_batch.api.listeners import run_note
+
+    job = store.get_job(job_id)
+    assert job is not None and job.status.value == "FAILED", job
+    assert job.status_reason.startswith("the run was refused: ") and reason in job.status_reason, job.status_reason
+    assert job.dag_run_id == dag_run.run_id and job.input.uri is None and not job.input.file_ids
+    note = run_note(job)
+    assert "FAILED" in note and "the run was refused" in note, note
+    assert _note_after_run_end(dag_run) == note
+
+
+def _note_after_run_end(dag_run) -> str | None:
+    """The run's note as the plugin's run-end listener writes it (dag.test runs without the
+    plugin: the listener is called here, in a session as the scheduler's)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    from llm_batch.api import listeners
+
+    with create_session() as session:
+        listeners._on_run_end(session.get(DagRun, dag_run.id), "failed", None)
+    with create_session() as session:
+        return session.get(DagRun, dag_run.id).note
 
 
 def _refused(dag_run) -> str:
@@ -142,8 +170,8 @@ def test_bad_conf_beyond_the_form_is_one_red_task(batch_dag, store, conf, reason
     job_id = f"job_bad_{abs(hash(reason)) % 10**8}"
     dag_run = batch_dag.test(run_conf={"job_id": job_id, "input_uri": "/x.jsonl", **conf})
     assert dag_run.state == "failed"
-    assert store.get_job(job_id) is None  # one mistake in a conf makes no job
     assert reason in _refused(dag_run)
+    _assert_refused_job(store, job_id, dag_run, reason)  # one mistake: a FAILED job saying why
     states = _states(dag_run)
     # One mistake: prepare fails (no retry), the shards never start, finalize fails once with
     # the reason (a run's state is its last task's) instead of three times on "job None".
@@ -161,7 +189,34 @@ def test_unknown_model_is_refused_at_register_naming_the_known_ones(store):
                                                "model": "gpt-4o-mini"}, "run_unknown_model", trusted=True)
     assert "model 'gpt-4o-mini' is not in the model registry" in str(refused.value)
     assert "tiny-random-llama" in str(refused.value)
-    assert store.get_job("job_unknown_model") is None
+    job = store.get_job("job_unknown_model")
+    assert job is not None and job.status.value == "FAILED" and "gpt-4o-mini" in job.status_reason
+
+
+def test_a_form_run_naming_a_path_it_may_not_use_fails_with_a_job_and_a_note(batch_dag, store, llm_batch_home):
+    """The Trigger form's run with an input path outside the user's area (here: another
+    owner's folder) or a model that is not prepared: a FAILED job naming why, prepare and
+    finalize fail once with the reason (no traceback as the only explanation)."""
+    job_id = "job_refused_path"
+    dag_run = batch_dag.test(run_conf={"job_id": job_id, "input_uri": "/etc/passwd"})
+    assert dag_run.state == "failed"
+    reason = _refused(dag_run)
+    assert "input_uri" in reason, reason
+    _assert_refused_job(store, job_id, dag_run, "input_uri")
+    states = _states(dag_run)
+    assert states["prepare"] == "failed" and states["finalize"] == "failed", states
+
+
+def test_a_run_naming_a_model_that_is_not_prepared_is_refused_with_a_failed_job(store):
+    from llm_batch.pipeline import steps
+
+    settings = get_settings().model_copy(update={"check_models_at_submit": True})
+    with pytest.raises(steps.JobRejected) as refused:
+        steps.register(store, settings, {"job_id": "job_not_prepared", "input_uri": "/x.jsonl",
+                                         "model": "smollm2-135m-instruct"}, "run_not_prepared", trusted=True)
+    assert "llm-batch models prepare" in str(refused.value)
+    job = store.get_job("job_not_prepared")
+    assert job.status.value == "FAILED" and "llm-batch models prepare" in job.status_reason
 
 
 @pytest.mark.engine

@@ -79,12 +79,23 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> 
         raise JobRejected(f"model {run.model!r} is not in the model registry; known models: {', '.join(known)}")
     # The API's own check of a model_config (the engine-argument allow-list among it), so a
     # run from the form or /api/v2 is refused here, not by its first shard.
-    from llm_batch.infra.model_registry import ModelError, validate_model_config  # heavy
+    from llm_batch.infra.model_registry import (  # heavy
+        ModelError,
+        load_registry,
+        submission_problems,
+        validate_model_config,
+    )
 
     try:
-        validate_model_config({**run.engine_config, "model": run.model})
-    except ModelError as exc:
+        config = validate_model_config({**run.engine_config, "model": run.model})
+        # Where the workers' model cache is visible here (check_models_at_submit).
+        problems = (submission_problems(config, load_registry(settings=settings), settings)
+                    if settings.check_models_at_submit else [])
+    except ModelError as exc:  # ModelNotPrepared among them
         raise JobRejected(str(exc)) from None
+    if problems:
+        field, why = problems[0]
+        raise JobRejected(f"model_config.{field}: {why}")
 
 
 def layout_of(settings: Settings, job_id: str) -> JobLayout:
@@ -119,8 +130,10 @@ def register(
 
     Records the DAG run on the job. A conf that cannot become a job (no input, unsupported
     resources, an unknown model, an owner that is no owner name, a path or an input file its
-    owner may not use) raises JobRejected naming the problem and makes no job: a mistake in a
-    form or a conf leaves nothing to clean up (the run's prepare task carries the reason).
+    owner may not use, a model not prepared, engine arguments the model rules out) raises
+    JobRejected naming the problem and leaves a FAILED job with the reason and no input (the
+    page, the API and the run's note show why); nothing runs, nothing to clean up. A conf
+    whose owner is no owner name, or naming another owner's job, makes no job.
     `trusted` runs (an admin's, or scheduled ones: their conf comes from an admin's spec) may
     name paths outside the owner's namespace and anyone's files.
     A conf naming another owner's existing job is refused and that job left alone.
@@ -138,12 +151,16 @@ def register(
         if existing.dag_run_id != dag_run_id:
             store.set_dag_run(job_id, dag_run_id)
         return job_id
-    check_resources(run.nodes_per_worker, run.gpu_type, settings.shard_runner)
-    check_run_inputs(conf, run, settings)
-    _check_input_files(store, run, trusted)
-    # The canonical spelling is what later steps read and write.
-    paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)
-             for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
+    try:
+        check_resources(run.nodes_per_worker, run.gpu_type, settings.shard_runner)
+        check_run_inputs(conf, run, settings)
+        _check_input_files(store, run, trusted)
+        # The canonical spelling is what later steps read and write.
+        paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)
+                 for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
+    except JobRejected as exc:
+        _record_refusal(store, settings, run, job_id, dag_run_id, str(exc))
+        raise
     request = run.job_request(
         job_id,
         input_uri=paths["input_uri"],
@@ -152,6 +169,18 @@ def register(
         max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
     )
     return store.create_requested_job(request, run.owner, dag_run_id=dag_run_id).id
+
+
+def _record_refusal(store: JobStore, settings: Settings, run: RunConf, job_id: str, dag_run_id: str,
+                    reason: str) -> None:
+    """A refused run (the form's, /api/v2's) still leaves a FAILED job with the reason, seen on
+    the page, in the API and (through the run-end listener) in the run's note. It keeps no
+    input: the refused paths and files are not the owner's to record."""
+    bare = run.model_copy(update={"input_uri": None, "input_file_ids": None, "input_requests": None})
+    request = bare.job_request(job_id, input_uri=None, output_uri=None, priority=0,
+                               max_runtime_sec=settings.default_max_runtime_sec)
+    store.create_requested_job(request, run.owner, dag_run_id=dag_run_id)
+    store.end_job(job_id, JobStatus.FAILED, f"the run was refused: {reason}")
 
 
 def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:
