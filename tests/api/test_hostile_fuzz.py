@@ -59,6 +59,8 @@ def samples(own_dir: str, file_id: str) -> dict[tuple[str, str], Any]:
                                "model_config": {"max_model_len": 256, "engine_args": {"max_num_seqs": 2}},
                                "labels": {"team": "a"}, "priority": "normal"},
         ("POST", "/v1/jobs/{job_id}/cancel"): None,
+        ("POST", "/v1/jobs/{job_id}/retry"): None,
+        ("POST", "/v1/jobs/{job_id}/rerun"): None,
         ("POST", "/v2/batch-completions/{batch_completion_id}"): {"priority": "high"},
         ("POST", "/v1/webhooks"): {"url": "https://hooks.example.com/x", "events": ["batch.completed"]},
         ("DELETE", "/v1/webhooks/{endpoint_id}"): None,
