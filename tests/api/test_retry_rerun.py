@@ -101,6 +101,10 @@ def test_retry_reads_exactly_the_failed_and_never_run_lines_in_order(client, cre
     found = client.get("/v1/jobs", headers=alice, params={"q": f"retry-of-{source['id']}"}).json()["data"]
     assert [j["id"] for j in found] == [job["id"]]
     assert client.get(f"/v1/jobs/{job['id']}", headers=alice).json()["derived_from"]["job_id"] == source["id"]
+    # The source lists what was made from it.
+    made = client.get("/v1/jobs", headers=alice, params={"derived_from": source["id"]}).json()["data"]
+    assert [j["id"] for j in made] == [job["id"]]
+    assert client.get("/v1/jobs", headers=creds.key("bob"), params={"derived_from": source["id"]}).json()["data"] == []
 
 
 def test_a_job_that_ended_before_anything_ran_retries_every_line(client, creds, api_store):

@@ -177,13 +177,18 @@ def list_jobs(
                           description="Search, 1-200 printable characters taken literally, any case: a job id "
                           "(prefix), an uploaded input file's name or the input path, a label's key or value")
     ] = None,
+    derived_from: Annotated[
+        str | None, Query(max_length=128, pattern=JOB_ID_PATTERN,
+                          description="Only the jobs made from this job (its retries and reruns)")
+    ] = None,
 ) -> JobList:
     wanted = label_pairs(label or [])
     if not caller.is_admin and owner not in (None, caller.name):
         return JobList(data=[], next_cursor=None, has_more=False)
     data, has_more, _ = labelled_jobs(
         store, wanted, limit=limit, after=after, batch=min(MAX_PAGE_SIZE, max(limit + 1, 100)),
-        owner=owner if caller.is_admin else caller.name, statuses=status, model=model, search=q)
+        owner=owner if caller.is_admin else caller.name, statuses=status, model=model, search=q,
+        derived_from=derived_from)
     return JobList(data=[JobOut.of(j) for j in data], next_cursor=data[-1].id if has_more else None, has_more=has_more)
 
 

@@ -110,7 +110,7 @@ class Jobs(Protocol):
         self, owner: str | None = None, statuses: Iterable[JobStatus | str] | None = None, model: str | None = None,
         metadata: Mapping[str, str] | None = None, created_after: datetime | None = None, dialect: str | None = None,
         expires_before: datetime | None = None, order_by: str = "-created_at", limit: int = 100, offset: int = 0,
-        after: str | None = None, search: str | None = None,
+        after: str | None = None, search: str | None = None, derived_from: str | None = None,
     ) -> tuple[list[Job], int]: ...
     def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job: ...
     def end_job(self, job_id: str, status: JobStatus | str, reason: str | None = None) -> Job: ...
@@ -254,12 +254,14 @@ class JobRepository(Repository):
         offset: int = 0,
         after: str | None = None,
         search: str | None = None,
+        derived_from: str | None = None,
     ) -> tuple[list[Job], int]:
         """One page of jobs matching every given filter, and how many match in all.
 
         ``search`` (``search_filter``) matches a job id by prefix, the name of an uploaded
         input file, the input path, or a label's key or value, case-insensitively and
-        literally (``%`` and ``_`` are plain characters).
+        literally (``%`` and ``_`` are plain characters). ``derived_from``: the jobs made
+        from that job (its retries and reruns).
 
         ``metadata`` matches jobs whose metadata has each key with that (string) value.
         ``order_by`` is ``[-]created_at|updated_at|priority`` (ties broken by id).
@@ -271,7 +273,7 @@ class JobRepository(Repository):
         require_aware(created_after=created_after, expires_before=expires_before)
         order = ordering(JOBS, order_by, _JOB_ORDER_COLUMNS)
         c = JOBS.c
-        filters = matching(JOBS, owner=owner, model=model, dialect=dialect)
+        filters = matching(JOBS, owner=owner, model=model, dialect=dialect, derived_from_id=derived_from)
         if statuses is not None:
             filters.append(c.status.in_([JobStatus(s).value for s in statuses]))
         if created_after is not None:
