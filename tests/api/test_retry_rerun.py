@@ -224,3 +224,13 @@ def _stored_input(content: bytes) -> str:
     uri = join_uri(get_settings().files_uri, f"cli-{uuid.uuid4().hex}")
     storage.write_bytes(uri, content)
     return uri
+
+
+def test_a_job_whose_model_is_gone_is_refused_naming_the_model(client, creds, api_store):
+    gone = api_store.create_job(dialect="airflow", endpoint="/v1/chat/completions", model="no-such-model-any-more",
+                                owner="alice")
+    api_store.end_job(gone.id, "CANCELLED")
+    for route in ("retry", "rerun"):
+        refused = client.post(f"/v1/jobs/{gone.id}/{route}", headers=creds.key("alice"))
+        assert refused.status_code == 400 and refused.json()["param"] == "model", refused.text
+    assert api_store.list_jobs(derived_from=gone.id)[1] == 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 from llm_batch.api.cancellation import owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.limits import check_owner_limits
-from llm_batch.api.submission import Submitting, save_inline_requests, submit
+from llm_batch.api.submission import Submitting, check_model, save_inline_requests, submit
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_request import DerivedFrom, JobRequest
 from llm_batch.infra.jobstore import Job
@@ -32,6 +32,9 @@ def derive_job(submitting: Submitting, job_id: str, kind: str) -> Job:
     caller, store, settings, trigger = submitting
     caller.require_submit()
     source = owned_job(store, job_id, caller.owner_filter, "job")
+    # What create checks, again: the model may have been removed or not be ready any more.
+    check_model(source.model, dict(source.model_config), settings, param="model", endpoint=source.endpoint,
+                caller=caller)
     check_owner_limits(store, settings, caller, new_jobs=1)
     try:
         if kind == "retry":
