@@ -59,10 +59,11 @@ def _create(client, headers, dialect: str, model: str, model_config: dict | None
         body = {"model": model, "endpoint": "/v1/chat/completions",
                 "requests": [{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}]}
         response = client.post("/v1/batch/jobs", headers=headers, json=body)
-    elif dialect == "scale":
+    elif dialect in ("scale", "scale-v1"):
         body = {"output_data_path": f"out-{uuid.uuid4().hex}.json", "model_config": {"model": model, **config}}
         body |= {"input_data_path": input_path} if input_path else {"content": [{"messages": [{"role": "user", "content": "hi"}]}]}
-        response = client.post("/v2/batch-completions", headers=headers, json=body)
+        url = "/v2/batch-completions" if dialect == "scale" else "/v1/llm/batch-completions"
+        response = client.post(url, headers=headers, json=body)
     else:  # openai: the model is in the lines
         file_id = _upload(client, headers, chat_lines(2, model=model))
         response = client.post("/v1/batches", headers=headers,
@@ -73,7 +74,7 @@ def _create(client, headers, dialect: str, model: str, model_config: dict | None
                                   "code": error.get("code")}
 
 
-@pytest.mark.parametrize("dialect", ["native", "mistral", "scale", "openai"])
+@pytest.mark.parametrize("dialect", ["native", "mistral", "scale", "scale-v1", "openai"])
 def test_a_model_that_is_not_prepared_is_refused_at_create(strict, creds, dialect):
     status, error = _create(strict, creds.key("alice"), dialect, NOT_PREPARED)
     assert status == 400, error
@@ -82,7 +83,7 @@ def test_a_model_that_is_not_prepared_is_refused_at_create(strict, creds, dialec
     assert _create(strict, creds.key("alice"), dialect, TINY_MODEL)[0] in (200, 201)
 
 
-@pytest.mark.parametrize("dialect", ["native", "scale"])
+@pytest.mark.parametrize("dialect", ["native", "scale", "scale-v1"])
 def test_engine_arguments_the_model_rules_out_are_refused_at_create(strict, creds, dialect):
     # The tiny model's config.json: max_position_embeddings 2048, 2 attention heads.
     status, error = _create(strict, creds.key("alice"), dialect, TINY_MODEL, {"max_model_len": 4096})
@@ -91,7 +92,13 @@ def test_engine_arguments_the_model_rules_out_are_refused_at_create(strict, cred
     assert status in (200, 201), error
 
 
-@pytest.mark.parametrize("dialect", ["native", "scale"])
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_at_create(strict, creds):
+    status, error = _create(strict, creds.key("alice"), "native", TINY_MODEL,
+                            {"engine_args": {"tensor_parallel_size": 3}})
+    assert status == 400 and error["param"] == "model_config.tensor_parallel_size", error
+
+
+@pytest.mark.parametrize("dialect", ["native", "scale", "scale-v1"])
 def test_an_input_path_that_does_not_exist_is_refused_at_create(strict, creds, alice_dir, dialect):
     missing = str(alice_dir / "no-such-input.jsonl")
     status, error = _create(strict, creds.key("alice"), dialect, TINY_MODEL, input_path=missing)

@@ -160,10 +160,13 @@ def test_register_makes_a_job_from_the_conf(store, settings):
         ({"input_uri": "/x.jsonl", "model_config": {"max_model_len": -1}}, "model_config.max_model_len"),
     ],
 )
-def test_register_refuses_naming_the_problem_and_makes_no_job(store, settings, conf, reason):
+def test_register_refuses_naming_the_problem_with_a_failed_job(store, settings, conf, reason):
+    job_id = f"job_refused_{uuid.uuid4().hex[:8]}"
     with pytest.raises(jobs.JobRejected, match=re.escape(reason)):
-        steps.register(store, settings, {"job_id": "job_refused", **conf}, _run_id())
-    assert store.get_job("job_refused") is None
+        steps.register(store, settings, {"job_id": job_id, **conf}, _run_id())
+    job = store.get_job(job_id)  # the reason, for the page, the API and the run's note
+    assert job.status == jobs.JobStatus.FAILED and reason in job.status_reason
+    assert job.input.uri is None and job.output_uri is None  # a refused path is not recorded
 
 
 def test_multi_node_workers_register_with_the_kubernetes_runner(store, settings):
@@ -247,14 +250,19 @@ def test_a_runs_input_files_are_its_users_own_batch_inputs(store, settings):
     alices, bobs, media = upload("alice"), upload("bob"), upload("alice", "ocr")
     conf = {"model": "tiny-random-llama", "owner": "alice"}
     answers = []
-    for file_id in (bobs, "file-missing"):
+    for n, file_id in enumerate((bobs, "file-missing")):
         with pytest.raises(jobs.JobRejected) as refused:
-            steps.register(store, settings, {**conf, "job_id": "job_refused", "input_file_ids": [alices, file_id]}, _run_id())
+            steps.register(store, settings, {**conf, "job_id": f"job_refused_{n}", "input_file_ids": [alices, file_id]}, _run_id())
         answers.append(str(refused.value).replace(file_id, "<id>"))
     assert answers[0] == answers[1] == "input_file_ids[1]: 'alice' has no file '<id>'"
     with pytest.raises(jobs.JobRejected, match=f"input_file_ids\\[0\\]: file '{media}' was uploaded with purpose 'ocr'"):
-        steps.register(store, settings, {**conf, "job_id": "job_refused", "input_file_ids": [media]}, _run_id())
-    assert store.get_job("job_refused") is None
+        steps.register(store, settings, {**conf, "job_id": "job_refused_2", "input_file_ids": [media]}, _run_id())
+    # Each refusal is a FAILED job naming why, with no input (bob's file id is not recorded);
+    # the same job id again (a cleared run) is refused the same way.
+    refused_job = store.get_job("job_refused_0")
+    assert refused_job.status == jobs.JobStatus.FAILED and refused_job.input == JobInput()
+    with pytest.raises(jobs.JobRejected, match="'alice' has no file"):
+        steps.register(store, settings, {**conf, "job_id": "job_refused_0", "input_file_ids": [alices]}, _run_id())
     assert store.get_job(steps.register(store, settings, {**conf, "input_file_ids": [alices]}, _run_id())).owner == "alice"
     trusted = steps.register(store, settings, {**conf, "input_file_ids": [bobs]}, _run_id(), trusted=True)
     assert store.get_job(trusted).input == JobInput(file_ids=[bobs])

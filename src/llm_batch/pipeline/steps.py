@@ -148,6 +148,9 @@ def register(
     if existing is not None:
         if not _run_may_drive(existing, run.owner, dag_run_id, trusted):
             raise JobRejected(f"job {job_id!r} belongs to another run; give a new job_id (or none)")
+        if existing.status == JobStatus.FAILED and (existing.status_reason or "").startswith(REFUSED):
+            # A cleared refused run, or another run naming its job id: refused the same way.
+            raise JobRejected(existing.status_reason.removeprefix(REFUSED))
         if existing.dag_run_id != dag_run_id:
             store.set_dag_run(job_id, dag_run_id)
         return job_id
@@ -171,16 +174,21 @@ def register(
     return store.create_requested_job(request, run.owner, dag_run_id=dag_run_id).id
 
 
+REFUSED = "the run was refused: "  # how a refused run's job reason starts
+
+
 def _record_refusal(store: JobStore, settings: Settings, run: RunConf, job_id: str, dag_run_id: str,
                     reason: str) -> None:
     """A refused run (the form's, /api/v2's) still leaves a FAILED job with the reason, seen on
     the page, in the API and (through the run-end listener) in the run's note. It keeps no
-    input: the refused paths and files are not the owner's to record."""
-    bare = run.model_copy(update={"input_uri": None, "input_file_ids": None, "input_requests": None})
+    input: the refused paths and files are not the owner's to record; figures out of bounds
+    (a refusal's cause) are recorded at their defaults."""
+    bare = run.model_copy(update={"input_uri": None, "input_file_ids": None, "input_requests": None,
+                                  "data_parallelism": 1, "gpus": 1, "nodes_per_worker": 1, "gpu_type": None})
     request = bare.job_request(job_id, input_uri=None, output_uri=None, priority=0,
                                max_runtime_sec=settings.default_max_runtime_sec)
     store.create_requested_job(request, run.owner, dag_run_id=dag_run_id)
-    store.end_job(job_id, JobStatus.FAILED, f"the run was refused: {reason}")
+    store.end_job(job_id, JobStatus.FAILED, REFUSED + reason)
 
 
 def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:
