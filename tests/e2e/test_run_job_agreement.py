@@ -115,3 +115,28 @@ def _clear_and_watch(airflow: AirflowAPI, run_id: str, job_id: str, ended: tuple
     assert rerun_over(), f"run {run_id} did not end again after the clear"
     assert not saw_worker, "a cleared shard task started a worker for the ended job"
     assert _counts(_job(job_id)) == ended
+
+
+def test_a_run_refused_at_prepare_leaves_a_failed_job_and_a_note(e2e_stack, airflow, batch_client, tmp_path):
+    """A /api/v2 (or Trigger form) run with engine arguments its model rules out (the tiny
+    model's context is 2048 tokens): prepare fails once with the reason, the job is FAILED
+    with it (the page and the API show it), and the run's note (the real plugin's run-end
+    listener) says why."""
+    batch = long_batch(tmp_path / "refused.jsonl", 2)
+    file_id = batch_client.upload(batch)
+    job_id = f"e2e_refused_{uuid.uuid4().hex[:12]}"
+    conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
+            "owner": "admin", "model_config": {"max_model_len": 4096}}
+    run_id = airflow.trigger(DAG, conf)
+    run = wait_until(f"run {run_id} to end", lambda: (lambda r: r if r["state"] in ("failed", "success") else None)(
+        airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")), 180, 1.0)
+    assert run["state"] == "failed", run
+    job = _job(job_id)
+    assert job is not None and job.status.value == "FAILED", job
+    assert "max_model_len" in job.status_reason and "2048" in job.status_reason, job.status_reason
+    note = wait_until(f"the note of {run_id}", lambda: airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}").get("note"),
+                      30, 0.5)
+    assert "FAILED" in note and "refused" in note and "2048" in note, note
+    # The native API shows the job and its reason.
+    native = batch_client.get_job(job_id)
+    assert native["status"] == "FAILED" and "max_model_len" in str(native), native
