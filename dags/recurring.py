@@ -1,7 +1,7 @@
 """### recurring__<name>: one scheduled DAG per recurring batch spec
 
-Each YAML spec in the spec folder (`LLM_BATCH_RECURRING_SPECS`, default
-`dags/recurring_specs/`) becomes a DAG whose runs trigger `batch_inference` with the spec's
+Each YAML spec in the spec folders (`LLM_BATCH_RECURRING_SPECS` if set; otherwise
+`dags/recurring_specs/` and, on the embedded stack, `$LLM_BATCH_HOME/recurring/`) becomes a DAG whose runs trigger `batch_inference` with the spec's
 input/output templates rendered for the run (see `llm_batch.pipeline.recurring`).
 
 Each spec names its output asset, `llm-batch://recurring/<name>`: `batch_inference`'s
@@ -15,6 +15,7 @@ DAGs load as usual.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, time
 from pathlib import Path
 
@@ -25,7 +26,13 @@ from llm_batch.core.config import get_settings
 from llm_batch.core.run_conf import BATCH_DAG_ID
 from llm_batch.pipeline.recurring import DAG_ID_PREFIX, RecurringSpec, RecurringSpecError, load_spec, spec_files
 
-SPEC_FOLDER = get_settings().recurring_specs or Path(__file__).parent / "recurring_specs"
+# LLM_BATCH_RECURRING_SPECS overrides; otherwise the repo's examples, then the user's folder
+# ($LLM_BATCH_HOME/recurring, passed by the embedded stack): a user's spec of the same name wins.
+_USER_SPECS = os.environ.get("LLM_BATCH_USER_RECURRING_SPECS")
+SPEC_FOLDERS = (
+    [get_settings().recurring_specs] if get_settings().recurring_specs
+    else [Path(__file__).parent / "recurring_specs", *([Path(_USER_SPECS)] if _USER_SPECS else [])]
+)
 
 
 class BrokenSpecDag(DAG):
@@ -78,4 +85,5 @@ def _load_all(folder: Path) -> dict[str, DAG]:
     return dags
 
 
-globals().update(_load_all(SPEC_FOLDER))
+for _folder in SPEC_FOLDERS:
+    globals().update(_load_all(_folder))

@@ -24,7 +24,7 @@ with DAG(
     tags=["llm-batch", "example"],
     params={
         "input_uris": Param([], type="array", items={"type": "string"}, description="JSONL files of requests"),
-        "model": Param("tiny-random-llama", type="string", description="A model of the registry"),
+        "model": Param("smollm2-135m-instruct", type="string", description="A model of the registry"),
     },
     doc_md=__doc__,
 ) as dag:

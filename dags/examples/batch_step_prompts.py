@@ -24,7 +24,7 @@ with DAG(
     tags=["llm-batch", "example"],
     params={
         "count": Param(4, type="integer", minimum=1, maximum=1000, description="How many prompts"),
-        "model": Param("tiny-random-llama", type="string", description="A model of the registry"),
+        "model": Param("smollm2-135m-instruct", type="string", description="A model of the registry"),
     },
     doc_md=__doc__,
 ) as dag:

@@ -184,3 +184,42 @@ def test_a_config_change_needs_restart(stack, monkeypatch):
     after = stack.running()
     assert all(after.values()) and not set(after.values()) & set(before.values())
     assert stack.up(timeout=30).config_changed == ()  # the new configuration is the one recorded
+
+
+def test_the_stack_reads_the_users_dags_and_specs_under_its_home(tmp_path):
+    """Two local DAG bundles (the repo's dags/ and $LLM_BATCH_HOME/dags) and the user's
+    spec folder, all made by the stack so the user only drops files in."""
+    env = Stack(Settings(home=tmp_path)).env()
+    bundles = json.loads(env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"])
+    assert [(b["name"], b["kwargs"]["path"]) for b in bundles] == [
+        ("dags-folder", str(stack_module.repo_dags_folder())), ("user-dags", str(tmp_path / "dags"))]
+    assert env["LLM_BATCH_USER_RECURRING_SPECS"] == str(tmp_path / "recurring")
+    assert (tmp_path / "dags").is_dir() and (tmp_path / "recurring").is_dir()
+
+
+def test_recurring_reads_the_repo_examples_and_the_users_folder(tmp_path):
+    """dags/recurring.py makes a DAG of each spec in both folders; LLM_BATCH_RECURRING_SPECS overrides both."""
+    import subprocess  # optional
+
+    import yaml  # optional
+
+    examples = sorted(p for p in (ROOT / "dags" / "recurring_specs").iterdir() if p.suffix in (".yaml", ".yml"))
+    user = tmp_path / "recurring"
+    user.mkdir()
+    spec = yaml.safe_load(examples[0].read_text())
+    repo_dag = f"recurring__{spec['name']}"
+    (user / "mine.yaml").write_text(yaml.safe_dump({**spec, "name": "mine"}))
+    probe = ("import runpy, sys; g = runpy.run_path(sys.argv[1]); "
+             "print(sorted(k for k in g if k.startswith('recurring__')))")
+
+    def dag_ids(**extra: str) -> list[str]:
+        env = {**os.environ, "LLM_BATCH_HOME": str(tmp_path), "AIRFLOW_HOME": str(tmp_path / "airflow"), **extra}
+        env.pop("LLM_BATCH_RECURRING_SPECS", None) if "LLM_BATCH_RECURRING_SPECS" not in extra else None
+        out = subprocess.run([sys.executable, "-c", probe, str(ROOT / "dags" / "recurring.py")], env=env,
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        return eval(out.strip().splitlines()[-1])  # noqa: S307 - our own probe's printed list
+
+    both = dag_ids(LLM_BATCH_USER_RECURRING_SPECS=str(user))
+    assert "recurring__mine" in both and repo_dag in both
+    assert len(both) == len(examples) + 1
+    assert dag_ids(LLM_BATCH_USER_RECURRING_SPECS=str(user), LLM_BATCH_RECURRING_SPECS=str(user)) == ["recurring__mine"]

