@@ -49,7 +49,9 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     os.environ["AIRFLOW__CORE__PARALLELISM"] = "4"
     # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
     os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
-    os.environ["LLM_BATCH_RECURRING_SPECS"] = str(_recurring_spec(llm_batch_home))
+    # The e2e spec goes where a user's would ($LLM_BATCH_HOME/recurring), no override.
+    os.environ.pop("LLM_BATCH_RECURRING_SPECS", None)
+    _recurring_spec(llm_batch_home)
     # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.
     # It stays set for the session: `llm-batch up` (test_stack_up) refuses a changed
     # configuration; the webhook unit tests clear it for themselves.
@@ -114,9 +116,9 @@ RECURRING_REQUESTS = 4
 
 
 def _recurring_spec(home: Path) -> Path:
-    """A spec folder with one spec scheduled every minute on a small input in the user root
-    (an admin's spec may name any folder there)."""
-    folder = home / "recurring_specs"
+    """The user's spec folder with one spec scheduled every minute on a small input in the
+    user root (an admin's spec may name any folder there)."""
+    folder = home / "recurring"
     folder.mkdir(exist_ok=True)
     (home / "data" / "specs").mkdir(parents=True, exist_ok=True)
     batch = long_batch(home / "data" / "specs" / "recurring-input.jsonl", RECURRING_REQUESTS, first_tokens=8, step=2)

@@ -74,3 +74,22 @@ def test_a_killed_scheduler_is_started_again_by_the_supervisor(e2e_stack, batch_
     result = e2e_stack.up(timeout=180)  # nothing left to do
     assert (result.started, result.restarted, result.already_running) == ((), (), COMPONENTS)
     assert e2e_stack.running() == after
+
+
+def test_the_users_dags_and_specs_under_home_become_dags(e2e_stack, airflow):
+    """A DAG file dropped into $LLM_BATCH_HOME/dags (the second DAG bundle) and a spec into
+    $LLM_BATCH_HOME/recurring appear in Airflow's /api/v2/dags, beside the repo's DAGs."""
+    import yaml  # optional
+
+    from tests.fixtures.airflow import DAGS_FOLDER
+
+    home = e2e_stack.settings.home
+    (home / "dags" / "e2e_user_dag.py").write_text(
+        "from airflow.sdk import DAG\nfrom airflow.providers.standard.operators.empty import EmptyOperator\n"
+        "with DAG('e2e_user_dag', schedule=None):\n    EmptyOperator(task_id='noop')\n")
+    spec = yaml.safe_load((DAGS_FOLDER / "recurring_specs" / "example.yaml").read_text())
+    (home / "recurring" / "e2e_mine.yaml").write_text(yaml.safe_dump({**spec, "name": "e2e_mine"}))
+    airflow.wait_parsed("e2e_user_dag")
+    airflow.wait_parsed("recurring__e2e_mine")
+    assert airflow.call("GET", "/dags/e2e_user_dag")["bundle_name"] == "user-dags"
+    assert airflow.call("GET", "/dags/batch_inference")["bundle_name"] == "dags-folder"
