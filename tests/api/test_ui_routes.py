@@ -104,7 +104,12 @@ def test_keyset_paging_walks_every_job_once(client, creds, api_store, tag):
 def test_detail_has_shards_history_links_and_error_lines(client, creds, running, batch_api, api_store):
     settings = batch_api.state.llm_batch.settings
     uri = layout_of(settings, running.id).errors_jsonl
-    storage.write_bytes(uri, b"".join(b'{"custom_id": "r%d", "error": {"message": "bad"}}\n' % i for i in range(30)))
+    # An OpenAI-shaped error line (the error under response.body), a plain one, and junk.
+    lines = [b'{"custom_id": "r0", "line": 1, "response": {"status_code": 500, "body": {"error": {"message": "engine died", '
+             b'"code": "engine_error"}}}, "error": null}\n', b'not json <b>\n']
+    lines += [b'{"custom_id": "r%d", "line": %d, "error": {"message": "bad", "code": "invalid_body"}}\n' % (i, i + 1)
+              for i in range(2, 30)]
+    storage.write_bytes(uri, b"".join(lines))
     errors = api_store.create_file(owner="alice", purpose="batch_output", filename="errors.jsonl", bytes=1,
                                    uri=uri, kind="error", job_id=running.id)
     api_store.set_outputs(running.id, error_file_id=errors.id)
@@ -113,9 +118,25 @@ def test_detail_has_shards_history_links_and_error_lines(client, creds, running,
         (0, "running", 5, 20, 25.0), (1, "running", 8, 20, 10.0)]
     assert [p["completed"] for p in detail["history"]] == [5, 13, 13]  # two reports, then the job now
     assert detail["links"]["run"] == f"/dags/batch_inference/runs/{running.dag_run_id}"
-    assert len(detail["error_lines"]) == 20 and detail["error_lines"][0].startswith('{"custom_id": "r0"')
+    # The error table's rows: line, custom_id, code, message (an unparsable line as its text).
+    assert len(detail["error_lines"]) == 20
+    assert detail["error_lines"][0] == {"line": 1, "custom_id": "r0", "code": "engine_error", "message": "engine died"}
+    assert detail["error_lines"][1] == {"line": None, "custom_id": None, "code": None, "message": "not json <b>"}
+    assert detail["error_lines"][2] == {"line": 3, "custom_id": "r2", "code": "invalid_body", "message": "bad"}
     assert detail["error_file_id"] == errors.id
     assert client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "bob")).status_code == 404
+
+
+def test_an_ended_job_shows_the_rate_it_ran_at(client, creds, running, api_store):
+    """Live: the running shards' tokens per engine second (the store's). Ended: the job's output
+    tokens over its run, not 0 because no shard runs any more."""
+    assert client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "alice")).json()["tokens_per_s"] == 35.0
+    api_store.transition(running.id, "FINALIZING")
+    ended = api_store.transition(running.id, "SUCCEEDED")
+    seconds = (ended.completed_at - ended.started_at).total_seconds()
+    shown = client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "alice")).json()["tokens_per_s"]
+    assert ended.completion_tokens == 150 and shown > 0
+    assert shown == round(150 / seconds, 1)
 
 
 def test_cancel_owner_admin_viewer_and_csrf(client, creds, running, api_store):

@@ -1,6 +1,7 @@
 """The Batch jobs page in a real browser (Debian's chromium driven by Playwright) on the
 real embedded stack: log in to Airflow's UI, open "Batch jobs" from Airflow's navigation,
-watch a running job's bar move, cancel it, download its results; a viewer sees no cancel
+watch a running job's bar move, cancel it, download its results, read its legends, rate and error
+table, follow Airflow's dark mode, and follow its links into Airflow's own pages; a viewer sees no cancel
 button and gets a 403 if they try. Screenshots go to docs/ui/.
 
 The stack's simple auth manager knows only ``admin`` (src/llm_batch/devstack/stack.py); the viewer is a
@@ -107,6 +108,47 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     done = batch_client.job(job.id)
     assert 0 < len(saved.read_bytes().splitlines()) == done.succeeded < done.total
     page.screenshot(path=str(SHOTS / "job-cancelled.png"))
+
+    # Legends name each plotted line in its colour.
+    assert frame.locator("#legend-counts li").count() == 3 and frame.locator("#legend-rate li").count() == 1
+    stroke = frame.locator("#plot-counts path.series-failed").get_attribute("stroke")
+    swatch = frame.locator('#legend-counts li[data-series="failed"] .swatch').evaluate("e => e.style.background")
+    assert stroke == "#e53e3e" and swatch == "rgb(229, 62, 62)", (stroke, swatch)
+    # An ended job shows the rate it ran at, not 0.0.
+    rate = wait_until("the ended job's tokens/s", lambda: float(
+        frame.locator("dt:has-text('Tokens/s') + dd").inner_text()) or None, 30, poll=1)
+    assert rate > 0
+    # The never-run lines as a table: line, custom_id, code, message.
+    frame.wait_for_selector("#error-lines tbody tr", timeout=30_000)
+    cells = frame.locator("#error-lines tbody tr").first.locator("td").all_inner_texts()
+    assert len(cells) == 4 and cells[0].isdigit() and cells[1] and cells[2] == "batch_cancelled", cells
+
+    # Airflow's dark mode, as its theme switch stores it (next-themes: localStorage "theme"),
+    # then back to light while the page is open: the frame follows both.
+    def frame_colours() -> tuple[str, str]:
+        return _frame(page).evaluate("() => [getComputedStyle(document.body).backgroundColor, "
+                                     "document.documentElement.className]")
+    page.evaluate("localStorage.setItem('theme', 'dark')")
+    page.reload(wait_until="domcontentloaded")
+    wait_until("the frame to go dark", lambda: frame_colours() == ("rgb(26, 32, 44)", "dark"), 60, poll=0.5)
+    page.screenshot(path=str(SHOTS / "jobs-list-dark.png"))
+    page.evaluate("document.documentElement.classList.replace('dark', 'light')")
+    wait_until("the frame to follow back to light", lambda: frame_colours()[0] == "rgb(255, 255, 255)", 30, poll=0.5)
+    page.evaluate("localStorage.setItem('theme', 'light')")
+
+    # The links into Airflow's UI move Airflow itself (its router), from inside the iframe.
+    frame = _frame(page)
+    frame.wait_for_selector(f'tr[data-id="{job.id}"] a', timeout=60_000)
+    frame.click(f'tr[data-id="{job.id}"] a')
+    frame.wait_for_selector("a.dag-run", timeout=30_000)
+    frame.click("a.dag-run")
+    page.wait_for_url(re.compile(r".*/dags/batch_inference/runs/[^/]+$"), timeout=30_000)
+    page.get_by_text("finalize").first.wait_for(timeout=60_000)  # Airflow rendered the run's page
+    page.go_back()
+    frame = _frame(page)
+    frame.wait_for_selector("a.dag-logs", timeout=60_000)
+    frame.click("a.dag-logs")
+    page.wait_for_url(re.compile(r".*/dags/batch_inference/runs/[^/]+/task_instances$"), timeout=30_000)
 
     # A viewer: sees the page, no cancel button, and a 403 on a cancel.
     from airflow.api_fastapi.auth.tokens import JWTGenerator

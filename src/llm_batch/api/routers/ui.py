@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
+import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
@@ -69,11 +70,24 @@ def _summary(caller: Caller, job: Job) -> dict[str, Any]:
         "completed": job.completed,
         "succeeded": job.succeeded,
         "failed": job.failed,
-        "tokens_per_s": job.tokens_per_s,
+        "tokens_per_s": _tokens_per_s(job),
         "created_at": _iso(job.created_at),
         "ended_at": _iso(max(ended)) if ended and job.terminal else None,
         "can_cancel": _can_cancel(caller, job),
     }
+
+
+def _tokens_per_s(job: Job) -> float:
+    """Live: the output tokens per engine second of the shards running now (the store's).
+    Ended: the job's output tokens over its run (started to ended), so a finished job shows
+    the rate it ran at instead of 0 (no shard runs any more)."""
+    if not job.terminal:
+        return job.tokens_per_s
+    ended = max((getattr(job, name) for name in _ENDED_AT if getattr(job, name) is not None), default=None)
+    if job.started_at is None or ended is None or not job.completion_tokens:
+        return 0.0
+    seconds = (ended - job.started_at).total_seconds()
+    return round(job.completion_tokens / seconds, 1) if seconds > 0 else 0.0
 
 
 @router.get("/api/session")
@@ -114,6 +128,24 @@ def list_jobs(
         owner=(owner if caller.is_admin else caller.name) or None, statuses=status, model=model or None)
     return {"jobs": [_summary(caller, j) for j in shown], "total": None if wanted else matching,
             "next_after": shown[-1].id if has_more else None}
+
+
+def _error_row(raw: str) -> dict[str, Any]:
+    """One error-file line as the page's table shows it: line, custom_id, code, message
+    (each dialect's error line has them in its own place); an unparsable line as its text."""
+    try:
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {"line": None, "custom_id": None, "code": None, "message": raw}
+    if not isinstance(record, dict):
+        return {"line": None, "custom_id": None, "code": None, "message": raw}
+    response = record.get("response") if isinstance(record.get("response"), dict) else {}
+    body = response.get("body") if isinstance(response.get("body"), dict) else {}
+    error = next((e for e in (record.get("error"), body.get("error")) if isinstance(e, dict)), {})
+    text = lambda value: None if value is None else str(value)  # noqa: E731 - echoed as text
+    return {"line": record.get("line") if isinstance(record.get("line"), int) else None,
+            "custom_id": text(record.get("custom_id")), "code": text(error.get("code")),
+            "message": text(error.get("message")) or raw}
 
 
 def _first_error_lines(store: JobStore, job: Job) -> list[str]:
@@ -167,7 +199,7 @@ def _detail(store: JobStore, caller: Caller, job_id: str) -> dict[str, Any]:
         "links": _links(job),
         "shards": [_shard(r) for r in store.shard_records(job.id)],
         "history": history,
-        "error_lines": _first_error_lines(store, job),
+        "error_lines": [_error_row(line) for line in _first_error_lines(store, job)],
     }
 
 

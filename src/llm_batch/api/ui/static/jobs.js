@@ -17,7 +17,44 @@
     for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
     return node;
   };
-  const when = (iso) => (iso ? new Date(iso).toLocaleString() : "");
+  // Airflow shows the page in a same-origin iframe: it follows Airflow's own settings.
+  const airflowWindow = (() => { try { return window.parent !== window && window.parent.document ? window.parent : null; } catch (e) { return null; } })();
+  // The time zone chosen in Airflow's UI (its localStorage "timezone", JSON), else the
+  // browser's, as Airflow's own default is.
+  function timeZone() {
+    try {
+      const stored = localStorage.getItem("timezone");
+      const zone = stored ? JSON.parse(stored) : null;
+      if (zone) { new Intl.DateTimeFormat("en", { timeZone: zone }); return zone; }
+    } catch (e) { /* not a zone: the browser's */ }
+    return Intl.DateTimeFormat().resolvedOptions().timeZone;
+  }
+  const when = (iso, opts) => (iso ? new Intl.DateTimeFormat(undefined, { timeZone: timeZone(), dateStyle: "medium",
+    timeStyle: "medium", ...(opts || {}) }).format(new Date(iso)) : "");
+  const clock = (ms) => new Intl.DateTimeFormat(undefined, { timeZone: timeZone(), timeStyle: "medium" }).format(new Date(ms));
+  // Airflow's colour mode (next-themes: class "dark" on its <html>), followed live.
+  function followTheme() {
+    const apply = () => {
+      const root = airflowWindow ? airflowWindow.document.documentElement : null;
+      const dark = root ? root.classList.contains("dark")
+        : window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
+      document.documentElement.classList.toggle("dark", dark);
+    };
+    apply();
+    if (airflowWindow) new MutationObserver(apply).observe(airflowWindow.document.documentElement,
+      { attributes: true, attributeFilter: ["class", "style"] });
+  }
+  // A link into Airflow's UI: inside Airflow's iframe (no top navigation allowed), Airflow's
+  // own router is moved (history + popstate, as its links do); outside, a plain link.
+  function airflowLink(path, text, cls) {
+    const href = AIRFLOW + path;
+    return el("a", { href, class: cls, target: airflowWindow ? "_self" : "_top", onclick: (event) => {
+      if (!airflowWindow || event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) return;
+      event.preventDefault();
+      airflowWindow.history.pushState({}, "", href);
+      airflowWindow.dispatchEvent(new PopStateEvent("popstate", { state: {} }));
+    } }, text);
+  }
   const say = (text) => { $("#message").textContent = text || ""; };
 
   async function get(path) {
@@ -89,15 +126,16 @@
     const label = (x, y, text, anchor) => { const t = s("text", { x, y, "text-anchor": anchor }); t.textContent = text; svg.append(t); };
     label(L - 4, T + 8, y1 >= 100 ? Math.round(y1) : y1.toFixed(1), "end");
     label(L - 4, H - B, "0", "end");
-    label(L, H - 8, new Date(x0).toLocaleTimeString(), "start");
-    label(W - R, H - 8, new Date(x1).toLocaleTimeString(), "end");
-    series.forEach((line, i) => {
+    label(L, H - 8, clock(x0), "start");
+    label(W - R, H - 8, clock(x1), "end");
+    series.forEach((line) => {
       const d = points.map((p, j) => `${j ? "L" : "M"}${X(xs[j]).toFixed(1)},${Y(p[line.key] || 0).toFixed(1)}`).join(" ");
       svg.append(s("path", { d, fill: "none", stroke: line.color, "stroke-width": 2, class: "series-" + line.key }));
-      label(L + 8 + i * 90, T + 10, line.name, "start");
-      svg.lastChild.setAttribute("fill", line.color);
     });
   }
+  // The legend beside a plot: a swatch of each line's colour and its name.
+  const legend = (series) => el("ul", { class: "legend" }, ...series.map((line) => el("li", { "data-series": line.key },
+    el("span", { class: "swatch", style: `background:${line.color}` }), line.name)));
 
   // Two clicks, no confirm(): Airflow shows the page in a sandboxed iframe, where modal
   // dialogs are blocked (confirm() answers false at once).
@@ -139,8 +177,8 @@
     if (job.output_file_id) actions.push(download(job.output_file_id, "output"));
     if (job.error_file_id) actions.push(download(job.error_file_id, "errors"));
     if (job.links) {
-      actions.push(el("a", { href: AIRFLOW + job.links.run, target: "_top", class: "dag-run" }, "DAG run"));
-      actions.push(el("a", { href: AIRFLOW + job.links.logs, target: "_top", class: "dag-logs" }, "Task logs"));
+      actions.push(airflowLink(job.links.run, "DAG run", "dag-run"));
+      actions.push(airflowLink(job.links.logs, "Task logs", "dag-logs"));
     }
     if (job.can_cancel) {
       const again = armed === job.id;
@@ -151,9 +189,13 @@
     }
     $("#d-actions").replaceChildren(...actions);
 
-    plot($("#plot-counts"), [{ key: "completed", color: "#3182ce", name: "done" },
-      { key: "succeeded", color: "#38a169", name: "succeeded" }, { key: "failed", color: "#e53e3e", name: "failed" }], job.history);
-    plot($("#plot-rate"), [{ key: "tokens_per_s", color: "#805ad5", name: "tokens/s" }], job.history);
+    const counts = [{ key: "completed", color: "#3182ce", name: "done" },
+      { key: "succeeded", color: "#38a169", name: "succeeded" }, { key: "failed", color: "#e53e3e", name: "failed" }];
+    const rate = [{ key: "tokens_per_s", color: "#805ad5", name: "tokens/s" }];
+    plot($("#plot-counts"), counts, job.history);
+    plot($("#plot-rate"), rate, job.history);
+    $("#legend-counts").replaceChildren(legend(counts));
+    $("#legend-rate").replaceChildren(legend(rate));
 
     $("#shards tbody").replaceChildren(...job.shards.map((sh) => el("tr", {},
       el("td", {}, sh.shard), el("td", {}, sh.state), el("td", {}, bar(sh.done, sh.total, sh.failed > 0)),
@@ -161,7 +203,12 @@
       el("td", {}, sh.reason || ""), el("td", {}, when(sh.updated_at)))));
     const errors = [];
     for (const e of job.errors || []) errors.push(el("p", {}, typeof e === "string" ? e : (e.message || JSON.stringify(e))));
-    if (job.error_lines.length) errors.push(el("p", {}, `First ${job.error_lines.length} failed lines:`), el("pre", { id: "error-lines" }, job.error_lines.join("\n")));
+    if (job.error_lines.length) {
+      errors.push(el("p", {}, `First ${job.error_lines.length} failed lines:`), el("table", { id: "error-lines" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Line"), el("th", {}, "custom_id"), el("th", {}, "Code"), el("th", {}, "Message"))),
+        el("tbody", {}, ...job.error_lines.map((e) => el("tr", {}, el("td", {}, e.line == null ? "" : e.line),
+          el("td", {}, e.custom_id || ""), el("td", {}, e.code || ""), el("td", { class: "message" }, e.message || ""))))));
+    }
     if (!errors.length) errors.push(el("p", {}, job.failed ? "The error file is written when the job ends." : "No failed lines."));
     $("#d-errors").replaceChildren(...errors);
   }
@@ -180,6 +227,7 @@
   }
 
   async function start() {
+    followTheme();
     try { session = await get("/ui/api/session"); } catch (e) { say(String(e.message || e)); return; }
     $("#who").textContent = `${session.user}${session.is_admin ? " (admin)" : session.can_submit ? "" : " (read only)"}`;
     const select = $("#filters select[name=status]");
