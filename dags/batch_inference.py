@@ -38,10 +38,10 @@ from airflow.sdk.exceptions import AirflowFailException
 from llm_batch.airflow import lanes
 from llm_batch.airflow import users as airflow_users
 from llm_batch.airflow.operators import shard_operator
-from llm_batch.airflow.policies import SHARD_TASK_ID
 from llm_batch.core import input_formats, jobs, placement, run_conf
 from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
+from llm_batch.core.run_conf import SHARD_TASK_ID
 from llm_batch.pipeline import steps
 
 SETTINGS = get_settings()

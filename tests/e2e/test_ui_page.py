@@ -126,8 +126,8 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     # Airflow's dark mode, as its theme switch stores it (next-themes: localStorage "theme"),
     # then back to light while the page is open: the frame follows both.
     def frame_colours() -> tuple[str, str]:
-        return _frame(page).evaluate("() => [getComputedStyle(document.body).backgroundColor, "
-                                     "document.documentElement.className]")
+        return tuple(_frame(page).evaluate("() => [getComputedStyle(document.body).backgroundColor, "
+                                           "document.documentElement.className]"))
     page.evaluate("localStorage.setItem('theme', 'dark')")
     page.reload(wait_until="domcontentloaded")
     wait_until("the frame to go dark", lambda: frame_colours() == ("rgb(26, 32, 44)", "dark"), 60, poll=0.5)
@@ -144,11 +144,14 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     frame.click("a.dag-run")
     page.wait_for_url(re.compile(r".*/dags/batch_inference/runs/[^/]+$"), timeout=30_000)
     page.get_by_text("finalize").first.wait_for(timeout=60_000)  # Airflow rendered the run's page
-    page.go_back()
+    page.go_back()  # to the Batch jobs page, which opens on its list
     frame = _frame(page)
+    frame.wait_for_selector(f'tr[data-id="{job.id}"] a', timeout=60_000)
+    frame.click(f'tr[data-id="{job.id}"] a')
     frame.wait_for_selector("a.dag-logs", timeout=60_000)
     frame.click("a.dag-logs")
-    page.wait_for_url(re.compile(r".*/dags/batch_inference/runs/[^/]+/task_instances$"), timeout=30_000)
+    page.wait_for_url(re.compile(r".*/dags/batch_inference/runs/[^/]+/tasks/run_shard/mapped$"), timeout=30_000)
+    page.get_by_text("run_shard").first.wait_for(timeout=60_000)  # Airflow rendered the shards' list
 
     # A viewer: sees the page, no cancel button, and a 403 on a cancel.
     from airflow.api_fastapi.auth.tokens import JWTGenerator

@@ -23,16 +23,13 @@ import pluggy
 
 from llm_batch.airflow.lanes import lane_of_run
 from llm_batch.core.config import Settings, get_settings
-from llm_batch.core.run_conf import BATCH_DAG_ID
+from llm_batch.core.run_conf import BATCH_DAG_ID, SHARD_TASK_ID
 
 log = logging.getLogger(__name__)
 
 # airflow.policies.hookimpl, made here: importing airflow from this module would start
 # Airflow's initialisation, which loads this entry point while it is half imported.
 hookimpl = pluggy.HookimplMarker("airflow.policy")
-
-# The batch DAG's mapped shard task (dags/batch_inference.py names it with this).
-SHARD_TASK_ID = "run_shard"
 
 
 @cache

@@ -14,6 +14,8 @@ from llm_batch.core.job_request import JobRequest
 
 # The parameterised DAG whose runs are jobs (its file, housekeeping, recurring DAGs and the API name it).
 BATCH_DAG_ID = "batch_inference"
+# Its mapped shard task (the cluster policy routes it; the page links its task instances).
+SHARD_TASK_ID = "run_shard"
 HOUSEKEEPING_DAG_ID = "llm_batch_housekeeping"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_OWNER = "airflow"

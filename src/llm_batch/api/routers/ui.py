@@ -29,6 +29,7 @@ from llm_batch.api.cancellation import cancel_job, owned_job
 from llm_batch.api.native.jobs import label_pairs, labelled_jobs
 from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.core.jobs import JobStatus
+from llm_batch.core.run_conf import SHARD_TASK_ID
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
 
@@ -177,8 +178,10 @@ def _shard(record: Any) -> dict[str, Any]:
 def _links(job: Job) -> dict[str, str] | None:
     if not job.dag_run_id:
         return None
+    # Airflow 3.3's UI routes: a run's page lists its task instances; the shard task's mapped
+    # instances, each with its tries and logs, are under tasks/<task>/mapped.
     run = f"/dags/{quote(DAG_ID)}/runs/{quote(job.dag_run_id, safe='')}"
-    return {"run": run, "logs": f"{run}/task_instances"}
+    return {"run": run, "logs": f"{run}/tasks/{SHARD_TASK_ID}/mapped"}
 
 
 def _detail(store: JobStore, caller: Caller, job_id: str) -> dict[str, Any]:
