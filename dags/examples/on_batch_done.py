@@ -4,9 +4,9 @@
 for each job that succeeded: the asset is the job's output file, the event's `extra`
 holds the job id, status, counts and labels. This DAG is scheduled on that alias; its task
 reads the events that triggered it, one per completed batch (Airflow may batch several
-into one run). Its first run after you unpause it also gets the batches completed since
-Airflow first parsed it (Airflow's rule for a new consumer without catchup: the event window
-starts when the DAG started scheduling on its assets, paused or not). Start from it
+into one run). Its first run can also carry earlier batches: Airflow floors a new consumer's
+first event window at its oldest asset reference, which a DAG scheduled on an alias does not
+have (docs/orchestration.md); filter on `event.timestamp` if that matters. Start from it
 for post-processing (load the results somewhere, notify a team). New DAGs start paused:
 unpause it to use it. A recurring spec's own asset (`llm-batch://recurring/<name>`)
 works the same way for the batches of one spec.
