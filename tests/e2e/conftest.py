@@ -40,9 +40,11 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
 
     # The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach the
     # real stack: unit-test mode changes scheduling (e.g. DAGs start unpaused).
-    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME",
-                 "LLM_BATCH_CHECK_MODELS_AT_SUBMIT"):
+    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
         os.environ.pop(name, None)
+    # The real stack checks models at create, as a user's does; the in-process tests that run
+    # after this package get their setting back (tests/conftest.py) at its teardown.
+    unchecked = os.environ.pop("LLM_BATCH_CHECK_MODELS_AT_SUBMIT", None)
     # Seen by the DAG and the workers (the stack's children inherit this environment):
     # a killed shard retries after 2 s instead of 10.
     os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
@@ -69,6 +71,9 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         raise
     yield stack
     stack.down()
+    if unchecked is not None:
+        os.environ["LLM_BATCH_CHECK_MODELS_AT_SUBMIT"] = unchecked
+        get_settings.cache_clear()
 
 
 class AirflowAPI:
