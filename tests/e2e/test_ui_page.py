@@ -136,22 +136,20 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     wait_until("the frame to follow back to light", lambda: frame_colours()[0] == "rgb(255, 255, 255)", 30, poll=0.5)
     page.evaluate("localStorage.setItem('theme', 'light')")
 
-    # The links into Airflow's UI move Airflow itself (its router), from inside the iframe.
-    frame = _frame(page)
-    frame.wait_for_selector(f'tr[data-id="{job.id}"] a', timeout=60_000)
-    frame.click(f'tr[data-id="{job.id}"] a')
-    frame.wait_for_selector("a.dag-run", timeout=30_000)
-    frame.click("a.dag-run")
-    page.wait_for_url(re.compile(r".*/dags/batch_inference/runs/[^/]+$"), timeout=30_000)
-    page.get_by_text("finalize").first.wait_for(timeout=60_000)  # Airflow rendered the run's page
+    # The links into Airflow's UI move Airflow itself (its router), from inside the iframe:
+    # each opens the job on the Batch jobs page, clicks the link, and sees Airflow render the target.
+    def follow(link: str, lands_on: str, rendered: str) -> None:
+        frame = _frame(page)
+        frame.wait_for_selector(f'tr[data-id="{job.id}"] a', timeout=60_000)
+        frame.click(f'tr[data-id="{job.id}"] a')
+        frame.wait_for_selector(link, timeout=60_000)
+        frame.click(link)
+        page.wait_for_url(re.compile(lands_on), timeout=30_000)
+        page.get_by_text(rendered).first.wait_for(timeout=60_000)
+
+    follow("a.dag-run", r".*/dags/batch_inference/runs/[^/]+$", "finalize")
     page.go_back()  # to the Batch jobs page, which opens on its list
-    frame = _frame(page)
-    frame.wait_for_selector(f'tr[data-id="{job.id}"] a', timeout=60_000)
-    frame.click(f'tr[data-id="{job.id}"] a')
-    frame.wait_for_selector("a.dag-logs", timeout=60_000)
-    frame.click("a.dag-logs")
-    page.wait_for_url(re.compile(r".*/dags/batch_inference/runs/[^/]+/tasks/run_shard/mapped$"), timeout=30_000)
-    page.get_by_text("run_shard").first.wait_for(timeout=60_000)  # Airflow rendered the shards' list
+    follow("a.dag-logs", r".*/dags/batch_inference/runs/[^/]+/tasks/run_shard/mapped$", "run_shard")
 
     # A viewer: sees the page, no cancel button, and a 403 on a cancel.
     from airflow.api_fastapi.auth.tokens import JWTGenerator
