@@ -112,7 +112,7 @@ def pipeline(model: str, count: int, max_tokens: int, model_cache: Path) -> dict
     from llm_batch.infra.api_client import BatchClient
 
     get_settings.cache_clear()
-    stack = Stack(get_settings(), free_port())
+    stack = Stack.create(get_settings(), free_port())
     batch = home / "bench.jsonl"
     write_batch(batch, model, count, max_tokens)
     try:

@@ -51,7 +51,7 @@ def temp_stack(warm: bool, model_cache: Path, seats: int = 1) -> Iterator[Any]:
     from llm_batch.devstack.stack import Stack, free_port
 
     get_settings.cache_clear()
-    stack = Stack(get_settings(), free_port())
+    stack = Stack.create(get_settings(), free_port())
     try:
         started = time.monotonic()
         stack.up(timeout=600)

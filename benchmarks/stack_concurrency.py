@@ -1,8 +1,11 @@
 """Concurrent form triggers and API creates against the embedded stack, and `up` from nothing.
 
     .venv/bin/python benchmarks/stack_concurrency.py [--n 20] [--model smollm2-135m-instruct]
+        [--databases postgres sqlite]
 
-Starts a stack in a fresh LLM_BATCH_HOME (timing `Stack.up`), then sends N form-like
+For each database in turn (one run, so the two sit side by side under the same load): starts
+a stack on it in a fresh LLM_BATCH_HOME (timing `Stack.up`; the model cache is the one of
+the caller's home, so the model is prepared), then sends N form-like
 triggers (`POST /api/v2/dags/batch_inference/dagRuns` with the conf the Trigger form sends)
 interleaved with N native creates (`POST /batch/v1/jobs`), all at once, and prints per kind
 the count of each HTTP status, how many answers mention "database is locked", and p50/p95
@@ -25,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from llm_batch.core.config import Settings
-from llm_batch.devstack.stack import Stack, free_port
+from llm_batch.core.config import Settings, get_settings
+from llm_batch.devstack.stack import DATABASES, Stack, free_port
 
 
 def form_conf(model: str, i: int) -> dict:
@@ -92,19 +95,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20, help="triggers and creates each")
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--databases", nargs="+", choices=DATABASES, default=list(DATABASES))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="llm-batch-bench-") as home:
-        os.environ["LLM_BATCH_HOME"] = home
-        stack = Stack(Settings(home=Path(home)), free_port())
-        started = time.monotonic()
-        try:
-            stack.up(timeout=600)
-            up_s = time.monotonic() - started
-            result = {"up_s": round(up_s, 1), "load": load(stack, args.n, args.model),
-                      "loadavg": os.getloadavg(), "metadata_db": "sqlite"}
-        finally:
-            stack.down()
-    print(json.dumps(result, indent=1))
+    os.environ["LLM_BATCH_MODEL_CACHE"] = str(get_settings().model_cache)
+    results = []
+    for database in args.databases:
+        with tempfile.TemporaryDirectory(prefix="llm-batch-bench-") as home:
+            os.environ["LLM_BATCH_HOME"] = home
+            stack = Stack.create(Settings(home=Path(home)), free_port(), database)
+            started = time.monotonic()
+            try:
+                stack.up(timeout=600)
+                up_s = time.monotonic() - started
+                results.append({"database": database, "up_s": round(up_s, 1),
+                                "load": load(stack, args.n, args.model), "loadavg": os.getloadavg()})
+            finally:
+                stack.down()
+        print(json.dumps(results[-1], indent=1), flush=True)
 
 
 if __name__ == "__main__":

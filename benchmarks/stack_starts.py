@@ -61,7 +61,7 @@ def main() -> int:
 
     client.send_with_retries = counting_send
 
-    stack = Stack(get_settings(), args.port)
+    stack = Stack.create(get_settings(), args.port)
     rows = []
     try:
         for number in range(1, args.starts + 1):

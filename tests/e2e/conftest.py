@@ -61,8 +61,12 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     # A database error in Airflow's own API says what it was (its class and message) in the
     # response a failing test prints, instead of an id to look up in a log CI does not keep.
     os.environ["AIRFLOW__API__EXPOSE_STACKTRACE"] = "True"
-    stack = Stack(get_settings(), free_port())
+    stack = Stack.create(get_settings(), free_port())
     os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.infra.api_client) finds it
+    # The tests that open the job store open the stack's (PostgreSQL), as its components do.
+    own_store = os.environ.get("LLM_BATCH_DATABASE_URL")
+    os.environ["LLM_BATCH_DATABASE_URL"] = stack.settings.database_url
+    get_settings.cache_clear()
     try:
         stack.up(timeout=300)
     except Exception:
@@ -71,9 +75,13 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         raise
     yield stack
     stack.down()
+    if own_store is None:
+        os.environ.pop("LLM_BATCH_DATABASE_URL", None)
+    else:
+        os.environ["LLM_BATCH_DATABASE_URL"] = own_store
     if unchecked is not None:
         os.environ["LLM_BATCH_CHECK_MODELS_AT_SUBMIT"] = unchecked
-        get_settings.cache_clear()
+    get_settings.cache_clear()
 
 
 class AirflowAPI:

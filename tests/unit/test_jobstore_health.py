@@ -88,7 +88,7 @@ def test_status_shows_the_job_store(tmp_path, monkeypatch, capsys):
     from llm_batch.cli.main import main
 
     stack = Stack(Settings(home=tmp_path), free_port())
-    monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))
+    monkeypatch.setattr("llm_batch.devstack.home.home_stack", lambda settings=None: stack)
     assert main(["status"]) == 3  # nothing runs, and there is no store yet
     out = capsys.readouterr().out
     assert "api-server     stopped" in out

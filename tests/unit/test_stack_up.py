@@ -113,7 +113,7 @@ def test_a_killed_component_is_started_again_by_the_supervisor(stack, monkeypatc
     assert read_restarts(stack)["scheduler"]["reason"] == "killed by SIGKILL"
     from llm_batch.cli.main import main
 
-    monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))
+    monkeypatch.setattr("llm_batch.devstack.home.home_stack", lambda settings=None: stack)
     main(["status"])
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert f"running (pid {after['scheduler']})" in lines["scheduler"]
@@ -136,7 +136,7 @@ def test_up_starts_only_the_dead_component(stack, monkeypatch, capsys):
     # Through the CLI: the line says what was started and what was already running.
     from llm_batch.cli.main import main
 
-    monkeypatch.setattr(Stack, "from_env", classmethod(lambda cls: stack))
+    monkeypatch.setattr(Stack, "create", classmethod(lambda cls, *args, **kwargs: stack))
     assert main(["up", "--timeout", "30"]) == 0
     out = capsys.readouterr().out
     assert "Components:         started: scheduler; already running: api-server, dag-processor, triggerer" in out

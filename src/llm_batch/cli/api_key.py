@@ -15,7 +15,7 @@ from llm_batch.core.owners import OwnerNameRefused
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("api-key", help="create, list and revoke API keys of the batch REST API")
-    parser.add_argument("--database-url", help="the job store (default: LLM_BATCH_DATABASE_URL or the embedded SQLite)")
+    parser.add_argument("--database-url", help="the job store (default: LLM_BATCH_DATABASE_URL, else the embedded stack's)")
     actions = parser.add_subparsers(dest="api_key_command", required=True)
 
     create = actions.add_parser("create", help="create a key for OWNER and print it (shown only once)")
@@ -36,9 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace):
+    from llm_batch.devstack.home import job_store_url  # heavy
     from llm_batch.infra.jobstore import get_job_store  # heavy
 
-    return get_job_store(args.database_url)
+    return get_job_store(job_store_url(args.database_url))
 
 
 def create_key(args: argparse.Namespace) -> int:

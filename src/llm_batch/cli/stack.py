@@ -23,6 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(CeleryExecutor, Redis broker, PostgreSQL, SeaweedFS S3, workers with homes of their own: "
         "docs/production-shape.md)",
     )
+    up.add_argument(
+        "--database", choices=("postgres", "sqlite"), default=None,
+        help="local: Airflow's metadata DB and the job store on a private PostgreSQL (the default for a new home) "
+        "or on SQLite files (for trying things out); kept per home, each keeps its own jobs (docs/embedded.md)",
+    )
     up.add_argument("--workers", type=int, default=None, help="celery: how many Celery workers (default 2, then kept)")
     up.add_argument(
         "--prepare-model", action="append", default=[], metavar="NAME",
@@ -38,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.set_defaults(func=_status)
 
 
+_DATABASES = {"postgres": "PostgreSQL (Airflow's metadata and the job store)",
+              "sqlite": "SQLite (files under LLM_BATCH_HOME; for trying things out)"}
+
+
 def _up(args: argparse.Namespace) -> int:
     import httpx  # heavy
 
@@ -45,6 +54,9 @@ def _up(args: argparse.Namespace) -> int:
     from llm_batch.devstack.stack import Stack, StackError  # heavy
 
     if args.executor == "celery":
+        if args.database == "sqlite":
+            print("error: the Celery shape runs on PostgreSQL only", file=sys.stderr)
+            return 2
         if args.workers is not None and args.workers < 1:
             print("error: --workers must be at least 1", file=sys.stderr)
             return 2
@@ -53,8 +65,8 @@ def _up(args: argparse.Namespace) -> int:
         if args.workers is not None or args.prepare_model:
             print("error: --workers and --prepare-model need --executor celery", file=sys.stderr)
             return 2
-        stack = Stack.from_env()
-        if CeleryStack.exists(stack.settings) and any(CeleryStack.create().shape_status().values()):
+        stack = Stack.create(database=args.database)
+        if CeleryStack.exists(stack.settings) and any(CeleryStack.create().services_status().values()):
             print("error: the Celery shape runs in this LLM_BATCH_HOME: `llm-batch up --executor celery`, "
                   "or `llm-batch down` first", file=sys.stderr)
             return 1
@@ -76,6 +88,7 @@ def _up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"Airflow UI and API: {stack.base_url}  (user {stack.admin_user}, password {stack.admin_password()})")
+    print(f"Database:           {_DATABASES[stack.database]}")
     print(f"Batch API:          {stack.base_url}/batch  (docs: {stack.base_url}/batch/docs)")
     print(f"CLI API key:        {stack.api_key_file} (admin; llm-batch submit/jobs/... use it)")
     print("API key for SDKs:   llm-batch api-key create <user>   (add --admin to see every job)")
@@ -84,30 +97,22 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from llm_batch.devstack.celery_stack import CeleryStack  # heavy
-    from llm_batch.devstack.stack import Stack  # heavy
+    from llm_batch.devstack.home import home_stack  # heavy
 
-    stack = Stack.from_env()
-    if CeleryStack.exists(stack.settings):
-        CeleryStack.create().down()  # workers, control plane, services
-    else:
-        stack.down()
+    home_stack().down()  # (workers,) control plane, services
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from llm_batch.devstack.celery_stack import CeleryStack  # heavy
-    from llm_batch.devstack.stack import SUPERVISOR, Stack  # heavy
+    from llm_batch.devstack.home import home_stack  # heavy
+    from llm_batch.devstack.stack import SUPERVISOR  # heavy
     from llm_batch.devstack.supervisor import describe_restarts, read_restarts  # heavy
     from llm_batch.infra.jobstore.errors import JobStoreUnhealthy  # heavy
     from llm_batch.infra.jobstore.store import JobStore  # heavy
 
-    stack = Stack.from_env()
-    if CeleryStack.exists(stack.settings):
-        stack = CeleryStack.create()
+    stack = home_stack()
     state = stack.running()
-    if isinstance(stack, CeleryStack):
-        state.update(stack.shape_status())
+    state.update(stack.services_status())
     state[SUPERVISOR] = stack.supervisor_pid()
     restarts = read_restarts(stack)
     for component, pid in state.items():

@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     attempts.set_defaults(func=_attempts)
 
     deliver = actions.add_parser("deliver", help="run a deliverer of the job store's outbox (foreground)")
-    deliver.add_argument("--database-url", help="the job store (default: LLM_BATCH_DATABASE_URL or the embedded SQLite)")
+    deliver.add_argument("--database-url", help="the job store (default: LLM_BATCH_DATABASE_URL, else the embedded stack's)")
     deliver.set_defaults(func=_deliver)
 
 
@@ -143,12 +143,13 @@ def print_attempts(attempts: list[dict[str, Any]]) -> None:
 
 
 def _deliver(args: argparse.Namespace) -> int:
+    from llm_batch.devstack.home import job_store_url  # heavy
     from llm_batch.infra.jobstore import get_job_store  # heavy
     from llm_batch.infra.webhooks import Deliverer  # heavy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()
-    deliverer = Deliverer(get_job_store(args.database_url or settings.database_url), settings)
+    deliverer = Deliverer(get_job_store(job_store_url(args.database_url)), settings)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

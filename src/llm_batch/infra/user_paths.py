@@ -143,7 +143,10 @@ def _own_areas(owner: str, settings: Settings, is_admin: bool) -> list[Path] | N
 
 def internal_areas(settings: Settings) -> list[Path]:
     """Folders and files that are llm-batch's own state, never a user path."""
-    areas = [settings.home / "airflow", settings.home / API_KEY_FILE, Path(settings.model_cache)]
+    # The embedded stack's own files (llm_batch.devstack): Airflow's home, the CLI's key, the
+    # database state and server folder, the Celery shape's services.
+    areas = [settings.home / name for name in ("airflow", API_KEY_FILE, "stack.json", "postgres", "celery")]
+    areas.append(Path(settings.model_cache))
     areas += [Path(u) for u in (settings.work_uri, settings.files_uri) if not storage.is_s3(u)]
     if airflow_home := os.environ.get("AIRFLOW_HOME"):
         areas.append(Path(airflow_home))

@@ -1,0 +1,27 @@
+"""Which stack an ``LLM_BATCH_HOME`` has, for the CLI commands that act on it or on its job store."""
+
+from __future__ import annotations
+
+import os
+
+from llm_batch.core.config import Settings, get_settings
+from llm_batch.devstack.celery_stack import CeleryStack
+from llm_batch.devstack.stack import Stack
+
+
+def home_stack(settings: Settings | None = None) -> Stack:
+    """The Celery shape if the home has one, else the embedded stack (on the home's database)."""
+    settings = settings or get_settings()
+    if CeleryStack.exists(settings):
+        return CeleryStack.create(settings)
+    return Stack.create(settings)
+
+
+def job_store_url(given: str | None = None) -> str:
+    """The job store a CLI command opens: `given` (``--database-url``), else
+    ``LLM_BATCH_DATABASE_URL``, else the home's stack's."""
+    if given:
+        return given
+    if os.environ.get("LLM_BATCH_DATABASE_URL"):
+        return get_settings().database_url
+    return home_stack().settings.database_url

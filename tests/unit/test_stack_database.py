@@ -1,0 +1,111 @@
+"""The embedded stack's database: PostgreSQL for a new home, SQLite kept by a home that ran on
+it, chosen per home and recorded in stack.json; its PostgreSQL server asks for a password."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
+
+from llm_batch.core.config import Settings
+from llm_batch.devstack.stack import DATABASE_ENV, Stack, StackError, database_state
+from llm_batch.infra.user_paths import internal_areas
+
+
+@pytest.fixture(autouse=True)
+def _no_choice_in_env(monkeypatch):
+    monkeypatch.delenv(DATABASE_ENV, raising=False)
+
+
+def test_a_new_home_runs_on_postgres_with_the_job_store_beside_airflow(tmp_path):
+    stack = Stack.create(Settings(home=tmp_path / "home"), 18090)
+    assert stack.database == "postgres"
+    state = json.loads((tmp_path / "home" / "stack.json").read_text())
+    assert stat.S_IMODE((tmp_path / "home" / "stack.json").stat().st_mode) == 0o600  # holds the password
+    port, password = state["postgres"]["port"], state["postgres"]["password"]
+    assert stack.settings.database_url.endswith(f"@127.0.0.1:{port}/llm_batch")
+    env = stack.env()
+    assert env["LLM_BATCH_DATABASE_URL"] == stack.settings.database_url  # the components' job store
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith(f"@127.0.0.1:{port}/airflow")
+    assert password in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS" not in env  # SQLite's busy timeout
+    # The same home again: the same server, port and password.
+    assert Stack.create(Settings(home=tmp_path / "home"), 18090).settings.database_url == stack.settings.database_url
+
+
+def test_a_home_that_ran_on_sqlite_keeps_it_until_told(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "airflow").mkdir(parents=True)
+    (home / "airflow" / "airflow.db").touch()  # a stack from before stack.json
+    stack = Stack.create(Settings(home=home), 18090)
+    assert stack.database == "sqlite"
+    assert stack.settings.database_url == f"sqlite:///{home / 'jobs.db'}"
+    assert stack.env()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"].endswith("CONNECT_ARGS")
+    # Told (flag or environment), it switches, and the choice is kept.
+    assert Stack.create(Settings(home=home), 18090, "postgres").database == "postgres"
+    assert Stack.create(Settings(home=home), 18090).database == "postgres"
+    monkeypatch.setenv(DATABASE_ENV, "sqlite")
+    assert Stack.create(Settings(home=home), 18090).database == "sqlite"
+    monkeypatch.setenv(DATABASE_ENV, "mysql")
+    with pytest.raises(StackError, match="unknown stack database 'mysql'"):
+        database_state(home)
+
+
+def test_the_stack_files_are_never_a_user_path(tmp_path):
+    areas = internal_areas(Settings(home=tmp_path))
+    for name in ("stack.json", "postgres", "celery", "airflow", "api-key"):
+        assert (tmp_path / name).resolve() in areas
+
+
+def test_its_postgres_asks_for_the_password(tmp_path):
+    stack = Stack.create(Settings(home=tmp_path / "home"), 18090)
+    stack.services_up(timeout=60)
+    try:
+        assert stack.services_status() == {"postgres": True}
+        with create_engine(stack.settings.database_url).connect() as connection:
+            assert connection.execute(text("SELECT current_database()")).scalar() == "llm_batch"
+        no_password = stack.settings.database_url.replace(f":{stack.postgres().password}@", "@")
+        assert no_password != stack.settings.database_url
+        with pytest.raises(OperationalError, match="password"):
+            create_engine(no_password).connect()
+    finally:
+        stack.services_down()
+    assert stack.services_status() == {"postgres": None}
+
+
+def test_down_stops_the_server_after_a_switch_to_sqlite(tmp_path):
+    home = tmp_path / "home"
+    on_postgres = Stack.create(Settings(home=home), 18090)
+    on_postgres.services_up(timeout=60)
+    on_sqlite = Stack.create(Settings(home=home), 18090, "sqlite")
+    on_sqlite.services_down()
+    assert not on_postgres.postgres().running()
+
+
+def test_the_cli_finds_the_home_stack_store(tmp_path, monkeypatch):
+    from llm_batch.core.config import get_settings
+    from llm_batch.devstack.home import job_store_url
+
+    monkeypatch.setenv("LLM_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LLM_BATCH_DATABASE_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        url = job_store_url()
+        assert url == Stack.create().settings.database_url and url.startswith("postgresql")
+        assert job_store_url("sqlite:///x.db") == "sqlite:///x.db"
+        monkeypatch.setenv("LLM_BATCH_DATABASE_URL", "sqlite:////elsewhere.db")
+        get_settings.cache_clear()
+        assert job_store_url() == "sqlite:////elsewhere.db"
+    finally:
+        get_settings.cache_clear()
+
+
+def test_the_postgres_folder_is_the_homes(tmp_path):
+    stack = Stack.create(Settings(home=tmp_path / "home"), 18090)
+    root = Path(json.loads((tmp_path / "home" / "stack.json").read_text())["postgres"]["root"])
+    assert root == stack.postgres().root
+    assert root == tmp_path / "home" / "postgres" or root.name.startswith("llm-batch-pg-")  # as root: a temp folder
