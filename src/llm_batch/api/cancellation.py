@@ -1,7 +1,10 @@
 """Reading a job the caller may see, and the cancel use case: flag the job in the store and drop the job's cancel marker.
 
 Workers watch the marker file (``JobLayout.cancel_marker``) between checkpoints; the DAG
-and housekeeping read the store flag. Cancel is idempotent: a job already cancelling or
+and housekeeping read the store flag. Shard tasks that have not started no longer wait for a
+slot: they are marked skipped (``run_queue.skip_waiting_shards``), so a job cancelled while
+it waits ends as soon as its finalize task has accounted for its lines. Cancel routes take
+``CancellingDep`` (the caller must be allowed to submit). Cancel is idempotent: a job already cancelling or
 cancelled is answered as it is (a cancelled job stays readable, never a 404). A job that
 ended otherwise (completed, failed, expired) is left as it ended; dialects whose answer is
 the job (OpenAI, Mistral) then get a 409 naming its status, Scale's ``{"success": false}``.
@@ -9,9 +12,16 @@ the job (OpenAI, Mistral) then get a 409 naming its status, Scale's ``{"success"
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Annotated, NamedTuple
 
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import Depends
+
+from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.errors import ApiError, not_found
+from llm_batch.api.run_queue import skip_waiting_shards
+from llm_batch.api.state import SettingsDep, StoreDep
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import storage
@@ -34,9 +44,11 @@ def cancel_job(
     owner: str | None,
     kind: str = "batch",
     refuse_ended: Mapping[JobStatus, str] | None = None,
+    release: Callable[[str | None], int] | None = None,
 ) -> Job:
     """Request the cancel of `job_id` and return the job. With `refuse_ended` (the dialect's
-    status words), a job that already ended other than cancelled is a 409 naming its status."""
+    status words), a job that already ended other than cancelled is a 409 naming its status.
+    `release(run_id)` takes the job's waiting shard tasks out of their queue."""
     try:
         job = store.request_cancel(job_id, owner=owner, reason="cancel requested through the API")
     except JobNotFound:
@@ -54,4 +66,26 @@ def cancel_job(
         except storage.StorageError as exc:
             # The store flag is set and the DAG checks it too; say what failed, loudly.
             raise ApiError(503, f"cancel recorded, but the cancel marker could not be written: {exc}") from exc
+        if release is not None:
+            release(job.dag_run_id)
     return job
+
+
+class Cancelling(NamedTuple):
+    """What a cancel route works with (``CancellingDep``)."""
+
+    caller: Caller
+    store: JobStore
+    settings: Settings
+    release: Callable[[str | None], int]
+
+    def __call__(self, job_id: str, kind: str = "batch", refuse_ended: Mapping[JobStatus, str] | None = None) -> Job:
+        self.caller.require_submit()
+        return cancel_job(self.store, self.settings, job_id, self.caller.owner_filter, kind, refuse_ended, self.release)
+
+
+def _cancelling(caller: CallerDep, store: StoreDep, settings: SettingsDep, session: SessionDep) -> Cancelling:
+    return Cancelling(caller, store, settings, lambda run_id: skip_waiting_shards(run_id, session))
+
+
+CancellingDep = Annotated[Cancelling, Depends(_cancelling)]

@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Body, Query, Request
 
 from llm_batch.api.auth import CallerDep
-from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
@@ -156,9 +156,8 @@ def get_batch_job(job_id: str, caller: CallerDep, store: StoreDep) -> BatchJobOu
 
 
 @router.post("/{job_id}/cancel", response_model=BatchJobOut, summary="Cancel a batch job")
-def cancel_batch_job(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchJobOut:
-    caller.require_submit()
-    job = cancel_job(store, settings, job_id, caller.owner_filter, kind="batch job", refuse_ended=MISTRAL_STATUS)
+def cancel_batch_job(job_id: str, cancelling: CancellingDep) -> BatchJobOut:
+    job = cancelling(job_id, kind="batch job", refuse_ended=MISTRAL_STATUS)
     return BatchJobOut.of(job)
 
 

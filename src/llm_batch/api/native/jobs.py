@@ -10,17 +10,21 @@ nothing submitted), another owner's is 409. A retried Airflow task therefore re-
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
+from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body, Query
+from sqlalchemy.orm import Session
 
 from llm_batch.api.auth import Caller, CallerDep
-from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.native.derived import derive_job
-from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, JobList, JobOut
+from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, JobList, JobOut, QueueOut
+from llm_batch.api.run_queue import queue_places
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.submission import (
     SubmittingDep,
@@ -160,6 +164,7 @@ def labelled_jobs(store: JobStore, wanted: dict[str, str], *, limit: int, after:
 def list_jobs(
     caller: CallerDep,
     store: StoreDep,
+    session: SessionDep,
     status: Annotated[list[StatusWord] | None, Query(description="Only jobs in one of these statuses")] = None,
     model: Annotated[str | None, Query(max_length=256, description="Only jobs of this model")] = None,
     label: Annotated[
@@ -189,12 +194,22 @@ def list_jobs(
         store, wanted, limit=limit, after=after, batch=min(MAX_PAGE_SIZE, max(limit + 1, 100)),
         owner=owner if caller.is_admin else caller.name, statuses=status, model=model, search=q,
         derived_from=derived_from)
-    return JobList(data=[JobOut.of(j) for j in data], next_cursor=data[-1].id if has_more else None, has_more=has_more)
+    places = waiting_places(data, session)
+    return JobList(data=[JobOut.of(j, places.get(j.id)) for j in data], next_cursor=data[-1].id if has_more else None,
+                   has_more=has_more)
+
+
+def waiting_places(jobs: list[Job], session: Session) -> dict[str, QueueOut]:
+    """The queue place of each live job that waits (by job id)."""
+    live = {j.dag_run_id: j.id for j in jobs if not j.terminal and j.dag_run_id}
+    return {live[run_id]: QueueOut(**dataclasses.asdict(place))
+            for run_id, place in queue_places(list(live), session).items()}
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job")
-def get_job(job_id: str, caller: CallerDep, store: StoreDep) -> JobOut:
-    return JobOut.of(owned_job(store, job_id, caller.owner_filter, _KIND))
+def get_job(job_id: str, caller: CallerDep, store: StoreDep, session: SessionDep) -> JobOut:
+    job = owned_job(store, job_id, caller.owner_filter, _KIND)
+    return JobOut.of(job, waiting_places([job], session).get(job.id))
 
 
 @router.post("/{job_id}/retry", response_model=JobOut,
@@ -209,6 +224,5 @@ def rerun(job_id: str, submitting: SubmittingDep) -> JobOut:
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (idempotent; an ended job is answered as it is)")
-def cancel(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> JobOut:
-    caller.require_submit()
-    return JobOut.of(cancel_job(store, settings, job_id, caller.owner_filter, kind=_KIND))
+def cancel(job_id: str, cancelling: CancellingDep) -> JobOut:
+    return JobOut.of(cancelling(job_id, kind=_KIND))

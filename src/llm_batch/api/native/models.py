@@ -137,6 +137,15 @@ class DerivedFromOut(BaseModel):
     )
 
 
+class QueueOut(BaseModel):
+    """Where a job that has not started waits, in the order Airflow's scheduler will follow."""
+
+    position: int = Field(description="1: the next job to start there; counts jobs, not tasks")
+    pool: str | None = Field(description="The Airflow pool whose slot the job's tasks wait for; null while its run "
+                             "waits to start at all")
+    waiting_for: str = Field(description="What it waits for, in words (e.g. `a slot of pool llm_batch_local (1 of 1 in use)`)")
+
+
 class JobOut(BaseModel):
     """A job in the canonical words: every job is readable here by id, whichever route or
     Airflow run created it."""
@@ -174,9 +183,14 @@ class JobOut(BaseModel):
         description="The job this one was made from by `POST /v1/jobs/{id}/retry` or `/rerun`; null for a job "
         "submitted otherwise",
     )
+    queue: QueueOut | None = Field(
+        default=None,
+        description="While the job waits for Airflow to start it (a slot of its pool, or its run's start): its "
+        "place; null once any of its tasks runs, and for an ended job",
+    )
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: Job, queue: QueueOut | None = None) -> JobOut:
         ended = job.completed_at or job.failed_at or job.cancelled_at or job.expired_at
         return cls(
             id=job.id,
@@ -205,6 +219,7 @@ class JobOut(BaseModel):
             labels=dict(job.labels or {}),
             derived_from=DerivedFromOut(job_id=job.derived_from.job_id, kind=job.derived_from.kind)
             if job.derived_from else None,
+            queue=None if job.terminal else queue,
         )
 
 

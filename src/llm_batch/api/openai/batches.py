@@ -8,7 +8,7 @@ import orjson
 from fastapi import APIRouter, Body, Query
 
 from llm_batch.api.auth import CallerDep
-from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
@@ -120,6 +120,5 @@ def get_batch(batch_id: str, caller: CallerDep, store: StoreDep) -> BatchOut:
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchOut, summary="Cancel a batch")
-def cancel_batch(batch_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> BatchOut:
-    caller.require_submit()
-    return BatchOut.of(cancel_job(store, settings, batch_id, caller.owner_filter, refuse_ended=OPENAI_STATUS))
+def cancel_batch(batch_id: str, cancelling: CancellingDep) -> BatchOut:
+    return BatchOut.of(cancelling(batch_id, refuse_ended=OPENAI_STATUS))

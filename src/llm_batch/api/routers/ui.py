@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from llm_batch.api.auth import Caller, CallerDep, _auth_manager
-from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.native.jobs import label_pairs, labelled_jobs
 from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.core.jobs import JobStatus
@@ -212,8 +212,6 @@ async def job_detail(job_id: str, caller: CallerDep, store: StoreDep) -> dict[st
 
 
 @router.post("/api/jobs/{job_id}/cancel")
-def cancel(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
+def cancel(job_id: str, cancelling: CancellingDep) -> dict[str, Any]:
     """Cancel (owners and admins; with a header credential, as every write: auth.py)."""
-    caller.require_submit()
-    job = cancel_job(store, settings, job_id, caller.owner_filter, kind="job")
-    return _summary(caller, job)
+    return _summary(cancelling.caller, cancelling(job_id, kind="job"))

@@ -11,7 +11,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body
 
 from llm_batch.api.auth import Caller, CallerDep
-from llm_batch.api.cancellation import cancel_job, owned_job
+from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.dag_trigger import reprioritize_waiting_tasks
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
@@ -286,9 +286,6 @@ def update_batch_completion(
     response_model=CancelBatchCompletionsResponse,
     summary="Cancel a job (success: it is cancelling or cancelled now)",
 )
-def cancel_batch_completion(
-    batch_completion_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep
-) -> CancelBatchCompletionsResponse:
-    caller.require_submit()
-    job = cancel_job(store, settings, batch_completion_id, caller.owner_filter, kind="batch completion")
+def cancel_batch_completion(batch_completion_id: str, cancelling: CancellingDep) -> CancelBatchCompletionsResponse:
+    job = cancelling(batch_completion_id, kind="batch completion")
     return CancelBatchCompletionsResponse(success=job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED))

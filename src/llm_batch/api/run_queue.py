@@ -1,0 +1,132 @@
+"""Where a job's run waits in Airflow's queue, and taking a cancelled job out of it.
+
+With ``dag_trigger``, the only module that reads or changes a ``batch_inference`` run through
+Airflow's internals (its ORM models in the request's metadata-DB session, ``SessionDep``).
+
+**Queue places.** Airflow's scheduler starts the waiting (``scheduled``) task instances of a
+pool highest ``priority_weight`` first, then by their run's logical date, then map index
+(``SchedulerJobRunner._executable_task_instances_to_queued``); a run itself waits (state
+``queued``) while the DAG has as many runs running as it may. ``queue_places`` reads the same
+columns in the same order, so a job's position is the one the scheduler will follow, until a
+job ahead is cancelled or one of a higher band arrives. A run waits only while nothing of
+it runs: once a task of it is queued or running, its job is under way and has no place.
+
+**Cancel.** A cancelled job's shard tasks that have not started (no state yet, scheduled,
+waiting to retry) are marked skipped, so they no longer wait for a slot: the run's finalize
+task (trigger rule ``all_done``) then merges at once, accounting every line that never ran
+as ``batch_cancelled``. Running shards stop at their next checkpoint as before. The update
+only touches rows still in those states, so a shard the scheduler queued meanwhile runs
+(and stops at once on the cancel marker).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from airflow.utils.state import DagRunState, TaskInstanceState
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from llm_batch.api.state import DAG_ID
+from llm_batch.core.run_conf import SHARD_TASK_ID
+
+# A run with a task in one of these is under way: it has no place in a queue.
+_UNDER_WAY = (TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.DEFERRED,
+              TaskInstanceState.RESTARTING, TaskInstanceState.UP_FOR_RESCHEDULE)
+# What occupies a pool's slot (Airflow counts queued and running; deferred only when the
+# pool includes it, which the stack's pools do not).
+_IN_SLOT = (TaskInstanceState.QUEUED, TaskInstanceState.RUNNING)
+_NOT_STARTED = (TaskInstanceState.SCHEDULED, TaskInstanceState.UP_FOR_RETRY)
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    """A waiting run's place: ``position`` 1 starts next."""
+
+    position: int
+    pool: str | None  # None: the run waits to start at all (the DAG's active runs)
+    waiting_for: str
+
+
+def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
+    """The place of each of ``run_ids`` (batch_inference runs) that waits; the others are
+    absent. A few queries whatever the number of runs (a page of jobs asks at once)."""
+    from airflow.models.dag import DagModel  # airflow
+    from airflow.models.dagrun import DagRun  # airflow
+    from airflow.models.pool import Pool  # airflow
+    from airflow.models.taskinstance import TaskInstance as TI  # airflow
+
+    wanted = {r for r in run_ids if r}
+    if not wanted:
+        return {}
+    runs = {r.run_id: r for r in session.scalars(
+        select(DagRun).where(DagRun.dag_id == DAG_ID, DagRun.run_id.in_(wanted)))}
+    places: dict[str, QueuePlace] = {}
+
+    queued_runs = [r for r in runs.values() if r.state == DagRunState.QUEUED]
+    if queued_runs:
+        line = list(session.scalars(select(DagRun.run_id).where(
+            DagRun.dag_id == DAG_ID, DagRun.state == DagRunState.QUEUED).order_by(DagRun.run_after, DagRun.id)))
+        most = session.scalar(select(DagModel.max_active_runs).where(DagModel.dag_id == DAG_ID))
+        what = f"a run slot of DAG {DAG_ID} ({most} of its runs run at once)" if most else f"a run slot of DAG {DAG_ID}"
+        for run in queued_runs:
+            places[run.run_id] = QueuePlace(line.index(run.run_id) + 1, None, what)
+
+    running = [r for r in runs.values() if r.state == DagRunState.RUNNING]
+    if not running:
+        return places
+    ours = session.execute(select(TI.run_id, TI.state).where(
+        TI.dag_id == DAG_ID, TI.run_id.in_([r.run_id for r in running]))).all()
+    under_way = {run_id for run_id, state in ours if state in _UNDER_WAY}
+    waiting = {run_id for run_id, state in ours if state == TaskInstanceState.SCHEDULED} - under_way
+    if not waiting:
+        return places
+    # The whole line of every pool our runs wait in: every DAG's scheduled tasks, in the
+    # scheduler's order; a run's place is where its first task stands.
+    pools = set(session.scalars(select(TI.pool).where(
+        TI.dag_id == DAG_ID, TI.run_id.in_(waiting), TI.state == TaskInstanceState.SCHEDULED)))
+    line = session.execute(
+        select(TI.pool, TI.dag_id, TI.run_id)
+        .join(DagRun, (DagRun.dag_id == TI.dag_id) & (DagRun.run_id == TI.run_id))
+        .where(TI.pool.in_(pools), TI.state == TaskInstanceState.SCHEDULED)
+        .order_by(TI.pool, TI.priority_weight.desc(), DagRun.logical_date, TI.map_index)
+    ).all()
+    order: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    first_pool: dict[str, str] = {}
+    for pool, dag_id, run_id in line:
+        if (dag_id, run_id) not in order[pool]:
+            order[pool].append((dag_id, run_id))
+    for run_id in waiting:
+        # The pool where the run stands nearest the front.
+        first_pool[run_id] = min((p for p in order if (DAG_ID, run_id) in order[p]),
+                                 key=lambda p: order[p].index((DAG_ID, run_id)))
+    slots = dict(session.execute(select(Pool.pool, Pool.slots).where(Pool.pool.in_(pools))).all())
+    used: dict[str, int] = defaultdict(int)
+    for pool, n in session.execute(select(TI.pool, TI.pool_slots).where(TI.pool.in_(pools), TI.state.in_(_IN_SLOT))):
+        used[pool] += n or 1
+    for run_id, pool in first_pool.items():
+        total = slots.get(pool)
+        size = "unknown size" if total is None else f"{used[pool]} of {total} in use"
+        places[run_id] = QueuePlace(order[pool].index((DAG_ID, run_id)) + 1, pool, f"a slot of pool {pool} ({size})")
+    return places
+
+
+def skip_waiting_shards(run_id: str | None, session: Session) -> int:
+    """Mark the run's shard tasks that have not started skipped (see the module's "Cancel");
+    returns how many. Nothing else of the run changes."""
+    from airflow.models.taskinstance import TaskInstance as TI  # airflow
+
+    if not run_id:
+        return 0
+    now = datetime.now(UTC)
+    skipped = (
+        session.query(TI)
+        .filter(TI.dag_id == DAG_ID, TI.run_id == run_id, TI.task_id == SHARD_TASK_ID, TI.map_index >= 0)
+        .filter(TI.state.is_(None) | TI.state.in_(_NOT_STARTED))
+        .update({TI.state: TaskInstanceState.SKIPPED, TI.start_date: now, TI.end_date: now, TI.duration: 0},
+                synchronize_session=False)
+    )
+    session.commit()
+    return skipped
