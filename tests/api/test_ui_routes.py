@@ -164,3 +164,45 @@ def test_docs_load_nothing_from_a_cdn(client):
     for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png"):
         assert client.get(f"/docs/assets/{asset}").status_code == 200
     assert client.get("/docs/oauth2-redirect").status_code == 200
+
+
+def test_detail_previews_the_first_results_of_every_shape(client, creds, running, batch_api, api_store):
+    settings = batch_api.state.llm_batch.settings
+    uri = layout_of(settings, running.id).output_jsonl
+    chat = b'{"custom_id": "c0", "response": {"status_code": 200, "body": {"choices": [{"message": {"content": "  two\\n words "}}]}}}\n'
+    completion = b'{"custom_id": "c1", "response": {"body": {"choices": [{"text": "x" }]}}}\n'
+    embedding = b'{"custom_id": "c2", "response": {"body": {"data": [{"embedding": [0.1, 0.2, 0.3]}]}}}\n'
+    other = b'{"custom_id": "c3", "response": {"body": {"results": [{"flagged": false}]}}}\n'
+    long = b'{"custom_id": "c4", "response": {"body": {"choices": [{"text": "' + b"y" * 5000 + b'"}]}}}\n'
+    storage.write_bytes(uri, chat + completion + embedding + other + long + b"not json <b>\n")
+    output = api_store.create_file(owner="alice", purpose="batch_output", filename="out.jsonl", bytes=1,
+                                   uri=uri, kind="output", job_id=running.id)
+    api_store.set_outputs(running.id, output_file_id=output.id)
+    preview = client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "alice")).json()["preview"]
+    assert len(preview) == 5  # the first five lines only
+    assert preview[0] == {"custom_id": "c0", "answer": "two words"}
+    assert preview[1] == {"custom_id": "c1", "answer": "x"}
+    assert preview[2] == {"custom_id": "c2", "answer": "embedding of 3 numbers"}
+    assert preview[3] == {"custom_id": "c3", "answer": '{"results":[{"flagged":false}]}'}
+    assert preview[4]["custom_id"] == "c4" and len(preview[4]["answer"]) == 300 and preview[4]["answer"].endswith("…")
+
+
+def test_search_finds_a_job_by_id_prefix_and_label(client, creds, running, tag):
+    by_id = client.get("/ui/api/jobs", params={"q": running.id[:12]}, headers=cookie(creds, "alice")).json()
+    assert running.id in [j["id"] for j in by_id["jobs"]]
+    by_label = client.get("/ui/api/jobs", params={"q": tag}, headers=cookie(creds, "alice")).json()
+    assert [j["id"] for j in by_label["jobs"]] == [running.id]
+    assert client.get("/ui/api/jobs", params={"q": tag}, headers=cookie(creds, "bob")).json()["jobs"] == []
+    assert client.get("/ui/api/jobs", params={"q": "a\x00b"}, headers=cookie(creds, "alice")).status_code == 422
+
+
+def test_an_ended_job_offers_retry_and_run_again_to_its_owner_only(client, creds, running, api_store):
+    live = client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "alice")).json()
+    assert (live["can_retry"], live["can_rerun"], live["derived_from"]) == (False, False, None)
+    api_store.transition(running.id, "FINALIZING")
+    api_store.transition(running.id, "SUCCEEDED")
+    ended = client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "alice")).json()
+    assert ended["can_retry"] is True  # two lines failed
+    assert ended["can_rerun"] is True and ended["queue"] is None
+    viewer = client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "root")).json()
+    assert viewer["can_rerun"] is True  # an admin may

@@ -262,3 +262,22 @@ def test_a_busy_airflow_is_asked_again():
         lasting = iter([503] * 10)
         answers = lasting
         assert send_with_retries(lambda: client.get("/api/v2/x")).status_code == 503
+
+
+def test_job_and_jobs_show_where_a_waiting_job_stands(monkeypatch, capsys):
+    waiting = {"id": "job_w", "status": "RUNNING", "endpoint": "/v1/chat/completions", "model": "m",
+               "counts": {"total": 3}, "created_at": 1, "labels": {},
+               "queue": {"position": 2, "pool": "llm_batch_local", "waiting_for": "a slot of pool llm_batch_local (1 of 1 in use)"}}
+    started = {**waiting, "id": "job_s", "queue": None}
+    stub = Recorder({("GET", "/batch/v1/jobs/job_w"): httpx.Response(200, json=waiting),
+                     ("GET", "/batch/v1/jobs"): httpx.Response(200, json={"data": [waiting, started], "has_more": False})})
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    from llm_batch.cli.main import main
+
+    assert main(["job", "job_w"]) == 0
+    out = capsys.readouterr().out
+    assert "status     RUNNING\n" in out
+    assert "queue      #2: waits for a slot of pool llm_batch_local (1 of 1 in use)" in out
+    assert main(["jobs"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "RUNNING #2 in queue" in rows["job_w"] and "in queue" not in rows["job_s"]

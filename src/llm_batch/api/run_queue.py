@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from llm_batch.api.state import DAG_ID
 from llm_batch.core.run_conf import SHARD_TASK_ID
+from llm_batch.infra.jobstore import Job
 
 # A run with a task in one of these is under way: it has no place in a queue.
 _UNDER_WAY = (TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.DEFERRED,
@@ -111,6 +112,12 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
         size = "unknown size" if total is None else f"{used[pool]} of {total} in use"
         places[run_id] = QueuePlace(order[pool].index((DAG_ID, run_id)) + 1, pool, f"a slot of pool {pool} ({size})")
     return places
+
+
+def job_places(jobs: list[Job], session: Session) -> dict[str, QueuePlace]:
+    """The place of each live job of `jobs` that waits, by job id."""
+    live = {job.dag_run_id: job.id for job in jobs if not job.terminal and job.dag_run_id}
+    return {live[run_id]: place for run_id, place in queue_places(list(live), session).items()}
 
 
 def skip_waiting_shards(run_id: str | None, session: Session) -> int:

@@ -161,7 +161,7 @@ def _jobs(args: argparse.Namespace) -> int:
     def run(client: BatchClient) -> int:
         rows = [("ID", "STATUS", "MODEL", "DONE/TOTAL", "FAILED", "CREATED")]
         for job in client.jobs(limit=args.limit, search=args.search):
-            rows.append((job.id, job.status, job.model or "-", f"{job.completed}/{job.total}",
+            rows.append((job.id, job.shown_status, job.model or "-", f"{job.completed}/{job.total}",
                          str(job.failed), _when(job.created_at)))
         print_table(rows)
         return EXIT_SUCCEEDED
@@ -259,12 +259,12 @@ def _follow(client: BatchClient, job: JobView) -> JobView:
         TextColumn("requests  {task.fields[rate]}"), TimeElapsedColumn(),
     )
     with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
-        bar = progress.add_task("job", total=None, status=job.status, rate="")
+        bar = progress.add_task("job", total=None, status=job.shown_status, rate="")
 
         def update(current: JobView) -> None:
             rate = _tokens_per_s(job.id)
             progress.update(
-                bar, completed=current.completed, total=current.total or None, status=current.status,
+                bar, completed=current.completed, total=current.total or None, status=current.shown_status,
                 rate=f"{rate:,.0f} tokens/s" if rate is not None else "",
             )
 
@@ -295,6 +295,8 @@ def _tokens_per_s(job_id: str) -> float | None:
 def _describe(job: JobView) -> None:
     print(f"job        {job.id}")
     print(f"status     {job.status}")
+    if job.queue_position:
+        print(f"queue      #{job.queue_position}: waits for {job.waiting_for}")
     print(f"model      {job.model or '-'}  ({job.endpoint})")
     print(f"requests   {job.completed}/{job.total} done: {job.succeeded} succeeded, {job.failed} failed")
     print(f"created    {_when(job.created_at)}")

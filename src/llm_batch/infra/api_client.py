@@ -87,10 +87,17 @@ class JobView:
     error_file: str | None = None
     errors: list[str] = field(default_factory=list)  # why it failed or timed out (status_reason)
     labels: dict[str, Any] = field(default_factory=dict)
+    queue_position: int | None = None  # while it waits for Airflow to start it (JobOut.queue)
+    waiting_for: str | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def shown_status(self) -> str:
+        """The status, with the job's place while it waits: ``RUNNING #2 in queue``."""
+        return f"{self.status} #{self.queue_position} in queue" if self.queue_position else self.status
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> JobView:
@@ -113,6 +120,8 @@ class JobView:
             error_file=body.get("error_file_id"),
             errors=[reason] if reason and body["status"] in ("FAILED", "TIMEOUT_EXCEEDED") else [],
             labels=dict(body.get("labels") or {}),
+            queue_position=(body.get("queue") or {}).get("position"),
+            waiting_for=(body.get("queue") or {}).get("waiting_for"),
         )
 
 

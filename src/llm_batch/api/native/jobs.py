@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body, Query
-from sqlalchemy.orm import Session
 
 from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.cancellation import CancellingDep, owned_job
@@ -24,8 +23,8 @@ from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.native.derived import derive_job
 from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, JobList, JobOut, QueueOut
-from llm_batch.api.run_queue import queue_places
-from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.run_queue import QueuePlace, job_places
+from llm_batch.api.state import MAX_PAGE_SIZE, StoreDep
 from llm_batch.api.submission import (
     SubmittingDep,
     check_endpoint,
@@ -194,22 +193,19 @@ def list_jobs(
         store, wanted, limit=limit, after=after, batch=min(MAX_PAGE_SIZE, max(limit + 1, 100)),
         owner=owner if caller.is_admin else caller.name, statuses=status, model=model, search=q,
         derived_from=derived_from)
-    places = waiting_places(data, session)
-    return JobList(data=[JobOut.of(j, places.get(j.id)) for j in data], next_cursor=data[-1].id if has_more else None,
-                   has_more=has_more)
+    places = job_places(data, session)
+    return JobList(data=[JobOut.of(j, _queue_out(places.get(j.id))) for j in data],
+                   next_cursor=data[-1].id if has_more else None, has_more=has_more)
 
 
-def waiting_places(jobs: list[Job], session: Session) -> dict[str, QueueOut]:
-    """The queue place of each live job that waits (by job id)."""
-    live = {j.dag_run_id: j.id for j in jobs if not j.terminal and j.dag_run_id}
-    return {live[run_id]: QueueOut(**dataclasses.asdict(place))
-            for run_id, place in queue_places(list(live), session).items()}
+def _queue_out(place: QueuePlace | None) -> QueueOut | None:
+    return QueueOut(**dataclasses.asdict(place)) if place else None
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job")
 def get_job(job_id: str, caller: CallerDep, store: StoreDep, session: SessionDep) -> JobOut:
     job = owned_job(store, job_id, caller.owner_filter, _KIND)
-    return JobOut.of(job, waiting_places([job], session).get(job.id))
+    return JobOut.of(job, _queue_out(job_places([job], session).get(job.id)))
 
 
 @router.post("/{job_id}/retry", response_model=JobOut,

@@ -20,7 +20,7 @@ from llm_batch.api.openai.models import (
     BatchOut,
     CreateBatchRequest,
 )
-from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, StoreDep
 from llm_batch.api.submission import SubmittingDep, check_endpoint, check_model, model_registry, submit
 from llm_batch.api.uploads import expiry
 from llm_batch.core.endpoints import Endpoint

@@ -13,29 +13,32 @@ admins everything; only owners and admins cancel (an Airflow viewer gets no butt
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-import orjson
+from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from llm_batch.api.auth import Caller, CallerDep, _auth_manager
 from llm_batch.api.cancellation import CancellingDep, owned_job
+from llm_batch.api.job_files import RESULT_LINE_CHARS, error_row, first_lines, result_row
 from llm_batch.api.native.jobs import label_pairs, labelled_jobs
-from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.run_queue import QueuePlace, job_places
+from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, StoreDep
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.run_conf import SHARD_TASK_ID
-from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
+from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
 ERROR_LINES = 20  # first lines of the error file shown on the detail
-ERROR_LINE_CHARS = 2000
+PREVIEW_LINES = 5  # and of the output file
 SESSION_TOKEN_SECONDS = 15 * 60
 _ENDED_AT = ("completed_at", "failed_at", "cancelled_at", "expired_at")
 
@@ -52,12 +55,15 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def _may_write(caller: Caller, job: Job) -> bool:
+    return caller.can_submit and (caller.is_admin or job.owner == caller.name)
+
+
 def _can_cancel(caller: Caller, job: Job) -> bool:
-    return (caller.can_submit and (caller.is_admin or job.owner == caller.name) and not job.terminal
-            and not job.cancel_requested)
+    return _may_write(caller, job) and not job.terminal and not job.cancel_requested
 
 
-def _summary(caller: Caller, job: Job) -> dict[str, Any]:
+def _summary(caller: Caller, job: Job, place: QueuePlace | None = None) -> dict[str, Any]:
     ended = [getattr(job, name) for name in _ENDED_AT if getattr(job, name) is not None]
     return {
         "id": job.id,
@@ -75,6 +81,7 @@ def _summary(caller: Caller, job: Job) -> dict[str, Any]:
         "created_at": _iso(job.created_at),
         "ended_at": _iso(max(ended)) if ended and job.terminal else None,
         "can_cancel": _can_cancel(caller, job),
+        "queue": dataclasses.asdict(place) if place and not job.terminal else None,
     }
 
 
@@ -111,12 +118,14 @@ async def session(request: Request, caller: CallerDep) -> dict[str, Any]:
 def list_jobs(
     caller: CallerDep,
     store: StoreDep,
+    session: SessionDep,
     status: Annotated[list[JobStatus] | None, Query()] = None,
     owner: Annotated[str | None, Query(max_length=256)] = None,
     model: Annotated[str | None, Query(max_length=256)] = None,
     label: Annotated[list[str] | None, Query(max_length=640)] = None,
     after: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    q: Annotated[str | None, Query(max_length=MAX_SEARCH_LENGTH, pattern=r"^[^\x00-\x1f\x7f]*$")] = None,
 ) -> dict[str, Any]:
     """One page of jobs, newest first (keyset paging: ``after`` = the previous ``next_after``).
     ``total`` counts every match (unknown, null, with a label filter: labels are matched
@@ -126,46 +135,11 @@ def list_jobs(
         return {"jobs": [], "total": 0, "next_after": None}
     shown, has_more, matching = labelled_jobs(
         store, wanted, limit=limit, after=after, batch=MAX_PAGE_SIZE if wanted else limit + 1,
-        owner=(owner if caller.is_admin else caller.name) or None, statuses=status, model=model or None)
-    return {"jobs": [_summary(caller, j) for j in shown], "total": None if wanted else matching,
+        owner=(owner if caller.is_admin else caller.name) or None, statuses=status, model=model or None,
+        search=q or None)
+    places = job_places(shown, session)
+    return {"jobs": [_summary(caller, j, places.get(j.id)) for j in shown], "total": None if wanted else matching,
             "next_after": shown[-1].id if has_more else None}
-
-
-def _error_row(raw: str) -> dict[str, Any]:
-    """One error-file line as the page's table shows it: line, custom_id, code, message
-    (each dialect's error line has them in its own place); an unparsable line as its text."""
-    try:
-        record = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {"line": None, "custom_id": None, "code": None, "message": raw}
-    if not isinstance(record, dict):
-        return {"line": None, "custom_id": None, "code": None, "message": raw}
-    response = record.get("response") if isinstance(record.get("response"), dict) else {}
-    body = response.get("body") if isinstance(response.get("body"), dict) else {}
-    error = next((e for e in (record.get("error"), body.get("error")) if isinstance(e, dict)), {})
-    text = lambda value: None if value is None else str(value)  # noqa: E731 - echoed as text
-    return {"line": record.get("line") if isinstance(record.get("line"), int) else None,
-            "custom_id": text(record.get("custom_id")), "code": text(error.get("code")),
-            "message": text(error.get("message")) or raw}
-
-
-def _first_error_lines(store: JobStore, job: Job) -> list[str]:
-    """The first lines of the job's error file (through llm_batch.infra.storage), [] without one."""
-    if job.error_file_id is None:
-        return []
-    file = store.get_file(job.error_file_id)
-    if file is None or file.deleted:
-        return []
-    lines: list[str] = []
-    try:
-        with storage.open_read(file.uri) as stream:
-            for raw in stream:
-                lines.append(raw.decode("utf-8", "replace").rstrip("\r\n")[:ERROR_LINE_CHARS])
-                if len(lines) >= ERROR_LINES:
-                    break
-    except storage.StorageError as exc:
-        return [f"(the error file could not be read: {exc})"]
-    return lines
 
 
 def _shard(record: Any) -> dict[str, Any]:
@@ -184,7 +158,8 @@ def _links(job: Job) -> dict[str, str] | None:
     return {"run": run, "logs": f"{run}/tasks/{SHARD_TASK_ID}/mapped"}
 
 
-def _detail(store: JobStore, caller: Caller, job_id: str) -> dict[str, Any]:
+def _detail(store: JobStore, caller: Caller, job_id: str, places: Callable[[list[Job]], dict[str, QueuePlace]],
+            ) -> dict[str, Any]:
     job = owned_job(store, job_id, caller.owner_filter, "job")
     history = [{"at": _iso(p.at), "total": p.total, "completed": p.completed, "succeeded": p.succeeded,
                 "failed": p.failed, "tokens_per_s": p.tokens_per_s}
@@ -193,8 +168,13 @@ def _detail(store: JobStore, caller: Caller, job_id: str) -> dict[str, Any]:
     history.append({"at": _iso(job.updated_at), "total": job.total, "completed": job.completed,
                     "succeeded": job.succeeded, "failed": job.failed, "tokens_per_s": job.tokens_per_s})
     return {
-        **_summary(caller, job),
+        **_summary(caller, job, places([job]).get(job.id)),
         "status_reason": job.status_reason,
+        "derived_from": {"job_id": job.derived_from.job_id, "kind": job.derived_from.kind} if job.derived_from else None,
+        # An ended job's failed and never-run lines (retry) or whole input (run again) as a
+        # new job: POST /v1/jobs/{id}/retry|rerun, the native routes, with the session's token.
+        "can_retry": _may_write(caller, job) and job.terminal and job.failed > 0,
+        "can_rerun": _may_write(caller, job) and job.terminal,
         "errors": job.errors,
         "output_file_id": job.output_file_id,
         "error_file_id": job.error_file_id,
@@ -202,13 +182,14 @@ def _detail(store: JobStore, caller: Caller, job_id: str) -> dict[str, Any]:
         "links": _links(job),
         "shards": [_shard(r) for r in store.shard_records(job.id)],
         "history": history,
-        "error_lines": [_error_row(line) for line in _first_error_lines(store, job)],
+        "error_lines": [error_row(line) for line in first_lines(store, job.error_file_id, ERROR_LINES)],
+        "preview": [result_row(line) for line in first_lines(store, job.output_file_id, PREVIEW_LINES, RESULT_LINE_CHARS)],
     }
 
 
 @router.get("/api/jobs/{job_id}")
-async def job_detail(job_id: str, caller: CallerDep, store: StoreDep) -> dict[str, Any]:
-    return await run_in_threadpool(_detail, store, caller, job_id)
+def job_detail(job_id: str, caller: CallerDep, store: StoreDep, session: SessionDep) -> dict[str, Any]:
+    return _detail(store, caller, job_id, lambda jobs: job_places(jobs, session))
 
 
 @router.post("/api/jobs/{job_id}/cancel")

@@ -76,13 +76,16 @@
       el("span", { style: `width:${pct.toFixed(1)}%` }));
     return el("span", {}, outer, ` ${done} / ${total}`);
   }
+  // The status word, and while the job waits for Airflow to start it, its place in the queue.
+  const status = (job) => el("span", {}, el("span", { class: "status " + job.status }, job.status),
+    job.queue ? el("span", { class: "queue", title: "waits for " + job.queue.waiting_for }, ` #${job.queue.position} in queue`) : "");
   const labels = (pairs) => el("span", {}, ...Object.entries(pairs || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`)));
 
   // -- list ----------------------------------------------------------------------------------
   function query() {
     const form = new FormData($("#filters"));
     const params = new URLSearchParams({ limit: "50" });
-    for (const name of ["status", "owner", "model", "label"]) {
+    for (const name of ["q", "status", "owner", "model", "label"]) {
       const value = (form.get(name) || "").trim();
       if (value) params.append(name, value);
     }
@@ -95,7 +98,7 @@
     const body = $("#jobs tbody");
     body.replaceChildren(...page.jobs.map((job) => el("tr", { class: "job", "data-id": job.id, onclick: () => { location.hash = "job=" + job.id; } },
       el("td", {}, el("a", { href: "#job=" + job.id }, job.id)),
-      el("td", {}, el("span", { class: "status " + job.status }, job.status)),
+      el("td", {}, status(job)),
       el("td", {}, bar(job.completed, job.total, job.failed > 0)),
       el("td", {}, `${job.succeeded} / ${job.failed}`),
       el("td", {}, job.tokens_per_s.toFixed(1)),
@@ -106,6 +109,16 @@
     $("#next").disabled = !page.next_after;
     $("#next").onclick = () => { cursors.push(page.next_after); refresh(); };
     $("#first").disabled = cursors.length === 1;
+  }
+
+  // The caller's own usage (GET /v1/usage counts only their jobs; an admin's names themself).
+  async function showUsage() {
+    const report = await get("/v1/usage?" + new URLSearchParams({ owner: session.user }));
+    const all = report.data[0];
+    const n = (v) => Number(v || 0).toLocaleString();
+    $("#usage").textContent = all ? `Your usage: ${n(all.jobs)} jobs, ${n(all.requests.total)} requests ` +
+      `(${n(all.requests.succeeded)} succeeded, ${n(all.requests.failed)} failed), ` +
+      `${n(all.prompt_tokens)} prompt + ${n(all.completion_tokens)} completion tokens` : "Your usage: no jobs yet";
   }
 
   // -- detail --------------------------------------------------------------------------------
@@ -157,13 +170,30 @@
     refresh();
   }
 
+  // Retry (the failed and never-run lines) or run again: a new job, opened once made.
+  function derive(job, kind, text) {
+    return el("button", { type: "button", class: kind, onclick: async (event) => {
+      event.currentTarget.disabled = true;
+      const headers = { Accept: "application/json" };
+      if (session.token) headers.Authorization = "Bearer " + session.token;
+      const response = await fetch(`${API}/v1/jobs/${encodeURIComponent(job.id)}/${kind}`,
+        { method: "POST", credentials: "omit", headers });
+      if (!response.ok) { say(`${text} refused: ` + (await problem(response))); return; }
+      say("");
+      location.hash = "job=" + (await response.json()).id;
+    } }, text);
+  }
+
   async function showDetail(id) {
     const job = await get("/ui/api/jobs/" + encodeURIComponent(id));
     $("#d-title").textContent = `Job ${job.id}`;
     const dl = el("dl", {});
     const row = (k, v) => dl.append(el("dt", {}, k), el("dd", {}, v));
     row("Status", el("span", { class: "status " + job.status }, job.status));
+    if (job.queue) row("Queue", `#${job.queue.position}: waits for ${job.queue.waiting_for}`);
     if (job.status_reason) row("Reason", job.status_reason);
+    if (job.derived_from) row("Made from", el("span", {}, job.derived_from.kind === "retry" ? "retry of " : "run again of ",
+      el("a", { href: "#job=" + job.derived_from.job_id, class: "derived-from" }, job.derived_from.job_id)));
     row("Progress", bar(job.completed, job.total, job.failed > 0));
     row("Succeeded / failed", `${job.succeeded} / ${job.failed}`);
     row("Tokens/s", job.tokens_per_s.toFixed(1));
@@ -180,6 +210,8 @@
       actions.push(airflowLink(job.links.run, "DAG run", "dag-run"));
       actions.push(airflowLink(job.links.logs, "Task logs", "dag-logs"));
     }
+    if (job.can_retry) actions.push(derive(job, "retry", "Retry failed lines"));
+    if (job.can_rerun) actions.push(derive(job, "rerun", "Run again"));
     if (job.can_cancel) {
       const again = armed === job.id;
       const button = el("button", { type: "button", class: "cancel", onclick: (event) => cancel(job, event.currentTarget) },
@@ -201,6 +233,10 @@
       el("td", {}, sh.shard), el("td", {}, sh.state), el("td", {}, bar(sh.done, sh.total, sh.failed > 0)),
       el("td", {}, `${sh.succeeded} / ${sh.failed}`), el("td", {}, sh.tokens_per_s.toFixed(1)),
       el("td", {}, sh.reason || ""), el("td", {}, when(sh.updated_at)))));
+    $("#d-preview").replaceChildren(job.preview.length ? el("table", { id: "preview" },
+      el("thead", {}, el("tr", {}, el("th", {}, "custom_id"), el("th", {}, "Answer"))),
+      el("tbody", {}, ...job.preview.map((r) => el("tr", {}, el("td", {}, r.custom_id || ""), el("td", { class: "message" }, r.answer)))))
+      : el("p", {}, job.output_file_id ? "No succeeded lines." : "The results are written when the job ends."));
     const errors = [];
     for (const e of job.errors || []) errors.push(el("p", {}, typeof e === "string" ? e : (e.message || JSON.stringify(e))));
     if (job.error_lines.length) {
@@ -220,8 +256,8 @@
     $("#list-view").hidden = !!match;
     $("#detail-view").hidden = !match;
     try {
-      if (match) await showDetail(decodeURIComponent(match[1])); else await showList();
-      if (!$("#message").textContent.startsWith("Cancel")) say("");
+      if (match) await showDetail(decodeURIComponent(match[1])); else await Promise.all([showList(), showUsage()]);
+      if (!/refused/.test($("#message").textContent)) say("");
     } catch (e) { say(String(e.message || e)); }
     timer = setTimeout(refresh, REFRESH_MS);
   }
