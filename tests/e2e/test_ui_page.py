@@ -1,7 +1,8 @@
 """The Batch jobs page in a real browser (Debian's chromium driven by Playwright) on the
 real embedded stack: log in to Airflow's UI, open "Batch jobs" from Airflow's navigation,
-watch a running job's bar move, cancel it, download its results, read its legends, rate and error
-table, follow Airflow's dark mode, and follow its links into Airflow's own pages; a viewer sees no cancel
+watch a running job's bar move, cancel it, download its results, read its legends, rate, error
+table and results preview, retry its failed lines from the page and follow the "made from" link
+back, search, read the user's usage, follow Airflow's dark mode, and follow its links into Airflow's own pages; a viewer sees no cancel
 button and gets a 403 if they try. Screenshots go to docs/ui/.
 
 The stack's simple auth manager knows only ``admin`` (src/llm_batch/devstack/stack.py); the viewer is a
@@ -122,6 +123,40 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     frame.wait_for_selector("#error-lines tbody tr", timeout=30_000)
     cells = frame.locator("#error-lines tbody tr").first.locator("td").all_inner_texts()
     assert len(cells) == 4 and cells[0].isdigit() and cells[1] and cells[2] == "batch_cancelled", cells
+
+    # The first results as a table (custom_id, answer), in the output file's order.
+    preview = frame.locator("#preview tbody tr")
+    wait_until("the results preview", lambda: preview.count() == min(5, done.succeeded), 30, poll=1)
+    first_result = json.loads(saved.read_bytes().splitlines()[0])["custom_id"]
+    assert preview.first.locator("td").first.inner_text() == first_result
+    # "Retry failed lines": a new job of the lines that never ran, opened on the page and
+    # linked to this one (cancelled at once: running it is not the point here).
+    with page.expect_response(lambda r: r.url.endswith(f"/{job.id}/retry") and r.request.method == "POST") as retried:
+        frame.click("button.retry")
+    assert retried.value.status < 300, retried.value.text()
+    retry_id = retried.value.json()["id"]
+    job_logs.append(retry_id)
+    frame.wait_for_selector(f"#d-title:has-text('{retry_id}')", timeout=30_000)
+    assert frame.locator("a.derived-from").inner_text() == job.id
+    assert "retry of" in frame.locator("dt:has-text('Made from') + dd").inner_text()
+    wait_until("the retry to read its lines", lambda: batch_client.job(retry_id).total or None, 120)
+    assert batch_client.job(retry_id).total == done.total - done.succeeded
+    batch_client.cancel(retry_id)
+    frame.click("a.derived-from")
+    frame.wait_for_selector(f"#d-title:has-text('{job.id}')", timeout=30_000)
+    # Search from the list: the job by its id's prefix; nothing for a word no job has.
+    frame.click("#back")
+    frame.fill("input[name=q]", job.id[:16])
+    frame.click("#filters button[type=submit]")
+    wait_until("the search to find the job", lambda: frame.locator("tr.job").count() == 1
+               and frame.locator(f'tr[data-id="{job.id}"]').count() == 1, 30, poll=0.5)
+    frame.fill("input[name=q]", f"no-such-{job.id}")
+    frame.click("#filters button[type=submit]")
+    wait_until("an empty search", lambda: frame.locator("tr.job").count() == 0, 30, poll=0.5)
+    # The user's own usage, above the list.
+    assert re.match(r"Your usage: [\d,]+ jobs, [\d,]+ requests", frame.locator("#usage").inner_text())
+    frame.fill("input[name=q]", "")
+    frame.click("#filters button[type=submit]")
 
     # Airflow's dark mode, as its theme switch stores it (next-themes: localStorage "theme"),
     # then back to light while the page is open: the frame follows both.

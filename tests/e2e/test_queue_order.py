@@ -1,0 +1,135 @@
+"""Fair, visible queues on the real stack: jobs made by the Trigger form, the batch API and a
+recurring spec's schedule wait for the local pool's one slot in submission order, a higher
+band jumps ahead of them, each shows its place while it waits, and a cancel of a job that
+has not started ends it without it ever getting the slot.
+
+One long job (the blocker) holds the pool's slot while the others are made, one after the
+other; once every one of them shows a place, the blocker is cancelled and the shard tasks'
+start times (Airflow's task instances) say in which order they got the slot.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, long_batch, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
+
+JOB_TIMEOUT = 900
+CHAT = "/v1/chat/completions"
+
+
+def _form_conf(tag: str) -> dict[str, Any]:
+    """What Airflow's Trigger form sends for a small inline batch (dags/batch_inference.py PARAMS)."""
+    return {"job_id": None, "input_uri": None, "input_file_ids": None, "input_format": "jsonl",
+            "input_requests": [{"custom_id": f"form-{tag}", "body": {"messages": [{"role": "user", "content": "hi"}],
+                                                                    "max_tokens": 4}}],
+            "output_uri": None, "endpoint": CHAT, "model": MODEL, "model_config": {}, "data_parallelism": 1,
+            "max_runtime_sec": 1800, "priority": None, "labels": {"queue-test": tag}}
+
+
+def _native(batch_client, job_id: str) -> dict[str, Any] | None:
+    try:
+        return batch_client.get_job(job_id)
+    except Exception:  # noqa: BLE001 (not registered yet)
+        return None
+
+
+def _shard_start(airflow, run_id: str) -> datetime | None:
+    got = airflow.send("GET", f"/dags/batch_inference/dagRuns/{run_id}/taskInstances/run_shard/0")
+    start = got.json().get("start_date") if got.status_code == 200 else None
+    return datetime.fromisoformat(start) if start else None
+
+
+def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, batch_client, airflow, job_logs,
+                                                                   tmp_path: Path):
+    from llm_batch.core.run_conf import run_job_id
+
+    tag = uuid.uuid4().hex[:8]
+    blocker = batch_client.submit(long_batch(tmp_path / "blocker.jsonl", 120), endpoint=CHAT, model=MODEL,
+                                  model_config={"engine_args": {"max_num_seqs": 2}})
+    job_logs.append(blocker.id)
+    wait_until("the blocker to hold the pool's slot", lambda: batch_client.job(blocker.id).completed > 0, JOB_TIMEOUT)
+
+    def create(**extra: Any) -> str:
+        return batch_client.create_job({"model": MODEL, "endpoint": CHAT, "labels": {"queue-test": tag}, **extra,
+                                        "requests": [{"custom_id": "one", "body": {
+                                            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}]})["id"]
+
+    # 1. The Trigger form (its run's logical date is the time it was triggered).
+    form_run = f"manual__queue_{tag}"
+    sent = airflow.send("POST", "/dags/batch_inference/dagRuns", json={
+        "dag_run_id": form_run, "logical_date": datetime.now(UTC).isoformat(), "conf": _form_conf(tag)})
+    assert sent.status_code < 300, sent.text
+    form = run_job_id({}, form_run)
+    wait_until("the form's job", lambda: _native(batch_client, form), 120)
+    time.sleep(1)
+    # 2. The batch API.
+    api = create()
+    time.sleep(1)
+    # 3. A recurring spec's schedule: its DAG unpaused makes one run now (catchup off), whose
+    #    TriggerDagRunOperator starts a batch_inference run; paused again at once.
+    recurring = f"recurring__{RECURRING_SPEC}"
+    airflow.call("PATCH", f"/dags/{recurring}", json={"is_paused": False})
+
+    def scheduled() -> str | None:
+        runs = airflow.call("GET", "/dags/batch_inference/dagRuns", params={"limit": 100, "order_by": "-run_after"})
+        for run in runs["dag_runs"]:
+            conf = run.get("conf") or {}
+            if conf.get("metadata", {}).get("recurring") == RECURRING_SPEC and run["state"] in ("queued", "running"):
+                return run_job_id(conf, run["dag_run_id"])
+        return None
+
+    try:
+        spec = wait_until("the schedule's job", scheduled, 180, poll=2)
+    finally:
+        airflow.call("PATCH", f"/dags/{recurring}", json={"is_paused": True})
+    wait_until("the schedule's job registered", lambda: _native(batch_client, spec), 120)
+    time.sleep(1)
+    # 4. A higher band, submitted last; 5. one more, cancelled while it waits.
+    high = create(priority="high")
+    time.sleep(1)
+    dropped = create()
+    job_logs.extend([form, api, spec, high, dropped])
+    order = [high, form, api, spec, dropped]
+
+    # Every waiting job shows its place: band first, then submission time, whichever way in.
+    def places() -> list[int] | None:
+        queues = [(_native(batch_client, j) or {}).get("queue") for j in order]
+        if not all(q and q["pool"] for q in queues):
+            return None
+        return [q["position"] for q in queues]
+
+    assert wait_until("every job to wait in the pool", places, 300, poll=2) == [1, 2, 3, 4, 5]
+    place = _native(batch_client, api)["queue"]
+    assert place["pool"] == "llm_batch_local" and place["waiting_for"].startswith("a slot of pool llm_batch_local")
+    assert batch_client.job(api).shown_status == "RUNNING #3 in queue"
+
+    # A cancel of a job that has not started: it ends without ever getting the slot (its
+    # shard task skipped), its line accounted for as never run.
+    batch_client.cancel(dropped)
+    cancelled_at = time.monotonic()
+    ended = batch_client.wait(dropped, timeout=JOB_TIMEOUT)
+    took = time.monotonic() - cancelled_at
+    assert ended.status == "CANCELLED" and (ended.total, ended.failed, ended.succeeded) == (1, 1, 0), ended
+    assert batch_client.job(blocker.id).status == "RUNNING"  # the slot was held all along
+    assert took < 120, f"the cancel of a waiting job took {took:.0f} s"
+    dropped_run = _native(batch_client, dropped)["dag_run_id"]
+    assert _shard_start(airflow, dropped_run) is None or airflow.call(
+        "GET", f"/dags/batch_inference/dagRuns/{dropped_run}/taskInstances/run_shard/0")["state"] == "skipped"
+
+    batch_client.cancel(blocker.id)
+    done = {j: batch_client.wait(j, timeout=JOB_TIMEOUT) for j in order[:4]}
+    assert all(d.status == "SUCCEEDED" for d in done.values()), done
+    assert done[spec].total == RECURRING_REQUESTS
+    starts = [_shard_start(airflow, _native(batch_client, j)["dag_run_id"]) for j in order[:4]]
+    assert all(starts), starts
+    assert starts == sorted(starts), list(zip(["high", "form", "api", "schedule"], starts, strict=True))
+    print("cancel of a waiting job ended it in", round(took, 1), "s; shard starts:", starts)
