@@ -49,7 +49,16 @@ from llm_batch.devstack.pg_server import (
     server_user,
 )
 from llm_batch.devstack.s3_server import PORT_NAMES, S3ServerError, WeedServer, free_ports
-from llm_batch.devstack.stack import AIRFLOW_DB, COMPONENTS, JOBS_DB, Stack, StackError, UpResult, free_port
+from llm_batch.devstack.stack import (
+    AIRFLOW_DB,
+    COMPONENTS,
+    JOBS_DB,
+    Stack,
+    StackError,
+    UpResult,
+    free_port,
+    write_private,
+)
 from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
 from llm_batch.runtime.warm_engines import stop_hosts
 
@@ -517,12 +526,6 @@ def _ensure_state(shape_dir: Path, workers: int | None) -> dict:
     state["workers"] = workers or state["workers"]
     while len(state["ports"]["worker_logs"]) < state["workers"]:
         state["ports"]["worker_logs"].append(free_port())
-    shape_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(state, out, indent=1)
-    os.replace(tmp, path)
+    write_private(path, json.dumps(state, indent=1))
     return state
 

@@ -142,14 +142,20 @@ def database_state(home: Path, database: str | None = None) -> dict[str, Any]:
                              "password": secrets.token_urlsafe(24)}
         changed = True
     if changed:
-        home.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(state, out, indent=1)
-        os.replace(tmp, path)
+        write_private(path, json.dumps(state, indent=1))
     return state
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically, readable by this account only (mode 0600 from the
+    start: a secret is never in a file others may read, not even for a moment)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -640,12 +646,7 @@ class Stack:
         if stored and store.authenticate_api_key(stored):
             return stored
         _, plaintext = store.create_api_key(ADMIN_USER, "llm-batch CLI (made by llm-batch up)", is_admin=True)
-        tmp = self.api_key_file.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(plaintext + "\n")
-        os.replace(tmp, self.api_key_file)
+        write_private(self.api_key_file, plaintext + "\n")
         return plaintext
 
     def wait_healthy(self, timeout: float) -> None:
