@@ -38,7 +38,7 @@ from llm_batch.api.native import (
 )
 from llm_batch.api.openai import batches as openai_batches
 from llm_batch.api.openai import webhooks as openai_webhooks  # OpenAI's: /v1/webhook_endpoints
-from llm_batch.api.routers import files, health, ui
+from llm_batch.api.routers import files, health, metrics, ui
 from llm_batch.api.scale import batch_completions as scale_batch_completions
 from llm_batch.api.state import MAX_JSON_BODY_BYTES, ApiState
 from llm_batch.core import strict_json
@@ -334,6 +334,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     app.include_router(openai_webhooks.router)
     app.include_router(scale_batch_completions.v1_router)
     app.include_router(ui.router)
+    app.include_router(metrics.router)
     app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")
     serve_docs_offline(app)
     declare_error_responses(app)
@@ -342,4 +343,5 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     # Added last = outermost: the size limit first, then the strict JSON edge inside it.
     app.add_middleware(StrictJsonBodies)
     app.add_middleware(BodyLimit, json_limit=min(MAX_JSON_BODY_BYTES, upload_limit), upload_limit=upload_limit)
+    app.add_middleware(metrics.RequestMetrics)  # outermost: every answer is counted, a refused one too
     return app

@@ -27,6 +27,7 @@ allowed": an Airflow user without the right on ``batch_inference`` runs, a viewe
 from __future__ import annotations
 
 import base64
+import hmac
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -36,7 +37,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBasic, HTTPBearer
 
 from llm_batch.api.errors import ApiError
-from llm_batch.api.state import DAG_ID, StoreDep
+from llm_batch.api.state import DAG_ID, SettingsDep, StoreDep
 from llm_batch.core import owners
 from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.jobstore.api_keys import API_KEY_PREFIX
@@ -236,3 +237,22 @@ async def get_caller(
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def metrics_reader(
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None,
+) -> None:
+    """Who may read ``/metrics``: the metrics token (``Authorization: Bearer``, compared in
+    constant time) or an admin; anyone else is 403, no credentials 401."""
+    token = settings.metrics_token.get_secret_value() if settings.metrics_token else ""
+    authorization = _authorization(request)
+    if token and authorization and authorization[0] == "bearer" and hmac.compare_digest(
+            authorization[1].encode(), token.encode()):
+        return
+    caller = await get_caller(request, store, bearer)
+    if not caller.is_admin:
+        raise ApiError(403, "metrics are for admins and for the metrics token (LLM_BATCH_METRICS_TOKEN)",
+                       code="forbidden")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from airflow.utils.state import DagRunState, TaskInstanceState
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from llm_batch.api.state import DAG_ID
@@ -112,6 +112,51 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
         size = "unknown size" if total is None else f"{used[pool]} of {total} in use"
         places[run_id] = QueuePlace(order[pool].index((DAG_ID, run_id)) + 1, pool, f"a slot of pool {pool} ({size})")
     return places
+
+
+@dataclass(frozen=True)
+class QueueDepths:
+    """What waits, for metrics: per pool (``(run)``: runs waiting to start) the waiting jobs
+    and the age of the oldest (since its run's logical date, the job's submission); shard
+    tries; seconds since a running scheduler's newest heartbeat (inf without one)."""
+
+    pools: dict[str, tuple[int, float]]
+    shard_tries: int
+    shard_retries: int
+    scheduler_heartbeat_age_s: float
+
+
+def queue_depths(session: Session, now: datetime) -> QueueDepths:
+    from airflow.jobs.job import Job as AirflowJob  # airflow
+    from airflow.models.dagrun import DagRun  # airflow
+    from airflow.models.taskinstance import TaskInstance as TI  # airflow
+
+    def age(then: datetime | None) -> float:
+        return max(0.0, (now - then).total_seconds()) if then else 0.0
+
+    from airflow.models.pool import Pool  # airflow
+
+    # Every pool reads 0 while nothing waits in it (a series that comes and goes is hard to alert on).
+    pools: dict[str, tuple[int, float]] = {name: (0, 0.0) for name in session.scalars(select(Pool.pool))}
+    queued = session.execute(select(func.count(), func.min(DagRun.logical_date)).where(
+        DagRun.dag_id == DAG_ID, DagRun.state == DagRunState.QUEUED)).one()
+    pools["(run)"] = (int(queued[0]), age(queued[1]))
+    active = select(TI.run_id).where(TI.dag_id == DAG_ID, TI.state.in_(_UNDER_WAY))
+    rows = session.execute(
+        select(TI.pool, func.count(func.distinct(TI.run_id)), func.min(DagRun.logical_date))
+        .join(DagRun, (DagRun.dag_id == TI.dag_id) & (DagRun.run_id == TI.run_id))
+        .where(TI.dag_id == DAG_ID, TI.state == TaskInstanceState.SCHEDULED, DagRun.state == DagRunState.RUNNING,
+               TI.run_id.not_in(active))
+        .group_by(TI.pool)).all()
+    for pool, jobs, oldest in rows:
+        pools[pool] = (int(jobs), age(oldest))
+    tries, retries = session.execute(
+        select(func.coalesce(func.sum(TI.try_number), 0),
+               func.coalesce(func.sum(case((TI.try_number > 1, TI.try_number - 1), else_=0)), 0))
+        .where(TI.dag_id == DAG_ID, TI.task_id == SHARD_TASK_ID)).one()
+    beat = session.scalar(select(func.max(AirflowJob.latest_heartbeat)).where(
+        AirflowJob.job_type == "SchedulerJob", AirflowJob.state == "running"))
+    return QueueDepths(pools, int(tries), int(retries), age(beat) if beat else float("inf"))
 
 
 def job_places(jobs: list[Job], session: Session) -> dict[str, QueuePlace]:

@@ -160,6 +160,11 @@ class Settings(BaseSettings):
     # Folder of recurring batch specs (YAML); None: dags/recurring_specs beside the DAGs.
     recurring_specs: Path | None = None
 
+    # --- Metrics: GET /batch/metrics (src/llm_batch/api/routers/metrics.py, docs/metrics.md) ---
+    # A token a scraper sends as "Authorization: Bearer <token>" instead of an admin key; None:
+    # admins only. Compared in constant time; give it 32 random characters or more.
+    metrics_token: SecretStr | None = None
+
     # --- Webhooks: signed job-end events (src/llm_batch/infra/webhooks.py, docs/api.md "Webhooks") ---
     # Hosts, addresses and networks (comma separated: hooks.internal, 10.0.0.5, 10.1.0.0/16,
     # 127.0.0.1) webhooks may go to although they are not public: only globally routable

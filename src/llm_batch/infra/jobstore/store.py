@@ -9,6 +9,7 @@ engine, transactions) with a small ``Protocol`` of what its callers use:
 - ``api_keys.py``: API keys and owner names (``ApiKeys``);
 - ``idempotency.py``: idempotency keys (``IdempotencyKeys``);
 - ``usage.py``: usage reports and per-owner holdings (``Usage``);
+- ``figures.py``: the whole store's operational figures for metrics (``Figures``);
 - ``health.py``: the health check (``Health``);
 - ``webhooks.py``: webhook endpoints, the delivery outbox, attempts (``WebhookEndpoints``,
   ``WebhookOutbox``).
@@ -30,6 +31,7 @@ from functools import lru_cache
 
 from llm_batch.core.config import get_settings
 from llm_batch.infra.jobstore.api_keys import ApiKeyRepository
+from llm_batch.infra.jobstore.figures import FiguresRepository
 from llm_batch.infra.jobstore.files import FileRepository
 from llm_batch.infra.jobstore.health import HealthRepository
 from llm_batch.infra.jobstore.idempotency import IdempotencyRepository
@@ -46,6 +48,7 @@ class JobStore(
     ApiKeyRepository,
     IdempotencyRepository,
     UsageRepository,
+    FiguresRepository,
     HealthRepository,
     WebhookRepository,
 ):

@@ -1,0 +1,163 @@
+"""``GET /batch/metrics``: Prometheus' text format, for an operations team's scraper.
+
+What a scrape reads is read then, from the job store (``JobStore.figures``) and Airflow's
+metadata DB (the queue of each pool, shard tries, the scheduler's heartbeat), by a collector
+(``prometheus_client``'s custom collector): no figure lives in a process, so every api-server
+process and replica answers the same for the same moment (one scrape, one truth). Only the
+API's own request counts and latencies are counted where they happen: per process (with
+Airflow's ``[api] workers`` above 1, set ``PROMETHEUS_MULTIPROC_DIR`` and prometheus_client
+sums the processes), and per replica (Prometheus sums its targets).
+
+Store sums (tokens, requests, engine seconds) are gauges, not counters: a deleted job takes
+its share with it, so they can go down. Throughput is its own gauge (the running jobs'
+output tokens/s), as is every age.
+
+Guard (``auth.metrics_reader``): an admin (API key or Airflow Admin) or the metrics token
+(``LLM_BATCH_METRICS_TOKEN``, ``Authorization: Bearer``). The metric names and their labels are
+docs/metrics.md; the dashboard and alert rules that use them are in ``deploy/monitoring/``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+from airflow.api_fastapi.common.db.common import SessionDep
+from fastapi import APIRouter, Depends, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.routing import Match
+
+from llm_batch.api.auth import metrics_reader
+from llm_batch.api.run_queue import queue_depths
+from llm_batch.api.state import StoreDep
+from llm_batch.infra.jobstore import JobStore
+
+router = APIRouter(tags=["metrics"])
+
+# The API's own requests, counted in this process (see the module docstring).
+_REQUESTS = Counter("llm_batch_api_requests", "API requests answered, by route template, method and status code",
+                    ["route", "method", "code"])
+_LATENCY = Histogram("llm_batch_api_request_duration_seconds", "Time to answer an API request, by route template",
+                     ["route", "method"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+
+class RequestMetrics(BaseHTTPMiddleware):
+    """Counts each answered request under its route's template (``/v1/jobs/{job_id}``, never
+    the id a caller sent: the label set stays small whatever callers send), ``(unmatched)``
+    for a path no route has."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = _template(request)
+        _REQUESTS.labels(route, request.method, str(response.status_code)).inc()
+        _LATENCY.labels(route, request.method).observe(time.perf_counter() - started)
+        return response
+
+
+def _template(request: Request) -> str:
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match == Match.FULL:
+            return getattr(route, "path", "(mounted)")
+    return "(unmatched)"
+
+
+class _Figures(Collector):
+    """Reads the store and Airflow's metadata DB once per scrape."""
+
+    def __init__(self, store: JobStore, session: Session):
+        self.store, self.session = store, session
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self.store.figures()
+        jobs = GaugeMetricFamily("llm_batch_jobs", "Jobs in the store, by status and model", labels=["status", "model"])
+        for (status, model), n in sorted(figures.jobs.items()):
+            jobs.add_metric([status, model], n)
+        yield jobs
+        still = GaugeMetricFamily("llm_batch_live_job_still_seconds", "Seconds since the least recently updated live "
+                                  "job of each status last changed (progress, status): a stuck job grows it",
+                                  labels=["status"])
+        for status, seconds in sorted(figures.still_s.items()):
+            still.add_metric([status], seconds)
+        yield still
+        rate = GaugeMetricFamily("llm_batch_tokens_per_second", "Output tokens per second of the running jobs, by model",
+                                 labels=["model"])
+        for model, value in sorted(figures.tokens_per_s.items()):
+            rate.add_metric([model], value)
+        yield rate
+        u = figures.usage
+        requests = GaugeMetricFamily("llm_batch_requests", "Requests of the jobs in the store, by outcome (failed: "
+                                     "invalid, failed or never run)", labels=["outcome"])
+        requests.add_metric(["succeeded"], u.requests_succeeded)
+        requests.add_metric(["failed"], u.requests_failed)
+        yield requests
+        tokens = GaugeMetricFamily("llm_batch_tokens", "Tokens of the jobs in the store, by kind", labels=["kind"])
+        for kind, value in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),
+                            ("cached_prompt", u.cached_prompt_tokens), ("reasoning", u.reasoning_tokens)):
+            tokens.add_metric([kind], value)
+        yield tokens
+        yield GaugeMetricFamily("llm_batch_engine_seconds", "Seconds the jobs' engines ran, all attempts", value=u.engine_seconds)
+        yield GaugeMetricFamily("llm_batch_gpu_seconds", "Engine seconds x each job's GPUs", value=u.gpu_seconds)
+        outbox = GaugeMetricFamily("llm_batch_webhook_deliveries", "Webhook deliveries by status (pending: the outbox)",
+                                   labels=["status"])
+        for status in ("pending", "delivered", "failed"):
+            outbox.add_metric([status], figures.deliveries.get(status, 0))
+        yield outbox
+        yield GaugeMetricFamily("llm_batch_webhook_oldest_pending_seconds", "Age of the oldest pending delivery (0: none)",
+                                value=figures.oldest_pending_delivery_s)
+        attempts = GaugeMetricFamily("llm_batch_webhook_attempts", "Webhook delivery attempts, by whether the receiver "
+                                     "answered 2xx", labels=["result"])
+        attempts.add_metric(["ok"], figures.attempts.get(True, 0))
+        attempts.add_metric(["error"], figures.attempts.get(False, 0))
+        yield attempts
+        yield from self._airflow()
+
+    def _airflow(self) -> Iterator[Metric]:
+        depths = queue_depths(self.session, datetime.now(UTC))
+        waiting = GaugeMetricFamily("llm_batch_queue_jobs", "Jobs waiting for a slot of each pool (a run waiting to "
+                                    "start at all: pool \"(run)\")", labels=["pool"])
+        oldest = GaugeMetricFamily("llm_batch_queue_oldest_seconds", "Age of the oldest waiting job of each pool, since "
+                                   "its submission", labels=["pool"])
+        for pool, (jobs, age) in sorted(depths.pools.items()):
+            waiting.add_metric([pool], jobs)
+            oldest.add_metric([pool], age)
+        yield waiting
+        yield oldest
+        yield GaugeMetricFamily("llm_batch_shard_tries", "Tries of every shard task in Airflow's metadata DB",
+                                value=depths.shard_tries)
+        yield GaugeMetricFamily("llm_batch_shard_retries", "Tries beyond each shard task's first", value=depths.shard_retries)
+        yield GaugeMetricFamily("llm_batch_airflow_scheduler_heartbeat_age_seconds", "Seconds since the newest "
+                                "heartbeat of a running Airflow scheduler (large: no scheduler)",
+                                value=depths.scheduler_heartbeat_age_s)
+
+
+def _registry(store: JobStore, session: Session) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Figures(store, session))
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess  # optional
+
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_ProcessMetrics())
+    return registry
+
+
+class _ProcessMetrics(Collector):
+    """This process's request counters and latencies (the default registry's)."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _REQUESTS.collect()
+        yield from _LATENCY.collect()
+
+
+@router.get("/metrics", include_in_schema=False, dependencies=[Depends(metrics_reader)])
+def metrics(store: StoreDep, session: SessionDep) -> Response:
+    return Response(generate_latest(_registry(store, session)), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,64 @@
+"""Operational figures of the whole store, read at once for a metrics scrape (``/batch/metrics``):
+jobs by status and model, how long the least recently updated live job of each status has
+been still, the live throughput, the usage sums, and the webhook outbox. Reads only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import Protocol
+
+from sqlalchemy import func, select
+
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore.repository import Repository
+from llm_batch.infra.jobstore.tables import ATTEMPTS, DELIVERIES, JOBS
+from llm_batch.infra.jobstore.usage import UsageRow
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreFigures:
+    jobs: dict[tuple[str, str], int]  # (status, model) -> jobs
+    still_s: dict[str, float]  # live status -> seconds since its least recently updated job changed
+    tokens_per_s: dict[str, float]  # model -> output tokens/s of its running jobs
+    usage: UsageRow  # sums over every job in the store
+    deliveries: dict[str, int]  # outbox status (pending, delivered, failed) -> deliveries
+    oldest_pending_delivery_s: float  # 0 without a pending one
+    attempts: dict[bool, int]  # answered with 2xx? -> attempts
+
+
+class Figures(Protocol):
+    def figures(self) -> StoreFigures: ...
+
+
+def _age(then: datetime | None, now: datetime) -> float:
+    if then is None:
+        return 0.0
+    then = then if then.tzinfo else then.replace(tzinfo=UTC)  # SQLite keeps naive UTC
+    return max(0.0, (now - then).total_seconds())
+
+
+class FiguresRepository(Repository):
+    """Figures (see the module docstring)."""
+
+    def figures(self) -> StoreFigures:
+        live = [s.value for s in JobStatus if not s.terminal]
+        now = datetime.now(UTC)
+        c = JOBS.c
+        with self._transaction(write=False) as connection:
+            jobs = {(status, model): int(n) for status, model, n in connection.execute(
+                select(c.status, c.model, func.count()).group_by(c.status, c.model))}
+            still = {status: _age(oldest, now) for status, oldest in connection.execute(
+                select(c.status, func.min(c.updated_at)).where(c.status.in_(live)).group_by(c.status))}
+            rates = {model: float(rate or 0) for model, rate in connection.execute(
+                select(c.model, func.sum(c.tokens_per_s)).where(c.status == JobStatus.RUNNING.value).group_by(c.model))}
+            deliveries = {status: int(n) for status, n in connection.execute(
+                select(DELIVERIES.c.status, func.count()).group_by(DELIVERIES.c.status))}
+            pending = connection.execute(select(func.min(DELIVERIES.c.created_at))
+                                         .where(DELIVERIES.c.status == "pending")).scalar_one()
+            ok = ATTEMPTS.c.status_code.between(200, 299)
+            attempts = {bool(answered): int(n) for answered, n in connection.execute(
+                select(func.coalesce(ok, False), func.count()).group_by(func.coalesce(ok, False)))}
+        return StoreFigures(jobs=jobs, still_s=still, tokens_per_s=rates, usage=self.usage()[0],
+                            deliveries=deliveries, oldest_pending_delivery_s=_age(pending, now), attempts=attempts)

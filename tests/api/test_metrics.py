@@ -1,0 +1,80 @@
+"""GET /batch/metrics: Prometheus' text format for admins and the metrics token only, figures
+read from the store and Airflow's metadata DB at scrape time, request counts per route template."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.usefixtures("airflow_dags_in_db")
+
+
+def _families(text: str) -> dict[str, dict[tuple, float]]:
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def _scrape(client, headers) -> dict[str, dict[tuple, float]]:
+    got = client.get("/metrics", headers=headers)
+    assert got.status_code == 200, got.text
+    assert got.headers["content-type"].startswith("text/plain")
+    return _families(got.text)
+
+
+def test_only_admins_and_the_metrics_token_read_metrics(client, creds, batch_api, monkeypatch):
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=creds.key("alice")).status_code == 403  # a user's key
+    assert client.get("/metrics", headers={"Authorization": "Bearer not-the-token"}).status_code == 401
+    settings = batch_api.state.llm_batch.settings
+    token = uuid.uuid4().hex * 2
+    monkeypatch.setattr(settings, "metrics_token", __import__("pydantic").SecretStr(token))
+    assert client.get("/metrics", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert client.get("/metrics", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
+    assert client.get("/metrics", headers=creds.key("admin-key")).status_code == 200
+
+
+def test_figures_follow_the_store_and_requests_are_counted_by_template(client, creds, api_store):
+    model = f"metrics-model-{uuid.uuid4().hex[:6]}"
+    before = _scrape(client, creds.key("admin-key"))
+    job = api_store.create_job(dialect="openai", endpoint="/v1/chat/completions", model=model, owner="alice")
+    api_store.set_counts(job.id, total=10)
+    api_store.transition(job.id, "VALIDATING")
+    api_store.transition(job.id, "RUNNING")
+    api_store.report_shard(job.id, 0, state="running", total=10, done=4, succeeded=3, failed=1,
+                           prompt_tokens=40, completion_tokens=120, engine_seconds=2.0)
+    for _ in range(3):
+        assert client.get(f"/v1/jobs/{job.id}", headers=creds.key("alice")).status_code == 200
+    assert client.get("/v1/jobs/job_nope", headers=creds.key("alice")).status_code == 404
+    after = _scrape(client, creds.key("admin-key"))
+
+    assert after["llm_batch_jobs"][(("model", model), ("status", "RUNNING"))] == 1
+    assert after["llm_batch_tokens_per_second"][(("model", model),)] > 0
+    for kind, added in (("prompt", 40), ("completion", 120)):
+        key = (("kind", kind),)
+        assert after["llm_batch_tokens"][key] - before["llm_batch_tokens"].get(key, 0) == added
+    assert after["llm_batch_requests"][(("outcome", "failed"),)] - before["llm_batch_requests"][(("outcome", "failed"),)] == 1
+    assert after["llm_batch_live_job_still_seconds"][(("status", "RUNNING"),)] >= 0
+    # Counted under the route's template, never the id a caller sent.
+    ok = after["llm_batch_api_requests_total"]
+    route = (("code", "200"), ("method", "GET"), ("route", "/v1/jobs/{job_id}"))
+    assert ok[route] - before.get("llm_batch_api_requests_total", {}).get(route, 0) == 3
+    assert ok[(("code", "404"), ("method", "GET"), ("route", "/v1/jobs/{job_id}"))] >= 1
+    assert not [labels for labels in ok if job.id in str(labels)]
+    assert "llm_batch_api_request_duration_seconds_bucket" in after
+    # Airflow's side: every pool reads, the scheduler's heartbeat age is a number.
+    assert (("pool", "(run)"),) in after["llm_batch_queue_jobs"]
+    assert "llm_batch_airflow_scheduler_heartbeat_age_seconds" in after
+    assert after["llm_batch_webhook_deliveries"][(("status", "pending"),)] >= 0
+
+
+def test_a_path_no_route_has_is_counted_as_unmatched(client, creds):
+    for junk in ("/no/such/route", f"/v1/{uuid.uuid4().hex}/x"):
+        assert client.get(junk, headers=creds.key("alice")).status_code == 404
+    counted = _scrape(client, creds.key("admin-key"))["llm_batch_api_requests_total"]
+    routes = {dict(labels)["route"] for labels in counted}
+    assert "(unmatched)" in routes and not [r for r in routes if "no/such" in r]
