@@ -59,6 +59,7 @@ def test_figures_follow_the_store_and_requests_are_counted_by_template(client, c
         assert after["llm_batch_tokens"][key] - before["llm_batch_tokens"].get(key, 0) == added
     assert after["llm_batch_requests"][(("outcome", "failed"),)] - before["llm_batch_requests"][(("outcome", "failed"),)] == 1
     assert after["llm_batch_live_job_still_seconds"][(("status", "RUNNING"),)] >= 0
+    assert after["llm_batch_alert_threshold"][(("alert", "job_stuck_seconds"),)] == 1800
     # Counted under the route's template, never the id a caller sent.
     ok = after["llm_batch_api_requests_total"]
     route = (("code", "200"), ("method", "GET"), ("route", "/v1/jobs/{job_id}"))
@@ -78,3 +79,19 @@ def test_a_path_no_route_has_is_counted_as_unmatched(client, creds):
     counted = _scrape(client, creds.key("admin-key"))["llm_batch_api_requests_total"]
     routes = {dict(labels)["route"] for labels in counted}
     assert "(unmatched)" in routes and not [r for r in routes if "no/such" in r]
+
+
+def test_the_dashboard_and_the_alert_rules_name_only_metrics_the_api_exposes(client, creds):
+    """Every metric a Grafana panel or an alert rule queries is one /metrics answers."""
+    import json
+    import re
+    from pathlib import Path
+
+    monitoring = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+    exposed = set(_scrape(client, creds.key("admin-key")))
+    dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    exprs.append((monitoring / "alerts.yml").read_text())
+    named = {m for expr in exprs for m in re.findall(r"\bllm_batch_[a-z_]+", expr)}
+    assert named and named <= exposed, named - exposed
+    assert len(dashboard["panels"]) >= 10 and len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])

@@ -61,6 +61,9 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     # A database error in Airflow's own API says what it was (its class and message) in the
     # response a failing test prints, instead of an id to look up in a log CI does not keep.
     os.environ["AIRFLOW__API__EXPOSE_STACKTRACE"] = "True"
+    # A live job still for 20 s counts as stuck (not 30 min): tests/e2e/test_prometheus.py
+    # provokes one and waits for the shipped alert rule to fire.
+    os.environ["LLM_BATCH_ALERT_JOB_STUCK_S"] = "20"
     stack = Stack.create(get_settings(), free_port())
     os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.infra.api_client) finds it
     # The tests that open the job store open the stack's (PostgreSQL), as its components do.

@@ -144,12 +144,15 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     batch_client.cancel(retry_id)
     frame.click("a.derived-from")
     frame.wait_for_selector(f"#d-title:has-text('{job.id}')", timeout=30_000)
-    # Search from the list: the job by its id's prefix; nothing for a word no job has.
+    # Search from the list: the job by its id's prefix, and its retry by its input file's name
+    # (retry-of-<id>.jsonl); nothing for a word no job has.
     frame.click("#back")
     frame.fill("input[name=q]", job.id[:16])
     frame.click("#filters button[type=submit]")
-    wait_until("the search to find the job", lambda: frame.locator("tr.job").count() == 1
-               and frame.locator(f'tr[data-id="{job.id}"]').count() == 1, 30, poll=0.5)
+
+    def shown() -> set[str]:
+        return {row.get_attribute("data-id") for row in frame.locator("tr.job").all()}
+    wait_until("the search to find the job and its retry", lambda: shown() == {job.id, retry_id}, 30, poll=0.5)
     frame.fill("input[name=q]", f"no-such-{job.id}")
     frame.click("#filters button[type=submit]")
     wait_until("an empty search", lambda: frame.locator("tr.job").count() == 0, 30, poll=0.5)

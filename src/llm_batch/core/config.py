@@ -164,6 +164,15 @@ class Settings(BaseSettings):
     # A token a scraper sends as "Authorization: Bearer <token>" instead of an admin key; None:
     # admins only. Compared in constant time; give it 32 random characters or more.
     metrics_token: SecretStr | None = None
+    # Thresholds of the alert rules (deploy/monitoring/alerts.yml reads them from the metrics,
+    # so one rules file serves every deployment): a live job still this long (not waiting
+    # in a queue); a job waiting this long for a slot; the oldest pending webhook delivery;
+    # the failed share of the requests ended in the last 30 min; the scheduler's heartbeat age.
+    alert_job_stuck_s: float = 1800.0
+    alert_queue_oldest_s: float = 3600.0
+    alert_webhook_pending_s: float = 900.0
+    alert_failed_ratio: float = 0.2
+    alert_scheduler_heartbeat_s: float = 120.0
 
     # --- Webhooks: signed job-end events (src/llm_batch/infra/webhooks.py, docs/api.md "Webhooks") ---
     # Hosts, addresses and networks (comma separated: hooks.internal, 10.0.0.5, 10.1.0.0/16,

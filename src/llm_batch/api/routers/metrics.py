@@ -34,11 +34,14 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from starlette.routing import Match
 
 from llm_batch.api.auth import metrics_reader
-from llm_batch.api.run_queue import queue_depths
-from llm_batch.api.state import StoreDep
+from llm_batch.api.run_queue import job_places, queue_depths
+from llm_batch.api.state import SettingsDep, StoreDep
+from llm_batch.core.config import Settings
+from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore import JobStore
 
 router = APIRouter(tags=["metrics"])
+LIVE_STATUSES = [s.value for s in JobStatus if not s.terminal]
 
 # The API's own requests, counted in this process (see the module docstring).
 _REQUESTS = Counter("llm_batch_api_requests", "API requests answered, by route template, method and status code",
@@ -72,8 +75,8 @@ def _template(request: Request) -> str:
 class _Figures(Collector):
     """Reads the store and Airflow's metadata DB once per scrape."""
 
-    def __init__(self, store: JobStore, session: Session):
-        self.store, self.session = store, session
+    def __init__(self, store: JobStore, settings: Settings, session: Session):
+        self.store, self.settings, self.session = store, settings, session
 
     def collect(self) -> Iterator[Metric]:
         figures = self.store.figures()
@@ -81,12 +84,23 @@ class _Figures(Collector):
         for (status, model), n in sorted(figures.jobs.items()):
             jobs.add_metric([status, model], n)
         yield jobs
-        still = GaugeMetricFamily("llm_batch_live_job_still_seconds", "Seconds since the least recently updated live "
-                                  "job of each status last changed (progress, status): a stuck job grows it",
-                                  labels=["status"])
-        for status, seconds in sorted(figures.still_s.items()):
-            still.add_metric([status], seconds)
+        # A job waiting for a pool slot is still by design: only the others can be stuck.
+        waiting = job_places(figures.live, self.session)  # type: ignore[arg-type]
+        stillest: dict[str, float] = {}
+        for job in figures.live:
+            if job.id not in waiting:
+                stillest[job.status] = max(stillest.get(job.status, 0.0), job.still_s)
+        still = GaugeMetricFamily("llm_batch_live_job_still_seconds", "Seconds since the stillest live job of each "
+                                  "status last changed (progress, status), jobs waiting in a queue left out: a stuck "
+                                  "job grows it", labels=["status"])
+        for status in LIVE_STATUSES:
+            still.add_metric([status], stillest.get(status, 0.0))
         yield still
+        thresholds = GaugeMetricFamily("llm_batch_alert_threshold", "The alert rules' thresholds, the server's settings "
+                                       "(deploy/monitoring/alerts.yml compares against them)", labels=["alert"])
+        for alert, value in alert_thresholds(self.settings).items():
+            thresholds.add_metric([alert], value)
+        yield thresholds
         rate = GaugeMetricFamily("llm_batch_tokens_per_second", "Output tokens per second of the running jobs, by model",
                                  labels=["model"])
         for model, value in sorted(figures.tokens_per_s.items()):
@@ -138,9 +152,16 @@ class _Figures(Collector):
                                 value=depths.scheduler_heartbeat_age_s)
 
 
-def _registry(store: JobStore, session: Session) -> CollectorRegistry:
+def alert_thresholds(settings: Settings) -> dict[str, float]:
+    return {"job_stuck_seconds": settings.alert_job_stuck_s, "queue_oldest_seconds": settings.alert_queue_oldest_s,
+            "webhook_oldest_pending_seconds": settings.alert_webhook_pending_s,
+            "failed_request_ratio": settings.alert_failed_ratio,
+            "scheduler_heartbeat_age_seconds": settings.alert_scheduler_heartbeat_s}
+
+
+def _registry(store: JobStore, settings: Settings, session: Session) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Figures(store, session))
+    registry.register(_Figures(store, settings, session))
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess  # optional
 
@@ -159,5 +180,5 @@ class _ProcessMetrics(Collector):
 
 
 @router.get("/metrics", include_in_schema=False, dependencies=[Depends(metrics_reader)])
-def metrics(store: StoreDep, session: SessionDep) -> Response:
-    return Response(generate_latest(_registry(store, session)), media_type=CONTENT_TYPE_LATEST)
+def metrics(store: StoreDep, settings: SettingsDep, session: SessionDep) -> Response:
+    return Response(generate_latest(_registry(store, settings, session)), media_type=CONTENT_TYPE_LATEST)

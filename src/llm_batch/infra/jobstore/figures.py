@@ -1,6 +1,6 @@
 """Operational figures of the whole store, read at once for a metrics scrape (``/batch/metrics``):
-jobs by status and model, how long the least recently updated live job of each status has
-been still, the live throughput, the usage sums, and the webhook outbox. Reads only.
+jobs by status and model, every live job and how long it has been still, the live
+throughput, the usage sums, and the webhook outbox. Reads only.
 """
 
 from __future__ import annotations
@@ -18,9 +18,18 @@ from llm_batch.infra.jobstore.usage import UsageRow
 
 
 @dataclasses.dataclass(frozen=True)
+class LiveJob:
+    id: str
+    status: str
+    dag_run_id: str | None
+    still_s: float  # seconds since it last changed (progress, status)
+    terminal: bool = False  # (live: for job_places, which reads jobs)
+
+
+@dataclasses.dataclass(frozen=True)
 class StoreFigures:
     jobs: dict[tuple[str, str], int]  # (status, model) -> jobs
-    still_s: dict[str, float]  # live status -> seconds since its least recently updated job changed
+    live: list[LiveJob]  # every live job, least recently updated first
     tokens_per_s: dict[str, float]  # model -> output tokens/s of its running jobs
     usage: UsageRow  # sums over every job in the store
     deliveries: dict[str, int]  # outbox status (pending, delivered, failed) -> deliveries
@@ -49,8 +58,9 @@ class FiguresRepository(Repository):
         with self._transaction(write=False) as connection:
             jobs = {(status, model): int(n) for status, model, n in connection.execute(
                 select(c.status, c.model, func.count()).group_by(c.status, c.model))}
-            still = {status: _age(oldest, now) for status, oldest in connection.execute(
-                select(c.status, func.min(c.updated_at)).where(c.status.in_(live)).group_by(c.status))}
+            still = [LiveJob(job_id, status, run_id, _age(updated, now)) for job_id, status, run_id, updated in
+                     connection.execute(select(c.id, c.status, c.dag_run_id, c.updated_at)
+                                        .where(c.status.in_(live)).order_by(c.updated_at))]
             rates = {model: float(rate or 0) for model, rate in connection.execute(
                 select(c.model, func.sum(c.tokens_per_s)).where(c.status == JobStatus.RUNNING.value).group_by(c.model))}
             deliveries = {status: int(n) for status, n in connection.execute(
@@ -60,5 +70,5 @@ class FiguresRepository(Repository):
             ok = ATTEMPTS.c.status_code.between(200, 299)
             attempts = {bool(answered): int(n) for answered, n in connection.execute(
                 select(func.coalesce(ok, False), func.count()).group_by(func.coalesce(ok, False)))}
-        return StoreFigures(jobs=jobs, still_s=still, tokens_per_s=rates, usage=self.usage()[0],
+        return StoreFigures(jobs=jobs, live=still, tokens_per_s=rates, usage=self.usage()[0],
                             deliveries=deliveries, oldest_pending_delivery_s=_age(pending, now), attempts=attempts)
