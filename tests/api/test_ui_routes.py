@@ -170,7 +170,7 @@ def test_detail_previews_the_first_results_of_every_shape(client, creds, running
     settings = batch_api.state.llm_batch.settings
     uri = layout_of(settings, running.id).output_jsonl
     chat = b'{"custom_id": "c0", "response": {"status_code": 200, "body": {"choices": [{"message": {"content": "  two\\n words "}}]}}}\n'
-    completion = b'{"custom_id": "c1", "response": {"body": {"choices": [{"text": "x" }]}}}\n'
+    completion = b'{"custom_id": "c1", "response": {"body": {"choices": [{"text": "x\\u0000\\u200b" }]}}}\n'
     embedding = b'{"custom_id": "c2", "response": {"body": {"data": [{"embedding": [0.1, 0.2, 0.3]}]}}}\n'
     other = b'{"custom_id": "c3", "response": {"body": {"results": [{"flagged": false}]}}}\n'
     long = b'{"custom_id": "c4", "response": {"body": {"choices": [{"text": "' + b"y" * 5000 + b'"}]}}}\n'
@@ -181,10 +181,14 @@ def test_detail_previews_the_first_results_of_every_shape(client, creds, running
     preview = client.get(f"/ui/api/jobs/{running.id}", headers=cookie(creds, "alice")).json()["preview"]
     assert len(preview) == 5  # the first five lines only
     assert preview[0] == {"custom_id": "c0", "answer": "two words"}
-    assert preview[1] == {"custom_id": "c1", "answer": "x"}
+    assert preview[1] == {"custom_id": "c1", "answer": "x\ufffd\ufffd"}  # invisible characters made visible
     assert preview[2] == {"custom_id": "c2", "answer": "embedding of 3 numbers"}
     assert preview[3] == {"custom_id": "c3", "answer": '{"results":[{"flagged":false}]}'}
     assert preview[4]["custom_id"] == "c4" and len(preview[4]["answer"]) == 300 and preview[4]["answer"].endswith("…")
+    from llm_batch.api.job_files import result_row
+
+    blank = '{"custom_id": "e", "response": {"body": {"choices": [{"message": {"content": " \\n "}}]}}}'
+    assert result_row(blank) == {"custom_id": "e", "answer": "(empty)"}  # not a cell that looks like no answer
 
 
 def test_search_finds_a_job_by_id_prefix_and_label(client, creds, running, tag):

@@ -79,7 +79,11 @@ def _answer(body: dict[str, Any]) -> str:
         text = f"embedding of {len(body['data'][0]['embedding'])} numbers"
     else:
         text = orjson.dumps(body).decode()
-    text = " ".join(text.split())
+    # One line of visible text: whitespace runs as one space, other invisible characters
+    # (control, format) as U+FFFD, so an answer of only those does not look like none.
+    text = "".join(ch if ch.isprintable() else "\ufffd" for ch in " ".join(text.split()))
+    if not text:
+        return "(empty)"
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
 
 
