@@ -94,16 +94,20 @@ def test_prometheus_scrapes_the_stack_sees_a_job_move_and_a_stuck_job_alert(e2e_
     store.transition(stuck.id, "RUNNING")
     try:
         before = _value(prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0.0
-        job = batch_client.submit(long_batch(tmp_path / "metrics.jsonl", 24), endpoint="/v1/chat/completions",
-                                  model=MODEL, new=True)
+        # Long enough (two sequences at a time) to be seen running between two scrapes.
+        job = batch_client.submit(long_batch(tmp_path / "metrics.jsonl", 120), endpoint="/v1/chat/completions",
+                                  model=MODEL, model_config={"engine_args": {"max_num_seqs": 2}}, new=True)
         job_logs.append(job.id)
-        # While it runs: its status and throughput show, and its results count up.
+        # While it runs: its throughput shows, and its results count up before it ends.
         wait_until("a running job with throughput", lambda: (_value(
             prometheus, f'sum(llm_batch_tokens_per_second{{model="{MODEL}"}})') or 0) > 0, 600, poll=1)
+        seen = wait_until("results counted while it runs", lambda: (v := (_value(
+            prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0) - before) > 0 and v, 120, poll=1)
+        assert batch_client.job(job.id).status == "RUNNING" and seen < 120
         done = batch_client.wait(job.id, timeout=600)
         assert done.status == "SUCCEEDED"
-        wait_until("the results counted", lambda: (_value(
-            prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0) - before >= 24, 60, poll=1)
+        wait_until("every result counted", lambda: (_value(
+            prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0) - before == 120, 60, poll=1)
         assert (_value(prometheus, 'max(llm_batch_api_requests_total{route="/v1/jobs/{job_id}",code="200"})') or 0) > 0
 
         def stuck_alert() -> dict[str, Any] | None:

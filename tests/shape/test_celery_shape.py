@@ -190,6 +190,19 @@ def test_a_job_spreads_its_shards_over_both_workers(shape):
         tis = airflow.get(f"/dags/batch_inference/dagRuns/{ended['dag_run_id']}/taskInstances",
                           params={"limit": 100}).json()["task_instances"]
     assert {ti["hostname"] for ti in tis if ti["state"] == "success"} <= {"celery-worker-1", "celery-worker-2"}
+    # The shape's /batch/metrics gives the same figures as the embedded stack's: read from
+    # PostgreSQL (the job store, Airflow's metadata), whichever process answers.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with _api(shape) as api:
+        scraped = api.get("/metrics")
+    assert scraped.status_code == 200, scraped.text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(scraped.text) for s in family.samples}
+    assert samples[("llm_batch_jobs", (("model", TINY_MODEL), ("status", "SUCCEEDED")))] >= 1
+    assert ("llm_batch_queue_jobs", (("pool", "llm_batch_local"),)) in samples
+    assert samples[("llm_batch_shard_tries", ())] >= 4
+    assert samples[("llm_batch_airflow_scheduler_heartbeat_age_seconds", ())] < 120
 
 
 def test_a_killed_worker_s_shard_resumes_and_the_worker_comes_back(shape):
