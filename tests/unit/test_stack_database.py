@@ -94,8 +94,11 @@ def test_the_cli_finds_the_home_stack_store(tmp_path, monkeypatch):
     monkeypatch.delenv("LLM_BATCH_DATABASE_URL", raising=False)
     get_settings.cache_clear()
     try:
-        url = job_store_url()
-        assert url == Stack.create().settings.database_url and url.startswith("postgresql")
+        # No stack made yet: the settings' default (nothing written to the home).
+        assert job_store_url() == f"sqlite:///{tmp_path / 'home' / 'jobs.db'}"
+        assert not (tmp_path / "home" / "stack.json").exists()
+        url = Stack.create().settings.database_url  # what `up` makes
+        assert job_store_url() == url and url.startswith("postgresql")
         assert job_store_url("sqlite:///x.db") == "sqlite:///x.db"
         monkeypatch.setenv("LLM_BATCH_DATABASE_URL", "sqlite:////elsewhere.db")
         get_settings.cache_clear()
@@ -109,3 +112,20 @@ def test_the_postgres_folder_is_the_homes(tmp_path):
     root = Path(json.loads((tmp_path / "home" / "stack.json").read_text())["postgres"]["root"])
     assert root == stack.postgres().root
     assert root == tmp_path / "home" / "postgres" or root.name.startswith("llm-batch-pg-")  # as root: a temp folder
+
+
+def test_api_key_says_so_when_the_stack_s_store_does_not_answer(tmp_path, monkeypatch, capsys):
+    from llm_batch.cli.main import main
+    from llm_batch.core.config import get_settings
+
+    monkeypatch.setenv("LLM_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LLM_BATCH_DATABASE_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        Stack.create()  # made, never started
+        assert main(["api-key", "create", "erin"]) == 1
+        err = capsys.readouterr().err
+        assert "the job store does not answer" in err and "llm-batch status" in err
+        assert "Traceback" not in err
+    finally:
+        get_settings.cache_clear()

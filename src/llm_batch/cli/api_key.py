@@ -23,16 +23,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "lower-case letters, digits, '-', '_', '.' or '@', as Airflow spells the same user")
     create.add_argument("--name", default="", help="a label to recognise the key by")
     create.add_argument("--admin", action="store_true", help="the key sees and manages every user's jobs")
-    create.set_defaults(func=create_key)
+    create.set_defaults(func=_answering(create_key))
 
     listing = actions.add_parser("list", help="list keys (never their secrets)")
     listing.add_argument("--owner", help="only this user's keys")
     listing.add_argument("--all", action="store_true", help="include revoked keys")
-    listing.set_defaults(func=list_keys)
+    listing.set_defaults(func=_answering(list_keys))
 
     revoke = actions.add_parser("revoke", help="revoke a key by its id (key_...)")
     revoke.add_argument("key_id")
-    revoke.set_defaults(func=revoke_key)
+    revoke.set_defaults(func=_answering(revoke_key))
+
+
+def _answering(action):
+    """`action`, with a job store that does not answer said in one line (exit 1)."""
+    def run(args: argparse.Namespace) -> int:
+        from sqlalchemy.exc import OperationalError  # heavy
+
+        try:
+            return action(args)
+        except OperationalError as exc:
+            print(f"error: the job store does not answer: {str(exc.orig).strip().splitlines()[0]}; "
+                  "is the stack up? (llm-batch status)", file=sys.stderr)
+            return 1
+    return run
 
 
 def _store(args: argparse.Namespace):

@@ -6,7 +6,7 @@ import os
 
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.devstack.celery_stack import CeleryStack
-from llm_batch.devstack.stack import Stack
+from llm_batch.devstack.stack import STATE_FILE, Stack
 
 
 def home_stack(settings: Settings | None = None) -> Stack:
@@ -19,9 +19,13 @@ def home_stack(settings: Settings | None = None) -> Stack:
 
 def job_store_url(given: str | None = None) -> str:
     """The job store a CLI command opens: `given` (``--database-url``), else
-    ``LLM_BATCH_DATABASE_URL``, else the home's stack's."""
+    ``LLM_BATCH_DATABASE_URL``, else the home's stack's once ``up`` has made one (its
+    ``stack.json`` or Celery shape), else the settings' default (SQLite under the home)."""
+    settings = get_settings()
     if given:
         return given
     if os.environ.get("LLM_BATCH_DATABASE_URL"):
-        return get_settings().database_url
-    return home_stack().settings.database_url
+        return settings.database_url
+    if CeleryStack.exists(settings) or (settings.home / STATE_FILE).exists():
+        return home_stack(settings).settings.database_url
+    return settings.database_url
