@@ -22,8 +22,10 @@ only touches rows still in those states, so a shard the scheduler queued meanwhi
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from airflow.utils.state import DagRunState, TaskInstanceState
 from sqlalchemy import case, func, select
@@ -31,7 +33,6 @@ from sqlalchemy.orm import Session
 
 from llm_batch.api.state import DAG_ID
 from llm_batch.core.run_conf import SHARD_TASK_ID
-from llm_batch.infra.jobstore import Job
 
 # A run with a task in one of these is under way: it has no place in a queue.
 _UNDER_WAY = (TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.DEFERRED,
@@ -159,8 +160,15 @@ def queue_depths(session: Session, now: datetime) -> QueueDepths:
     return QueueDepths(pools, int(tries), int(retries), age(beat) if beat else float("inf"))
 
 
-def job_places(jobs: list[Job], session: Session) -> dict[str, QueuePlace]:
-    """The place of each live job of `jobs` that waits, by job id."""
+class _JobOfRun(Protocol):
+    id: str
+    dag_run_id: str | None
+    terminal: bool
+
+
+def job_places(jobs: Sequence[_JobOfRun], session: Session) -> dict[str, QueuePlace]:
+    """The place of each live job of `jobs` (a store's ``Job``, or a ``LiveJob`` of its
+    figures) that waits, by job id."""
     live = {job.dag_run_id: job.id for job in jobs if not job.terminal and job.dag_run_id}
     return {live[run_id]: place for run_id, place in queue_places(list(live), session).items()}
 

@@ -85,7 +85,7 @@ class _Figures(Collector):
             jobs.add_metric([status, model], n)
         yield jobs
         # A job waiting for a pool slot is still by design: only the others can be stuck.
-        waiting = job_places(figures.live, self.session)  # type: ignore[arg-type]
+        waiting = job_places(figures.live, self.session)
         stillest: dict[str, float] = {}
         for job in figures.live:
             if job.id not in waiting:

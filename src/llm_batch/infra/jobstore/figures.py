@@ -23,7 +23,7 @@ class LiveJob:
     status: str
     dag_run_id: str | None
     still_s: float  # seconds since it last changed (progress, status)
-    terminal: bool = False  # (live: for job_places, which reads jobs)
+    terminal: bool = False  # always (a live job); read where a store's Job is too
 
 
 @dataclasses.dataclass(frozen=True)
