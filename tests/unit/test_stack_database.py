@@ -129,3 +129,23 @@ def test_api_key_says_so_when_the_stack_s_store_does_not_answer(tmp_path, monkey
         assert "Traceback" not in err
     finally:
         get_settings.cache_clear()
+
+
+def test_a_home_deleted_and_made_again_at_its_path_gets_a_new_database(tmp_path):
+    import shutil
+
+    home = tmp_path / "home"
+    first = Stack.create(Settings(home=home), 18090)
+    first.services_up(timeout=60)
+    first.services_down()
+    first_root = first.postgres().root
+    shutil.rmtree(home)  # (as root the cluster lives in the temp dir and outlives the home)
+    again = Stack.create(Settings(home=home), 18090)
+    # Inside the home (deleted with it), or as root a new folder beside the old cluster.
+    assert again.postgres().root != first_root or first_root.is_relative_to(home)
+    again.services_up(timeout=60)  # a new password, a new cluster: it lets the stack in
+    try:
+        with create_engine(again.settings.database_url).connect() as connection:
+            assert connection.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        again.services_down()

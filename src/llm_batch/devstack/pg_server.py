@@ -17,10 +17,10 @@ Nothing here imports Airflow or pytest; failures raise ``PostgresError``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -121,13 +121,14 @@ def run(cmd: list[str], account: pwd.struct_passwd | None, fail: bool = True) ->
 
 
 def server_root(folder: Path) -> Path:
-    """Where a server meant for ``folder`` keeps its cluster: ``folder`` itself, or as root a
-    folder in the temp dir instead: the server runs as an unprivileged account that must
-    reach its folder, and a root-owned home (mode 0700, e.g. pytest's) is closed to it."""
+    """Where a new server meant for ``folder`` keeps its cluster (callers keep the answer in
+    their state): ``folder`` itself, or as root a new folder in the temp dir instead: the
+    server runs as an unprivileged account that must reach its folder, and a root-owned home
+    (mode 0700, e.g. pytest's) is closed to it. Each call names a new one: a cluster left
+    there by a deleted home of the same path (with another password) is never taken up."""
     if os.geteuid() != 0:
         return folder
-    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"llm-batch-pg-{digest}"
+    return Path(tempfile.gettempdir()) / f"llm-batch-pg-{secrets.token_hex(8)}"
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy.exc import OperationalError
 
 from llm_batch.airflow.lanes import runner_pool_specs
 from llm_batch.core.config import API_KEY_FILE, Settings, get_settings
@@ -305,6 +306,10 @@ class Stack:
                 server.create_database(name)
         except PostgresError as exc:
             raise StackError(f"PostgreSQL did not start: {exc}") from None
+        except OperationalError as exc:
+            raise StackError(f"PostgreSQL in {state['root']} does not let the stack in ({str(exc.orig).strip()}): "
+                             f"was its {STATE_FILE} replaced? Restore it, or remove that folder for a new, empty "
+                             "database") from None
 
     def services_down(self) -> None:
         """Stop the home's PostgreSQL server if it has one (also after a switch to SQLite)."""
