@@ -42,6 +42,7 @@ from llm_batch.core import input_formats, jobs, placement, run_conf
 from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.core.run_conf import SHARD_TASK_ID
+from llm_batch.infra.log_context import bind_job
 from llm_batch.pipeline import steps
 
 SETTINGS = get_settings()
@@ -220,6 +221,7 @@ with DAG(
             ti.xcom_push(key=REFUSED_KEY, value=str(exc))  # finalize repeats it
             raise _rejected(exc) from exc
         ti.xcom_push(key=JOB_ID_KEY, value=job_id)
+        bind_job(job_id)  # every line logged from here on carries it
         try:
             steps.validate(store, SETTINGS, job_id)
         except jobs.JobRejected as exc:
@@ -231,6 +233,7 @@ with DAG(
     def finalize() -> str:
         """merge -> finalize: the outputs in input order, then the job's terminal status."""
         job_id = _registered_job_id()
+        bind_job(job_id)
         store = _store()
         steps.merge(store, SETTINGS, job_id)
         job = steps.finalize(store, SETTINGS, job_id)

@@ -6,6 +6,7 @@ LLM_BATCH_ALERT_JOB_STUCK_S in tests/e2e/conftest.py; the rules' `for` is 1 min)
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -108,6 +109,19 @@ def test_prometheus_scrapes_the_stack_sees_a_job_move_and_a_stuck_job_alert(e2e_
         assert done.status == "SUCCEEDED"
         wait_until("every result counted", lambda: (_value(
             prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0) - before == 120, 60, poll=1)
+        # Correlation: the job's task logs (JSON lines) carry its id as a field, from the
+        # prepare, shard and finalize tasks alike, and the worker's own lines name it too.
+        run_id = batch_client.get_job(job.id)["dag_run_id"]
+        carried: dict[str, int] = {}
+        for log in e2e_stack.log_dir.glob(f"dag_id=batch_inference/run_id={run_id}/task_id=*/**/*.log"):
+            task = log.parts[-2] if log.parts[-2].startswith("task_id=") else log.parts[-3]
+            lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+            carried[task] = carried.get(task, 0) + sum(line.get("job_id") == job.id for line in lines)
+            assert not [line for line in lines if line.get("job_id") not in (None, job.id)]
+        assert all(carried.get(f"task_id={t}", 0) > 0 for t in ("prepare", "run_shard", "finalize")), carried
+        shard_log = "".join(log.read_text() for log in e2e_stack.log_dir.glob(
+            f"dag_id=batch_inference/run_id={run_id}/task_id=run_shard/**/*.log"))
+        assert f"[job {job.id}]" in shard_log  # the worker process's plain lines
         assert (_value(prometheus, 'max(llm_batch_api_requests_total{route="/v1/jobs/{job_id}",code="200"})') or 0) > 0
 
         def stuck_alert() -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobNotFound, JobStore
+from llm_batch.infra.log_context import bind_job
 from llm_batch.pipeline.shard_task import write_cancel_marker
 from llm_batch.pipeline.steps import layout_of
 
@@ -34,6 +35,7 @@ def owned_job(store: JobStore, job_id: str, owner: str | None, kind: str) -> Job
     """The job of that id, if `owner`'s (None: anyone's); else 404 naming `kind`."""
     if (job := store.get_job(job_id, owner=owner)) is None:
         raise not_found(kind, job_id)
+    bind_job(job.id)  # this request's log lines from here on carry it
     return job
 
 
@@ -53,6 +55,7 @@ def cancel_job(
         job = store.request_cancel(job_id, owner=owner, reason="cancel requested through the API")
     except JobNotFound:
         raise not_found(kind, job_id) from None
+    bind_job(job.id)
     if job.terminal and job.status != JobStatus.CANCELLED and refuse_ended is not None:
         raise ApiError(
             409,

@@ -40,6 +40,7 @@ from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import input_files, storage, user_paths
 from llm_batch.infra.jobstore import Job, JobStore, new_file_id
+from llm_batch.infra.log_context import bind_job
 from llm_batch.infra.model_registry import (
     ModelError,
     ModelNotPrepared,
@@ -305,6 +306,7 @@ def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -
     """Create the job and start its run; returns the job (FAILED, with the reason, if the
     run could not be started)."""
     job = store.create_requested_job(request, owner)
+    bind_job(job.id)  # this request's log lines from here on carry it
     try:
         run_id = trigger(job.id, dag_conf(job, request), job.created_at)
     except TriggerError as exc:

@@ -11,6 +11,7 @@ import argparse
 import logging
 
 from llm_batch.core import exit_codes
+from llm_batch.infra.log_context import bind_job, configure_plain_logging
 from llm_batch.runtime.worker import WorkerUsageError, run_worker
 from llm_batch.runtime.worker_args import GROUP_FLAGS, WORKER_FLAGS, add_pod_command, config_from_args
 
@@ -20,10 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def worker(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_plain_logging()
     try:
         config = config_from_args(args)
     except WorkerUsageError as exc:
         logging.getLogger("llm_batch.runtime.worker").error("%s", exc)
         return exit_codes.USAGE
+    bind_job(config.job_id)
     return run_worker(config)

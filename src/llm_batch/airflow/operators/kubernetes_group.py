@@ -204,6 +204,7 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
     # -- execute ------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any]:
+        self.bind_job_to_logs()
         task = self.shard
         early = self.stop_before_start()
         if early is not None:

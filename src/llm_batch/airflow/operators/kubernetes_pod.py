@@ -114,6 +114,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         self._context: Any = None
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        self.bind_job_to_logs()
         self._context = context
         early = self.stop_before_start()
         if early is not None:

@@ -67,6 +67,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         self._tail: deque[str] = deque(maxlen=20)  # the worker's last output lines, for error_tail
 
     def execute(self, context: Any) -> dict[str, Any]:
+        self.bind_job_to_logs()
         early = self.stop_before_start()
         if early is not None:
             return self.report_outcome(early, context).model_dump()

@@ -11,6 +11,7 @@ from sqlalchemy.exc import OperationalError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from llm_batch.core.config import Settings, get_settings
+from llm_batch.infra.log_context import bind_job
 from llm_batch.pipeline.shard_task import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_report_shard
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class ShardTaskMixin:
     @property
     def shard(self) -> ShardTask:
         return ShardTask.model_validate(self.shard_task)
+
+    def bind_job_to_logs(self) -> None:
+        """Every line this task logs from here on carries its job's id (``job_id``)."""
+        bind_job(self.shard.job_id)
 
     @cached_property
     def llm_settings(self) -> Settings:
