@@ -22,6 +22,7 @@ from tests.e2e.conftest import MODEL, long_batch, wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "monitoring" / "alerts.yml"
+REQUESTS = 60
 
 
 @pytest.fixture
@@ -95,20 +96,22 @@ def test_prometheus_scrapes_the_stack_sees_a_job_move_and_a_stuck_job_alert(e2e_
     store.transition(stuck.id, "RUNNING")
     try:
         before = _value(prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0.0
-        # Long enough (two sequences at a time) to be seen running between two scrapes.
-        job = batch_client.submit(long_batch(tmp_path / "metrics.jsonl", 120), endpoint="/v1/chat/completions",
-                                  model=MODEL, model_config={"engine_args": {"max_num_seqs": 2}}, new=True)
+        # Long enough (two sequences at a time) to be seen running between two scrapes, short
+        # enough for the suite (120 lines of up to 774 tokens took 5 min on 2 busy cores).
+        job = batch_client.submit(long_batch(tmp_path / "metrics.jsonl", REQUESTS, first_tokens=24, step=2),
+                                  endpoint="/v1/chat/completions", model=MODEL,
+                                  model_config={"engine_args": {"max_num_seqs": 2}}, new=True)
         job_logs.append(job.id)
         # While it runs: its throughput shows, and its results count up before it ends.
         wait_until("a running job with throughput", lambda: (_value(
             prometheus, f'sum(llm_batch_tokens_per_second{{model="{MODEL}"}})') or 0) > 0, 600, poll=1)
         seen = wait_until("results counted while it runs", lambda: (v := (_value(
             prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0) - before) > 0 and v, 120, poll=1)
-        assert batch_client.job(job.id).status == "RUNNING" and seen < 120
+        assert batch_client.job(job.id).status == "RUNNING" and seen < REQUESTS
         done = batch_client.wait(job.id, timeout=600)
         assert done.status == "SUCCEEDED"
         wait_until("every result counted", lambda: (_value(
-            prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0) - before == 120, 60, poll=1)
+            prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0) - before == REQUESTS, 60, poll=1)
         # Correlation: the job's task logs (JSON lines) carry its id as a field, from the
         # prepare, shard and finalize tasks alike, and the worker's own lines name it too.
         run_id = batch_client.get_job(job.id)["dag_run_id"]
