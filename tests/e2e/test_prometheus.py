@@ -98,7 +98,7 @@ def test_prometheus_scrapes_the_stack_sees_a_job_move_and_a_stuck_job_alert(e2e_
         before = _value(prometheus, 'llm_batch_requests{outcome="succeeded"}') or 0.0
         # Long enough (two sequences at a time) to be seen running between two scrapes, short
         # enough for the suite (120 lines of up to 774 tokens took 5 min on 2 busy cores).
-        job = batch_client.submit(long_batch(tmp_path / "metrics.jsonl", REQUESTS, first_tokens=24, step=2),
+        job = batch_client.submit(long_batch(tmp_path / "metrics.jsonl", REQUESTS, first_tokens=40, step=4),
                                   endpoint="/v1/chat/completions", model=MODEL,
                                   model_config={"engine_args": {"max_num_seqs": 2}}, new=True)
         job_logs.append(job.id)
