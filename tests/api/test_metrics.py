@@ -95,3 +95,21 @@ def test_the_dashboard_and_the_alert_rules_name_only_metrics_the_api_exposes(cli
     named = {m for expr in exprs for m in re.findall(r"\bllm_batch_[a-z_]+", expr)}
     assert named and named <= exposed, named - exposed
     assert len(dashboard["panels"]) >= 10 and len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_failed_requests_of_ended_jobs_are_split_by_why(client, creds, api_store):
+    before = _scrape(client, creds.key("admin-key")).get("llm_batch_failed_requests", {})
+    job = api_store.create_job(dialect="openai", endpoint="/v1/chat/completions", model="m-split", owner="alice")
+    api_store.set_counts(job.id, total=10)
+    api_store.transition(job.id, "VALIDATING")
+    api_store.transition(job.id, "RUNNING")
+    api_store.report_shard(job.id, 0, state="running", total=10, done=10, succeeded=4, failed=6)
+    api_store.set_outputs(job.id, errors=[
+        {"code": "invalid_request", "message": "input lines failed validation", "count": 1},
+        {"code": "not_run", "message": "never run", "count": 3},
+        {"code": "request_failed", "message": "requests failed in the engine", "count": 2}])
+    api_store.transition(job.id, "FINALIZING")
+    api_store.transition(job.id, "SUCCEEDED")
+    after = _scrape(client, creds.key("admin-key"))["llm_batch_failed_requests"]
+    added = {dict(k)["reason"]: v - before.get(k, 0) for k, v in after.items()}
+    assert added == {"invalid": 1, "not_run": 3, "engine": 2}

@@ -112,6 +112,12 @@ class _Figures(Collector):
         requests.add_metric(["succeeded"], u.requests_succeeded)
         requests.add_metric(["failed"], u.requests_failed)
         yield requests
+        why = GaugeMetricFamily("llm_batch_failed_requests", "Failed requests of the ended jobs, by why: invalid "
+                                "(validation), not_run (cancel, deadline, a failed shard), engine (the engine's error)",
+                                labels=["reason"])
+        for reason, code in (("invalid", "invalid_request"), ("not_run", "not_run"), ("engine", "request_failed")):
+            why.add_metric([reason], figures.failed_by_code.get(code, 0))
+        yield why
         tokens = GaugeMetricFamily("llm_batch_tokens", "Tokens of the jobs in the store, by kind", labels=["kind"])
         for kind, value in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),
                             ("cached_prompt", u.cached_prompt_tokens), ("reasoning", u.reasoning_tokens)):

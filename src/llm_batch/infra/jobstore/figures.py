@@ -35,6 +35,7 @@ class StoreFigures:
     deliveries: dict[str, int]  # outbox status (pending, delivered, failed) -> deliveries
     oldest_pending_delivery_s: float  # 0 without a pending one
     attempts: dict[bool, int]  # answered with 2xx? -> attempts
+    failed_by_code: dict[str, int]  # ended jobs' failed requests by their summary's code
 
 
 class Figures(Protocol):
@@ -70,5 +71,16 @@ class FiguresRepository(Repository):
             ok = ATTEMPTS.c.status_code.between(200, 299)
             attempts = {bool(answered): int(n) for answered, n in connection.execute(
                 select(func.coalesce(ok, False), func.count()).group_by(func.coalesce(ok, False)))}
+            # Only ended jobs with failures have a summary (a scan of those rows, not of every job).
+            failed_by_code: dict[str, int] = {}
+            ended = [s.value for s in JobStatus if s.terminal]
+            rows = connection.execution_options(yield_per=1000).execute(
+                select(c.errors).where(c.status.in_(ended), c.failed > 0))
+            for (summary,) in rows:
+                for entry in summary if isinstance(summary, list) else ():
+                    if isinstance(entry, dict) and isinstance(entry.get("count"), int):
+                        code = str(entry.get("code"))
+                        failed_by_code[code] = failed_by_code.get(code, 0) + entry["count"]
         return StoreFigures(jobs=jobs, live=still, tokens_per_s=rates, usage=self.usage()[0],
-                            deliveries=deliveries, oldest_pending_delivery_s=_age(pending, now), attempts=attempts)
+                            deliveries=deliveries, oldest_pending_delivery_s=_age(pending, now), attempts=attempts,
+                            failed_by_code=failed_by_code)
