@@ -78,6 +78,7 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         raise
     yield stack
     stack.down()
+    os.environ.pop("LLM_BATCH_ALERT_JOB_STUCK_S", None)  # the e2e stack's only
     if own_store is None:
         os.environ.pop("LLM_BATCH_DATABASE_URL", None)
     else:
