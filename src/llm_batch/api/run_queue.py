@@ -95,15 +95,16 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
         .where(TI.pool.in_(pools), TI.state == TaskInstanceState.SCHEDULED)
         .order_by(TI.pool, TI.priority_weight.desc(), DagRun.logical_date, TI.map_index)
     ).all()
-    order: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    first_pool: dict[str, str] = {}
+    # pool -> {(dag_id, run_id): 0-based place}, a run placed where its first task stands.
+    places_in: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
     for pool, dag_id, run_id in line:
-        if (dag_id, run_id) not in order[pool]:
-            order[pool].append((dag_id, run_id))
+        places_in[pool].setdefault((dag_id, run_id), len(places_in[pool]))
+    first_pool: dict[str, str] = {}
     for run_id in waiting:
         # The pool where the run stands nearest the front.
-        first_pool[run_id] = min((p for p in order if (DAG_ID, run_id) in order[p]),
-                                 key=lambda p: order[p].index((DAG_ID, run_id)))
+        standing = [(where[(DAG_ID, run_id)], pool) for pool, where in places_in.items() if (DAG_ID, run_id) in where]
+        if standing:
+            first_pool[run_id] = min(standing)[1]
     slots = dict(session.execute(select(Pool.pool, Pool.slots).where(Pool.pool.in_(pools))).all())
     used: dict[str, int] = defaultdict(int)
     for pool, n in session.execute(select(TI.pool, TI.pool_slots).where(TI.pool.in_(pools), TI.state.in_(_IN_SLOT))):
@@ -111,7 +112,7 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
     for run_id, pool in first_pool.items():
         total = slots.get(pool)
         size = "unknown size" if total is None else f"{used[pool]} of {total} in use"
-        places[run_id] = QueuePlace(order[pool].index((DAG_ID, run_id)) + 1, pool, f"a slot of pool {pool} ({size})")
+        places[run_id] = QueuePlace(places_in[pool][(DAG_ID, run_id)] + 1, pool, f"a slot of pool {pool} ({size})")
     return places
 
 
