@@ -53,8 +53,10 @@ def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, bat
     from llm_batch.core.run_conf import run_job_id
 
     tag = uuid.uuid4().hex[:8]
-    blocker = batch_client.submit(long_batch(tmp_path / "blocker.jsonl", 120), endpoint=CHAT, model=MODEL,
-                                  model_config={"engine_args": {"max_num_seqs": 2}})
+    # Long enough to hold the slot however long the schedule takes to start its run (it is
+    # cancelled once the others have their places).
+    blocker = batch_client.submit(long_batch(tmp_path / "blocker.jsonl", 600), endpoint=CHAT, model=MODEL,
+                                  model_config={"engine_args": {"max_num_seqs": 1}})
     job_logs.append(blocker.id)
     wait_until("the blocker to hold the pool's slot", lambda: batch_client.job(blocker.id).completed > 0, JOB_TIMEOUT)
 
@@ -101,13 +103,21 @@ def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, bat
     order = [high, form, api, spec, dropped]
 
     # Every waiting job shows its place: band first, then submission time, whichever way in.
+    seen: list[Any] = []
+
     def places() -> list[int] | None:
-        queues = [(_native(batch_client, j) or {}).get("queue") for j in order]
+        jobs = [_native(batch_client, j) or {} for j in order]
+        seen[:] = [(j.get("id"), j.get("status"), j.get("queue")) for j in jobs]
+        queues = [j.get("queue") for j in jobs]
         if not all(q and q["pool"] for q in queues):
             return None
         return [q["position"] for q in queues]
 
-    positions = wait_until("every job to wait in the pool", places, 300, poll=2)
+    try:
+        positions = wait_until("every job to wait in the pool", places, 300, poll=2)
+    except AssertionError:
+        print("last seen (id, status, queue):", seen, "blocker:", batch_client.job(blocker.id))
+        raise
     # In this order; a job someone else made meanwhile (the spec's next minute) may stand
     # between two of them, never before one made earlier.
     assert positions[0] == 1 and positions == sorted(positions) and len(set(positions)) == 5, positions

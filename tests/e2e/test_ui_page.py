@@ -150,8 +150,8 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     frame.fill("input[name=q]", job.id[:16])
     frame.click("#filters button[type=submit]")
 
-    def shown() -> set[str]:
-        return {row.get_attribute("data-id") for row in frame.locator("tr.job").all()}
+    def shown() -> set[str]:  # one read of the rows (the page re-renders them every 2 s)
+        return set(frame.eval_on_selector_all("tr.job", "rows => rows.map(r => r.dataset.id)"))
     wait_until("the search to find the job and its retry", lambda: shown() == {job.id, retry_id}, 30, poll=0.5)
     frame.fill("input[name=q]", f"no-such-{job.id}")
     frame.click("#filters button[type=submit]")
