@@ -417,16 +417,22 @@ def _record_file(store: JobStore, job: Job, uri: str, kind: str) -> FileObject:
     )
 
 
+# An ended job's error summary: why its requests failed -> the code of its entry (the
+# metrics' reasons read the summaries with the same keys).
+ERROR_SUMMARY_CODES = {"invalid": "invalid_request", "not_run": "not_run", "engine": "request_failed"}
+
+
 def _error_summary(counts: dict[str, int]) -> list[dict[str, Any]]:
     summary = []
+    codes = ERROR_SUMMARY_CODES
     if counts.get("invalid"):
-        summary.append({"code": "invalid_request", "message": "input lines failed validation", "count": counts["invalid"]})
+        summary.append({"code": codes["invalid"], "message": "input lines failed validation", "count": counts["invalid"]})
     if counts.get("not_run"):
-        summary.append({"code": "not_run", "message": "requests were never run (cancel, deadline or a failed shard)",
+        summary.append({"code": codes["not_run"], "message": "requests were never run (cancel, deadline or a failed shard)",
                         "count": counts["not_run"]})
     engine = counts.get("failed", 0) - counts.get("invalid", 0) - counts.get("not_run", 0)
     if engine > 0:
-        summary.append({"code": "request_failed", "message": "requests failed in the engine", "count": engine})
+        summary.append({"code": codes["engine"], "message": "requests failed in the engine", "count": engine})
     return summary
 
 

@@ -39,6 +39,7 @@ from llm_batch.api.state import SettingsDep, StoreDep
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore import JobStore
+from llm_batch.pipeline.steps import ERROR_SUMMARY_CODES
 
 router = APIRouter(tags=["metrics"])
 LIVE_STATUSES = [s.value for s in JobStatus if not s.terminal]
@@ -115,7 +116,7 @@ class _Figures(Collector):
         why = GaugeMetricFamily("llm_batch_failed_requests", "Failed requests of the ended jobs, by why: invalid "
                                 "(validation), not_run (cancel, deadline, a failed shard), engine (the engine's error)",
                                 labels=["reason"])
-        for reason, code in (("invalid", "invalid_request"), ("not_run", "not_run"), ("engine", "request_failed")):
+        for reason, code in ERROR_SUMMARY_CODES.items():
             why.add_metric([reason], figures.failed_by_code.get(code, 0))
         yield why
         tokens = GaugeMetricFamily("llm_batch_tokens", "Tokens of the jobs in the store, by kind", labels=["kind"])
