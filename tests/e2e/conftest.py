@@ -159,12 +159,27 @@ def batch_client(e2e_stack):
 
 @pytest.fixture
 def job_logs(request, e2e_stack) -> Iterator[list[str]]:
-    """Tests append their job ids; on failure the stack's and those jobs' logs are printed."""
+    """Tests append their job ids; on failure the stack's and those jobs' logs are printed, and
+    those of its jobs still running are cancelled: the stack is shared, and a job left holding
+    the pool's slot would fail the tests after it too."""
     job_ids: list[str] = []
     yield job_ids
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         print(stack_logs(e2e_stack, job_ids))
+        _cancel_unfinished(e2e_stack, job_ids)
+
+
+def _cancel_unfinished(stack: Any, job_ids: list[str]) -> None:
+    from llm_batch.infra.api_client import BatchClient
+
+    with BatchClient(f"{stack.base_url}/batch", stack.ensure_api_key()) as client:
+        for job_id in job_ids:
+            try:
+                if not client.job(job_id).terminal:
+                    client.cancel(job_id)
+            except Exception as exc:  # noqa: BLE001 (best effort; the failure is already reported)
+                print(f"could not cancel {job_id}: {exc}")
 
 
 def stack_logs(stack: Any, job_ids: list[str] = (), lines: int = 40) -> str:

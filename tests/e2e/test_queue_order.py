@@ -3,9 +3,11 @@ recurring spec's schedule wait for the local pool's one slot in submission order
 band jumps ahead of them, each shows its place while it waits, and a cancel of a job that
 has not started ends it without it ever getting the slot.
 
-One long job (the blocker) holds the pool's slot while the others are made, one after the
-other; once every one of them shows a place, the blocker is cancelled and the shard tasks'
-start times (Airflow's task instances) say in which order they got the slot.
+The local pool is closed (0 slots, as an admin would through Airflow's pools API) while
+the jobs are made, one after the other, so none can start and no engine competes with the
+scheduler meanwhile; once every one of them shows a place, the pool opens again with its
+slot and the shard tasks' start times (Airflow's task instances) say in which order they
+got it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, long_batch, wait_until
+from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -48,17 +50,28 @@ def _shard_start(airflow, run_id: str) -> datetime | None:
     return datetime.fromisoformat(start) if start else None
 
 
-def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, batch_client, airflow, job_logs,
-                                                                   tmp_path: Path):
+def _set_slots(airflow, pool: dict[str, Any], slots: int) -> None:
+    airflow.call("PATCH", f"/pools/{pool['name']}", json={
+        "pool": pool["name"], "slots": slots, "description": pool.get("description"),
+        "include_deferred": pool.get("include_deferred", False)})
+
+
+@pytest.fixture
+def closed_pool(e2e_stack, airflow) -> Iterator[dict[str, Any]]:
+    """The local pool with no slot while the test runs; its slots given back however it ends."""
+    pool = airflow.call("GET", f"/pools/{e2e_stack.settings.local_pool}")
+    _set_slots(airflow, pool, 0)
+    try:
+        yield pool
+    finally:
+        _set_slots(airflow, pool, pool["slots"])
+
+
+def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, batch_client, airflow, closed_pool,
+                                                                   job_logs):
     from llm_batch.core.run_conf import run_job_id
 
     tag = uuid.uuid4().hex[:8]
-    # Long enough to hold the slot however long the schedule takes to start its run (it is
-    # cancelled once the others have their places).
-    blocker = batch_client.submit(long_batch(tmp_path / "blocker.jsonl", 600), endpoint=CHAT, model=MODEL,
-                                  model_config={"engine_args": {"max_num_seqs": 1}})
-    job_logs.append(blocker.id)
-    wait_until("the blocker to hold the pool's slot", lambda: batch_client.job(blocker.id).completed > 0, JOB_TIMEOUT)
 
     def create(**extra: Any) -> str:
         return batch_client.create_job({"model": MODEL, "endpoint": CHAT, "labels": {"queue-test": tag}, **extra,
@@ -116,13 +129,14 @@ def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, bat
     try:
         positions = wait_until("every job to wait in the pool", places, 300, poll=2)
     except AssertionError:
-        print("last seen (id, status, queue):", seen, "blocker:", batch_client.job(blocker.id))
+        print("last seen (id, status, queue):", seen)
         raise
     # In this order; a job someone else made meanwhile (the spec's next minute) may stand
     # between two of them, never before one made earlier.
     assert positions[0] == 1 and positions == sorted(positions) and len(set(positions)) == 5, positions
     place = _native(batch_client, api)["queue"]
-    assert place["pool"] == "llm_batch_local" and place["waiting_for"].startswith("a slot of pool llm_batch_local")
+    name = closed_pool["name"]
+    assert place["pool"] == name and place["waiting_for"] == f"a slot of pool {name} (0 of 0 in use)", place
     assert batch_client.job(api).shown_status == f"RUNNING #{positions[2]} in queue"
 
     # A cancel of a job that has not started: it ends without ever getting the slot (its
@@ -132,13 +146,13 @@ def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, bat
     ended = batch_client.wait(dropped, timeout=JOB_TIMEOUT)
     took = time.monotonic() - cancelled_at
     assert ended.status == "CANCELLED" and (ended.total, ended.failed, ended.succeeded) == (1, 1, 0), ended
-    assert batch_client.job(blocker.id).status == "RUNNING"  # the slot was held all along
+    assert not any(_shard_start(airflow, _native(batch_client, j)["dag_run_id"]) for j in order[:4])  # pool shut
     assert took < 120, f"the cancel of a waiting job took {took:.0f} s"
     dropped_run = _native(batch_client, dropped)["dag_run_id"]
     assert _shard_start(airflow, dropped_run) is None or airflow.call(
         "GET", f"/dags/batch_inference/dagRuns/{dropped_run}/taskInstances/run_shard/0")["state"] == "skipped"
 
-    batch_client.cancel(blocker.id)
+    _set_slots(airflow, closed_pool, closed_pool["slots"])
     done = {j: batch_client.wait(j, timeout=JOB_TIMEOUT) for j in order[:4]}
     assert all(d.status == "SUCCEEDED" for d in done.values()), done
     assert done[spec].total == RECURRING_REQUESTS
