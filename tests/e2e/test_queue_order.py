@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import UTC, datetime
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest

@@ -290,7 +290,7 @@ class RecordingEngine:
         self.waiting: list[str] = []
         self.added: list[str] = []
 
-    def add_request(self, request_id, prompt, params):
+    def add_request(self, request_id, prompt, params, lora_request=None):
         self.waiting.append(request_id)
         self.added.append(request_id)
 

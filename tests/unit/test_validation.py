@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from llm_batch.core.formats import ErrorCode
 from llm_batch.core.layout import JobLayout
+from llm_batch.core.model_choice import ModelChoice
 from llm_batch.infra import storage
 from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, check_format, validate_batch
 
@@ -50,7 +51,8 @@ def test_corpus(name: str) -> None:
     limits = ValidationLimits(**{**LIMITS.__dict__, **case.get("limits", {})})
     valid_out, errors_out = io.BytesIO(), io.BytesIO()
     kwargs = dict(fmt=case["format"], endpoint=case["endpoint"], limits=limits,
-                  validated_out=valid_out, errors_out=errors_out, open_input=local_open)
+                  validated_out=valid_out, errors_out=errors_out, open_input=local_open,
+                  models=ModelChoice(**case["models"]) if "models" in case else None)
     if "rejected" in case:
         with pytest.raises(BatchRejected) as caught:
             validate_batch(str(CORPUS / name), **kwargs)
@@ -71,6 +73,8 @@ def test_corpus(name: str) -> None:
     assert indexes == list(range(report.total))
     assert [r["index"] for r in valid] == sorted(r["index"] for r in valid)
     assert all(e["message"] for e in errors)
+    if "adapters" in case:  # the adapter each valid line runs on ("": the base)
+        assert [r.get("adapter", "") for r in valid] == case["adapters"]
 
 
 def test_every_error_code_is_in_the_corpus() -> None:

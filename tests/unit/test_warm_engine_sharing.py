@@ -30,7 +30,7 @@ class FakeEngine:
         self.steps = 0
         self.aborted: list[str] = []
 
-    def add_request(self, request_id, prompt, params):
+    def add_request(self, request_id, prompt, params, lora_request=None):
         self.pending.append(request_id)
 
     def step(self):

@@ -27,7 +27,7 @@ class StandInEngine:
         self.steps = 0
         self.die_after = die_after
 
-    def add_request(self, request_id, prompt, params):
+    def add_request(self, request_id, prompt, params, lora_request=None):
         self.waiting.append(request_id)
 
     def abort_request(self, ids):

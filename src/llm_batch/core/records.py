@@ -30,6 +30,9 @@ class BatchRequest(BaseModel):
     # The file the body names (audio, an image), resolved for the job's owner at validation
     # (llm_batch.infra.media.MediaResolver): the worker reads only what this says.
     media: dict[str, Any] | None = None
+    # The LoRA adapter the line runs on (its body.model, or the job's), checked against the
+    # job's ModelChoice at validation; None: the base model.
+    adapter: str | None = None
 
 
 class RequestError(BaseModel):

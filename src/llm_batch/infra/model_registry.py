@@ -56,6 +56,7 @@ from pydantic import (
 
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.engine_args import PlainDict, allowed_engine_args
+from llm_batch.core.model_choice import ADAPTER_NAME
 from llm_batch.core.model_recipes import RECIPES, TINY_CHAT_TEMPLATE, MissingSource, build_tiny_llama
 from llm_batch.infra import storage
 
@@ -67,6 +68,7 @@ __all__ = [
     "CheckpointNotAllowed",
     "InvalidModelConfig",
     "ModelSpec",
+    "AdapterSpec",
     "Serving",
     "FimTemplate",
     "ModerationMap",
@@ -86,6 +88,8 @@ __all__ = [
     "prepare_model",
     "model_status",
     "fetch_checkpoint",
+    "cache_path",
+    "build_once",
     "build_tiny_llama",
     "READY_MARKER",
 ]
@@ -245,6 +249,21 @@ class ModelSpec(Serving):
         return self
 
 
+class AdapterSpec(BaseModel):
+    """One LoRA adapter of a registered generate model (``llm_batch.infra.adapters``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str = Field(min_length=1)
+    # A folder: absolute, relative to the model cache, or an s3:// prefix (fetched once).
+    checkpoint: str = Field(min_length=1)
+    rank: int = Field(ge=1, le=512)
+    # The offline recipe that builds it (random weights from ``seed``, for tests and demos).
+    prepare: Literal["random-lora"] | None = None
+    seed: int = 0
+    description: str = ""
+
+
 class Registry(BaseModel):
     """The whole registry file: the models and which of them are the defaults."""
 
@@ -253,6 +272,8 @@ class Registry(BaseModel):
     default_chat_model: str
     default_embedding_model: str
     models: dict[str, ModelSpec]
+    # LoRA adapters on the models: a batch line names one as its model.
+    adapters: dict[str, AdapterSpec] = Field(default_factory=dict)
     # Chat templates a job may name in model_config.chat_template (beside the built-in ones).
     chat_templates: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
 
@@ -263,7 +284,25 @@ class Registry(BaseModel):
                 raise ValueError(f"default model {default!r} is not among the models")
         if bad := [name for name in self.chat_templates if not _TEMPLATE_NAME.fullmatch(name)]:
             raise ValueError(f"chat template names must be plain names, not {bad[0]!r}")
+        for name, adapter in self.adapters.items():
+            if not ADAPTER_NAME.fullmatch(name) or name in self.models:
+                raise ValueError(f"adapter {name!r}: a plain name (letters, digits, . _ -) that no model has")
+            base = self.models.get(adapter.base)
+            if base is None or base.task != "generate":
+                raise ValueError(f"adapter {name!r}: its base {adapter.base!r} is not a registered generate model")
         return self
+
+    def adapter(self, name: str) -> AdapterSpec:
+        try:
+            return self.adapters[name]
+        except KeyError:
+            raise UnknownModel(f"unknown adapter {name!r}: known adapters are {', '.join(sorted(self.adapters))}") from None
+
+    def base_of(self, name: str, owned: dict[str, str] | None = None) -> str:
+        """The model a name runs on: an adapter's base, else the name itself."""
+        if name in self.adapters:
+            return self.adapters[name].base
+        return (owned or {}).get(name, name)
 
     @property
     def templates(self) -> dict[str, str]:
@@ -274,12 +313,14 @@ class Registry(BaseModel):
         return [self.default_chat_model, self.default_embedding_model]
 
     def get(self, name: str) -> ModelSpec:
+        """A model's entry; an adapter's name gives its base model's (what its jobs run)."""
         try:
-            return self.models[name]
+            return self.models[self.base_of(name)]
         except KeyError:
             raise UnknownModel(
                 f"unknown model {name!r}: known models are {', '.join(sorted(self.models))}"
-                " (or give model_config.checkpoint_path)"
+                + (f", and adapters {', '.join(sorted(self.adapters))}" if self.adapters else "")
+                + " (or give model_config.checkpoint_path)"
             ) from None
 
 
@@ -521,6 +562,8 @@ class ResolvedModel:
     serving: Serving = field(default_factory=Serving)
     # A classify model's labels, in the order of its scores (the checkpoint's id2label).
     labels: tuple[str, ...] = ()
+    # The job's model when it names a registered adapter: lines that name no model run on it.
+    adapter: str | None = None
 
     @property
     def fim(self) -> FimTemplate | None:
@@ -555,7 +598,7 @@ def resolve_model(
     if config.checkpoint_path:
         path = _checkpoint_dir(config.checkpoint_path, settings, user_given=True)
     else:
-        path = _registered_checkpoint_dir(config.model, spec, settings)
+        path = _registered_checkpoint_dir(registry.base_of(config.model), spec, settings)
 
     engine_args = job_engine_args(config, registry, settings)
     if config.tokenizer:
@@ -569,7 +612,8 @@ def resolve_model(
     task = spec.task if spec else _task_of(engine_args)
 
     return ResolvedModel(
-        name=config.served_model_name or config.model,
+        name=config.served_model_name or registry.base_of(config.model),
+        adapter=config.model if config.model in registry.adapters else None,
         path=path,
         task=task,
         engine_args=engine_args,
@@ -648,7 +692,7 @@ def submission_problems(config: ModelConfig, registry: Registry, settings: Setti
             return []
         path = _user_local_dir(config.checkpoint_path, settings, "checkpoint")
     elif spec is not None and spec.prepare is not None:
-        path = _registered_checkpoint_dir(config.model, spec, settings)  # ModelNotPrepared
+        path = _registered_checkpoint_dir(registry.base_of(config.model), spec, settings)  # ModelNotPrepared
     else:
         return []
     try:
@@ -869,7 +913,7 @@ def _class_labels(checkpoint: Path) -> tuple[str, ...]:
 
 def _registered_checkpoint_dir(name: str, spec: ModelSpec, settings: Settings) -> Path:
     if spec.prepare is not None:
-        path = _cache_path(spec.checkpoint, settings)
+        path = cache_path(spec.checkpoint, settings)
         if not (path / READY_MARKER).is_file():
             raise ModelNotPrepared(
                 f"model {name!r} is not prepared in {settings.model_cache}: "
@@ -899,7 +943,7 @@ def _checkpoint_dir(checkpoint: str, settings: Settings, *, user_given: bool) ->
     if user_given:
         path = _user_local_dir(checkpoint, settings, "checkpoint")
     else:
-        path = _cache_path(checkpoint, settings).resolve()
+        path = cache_path(checkpoint, settings).resolve()
     if not (path / "config.json").is_file():
         raise CheckpointNotFound(
             f"checkpoint {checkpoint}: no model directory (config.json) at {path}"
@@ -920,7 +964,7 @@ def local_tokenizer_dir(tokenizer: str, settings: Settings | None = None) -> Pat
     return path
 
 
-def _cache_path(checkpoint: str, settings: Settings) -> Path:
+def cache_path(checkpoint: str, settings: Settings) -> Path:
     path = Path(checkpoint).expanduser()
     return path if path.is_absolute() else Path(settings.model_cache) / path
 
@@ -928,7 +972,7 @@ def _cache_path(checkpoint: str, settings: Settings) -> Path:
 def _user_local_dir(given: str, settings: Settings, what: str) -> Path:
     """A path a job gave, resolved (relative: in the model cache), within the local roots or
     the model cache; ``CheckpointNotAllowed`` naming ``what`` otherwise."""
-    path = _cache_path(given, settings).resolve()
+    path = cache_path(given, settings).resolve()
     roots = [*settings.local_roots, Path(settings.model_cache).resolve()]
     if not any(path.is_relative_to(root) for root in roots):
         raise CheckpointNotAllowed(
@@ -938,7 +982,7 @@ def _user_local_dir(given: str, settings: Settings, what: str) -> Path:
     return path
 
 
-def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
+def fetch_checkpoint(uri: str, *, settings: Settings | None = None, required: str = "config.json") -> Path:
     """Download the ``s3://`` prefix ``uri`` once into the model cache; return the directory.
 
     Concurrent callers on one machine (shards) wait on a file lock; the first downloads into
@@ -957,10 +1001,10 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None) -> Path:
             raise CheckpointNotFound(f"checkpoint {uri}: {exc}") from None
         except (storage.PathNotAllowed, storage.AccessDenied) as exc:
             raise CheckpointNotAllowed(f"checkpoint {uri}: {exc}") from None
-        if not (tmp / "config.json").is_file():
-            raise CheckpointNotFound(f"checkpoint {uri}: no config.json under this prefix")
+        if not (tmp / required).is_file():
+            raise CheckpointNotFound(f"checkpoint {uri}: no {required} under this prefix")
 
-    _build_once(dest, {"source": uri}, download)
+    build_once(dest, {"source": uri}, download)
     return dest
 
 
@@ -981,7 +1025,7 @@ def model_status(name: str, spec: ModelSpec, settings: Settings | None = None) -
     if spec.checkpoint.startswith("s3://"):
         ready = (_s3_cache_dir(spec.checkpoint, settings) / READY_MARKER).is_file()
         return "ready" if ready else "remote"
-    path = _cache_path(spec.checkpoint, settings)
+    path = cache_path(spec.checkpoint, settings)
     if spec.prepare is None:
         return "ready" if (path / "config.json").is_file() else "missing"
     marker = _read_marker(path)
@@ -1012,12 +1056,12 @@ def prepare_model(
     if "://" in spec.checkpoint:
         raise ModelError(f"model {name!r}: a prepared model's checkpoint must be a local path")
     recipe = RECIPES[spec.prepare]
-    dest = _cache_path(spec.checkpoint, settings)
+    dest = cache_path(spec.checkpoint, settings)
     marker = {"model": name, "recipe": spec.prepare, "source": recipe.source()}
     if not force and _read_marker(dest) == marker:
         return dest
     try:
-        _build_once(
+        build_once(
             dest, marker, recipe.build, replace=lambda: force or _read_marker(dest) != marker
         )
     except MissingSource as exc:
@@ -1032,7 +1076,7 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _build_once(
+def build_once(
     dest: Path,
     marker: dict[str, Any],
     build: Callable[[Path], object],

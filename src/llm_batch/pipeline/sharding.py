@@ -22,6 +22,13 @@ Two plans (docs/data-plane.md, "Prefix-aware sharding"):
   estimated to save at least ``MIN_PREFIX_SAVING`` of the job's prompt tokens
   over the contiguous plan; otherwise the contiguous plan is written.
 
+- **adapter-grouped** (a job whose lines run on two or more models: the base and LoRA
+  adapters, ``BatchRequest.adapter``): lines ordered by adapter (in the order each first
+  appears), prefix groups together within one, then cut into balanced consecutive pieces,
+  so each shard's engine loads few adapters (those of one or two neighbours in that order).
+  Each shard lists the adapters it needs (``ShardPlan.adapters``): the worker starts its
+  engine with LoRA on for them, a Kubernetes pod fetches them.
+
 Either way a plan has exactly ``min(n, number of requests)`` shards, numbered 0.. without
 gaps (shard 0 holds the first request); no empty shard is ever planned.
 
@@ -79,6 +86,8 @@ class ShardPlan(BaseModel):
     # Prefix-aware plans: a hash of the shard's lines, so a re-plan keeps a shard's results
     # only if it holds the very same requests (its summary above could match by chance).
     digest: str | None = None
+    # The LoRA adapters its lines run on (sorted; lines on the base model name none).
+    adapters: list[str] = []
 
 
 class ShardManifest(BaseModel):
@@ -94,6 +103,8 @@ class ShardManifest(BaseModel):
     # Estimated prompt tokens the plan saves over the contiguous plan (prefix computed once
     # per shard instead of once per shard it is spread over).
     estimated_saved_tokens: int = 0
+    # True: shards hold lines grouped by the adapter they run on (adapter-grouped plan).
+    adapter_grouped: bool = False
 
 
 class ShardingError(ValueError):
@@ -218,6 +229,7 @@ class _ShardFileWriter:
         self.count = self.weight = 0
         self._digest = hashlib.blake2b(digest_size=12) if digest else None
         self.first_line = self.last_line = b""
+        self.adapters: set[str] = set()
         self._context = storage.open_write(self.shard.requests)
         self._out = ChunkedWriter(self._context.__enter__())
 
@@ -227,6 +239,8 @@ class _ShardFileWriter:
         self.last_line = line
         self.count += 1
         self.weight += weight
+        if b'"adapter"' in line and (adapter := orjson.loads(line).get("adapter")):
+            self.adapters.add(adapter)
         self._out.write(line + b"\n")
         if self._digest is not None:
             self._digest.update(line + b"\n")
@@ -242,6 +256,7 @@ class _ShardFileWriter:
             weight=self.weight, requests_uri=self.shard.requests,
             results_uri=self.shard.results, progress_uri=self.shard.progress,
             digest=self._digest.hexdigest() if self._digest is not None else None,
+            adapters=sorted(self.adapters),
         )
 
     def abort(self, exc: BaseException) -> None:
@@ -291,6 +306,9 @@ class _Lines:
     # per group: its weight and first position
     g_weight: array = field(default_factory=lambda: array("q"))
     g_first: array = field(default_factory=lambda: array("q"))
+    # per line: its model's rank in order of first appearance (the base, or an adapter)
+    model: array = field(default_factory=lambda: array("l"))
+    models: int = 0  # distinct models (the base counts as one)
 
     @property
     def total(self) -> int:
@@ -300,13 +318,17 @@ class _Lines:
 def _read_lines(layout: JobLayout, by: ShardBy, chars: int) -> _Lines:
     lines = _Lines()
     group_of: dict[int, int] = {}  # prefix hash -> group id (only lines with a long prompt)
+    model_rank: dict[str | None, int] = {}
     for position, line in enumerate(stored_lines(layout.validated)):
-        body = orjson.loads(line)["body"]
+        record = orjson.loads(line)
+        body = record["body"]
+        lines.model.append(model_rank.setdefault(record.get("adapter"), len(model_rank)))
+        lines.models = len(model_rank)
         tokens = estimate_prompt_tokens(body)
         lines.prompt_tokens += tokens
         weight = tokens if by == "tokens" else 1
         lines.weight.append(weight)
-        key = prefix_key(body, chars)
+        key = prefix_key(body, chars) if chars else None
         if key is None:
             lines.group.append(-1)
             lines.long_key.append(0)
@@ -436,6 +458,32 @@ def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -
     return sum((runs - here.bit_count()) * tokens[level] for (level, _), (_, runs, here) in spans.items())
 
 
+def _adapter_assignment(lines: _Lines, num_shards: int) -> tuple[array, int]:
+    """Each line's shard in the adapter-grouped plan: lines ordered by model (its rank of
+    first appearance), a prefix group's lines together within it (at the group's first
+    position), then file order; that order cut into ``m`` consecutive pieces of about equal
+    weight, none empty."""
+    n = lines.total
+    m = min(num_shards, n)
+
+    def place(p: int) -> tuple[int, int, int]:
+        g = lines.group[p]
+        return lines.model[p], lines.g_first[g] if g >= 0 else p, p
+
+    order = sorted(range(n), key=place)
+    total = sum(lines.weight) or 1
+    shard_of = array("q", bytes(8 * n))
+    k = done = 0
+    for i, p in enumerate(order):
+        # Move on once this shard has its share, and always while the lines left are only
+        # enough to give each later shard one.
+        while k < m - 1 and (done * m >= (k + 1) * total or n - i <= m - 1 - k):
+            k += 1
+        shard_of[p] = k
+        done += lines.weight[p]
+    return shard_of, m
+
+
 def _write_assigned(layout: JobLayout, shard_of: array, m: int, weights: array) -> list[ShardPlan]:
     writers: list[_ShardFileWriter | None] = [None] * m
     position = -1
@@ -478,11 +526,14 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
 
     assignment = None
     groups = saved = 0
-    if prefix_aware and num_shards > 1:
-        lines = _read_lines(layout, by, PREFIX_KEY_CHARS)
+    by_adapter = False
+    if num_shards > 1:
+        lines = _read_lines(layout, by, PREFIX_KEY_CHARS if prefix_aware else 0)
         total_requests, total_weight = lines.total, sum(lines.weight)
         groups = len(lines.g_weight)
-        if groups and total_requests > 1:
+        if lines.models > 1 and total_requests > 1:
+            assignment, by_adapter = _adapter_assignment(lines, num_shards), True
+        elif groups and total_requests > 1:
             assignment = _prefix_assignment(lines, num_shards)
             if assignment is not None:
                 saved = _saved_tokens(lines, *assignment, PREFIX_KEY_CHARS)
@@ -501,8 +552,8 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
 
     manifest = ShardManifest(job_id=layout.job_id, by=by, num_shards=num_shards,
                              total_requests=total_requests, total_weight=total_weight,
-                             shards=plans, prefix_aware=assignment is not None,
-                             prefix_groups=groups, estimated_saved_tokens=saved)
+                             shards=plans, prefix_aware=assignment is not None and not by_adapter,
+                             prefix_groups=groups, estimated_saved_tokens=saved, adapter_grouped=by_adapter)
     _discard_stale_shards(layout, manifest)
     storage.write_bytes(layout.shard_manifest, manifest.model_dump_json(indent=2).encode())
     return plans
@@ -513,7 +564,8 @@ def _discard_stale_shards(layout: JobLayout, manifest: ShardManifest) -> None:
     if not storage.exists(layout.shard_manifest):
         return
     previous = read_manifest(layout)
-    if previous.shards == manifest.shards and previous.prefix_aware == manifest.prefix_aware:
+    if previous.shards == manifest.shards and (previous.prefix_aware, previous.adapter_grouped) == (
+            manifest.prefix_aware, manifest.adapter_grouped):
         return
     for plan in manifest.shards:
         storage.delete_prefix(plan.results_uri.rstrip("/") + "/")

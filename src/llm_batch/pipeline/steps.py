@@ -26,6 +26,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.job_input import OutputFormat
 from llm_batch.core.jobs import JobRejected, JobStatus
 from llm_batch.core.layout import JobLayout
+from llm_batch.core.model_choice import ModelChoice
 from llm_batch.core.placement import check_resources, priority_band
 from llm_batch.core.run_conf import (
     DEFAULT_RUNTIME_SEC,
@@ -49,15 +50,17 @@ INPUT_FIELDS = ("input_uri", "input_file_ids", "input_requests")
 
 
 def registry_model_names(settings: Settings) -> list[str]:
-    """The model names of the registry, read cheaply (YAML only, no model_registry import):
-    the DAG form's enum at parse time and register's check. Empty if it cannot be read."""
+    """The model and adapter names of the registry, read cheaply (YAML only, no
+    model_registry import): the DAG form's enum at parse time and register's check (a job's
+    model may be an adapter: its lines run on it by default). Empty if it cannot be read."""
     try:
         if settings.model_registry is None:
             text = resources.files("llm_batch").joinpath("models.yaml").read_text()
         else:
             with open(settings.model_registry) as f:
                 text = f.read()
-        return sorted((yaml.safe_load(text) or {}).get("models") or {})
+        registry = yaml.safe_load(text) or {}
+        return sorted([*(registry.get("models") or {}), *(registry.get("adapters") or {})])
     except (OSError, yaml.YAMLError, AttributeError):
         return []
 
@@ -257,6 +260,7 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
             source, fmt=fmt, endpoint=job.endpoint, layout=layout,
             limits=ValidationLimits.from_settings(settings),
             media=MediaResolver(job.owner, store, settings),
+            models=job_model_choice(job, settings),
         )  # fmt: skip
     except (BatchRejected, JobRejected, storage.StorageError) as exc:
         if isinstance(exc, BatchRejected) and exc.report is not None:  # read through, nothing valid: serve the error lines
@@ -267,6 +271,22 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
         raise JobRejected(f"input rejected: {exc}") from exc
     _set_counts(store, job_id, report.total, report.invalid)
     return {"total": report.total, "valid": report.valid, "invalid": report.invalid}
+
+
+def job_model_choice(job: Job, settings: Settings) -> ModelChoice:
+    """The names the job's lines may give as their model: its model, and the adapters of its
+    base in the registry (a model outside the registry, a checkpoint_path, has none)."""
+    from llm_batch.infra.adapters import model_choice  # heavy
+    from llm_batch.infra.model_registry import ModelError, load_registry  # heavy
+
+    served = (job.model_config or {}).get("served_model_name")
+    if (job.model_config or {}).get("checkpoint_path"):
+        return ModelChoice(base=served or job.model, names={job.model: None, **({served: None} if served else {})})
+    try:
+        registry = load_registry(settings=settings)
+    except ModelError as exc:
+        raise JobRejected(str(exc)) from None
+    return model_choice(registry, job.model, served)
 
 
 def _set_counts(store: JobStore, job_id: str, total: int, invalid: int) -> None:

@@ -43,6 +43,7 @@ from llm_batch.core.formats import (
 )
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.layout import JobLayout
+from llm_batch.core.model_choice import ModelChoice
 from llm_batch.core.records import BatchRequest, ErrorRecord
 from llm_batch.infra import storage
 from llm_batch.infra.media import MediaResolver
@@ -115,6 +116,7 @@ def validate_batch(
     errors_out: BinaryIO | None = None,
     open_input: OpenInput | None = None,
     media: MediaResolver | None = None,
+    models: ModelChoice | None = None,
 ) -> ValidationReport:
     """Validate ``source`` and return the report; raise BatchRejected for a whole-batch refusal.
 
@@ -130,7 +132,9 @@ def validate_batch(
     be served), plus the report at ``layout.validation_report``. On any other rejection
     nothing is published. ``media`` resolves the files that lines of /v1/audio/transcriptions
     and /v1/ocr name, for the job's owner (llm_batch.infra.media); without it they are checked
-    for their form only (``llm-batch validate``). Memory stays flat: items are streamed; duplicate detection keeps
+    for their form only (``llm-batch validate``). ``models``: the names a line's body.model may
+    give and the adapter each runs on (``llm_batch.infra.adapters.model_choice``); without it
+    any name is taken and every line runs on the job's model. Memory stays flat: items are streamed; duplicate detection keeps
     16 bytes per custom_id at most.
     """
     fmt = check_format(fmt)
@@ -138,7 +142,7 @@ def validate_batch(
         raise ValueError("give either a layout or output streams, not both")
     limits = limits or ValidationLimits.from_settings()
     try:
-        checker = RequestChecker(parse_endpoint(endpoint) if endpoint else None, media or MediaResolver.offline())
+        checker = RequestChecker(parse_endpoint(endpoint) if endpoint else None, media or MediaResolver.offline(), models)
     except UnsupportedEndpointError as exc:
         raise BatchRejected("unsupported_endpoint", str(exc)) from None
     report = ValidationReport(format=fmt.value)
@@ -188,6 +192,8 @@ def _consume(
                     record = {"index": item.index, "custom_id": item.custom_id, "body": item.body, "line": item.line}
                     if item.media is not None:
                         record["media"] = item.media
+                    if item.adapter is not None:
+                        record["adapter"] = item.adapter
                     write_valid(dumps(record, option=newline))
             else:
                 if len(errors) < max_errors:

@@ -446,13 +446,13 @@ class EngineView:
         # The runner feeds under it (rendering uses the tokenizer the steps use too).
         self.submit_lock = shared.lock
 
-    def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
+    def add_request(self, request_id: str, prompt: Any, params: Any, lora_request: Any = None) -> None:
         with self._shared.lock:
             prefix = _id_prefix(request_id)
             if prefix not in self._prefixes:
                 self._prefixes.add(prefix)
                 self._shared.boxes[prefix] = self._box
-            self._engine.add_request(request_id, prompt, params)
+            self._engine.add_request(request_id, prompt, params, lora_request=lora_request)
 
     def step(self) -> list[Any]:
         """This shard's finished outputs: those an earlier step (any shard's) left for it,

@@ -19,6 +19,7 @@ shard actually runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from llm_batch.runtime.multinode import DEFAULT_MASTER_PORT, NodeGroup, NodeGrou
 if TYPE_CHECKING:
     from vllm import LLM
 
+    from llm_batch.infra.adapters import ResolvedAdapter
     from llm_batch.infra.model_registry import ResolvedModel
     from llm_batch.runtime.engine.responses import Usage
 
@@ -122,7 +124,9 @@ def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
             flush_every_records=config.flush_every_records,
             outage_s=config.storage_outage_s,
         )
-        total = count_requests(config.requests)
+        total, adapter_names = scan_requests(config.requests)
+        adapters = resolve_shard_adapters(adapter_names)
+        model = with_adapters(model, adapters, shared=not isinstance(engines or DedicatedEngine(), DedicatedEngine))
         earlier = _earlier_attempts(config) if writer.done else ShardProgress(
             job_id=config.job_id, shard=config.shard, total=total)
     except (WorkerUsageError, NodeGroupError, storage.PathNotAllowed, storage.ObjectNotFound) as exc:
@@ -142,7 +146,7 @@ def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
     )
     monitor = StopMonitor(config, progress, writer, supervisor_gone=supervisor_gone)
     with writer:
-        return _run(config, model, writer, progress, monitor, engines or DedicatedEngine())
+        return _run(config, model, writer, progress, monitor, engines or DedicatedEngine(), adapters)
 
 
 def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
@@ -164,7 +168,8 @@ def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
 
 
 def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
-         progress: ProgressReporter, monitor: StopMonitor, engines: EngineSource) -> int:
+         progress: ProgressReporter, monitor: StopMonitor, engines: EngineSource,
+         adapters: list[ResolvedAdapter] | None = None) -> int:
     if writer.done >= progress.progress.total:
         log.info("shard %d of job %s: all %d requests already have results",
                  config.shard, config.job_id, writer.done)
@@ -187,7 +192,7 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         try:
             runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
                                   serving=model.serving, labels=model.labels,
-                                  moderation_shape=config.moderation_shape)
+                                  moderation_shape=config.moderation_shape, adapters=adapters or ())
         except ModelCannotServe as exc:
             raise WorkerUsageError(str(exc)) from None
         progress.start_running()
@@ -297,7 +302,52 @@ def _request_lines(uri: str) -> Iterator[tuple[int, bytes]]:
 
 def count_requests(uri: str) -> int:
     """The shard's size, streamed (the file may be far larger than memory)."""
-    return sum(1 for _ in _request_lines(uri))
+    return scan_requests(uri)[0]
+
+
+def scan_requests(uri: str) -> tuple[int, set[str]]:
+    """The shard's size and the LoRA adapters its lines run on, streamed."""
+    count, adapters = 0, set()
+    for _, line in _request_lines(uri):
+        count += 1
+        if b'"adapter"' in line and (adapter := orjson.loads(line).get("adapter")):
+            adapters.add(adapter)
+    return count, adapters
+
+
+def resolve_shard_adapters(names: set[str]) -> list[ResolvedAdapter]:
+    """The shard's adapters as the engine loads them; WorkerUsageError when one cannot be
+    (not prepared, refused): the job's fault, not worth a retry."""
+    if not names:
+        return []
+    from llm_batch.infra.adapters import resolve_adapters  # heavy
+    from llm_batch.infra.model_registry import ModelError  # heavy
+
+    try:
+        return resolve_adapters(names)
+    except ModelError as exc:
+        raise WorkerUsageError(str(exc)) from None
+
+
+def with_adapters(model: ResolvedModel, adapters: list[ResolvedAdapter], shared: bool = False) -> ResolvedModel:
+    """``model`` with LoRA on for ``adapters``: as many at once as the deployment allows
+    (``max_loras``; vLLM swaps the others in as their lines come), the rank they need. On a
+    ``shared`` engine (warm engines: one engine for many jobs' shards) the deployment's
+    limits instead, so every adapter shard of one base finds the engine it left, adapters
+    still loaded. The job's own engine_args win, as everywhere."""
+    if not adapters:
+        return model
+    from llm_batch.infra.adapters import engine_rank  # heavy
+
+    settings = get_settings()
+    if shared:
+        lora = {"enable_lora": True, "max_loras": settings.max_loras,
+                "max_lora_rank": engine_rank([settings.max_lora_rank])}
+    else:
+        at_once = min(len(adapters), settings.max_loras)
+        lora = {"enable_lora": True, "max_loras": at_once, "max_cpu_loras": max(at_once, len(adapters)),
+                "max_lora_rank": engine_rank(a.rank for a in adapters)}
+    return dataclasses.replace(model, engine_args={**lora, **model.engine_args})
 
 
 def read_requests(uri: str, skip: int = 0) -> Iterator[BatchRequest]:

@@ -29,6 +29,7 @@ from typing import Any
 from jinja2 import TemplateError
 from vllm import LLM
 from vllm.exceptions import VLLMClientError, VLLMValidationError
+from vllm.lora.request import LoRARequest
 from vllm.outputs import PoolingRequestOutput, RequestOutput
 
 from llm_batch.core.config import get_settings
@@ -36,6 +37,7 @@ from llm_batch.core.endpoints import MEDIA_ENDPOINTS, Endpoint
 from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
 from llm_batch.infra import media
+from llm_batch.infra.adapters import ResolvedAdapter
 from llm_batch.infra.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
 from llm_batch.pipeline.sharding import PREFIX_KEY_CHARS, prefix_key
 from llm_batch.runtime.engine import StopReason, ocr, responses, transcription, vllm_api
@@ -76,6 +78,8 @@ def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
     in_process = place_engine_core(in_process)
     log.info("starting vLLM for model %s (%s), engine core %s", model.name, model.path,
              "in this process" if in_process else "in its own process")
+    if model.engine_args.get("enable_lora"):
+        vllm_api.guard_cpu_lora()
     return LLM(**model.engine_args)
 
 
@@ -160,6 +164,7 @@ class EngineRunner:
         serving: Serving | None = None,
         labels: tuple[str, ...] = (),
         moderation_shape: ModerationShape = ModerationShape.SCORES,
+        adapters: Iterable[ResolvedAdapter] = (),
     ):
         self.llm = llm
         self.engine = llm.llm_engine
@@ -172,6 +177,8 @@ class EngineRunner:
         self.labels = labels
         # The job's shape of /v1/moderations results (the one endpoint APIs answer differently).
         self.moderation_shape = moderation_shape
+        # The LoRA adapters this shard's lines name (BatchRequest.adapter), as vLLM takes them.
+        self.loras = {a.name: LoRARequest(a.name, a.lora_int_id, str(a.path)) for a in adapters}
         if endpoint is Endpoint.FIM_COMPLETIONS:
             _check_fim_tokens(llm, self.serving.fim, model_name)
         if endpoint in _MODERATION_ENDPOINTS:
@@ -290,9 +297,10 @@ class EngineRunner:
                 parts, facts = self._media_inputs(body, request)
             else:
                 parts = self._engine_inputs(body)
+            lora = self._lora(request)
             for part, (prompt, params) in enumerate(parts):
                 request_id = f"{self._ids}{position}.{part}"
-                self.engine.add_request(request_id, prompt, params)
+                self.engine.add_request(request_id, prompt, params, lora_request=lora)
                 added.append(request_id)
         except (VLLMClientError, ValueError, TemplateError) as exc:  # InvalidRequest included
             if added:
@@ -301,6 +309,13 @@ class EngineRunner:
         in_flight[position] = _InFlight(request, body, outputs=[None] * len(parts), remaining=len(parts),
                                         media_facts=facts)
         return None
+
+    def _lora(self, request: BatchRequest) -> LoRARequest | None:
+        if request.adapter is None:
+            return None
+        if request.adapter not in self.loras:  # validation named it, the shard did not load it
+            raise InvalidRequest(f"adapter {request.adapter!r} is not loaded for this shard", "model_not_available")
+        return self.loras[request.adapter]
 
     def _engine_inputs(self, body: Body) -> list[tuple[Any, Any]]:
         """(prompt, params) per engine request."""
@@ -375,37 +390,38 @@ class EngineRunner:
 
     def _payload(self, entry: _InFlight, usage: Usage) -> dict[str, Any]:
         body, outputs = entry.body, entry.outputs
+        model_name = entry.request.adapter or self.model_name  # which model answered
         if isinstance(body, EmbeddingBody):
-            return responses.embedding_list(outputs, self.model_name, body.encoding_format)
+            return responses.embedding_list(outputs, model_name, body.encoding_format)
         if isinstance(body, ClassifyBody | ChatClassifyBody):
             if self.endpoint in _MODERATION_ENDPOINTS:
                 return responses.moderation_response(
-                    outputs, self.model_name, self.serving.moderation, self.labels,  # type: ignore[arg-type]
+                    outputs, model_name, self.serving.moderation, self.labels,  # type: ignore[arg-type]
                     shape=self.moderation_shape)
-            return responses.classification_response(outputs, self.model_name, self.serving.classifier_target,
+            return responses.classification_response(outputs, model_name, self.serving.classifier_target,
                                                       self.labels)
         if isinstance(body, TranscribeBody):
             transcript = transcription.read_outputs([o.outputs[0].text for o in outputs], self.speech, self.languages)
             transcript.language = body.language or transcript.language
-            return responses.transcription_response(self.model_name, transcript, usage, entry.media_facts,
+            return responses.transcription_response(model_name, transcript, usage, entry.media_facts,
                                                     body.segments)
         if isinstance(body, OcrBody):
             pages, size = entry.media_facts
-            return responses.ocr_response(outputs, pages, self.model_name, size)
+            return responses.ocr_response(outputs, pages, model_name, size)
         (output,) = outputs
         top = body.sample_logprobs or 0
         if isinstance(body, ResponsesBody):  # a ChatBody too: test it first
             return responses.response_object(
-                output, self.model_name, instructions=body.instructions, metadata=body.metadata,
+                output, model_name, instructions=body.instructions, metadata=body.metadata,
                 max_output_tokens=body.max_output_tokens, temperature=body.temperature,
                 top_p=body.top_p, text_format=body.text_format,
                 parallel_tool_calls=body.parallel_tool_calls, tool_choice=body.tool_choice)
         if isinstance(body, ChatBody):
-            return responses.chat_completion(output, self.model_name, self.response_role, top)
+            return responses.chat_completion(output, model_name, self.response_role, top)
         if isinstance(body, FimBody):
             # Mistral answers FIM with a chat completion object (FIMCompletionResponse).
-            return responses.chat_completion(output, self.model_name, "assistant")
-        return responses.text_completion(output, self.model_name, top)
+            return responses.chat_completion(output, model_name, "assistant")
+        return responses.text_completion(output, model_name, top)
 
     def _abort(self, in_flight: dict[int, _InFlight]) -> None:
         ids = [f"{self._ids}{pos}.{part}" for pos, entry in in_flight.items() for part in range(len(entry.outputs))]

@@ -49,6 +49,14 @@ Private or internal uses (``INTERNAL_USES``), and why no public API serves them 
    wheel, fails before parsing them (``importlib.metadata.version("vllm")``: no package
    named vllm is installed). ``EngineArgs(...).create_engine_config(headless=True)`` is public.
 
+4. ``vllm.lora.ops.torch_ops.lora_ops.bgmv_shrink`` (and the name ``PunicaWrapperCPU``'s
+   module imported it as) in ``guard_cpu_lora``: vLLM's CPU LoRA kernels gather each
+   token's adapter weights by slot index, and a token of no adapter has index -1, which
+   selects the *last* slot: a base-model line batched beside adapter lines gets an adapter
+   applied, silently (vllm-project/vllm PR #48421, open; the GPU kernels skip -1). The
+   guard wraps the shrink step so those tokens' LoRA activations are zero, as the fix does.
+   Not applied on GPU; a no-op once vLLM's own op skips -1 tokens (the wrapper only zeroes).
+
 Public API used here: ``vllm.inputs.TextPrompt`` / ``TokensPrompt`` and
 ``LLM.renderer.render_cmpl`` (what vLLM's deprecation warning in ``LLMEngine.add_request``
 says to pass it), with ``parse_model_prompt``, the normalisation ``LLM.generate`` applies
@@ -108,6 +116,12 @@ INTERNAL_USES: tuple[InternalUse, ...] = (
                 ("vllm_config", "monitor_workers"), by_name=True, used_by="serve_headless_node"),
     InternalUse("vllm.v1.executor.multiproc_executor:MultiprocExecutor", "start_worker_monitor", "method",
                 ("inline",), by_name=True, used_by="serve_headless_node"),
+    InternalUse("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink", "function",
+                ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor", "scaling"),
+                used_by="guard_cpu_lora"),
+    InternalUse("vllm.lora.punica_wrapper.punica_cpu", "bgmv_shrink", "function",
+                ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor", "scaling"),
+                used_by="guard_cpu_lora (the name the CPU wrapper calls)"),
     # Public, but the completion path depends on their shape: guarded the same way.
     InternalUse("vllm.engine.arg_utils:EngineArgs", "create_engine_config", "method",
                 ("usage_context", "headless"), by_name=True, private=False, used_by="serve_headless_node"),
@@ -158,6 +172,35 @@ def shutdown_now(llm: LLM) -> None:
     ``timeout=0`` is what vLLM's run_batch gives its engine: every result the worker keeps
     is already in this process, so nothing is lost by not waiting."""
     llm.llm_engine.engine_core.shutdown(timeout=0)
+
+
+# -- LoRA on CPU -------------------------------------------------------------------------
+
+
+def guard_cpu_lora() -> None:
+    """On the CPU platform, make base-model tokens of a batch with adapters get no LoRA delta
+    (internal: see 4. above). Idempotent; nothing on other platforms."""
+    from vllm.platforms import current_platform  # vllm
+
+    if not current_platform.is_cpu():
+        return
+    import vllm.lora.ops.torch_ops.lora_ops as ops  # vllm
+    import vllm.lora.punica_wrapper.punica_cpu as punica_cpu  # vllm
+
+    shrink = ops.bgmv_shrink
+    if getattr(shrink, "_llm_batch_guard", False):
+        return
+
+    def guarded(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling=1.0):  # noqa: ANN001
+        shrink(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling)
+        base = lora_indices_tensor < 0
+        if bool(base.any()):
+            rows = output_tensor[: base.shape[0]]
+            rows[base] = 0  # a view: zeroes the rows in output_tensor
+
+    guarded._llm_batch_guard = True  # type: ignore[attr-defined]
+    ops.bgmv_shrink = guarded  # sgmv_shrink (prefill) calls it by this module's global
+    punica_cpu.bgmv_shrink = guarded  # the decode path calls the name it imported
 
 
 # -- multi-node followers --------------------------------------------------------------

@@ -1,0 +1,50 @@
+"""Which model a batch line runs on: the job's base model or one of its LoRA adapters.
+
+A line names its model in ``body.model`` (OpenAI and Mistral lines); a job's ``ModelChoice``
+is the allow-list of names it may give, built once per job from the model registry and the
+owner's own adapters (``llm_batch.infra.adapters.model_choice``), and read by validation:
+a name outside it is that line's error, never a shard's failure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# A registered or uploaded adapter's name: what a line's body.model gives.
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class ModelRefused(ValueError):
+    """A line names a model its job cannot run (its message says which names it may give)."""
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The names lines of one job may give, and what each runs on.
+
+    ``names``: name -> adapter name, or None for the base model (the job's model as named,
+    its base, its served_model_name). ``default``: the adapter of a line that names none
+    (the job's model when that is an adapter). ``base``: the base model's name, as results
+    of lines run on the base say it.
+    """
+
+    base: str
+    names: Mapping[str, str | None] = field(default_factory=dict)
+    default: str | None = None
+
+    def adapter_of(self, named: object) -> str | None:
+        """The adapter a line naming ``named`` (its body.model; None: not given) runs on."""
+        if named is None:
+            return self.default
+        if isinstance(named, str) and named in self.names:
+            return self.names[named]
+        adapters = sorted(name for name, adapter in self.names.items() if adapter)
+        usable = f"; its adapters you may use: {', '.join(adapters)}" if adapters else " (it has no adapter you may use)"
+        shown = repr(named[:80]) if isinstance(named, str) else type(named).__name__
+        raise ModelRefused(f"model {shown} is not this job's model {self.base!r}{usable}")
+
+    @property
+    def adapters(self) -> list[str]:
+        return sorted({adapter for adapter in self.names.values() if adapter})

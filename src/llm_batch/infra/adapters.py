@@ -1,0 +1,294 @@
+"""LoRA adapters: checking an adapter's files, preparing and fetching registered ones, and the
+names a job's lines may give (``model_choice``).
+
+An adapter is a folder of exactly two files, peft's ``adapter_config.json`` and
+``adapter_model.safetensors``: never a pickle (``.bin``, ``.pt``), never code. It is
+admitted only if it is known good (``check_adapter_dir``): a LoRA of a rank within the
+deployment's ``max_lora_rank``, adapting only linear layers of the decoder (an allow-list of
+module names), whose tensors fit the base model's shapes (hidden size, layers). The registry
+names adapters on its models (``Registry.adapters``); an owner's uploaded adapters live in
+the job store under the owner and are seen by no one else.
+
+vLLM loads adapters per request (``LoRARequest``): the worker gives each adapter a stable id
+(``lora_int_id``) so a warm engine keeps it loaded across jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_batch.core.config import Settings, get_settings
+from llm_batch.core.model_choice import ModelChoice
+from llm_batch.core.model_recipes import build_random_lora
+from llm_batch.infra.model_registry import (
+    READY_MARKER,
+    AdapterSpec,
+    ModelError,
+    ModelNotPrepared,
+    Registry,
+    build_once,
+    cache_path,
+    fetch_checkpoint,
+    load_registry,
+    prepare_model,
+)
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_FILES = frozenset({ADAPTER_CONFIG, ADAPTER_WEIGHTS})
+# The linear layers of a decoder an adapter may adapt (Llama/Mistral/Qwen names): no
+# embeddings, no lm_head, no modules_to_save (vLLM's CPU kernels apply those to base lines too).
+ALLOWED_TARGET_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+# vLLM's max_lora_rank takes one of these; an engine gets the least that covers its adapters.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_MAX_HEADER = 16 << 20  # a safetensors header bigger than this is not an adapter's
+_TENSOR = re.compile(r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
+
+
+class AdapterRefused(ModelError, ValueError):
+    """An adapter's files are not an adapter this deployment admits (the message says why)."""
+
+
+@dataclass(frozen=True)
+class AdapterFacts:
+    """What ``check_adapter_dir`` read from an admitted adapter."""
+
+    rank: int
+    target_modules: tuple[str, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ResolvedAdapter:
+    """An adapter ready for the engine: ``LoRARequest(name, lora_int_id, str(path))``."""
+
+    name: str
+    path: Path
+    rank: int
+
+    @property
+    def lora_int_id(self) -> int:
+        return adapter_int_id(self.name)
+
+
+def adapter_int_id(name: str) -> int:
+    """A stable positive id per adapter name (vLLM keys loaded adapters by it)."""
+    return (zlib.crc32(name.encode()) & 0x7FFFFFFF) or 1
+
+
+def engine_rank(ranks: Iterable[int]) -> int:
+    """The ``max_lora_rank`` an engine needs for adapters of these ranks."""
+    most = max(ranks, default=1)
+    return next(r for r in VLLM_LORA_RANKS if r >= most)
+
+
+# -- checking an adapter's files ---------------------------------------------------------------
+
+
+def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
+    """Admit the adapter folder ``path`` for the base model folder ``base`` or raise
+    ``AdapterRefused``: exactly the two files, a LoRA config within bounds, tensors named and
+    shaped as the base's linear layers (read from the safetensors header: nothing is loaded)."""
+    found = {p.name for p in path.iterdir()} - {READY_MARKER} if path.is_dir() else set()
+    if found != ADAPTER_FILES:
+        extra = sorted(found - ADAPTER_FILES)
+        missing = sorted(ADAPTER_FILES - found)
+        raise AdapterRefused("an adapter is exactly adapter_config.json and adapter_model.safetensors"
+                             + (f"; missing {', '.join(missing)}" if missing else "")
+                             + (f"; not admitted: {', '.join(extra[:5])}" if extra else ""))
+    config = _adapter_config(path / ADAPTER_CONFIG, max_rank)
+    base_config = _json(base / "config.json", "the base model's config.json")
+    weights = path / ADAPTER_WEIGHTS
+    _check_tensors(_safetensors_header(weights), config, base_config)
+    return AdapterFacts(config["r"], tuple(config["target_modules"]), weights.stat().st_size)
+
+
+def _json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise AdapterRefused(f"{what} cannot be read as JSON ({exc.__class__.__name__})") from None
+    if not isinstance(value, dict):
+        raise AdapterRefused(f"{what} is not a JSON object")
+    return value
+
+
+def _adapter_config(path: Path, max_rank: int) -> dict[str, Any]:
+    config = _json(path, ADAPTER_CONFIG)
+    if config.get("peft_type") != "LORA":
+        raise AdapterRefused(f"{ADAPTER_CONFIG}: peft_type must be \"LORA\", got {str(config.get('peft_type'))[:40]!r}")
+    rank = config.get("r")
+    if type(rank) is not int or not 1 <= rank <= max_rank:
+        raise AdapterRefused(f"{ADAPTER_CONFIG}: r must be a whole number from 1 to {max_rank} "
+                             f"(this deployment's max_lora_rank), got {str(rank)[:20]}")
+    targets = config.get("target_modules")
+    if isinstance(targets, str) or not isinstance(targets, list) or not targets \
+            or not all(isinstance(t, str) for t in targets):
+        raise AdapterRefused(f"{ADAPTER_CONFIG}: target_modules must be a list of module names "
+                             f"(among {', '.join(sorted(ALLOWED_TARGET_MODULES))})")
+    if bad := sorted(set(targets) - ALLOWED_TARGET_MODULES):
+        raise AdapterRefused(f"{ADAPTER_CONFIG}: target_modules {', '.join(b[:40] for b in bad[:3])} are not admitted "
+                             f"(admitted: {', '.join(sorted(ALLOWED_TARGET_MODULES))})")
+    for key in ("modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern"):
+        if config.get(key):
+            raise AdapterRefused(f"{ADAPTER_CONFIG}: {key} is not admitted")
+    if config.get("use_dora") or config.get("bias", "none") != "none":
+        raise AdapterRefused(f"{ADAPTER_CONFIG}: only plain LoRA is admitted (no DoRA, bias \"none\")")
+    alpha = config.get("lora_alpha", 8)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha <= 4096:
+        raise AdapterRefused(f"{ADAPTER_CONFIG}: lora_alpha must be a number from 0 to 4096")
+    return config
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            if size > _MAX_HEADER:
+                raise AdapterRefused(f"{ADAPTER_WEIGHTS}: its header is {size} bytes, not an adapter's")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, struct.error):
+        raise AdapterRefused(f"{ADAPTER_WEIGHTS} is not a safetensors file") from None
+    if not isinstance(header, dict):
+        raise AdapterRefused(f"{ADAPTER_WEIGHTS} is not a safetensors file")
+    header.pop("__metadata__", None)
+    return header
+
+
+def _check_tensors(header: dict[str, Any], config: dict[str, Any], base: dict[str, Any]) -> None:
+    """Every tensor a LoRA A or B of an admitted module of an existing layer, its shapes the
+    base's: A is (r, in), B is (out, r), in and out among the base's hidden, intermediate
+    and key-value widths."""
+    layers = base.get("num_hidden_layers")
+    hidden = base.get("hidden_size")
+    if not isinstance(layers, int) or not isinstance(hidden, int):
+        raise AdapterRefused("the base model's config.json has no num_hidden_layers / hidden_size: "
+                             "adapters are admitted for decoder models only")
+    heads = base.get("num_attention_heads") or 1
+    head_dim = base.get("head_dim") or hidden // heads
+    widths = {hidden, base.get("intermediate_size"), (base.get("num_key_value_heads") or heads) * head_dim,
+              heads * head_dim}
+    rank, targets = config["r"], set(config["target_modules"])
+    if not header:
+        raise AdapterRefused(f"{ADAPTER_WEIGHTS} holds no tensor")
+    for name, info in header.items():
+        match = _TENSOR.fullmatch(name)
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if match is None or not isinstance(shape, list) or len(shape) != 2:
+            raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} is not a LoRA weight of a decoder layer")
+        layer, module, half = int(match[1]), match[2], match[3]
+        if layer >= layers or module not in targets:
+            raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} adapts a layer or module the base "
+                                 f"({layers} layers) or the config's target_modules do not have")
+        width, r = (shape[1], shape[0]) if half == "A" else (shape[0], shape[1])
+        if r != rank or width not in widths:
+            raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} has shape {shape}, not the base's "
+                                 f"(rank {rank}, widths {sorted(w for w in widths if w)})")
+
+
+# -- registered adapters ------------------------------------------------------------------------
+
+
+def adapter_status(name: str, spec: AdapterSpec, settings: Settings | None = None) -> str:
+    """``ready``, ``not prepared`` (a recipe not run yet), ``remote`` (s3:// not fetched yet)
+    or ``missing``."""
+    settings = settings or get_settings()
+    if spec.checkpoint.startswith("s3://"):
+        return "remote"
+    path = cache_path(spec.checkpoint, settings)
+    if (path / READY_MARKER).is_file() or (spec.prepare is None and (path / ADAPTER_CONFIG).is_file()):
+        return "ready"
+    return "not prepared" if spec.prepare else "missing"
+
+
+def prepare_adapter(name: str, *, registry: Registry | None = None, settings: Settings | None = None,
+                    force: bool = False) -> Path:
+    """Build (``prepare: random-lora``, on its base prepared first) or fetch (``s3://``) the
+    registered adapter ``name`` into the model cache, check it, and return its folder."""
+    settings = settings or get_settings()
+    registry = registry or load_registry(settings=settings)
+    spec = registry.adapter(name)
+    base = prepare_model(spec.base, registry=registry, settings=settings) \
+        if registry.models[spec.base].prepare else resolve_base_dir(spec.base, registry, settings)
+    if spec.checkpoint.startswith("s3://"):
+        path = fetch_checkpoint(spec.checkpoint, settings=settings, required=ADAPTER_CONFIG)
+    elif spec.prepare:
+        path = cache_path(spec.checkpoint, settings)
+        marker = {"adapter": name, "recipe": spec.prepare, "base": spec.base, "rank": spec.rank, "seed": spec.seed}
+        build_once(path, marker, lambda tmp: build_random_lora(tmp, base, spec.rank, spec.seed),
+                   replace=lambda: force or _marker(path) != marker)
+    else:
+        path = cache_path(spec.checkpoint, settings)
+    facts = check_adapter_dir(path, base, settings.max_lora_rank)
+    if facts.rank != spec.rank:
+        raise AdapterRefused(f"adapter {name!r}: the registry says rank {spec.rank}, its files rank {facts.rank}")
+    return path
+
+
+def _marker(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / READY_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def resolve_base_dir(base: str, registry: Registry, settings: Settings) -> Path:
+    from llm_batch.infra.model_registry import resolve_model  # cycle
+
+    return resolve_model({"model": base}, registry=registry, settings=settings).path
+
+
+def resolve_adapters(names: Iterable[str], owned: Mapping[str, str] | None = None, *,
+                     registry: Registry | None = None, settings: Settings | None = None) -> list[ResolvedAdapter]:
+    """The adapters ``names`` as the worker loads them: registered ones from the model cache
+    (an ``s3://`` one fetched once), an owner's from ``owned`` (name -> its folder's URI in the
+    configured storage, fetched once). ``ModelNotPrepared`` for a registered one not built."""
+    settings = settings or get_settings()
+    registry = registry or load_registry(settings=settings)
+    resolved = []
+    for name in sorted(set(names)):
+        if owned and name in owned:
+            path = fetch_checkpoint(owned[name], settings=settings, required=ADAPTER_CONFIG)
+            rank = _json(path / ADAPTER_CONFIG, ADAPTER_CONFIG)["r"]
+        else:
+            spec = registry.adapter(name)
+            if spec.checkpoint.startswith("s3://"):
+                path = fetch_checkpoint(spec.checkpoint, settings=settings, required=ADAPTER_CONFIG)
+            else:
+                path = cache_path(spec.checkpoint, settings)
+                if adapter_status(name, spec, settings) != "ready":
+                    raise ModelNotPrepared(f"adapter {name!r} is not prepared in {settings.model_cache}: "
+                                           f"run `llm-batch models prepare {name}`")
+            rank = spec.rank
+        resolved.append(ResolvedAdapter(name, path, rank))
+    return resolved
+
+
+# -- what a job's lines may name ------------------------------------------------------------
+
+
+def model_choice(registry: Registry, model: str, served_model_name: str | None = None,
+                 owned: Mapping[str, str] | None = None) -> ModelChoice:
+    """The names lines of a job of ``model`` may give: the job's model, its base and served
+    name (the base), and every adapter of that base in the registry or among the owner's
+    ``owned`` (name -> base). A model outside the registry (a checkpoint_path) has no adapter."""
+    adapter = model if model in registry.adapters or (owned and model in owned) else None
+    base = registry.base_of(model, owned) if adapter else model
+    names: dict[str, str | None] = {base: None, model: adapter}
+    if served_model_name:
+        names[served_model_name] = None
+    if base in registry.models and registry.models[base].task == "generate":
+        for name, spec in registry.adapters.items():
+            if spec.base == base:
+                names[name] = name
+        for name, its_base in (owned or {}).items():
+            if its_base == base and name not in registry.models:
+                names[name] = name
+    return ModelChoice(base=served_model_name or base, names=names, default=adapter)

@@ -1,0 +1,202 @@
+"""LoRA adapters without an engine: what ``check_adapter_dir`` admits (an allow-list: the
+two files, a plain LoRA of bounded rank on the decoder's linear layers, tensors shaped as the
+base's), the registry's adapter entries, the names a job's lines may give, the adapter-grouped
+shard plan, and the engine arguments a shard's adapters ask for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.model_choice import ModelChoice, ModelRefused
+from llm_batch.infra import storage
+from llm_batch.infra.adapters import (
+    AdapterRefused,
+    ResolvedAdapter,
+    adapter_int_id,
+    check_adapter_dir,
+    engine_rank,
+    model_choice,
+)
+from llm_batch.infra.model_registry import Registry, UnknownModel, load_registry
+from tests.unit.data_plane_fixtures import new_layout
+
+BASE_CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+               "num_key_value_heads": 2}
+
+
+def _base(tmp_path: Path) -> Path:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps(BASE_CONFIG))
+    return base
+
+
+def _adapter(tmp_path: Path, *, rank: int = 8, config: dict[str, Any] | None = None,
+             tensors: dict[str, tuple[int, int]] | None = None, name: str = "adapter") -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], **(config or {})}))
+    tensors = tensors if tensors is not None else {
+        f"base_model.model.model.layers.{layer}.self_attn.{module}.lora_{half}.weight":
+            (rank, 64) if half == "A" else ((64 if module == "q_proj" else 32), rank)
+        for layer in range(2) for module in ("q_proj", "v_proj") for half in "AB"}
+    save_file({name: torch.zeros(shape) for name, shape in tensors.items()}, folder / "adapter_model.safetensors")
+    return folder
+
+
+def test_a_plain_lora_of_the_base_is_admitted(tmp_path):
+    facts = check_adapter_dir(_adapter(tmp_path), _base(tmp_path), max_rank=64)
+    assert (facts.rank, facts.target_modules) == (8, ("q_proj", "v_proj")) and facts.bytes > 0
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"peft_type": "PREFIX_TUNING"}, "peft_type"),
+    ({"r": 128}, "r must be"),
+    ({"r": "8"}, "r must be"),
+    ({"target_modules": ["embed_tokens"]}, "not admitted"),
+    ({"target_modules": "q_proj"}, "a list of module names"),
+    ({"target_modules": ["lm_head", "q_proj"]}, "not admitted"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ({"use_dora": True}, "plain LoRA"),
+    ({"bias": "all"}, "plain LoRA"),
+    ({"lora_alpha": 10**9}, "lora_alpha"),
+])
+def test_a_config_outside_the_allow_list_is_refused(tmp_path, change, reason):
+    with pytest.raises(AdapterRefused, match=reason):
+        check_adapter_dir(_adapter(tmp_path, config=change), _base(tmp_path), max_rank=64)
+
+
+def test_files_beside_the_two_and_pickles_are_refused(tmp_path):
+    base = _base(tmp_path)
+    folder = _adapter(tmp_path)
+    (folder / "adapter_model.bin").write_bytes(b"\x80\x04pickle")
+    with pytest.raises(AdapterRefused, match="not admitted: adapter_model.bin"):
+        check_adapter_dir(folder, base, max_rank=64)
+    (folder / "adapter_model.bin").unlink()
+    (folder / "adapter_model.safetensors").unlink()
+    with pytest.raises(AdapterRefused, match="missing adapter_model.safetensors"):
+        check_adapter_dir(folder, base, max_rank=64)
+
+
+@pytest.mark.parametrize("tensors, reason", [
+    ({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": (8, 100)}, "shape"),  # another width
+    ({"base_model.model.model.layers.5.self_attn.q_proj.lora_A.weight": (8, 64)}, "layer or module"),  # no layer 5
+    ({"base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight": (8, 64)}, "layer or module"),  # not targeted
+    ({"base_model.model.lm_head.weight": (8, 64)}, "not a LoRA weight"),
+    ({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": (4, 64)}, "shape"),  # rank differs
+    ({}, "no tensor"),
+])
+def test_tensors_that_do_not_fit_the_base_are_refused(tmp_path, tensors, reason):
+    with pytest.raises(AdapterRefused, match=reason):
+        check_adapter_dir(_adapter(tmp_path, tensors=tensors), _base(tmp_path), max_rank=64)
+
+
+def test_a_weights_file_that_is_not_safetensors_is_refused(tmp_path):
+    folder = _adapter(tmp_path)
+    (folder / "adapter_model.safetensors").write_bytes(b"\xff" * 8 + b"{}")
+    with pytest.raises(AdapterRefused, match="header|safetensors"):
+        check_adapter_dir(folder, _base(tmp_path), max_rank=64)
+
+
+def test_the_registry_s_adapters_name_a_registered_generate_base():
+    registry = load_registry()
+    assert registry.adapters["tiny-lora-a"].base == "tiny-random-llama"
+    assert registry.get("tiny-lora-a") is registry.models["tiny-random-llama"]  # an adapter's job runs its base
+    raw = registry.model_dump()
+    for bad in ({"base": "all-minilm-l6-v2"}, {"base": "nope"}):
+        broken = {**raw, "adapters": {"x": {**raw["adapters"]["tiny-lora-a"], **bad}}}
+        with pytest.raises(ValueError, match="not a registered generate model"):
+            Registry.model_validate(broken)
+    with pytest.raises(ValueError, match="no model has"):
+        Registry.model_validate({**raw, "adapters": {"tiny-random-llama": raw["adapters"]["tiny-lora-a"]}})
+
+
+def test_model_choice_allows_the_base_and_its_adapters_only():
+    registry = load_registry()
+    choice = model_choice(registry, "tiny-random-llama", owned={"mine": "tiny-random-llama", "theirs": "other"})
+    assert choice.adapter_of(None) is None and choice.adapter_of("tiny-random-llama") is None
+    assert choice.adapter_of("tiny-lora-b") == "tiny-lora-b" and choice.adapter_of("mine") == "mine"
+    for refused in ("smollm2-lora-a", "theirs", "gpt-4o-mini", 7, ["x"]):
+        with pytest.raises(ModelRefused, match="not this job's model 'tiny-random-llama'"):
+            choice.adapter_of(refused)
+    by_adapter = model_choice(registry, "tiny-lora-a", served_model_name="served")
+    assert (by_adapter.base, by_adapter.default) == ("served", "tiny-lora-a")
+    assert by_adapter.adapter_of(None) == "tiny-lora-a" and by_adapter.adapter_of("served") is None
+    embedder = model_choice(registry, "all-minilm-l6-v2")
+    assert embedder.adapters == []
+
+
+def test_an_adapter_is_refused_where_a_model_is_unknown():
+    registry = load_registry()
+    with pytest.raises(UnknownModel, match="unknown model 'no-such'.*adapters"):
+        registry.get("no-such")
+
+
+def test_engine_rank_and_ids():
+    assert [engine_rank([r]) for r in (1, 2, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
+    assert adapter_int_id("a") == adapter_int_id("a") > 0 and adapter_int_id("a") != adapter_int_id("b")
+    assert ResolvedAdapter("a", Path("/x"), 8).lora_int_id == adapter_int_id("a")
+
+
+def test_a_shard_s_adapters_set_the_engine_s_lora_arguments():
+    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.runtime.worker import with_adapters
+
+    model = ResolvedModel("m", Path("/m"), "generate", engine_args={"model": "/m", "max_loras": 2})
+    assert with_adapters(model, []) is model
+    adapters = [ResolvedAdapter(n, Path(f"/{n}"), r) for n, r in (("a", 8), ("b", 16), ("c", 8), ("d", 8), ("e", 8))]
+    args = with_adapters(model, adapters).engine_args
+    # The job's own engine_args win; the rank covers the largest; the CPU cache holds them all.
+    assert (args["enable_lora"], args["max_loras"], args["max_lora_rank"], args["max_cpu_loras"]) == (True, 2, 16, 5)
+    shared = with_adapters(ResolvedModel("m", Path("/m"), "generate", engine_args={}), adapters[:1], shared=True)
+    assert (shared.engine_args["max_loras"], shared.engine_args["max_lora_rank"]) == (4, 64)
+
+
+def _validated(adapters: list[str | None]) -> JobLayout:
+    layout = new_layout()
+    lines = []
+    for i, adapter in enumerate(adapters):
+        record = {"index": i, "custom_id": f"c{i}", "body": {"messages": [{"role": "user", "content": f"q{i}"}]}}
+        if adapter:
+            record["adapter"] = adapter
+        lines.append(orjson.dumps(record) + b"\n")
+    storage.write_bytes(layout.validated, b"".join(lines))
+    return layout
+
+
+def test_the_plan_groups_lines_by_adapter():
+    from llm_batch.pipeline.sharding import plan_shards, read_manifest
+
+    # Four models interleaved line by line: a contiguous plan would put all four on each shard.
+    models = [None, "a", "b", "c"] * 16
+    layout = _validated(models)
+    plans = plan_shards(layout, 4)
+    assert read_manifest(layout).adapter_grouped
+    assert [p.count for p in plans] == [16, 16, 16, 16]
+    assert [p.adapters for p in plans] == [[], ["a"], ["b"], ["c"]]
+    for plan in plans:  # each shard's lines in input order
+        indexes = [orjson.loads(line)["index"] for line in storage.read_bytes(plan.requests_uri).splitlines()]
+        assert indexes == sorted(indexes)
+    # Two shards: two models each; one model: the plans without adapters, no adapter listed.
+    assert [p.adapters for p in plan_shards(layout, 2)] == [["a"], ["b", "c"]]
+    single = _validated(["a"] * 10)
+    assert [p.adapters for p in plan_shards(single, 3)] == [["a"], ["a"], ["a"]]
+    assert not read_manifest(single).adapter_grouped
+
+
+def test_the_plan_never_leaves_a_shard_empty():
+    from llm_batch.pipeline.sharding import plan_shards
+
+    layout = _validated(["a"] * 9 + [None])
+    plans = plan_shards(layout, 5)
+    assert len(plans) == 5 and all(p.count for p in plans) and sum(p.count for p in plans) == 10
+    assert ModelChoice("b").adapters == []
