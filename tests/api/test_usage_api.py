@@ -88,6 +88,29 @@ def test_by_model_label_and_all(client, creds, made):
     assert everything["data"][0]["jobs"] >= 3
 
 
+def test_by_model_splits_a_job_whose_lines_ran_on_several_adapters(client, creds, api_store):
+    """A job of the base and two LoRA adapters (its merge's model_usage) counts in each model's
+    row: requests and tokens exactly, engine and GPU seconds by token share, failures under
+    the job's own model."""
+    tag = uuid.uuid4().hex[:8]
+    base, a, b = f"usage-base-{tag}", f"usage-lora-a-{tag}", f"usage-lora-b-{tag}"
+    made = api_store.create_job(dialect="openai", endpoint=CHAT, model=a, owner="usage-mixed", resources={"gpus": 2})
+    api_store.report_shard(made.id, 0, state="done", total=7, done=7, succeeded=6, failed=1, prompt_tokens=60,
+                           completion_tokens=60, engine_seconds=12.0)
+    api_store.set_counts(made.id, total=7)
+    api_store.set_usage(made.id, prompt_tokens=60, completion_tokens=60, cached_prompt_tokens=None, reasoning_tokens=0,
+                        model_usage={base: {"succeeded": 1, "prompt_tokens": 10, "completion_tokens": 20},
+                                     a: {"succeeded": 2, "prompt_tokens": 20, "completion_tokens": 10},
+                                     b: {"succeeded": 3, "prompt_tokens": 30, "completion_tokens": 30}})
+    groups = _groups(client.get("/v1/usage", params={"by": "model"}, headers=creds.key("admin-key")), "usage-")
+    seen = {g: (v["jobs"], v["requests"]["total"], v["requests"]["succeeded"], v["requests"]["failed"],
+                v["prompt_tokens"], v["completion_tokens"], v["engine_seconds"], v["gpu_seconds"])
+            for g, v in groups.items() if tag in g}
+    # 120 tokens: the base 30 (1/4 of 12 s), a 30 plus the failed line, b 60 (1/2).
+    assert seen == {base: (1, 1, 1, 0, 10, 20, 3.0, 6.0), a: (1, 3, 2, 1, 20, 10, 3.0, 6.0),
+                    b: (1, 3, 3, 0, 30, 30, 6.0, 12.0)}
+
+
 @pytest.fixture
 def own(api_store) -> dict[str, str]:
     """alice's jobs of a model of this test, and bob's of the same model."""

@@ -151,6 +151,13 @@ def chat_file(path: Path, n: int, model: str = "tiny-random-llama") -> Path:
     return path
 
 
+def models_file(path: Path, models: list[str]) -> Path:
+    """A batch JSONL file of one chat request per model named, line i naming models[i] as its
+    body.model (custom_ids req-0 ... as simulate_run names its results)."""
+    path.write_bytes(b"".join(chat_lines(1, model).replace(b'"req-0"', f'"req-{i}"'.encode()) for i, model in enumerate(models)))
+    return path
+
+
 def finish(store, job_id: str, ok: int, failed: int, while_running=None) -> None:
     """Run the job to SUCCEEDED with simulate_run (results req-0 ... req-<ok-1>), calling
     `while_running()` while it is running, then record the error file the merge would write:

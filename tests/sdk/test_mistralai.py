@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from llm_batch.core.jobs import JobStatus
@@ -58,3 +60,32 @@ def test_mistral_batch_flow(release, sdk, creds, api_store, tmp_path):
     output_file = api_store.get_job(job["id"]).output_file_id
     foreign = flow.run("foreign", key=creds.keys["bob"], job_id=job["id"], file_id=output_file)["refused"]
     assert {name: error_of(r) for name, r in foreign.items()} == {name: ("SDKError", 404) for name in ("get", "cancel", "download")}
+
+
+ADAPTER = "tiny-lora-b"  # a LoRA adapter of MODEL (src/llm_batch/models.yaml, `adapters:`)
+
+
+@pytest.mark.parametrize("release", releases("mistralai"))
+def test_mistral_adapter_flow(release, sdk, api_store, tmp_path):
+    """jobs.create(model=<adapter>): the job runs the adapter's base with lines that name no
+    model on the adapter; the job's model is the adapter's name, and listing by it finds it."""
+    flow = sdk(release)
+    team = f"adapter-{release}"
+    lines = [{"custom_id": f"req-{i}", "body": {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4}}
+             for i in range(3)]  # as Mistral's docs show them: no model in the lines
+    (tmp_path / "adapter.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    created = flow.run("create_adapter", input_path=str(tmp_path / "adapter.jsonl"), model=ADAPTER,
+                       metadata={"team": team}, unknown_model="no-such-adapter")
+    job = created["job"]
+    assert job["status"] == "QUEUED" and job["input_files"] == [created["file"]["id"]] and job["model"] == ADAPTER
+    assert created["got"] == {"status": "QUEUED", "model": ADAPTER}
+    assert api_store.get_job(job["id"]).model == ADAPTER
+    unknown = created["refused"]["unknown_adapter"]
+    assert error_of(unknown) == ("SDKError", 400) and "no-such-adapter" in unknown["body"] and "unknown_model" in unknown["body"]
+
+    finish(api_store, job["id"], ok=2, failed=1)
+    done = flow.run("download", job_id=job["id"], inline_id=None, model=ADAPTER, metadata={"team": team})
+    assert done["status"] == "SUCCESS" and done["counts"] == [3, 2, 1]
+    assert done["outputs"] == ["req-0", "req-1"] and done["errors"] == ["req-2"]
+    assert job["id"] in done["listed"]["success"] and done["listed"]["metadata"] == [job["id"]]
+    assert job["id"] in done["listed"]["model"]  # jobs.list(model=<adapter>)

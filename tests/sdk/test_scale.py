@@ -123,3 +123,38 @@ def test_scale_batch_create_v2(release, sdk, api_store, alice_dir):
             # With logprobs asked, nothing is null that the types refuse: each item parses.
             assert_v2_items(done["parsed"], "text_completion", may_refuse=set())
             assert done["parsed"]["parsed"] == 3
+
+
+ADAPTER = "tiny-lora-c"  # a LoRA adapter of MODEL (src/llm_batch/models.yaml, `adapters:`)
+
+
+@pytest.mark.parametrize("release", releases("scale-llm-engine"))
+def test_scale_adapter_batch_create(release, sdk, api_store, alice_dir):
+    """model_config.model naming a LoRA adapter: the job's model is the adapter (its base runs,
+    every request on the adapter), on the v1 route and, where the release has it, the v2 one."""
+    flow = sdk(release)
+    messages = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Bye"}]]
+    created = flow.run("create_adapter", model=ADAPTER, unknown_model="no-such-adapter", prompts=["a", "b", "c"],
+                       messages=messages, output_path=f"out/{release}-adapter.json")
+    v1 = api_store.get_job(created["v1"]["id"])
+    assert (v1.owner, v1.input_format, v1.model) == ("alice", "scale-v1", ADAPTER)
+    refused = created["refused"]
+    assert error_type(refused["unknown_v1"]) == "BadRequestError"
+    assert "no-such-adapter" in refused["unknown_v1"]["body"]  # llmengine's errors keep the message only
+    assert created["has_v2"] == since(release, "0.0.0b38")
+    if created["has_v2"]:
+        v2 = created["v2"]
+        assert (v2["status"], v2["model"], v2["got"]) == ("queued", ADAPTER, {"status": "queued", "model": ADAPTER})
+        job = api_store.get_job(v2["id"])
+        assert (job.input_format, job.model) == ("scale-v2", ADAPTER)
+        assert error_type(refused["unknown_v2"]) == "BadRequestError" and "no-such-adapter" in refused["unknown_v2"]["body"]
+
+    finish(api_store, v1.id, ok=3, failed=0)
+    done = flow.run("results", job_id=v1.id, local_path=str(alice_dir / "out" / f"{release}-adapter.json"), shape="v1")
+    assert done["results"] == 3 and done["status"] == ("completed" if created["has_v2"] else None)
+    assert_v1_items(done["parsed"], 3, log_probs=False)
+    if created["has_v2"]:
+        finish(api_store, created["v2"]["id"], ok=2, failed=0)
+        done = flow.run("results", job_id=created["v2"]["id"], local_path=created["v2"]["output_data_path"], shape="chat")
+        assert (done["status"], done["results"]) == ("completed", 2)
+        assert_v2_items(done["parsed"], "chat.completion")

@@ -1,4 +1,5 @@
-"""``llm-batch models list`` and ``llm-batch models prepare [NAME ...]``."""
+"""``llm-batch models list`` and ``llm-batch models prepare [NAME ...]``: the registry's models
+and their LoRA adapters (an adapter's row names its base)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build registered models in the model cache (default: the default chat and "
         "embedding models); idempotent, fast when already done",
     )
-    prepare.add_argument("names", nargs="*", metavar="NAME", help="registered model names")
+    prepare.add_argument("names", nargs="*", metavar="NAME", help="registered model or adapter names")
     prepare.add_argument("--force", action="store_true", help="rebuild even if ready")
     prepare.set_defaults(func=prepare_models)
 
 
 def list_models(args: argparse.Namespace) -> int:
+    from llm_batch.infra.adapters import adapter_status  # heavy
     from llm_batch.infra.model_registry import ModelError, load_registry, model_status  # heavy
 
     try:
@@ -43,11 +45,15 @@ def list_models(args: argparse.Namespace) -> int:
     for name, spec in registry.models.items():
         status = model_status(name, spec)
         rows.append((name, spec.task, status, defaults.get(name, ""), spec.checkpoint))
+    for name, adapter in registry.adapters.items():
+        rows.append((name, f"lora r{adapter.rank}", adapter_status(name, adapter), f"on {adapter.base}",
+                     adapter.checkpoint))
     print_table(rows)
     return 0
 
 
 def prepare_models(args: argparse.Namespace) -> int:
+    from llm_batch.infra.adapters import prepare_adapter  # heavy
     from llm_batch.infra.model_registry import ModelError, load_registry, prepare_model  # heavy
 
     try:
@@ -57,7 +63,10 @@ def prepare_models(args: argparse.Namespace) -> int:
             registry.get(name)  # every name is checked before anything is built
         for name in names:
             started = time.monotonic()
-            path = prepare_model(name, force=args.force, registry=registry)
+            if name in registry.adapters:
+                path = prepare_adapter(name, force=args.force, registry=registry)
+            else:
+                path = prepare_model(name, force=args.force, registry=registry)
             print(f"{name}: ready at {path} ({time.monotonic() - started:.1f} s)")
     except ModelError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -52,7 +52,7 @@ import hashlib
 import heapq
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -100,6 +100,9 @@ class MergeCounts:
     completion_tokens: int = 0
     cached_prompt_tokens: int | None = 0
     reasoning_tokens: int = 0
+    # model that answered (a success's body.model) -> {"succeeded", "prompt_tokens", "completion_tokens"},
+    # for a job whose lines ran on several (its base, LoRA adapters); empty otherwise
+    by_model: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class _UsageSum:
@@ -108,13 +111,21 @@ class _UsageSum:
     def __init__(self) -> None:
         self.prompt = self.completion = self.reasoning = 0
         self.cached: int | None = 0
+        self.by_model: dict[str, dict[str, int]] = {}
 
     def add(self, body: dict[str, Any] | None) -> None:
         usage = (body or {}).get("usage") or {}
         # Chat/completions/embeddings name them prompt/completion; a /v1/responses Response
         # input/output (its ResponseUsage).
-        self.prompt += int(_named(usage, "prompt_tokens", "input_tokens") or 0)
-        self.completion += int(_named(usage, "completion_tokens", "output_tokens") or 0)
+        prompt = int(_named(usage, "prompt_tokens", "input_tokens") or 0)
+        completion = int(_named(usage, "completion_tokens", "output_tokens") or 0)
+        self.prompt += prompt
+        self.completion += completion
+        if isinstance(model := (body or {}).get("model"), str):
+            sums = self.by_model.setdefault(model, {"succeeded": 0, "prompt_tokens": 0, "completion_tokens": 0})
+            sums["succeeded"] += 1
+            sums["prompt_tokens"] += prompt
+            sums["completion_tokens"] += completion
         cached = (_named(usage, "prompt_tokens_details", "input_tokens_details") or {}).get("cached_tokens")
         reasoning = (_named(usage, "completion_tokens_details", "output_tokens_details") or {}).get(
             "reasoning_tokens")
@@ -308,4 +319,5 @@ def merge_job(
     return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
                        not_run=not_run, invalid=invalid, prompt_tokens=usage.prompt,
                        completion_tokens=usage.completion, cached_prompt_tokens=usage.cached,
-                       reasoning_tokens=usage.reasoning)
+                       reasoning_tokens=usage.reasoning,
+                       by_model=usage.by_model if len(usage.by_model) > 1 else {})

@@ -406,7 +406,8 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
     )
     # The exact usage: the sum over the output lines (the live figure came from progress).
     store.set_usage(job_id, prompt_tokens=counts.prompt_tokens, completion_tokens=counts.completion_tokens,
-                    cached_prompt_tokens=counts.cached_prompt_tokens, reasoning_tokens=counts.reasoning_tokens)
+                    cached_prompt_tokens=counts.cached_prompt_tokens, reasoning_tokens=counts.reasoning_tokens,
+                    model_usage=counts.by_model or None)
     report = dataclasses.asdict(counts)
     storage.write_bytes(layout.merge_report, orjson.dumps(report))
     return report

@@ -51,6 +51,23 @@ def create(base, key, input_path, model, metadata, inline_requests):
     }
 
 
+def create_adapter(base, key, input_path, model, metadata, unknown_model):
+    """A job whose model is a LoRA adapter (its lines name none: they run on it), as read
+    back by jobs.get; and one naming an adapter nobody has."""
+    client = client_of(base, key)
+    with open(input_path, "rb") as f:
+        uploaded = client.files.upload(file={"file_name": "adapter.jsonl", "content": f}, purpose="batch")
+    job = client.batch.jobs.create(input_files=[uploaded.id], endpoint=ENDPOINT, model=model, metadata=metadata)
+    got = client.batch.jobs.get(job_id=job.id)
+    return {
+        "file": {"id": uploaded.id},
+        "job": {"id": job.id, "status": str(job.status), "input_files": job.input_files, "model": job.model},
+        "got": {"status": str(got.status), "model": got.model},
+        "refused": {"unknown_adapter": refusal(lambda: client.batch.jobs.create(input_files=[uploaded.id], endpoint=ENDPOINT,
+                                                                               model=unknown_model))},
+    }
+
+
 def get(base, key, job_id):
     job = client_of(base, key).batch.jobs.get(job_id=job_id)
     return {"status": str(job.status), "counts": [job.total_requests, job.succeeded_requests, job.failed_requests]}
@@ -95,4 +112,4 @@ def foreign(base, key, job_id, file_id):
 
 
 if __name__ == "__main__":
-    run("mistralai", {"create": create, "get": get, "download": download, "foreign": foreign})
+    run("mistralai", {"create": create, "create_adapter": create_adapter, "get": get, "download": download, "foreign": foreign})

@@ -36,6 +36,30 @@ def create(base, key, input_path, bad_model_path, metadata):
     }
 
 
+def create_adapter(base, key, input_path, unknown_path, other_base_path):
+    """A batch whose first line names a LoRA adapter (the job's model), its other lines another
+    adapter and the base; one whose first line names an adapter nobody has; and one with a
+    line naming another base's adapter (that line's error at validation, not the create's)."""
+    client = client_of(base, key)
+    with open(input_path, "rb") as f:
+        uploaded = client.files.create(file=f, purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=ENDPOINT, completion_window="24h")
+    got = client.batches.retrieve(batch.id)
+    with open(unknown_path, "rb") as f:
+        unknown = client.files.create(file=f, purpose="batch")
+    with open(other_base_path, "rb") as f:
+        other_base = client.files.create(file=f, purpose="batch")
+    mixed = client.batches.create(input_file_id=other_base.id, endpoint=ENDPOINT, completion_window="24h")
+    return {
+        "file": {"id": uploaded.id},
+        "other_base": {"id": mixed.id, "status": mixed.status},
+        "batch": {"id": batch.id, "status": batch.status, "input_file_id": batch.input_file_id, "endpoint": batch.endpoint},
+        "retrieved": {"id": got.id, "status": got.status},
+        "refused": {"unknown_adapter": refusal(lambda: client.batches.create(input_file_id=unknown.id, endpoint=ENDPOINT,
+                                                                            completion_window="24h"))},
+    }
+
+
 def get(base, key, batch_id):
     batch = client_of(base, key).batches.retrieve(batch_id)
     counts = batch.request_counts
@@ -69,4 +93,4 @@ def foreign(base, key, batch_id, file_id):
 
 
 if __name__ == "__main__":
-    run("openai", {"create": create, "get": get, "download": download, "foreign": foreign})
+    run("openai", {"create": create, "create_adapter": create_adapter, "get": get, "download": download, "foreign": foreign})

@@ -83,6 +83,33 @@ def create_v2(base, key, model, labels, messages, prompts, output_path, input_pa
     }
 
 
+def create_adapter(base, key, model, unknown_model, prompts, messages, output_path):
+    """model_config.model naming a LoRA adapter: on the default route (v1 prompts) and, where
+    the release has it, on the v2 route (chat requests, the job read back with
+    get_batch_completion); and an adapter nobody has, on each route."""
+    config = CreateBatchCompletionsModelConfig(model=model, labels={})  # labels: required in 0.0.0b36
+    content = CreateBatchCompletionsRequestContent(prompts=prompts, max_new_tokens=4, temperature=0.0)
+    v1 = Completion.batch_create(output_data_path=output_path, model_config=config, content=content)
+    observed = {"v1": {"id": v1.job_id}, "has_v2": has_v2(), "v2": None, "refused": {
+        "unknown_v1": refusal(lambda: Completion.batch_create(
+            output_data_path="out/never.json", model_config=CreateBatchCompletionsModelConfig(model=unknown_model, labels={}),
+            content=content))}}
+    if has_v2():
+        from llmengine.data_types import FilteredChatCompletionV2Request
+
+        requests = [FilteredChatCompletionV2Request(messages=m, max_tokens=4) for m in messages]
+        job = Completion.batch_create(output_data_path=f"{output_path}.v2.json", model_config=config, content=requests,
+                                      use_v2=True)
+        got = Completion.get_batch_completion(job_id=job.job_id)["job"]
+        observed["v2"] = {"id": job.job_id, "status": str(job.status.value), "model": job.model_config.model,
+                          "output_data_path": job.output_data_path,
+                          "got": {"status": got["status"], "model": got["model_config"]["model"]}}
+        observed["refused"]["unknown_v2"] = refusal(lambda: Completion.batch_create(
+            output_data_path="out/never.json", model_config=CreateBatchCompletionsModelConfig(model=unknown_model, labels={}),
+            content=requests, use_v2=True))
+    return observed
+
+
 # The client's type of an output item, by what the job's content was: Scale's v1 prompts give
 # CompletionOutput items, v2 completion and chat requests their v2 response bodies.
 OUTPUT_TYPES = {"v1": "CompletionOutput", "completion": "CompletionV2Response", "chat": "ChatCompletionV2Response"}
@@ -133,4 +160,4 @@ def foreign(base, key, job_id):
 
 
 if __name__ == "__main__":
-    run("scale-llm-engine", {"create_v1": create_v1, "create_v2": create_v2, "results": results, "foreign": foreign})
+    run("scale-llm-engine", {"create_v1": create_v1, "create_adapter": create_adapter, "create_v2": create_v2, "results": results, "foreign": foreign})

@@ -361,11 +361,13 @@ class JobRepository(Repository):
         completion_tokens: int,
         cached_prompt_tokens: int | None,
         reasoning_tokens: int,
+        model_usage: dict[str, dict[str, int]] | None = None,
     ) -> Job:
         """Overwrite the job's token counts (the merge's exact sums over the output lines;
-        cached None = unknown)."""
+        cached None = unknown), and its usage per model that answered."""
         return self._update_job(job_id, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                cached_prompt_tokens=cached_prompt_tokens, reasoning_tokens=reasoning_tokens)
+                                cached_prompt_tokens=cached_prompt_tokens, reasoning_tokens=reasoning_tokens,
+                                model_usage=model_usage)
 
     def add_counts(
         self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0

@@ -117,6 +117,9 @@ class JobRow(Base):
     tokens_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     # Summary of request errors: [{"code", "message", "count"}].
     errors: Mapped[list[Any]] = mapped_column(default=list)
+    # Usage per model that answered (the base, each LoRA adapter): {model: {"succeeded",
+    # "prompt_tokens", "completion_tokens"}}, from the merge; None before it.
+    model_usage: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
 
     owner: Mapped[str] = mapped_column(String(256))
     dag_run_id: Mapped[str | None] = mapped_column(String(256))

@@ -69,6 +69,8 @@ class Job:
     dag_run_id: str | None = None
     derived_from_id: str | None = None  # the job this one was made from (retry, rerun)
     derived_kind: str | None = None  # how: one of llm_batch.core.job_request.DERIVED_KINDS
+    # Usage per model that answered (the base, its LoRA adapters), from the merge.
+    model_usage: dict[str, dict[str, int]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, JobInput):  # a row's stored JSON (a dict)

@@ -75,7 +75,8 @@ class UsageRepository(Repository):
         failed), tokens, engine seconds and GPU seconds.
 
         ``by``: None -> one row, group ``(all)`` (zeros when no job matches); ``owner`` or
-        ``model`` -> one row per value (summed in SQL); ``label`` -> one row per label
+        ``owner`` -> one row per value (summed in SQL); ``model`` -> one row per model that
+        answered (``_usage_by_model``: a job mixing LoRA adapters counts in each); ``label`` -> one row per label
         ``key=value`` a job has: a job with two labels counts in both rows, a job without
         labels in the row ``(none)`` (labels are JSON: summed in Python over the streamed
         rows, keeping only the per-group sums). Rows are ordered by group.
@@ -104,6 +105,8 @@ class UsageRepository(Repository):
             return UsageRow(str(group), int(jobs), *(int(v or 0) for v in counts), *(float(v or 0) for v in seconds))
 
         with self._transaction(write=False) as connection:
+            if by == "model":
+                return self._usage_by_model(connection, filters, measures)
             if by == "label":
                 totals: dict[str, list[float]] = {}
                 rows = connection.execution_options(yield_per=1000).execute(select(c.labels, *measures).where(*filters))
@@ -122,3 +125,40 @@ class UsageRepository(Repository):
             key = c[by]
             rows = connection.execute(query.add_columns(key).group_by(key).order_by(key))
             return [row_of(group, jobs, sums) for jobs, *sums, group in rows]
+
+    @staticmethod
+    def _usage_by_model(connection: Any, filters: list[ColumnElement[bool]], measures: tuple[Any, ...]) -> list[UsageRow]:
+        """One row per model that answered: a job run on one model counts under it; a job
+        whose lines ran on several (its base and LoRA adapters, ``model_usage``) counts in
+        each: that model's succeeded requests and tokens exactly, its share of the engine
+        and GPU seconds by its share of the job's tokens; the job's failed requests, and
+        whatever no model claims, under the job's own model."""
+        c = JOBS.c
+        totals: dict[str, list[float]] = {}
+        rows = connection.execution_options(yield_per=1000).execute(select(c.model, c.model_usage, *measures).where(*filters))
+        for model, per_model, total, succeeded, failed, prompt, completion, cached, reasoning, seconds, gpu_seconds in rows:
+            parts = per_model if isinstance(per_model, dict) and len(per_model) > 1 else {}
+            job_tokens = sum(int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0)) for u in parts.values())
+            claimed = [0, 0, 0]
+            for name, used in sorted(parts.items()):
+                ok, p, q = (int(used.get(k, 0)) for k in ("succeeded", "prompt_tokens", "completion_tokens"))
+                share = (p + q) / job_tokens if job_tokens else 0.0
+                _add(totals, name, [ok, ok, 0, p, q, 0, 0, (seconds or 0) * share, (gpu_seconds or 0) * share])
+                claimed = [claimed[0] + ok, claimed[1] + p, claimed[2] + q]
+            rest = 1.0 - sum(((int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0))) / job_tokens
+                              if job_tokens else 0.0) for u in parts.values())
+            left = [(total or 0) - claimed[0], (succeeded or 0) - claimed[0], failed or 0, (prompt or 0) - claimed[1],
+                    (completion or 0) - claimed[2], cached or 0, reasoning or 0, (seconds or 0) * rest,
+                    (gpu_seconds or 0) * rest]
+            if not parts or any(left):
+                _add(totals, model, left, job=not parts or model not in parts)
+        return [UsageRow(group, int(sums[0]), *(int(v) for v in sums[1:8]), *(float(v) for v in sums[8:]))
+                for group, sums in sorted(totals.items())]
+
+
+def _add(totals: dict[str, list[float]], group: str, values: list[float], job: bool = True) -> None:
+    """Add one job's figures (requests total, succeeded, failed, tokens x4, seconds x2) to a group."""
+    sums = totals.setdefault(group, [0] * 10)
+    sums[0] += 1 if job else 0
+    for i, value in enumerate(values, start=1):
+        sums[i] += value
