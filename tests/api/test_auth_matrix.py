@@ -176,6 +176,9 @@ def _scale_body() -> dict[str, Any]:
 # The body of each operation that takes one: valid, so a refusal is the caller's, not the body's.
 BODIES: dict[tuple[str, str], Callable[[dict[str, str]], dict[str, Any]]] = {
     ("post", "/v1/files"): lambda ids: {"files": {"file": ("m.jsonl", chat_lines(1))}, "data": {"purpose": "batch"}},
+    # The schema's fields (the archive itself is refused after the caller's rights: 400).
+    ("post", "/v1/adapters"): lambda ids: {"files": {"file": ("a.tar.gz", b"not an archive")},
+                                           "data": {"name": "matrix-bot", "base": MODEL}},
     ("post", "/v1/batches"): lambda ids: {"json": {"input_file_id": ids["file"], "endpoint": "/v1/chat/completions",
                                                    "completion_window": "24h"}},
     ("post", "/v1/batch/jobs"): lambda ids: {"json": {

@@ -43,6 +43,8 @@ def samples(own_dir: str, file_id: str) -> dict[tuple[str, str], Any]:
     return {
         ("POST", "/v1/files"): "multipart",
         ("DELETE", "/v1/files/{file_id}"): None,
+        ("POST", "/v1/adapters"): "multipart",
+        ("DELETE", "/v1/adapters/{name}"): None,
         ("POST", "/v1/batches"): {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
                                   "completion_window": "24h", "metadata": {"k": "v"}},
         ("POST", "/v1/batches/{batch_id}/cancel"): None,

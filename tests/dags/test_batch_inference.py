@@ -263,10 +263,11 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
     # Small, frequent result parts so the killed attempt leaves a checkpoint behind.
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")
-    n = 600
+    n = 300
     # min_tokens: the random model hits EOS early. Full-length answers, 32 at a time: the first
-    # part comes after the first 32 (200 engine steps), and 18 x 200 steps (seconds) are left
-    # then: the kill, within KILL_POLL_S of the part, lands mid-shard.
+    # part comes after the first 32 (200 engine steps), and 9 x 200 steps (seconds) are left
+    # then: the kill, within KILL_POLL_S of the part, lands mid-shard (600 lines took 205 s
+    # of the suite's time for the same proof).
     uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_resume")
     shard = layout.shard(0)

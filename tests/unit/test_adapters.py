@@ -1,11 +1,14 @@
 """LoRA adapters without an engine: what ``check_adapter_dir`` admits (an allow-list: the
 two files, a plain LoRA of bounded rank on the decoder's linear layers, tensors shaped as the
-base's), the registry's adapter entries, the names a job's lines may give, the adapter-grouped
+base's), what ``unpack_adapter`` takes from an uploaded archive, the registry's adapter entries, the names a job's lines may give, the adapter-grouped
 shard plan, and the engine arguments a shard's adapters ask for."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +21,14 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice, ModelRefused
 from llm_batch.infra import storage
 from llm_batch.infra.adapters import (
+    MAX_ARCHIVE_MEMBERS,
     AdapterRefused,
     ResolvedAdapter,
     adapter_int_id,
     check_adapter_dir,
     engine_rank,
     model_choice,
+    unpack_adapter,
 )
 from llm_batch.infra.model_registry import Registry, UnknownModel, load_registry
 from tests.unit.data_plane_fixtures import new_layout
@@ -200,3 +205,89 @@ def test_the_plan_never_leaves_a_shard_empty():
     plans = plan_shards(layout, 5)
     assert len(plans) == 5 and all(p.count for p in plans) and sum(p.count for p in plans) == 10
     assert ModelChoice("b").adapters == []
+
+
+# -- an uploaded archive (unpack_adapter) -----------------------------------------------------
+
+CONFIG, WEIGHTS = b'{"peft_type": "LORA"}', b"\x08" + b"\x00" * 15
+TWO = {"adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS}
+
+
+def _tar(path: Path, files: dict[str, bytes], *, gz: bool = False, folders: tuple[str, ...] = (),
+         links: dict[str, tuple[bytes, str]] | None = None) -> Path:
+    with tarfile.open(path, "w:gz" if gz else "w") as tar:
+        for folder in folders:
+            info = tarfile.TarInfo(folder)
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, (kind, target) in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            tar.addfile(info)
+    return path
+
+
+def _zip(path: Path, files: dict[str, bytes], *, symlinks: dict[str, str] | None = None) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for name, data in files.items():
+            zipped.writestr(name, data)
+        for name, target in (symlinks or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o120777 << 16)  # S_IFLNK
+            zipped.writestr(info, target)
+    return path
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: _tar(p, TWO),
+    lambda p: _tar(p, {f"my-lora/{n}": d for n, d in TWO.items()}, folders=("my-lora",), gz=True),
+    lambda p: _tar(p, {f"./{n}": d for n, d in TWO.items()}, folders=(".",)),  # tar -C folder .
+    lambda p: _zip(p, TWO),
+    lambda p: _zip(p, {f"my-lora/{n}": d for n, d in TWO.items()}),
+], ids=["tar", "tar.gz in a folder", "tar of ./", "zip", "zip in a folder"])
+def test_an_archive_of_the_two_files_is_unpacked_flat(tmp_path, make):
+    dest = tmp_path / "out"
+    unpack_adapter(make(tmp_path / "upload"), dest, max_bytes=1000)
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == TWO
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda p: _tar(p, {**TWO, "adapter_model.bin": b"pickle"}), "'adapter_model.bin' is not admitted"),
+    (lambda p: _tar(p, {"adapter_config.json": CONFIG, "adapter_model.bin": b"x"}), "'adapter_model.bin' is not admitted"),
+    (lambda p: _tar(p, {**TWO, "README.md": b"hi"}), "'README.md' is not admitted"),
+    (lambda p: _tar(p, {"../adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS}), "'..'"),
+    (lambda p: _tar(p, {"/adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS}), "absolute"),
+    (lambda p: _tar(p, {"adapter_config.json": CONFIG},
+                    links={"adapter_model.safetensors": (tarfile.SYMTYPE, "/etc/passwd")}), "is a link"),
+    (lambda p: _tar(p, {"adapter_config.json": CONFIG},
+                    links={"adapter_model.safetensors": (tarfile.LNKTYPE, "adapter_config.json")}), "is a link"),
+    (lambda p: _tar(p, {"adapter_config.json": CONFIG}, links={"fifo": (tarfile.FIFOTYPE, "")}), "not a regular file"),
+    (lambda p: _zip(p, {"adapter_config.json": CONFIG}, symlinks={"adapter_model.safetensors": "/etc/passwd"}),
+     "is a link"),
+    (lambda p: _zip(p, {"../adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS}), "'..'"),
+    (lambda p: _zip(p, {"a/adapter_config.json": CONFIG, "b/adapter_model.safetensors": WEIGHTS}), "one top folder"),
+    (lambda p: _zip(p, {"a/b/adapter_config.json": CONFIG, "a/b/adapter_model.safetensors": WEIGHTS}), "one top folder"),
+    (lambda p: _zip(p, {"adapter_config.json": CONFIG, "a/adapter_model.safetensors": WEIGHTS}), "one top folder"),
+    (lambda p: _tar(p, {"adapter_config.json": CONFIG}), "no adapter_model.safetensors"),
+    (lambda p: _tar(p, {**TWO, "a/adapter_config.json": CONFIG}), "one top folder"),
+    (lambda p: _tar(p, {"adapter_config.json": CONFIG, "./adapter_config.json": CONFIG}), "twice"),
+    (lambda p: _tar(p, {"adapter_config.json": CONFIG, "adapter_model.safetensors": b"x" * 2000}), "limit of 1000 bytes"),
+    (lambda p: _tar(p, TWO, folders=(".",) * MAX_ARCHIVE_MEMBERS), "more than"),
+    (lambda p: _zip(p, {f"d{i}/": b"" for i in range(MAX_ARCHIVE_MEMBERS + 1)}), "members"),
+    (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip") and p, "not a .tar, .tar.gz or .zip"),
+    (lambda p: p.write_bytes(b"\x1f\x8b\x08\x00garbage") and p, "cannot be read"),
+    (lambda p: p.write_bytes(json.dumps({"a": 1}).encode()) and p, "not a .tar, .tar.gz or .zip"),
+], ids=["pickle beside", "pickle instead", "extra file", "dot-dot", "absolute", "symlink", "hardlink", "fifo",
+        "zip symlink", "zip dot-dot", "two folders", "nested folder", "mixed levels", "missing weights",
+        "top and folder", "duplicate", "too big", "too many members", "zip too many", "fake zip", "corrupt gzip",
+        "json"])
+def test_anything_else_in_an_archive_is_refused_saying_what(tmp_path, make, reason):
+    dest = tmp_path / "out"
+    with pytest.raises(AdapterRefused, match=reason.replace(".", r"\.").replace("(", r"\(")):
+        unpack_adapter(make(tmp_path / "upload"), dest, max_bytes=1000)
+    assert not dest.exists() or not any(p.name in TWO for p in dest.iterdir())  # nothing half-written kept
+

@@ -22,6 +22,8 @@ from sqlalchemy import create_engine, inspect, text
 from llm_batch.core.endpoints import UnsupportedEndpointError
 from llm_batch.core.jobs import TERMINAL_STATUSES, InvalidTransition, JobStatus
 from llm_batch.infra.jobstore import (
+    AdapterExists,
+    AdapterNotFound,
     ApiKeyNotFound,
     DuplicateId,
     FileNotFound,
@@ -75,7 +77,7 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             drift = [d for d in compare_metadata(context, Base.metadata) if d[0] != "remove_table"
                      or d[1].name != "llm_batch_alembic_version"]
-        assert versions == [("0010",)]
+        assert versions == [("0011",)]
         assert drift == []
     finally:
         engine.dispose()
@@ -83,8 +85,8 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
 
 def test_snapshots_mirror_their_tables():
     """The store builds snapshots straight from rows: their fields must be the columns."""
-    from llm_batch.infra.jobstore import ApiKey, FileObject, Job
-    from llm_batch.infra.jobstore.models import ApiKeyRow, FileRow, JobRow
+    from llm_batch.infra.jobstore import ApiKey, FileObject, Job, OwnerAdapter
+    from llm_batch.infra.jobstore.models import AdapterRow, ApiKeyRow, FileRow, JobRow
 
     def fields(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
@@ -92,6 +94,7 @@ def test_snapshots_mirror_their_tables():
     assert fields(Job) == set(JobRow.__table__.c.keys())
     assert fields(FileObject) == set(FileRow.__table__.c.keys())
     assert fields(ApiKey) == set(ApiKeyRow.__table__.c.keys()) - {"sha256"}
+    assert fields(OwnerAdapter) == set(AdapterRow.__table__.c.keys())
 
 
 def test_migration_0003_keeps_the_array_output_path_under_its_new_name(store_url: str):
@@ -564,6 +567,30 @@ def test_files_crud_and_ownership(store: JobStore):
     assert store.list_files(owner="alice", include_deleted=True)[1] == 2
     with pytest.raises(ValueError, match="file kind 'weird'"):
         store.create_file(owner="a", purpose="batch", filename="x", bytes=1, uri="/x", kind="weird")
+
+
+# -- owners' adapters ---------------------------------------------------------------------
+
+
+def test_owner_adapters_are_their_owners_alone(store: JobStore):
+    mine = store.create_adapter(owner="alice", name="bot", base="tiny", uri="/w/adapters/alice/bot-1/", rank=8, bytes=9)
+    assert (mine.owner, mine.name, mine.base, mine.rank, mine.bytes) == ("alice", "bot", "tiny", 8, 9)
+    assert mine.id.startswith("adapter-") and mine.created_at.tzinfo is not None
+    store.create_adapter(owner="alice", name="another", base="tiny", uri="/w/a/", rank=16, bytes=1)
+    theirs = store.create_adapter(owner="bob", name="bot", base="other", uri="/w/b/", rank=4, bytes=1)  # same name, another owner
+    with pytest.raises(AdapterExists, match="'alice' already has an adapter named 'bot'"):
+        store.create_adapter(owner="alice", name="bot", base="tiny", uri="/w/c/", rank=8, bytes=1)
+    assert [a.name for a in store.list_adapters("alice")] == ["another", "bot"]
+    assert store.list_adapters("bob") == [theirs] and store.list_adapters("carol") == []
+    assert store.get_adapter("alice", "bot") == mine and store.get_adapter("carol", "bot") is None
+    with pytest.raises(AdapterNotFound):
+        store.delete_adapter("carol", "bot")
+    assert store.delete_adapter("alice", "bot") == mine
+    assert store.get_adapter("alice", "bot") is None and store.get_adapter("bob", "bot") == theirs
+    with pytest.raises(AdapterNotFound):
+        store.delete_adapter("alice", "bot")
+    again = store.create_adapter(owner="alice", name="bot", base="tiny", uri="/w/d/", rank=8, bytes=1)  # the name is free again
+    assert again.id != mine.id
 
 
 # -- API keys -----------------------------------------------------------------------------

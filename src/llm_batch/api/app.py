@@ -38,7 +38,7 @@ from llm_batch.api.native import (
 )
 from llm_batch.api.openai import batches as openai_batches
 from llm_batch.api.openai import webhooks as openai_webhooks  # OpenAI's: /v1/webhook_endpoints
-from llm_batch.api.routers import files, health, metrics, ui
+from llm_batch.api.routers import adapters, files, health, metrics, ui
 from llm_batch.api.scale import batch_completions as scale_batch_completions
 from llm_batch.api.state import MAX_JSON_BODY_BYTES, ApiState
 from llm_batch.core import strict_json
@@ -329,7 +329,8 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     )
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
-    for module in (health, files, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs, webhooks):
+    for module in (health, files, adapters, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs,
+                   webhooks):
         app.include_router(module.router)
     app.include_router(openai_webhooks.router)
     app.include_router(scale_batch_completions.v1_router)
@@ -338,7 +339,8 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")
     serve_docs_offline(app)
     declare_error_responses(app)
-    upload_limit = settings.max_input_bytes + _MULTIPART_OVERHEAD
+    # The largest upload: a batch file, or an adapter's archive.
+    upload_limit = max(settings.max_input_bytes, settings.max_adapter_bytes) + _MULTIPART_OVERHEAD
     # Inline requests become an input file: no larger than an upload may be.
     # Added last = outermost: the size limit first, then the strict JSON edge inside it.
     app.add_middleware(StrictJsonBodies)

@@ -39,7 +39,7 @@ from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import input_files, storage, user_paths
-from llm_batch.infra.jobstore import Job, JobStore, new_file_id
+from llm_batch.infra.jobstore import Adapters, Job, JobStore, new_file_id
 from llm_batch.infra.log_context import bind_job
 from llm_batch.infra.model_registry import (
     ModelError,
@@ -106,10 +106,15 @@ def check_model(
     param: str = "model",
     endpoint: str | None = None,
     caller: Caller | None = None,
-) -> None:
+    store: Adapters | None = None,
+    owner: str | None = None,
+) -> str:
     """A model must be named, its model_config well formed (the worker's own check, so a bad
     field is refused here rather than failing the first shard), its checkpoint_path (if
-    given) allowed, and otherwise the model registered and able to serve `endpoint`."""
+    given) allowed, and otherwise the model registered (or, given the ``store``, a LoRA
+    adapter the job's ``owner``, by default the caller, uploaded) and able to serve
+    `endpoint`. Returns the model whose registry entry the job runs on: `model`, or an
+    owner's adapter's base (a registry name wins over an owner's adapter)."""
     if not model:
         raise ApiError(400, "a model is required", param=param, code="missing_model")
     try:
@@ -124,14 +129,23 @@ def check_model(
             spec = model_registry(settings).models.get(model)
             _check_serves(endpoint, model, spec.task if spec else "generate", spec.features if spec else [], param)
         check_engine_would_start(model, model_config, settings, param)
-        return
+        return model
+    registry = model_registry(settings)
     try:
-        spec = model_registry(settings).get(model)
+        spec = registry.get(model)
     except ModelError as exc:
-        raise ApiError(400, str(exc), param=param, code="unknown_model") from None
+        owner = owner or (caller.name if caller is not None else None)
+        own = store.get_adapter(owner, model) if store is not None and owner else None
+        if own is None:
+            raise ApiError(400, str(exc), param=param, code="unknown_model") from None
+        if own.base not in registry.models:
+            raise ApiError(400, f"your adapter {model!r} adapts {own.base!r}, which the model registry no longer "
+                           "has: upload it again on a registered model", param=param, code="unknown_model") from None
+        model, spec = own.base, registry.models[own.base]
     if endpoint in SUPPORTED_ENDPOINTS:
         _check_serves(endpoint, model, spec.task, spec.features, param)
     check_engine_would_start(model, model_config, settings, param)
+    return model
 
 
 def check_engine_would_start(model: str, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:

@@ -245,7 +245,8 @@ class RequestChecker:
                 return _error(index, line, custom_id, ErrorCode.MODEL_NOT_AVAILABLE, f"{where}body.model: {exc}")
         self.prompt_chars += chars
         return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body, line=line, media=media,
-                                            adapter=adapter)
+                                            adapter=adapter,
+                                            adapter_uri=self.models.locations.get(adapter) if adapter else None)
 
 
 def _error(index: int, line: int, custom_id: str | None, code: ErrorCode, message: str) -> ErrorRecord:

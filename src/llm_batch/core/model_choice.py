@@ -27,12 +27,15 @@ class ModelChoice:
     ``names``: name -> adapter name, or None for the base model (the job's model as named,
     its base, its served_model_name). ``default``: the adapter of a line that names none
     (the job's model when that is an adapter). ``base``: the base model's name, as results
-    of lines run on the base say it.
+    of lines run on the base say it. ``locations``: where the owner's own adapters are.
     """
 
     base: str
     names: Mapping[str, str | None] = field(default_factory=dict)
     default: str | None = None
+    # An owner's own adapters: name -> the folder's URI in the configured storage (registered
+    # adapters are found in the registry, by name).
+    locations: Mapping[str, str] = field(default_factory=dict)
 
     def adapter_of(self, named: object) -> str | None:
         """The adapter a line naming ``named`` (its body.model; None: not given) runs on."""

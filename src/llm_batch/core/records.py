@@ -33,6 +33,8 @@ class BatchRequest(BaseModel):
     # The LoRA adapter the line runs on (its body.model, or the job's), checked against the
     # job's ModelChoice at validation; None: the base model.
     adapter: str | None = None
+    # Where an owner's own adapter is (its folder's URI): the worker loads it from there.
+    adapter_uri: str | None = None
 
 
 class RequestError(BaseModel):

@@ -1,5 +1,5 @@
-"""LoRA adapters: checking an adapter's files, preparing and fetching registered ones, and the
-names a job's lines may give (``model_choice``).
+"""LoRA adapters: checking an adapter's files, unpacking an uploaded one (``unpack_adapter``),
+preparing and fetching registered ones, and the names a job's lines may give (``model_choice``).
 
 An adapter is a folder of exactly two files, peft's ``adapter_config.json`` and
 ``adapter_model.safetensors``: never a pickle (``.bin``, ``.pt``), never code. It is
@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import struct
+import tarfile
+import zipfile
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,10 @@ class AdapterRefused(ModelError, ValueError):
     """An adapter's files are not an adapter this deployment admits (the message says why)."""
 
 
+class AdapterTooLarge(AdapterRefused):
+    """An uploaded archive's files are larger than the limit (``unpack_adapter``'s max_bytes)."""
+
+
 @dataclass(frozen=True)
 class AdapterFacts:
     """What ``check_adapter_dir`` read from an admitted adapter."""
@@ -67,20 +74,24 @@ class AdapterFacts:
 
 @dataclass(frozen=True)
 class ResolvedAdapter:
-    """An adapter ready for the engine: ``LoRARequest(name, lora_int_id, str(path))``."""
+    """An adapter ready for the engine: ``LoRARequest(name, lora_int_id, str(path))``;
+    ``source`` is an owner's adapter's URI (two owners may give one name), None for the
+    registry's."""
 
     name: str
     path: Path
     rank: int
+    source: str | None = None
 
     @property
     def lora_int_id(self) -> int:
-        return adapter_int_id(self.name)
+        return adapter_int_id(self.source or self.name)
 
 
-def adapter_int_id(name: str) -> int:
-    """A stable positive id per adapter name (vLLM keys loaded adapters by it)."""
-    return (zlib.crc32(name.encode()) & 0x7FFFFFFF) or 1
+def adapter_int_id(key: str) -> int:
+    """A stable positive id per adapter (its registry name, or an owner's adapter's URI):
+    vLLM keys loaded adapters by it, so a warm engine reuses one only for the same files."""
+    return (zlib.crc32(key.encode()) & 0x7FFFFFFF) or 1
 
 
 def engine_rank(ranks: Iterable[int]) -> int:
@@ -193,6 +204,145 @@ def _check_tensors(header: dict[str, Any], config: dict[str, Any], base: dict[st
                                  f"(rank {rank}, widths {sorted(w for w in widths if w)})")
 
 
+# -- an uploaded adapter's archive ---------------------------------------------------------------
+
+# Members an archive may hold: the two files, and the one folder holding them (a "." entry too,
+# as ``tar -C folder .`` writes it): a handful, whatever else it claims.
+MAX_ARCHIVE_MEMBERS = 6
+_COPY_CHUNK = 1 << 20
+
+
+def unpack_adapter(archive: Path, dest: Path, max_bytes: int) -> None:
+    """Unpack an uploaded adapter: ``archive`` a ``.tar``, ``.tar.gz`` or ``.zip`` (known by its
+    content, not its name) holding exactly ``adapter_config.json`` and
+    ``adapter_model.safetensors``, at its top level or in one top folder; both are written
+    into ``dest`` (created; flat). ``AdapterRefused`` saying which member and why for
+    anything else: another member, a link or special file, an absolute path or ``..``,
+    more than ``MAX_ARCHIVE_MEMBERS`` members, more than ``max_bytes`` in all (declared
+    sizes, and the bytes counted while writing), an encrypted or corrupt archive. Nothing
+    is extracted by the archive modules themselves: each file is copied from its member's
+    stream, so no member can write outside ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zipped:
+                _unpack_members(_zip_members(zipped), dest, max_bytes)
+            return
+        with archive.open("rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+        try:
+            tar = tarfile.open(archive, mode="r:gz" if gzipped else "r:")
+        except tarfile.ReadError:
+            raise AdapterRefused("the upload is not a .tar, .tar.gz or .zip archive") from None
+        with tar:
+            _unpack_members(_tar_members(tar, dest), dest, max_bytes)
+    except AdapterRefused:
+        _clear(dest)
+        raise
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, ValueError) as exc:
+        # RuntimeError: zipfile's encrypted member; the rest: a corrupt or truncated archive.
+        _clear(dest)
+        raise AdapterRefused(f"the archive cannot be read ({exc.__class__.__name__}: {str(exc)[:120]})") from None
+
+
+@dataclass(frozen=True)
+class _Member:
+    name: str  # as the archive spells it
+    is_dir: bool
+    size: int  # declared
+    open: Any  # () -> a binary stream of its content (files only)
+
+
+def _tar_members(tar: tarfile.TarFile, dest: Path) -> Iterator[_Member]:
+    count = 0
+    for member in tar:  # read lazily: a long archive is refused at its 7th member
+        count += 1
+        if count > MAX_ARCHIVE_MEMBERS:
+            raise AdapterRefused(f"the archive holds more than {MAX_ARCHIVE_MEMBERS} members: an adapter is two files")
+        _member_parts(member.name)
+        shown = member.name[:80]
+        if member.issym() or member.islnk():
+            raise AdapterRefused(f"archive member {shown!r} is a link: links are not admitted")
+        if not (member.isreg() or member.isdir()):
+            raise AdapterRefused(f"archive member {shown!r} is not a regular file or folder")
+        try:  # tarfile's own "data" filter (absolute paths, .., links, modes) as a second check
+            tarfile.data_filter(member, str(dest))
+        except tarfile.FilterError as exc:
+            raise AdapterRefused(f"archive member {shown!r} is refused: {exc.__class__.__name__}") from None
+        yield _Member(member.name, member.isdir(), member.size, lambda m=member: tar.extractfile(m))
+
+
+def _zip_members(zipped: zipfile.ZipFile) -> Iterator[_Member]:
+    infos = zipped.infolist()
+    if len(infos) > MAX_ARCHIVE_MEMBERS:
+        raise AdapterRefused(f"the archive holds {len(infos)} members: an adapter is two files")
+    for info in infos:
+        _member_parts(info.filename)
+        shown = info.filename[:80]
+        kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no Unix mode recorded (a plain file or folder)
+        if kind == stat.S_IFLNK:
+            raise AdapterRefused(f"archive member {shown!r} is a link: links are not admitted")
+        if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+            raise AdapterRefused(f"archive member {shown!r} is not a regular file or folder")
+        if info.flag_bits & 0x1:
+            raise AdapterRefused(f"archive member {shown!r} is encrypted")
+        yield _Member(info.filename, info.is_dir(), info.file_size, lambda i=info: zipped.open(i))
+
+
+def _member_parts(name: str) -> list[str]:
+    """The member's path as parts (``.`` and empty parts dropped); refused if absolute,
+    climbing (``..``) or spelled with backslashes, drive letters or NUL."""
+    shown = name[:80]
+    if not name or "\0" in name or "\\" in name or name.startswith("/") or re.match(r"[A-Za-z]:", name):
+        raise AdapterRefused(f"archive member {shown!r}: an absolute or unusual path is not admitted")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise AdapterRefused(f"archive member {shown!r}: a path with '..' is not admitted")
+    return parts
+
+
+def _unpack_members(members: Iterator[_Member], dest: Path, max_bytes: int) -> None:
+    folder: str | None = None  # the one top folder, if the files are in one
+    seen: set[str] = set()
+    declared = written = 0
+    for member in members:
+        parts, shown = _member_parts(member.name), member.name[:80]
+        if member.is_dir:
+            if len(parts) > 1 or (parts and folder not in (None, parts[0])):
+                raise AdapterRefused(f"archive member {shown!r}: only one top folder is admitted")
+            folder = parts[0] if parts else folder
+            continue
+        if len(parts) == 2 and folder in (None, parts[0]) and not (seen and folder is None):
+            folder = parts[0]
+        elif len(parts) != 1 or folder is not None:
+            raise AdapterRefused(f"archive member {shown!r}: the two files must be at the top level or "
+                                 "in one top folder, side by side")
+        name = parts[-1]
+        if name not in ADAPTER_FILES:
+            raise AdapterRefused(f"archive member {shown!r} is not admitted: an adapter is exactly "
+                                 f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS} (no pickles, no code, no other file)")
+        if name in seen:
+            raise AdapterRefused(f"archive member {shown!r}: {name} is in the archive twice")
+        seen.add(name)
+        declared += member.size
+        if declared > max_bytes:
+            raise AdapterTooLarge(f"the archive's files are larger than the limit of {max_bytes} bytes")
+        with member.open() as source, (dest / name).open("xb") as out:
+            while chunk := source.read(_COPY_CHUNK):
+                written += len(chunk)
+                if written > max_bytes:  # counted too, whatever the archive declares
+                    raise AdapterTooLarge(f"the archive's files are larger than the limit of {max_bytes} bytes")
+                out.write(chunk)
+    if missing := sorted(ADAPTER_FILES - seen):
+        raise AdapterRefused(f"the archive has no {' and no '.join(missing)}: an adapter is exactly "
+                             f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+
+
+def _clear(dest: Path) -> None:
+    for name in ADAPTER_FILES:
+        (dest / name).unlink(missing_ok=True)
+
+
 # -- registered adapters ------------------------------------------------------------------------
 
 
@@ -257,6 +407,8 @@ def resolve_adapters(names: Iterable[str], owned: Mapping[str, str] | None = Non
         if owned and name in owned:
             path = fetch_checkpoint(owned[name], settings=settings, required=ADAPTER_CONFIG)
             rank = _json(path / ADAPTER_CONFIG, ADAPTER_CONFIG)["r"]
+            resolved.append(ResolvedAdapter(name, path, rank, source=owned[name]))
+            continue
         else:
             spec = registry.adapter(name)
             if spec.checkpoint.startswith("s3://"):
@@ -275,10 +427,11 @@ def resolve_adapters(names: Iterable[str], owned: Mapping[str, str] | None = Non
 
 
 def model_choice(registry: Registry, model: str, served_model_name: str | None = None,
-                 owned: Mapping[str, str] | None = None) -> ModelChoice:
+                 owned: Mapping[str, str] | None = None, locations: Mapping[str, str] | None = None) -> ModelChoice:
     """The names lines of a job of ``model`` may give: the job's model, its base and served
     name (the base), and every adapter of that base in the registry or among the owner's
-    ``owned`` (name -> base). A model outside the registry (a checkpoint_path) has no adapter."""
+    ``owned`` (name -> base; ``locations``: name -> its folder's URI). A model outside the
+    registry (a checkpoint_path) has no adapter; a registry name wins over an owner's."""
     adapter = model if model in registry.adapters or (owned and model in owned) else None
     base = registry.base_of(model, owned) if adapter else model
     names: dict[str, str | None] = {base: None, model: adapter}
@@ -291,4 +444,6 @@ def model_choice(registry: Registry, model: str, served_model_name: str | None =
         for name, its_base in (owned or {}).items():
             if its_base == base and name not in registry.models:
                 names[name] = name
-    return ModelChoice(base=served_model_name or base, names=names, default=adapter)
+    mine = {name: uri for name, uri in (locations or {}).items() if names.get(name) == name
+            and name not in registry.adapters}
+    return ModelChoice(base=served_model_name or base, names=names, default=adapter, locations=mine)

@@ -260,7 +260,7 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
             source, fmt=fmt, endpoint=job.endpoint, layout=layout,
             limits=ValidationLimits.from_settings(settings),
             media=MediaResolver(job.owner, store, settings),
-            models=job_model_choice(job, settings),
+            models=job_model_choice(store, job, settings),
         )  # fmt: skip
     except (BatchRejected, JobRejected, storage.StorageError) as exc:
         if isinstance(exc, BatchRejected) and exc.report is not None:  # read through, nothing valid: serve the error lines
@@ -273,9 +273,10 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
     return {"total": report.total, "valid": report.valid, "invalid": report.invalid}
 
 
-def job_model_choice(job: Job, settings: Settings) -> ModelChoice:
+def job_model_choice(store: JobStore, job: Job, settings: Settings) -> ModelChoice:
     """The names the job's lines may give as their model: its model, and the adapters of its
-    base in the registry (a model outside the registry, a checkpoint_path, has none)."""
+    base in the registry and among its owner's own (a model outside the registry, a
+    checkpoint_path, has none)."""
     from llm_batch.infra.adapters import model_choice  # heavy
     from llm_batch.infra.model_registry import ModelError, load_registry  # heavy
 
@@ -286,7 +287,9 @@ def job_model_choice(job: Job, settings: Settings) -> ModelChoice:
         registry = load_registry(settings=settings)
     except ModelError as exc:
         raise JobRejected(str(exc)) from None
-    return model_choice(registry, job.model, served)
+    own = store.list_adapters(job.owner)
+    return model_choice(registry, job.model, served, owned={a.name: a.base for a in own},
+                        locations={a.name: a.uri for a in own})
 
 
 def _set_counts(store: JobStore, job_id: str, total: int, invalid: int) -> None:
@@ -326,7 +329,11 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
         return []
     store.transition(job_id, JobStatus.RUNNING)
     resources = job.resources or {}
-    model_config_json = orjson.dumps({"model": job.model, **(job.model_config or {})}).decode()
+    # An owner's own adapter as the job's model: its lines carry it (validation), the
+    # workers load its base (over the model a native or Scale job's model_config repeats).
+    own = {a.name: a.base for a in store.list_adapters(job.owner)}
+    model = own.get(job.model, job.model)
+    model_config_json = orjson.dumps({**(job.model_config or {}), "model": model}).decode()
     return [
         ShardTask(
             job_id=job_id,

@@ -194,6 +194,8 @@ def _consume(
                         record["media"] = item.media
                     if item.adapter is not None:
                         record["adapter"] = item.adapter
+                    if item.adapter_uri is not None:
+                        record["adapter_uri"] = item.adapter_uri
                     write_valid(dumps(record, option=newline))
             else:
                 if len(errors) < max_errors:

@@ -305,17 +305,20 @@ def count_requests(uri: str) -> int:
     return scan_requests(uri)[0]
 
 
-def scan_requests(uri: str) -> tuple[int, set[str]]:
-    """The shard's size and the LoRA adapters its lines run on, streamed."""
-    count, adapters = 0, set()
+def scan_requests(uri: str) -> tuple[int, dict[str, str | None]]:
+    """The shard's size and the LoRA adapters its lines run on (name -> an owner's
+    adapter's URI, None for the registry's), streamed."""
+    count, adapters = 0, {}
     for _, line in _request_lines(uri):
         count += 1
-        if b'"adapter"' in line and (adapter := orjson.loads(line).get("adapter")):
-            adapters.add(adapter)
+        if b'"adapter"' in line:
+            record = orjson.loads(line)
+            if adapter := record.get("adapter"):
+                adapters[adapter] = record.get("adapter_uri")
     return count, adapters
 
 
-def resolve_shard_adapters(names: set[str]) -> list[ResolvedAdapter]:
+def resolve_shard_adapters(names: dict[str, str | None]) -> list[ResolvedAdapter]:
     """The shard's adapters as the engine loads them; WorkerUsageError when one cannot be
     (not prepared, refused): the job's fault, not worth a retry."""
     if not names:
@@ -324,7 +327,7 @@ def resolve_shard_adapters(names: set[str]) -> list[ResolvedAdapter]:
     from llm_batch.infra.model_registry import ModelError  # heavy
 
     try:
-        return resolve_adapters(names)
+        return resolve_adapters(names, {name: uri for name, uri in names.items() if uri})
     except ModelError as exc:
         raise WorkerUsageError(str(exc)) from None
 

@@ -79,7 +79,7 @@ def create_batch_job(body: Annotated[CreateBatchJobRequest, Body()], submitting:
     if bool(body.input_files) == bool(body.requests):
         raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
     endpoint = check_endpoint(body.endpoint)
-    check_model(body.model, {}, settings, param="model", endpoint=endpoint)
+    check_model(body.model, {}, settings, param="model", endpoint=endpoint, caller=caller, store=store)
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
     if body.input_files:
         job_input = JobInput(file_ids=check_input_files(store, caller, body.input_files, "input_files"))

@@ -34,7 +34,7 @@ def derive_job(submitting: Submitting, job_id: str, kind: str) -> Job:
     source = owned_job(store, job_id, caller.owner_filter, "job")
     # What create checks, again: the model may have been removed or not be ready any more.
     check_model(source.model, dict(source.model_config), settings, param="model", endpoint=source.endpoint,
-                caller=caller)
+                caller=caller, store=store, owner=source.owner)
     check_owner_limits(store, settings, caller, new_jobs=1)
     try:
         if kind == "retry":

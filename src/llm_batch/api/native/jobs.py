@@ -84,7 +84,7 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
                        f"(a path); got {', '.join(given) or 'none'}", param="requests", code="invalid_input")
     endpoint = check_endpoint(body.endpoint)
     model_config = _stored_model_config(body.model, body.model_config_)  # a bad field: 400 naming it
-    check_model(body.model, model_config, settings, param="model", endpoint=endpoint, caller=caller)
+    check_model(body.model, model_config, settings, param="model", endpoint=endpoint, caller=caller, store=store)
     labels = dict(body.labels or {})
     weight = priority_weight(settings, body.priority)
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))

@@ -80,7 +80,7 @@ def create_batch(body: Annotated[CreateBatchRequest, Body()], submitting: Submit
     if (why := input_files.refusal(input_file)) is not None:
         raise ApiError(400, why, param="input_file_id", code="invalid_input_file")
     model = _model_of_first_line(input_file.uri, input_file.id)
-    check_model(model, {}, settings, param="input_file_id", endpoint=endpoint)
+    check_model(model, {}, settings, param="input_file_id", endpoint=endpoint, caller=caller, store=store)
     if endpoint == Endpoint.MODERATIONS:
         _check_moderation_categories(model, settings)
     request = JobRequest(

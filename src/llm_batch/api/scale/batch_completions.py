@@ -48,7 +48,7 @@ from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.placement import multi_node_refusal
 from llm_batch.infra import storage, user_paths
-from llm_batch.infra.jobstore import Job
+from llm_batch.infra.jobstore import Adapters, Job
 from llm_batch.infra.model_registry import (
     ModelError,
     check_model_config,
@@ -142,16 +142,18 @@ def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
 
 
 def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, Any], endpoint: str,
-                 settings: Settings, caller: Caller) -> dict[str, Any]:
+                 settings: Settings, caller: Caller, store: Adapters) -> dict[str, Any]:
     """The model and its config, checked as the worker will check them, plus what only the
     submission knows: the job's gpus against the parallel sizes, and a tokenizer path the
     caller may name (stored canonical). Returns the model_config to store."""
-    check_model(model_config["model"], model_config, settings, param="model_config.model", endpoint=endpoint, caller=caller)
+    runs_on = check_model(model_config["model"], model_config, settings, param="model_config.model",
+                          endpoint=endpoint, caller=caller, store=store)
     if tokenizer := model_config.get("tokenizer"):
         model_config = {**model_config, "tokenizer": _check_tokenizer(tokenizer, settings, caller)}
     try:
-        check_model_config(validate_model_config(model_config), model_registry(settings), gpus=body.gpus,
-                           nodes=body.nodes_per_worker)
+        # An owner's own adapter is checked as its base (the registry has its entry).
+        check_model_config(validate_model_config({**model_config, "model": runs_on}), model_registry(settings),
+                           gpus=body.gpus, nodes=body.nodes_per_worker)
     except ModelError as exc:
         raise _model_config_error(exc) from None
     return model_config
@@ -203,7 +205,7 @@ def create_batch_completions(body: Annotated[CreateBatchCompletionsRequest, Body
         endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller.name, settings)
         job_input = JobInput(uri=input_uri, path=body.input_data_path, output_format=OutputFormat.JSON_ARRAY)
         check_output_target(store, caller, output_uri, labels)
-        model_config = _check_model(body, model_config, endpoint, settings, caller)
+        model_config = _check_model(body, model_config, endpoint, settings, caller, store)
     else:
         if body.content == []:
             raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
@@ -211,7 +213,7 @@ def create_batch_completions(body: Annotated[CreateBatchCompletionsRequest, Body
         endpoint = _endpoint_of_content(body.content)
         input_format = InputFormat.SCALE_V1 if isinstance(body.content, V1Content) else InputFormat.SCALE_V2
         # Checked before the inline file is written: a refused job leaves nothing behind.
-        model_config = _check_model(body, model_config, endpoint, settings, caller)
+        model_config = _check_model(body, model_config, endpoint, settings, caller, store)
         check_output_target(store, caller, output_uri, labels)
         content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
         job_input = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")],

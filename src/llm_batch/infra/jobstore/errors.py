@@ -19,8 +19,16 @@ class ApiKeyNotFound(JobStoreError, LookupError):
     pass
 
 
+class AdapterNotFound(JobStoreError, LookupError):
+    pass
+
+
 class DuplicateId(JobStoreError, ValueError):
     pass
+
+
+class AdapterExists(DuplicateId):
+    """An owner already has an adapter of that name."""
 
 
 class InvalidCursor(JobStoreError, ValueError):

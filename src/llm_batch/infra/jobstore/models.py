@@ -20,7 +20,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
-    UniqueConstraint,  # webhooks
+    UniqueConstraint,  # webhooks, adapters
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -306,3 +306,24 @@ class WebhookAttemptRow(Base):
     deliverer: Mapped[str] = mapped_column(String(128))
 
     __table_args__ = (Index("ix_webhook_attempts_endpoint_started_at", "endpoint_id", "started_at"),)
+
+
+# -- owners' own LoRA adapters (src/llm_batch/api/routers/adapters.py, docs/models.md) -----------
+
+
+class AdapterRow(Base):
+    """A LoRA adapter an owner uploaded: its two files live in storage under ``uri`` (a prefix
+    ending in ``/``); seen by its owner only. One name per owner; deleting removes the row."""
+
+    __tablename__ = "adapters"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(256))
+    name: Mapped[str] = mapped_column(String(64))
+    base: Mapped[str] = mapped_column(String(256))  # the registered generate model it adapts
+    uri: Mapped[str] = mapped_column(Text)
+    rank: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+
+    __table_args__ = (UniqueConstraint("owner", "name", name="uq_adapters_owner_name"),)

@@ -15,7 +15,7 @@ from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import DIALECTS, DerivedFrom
 from llm_batch.core.jobs import JobStatus
 
-__all__ = ["DIALECTS", "FILE_KINDS", "ApiKey", "FileObject", "Job", "ShardRecord"]
+__all__ = ["DIALECTS", "FILE_KINDS", "ApiKey", "FileObject", "Job", "OwnerAdapter", "ShardRecord"]
 
 FILE_KINDS = ("input", "output", "error")
 
@@ -146,3 +146,18 @@ class ApiKey:
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerAdapter:
+    """A LoRA adapter its owner uploaded (seen by that owner only): ``base`` is the registered
+    model it adapts, ``uri`` the storage prefix (ending in ``/``) holding its two files."""
+
+    name: str
+    base: str
+    uri: str
+    rank: int
+    bytes: int
+    created_at: datetime
+    owner: str
+    id: str

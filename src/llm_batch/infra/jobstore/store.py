@@ -8,6 +8,7 @@ engine, transactions) with a small ``Protocol`` of what its callers use:
 - ``files.py``: file objects (``Files``);
 - ``api_keys.py``: API keys and owner names (``ApiKeys``);
 - ``idempotency.py``: idempotency keys (``IdempotencyKeys``);
+- ``adapters.py``: owners' own LoRA adapters (``Adapters``);
 - ``usage.py``: usage reports and per-owner holdings (``Usage``);
 - ``figures.py``: the whole store's operational figures for metrics (``Figures``);
 - ``health.py``: the health check (``Health``);
@@ -16,7 +17,7 @@ engine, transactions) with a small ``Protocol`` of what its callers use:
 
 Every public method is one transaction and returns snapshots (``snapshots.Job`` etc.),
 never live ORM objects. Getters return None for an unknown (or not-owned) id; mutators
-raise ``JobNotFound`` / ``FileNotFound`` / ``ApiKeyNotFound``. ``owner=None`` means "any
+raise ``JobNotFound`` / ``FileNotFound`` / ``ApiKeyNotFound`` / ``AdapterNotFound``. ``owner=None`` means "any
 owner" (admins, the DAG); a given owner restricts the call to that owner's rows, so
 someone else's id looks exactly like a missing one.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llm_batch.core.config import get_settings
+from llm_batch.infra.jobstore.adapters import AdapterRepository
 from llm_batch.infra.jobstore.api_keys import ApiKeyRepository
 from llm_batch.infra.jobstore.figures import FiguresRepository
 from llm_batch.infra.jobstore.files import FileRepository
@@ -51,6 +53,7 @@ class JobStore(
     FiguresRepository,
     HealthRepository,
     WebhookRepository,
+    AdapterRepository,
 ):
     """The job store at `url`: every repository's methods over one engine (see the module
     docstring; construction and threads as ``Repository``)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import Table
 
 from llm_batch.infra.jobstore.models import (
+    AdapterRow,
     ApiKeyRow,
     FileRow,
     IdempotencyKeyRow,
@@ -26,3 +27,4 @@ IDEMPOTENCY_KEYS: Table = IdempotencyKeyRow.__table__
 ENDPOINTS: Table = WebhookEndpointRow.__table__
 DELIVERIES: Table = WebhookDeliveryRow.__table__
 ATTEMPTS: Table = WebhookAttemptRow.__table__
+ADAPTERS: Table = AdapterRow.__table__
