@@ -84,3 +84,47 @@ def test_mixed_adapters_and_base_in_one_shard(llm_batch_home, tiny_model_dir, ti
     assert again == first
     alone = _run(llm_batch_home, [(None, prompt) for prompt in PROMPTS])
     assert [text for _, text in alone] == [answer[(BASE, prompt)] for prompt in PROMPTS]
+
+
+def test_smollm2_adapters_answer_apart_from_the_base_and_alike_each_time(smollm2_model_dir):
+    """Two random adapters of SmolLM2 (a real 135M model) on one engine, as the worker starts
+    it: each adapter's greedy answers differ from the base's on every prompt, and a second
+    pass (other order, other neighbours in the batch) gives every line the same answer."""
+    from llm_batch.core.config import Settings
+    from llm_batch.infra.adapters import ResolvedAdapter, prepare_adapter
+    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.runtime.engine.runner import EngineRunner, start_engine, stop_engine
+    from llm_batch.runtime.worker import with_adapters
+
+    cache = smollm2_model_dir.parent
+    settings = Settings(home=cache.parent, model_cache=cache)
+    names = ("smollm2-lora-a", "smollm2-lora-b")
+    adapters = [ResolvedAdapter(n, prepare_adapter(n, settings=settings), 8) for n in names]
+    base = ResolvedModel("smollm2-135m-instruct", smollm2_model_dir, "generate", engine_args={
+        "model": str(smollm2_model_dir), "enforce_eager": True, "max_model_len": 1024, "dtype": "bfloat16", "seed": 0})
+    lines = [(adapter, prompt) for prompt in PROMPTS for adapter in (None, *names)]
+    llm = start_engine(with_adapters(base, adapters), in_process=True)
+    try:
+        def run(order: list[int]) -> dict[int, tuple[str, str]]:
+            runner = EngineRunner(llm, Endpoint.CHAT_COMPLETIONS, base.name, adapters=adapters)
+            requests = [BatchRequest(index=i, custom_id=f"c{i}", adapter=lines[i][0], body={
+                "messages": [{"role": "user", "content": lines[i][1]}], "max_tokens": 12, "temperature": 0})
+                for i in order]
+            got: dict[int, tuple[str, str]] = {}
+
+            def emit(record, _usage) -> None:
+                parsed = ChatCompletion.model_validate(record.body)
+                got[record.index] = (parsed.model, parsed.choices[0].message.content or "")
+
+            assert runner.run(requests, emit) is None
+            return got
+
+        first = run(list(range(len(lines))))
+        again = run(list(range(len(lines)))[::-1])
+    finally:
+        stop_engine(llm)
+    assert [first[i][0] for i in range(len(lines))] == [adapter or base.name for adapter, _ in lines]
+    assert again == first
+    for p, prompt in enumerate(PROMPTS):
+        base_answer, *adapted = (first[3 * p + k][1] for k in range(3))
+        assert all(answer != base_answer for answer in adapted), (prompt, base_answer, adapted)
