@@ -2,8 +2,7 @@
 
 ``e2e_stack`` starts api-server, scheduler, dag-processor and triggerer as processes
 (``llm_batch.devstack.stack.Stack``) on a free 127.0.0.1 port under the session's temporary
-LLM_BATCH_HOME, with the tiny random model and its LoRA adapters prepared and eager vLLM
-(fast start-up). A
+LLM_BATCH_HOME, with the tiny random model prepared and eager vLLM (fast start-up). A
 failing test prints the tails of the component logs and of its job's task logs.
 """
 
@@ -35,7 +34,7 @@ def pytest_runtest_makereport(item, call):
 # Package scope: the stack (four Airflow components polling and parsing) is stopped once the
 # e2e tests are done, so the engine, shape and unit tests after them have the cores.
 @pytest.fixture(scope="package")
-def e2e_stack(tiny_model_dir: Path, tiny_adapters: dict[str, Path], llm_batch_home: Path) -> Iterator[Any]:
+def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     from llm_batch.core.config import get_settings
     from llm_batch.devstack.stack import Stack, free_port
 
@@ -213,18 +212,16 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, poll: float 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
-def long_batch(path: Path, count: int, *, first_tokens: int = 60, step: int = 6,
-               models: tuple[str, ...] = (MODEL,)) -> Path:
+def long_batch(path: Path, count: int, *, first_tokens: int = 60, step: int = 6) -> Path:
     """A JSONL chat batch whose requests finish one after another: request i generates
     exactly ``first_tokens + i * step`` tokens (ignore_eos), so results land in input order
-    over time and a job can be stopped mid-run with some requests done and some not.
-    Request i names ``models[i % len(models)]`` (the base model, or its LoRA adapters)."""
+    over time and a job can be stopped mid-run with some requests done and some not."""
     import orjson
 
     with path.open("wb") as out:
         for i in range(count):
             body = {
-                "model": models[i % len(models)],
+                "model": MODEL,
                 "messages": [{"role": "user", "content": f"request {i}: count slowly"}],
                 "max_tokens": first_tokens + i * step,
                 "ignore_eos": True,

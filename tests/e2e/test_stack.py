@@ -29,7 +29,6 @@ from tests.e2e.conftest import (
     wait_until,
     worker_pids,
 )
-from tests.fixtures.engine import TINY_ADAPTERS as ADAPTERS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -188,9 +187,8 @@ def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs,
 
 def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
     """Two shards, one sequence at a time (``llm-batch submit --shards 2 --model-config
-    '{"engine_args": {"max_num_seqs": 1}}'``), the lines mixing three LoRA adapters and the
-    base, then the CLI: kill -9 the shards' workers mid-shard; the task retries, the worker
-    resumes, and every request has one result, from the model it named."""
+    '{"engine_args": {"max_num_seqs": 1}}'``), then the CLI: kill -9 the shards' workers
+    mid-shard; the task retries, the worker resumes, and every request has one result."""
     from llm_batch.core.config import get_settings
     from llm_batch.core.layout import JobLayout
     from llm_batch.infra import storage
@@ -198,14 +196,12 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
     from llm_batch.infra.progress import ShardState, read_progress
     from llm_batch.infra.results import count_results
 
-    models = (MODEL, *ADAPTERS)
-    batch = long_batch(tmp_path / "kill.jsonl", 60, first_tokens=60, step=12, models=models)
+    batch = long_batch(tmp_path / "kill.jsonl", 60, first_tokens=60, step=12)
     with BatchClient.from_env() as client:
         job_id = client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, shards=2,
                                model_config={"engine_args": {"max_num_seqs": 1}}).id
         job_logs.append(job_id)
-        # Lines are planned by adapter: shard 1 holds those of the last two adapters, 30
-        # requests of indices 2..59. Shard 1 (one at a time) takes ~17,500 engine steps, ~35 s at the ~500
+        # Shard 1 (requests 30-59, one at a time) takes 17,820 engine steps, ~35 s at the ~500
         # steps/s measured here. Its progress is written every 2 s, so when it shows a first
         # result no more than ~2 s of them are done: the kill, within the poll's 0.1 s, lands
         # mid-shard on a machine eight times faster too.
@@ -231,11 +227,8 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
     results = tmp_path / "results.jsonl"
     fetched = _cli("results", job_id, "-o", str(results))
     assert fetched.returncode == 0, fetched.stderr
-    # Exactly one result per request, in input order, under the file's custom_ids, each from
-    # the model its line named.
-    lines = read_jsonl(results.read_bytes())
-    assert _job_ids(lines) == [f"req-{i:04d}" for i in range(60)]
-    assert [line["response"]["body"]["model"] for line in lines] == [models[i % 4] for i in range(60)]
+    # Exactly one result per request, in input order, under the file's custom_ids.
+    assert _job_ids(read_jsonl(results.read_bytes())) == [f"req-{i:04d}" for i in range(60)]
     listed = _cli("jobs", "--limit", "50")
     assert listed.returncode == 0, listed.stderr
     assert re.search(rf"^{job_id}\s+SUCCEEDED\s", listed.stdout, re.MULTILINE), listed.stdout

@@ -128,3 +128,49 @@ def test_smollm2_adapters_answer_apart_from_the_base_and_alike_each_time(smollm2
     for p, prompt in enumerate(PROMPTS):
         base_answer, *adapted = (first[3 * p + k][1] for k in range(3))
         assert all(answer != base_answer for answer in adapted), (prompt, base_answer, adapted)
+
+
+def test_kill_9_mid_shard_of_mixed_adapters_then_rerun_gives_each_line_once(llm_batch_home, tiny_adapters):
+    """``llm-batch worker`` on a shard mixing three adapters and the base, killed -9 mid-shard
+    (the engine's processes with it), then run again: every line has exactly one result, in
+    input order, from the model it named, and the answers of the killed attempt's lines are
+    those the rerun would give (the same adapters loaded under the same ids)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from llm_batch.infra.results import count_results
+
+    lines = [(None if i % 4 == 0 else f"tiny-lora-{'abc'[i % 4 - 1]}", PROMPTS[i % 3]) for i in range(40)]
+    layout = _shard(llm_batch_home, lines)
+    cmd = [sys.executable, "-m", "llm_batch.cli.main", "worker", "--job-id", layout.job_id, "--shard", "0",
+           "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
+           "--model-config", '{"model": "tiny-random-llama", "max_context_length": 256}', "--flush-every-records", "2"]
+    results = layout.shard(0).results
+    env = {**os.environ, "LLM_BATCH_ENGINE_IN_PROCESS": "true"}
+    # window 1: one request in the engine at a time, so the kill lands mid-shard.
+    proc = subprocess.Popen([*cmd, "--window", "1"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while count_results(results) < 6:
+            assert proc.poll() is None, f"worker exited early with {proc.returncode}"
+            assert time.monotonic() < deadline, "no results from the worker"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = count_results(results)
+    assert killed_at < len(lines), "the shard ended before the kill"
+    rerun = subprocess.run(cmd, env=env, timeout=240, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert rerun.returncode == exit_codes.DONE
+    records = list(read_results(results))
+    assert [r.index for r in records] == list(range(len(lines)))
+    parsed = [ChatCompletion.model_validate(r.body) for r in records]
+    assert [p.model for p in parsed] == [adapter or BASE for adapter, _ in lines]
+    answers: dict[tuple[str, str], set[str]] = {}
+    for (adapter, prompt), p in zip(lines, parsed, strict=True):
+        answers.setdefault((adapter or BASE, prompt), set()).add(p.choices[0].message.content or "")
+    assert all(len(texts) == 1 for texts in answers.values()), answers  # before and after the kill alike
