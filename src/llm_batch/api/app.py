@@ -341,9 +341,10 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     declare_error_responses(app)
     # The largest upload: a batch file, or an adapter's archive.
     upload_limit = max(settings.max_input_bytes, settings.max_adapter_bytes) + _MULTIPART_OVERHEAD
-    # Inline requests become an input file: no larger than an upload may be.
+    # Inline requests become an input file: no larger than a batch file may be.
+    json_limit = min(MAX_JSON_BODY_BYTES, settings.max_input_bytes + _MULTIPART_OVERHEAD)
     # Added last = outermost: the size limit first, then the strict JSON edge inside it.
     app.add_middleware(StrictJsonBodies)
-    app.add_middleware(BodyLimit, json_limit=min(MAX_JSON_BODY_BYTES, upload_limit), upload_limit=upload_limit)
+    app.add_middleware(BodyLimit, json_limit=json_limit, upload_limit=upload_limit)
     app.add_middleware(metrics.RequestMetrics)  # outermost: every answer is counted, a refused one too
     return app
