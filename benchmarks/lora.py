@@ -120,7 +120,8 @@ def run_case(case: str, lines: list[dict], env: dict[str, str], work: str, logs:
 # -- the report -------------------------------------------------------------------------------
 
 def median_row(runs: list[dict]) -> dict:
-    """The median run's figures (greedy with min_tokens: the tokens are the same every run)."""
+    """Median wall and engine seconds; the rest from the middle run (greedy with min_tokens: the
+    tokens are the same every run)."""
     middle = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
     return {**middle, "wall": statistics.median(r["wall"] for r in runs),
             "engine_s": statistics.median(r["engine_s"] for r in runs), "walls": [r["wall"] for r in runs]}
@@ -133,7 +134,7 @@ def show(rows: dict[str, dict]) -> None:
         runs = " ".join(f"{w:.1f}" for w in r["walls"])
         print(f"{name:8} {r['jobs']:>4} {r['requests']:>8} {r['wall']:7.1f} {r['generated']:>10} "
               f"{r['generated'] / r['wall']:10.1f} {r['engine_s']:8.1f} {r['generated'] / r['engine_s']:12.1f} "
-              f"{r['wall'] - r['engine_s']:9.1f}  {runs}" + (f"  (last round's jobs {r['each']})" if "each" in r else ""))
+              f"{r['wall'] - r['engine_s']:9.1f}  {runs}" + (f"  (the middle run's jobs {r['each']})" if "each" in r else ""))
 
 
 def targets(rows: dict[str, dict]) -> None:
