@@ -85,12 +85,23 @@ def test_a_second_prepare_is_fast_and_changes_nothing(home, prepared):
 def test_list_shows_every_model_ready(home, prepared):
     result = run_cli(home, "list")
     assert result.returncode == 0, result.stderr
-    status = {line.split()[0]: line.split()[2] for line in result.stdout.splitlines()[2:]}
+    # Columns are separated by two or more spaces (a task reads "lora r8").
+    rows = {
+        cells[0]: cells
+        for cells in (re.split(r"\s{2,}", line.strip()) for line in result.stdout.splitlines()[2:])
+    }
+    status = {name: cells[2] for name, cells in rows.items()}
     prepared_here = {"smollm2-135m-instruct", "all-minilm-l6-v2", "tiny-random-llama"}
     assert {name: status[name] for name in prepared_here} == dict.fromkeys(prepared_here, "ready")
+    # Adapters are listed on their base; the default prepare builds none of them.
+    adapters = {name for name, cells in rows.items() if cells[1].startswith("lora ")}
+    assert {"tiny-lora-a", "smollm2-lora-a"} <= adapters
+    assert all(status[name] == "not prepared" and rows[name][3].startswith("on ") for name in adapters)
     # The other endpoints' tiny test models (fim, classifier, moderator) are listed, not built.
-    others = set(status) - prepared_here
-    assert others and all(name.startswith("tiny-random-") and status[name] == "not" for name in others)
+    others = set(status) - prepared_here - adapters
+    assert others and all(
+        name.startswith("tiny-random-") and status[name] == "not prepared" for name in others
+    )
 
 
 def test_prepare_of_an_unknown_model_fails_with_the_known_names(home):
