@@ -33,6 +33,7 @@ from llm_batch.api.idempotency import depends_on
 from llm_batch.api.mistral import jobs as mistral_jobs
 from llm_batch.api.native import (
     jobs,
+    results,
     usage,
     webhooks,  # webhooks: /v1/webhooks
 )
@@ -330,7 +331,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
     for module in (health, files, adapters, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs,
-                   webhooks):
+                   results, webhooks):
         app.include_router(module.router)
     app.include_router(openai_webhooks.router)
     app.include_router(scale_batch_completions.v1_router)

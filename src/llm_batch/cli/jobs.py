@@ -102,6 +102,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     results.add_argument("job_id")
     results.add_argument("--errors", action="store_true", help="the error file instead (failed and invalid requests)")
     results.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    results.add_argument("--partial", action="store_true",
+                         help="the finished lines so far, also while the job runs (NDJSON: index, line, "
+                         "custom_id and the line's output or error; see docs/api.md)")
+    results.add_argument("--order", choices=("input", "finished"), default="input",
+                         help="with --partial: input order up to the first unfinished line (default), "
+                         "or every finished line")
     results.set_defaults(func=_results)
 
 
@@ -190,6 +196,11 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
+    if args.partial:
+        return _partial_results(args)
+    if args.order != "input":
+        return _usage("--order goes with --partial")
+
     def run(client: BatchClient) -> int:
         job = client.job(args.job_id)
         file_id = job.error_file if args.errors else job.output_file
@@ -205,6 +216,28 @@ def _results(args: argparse.Namespace) -> int:
         finally:
             if args.output:
                 out.close()
+        return EXIT_SUCCEEDED
+
+    return _with_client(run)
+
+
+def _partial_results(args: argparse.Namespace) -> int:
+    if args.errors:
+        return _usage("--errors and --partial do not go together: a partial read has both kinds of line")
+
+    def run(client: BatchClient) -> int:
+        out = args.output.open("wb") if args.output else sys.stdout.buffer
+        shown = 0
+        try:
+            with client.partial_results(args.job_id, order=args.order) as read:
+                for line in read.lines:
+                    out.write(line + b"\n")
+                    shown += 1
+        finally:
+            if args.output:
+                out.close()
+        state = "complete: the job has ended" if read.complete else "incomplete: the job has not ended"
+        print(f"{args.job_id}: {read.status}, {shown} finished lines ({state})", file=sys.stderr)
         return EXIT_SUCCEEDED
 
     return _with_client(run)

@@ -69,6 +69,15 @@ class NoApiKey(Exception):
 
 
 @dataclass(frozen=True)
+class PartialRead:
+    """A partial read's answer: the job's status, whether it has ended, its finished lines."""
+
+    status: str
+    complete: bool
+    lines: Iterator[bytes]
+
+
+@dataclass(frozen=True)
 class JobView:
     """One job as the client shows it (built from the native route's job, ``JobOut``)."""
 
@@ -243,8 +252,8 @@ class BatchClient:
         return response.json()
 
     @contextmanager
-    def _stream(self, url: str) -> Iterator[httpx.Response]:
-        with self._http.stream("GET", url) as response:
+    def _stream(self, url: str, params: dict[str, Any] | None = None) -> Iterator[httpx.Response]:
+        with self._http.stream("GET", url, params=params) as response:
             if response.is_error:
                 response.read()
                 _raise_for(response)
@@ -281,6 +290,16 @@ class BatchClient:
             for line in response.iter_lines():
                 if line.strip():
                     yield line.encode()
+
+    @contextmanager
+    def partial_results(self, job_id: str, order: str = "input", start: int = 0) -> Iterator[PartialRead]:
+        """``GET /v1/jobs/{id}/results``: the job's finished lines so far, streamed."""
+        with self._stream(f"/v1/jobs/{job_id}/results", params={"order": order, "start": start}) as response:
+            yield PartialRead(
+                status=response.headers.get("X-Job-Status", ""),
+                complete=response.headers.get("X-Results-Complete") == "true",
+                lines=(line.encode() for line in response.iter_lines() if line.strip()),
+            )
 
     # -- jobs: the native route (/v1/jobs), answers as the API gives them -------------------
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from itertools import chain
@@ -143,8 +143,12 @@ def stable_request_hash(job_id: str, index: int) -> str:
     return hashlib.blake2b(f"{job_id}:{index}".encode(), digest_size=12).hexdigest()
 
 
-def _shard_outcomes(plan: ShardPlan, not_run_code: str, not_run_message: str) -> Iterator[Outcome]:
-    """Each request of the shard, in order, paired with its result or marked not run."""
+def shard_outcomes(plan: ShardPlan, not_run_code: str | None, not_run_message: str = "") -> Iterator[Outcome]:
+    """Each request of the shard, in order, paired with its result or marked not run.
+
+    With ``not_run_code`` None only the finished requests are yielded: the shard's results
+    are a prefix of its requests, so the first request without one ends the stream.
+    """
     results = read_results(plan.results_uri)
     pending = next(results, None)
     for line in stored_lines(plan.requests_uri):
@@ -159,9 +163,26 @@ def _shard_outcomes(plan: ShardPlan, not_run_code: str, not_run_message: str) ->
                 pending.line = line_number
             yield pending
             pending = next(results, None)
+        elif not_run_code is None:
+            return
         else:
             yield ErrorRecord(index=index, line=line_number, custom_id=request["custom_id"],
                               code=not_run_code, message=not_run_message)
+
+
+def job_outcomes(plans: list[ShardPlan], outcomes_of: Callable[[ShardPlan], Iterator[Outcome]]) -> Iterator[Outcome]:
+    """The shards' outcomes in input order (validation errors not included)."""
+    plans = sorted(plans, key=attrgetter("first_index"))
+    if _contiguous(plans):
+        return chain.from_iterable(outcomes_of(p) for p in plans)
+    # Prefix-aware plans interleave the shards' indices: each shard's outcomes still
+    # ascend by index (its requests file and results are in index order), so a k-way
+    # merge of all of them, every shard open at once, restores input order.
+    return heapq.merge(*(outcomes_of(p) for p in plans), key=attrgetter("index"))
+
+
+def validation_errors(layout: JobLayout) -> Iterator[ErrorRecord]:
+    return (ErrorRecord.model_validate_json(line) for line in stored_lines(layout.validation_errors))
 
 
 def _contiguous(plans: list[ShardPlan]) -> bool:
@@ -206,40 +227,44 @@ class _Outputs:
 
     def success(self, result: ResultRecord) -> None:
         if self.jsonl is not None:
-            h = stable_request_hash(self.job_id, result.index)
-            self.jsonl.write(orjson.dumps({
-                "id": f"batch_req_{h}", "custom_id": result.custom_id,
-                "response": {"status_code": result.status_code, "request_id": f"req_{h}",
-                             "body": result.body},
-                "error": None,
-            }) + b"\n")
+            self.jsonl.write(orjson.dumps(output_line(self.job_id, result)) + b"\n")
         if self.scale is not None:
             self._scale_element(self.array_element(result.body))
 
-    def engine_error(self, result: ResultRecord) -> None:
-        error = result.error
-        code = error.code if error else f"http_{result.status_code}"
-        message = error.message if error else f"request failed with status {result.status_code}"
-        h = stable_request_hash(self.job_id, result.index)
-        response = {"status_code": result.status_code, "request_id": f"req_{h}",
-                    "body": _error_body(result)}
-        self._failure(result.index, result.line or result.index + 1, result.custom_id, code,
-                      message, response)
-
-    def no_result(self, record: ErrorRecord) -> None:
-        """A validation error or a request never run: there is no response."""
-        self._failure(record.index, record.line, record.custom_id, record.code, record.message)
-
-    def _failure(self, index: int, line: int, custom_id: str | None, code: str, message: str,
-                 response: dict[str, Any] | None = None) -> None:
+    def failure(self, outcome: Outcome) -> None:
+        """An engine error, a validation error or a request never run."""
+        line = error_line(self.job_id, outcome)
         if self.errors is not None:
-            self.errors.write(orjson.dumps({
-                "id": f"batch_req_{stable_request_hash(self.job_id, index)}",
-                "custom_id": custom_id, "line": line,
-                "response": response, "error": {"code": code, "message": message},
-            }) + b"\n")
+            self.errors.write(orjson.dumps(line) + b"\n")
         if self.scale is not None:
-            self._scale_element(failed_element(code, message, custom_id, line))
+            error = line["error"]
+            self._scale_element(failed_element(error["code"], error["message"], line["custom_id"], line["line"]))
+
+
+def output_line(job_id: str, result: ResultRecord) -> dict[str, Any]:
+    """A success's line of the output file."""
+    h = stable_request_hash(job_id, result.index)
+    return {
+        "id": f"batch_req_{h}", "custom_id": result.custom_id,
+        "response": {"status_code": result.status_code, "request_id": f"req_{h}", "body": result.body},
+        "error": None,
+    }
+
+
+def error_line(job_id: str, outcome: Outcome) -> dict[str, Any]:
+    """A failure's line of the error file: an engine error has the engine's response; a
+    validation error or a request never run has none."""
+    h = stable_request_hash(job_id, outcome.index)
+    if isinstance(outcome, ErrorRecord):
+        line, code, message, response = outcome.line, outcome.code, outcome.message, None
+    else:
+        error = outcome.error
+        line = outcome.line or outcome.index + 1
+        code = error.code if error else f"http_{outcome.status_code}"
+        message = error.message if error else f"request failed with status {outcome.status_code}"
+        response = {"status_code": outcome.status_code, "request_id": f"req_{h}", "body": _error_body(outcome)}
+    return {"id": f"batch_req_{h}", "custom_id": outcome.custom_id, "line": line,
+            "response": response, "error": {"code": code, "message": message}}
 
 
 def merge_job(
@@ -267,17 +292,8 @@ def merge_job(
     shard_reasons = shard_not_run_reasons or {}
 
     def outcomes_of(plan: ShardPlan) -> Iterator[Outcome]:
-        return _shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index)
-                               or not_run_reason or DEFAULT_NOT_RUN_MESSAGE)
-
-    plans = sorted(manifest.shards, key=attrgetter("first_index"))
-    if _contiguous(plans):
-        shard_outcomes: Iterator[Outcome] = chain.from_iterable(outcomes_of(p) for p in plans)
-    else:
-        # Prefix-aware plans interleave the shards' indices: each shard's outcomes still
-        # ascend by index (its requests file and results are in index order), so a k-way
-        # merge of all of them, every shard open at once, restores input order.
-        shard_outcomes = heapq.merge(*(outcomes_of(p) for p in plans), key=attrgetter("index"))
+        return shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index)
+                              or not_run_reason or DEFAULT_NOT_RUN_MESSAGE)
 
     succeeded = failed = not_run = invalid = 0
     usage = _UsageSum()
@@ -294,8 +310,8 @@ def merge_job(
             array_element=array_element or success_element(None),
         )
         last_index = -1
-        validation_errors = (ErrorRecord.model_validate_json(line) for line in stored_lines(layout.validation_errors))
-        outcomes = heapq.merge(validation_errors, shard_outcomes, key=attrgetter("index"))
+        outcomes = heapq.merge(validation_errors(layout), job_outcomes(manifest.shards, outcomes_of),
+                               key=attrgetter("index"))
         for outcome in outcomes:
             if outcome.index <= last_index:
                 raise MergeError(
@@ -307,14 +323,14 @@ def merge_job(
                 failed += 1
                 not_run += outcome.code in NOT_RUN_CODES
                 invalid += outcome.code not in NOT_RUN_CODES
-                outputs.no_result(outcome)
+                outputs.failure(outcome)
             elif outcome.ok:
                 succeeded += 1
                 usage.add(outcome.body)
                 outputs.success(outcome)
             else:
                 failed += 1
-                outputs.engine_error(outcome)
+                outputs.failure(outcome)
         outputs.finish()
     return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
                        not_run=not_run, invalid=invalid, prompt_tokens=usage.prompt,

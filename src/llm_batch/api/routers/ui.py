@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from datetime import datetime
+from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
+import orjson
 from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
@@ -30,15 +32,19 @@ from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.job_files import RESULT_LINE_CHARS, error_row, first_lines, result_row
 from llm_batch.api.native.jobs import label_pairs, labelled_jobs
 from llm_batch.api.run_queue import QueuePlace, job_places
-from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, StoreDep
+from llm_batch.api.state import DAG_ID, MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.run_conf import SHARD_TASK_ID
 from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
+from llm_batch.pipeline.partial import PartialOrder, partial_entries
+from llm_batch.pipeline.steps import layout_of
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
 ERROR_LINES = 20  # first lines of the error file shown on the detail
 PREVIEW_LINES = 5  # and of the output file
+PARTIAL_SCAN = 2_000  # finished lines a running job's detail reads at most for its previews
 SESSION_TOKEN_SECONDS = 15 * 60
 _ENDED_AT = ("completed_at", "failed_at", "cancelled_at", "expired_at")
 
@@ -158,8 +164,8 @@ def _links(job: Job) -> dict[str, str] | None:
     return {"run": run, "logs": f"{run}/tasks/{SHARD_TASK_ID}/mapped"}
 
 
-def _detail(store: JobStore, caller: Caller, job_id: str, places: Callable[[list[Job]], dict[str, QueuePlace]],
-            ) -> dict[str, Any]:
+def _detail(store: JobStore, settings: Settings, caller: Caller, job_id: str,
+            places: Callable[[list[Job]], dict[str, QueuePlace]]) -> dict[str, Any]:
     job = owned_job(store, job_id, caller.owner_filter, "job")
     history = [{"at": _iso(p.at), "total": p.total, "completed": p.completed, "succeeded": p.succeeded,
                 "failed": p.failed, "tokens_per_s": p.tokens_per_s}
@@ -182,14 +188,34 @@ def _detail(store: JobStore, caller: Caller, job_id: str, places: Callable[[list
         "links": _links(job),
         "shards": [_shard(r) for r in store.shard_records(job.id)],
         "history": history,
-        "error_lines": [error_row(line) for line in first_lines(store, job.error_file_id, ERROR_LINES)],
-        "preview": [result_row(line) for line in first_lines(store, job.output_file_id, PREVIEW_LINES, RESULT_LINE_CHARS)],
+        **(_finished_so_far(settings, job) if job.output_file_id is None and job.error_file_id is None else {
+            "error_lines": [error_row(line) for line in first_lines(store, job.error_file_id, ERROR_LINES)],
+            "preview": [result_row(line) for line in first_lines(store, job.output_file_id, PREVIEW_LINES,
+                                                                RESULT_LINE_CHARS)],
+            "preview_partial": False,
+        }),
     }
 
 
+def _finished_so_far(settings: Settings, job: Job) -> dict[str, Any]:
+    """A job without output files yet: its first finished lines (a partial read, at most
+    PARTIAL_SCAN entries read so a long job's detail stays cheap)."""
+    preview: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for entry in islice(partial_entries(layout_of(settings, job.id), PartialOrder.FINISHED), PARTIAL_SCAN):
+        if "output" in entry and len(preview) < PREVIEW_LINES:
+            preview.append(result_row(orjson.dumps(entry["output"]).decode()))
+        elif "error" in entry and len(errors) < ERROR_LINES:
+            errors.append(error_row(orjson.dumps(entry["error"]).decode()))
+        if len(preview) >= PREVIEW_LINES and len(errors) >= ERROR_LINES:
+            break
+    return {"preview": preview, "error_lines": errors, "preview_partial": True}
+
+
 @router.get("/api/jobs/{job_id}")
-def job_detail(job_id: str, caller: CallerDep, store: StoreDep, session: SessionDep) -> dict[str, Any]:
-    return _detail(store, caller, job_id, lambda jobs: job_places(jobs, session))
+def job_detail(job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep,
+               session: SessionDep) -> dict[str, Any]:
+    return _detail(store, settings, caller, job_id, lambda jobs: job_places(jobs, session))
 
 
 @router.post("/api/jobs/{job_id}/cancel")

@@ -233,10 +233,14 @@
       el("td", {}, sh.shard), el("td", {}, sh.state), el("td", {}, bar(sh.done, sh.total, sh.failed > 0)),
       el("td", {}, `${sh.succeeded} / ${sh.failed}`), el("td", {}, sh.tokens_per_s.toFixed(1)),
       el("td", {}, sh.reason || ""), el("td", {}, when(sh.updated_at)))));
-    $("#d-preview").replaceChildren(job.preview.length ? el("table", { id: "preview" },
+    // A running job's preview is its first finished lines (a partial read), said so.
+    const previewTable = job.preview.length ? el("table", { id: "preview" },
       el("thead", {}, el("tr", {}, el("th", {}, "custom_id"), el("th", {}, "Answer"))),
       el("tbody", {}, ...job.preview.map((r) => el("tr", {}, el("td", {}, r.custom_id || ""), el("td", { class: "message" }, r.answer)))))
-      : el("p", {}, job.output_file_id ? "No succeeded lines." : "The results are written when the job ends."));
+      : null;
+    $("#d-preview").replaceChildren(...(job.preview_partial
+      ? [el("p", { id: "preview-partial" }, job.preview.length ? "Finished so far (the job has not ended):" : "No line has finished yet."), ...(previewTable ? [previewTable] : [])]
+      : [previewTable || el("p", {}, job.output_file_id ? "No succeeded lines." : "No results.")]));
     const errors = [];
     for (const e of job.errors || []) errors.push(el("p", {}, typeof e === "string" ? e : (e.message || JSON.stringify(e))));
     if (job.error_lines.length) {
