@@ -14,6 +14,7 @@ Whatever happens, ``finalize`` (or ``fail_job`` from the run's failure path, or
 from __future__ import annotations
 
 import dataclasses
+import logging
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -224,7 +225,7 @@ def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: boo
 # -- validate -----------------------------------------------------------------------------
 
 
-def _input_source(store: JobStore, job: Job) -> tuple[Any, str]:
+def input_source(store: JobStore, job: Job) -> tuple[Any, str]:
     """What validation reads (a URI, a list of URIs, or inline requests) and its format."""
     given = job.input
     fmt = job.input_format or "jsonl"
@@ -255,7 +256,7 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
     store.transition(job_id, JobStatus.VALIDATING)
     layout = layout_of(settings, job_id)
     try:
-        source, fmt = _input_source(store, job)
+        source, fmt = input_source(store, job)
         report = validate_batch(
             source, fmt=fmt, endpoint=job.endpoint, layout=layout,
             limits=ValidationLimits.from_settings(settings),
@@ -270,7 +271,20 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
         fail_job(store, job_id, f"input rejected: {exc}")
         raise JobRejected(f"input rejected: {exc}") from exc
     _set_counts(store, job_id, report.total, report.invalid)
+    _keep_estimate(store, settings, job, report, layout.validated)
     return {"total": report.total, "valid": report.valid, "invalid": report.invalid}
+
+
+def _keep_estimate(store: JobStore, settings: Settings, job: Job, report: Any, validated_uri: str) -> None:
+    """Keep the job's estimate (llm_batch.pipeline.estimate) beside what it will really take.
+    Only an estimate: whatever goes wrong making it is logged and the job runs on."""
+    from llm_batch.pipeline.estimate import estimate_validated  # heavy
+
+    try:
+        estimate = estimate_validated(store, settings, job, report, validated_uri, now=datetime.now(UTC))
+        store.set_estimate(job.id, estimate.model_dump(mode="json"))
+    except Exception:  # an estimate must never fail the job it estimates
+        logging.getLogger(__name__).warning("job %s: no estimate kept", job.id, exc_info=True)
 
 
 def job_model_choice(store: JobStore, job: Job, settings: Settings) -> ModelChoice:

@@ -120,6 +120,8 @@ class JobRow(Base):
     # Usage per model that answered (the base, each LoRA adapter): {model: {"succeeded",
     # "prompt_tokens", "completion_tokens"}}, from the merge; None before it.
     model_usage: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
+    # What the job was expected to take when its input was validated (llm_batch.pipeline.estimate).
+    estimate: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
 
     owner: Mapped[str] = mapped_column(String(256))
     dag_run_id: Mapped[str | None] = mapped_column(String(256))

@@ -71,6 +71,8 @@ class Job:
     derived_kind: str | None = None  # how: one of llm_batch.core.job_request.DERIVED_KINDS
     # Usage per model that answered (the base, its LoRA adapters), from the merge.
     model_usage: dict[str, dict[str, int]] | None = None
+    # What the job was expected to take (llm_batch.pipeline.estimate), set at validation.
+    estimate: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, JobInput):  # a row's stored JSON (a dict)

@@ -11,6 +11,7 @@ engine, transactions) with a small ``Protocol`` of what its callers use:
 - ``adapters.py``: owners' own LoRA adapters (``Adapters``);
 - ``usage.py``: usage reports and per-owner holdings (``Usage``);
 - ``figures.py``: the whole store's operational figures for metrics (``Figures``);
+- ``estimates.py``: jobs' estimates, measured tokens/s, the live work ahead (``Estimates``);
 - ``health.py``: the health check (``Health``);
 - ``webhooks.py``: webhook endpoints, the delivery outbox, attempts (``WebhookEndpoints``,
   ``WebhookOutbox``).
@@ -33,6 +34,7 @@ from functools import lru_cache
 from llm_batch.core.config import get_settings
 from llm_batch.infra.jobstore.adapters import AdapterRepository
 from llm_batch.infra.jobstore.api_keys import ApiKeyRepository
+from llm_batch.infra.jobstore.estimates import EstimatesRepository
 from llm_batch.infra.jobstore.figures import FiguresRepository
 from llm_batch.infra.jobstore.files import FileRepository
 from llm_batch.infra.jobstore.health import HealthRepository
@@ -54,6 +56,7 @@ class JobStore(
     HealthRepository,
     WebhookRepository,
     AdapterRepository,
+    EstimatesRepository,
 ):
     """The job store at `url`: every repository's methods over one engine (see the module
     docstring; construction and threads as ``Repository``)."""

@@ -1,0 +1,96 @@
+"""Estimates: a job's stored estimate, the tokens/s this deployment measured for a model
+from its ended jobs, and the live jobs a new job would queue behind
+(``llm_batch.pipeline.estimate`` does the arithmetic). Reads the ``jobs`` table; writes only
+its ``estimate`` column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import select, update
+
+from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore.errors import JobNotFound
+from llm_batch.infra.jobstore.repository import Repository, utcnow
+from llm_batch.infra.jobstore.tables import JOBS
+
+# How many of a model's newest ended jobs its measured rate is taken over: recent enough to
+# follow a change of hardware or settings, enough jobs to smooth one odd run out.
+RATE_JOBS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredRate:
+    """What a model's ended jobs took: tokens (prompt + completion) over engine seconds."""
+
+    model: str
+    jobs: int
+    tokens: int
+    engine_seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.engine_seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveWork:
+    """A live job as a queue estimate sees it: its lane (priority, GPU type), when it was
+    made, its stored estimate (None until its input is validated) and its engine seconds so far."""
+
+    id: str
+    priority: int
+    gpu_type: str | None
+    created_at: datetime
+    estimate: dict[str, Any] | None
+    engine_seconds: float
+
+
+class Estimates(Protocol):
+    def set_estimate(self, job_id: str, estimate: dict[str, Any]) -> None: ...
+    def measured_rate(self, model: str, last: int = RATE_JOBS) -> MeasuredRate | None: ...
+    def live_work(self) -> list[LiveWork]: ...
+
+
+class EstimatesRepository(Repository):
+    """Estimates (see the module docstring)."""
+
+    def set_estimate(self, job_id: str, estimate: dict[str, Any]) -> None:
+        """Keep `estimate` (JSON) on the job; ``JobNotFound`` for an unknown id."""
+        with self._transaction(write=True) as connection:
+            done = connection.execute(update(JOBS).where(JOBS.c.id == job_id)
+                                      .values(estimate=estimate, updated_at=utcnow())).rowcount
+        if not done:
+            raise JobNotFound(f"no job {job_id!r}")
+
+    def measured_rate(self, model: str, last: int = RATE_JOBS) -> MeasuredRate | None:
+        """The tokens/s of `model` over its `last` newest ended jobs that ran an engine
+        (engine seconds and tokens above 0; cancelled and timed-out jobs count for what they
+        ran); None when it has none."""
+        c = JOBS.c
+        ended = [s.value for s in JobStatus if s.terminal]
+        query = (select(c.prompt_tokens, c.completion_tokens, c.engine_seconds)
+                 .where(c.model == model, c.status.in_(ended), c.engine_seconds > 0,
+                        c.prompt_tokens + c.completion_tokens > 0)
+                 .order_by(c.completed_at.desc(), c.id).limit(last))
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(query).all()
+        if not rows:
+            return None
+        return MeasuredRate(model, len(rows), sum(int(p) + int(q) for p, q, _ in rows),
+                            sum(float(s) for _, _, s in rows))
+
+    def live_work(self) -> list[LiveWork]:
+        """Every live job, oldest first (few: jobs that have not ended)."""
+        c = JOBS.c
+        live = [s.value for s in JobStatus if not s.terminal]
+        query = (select(c.id, c.priority, c.resources, c.created_at, c.estimate, c.engine_seconds)
+                 .where(c.status.in_(live)).order_by(c.created_at, c.id))
+        with self._transaction(write=False) as connection:
+            rows = connection.execute(query).all()
+        return [LiveWork(job_id, int(priority or 0), (resources or {}).get("gpu_type"), created,
+                         estimate if isinstance(estimate, dict) else None, float(seconds or 0))
+                for job_id, priority, resources, created, estimate, seconds in rows]

@@ -1,0 +1,420 @@
+"""An estimate of a job before (or as) it runs: its lines valid and invalid, its prompt tokens
+counted with the model's own tokenizer, the most output tokens it may generate, the engine
+seconds this deployment's measured tokens/s make of them, and when it should start and end
+behind the jobs queued ahead of it in its lane.
+
+Two callers, one arithmetic:
+- ``estimate_input``: a dry run (``POST /v1/jobs`` with ``dry_run``): the input is validated
+  exactly as the DAG's prepare step validates it (``validation.validate_batch``), streaming,
+  writing nothing; valid lines are counted as they pass.
+- ``estimate_validated``: a real job, in its prepare step right after validation: the
+  validated file is read back once; the job store keeps the answer beside what the job
+  really took (``JobStore.set_estimate``).
+
+How each figure is made (docs/api.md, "Estimates (dry run)"):
+- prompt tokens: the tokenizer of the checkpoint the worker loads (an adapter's base's,
+  ``model_config.tokenizer`` when given), chat lines rendered with the chat template the
+  engine uses, then tokenized as vLLM does (no special tokens added to a rendered chat; a
+  completion, embedding or classification text with them). The first ``EXACT_LINES`` valid
+  lines are counted exactly; the rest at the tokens per byte of those (memory stays flat and
+  a huge file costs no more than ``EXACT_LINES`` tokenizations). Audio and images
+  (transcriptions, OCR), and checkpoints in ``s3://`` (not fetched for an estimate), are not
+  counted: null, with the reason in ``notes``.
+- the most output tokens: per line ``max_completion_tokens`` / ``max_tokens`` /
+  ``max_output_tokens`` x ``n``, else the engine's default: 16 for ``/v1/completions``
+  (``runtime.engine.sampling.COMPLETIONS_DEFAULT_MAX_TOKENS``), up to the context length for
+  chat, responses and FIM; never past the context left after the prompt; 0 for embeddings,
+  classifications and moderations.
+- engine seconds: (prompt tokens + the most output tokens) / the tokens per engine second
+  of the model's newest ended jobs (``JobStore.measured_rate``); null until one has ended.
+  Lines usually stop before their most, so it is an upper figure.
+- expected start and end: the live jobs of its lane (the same pool; a higher priority, or
+  the same priority made earlier) are ahead; their stored estimates' engine seconds not yet
+  run, shared by the pool's slots, make the wait; the job's own engine seconds over
+  min(slots, data_parallelism) its run. Jobs ahead without an estimate yet count in
+  ``jobs_ahead_unknown``, not in the wait. Engine start-up and the scheduler's own delays
+  are not in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from pydantic import BaseModel, Field
+
+from llm_batch.core.config import Settings
+from llm_batch.core.endpoints import MEDIA_ENDPOINTS, TASK_OF_ENDPOINT, Endpoint
+from llm_batch.core.model_choice import ModelChoice
+from llm_batch.core.placement import GPU_TYPES
+from llm_batch.infra import storage
+from llm_batch.infra.media import MediaResolver
+from llm_batch.pipeline.validation import ValidationLimits, ValidationReport, validate_batch
+
+if TYPE_CHECKING:  # the store pulls in SQLAlchemy
+    from llm_batch.infra.jobstore import Job, JobStore
+
+__all__ = ["EXACT_LINES", "Estimate", "LineError", "PromptCounter", "estimate_input", "estimate_validated",
+           "load_counter"]
+
+# Valid lines whose prompt tokens are counted exactly; the rest at those lines' tokens per byte.
+EXACT_LINES = 5_000
+# Invalid lines an estimate names (the job's error file has them all).
+SHOWN_ERRORS = 5
+# /v1/completions without max_tokens: OpenAI's default, the engine's (runtime.engine.sampling).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+_GENERATE_UNTIL_CONTEXT = (Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES, Endpoint.FIM_COMPLETIONS)
+_CHAT_RENDERED = (Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES)
+_CONVERSATIONS = (Endpoint.CHAT_CLASSIFICATIONS, Endpoint.CHAT_MODERATIONS)
+
+
+class LineError(BaseModel):
+    """One invalid line, as the job's error file would report it."""
+
+    line: int = Field(description="1-based line (or element) of the input")
+    custom_id: str | None = Field(default=None, description="The line's custom_id, when it could be read")
+    code: str = Field(description="The error code (docs/validation.md)")
+    message: str = Field(description="What is wrong with the line")
+
+
+class Estimate(BaseModel):
+    """What a job is expected to take (docs/api.md, "Estimates (dry run)"). Null figures say
+    why in ``notes``."""
+
+    model: str = Field(description="The job's model")
+    endpoint: str = Field(description="The endpoint every line calls")
+    total: int = Field(description="Lines read")
+    valid: int = Field(description="Lines that would run")
+    invalid: int = Field(description="Lines that would be error lines (invalid)")
+    errors: list[LineError] = Field(description=f"The first {SHOWN_ERRORS} invalid lines")
+    prompt_tokens: int | None = Field(
+        description="Prompt tokens of the valid lines, counted with the model's own tokenizer (and chat template); "
+        "null when they cannot be counted here")
+    prompt_tokens_exact: bool = Field(
+        description=f"Whether every valid line was tokenized; above {EXACT_LINES} valid lines the rest are counted "
+        "at the tokens per byte of the first ones")
+    max_output_tokens: int | None = Field(
+        description="The most tokens the lines may generate: each line's max_tokens (max_completion_tokens, "
+        "max_output_tokens) x n, the engine's default when absent (16 for completions, the context left for chat); "
+        "0 for embeddings and classifications; null when unknown")
+    tokens_per_s: float | None = Field(
+        description="Tokens (prompt + completion) per engine second this deployment measured for the model over its "
+        "newest ended jobs; null until one has ended")
+    rate_jobs: int = Field(description="How many ended jobs tokens_per_s was measured over")
+    engine_seconds: float | None = Field(
+        description="(prompt_tokens + max_output_tokens) / tokens_per_s, summed over shards as a job's "
+        "usage.engine_seconds is: an upper figure, since lines usually stop before their most")
+    jobs_ahead: int = Field(description="Live jobs ahead in its lane (same pool; higher priority, or same and older)")
+    jobs_ahead_unknown: int = Field(description="Of jobs_ahead, those with no estimate yet (not in the wait)")
+    expected_start: int | None = Field(
+        description="Unix time in seconds its shards should start: now + the engine seconds ahead not yet run / the "
+        "pool's slots; null when its own engine seconds are unknown")
+    expected_end: int | None = Field(
+        description="Unix time in seconds it should end: expected_start + engine_seconds / min(slots, "
+        "data_parallelism); null when engine_seconds is")
+    estimated_at: int = Field(description="Unix time in seconds the estimate was made")
+    notes: list[str] = Field(description="Why a figure is null or approximate, in words")
+
+
+# -- counting prompt tokens ------------------------------------------------------------------
+
+
+@dataclass
+class PromptCounter:
+    """Counts a valid body's prompt tokens for one endpoint, with the engine's tokenizer."""
+
+    tokenizer: Any
+    endpoint: Endpoint
+    chat_template: str | None = None
+    fim: Any = None  # model_registry.FimTemplate
+    context: int | None = None  # the model's context length (max_model_len)
+
+    def count(self, body: dict[str, Any]) -> int:
+        if self.endpoint in _CHAT_RENDERED:
+            return self._chat(_messages_of(body), add_generation_prompt=True)
+        if self.endpoint is Endpoint.FIM_COMPLETIONS and self.fim is not None:
+            return self._text(self.fim.render(body.get("prompt") or "", body.get("suffix") or ""))
+        if self.endpoint in _CONVERSATIONS:
+            return sum(self._chat(c, add_generation_prompt=False) for c in _conversations(body.get("input")))
+        return self._text(body.get("prompt", body.get("input")))
+
+    def _chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> int:
+        text = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # as vLLM tokenizes a chat
+
+    def _text(self, value: Any) -> int:
+        if isinstance(value, str):
+            return len(self.tokenizer(value)["input_ids"])
+        if isinstance(value, int):
+            return 1  # a token id
+        if isinstance(value, list):
+            return len(value) if value and all(isinstance(v, int) for v in value) else sum(map(self._text, value))
+        return 0
+
+
+def _text_of(content: Any) -> Any:
+    """A message's content as one string when it is a list of text parts (as vLLM renders it)."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content
+
+
+def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation a chat or /v1/responses body asks about (instructions as a system message)."""
+    if "messages" in body:
+        messages = body["messages"]
+    else:
+        messages = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+        given = body.get("input")
+        messages += [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
+    return [{**m, "content": _text_of(m.get("content"))} for m in messages]
+
+
+def _conversations(value: Any) -> list[list[dict[str, Any]]]:
+    """Chat classification / moderation input: one conversation or a list of them, each a
+    list of messages or ``{"messages": [...]}``."""
+    items = value if isinstance(value, list) and value and not _is_message(value[0]) else [value]
+    conversations = [item.get("messages") if isinstance(item, dict) else item for item in items]
+    return [[{**m, "content": _text_of(m.get("content"))} for m in c or []] for c in conversations]
+
+
+def _is_message(value: Any) -> bool:
+    return isinstance(value, dict) and "role" in value
+
+
+class NotCounted(Exception):
+    """The prompt tokens cannot be counted here; the message says why."""
+
+
+def load_counter(model: str, model_config: dict[str, Any], endpoint: Endpoint, settings: Settings,
+                 owned: dict[str, str] | None = None) -> PromptCounter:
+    """The counter for a job of `model` (an owner's adapter: `owned` maps it to its base) on
+    `endpoint`, with the tokenizer and chat template the worker's engine will use
+    (``model_registry.resolve_model``); ``NotCounted`` saying why when there is none here."""
+    from llm_batch.infra.model_registry import ModelError, load_registry, resolve_model  # heavy
+
+    if endpoint in MEDIA_ENDPOINTS:
+        raise NotCounted(f"{endpoint} lines are {'audio' if endpoint is Endpoint.TRANSCRIPTIONS else 'images'}: "
+                         "their prompt tokens are not counted before the engine reads them")
+    config = {**model_config, "model": (owned or {}).get(model, model)}
+    try:
+        registry = load_registry(settings=settings)
+        checkpoint = config.get("checkpoint_path") or registry.get(config["model"]).checkpoint
+        if str(checkpoint).startswith("s3://"):
+            raise NotCounted(f"the checkpoint is in s3 ({checkpoint}): its tokenizer is not fetched for an estimate")
+        resolved = resolve_model(config, registry=registry, settings=settings)
+    except ModelError as exc:
+        raise NotCounted(f"the model's tokenizer is not readable here: {exc}") from None
+    args = resolved.engine_args
+    template = Path(args["chat_template"]).read_text() if args.get("chat_template") else None
+    try:
+        tokenizer = _tokenizer(str(args.get("tokenizer") or resolved.path))
+    except (OSError, ValueError) as exc:
+        raise NotCounted(f"the model's tokenizer cannot be loaded: {exc}") from None
+    if endpoint in (*_CHAT_RENDERED, *_CONVERSATIONS) and not (template or tokenizer.chat_template):
+        raise NotCounted("the model has no chat template to render the conversations with")
+    return PromptCounter(tokenizer, endpoint, template, resolved.fim,
+                         args.get("max_model_len") or _context_of(resolved.path))
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(path: str) -> Any:
+    """A tokenizer, loaded once per process (a few hundred ms; the API answers many dry runs)."""
+    from transformers import AutoTokenizer  # heavy
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _context_of(checkpoint: Path) -> int | None:
+    """The checkpoint's context length (its config.json's max_position_embeddings)."""
+    try:
+        config = orjson.loads((checkpoint / "config.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    limit = text.get("max_position_embeddings")
+    return limit if isinstance(limit, int) else None
+
+
+# -- the tally over valid lines ------------------------------------------------------------
+
+
+def _most_output(endpoint: Endpoint, body: dict[str, Any], prompt: int | None, context: int | None) -> int | None:
+    """The most tokens one line may generate (see the module docstring); None when unknown."""
+    if TASK_OF_ENDPOINT[endpoint] in ("embed", "classify"):
+        return 0
+    if endpoint in MEDIA_ENDPOINTS:
+        return None
+    limit = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+    if limit is None and endpoint is Endpoint.COMPLETIONS:
+        limit = COMPLETIONS_DEFAULT_MAX_TOKENS
+    left = context - prompt if context is not None and prompt is not None else None
+    if limit is None and left is None:
+        return None
+    most = min(v for v in (limit, left) if v is not None)
+    n = body.get("n")
+    return max(0, most) * (n if isinstance(n, int) and n > 0 else 1)
+
+
+@dataclass
+class _Tally:
+    """Sums over valid records (the validated file's lines), streaming."""
+
+    endpoint: Endpoint
+    counter: PromptCounter | None
+    exact_lines: int
+    lines: int = 0
+    counted_lines: int = 0
+    counted_tokens: int = 0
+    counted_bytes: int = 0
+    guessed_tokens: float = 0.0
+    output: int | None = 0
+    notes: list[str] = field(default_factory=list)
+    _pending: bytes = b""
+
+    def add(self, record_line: bytes) -> None:
+        body = orjson.loads(record_line)["body"]
+        self.lines += 1
+        prompt: int | None = None
+        if self.counter is not None:
+            if self.counted_lines < self.exact_lines:
+                prompt = self.counter.count(body)
+                self.counted_lines += 1
+                self.counted_tokens += prompt
+                self.counted_bytes += len(record_line)
+            else:  # past the exact lines: this line's bytes at the counted tokens per byte
+                guess = len(record_line) * self.counted_tokens / max(1, self.counted_bytes)
+                self.guessed_tokens += guess
+                prompt = round(guess)
+        if self.output is not None:
+            most = _most_output(self.endpoint, body, prompt, self.counter.context if self.counter else None)
+            self.output = None if most is None else self.output + most
+
+    def write(self, data: bytes) -> int:
+        """A sink for ``validate_batch``'s valid records: whole lines are tallied as they come."""
+        *whole, self._pending = (self._pending + data).split(b"\n")
+        for line in whole:
+            if line.strip():
+                self.add(line)
+        return len(data)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.counter is None else self.counted_tokens + round(self.guessed_tokens)
+
+
+# -- the estimate ---------------------------------------------------------------------------
+
+
+def _counter_or_note(store: JobStore, settings: Settings, job: Job, notes: list[str]) -> PromptCounter | None:
+    try:
+        owned = {a.name: a.base for a in store.list_adapters(job.owner)}
+        return load_counter(job.model, job.model_config or {}, Endpoint(job.endpoint), settings, owned)
+    except NotCounted as exc:
+        notes.append(f"prompt tokens not counted: {exc}")
+        return None
+
+
+def estimate_input(store: JobStore, settings: Settings, job: Job, *, source: Any, fmt: str, models: ModelChoice,
+                   now: datetime) -> Estimate:
+    """A dry run's estimate: `source` (``steps.input_source`` of `job`, a job not stored) is
+    validated as the prepare step validates it, writing nothing. Raises ``BatchRejected``
+    as validation does (nothing valid, a limit, unreadable input)."""
+    notes: list[str] = []
+    tally = _Tally(Endpoint(job.endpoint), _counter_or_note(store, settings, job, notes), EXACT_LINES)
+    report = validate_batch(source, fmt=fmt, endpoint=job.endpoint, limits=ValidationLimits.from_settings(settings),
+                            validated_out=tally, errors_out=None, media=MediaResolver(job.owner, store, settings),
+                            models=models)
+    return _estimate(store, settings, job, report, tally, notes, now)
+
+
+def estimate_validated(store: JobStore, settings: Settings, job: Job, report: ValidationReport, validated_uri: str,
+                       *, now: datetime) -> Estimate:
+    """A real job's estimate, from its validated file (one streamed pass) and its report."""
+    notes: list[str] = []
+    tally = _Tally(Endpoint(job.endpoint), _counter_or_note(store, settings, job, notes), EXACT_LINES)
+    with storage.open_read(validated_uri) as lines:
+        for line in _lines(lines):
+            tally.add(line)
+    return _estimate(store, settings, job, report, tally, notes, now)
+
+
+def _lines(stream: Iterable[bytes]) -> Iterator[bytes]:
+    return (line for line in stream if line.strip())
+
+
+def _estimate(store: JobStore, settings: Settings, job: Job, report: ValidationReport, tally: _Tally,
+              notes: list[str], now: datetime) -> Estimate:
+    prompt = tally.prompt_tokens
+    exact = tally.counter is not None and tally.counted_lines == tally.lines
+    if tally.counter is not None and not exact:
+        notes.append(f"prompt tokens of the first {tally.counted_lines} valid lines counted exactly, the other "
+                     f"{tally.lines - tally.counted_lines} at their tokens per byte")
+    if tally.output is None:
+        notes.append("the most output tokens are unknown: lines without max_tokens may generate up to a context "
+                     "length not known here" if Endpoint(job.endpoint) not in MEDIA_ENDPOINTS else
+                     f"the most output tokens of {job.endpoint} lines are not counted (up to the context length)")
+    rate = store.measured_rate(job.model)
+    if rate is None:
+        notes.append(f"no ended job of {job.model} has run an engine here yet: no measured tokens/s")
+    seconds = None
+    if rate is not None and prompt is not None and tally.output is not None:
+        seconds = round((prompt + tally.output) / rate.tokens_per_s, 1)
+    ahead, unknown, wait = _work_ahead(store, settings, job)
+    slots = _pool_slots(settings)
+    start = end = None
+    if seconds is not None:
+        start = now.timestamp() + wait / slots
+        end = start + seconds / max(1, min(slots, job.data_parallelism or 1))
+    if unknown:
+        notes.append(f"{unknown} of the {ahead} jobs ahead have no estimate yet: their time is not in the wait")
+    return Estimate(
+        model=job.model, endpoint=job.endpoint, total=report.total, valid=report.valid, invalid=report.invalid,
+        errors=[LineError(line=e.line, custom_id=e.custom_id, code=e.code, message=e.message)
+                for e in report.errors[:SHOWN_ERRORS]],
+        prompt_tokens=prompt, prompt_tokens_exact=exact, max_output_tokens=tally.output,
+        tokens_per_s=round(rate.tokens_per_s, 1) if rate else None, rate_jobs=rate.jobs if rate else 0,
+        engine_seconds=seconds, jobs_ahead=ahead, jobs_ahead_unknown=unknown,
+        expected_start=None if start is None else int(start), expected_end=None if end is None else int(end),
+        estimated_at=int(now.timestamp()), notes=notes,
+    )
+
+
+# -- the lane ahead ---------------------------------------------------------------------------
+
+
+def _pool_of(settings: Settings, gpu_type: str | None) -> str:
+    """The pool a job's shards wait in: one local pool, else its GPU type's (the first type
+    by default), as ``llm_batch.airflow.lanes.lane_for`` places them."""
+    if settings.shard_runner == "local":
+        return settings.local_pool
+    return gpu_type if gpu_type in GPU_TYPES else GPU_TYPES[0]
+
+
+def _pool_slots(settings: Settings) -> int:
+    return max(1, settings.local_shard_slots if settings.shard_runner == "local" else settings.gpu_pool_slots)
+
+
+def _work_ahead(store: JobStore, settings: Settings, job: Job) -> tuple[int, int, float]:
+    """(jobs ahead, of them without an estimate, their engine seconds not yet run)."""
+    pool = _pool_of(settings, (job.resources or {}).get("gpu_type"))
+    ahead = unknown = 0
+    wait = 0.0
+    for other in store.live_work():
+        if other.id == job.id or _pool_of(settings, other.gpu_type) != pool:
+            continue
+        if other.priority < job.priority or (other.priority == job.priority and other.created_at >= job.created_at):
+            continue
+        ahead += 1
+        seconds = (other.estimate or {}).get("engine_seconds")
+        if not isinstance(seconds, int | float):
+            unknown += 1
+            continue
+        wait += max(0.0, seconds - other.engine_seconds)
+    return ahead, unknown, wait
