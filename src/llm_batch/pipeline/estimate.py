@@ -51,10 +51,10 @@ from pydantic import BaseModel, Field
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import MEDIA_ENDPOINTS, TASK_OF_ENDPOINT, Endpoint
 from llm_batch.core.model_choice import ModelChoice
-from llm_batch.core.placement import GPU_TYPES
+from llm_batch.core.placement import GPU_TYPES, priority_band
 from llm_batch.infra import storage
 from llm_batch.infra.media import MediaResolver
-from llm_batch.pipeline.validation import ValidationLimits, ValidationReport, validate_batch
+from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, ValidationReport, validate_batch
 
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy
     from llm_batch.infra.jobstore import Job, JobStore
@@ -119,6 +119,8 @@ class Estimate(BaseModel):
         "data_parallelism); null when engine_seconds is")
     estimated_at: int = Field(description="Unix time in seconds the estimate was made")
     notes: list[str] = Field(description="Why a figure is null or approximate, in words")
+    would_fail: str | None = Field(
+        default=None, description="Why the job would fail at validation (no valid line); null when it would run")
 
 
 # -- counting prompt tokens ------------------------------------------------------------------
@@ -324,13 +326,19 @@ def _counter_or_note(store: JobStore, settings: Settings, job: Job, notes: list[
 def estimate_input(store: JobStore, settings: Settings, job: Job, *, source: Any, fmt: str, models: ModelChoice,
                    now: datetime) -> Estimate:
     """A dry run's estimate: `source` (``steps.input_source`` of `job`, a job not stored) is
-    validated as the prepare step validates it, writing nothing. Raises ``BatchRejected``
-    as validation does (nothing valid, a limit, unreadable input)."""
+    validated as the prepare step validates it, writing nothing. An input with no valid line
+    is answered with its counts and ``would_fail``; ``BatchRejected`` is raised for a limit
+    passed or an unreadable input (nothing to count)."""
     notes: list[str] = []
     tally = _Tally(Endpoint(job.endpoint), _counter_or_note(store, settings, job, notes), EXACT_LINES)
-    report = validate_batch(source, fmt=fmt, endpoint=job.endpoint, limits=ValidationLimits.from_settings(settings),
-                            validated_out=tally, errors_out=None, media=MediaResolver(job.owner, store, settings),
-                            models=models)
+    try:
+        report = validate_batch(source, fmt=fmt, endpoint=job.endpoint,
+                                limits=ValidationLimits.from_settings(settings), validated_out=tally, errors_out=None,
+                                media=MediaResolver(job.owner, store, settings), models=models)
+    except BatchRejected as exc:
+        if exc.report is None:  # a limit or unreadable input: nothing to count
+            raise
+        return _estimate(store, settings, job, exc.report, tally, notes, now).model_copy(update={"would_fail": str(exc)})
     return _estimate(store, settings, job, report, tally, notes, now)
 
 
@@ -401,15 +409,22 @@ def _pool_slots(settings: Settings) -> int:
     return max(1, settings.local_shard_slots if settings.shard_runner == "local" else settings.gpu_pool_slots)
 
 
+def _band_weight(settings: Settings, priority: int) -> int:
+    """The weight of a stored priority's band (0, "not given", is the middle band's)."""
+    return settings.priority_weights[priority_band(settings, priority)]
+
+
 def _work_ahead(store: JobStore, settings: Settings, job: Job) -> tuple[int, int, float]:
     """(jobs ahead, of them without an estimate, their engine seconds not yet run)."""
     pool = _pool_of(settings, (job.resources or {}).get("gpu_type"))
+    band = _band_weight(settings, job.priority)
     ahead = unknown = 0
     wait = 0.0
     for other in store.live_work():
         if other.id == job.id or _pool_of(settings, other.gpu_type) != pool:
             continue
-        if other.priority < job.priority or (other.priority == job.priority and other.created_at >= job.created_at):
+        other_band = _band_weight(settings, other.priority)
+        if other_band < band or (other_band == band and other.created_at >= job.created_at):
             continue
         ahead += 1
         seconds = (other.estimate or {}).get("engine_seconds")

@@ -11,6 +11,7 @@ nothing submitted), another owner's is 409. A retried Airflow task therefore re-
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -22,7 +23,7 @@ from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
 from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.native.derived import derive_job
-from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, JobList, JobOut, QueueOut
+from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, EstimateOut, JobList, JobOut, QueueOut
 from llm_batch.api.run_queue import QueuePlace, job_places
 from llm_batch.api.state import MAX_PAGE_SIZE, StoreDep
 from llm_batch.api.submission import (
@@ -38,13 +39,18 @@ from llm_batch.api.submission import (
     save_inline_requests,
     submit,
 )
+from llm_batch.core.config import Settings
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
-from llm_batch.core.jobs import JobStatus
+from llm_batch.core.jobs import JobRejected, JobStatus
 from llm_batch.infra.jobstore import DuplicateId, Job, JobStore
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.infra.model_registry import ModelError, job_model_config
+from llm_batch.infra.storage import StorageError
+from llm_batch.pipeline.estimate import estimate_input
+from llm_batch.pipeline.steps import input_source, job_model_choice
+from llm_batch.pipeline.validation import BatchRejected
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=IdempotentRoute)
 
@@ -72,11 +78,13 @@ def _stored_model_config(model: str, model_config: dict[str, Any]) -> dict[str, 
         raise ApiError(400, str(exc), param=param, code="invalid_model_config") from None
 
 
-@router.post("", response_model=JobOut, summary="Create a job (with `id`: idempotent, re-attaches to yours)")
-def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) -> JobOut:
+@router.post("", response_model=JobOut | EstimateOut,
+             summary="Create a job (with `id`: idempotent, re-attaches to yours; with `dry_run`: only its estimate)")
+def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) -> JobOut | EstimateOut:
     caller, store, settings, trigger = submitting
     caller.require_submit()
-    if body.id is not None and (existing := _reattach(store, caller, body.id)) is not None:
+    existing = _reattach(store, caller, body.id) if body.id is not None else None
+    if existing is not None and not body.dry_run:
         return JobOut.of(existing)
     given = [name for name in ("requests", "input_file_ids", "input_uri") if getattr(body, name) is not None]
     if len(given) != 1:
@@ -98,6 +106,8 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
             raise ApiError(400, "output_uri is the input_uri: the results would overwrite the requests",
                            param="output_uri", code="invalid_output")
         check_output_target(store, caller, output_uri, labels, param="output_uri")
+    if body.dry_run:
+        return _dry_run(store, settings, caller, body, endpoint, model_config, input_uri, weight, given[0])
     # Every check is done: only now is anything written.
     if body.input_file_ids:
         job_input = JobInput(file_ids=check_input_files(store, caller, body.input_file_ids, "input_file_ids"))
@@ -130,6 +140,31 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
             raise
         return JobOut.of(existing)
     return JobOut.of(job)
+
+
+def _dry_run(store: JobStore, settings: Settings, caller: Caller, body: CreateJob, endpoint: str,
+             model_config: dict[str, Any], input_uri: str | None, weight: int, param: str) -> EstimateOut:
+    """The estimate of the job `body` would create (``llm_batch.pipeline.estimate``), made on
+    a job that is never stored: nothing is written, no run is triggered."""
+    if body.input_file_ids:
+        job_input = JobInput(file_ids=check_input_files(store, caller, body.input_file_ids, "input_file_ids"))
+    elif input_uri is not None:
+        job_input = JobInput(uri=input_uri, path=body.input_uri)
+    else:  # as inline_request_lines numbers them
+        job_input = JobInput(requests=[{"custom_id": str(i) if r.custom_id is None else r.custom_id, "body": r.body}
+                                       for i, r in enumerate(body.requests or [])])
+    now = datetime.now(UTC)
+    job = Job(id="dry-run", dialect="airflow", endpoint=endpoint, model=body.model, owner=caller.name,
+              status=JobStatus.QUEUED, created_at=now, updated_at=now, model_config=model_config, input=job_input,
+              input_format=InputFormat.JSONL, priority=weight, data_parallelism=body.data_parallelism,
+              resources={"gpu_type": body.gpu_type} if body.gpu_type else {})
+    try:
+        source, fmt = input_source(store, job)
+        estimate = estimate_input(store, settings, job, source=source, fmt=fmt,
+                                  models=job_model_choice(store, job, settings), now=now)
+    except (BatchRejected, JobRejected, StorageError) as exc:  # what would fail the job at its prepare step
+        raise ApiError(400, f"the job's input would be rejected: {exc}", param=param, code="input_rejected") from None
+    return EstimateOut(**estimate.model_dump())
 
 
 def label_pairs(labels: list[str]) -> dict[str, str]:

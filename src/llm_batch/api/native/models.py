@@ -14,11 +14,12 @@ from llm_batch.api.scale.models import GpuType
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
 from llm_batch.infra.jobstore import Job
+from llm_batch.pipeline.estimate import Estimate
 
 _UNIX = "Unix time in seconds"
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 
-__all__ = ["JOB_ID_PATTERN", "CreateJob", "DerivedFromOut", "JobList", "JobOut", "JobRequestItem"]
+__all__ = ["JOB_ID_PATTERN", "CreateJob", "DerivedFromOut", "EstimateOut", "JobList", "JobOut", "JobRequestItem"]
 
 
 class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline request
@@ -104,6 +105,13 @@ class CreateJob(BaseModel):
         "`llm-batch.io/overwrite-output` is `true`",
     )
 
+    dry_run: bool = Field(
+        default=False,
+        description="Only estimate: every check of a create runs (auth, model, paths, limits; 4xx as a create), the "
+        "input is validated and counted, and the answer is the estimate (`object: job.estimate`); no job, run or "
+        "file is created. See \"Estimates (dry run)\" in docs/api.md",
+    )
+
     _labels = field_validator("labels")(check_pairs)
 
 
@@ -144,6 +152,12 @@ class QueueOut(BaseModel):
     pool: str | None = Field(description="The Airflow pool whose slot the job's tasks wait for; null while its run "
                              "waits to start at all")
     waiting_for: str = Field(description="What it waits for, in words (e.g. `a slot of pool llm_batch_local (1 of 1 in use)`)")
+
+
+class EstimateOut(Estimate):
+    """A dry run's answer: what the job would take. Nothing was created."""
+
+    object: Literal["job.estimate"] = Field(default="job.estimate", description="Always `job.estimate`")
 
 
 class JobOut(BaseModel):
@@ -188,6 +202,11 @@ class JobOut(BaseModel):
         description="While the job waits for Airflow to start it (a slot of its pool, or its run's start): its "
         "place; null once any of its tasks runs, and for an ended job",
     )
+    estimate: Estimate | None = Field(
+        default=None,
+        description="What the job was expected to take, made when its input was validated (beside `usage`, "
+        "`started_at` and `ended_at`, what it took); null before, and for jobs validated before estimates existed",
+    )
 
     @classmethod
     def of(cls, job: Job, queue: QueueOut | None = None) -> JobOut:
@@ -220,7 +239,18 @@ class JobOut(BaseModel):
             derived_from=DerivedFromOut(job_id=job.derived_from.job_id, kind=job.derived_from.kind)
             if job.derived_from else None,
             queue=None if job.terminal else queue,
+            estimate=_kept_estimate(job.estimate),
         )
+
+
+def _kept_estimate(kept: dict[str, Any] | None) -> Estimate | None:
+    """A stored estimate as answered; one the model no longer reads (an older shape) is left out."""
+    if not kept:
+        return None
+    try:
+        return Estimate.model_validate(kept)
+    except ValueError:
+        return None
 
 
 class JobList(BaseModel):
