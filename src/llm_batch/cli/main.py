@@ -13,6 +13,7 @@ import sys
 
 COMMANDS: tuple[str, ...] = (
     "llm_batch.cli.validate",
+    "llm_batch.cli.estimate",
     "llm_batch.cli.models",
     "llm_batch.cli.stack",
     "llm_batch.cli.shard",

@@ -443,6 +443,23 @@ class BatchClient:
         """The endpoint's delivery attempts, newest first."""
         return self._call("GET", f"/v1/webhooks/{endpoint_id}/attempts", params={"limit": limit})["data"]
 
+    # -- estimates (POST /v1/jobs with dry_run; docs/api.md "Estimates (dry run)") ---------
+
+    def estimate(self, path: Path, *, model: str, endpoint: str = "/v1/chat/completions", shards: int = 1,
+                 model_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The estimate of submitting the JSONL file `path` (``EstimateOut``): the file is uploaded
+        (streamed, so the server validates exactly what a job would read), estimated by a dry
+        run, and deleted again; nothing else is created."""
+        file_id = self.upload(path)
+        try:
+            body: dict[str, Any] = {"input_file_ids": [file_id], "endpoint": endpoint, "model": model,
+                                    "data_parallelism": shards, "dry_run": True}
+            if model_config:
+                body["model_config"] = model_config
+            return self._call("POST", "/v1/jobs", json=body)
+        finally:
+            self._call("DELETE", f"/v1/files/{file_id}")
+
 
 def submit_key(path: Path, **arguments: Any) -> str:
     """The ``Idempotency-Key`` of submitting `path` with `arguments` (BatchClient.submit's):
