@@ -1,7 +1,8 @@
 """``POST /v1/jobs`` with ``dry_run``: the estimate over HTTP on the real app, job store and
 Airflow DB, with the prepared tiny-random-llama's own tokenizer: counts of a file with bad
 lines, nothing created (no job, no run, no file), every refusal of a create answered alike,
-the measured tokens/s from ended jobs, and a real job's estimate beside what it took."""
+the measured tokens/s from ended jobs, and a real job's estimate beside what it took (the
+native route and the Batch jobs page's detail)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,5 @@ def test_a_real_jobs_estimate_sits_beside_what_it_took(client, creds, api_store,
     assert done["usage"]["engine_seconds"] == 1.5 and done["started_at"] and done["ended_at"]
     listed = client.get("/v1/jobs", headers=alice, params={"q": job["id"]}).json()["data"]
     assert listed[0]["estimate"] == est
+    page = client.get(f"/ui/api/jobs/{job['id']}", headers=alice).json()  # the Batch jobs page's detail
+    assert page["estimate"]["engine_seconds"] == est["engine_seconds"] and page["usage"]["engine_seconds"] == 1.5

@@ -184,6 +184,15 @@
     } }, text);
   }
 
+  // The estimate kept at validation beside what the job took: "expected (took)" per figure.
+  function estimateText(est, used) {
+    const fig = (v, d) => (v === null || v === undefined ? "?" : Number(v).toLocaleString(undefined, { maximumFractionDigits: d }));
+    return `engine ${fig(est.engine_seconds, 1)} s (took ${fig(used.engine_seconds, 1)} s) · ` +
+      `prompt ${fig(est.prompt_tokens, 0)} tokens (took ${fig(used.prompt_tokens, 0)}) · ` +
+      `output at most ${fig(est.max_output_tokens, 0)} (took ${fig(used.completion_tokens, 0)})` +
+      (est.expected_end ? ` · end expected ${when(new Date(est.expected_end * 1000).toISOString())}` : "");
+  }
+
   async function showDetail(id) {
     const job = await get("/ui/api/jobs/" + encodeURIComponent(id));
     $("#d-title").textContent = `Job ${job.id}`;
@@ -197,6 +206,7 @@
     row("Progress", bar(job.completed, job.total, job.failed > 0));
     row("Succeeded / failed", `${job.succeeded} / ${job.failed}`);
     row("Tokens/s", job.tokens_per_s.toFixed(1));
+    if (job.estimate) row("Estimate vs took", estimateText(job.estimate, job.usage));
     row("Model", job.model); row("Endpoint", job.endpoint); row("Owner", job.owner);
     row("Labels", labels(job.labels)); row("Created", when(job.created_at)); row("Ended", when(job.ended_at));
     $("#d-summary").replaceChildren(dl);
