@@ -104,6 +104,10 @@ PARAMS = {
         description=f"Priority band ({', '.join(SETTINGS.priority_weights)}) or a number; sets task priority and pod priority class.",
     ),
     "labels": Param({}, type="object", description="Labels of the job (also put on its pods)."),
+    "result_cache": Param(
+        True, type="boolean",
+        description="Answer greedy and seeded lines an earlier job of yours already computed from the result cache.",
+    ),
     "gpus": Param(
         1, type="integer", minimum=1, maximum=8,
         description="GPUs per worker (the tensor-parallel size); Kubernetes runner only.",

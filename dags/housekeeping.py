@@ -23,7 +23,7 @@ from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
 from llm_batch.core import run_conf
 from llm_batch.core.config import get_settings
-from llm_batch.pipeline import housekeeping
+from llm_batch.pipeline import housekeeping, result_cache
 
 SETTINGS = get_settings()
 
@@ -67,6 +67,7 @@ with DAG(
     def retention() -> int:
         store = _store()
         housekeeping.delete_old_idempotency_keys(store)  # kept 24 hours
+        result_cache.evict(store, SETTINGS)  # entries past their age, then beyond the size bound
         expired = housekeeping.delete_files_past_expiry(store)  # files' own expires_at
         return len(housekeeping.delete_expired_files(store, SETTINGS)) + len(expired)
 

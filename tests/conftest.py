@@ -20,6 +20,10 @@ os.environ["LLM_BATCH_ENFORCE_EAGER"] = "1"
 # and the real stack of the e2e tests checks (tests/e2e/conftest.py drops this for it).
 os.environ["LLM_BATCH_CHECK_MODELS_AT_SUBMIT"] = "false"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The result cache is off for the suite: many tests send the same greedy requests in job
+# after job of one owner and assert the engine ran them (kills mid-shard, engine seconds,
+# warm engines). The cache's own tests turn it on (tests/*/test_result_cache*.py).
+os.environ["LLM_BATCH_RESULT_CACHE"] = "false"
 
 # Property tests assert behaviour, not speed: a wall-clock deadline per example only adds
 # flakes on a loaded 2-core machine (a store's first example also runs its migrations).

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.airflow
 CHAT = "/v1/chat/completions"
 OLD = datetime(2001, 1, 1, tzinfo=UTC)
 FIELDS = {"group", "jobs", "requests", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
-          "reasoning_tokens", "engine_seconds", "gpu_seconds"}
+          "reasoning_tokens", "cached_requests", "cached_tokens", "engine_seconds", "gpu_seconds"}
 
 
 @pytest.fixture
@@ -59,7 +59,8 @@ def test_admin_gets_sums_by_owner(client, creds, made):
     assert set(ann) == FIELDS
     assert ann == {"group": made["ann"], "jobs": 2, "requests": {"total": 11, "succeeded": 10, "failed": 1},
                    "prompt_tokens": 1005, "completion_tokens": 205, "cached_prompt_tokens": 502,
-                   "reasoning_tokens": 0, "engine_seconds": 21.0, "gpu_seconds": 44.0}  # 20 x 2 + 1 x 4
+                   "reasoning_tokens": 0, "cached_requests": 0, "cached_tokens": 0,
+                   "engine_seconds": 21.0, "gpu_seconds": 44.0}  # 20 x 2 + 1 x 4
     assert (ben["jobs"], ben["engine_seconds"], ben["gpu_seconds"]) == (1, 6.0, 6.0)
     # An Airflow Admin gets the same report.
     assert _groups(client.get("/v1/usage", params={"by": "owner"}, headers=creds.jwt("root")), "usage-") == groups

@@ -200,7 +200,7 @@ def test_pass_one_holds_a_few_integers_per_line_not_the_lines():
     texts, _ = doc_qa_texts(docs=500, questions=4, chars=1500)
     write_job(layout, [True] * len(texts), texts=texts)
     size = len(storage.read_bytes(layout.validated))
-    lines = _read_lines(layout, "tokens", 1024)
+    lines = _read_lines(layout.validated, "tokens", 1024)
     per_line = [lines.weight, lines.group, lines.long_key]
     assert all(isinstance(a, array) and len(a) == 2000 for a in per_line)
     assert len(lines.g_weight) == 500

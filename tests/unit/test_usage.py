@@ -52,6 +52,9 @@ def jobs(store: JobStore) -> dict[str, str]:
     b = _job(store, owner="bob", model="m1", created_at=T0 + timedelta(hours=2), total=4, labels={"team": "a"},
              shards=[dict(done=4, succeeded=4, prompt_tokens=80, completion_tokens=16, cached_prompt_tokens=8,
                           engine_seconds=4.0)])
+    # The merge's exact sums with the lines the result cache answered (B: 2 lines, 50 tokens).
+    store.set_usage(b.id, prompt_tokens=80, completion_tokens=16, cached_prompt_tokens=8, reasoning_tokens=0,
+                    result_cache_hits=2, result_cache_tokens=50)
     c = _job(store, owner="alice", model="m2", created_at=T0 + timedelta(hours=3), total=2, resources={"gpus": 0},
              shards=[dict(done=2, succeeded=1, failed=1, prompt_tokens=20, completion_tokens=2, engine_seconds=3.0)])
     # The merge's exact sums: the cached count unknown (adds 0), 7 reasoning tokens.
@@ -59,14 +62,16 @@ def jobs(store: JobStore) -> dict[str, str]:
     d = _job(store, owner="alice", model="m1", created_at=T0 - timedelta(days=10), total=1,
              labels={"team": "b", "n": 1}, resources={"gpus": 1},
              shards=[dict(done=1, succeeded=1, prompt_tokens=1000, completion_tokens=1000, engine_seconds=100.0)])
+    store.set_usage(d.id, prompt_tokens=1000, completion_tokens=1000, cached_prompt_tokens=0, reasoning_tokens=0,
+                    result_cache_hits=1, result_cache_tokens=2000)
     return {"a": a.id, "b": b.id, "c": c.id, "d": d.id}
 
 
 # Each job's sums, as a UsageRow of one job (the group is filled in by _sum).
-A = UsageRow("", 1, 5, 4, 1, 150, 60, 10, 0, 15.0, 30.0)
-B = UsageRow("", 1, 4, 4, 0, 80, 16, 8, 0, 4.0, 4.0)
-C = UsageRow("", 1, 2, 1, 1, 20, 2, 0, 7, 3.0, 0.0)
-D = UsageRow("", 1, 1, 1, 0, 1000, 1000, 0, 0, 100.0, 100.0)
+A = UsageRow("", 1, 5, 4, 1, 150, 60, 10, 0, 0, 0, 15.0, 30.0)
+B = UsageRow("", 1, 4, 4, 0, 80, 16, 8, 0, 2, 50, 4.0, 4.0)
+C = UsageRow("", 1, 2, 1, 1, 20, 2, 0, 7, 0, 0, 3.0, 0.0)
+D = UsageRow("", 1, 1, 1, 0, 1000, 1000, 0, 0, 1, 2000, 100.0, 100.0)
 
 
 def _sum(group: str, *rows: UsageRow) -> UsageRow:

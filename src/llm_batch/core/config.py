@@ -154,6 +154,13 @@ class Settings(BaseSettings):
     max_lora_rank: int = Field(default=64, ge=1, le=512)
     max_loras: int = Field(default=4, ge=1, le=64)
     max_adapter_bytes: int = Field(default=512 << 20, ge=1)
+    # The result cache (llm_batch.pipeline.result_cache): answers of deterministic requests
+    # served to the same owner's later jobs; where its entries live (local path or s3://
+    # prefix; default $LLM_BATCH_HOME/result-cache), their total size and their age at most.
+    result_cache: bool = True
+    result_cache_uri: str = ""
+    result_cache_max_bytes: int = Field(default=2 << 30, ge=0)
+    result_cache_ttl_hours: int = Field(default=7 * 24, ge=1)
     # A shard that has not stopped this long after cancel / deadline is killed.
     cancel_grace_seconds: int = 60
     # Job deadline when a run names none (the Scale contract: one day).
@@ -242,6 +249,7 @@ class Settings(BaseSettings):
         self.local_roots = [Path(p).expanduser().resolve() for p in self.local_roots]
         self.work_uri = self.work_uri or str(self.home / "work")
         self.files_uri = self.files_uri or str(self.home / "files")
+        self.result_cache_uri = self.result_cache_uri or str(self.home / "result-cache")
         self.database_url = self.database_url or f"sqlite:///{self.home / 'jobs.db'}"
         self.model_cache = (self.model_cache or self.home / "models").expanduser()
         return self

@@ -53,6 +53,8 @@ class JobInput(BaseModel):
     moderation_shape: ModerationShape = ModerationShape.SCORES
     output_expires_after_s: int | None = Field(
         default=None, gt=0, description="the output and error files expire this long after they are made")
+    result_cache: bool = Field(
+        default=True, description="deterministic lines may be answered from the owner's result cache")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the job row keeps: the fields that differ from their defaults."""

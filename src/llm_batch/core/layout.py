@@ -39,6 +39,16 @@ class JobLayout:
         return join_uri(self.root, "validation_errors.jsonl")
 
     @property
+    def uncached(self) -> str:
+        """The validated requests the result cache did not answer: what the shards run."""
+        return join_uri(self.root, "uncached.jsonl")
+
+    @property
+    def cached_results(self) -> str:
+        """The results the result cache answered, in input order."""
+        return join_uri(self.root, "cached.jsonl")
+
+    @property
     def validation_report(self) -> str:
         return join_uri(self.root, "validation.json")
 

@@ -54,6 +54,8 @@ class ResultRecord(BaseModel):
     error: RequestError | None = None
     # The request's input line; merge copies it from the request when the worker did not.
     line: int | None = None
+    # True when the answer came from the result cache (an earlier job's), not the engine.
+    cached: bool | None = None
 
     @property
     def ok(self) -> bool:

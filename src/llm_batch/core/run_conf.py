@@ -54,6 +54,7 @@ class RunConf(BaseModel):
     gpu_type: str | None = None
     nodes_per_worker: int = 1
     owner: str = DEFAULT_OWNER
+    result_cache: bool = True
 
     def job_request(self, job_id: str, *, input_uri: str | None, output_uri: str | None, priority: int,
                     max_runtime_sec: int) -> JobRequest:
@@ -76,13 +77,14 @@ class RunConf(BaseModel):
         )
 
     def job_input(self) -> JobInput:
+        options = {"result_cache": self.result_cache}
         if self.input_requests:
-            return JobInput(requests=self.input_requests)
+            return JobInput(requests=self.input_requests, **options)
         if self.input_file_ids:
-            return JobInput(file_ids=self.input_file_ids)
+            return JobInput(file_ids=self.input_file_ids, **options)
         if self.input_uri:
-            return JobInput(uri=self.input_uri)
-        return JobInput()
+            return JobInput(uri=self.input_uri, **options)
+        return JobInput(**options)
 
 
 

@@ -174,7 +174,8 @@ def _backend(uri: str) -> LocalStorage | S3Storage:
 
 def _own_local_areas(settings: Any) -> tuple[Path, ...]:
     """Where llm-batch itself reads and writes locally, whatever the user roots are."""
-    return (settings.home, *(Path(u) for u in (settings.work_uri, settings.files_uri) if not is_s3(u)))
+    own = (settings.work_uri, settings.files_uri, settings.result_cache_uri)
+    return (settings.home, *(Path(u) for u in own if u and not is_s3(u)))
 
 
 @lru_cache(maxsize=4)

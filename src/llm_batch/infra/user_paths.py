@@ -147,7 +147,7 @@ def internal_areas(settings: Settings) -> list[Path]:
     # database state and server folder, the Celery shape's services.
     areas = [settings.home / name for name in ("airflow", API_KEY_FILE, "stack.json", "postgres", "celery")]
     areas.append(Path(settings.model_cache))
-    areas += [Path(u) for u in (settings.work_uri, settings.files_uri) if not storage.is_s3(u)]
+    areas += [Path(u) for u in _own_prefixes(settings) if not storage.is_s3(u)]
     if airflow_home := os.environ.get("AIRFLOW_HOME"):
         areas.append(Path(airflow_home))
     return [a.expanduser().resolve() for a in areas]
@@ -211,8 +211,13 @@ def _check_s3(uri: str, owner: str, settings: Settings, is_admin: bool) -> str:
     return uri
 
 
+def _own_prefixes(settings: Settings) -> tuple[str, ...]:
+    """Where llm-batch keeps its data: jobs' work, uploaded files, the result cache."""
+    return settings.work_uri, settings.files_uri, settings.result_cache_uri
+
+
 def _internal_s3(bucket: str, key: str, settings: Settings) -> bool:
-    for prefix in (settings.work_uri, settings.files_uri):
+    for prefix in _own_prefixes(settings):
         if not storage.is_s3(prefix):
             continue
         own_bucket, _, own_key = prefix[5:].partition("/")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import storage
+from llm_batch.pipeline import result_cache
 from llm_batch.pipeline.steps import fail_job, finalize, layout_of, merge
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
         if (file := store.get_file(file_id)) is not None:
             _remove_file(store, file)
     _drop_work_dir(settings, job.id)
+    result_cache.forget_job(store, job.id)  # its answers leave the owner's cache with it
     store.delete_job(job.id)
 
 

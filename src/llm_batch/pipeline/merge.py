@@ -65,6 +65,7 @@ from llm_batch.core.scale_output import ArrayElement, failed_element, success_el
 from llm_batch.infra import storage
 from llm_batch.infra.results import read_results
 from llm_batch.infra.streams import ChunkedWriter, stored_lines
+from llm_batch.pipeline.result_cache import cached_results
 from llm_batch.pipeline.sharding import ShardPlan, read_manifest
 
 # Codes of requests that never ran; they count as failed (and as completed: they have an
@@ -100,6 +101,9 @@ class MergeCounts:
     completion_tokens: int = 0
     cached_prompt_tokens: int | None = 0
     reasoning_tokens: int = 0
+    # lines answered from the result cache (part of succeeded) and their prompt + completion tokens
+    result_cache_hits: int = 0
+    result_cache_tokens: int = 0
     # model that answered (a success's body.model) -> {"succeeded", "prompt_tokens", "completion_tokens"},
     # for a job whose lines ran on several (its base, LoRA adapters); empty otherwise
     by_model: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -113,7 +117,8 @@ class _UsageSum:
         self.cached: int | None = 0
         self.by_model: dict[str, dict[str, int]] = {}
 
-    def add(self, body: dict[str, Any] | None) -> None:
+    def add(self, body: dict[str, Any] | None) -> int:
+        """Add a line's usage; returns its prompt + completion tokens."""
         usage = (body or {}).get("usage") or {}
         # Chat/completions/embeddings name them prompt/completion; a /v1/responses Response
         # input/output (its ResponseUsage).
@@ -131,6 +136,7 @@ class _UsageSum:
             "reasoning_tokens")
         self.cached = None if cached is None or self.cached is None else self.cached + int(cached)
         self.reasoning += int(reasoning or 0)
+        return prompt + completion
 
 
 def _named(usage: dict[str, Any], name: str, responses_name: str) -> Any:
@@ -244,11 +250,10 @@ class _Outputs:
 def output_line(job_id: str, result: ResultRecord) -> dict[str, Any]:
     """A success's line of the output file."""
     h = stable_request_hash(job_id, result.index)
-    return {
-        "id": f"batch_req_{h}", "custom_id": result.custom_id,
-        "response": {"status_code": result.status_code, "request_id": f"req_{h}", "body": result.body},
-        "error": None,
-    }
+    response = {"status_code": result.status_code, "request_id": f"req_{h}", "body": result.body}
+    if result.cached:  # answered from the result cache: an earlier job's answer, no engine time
+        response["cached"] = True
+    return {"id": f"batch_req_{h}", "custom_id": result.custom_id, "response": response, "error": None}
 
 
 def error_line(job_id: str, outcome: Outcome) -> dict[str, Any]:
@@ -295,7 +300,7 @@ def merge_job(
         return shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index)
                               or not_run_reason or DEFAULT_NOT_RUN_MESSAGE)
 
-    succeeded = failed = not_run = invalid = 0
+    succeeded = failed = not_run = invalid = cache_hits = cache_tokens = 0
     usage = _UsageSum()
     with ExitStack() as stack:
         def sink(uri: str) -> ChunkedWriter:
@@ -310,8 +315,8 @@ def merge_job(
             array_element=array_element or success_element(None),
         )
         last_index = -1
-        outcomes = heapq.merge(validation_errors(layout), job_outcomes(manifest.shards, outcomes_of),
-                               key=attrgetter("index"))
+        outcomes = heapq.merge(validation_errors(layout), cached_results(layout),
+                               job_outcomes(manifest.shards, outcomes_of), key=attrgetter("index"))
         for outcome in outcomes:
             if outcome.index <= last_index:
                 raise MergeError(
@@ -326,7 +331,10 @@ def merge_job(
                 outputs.failure(outcome)
             elif outcome.ok:
                 succeeded += 1
-                usage.add(outcome.body)
+                tokens = usage.add(outcome.body)
+                if outcome.cached:
+                    cache_hits += 1
+                    cache_tokens += tokens
                 outputs.success(outcome)
             else:
                 failed += 1
@@ -335,5 +343,6 @@ def merge_job(
     return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
                        not_run=not_run, invalid=invalid, prompt_tokens=usage.prompt,
                        completion_tokens=usage.completion, cached_prompt_tokens=usage.cached,
-                       reasoning_tokens=usage.reasoning,
+                       reasoning_tokens=usage.reasoning, result_cache_hits=cache_hits,
+                       result_cache_tokens=cache_tokens,
                        by_model=usage.by_model if len(usage.by_model) > 1 else {})

@@ -1,7 +1,8 @@
 """A job's finished lines, readable while it runs.
 
-What has finished is what storage already holds: the validation errors (written before any
-shard starts) and each shard's published result parts (each part is whole, see
+What has finished is what storage already holds: the validation errors and the lines the
+result cache answered (both written before any shard starts) and each shard's published
+result parts (each part is whole, see
 ``infra.results``). Read here with the merge's own pairing and line builders, so a line
 read early is the line the merged output and error files will hold, byte for byte once
 serialised, under the same ``id``: the final files equal what partial reads showed plus
@@ -30,6 +31,7 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import ResultRecord
 from llm_batch.infra import storage
 from llm_batch.pipeline.merge import Outcome, error_line, job_outcomes, output_line, shard_outcomes, validation_errors
+from llm_batch.pipeline.result_cache import cached_results
 from llm_batch.pipeline.sharding import read_manifest
 
 
@@ -46,7 +48,7 @@ def finished_outcomes(layout: JobLayout, order: PartialOrder = PartialOrder.INPU
     if not storage.exists(layout.shard_manifest):
         return  # not planned yet: the validation errors alone are not a prefix of anything
     manifest = read_manifest(layout)
-    outcomes = heapq.merge(validation_errors(layout),
+    outcomes = heapq.merge(validation_errors(layout), cached_results(layout),
                            job_outcomes(manifest.shards, lambda plan: shard_outcomes(plan, None)),
                            key=attrgetter("index"))
     expected = 0

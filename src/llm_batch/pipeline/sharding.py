@@ -266,14 +266,14 @@ class _ShardFileWriter:
             context.__exit__(type(exc), exc, exc.__traceback__)
 
 
-def _write_contiguous(layout: JobLayout, num_shards: int, by: ShardBy, total_requests: int,
+def _write_contiguous(layout: JobLayout, source: str, num_shards: int, by: ShardBy, total_requests: int,
                       total_weight: int) -> list[ShardPlan]:
     plans: list[ShardPlan] = []
     writer: _ShardFileWriter | None = None
     # min(): with more shards asked than requests, one request per shard, numbered 0..
     assigner = _Assigner(min(num_shards, total_requests), total_requests, total_weight)
     try:
-        for position, line in enumerate(stored_lines(layout.validated)):
+        for position, line in enumerate(stored_lines(source)):
             weight = _weight(line, by)
             k = assigner.assign(weight)
             if writer is None or k != writer.k:
@@ -288,7 +288,7 @@ def _write_contiguous(layout: JobLayout, num_shards: int, by: ShardBy, total_req
             writer.abort(exc)
         raise
     if assigner.position != total_requests:
-        raise ShardingError(f"{layout.validated}: changed while shards were planned")
+        raise ShardingError(f"{source}: changed while shards were planned")
     return plans
 
 
@@ -315,11 +315,11 @@ class _Lines:
         return len(self.weight)
 
 
-def _read_lines(layout: JobLayout, by: ShardBy, chars: int) -> _Lines:
+def _read_lines(source: str, by: ShardBy, chars: int) -> _Lines:
     lines = _Lines()
     group_of: dict[int, int] = {}  # prefix hash -> group id (only lines with a long prompt)
     model_rank: dict[str | None, int] = {}
-    for position, line in enumerate(stored_lines(layout.validated)):
+    for position, line in enumerate(stored_lines(source)):
         record = orjson.loads(line)
         body = record["body"]
         lines.model.append(model_rank.setdefault(record.get("adapter"), len(model_rank)))
@@ -484,11 +484,11 @@ def _adapter_assignment(lines: _Lines, num_shards: int) -> tuple[array, int]:
     return shard_of, m
 
 
-def _write_assigned(layout: JobLayout, shard_of: array, m: int, weights: array) -> list[ShardPlan]:
+def _write_assigned(layout: JobLayout, source: str, shard_of: array, m: int, weights: array) -> list[ShardPlan]:
     writers: list[_ShardFileWriter | None] = [None] * m
     position = -1
     try:
-        for position, line in enumerate(stored_lines(layout.validated)):
+        for position, line in enumerate(stored_lines(source)):
             if position >= len(shard_of):
                 break
             k = shard_of[position]
@@ -497,7 +497,7 @@ def _write_assigned(layout: JobLayout, shard_of: array, m: int, weights: array) 
                 writer = writers[k] = _ShardFileWriter(layout, k, position, digest=True)
             writer.add(line, weights[position])
         if position + 1 != len(shard_of) or any(w is None for w in writers):
-            raise ShardingError(f"{layout.validated}: changed while shards were planned")
+            raise ShardingError(f"{source}: changed while shards were planned")
         plans = [w.close() for w in writers]  # type: ignore[union-attr]
     except BaseException as exc:
         for writer in writers:
@@ -511,11 +511,14 @@ def _write_assigned(layout: JobLayout, shard_of: array, m: int, weights: array) 
 
 
 def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
-                prefix_aware: bool | None = None, min_saving: float | None = None) -> list[ShardPlan]:
+                prefix_aware: bool | None = None, min_saving: float | None = None,
+                source: str | None = None) -> list[ShardPlan]:
     """Write the shards' request files and the manifest; return the (non-empty) shards.
 
     ``prefix_aware`` defaults to the setting ``prefix_aware_sharding``, ``min_saving`` to
-    MIN_PREFIX_SAVING."""
+    MIN_PREFIX_SAVING; ``source`` (default ``layout.validated``) is the requests file to
+    plan (``layout.uncached`` when the result cache answered some)."""
+    source = source or layout.validated
     if not 1 <= num_shards <= MAX_SHARDS:
         raise ShardingError(f"number of shards must be 1..{MAX_SHARDS}, got {num_shards}")
     if by not in ("count", "tokens"):
@@ -528,7 +531,7 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
     groups = saved = 0
     by_adapter = False
     if num_shards > 1:
-        lines = _read_lines(layout, by, PREFIX_KEY_CHARS if prefix_aware else 0)
+        lines = _read_lines(source, by, PREFIX_KEY_CHARS if prefix_aware else 0)
         total_requests, total_weight = lines.total, sum(lines.weight)
         groups = len(lines.g_weight)
         if lines.models > 1 and total_requests > 1:
@@ -541,14 +544,14 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
                     assignment, saved = None, 0
     else:
         total_requests = total_weight = 0
-        for line in stored_lines(layout.validated):
+        for line in stored_lines(source):
             total_requests += 1
             total_weight += _weight(line, by)
 
     if assignment is None:
-        plans = _write_contiguous(layout, num_shards, by, total_requests, total_weight)
+        plans = _write_contiguous(layout, source, num_shards, by, total_requests, total_weight)
     else:
-        plans = _write_assigned(layout, *assignment, lines.weight)
+        plans = _write_assigned(layout, source, *assignment, lines.weight)
 
     manifest = ShardManifest(job_id=layout.job_id, by=by, num_shards=num_shards,
                              total_requests=total_requests, total_weight=total_weight,

@@ -328,6 +328,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
     The job moves to RUNNING; a job cancelled (or ended) before this point gets no shard
     task. Planning again (a retried task) writes the same shards and keeps their results.
     """
+    from llm_batch.pipeline.result_cache import answer_from_cache  # heavy
     from llm_batch.pipeline.sharding import plan_shards  # heavy
 
     job = _job(store, job_id)
@@ -337,8 +338,11 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
     if job.cancel_requested and not storage.exists(layout.validation_report):
         return []  # cancelled before its input was read: no line to account for
     # Planned even when cancelled after validation: merge then reports every valid line
-    # as never run, so no line of a job whose input was read goes unaccounted for.
-    plans = plan_shards(layout, job.data_parallelism)
+    # as never run, so no line of a job whose input was read goes unaccounted for. The
+    # lines the owner's result cache answers are results already; the shards run the rest
+    # (none at all when the cache answered every line).
+    source = layout.validated if job.cancel_requested else answer_from_cache(store, settings, job, layout)
+    plans = plan_shards(layout, job.data_parallelism, source=source)
     if job.cancel_requested:
         return []
     store.transition(job_id, JobStatus.RUNNING)
@@ -398,6 +402,7 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
     """
     from llm_batch.core.scale_output import success_element  # heavy
     from llm_batch.pipeline.merge import merge_job  # heavy
+    from llm_batch.pipeline.result_cache import fill_cache  # heavy
     job = _job(store, job_id)
     layout = layout_of(settings, job_id)
     if job.terminal or not storage.exists(layout.shard_manifest):
@@ -428,7 +433,9 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
     # The exact usage: the sum over the output lines (the live figure came from progress).
     store.set_usage(job_id, prompt_tokens=counts.prompt_tokens, completion_tokens=counts.completion_tokens,
                     cached_prompt_tokens=counts.cached_prompt_tokens, reasoning_tokens=counts.reasoning_tokens,
-                    model_usage=counts.by_model or None)
+                    model_usage=counts.by_model or None, result_cache_hits=counts.result_cache_hits,
+                    result_cache_tokens=counts.result_cache_tokens)
+    fill_cache(store, settings, job, layout)  # after the outputs: a failure here loses no line
     report = dataclasses.asdict(counts)
     storage.write_bytes(layout.merge_report, orjson.dumps(report))
     return report

@@ -39,7 +39,8 @@ def derive_job(submitting: Submitting, job_id: str, kind: str) -> Job:
     try:
         if kind == "retry":
             plan = retry_plan(store, source)
-            options = source.input.model_dump(include={"output_format", "moderation_shape", "output_expires_after_s"})
+            options = source.input.model_dump(include={"output_format", "moderation_shape", "output_expires_after_s",
+                                                    "result_cache"})
             counted = _Counted(retry_lines(store, source, plan))
             job_input = save_inline_requests(store, settings, source.owner, counted, f"retry-of-{source.id}.jsonl",
                                              **options)

@@ -105,6 +105,13 @@ class CreateJob(BaseModel):
         "`llm-batch.io/overwrite-output` is `true`",
     )
 
+    result_cache: bool = Field(
+        default=True,
+        description="Answer the lines whose answer is determined (greedy or seeded chat and completions, embeddings) "
+        "from your earlier jobs' results when they hold them (no engine time; marked `cached` in the output line). "
+        "false: every line runs on the engine and none of this job's answers enter the cache",
+    )
+
     dry_run: bool = Field(
         default=False,
         description="Only estimate: every check of a create runs (auth, model, paths, limits; 4xx as a create), the "
@@ -134,6 +141,10 @@ class JobUsage(BaseModel):
     completion_tokens: int = Field(description="Generated tokens of the succeeded requests")
     total_tokens: int = Field(description="prompt_tokens + completion_tokens")
     engine_seconds: float = Field(description="Seconds the engines spent on the job's shards, summed")
+    cached_requests: int = Field(
+        default=0, description="Succeeded requests answered from the result cache (no engine time), part of succeeded")
+    cached_tokens: int = Field(
+        default=0, description="Prompt + completion tokens of the cached requests (also in the token counts above)")
 
 
 class DerivedFromOut(BaseModel):
@@ -224,6 +235,8 @@ class JobOut(BaseModel):
                 completion_tokens=job.completion_tokens,
                 total_tokens=job.prompt_tokens + job.completion_tokens,
                 engine_seconds=job.engine_seconds,
+                cached_requests=job.result_cache_hits,
+                cached_tokens=job.result_cache_tokens,
             ),
             input_file_ids=list(job.input.file_ids or []),
             output_file_id=job.output_file_id,

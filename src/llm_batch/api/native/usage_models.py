@@ -39,6 +39,10 @@ class UsageGroup(BaseModel):
         description="Prompt tokens served from the prefix cache (a job whose count is unknown adds 0)"
     )
     reasoning_tokens: int = Field(description="Hidden reasoning tokens (0 unless the outputs counted some)")
+    cached_requests: int = Field(
+        default=0, description="Succeeded requests answered from the result cache (no engine time; in `requests.succeeded`)")
+    cached_tokens: int = Field(
+        default=0, description="Prompt + completion tokens of the cached requests (also in the token counts)")
     engine_seconds: float = Field(description="Seconds the jobs' shard engines ran, all attempts summed")
     gpu_seconds: float = Field(
         description="Each job's engine seconds x its GPUs (the job's `gpus`, 1 when it names none; a job recorded "
@@ -57,6 +61,8 @@ class UsageGroup(BaseModel):
             completion_tokens=row.completion_tokens,
             cached_prompt_tokens=row.cached_prompt_tokens,
             reasoning_tokens=row.reasoning_tokens,
+            cached_requests=row.cached_requests,
+            cached_tokens=row.cached_tokens,
             engine_seconds=round(row.engine_seconds, 3),
             gpu_seconds=round(row.gpu_seconds, 3),
         )

@@ -122,6 +122,10 @@ class JobRow(Base):
     model_usage: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
     # What the job was expected to take when its input was validated (llm_batch.pipeline.estimate).
     estimate: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
+    # Lines answered from the result cache (part of succeeded) and their tokens (prompt +
+    # completion, also in the token counts above: they are the lines' usage).
+    result_cache_hits: Mapped[int] = mapped_column(Integer, default=0)
+    result_cache_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
     owner: Mapped[str] = mapped_column(String(256))
     dag_run_id: Mapped[str | None] = mapped_column(String(256))
@@ -329,3 +333,24 @@ class AdapterRow(Base):
     created_at: Mapped[datetime]
 
     __table_args__ = (UniqueConstraint("owner", "name", name="uq_adapters_owner_name"),)
+
+
+# -- the result cache's index (llm_batch.pipeline.result_cache, docs/api.md) -------------------
+
+
+class ResultCacheRow(Base):
+    """One cached answer: ``key`` (the request's content address) in ``owner``'s cache; the
+    answer itself is the object at ``uri`` in storage. ``job_id`` is the job that computed
+    it (deleting that job removes the entry); ``used_at`` orders eviction."""
+
+    __tablename__ = "result_cache"
+
+    owner: Mapped[str] = mapped_column(String(256), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(128), index=True)
+    uri: Mapped[str] = mapped_column(Text)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    used_at: Mapped[datetime] = mapped_column(index=True)

@@ -73,6 +73,9 @@ class Job:
     model_usage: dict[str, dict[str, int]] | None = None
     # What the job was expected to take (llm_batch.pipeline.estimate), set at validation.
     estimate: dict[str, Any] | None = None
+    # Lines answered from the result cache (part of succeeded) and their tokens.
+    result_cache_hits: int = 0
+    result_cache_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, JobInput):  # a row's stored JSON (a dict)
@@ -163,3 +166,18 @@ class OwnerAdapter:
     created_at: datetime
     owner: str
     id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One answer in an owner's result cache (the answer is the storage object at ``uri``)."""
+
+    owner: str
+    key: str
+    job_id: str
+    uri: str
+    bytes: int
+    prompt_tokens: int
+    completion_tokens: int
+    created_at: datetime
+    used_at: datetime

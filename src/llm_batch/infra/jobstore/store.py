@@ -12,6 +12,7 @@ engine, transactions) with a small ``Protocol`` of what its callers use:
 - ``usage.py``: usage reports and per-owner holdings (``Usage``);
 - ``figures.py``: the whole store's operational figures for metrics (``Figures``);
 - ``estimates.py``: jobs' estimates, measured tokens/s, the live work ahead (``Estimates``);
+- ``result_cache.py``: the result cache's index (``ResultCacheIndex``);
 - ``health.py``: the health check (``Health``);
 - ``webhooks.py``: webhook endpoints, the delivery outbox, attempts (``WebhookEndpoints``,
   ``WebhookOutbox``).
@@ -41,6 +42,7 @@ from llm_batch.infra.jobstore.health import HealthRepository
 from llm_batch.infra.jobstore.idempotency import IdempotencyRepository
 from llm_batch.infra.jobstore.jobs import JobRepository
 from llm_batch.infra.jobstore.progress import ProgressRepository
+from llm_batch.infra.jobstore.result_cache import ResultCacheRepository
 from llm_batch.infra.jobstore.usage import UsageRepository
 from llm_batch.infra.jobstore.webhooks import WebhookRepository
 
@@ -57,6 +59,7 @@ class JobStore(
     WebhookRepository,
     AdapterRepository,
     EstimatesRepository,
+    ResultCacheRepository,
 ):
     """The job store at `url`: every repository's methods over one engine (see the module
     docstring; construction and threads as ``Repository``)."""

@@ -12,6 +12,7 @@ from llm_batch.infra.jobstore.models import (
     IdempotencyKeyRow,
     JobRow,
     ProgressHistoryRow,
+    ResultCacheRow,
     ShardProgressRow,
     WebhookAttemptRow,
     WebhookDeliveryRow,
@@ -28,3 +29,4 @@ ENDPOINTS: Table = WebhookEndpointRow.__table__
 DELIVERIES: Table = WebhookDeliveryRow.__table__
 ATTEMPTS: Table = WebhookAttemptRow.__table__
 ADAPTERS: Table = AdapterRow.__table__
+RESULT_CACHE: Table = ResultCacheRow.__table__

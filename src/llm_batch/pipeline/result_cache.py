@@ -1,0 +1,163 @@
+"""The result cache's use cases: a job's determined lines answered from its owner's earlier
+jobs (no engine time), and the cache filled, expired and emptied.
+
+- ``answer_from_cache`` (the plan step): the validated requests whose answer the owner's
+  cache holds become ``layout.cached_results`` (results marked ``cached``), the rest
+  ``layout.uncached``, which the shards run. The merge reads the cached results as one more
+  ordered source, so every line still ends exactly once.
+- ``fill_cache`` (the merge step): each successful, cacheable result the job's shards
+  computed becomes an entry (answer object first, then its row).
+- ``forget_job`` (a job's deletion) and ``evict`` (housekeeping: entries past
+  ``result_cache_ttl_hours``, then the least recently used beyond ``result_cache_max_bytes``).
+
+What is cacheable and the key: ``llm_batch.infra.result_cache``. The cache is per owner; a
+job opts out with its input option ``result_cache`` false, a deployment with
+``LLM_BATCH_RESULT_CACHE=false``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from llm_batch.core.config import Settings
+from llm_batch.core.layout import JobLayout
+from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
+from llm_batch.infra import storage
+from llm_batch.infra.model_registry import ModelError, load_registry
+from llm_batch.infra.result_cache import cache_key, cacheable, entry_uri, read_answer, write_answer
+from llm_batch.infra.results import read_results
+from llm_batch.infra.streams import stored_lines
+from llm_batch.pipeline.sharding import read_manifest
+
+if TYPE_CHECKING:  # the DAG files import this module: the store loads only in tasks
+    from llm_batch.infra.jobstore import Job, JobStore
+
+_LOOKUP_BATCH = 500  # validated lines looked up per query
+
+
+def enabled(settings: Settings, job: Job) -> bool:
+    return settings.result_cache and job.input.result_cache
+
+
+class _Keys:
+    """Each request's key for one job: the model's registry entry and the job's engine
+    configuration decide its answers, with the line's adapter's entry when it has one."""
+
+    def __init__(self, settings: Settings, job: Job):
+        try:
+            self.registry = load_registry(settings=settings)
+            spec = self.registry.get(job.model).model_dump(mode="json")
+        except ModelError:  # a model_config.checkpoint_path job: its config says what it runs
+            self.registry, spec = None, None
+        self.identity = {"model": job.model, "spec": spec, "model_config": job.model_config or {}}
+        self.endpoint = job.endpoint
+
+    def of(self, request: BatchRequest) -> str | None:
+        if not cacheable(self.endpoint, request):
+            return None
+        adapter = self.registry.adapters.get(request.adapter) if self.registry and request.adapter else None
+        identity = {**self.identity, "adapter_spec": adapter.model_dump(mode="json") if adapter else None}
+        return cache_key(identity, self.endpoint, request)
+
+
+def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> str:
+    """Split the validated requests into cached results and the rest; returns what the
+    shards run (``layout.validated`` itself when the cache is off for the job).
+
+    The rest is published before the cached results, so a retried plan finding both reuses
+    them, and finding only the first redoes the split: a line is never in both.
+    """
+    if not enabled(settings, job):
+        return layout.validated
+    if storage.exists(layout.cached_results) and storage.exists(layout.uncached):
+        return layout.uncached
+    keys = _Keys(settings, job)
+    made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
+    used: list[str] = []
+    with storage.open_write(layout.cached_results) as cached, storage.open_write(layout.uncached) as rest:
+        lines = stored_lines(layout.validated)
+        while chunk := list(islice(lines, _LOOKUP_BATCH)):
+            requests = [BatchRequest.model_validate_json(line) for line in chunk]
+            request_keys = [keys.of(request) for request in requests]
+            entries = store.cache_entries(job.owner, [k for k in request_keys if k], made_after=made_after)
+            for line, request, key in zip(chunk, requests, request_keys, strict=True):
+                entry = entries.get(key) if key else None
+                body = read_answer(entry.uri, key) if entry else None
+                if body is None:
+                    rest.write(line + b"\n")
+                    continue
+                used.append(key)
+                cached.write(dumps_line(ResultRecord(index=request.index, custom_id=request.custom_id,
+                                                     status_code=200, body=body, line=request.line, cached=True)))
+    store.touch_cache_entries(job.owner, used)
+    return layout.uncached
+
+
+def cached_results(layout: JobLayout) -> Iterator[ResultRecord]:
+    """The job's results answered from the cache, in input order (none without a split)."""
+    if storage.exists(layout.cached_results):
+        for line in stored_lines(layout.cached_results):
+            yield ResultRecord.model_validate_json(line)
+
+
+def _tokens(body: dict[str, Any]) -> tuple[int, int]:
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def _computed(layout: JobLayout) -> Iterator[tuple[BatchRequest, ResultRecord]]:
+    """Each request the job's shards answered successfully, with its result."""
+    for plan in read_manifest(layout).shards:
+        results = read_results(plan.results_uri)
+        pending = next(results, None)
+        for line in stored_lines(plan.requests_uri):
+            if pending is None:
+                break
+            request = BatchRequest.model_validate_json(line)
+            while pending is not None and pending.index < request.index:
+                pending = next(results, None)
+            if pending is not None and pending.index == request.index:
+                if pending.ok and pending.body is not None:
+                    yield request, pending
+                pending = next(results, None)
+
+
+def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> int:
+    """Enter the job's computed, cacheable answers in its owner's cache; returns how many."""
+    if not enabled(settings, job) or not storage.exists(layout.shard_manifest):
+        return 0
+    keys = _Keys(settings, job)
+    filled = 0
+    for request, result in _computed(layout):
+        key = keys.of(request)
+        if key is None:
+            continue
+        uri = entry_uri(settings, job.owner, key)
+        size = write_answer(uri, key, result.body)  # the object whole before its row
+        prompt, completion = _tokens(result.body)
+        store.put_cache_entry(owner=job.owner, key=key, job_id=job.id, uri=uri, bytes=size,
+                              prompt_tokens=prompt, completion_tokens=completion)
+        filled += 1
+    return filled
+
+
+def forget_job(store: JobStore, job_id: str) -> int:
+    """Remove the entries a (deleted) job computed, rows then objects; returns how many."""
+    entries = store.forget_job_cache(job_id)
+    for entry in entries:
+        storage.delete(entry.uri)
+    return len(entries)
+
+
+def evict(store: JobStore, settings: Settings, now: datetime | None = None) -> int:
+    """Remove expired entries, then the least recently used beyond the size bound."""
+    now = now or datetime.now(UTC)
+    entries = store.evict_cache(made_before=now - timedelta(hours=settings.result_cache_ttl_hours),
+                                max_bytes=settings.result_cache_max_bytes)
+    for entry in entries:
+        storage.delete(entry.uri)
+    return len(entries)
+

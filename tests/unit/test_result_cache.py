@@ -1,0 +1,224 @@
+"""The result cache through the pipeline's own steps (register, validate, plan, merge) on a
+real SQLite job store and local storage, with a stand-in worker (the real engine's run is
+tests/dags/test_result_cache_dag.py, kill -9 during cache writes on SeaweedFS
+tests/integration/test_result_cache_s3.py):
+
+which requests are cacheable and what their key depends on; a second job of the same owner
+answered from the first's results (only its new lines planned, cached lines marked, counted,
+identical to the first job's answers, in input order among the rest); another owner, an
+opted-out job, a changed model configuration: misses; a torn or foreign object: a miss;
+deleting the job that computed an entry removes it; expiry and the size bound.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+
+from llm_batch.core import run_conf
+from llm_batch.core.config import Settings
+from llm_batch.core.records import BatchRequest, ResultRecord
+from llm_batch.infra import storage
+from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.result_cache import cache_key, cacheable
+from llm_batch.infra.results import ResultsWriter
+from llm_batch.pipeline import housekeeping, result_cache, shard_task, steps
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def settings() -> Settings:
+    # A cache of its own per test, inside the test home (storage's allowed local areas).
+    return Settings(result_cache=True, result_cache_uri=str(Settings().home / f"result-cache-{uuid.uuid4().hex[:8]}"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    yield store
+    store.close()
+
+
+def _line(i: int, custom_id: str | None = None, **sampling) -> bytes:
+    body = {"messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 4, **sampling}
+    return orjson.dumps({"custom_id": custom_id or f"q{i}", "body": body})
+
+
+def _conf(settings: Settings, lines: list[bytes], owner: str = run_conf.DEFAULT_OWNER, **extra) -> dict:
+    path = settings.local_roots[0] / owner / f"in-{uuid.uuid4().hex[:8]}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return {"input_uri": str(path), "model": "tiny-random-llama", "owner": owner, **extra}
+
+
+def _answer(request: dict) -> dict:
+    """The stand-in engine: an answer that names the job that computed it."""
+    return {"object": "chat.completion", "model": "tiny-random-llama",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"answer to {request['custom_id']}"}}],
+            "usage": {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}}
+
+
+def _run(store: JobStore, settings: Settings, conf: dict) -> tuple[str, list[int]]:
+    """A whole job through the steps; returns its id and how many requests each shard ran."""
+    job_id = steps.register(store, settings, conf, f"manual__{uuid.uuid4().hex}", trusted=True)
+    steps.validate(store, settings, job_id)
+    ran = []
+    for task in steps.plan(store, settings, job_id):
+        shard = shard_task.ShardTask.model_validate(task.model_dump())
+        requests = [orjson.loads(line) for line in storage.read_bytes(shard.requests_uri).splitlines()]
+        with ResultsWriter.open(shard.results_uri) as writer:
+            for request in requests:
+                writer.write(ResultRecord(index=request["index"], custom_id=request["custom_id"], status_code=200,
+                                          body=_answer(request)))
+        ran.append(len(requests))
+    steps.merge(store, settings, job_id)
+    steps.finalize(store, settings, job_id)
+    return job_id, ran
+
+
+def _outputs(settings: Settings, job_id: str) -> list[dict]:
+    return [orjson.loads(line) for line in
+            storage.read_bytes(steps.layout_of(settings, job_id).output_jsonl).splitlines()]
+
+
+def test_what_is_cacheable_and_what_decides_the_key():
+    def request(**body) -> BatchRequest:
+        return BatchRequest(index=0, custom_id="a", body={"messages": [{"role": "user", "content": "hi"}], **body})
+
+    assert cacheable(CHAT, request(temperature=0)) and cacheable(CHAT, request(seed=7))
+    assert cacheable("/v1/completions", request(temperature=0.0))
+    assert cacheable("/v1/embeddings", request())
+    assert not cacheable(CHAT, request()) and not cacheable(CHAT, request(temperature=0.7))
+    assert not cacheable(CHAT, request(seed=True)) and not cacheable(CHAT, request(temperature=False))
+    assert not cacheable("/v1/audio/transcriptions", request(temperature=0))
+    named_file = request(temperature=0).model_copy(update={"media": {"uri": "/x.wav"}})
+    assert not cacheable(CHAT, named_file)
+
+    identity = {"model": "m", "spec": None, "model_config": {}}
+    base = cache_key(identity, CHAT, request(temperature=0, max_tokens=4))
+    assert base == cache_key(identity, CHAT, request(max_tokens=4, temperature=0))  # key order is not content
+    others = {
+        cache_key(identity, CHAT, request(temperature=0, max_tokens=5)),
+        cache_key({**identity, "model_config": {"dtype": "float32"}}, CHAT, request(temperature=0, max_tokens=4)),
+        cache_key(identity, "/v1/completions", request(temperature=0, max_tokens=4)),
+        cache_key(identity, CHAT, request(temperature=0, max_tokens=4).model_copy(update={"adapter": "lora-a"})),
+    }
+    assert base not in others and len(others) == 4
+
+
+def test_a_second_job_is_answered_from_the_first(store, settings):
+    first, ran = _run(store, settings, _conf(settings, [_line(i, temperature=0) for i in range(10)],
+                                             data_parallelism=2))
+    assert sum(ran) == 10
+    assert store.get_job(first).result_cache_hits == 0
+
+    # 9 of the 10 again (one changed), a sampled line, and two new ones, interleaved.
+    lines = [_line(i, temperature=0) for i in range(9)] + [_line(99, temperature=0), _line(5, "sampled")]
+    lines.insert(4, _line(50, temperature=0))
+    second, ran = _run(store, settings, _conf(settings, lines, data_parallelism=2))
+    assert sum(ran) == 3, "only the new and the sampled lines run on the engine"
+    job = store.get_job(second)
+    assert (job.status.value, job.total, job.succeeded) == ("SUCCEEDED", 12, 12)
+    assert (job.result_cache_hits, job.result_cache_tokens) == (9, 9 * 9)
+    assert job.prompt_tokens == 12 * 6  # the cached lines' usage counts as theirs
+
+    outputs = _outputs(settings, second)
+    assert [o["custom_id"] for o in outputs] == [orjson.loads(line)["custom_id"] for line in lines]
+    cached = [o["custom_id"] for o in outputs if o["response"].get("cached")]
+    assert cached == [f"q{i}" for i in range(9)]
+    earlier = {o["custom_id"]: o["response"]["body"] for o in _outputs(settings, first)}
+    assert all(o["response"]["body"] == earlier[o["custom_id"]] for o in outputs if o["response"].get("cached"))
+
+    # The same owner's third run is all cached: no shard at all, every line answered.
+    third, ran = _run(store, settings, _conf(settings, [_line(i, temperature=0) for i in range(3)]))
+    assert ran == [] and store.get_job(third).result_cache_hits == 3
+    assert store.get_job(third).status.value == "SUCCEEDED"
+
+
+def test_other_owners_opted_out_jobs_and_other_configurations_miss(store, settings):
+    lines = [_line(i, temperature=0) for i in range(4)]
+    _run(store, settings, _conf(settings, lines))
+    _, ran = _run(store, settings, _conf(settings, lines, owner="bob"))
+    assert ran == [4]
+    _, ran = _run(store, settings, _conf(settings, lines, result_cache=False))
+    assert ran == [4]
+    _, ran = _run(store, settings, _conf(settings, lines, model_config={"max_model_len": 256}))
+    assert ran == [4]
+    _, ran = _run(store, settings, _conf(settings, lines))
+    assert ran == []
+    off = settings.model_copy(update={"result_cache": False})
+    _, ran = _run(store, off, _conf(off, lines))
+    assert ran == [4]
+
+
+def test_an_opted_out_job_fills_nothing(store, settings):
+    lines = [_line(i, seed=3) for i in range(3)]
+    _run(store, settings, _conf(settings, lines, result_cache=False))
+    _, ran = _run(store, settings, _conf(settings, lines))
+    assert ran == [3]
+
+
+def test_a_torn_or_foreign_answer_object_is_a_miss(store, settings):
+    lines = [_line(i, temperature=0) for i in range(3)]
+    first, _ = _run(store, settings, _conf(settings, lines))
+    entries = store.forget_job_cache(first)  # read them, then put them back
+    for entry in entries:
+        store.put_cache_entry(owner=entry.owner, key=entry.key, job_id=first, uri=entry.uri, bytes=entry.bytes,
+                              prompt_tokens=6, completion_tokens=3)
+    by_uri = sorted(e.uri for e in entries)
+    Path(by_uri[0]).write_bytes(b'{"key": "')  # torn
+    Path(by_uri[1]).write_bytes(orjson.dumps({"key": "0" * 64, "body": {"object": "x"}}))  # another key's
+    _, ran = _run(store, settings, _conf(settings, lines))
+    assert ran == [2]
+
+
+def test_deleting_the_job_that_filled_entries_removes_them(store, settings):
+    lines = [_line(i, temperature=0) for i in range(3)]
+    first, _ = _run(store, settings, _conf(settings, lines))
+    uris = [e.uri for e in store.cache_entries(run_conf.DEFAULT_OWNER, _keys(store, settings, first),
+                                               made_after=datetime.now(UTC) - timedelta(days=1)).values()]
+    assert len(uris) == 3 and all(storage.exists(u) for u in uris)
+    housekeeping.delete_job(store, settings, store.get_job(first))
+    assert not any(storage.exists(u) for u in uris)
+    _, ran = _run(store, settings, _conf(settings, lines))
+    assert ran == [3]
+
+
+def _keys(store: JobStore, settings: Settings, job_id: str) -> list[str]:
+    job = store.get_job(job_id)
+    keys = result_cache._Keys(settings, job)
+    layout = steps.layout_of(settings, job_id)
+    return [keys.of(BatchRequest.model_validate_json(line)) for line in storage.read_bytes(layout.validated).splitlines()]
+
+
+def test_expiry_and_the_size_bound(store, settings):
+    lines = [_line(i, temperature=0) for i in range(6)]
+    first, _ = _run(store, settings, _conf(settings, lines))
+    keys = _keys(store, settings, first)
+    recent = datetime.now(UTC) - timedelta(days=1)
+    size = sum(e.bytes for e in store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent).values())
+    store.touch_cache_entries(run_conf.DEFAULT_OWNER, keys[3:])  # the last three used last
+
+    bounded = settings.model_copy(update={"result_cache_max_bytes": size // 2 + 1})
+    assert result_cache.evict(store, bounded) == 3
+    left = store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent)
+    assert set(left) == set(keys[3:])
+    assert result_cache.evict(store, settings, now=datetime.now(UTC) + timedelta(hours=settings.result_cache_ttl_hours + 1)) == 3
+    assert store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent) == {}
+    assert not any(Path(p).is_file() for p in Path(settings.result_cache_uri).rglob("*.json"))
+
+
+def test_the_batch_steps_manifest_carries_the_cached_count():
+    pytest.importorskip("airflow.sdk")
+    from llm_batch.airflow.operators.batch_step import manifest_of
+
+    job = {"id": "j", "status": "SUCCEEDED", "counts": {"total": 5, "succeeded": 5, "failed": 0},
+           "usage": {"cached_requests": 3, "cached_tokens": 27}}
+    manifest = manifest_of(job)
+    assert (manifest["succeeded"], manifest["cached"], manifest["missing"]) == (5, 3, 0)
+    assert manifest_of({**job, "usage": {}})["cached"] == 0
