@@ -155,7 +155,8 @@ def test_cli_shards_and_merges_a_job(capsys):
     assert orjson.loads(capsys.readouterr().out) == {
         "total": 4, "succeeded": 0, "failed": 4, "not_run": 3, "invalid": 1,
         "prompt_tokens": 0, "completion_tokens": 0, "cached_prompt_tokens": 0, "reasoning_tokens": 0,
-        "result_cache_hits": 0, "result_cache_tokens": 0, "by_model": {}}
+        "result_cache_hits": 0, "result_cache_tokens": 0,
+        "invalid_output": 0, "output_retries": 0, "retry_tokens": 0, "by_model": {}}
     assert main(["merge", "no-such-job", "--work-uri", layout.work_uri]) == 2
     assert "no-such-job" in capsys.readouterr().err
 

@@ -325,7 +325,8 @@ def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
 
     assert counts == {"total": 7, "succeeded": 6, "failed": 1, "not_run": 0, "invalid": 1, "prompt_tokens": 30,
                       "completion_tokens": 12, "cached_prompt_tokens": 6, "reasoning_tokens": 0,
-                      "result_cache_hits": 0, "result_cache_tokens": 0, "by_model": {}}
+                      "result_cache_hits": 0, "result_cache_tokens": 0,
+                      "invalid_output": 0, "output_retries": 0, "retry_tokens": 0, "by_model": {}}
     assert (job.prompt_tokens, job.completion_tokens, job.cached_prompt_tokens, job.reasoning_tokens) == (30, 12, 6, 0)
     assert job.status == JobStatus.SUCCEEDED and job.completed_at is not None
     assert (job.total, job.succeeded, job.failed, job.completed) == (7, 6, 1, 7)

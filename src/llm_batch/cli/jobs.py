@@ -70,6 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help='engine settings, e.g. \'{"engine_args": {"max_num_seqs": 2}, "max_model_len": 4096}\'')
     submit.add_argument("--output", metavar="URI",
                         help="also write the results (JSONL, input order) to this path on the server or s3:// URI")
+    submit.add_argument("--output-check", type=_json_object, metavar="JSON",
+                        help='how the answers must look, e.g. \'{"json_schema": {"type": "object"}, "max_retries": 2}\' '
+                        "or '{\"regex\": \"\\\\d+\"}' (docs/api.md, \"Checked outputs\")")
+    submit.add_argument("--no-result-cache", dest="result_cache", action="store_false",
+                        help="run every line on the engine: none answered from, nor entered in, the result cache")
     submit.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
     again = submit.add_mutually_exclusive_group()
     again.add_argument(
@@ -133,6 +138,7 @@ def _submit(args: argparse.Namespace) -> int:
             args.file, endpoint=args.endpoint, model=model, shards=args.shards,
             input_format=args.input_format, max_runtime_sec=args.max_runtime, output_path=args.output,
             model_config=args.model_config, idempotency_key=args.idempotency_key, new=args.new,
+            output_check=args.output_check, result_cache=args.result_cache,
         )
         print(job.id)
         print(f"submitted {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)

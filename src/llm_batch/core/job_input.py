@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from llm_batch.core.output_check import OutputCheck
+
 
 class OutputFormat(StrEnum):
     """How the results are encoded beyond the output file (JSONL, always written)."""
@@ -55,6 +57,8 @@ class JobInput(BaseModel):
         default=None, gt=0, description="the output and error files expire this long after they are made")
     result_cache: bool = Field(
         default=True, description="deterministic lines may be answered from the owner's result cache")
+    output_check: OutputCheck | None = Field(
+        default=None, description="how the answers must look, and how often a failing one is tried again")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the job row keeps: the fields that differ from their defaults."""

@@ -56,6 +56,10 @@ class ResultRecord(BaseModel):
     line: int | None = None
     # True when the answer came from the result cache (an earlier job's), not the engine.
     cached: bool | None = None
+    # Checked outputs: how many answers before this one failed the job's check, and their
+    # tokens (prompt + completion), spent and discarded.
+    retries: int | None = None
+    retry_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

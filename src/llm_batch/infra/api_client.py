@@ -347,6 +347,8 @@ class BatchClient:
         model_config: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         new: bool = False,
+        output_check: dict[str, Any] | None = None,
+        result_cache: bool = True,
     ) -> JobView:
         """Submit the file as one job: upload it (streamed), then ``POST /v1/jobs`` naming it
         (see the module docstring); returns the job.
@@ -354,7 +356,9 @@ class BatchClient:
         ``shards``: ``data_parallelism``; ``max_runtime_sec``: the deadline in seconds after
         creation; ``output_path``: ``output_uri``, a server path (or ``s3://``) the results
         are also written to as JSONL; ``metadata``: the job's ``labels``; ``model_config``:
-        engine settings (``engine_args``, ``max_model_len``, ``seed``, ...).
+        engine settings (``engine_args``, ``max_model_len``, ``seed``, ...); ``output_check``:
+        how the answers must look (``core.output_check.OutputCheck``); ``result_cache`` False:
+        every line runs on the engine.
 
         Retry-safe by default: the create (and the upload) carry an ``Idempotency-Key``,
         `idempotency_key` or else ``submit_key(...)`` of the file's content and these
@@ -365,6 +369,9 @@ class BatchClient:
         key = None if new else idempotency_key or submit_key(
             path, endpoint=endpoint, model=model, shards=shards, input_format=input_format,
             max_runtime_sec=max_runtime_sec, output_path=output_path, metadata=metadata, model_config=model_config,
+            # only when given: the key of a submit without them stays what it was
+            **({"output_check": output_check} if output_check else {}),
+            **({} if result_cache else {"result_cache": False}),
         )
         upload_key = f"{key}:upload"[:255] if key else None
         if input_format == InputFormat.JSONL:
@@ -384,6 +391,10 @@ class BatchClient:
             body["output_uri"] = output_path
         if metadata:
             body["labels"] = metadata
+        if output_check:
+            body["output_check"] = output_check
+        if not result_cache:
+            body["result_cache"] = False
         return JobView.of(self.create_job(body, idempotency_key=key))
 
     def job(self, job_id: str) -> JobView:

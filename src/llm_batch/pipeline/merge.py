@@ -5,6 +5,8 @@ outcomes, where each shard's requests are paired with its results:
 
 - a request with a successful result  -> an output line (and a Scale element: the body);
 - a request with an engine error      -> an error line with the response and the error;
+- a request whose answer failed the job's check (``invalid_output``, core.output_check)
+                                      -> an error line whose response body is that answer;
 - a request with no result            -> an error line whose code says why it never ran:
   ``batch_cancelled`` (the job was cancelled), ``batch_expired`` (its deadline passed) or
   ``shard_failed`` (its shard failed for good), OpenAI's words where it has them; the
@@ -60,6 +62,7 @@ from typing import Any
 import orjson
 
 from llm_batch.core.layout import JobLayout
+from llm_batch.core.output_check import INVALID_OUTPUT
 from llm_batch.core.records import ErrorRecord, ResultRecord
 from llm_batch.core.scale_output import ArrayElement, failed_element, success_element
 from llm_batch.infra import storage
@@ -104,6 +107,11 @@ class MergeCounts:
     # lines answered from the result cache (part of succeeded) and their prompt + completion tokens
     result_cache_hits: int = 0
     result_cache_tokens: int = 0
+    # checked outputs: lines whose last answer failed the job's check (part of failed), the
+    # answers tried again over all lines, and those discarded answers' tokens
+    invalid_output: int = 0
+    output_retries: int = 0
+    retry_tokens: int = 0
     # model that answered (a success's body.model) -> {"succeeded", "prompt_tokens", "completion_tokens"},
     # for a job whose lines ran on several (its base, LoRA adapters); empty otherwise
     by_model: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -267,7 +275,10 @@ def error_line(job_id: str, outcome: Outcome) -> dict[str, Any]:
         line = outcome.line or outcome.index + 1
         code = error.code if error else f"http_{outcome.status_code}"
         message = error.message if error else f"request failed with status {outcome.status_code}"
-        response = {"status_code": outcome.status_code, "request_id": f"req_{h}", "body": _error_body(outcome)}
+        # An answer that failed the job's check keeps the answer itself: the last one tried.
+        answered = code == INVALID_OUTPUT and outcome.body is not None
+        response = {"status_code": outcome.status_code, "request_id": f"req_{h}",
+                    "body": outcome.body if answered else _error_body(outcome)}
     return {"id": f"batch_req_{h}", "custom_id": outcome.custom_id, "line": line,
             "response": response, "error": {"code": code, "message": message}}
 
@@ -300,7 +311,7 @@ def merge_job(
         return shard_outcomes(plan, not_run_code, shard_reasons.get(plan.index)
                               or not_run_reason or DEFAULT_NOT_RUN_MESSAGE)
 
-    succeeded = failed = not_run = invalid = cache_hits = cache_tokens = 0
+    succeeded = failed = not_run = invalid = cache_hits = cache_tokens = invalid_output = retries = retry_tokens = 0
     usage = _UsageSum()
     with ExitStack() as stack:
         def sink(uri: str) -> ChunkedWriter:
@@ -330,6 +341,8 @@ def merge_job(
                 invalid += outcome.code not in NOT_RUN_CODES
                 outputs.failure(outcome)
             elif outcome.ok:
+                retries += outcome.retries or 0
+                retry_tokens += outcome.retry_tokens or 0
                 succeeded += 1
                 tokens = usage.add(outcome.body)
                 if outcome.cached:
@@ -338,11 +351,15 @@ def merge_job(
                 outputs.success(outcome)
             else:
                 failed += 1
+                retries += outcome.retries or 0
+                retry_tokens += outcome.retry_tokens or 0
+                invalid_output += outcome.error is not None and outcome.error.code == INVALID_OUTPUT
                 outputs.failure(outcome)
         outputs.finish()
     return MergeCounts(total=succeeded + failed, succeeded=succeeded, failed=failed,
                        not_run=not_run, invalid=invalid, prompt_tokens=usage.prompt,
                        completion_tokens=usage.completion, cached_prompt_tokens=usage.cached,
                        reasoning_tokens=usage.reasoning, result_cache_hits=cache_hits,
-                       result_cache_tokens=cache_tokens,
+                       result_cache_tokens=cache_tokens, invalid_output=invalid_output, output_retries=retries,
+                       retry_tokens=retry_tokens,
                        by_model=usage.by_model if len(usage.by_model) > 1 else {})

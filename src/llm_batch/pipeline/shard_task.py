@@ -39,6 +39,7 @@ class ShardTask(BaseModel):
     model_config_json: str  # the worker's --model-config
     deadline: str  # ISO 8601 UTC: workers stop there
     moderation_shape: ModerationShape = ModerationShape.SCORES  # the job's: its /v1/moderations results' shape
+    output_check_json: str | None = None  # the job's checked outputs (core.output_check.OutputCheck), JSON
     gpus: int = 1
     gpu_type: str | None = None
     nodes_per_worker: int = 1
@@ -60,6 +61,7 @@ class ShardTask(BaseModel):
             "--deadline", str(self.deadline_at.timestamp()),
             "--cancel-marker", self.cancel_marker,
             "--moderation-shape", str(self.moderation_shape),
+            *(["--output-check", self.output_check_json] if self.output_check_json else []),
         ]  # fmt: skip
 
     @property

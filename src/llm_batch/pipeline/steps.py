@@ -364,6 +364,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
             model_config_json=model_config_json,
             deadline=job_deadline(job).isoformat(),
             moderation_shape=job.input.moderation_shape,
+            output_check_json=job.input.output_check.model_dump_json() if job.input.output_check else None,
             gpus=int(resources.get("gpus") or 1),
             gpu_type=resources.get("gpu_type"),
             nodes_per_worker=int(resources.get("nodes_per_worker") or 1),
@@ -434,7 +435,8 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
     store.set_usage(job_id, prompt_tokens=counts.prompt_tokens, completion_tokens=counts.completion_tokens,
                     cached_prompt_tokens=counts.cached_prompt_tokens, reasoning_tokens=counts.reasoning_tokens,
                     model_usage=counts.by_model or None, result_cache_hits=counts.result_cache_hits,
-                    result_cache_tokens=counts.result_cache_tokens)
+                    result_cache_tokens=counts.result_cache_tokens, invalid_output=counts.invalid_output,
+                    output_retries=counts.output_retries, retry_tokens=counts.retry_tokens)
     fill_cache(store, settings, job, layout)  # after the outputs: a failure here loses no line
     report = dataclasses.asdict(counts)
     storage.write_bytes(layout.merge_report, orjson.dumps(report))

@@ -35,6 +35,7 @@ from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint, serving_problem
 from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.layout import JobLayout
+from llm_batch.core.output_check import OutputCheck
 from llm_batch.core.records import BatchRequest, ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
@@ -72,6 +73,8 @@ class WorkerConfig:
     deadline: float | None = None  # epoch seconds
     # The shape of /v1/moderations results (the job's, set by the API edge).
     moderation_shape: ModerationShape = ModerationShape.SCORES
+    # The job's checked outputs: answers that fail are tried again, then invalid_output.
+    output_check: OutputCheck | None = None
     window: int | None = None  # requests between fed and written; default 4 x max_num_seqs
     flush_every_s: float = 2.0
     flush_every_records: int = 1000
@@ -192,7 +195,8 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         try:
             runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
                                   serving=model.serving, labels=model.labels,
-                                  moderation_shape=config.moderation_shape, adapters=adapters or ())
+                                  moderation_shape=config.moderation_shape, adapters=adapters or (),
+                                  output_check=config.output_check)
         except ModelCannotServe as exc:
             raise WorkerUsageError(str(exc)) from None
         progress.start_running()
@@ -376,6 +380,7 @@ def parse_config(
     deadline: float | str | None = None,
     work_uri: str | None = None,
     moderation_shape: str | None = None,
+    output_check: str | None = None,
     nnodes: int | str | None = None,
     master_addr: str | None = None,
     master_port: int | str | None = None,
@@ -417,6 +422,10 @@ def parse_config(
     except ValueError:
         raise WorkerUsageError(f"--moderation-shape: {moderation_shape!r} is not one of "
                                f"{', '.join(ModerationShape)}") from None
+    try:
+        check = OutputCheck.model_validate_json(output_check) if output_check else None
+    except ValueError as exc:
+        raise WorkerUsageError(f"--output-check: {exc}") from None
 
     job = JobLayout(work_uri or get_settings().work_uri, job_id)
     shard_layout = job.shard(shard_index)
@@ -431,6 +440,7 @@ def parse_config(
         model_config=model_config,
         deadline=deadline_s,
         moderation_shape=shape,
+        output_check=check,
         node_group=node_group(nnodes, 0, master_addr, master_port, gpus_per_node),
         **{k: v for k, v in tuning.items() if v is not None},
     )

@@ -101,6 +101,8 @@ def manifest_of(job: dict[str, Any], base_url: str | None = None) -> dict[str, A
         "missing": max(total - succeeded - failed, 0),
         # of the succeeded: answered from the owner's result cache (no engine time)
         "cached": int((job.get("usage") or {}).get("cached_requests") or 0),
+        # of the errored: answers that failed the job's output_check after its tries
+        "invalid_output": int(counts.get("invalid_output") or 0),
         "output_file_id": job.get("output_file_id"),
         "error_file_id": job.get("error_file_id"),
         "output_uri": job.get("output_uri"),

@@ -40,7 +40,7 @@ def derive_job(submitting: Submitting, job_id: str, kind: str) -> Job:
         if kind == "retry":
             plan = retry_plan(store, source)
             options = source.input.model_dump(include={"output_format", "moderation_shape", "output_expires_after_s",
-                                                    "result_cache"})
+                                                    "result_cache", "output_check"})
             counted = _Counted(retry_lines(store, source, plan))
             job_input = save_inline_requests(store, settings, source.owner, counted, f"retry-of-{source.id}.jsonl",
                                              **options)

@@ -116,7 +116,7 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
     else:
         job_input = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []),
                                          "inline-requests.jsonl")
-    job_input = job_input.model_copy(update={"result_cache": body.result_cache})
+    job_input = job_input.model_copy(update={"result_cache": body.result_cache, "output_check": body.output_check})
     request = JobRequest(
         dialect="airflow",
         endpoint=endpoint,

@@ -13,6 +13,7 @@ from llm_batch.api.mistral.models import InlineRequest
 from llm_batch.api.scale.models import GpuType
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
+from llm_batch.core.output_check import OutputCheck
 from llm_batch.infra.jobstore import Job
 from llm_batch.pipeline.estimate import Estimate
 
@@ -112,6 +113,13 @@ class CreateJob(BaseModel):
         "false: every line runs on the engine and none of this job's answers enter the cache",
     )
 
+    output_check: OutputCheck | None = Field(
+        default=None,
+        description="How the chat and completion answers must look (the line's own `response_format`, a JSON "
+        "schema or a regex) and how often a failing answer is tried again with a new seed; then the line is an error "
+        "line of code `invalid_output` holding the last answer. See \"Checked outputs\" in docs/api.md",
+    )
+
     dry_run: bool = Field(
         default=False,
         description="Only estimate: every check of a create runs (auth, model, paths, limits; 4xx as a create), the "
@@ -132,6 +140,8 @@ class JobCounts(BaseModel):
         description="Requests with an error line: invalid input lines, engine errors, requests never run "
         "(cancelled, timed out, a failed shard)"
     )
+    invalid_output: int = Field(
+        default=0, description="Of the failed: requests whose last answer failed the job's `output_check`")
 
 
 class JobUsage(BaseModel):
@@ -145,6 +155,10 @@ class JobUsage(BaseModel):
         default=0, description="Succeeded requests answered from the result cache (no engine time), part of succeeded")
     cached_tokens: int = Field(
         default=0, description="Prompt + completion tokens of the cached requests (also in the token counts above)")
+    output_retries: int = Field(
+        default=0, description="Answers that failed the job's `output_check` and were tried again")
+    retry_tokens: int = Field(
+        default=0, description="Prompt + completion tokens of those discarded answers (not in the token counts above)")
 
 
 class DerivedFromOut(BaseModel):
@@ -229,7 +243,8 @@ class JobOut(BaseModel):
             endpoint=job.endpoint,
             model=job.model,
             owner=job.owner,
-            counts=JobCounts(total=job.total, completed=job.completed, succeeded=job.succeeded, failed=job.failed),
+            counts=JobCounts(total=job.total, completed=job.completed, succeeded=job.succeeded, failed=job.failed,
+                             invalid_output=job.invalid_output),
             usage=JobUsage(
                 prompt_tokens=job.prompt_tokens,
                 completion_tokens=job.completion_tokens,
@@ -237,6 +252,8 @@ class JobOut(BaseModel):
                 engine_seconds=job.engine_seconds,
                 cached_requests=job.result_cache_hits,
                 cached_tokens=job.result_cache_tokens,
+                output_retries=job.output_retries,
+                retry_tokens=job.retry_tokens,
             ),
             input_file_ids=list(job.input.file_ids or []),
             output_file_id=job.output_file_id,

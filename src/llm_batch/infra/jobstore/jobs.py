@@ -364,14 +364,18 @@ class JobRepository(Repository):
         model_usage: dict[str, dict[str, int]] | None = None,
         result_cache_hits: int = 0,
         result_cache_tokens: int = 0,
+        invalid_output: int = 0,
+        output_retries: int = 0,
+        retry_tokens: int = 0,
     ) -> Job:
         """Overwrite the job's token counts (the merge's exact sums over the output lines;
-        cached None = unknown), its usage per model that answered, and its lines answered
-        from the result cache with their tokens."""
+        cached None = unknown), its usage per model that answered, its lines answered from
+        the result cache with their tokens, and its checked outputs' figures."""
         return self._update_job(job_id, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                 cached_prompt_tokens=cached_prompt_tokens, reasoning_tokens=reasoning_tokens,
                                 model_usage=model_usage, result_cache_hits=result_cache_hits,
-                                result_cache_tokens=result_cache_tokens)
+                                result_cache_tokens=result_cache_tokens, invalid_output=invalid_output,
+                                output_retries=output_retries, retry_tokens=retry_tokens)
 
     def add_counts(
         self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0

@@ -126,6 +126,11 @@ class JobRow(Base):
     # completion, also in the token counts above: they are the lines' usage).
     result_cache_hits: Mapped[int] = mapped_column(Integer, default=0)
     result_cache_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Checked outputs: lines whose last answer failed the job's check (part of failed), the
+    # answers tried again, and those discarded answers' tokens.
+    invalid_output: Mapped[int] = mapped_column(Integer, default=0)
+    output_retries: Mapped[int] = mapped_column(Integer, default=0)
+    retry_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
     owner: Mapped[str] = mapped_column(String(256))
     dag_run_id: Mapped[str | None] = mapped_column(String(256))

@@ -76,6 +76,10 @@ class Job:
     # Lines answered from the result cache (part of succeeded) and their tokens.
     result_cache_hits: int = 0
     result_cache_tokens: int = 0
+    # Checked outputs: lines recorded invalid_output (part of failed), answers tried again, their tokens.
+    invalid_output: int = 0
+    output_retries: int = 0
+    retry_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, JobInput):  # a row's stored JSON (a dict)

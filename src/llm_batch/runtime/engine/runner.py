@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from vllm.outputs import PoolingRequestOutput, RequestOutput
 from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import MEDIA_ENDPOINTS, Endpoint
 from llm_batch.core.job_input import ModerationShape
+from llm_batch.core.output_check import CHECKED_ENDPOINTS, INVALID_OUTPUT, OutputCheck, answer_text
 from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
 from llm_batch.infra import media
 from llm_batch.infra.adapters import ResolvedAdapter
@@ -148,6 +150,9 @@ class _InFlight:
     remaining: int = 0
     # What a media request's result reports about its file (audio seconds; the page).
     media_facts: Any = None
+    # Checked outputs: answers tried before this one (failed the check), their tokens.
+    attempt: int = 0
+    retry_tokens: int = 0
 
 
 class EngineRunner:
@@ -165,6 +170,7 @@ class EngineRunner:
         labels: tuple[str, ...] = (),
         moderation_shape: ModerationShape = ModerationShape.SCORES,
         adapters: Iterable[ResolvedAdapter] = (),
+        output_check: OutputCheck | None = None,
     ):
         self.llm = llm
         self.engine = llm.llm_engine
@@ -179,6 +185,8 @@ class EngineRunner:
         self.moderation_shape = moderation_shape
         # The LoRA adapters this shard's lines name (BatchRequest.adapter), as vLLM takes them.
         self.loras = {a.name: LoRARequest(a.name, a.lora_int_id, str(a.path)) for a in adapters}
+        # The job's checked outputs (chat and completions; core.output_check).
+        self.check = output_check if endpoint.value in CHECKED_ENDPOINTS else None
         if endpoint is Endpoint.FIM_COMPLETIONS:
             _check_fim_tokens(llm, self.serving.fim, model_name)
         if endpoint in _MODERATION_ENDPOINTS:
@@ -299,7 +307,7 @@ class EngineRunner:
                 parts = self._engine_inputs(body)
             lora = self._lora(request)
             for part, (prompt, params) in enumerate(parts):
-                request_id = f"{self._ids}{position}.{part}"
+                request_id = self._request_id(position, part, 0)
                 self.engine.add_request(request_id, prompt, params, lora_request=lora)
                 added.append(request_id)
         except (VLLMClientError, ValueError, TemplateError) as exc:  # InvalidRequest included
@@ -367,13 +375,47 @@ class EngineRunner:
     ) -> None:
         if not output.finished:
             return
-        position, part = (int(x) for x in output.request_id.removeprefix(self._ids).split("."))
+        position, part, _ = (int(x) for x in output.request_id.removeprefix(self._ids).split("."))
         entry = in_flight[position]
         entry.outputs[part] = output
         entry.remaining -= 1
         if entry.remaining == 0:
+            result, usage = self._result(entry)
+            if self.check is not None and result.ok:
+                result = self._checked(position, entry, result, usage)
+                if result is None:
+                    return  # tried again: still in flight
             del in_flight[position]
-            finished[position] = self._result(entry)
+            finished[position] = result, usage
+
+    def _request_id(self, position: int, part: int, attempt: int) -> str:
+        return f"{self._ids}{position}.{part}.{attempt}"
+
+    def _checked(self, position: int, entry: _InFlight, result: ResultRecord, usage: Usage) -> ResultRecord | None:
+        """The result of an answer the job's check passed (with its retries counted), or an
+        ``invalid_output`` one after the last try; None when the request was fed again with a
+        new seed (a sampled one with tries left)."""
+        assert self.check is not None and isinstance(entry.body, ChatBody | CompletionBody)
+        text = answer_text(self.endpoint.value, result.body or {})
+        problem = self.check.problem(text or "", entry.request.body)
+        if problem is None:
+            if entry.attempt:
+                result = result.model_copy(update={"retries": entry.attempt, "retry_tokens": entry.retry_tokens})
+            return result
+        greedy = entry.body.temperature == 0  # a new seed cannot change a greedy answer
+        if entry.attempt < self.check.max_retries and not greedy:
+            entry.attempt += 1
+            entry.retry_tokens += usage.prompt_tokens + usage.completion_tokens
+            seed = zlib.crc32(f"{entry.request.custom_id}:{entry.attempt}".encode())
+            entry.body = entry.body.model_copy(update={"seed": seed})
+            ((prompt, params),) = self._engine_inputs(entry.body)
+            entry.outputs, entry.remaining = [None], 1
+            self.engine.add_request(self._request_id(position, 0, entry.attempt), prompt, params,
+                                    lora_request=self._lora(entry.request))
+            return None
+        return result.model_copy(update={
+            "status_code": 422, "error": RequestError(code=INVALID_OUTPUT, message=problem),
+            "retries": entry.attempt or None, "retry_tokens": entry.retry_tokens or None})
 
     def _result(self, entry: _InFlight) -> tuple[ResultRecord, Usage]:
         request, body, outputs = entry.request, entry.body, entry.outputs
@@ -424,7 +466,8 @@ class EngineRunner:
         return responses.text_completion(output, model_name, top)
 
     def _abort(self, in_flight: dict[int, _InFlight]) -> None:
-        ids = [f"{self._ids}{pos}.{part}" for pos, entry in in_flight.items() for part in range(len(entry.outputs))]
+        ids = [self._request_id(pos, part, entry.attempt)
+               for pos, entry in in_flight.items() for part in range(len(entry.outputs))]
         log.info("aborting %d in-flight engine requests", len(ids))
         try:
             self.engine.abort_request(ids)

@@ -1,0 +1,137 @@
+"""Checked outputs: what a job's answers must look like, and the check of one answer.
+
+A job may declare a check (``OutputCheck``) for its chat and completion lines: each line's
+own structured-output request (``response_format`` ``json_object`` / ``json_schema``), a JSON
+schema, or a regular expression the whole answer must match; and how many times an answer
+that fails is tried again with a new seed before it is recorded as ``invalid_output``
+(with the last answer and the reason). A greedy line (``temperature`` 0) gives the same
+answer whatever the seed, so it is not tried again.
+
+Bounded at the edge: a schema of at most ``MAX_SCHEMA_BYTES`` serialised (and valid as a
+schema), a pattern of at most ``MAX_PATTERN_CHARS`` that compiles; a match runs with the
+``regex`` library's timeout (``MATCH_TIMEOUT_S``), so no pattern can stall a worker: a
+match that runs out of time fails the answer, saying so.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import orjson
+import regex
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+INVALID_OUTPUT = "invalid_output"  # the error code of an answer that failed its check
+MAX_SCHEMA_BYTES = 16 * 1024
+MAX_PATTERN_CHARS = 512
+MAX_RETRIES = 5
+MATCH_TIMEOUT_S = 0.1
+CHECKED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+class OutputCheck(BaseModel):
+    """How a job's answers must look (at least one of the three checks)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    response_format: bool = Field(
+        default=False,
+        description="Check each line's answer against the line's own `response_format`: `json_object` must parse "
+        "as a JSON object, `json_schema` as JSON valid against its schema")
+    json_schema: dict[str, Any] | None = Field(
+        default=None,
+        description=f"A JSON schema (draft 2020-12, at most {MAX_SCHEMA_BYTES} bytes) every answer must parse "
+        "as JSON and be valid against")
+    regex: str | None = Field(
+        default=None, max_length=MAX_PATTERN_CHARS,
+        description=f"A regular expression (at most {MAX_PATTERN_CHARS} characters) the whole answer must match")
+    max_retries: int = Field(
+        default=2, ge=0, le=MAX_RETRIES,
+        description=f"How many times an answer that fails is tried again with a new seed (0-{MAX_RETRIES}); "
+        "then the line is recorded as `invalid_output`")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> OutputCheck:
+        if not (self.response_format or self.json_schema is not None or self.regex is not None):
+            raise ValueError("give at least one of response_format, json_schema and regex")
+        if self.json_schema is not None:
+            if len(orjson.dumps(self.json_schema)) > MAX_SCHEMA_BYTES:
+                raise ValueError(f"json_schema: more than {MAX_SCHEMA_BYTES} bytes")
+            try:
+                Draft202012Validator.check_schema(self.json_schema)
+            except SchemaError as exc:
+                raise ValueError(f"json_schema: not a valid JSON schema: {exc.message}") from None
+        if self.regex is not None:
+            try:
+                regex.compile(self.regex)
+            except regex.error as exc:
+                raise ValueError(f"regex: does not compile: {exc}") from None
+        return self
+
+    @cached_property
+    def _schema(self) -> Draft202012Validator | None:
+        return Draft202012Validator(self.json_schema) if self.json_schema is not None else None
+
+    @cached_property
+    def _pattern(self) -> regex.Pattern | None:
+        return regex.compile(self.regex) if self.regex is not None else None
+
+    def problem(self, answer: str, body: dict[str, Any]) -> str | None:
+        """Why ``answer`` (the text a line's request ``body`` got) fails the check; None if it passes."""
+        if self.response_format and (problem := _format_problem(answer, body.get("response_format"))):
+            return problem
+        if self._schema is not None and (problem := _schema_problem(answer, self._schema)):
+            return problem
+        if self._pattern is not None:
+            try:
+                if self._pattern.fullmatch(answer, timeout=MATCH_TIMEOUT_S) is None:
+                    return "the answer does not match the job's regex"
+            except TimeoutError:
+                return f"the job's regex ran out of time ({MATCH_TIMEOUT_S} s) on the answer"
+        return None
+
+
+def _schema_problem(answer: str, validator: Draft202012Validator) -> str | None:
+    try:
+        value = orjson.loads(answer)
+    except orjson.JSONDecodeError as exc:
+        return f"the answer is not JSON: {exc}"
+    error = next(iter(validator.iter_errors(value)), None)
+    if error is None:
+        return None
+    where = "/".join(str(part) for part in error.absolute_path) or "the top level"
+    return f"the answer is not valid against the schema at {where}: {error.message}"[:500]
+
+
+def _format_problem(answer: str, response_format: Any) -> str | None:
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        try:
+            value = orjson.loads(answer)
+        except orjson.JSONDecodeError as exc:
+            return f"the answer is not JSON (response_format json_object): {exc}"
+        return None if isinstance(value, dict) else "the answer is JSON but not an object (response_format json_object)"
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if isinstance(schema, dict):
+            try:
+                return _schema_problem(answer, Draft202012Validator(schema))
+            except SchemaError:
+                return None  # validation refused such a line; nothing to check against
+        return None
+    return None
+
+
+def answer_text(endpoint: str, payload: dict[str, Any]) -> str | None:
+    """The text a check reads: a chat answer's message content, a completion's text."""
+    choices = payload.get("choices") if isinstance(payload.get("choices"), list) else []
+    first = choices[0] if choices and isinstance(choices[0], dict) else {}
+    if endpoint == "/v1/chat/completions":
+        content = (first.get("message") or {}).get("content")
+        return content if isinstance(content, str) else ""
+    if endpoint == "/v1/completions":
+        return first.get("text") if isinstance(first.get("text"), str) else ""
+    return None
