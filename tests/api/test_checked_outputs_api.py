@@ -62,6 +62,8 @@ def test_a_real_run_records_invalid_outputs_with_their_tries(live_server, dag_te
         assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
         manifest = manifest_of(job)
         assert (manifest["errored"], manifest["invalid_output"]) == (3, 3)
+        detail = http.get(f"/ui/api/jobs/{job_id}").json()  # the Batch jobs page's detail
+        assert (detail["invalid_output"], detail["output_retries"], detail["cached"]) == (3, 3, 0)
 
 
 def test_cli_submit_sends_the_check_and_the_cache_choice(live_server, creds, api_store, monkeypatch, capsys,

@@ -205,6 +205,11 @@
       el("a", { href: "#job=" + job.derived_from.job_id, class: "derived-from" }, job.derived_from.job_id)));
     row("Progress", bar(job.completed, job.total, job.failed > 0));
     row("Succeeded / failed", `${job.succeeded} / ${job.failed}`);
+    // What the result cache answered, and answers that failed the job's output_check.
+    if (job.cached) row("From the result cache", `${job.cached} lines (${job.cached_tokens} tokens, no engine time)`);
+    if (job.invalid_output || job.output_retries) {
+      row("Checked outputs", `${job.invalid_output} invalid after their tries; ${job.output_retries} answers tried again`);
+    }
     row("Tokens/s", job.tokens_per_s.toFixed(1));
     if (job.estimate) row("Estimate vs took", estimateText(job.estimate, job.usage));
     row("Model", job.model); row("Endpoint", job.endpoint); row("Owner", job.owner);
