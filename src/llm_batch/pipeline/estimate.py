@@ -227,10 +227,75 @@ def load_counter(model: str, model_config: dict[str, Any], endpoint: Endpoint, s
 
 @lru_cache(maxsize=4)
 def _tokenizer(path: str) -> Any:
-    """A tokenizer, loaded once per process (a few hundred ms; the API answers many dry runs)."""
+    """A tokenizer, loaded once per process. A checkpoint's ``tokenizer.json`` is read with
+    the ``tokenizers`` library and its chat template rendered as transformers renders it
+    (``_LightTokenizer``): importing transformers (and torch) costs the prepare step of every
+    job seconds; transformers only for a checkpoint without one."""
+    if (Path(path) / "tokenizer.json").is_file():
+        try:
+            return _LightTokenizer(Path(path))
+        except ImportError:  # no tokenizers library here: transformers below
+            pass
     from transformers import AutoTokenizer  # heavy
 
     return AutoTokenizer.from_pretrained(path)
+
+
+class _LightTokenizer:
+    """The two calls PromptCounter makes of a transformers tokenizer, from ``tokenizer.json``
+    (the fast tokenizer itself, special tokens by its post-processor) and the checkpoint's
+    chat template (``chat_template.jinja`` or tokenizer_config.json's), rendered in a
+    sandboxed jinja2 environment set up as transformers sets up its own."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer  # optional
+
+        self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        config_file = path / "tokenizer_config.json"
+        config = orjson.loads(config_file.read_bytes()) if config_file.is_file() else {}
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        jinja_file = path / "chat_template.jinja"
+        self.chat_template = jinja_file.read_text() if jinja_file.is_file() else template
+        self._specials = {name: _token_text(config.get(name)) for name in
+                          ("bos_token", "eos_token", "unk_token", "pad_token")}
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], chat_template: str | None = None,
+                            tokenize: bool = False, add_generation_prompt: bool = False) -> str:
+        template = _jinja().from_string(chat_template or self.chat_template or "")
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._specials)
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json gives it (a string, or an AddedToken's dict)."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+@lru_cache(maxsize=1)
+def _jinja() -> Any:
+    """transformers' chat template environment: sandboxed, trim and lstrip blocks, loop
+    controls, ``raise_exception``, ``strftime_now`` and a ``tojson`` that keeps non-ASCII."""
+    from jinja2.ext import loopcontrols  # heavy
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # heavy
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(f"the chat template refused the conversation: {message}")
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        import json  # heavy
+
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
 
 
 def _context_of(checkpoint: Path) -> int | None:
