@@ -154,6 +154,12 @@ def test_other_owners_opted_out_jobs_and_other_configurations_miss(store, settin
     off = settings.model_copy(update={"result_cache": False})
     _, ran = _run(store, off, _conf(off, lines))
     assert ran == [4]
+    # One tenant: the deployment's setting makes one cache of every owner's answers.
+    shared = settings.model_copy(update={"result_cache_shared": True})
+    _, ran = _run(store, shared, _conf(shared, lines, owner="carol"))
+    assert ran == [4]  # the shared cache starts empty
+    _, ran = _run(store, shared, _conf(shared, lines, owner="dave"))
+    assert ran == []
 
 
 def test_an_opted_out_job_fills_nothing(store, settings):

@@ -158,6 +158,8 @@ class Settings(BaseSettings):
     # served to the same owner's later jobs; where its entries live (local path or s3://
     # prefix; default $LLM_BATCH_HOME/result-cache), their total size and their age at most.
     result_cache: bool = True
+    # One cache for every owner (a single-tenant deployment); by default each owner's own.
+    result_cache_shared: bool = False
     result_cache_uri: str = ""
     result_cache_max_bytes: int = Field(default=2 << 30, ge=0)
     result_cache_ttl_hours: int = Field(default=7 * 24, ge=1)

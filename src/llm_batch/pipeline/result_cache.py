@@ -10,8 +10,8 @@ jobs (no engine time), and the cache filled, expired and emptied.
 - ``forget_job`` (a job's deletion) and ``evict`` (housekeeping: entries past
   ``result_cache_ttl_hours``, then the least recently used beyond ``result_cache_max_bytes``).
 
-What is cacheable and the key: ``llm_batch.infra.result_cache``. The cache is per owner; a
-job opts out with its input option ``result_cache`` false, a deployment with
+What is cacheable and the key: ``llm_batch.infra.result_cache``. The cache is per owner (or
+one for every owner, ``cache_scope``); a job opts out with its input option ``result_cache`` false, a deployment with
 ``LLM_BATCH_RESULT_CACHE=false``.
 """
 
@@ -40,6 +40,17 @@ _LOOKUP_BATCH = 500  # validated lines looked up per query
 
 def enabled(settings: Settings, job: Job) -> bool:
     return settings.result_cache and job.input.result_cache
+
+
+# The one cache every owner shares when the deployment says so (never an owner name: those
+# have no spaces).
+SHARED_SCOPE = "(every owner)"
+
+
+def cache_scope(settings: Settings, job: Job) -> str:
+    """Whose answers serve the job: its owner's, or every owner's with
+    ``LLM_BATCH_RESULT_CACHE_SHARED`` (one tenant: a team's own deployment)."""
+    return SHARED_SCOPE if settings.result_cache_shared else job.owner
 
 
 class _Keys:
@@ -74,7 +85,7 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
         return layout.validated
     if storage.exists(layout.cached_results) and storage.exists(layout.uncached):
         return layout.uncached
-    keys = _Keys(settings, job)
+    keys, scope = _Keys(settings, job), cache_scope(settings, job)
     made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
     used: list[str] = []
     with storage.open_write(layout.cached_results) as cached, storage.open_write(layout.uncached) as rest:
@@ -82,7 +93,7 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
         while chunk := list(islice(lines, _LOOKUP_BATCH)):
             requests = [BatchRequest.model_validate_json(line) for line in chunk]
             request_keys = [keys.of(request) for request in requests]
-            entries = store.cache_entries(job.owner, [k for k in request_keys if k], made_after=made_after)
+            entries = store.cache_entries(scope, [k for k in request_keys if k], made_after=made_after)
             for line, request, key in zip(chunk, requests, request_keys, strict=True):
                 entry = entries.get(key) if key else None
                 body = read_answer(entry.uri, key) if entry else None
@@ -92,7 +103,7 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
                 used.append(key)
                 cached.write(dumps_line(ResultRecord(index=request.index, custom_id=request.custom_id,
                                                      status_code=200, body=body, line=request.line, cached=True)))
-    store.touch_cache_entries(job.owner, used)
+    store.touch_cache_entries(scope, used)
     return layout.uncached
 
 
@@ -129,16 +140,16 @@ def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout)
     """Enter the job's computed, cacheable answers in its owner's cache; returns how many."""
     if not enabled(settings, job) or not storage.exists(layout.shard_manifest):
         return 0
-    keys = _Keys(settings, job)
+    keys, scope = _Keys(settings, job), cache_scope(settings, job)
     filled = 0
     for request, result in _computed(layout):
         key = keys.of(request)
         if key is None:
             continue
-        uri = entry_uri(settings, job.owner, key)
+        uri = entry_uri(settings, scope, key)
         size = write_answer(uri, key, result.body)  # the object whole before its row
         prompt, completion = _tokens(result.body)
-        store.put_cache_entry(owner=job.owner, key=key, job_id=job.id, uri=uri, bytes=size,
+        store.put_cache_entry(owner=scope, key=key, job_id=job.id, uri=uri, bytes=size,
                               prompt_tokens=prompt, completion_tokens=completion)
         filled += 1
     return filled
