@@ -24,6 +24,8 @@ from llm_batch.runtime.worker_args import config_from_argv
     ({"json_schema": {"description": "x" * MAX_SCHEMA_BYTES}}, "bytes"),
     ({"regex": ".*", "max_retries": 6}, "less than or equal"),
     ({"regex": ".*", "shell": "rm -rf /"}, "Extra inputs"),
+    ({"json_schema": {"$ref": "http://127.0.0.1:9/x"}}, "not within the schema"),
+    ({"json_schema": {"prefixItems": [{"$ref": "file:///etc/passwd"}]}}, "not within the schema"),
 ])
 def test_a_check_is_refused_unless_bounded_and_valid(fields, problem):
     with pytest.raises(ValidationError, match=problem):
@@ -52,6 +54,21 @@ def test_a_pattern_that_backtracks_for_ever_stops_on_time():
     problem = check.problem("a" * 60 + "b", {})
     assert problem is not None and "ran out of time" in problem
     assert time.monotonic() - started < 2
+    # The same pattern inside a schema (the job's, or a line's own response_format).
+    evil = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|aa)+$"}},
+            "patternProperties": {"^(a|aa)+$": {"type": "string"}}}
+    for check, body in ((OutputCheck(json_schema=evil), {}), (OutputCheck(response_format=True), {
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": evil}}})):
+        for answer in ('{"s": "%s"}' % ("a" * 60 + "b"), '{"%s": "x"}' % ("a" * 60 + "b")):
+            started = time.monotonic()
+            problem = check.problem(answer, body)
+            assert problem is not None and "ran out of time" in problem, problem
+            assert time.monotonic() - started < 2
+    assert OutputCheck(json_schema=evil).problem('{"s": "aaa", "aa": "x"}', {}) is None
+    # A line's own schema pointing nowhere is that answer's problem, never a worker's crash.
+    nowhere = {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "$ref": "#/$defs/missing"}}}}
+    assert "cannot be applied" in OutputCheck(response_format=True).problem("{}", nowhere)
 
 
 @given(st.text(max_size=200))

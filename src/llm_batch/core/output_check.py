@@ -20,9 +20,10 @@ from typing import Any
 
 import orjson
 import regex
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError, ValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from referencing.exceptions import Unresolvable
 
 INVALID_OUTPUT = "invalid_output"  # the error code of an answer that failed its check
 MAX_SCHEMA_BYTES = 16 * 1024
@@ -30,6 +31,35 @@ MAX_PATTERN_CHARS = 512
 MAX_RETRIES = 5
 MATCH_TIMEOUT_S = 0.1
 CHECKED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _search(pattern: str, text: str) -> bool:
+    """A schema's pattern, as JSON Schema searches it, with the timeout (jsonschema's own
+    uses ``re``, which has none: a schema's pattern could stall a worker)."""
+    try:
+        return regex.search(pattern, text, timeout=MATCH_TIMEOUT_S) is not None
+    except TimeoutError:
+        raise ValidationError(f"the schema's pattern {pattern!r} ran out of time ({MATCH_TIMEOUT_S} s)") from None
+    except regex.error as exc:
+        raise ValidationError(f"the schema's pattern {pattern!r} does not compile: {exc}") from None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield ValidationError(f"{instance[:80]!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for name, value in instance.items():
+            if _search(pattern, name):
+                yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+
+
+# Draft 2020-12 with its two pattern keywords matched under the timeout.
+Validator = validators.extend(Draft202012Validator, {"pattern": _pattern, "patternProperties": _pattern_properties})
 
 
 class OutputCheck(BaseModel):
@@ -64,6 +94,8 @@ class OutputCheck(BaseModel):
                 Draft202012Validator.check_schema(self.json_schema)
             except SchemaError as exc:
                 raise ValueError(f"json_schema: not a valid JSON schema: {exc.message}") from None
+            if outside := next(_outside_refs(self.json_schema), None):
+                raise ValueError(f"json_schema: $ref {outside!r} is not within the schema (only #... refs)")
         if self.regex is not None:
             try:
                 regex.compile(self.regex)
@@ -72,8 +104,8 @@ class OutputCheck(BaseModel):
         return self
 
     @cached_property
-    def _schema(self) -> Draft202012Validator | None:
-        return Draft202012Validator(self.json_schema) if self.json_schema is not None else None
+    def _schema(self) -> Any:
+        return Validator(self.json_schema) if self.json_schema is not None else None
 
     @cached_property
     def _pattern(self) -> regex.Pattern | None:
@@ -94,12 +126,30 @@ class OutputCheck(BaseModel):
         return None
 
 
-def _schema_problem(answer: str, validator: Draft202012Validator) -> str | None:
+def _outside_refs(schema: Any) -> Any:
+    """The ``$ref`` values of a schema that point outside it (nothing is fetched for a check)."""
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+                yield value
+            else:
+                yield from _outside_refs(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            yield from _outside_refs(item)
+
+
+def _schema_problem(answer: str, validator: Any) -> str | None:
     try:
         value = orjson.loads(answer)
     except orjson.JSONDecodeError as exc:
         return f"the answer is not JSON: {exc}"
-    error = next(iter(validator.iter_errors(value)), None)
+    try:
+        error = next(iter(validator.iter_errors(value)), None)
+    except ValidationError as exc:  # a pattern that ran out of time or does not compile
+        return exc.message
+    except Unresolvable as exc:  # a line's schema naming what is not in it
+        return f"the schema cannot be applied: {exc}"[:500]
     if error is None:
         return None
     where = "/".join(str(part) for part in error.absolute_path) or "the top level"
@@ -118,7 +168,7 @@ def _format_problem(answer: str, response_format: Any) -> str | None:
         schema = (response_format.get("json_schema") or {}).get("schema")
         if isinstance(schema, dict):
             try:
-                return _schema_problem(answer, Draft202012Validator(schema))
+                return _schema_problem(answer, Validator(schema))
             except SchemaError:
                 return None  # validation refused such a line; nothing to check against
         return None
