@@ -38,7 +38,7 @@ def test_inline_job_lifecycle_in_canonical_words(client, creds, api_store):
     assert created.status_code == 200, created.text
     job = created.json()
     assert job["status"] == "QUEUED" and job["terminal"] is False and job["owner"] == "alice"
-    assert job["counts"] == {"total": 0, "completed": 0, "succeeded": 0, "failed": 0}
+    assert job["counts"] == {"total": 0, "completed": 0, "succeeded": 0, "failed": 0, "invalid_output": 0}
     assert job["labels"] == {"run": label} and job["dag_run_id"]
     conf = dag_run_of(job["id"])["conf"]
     assert conf["priority"] == "high" and conf["data_parallelism"] == 2 and conf["labels"] == {"run": label}
@@ -52,7 +52,7 @@ def test_inline_job_lifecycle_in_canonical_words(client, creds, api_store):
     next(progress, None)
     done = client.get(f"/v1/jobs/{job['id']}", headers=alice).json()
     assert done["status"] == "SUCCEEDED" and done["terminal"] is True and done["ended_at"] is not None
-    assert done["counts"] == {"total": 3, "completed": 3, "succeeded": 2, "failed": 1}
+    assert done["counts"] == {"total": 3, "completed": 3, "succeeded": 2, "failed": 1, "invalid_output": 0}
     assert done["output_file_id"] and done["usage"]["total_tokens"] == done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"]
 
     listed = client.get("/v1/jobs", headers=alice, params={"label": f"run={label}"}).json()

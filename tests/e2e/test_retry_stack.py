@@ -42,6 +42,6 @@ def test_cli_retry_runs_only_the_never_run_lines(e2e_stack, batch_client, job_lo
     assert new["derived_from"] == {"job_id": job.id, "kind": "retry"}
     assert new["status"] == "SUCCEEDED"
     assert new["counts"] == {"total": len(never_run), "completed": len(never_run), "succeeded": len(never_run),
-                             "failed": 0}
+                             "failed": 0, "invalid_output": 0}
     outputs = read_jsonl(b"".join(batch_client.file_content(new["output_file_id"])))
     assert [o["custom_id"] for o in outputs] == never_run  # only those, in input order
