@@ -21,6 +21,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
+
+import orjson
 
 from llm_batch.core.layout import join_uri
 from llm_batch.core.records import ResultRecord, dumps_line
@@ -82,6 +85,26 @@ def read_results(results_uri: str) -> Iterator[ResultRecord]:
                 continue
             yield _parse(line, part, number)
             position = part.start + number
+
+
+def paired_results(requests_uri: str, results_uri: str) -> Iterator[tuple[dict[str, Any], ResultRecord | None]]:
+    """Each request of a shard (its stored ``BatchRequest`` as a dict: the merge's hot loop
+    reads three fields of millions), in order, with its result (None while it has none).
+
+    Results at indices the requests file does not hold (a stale checkpoint) are passed over.
+    """
+    results = read_results(results_uri)
+    pending = next(results, None)
+    for line in stored_lines(requests_uri):
+        request = orjson.loads(line)
+        index = request["index"]
+        while pending is not None and pending.index < index:
+            pending = next(results, None)
+        if pending is not None and pending.index == index:
+            yield request, pending
+            pending = next(results, None)
+        else:
+            yield request, None
 
 
 def _last_record(part: ResultPart) -> tuple[int, ResultRecord | None]:

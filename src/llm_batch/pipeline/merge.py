@@ -66,7 +66,7 @@ from llm_batch.core.output_check import INVALID_OUTPUT
 from llm_batch.core.records import ErrorRecord, ResultRecord
 from llm_batch.core.scale_output import ArrayElement, failed_element, success_element
 from llm_batch.infra import storage
-from llm_batch.infra.results import read_results
+from llm_batch.infra.results import paired_results
 from llm_batch.infra.streams import ChunkedWriter, stored_lines
 from llm_batch.pipeline.result_cache import cached_results
 from llm_batch.pipeline.sharding import ShardPlan, read_manifest
@@ -163,24 +163,16 @@ def shard_outcomes(plan: ShardPlan, not_run_code: str | None, not_run_message: s
     With ``not_run_code`` None only the finished requests are yielded: the shard's results
     are a prefix of its requests, so the first request without one ends the stream.
     """
-    results = read_results(plan.results_uri)
-    pending = next(results, None)
-    for line in stored_lines(plan.requests_uri):
-        request = orjson.loads(line)
-        index = request["index"]
-        line_number = request.get("line") or index + 1
-        # Results for indices this shard does not hold (a stale checkpoint) are passed over.
-        while pending is not None and pending.index < index:
-            pending = next(results, None)
-        if pending is not None and pending.index == index:
-            if pending.line is None:
-                pending.line = line_number
-            yield pending
-            pending = next(results, None)
+    for request, result in paired_results(plan.requests_uri, plan.results_uri):
+        line_number = request.get("line") or request["index"] + 1
+        if result is not None:
+            if result.line is None:
+                result.line = line_number
+            yield result
         elif not_run_code is None:
             return
         else:
-            yield ErrorRecord(index=index, line=line_number, custom_id=request["custom_id"],
+            yield ErrorRecord(index=request["index"], line=line_number, custom_id=request["custom_id"],
                               code=not_run_code, message=not_run_message)
 
 

@@ -28,7 +28,7 @@ from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.model_registry import ModelError, load_registry
 from llm_batch.infra.result_cache import cache_key, cacheable, entry_uri, read_answer, write_answer
-from llm_batch.infra.results import read_results
+from llm_batch.infra.results import paired_results
 from llm_batch.infra.streams import stored_lines
 from llm_batch.pipeline.sharding import read_manifest
 
@@ -122,18 +122,11 @@ def _tokens(body: dict[str, Any]) -> tuple[int, int]:
 def _computed(layout: JobLayout) -> Iterator[tuple[BatchRequest, ResultRecord]]:
     """Each request the job's shards answered successfully, with its result."""
     for plan in read_manifest(layout).shards:
-        results = read_results(plan.results_uri)
-        pending = next(results, None)
-        for line in stored_lines(plan.requests_uri):
-            if pending is None:
-                break
-            request = BatchRequest.model_validate_json(line)
-            while pending is not None and pending.index < request.index:
-                pending = next(results, None)
-            if pending is not None and pending.index == request.index:
-                if pending.ok and pending.body is not None:
-                    yield request, pending
-                pending = next(results, None)
+        for request, result in paired_results(plan.requests_uri, plan.results_uri):
+            if result is None:
+                break  # a shard's results are a prefix of its requests
+            if result.ok and result.body is not None:
+                yield BatchRequest.model_validate(request), result
 
 
 def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> int:
