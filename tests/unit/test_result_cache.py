@@ -116,6 +116,8 @@ def test_a_second_job_is_answered_from_the_first(store, settings):
                                              data_parallelism=2))
     assert sum(ran) == 10
     assert store.get_job(first).result_cache_hits == 0
+    # Nothing cached yet: planned from the validated file itself, no copy of it written.
+    assert not storage.exists(steps.layout_of(settings, first).uncached)
 
     # 9 of the 10 again (one changed), a sampled line, and two new ones, interleaved.
     lines = [_line(i, temperature=0) for i in range(9)] + [_line(99, temperature=0), _line(5, "sampled")]

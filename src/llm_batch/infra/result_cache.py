@@ -29,6 +29,7 @@ from llm_batch.infra import storage
 CACHE_FORMAT = 1  # part of every key: a change of what is cached makes every old entry a miss
 _SAMPLED = frozenset({"/v1/chat/completions", "/v1/completions"})
 _DETERMINED = frozenset({"/v1/embeddings"})
+CACHEABLE_ENDPOINTS = _SAMPLED | _DETERMINED
 
 
 def cacheable(endpoint: str, request: BatchRequest) -> bool:

@@ -27,13 +27,14 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.model_registry import ModelError, load_registry
-from llm_batch.infra.result_cache import cache_key, cacheable, entry_uri, read_answer, write_answer
+from llm_batch.infra.result_cache import CACHEABLE_ENDPOINTS, cache_key, cacheable, entry_uri, read_answer, write_answer
 from llm_batch.infra.results import paired_results
 from llm_batch.infra.streams import stored_lines
 from llm_batch.pipeline.sharding import read_manifest
 
 if TYPE_CHECKING:  # the DAG files import this module: the store loads only in tasks
     from llm_batch.infra.jobstore import Job, JobStore
+    from llm_batch.infra.jobstore.snapshots import CacheEntry
 
 _LOOKUP_BATCH = 500  # validated lines looked up per query
 
@@ -76,35 +77,51 @@ class _Keys:
 
 def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> str:
     """Split the validated requests into cached results and the rest; returns what the
-    shards run (``layout.validated`` itself when the cache is off for the job).
+    shards run (``layout.validated`` itself when the cache is off for the job, or holds
+    none of its lines: most first runs are planned from their file as it is, not a copy).
 
     The rest is published before the cached results, so a retried plan finding both reuses
     them, and finding only the first redoes the split: a line is never in both.
     """
-    if not enabled(settings, job):
+    if not enabled(settings, job) or job.endpoint not in CACHEABLE_ENDPOINTS:
         return layout.validated
     if storage.exists(layout.cached_results) and storage.exists(layout.uncached):
         return layout.uncached
-    keys, scope = _Keys(settings, job), cache_scope(settings, job)
-    made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
+    lookups = _Lookups(store, settings, job)
+    if not any(entry is not None for *_, entry in lookups.of(layout.validated)):  # stops at the first
+        return layout.validated
     used: list[str] = []
     with storage.open_write(layout.cached_results) as cached, storage.open_write(layout.uncached) as rest:
-        lines = stored_lines(layout.validated)
+        for line, request, key, entry in lookups.of(layout.validated):
+            body = read_answer(entry.uri, key) if entry is not None and key else None
+            if body is None:
+                rest.write(line + b"\n")
+                continue
+            cached.write(dumps_line(ResultRecord(index=request.index, custom_id=request.custom_id,
+                                                 status_code=200, body=body, line=request.line, cached=True)))
+            used.append(key)
+            if len(used) >= _LOOKUP_BATCH:
+                store.touch_cache_entries(lookups.scope, used)
+                used.clear()
+    store.touch_cache_entries(lookups.scope, used)
+    return layout.uncached
+
+
+class _Lookups:
+    """Each validated line with its key and the job's scope's unexpired entry of it (or
+    None), looked up ``_LOOKUP_BATCH`` lines per query."""
+
+    def __init__(self, store: JobStore, settings: Settings, job: Job):
+        self.store, self.keys, self.scope = store, _Keys(settings, job), cache_scope(settings, job)
+        self.made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
+
+    def of(self, uri: str) -> Iterator[tuple[bytes, BatchRequest, str | None, CacheEntry | None]]:
+        lines = stored_lines(uri)
         while chunk := list(islice(lines, _LOOKUP_BATCH)):
             requests = [BatchRequest.model_validate_json(line) for line in chunk]
-            request_keys = [keys.of(request) for request in requests]
-            entries = store.cache_entries(scope, [k for k in request_keys if k], made_after=made_after)
-            for line, request, key in zip(chunk, requests, request_keys, strict=True):
-                entry = entries.get(key) if key else None
-                body = read_answer(entry.uri, key) if entry else None
-                if body is None:
-                    rest.write(line + b"\n")
-                    continue
-                used.append(key)
-                cached.write(dumps_line(ResultRecord(index=request.index, custom_id=request.custom_id,
-                                                     status_code=200, body=body, line=request.line, cached=True)))
-    store.touch_cache_entries(scope, used)
-    return layout.uncached
+            keys = [self.keys.of(request) for request in requests]
+            entries = self.store.cache_entries(self.scope, [k for k in keys if k], made_after=self.made_after)
+            yield from zip(chunk, requests, keys, (entries.get(k) if k else None for k in keys), strict=True)
 
 
 def cached_results(layout: JobLayout) -> Iterator[ResultRecord]:
