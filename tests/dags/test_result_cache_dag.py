@@ -8,6 +8,8 @@ same evaluation with the cache turned off for the job runs all of it.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from llm_batch.core.config import get_settings
@@ -31,7 +33,11 @@ def _job(batch_dag, store, home, name: str, lines: list[bytes], **conf):
 
 def test_a_rerun_of_an_evaluation_runs_only_what_changed(batch_dag, store, tiny_model_dir, llm_batch_home,
                                                          monkeypatch):
-    monkeypatch.setattr(get_settings(), "result_cache", True)  # off for the rest of the suite
+    # Off for the rest of the suite: on here, in the settings the DAG file read when it was
+    # parsed (an earlier test may have made get_settings() a new object since).
+    dag_module = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == batch_dag.fileloc)
+    for settings in {id(s): s for s in (dag_module.SETTINGS, get_settings())}.values():
+        monkeypatch.setattr(settings, "result_cache", True)
     first_lines = [_request(i, max_tokens=6, temperature=0) for i in range(20)]
     first, first_outputs, planned = _job(batch_dag, store, llm_batch_home, "cache_eval_1", first_lines)
     assert planned == 20 and first.result_cache_hits == 0
