@@ -20,7 +20,8 @@ pytestmark = pytest.mark.airflow
 CHAT = "/v1/chat/completions"
 OLD = datetime(2001, 1, 1, tzinfo=UTC)
 FIELDS = {"group", "jobs", "requests", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
-          "reasoning_tokens", "cached_requests", "cached_tokens", "engine_seconds", "gpu_seconds"}
+          "reasoning_tokens", "cached_requests", "cached_tokens", "invalid_output", "output_retries", "retry_tokens",
+          "engine_seconds", "gpu_seconds"}
 
 
 @pytest.fixture
@@ -38,8 +39,12 @@ def made(api_store) -> dict[str, str]:
                                prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=prompt // 2,
                                engine_seconds=seconds)
         api_store.set_counts(made.id, total=total)
+        return made.id
 
-    job(names["ann"], None, 10, 9, 1000, 200, 20.0, labels={names["key"]: "x"}, resources={"gpus": 2})
+    first = job(names["ann"], None, 10, 9, 1000, 200, 20.0, labels={names["key"]: "x"}, resources={"gpus": 2})
+    # Its failed line failed the output check after 2 retries (40 tokens thrown away).
+    api_store.set_usage(first, prompt_tokens=1000, completion_tokens=200, cached_prompt_tokens=500,
+                        reasoning_tokens=0, invalid_output=1, output_retries=2, retry_tokens=40)
     job(names["ann"], OLD, 1, 1, 5, 5, 1.0, labels={names["key"]: "y"}, resources={"gpus": 4})
     job(names["ben"], None, 3, 3, 30, 9, 6.0, labels={names["key"]: "x"})
     return names
@@ -60,6 +65,7 @@ def test_admin_gets_sums_by_owner(client, creds, made):
     assert ann == {"group": made["ann"], "jobs": 2, "requests": {"total": 11, "succeeded": 10, "failed": 1},
                    "prompt_tokens": 1005, "completion_tokens": 205, "cached_prompt_tokens": 502,
                    "reasoning_tokens": 0, "cached_requests": 0, "cached_tokens": 0,
+                   "invalid_output": 1, "output_retries": 2, "retry_tokens": 40,
                    "engine_seconds": 21.0, "gpu_seconds": 44.0}  # 20 x 2 + 1 x 4
     assert (ben["jobs"], ben["engine_seconds"], ben["gpu_seconds"]) == (1, 6.0, 6.0)
     # An Airflow Admin gets the same report.
@@ -180,8 +186,8 @@ def test_cli_prints_the_groups(live_server, creds, made, monkeypatch, capsys):
     out, err = capsys.readouterr()
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert out.splitlines()[0].split()[:2] == ["OWNER", "JOBS"]
-    assert rows[made["ann"]] == [made["ann"], "1", "10", "9", "1", "1,000", "200", "500", "20.0", "40.0"]
-    assert rows[made["ben"]] == [made["ben"], "1", "3", "3", "0", "30", "9", "15", "6.0", "6.0"]
+    assert rows[made["ann"]] == [made["ann"], "1", "10", "9", "1", "1,000", "200", "500", "0", "2", "20.0", "40.0"]
+    assert rows[made["ben"]] == [made["ben"], "1", "3", "3", "0", "30", "9", "15", "0", "0", "6.0", "6.0"]
     assert "since 2020-01-01T00:00:00Z" in err
 
     assert main(["usage", "--by", "label", "--json"]) == 0

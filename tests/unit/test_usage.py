@@ -58,7 +58,9 @@ def jobs(store: JobStore) -> dict[str, str]:
     c = _job(store, owner="alice", model="m2", created_at=T0 + timedelta(hours=3), total=2, resources={"gpus": 0},
              shards=[dict(done=2, succeeded=1, failed=1, prompt_tokens=20, completion_tokens=2, engine_seconds=3.0)])
     # The merge's exact sums: the cached count unknown (adds 0), 7 reasoning tokens.
-    store.set_usage(c.id, prompt_tokens=20, completion_tokens=2, cached_prompt_tokens=None, reasoning_tokens=7)
+    # Its failed line failed the job's output check after 3 retries (30 tokens thrown away).
+    store.set_usage(c.id, prompt_tokens=20, completion_tokens=2, cached_prompt_tokens=None, reasoning_tokens=7,
+                    invalid_output=1, output_retries=3, retry_tokens=30)
     d = _job(store, owner="alice", model="m1", created_at=T0 - timedelta(days=10), total=1,
              labels={"team": "b", "n": 1}, resources={"gpus": 1},
              shards=[dict(done=1, succeeded=1, prompt_tokens=1000, completion_tokens=1000, engine_seconds=100.0)])
@@ -68,10 +70,16 @@ def jobs(store: JobStore) -> dict[str, str]:
 
 
 # Each job's sums, as a UsageRow of one job (the group is filled in by _sum).
-A = UsageRow("", 1, 5, 4, 1, 150, 60, 10, 0, 0, 0, 15.0, 30.0)
-B = UsageRow("", 1, 4, 4, 0, 80, 16, 8, 0, 2, 50, 4.0, 4.0)
-C = UsageRow("", 1, 2, 1, 1, 20, 2, 0, 7, 0, 0, 3.0, 0.0)
-D = UsageRow("", 1, 1, 1, 0, 1000, 1000, 0, 0, 1, 2000, 100.0, 100.0)
+_ONE = dict(group="", jobs=1)
+A = UsageRow(**_ONE, requests_total=5, requests_succeeded=4, requests_failed=1, prompt_tokens=150,
+             completion_tokens=60, cached_prompt_tokens=10, engine_seconds=15.0, gpu_seconds=30.0)
+B = UsageRow(**_ONE, requests_total=4, requests_succeeded=4, prompt_tokens=80, completion_tokens=16,
+             cached_prompt_tokens=8, cached_requests=2, cached_tokens=50, engine_seconds=4.0, gpu_seconds=4.0)
+C = UsageRow(**_ONE, requests_total=2, requests_succeeded=1, requests_failed=1, prompt_tokens=20,
+             completion_tokens=2, reasoning_tokens=7, invalid_output=1, output_retries=3, retry_tokens=30,
+             engine_seconds=3.0)
+D = UsageRow(**_ONE, requests_total=1, requests_succeeded=1, prompt_tokens=1000, completion_tokens=1000,
+             cached_requests=1, cached_tokens=2000, engine_seconds=100.0, gpu_seconds=100.0)
 
 
 def _sum(group: str, *rows: UsageRow) -> UsageRow:
@@ -134,7 +142,8 @@ REPORT = {
     "object": "list", "by": "label", "since": "2026-01-01T00:00:00Z",
     "data": [
         {"group": "(none)", "jobs": 1, "requests": {"total": 2, "succeeded": 1, "failed": 1}, "prompt_tokens": 20,
-         "completion_tokens": 2, "cached_prompt_tokens": 0, "reasoning_tokens": 7, "engine_seconds": 3.0,
+         "completion_tokens": 2, "cached_prompt_tokens": 0, "reasoning_tokens": 7, "cached_requests": 0,
+         "cached_tokens": 0, "invalid_output": 1, "output_retries": 3, "retry_tokens": 30, "engine_seconds": 3.0,
          "gpu_seconds": 0.0},
         {"group": "team=a", "jobs": 2, "requests": {"total": 9, "succeeded": 8, "failed": 1}, "prompt_tokens": 23000,
          "completion_tokens": 76, "cached_prompt_tokens": 18, "reasoning_tokens": 0, "engine_seconds": 19.0,
@@ -169,8 +178,9 @@ def test_usage_prints_a_row_per_group(api, capsys):
     assert dict(api.seen[0].url.params) == {"by": "label", "since": "2026-01-01T00:00:00+00:00"}
     header, *rows = out.splitlines()
     assert header.split()[:4] == ["LABEL", "JOBS", "REQUESTS", "SUCCEEDED"]
-    assert rows[0].split() == ["(none)", "1", "2", "1", "1", "20", "2", "0", "3.0", "0.0"]
-    assert rows[1].split() == ["team=a", "2", "9", "8", "1", "23,000", "76", "18", "19.0", "34.0"]
+    assert rows[0].split() == ["(none)", "1", "2", "1", "1", "20", "2", "0", "0", "3", "3.0", "0.0"]
+    # A server without the result cache's and output check's figures: 0 in their columns.
+    assert rows[1].split() == ["team=a", "2", "9", "8", "1", "23,000", "76", "18", "0", "0", "19.0", "34.0"]
     assert "usage by label of jobs created since 2026-01-01T00:00:00Z" in err
 
 

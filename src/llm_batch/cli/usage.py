@@ -78,8 +78,10 @@ def _usage_command(args: argparse.Namespace) -> int:
     return _with_client(run)
 
 
+# CACHED TOK: prompt tokens the engine's prefix cache served; FROM CACHE: requests the result
+# cache answered; RETRIES: answers tried again for failing the job's output check.
 _COLUMNS = ("JOBS", "REQUESTS", "SUCCEEDED", "FAILED", "PROMPT TOK", "COMPLETION TOK", "CACHED TOK",
-            "ENGINE S", "GPU S")
+            "FROM CACHE", "RETRIES", "ENGINE S", "GPU S")
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -97,6 +99,7 @@ def print_report(report: dict[str, Any]) -> None:
         rows.append((
             group["group"], f"{group['jobs']:,}", f"{requests['total']:,}", f"{requests['succeeded']:,}",
             f"{requests['failed']:,}", f"{group['prompt_tokens']:,}", f"{group['completion_tokens']:,}",
-            f"{group['cached_prompt_tokens']:,}", f"{group['engine_seconds']:,.1f}", f"{group['gpu_seconds']:,.1f}",
+            f"{group['cached_prompt_tokens']:,}", f"{group.get('cached_requests', 0):,}",
+            f"{group.get('output_retries', 0):,}", f"{group['engine_seconds']:,.1f}", f"{group['gpu_seconds']:,.1f}",
         ))
     print_table(rows)

@@ -43,6 +43,13 @@ class UsageGroup(BaseModel):
         default=0, description="Succeeded requests answered from the result cache (no engine time; in `requests.succeeded`)")
     cached_tokens: int = Field(
         default=0, description="Prompt + completion tokens of the cached requests (also in the token counts)")
+    invalid_output: int = Field(
+        default=0, description="Requests whose answers failed the job's `output_check` after its retries (in "
+        "`requests.failed`)")
+    output_retries: int = Field(
+        default=0, description="Answers that failed the job's `output_check` and were tried again")
+    retry_tokens: int = Field(
+        default=0, description="Prompt + completion tokens of those discarded answers (not in the token counts)")
     engine_seconds: float = Field(description="Seconds the jobs' shard engines ran, all attempts summed")
     gpu_seconds: float = Field(
         description="Each job's engine seconds x its GPUs (the job's `gpus`, 1 when it names none; a job recorded "
@@ -63,6 +70,9 @@ class UsageGroup(BaseModel):
             reasoning_tokens=row.reasoning_tokens,
             cached_requests=row.cached_requests,
             cached_tokens=row.cached_tokens,
+            invalid_output=row.invalid_output,
+            output_retries=row.output_retries,
+            retry_tokens=row.retry_tokens,
             engine_seconds=round(row.engine_seconds, 3),
             gpu_seconds=round(row.gpu_seconds, 3),
         )

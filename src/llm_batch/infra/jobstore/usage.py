@@ -38,6 +38,9 @@ class UsageRow:
     reasoning_tokens: int = 0
     cached_requests: int = 0  # answered from the result cache (part of requests_succeeded)
     cached_tokens: int = 0  # their prompt + completion tokens (part of the token counts)
+    invalid_output: int = 0  # answers that failed the job's output check (part of requests_failed)
+    output_retries: int = 0  # answers tried again because they failed it
+    retry_tokens: int = 0  # prompt + completion tokens of the discarded answers (not in the token counts)
     engine_seconds: float = 0.0
     gpu_seconds: float = 0.0
 
@@ -99,8 +102,8 @@ class UsageRepository(Repository):
             filters.append(c.owner == owner)
         gpus = func.coalesce(c.resources["gpus"].as_integer(), 1)
         measures = (c.total, c.succeeded, c.failed, c.prompt_tokens, c.completion_tokens, c.cached_prompt_tokens,
-                    c.reasoning_tokens, c.result_cache_hits, c.result_cache_tokens, c.engine_seconds,
-                    c.engine_seconds * gpus)
+                    c.reasoning_tokens, c.result_cache_hits, c.result_cache_tokens, c.invalid_output,
+                    c.output_retries, c.retry_tokens, c.engine_seconds, c.engine_seconds * gpus)
         integers = len(measures) - 2  # the last two are seconds
 
         def row_of(group: str, jobs: int, sums: list[Any]) -> UsageRow:
@@ -140,30 +143,31 @@ class UsageRepository(Repository):
         totals: dict[str, list[float]] = {}
         rows = connection.execution_options(yield_per=1000).execute(select(c.model, c.model_usage, *measures).where(*filters))
         for (model, per_model, total, succeeded, failed, prompt, completion, cached, reasoning, hits, hit_tokens,
-             seconds, gpu_seconds) in rows:
+             invalid, retries, retry_tokens, seconds, gpu_seconds) in rows:
             parts = per_model if isinstance(per_model, dict) and len(per_model) > 1 else {}
             job_tokens = sum(int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0)) for u in parts.values())
             claimed = [0, 0, 0]
             for name, used in sorted(parts.items()):
                 ok, p, q = (int(used.get(k, 0)) for k in ("succeeded", "prompt_tokens", "completion_tokens"))
                 share = (p + q) / job_tokens if job_tokens else 0.0
-                _add(totals, name, [ok, ok, 0, p, q, 0, 0, 0, 0, (seconds or 0) * share, (gpu_seconds or 0) * share])
+                _add(totals, name, [ok, ok, 0, p, q, 0, 0, 0, 0, 0, 0, 0,
+                                    (seconds or 0) * share, (gpu_seconds or 0) * share])
                 claimed = [claimed[0] + ok, claimed[1] + p, claimed[2] + q]
             rest = 1.0 - sum(((int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0))) / job_tokens
                               if job_tokens else 0.0) for u in parts.values())
             left = [(total or 0) - claimed[0], (succeeded or 0) - claimed[0], failed or 0, (prompt or 0) - claimed[1],
                     (completion or 0) - claimed[2], cached or 0, reasoning or 0, hits or 0, hit_tokens or 0,
-                    (seconds or 0) * rest, (gpu_seconds or 0) * rest]
+                    invalid or 0, retries or 0, retry_tokens or 0, (seconds or 0) * rest, (gpu_seconds or 0) * rest]
             if not parts or any(left):
                 _add(totals, model, left, job=not parts or model not in parts)
-        return [UsageRow(group, int(sums[0]), *(int(v) for v in sums[1:10]), *(float(v) for v in sums[10:]))
+        return [UsageRow(group, int(sums[0]), *(int(v) for v in sums[1:13]), *(float(v) for v in sums[13:]))
                 for group, sums in sorted(totals.items())]
 
 
 def _add(totals: dict[str, list[float]], group: str, values: list[float], job: bool = True) -> None:
     """Add one job's figures (requests total, succeeded, failed, tokens x4, cached requests and
-    tokens, seconds x2) to a group."""
-    sums = totals.setdefault(group, [0] * 12)
+    tokens, invalid outputs, retries and their tokens, seconds x2) to a group."""
+    sums = totals.setdefault(group, [0] * 15)
     sums[0] += 1 if job else 0
     for i, value in enumerate(values, start=1):
         sums[i] += value
