@@ -108,6 +108,11 @@ PARAMS = {
         True, type="boolean",
         description="Answer greedy and seeded lines an earlier job of yours already computed from the result cache.",
     ),
+    "output_check": Param(
+        None, type=["null", "object"],
+        description="How the answers must look: {\"response_format\": true} (each line's own), {\"json_schema\": {...}} "
+        "or {\"regex\": \"...\"}, and max_retries (0-5, default 2) new tries with a new seed; then invalid_output.",
+    ),
     "gpus": Param(
         1, type="integer", minimum=1, maximum=8,
         description="GPUs per worker (the tensor-parallel size); Kubernetes runner only.",

@@ -158,6 +158,11 @@ def test_register_makes_a_job_from_the_conf(store, settings):
         ({"input_uri": "/x.jsonl", "model_config": {"engine_args": {"reasoning_parser_plugin": "/data/x/evil.py"}}},
          "reasoning_parser_plugin may not be set by a job"),
         ({"input_uri": "/x.jsonl", "model_config": {"max_model_len": -1}}, "model_config.max_model_len"),
+        ({"input_uri": "/x.jsonl", "output_check": {"regex": "(unclosed"}}, "output_check: regex: does not compile"),
+        ({"input_uri": "/x.jsonl", "output_check": {"regex": ".", "max_retries": 9}}, "output_check.max_retries: "),
+        ({"input_uri": "/x.jsonl", "output_check": {"max_retries": 1}}, "output_check: give at least one of"),
+        ({"input_uri": "/x.jsonl", "output_check": {"json_schema": {"$ref": "https://x/s.json"}}},
+         "is not within the schema"),
     ],
 )
 def test_register_refuses_naming_the_problem_with_a_failed_job(store, settings, conf, reason):
@@ -167,6 +172,14 @@ def test_register_refuses_naming_the_problem_with_a_failed_job(store, settings, 
     job = store.get_job(job_id)  # the reason, for the page, the API and the run's note
     assert job.status == jobs.JobStatus.FAILED and reason in job.status_reason
     assert job.input.uri is None and job.output_uri is None  # a refused path is not recorded
+
+
+def test_a_runs_output_check_reaches_its_job_and_shards(store, settings):
+    """The form's output_check is the job's (as the native create's is) and each shard's."""
+    check = {"regex": "[A-Z].*", "max_retries": 1}
+    job_id, tasks = _through_plan(store, settings, _conf(settings, output_check=check))
+    assert store.get_job(job_id).input.output_check.model_dump(exclude_defaults=True) == check
+    assert {orjson.loads(t["output_check_json"])["regex"] for t in tasks} == {"[A-Z].*"}
 
 
 def test_multi_node_workers_register_with_the_kubernetes_runner(store, settings):

@@ -67,8 +67,9 @@ def registry_model_names(settings: Settings) -> list[str]:
 
 
 def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> None:
-    """What the form cannot say alone: exactly one input, a model of the registry (unless
-    the run names its own checkpoint_path) and a model_config the API would take."""
+    """What the form cannot say alone: exactly one input, an output check the API would take,
+    a model of the registry (unless the run names its own checkpoint_path) and a
+    model_config the API would take."""
     given = [name for name in INPUT_FIELDS if conf.get(name) not in (None, "", [])]
     if len(given) != 1:
         raise JobRejected(f"give exactly one of {', '.join(INPUT_FIELDS)} (got {', '.join(given) or 'none'})")
@@ -78,6 +79,10 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> 
     for name, (value, most) in bounds.items():
         if value is not None and not 1 <= value <= most:  # refused, never clamped
             raise JobRejected(f"{name}={value} is out of bounds: give 1 to {most}")
+    try:
+        run.checked_output()
+    except ValueError as exc:
+        raise JobRejected(str(exc)) from None
     known = registry_model_names(settings)
     if known and run.model not in known and not run.engine_config.get("checkpoint_path"):
         raise JobRejected(f"model {run.model!r} is not in the model registry; known models: {', '.join(known)}")
@@ -188,6 +193,7 @@ def _record_refusal(store: JobStore, settings: Settings, run: RunConf, job_id: s
     input: the refused paths and files are not the owner's to record; figures out of bounds
     (a refusal's cause) are recorded at their defaults."""
     bare = run.model_copy(update={"input_uri": None, "input_file_ids": None, "input_requests": None,
+                                  "output_check": None,
                                   "data_parallelism": 1, "gpus": 1, "nodes_per_worker": 1, "gpu_type": None})
     request = bare.job_request(job_id, input_uri=None, output_uri=None, priority=0,
                                max_runtime_sec=settings.default_max_runtime_sec)
