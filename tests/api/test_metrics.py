@@ -47,6 +47,11 @@ def test_figures_follow_the_store_and_requests_are_counted_by_template(client, c
     api_store.transition(job.id, "RUNNING")
     api_store.report_shard(job.id, 0, state="running", total=10, done=4, succeeded=3, failed=1,
                            prompt_tokens=40, completion_tokens=120, engine_seconds=2.0)
+    # An ended job's merge figures: 2 lines from the result cache, 1 invalid output after 3 retries.
+    ended = api_store.create_job(dialect="openai", endpoint="/v1/chat/completions", model=model, owner="alice")
+    api_store.set_usage(ended.id, prompt_tokens=30, completion_tokens=9, cached_prompt_tokens=0, reasoning_tokens=0,
+                        result_cache_hits=2, result_cache_tokens=20, invalid_output=1, output_retries=3,
+                        retry_tokens=33)
     for _ in range(3):
         assert client.get(f"/v1/jobs/{job.id}", headers=creds.key("alice")).status_code == 200
     assert client.get("/v1/jobs/job_nope", headers=creds.key("alice")).status_code == 404
@@ -54,7 +59,10 @@ def test_figures_follow_the_store_and_requests_are_counted_by_template(client, c
 
     assert after["llm_batch_jobs"][(("model", model), ("status", "RUNNING"))] == 1
     assert after["llm_batch_tokens_per_second"][(("model", model),)] > 0
-    for kind, added in (("prompt", 40), ("completion", 120)):
+    for name, added in (("llm_batch_cached_requests", 2), ("llm_batch_invalid_output_requests", 1),
+                        ("llm_batch_output_retries", 3)):
+        assert after[name][()] - before.get(name, {}).get((), 0) == added, name
+    for kind, added in (("prompt", 70), ("completion", 129), ("result_cache", 20), ("retry", 33)):
         key = (("kind", kind),)
         assert after["llm_batch_tokens"][key] - before["llm_batch_tokens"].get(key, 0) == added
     assert after["llm_batch_requests"][(("outcome", "failed"),)] - before["llm_batch_requests"][(("outcome", "failed"),)] == 1

@@ -119,9 +119,19 @@ class _Figures(Collector):
         for reason, code in ERROR_SUMMARY_CODES.items():
             why.add_metric([reason], figures.failed_by_code.get(code, 0))
         yield why
-        tokens = GaugeMetricFamily("llm_batch_tokens", "Tokens of the jobs in the store, by kind", labels=["kind"])
+        yield GaugeMetricFamily("llm_batch_cached_requests", "Succeeded requests the result cache answered (no engine "
+                                "time; part of llm_batch_requests{outcome=\"succeeded\"})", value=u.cached_requests)
+        yield GaugeMetricFamily("llm_batch_invalid_output_requests", "Requests whose answer failed the job's output "
+                                "check after its retries (part of llm_batch_requests{outcome=\"failed\"})",
+                                value=u.invalid_output)
+        yield GaugeMetricFamily("llm_batch_output_retries", "Answers that failed the job's output check and were "
+                                "tried again", value=u.output_retries)
+        tokens = GaugeMetricFamily("llm_batch_tokens", "Tokens of the jobs in the store, by kind (cached_prompt, "
+                                   "reasoning and result_cache are part of prompt and completion; retry is not)",
+                                   labels=["kind"])
         for kind, value in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),
-                            ("cached_prompt", u.cached_prompt_tokens), ("reasoning", u.reasoning_tokens)):
+                            ("cached_prompt", u.cached_prompt_tokens), ("reasoning", u.reasoning_tokens),
+                            ("result_cache", u.cached_tokens), ("retry", u.retry_tokens)):
             tokens.add_metric([kind], value)
         yield tokens
         yield GaugeMetricFamily("llm_batch_engine_seconds", "Seconds the jobs' engines ran, all attempts", value=u.engine_seconds)
