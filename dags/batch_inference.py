@@ -17,10 +17,11 @@ A job's shard tasks wait in its lane: the pool of its GPU type (the local pool u
 local runner) at its priority band's weight, set on each task instance from the run's conf
 by llm-batch's cluster policy (`llm_batch.airflow.policies`).
 
-`finalize` emits one asset event through the alias `llm-batch-results` for every job that
-succeeded, on its result file (the event's `extra`: job id, status, counts, labels), so a
-DAG scheduled on that alias runs once per completed batch; the other assets a job updates
-(a Scale array output, a recurring spec's asset) get theirs through `llm-batch-more-results`; it fails the run of a
+`finalize` emits, for every job that succeeded, one event on the asset `llm-batch://results`
+(the event's `extra`: job id, status, counts, labels, output URIs), so a DAG scheduled on that
+asset runs once per completed batch, and one through the alias `llm-batch-results` on the
+job's result file; the other assets a job updates (a Scale array output, a recurring spec's
+asset) and the fixed one get theirs through `llm-batch-more-results`. It fails the run of a
 FAILED or TIMEOUT_EXCEEDED job with the reason. A CANCELLED job's run ends success (a cancel
 is a user's decision, not a failure of the pipeline). Each ended run's note gives the job's
 status, counts and link (the plugin's listener).
@@ -180,7 +181,8 @@ def _registered_job_id() -> str:
 
 def _emit_results(job: Any) -> None:
     """One asset event for the job's result file through RESULTS_ALIAS; one for each other
-    asset it updates (its array output, a recurring spec's own asset) through MORE_RESULTS_ALIAS."""
+    asset it updates (its array output, a recurring spec's own asset) and one on the fixed
+    results asset through MORE_RESULTS_ALIAS."""
     outlet_events = get_current_context()["outlet_events"]
     extra = {"job_id": job.id, "status": job.status.value, "total": job.total, "succeeded": job.succeeded,
              "failed": job.failed, "labels": {str(k): str(v) for k, v in (job.labels or {}).items()},
@@ -189,6 +191,9 @@ def _emit_results(job: Any) -> None:
     for n, uri in enumerate(uris):
         alias = AssetAlias(RESULTS_ALIAS if n == 0 else MORE_RESULTS_ALIAS)
         outlet_events[alias].add(Asset(uri=uri), extra=extra)
+    # Through the second alias, not as a declared outlet: a declared one would also get an
+    # event when a cancelled job's finalize succeeds.
+    outlet_events[AssetAlias(MORE_RESULTS_ALIAS)].add(Asset(uri=run_conf.RESULTS_ASSET_URI), extra=extra)
 
 
 def _rejected(exc: jobs.JobRejected):

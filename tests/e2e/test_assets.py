@@ -1,8 +1,10 @@
-"""Asset events on the real stack: a SUCCEEDED job's finalize emits one asset event per
-output through the alias ``llm-batch-results`` (extra: job id, status, counts, labels,
-output URIs), and the example consumer DAG ``llm_batch_on_batch_done`` (scheduled on the
-alias, paused at creation) runs on it. A CANCELLED job's run ends success (a cancel is not a
-failure of the pipeline) and emits nothing."""
+"""Asset events on the real stack: a SUCCEEDED job's finalize emits one event on the fixed
+asset ``llm-batch://results`` and one on its result file through the alias
+``llm-batch-results`` (extra: job id, status, counts, labels, output URIs); the example
+consumer DAG ``llm_batch_on_batch_done`` (scheduled on the fixed asset, paused at creation)
+runs on it and sees each batch once; a consumer DAG added later gets no batch completed
+before it. A CANCELLED job's run ends success (a cancel is not a failure of the pipeline)
+and emits nothing."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
 JOB_TIMEOUT = 420
 CONSUMER = "llm_batch_on_batch_done"
-ALIAS = "llm-batch-results"
+RESULTS_ASSET = "llm-batch://results"
 
 
 class Airflow(AirflowAPI):
@@ -43,6 +45,11 @@ def airflow(e2e_stack) -> Airflow:
     return Airflow(e2e_stack)
 
 
+def _two(events: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """A succeeded job's two events (the fixed asset's and its result file's), once both are in."""
+    return events if len(events) >= 2 else None
+
+
 def _consumer_runs(airflow: Airflow) -> list[dict[str, Any]]:
     return airflow.call("GET", f"/dags/{CONSUMER}/dagRuns", params={"limit": 100})["dag_runs"]
 
@@ -60,14 +67,19 @@ def test_succeeded_job_emits_an_event_and_runs_the_consumer(e2e_stack, airflow, 
     job = batch_client.wait(job.id, timeout=JOB_TIMEOUT)
     assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCEEDED", 5, 5, 0), job
 
-    events = wait_until(f"an asset event of job {job.id}", lambda: airflow.events_of(job.id), 60, poll=2)
-    extra = events[0]["extra"]
+    events = wait_until(f"the asset events of job {job.id}", lambda: _two(airflow.events_of(job.id)), 60, poll=2)
+    # Airflow writes a URI without a path with a "/" (llm-batch://results/).
+    by_uri = {event["uri"].rstrip("/"): event for event in events}
+    fixed = by_uri.pop(RESULTS_ASSET)
+    [(file_uri, on_file)] = by_uri.items()
+    extra = fixed["extra"]
     assert extra["job_id"] == job.id
     assert extra["status"] == "SUCCEEDED"
     assert (extra["total"], extra["succeeded"], extra["failed"]) == (5, 5, 0)
     assert extra["output_uri"], extra
-    assert events[0]["uri"].endswith(extra["output_uri"].split("://")[-1]), (events[0]["uri"], extra)
-    assert events[0]["source_dag_id"] == "batch_inference" and events[0]["source_task_id"] == "finalize"
+    assert on_file["extra"] == extra and file_uri.endswith(extra["output_uri"].split("://")[-1]), (file_uri, extra)
+    for event in events:
+        assert event["source_dag_id"] == "batch_inference" and event["source_task_id"] == "finalize"
 
     def new_consumer_run() -> dict[str, Any] | None:
         return next((r for r in _consumer_runs(airflow) if r["dag_run_id"] not in runs_before), None)
@@ -87,6 +99,40 @@ def test_succeeded_job_emits_an_event_and_runs_the_consumer(e2e_stack, airflow, 
                                 "/xcomEntries/return_value", params={"deserialize": True})
     seen = [batch["job_id"] for batch in entry["value"]]
     assert job.id in seen and len(seen) == len(set(seen)), seen
+
+
+def test_a_new_consumer_gets_no_batch_completed_before_it(e2e_stack, airflow, batch_client, job_logs, tmp_path):
+    """A consumer DAG added after batches have completed: its first run carries the batches
+    completed since, not the earlier ones (a consumer of the alias would get every one)."""
+    earlier = batch_client.submit(long_batch(tmp_path / "before.jsonl", 2, first_tokens=4, step=1),
+                                  endpoint="/v1/chat/completions", model=MODEL)
+    job_logs.append(earlier.id)
+    assert batch_client.wait(earlier.id, timeout=JOB_TIMEOUT).status == "SUCCEEDED"
+    wait_until(f"the events of job {earlier.id}", lambda: _two(airflow.events_of(earlier.id)), 60, poll=2)
+
+    consumer = "e2e_new_results_consumer"
+    (e2e_stack.settings.home / "dags" / f"{consumer}.py").write_text(
+        "from datetime import datetime\n"
+        "from airflow.sdk import DAG, Asset\n"
+        "from airflow.providers.standard.operators.empty import EmptyOperator\n"
+        f"with DAG({consumer!r}, schedule=Asset({RESULTS_ASSET!r}), start_date=datetime(2025, 1, 1),\n"
+        "         catchup=False):\n"
+        "    EmptyOperator(task_id='noop')\n")
+    airflow.wait_parsed(consumer)
+    airflow.call("PATCH", f"/dags/{consumer}", json={"is_paused": False})  # the stack's DAGs start paused
+    later = batch_client.submit(long_batch(tmp_path / "after.jsonl", 2, first_tokens=4, step=1),
+                                endpoint="/v1/chat/completions", model=MODEL, new=True)  # same lines, a new job
+    job_logs.append(later.id)
+    assert batch_client.wait(later.id, timeout=JOB_TIMEOUT).status == "SUCCEEDED"
+
+    first_run = wait_until(f"a run of {consumer}", lambda: next(iter(
+        airflow.call("GET", f"/dags/{consumer}/dagRuns", params={"limit": 1, "order_by": "run_after"})["dag_runs"]),
+        None), 120, poll=2)
+    consumed = [e for e in airflow.asset_events(f"/dags/{consumer}/dagRuns/{first_run['dag_run_id']}/upstreamAssetEvents")
+                if e["uri"].rstrip("/") == RESULTS_ASSET]
+    jobs = [(e.get("extra") or {}).get("job_id") for e in consumed]
+    assert later.id in jobs and earlier.id not in jobs, jobs
+    assert len(jobs) == len(set(jobs)), jobs
 
 
 def test_cancelled_job_emits_no_event(e2e_stack, airflow, batch_client, job_logs, tmp_path):

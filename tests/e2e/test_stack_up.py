@@ -93,3 +93,57 @@ def test_the_users_dags_and_specs_under_home_become_dags(e2e_stack, airflow):
     airflow.wait_parsed("recurring__e2e_mine")
     assert airflow.call("GET", "/dags/e2e_user_dag")["bundle_name"] == "user-dags"
     assert airflow.call("GET", "/dags/batch_inference")["bundle_name"] == "dags-folder"
+
+
+def test_form_triggers_and_api_creates_at_once_get_no_server_error(e2e_stack, batch_client, job_logs):
+    """The form's Trigger (/api/v2 with the form's conf) and the batch API's create, eight of
+    each at once, no client retries: every answer is 2xx in time and none says "database is
+    locked" (Airflow on SQLite answered the form 500 after 60 s under such load). The form
+    runs are refused at register (two inputs) and the API's jobs cancelled before they start,
+    so no engine runs."""
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    assert e2e_stack.database == "postgres", "the embedded stack's default database"
+    n, tag = 8, uuid.uuid4().hex[:8]
+    airflow_headers = {"Authorization": f"Bearer {e2e_stack.airflow_token()}"}
+    api_headers = {"Authorization": f"Bearer {e2e_stack.ensure_api_key()}"}
+    line = {"body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}}
+
+    def trigger(i: int) -> tuple[httpx.Response, float]:
+        conf = {"job_id": f"form-{tag}-{i}", "input_uri": "/nowhere.jsonl", "input_requests": [line],
+                "model": MODEL, "labels": {"e2e": tag}}
+        return timed(lambda: httpx.post(f"{e2e_stack.base_url}/api/v2/dags/batch_inference/dagRuns", timeout=90,
+                                        headers=airflow_headers, json={"logical_date": None, "conf": conf}))
+
+    def create(i: int) -> tuple[httpx.Response, float]:
+        body = {"model": MODEL, "endpoint": "/v1/chat/completions", "requests": [line], "labels": {"e2e": tag}}
+        return timed(lambda: httpx.post(f"{e2e_stack.base_url}/batch/v1/jobs", timeout=90, headers=api_headers,
+                                        json=body))
+
+    with ThreadPoolExecutor(2 * n) as pool:
+        triggers = [pool.submit(trigger, i) for i in range(n)]
+        creates = [pool.submit(create, i) for i in range(n)]
+        answers = [f.result() for f in (*triggers, *creates)]
+    made = [response.json()["id"] for response, _ in answers[n:] if response.status_code < 300]
+    job_logs.extend(made)
+    for job_id in made:
+        batch_client.cancel(job_id)
+    for response, took in answers:
+        assert response.status_code < 300, f"{response.request.url}: {response.status_code} {response.text[:500]}"
+        assert "database is locked" not in response.text
+        assert took < 30, f"{response.request.url} answered after {took:.1f} s"
+    form_jobs = [f"form-{tag}-{i}" for i in range(n)]
+    wait_until("every job ended", lambda: all(batch_client.job(j).terminal for j in (*made, *form_jobs)), 180, poll=2)
+    assert {batch_client.job(j).status for j in made} == {"CANCELLED"}
+    for job_id in form_jobs:
+        job = batch_client.job(job_id)
+        assert job.status == "FAILED" and "give exactly one of" in " ".join(job.errors), job
+
+
+def timed(send) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = send()
+    return response, time.monotonic() - started

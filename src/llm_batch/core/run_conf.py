@@ -18,6 +18,11 @@ BATCH_DAG_ID = "batch_inference"
 # Its mapped shard task (the cluster policy routes it; the page links its task instances).
 SHARD_TASK_ID = "run_shard"
 HOUSEKEEPING_DAG_ID = "llm_batch_housekeeping"
+# One event per completed job, whatever its result file: the asset a consumer DAG schedules
+# on. (A DAG scheduled on an asset gets only events made since it first referenced it; one
+# scheduled on the alias of the jobs' result files also gets every earlier event on its first
+# run: Airflow floors that window at the DAG's asset references, which an alias lacks.)
+RESULTS_ASSET_URI = "llm-batch://results"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_OWNER = "airflow"
 MAX_DATA_PARALLELISM = 64
