@@ -198,3 +198,28 @@ def test_unreachable_endpoint_is_a_storage_error(s3_bucket: str, monkeypatch: py
     assert info.value.uri == f"s3://{s3_bucket}/x"
     get_settings.cache_clear()
     storage.reset()
+
+
+def test_the_server_does_not_run_out_of_volumes_for_new_buckets(s3_server) -> None:
+    """Every bucket is a SeaweedFS collection: one volume each (not the default seven), and a
+    deleted bucket gives its volumes back, so a long suite or a long-lived dev stack never
+    meets 'InternalError' on a PUT to its newest bucket."""
+    import time
+
+    from tests.fixtures.s3 import _drop_bucket, _new_bucket
+
+    data = s3_server.log.parent / "data"
+    buckets = [_new_bucket(s3_server) for _ in range(3)]
+    for bucket in buckets:
+        s3_server.client().put_object(Bucket=bucket, Key="k", Body=b"v")
+        assert len(list(data.glob(f"{bucket}_*.dat"))) == 1
+
+    for bucket in buckets:
+        _drop_bucket(s3_server, bucket)
+    def left() -> list[str]:
+        return [p.name for b in buckets for p in data.glob(f"{b}_*.dat")]
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left()

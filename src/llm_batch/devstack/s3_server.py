@@ -51,6 +51,12 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
+# SeaweedFS grows 7 volumes for each new collection (master.toml's volume_growth.copy_1);
+# with one collection per bucket, a few dozen buckets exhausted a machine with less free
+# disk ("InternalError" on every PUT to a new bucket). One volume per bucket is plenty here.
+WEED_ENV = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
+
+
 def weed_command(weed: str, root: Path, ports: dict[str, int], config: Path) -> list[str]:
     p = ports
     return [
@@ -58,8 +64,8 @@ def weed_command(weed: str, root: Path, ports: dict[str, int], config: Path) -> 
         f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
         f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
         f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
-        # Each bucket is a collection that grows 7 volumes: let the count follow free disk
-        # (volumes are sparse files, not preallocated).
+        # The volume count follows free disk (volumes are sparse files, not preallocated);
+        # each bucket is a collection, grown one volume at a time (WEED_ENV).
         "-master.volumeSizeLimitMB=64", "-volume.max=0",
         "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
         "-s3.port.iceberg=0", "-s3.port.lance=0",
@@ -107,7 +113,7 @@ class WeedServer:
         with open(log, "ab") as log_file:
             process = subprocess.Popen(weed_command(weed, root, ports, config), stdout=log_file,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=root,
-                                       start_new_session=True)
+                                       env={**os.environ, **WEED_ENV}, start_new_session=True)
         server = cls(f"http://127.0.0.1:{ports['s3']}", access_key, secret_key, log, process.pid)
         try:
             server.wait_until_serving(process, timeout)
