@@ -79,9 +79,9 @@ class UsageRepository(Repository):
         `owner` when given, whatever their status: jobs, requests (total, succeeded,
         failed), tokens, engine seconds and GPU seconds.
 
-        ``by``: None -> one row, group ``(all)`` (zeros when no job matches); ``owner`` or
-        ``owner`` -> one row per value (summed in SQL); ``model`` -> one row per model that
-        answered (``_usage_by_model``: a job mixing LoRA adapters counts in each); ``label`` -> one row per label
+        ``by``: None -> one row, group ``(all)`` (zeros when no job matches); ``owner`` -> one
+        row per value (summed in SQL); ``model`` -> one row per model that answered
+        (``_by_model``: a job mixing LoRA adapters counts in each); ``label`` -> one row per label
         ``key=value`` a job has: a job with two labels counts in both rows, a job without
         labels in the row ``(none)`` (labels are JSON: summed in Python over the streamed
         rows, keeping only the per-group sums). Rows are ordered by group.
@@ -101,73 +101,77 @@ class UsageRepository(Repository):
         if owner is not None:
             filters.append(c.owner == owner)
         gpus = func.coalesce(c.resources["gpus"].as_integer(), 1)
-        measures = (c.total, c.succeeded, c.failed, c.prompt_tokens, c.completion_tokens, c.cached_prompt_tokens,
-                    c.reasoning_tokens, c.result_cache_hits, c.result_cache_tokens, c.invalid_output,
-                    c.output_retries, c.retry_tokens, c.engine_seconds, c.engine_seconds * gpus)
-        integers = len(measures) - 2  # the last two are seconds
-
-        def row_of(group: str, jobs: int, sums: list[Any]) -> UsageRow:
-            counts, seconds = sums[:integers], sums[integers:]
-            return UsageRow(str(group), int(jobs), *(int(v or 0) for v in counts), *(float(v or 0) for v in seconds))
-
+        measures = {  # UsageRow's field -> the jobs column it sums
+            "requests_total": c.total, "requests_succeeded": c.succeeded, "requests_failed": c.failed,
+            "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+            "cached_prompt_tokens": c.cached_prompt_tokens, "reasoning_tokens": c.reasoning_tokens,
+            "cached_requests": c.result_cache_hits, "cached_tokens": c.result_cache_tokens,
+            "invalid_output": c.invalid_output, "output_retries": c.output_retries, "retry_tokens": c.retry_tokens,
+            "engine_seconds": c.engine_seconds, "gpu_seconds": c.engine_seconds * gpus,
+        }
+        names = list(measures)
         with self._transaction(write=False) as connection:
-            if by == "model":
-                return self._usage_by_model(connection, filters, measures)
-            if by == "label":
-                totals: dict[str, list[float]] = {}
-                rows = connection.execution_options(yield_per=1000).execute(select(c.labels, *measures).where(*filters))
-                for labels, *values in rows:
+            if by in ("model", "label"):
+                # Summed in Python over the streamed rows (labels and per-model usage are JSON),
+                # keeping only the per-group sums.
+                rows = connection.execution_options(yield_per=1000).execute(
+                    select(c.model, c.model_usage, c.labels, *measures.values()).where(*filters))
+                totals: dict[str, dict[str, float]] = {}
+                for model, per_model, labels, *values in rows:
+                    job = {name: value or 0 for name, value in zip(names, values, strict=True)}
+                    if by == "model":
+                        _by_model(totals, model, per_model, job)
+                        continue
                     pairs = labels.items() if isinstance(labels, dict) else ()
                     for group in [f"{key}={value}" for key, value in pairs] or [USAGE_NO_LABELS_GROUP]:
-                        sums = totals.setdefault(group, [0] * (len(measures) + 1))
-                        sums[0] += 1
-                        for i, value in enumerate(values, start=1):
-                            sums[i] += value or 0
-                return [row_of(group, sums[0], sums[1:]) for group, sums in sorted(totals.items())]
-            query = select(func.count(), *(func.coalesce(func.sum(m), 0) for m in measures)).where(*filters)
+                        _add(totals, group, job)
+                return [_row(group, sums) for group, sums in sorted(totals.items())]
+            query = select(func.count(), *(func.coalesce(func.sum(m), 0) for m in measures.values())).where(*filters)
             if by is None:
                 jobs, *sums = connection.execute(query).one()
-                return [row_of(USAGE_ALL_GROUP, jobs, sums)]
+                return [_row(USAGE_ALL_GROUP, {"jobs": jobs, **dict(zip(names, sums, strict=True))})]
             key = c[by]
             rows = connection.execute(query.add_columns(key).group_by(key).order_by(key))
-            return [row_of(group, jobs, sums) for jobs, *sums, group in rows]
-
-    @staticmethod
-    def _usage_by_model(connection: Any, filters: list[ColumnElement[bool]], measures: tuple[Any, ...]) -> list[UsageRow]:
-        """One row per model that answered: a job run on one model counts under it; a job
-        whose lines ran on several (its base and LoRA adapters, ``model_usage``) counts in
-        each: that model's succeeded requests and tokens exactly, its share of the engine
-        and GPU seconds by its share of the job's tokens; the job's failed requests, and
-        whatever no model claims, under the job's own model."""
-        c = JOBS.c
-        totals: dict[str, list[float]] = {}
-        rows = connection.execution_options(yield_per=1000).execute(select(c.model, c.model_usage, *measures).where(*filters))
-        for (model, per_model, total, succeeded, failed, prompt, completion, cached, reasoning, hits, hit_tokens,
-             invalid, retries, retry_tokens, seconds, gpu_seconds) in rows:
-            parts = per_model if isinstance(per_model, dict) and len(per_model) > 1 else {}
-            job_tokens = sum(int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0)) for u in parts.values())
-            claimed = [0, 0, 0]
-            for name, used in sorted(parts.items()):
-                ok, p, q = (int(used.get(k, 0)) for k in ("succeeded", "prompt_tokens", "completion_tokens"))
-                share = (p + q) / job_tokens if job_tokens else 0.0
-                _add(totals, name, [ok, ok, 0, p, q, 0, 0, 0, 0, 0, 0, 0,
-                                    (seconds or 0) * share, (gpu_seconds or 0) * share])
-                claimed = [claimed[0] + ok, claimed[1] + p, claimed[2] + q]
-            rest = 1.0 - sum(((int(u.get("prompt_tokens", 0)) + int(u.get("completion_tokens", 0))) / job_tokens
-                              if job_tokens else 0.0) for u in parts.values())
-            left = [(total or 0) - claimed[0], (succeeded or 0) - claimed[0], failed or 0, (prompt or 0) - claimed[1],
-                    (completion or 0) - claimed[2], cached or 0, reasoning or 0, hits or 0, hit_tokens or 0,
-                    invalid or 0, retries or 0, retry_tokens or 0, (seconds or 0) * rest, (gpu_seconds or 0) * rest]
-            if not parts or any(left):
-                _add(totals, model, left, job=not parts or model not in parts)
-        return [UsageRow(group, int(sums[0]), *(int(v) for v in sums[1:13]), *(float(v) for v in sums[13:]))
-                for group, sums in sorted(totals.items())]
+            return [_row(group, {"jobs": jobs, **dict(zip(names, sums, strict=True))}) for jobs, *sums, group in rows]
 
 
-def _add(totals: dict[str, list[float]], group: str, values: list[float], job: bool = True) -> None:
-    """Add one job's figures (requests total, succeeded, failed, tokens x4, cached requests and
-    tokens, invalid outputs, retries and their tokens, seconds x2) to a group."""
-    sums = totals.setdefault(group, [0] * 15)
-    sums[0] += 1 if job else 0
-    for i, value in enumerate(values, start=1):
-        sums[i] += value
+_SECONDS = ("engine_seconds", "gpu_seconds")
+
+
+def _row(group: Any, sums: dict[str, Any]) -> UsageRow:
+    """A group's sums (``jobs`` and UsageRow's figures by name; missing ones are 0) as a row."""
+    return UsageRow(str(group), **{name: (float if name in _SECONDS else int)(value or 0)
+                                   for name, value in sums.items()})
+
+
+def _add(totals: dict[str, dict[str, float]], group: str, figures: dict[str, float], job: bool = True) -> None:
+    """Add one job's figures (UsageRow's fields by name) to a group, and the job itself unless
+    `job` is False (the group already counted it)."""
+    sums = totals.setdefault(group, {"jobs": 0})
+    sums["jobs"] += 1 if job else 0
+    for name, value in figures.items():
+        sums[name] = sums.get(name, 0) + value
+
+
+def _by_model(totals: dict[str, dict[str, float]], model: str, per_model: Any, job: dict[str, float]) -> None:
+    """Add one job to the models that answered it: a job run on one model counts under it; a
+    job whose lines ran on several (its base and LoRA adapters, ``model_usage``) counts in
+    each: that model's succeeded requests and tokens exactly, its share of the engine and GPU
+    seconds by its share of the job's tokens; the job's failed requests, and whatever no model
+    claims, under the job's own model."""
+    parts = per_model if isinstance(per_model, dict) and len(per_model) > 1 else {}
+    used = {name: [int(u.get(k, 0)) for k in ("succeeded", "prompt_tokens", "completion_tokens")]
+            for name, u in sorted(parts.items())}
+    job_tokens = sum(p + q for _, p, q in used.values())
+    left, rest = dict(job), 1.0  # what no model claims; the seconds' share left
+    for name, (ok, p, q) in used.items():
+        share = (p + q) / job_tokens if job_tokens else 0.0
+        _add(totals, name, {"requests_total": ok, "requests_succeeded": ok, "prompt_tokens": p,
+                            "completion_tokens": q, **{k: job[k] * share for k in _SECONDS}})
+        for field, value in (("requests_total", ok), ("requests_succeeded", ok), ("prompt_tokens", p),
+                             ("completion_tokens", q)):
+            left[field] -= value
+        rest -= share
+    left.update({k: job[k] * rest for k in _SECONDS})
+    if not parts or any(left.values()):
+        _add(totals, model, left, job=not parts or model not in parts)
