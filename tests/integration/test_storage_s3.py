@@ -204,8 +204,7 @@ def test_the_server_does_not_run_out_of_volumes_for_new_buckets(s3_server) -> No
     """Every bucket is a SeaweedFS collection: one volume each (not the default seven), and a
     deleted bucket gives its volumes back, so a long suite or a long-lived dev stack never
     meets 'InternalError' on a PUT to its newest bucket."""
-    import time
-
+    from tests.e2e.conftest import wait_until
     from tests.fixtures.s3 import _drop_bucket, _new_bucket
 
     data = s3_server.log.parent / "data"
@@ -216,10 +215,5 @@ def test_the_server_does_not_run_out_of_volumes_for_new_buckets(s3_server) -> No
 
     for bucket in buckets:
         _drop_bucket(s3_server, bucket)
-    def left() -> list[str]:
-        return [p.name for b in buckets for p in data.glob(f"{b}_*.dat")]
-
-    deadline = time.monotonic() + 10
-    while left() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left()
+    wait_until("the deleted buckets' volumes gone", lambda: not [
+        p for b in buckets for p in data.glob(f"{b}_*.dat")], 10, poll=0.2)

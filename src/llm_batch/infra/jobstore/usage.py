@@ -166,10 +166,9 @@ def _by_model(totals: dict[str, dict[str, float]], model: str, per_model: Any, j
     left, rest = dict(job), 1.0  # what no model claims; the seconds' share left
     for name, (ok, p, q) in used.items():
         share = (p + q) / job_tokens if job_tokens else 0.0
-        _add(totals, name, {"requests_total": ok, "requests_succeeded": ok, "prompt_tokens": p,
-                            "completion_tokens": q, **{k: job[k] * share for k in _SECONDS}})
-        for field, value in (("requests_total", ok), ("requests_succeeded", ok), ("prompt_tokens", p),
-                             ("completion_tokens", q)):
+        claimed = {"requests_total": ok, "requests_succeeded": ok, "prompt_tokens": p, "completion_tokens": q}
+        _add(totals, name, {**claimed, **{k: job[k] * share for k in _SECONDS}})
+        for field, value in claimed.items():
             left[field] -= value
         rest -= share
     left.update({k: job[k] * rest for k in _SECONDS})
