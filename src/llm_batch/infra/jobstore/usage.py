@@ -114,14 +114,16 @@ class UsageRepository(Repository):
             if by in ("model", "label"):
                 # Summed in Python over the streamed rows (labels and per-model usage are JSON),
                 # keeping only the per-group sums.
+                keys = (c.model, c.model_usage) if by == "model" else (c.labels,)
                 rows = connection.execution_options(yield_per=1000).execute(
-                    select(c.model, c.model_usage, c.labels, *measures.values()).where(*filters))
+                    select(*keys, *measures.values()).where(*filters))
                 totals: dict[str, dict[str, float]] = {}
-                for model, per_model, labels, *values in rows:
-                    job = {name: value or 0 for name, value in zip(names, values, strict=True)}
+                for row in rows:
+                    job = {name: value or 0 for name, value in zip(names, row[len(keys):], strict=True)}
                     if by == "model":
-                        _by_model(totals, model, per_model, job)
+                        _by_model(totals, row[0], row[1], job)
                         continue
+                    labels = row[0]
                     pairs = labels.items() if isinstance(labels, dict) else ()
                     for group in [f"{key}={value}" for key, value in pairs] or [USAGE_NO_LABELS_GROUP]:
                         _add(totals, group, job)
