@@ -20,6 +20,7 @@ naming that shard; the usage is the sum of the output lines' usage.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -124,9 +125,12 @@ class _Shards:
     moves=st.lists(STEP, max_size=12),
     cancel_at=st.sampled_from(["never", "queued", "validated"]),
 )
-def test_counts_tell_one_story_at_every_moment(tmp_path: Path, lines, bad, shards, moves, cancel_at):
+def test_counts_tell_one_story_at_every_moment(tmp_path: Path, sqlite_store_template: Path, lines, bad, shards,
+                                               moves, cancel_at):
     settings = Settings()
-    store = JobStore(f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}")
+    copy = tmp_path / f"{uuid.uuid4().hex}.db"  # a migrated store per example
+    shutil.copyfile(sqlite_store_template, copy)
+    store = JobStore(f"sqlite:///{copy}")
     try:
         _one_job(store, settings, lines, bad, shards, moves, cancel_at)
     finally:

@@ -96,8 +96,8 @@ def test_stored_keeps_only_what_differs_from_the_defaults():
     assert JobInput.from_stored(given.stored()) == given
 
 
-def test_the_store_hands_back_a_typed_input(tmp_path):
-    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+def test_the_store_hands_back_a_typed_input(sqlite_store_url):
+    store = JobStore(sqlite_store_url)
     try:
         given = JobInput(uri="/in.json", inline=True, inline_file_id="file_x", output_format=OutputFormat.JSON_ARRAY)
         job = store.create_job(dialect="scale", endpoint="/v1/completions", model="m", owner="o", input=given.stored())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -33,6 +32,7 @@ from llm_batch.infra.jobstore import (
     upgrade_to_head,
 )
 from llm_batch.infra.jobstore.models import Base
+from tests.fixtures.jobstore import store_url_of
 
 CHAT = "/v1/chat/completions"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -46,8 +46,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(store_url: str):
-    store = JobStore(store_url)
+def store(request: pytest.FixtureRequest, store_url: str):  # store_url: its kind (migrations start empty)
+    store = JobStore(store_url_of(request, "sqlite" if store_url.startswith("sqlite") else "postgres"))
     yield store
     store.close()
 

@@ -26,8 +26,8 @@ TRANSCRIPTIONS, OCR = Endpoint.TRANSCRIPTIONS.value, Endpoint.OCR.value
 
 
 @pytest.fixture
-def store(tmp_path: Path):
-    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+def store(sqlite_store_url: str):
+    store = JobStore(sqlite_store_url)
     yield store
     store.close()
 

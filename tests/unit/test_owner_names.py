@@ -35,8 +35,8 @@ def folding_twins(draw) -> tuple[str, str]:
 
 
 @pytest.fixture
-def store(tmp_path: Path):
-    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+def store(sqlite_store_url: str):
+    store = JobStore(sqlite_store_url)
     yield store
     store.close()
 

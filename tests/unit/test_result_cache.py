@@ -38,8 +38,8 @@ def settings() -> Settings:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> JobStore:
-    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+def store(sqlite_store_url: str) -> JobStore:
+    store = JobStore(sqlite_store_url)
     yield store
     store.close()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import orjson
 import pytest
@@ -31,8 +30,8 @@ def settings() -> Settings:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> JobStore:
-    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+def store(sqlite_store_url: str) -> JobStore:
+    store = JobStore(sqlite_store_url)
     yield store
     store.close()
 

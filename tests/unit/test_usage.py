@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,16 +16,15 @@ from llm_batch.infra import api_client as client_module
 from llm_batch.infra.api_client import BatchClient
 from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.jobstore.usage import UsageRow
+from tests.fixtures.jobstore import store_url_of
 
 CHAT = "/v1/chat/completions"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, tmp_path: Path):
-    sqlite = f"sqlite:///{tmp_path / 'jobs.db'}"
-    url = sqlite if request.param == "sqlite" else request.getfixturevalue("postgres_db_url")
-    store = JobStore(url)
+def store(request: pytest.FixtureRequest):
+    store = JobStore(store_url_of(request, request.param))
     yield store
     store.close()
 

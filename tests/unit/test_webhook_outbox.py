@@ -26,6 +26,7 @@ from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.jobstore.webhooks import JOB_END_EVENTS
 from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination
 from llm_batch.infra.webhooks import Deliverer
+from tests.fixtures.jobstore import store_url_of
 
 CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[2]
@@ -89,12 +90,8 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[JobStore]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    else:
-        url = request.getfixturevalue("postgres_db_url")
-    s = JobStore(url)
+def store(request: pytest.FixtureRequest) -> Iterator[JobStore]:
+    s = JobStore(store_url_of(request, request.param))
     yield s
     s.close()
 
