@@ -75,3 +75,96 @@ def test_cancel_marker_is_checked_at_most_every_cancel_check_s(llm_batch_home):
     clock.now = 1.0
     assert monitor() is StopReason.CANCELLED
     assert monitor.check_now() is StopReason.CANCELLED
+
+
+# -- the fault drills' hold point ---------------------------------------------------------
+
+def _held_shard(root, *, after: int, resumed: int = 0):
+    """A StopMonitor over a real results writer and progress object under ``root``, with the
+    job's hold marker saying ``after`` (and ``resumed`` results there from an earlier try)."""
+    import orjson
+
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.core.records import ResultRecord
+    from llm_batch.infra import storage
+    from llm_batch.infra.results import ResultsWriter
+
+    job = JobLayout(str(root), "job-held")
+    shard = job.shard(0)
+    if resumed:
+        with ResultsWriter.open(shard.results) as earlier:
+            for i in range(resumed):
+                earlier.write(ResultRecord(index=i, custom_id=f"r{i}", status_code=200, body={}))
+    storage.write_bytes(job.hold_marker, orjson.dumps({"after_results": after}))
+    writer = ResultsWriter.open(shard.results, flush_every_s=3600)
+    config = WorkerConfig(job_id=job.job_id, shard=0, requests="r", results=shard.results,
+                          endpoint=Endpoint.COMPLETIONS, model_config={}, cancel_marker=job.cancel_marker,
+                          hold_marker=job.hold_marker, cancel_check_s=0.0)
+    reporter = ProgressReporter(shard.progress, ShardProgress(job_id=job.job_id, shard=0, total=10, done=writer.done))
+    monitor = StopMonitor(config, reporter, writer)
+    monitor.hold.poll_s = 0.01
+
+    def result(i: int) -> None:
+        writer.write(ResultRecord(index=i, custom_id=f"r{i}", status_code=200, body={}))
+        reporter.record(True)
+
+    return monitor, job, shard, result
+
+
+def _done_published(uri: str) -> int | None:
+    from llm_batch.infra.storage import ObjectNotFound
+
+    try:
+        return read_progress(uri).done
+    except ObjectNotFound:  # not written yet
+        return None
+
+
+def _in_thread(call):
+    import threading
+
+    answer: list = []
+    thread = threading.Thread(target=lambda: answer.append(call()), daemon=True)
+    thread.start()
+    return thread, answer
+
+
+def test_a_first_attempt_holds_at_its_results_checkpointed_until_released(llm_batch_home):
+    import time
+
+    from llm_batch.infra import storage
+    from llm_batch.infra.results import count_results
+
+    monitor, job, shard, result = _held_shard(llm_batch_home / "held", after=2)
+    result(0)
+    assert monitor() is None  # one result: runs on
+    result(1)
+    thread, answer = _in_thread(monitor)
+    deadline = time.monotonic() + 10
+    while _done_published(shard.progress) != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Held, with both results durable and counted where a test (or an operator) looks.
+    assert thread.is_alive() and count_results(shard.results) == 2
+    assert read_progress(shard.progress).done == 2
+    storage.delete(job.hold_marker)
+    thread.join(10)
+    assert answer == [None]  # released: the shard goes on
+    result(2)
+    assert monitor() is None  # and never holds again
+
+
+def test_a_held_shard_still_stops_for_cancel(llm_batch_home):
+    from llm_batch.infra import storage
+
+    monitor, job, _, result = _held_shard(llm_batch_home / "held-cancel", after=1)
+    result(0)
+    thread, answer = _in_thread(monitor)
+    storage.write_bytes(job.cancel_marker, b"{}")
+    thread.join(10)
+    assert answer == [StopReason.CANCELLED]
+
+
+def test_a_resumed_attempt_never_holds(llm_batch_home):
+    monitor, _, _, result = _held_shard(llm_batch_home / "held-resumed", after=1, resumed=2)
+    result(2)
+    assert monitor() is None

@@ -57,6 +57,12 @@ class JobLayout:
         return join_uri(self.root, "cancel")
 
     @property
+    def hold_marker(self) -> str:
+        """A fault drill's hold point (``llm_batch.runtime.worker.HoldPoint``): written by the
+        system's operators and tests only, never by a user."""
+        return join_uri(self.root, "hold")
+
+    @property
     def shard_manifest(self) -> str:
         return join_uri(self.root, "shards.json")
 

@@ -12,6 +12,9 @@ pod entrypoint (inference image), the local shard runner and tests behave the sa
   the final progress written, and CANCELLED / DEADLINE returned. Requests never run get no
   result (merge reports them).
 - Any other error (an engine crash included) flushes what is finished and returns FAILED.
+- Fault drills: while the job's hold marker exists, a shard's first attempt stops stepping
+  once it has checkpointed the marker's number of results, and waits (``HoldPoint``), so a
+  kill, an outage or a deadline lands mid-shard by construction, on any machine's speed.
 
 This module imports neither Airflow nor vLLM at module level: the engine is imported when a
 shard actually runs.
@@ -84,6 +87,7 @@ class WorkerConfig:
     progress_interval_s: float = 2.0
     cancel_check_s: float = 1.0
     node_group: NodeGroup | None = None  # the leader's place in a multi-node worker
+    hold_marker: str | None = None  # a fault drill's hold point (HoldPoint); default the job layout's
 
 
 class EngineSource(Protocol):
@@ -233,6 +237,42 @@ def _finish(writer: ResultsWriter, progress: ProgressReporter, state: ShardState
     return code
 
 
+class HoldPoint:
+    """A fault drill's hold point: while the marker (``JobLayout.hold_marker``, JSON
+    ``{"after_results": N}``) exists, a shard's first attempt stops stepping once N of its
+    results are checkpointed (flushed, progress published) and waits until the marker is
+    removed, or until it is cancelled, past its deadline or abandoned. A resumed attempt
+    never holds, so the retry after a kill runs through.
+
+    The marker is read when the shard starts and at each checkpoint (where storage is written
+    anyway); a shard started with no marker, the production case, costs one read."""
+
+    def __init__(self, marker: str | None, first_attempt: bool, poll_s: float = 0.2):
+        self.marker = marker if first_attempt else None
+        self.poll_s = poll_s
+        self.after: int | None = None
+        self.read()
+
+    def read(self) -> None:
+        if not self.marker or self.after is not None:
+            return
+        try:
+            if storage.exists(self.marker):
+                self.after = int(orjson.loads(storage.read_bytes(self.marker))["after_results"])
+        except (storage.StorageError, ValueError, KeyError, TypeError) as exc:
+            log.warning("hold marker %s unreadable, ignored: %s", self.marker, exc)
+
+    def due(self, done: int) -> bool:
+        return self.after is not None and done >= self.after
+
+    def released(self) -> bool:
+        """Whether the marker is gone (a storage error keeps the hold: its state is unknown)."""
+        try:
+            return not storage.exists(self.marker)
+        except storage.StorageError:
+            return False
+
+
 class StopMonitor:
     """Called between engine steps: checkpoints, publishes progress, says whether to stop.
 
@@ -251,6 +291,7 @@ class StopMonitor:
         self._clock = clock
         self._wall_clock = wall_clock
         self._next_marker_check = 0.0
+        self.hold = HoldPoint(config.hold_marker, first_attempt=writer is None or writer.done == 0)
 
     def check_now(self) -> StopReason | None:
         self._next_marker_check = 0.0
@@ -258,10 +299,29 @@ class StopMonitor:
 
     def __call__(self) -> StopReason | None:
         if self.progress.due:
-            if self.writer is not None:
-                self.writer.flush()
-            self.progress.publish()
+            self._checkpoint()
+            self.hold.read()
+        if self.writer is not None and self.hold.due(self.writer.done):
+            return self._held()
         return self._reason()
+
+    def _checkpoint(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+        self.progress.publish()
+
+    def _held(self) -> StopReason | None:
+        """Wait at the hold point (checkpointed first) until it is released or a stop comes."""
+        self._checkpoint()
+        log.warning("shard %d held after %d results (fault drill: %s)", self.config.shard,
+                    self.writer.done, self.hold.marker)
+        while (reason := self.check_now()) is None:
+            if self.hold.released():
+                log.warning("shard %d released", self.config.shard)
+                self.hold.after = None
+                return None
+            time.sleep(self.hold.poll_s)
+        return reason
 
     def _reason(self) -> StopReason | None:
         if self.supervisor_gone is not None and self.supervisor_gone():
@@ -436,6 +496,7 @@ def parse_config(
         results=results or shard_layout.results,
         progress=progress or shard_layout.progress,
         cancel_marker=cancel_marker or job.cancel_marker,
+        hold_marker=job.hold_marker,
         endpoint=parsed_endpoint,
         model_config=model_config,
         deadline=deadline_s,
