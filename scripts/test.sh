@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Run the whole test suite as CI does: install what is needed, then pytest.
-# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
+# Run the test suite as CI does: install what is needed, then pytest in parallel lanes.
+#   scripts/test.sh            everything (CI runs exactly this)
+#   scripts/test.sh --quick    the tests that start no engine and no server (the edit loop)
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x, or -p randomly
+# --randomly-seed=N to repeat an order; each run prints its seed).
+# LLM_BATCH_TEST_WORKERS: parallel pytest processes (default 3: the suite mostly waits on
+# the engines and servers it starts, so a third process fills two cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=false
+if [[ ${1:-} == --quick ]]; then
+  quick=true
+  shift
+fi
 scripts/setup.sh
 # Only the tests need it (the demo does not): the browser of tests/e2e/test_ui_page.py (Playwright drives it; its own download needs the internet).
 # And Redis, the Celery broker of the production-shape tests (tests/shape/test_celery_shape.py),
@@ -16,8 +26,13 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   $sudo apt-get update -q && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 VENV=${LLM_BATCH_VENV:-.venv}
+lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}")
+if $quick; then
+  # No engine, no server (the markers tests/conftest.py also sets from the fixtures a test uses).
+  lane=(-n "${LLM_BATCH_TEST_WORKERS:-2}" -m "not (engine or s3 or postgres or e2e or sdk)")
+fi
 set +e
-"$VENV/bin/python" -m pytest "$@"
+"$VENV/bin/python" -m pytest "${lane[@]}" "$@"
 rc=$?
 set -e
 if [[ $rc -eq 5 ]]; then

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,28 @@ pytest_plugins = [
     "tests.fixtures.engine",
     "tests.fixtures.postgres",
     "tests.fixtures.airflow",
+    "tests.fixtures.jobstore",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _settings_of_its_scope() -> Iterator[None]:
+    """Each test starts from the settings its scopes set up, whatever ran before it on this
+    process: the process environment a test (or its function fixtures) changed is put back,
+    and settings and storage clients cached meanwhile are forgotten. (Tests pass the
+    Settings they need; this guard keeps any order of the suite equal to any other.)"""
+    from llm_batch.core.config import Settings, get_settings
+    from llm_batch.infra import storage
+
+    before = dict(os.environ)
+    yield
+    changed = dict(os.environ) != before
+    if changed:
+        os.environ.clear()
+        os.environ.update(before)
+    if changed or (get_settings.cache_info().currsize and get_settings() != Settings()):
+        get_settings.cache_clear()
+        storage.reset()
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +71,56 @@ def alice_dir() -> Path:
     folder = _HOME / "data" / "alice"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+# A test that asks for a server's or an engine's fixture (directly or through another
+# fixture) carries that marker, so `-m` lanes (scripts/test.sh --quick) leave it out whether
+# or not its module remembered to say so.
+_MARK_BY_FIXTURE = {"postgres_url": "postgres", "s3_server": "s3", "tiny_llm": "engine",
+                    "smollm2_llm": "engine", "minilm_llm": "engine", "e2e_stack": "e2e"}
+
+# Parallel lanes (pytest-xdist, scripts/test.sh): tests go to the processes in groups, a
+# module's tests together (its module-scoped engines and servers start once), and the
+# folders whose tests share one stack for the whole package as one group each. The longest
+# groups are handed out first, so no process is left with one at the end.
+_ONE_GROUP_FOLDERS = ("e2e", "shape", "sdk")
+_FIRST_GROUPS = ("e2e", "shape", "sdk")  # then modules with an engine test, then the rest
+
+
+def group_of(nodeid: str) -> str:
+    """The group of the test ``nodeid`` (``tests/<folder>/<module>.py::<name>``)."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[1] in _ONE_GROUP_FOLDERS else path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in set(_MARK_BY_FIXTURE) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(_MARK_BY_FIXTURE[fixture])
+    with_engine = {group_of(item.nodeid) for item in items if item.get_closest_marker("engine")}
+
+    def rank(item: pytest.Item) -> int:
+        group = group_of(item.nodeid)
+        if group in _FIRST_GROUPS:
+            return _FIRST_GROUPS.index(group)
+        return len(_FIRST_GROUPS) + (group not in with_engine)
+
+    items.sort(key=rank)  # stable: the random order (pytest-randomly) holds within a rank
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        """xdist's scope scheduling over ``group_of``, in collection order (ranked above)."""
+
+        def __init__(self, config: pytest.Config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)

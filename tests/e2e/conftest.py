@@ -40,11 +40,13 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
 
     # The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach the
     # real stack: unit-test mode changes scheduling (e.g. DAGs start unpaused).
+    # (The whole environment is put back when the e2e tests are done: other tests of this
+    # process run before or after them, in any order.)
+    saved = dict(os.environ)
     for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
         os.environ.pop(name, None)
-    # The real stack checks models at create, as a user's does; the in-process tests that run
-    # after this package get their setting back (tests/conftest.py) at its teardown.
-    unchecked = os.environ.pop("LLM_BATCH_CHECK_MODELS_AT_SUBMIT", None)
+    # The real stack checks models at create, as a user's does.
+    os.environ.pop("LLM_BATCH_CHECK_MODELS_AT_SUBMIT", None)
     # Seen by the DAG and the workers (the stack's children inherit this environment):
     # a killed shard retries after 2 s instead of 10.
     os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
@@ -55,8 +57,8 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     os.environ.pop("LLM_BATCH_RECURRING_SPECS", None)
     _recurring_spec(llm_batch_home)
     # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.
-    # It stays set for the session: `llm-batch up` (test_stack_up) refuses a changed
-    # configuration; the webhook unit tests clear it for themselves.
+    # It stays set while the e2e tests run: `llm-batch up` (test_stack_up) refuses a changed
+    # configuration.
     os.environ["LLM_BATCH_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"
     # A database error in Airflow's own API says what it was (its class and message) in the
     # response a failing test prints, instead of an id to look up in a log CI does not keep.
@@ -67,7 +69,6 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     stack = Stack.create(get_settings(), free_port())
     os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.infra.api_client) finds it
     # The tests that open the job store open the stack's (PostgreSQL), as its components do.
-    own_store = os.environ.get("LLM_BATCH_DATABASE_URL")
     os.environ["LLM_BATCH_DATABASE_URL"] = stack.settings.database_url
     get_settings.cache_clear()
     try:
@@ -78,13 +79,8 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         raise
     yield stack
     stack.down()
-    os.environ.pop("LLM_BATCH_ALERT_JOB_STUCK_S", None)  # the e2e stack's only
-    if own_store is None:
-        os.environ.pop("LLM_BATCH_DATABASE_URL", None)
-    else:
-        os.environ["LLM_BATCH_DATABASE_URL"] = own_store
-    if unchecked is not None:
-        os.environ["LLM_BATCH_CHECK_MODELS_AT_SUBMIT"] = unchecked
+    os.environ.clear()
+    os.environ.update(saved)
     get_settings.cache_clear()
 
 
@@ -252,3 +248,39 @@ def worker_pids(job_id: str) -> list[int]:
         if b"worker" in argv and job_id.encode() in argv:
             pids.append(int(proc.name))
     return pids
+
+
+def hold_shards(job_id: str, after_results: int) -> None:
+    """Each shard of ``job_id`` holds (its first attempt) once ``after_results`` of its results
+    are checkpointed, until ``release_shards``: a fault then lands mid-shard by construction
+    (the worker's hold point, llm_batch.runtime.worker.HoldPoint)."""
+    import orjson
+
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
+
+    storage.write_bytes(JobLayout(get_settings().work_uri, job_id).hold_marker,
+                        orjson.dumps({"after_results": after_results}))
+
+
+def release_shards(job_id: str) -> None:
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
+
+    storage.delete(JobLayout(get_settings().work_uri, job_id).hold_marker)
+
+
+def shard_held(job_id: str, shard: int, after_results: int) -> bool:
+    """Whether the shard's published progress shows it running with its hold's results done."""
+    from llm_batch.core.config import get_settings
+    from llm_batch.core.layout import JobLayout
+    from llm_batch.infra import storage
+    from llm_batch.infra.progress import ShardState, read_progress
+
+    try:
+        progress = read_progress(JobLayout(get_settings().work_uri, job_id).shard(shard).progress)
+    except (storage.StorageError, ValueError):  # not written yet
+        return False
+    return progress.state == ShardState.RUNNING and progress.done >= after_results

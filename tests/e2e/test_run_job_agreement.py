@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MODEL, AirflowAPI, long_batch, wait_until, worker_pids
+from tests.e2e.conftest import MODEL, AirflowAPI, hold_shards, long_batch, wait_until, worker_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -46,9 +46,10 @@ def test_plugin_loads_once(e2e_stack, airflow):
 
 def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
         e2e_stack, airflow, batch_client, job_logs, tmp_path):
-    batch = long_batch(tmp_path / "mark.jsonl", 80, first_tokens=60, step=6)
+    batch = long_batch(tmp_path / "mark.jsonl", 80, first_tokens=8, step=1)
     file_id = batch_client.upload(batch)
     job_id = f"e2e_mark_{uuid.uuid4().hex[:12]}"
+    hold_shards(job_id, 1)  # mid-run when the run is marked failed, by construction
     job_logs.append(job_id)
     conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
             "owner": "admin", "model_config": {"engine_args": {"max_num_seqs": 2}}}

@@ -1,6 +1,6 @@
 """End to end on the real embedded stack (api-server, scheduler, dag-processor, triggerer as
 processes; local vLLM-CPU shard workers on the tiny random model): every entry point, and
-the faults a job must survive. One stack for the module; tests run in file order.
+the faults a job must survive. One stack for the e2e tests, in any order.
 
 Batches from ``long_batch`` finish request by request (each generates a fixed, growing
 number of tokens), so a job can be cancelled, killed or timed out with some requests done.
@@ -24,8 +24,11 @@ from tests.e2e.conftest import (
     MODEL,
     RECURRING_REQUESTS,
     RECURRING_SPEC,
+    hold_shards,
     long_batch,
     read_jsonl,
+    release_shards,
+    shard_held,
     wait_until,
     worker_pids,
 )
@@ -137,9 +140,10 @@ def test_recurring_spec_runs_on_its_schedule(e2e_stack, batch_client, job_logs):
 def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, job_logs, tmp_path):
     """POST /api/v2/dags/batch_inference/dagRuns with a conf makes a job; the scheduler is
     stopped and started again while it runs, and the job still completes."""
-    batch = long_batch(tmp_path / "airflow.jsonl", 30, first_tokens=40, step=10)
+    batch = long_batch(tmp_path / "airflow.jsonl", 30, first_tokens=8, step=1)
     file_id = batch_client.upload(batch)
     job_id = f"e2e_airflow_{uuid.uuid4().hex[:12]}"
+    hold_shards(job_id, 2)  # the restart lands mid-shard by construction
     job_logs.append(job_id)
     conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
             "owner": "admin"}
@@ -154,10 +158,11 @@ def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, j
     wait_until(f"job {job_id} to run", lambda: _status_or_none(batch_client, job_id) == "RUNNING", JOB_TIMEOUT)
 
     # Stopped while the shard runs: its task is interrupted and must be retried.
-    wait_until(f"the worker of {job_id}", lambda: worker_pids(job_id), JOB_TIMEOUT)
+    wait_until(f"shard 0 of {job_id} held", lambda: shard_held(job_id, 0, 2), JOB_TIMEOUT, poll=0.2)
     e2e_stack.stop_component("scheduler")
     time.sleep(3)
     e2e_stack.start_component("scheduler")
+    release_shards(job_id)
 
     job = batch_client.wait(job_id, timeout=JOB_TIMEOUT)
     assert job.status == "SUCCEEDED", job
@@ -166,13 +171,15 @@ def test_airflow_dag_run_survives_a_scheduler_restart(e2e_stack, batch_client, j
 
 
 def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs, tmp_path):
-    batch = long_batch(tmp_path / "cancel.jsonl", 150)
-    # Four at a time: the first result comes early and tens of seconds of work are left when
-    # the cancel reaches the worker (all 150 at once finish within seconds of the first).
+    batch = long_batch(tmp_path / "cancel.jsonl", 150, first_tokens=8, step=0)
+    # The shard holds after its first 3 results (the worker's hold point): the cancel lands
+    # mid-run by construction, whatever the machine's speed.
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
                               model_config={"engine_args": {"max_num_seqs": 4}})
+    hold_shards(job.id, 3)
     job_logs.append(job.id)
     _wait_for_progress(batch_client, job.id)
+    wait_until(f"shard 0 of {job.id} held", lambda: shard_held(job.id, 0, 3), JOB_TIMEOUT, poll=0.2)
 
     assert batch_client.cancel(job.id).status in ("CANCELLING", "CANCELLED")
     job = batch_client.wait(job.id, timeout=JOB_TIMEOUT)
@@ -191,33 +198,23 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
     mid-shard; the task retries, the worker resumes, and every request has one result."""
     from llm_batch.core.config import get_settings
     from llm_batch.core.layout import JobLayout
-    from llm_batch.infra import storage
     from llm_batch.infra.api_client import BatchClient
-    from llm_batch.infra.progress import ShardState, read_progress
     from llm_batch.infra.results import count_results
 
-    batch = long_batch(tmp_path / "kill.jsonl", 40, first_tokens=60, step=10)
+    batch = long_batch(tmp_path / "kill.jsonl", 40, first_tokens=20, step=2)
     with BatchClient.from_env() as client:
         job_id = client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, shards=2,
                                model_config={"engine_args": {"max_num_seqs": 1}}).id
+        # Each shard's first attempt holds after 2 results (the worker's hold point): the
+        # kill lands mid-shard by construction; the retries resume and are never held.
+        hold_shards(job_id, 2)
         job_logs.append(job_id)
-        # Shard 1 (requests 20-39, one at a time) takes 7,100 engine steps, ~14 s at the ~500
-        # steps/s measured here. Its progress is written every 2 s, so when it shows a first
-        # result no more than ~2 s of them are done: the kill, within the poll's 0.1 s, lands
-        # mid-shard on a machine three times faster too.
         shard = JobLayout(get_settings().work_uri, job_id).shard(1)
-
-        def shard_running_with_results() -> bool:
-            try:
-                progress = read_progress(shard.progress)
-            except (storage.StorageError, ValueError):  # not written yet
-                return False
-            return progress.state == ShardState.RUNNING and progress.done > 0
-
-        wait_until(f"shard 1 of {job_id} with a result", shard_running_with_results, JOB_TIMEOUT, poll=0.1)
+        wait_until(f"shard 1 of {job_id} held", lambda: shard_held(job_id, 1, 2), JOB_TIMEOUT, poll=0.2)
         for pid in worker_pids(job_id):
             os.killpg(pid, signal.SIGKILL)  # the worker and the engine processes it spawned
         assert count_results(shard.results) < 20, "shard 1 ended before the kill"
+        release_shards(job_id)  # shard 0, if it was not killed held
 
         waited = _cli("job", job_id, "--wait", timeout=JOB_TIMEOUT)
         assert waited.returncode == 0, waited.stdout + waited.stderr
@@ -247,13 +244,14 @@ def _shard_tries(stack, job_id: str) -> list[int]:
 
 
 def test_deadline_mid_run_times_out_with_partial_results(e2e_stack, batch_client, job_logs, tmp_path):
-    batch = long_batch(tmp_path / "deadline.jsonl", 400, first_tokens=60, step=2)
-    # Past the first results (validation and planning take seconds, start-up as measured
-    # above) and long before the last: one request at a time, the batch takes ~184k
-    # engine steps (minutes even on an idle machine).
+    batch = long_batch(tmp_path / "deadline.jsonl", 400, first_tokens=20, step=0)
+    # Past the first results (validation and planning take seconds, start-up as measured by
+    # the tests before, if any ran first): the shard holds after 3 results (the worker's hold
+    # point), so the deadline finds it mid-run by construction.
     deadline = int(max(first_result_after or [120.0]) + 30)
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline,
                               model_config={"engine_args": {"max_num_seqs": 1}})
+    hold_shards(job.id, 3)
     job_logs.append(job.id)
     job = batch_client.wait(job.id, timeout=deadline + JOB_TIMEOUT)
     assert job.status == "TIMEOUT_EXCEEDED", job

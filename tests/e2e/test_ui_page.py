@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, long_batch, wait_until
+from tests.e2e.conftest import MODEL, hold_shards, long_batch, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -65,9 +65,10 @@ def _bar_value(frame, job_id: str) -> int:
 
 def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_path, browser_context):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    batch = long_batch(tmp_path / "ui.jsonl", 120)
+    batch = long_batch(tmp_path / "ui.jsonl", 120, first_tokens=8, step=0)
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
                               model_config={"engine_args": {"max_num_seqs": 4}})
+    hold_shards(job.id, 4)  # the bar shows the job mid-run, then moves on at the next hold point
     job_logs.append(job.id)
     base = e2e_stack.base_url
     password = json.loads(e2e_stack.passwords_file.read_text())["admin"]
@@ -86,6 +87,7 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     frame.wait_for_selector(f'tr[data-id="{job.id}"]', timeout=60_000)
 
     first = wait_until("the bar to start", lambda: (v := _bar_value(frame, job.id)) > 0 and v, TIMEOUT_MS / 1000)
+    hold_shards(job.id, 12)
     wait_until("the bar to move", lambda: _bar_value(frame, job.id) > first, 300, poll=0.5)
     page.screenshot(path=str(SHOTS / "jobs-list.png"))
 

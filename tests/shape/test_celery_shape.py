@@ -36,7 +36,9 @@ def celery_shape(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> 
     from llm_batch.devstack.celery_stack import CeleryStack
     from llm_batch.devstack.stack import free_port
 
-    # As for e2e_stack: no in-process Airflow test settings in the real components.
+    # As for e2e_stack: no in-process Airflow test settings in the real components (and the
+    # whole environment put back when the shape's tests are done).
+    saved = dict(os.environ)
     for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
         os.environ.pop(name, None)
     os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
@@ -54,6 +56,8 @@ def celery_shape(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> 
     yield stack
     stack.down()
     shutil.rmtree(stack.pg_root, ignore_errors=True)
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def shape_logs(stack: Any, lines: int = 40) -> str:
@@ -205,14 +209,23 @@ def test_a_job_spreads_its_shards_over_both_workers(shape):
     assert samples[("llm_batch_airflow_scheduler_heartbeat_age_seconds", ())] < 120
 
 
+def hold_shards(stack: Any, job_id: str, after_results: int) -> None:
+    """Each shard's first attempt holds once ``after_results`` of its results are on S3, until
+    ``release_shards`` (the worker's hold point, llm_batch.runtime.worker.HoldPoint): a fault
+    lands mid-shard by construction."""
+    stack.s3_client().put_object(Bucket="llm-batch", Key=f"work/{job_id}/hold",
+                                 Body=orjson.dumps({"after_results": after_results}))
+
+
+def release_shards(stack: Any, job_id: str) -> None:
+    stack.s3_client().delete_object(Bucket="llm-batch", Key=f"work/{job_id}/hold")
+
+
 def test_a_killed_worker_s_shard_resumes_and_the_worker_comes_back(shape):
-    # One sequence at a time: a shard takes 8,610 (shard 0) or 14,010 engine steps, ~17 s and
-    # ~28 s at the ~500 steps/s measured here. Its progress on S3 is written every 2 s, so when
-    # it shows 3 results no more than ~2.5 s of them are done: the kill lands mid-shard on a
-    # machine three times faster too.
-    requests = requests_of(60, first_tokens=200, step=6)
+    requests = requests_of(16, first_tokens=20, step=2)
     created = submit(shape, requests, shards=2, model_config={"engine_args": {"max_num_seqs": 1}})
     job_id = created["id"]
+    hold_shards(shape, job_id, 3)  # the kill lands mid-shard by construction
     run_id = wait_until("the job's run", lambda: job(shape, job_id)["dag_run_id"], 120)
     # Mid-shard: a shard runs on worker 1 and has checkpointed some results to S3.
     # (A 1-tuple: shard 0 is falsy, and wait_until waits for something truthy.)
@@ -225,6 +238,7 @@ def test_a_killed_worker_s_shard_resumes_and_the_worker_comes_back(shape):
     before = shard_progress(shape, job_id, victim)
     assert before["done"] < before["total"], f"shard {victim} ended before the kill: {before}"
     killed = shape.kill_worker(1)
+    release_shards(shape, job_id)  # the other shard; the retry resumes and never holds
     try:
         # The stack's supervisor starts the worker again by itself.
         wait_until("worker 1 started again", lambda: shape.pid_of("celery-worker-1") not in (None, killed), 60)
@@ -244,13 +258,15 @@ def test_a_killed_worker_s_shard_resumes_and_the_worker_comes_back(shape):
 
 
 def _mid_job(shape: Any, count: int, shards: int = 2) -> tuple[list[dict[str, Any]], str, str]:
-    """A job long enough to outlast the faults, once every shard has checkpointed a few results
-    to S3, so a fault lands mid-shard in each (a shard still starting would meet it while it
-    reads its requests, which no retry within the outage can help): (requests, job id, run id)."""
-    requests = requests_of(count, first_tokens=100, step=5)
+    """A job each of whose shards holds once 3 of its results are checkpointed to S3
+    (hold_shards), so every fault lands mid-shard by construction (a shard still starting
+    would meet it while it reads its requests, which no retry within the outage can help):
+    (requests, job id, run id)."""
+    requests = requests_of(count, first_tokens=16, step=1)
     job_id = submit(shape, requests, shards=shards, model_config=SLOW)["id"]
+    hold_shards(shape, job_id, 3)
     run_id = wait_until("the job's run", lambda: job(shape, job_id)["dag_run_id"], 120)
-    wait_until("every shard with results", lambda: all(
+    wait_until("every shard held with results", lambda: all(
         ((shard_progress(shape, job_id, s) or {}).get("done") or 0) >= 3 for s in range(shards)),
         JOB_TIMEOUT_S, poll=1)
     return requests, job_id, run_id
@@ -266,8 +282,9 @@ def _done(shape: Any, job_id: str, shards: int) -> int:
 
 def test_a_job_outlasts_an_s3_outage_and_restarts_of_the_api_server_the_scheduler_and_postgresql(shape):
     """One job through every fault of the shared services in turn (one job, not one each: each
-    job costs minutes of the suite). First the S3 server killed mid-shard and started again
-    30 s later: the workers keep their results buffered (ResultsWriter's outage_s) and publish
+    job costs minutes of the suite), its shards held mid-run (the worker's hold point). First
+    the S3 server killed mid-shard and started again 30 s later: the workers keep their
+    results buffered (ResultsWriter's outage_s) and publish
     them once it is back, and no shard needs another try for it. Then the api-server and the
     scheduler stopped, and the stack's supervisor starts each again; then PostgreSQL stopped
     (a fast shutdown, dropping every connection) for 5 s. Airflow's scheduler, dag-processor
@@ -276,15 +293,17 @@ def test_a_job_outlasts_an_s3_outage_and_restarts_of_the_api_server_the_schedule
     api-server and the workers' tasks ride it out. The job ends SUCCEEDED with every request once, and no job is
     left live."""
     started = time.monotonic()
-    # 90 requests: on a quiet 2-core machine the faults are over ~95 s after the first
-    # results and the job ends ~50 s later (120 requests ended 150 s after the faults).
-    requests, job_id, run_id = _mid_job(shape, 90)
+    # Each shard (12 requests) holds after 3 results; through the S3 outage it runs on to its
+    # next hold point, 4 results later, buffering what it finishes, and holds there through
+    # the restarts: the job is mid-run at every fault, whatever the machine's speed.
+    requests, job_id, run_id = _mid_job(shape, 24)
     before = _done(shape, job_id, 2)
 
     def phase(name: str) -> None:  # where the time goes (printed when the test fails)
         print(f"{time.monotonic() - started:6.1f} s {name}: {_done(shape, job_id, 2)}/{len(requests)} done")
 
-    phase("mid-job")
+    phase("held mid-job")
+    hold_shards(shape, job_id, 3 + 4)
     shape.stop_service("s3")
     try:
         time.sleep(30)
@@ -311,6 +330,7 @@ def test_a_job_outlasts_an_s3_outage_and_restarts_of_the_api_server_the_schedule
     phase("after the restarts")
     print("restarted after the PostgreSQL restart:", restarted, read_restarts(shape))
     assert set(restarted) <= {"scheduler", "dag-processor", "triggerer"}, restarted
+    release_shards(shape, job_id)
     ended = wait_job(shape, job_id)
     phase("ended")
     print("shard tries:", _tries(shape, run_id))

@@ -104,8 +104,7 @@ def test_the_kubernetes_operator_picks_the_service_or_a_pod(monkeypatch):
     assert isinstance(big.pod_operator(), ShardPodOperator)
 
 
-def test_a_worker_without_the_token_fails_the_shard_saying_what_to_set(monkeypatch, tmp_path):
-    monkeypatch.setenv("LLM_BATCH_HOME", str(tmp_path))
+def test_a_worker_without_the_token_fails_the_shard_saying_what_to_set():
     operator = EngineServiceShardOperator(task_id="run_shard", shard_task=_task().model_dump(),
                                           address=("engines.llm.svc", 8700))
     operator.llm_settings = Settings(engine_services=SERVICES)

@@ -168,3 +168,30 @@ def test_a_resumed_attempt_never_holds(llm_batch_home):
     monitor, _, _, result = _held_shard(llm_batch_home / "held-resumed", after=1, resumed=2)
     result(2)
     assert monitor() is None
+
+
+def test_a_higher_n_in_the_marker_moves_the_hold_point_on(llm_batch_home):
+    import time
+
+    import orjson
+
+    from llm_batch.infra import storage
+
+    monitor, job, shard, result = _held_shard(llm_batch_home / "held-next", after=1)
+    result(0)
+    thread, answer = _in_thread(monitor)
+    deadline = time.monotonic() + 10
+    while _done_published(shard.progress) != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    storage.write_bytes(job.hold_marker, orjson.dumps({"after_results": 3}))
+    thread.join(10)
+    assert answer == [None]
+    result(1)
+    assert monitor() is None  # before the next hold point
+    result(2)
+    thread, answer = _in_thread(monitor)
+    thread.join(0.5)
+    assert thread.is_alive()  # held again, at 3
+    storage.delete(job.hold_marker)
+    thread.join(10)
+    assert answer == [None]

@@ -241,36 +241,38 @@ class HoldPoint:
     """A fault drill's hold point: while the marker (``JobLayout.hold_marker``, JSON
     ``{"after_results": N}``) exists, a shard's first attempt stops stepping once N of its
     results are checkpointed (flushed, progress published) and waits until the marker is
-    removed, or until it is cancelled, past its deadline or abandoned. A resumed attempt
-    never holds, so the retry after a kill runs through.
+    removed, or says a higher N (the next hold point), or until it is cancelled, past its
+    deadline or abandoned. A resumed attempt never holds, so the retry after a kill runs through.
 
-    The marker is read when the shard starts and at each checkpoint (where storage is written
-    anyway); a shard started with no marker, the production case, costs one read."""
+    The marker is read when the shard starts, at each checkpoint until one is found (where
+    storage is written anyway) and while held; a shard started with no marker, the
+    production case, costs one read a checkpoint."""
 
     def __init__(self, marker: str | None, first_attempt: bool, poll_s: float = 0.2):
         self.marker = marker if first_attempt else None
         self.poll_s = poll_s
         self.after: int | None = None
-        self.read()
+        self.look()
 
-    def read(self) -> None:
-        if not self.marker or self.after is not None:
-            return
+    def look(self) -> None:
+        """Find a marker written since (its read failing: none yet)."""
+        if self.marker and self.after is None:
+            with suppress(storage.StorageError):
+                self.after = self.read()
+
+    def read(self) -> int | None:
+        """The marker's N, None when it is gone (or unreadable); StorageError when storage
+        cannot say."""
+        if not storage.exists(self.marker):
+            return None
         try:
-            if storage.exists(self.marker):
-                self.after = int(orjson.loads(storage.read_bytes(self.marker))["after_results"])
-        except (storage.StorageError, ValueError, KeyError, TypeError) as exc:
+            return int(orjson.loads(storage.read_bytes(self.marker))["after_results"])
+        except (ValueError, KeyError, TypeError) as exc:
             log.warning("hold marker %s unreadable, ignored: %s", self.marker, exc)
+            return None
 
     def due(self, done: int) -> bool:
         return self.after is not None and done >= self.after
-
-    def released(self) -> bool:
-        """Whether the marker is gone (a storage error keeps the hold: its state is unknown)."""
-        try:
-            return not storage.exists(self.marker)
-        except storage.StorageError:
-            return False
 
 
 class StopMonitor:
@@ -300,7 +302,7 @@ class StopMonitor:
     def __call__(self) -> StopReason | None:
         if self.progress.due:
             self._checkpoint()
-            self.hold.read()
+            self.hold.look()
         if self.writer is not None and self.hold.due(self.writer.done):
             return self._held()
         return self._reason()
@@ -316,10 +318,13 @@ class StopMonitor:
         log.warning("shard %d held after %d results (fault drill: %s)", self.config.shard,
                     self.writer.done, self.hold.marker)
         while (reason := self.check_now()) is None:
-            if self.hold.released():
-                log.warning("shard %d released", self.config.shard)
-                self.hold.after = None
-                return None
+            if self.progress.due:  # what a storage outage kept buffered goes out once it is back
+                self._checkpoint()
+            with suppress(storage.StorageError):  # storage cannot say: still held
+                self.hold.after = self.hold.read()
+                if not self.hold.due(self.writer.done):
+                    log.warning("shard %d released (next hold: %s)", self.config.shard, self.hold.after)
+                    return None
             time.sleep(self.hold.poll_s)
         return reason
 
