@@ -23,7 +23,7 @@ from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import JobLayout
 from llm_batch.infra import storage
 from llm_batch.infra.progress import read_progress
-from llm_batch.infra.results import count_results, list_parts
+from llm_batch.infra.results import count_results
 
 pytestmark = [pytest.mark.airflow]
 
@@ -83,6 +83,13 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: fl
 # How often a kill test looks for its shard's checkpoint: the kill follows within this, and
 # what the shard has left after its first part takes thousands of engine steps (seconds).
 KILL_POLL_S = 0.02
+
+
+def hold_shards(layout: JobLayout, after_results: int) -> None:
+    """Each shard's first attempt holds once ``after_results`` of its results are checkpointed,
+    until the marker goes (the worker's hold point): written before the run, so a kill, a
+    cancel or a deadline lands mid-shard by construction."""
+    storage.write_bytes(layout.hold_marker, orjson.dumps({"after_results": after_results}))
 
 
 def _progress_done(uri: str) -> int:
@@ -263,18 +270,16 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
     # Small, frequent result parts so the killed attempt leaves a checkpoint behind.
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")
-    n = 300
-    # min_tokens: the random model hits EOS early. Full-length answers, 32 at a time: the first
-    # part comes after the first 32 (200 engine steps), and 9 x 200 steps (seconds) are left
-    # then: the kill, within KILL_POLL_S of the part, lands mid-shard (600 lines took 205 s
-    # of the suite's time for the same proof).
-    uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
+    n = 60
+    # min_tokens: the random model hits EOS early. The shard holds after 20 results (the
+    # worker's hold point): the kill lands mid-shard by construction.
+    uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_resume")
     shard = layout.shard(0)
+    hold_shards(layout, 20)
 
     def kill_mid_shard() -> None:
-        _wait_for(lambda: len(list_parts(shard.results)) > 0 if storage.exists(layout.root + "/shards.json") else False,
-                  900, "a first results part", poll=KILL_POLL_S)
+        _wait_for(lambda: _progress_done(shard.progress) >= 20, 900, "the shard held", poll=KILL_POLL_S)
         pids = _worker_pids()
         assert pids, "no worker process found"
         os.killpg(pids[0], signal.SIGKILL)
@@ -296,14 +301,15 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
 
 @pytest.mark.engine
 def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
-    # Full-length answers 8 at a time: first results within a second, minutes of work left
-    # when the cancel arrives (it takes a few seconds to travel: store, runner, marker).
-    n = 2000
-    uri = _write_input(llm_batch_home, "cancel", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
+    # The shard holds after 3 results (the worker's hold point): the cancel, which takes a few
+    # seconds to travel (store, runner, marker), finds it mid-run by construction.
+    n = 100
+    uri = _write_input(llm_batch_home, "cancel", [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_cancel")
+    hold_shards(layout, 3)
 
     def cancel_when_running() -> None:
-        _wait_for(lambda: _progress_done(layout.shard(0).progress) > 0, 900, "first results")
+        _wait_for(lambda: _progress_done(layout.shard(0).progress) >= 3, 900, "the shard held")
         # As the API does it: only the store's flag; the runner mirrors it to the marker.
         store.request_cancel("job_cancel", reason="test")
 
@@ -319,14 +325,14 @@ def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
 
 @pytest.mark.engine
 def test_deadline_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
-    # One sequence at a time and 200 tokens each (min_tokens: the random model hits EOS
-    # early) make 4,000 requests hours of work however fast the machine, so the deadline
-    # always falls before the end: during the engine's start on a loaded machine, mid-run on
-    # a quiet one; either way every request has one outcome. (Partial results past the first
-    # ones are asserted on the real stack: tests/e2e/test_stack.py's deadline test.)
-    n, max_runtime = 4000, 40
+    # The shard holds after 2 results (the worker's hold point), so the deadline always falls
+    # before the end: during the engine's start on a loaded machine, mid-run on a quiet one;
+    # either way every request has one outcome. (Partial results past the first ones are
+    # asserted on the real stack: tests/e2e/test_stack.py's deadline test.)
+    n, max_runtime = 200, 40
     uri = _write_input(llm_batch_home, "deadline",
-                       [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
+                       [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])
+    hold_shards(JobLayout(get_settings().work_uri, "job_deadline"), 2)
     started = time.monotonic()
 
     _run(batch_dag, {"job_id": "job_deadline", "input_uri": uri, "model": TINY_MODEL, "max_runtime_sec": max_runtime,

@@ -16,26 +16,25 @@ import pytest
 from llm_batch.core.config import get_settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import JobLayout
-from llm_batch.infra import storage
 from llm_batch.infra.progress import read_progress
-from llm_batch.infra.results import count_results, list_parts
+from llm_batch.infra.results import count_results
 from llm_batch.runtime.warm_engines import stop_hosts
 from tests.dags.test_batch_inference import (
     KILL_POLL_S,
     TINY_MODEL,
     _assert_every_request_once,
+    _progress_done,
     _request,
     _run,
     _wait_for,
     _write_input,
+    hold_shards,
 )
 
 pytestmark = [pytest.mark.airflow, pytest.mark.engine]
 
-# Both jobs' configuration, so they share an engine. Eight sequences at a time: the second
-# job's 200 full-length answers take 25 x 200 engine steps, and its first results part comes
-# after the first 16 (flushed every 10 records), so 23 x 200 steps are left when the kill,
-# within KILL_POLL_S of that part, lands.
+# Both jobs' configuration, so they share an engine (the second job's shard holds at the
+# worker's hold point for its kill).
 CONF = {"model": TINY_MODEL, "model_config": {"engine_args": {"max_num_seqs": 8}}}
 
 
@@ -67,15 +66,14 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     hosts = _host_pids(warm)
     assert len(hosts) >= 1, "no warm engine is running after the job"
 
-    n = 200
-    second = _write_input(llm_batch_home, "warm_killed", [_request(i, max_tokens=200, min_tokens=200) for i in range(n)])
+    n = 60
+    second = _write_input(llm_batch_home, "warm_killed", [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_warm_b")
+    hold_shards(layout, 20)  # the kill lands mid-shard by construction
     killed: list[int] = []
 
     def kill_mid_shard() -> None:
-        _wait_for(lambda: len(list_parts(layout.shard(0).results)) > 0
-                  if storage.exists(layout.root + "/shards.json") else False, 900, "a first results part",
-                  poll=KILL_POLL_S)
+        _wait_for(lambda: _progress_done(layout.shard(0).progress) >= 20, 900, "the shard held", poll=KILL_POLL_S)
         serving = _host_pids(warm)
         for pid in serving:
             os.killpg(pid, signal.SIGKILL)

@@ -25,6 +25,7 @@ import pytest
 from llm_batch.core import exit_codes
 from llm_batch.core.config import get_settings
 from llm_batch.core.layout import JobLayout
+from llm_batch.infra import storage
 from llm_batch.infra.progress import ShardState, read_progress
 from llm_batch.infra.results import count_results, read_results
 from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, start_shard, stop_hosts
@@ -61,6 +62,17 @@ def _run(settings, layout: JobLayout, *extra: str, model_config=MODEL_CONFIG):
     return start_shard(settings, model_config, argv, lines.append), lines
 
 
+def _hold(layout: JobLayout, after_results: int) -> None:
+    """The shard's first attempt holds after ``after_results`` (the worker's hold point): what
+    a test does to it then (kill, cancel, detach, a shard beside it) lands mid-shard by
+    construction."""
+    storage.write_bytes(layout.hold_marker, orjson.dumps({"after_results": after_results}))
+
+
+def _release(layout: JobLayout) -> None:
+    storage.delete(layout.hold_marker)
+
+
 def _wait_results(layout: JobLayout, at_least: int, shard=None) -> int:
     deadline = time.monotonic() + TIMEOUT_S
     while (done := count_results(layout.shard(0).results)) < at_least:
@@ -93,37 +105,41 @@ def test_shards_of_two_jobs_run_in_turn_on_one_engine(settings):
 
 def test_a_task_that_comes_while_the_engine_is_busy_waits_then_gets_it(settings):
     # The Celery shape runs two tasks per worker for its one engine: the second waits.
-    first, second = _shard(40, max_tokens=32), _shard(3)
+    first, second = _shard(10, max_tokens=16), _shard(3)
+    _hold(first, 2)  # still running while the second waits, by construction
     running, _ = _run(settings, first, *SLOW)
     waiting: dict = {}
     handed = threading.Thread(target=lambda: waiting.update(shard=_run(settings, second)[0]))
     handed.start()
     _wait_results(first, 2, running)
     assert handed.is_alive(), "the second shard got the engine's slot while the first ran"
+    _release(first)
     assert running.wait(TIMEOUT_S) == exit_codes.DONE
     handed.join(30)
     assert waiting["shard"].wait(TIMEOUT_S) == exit_codes.DONE
     assert waiting["shard"].pid == running.pid
-    _assert_exactly_once(first, 40)
+    _assert_exactly_once(first, 10)
     _assert_exactly_once(second, 3)
 
 
 def test_cancel_marker_stops_a_warm_shard_and_the_engine_stays(settings):
-    layout = _shard(150, max_tokens=64)
+    layout = _shard(30, max_tokens=16)
+    _hold(layout, 8)
     shard, _ = _run(settings, layout, *SLOW)
     _wait_results(layout, 8, shard)
     marker = Path(layout.cancel_marker)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_bytes(b"")
     assert shard.wait(TIMEOUT_S) == exit_codes.CANCELLED
-    assert 8 <= count_results(layout.shard(0).results) < 150
+    assert 8 <= count_results(layout.shard(0).results) < 30
     assert read_progress(layout.shard(0).progress).state == ShardState.CANCELLED
     after, _ = _run(settings, _shard(3))
     assert after.wait(TIMEOUT_S) == exit_codes.DONE and after.pid == shard.pid
 
 
 def test_a_task_that_goes_away_stops_its_shard_and_the_retry_resumes(settings):
-    layout = _shard(150, max_tokens=64)
+    layout = _shard(30, max_tokens=16)
+    _hold(layout, 8)
     shard, _ = _run(settings, layout, *SLOW)
     _wait_results(layout, 8, shard)
     shard.detach()  # what on_kill does, and what a dead task's closed socket looks like
@@ -135,24 +151,25 @@ def test_a_task_that_goes_away_stops_its_shard_and_the_retry_resumes(settings):
     stopped_at = count_results(layout.shard(0).results)
     retry, _ = _run(settings, layout)
     assert retry.wait(TIMEOUT_S) == exit_codes.DONE and retry.pid == shard.pid
-    _assert_exactly_once(layout, 150)
+    _assert_exactly_once(layout, 30)
     assert read_progress(layout.shard(0).progress).resumed >= stopped_at >= 8
 
 
 def test_kill_9_of_the_warm_engine_mid_shard_then_retry_gives_exactly_once(settings):
-    layout = _shard(150, max_tokens=64)
+    layout = _shard(30, max_tokens=16)
+    _hold(layout, 8)
     shard, _ = _run(settings, layout, *SLOW)
     _wait_results(layout, 8, shard)
     os.killpg(shard.pid, signal.SIGKILL)
     assert shard.wait(30) == HOST_GONE
     killed_at = count_results(layout.shard(0).results)
-    assert killed_at < 150
+    assert killed_at < 30
     retry, lines = _run(settings, layout)
     assert retry.wait(TIMEOUT_S) == exit_codes.DONE
     assert retry.pid != shard.pid, "the retry should have started a new engine"
-    _assert_exactly_once(layout, 150)
+    _assert_exactly_once(layout, 30)
     final = read_progress(layout.shard(0).progress)
-    assert final.done == final.total == 150 and final.resumed >= killed_at
+    assert final.done == final.total == 30 and final.resumed >= killed_at
 
 
 def test_not_a_shard_is_refused_and_the_host_keeps_serving(settings):
@@ -212,23 +229,26 @@ def seated(settings):
 
 
 def test_two_seats_run_two_jobs_shards_at_once_on_one_engine(seated):
-    long, short = _shard(60, max_tokens=32), _shard(4)
+    long, short = _shard(20, max_tokens=16), _shard(4)
+    _hold(long, 2)  # still running when the short one ends, by construction
     running, _ = _run(seated, long, *SLOW, model_config=SEATED_CONFIG)
     _wait_results(long, 2, running)
     beside, lines = _run(seated, short, model_config=SEATED_CONFIG)
     assert beside.wait(TIMEOUT_S) == exit_codes.DONE
     assert running.poll() is None, "the second shard waited for the first instead of running beside it"
     assert beside.pid == running.pid and any("seat 1" in line for line in lines), lines[:3]
+    _release(long)
     assert running.wait(TIMEOUT_S) == exit_codes.DONE
-    _assert_exactly_once(long, 60)
+    _assert_exactly_once(long, 20)
     _assert_exactly_once(short, 4)
     # Each task's log holds its own shard's lines, not the other's.
     assert any("done: 4/4 done" in line for line in lines), lines
-    assert not any("/60 done" in line for line in lines), lines
+    assert not any("/20 done" in line for line in lines), lines
 
 
 def test_cancel_of_one_job_stops_its_shard_and_not_the_one_beside_it(seated):
-    cancelled, other = _shard(150, max_tokens=64), _shard(30, max_tokens=32)
+    cancelled, other = _shard(30, max_tokens=16), _shard(10, max_tokens=16)
+    _hold(cancelled, 4)
     shards = [_run(seated, layout, *SLOW, model_config=SEATED_CONFIG)[0] for layout in (cancelled, other)]
     _wait_results(cancelled, 4, shards[0])
     marker = Path(cancelled.cancel_marker)
@@ -236,12 +256,13 @@ def test_cancel_of_one_job_stops_its_shard_and_not_the_one_beside_it(seated):
     marker.write_bytes(b"")
     assert [shard.wait(TIMEOUT_S) for shard in shards] == [exit_codes.CANCELLED, exit_codes.DONE]
     assert shards[0].pid == shards[1].pid
-    assert 4 <= count_results(cancelled.shard(0).results) < 150
-    _assert_exactly_once(other, 30)
+    assert 4 <= count_results(cancelled.shard(0).results) < 30
+    _assert_exactly_once(other, 10)
 
 
 def test_a_retry_waits_for_its_abandoned_attempt_on_a_seated_engine(seated):
-    layout = _shard(150, max_tokens=64)
+    layout = _shard(30, max_tokens=16)
+    _hold(layout, 8)
     shard, _ = _run(seated, layout, *SLOW, model_config=SEATED_CONFIG)
     _wait_results(layout, 8, shard)
     shard.detach()
@@ -250,11 +271,13 @@ def test_a_retry_waits_for_its_abandoned_attempt_on_a_seated_engine(seated):
     # runs the retry after it, so no result is written twice.
     retry, _ = _run(seated, layout, model_config=SEATED_CONFIG)
     assert retry.wait(TIMEOUT_S) == exit_codes.DONE and retry.pid == shard.pid
-    _assert_exactly_once(layout, 150)
+    _assert_exactly_once(layout, 30)
 
 
 def test_kill_9_of_a_seated_engine_mid_two_shards_then_retries_give_exactly_once(seated):
-    first, second = _shard(120, max_tokens=64), _shard(120, max_tokens=64)
+    first, second = _shard(30, max_tokens=16), _shard(30, max_tokens=16)
+    for layout in (first, second):
+        _hold(layout, 4)
     shards = [_run(seated, layout, *SLOW, model_config=SEATED_CONFIG)[0] for layout in (first, second)]
     for layout, shard in zip((first, second), shards):
         _wait_results(layout, 4, shard)
@@ -265,4 +288,4 @@ def test_kill_9_of_a_seated_engine_mid_two_shards_then_retries_give_exactly_once
     assert [retry.wait(TIMEOUT_S) for retry in retries] == [exit_codes.DONE, exit_codes.DONE]
     assert retries[0].pid == retries[1].pid != shards[0].pid
     for layout in (first, second):
-        _assert_exactly_once(layout, 120)
+        _assert_exactly_once(layout, 30)
