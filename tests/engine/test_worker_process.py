@@ -44,6 +44,13 @@ def _shard(home: Path, n: int, max_tokens: int, first_index: int = 1000) -> tupl
     return layout, str(requests)
 
 
+def hold(layout: JobLayout, after_results: int) -> None:
+    """The shard's first attempt holds after ``after_results`` (the worker's hold point)."""
+    from llm_batch.infra import storage
+
+    storage.write_bytes(layout.hold_marker, orjson.dumps({"after_results": after_results}))
+
+
 def _worker_cmd(layout: JobLayout, *extra: str, model_config: str = MODEL_CONFIG) -> list[str]:
     return [sys.executable, "-m", "llm_batch.cli.main", "worker", "--job-id", layout.job_id, "--shard", "0",
             "--work-uri", layout.work_uri, "--endpoint", "/v1/chat/completions",
@@ -74,10 +81,12 @@ def _progress(layout: JobLayout):
 
 
 def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, tiny_model_dir):
-    total = 150
-    layout, _ = _shard(llm_batch_home, total, max_tokens=64)
+    total = 40
+    layout, _ = _shard(llm_batch_home, total, max_tokens=16)
     results = layout.shard(0).results
-    # window 1 makes the first run slow enough to kill mid-shard.
+    # The first run holds after 8 results (the worker's hold point): the kill lands mid-shard
+    # by construction.
+    hold(layout, 8)
     proc = _start(layout, "--window", "1", "--flush-every-records", "4")
     try:
         seen_done: list[int] = []
@@ -86,7 +95,7 @@ def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, 
             p = _progress(layout)
             if p is not None and p.state == ShardState.RUNNING:
                 seen_done.append(p.done)
-            return len(set(seen_done)) >= 3 and count_results(results) >= 8
+            return count_results(results) >= 8
 
         _wait_for(progressed, START_TIMEOUT_S, proc)
     finally:
@@ -110,7 +119,7 @@ def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, 
     # The rerun reports the earlier results too: their successes, their tokens (from the
     # results' usage) and the killed attempt's engine seconds, plus its own.
     assert final.succeeded == total and final.failed == 0
-    assert final.completion_tokens == 64 * total
+    assert final.completion_tokens == 16 * total
     assert final.prompt_tokens == sum(r.body["usage"]["prompt_tokens"] for r in records)
     assert final.cached_prompt_tokens == sum(r.body["usage"]["prompt_tokens_details"]["cached_tokens"] for r in records)
     assert final.engine_seconds > killed_engine_seconds > 0
@@ -123,14 +132,15 @@ def test_cancel_marker_on_s3_stops_the_shard_with_a_prefix_written(s3_bucket, ti
     # engine refuses among the first results.
     from llm_batch.infra import storage
 
-    total = 400
+    total = 40
     layout = JobLayout(f"s3://{s3_bucket}/work", "job-s3")
-    bodies = [{"messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 64, "min_tokens": 64}
+    bodies = [{"messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 16, "min_tokens": 16}
               for i in range(total)]
     bodies[1]["messages"][0]["content"] = "hello " * 600  # beyond max_context_length=512
     bodies[2]["response_format"] = {"type": "json_schema", "json_schema": {"schema": {"type": "no-such-type"}}}
     lines = [dumps_line(BatchRequest(index=1000 + i, custom_id=f"c{i}", body=body)) for i, body in enumerate(bodies)]
     storage.write_bytes(layout.shard(0).requests, b"".join(lines))
+    hold(layout, 4)  # cancelled mid-shard by construction
     proc = _start(layout, "--window", "1", "--flush-every-records", "4", engine_in_process=False)
     try:
         _wait_for(lambda: (p := _progress(layout)) is not None and p.done >= 4, START_TIMEOUT_S, proc)
