@@ -109,6 +109,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=rank)  # stable: the random order (pytest-randomly) holds within a rank
 
 
+# The stacks a folder's tests share end with the folder's last test, not with the session:
+# a package-scoped fixture lasts until the end of the session here, and a stack's four
+# Airflow components would poll through every test after its own.
+_GROUP_STACKS = {"e2e": "e2e_stack", "shape": "celery_shape"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    group = group_of(item.nodeid)
+    name = _GROUP_STACKS.get(group)
+    if name and (nextitem is None or group_of(nextitem.nodeid) != group):
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            fixturedef.finish(item._request)  # its dependents first; set up again if asked again
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling

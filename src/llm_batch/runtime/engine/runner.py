@@ -82,7 +82,14 @@ def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
              "in this process" if in_process else "in its own process")
     if model.engine_args.get("enable_lora"):
         vllm_api.guard_cpu_lora()
-    return LLM(**model.engine_args)
+    args = dict(model.engine_args)
+    if in_process:
+        # vLLM keeps a multi-modal processor cache on each side of the engine core's IPC; with
+        # the core in this process the two drift apart (a page or image seen before fails with
+        # MultiModalCacheMissError) and there is no IPC to save: no cache, unless the
+        # registry asks for one.
+        args.setdefault("mm_processor_cache_gb", 0)
+    return LLM(**args)
 
 
 def place_engine_core(in_process: bool | None = None) -> bool:
