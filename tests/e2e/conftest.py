@@ -36,7 +36,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="package")
 def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     from llm_batch.core.config import get_settings
-    from llm_batch.devstack.stack import Stack, free_port
+    from llm_batch.devstack.stack import STATE_FILE, Stack, free_port
 
     # The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach the
     # real stack: unit-test mode changes scheduling (e.g. DAGs start unpaused).
@@ -78,10 +78,15 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         stack.down()
         raise
     yield stack
-    stack.down()
-    os.environ.clear()
-    os.environ.update(saved)
-    get_settings.cache_clear()
+    try:
+        stack.down()
+    finally:
+        # The session's home is the other tests' too: without the stack's state file, the
+        # CLI's job store is the home's default again, not the stopped stack's (devstack.home).
+        (stack.settings.home / STATE_FILE).unlink(missing_ok=True)
+        os.environ.clear()
+        os.environ.update(saved)
+        get_settings.cache_clear()
 
 
 class AirflowAPI:

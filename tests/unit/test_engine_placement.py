@@ -54,4 +54,6 @@ def test_start_engine_tells_vllm_before_building_the_engine(monkeypatch, in_proc
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "before")  # restored after the test
     model = ResolvedModel("m", "/models/m", "generate", engine_args={"model": "/models/m"})
     assert engine_runner.start_engine(model, in_process=in_process) == "llm"
-    assert seen == {"flag": flag, "args": {"model": "/models/m"}}
+    # In this process, no multi-modal processor cache (its two sides drift apart here).
+    cache = {"mm_processor_cache_gb": 0} if in_process else {}
+    assert seen == {"flag": flag, "args": {"model": "/models/m", **cache}}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
 from llm_batch.runtime.engine import StopReason
@@ -50,7 +52,7 @@ def test_unwritable_progress_is_logged_not_raised(tmp_path):
 
 
 def _monitor(llm_batch_home, deadline=None):
-    marker = llm_batch_home / "cancel-test" / "cancel"
+    marker = llm_batch_home / f"cancel-test-{uuid.uuid4().hex[:8]}" / "cancel"  # a job of its own
     config = WorkerConfig(job_id="j", shard=0, requests="r", results="o", endpoint=Endpoint.COMPLETIONS,
                           model_config={}, cancel_marker=str(marker), deadline=deadline, cancel_check_s=1.0)
     reporter = ProgressReporter(None, ShardProgress(job_id="j", shard=0, total=1))
