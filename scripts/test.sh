@@ -29,7 +29,7 @@ VENV=${LLM_BATCH_VENV:-.venv}
 lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}")
 if $quick; then
   # No engine, no server (the markers tests/conftest.py also sets from the fixtures a test uses).
-  lane=(-n "${LLM_BATCH_TEST_WORKERS:-2}" -m "not (engine or s3 or postgres or e2e or sdk)")
+  lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}" -m "not (engine or s3 or postgres or e2e or sdk or models)")
 fi
 set +e
 "$VENV/bin/python" -m pytest "${lane[@]}" "$@"

@@ -21,6 +21,8 @@ import pytest
 
 from llm_batch.infra.model_registry import READY_MARKER, build_tiny_llama
 
+pytestmark = pytest.mark.models  # builds the default checkpoints: out of the quick lane
+
 LLM_BATCH = str(Path(sys.executable).with_name("llm-batch"))
 
 
