@@ -10,11 +10,23 @@ answer whatever the seed, so it is not tried again.
 Bounded at the edge: a schema of at most ``MAX_SCHEMA_BYTES`` serialised (and valid as a
 schema), a pattern of at most ``MAX_PATTERN_CHARS`` that compiles; a match runs with the
 ``regex`` library's timeout (``MATCH_TIMEOUT_S``), so no pattern can stall a worker: a
-match that runs out of time fails the answer, saying so.
+match that runs out of time fails the answer, saying so. A schema holds at most
+``MAX_SCHEMA_PATTERNS`` patterns, and all of its pattern searches for one answer share one
+deadline (``ANSWER_CHECK_S``), so a schema of many slow patterns costs one answer at most
+that long, not a timeout per search.
+
+Nothing a schema names is fetched: every validator is built by ``schema_validator``, over a
+registry that retrieves nothing (jsonschema retrieves remote references when it is given
+none), so references resolve inside the schema or not at all; and a schema that names
+anything outside itself (``schema_refused``: ``$ref``, ``$dynamicRef``,
+``$recursiveRef``, a ``$schema`` other than a JSON Schema draft's) is refused where it comes
+in: the job's check at create, a line's ``response_format`` schema at validation.
 """
 
 from __future__ import annotations
 
+import time
+from contextvars import ContextVar
 from functools import cached_property
 from typing import Any
 
@@ -23,6 +35,7 @@ import regex
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError, ValidationError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 INVALID_OUTPUT = "invalid_output"  # the error code of an answer that failed its check
@@ -30,16 +43,23 @@ MAX_SCHEMA_BYTES = 16 * 1024
 MAX_PATTERN_CHARS = 512
 MAX_RETRIES = 5
 MATCH_TIMEOUT_S = 0.1
+MAX_SCHEMA_PATTERNS = 32
+ANSWER_CHECK_S = 1.0  # every pattern search of one answer against one schema, together
+_answer_deadline: ContextVar[float] = ContextVar("answer_deadline", default=float("inf"))
 CHECKED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def _search(pattern: str, text: str) -> bool:
     """A schema's pattern, as JSON Schema searches it, with the timeout (jsonschema's own
-    uses ``re``, which has none: a schema's pattern could stall a worker)."""
+    uses ``re``, which has none: a schema's pattern could stall a worker), within what is
+    left of the answer's deadline."""
+    left = _answer_deadline.get() - time.monotonic()
+    if left <= 0:
+        raise ValidationError(f"the schema's patterns ran out of time ({ANSWER_CHECK_S} s for the answer)")
     try:
-        return regex.search(pattern, text, timeout=MATCH_TIMEOUT_S) is not None
+        return regex.search(pattern, text, timeout=min(MATCH_TIMEOUT_S, left)) is not None
     except TimeoutError:
-        raise ValidationError(f"the schema's pattern {pattern!r} ran out of time ({MATCH_TIMEOUT_S} s)") from None
+        raise ValidationError(f"the schema's pattern {pattern!r} ran out of time") from None
     except regex.error as exc:
         raise ValidationError(f"the schema's pattern {pattern!r} does not compile: {exc}") from None
 
@@ -60,6 +80,54 @@ def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
 
 # Draft 2020-12 with its two pattern keywords matched under the timeout.
 Validator = validators.extend(Draft202012Validator, {"pattern": _pattern, "patternProperties": _pattern_properties})
+# A registry that retrieves nothing: a reference resolves inside its schema or not at all.
+_NOTHING_FETCHED = Registry()
+# The keywords that name another schema, and the dialects a schema may declare.
+_REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+_DIALECTS = frozenset(
+    f"{scheme}://json-schema.org/{draft}{suffix}"
+    for scheme in ("http", "https")
+    for draft in ("draft/2020-12/schema", "draft/2019-09/schema", "draft-07/schema", "draft-06/schema",
+                  "draft-04/schema")
+    for suffix in ("", "#"))
+
+
+def schema_validator(schema: dict[str, Any]) -> Any:
+    """The validator of ``schema``: every one the job's check and the lines' formats use."""
+    return Validator(schema, registry=_NOTHING_FETCHED)
+
+
+def schema_refused(schema: Any) -> str | None:
+    """What ``schema`` names outside itself (a reference not starting with ``#``, a
+    ``$schema`` that is not a JSON Schema draft), said with where, or that it holds more
+    than ``MAX_SCHEMA_PATTERNS`` patterns; None if neither."""
+    if (patterns := _patterns(schema)) > MAX_SCHEMA_PATTERNS:
+        return f"schema: {patterns} patterns, more than {MAX_SCHEMA_PATTERNS}"
+    return next(_outside(schema, "schema"), None)
+
+
+def _patterns(schema: Any) -> int:
+    if isinstance(schema, dict):
+        own = (isinstance(schema.get("pattern"), str)
+               + (len(schema["patternProperties"]) if isinstance(schema.get("patternProperties"), dict) else 0))
+        return own + sum(_patterns(value) for value in schema.values())
+    if isinstance(schema, list):
+        return sum(_patterns(item) for item in schema)
+    return 0
+
+
+def _outside(schema: Any, where: str) -> Any:
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key in _REFERENCE_KEYWORDS and not (isinstance(value, str) and value.startswith("#")):
+                yield f"{where}.{key} {value!r} is not within the schema (only #... references; nothing is fetched)"
+            elif key == "$schema" and value not in _DIALECTS:
+                yield f"{where}.$schema {value!r} is not a JSON Schema draft's (nothing is fetched)"
+            else:
+                yield from _outside(value, f"{where}.{key}")
+    elif isinstance(schema, list):
+        for index, item in enumerate(schema):
+            yield from _outside(item, f"{where}[{index}]")
 
 
 class OutputCheck(BaseModel):
@@ -94,8 +162,8 @@ class OutputCheck(BaseModel):
                 Draft202012Validator.check_schema(self.json_schema)
             except SchemaError as exc:
                 raise ValueError(f"json_schema: not a valid JSON schema: {exc.message}") from None
-            if outside := next(_outside_refs(self.json_schema), None):
-                raise ValueError(f"json_schema: $ref {outside!r} is not within the schema (only #... refs)")
+            if problem := schema_refused(self.json_schema):
+                raise ValueError(f"json_schema: {problem}")
         if self.regex is not None:
             try:
                 regex.compile(self.regex)
@@ -105,7 +173,7 @@ class OutputCheck(BaseModel):
 
     @cached_property
     def _schema(self) -> Any:
-        return Validator(self.json_schema) if self.json_schema is not None else None
+        return schema_validator(self.json_schema) if self.json_schema is not None else None
 
     @cached_property
     def _pattern(self) -> regex.Pattern | None:
@@ -126,30 +194,20 @@ class OutputCheck(BaseModel):
         return None
 
 
-def _outside_refs(schema: Any) -> Any:
-    """The ``$ref`` values of a schema that point outside it (nothing is fetched for a check)."""
-    if isinstance(schema, dict):
-        for key, value in schema.items():
-            if key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-                yield value
-            else:
-                yield from _outside_refs(value)
-    elif isinstance(schema, list):
-        for item in schema:
-            yield from _outside_refs(item)
-
-
 def _schema_problem(answer: str, validator: Any) -> str | None:
     try:
         value = orjson.loads(answer)
     except orjson.JSONDecodeError as exc:
         return f"the answer is not JSON: {exc}"
+    token = _answer_deadline.set(time.monotonic() + ANSWER_CHECK_S)
     try:
         error = next(iter(validator.iter_errors(value)), None)
     except ValidationError as exc:  # a pattern that ran out of time or does not compile
         return exc.message
     except Unresolvable as exc:  # a line's schema naming what is not in it
         return f"the schema cannot be applied: {exc}"[:500]
+    finally:
+        _answer_deadline.reset(token)
     if error is None:
         return None
     where = "/".join(str(part) for part in error.absolute_path) or "the top level"
@@ -168,7 +226,7 @@ def _format_problem(answer: str, response_format: Any) -> str | None:
         schema = (response_format.get("json_schema") or {}).get("schema")
         if isinstance(schema, dict):
             try:
-                return _schema_problem(answer, Validator(schema))
+                return _schema_problem(answer, schema_validator(schema))
             except SchemaError:
                 return None  # validation refused such a line; nothing to check against
         return None

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.functional_validators import PlainValidator
 from pydantic_core import PydanticCustomError
 
 from llm_batch.core.endpoints import Endpoint
+from llm_batch.core.output_check import schema_refused
 
 # Documented maxima (vLLM's defaults: max_logprobs = 20).
 MAX_N = 32
@@ -211,11 +212,20 @@ class Message(_Strict):
 # -- response_format -------------------------------------------------------------------------
 
 
+def _self_contained(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A line's output schema names nothing outside itself: nothing it names is fetched."""
+    if schema is not None and (problem := schema_refused(schema)):
+        raise ValueError(problem)
+    return schema
+
+
 class JsonSchemaSpec(_Strict):
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
+
+    _schema_self_contained = field_validator("schema_")(_self_contained)
 
 
 class ResponseFormat(_Strict):
@@ -521,6 +531,8 @@ class ResponsesTextFormat(_Strict):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     description: str | None = None
     strict: bool | None = None
+
+    _schema_self_contained = field_validator("schema_")(_self_contained)
 
     @model_validator(mode="after")
     def _schema_present(self) -> ResponsesTextFormat:
