@@ -532,3 +532,21 @@ def test_a_store_down_for_a_moment_does_not_stop_a_shard(store, settings, monkey
     deadline = utcnow() + timedelta(hours=1)
     assert shard_task.shard_stop_cause(store, job_id, task["cancel_marker"], deadline) is None
     assert shard_task.shard_stop_cause(store, job_id, task["cancel_marker"], utcnow() - timedelta(seconds=1)) == "deadline"
+
+
+@pytest.mark.parametrize("unique", [True, False])
+def test_a_custom_id_twice_refuses_the_batch_when_the_job_says_so(store, settings, unique):
+    # OpenAI's batches (the dialect's create sets unique_custom_ids): the whole batch fails at
+    # validation naming the duplicate and no line runs; otherwise the later line is an error.
+    lines = [_chat(0), _chat(1), _chat(0), _chat(2)]
+    job = store.create_job(dialect="openai", endpoint="/v1/chat/completions", model="tiny-random-llama",
+                           owner=run_conf.DEFAULT_OWNER,
+                           input=JobInput(uri=_input(settings, lines), unique_custom_ids=unique).stored())
+    if unique:
+        with pytest.raises(jobs.JobRejected, match=r"line 3: .*req-0"):
+            steps.validate(store, settings, job.id)
+        failed = store.get_job(job.id)
+        assert failed.status == jobs.JobStatus.FAILED and "req-0" in failed.status_reason
+        assert not storage.exists(steps.layout_of(settings, job.id).validated)  # nothing to run
+    else:
+        assert steps.validate(store, settings, job.id) == {"total": 4, "valid": 3, "invalid": 1}

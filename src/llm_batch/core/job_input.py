@@ -59,6 +59,9 @@ class JobInput(BaseModel):
         default=True, description="deterministic lines may be answered from the owner's result cache")
     output_check: OutputCheck | None = Field(
         default=None, description="how the answers must look, and how often a failing one is tried again")
+    unique_custom_ids: bool = Field(
+        default=False, description="a custom_id given twice refuses the whole batch at validation (no line "
+        "runs), instead of failing only the later line")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the job row keeps: the fields that differ from their defaults."""

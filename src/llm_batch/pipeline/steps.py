@@ -268,6 +268,7 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
             limits=ValidationLimits.from_settings(settings),
             media=MediaResolver(job.owner, store, settings),
             models=job_model_choice(store, job, settings),
+            unique_custom_ids=job.input.unique_custom_ids,
         )  # fmt: skip
     except (BatchRejected, JobRejected, storage.StorageError) as exc:
         if isinstance(exc, BatchRejected) and exc.report is not None:  # read through, nothing valid: serve the error lines

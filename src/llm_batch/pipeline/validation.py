@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint
 from llm_batch.core.formats import (
+    ErrorCode,
     InputUnreadable,
     Item,
     RequestChecker,
@@ -87,7 +88,7 @@ class ValidationReport(BaseModel):
 
 class BatchRejected(Exception):
     """The whole batch is refused. ``reason`` is one of unreadable, no_valid_requests,
-    too_many_requests, input_too_large and unsupported_endpoint; ``report`` holds the counts
+    too_many_requests, input_too_large, unsupported_endpoint and duplicate_custom_id; ``report`` holds the counts
     when the input was read through (no valid request)."""
 
     def __init__(self, reason: str, message: str, report: ValidationReport | None = None):
@@ -117,6 +118,7 @@ def validate_batch(
     open_input: OpenInput | None = None,
     media: MediaResolver | None = None,
     models: ModelChoice | None = None,
+    unique_custom_ids: bool = False,
 ) -> ValidationReport:
     """Validate ``source`` and return the report; raise BatchRejected for a whole-batch refusal.
 
@@ -134,7 +136,9 @@ def validate_batch(
     and /v1/ocr name, for the job's owner (llm_batch.infra.media); without it they are checked
     for their form only (``llm-batch validate``). ``models``: the names a line's body.model may
     give and the adapter each runs on (``llm_batch.infra.adapters.model_choice``); without it
-    any name is taken and every line runs on the job's model. Memory stays flat: items are streamed; duplicate detection keeps
+    any name is taken and every line runs on the job's model. ``unique_custom_ids``: a
+    custom_id given twice refuses the whole batch (``duplicate_custom_id``) instead of
+    failing the later line. Memory stays flat: items are streamed; duplicate detection keeps
     16 bytes per custom_id at most.
     """
     fmt = check_format(fmt)
@@ -154,7 +158,7 @@ def validate_batch(
         if layout is not None:
             validated_out = stack.enter_context(storage.open_write(layout.validated))
             errors_out = stack.enter_context(storage.open_write(layout.validation_errors))
-        _consume(items, report, limits, validated_out, errors_out)
+        _consume(items, report, limits, validated_out, errors_out, unique_custom_ids)
 
     default = Endpoint.COMPLETIONS if fmt is InputFormat.SCALE_V1 else Endpoint.CHAT_COMPLETIONS
     report.endpoint = checker.settle(default).value
@@ -173,6 +177,7 @@ def _consume(
     limits: ValidationLimits,
     validated_out: BinaryIO | None,
     errors_out: BinaryIO | None,
+    unique_custom_ids: bool = False,
 ) -> None:
     """Count and write every item; the hot loop of validation."""
     dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
@@ -198,6 +203,8 @@ def _consume(
                         record["adapter_uri"] = item.adapter_uri
                     write_valid(dumps(record, option=newline))
             else:
+                if unique_custom_ids and item.code == ErrorCode.DUPLICATE_CUSTOM_ID:
+                    raise BatchRejected("duplicate_custom_id", f"line {item.line}: {item.message}")
                 if len(errors) < max_errors:
                     errors.append(item)
                 if write_error is not None:

@@ -88,7 +88,8 @@ def create_batch(body: Annotated[CreateBatchRequest, Body()], submitting: Submit
         endpoint=endpoint,
         model=model,
         input=JobInput(file_ids=[input_file.id], output_expires_after_s=_output_expiry(settings, body),
-                       moderation_shape=ModerationShape.FLAGGED),  # OpenAI's moderation results
+                       moderation_shape=ModerationShape.FLAGGED,  # OpenAI's moderation results
+                       unique_custom_ids=True),  # OpenAI fails a batch with a custom_id twice
         input_format=InputFormat.JSONL,
         metadata=body.metadata or {},
         max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],
