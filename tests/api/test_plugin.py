@@ -29,10 +29,11 @@ def _probe(command: str, **env: str) -> dict:
 
     done = subprocess.run([sys.executable, "-c", _PROBE, command], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **env}, check=True)
-    # The app's background threads (the webhook deliverer) may log to stdout too.
+    # The app's background threads (the webhook deliverer) may log to stdout too, even onto
+    # the probe's line: the first JSON object after the marker is the probe's.
     found = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
     assert len(found) == 1, done.stdout[-2000:]
-    return json.loads(found[0].removeprefix("PROBE "))
+    return json.JSONDecoder().raw_decode(found[0].removeprefix("PROBE "))[0]
 
 
 def test_airflow_loads_the_plugin_with_the_app_at_batch_on_the_api_server(airflow_db):
