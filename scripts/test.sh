@@ -28,8 +28,9 @@ fi
 VENV=${LLM_BATCH_VENV:-.venv}
 lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}")
 if $quick; then
-  # No engine, no server (the markers tests/conftest.py also sets from the fixtures a test uses).
-  lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}" -m "not (engine or s3 or postgres or e2e or sdk or models)")
+  # No engine, no server, no checkpoint build (tests/conftest.py also sets the markers from
+  # the fixtures a test uses).
+  lane+=(-m "not (engine or s3 or postgres or e2e or sdk or models)")
 fi
 set +e
 "$VENV/bin/python" -m pytest "${lane[@]}" "$@"
