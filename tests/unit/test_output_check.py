@@ -153,7 +153,7 @@ def test_a_line_schema_naming_anything_outside_itself_is_that_lines_error(listen
     from llm_batch.pipeline.validation import ValidationLimits, validate_batch
 
     url, asked = listener
-    schemas = _naming(url)
+    schemas = [*_naming(url), {"$schema": {"not": "a string"}}]  # (the job's edge: not a valid schema)
     lines = [{"custom_id": f"r{i}", "body": {"messages": [{"role": "user", "content": "hi"}],
                                               "response_format": {"type": "json_schema",
                                                                   "json_schema": {"name": "s", "schema": schema}}}}

@@ -101,33 +101,29 @@ def schema_refused(schema: Any) -> str | None:
     """What ``schema`` names outside itself (a reference not starting with ``#``, a
     ``$schema`` that is not a JSON Schema draft), said with where, or that it holds more
     than ``MAX_SCHEMA_PATTERNS`` patterns; None if neither."""
-    if (patterns := _patterns(schema)) > MAX_SCHEMA_PATTERNS:
+    entries = list(_entries(schema, "schema"))
+    patterns = sum((key == "pattern" and isinstance(value, str))
+                   + (len(value) if key == "patternProperties" and isinstance(value, dict) else 0)
+                   for _, key, value in entries)
+    if patterns > MAX_SCHEMA_PATTERNS:
         return f"schema: {patterns} patterns, more than {MAX_SCHEMA_PATTERNS}"
-    return next(_outside(schema, "schema"), None)
+    for where, key, value in entries:
+        if key in _REFERENCE_KEYWORDS and not (isinstance(value, str) and value.startswith("#")):
+            return f"{where}.{key} {value!r} is not within the schema (only #... references; nothing is fetched)"
+        if key == "$schema" and not (isinstance(value, str) and value in _DIALECTS):
+            return f"{where}.$schema {value!r} is not a JSON Schema draft's (nothing is fetched)"
+    return None
 
 
-def _patterns(schema: Any) -> int:
-    if isinstance(schema, dict):
-        own = (isinstance(schema.get("pattern"), str)
-               + (len(schema["patternProperties"]) if isinstance(schema.get("patternProperties"), dict) else 0))
-        return own + sum(_patterns(value) for value in schema.values())
-    if isinstance(schema, list):
-        return sum(_patterns(item) for item in schema)
-    return 0
-
-
-def _outside(schema: Any, where: str) -> Any:
+def _entries(schema: Any, where: str) -> Any:
+    """(where, key, value) of every object member in ``schema``, depth first."""
     if isinstance(schema, dict):
         for key, value in schema.items():
-            if key in _REFERENCE_KEYWORDS and not (isinstance(value, str) and value.startswith("#")):
-                yield f"{where}.{key} {value!r} is not within the schema (only #... references; nothing is fetched)"
-            elif key == "$schema" and value not in _DIALECTS:
-                yield f"{where}.$schema {value!r} is not a JSON Schema draft's (nothing is fetched)"
-            else:
-                yield from _outside(value, f"{where}.{key}")
+            yield where, key, value
+            yield from _entries(value, f"{where}.{key}")
     elif isinstance(schema, list):
         for index, item in enumerate(schema):
-            yield from _outside(item, f"{where}[{index}]")
+            yield from _entries(item, f"{where}[{index}]")
 
 
 class OutputCheck(BaseModel):
