@@ -240,6 +240,39 @@ def read_jsonl(data: bytes) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in data.splitlines() if line.strip()]
 
 
+def shard_pids(stack: Any, job_id: str) -> list[int]:
+    """Process groups running a shard of ``job_id``: its ``llm-batch worker`` processes or,
+    with warm engines (the stack's default), each warm engine host with a seat taken (the
+    e2e tests run one job at a time, so those are its shards')."""
+    return worker_pids(job_id) + busy_engine_hosts(stack)
+
+
+def busy_engine_hosts(stack: Any) -> list[int]:
+    """Pids of the stack's warm engine hosts that run a shard (a seat's lock is held)."""
+    from llm_batch.infra.processes import read_pid
+    from llm_batch.runtime.warm_engines import engines_dir
+
+    busy = []
+    for pid_file in engines_dir(stack.settings.home).glob("*.pid"):
+        seats = pid_file.parent.glob(f"{pid_file.stem}.seat*.lock")
+        if any(_lock_held(seat) for seat in seats) and (pid := read_pid(pid_file)):
+            busy.append(pid)
+    return busy
+
+
+def _lock_held(path: Path) -> bool:
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+
+
 def worker_pids(job_id: str) -> list[int]:
     """Pids of `llm-batch worker` processes running a shard of `job_id`."""
     pids = []

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MODEL, AirflowAPI, hold_shards, long_batch, wait_until, worker_pids
+from tests.e2e.conftest import MODEL, AirflowAPI, hold_shards, long_batch, shard_pids, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -55,7 +55,7 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
             "owner": "admin", "model_config": {"engine_args": {"max_num_seqs": 2}}}
     run_id = airflow.trigger(DAG, conf)
 
-    wait_until(f"the worker of {job_id}", lambda: worker_pids(job_id), JOB_TIMEOUT)
+    wait_until(f"the worker of {job_id}", lambda: shard_pids(e2e_stack, job_id), JOB_TIMEOUT)
     wait_until(f"job {job_id} to finish its first request",
                lambda: (lambda j: j is not None and (j.succeeded > 0 or j.terminal))(_job(job_id)), JOB_TIMEOUT, 0.5)
     assert not _job(job_id).terminal, _job(job_id)
@@ -65,7 +65,7 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
     job = wait_until(f"job {job_id} to end", lambda: (lambda j: j if j.terminal else None)(_job(job_id)), 30, 0.5)
     assert job.status.value == "FAILED", job
     assert f"a user marked the DAG run {run_id} failed" in (job.status_reason or ""), job.status_reason
-    wait_until(f"the workers of {job_id} to stop", lambda: not worker_pids(job_id),
+    wait_until(f"the workers of {job_id} to stop", lambda: not shard_pids(e2e_stack, job_id),
                max(5.0, 45 - (time.monotonic() - marked_at)))
     run = airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")
     assert run["state"] == "failed", run
@@ -82,17 +82,17 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
                                                 params={"limit": 100})["task_instances"]
                       if ti["task_id"].startswith("run_shard") and ti["map_index"] >= 0)
     assert shard_task["state"] == "failed", shard_task
-    _clear_and_watch(airflow, run_id, job_id, ended, task_ids=[shard_task["task_id"]], include_downstream=True)
+    _clear_and_watch(e2e_stack, airflow, run_id, job_id, ended, task_ids=[shard_task["task_id"]], include_downstream=True)
     shard_after = airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/{shard_task['task_id']}/0")
     assert shard_after["try_number"] > shard_task["try_number"] and shard_after["state"] == "success", shard_after
-    _clear_and_watch(airflow, run_id, job_id, ended)
+    _clear_and_watch(e2e_stack, airflow, run_id, job_id, ended)
     job = _job(job_id)
     assert _counts(job) == ended, job
     assert f"a user marked the DAG run {run_id} failed" in (job.status_reason or "")
     assert airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")["state"] == "failed"
 
 
-def _clear_and_watch(airflow: AirflowAPI, run_id: str, job_id: str, ended: tuple, **body: Any) -> None:
+def _clear_and_watch(stack: Any, airflow: AirflowAPI, run_id: str, job_id: str, ended: tuple, **body: Any) -> None:
     """Clear tasks of the run; until the run ends again no worker starts and the job holds."""
     before = {(ti["task_id"], ti["map_index"]): ti["try_number"] for ti in airflow.call(
         "GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances", params={"limit": 100})["task_instances"]}
@@ -110,7 +110,7 @@ def _clear_and_watch(airflow: AirflowAPI, run_id: str, job_id: str, ended: tuple
     saw_worker = False
     deadline = time.monotonic() + JOB_TIMEOUT
     while time.monotonic() < deadline and not rerun_over():
-        saw_worker = saw_worker or bool(worker_pids(job_id))
+        saw_worker = saw_worker or bool(shard_pids(stack, job_id))
         assert _counts(_job(job_id)) == ended, _job(job_id)
         time.sleep(1)
     assert rerun_over(), f"run {run_id} did not end again after the clear"

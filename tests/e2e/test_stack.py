@@ -30,7 +30,7 @@ from tests.e2e.conftest import (
     release_shards,
     shard_held,
     wait_until,
-    worker_pids,
+    shard_pids,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
@@ -211,8 +211,8 @@ def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
         job_logs.append(job_id)
         shard = JobLayout(get_settings().work_uri, job_id).shard(1)
         wait_until(f"shard 1 of {job_id} held", lambda: shard_held(job_id, 1, 2), JOB_TIMEOUT, poll=0.2)
-        for pid in worker_pids(job_id):
-            os.killpg(pid, signal.SIGKILL)  # the worker and the engine processes it spawned
+        for pid in shard_pids(e2e_stack, job_id):
+            os.killpg(pid, signal.SIGKILL)  # the worker or warm engine and the engine processes it spawned
         assert count_results(shard.results) < 20, "shard 1 ended before the kill"
         release_shards(job_id)  # shard 0, if it was not killed held
 

@@ -149,3 +149,16 @@ def test_a_home_deleted_and_made_again_at_its_path_gets_a_new_database(tmp_path)
             assert connection.execute(text("SELECT 1")).scalar() == 1
     finally:
         again.services_down()
+
+
+def test_the_stack_runs_warm_engines_unless_told_not_to(tmp_path):
+    """Warm by default on the embedded stack (a small job pays no engine start); a home's
+    explicit choice wins, and the components and the pool's slots follow the stack's."""
+    from llm_batch.airflow.lanes import runner_pool_specs
+
+    warm = Stack.create(Settings(home=tmp_path / "home"), 18090, "sqlite")
+    assert warm.settings.warm_engines and warm.env()["LLM_BATCH_WARM_ENGINES"] == "true"
+    told = Stack.create(Settings(home=tmp_path / "home", warm_engines=False), 18090, "sqlite")
+    assert not told.settings.warm_engines and told.env()["LLM_BATCH_WARM_ENGINES"] == "false"
+    slots = {spec.name: spec.slots for spec in runner_pool_specs(warm.settings)}
+    assert slots[warm.settings.local_pool] == warm.settings.local_pool_slots * warm.settings.warm_engine_seats

@@ -124,8 +124,9 @@ class Settings(BaseSettings):
     local_pool_slots: int = 1
     # Local shards run on warm engines (llm_batch.runtime.warm_engines): one long-lived engine process
     # per model and pool slot on each machine takes the shards of many jobs in turn, so a
-    # small job pays no engine start. Off by default: an idle warm engine keeps its memory
-    # (on a GPU, the KV cache a dedicated engine would need) for warm_engine_idle_seconds.
+    # small job pays no engine start. Off by default, on by default on the embedded stack
+    # (devstack.stack.Stack.create): an idle warm engine keeps its memory (on a GPU, the KV
+    # cache a dedicated engine would need) for warm_engine_idle_seconds.
     warm_engines: bool = False
     warm_engine_idle_seconds: float = 300.0
     # Warm engines per model configuration on one machine (each runs one shard at a time);

@@ -178,6 +178,11 @@ class Stack:
         state = database_state(settings.home, database)
         if state["database"] == "postgres":
             settings = settings.model_copy(update={"database_url": _postgres(state).url(JOBS_DB)})
+        if "warm_engines" not in settings.model_fields_set:
+            # Warm by default here: a small job on the embedded stack pays no engine start (an
+            # idle engine leaves after warm_engine_idle_seconds, and makes room for another
+            # model's); LLM_BATCH_WARM_ENGINES=0 gives each shard a worker of its own.
+            settings = settings.model_copy(update={"warm_engines": True})
         return cls(settings, port, state["database"])
 
     @classmethod
@@ -260,6 +265,7 @@ class Stack:
                 "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "6"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
                 "LLM_BATCH_DATABASE_URL": self.settings.database_url,
+                "LLM_BATCH_WARM_ENGINES": str(self.settings.warm_engines).lower(),
                 # Without these, tasks cannot reach the Execution API on a port other than 8080.
                 "AIRFLOW__API__BASE_URL": self.base_url,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
