@@ -29,8 +29,8 @@ from tests.e2e.conftest import (
     read_jsonl,
     release_shards,
     shard_held,
-    wait_until,
     shard_pids,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
