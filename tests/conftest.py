@@ -25,6 +25,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # after job of one owner and assert the engine ran them (kills mid-shard, engine seconds,
 # warm engines). The cache's own tests turn it on (tests/*/test_result_cache*.py).
 os.environ["LLM_BATCH_RESULT_CACHE"] = "false"
+# The shards of the in-process DAG runs (dag.test()) run on warm engines of this process's
+# home, as on the embedded stack: an engine per model configuration for the whole session
+# instead of one per shard (llm_batch.runtime.warm_engines; a changed setting keys another
+# engine). Stopped when the session ends (_warm_engines_stopped). The dedicated worker's
+# path keeps its own tests (tests/engine/test_worker_process.py, tests/dags' kill test).
+os.environ["LLM_BATCH_WARM_ENGINES"] = "true"
 
 # Property tests assert behaviour, not speed: a wall-clock deadline per example only adds
 # flakes on a loaded 2-core machine (a store's first example also runs its migrations).
@@ -63,6 +69,15 @@ def _settings_of_its_scope() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def llm_batch_home() -> Path:
     return _HOME
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_engines_stopped() -> Iterator[None]:
+    """The session's warm engines end with it (they would idle on for minutes)."""
+    yield
+    from llm_batch.runtime.warm_engines import stop_hosts
+
+    stop_hosts(_HOME)
 
 
 @pytest.fixture(scope="session")

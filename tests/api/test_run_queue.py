@@ -152,3 +152,17 @@ def test_a_run_that_waits_to_start_says_so(client, creds, api_store):
 
 def test_an_unknown_or_foreign_job_has_no_queue_to_read(client, creds):
     assert client.get(f"/v1/jobs/job_{uuid.uuid4().hex}", headers=creds.key("alice")).status_code == 404
+
+
+def test_a_run_waiting_to_start_stands_behind_the_started_ones(client, creds, api_store, pool):
+    """One line: a job whose run waits to start at all has its place behind every started
+    run still waiting for a pool's slot, never the same number as one of them."""
+    started, waiting = _create(client, creds), _create(client, creds)
+    _prepare_done(started, api_store)
+    _shard_waits(started, api_store, pool)  # `waiting`'s run stays queued: no scheduler here
+    first = _queue(client, creds, started)
+    place = _queue(client, creds, waiting)
+    assert first["position"] == 1 and first["pool"] == pool
+    assert place["pool"] is None and place["position"] > 1, place
+    listed = client.get("/v1/jobs", headers=creds.key("alice"), params={"label": "t=queue", "limit": 100})
+    assert {j["id"]: j["queue"] for j in listed.json()["data"]}[waiting] == place

@@ -267,6 +267,10 @@ def _worker_pids() -> list[int]:
 
 @pytest.mark.engine
 def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir, llm_batch_home, monkeypatch):
+    # The DAG's dedicated worker path (a worker process per shard; the e2e stack's kill test
+    # kills a warm engine).
+    monkeypatch.setenv("LLM_BATCH_WARM_ENGINES", "false")
+    get_settings.cache_clear()
     # Small, frequent result parts so the killed attempt leaves a checkpoint behind.
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
     monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")

@@ -58,6 +58,8 @@ def operator_for(tmp_path, monkeypatch):
             endpoint="/v1/chat/completions", model_config_json="{}", deadline="2099-01-01T00:00:00+00:00",
         )
         operator = LocalShardOperator(task_id="run_shard", shard_task=shard.model_dump())
+        # A worker of its own (the fake), not a warm engine.
+        operator.llm_settings = get_settings().model_copy(update={"warm_engines": False})
         operator.worker_command = (sys.executable, str(script))
         operator.term_seconds = 1.0
         return store, shard, operator

@@ -45,6 +45,8 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     saved = dict(os.environ)
     for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
         os.environ.pop(name, None)
+    # The stack's own default (warm engines), not the in-process DAG tests' setting.
+    os.environ.pop("LLM_BATCH_WARM_ENGINES", None)
     # The real stack checks models at create, as a user's does.
     os.environ.pop("LLM_BATCH_CHECK_MODELS_AT_SUBMIT", None)
     # Seen by the DAG and the workers (the stack's children inherit this environment):

@@ -99,6 +99,9 @@ def test_shards_of_two_jobs_run_in_turn_on_one_engine(settings):
     assert again.pid == shard.pid, "the second job's shard went to another process"
     assert any("already loaded" in line for line in later_lines), later_lines[-5:]
     assert not any("already loaded" in line for line in lines)
+    # Each task's lines name its own job, as a dedicated worker's do.
+    assert any(f"[job {second.job_id}]" in line for line in later_lines), later_lines[-5:]
+    assert not any(f"[job {first.job_id}]" in line for line in later_lines)
     _assert_exactly_once(first, 12)
     _assert_exactly_once(second, 5)
     assert read_progress(second.shard(0).progress).state == ShardState.DONE

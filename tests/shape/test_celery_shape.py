@@ -41,6 +41,8 @@ def celery_shape(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> 
     saved = dict(os.environ)
     for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
         os.environ.pop(name, None)
+    # The shape's own choice of engines (a worker per shard, as configured there).
+    os.environ.pop("LLM_BATCH_WARM_ENGINES", None)
     os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
     # A task of a killed worker is failed (and retried) after 45 s, not 5 min.
     os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"

@@ -150,3 +150,19 @@ def test_the_local_pool_has_a_slot_per_seat_of_each_engine_with_warm_engines():
     assert local_slots(local_pool_slots=2) == 2  # dedicated engines: one shard each
     assert local_slots(local_pool_slots=2, warm_engines=True) == 4  # two seats each by default
     assert local_slots(local_pool_slots=1, warm_engines=True, warm_engine_seats=1) == 1
+
+
+def test_a_host_serves_only_shards_of_its_model_configuration_and_environment():
+    """A changed setting (another object store, roots, KV-cache size) keys another host: the
+    one started before the change serves none of the shards after it."""
+    from llm_batch.runtime.warm_engines import engine_key
+
+    config = {"model": "m", "engine_args": {"max_num_seqs": 2}}
+    env = {"LLM_BATCH_LOCAL_ROOTS": "/a", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTEST_CURRENT_TEST": "x", "PATH": "/bin"}
+    key = engine_key(config, env)
+    assert engine_key(dict(reversed(list(config.items()))), dict(env)) == key
+    assert engine_key(config, {**env, "PYTEST_CURRENT_TEST": "y", "PATH": "/usr/bin"}) == key  # not the host's
+    for name, value in [("LLM_BATCH_LOCAL_ROOTS", "/b"), ("VLLM_CPU_KVCACHE_SPACE", "2"),
+                        ("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1"), ("HF_HUB_OFFLINE", "1")]:
+        assert engine_key(config, {**env, name: value}) != key, name
+    assert engine_key({**config, "engine_args": {"max_num_seqs": 4}}, env) != key

@@ -67,14 +67,24 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
         select(DagRun).where(DagRun.dag_id == DAG_ID, DagRun.run_id.in_(wanted)))}
     places: dict[str, QueuePlace] = {}
 
-    queued_runs = [r for r in runs.values() if r.state == DagRunState.QUEUED]
-    if queued_runs:
+    if any(r.state == DagRunState.QUEUED for r in runs.values()):
+        # The line as this read sees it: a run that started since the read above is no
+        # longer in it (and has no place), one queued since is.
         line = list(session.scalars(select(DagRun.run_id).where(
             DagRun.dag_id == DAG_ID, DagRun.state == DagRunState.QUEUED).order_by(DagRun.run_after, DagRun.id)))
         most = session.scalar(select(DagModel.max_active_runs).where(DagModel.dag_id == DAG_ID))
         what = f"a run slot of DAG {DAG_ID} ({most} of its runs run at once)" if most else f"a run slot of DAG {DAG_ID}"
-        for run in queued_runs:
-            places[run.run_id] = QueuePlace(line.index(run.run_id) + 1, None, what)
+        # Behind every started run still waiting for a pool's slot: one line, no two jobs
+        # at one place.
+        started = select(TI.run_id).where(TI.dag_id == DAG_ID, TI.state.in_(_UNDER_WAY))
+        ahead = session.scalar(
+            select(func.count(func.distinct(TI.run_id)))
+            .join(DagRun, (DagRun.dag_id == TI.dag_id) & (DagRun.run_id == TI.run_id))
+            .where(TI.dag_id == DAG_ID, TI.state == TaskInstanceState.SCHEDULED, DagRun.state == DagRunState.RUNNING,
+                   TI.run_id.not_in(started))) or 0
+        for position, run_id in enumerate(line, start=1 + ahead):
+            if run_id in wanted:
+                places[run_id] = QueuePlace(position, None, what)
 
     running = [r for r in runs.values() if r.state == DagRunState.RUNNING]
     if not running:

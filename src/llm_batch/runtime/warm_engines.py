@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llm_batch.core import exit_codes
+from llm_batch.infra.log_context import LOG_FORMAT, JobIdFilter, bind_job
 from llm_batch.infra.processes import read_pid, stop_group
 
 if TYPE_CHECKING:
@@ -100,9 +101,19 @@ class WarmEngineError(RuntimeError):
     """A warm engine could not be reached or started."""
 
 
-def engine_key(model_config: dict[str, Any]) -> str:
-    """Shards whose model configurations are equal share engines."""
-    return hashlib.sha256(orjson.dumps(model_config, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+# The environment a host starts with (it inherits the starting task's) that its shards run
+# under: llm-batch's settings, vLLM's, the object store's and the model hub's.
+HOST_ENVIRONMENT = ("LLM_BATCH_", "VLLM_", "AWS_", "HF_", "TRANSFORMERS_")
+
+
+def engine_key(model_config: dict[str, Any], environ: dict[str, str] | None = None) -> str:
+    """Shards whose model configurations and host environments (``HOST_ENVIRONMENT``, of
+    ``environ``, default this process's) are equal share engines: a host started before a
+    configuration change (another store, roots, KV-cache size) runs no shard after it."""
+    environ = os.environ if environ is None else environ
+    host_env = {name: value for name, value in environ.items() if name.startswith(HOST_ENVIRONMENT)}
+    identity = {"model_config": model_config, "environment": host_env}
+    return hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -718,6 +729,7 @@ def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurn
                 config = config_from_argv(request["argv"])
                 if refusal := door.foreign(config.model_config):
                     raise WorkerUsageError(refusal)
+                bind_job(config.job_id)  # this thread's lines name it, as a worker's do
             except (WorkerUsageError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.error("not a shard: %s", exc)
             else:
@@ -755,7 +767,8 @@ class _ConnectionLog(logging.Handler):
         super().__init__(logging.INFO)
         self.conn = conn
         self.thread = threading.get_ident()
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.addFilter(JobIdFilter())
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread == self.thread:

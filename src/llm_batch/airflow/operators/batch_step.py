@@ -147,6 +147,8 @@ class LLMBatchOperator(BaseOperator):
     A job that ends CANCELLED ends the task skipped (a cancel is a decision, not a failure);
     FAILED and TIMEOUT_EXCEEDED end it failed.
 
+    Retries default to 2 (5 s apart): a retry attaches to the same job, never a second one.
+
     :param max_failed_fraction: the task fails when more than this fraction of the requests
         ended as error lines (default 0.0: any error line fails it, so partial results are
         never passed on silently; e.g. 0.05 tolerates 5 %). The manifest is pushed (XCom key
@@ -196,6 +198,12 @@ class LLMBatchOperator(BaseOperator):
         # An asset event per finished step (its manifest as extra): a downstream DAG can be
         # scheduled on Asset(step_asset_uri(dag_id, task_id)) or on the alias.
         kwargs.setdefault("outlets", [AssetAlias(STEP_RESULTS_ALIAS)])
+        # A try attaches to the step's one job (its id derives from the task instance), so a
+        # retry never runs the batch twice; it rides over a lost API call, and over Airflow
+        # failing a resumed deferred try on its own stale event when the job ended at once
+        # (apache/airflow#72716). A job's own failure is final (AirflowFailException).
+        kwargs.setdefault("retries", 2)
+        kwargs.setdefault("retry_delay", timedelta(seconds=5))
         super().__init__(**kwargs)
         if not 0.0 <= max_failed_fraction <= 1.0:
             raise ValueError(f"max_failed_fraction must be between 0 and 1, got {max_failed_fraction}")
@@ -324,7 +332,7 @@ class LLMBatchOperator(BaseOperator):
                        f"error file {manifest['error_file_id']}")
         if problem is not None:
             context["ti"].xcom_push(key="manifest", value=manifest)
-            raise AirflowException(problem)
+            raise AirflowFailException(problem)  # a retry would attach to this same ended job
         if any(isinstance(o, AssetAlias) and o.name == STEP_RESULTS_ALIAS for o in self.outlets):
             uri = step_asset_uri(self.dag_id, self.task_id)
             context["outlet_events"][AssetAlias(STEP_RESULTS_ALIAS)].add(Asset(uri=uri), extra=manifest)
