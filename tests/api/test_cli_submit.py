@@ -230,3 +230,55 @@ def test_the_hook_reads_lists_cancels_and_maps_refusals(live_server, creds, cli_
     with pytest.raises(LLMBatchApiError) as unauthorized:
         _hook(live_server, "not-a-key", monkeypatch).get_job(job_id)
     assert unauthorized.value.status == 401
+
+
+def test_submit_takes_the_endpoint_from_the_lines_and_labels_and_priority_from_flags(
+        cli_env, api_store, capsys, tmp_path):
+    """As `validate` does: a /v1/completions file without --endpoint is a completions job;
+    lines naming two endpoints are refused before anything is sent, naming the lines."""
+    from llm_batch.cli.main import main
+
+    tag = uuid.uuid4().hex[:8]
+    completions = tmp_path / "completions.jsonl"
+    completions.write_bytes(b"".join(orjson.dumps({
+        "custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/completions",
+        "body": {"model": MODEL, "prompt": f"say {i}", "max_tokens": 4}}) + b"\n" for i in range(3)))
+    assert main(["submit", str(completions), "--label", "team=search", "--label", "run=a=b",
+                 "--priority", "high", "--new"]) == 0
+    job_id = capsys.readouterr().out.strip().splitlines()[-1]
+    job = api_store.get_job(job_id)
+    assert (job.endpoint, job.model) == ("/v1/completions", MODEL)
+    assert job.labels["team"] == "search" and job.labels["run"] == "a=b"
+    from llm_batch.core.config import get_settings
+
+    assert job.priority == get_settings().priority_weights["high"]
+
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(completions.read_bytes() + orjson.dumps({
+        "custom_id": f"{tag}-x", "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}}) + b"\n")
+    assert main(["submit", str(mixed), "--new"]) == 2
+    err = capsys.readouterr().err
+    assert "'/v1/completions' (line 1)" in err and "'/v1/chat/completions' (line 4)" in err and "--endpoint" in err
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        main(["submit", str(completions), "--label", "no-equals-sign"])
+    assert refused.value.code == 2 and "give KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_submit_answered_by_an_earlier_one_says_so_with_the_job_as_it_is_now(cli_env, api_store, capsys, tmp_path):
+    from llm_batch.cli.main import main
+    from llm_batch.core.jobs import JobStatus
+
+    batch = tmp_path / "again.jsonl"
+    _file_with_unique_ids(batch, 2)
+    assert main(["submit", str(batch), "--model", MODEL]) == 0
+    first = capsys.readouterr()
+    job_id = first.out.strip().splitlines()[-1]
+    assert f"submitted {job_id} (QUEUED)" in first.err
+    api_store.request_cancel(job_id, reason="test")  # it moves on from QUEUED
+    status = api_store.get_job(job_id).status
+    assert status != JobStatus.QUEUED
+    assert main(["submit", str(batch), "--model", MODEL]) == 0  # the same file and options
+    again = capsys.readouterr()
+    assert again.out.strip().splitlines()[-1] == job_id
+    assert f"already submitted: {job_id} ({JobStatus(status).value})" in again.err, again.err

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llm_batch.cli.jobs import _usage, _when, _with_client, model_of_lines
+from llm_batch.cli.jobs import _usage, _when, _with_client, taken_from_lines
 from llm_batch.cli.validate import EXIT_BAD_LINES, EXIT_REJECTED, EXIT_VALID
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", type=Path, help="the requests (JSONL)")
     parser.add_argument("--model", help="a registered model name; default: the model every line names (body.model)")
-    parser.add_argument("--endpoint", default="/v1/chat/completions", help="e.g. /v1/chat/completions")
+    parser.add_argument("--endpoint", help="e.g. /v1/chat/completions; default: the url the lines name, else that")
     parser.add_argument("--shards", type=int, default=1, help="shards the job would run in parallel (data_parallelism)")
     parser.add_argument("--json", action="store_true", help="print the server's estimate as one JSON object")
     parser.set_defaults(func=run)
@@ -43,14 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.file.is_file():
         return _usage(f"{args.file}: no such file")
-    model = args.model
-    if model is None:
-        model, problem = model_of_lines(args.file)
-        if problem:
-            return _usage(f"{problem}: give --model")
+    model, endpoint, problem = taken_from_lines(args.file, args.model, args.endpoint)
+    if problem:
+        return _usage(problem)
 
     def estimate(client: BatchClient) -> int:
-        answer = client.estimate(args.file, model=model, endpoint=args.endpoint, shards=args.shards)
+        answer = client.estimate(args.file, model=model, endpoint=endpoint, shards=args.shards)
         sys.stdout.write(orjson.dumps(answer).decode() + "\n" if args.json else readable(answer))
         if answer.get("would_fail"):
             return EXIT_REJECTED

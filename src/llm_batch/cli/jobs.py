@@ -32,6 +32,7 @@ import orjson
 
 from llm_batch.cli import print_table
 from llm_batch.core.config import get_settings
+from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import INPUT_FORMATS
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.progress import ShardState, read_progress
@@ -58,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     submit = subparsers.add_parser("submit", help="submit a batch file through the REST API")
     submit.add_argument("file", type=Path, help="the requests (JSONL, or a Scale JSON file with --format); "
                         "uploaded streamed, so any size up to the server's upload limit")
-    submit.add_argument("--endpoint", default="/v1/chat/completions", help="e.g. /v1/chat/completions")
+    submit.add_argument("--endpoint", help="e.g. /v1/chat/completions; default: the url the file's lines "
+                        "name, when they all name the same one, else /v1/chat/completions")
     submit.add_argument("--model", help="a registered model name (llm-batch models list); default: the model "
                         "the file's lines name (body.model), when they all name the same one")
     submit.add_argument("--shards", type=int, default=1, help="shards run in parallel (data_parallelism)")
@@ -75,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "or '{\"regex\": \"\\\\d+\"}' (docs/api.md, \"Checked outputs\")")
     submit.add_argument("--no-result-cache", dest="result_cache", action="store_false",
                         help="run every line on the engine: none answered from, nor entered in, the result cache")
+    submit.add_argument("--label", dest="labels", action="append", type=_label, default=[], metavar="KEY=VALUE",
+                        help="a label of the job (repeat for more): filters, usage by label")
+    submit.add_argument("--priority", help="the job's priority band (low, normal, high; the server's bands)")
     submit.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
     again = submit.add_mutually_exclusive_group()
     again.add_argument(
@@ -125,48 +130,80 @@ def _submit(args: argparse.Namespace) -> int:
     if not args.file.is_file():
         return _usage(f"{args.file}: no such file")
 
-    model = args.model
-    if model is None:
-        if args.input_format != "jsonl":
+    if args.input_format != "jsonl":
+        if args.model is None:
             return _usage(f"--model is required for a {args.input_format} file")
-        model, problem = model_of_lines(args.file)
+        model, endpoint = args.model, args.endpoint or Endpoint.CHAT_COMPLETIONS.value
+    else:
+        model, endpoint, problem = taken_from_lines(args.file, args.model, args.endpoint)
         if problem:
-            return _usage(f"{problem}: give --model")
+            return _usage(problem)
 
     def run(client: BatchClient) -> int:
         job = client.submit(
-            args.file, endpoint=args.endpoint, model=model, shards=args.shards,
+            args.file, endpoint=endpoint, model=model, shards=args.shards,
             input_format=args.input_format, max_runtime_sec=args.max_runtime, output_path=args.output,
             model_config=args.model_config, idempotency_key=args.idempotency_key, new=args.new,
-            output_check=args.output_check, result_cache=args.result_cache,
+            output_check=args.output_check, result_cache=args.result_cache, metadata=dict(args.labels) or None,
+            priority=args.priority,
         )
         print(job.id)
-        print(f"submitted {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)
+        if job.replayed:
+            print(f"already submitted: {job.id} ({job.status}), the job of an earlier submit of the same file and "
+                  f"options (--new submits another); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)
+        else:
+            print(f"submitted {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)
         return _wait_and_report(client, job) if args.wait else EXIT_SUCCEEDED
 
     return _with_client(run)
 
 
-def model_of_lines(path: Path) -> tuple[str | None, str | None]:
-    """(the model every JSONL line's body names, None), or (None, why not): no line names one,
-    or lines name different ones (the first line of each, so the user can find them).
-    Lines that do not parse or name none are left to validation."""
+# What a JSONL line names, where: its model in its body, its endpoint as its url.
+_NAMED_AT = {"model": ("body", "model"), "url": ("url",)}
+
+
+def named_by_lines(path: Path, what: str) -> tuple[str | None, str | None]:
+    """(the ``what`` ("model": body.model, "url") every JSONL line that names one names, None),
+    (None, None) when no line names one, or (None, why not) when lines name different ones
+    (the first line of each, so the user can find them). Lines that do not parse or name
+    none are left to validation."""
     first_line_of: dict[str, int] = {}
     with path.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
             try:
-                body = orjson.loads(line).get("body")
-            except (orjson.JSONDecodeError, AttributeError):
+                named: Any = orjson.loads(line)
+            except orjson.JSONDecodeError:
                 continue
-            named = body.get("model") if isinstance(body, dict) else None
+            for key in _NAMED_AT[what]:
+                named = named.get(key) if isinstance(named, dict) else None
             if isinstance(named, str) and named and named not in first_line_of:
                 first_line_of[named] = number
-    if len(first_line_of) == 1:
-        return next(iter(first_line_of)), None
-    if not first_line_of:
-        return None, f"{path}: no line names a model (body.model)"
+    if len(first_line_of) <= 1:
+        return next(iter(first_line_of), None), None
     named = ", ".join(f"{m!r} (line {n})" for m, n in list(first_line_of.items())[:5])
-    return None, f"{path}: the lines name {len(first_line_of)} models: {named}"
+    return None, f"{path}: the lines name {len(first_line_of)} {what}s: {named}"
+
+
+def taken_from_lines(path: Path, model: str | None, endpoint: str | None) -> tuple[str, str, str | None]:
+    """(model, endpoint, None): those given, else what the JSONL file's lines name (the
+    endpoint as each line's url, /v1/chat/completions when none does), as validation takes
+    them; or ("", "", why not) for the user."""
+    if model is None:
+        model, problem = named_by_lines(path, "model")
+        if problem or model is None:
+            return "", "", f"{problem or f'{path}: no line names a model (body.model)'}: give --model"
+    if endpoint is None:
+        endpoint, problem = named_by_lines(path, "url")
+        if problem:
+            return "", "", f"{problem}: give --endpoint"
+    return model, endpoint or Endpoint.CHAT_COMPLETIONS.value, None
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE")
+    return key, value
 
 
 def _jobs(args: argparse.Namespace) -> int:

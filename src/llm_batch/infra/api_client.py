@@ -98,6 +98,7 @@ class JobView:
     labels: dict[str, Any] = field(default_factory=dict)
     queue_position: int | None = None  # while it waits for Airflow to start it (JobOut.queue)
     waiting_for: str | None = None
+    replayed: bool = False  # the answer to a create is an earlier create's job (its Idempotency-Key)
 
     @property
     def terminal(self) -> bool:
@@ -131,6 +132,7 @@ class JobView:
             labels=dict(body.get("labels") or {}),
             queue_position=(body.get("queue") or {}).get("position"),
             waiting_for=(body.get("queue") or {}).get("waiting_for"),
+            replayed=bool(body.get("replayed")),
         )
 
 
@@ -304,9 +306,15 @@ class BatchClient:
     # -- jobs: the native route (/v1/jobs), answers as the API gives them -------------------
 
     def create_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        """``POST /v1/jobs`` with `body` (``llm_batch.api.native.models.CreateJob``): the job."""
+        """``POST /v1/jobs`` with `body` (``llm_batch.api.native.models.CreateJob``): the job.
+        A replay of an earlier create with the same key (``Idempotent-Replayed``) answers
+        that job as it is now, with ``"replayed": True``."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/jobs", json=body, headers=headers)
+        response = self._http.request("POST", "/v1/jobs", json=body, headers=headers)
+        _raise_for(response)
+        if response.headers.get("Idempotent-Replayed") == "true":
+            return {**self.get_job(response.json()["id"]), "replayed": True}
+        return response.json()
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}")
@@ -349,6 +357,7 @@ class BatchClient:
         new: bool = False,
         output_check: dict[str, Any] | None = None,
         result_cache: bool = True,
+        priority: str | None = None,
     ) -> JobView:
         """Submit the file as one job: upload it (streamed), then ``POST /v1/jobs`` naming it
         (see the module docstring); returns the job.
@@ -358,7 +367,8 @@ class BatchClient:
         are also written to as JSONL; ``metadata``: the job's ``labels``; ``model_config``:
         engine settings (``engine_args``, ``max_model_len``, ``seed``, ...); ``output_check``:
         how the answers must look (``core.output_check.OutputCheck``); ``result_cache`` False:
-        every line runs on the engine.
+        every line runs on the engine; ``priority``: the job's band (``low``, ``normal``,
+        ``high``). ``JobView.replayed``: the answer is an earlier submit's job.
 
         Retry-safe by default: the create (and the upload) carry an ``Idempotency-Key``,
         `idempotency_key` or else ``submit_key(...)`` of the file's content and these
@@ -372,6 +382,7 @@ class BatchClient:
             # only when given: the key of a submit without them stays what it was
             **({"output_check": output_check} if output_check else {}),
             **({} if result_cache else {"result_cache": False}),
+            **({"priority": priority} if priority else {}),
         )
         upload_key = f"{key}:upload"[:255] if key else None
         if input_format == InputFormat.JSONL:
@@ -395,6 +406,8 @@ class BatchClient:
             body["output_check"] = output_check
         if not result_cache:
             body["result_cache"] = False
+        if priority:
+            body["priority"] = priority
         return JobView.of(self.create_job(body, idempotency_key=key))
 
     def job(self, job_id: str) -> JobView:
