@@ -282,3 +282,12 @@ def test_a_submit_answered_by_an_earlier_one_says_so_with_the_job_as_it_is_now(c
     again = capsys.readouterr()
     assert again.out.strip().splitlines()[-1] == job_id
     assert f"already submitted: {job_id} ({JobStatus(status).value})" in again.err, again.err
+
+
+def test_an_empty_output_check_is_refused_as_the_api_refuses_it(cli_env, capsys, tmp_path):
+    from llm_batch.cli.main import main
+
+    batch = tmp_path / "checked.jsonl"
+    _file_with_unique_ids(batch, 1)
+    assert main(["submit", str(batch), "--model", MODEL, "--output-check", "{}", "--new"]) != 0
+    assert "output_check" in capsys.readouterr().err

@@ -186,3 +186,11 @@ def test_decorator_is_registered_and_maps_the_return_value():
         with pytest.raises(TypeError):
             input_of(bad)
     assert batch_step.INPUTS == ("prompts", "requests", "input_uri", "input_file_ids") and triggers
+
+
+def test_the_operator_is_importable_as_the_docs_write_it():
+    from llm_batch.airflow.operators import LLMBatchOperator as named
+
+    assert named is LLMBatchOperator
+    with pytest.raises(ImportError):
+        from llm_batch.airflow.operators import NoSuchOperator  # noqa: F401

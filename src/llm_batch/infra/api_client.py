@@ -380,7 +380,7 @@ class BatchClient:
             path, endpoint=endpoint, model=model, shards=shards, input_format=input_format,
             max_runtime_sec=max_runtime_sec, output_path=output_path, metadata=metadata, model_config=model_config,
             # only when given: the key of a submit without them stays what it was
-            **({"output_check": output_check} if output_check else {}),
+            **({"output_check": output_check} if output_check is not None else {}),
             **({} if result_cache else {"result_cache": False}),
             **({"priority": priority} if priority else {}),
         )
@@ -402,7 +402,7 @@ class BatchClient:
             body["output_uri"] = output_path
         if metadata:
             body["labels"] = metadata
-        if output_check:
+        if output_check is not None:  # an empty check too: the server says what it lacks
             body["output_check"] = output_check
         if not result_cache:
             body["result_cache"] = False

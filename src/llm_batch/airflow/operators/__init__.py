@@ -5,6 +5,9 @@
 
 ``shard_operator(runner)`` imports only the one asked for, so a DAG file using the local
 runner never pays for the Kubernetes client.
+
+And the batch step of users' own DAGs: ``from llm_batch.airflow.operators import
+LLMBatchOperator`` (``batch_step``, imported when named).
 """
 
 from __future__ import annotations
@@ -23,3 +26,11 @@ def shard_operator(runner: str) -> type[Any]:
 
         return KubernetesShardOperator
     raise ValueError(f"shard runner {runner!r} is unknown; use 'local' or 'kubernetes'")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLMBatchOperator":
+        from llm_batch.airflow.operators.batch_step import LLMBatchOperator  # airflow
+
+        return LLMBatchOperator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
