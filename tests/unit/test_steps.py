@@ -22,6 +22,7 @@ from llm_batch.infra.jobstore import JobStore, utcnow
 from llm_batch.infra.progress import ShardProgress
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline import housekeeping, shard_task, steps
+from llm_batch.pipeline.validation import STOP_CHECK_ITEMS
 
 
 @pytest.fixture
@@ -550,3 +551,29 @@ def test_a_custom_id_twice_refuses_the_batch_when_the_job_says_so(store, setting
         assert not storage.exists(steps.layout_of(settings, job.id).validated)  # nothing to run
     else:
         assert steps.validate(store, settings, job.id) == {"total": 4, "valid": 3, "invalid": 1}
+
+
+def test_a_cancel_while_the_input_is_read_stops_the_read_and_ends_the_job(store, settings):
+    """Was: a big input was read through (minutes) before the cancel was seen."""
+    job_id = steps.register(store, settings, _conf(settings, n=3 * STOP_CHECK_ITEMS), _run_id())
+
+    class CancelledOnceReading:
+        """The job store, where the cancel arrives once validation has begun."""
+
+        reads = 0
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+        def get_job(self, job_id):
+            self.reads += 1
+            if self.reads == 2:  # the first read after validate's own check
+                store.request_cancel(job_id)
+            return store.get_job(job_id)
+
+    assert steps.validate(CancelledOnceReading(), settings, job_id) is None
+    layout = steps.layout_of(settings, job_id)
+    assert not storage.exists(layout.validation_report) and not storage.exists(layout.validated)  # nothing published
+    assert steps.plan(store, settings, job_id) == []
+    job = steps.finalize(store, settings, job_id)
+    assert job.status == JobStatus.CANCELLED and "before its input was read" in job.status_reason

@@ -254,7 +254,12 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
     """Stream the input into the validated file and error records; set total and the
     invalid count. None when the job is already over (cancelled before it started)."""
     from llm_batch.infra.media import MediaResolver  # heavy
-    from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, validate_batch  # heavy
+    from llm_batch.pipeline.validation import (  # heavy
+        BatchRejected,
+        ValidationLimits,
+        ValidationStopped,
+        validate_batch,
+    )
 
     job = _job(store, job_id)
     if job.terminal or job.cancel_requested:
@@ -269,7 +274,10 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
             media=MediaResolver(job.owner, store, settings),
             models=job_model_choice(store, job, settings),
             unique_custom_ids=job.input.unique_custom_ids,
+            stopped=lambda: _job(store, job_id).cancel_requested,
         )  # fmt: skip
+    except ValidationStopped:
+        return None  # cancelled while its input was read: as if before (plan maps no shard)
     except (BatchRejected, JobRejected, storage.StorageError) as exc:
         if isinstance(exc, BatchRejected) and exc.report is not None:  # read through, nothing valid: serve the error lines
             _set_counts(store, job_id, exc.report.total, exc.report.invalid)

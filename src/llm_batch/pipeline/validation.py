@@ -86,6 +86,15 @@ class ValidationReport(BaseModel):
             "__all__": {"line", "custom_id", "code", "message"}}})
 
 
+class ValidationStopped(Exception):
+    """``stopped()`` said so (the job was cancelled) before the input was read through;
+    nothing is published."""
+
+
+# How often validation asks ``stopped()`` (a store read), in items.
+STOP_CHECK_ITEMS = 2000
+
+
 class BatchRejected(Exception):
     """The whole batch is refused. ``reason`` is one of unreadable, no_valid_requests,
     too_many_requests, input_too_large, unsupported_endpoint and duplicate_custom_id; ``report`` holds the counts
@@ -119,6 +128,7 @@ def validate_batch(
     media: MediaResolver | None = None,
     models: ModelChoice | None = None,
     unique_custom_ids: bool = False,
+    stopped: Callable[[], bool] | None = None,
 ) -> ValidationReport:
     """Validate ``source`` and return the report; raise BatchRejected for a whole-batch refusal.
 
@@ -138,7 +148,9 @@ def validate_batch(
     give and the adapter each runs on (``llm_batch.infra.adapters.model_choice``); without it
     any name is taken and every line runs on the job's model. ``unique_custom_ids``: a
     custom_id given twice refuses the whole batch (``duplicate_custom_id``) instead of
-    failing the later line. Memory stays flat: items are streamed; duplicate detection keeps
+    failing the later line. ``stopped``: asked every ``STOP_CHECK_ITEMS`` items; True stops
+    the read (ValidationStopped, nothing published), so a job cancelled while a big input
+    is read ends at once. Memory stays flat: items are streamed; duplicate detection keeps
     16 bytes per custom_id at most.
     """
     fmt = check_format(fmt)
@@ -158,7 +170,7 @@ def validate_batch(
         if layout is not None:
             validated_out = stack.enter_context(storage.open_write(layout.validated))
             errors_out = stack.enter_context(storage.open_write(layout.validation_errors))
-        _consume(items, report, limits, validated_out, errors_out, unique_custom_ids)
+        _consume(items, report, limits, validated_out, errors_out, unique_custom_ids, stopped)
 
     default = Endpoint.COMPLETIONS if fmt is InputFormat.SCALE_V1 else Endpoint.CHAT_COMPLETIONS
     report.endpoint = checker.settle(default).value
@@ -178,6 +190,7 @@ def _consume(
     validated_out: BinaryIO | None,
     errors_out: BinaryIO | None,
     unique_custom_ids: bool = False,
+    stopped: Callable[[], bool] | None = None,
 ) -> None:
     """Count and write every item; the hot loop of validation."""
     dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
@@ -188,6 +201,8 @@ def _consume(
     try:
         for item in items:
             total += 1
+            if stopped is not None and total % STOP_CHECK_ITEMS == 0 and stopped():
+                raise ValidationStopped(f"stopped after {total} requests")
             if total > max_requests:
                 raise BatchRejected("too_many_requests", f"the input has more than {max_requests} "
                                     "requests (limit max_requests)")
