@@ -224,12 +224,11 @@ with DAG(
         dag_run, ti = context["dag_run"], context["ti"]
         store = _store()
         try:
-            # A new job belongs to whoever triggered the run (their API view shows it); a run
-            # nobody triggered (a schedule: an admin's spec) or an admin's may name paths beyond
-            # a namespace and anyone's files.
-            user = getattr(dag_run, "triggering_user_name", None)
-            conf = DEFAULTS | (dag_run.conf or {}) | {"owner": user or run_conf.DEFAULT_OWNER}
-            trusted = user is None or airflow_users.is_admin(user)
+            # Whoever triggered the run, or the owner its spec names (steps.run_owner).
+            given = dag_run.conf or {}
+            owner, trusted = steps.run_owner(getattr(dag_run, "triggering_user_name", None), given,
+                                             airflow_users.is_admin)
+            conf = DEFAULTS | given | {"owner": owner}
             job_id = steps.register(store, SETTINGS, conf, dag_run.run_id, trusted=trusted)
         except jobs.JobRejected as exc:
             ti.xcom_push(key=REFUSED_KEY, value=str(exc))  # finalize repeats it

@@ -577,3 +577,29 @@ def test_a_cancel_while_the_input_is_read_stops_the_read_and_ends_the_job(store,
     assert steps.plan(store, settings, job_id) == []
     job = steps.finalize(store, settings, job_id)
     assert job.status == JobStatus.CANCELLED and "before its input was read" in job.status_reason
+
+
+def test_a_run_is_its_triggering_users_or_the_owner_its_spec_names():
+    """A recurring spec's `owner` makes its runs that owner's jobs, held to that owner's paths;
+    a spec naming none stays the admin's; a user's own trigger is always theirs."""
+    from llm_batch.core.run_conf import DEFAULT_OWNER
+    from llm_batch.pipeline.recurring import RecurringSpec
+
+    admins = {"root"}.__contains__
+    spec = RecurringSpec(name="n", schedule="@daily", input_uri="in.jsonl", model="m", owner="alice")
+    assert spec.run_conf()["owner"] == "alice"
+    assert steps.run_owner(None, spec.run_conf(), admins) == ("alice", False)
+    assert steps.run_owner(None, {"model": "m"}, admins) == (DEFAULT_OWNER, True)
+    assert steps.run_owner("bob", spec.run_conf(), admins) == ("bob", False)  # a conf never overrides its user
+    assert steps.run_owner("root", {}, admins) == ("root", True)
+    with pytest.raises(ValueError, match="owner"):
+        RecurringSpec(name="n", schedule="@daily", input_uri="in.jsonl", model="m", owner="Alice/../bob")
+
+
+def test_a_spec_owners_run_names_only_that_owners_paths(store, settings):
+    conf = _conf(settings)  # a file in the admin's folder
+    owner, trusted = steps.run_owner(None, {**conf, "owner": "alice"}, lambda _: False)
+    with pytest.raises(jobs.JobRejected, match="input_uri"):
+        steps.register(store, settings, {**conf, "owner": owner}, _run_id(), trusted=trusted)
+    owner, trusted = steps.run_owner(None, conf, lambda _: False)  # the admin's spec may
+    assert store.get_job(steps.register(store, settings, {**conf, "owner": owner}, _run_id(), trusted=trusted)).owner == owner

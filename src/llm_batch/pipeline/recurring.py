@@ -8,6 +8,7 @@ Each ``*.yaml`` / ``*.yml`` file in the spec folder (``Settings.recurring_specs`
     description: Summarise yesterday's support tickets
     schedule: "0 2 * * *"                  # a cron expression, or
     # schedule: {asset: "s3://in/tickets/"} # run when this asset is updated
+    owner: alice                           # whose jobs the runs make (default: the admin's)
     input_uri: "/data/tickets/{{ ds }}.jsonl"
     output_uri: "/data/summaries/{{ ds }}.json"
     endpoint: /v1/chat/completions
@@ -17,6 +18,11 @@ Each ``*.yaml`` / ``*.yml`` file in the spec folder (``Settings.recurring_specs`
 ``input_uri`` and ``output_uri`` are Jinja templates rendered with the run's Airflow
 context (``ds``, ``ds_nodash``, ``logical_date``, ``data_interval_end``, ``dag_run``...).
 A spec that does not parse raises ``RecurringSpecError`` naming the file and the field.
+
+``owner``: the runs' jobs are that owner's (their usage, their list, their API), and act as
+that owner: paths are held to the owner's folder as a DAG run of theirs would be
+(``steps.register``). Without it, the jobs are the admin's (``run_conf.DEFAULT_OWNER``),
+whose runs may name any path.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from llm_batch.core import owners
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import INPUT_FORMATS, InputFormat
 from llm_batch.core.run_conf import DEFAULT_RUNTIME_SEC, MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC
@@ -71,6 +78,8 @@ class RecurringSpec(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,200}$")
     description: str = ""
+    owner: str | None = Field(None, pattern=owners.OWNER_NAME.pattern.join("^$"),
+                              description="whose jobs the runs make (an owner name); default: the admin's")
     schedule: str | AssetSchedule
     start_date: date = date(2025, 1, 1)
     input_uri: str = Field(min_length=1)
@@ -103,6 +112,7 @@ class RecurringSpec(BaseModel):
             "endpoint": self.endpoint.value,
             "model": self.model,
             "model_config": self.engine_config,
+            "owner": self.owner,
             **params,
         }
         return {key: value for key, value in conf.items() if value is not None}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice
 from llm_batch.core.placement import check_resources, priority_band
 from llm_batch.core.run_conf import (
+    DEFAULT_OWNER,
     DEFAULT_RUNTIME_SEC,
     MAX_DATA_PARALLELISM,
     MAX_RUNTIME_SEC,
@@ -130,6 +132,20 @@ def fail_job(store: JobStore, job_id: str, reason: str, *, dag_run_id: str | Non
 
 
 # -- register -----------------------------------------------------------------------------
+
+
+def run_owner(user: str | None, conf: dict[str, Any], is_admin: Callable[[str], bool]) -> tuple[str, bool]:
+    """(whose job a run makes, whether it is trusted: may name paths beyond the owner's folder
+    and anyone's files). A run belongs to the user who triggered it (trusted if an admin); a
+    run nobody triggered (a schedule, an admin's spec) is the admin's and trusted, unless its
+    conf names an owner (a recurring spec's ``owner``): then that owner's, held to what that
+    owner may name."""
+    if user is not None:
+        return user, is_admin(user)
+    named = conf.get("owner")
+    if named is None:
+        return DEFAULT_OWNER, True
+    return named, False
 
 
 def register(
