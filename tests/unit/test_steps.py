@@ -343,6 +343,8 @@ def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
     assert (job.prompt_tokens, job.completion_tokens, job.cached_prompt_tokens, job.reasoning_tokens) == (30, 12, 6, 0)
     assert job.status == JobStatus.SUCCEEDED and job.completed_at is not None
     assert (job.total, job.succeeded, job.failed, job.completed) == (7, 6, 1, 7)
+    # Ended, the job keeps the rate its engines ran at: their tokens over their engine seconds.
+    assert job.tokens_per_s == round(12 / 4.5, 1)
     output = [orjson.loads(line) for line in storage.read_bytes(store.get_file(job.output_file_id).uri).splitlines()]
     assert [r["custom_id"] for r in output] == [f"req-{i}" for i in range(7) if i != 2]
     assert job.errors == [{"code": "invalid_request", "message": "input lines failed validation", "count": 1}]

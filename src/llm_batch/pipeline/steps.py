@@ -467,11 +467,20 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
                     cached_prompt_tokens=counts.cached_prompt_tokens, reasoning_tokens=counts.reasoning_tokens,
                     model_usage=counts.by_model or None, result_cache_hits=counts.result_cache_hits,
                     result_cache_tokens=counts.result_cache_tokens, invalid_output=counts.invalid_output,
-                    output_retries=counts.output_retries, retry_tokens=counts.retry_tokens)
+                    output_retries=counts.output_retries, retry_tokens=counts.retry_tokens,
+                    tokens_per_s=engine_rate(store.shard_records(job_id)))
     fill_cache(store, settings, job, layout)  # after the outputs: a failure here loses no line
     report = dataclasses.asdict(counts)
     storage.write_bytes(layout.merge_report, orjson.dumps(report))
     return report
+
+
+def engine_rate(shards: list[Any]) -> float:
+    """Output tokens per engine second over the shards' own figures: what the engines
+    generated over the time they ran (engine start and queueing left out; lines the result
+    cache answered are in no shard's figures: they took no engine time)."""
+    seconds = sum(shard.engine_seconds for shard in shards)
+    return round(sum(shard.completion_tokens for shard in shards) / seconds, 1) if seconds > 0 else 0.0
 
 
 def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:

@@ -83,25 +83,14 @@ def _summary(caller: Caller, job: Job, place: QueuePlace | None = None) -> dict[
         "completed": job.completed,
         "succeeded": job.succeeded,
         "failed": job.failed,
-        "tokens_per_s": _tokens_per_s(job),
+        # Live: the running shards' output tokens per engine second; ended: what its engines
+        # generated over the time they ran (steps.engine_rate), engine start and queue left out.
+        "tokens_per_s": job.tokens_per_s,
         "created_at": _iso(job.created_at),
         "ended_at": _iso(max(ended)) if ended and job.terminal else None,
         "can_cancel": _can_cancel(caller, job),
         "queue": dataclasses.asdict(place) if place and not job.terminal else None,
     }
-
-
-def _tokens_per_s(job: Job) -> float:
-    """Live: the output tokens per engine second of the shards running now (the store's).
-    Ended: the job's output tokens over its run (started to ended), so a finished job shows
-    the rate it ran at instead of 0 (no shard runs any more)."""
-    if not job.terminal:
-        return job.tokens_per_s
-    ended = max((getattr(job, name) for name in _ENDED_AT if getattr(job, name) is not None), default=None)
-    if job.started_at is None or ended is None or not job.completion_tokens:
-        return 0.0
-    seconds = (ended - job.started_at).total_seconds()
-    return round(job.completion_tokens / seconds, 1) if seconds > 0 else 0.0
 
 
 @router.get("/api/session")

@@ -367,15 +367,17 @@ class JobRepository(Repository):
         invalid_output: int = 0,
         output_retries: int = 0,
         retry_tokens: int = 0,
+        tokens_per_s: float = 0.0,
     ) -> Job:
         """Overwrite the job's token counts (the merge's exact sums over the output lines;
         cached None = unknown), its usage per model that answered, its lines answered from
-        the result cache with their tokens, and its checked outputs' figures."""
+        the result cache with their tokens, its checked outputs' figures, and the output
+        tokens per engine second it ran at (its ended figure)."""
         return self._update_job(job_id, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                 cached_prompt_tokens=cached_prompt_tokens, reasoning_tokens=reasoning_tokens,
                                 model_usage=model_usage, result_cache_hits=result_cache_hits,
                                 result_cache_tokens=result_cache_tokens, invalid_output=invalid_output,
-                                output_retries=output_retries, retry_tokens=retry_tokens)
+                                output_retries=output_retries, retry_tokens=retry_tokens, tokens_per_s=tokens_per_s)
 
     def add_counts(
         self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0
