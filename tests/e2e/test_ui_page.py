@@ -121,6 +121,9 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     rate = wait_until("the ended job's tokens/s", lambda: float(
         frame.locator("dt:has-text('Tokens/s') + dd").inner_text()) or None, 30, poll=1)
     assert rate > 0
+    # The estimate beside what it took: the expected end beside the real one, no bare "?".
+    estimate = frame.locator("dt:has-text('Estimate vs took') + dd").inner_text()
+    assert "end expected" in estimate and "(ended " in estimate and "?" not in estimate, estimate
     # The never-run lines as a table: line, custom_id, code, message.
     frame.wait_for_selector("#error-lines tbody tr", timeout=30_000)
     cells = frame.locator("#error-lines tbody tr").first.locator("td").all_inner_texts()

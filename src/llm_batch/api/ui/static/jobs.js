@@ -184,13 +184,19 @@
     } }, text);
   }
 
-  // The estimate kept at validation beside what the job took: "expected (took)" per figure.
-  function estimateText(est, used) {
-    const fig = (v, d) => (v === null || v === undefined ? "?" : Number(v).toLocaleString(undefined, { maximumFractionDigits: d }));
-    return `engine ${fig(est.engine_seconds, 1)} s (took ${fig(used.engine_seconds, 1)} s) · ` +
+  // The estimate kept at validation beside what the job took: "expected (took)" per figure,
+  // the expected end beside the real one. A figure the server could not estimate (no ended
+  // job of the model to measure a rate on) says so instead of a bare "?".
+  function estimateText(est, used, endedAt) {
+    const fig = (v, d) => Number(v).toLocaleString(undefined, { maximumFractionDigits: d });
+    const engine = est.engine_seconds === null || est.engine_seconds === undefined
+      ? "engine time unknown (no ended job of this model to measure its rate on yet)"
+      : `engine ${fig(est.engine_seconds, 1)} s`;
+    const expectedEnd = est.expected_end ? when(new Date(est.expected_end * 1000).toISOString()) : "unknown";
+    return `${engine} (took ${fig(used.engine_seconds, 1)} s) · ` +
       `prompt ${fig(est.prompt_tokens, 0)} tokens (took ${fig(used.prompt_tokens, 0)}) · ` +
-      `output at most ${fig(est.max_output_tokens, 0)} (took ${fig(used.completion_tokens, 0)})` +
-      (est.expected_end ? ` · end expected ${when(new Date(est.expected_end * 1000).toISOString())}` : "");
+      `output at most ${fig(est.max_output_tokens, 0)} (took ${fig(used.completion_tokens, 0)}) · ` +
+      `end expected ${expectedEnd}` + (endedAt ? ` (ended ${when(endedAt)})` : "");
   }
 
   async function showDetail(id) {
@@ -211,7 +217,7 @@
       row("Checked outputs", `${job.invalid_output} invalid after their tries; ${job.output_retries} answers tried again`);
     }
     row("Tokens/s", job.tokens_per_s.toFixed(1));
-    if (job.estimate) row("Estimate vs took", estimateText(job.estimate, job.usage));
+    if (job.estimate) row("Estimate vs took", estimateText(job.estimate, job.usage, job.ended_at));
     row("Model", job.model); row("Endpoint", job.endpoint); row("Owner", job.owner);
     row("Labels", labels(job.labels)); row("Created", when(job.created_at)); row("Ended", when(job.ended_at));
     $("#d-summary").replaceChildren(dl);
