@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetAlias, Param, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from llm_batch.airflow import lanes
 from llm_batch.airflow import users as airflow_users
@@ -254,10 +254,10 @@ with DAG(
         if job.status == jobs.JobStatus.FAILED:
             raise _rejected(jobs.JobRejected(f"job {job_id} failed: {job.status_reason}"))
         if job.status == jobs.JobStatus.CANCELLED:
-            # A cancel is what a user asked for, not a failure of the pipeline: the run ends
-            # success, its note says CANCELLED; no results event (the job did not complete).
-            print(f"job {job_id}: {summary}")
-            return job.status.value
+            # A cancel is what a user asked for, not a failure of the pipeline: finalize ends
+            # skipped (the grid shows it apart), the run success, its note says CANCELLED; no
+            # results event (the job did not complete).
+            raise AirflowSkipException(f"job {job_id}: {summary}")
         if job.status == jobs.JobStatus.TIMEOUT_EXCEEDED:
             # Partial results are kept (and served), but the run must not look like a success.
             raise _rejected(jobs.JobRejected(f"job {job_id} ended {job.status.value}: {summary}"))

@@ -317,11 +317,14 @@ def test_cancel_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
         # As the API does it: only the store's flag; the runner mirrors it to the marker.
         store.request_cancel("job_cancel", reason="test")
 
-    _run(batch_dag, {"job_id": "job_cancel", "input_uri": uri, "model": TINY_MODEL,
-                     "model_config": {"engine_args": {"max_num_seqs": 8}}}, during=cancel_when_running)
+    dag_run = _run(batch_dag, {"job_id": "job_cancel", "input_uri": uri, "model": TINY_MODEL,
+                               "model_config": {"engine_args": {"max_num_seqs": 8}}}, during=cancel_when_running)
 
     job = store.get_job("job_cancel")
     assert job.status == JobStatus.CANCELLED, job.status_reason
+    # Not a red failed run; its finalize shows skipped in the grid.
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert dag_run.state == "success" and states["finalize"] == "skipped", (dag_run.state, states)
     outputs, errors = _assert_every_request_once(layout, job, n)
     assert 0 < len(outputs) < n
     assert any(e["error"]["code"] == "batch_cancelled" for e in errors)

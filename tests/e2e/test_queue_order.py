@@ -137,7 +137,7 @@ def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, bat
     place = _native(batch_client, api)["queue"]
     name = closed_pool["name"]
     assert place["pool"] == name and place["waiting_for"] == f"a slot of pool {name} (0 of 0 in use)", place
-    assert batch_client.job(api).shown_status == f"RUNNING #{positions[2]} in queue"
+    assert batch_client.job(api).shown_status == f"WAITING #{positions[2]} in queue"
 
     # A cancel of a job that has not started: it ends without ever getting the slot (its
     # shard task skipped), its line accounted for as never run.

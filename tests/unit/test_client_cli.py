@@ -280,4 +280,4 @@ def test_job_and_jobs_show_where_a_waiting_job_stands(monkeypatch, capsys):
     assert "queue      #2: waits for a slot of pool llm_batch_local (1 of 1 in use)" in out
     assert main(["jobs"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert "RUNNING #2 in queue" in rows["job_w"] and "in queue" not in rows["job_s"]
+    assert "WAITING #2 in queue" in rows["job_w"] and "in queue" not in rows["job_s"]

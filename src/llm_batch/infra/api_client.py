@@ -106,8 +106,8 @@ class JobView:
 
     @property
     def shown_status(self) -> str:
-        """The status, with the job's place while it waits: ``RUNNING #2 in queue``."""
-        return f"{self.status} #{self.queue_position} in queue" if self.queue_position else self.status
+        """The status, or while the job waits for Airflow to start it its place: ``WAITING #2 in queue``."""
+        return f"WAITING #{self.queue_position} in queue" if self.queue_position else self.status
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> JobView:

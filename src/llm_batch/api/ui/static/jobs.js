@@ -76,9 +76,12 @@
       el("span", { style: `width:${pct.toFixed(1)}%` }));
     return el("span", {}, outer, ` ${done} / ${total}`);
   }
-  // The status word, and while the job waits for Airflow to start it, its place in the queue.
-  const status = (job) => el("span", {}, el("span", { class: "status " + job.status }, job.status),
-    job.queue ? el("span", { class: "queue", title: "waits for " + job.queue.waiting_for }, ` #${job.queue.position} in queue`) : "");
+  // The status word; while the job waits for Airflow to start it, WAITING and its place in the
+  // queue (its status, QUEUED or RUNNING, in the tooltip).
+  const status = (job) => job.queue
+    ? el("span", { title: `${job.status}: waits for ${job.queue.waiting_for}` },
+        el("span", { class: "status WAITING" }, "WAITING"), el("span", { class: "queue" }, ` #${job.queue.position} in queue`))
+    : el("span", { class: "status " + job.status }, job.status);
   const labels = (pairs) => el("span", {}, ...Object.entries(pairs || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`)));
 
   // -- list ----------------------------------------------------------------------------------
