@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import orjson
@@ -293,3 +294,36 @@ def test_kill_9_of_a_seated_engine_mid_two_shards_then_retries_give_exactly_once
     assert retries[0].pid == retries[1].pid != shards[0].pid
     for layout in (first, second):
         _assert_exactly_once(layout, 30)
+
+
+def _prompt_shard(home, prompt: str) -> JobLayout:
+    """A one-request shard of ``prompt`` (a job of its own)."""
+    from llm_batch.core.records import BatchRequest, dumps_line
+
+    layout = JobLayout(str(home / "work"), f"job-{uuid.uuid4().hex[:8]}")
+    requests = Path(layout.shard(0).requests)
+    requests.parent.mkdir(parents=True)
+    requests.write_bytes(dumps_line(BatchRequest(index=0, custom_id="p", body={
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": 2})))
+    return layout
+
+
+def test_owners_share_a_warm_engine_but_not_its_prefix_cache(settings):
+    """The server salts each owner's engine requests (core.owners.cache_salt): a prompt one
+    owner sent before is served from the prefix cache to that owner again (cached_tokens > 0)
+    and to nobody else (cached_tokens 0), on the one shared engine."""
+    from llm_batch.core.owners import cache_salt
+
+    prompt = " ".join(f"w{i}" for i in range(100))  # several KV blocks, within the 512-token context
+    cached = {}
+    pid = None
+    for run, owner in (("first", "alice"), ("again", "alice"), ("other owner", "mallory")):
+        layout = _prompt_shard(settings.home, prompt)
+        shard, _ = _run(settings, layout, "--cache-salt", cache_salt(owner))
+        assert shard.wait(TIMEOUT_S) == exit_codes.DONE
+        assert pid in (None, shard.pid), "not the one warm engine"
+        pid = shard.pid
+        [record] = list(read_results(layout.shard(0).results))
+        assert record.status_code == 200, record
+        cached[run] = record.body["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    assert cached["again"] > 0 and cached["other owner"] == 0, cached

@@ -321,6 +321,9 @@ def test_plan_gives_each_shard_the_jobs_priority(store, settings):
     assert float(args[args.index("--deadline") + 1]) == pytest.approx(job.expires_at.timestamp())
     assert orjson.loads(args[args.index("--model-config") + 1])["model"] == "tiny-random-llama"
     assert args[args.index("--moderation-shape") + 1] == "scores"  # a run's conf: the native route's shape
+    from llm_batch.core.owners import cache_salt  # the owner's prefix-cache namespace, the server's
+
+    assert args[args.index("--cache-salt") + 1] == cache_salt(job.owner) != cache_salt("someone-else")
     # A retried plan task plans the same shards again.
     assert steps.plan(store, settings, job_id) == planned
 

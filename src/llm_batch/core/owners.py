@@ -17,6 +17,7 @@ run's ``steps.register``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 OWNER_NAME = re.compile(r"[a-z0-9](?:[a-z0-9._@-]{0,62}[a-z0-9_@-])?")
@@ -47,3 +48,11 @@ def fold(name: str) -> str:
 def twin(name: str, existing: list[str]) -> str | None:
     """An owner of `existing` that is spelled differently but folds to `name`, else None."""
     return next((other for other in existing if other != name and fold(other) == fold(name)), None)
+
+
+def cache_salt(owner: str) -> str:
+    """The owner's namespace in a shared engine's prefix cache (vLLM's ``cache_salt``): what
+    one owner's prompts left cached is reused by that owner's requests only, and
+    ``cached_tokens`` tells nobody about another's prompts. Set by the server on every engine
+    request of the owner's shards; a request's own ``cache_salt`` field never reaches an engine."""
+    return hashlib.sha256(f"llm-batch prefix cache of {owner}".encode()).hexdigest()[:32]

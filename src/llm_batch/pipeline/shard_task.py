@@ -40,6 +40,7 @@ class ShardTask(BaseModel):
     deadline: str  # ISO 8601 UTC: workers stop there
     moderation_shape: ModerationShape = ModerationShape.SCORES  # the job's: its /v1/moderations results' shape
     output_check_json: str | None = None  # the job's checked outputs (core.output_check.OutputCheck), JSON
+    cache_salt: str | None = None  # the owner's prefix-cache namespace (core.owners.cache_salt)
     gpus: int = 1
     gpu_type: str | None = None
     nodes_per_worker: int = 1
@@ -62,6 +63,7 @@ class ShardTask(BaseModel):
             "--cancel-marker", self.cancel_marker,
             "--moderation-shape", str(self.moderation_shape),
             *(["--output-check", self.output_check_json] if self.output_check_json else []),
+            *(["--cache-salt", self.cache_salt] if self.cache_salt else []),
         ]  # fmt: skip
 
     @property

@@ -396,6 +396,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
             deadline=job_deadline(job).isoformat(),
             moderation_shape=job.input.moderation_shape,
             output_check_json=job.input.output_check.model_dump_json() if job.input.output_check else None,
+            cache_salt=owners.cache_salt(job.owner),
             gpus=int(resources.get("gpus") or 1),
             gpu_type=resources.get("gpu_type"),
             nodes_per_worker=int(resources.get("nodes_per_worker") or 1),

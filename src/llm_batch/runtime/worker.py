@@ -78,6 +78,7 @@ class WorkerConfig:
     moderation_shape: ModerationShape = ModerationShape.SCORES
     # The job's checked outputs: answers that fail are tried again, then invalid_output.
     output_check: OutputCheck | None = None
+    cache_salt: str | None = None  # the owner's prefix-cache namespace on a shared engine
     window: int | None = None  # requests between fed and written; default 4 x max_num_seqs
     flush_every_s: float = 2.0
     flush_every_records: int = 1000
@@ -200,7 +201,7 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
             runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
                                   serving=model.serving, labels=model.labels,
                                   moderation_shape=config.moderation_shape, adapters=adapters or (),
-                                  output_check=config.output_check)
+                                  output_check=config.output_check, cache_salt=config.cache_salt)
         except ModelCannotServe as exc:
             raise WorkerUsageError(str(exc)) from None
         progress.start_running()
@@ -446,6 +447,7 @@ def parse_config(
     work_uri: str | None = None,
     moderation_shape: str | None = None,
     output_check: str | None = None,
+    cache_salt: str | None = None,
     nnodes: int | str | None = None,
     master_addr: str | None = None,
     master_port: int | str | None = None,
@@ -507,6 +509,7 @@ def parse_config(
         deadline=deadline_s,
         moderation_shape=shape,
         output_check=check,
+        cache_salt=cache_salt or None,
         node_group=node_group(nnodes, 0, master_addr, master_port, gpus_per_node),
         **{k: v for k, v in tuning.items() if v is not None},
     )

@@ -29,6 +29,7 @@ WORKER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--moderation-shape", str, "the shape of /v1/moderations results (" + ", ".join(ModerationShape)
                                 + "; default scores): flagged adds flagged and category_applied_input_types"),
     ("--output-check", str, "JSON: the job's checked outputs (llm_batch.core.output_check.OutputCheck)"),
+    ("--cache-salt", str, "the job owner's namespace in the engine's prefix cache (set by the server)"),
     ("--work-uri", str, "work prefix the default URIs live under (default: LLM_BATCH_WORK_URI)"),
     ("--window", int, "max requests between fed and written (default: 4 x max_num_seqs)"),
     ("--flush-every-s", float, "publish a results part at least this often (default 2)"),

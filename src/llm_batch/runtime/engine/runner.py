@@ -178,6 +178,7 @@ class EngineRunner:
         moderation_shape: ModerationShape = ModerationShape.SCORES,
         adapters: Iterable[ResolvedAdapter] = (),
         output_check: OutputCheck | None = None,
+        cache_salt: str | None = None,
     ):
         self.llm = llm
         self.engine = llm.llm_engine
@@ -194,6 +195,9 @@ class EngineRunner:
         self.loras = {a.name: LoRARequest(a.name, a.lora_int_id, str(a.path)) for a in adapters}
         # The job's checked outputs (chat and completions; core.output_check).
         self.check = output_check if endpoint.value in CHECKED_ENDPOINTS else None
+        # The job owner's namespace in the prefix cache (core.owners.cache_salt): on a shared
+        # engine, prefixes and cached_tokens are reused within one owner's requests only.
+        self.cache_salt = cache_salt
         if endpoint is Endpoint.FIM_COMPLETIONS:
             _check_fim_tokens(llm, self.serving.fim, model_name)
         if endpoint in _MODERATION_ENDPOINTS:
@@ -315,7 +319,7 @@ class EngineRunner:
             lora = self._lora(request)
             for part, (prompt, params) in enumerate(parts):
                 request_id = self._request_id(position, part, 0)
-                self.engine.add_request(request_id, prompt, params, lora_request=lora)
+                self.engine.add_request(request_id, _salted(prompt, self.cache_salt), params, lora_request=lora)
                 added.append(request_id)
         except (VLLMClientError, ValueError, TemplateError) as exc:  # InvalidRequest included
             if added:
@@ -333,7 +337,6 @@ class EngineRunner:
         return self.loras[request.adapter]
 
     def _engine_inputs(self, body: Body) -> list[tuple[Any, Any]]:
-        """(prompt, params) per engine request."""
         if isinstance(body, ChatBody):
             prompt = vllm_api.render_chat(self.llm, body.messages)
             return [(prompt, sampling_params(body))]
@@ -417,7 +420,7 @@ class EngineRunner:
             entry.body = entry.body.model_copy(update={"seed": seed})
             ((prompt, params),) = self._engine_inputs(entry.body)
             entry.outputs, entry.remaining = [None], 1
-            self.engine.add_request(self._request_id(position, 0, entry.attempt), prompt, params,
+            self.engine.add_request(self._request_id(position, 0, entry.attempt), _salted(prompt, self.cache_salt), params,
                                     lora_request=self._lora(entry.request))
             return None
         return result.model_copy(update={
@@ -484,6 +487,18 @@ class EngineRunner:
 
 
 _MODERATION_ENDPOINTS = (Endpoint.MODERATIONS, Endpoint.CHAT_MODERATIONS)
+
+
+# Engine inputs that carry a cache_salt of their own (vLLM's TokensInput, its multi-modal
+# and embeds inputs); an encoder-decoder input (transcriptions) keys its cache by its audio.
+_SALTED_INPUTS = ("token", "multimodal", "embeds")
+
+
+def _salted(prompt: Any, salt: str | None) -> Any:
+    """``prompt`` (a rendered engine input) in the prefix-cache namespace ``salt``."""
+    if salt and isinstance(prompt, dict) and prompt.get("type") in _SALTED_INPUTS:
+        return {**prompt, "cache_salt": salt}
+    return prompt
 
 
 def _check_moderation_labels(moderation: ModerationMap | None, labels: tuple[str, ...], model_name: str) -> None:
