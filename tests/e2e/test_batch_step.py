@@ -60,7 +60,7 @@ def test_prompts_step_results_in_order_and_a_cleared_step_reattaches(e2e_stack, 
     count = 5
     run_id = airflow.trigger(PROMPTS_DAG, {"count": count, "model": MODEL})
     assert airflow.finished(PROMPTS_DAG, run_id) == "success", airflow.task(PROMPTS_DAG, run_id, "generate")
-    job_id = step_job_id(PROMPTS_DAG, run_id, "generate", -1)
+    job_id = step_job_id(PROMPTS_DAG, run_id, "generate", -1, e2e_stack.ensure_api_key())  # the connection's key
     job_logs.append(job_id)
     manifest = airflow.xcom(PROMPTS_DAG, run_id, "generate")
     assert manifest["job_id"] == job_id and manifest["status"] == "SUCCEEDED"
@@ -80,12 +80,13 @@ def test_prompts_step_results_in_order_and_a_cleared_step_reattaches(e2e_stack, 
     assert _native_job(batch_client, job_id).json()["dag_run_id"] == manifest["dag_run_id"]
 
 
-def test_bad_model_fails_the_step_and_creates_no_job(airflow, batch_client):
+def test_bad_model_fails_the_step_and_creates_no_job(e2e_stack, airflow, batch_client):
     run_id = airflow.trigger(PROMPTS_DAG, {"count": 2, "model": "no-such-model"})
     assert airflow.finished(PROMPTS_DAG, run_id) == "failed"
     step = airflow.task(PROMPTS_DAG, run_id, "generate")
     assert step["state"] == "failed" and step["try_number"] == 1  # a refusal is not retried
-    assert _native_job(batch_client, step_job_id(PROMPTS_DAG, run_id, "generate", -1)).status_code == 404
+    assert _native_job(batch_client, step_job_id(PROMPTS_DAG, run_id, "generate", -1,
+                                                 e2e_stack.ensure_api_key())).status_code == 404
 
 
 def test_mapped_step_makes_one_job_per_file(e2e_stack, airflow, batch_client, job_logs, llm_batch_home):

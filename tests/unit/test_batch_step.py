@@ -33,6 +33,10 @@ def test_job_id_is_stable_per_task_instance_and_differs_between_them():
     others = {step_job_id("d", "run-2", "t", -1), step_job_id("d", "run-1", "u", -1), step_job_id("d", "run-1", "t", 0),
               step_job_id("d", "run-1", "t", 1)}
     assert one not in others and len(others) == 4
+    # Keyed by the connection's API key: nobody without it can work out a future run's id.
+    keyed = step_job_id("d", "run-1", "t", -1, "key-of-alice")
+    assert keyed == step_job_id("d", "run-1", "t", -1, "key-of-alice") != step_job_id("d", "run-1", "t", -1, "other")
+    assert keyed != one and keyed.startswith("af-") and len(keyed) == 35
 
 
 def test_bodies_from_each_input_and_exactly_one():
@@ -147,13 +151,14 @@ def test_execute_reattaches_fails_fast_on_refusals_and_cancels_on_kill(monkeypat
     monkeypatch.setattr(LLMBatchHook, "create_job", lambda self, body: created.append(body) or _job())
     monkeypatch.setattr(LLMBatchHook, "cancel_job", lambda self, job_id: cancelled.append(job_id) or _job("CANCELLING"))
     monkeypatch.setattr(LLMBatchOperator, "_base_url", lambda self: None)
+    monkeypatch.setattr(LLMBatchHook, "job_id_secret", lambda self: "the-key")
     ti = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, xcom_push=lambda key, value: None)
     op = LLMBatchOperator(task_id="t", model="m", prompts=["a"])
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
     context = {"ti": ti, "outlet_events": OutletEventAccessors()}
     first, second = op.execute(context), op.execute(context)
-    assert created[0]["id"] == created[1]["id"] == step_job_id("d", "r", "t", -1) and first == second
+    assert created[0]["id"] == created[1]["id"] == step_job_id("d", "r", "t", -1, "the-key") and first == second
     op.on_kill()
     assert cancelled == [created[0]["id"]]
 

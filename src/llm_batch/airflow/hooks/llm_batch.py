@@ -82,6 +82,11 @@ class LLMBatchHook(BaseHook):
         """A new ``BatchClient`` on ``<api-server>/batch`` with the connection's key (close it)."""
         return self._client_of(self.get_connection(self.llm_batch_conn_id))
 
+    def job_id_secret(self) -> str:
+        """What makes the operator's job ids unguessable to other owners: the connection's key
+        (the ids a task instance makes stay the same while the key does)."""
+        return self.get_connection(self.llm_batch_conn_id).password or ""
+
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``BatchClient.<method>(*args, **kwargs)`` on a new client, refusals as LLMBatchApiError."""
         with self.get_conn() as client, _refusals():

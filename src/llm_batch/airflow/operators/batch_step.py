@@ -17,6 +17,7 @@ manifest and the mapping from common-ai's ``LLMBatchOperator``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -32,10 +33,12 @@ MANIFEST_SCHEMA_VERSION = 1
 INPUTS = ("prompts", "requests", "input_uri", "input_file_ids")
 
 
-def step_job_id(dag_id: str, run_id: str, task_id: str, map_index: int | None) -> str:
-    """The job id of one task instance (every try the same): ``af-<32 hex>``."""
+def step_job_id(dag_id: str, run_id: str, task_id: str, map_index: int | None, secret: str = "") -> str:
+    """The job id of one task instance (every try the same): ``af-<32 hex>``, keyed by
+    ``secret`` (the connection's API key) so that no other owner can work out the id of a
+    future run and take it first (ids are one namespace for every owner)."""
     key = "\x1f".join([dag_id, run_id, task_id, str(-1 if map_index is None else map_index)])
-    return "af-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    return "af-" + hmac.new(secret.encode(), key.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def chat_requests(prompts: Sequence[Any], system_prompt: str | None, request_params: dict[str, Any]) -> list[Any]:
@@ -268,7 +271,8 @@ class LLMBatchOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         ti = context["ti"]
-        self.job_id = step_job_id(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1))
+        self.job_id = step_job_id(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1),
+                                  self.hook.job_id_secret())
         try:
             job = self.hook.create_job(self.job_body(self.job_id))
         except LLMBatchApiError as exc:
