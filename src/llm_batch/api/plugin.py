@@ -55,10 +55,17 @@ def _strict_json_entry() -> dict:
             "name": "llm-batch strict JSON bodies"}
 
 
+def _unroutable_entry() -> dict:
+    from llm_batch.api.app import UnroutablePaths  # heavy
+
+    return {"middleware": UnroutablePaths, "args": [], "kwargs": {"prefix": "/batch"},
+            "name": "llm-batch answers for paths its mount cannot route"}
+
+
 class LlmBatchPlugin(AirflowPlugin):
     name = "llm_batch"
     fastapi_apps = [_api_entry()] if serving_api() else []
-    fastapi_root_middlewares = [_strict_json_entry()] if serving_api() else []
+    fastapi_root_middlewares = [_strict_json_entry(), _unroutable_entry()] if serving_api() else []
     # "Batch jobs" in Airflow's navigation: a page of our FastAPI app, shown inside Airflow's
     # UI (an iframe at /plugin/batch-jobs) because url_route is set (docs/ui.md).
     external_views = [BATCH_JOBS_VIEW]
