@@ -17,15 +17,15 @@ def shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CeleryStack:
     for name in ("LLM_BATCH_MODEL_CACHE", "LLM_BATCH_LOCAL_POOL_SLOTS", "AIRFLOW_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LLM_BATCH_MODEL_CACHE", str(tmp_path / "control-models"))  # must not reach workers
-    return CeleryStack.create(Settings(home=tmp_path / "home"), 18080, workers=2)
+    return CeleryStack.create(Settings(home=tmp_path / "home", warm_engines=False), 18080, workers=2)
 
 
 def test_the_shape_is_kept_private_and_stable(shape: CeleryStack) -> None:
     state_file = shape.shape_dir / "shape.json"
     assert stat.S_IMODE(state_file.stat().st_mode) == 0o600  # holds the S3 secret
-    again = CeleryStack.create(Settings(home=shape.settings.home), 18080)
+    again = CeleryStack.create(Settings(home=shape.settings.home, warm_engines=False), 18080)
     assert again.state == shape.state and again.workers == 2
-    more = CeleryStack.create(Settings(home=shape.settings.home), 18080, workers=3)
+    more = CeleryStack.create(Settings(home=shape.settings.home, warm_engines=False), 18080, workers=3)
     assert more.workers == 3 and len(more.state["ports"]["worker_logs"]) == 3
     assert more.state["ports"]["postgres"] == shape.state["ports"]["postgres"]
 

@@ -147,7 +147,7 @@ def test_the_local_pool_has_a_slot_per_seat_of_each_engine_with_warm_engines():
         made = Settings(**settings)
         return next(p.slots for p in pool_specs(made) if p.name == made.local_pool)
 
-    assert local_slots(local_pool_slots=2) == 2  # dedicated engines: one shard each
+    assert local_slots(local_pool_slots=2, warm_engines=False) == 2  # dedicated engines: one shard each
     assert local_slots(local_pool_slots=2, warm_engines=True) == 4  # two seats each by default
     assert local_slots(local_pool_slots=1, warm_engines=True, warm_engine_seats=1) == 1
 
