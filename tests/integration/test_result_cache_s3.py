@@ -1,11 +1,12 @@
 """The result cache on the real S3 server, through kill -9 of the merge step while it fills
-the cache: the jobs' work, the answers' objects and the job store are shared as separate
+the cache: the jobs' work, the answers' packs and the job store are shared as separate
 components share them (S3, a database file), the merge runs in its own process.
 
-After the kill, every entry the index holds reads back whole, with its own key (an object
-written without its row is never served); a second job of the same lines is answered from
-exactly those entries and runs the rest; the merge run again (a retried task) completes
-the cache, and a third job is answered from it whole.
+The kill lands between two shards' entries by construction (the fill's hold point, the job's
+hold marker ``{"cache_fill_after_shards": 1}``). After it, every entry the index holds reads
+back whole, with its own key (a pack written without its rows is never served); a second job
+of the same lines is answered from exactly those entries and runs the rest; the merge run
+again (a retried task) completes the cache, and a third job is answered from it whole.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from llm_batch.core.config import get_settings
 from llm_batch.core.records import ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.result_cache import read_answer
+from llm_batch.infra.result_cache import read_answers
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline import shard_task, steps
 
 pytestmark = pytest.mark.s3
 
 LINES = 300
+SHARDS = 3
 OWNER = run_conf.DEFAULT_OWNER
 
 
@@ -67,8 +69,8 @@ def _through_shards(store: JobStore, settings, bucket: str) -> tuple[str, int]:
              for i in range(LINES)]
     uri = f"s3://{bucket}/{OWNER}/in-{uuid.uuid4().hex[:6]}.jsonl"
     storage.write_bytes(uri, b"\n".join(lines) + b"\n")
-    job_id = steps.register(store, settings, {"input_uri": uri, "model": "tiny-random-llama"},
-                            f"manual__{uuid.uuid4().hex}")
+    job_id = steps.register(store, settings, {"input_uri": uri, "model": "tiny-random-llama",
+                                              "data_parallelism": SHARDS}, f"manual__{uuid.uuid4().hex}")
     steps.validate(store, settings, job_id)
     held = 0
     for task in steps.plan(store, settings, job_id):
@@ -103,20 +105,23 @@ def test_kill_9_while_the_cache_fills_serves_no_broken_entry(on_s3):
     bucket, settings, store = on_s3
     first, held = _through_shards(store, settings, bucket)
     assert held == LINES
+    hold = steps.layout_of(settings, first).hold_marker
+    storage.write_bytes(hold, orjson.dumps({"cache_fill_after_shards": 1}))  # held after the first shard's
 
     merge = _merge_process(first)
     deadline = time.monotonic() + 120
-    while len(_entries(store, first)) < 20:
+    while not _entries(store, first):
         assert merge.poll() is None, merge.stderr.read().decode()
         assert time.monotonic() < deadline, "the merge never started filling the cache"
         time.sleep(0.05)
     os.killpg(merge.pid, signal.SIGKILL)
     merge.wait()
+    storage.delete(hold)
     rows = _entries(store, first)
-    assert 20 <= len(rows) < LINES, "the kill did not land while the cache filled"
-    for row in rows:  # every indexed entry whole, under its own key
-        body = read_answer(row.uri, row.key)
-        assert body is not None and body["choices"][0]["message"]["content"].startswith("to r")
+    assert len(rows) == LINES // SHARDS, "not one shard's entries: the kill did not land between two shards'"
+    bodies = read_answers(rows)  # every indexed entry whole, under its own key
+    assert len(bodies) == len(rows)
+    assert all(body["choices"][0]["message"]["content"].startswith("to r") for body in bodies.values())
 
     second, held = _through_shards(store, settings, bucket)
     assert held == LINES - len(rows)

@@ -77,7 +77,7 @@ def test_migrations_create_tables_indexes_and_are_idempotent(store_url: str):
             context = MigrationContext.configure(connection, opts={"compare_type": True})
             drift = [d for d in compare_metadata(context, Base.metadata) if d[0] != "remove_table"
                      or d[1].name != "llm_batch_alembic_version"]
-        assert versions == [("0014",)]
+        assert versions == [("0015",)]
         assert drift == []
     finally:
         engine.dispose()

@@ -116,6 +116,8 @@ def test_a_second_job_is_answered_from_the_first(store, settings):
                                              data_parallelism=2))
     assert sum(ran) == 10
     assert store.get_job(first).result_cache_hits == 0
+    # Filled in bulk: one pack object per shard, whatever the number of answers.
+    assert len([p for p in Path(settings.result_cache_uri).rglob("*") if p.is_file()]) == len(ran) == 2
     # Nothing cached yet: planned from the validated file itself, no copy of it written.
     assert not storage.exists(steps.layout_of(settings, first).uncached)
 
@@ -171,16 +173,22 @@ def test_an_opted_out_job_fills_nothing(store, settings):
     assert ran == [3]
 
 
-def test_a_torn_or_foreign_answer_object_is_a_miss(store, settings):
+def test_a_torn_or_foreign_answer_is_a_miss(store, settings):
     lines = [_line(i, temperature=0) for i in range(3)]
     first, _ = _run(store, settings, _conf(settings, lines))
-    entries = store.forget_job_cache(first)  # read them, then put them back
-    for entry in entries:
-        store.put_cache_entry(owner=entry.owner, key=entry.key, job_id=first, uri=entry.uri, bytes=entry.bytes,
-                              prompt_tokens=6, completion_tokens=3)
-    by_uri = sorted(e.uri for e in entries)
-    Path(by_uri[0]).write_bytes(b'{"key": "')  # torn
-    Path(by_uri[1]).write_bytes(orjson.dumps({"key": "0" * 64, "body": {"object": "x"}}))  # another key's
+    recent = datetime.now(UTC) - timedelta(days=1)
+    entries = sorted(store.cache_entries(run_conf.DEFAULT_OWNER, _keys(store, settings, first),
+                                         made_after=recent).values(), key=lambda e: e.at_byte)
+    assert len({e.uri for e in entries}) == 1  # one pack for the shard's answers
+    pack = Path(entries[0].uri)
+    data = bytearray(pack.read_bytes())
+
+    def replace(entry, line: bytes) -> None:  # in place: the other answers keep their ranges
+        data[entry.at_byte:entry.at_byte + entry.bytes] = line.ljust(entry.bytes - 1) + b"\n"
+
+    replace(entries[0], b'{"key": "')  # torn
+    replace(entries[1], orjson.dumps({"key": "0" * 64, "body": {"object": "x"}}))  # another key's
+    pack.write_bytes(bytes(data))
     _, ran = _run(store, settings, _conf(settings, lines))
     assert ran == [2]
 
@@ -216,9 +224,10 @@ def test_expiry_and_the_size_bound(store, settings):
     assert result_cache.evict(store, bounded) == 3
     left = store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent)
     assert set(left) == set(keys[3:])
+    assert all(Path(e.uri).is_file() for e in left.values())  # their pack stays while any answer in it does
     assert result_cache.evict(store, settings, now=datetime.now(UTC) + timedelta(hours=settings.result_cache_ttl_hours + 1)) == 3
     assert store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent) == {}
-    assert not any(Path(p).is_file() for p in Path(settings.result_cache_uri).rglob("*.json"))
+    assert not any(Path(p).is_file() for p in Path(settings.result_cache_uri).rglob("*.jsonl"))  # packs freed
 
 
 def test_the_batch_steps_manifest_carries_the_cached_count():

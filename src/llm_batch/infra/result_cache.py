@@ -8,16 +8,23 @@ SHA-256 of everything that decides the answer, serialised canonically: the model
 (its registry entry and the job's engine configuration, ``identity``), the endpoint, the
 body (the line's ``model``, adapters included) and where an owner's adapter lives.
 
-An answer is one object, ``{"key": ..., "body": ...}``, under ``Settings.result_cache_uri``
-(a folder of each owner's digest, then the key's first two characters), published whole
-(``storage.open_write``); a read checks the key it holds, so a wrong or torn object is a
-miss, never an answer.
+Answers are kept in packs: one object per shard of the job that computed them
+(``pack_uri``: a folder of each owner's digest under ``Settings.result_cache_uri``), one JSON
+line ``{"key": ..., "body": ...}`` per answer, published whole (``storage.open_write``) before
+the index names any of its answers by byte range (``at_byte``, ``bytes``). Filling a shard's
+answers is one object and a few index statements, whatever their number; reading hits is a
+range read per run of neighbouring answers (``read_answers``). A read checks the key the
+range holds, so a wrong, moved or torn range is a miss, never an answer. (Entries made
+before packs are one object each, ``at_byte`` None, read whole.)
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any, Protocol
 
 import orjson
 
@@ -53,24 +60,106 @@ def cache_key(identity: dict[str, Any], endpoint: str, request: BatchRequest) ->
     return hashlib.sha256(orjson.dumps(decided_by, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def entry_uri(settings: Settings, owner: str, key: str) -> str:
+def pack_uri(settings: Settings, owner: str, job_id: str, shard: int) -> str:
+    """The pack of the answers shard ``shard`` of ``job_id`` computed, in ``owner``'s cache."""
     owner_dir = hashlib.sha256(owner.encode()).hexdigest()[:24]  # any owner spelling, one safe name
-    return join_uri(settings.result_cache_uri, owner_dir, key[:2], f"{key}.json")
+    return join_uri(settings.result_cache_uri, owner_dir, "packs", f"{job_id}-{shard}.jsonl")
 
 
-def write_answer(uri: str, key: str, body: dict[str, Any]) -> int:
-    """Publish the answer object whole; returns its size in bytes."""
-    data = orjson.dumps({"key": key, "body": body})
-    storage.write_bytes(uri, data)
-    return len(data)
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """One answer as its pack holds it: its key, its byte range, its tokens."""
+
+    key: str
+    at_byte: int
+    bytes: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
-def read_answer(uri: str, key: str) -> dict[str, Any] | None:
-    """The answer's body, None when the object is missing, unreadable or not this key's."""
+def answer_tokens(body: dict[str, Any]) -> tuple[int, int]:
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def write_pack(uri: str, answers: Iterable[tuple[str, dict[str, Any]]]) -> list[Packed]:
+    """Publish the ``(key, body)`` answers whole as one pack at ``uri``; where each one is."""
+    packed: list[Packed] = []
+    at = 0
+    with storage.open_write(uri) as out:
+        for key, body in answers:
+            line = orjson.dumps({"key": key, "body": body}, option=orjson.OPT_APPEND_NEWLINE)
+            out.write(line)
+            packed.append(Packed(key, at, len(line), *answer_tokens(body)))
+            at += len(line)
+    return packed
+
+
+class Located(Protocol):
+    """Where an answer is (a cache entry)."""
+
+    key: str
+    uri: str
+    at_byte: int | None
+    bytes: int
+
+
+# Neighbouring answers of one pack closer than this are read in one range request.
+READ_GAP_BYTES = 64 * 1024
+
+
+def read_answers(entries: Iterable[Located]) -> dict[str, dict[str, Any]]:
+    """The bodies of ``entries`` by key: those whose range holds a whole answer of their own
+    key (a missing pack or a range that does not is left out: a miss). One range read per run
+    of neighbouring answers of a pack."""
+    found: dict[str, dict[str, Any]] = {}
+    located = sorted(entries, key=lambda e: (e.uri, e.at_byte if e.at_byte is not None else -1))
+    for uri, group in groupby(located, key=lambda e: e.uri):
+        members = list(group)
+        for run in _runs(members):
+            if run[0].at_byte is None:  # a one-object entry of before packs
+                if (body := read_answer(uri, run[0].key)) is not None:
+                    found[run[0].key] = body
+                continue
+            start = run[0].at_byte
+            try:
+                data = storage.read_range(uri, start, run[-1].at_byte + run[-1].bytes - start)
+            except storage.StorageError:
+                continue
+            for entry in run:
+                body = _answer_of(data[entry.at_byte - start:entry.at_byte - start + entry.bytes], entry.key)
+                if body is not None:
+                    found[entry.key] = body
+    return found
+
+
+def _runs(members: list[Located]) -> Iterable[list[Located]]:
+    """``members`` (of one pack, by offset) in runs of neighbours."""
+    run: list[Located] = []
+    for entry in members:
+        if run and (entry.at_byte is None or run[-1].at_byte is None
+                    or entry.at_byte - (run[-1].at_byte + run[-1].bytes) > READ_GAP_BYTES):
+            yield run
+            run = []
+        run.append(entry)
+    if run:
+        yield run
+
+
+def _answer_of(data: bytes, key: str) -> dict[str, Any] | None:
     try:
-        entry = orjson.loads(storage.read_bytes(uri))
-    except (storage.ObjectNotFound, orjson.JSONDecodeError):
+        entry = orjson.loads(data)
+    except orjson.JSONDecodeError:
         return None
     if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("body"), dict):
         return None
     return entry["body"]
+
+
+def read_answer(uri: str, key: str) -> dict[str, Any] | None:
+    """A one-object answer's body (entries made before packs); None when the object is
+    missing, unreadable or not this key's."""
+    try:
+        return _answer_of(storage.read_bytes(uri), key)
+    except storage.ObjectNotFound:
+        return None

@@ -106,6 +106,11 @@ def read_bytes(uri: str) -> bytes:
         return stream.read()
 
 
+def read_range(uri: str, start: int, length: int) -> bytes:
+    """``length`` bytes of the object at ``uri`` from byte ``start`` (fewer past its end)."""
+    return _backend(uri).read_range(uri, start, length)
+
+
 def write_bytes(uri: str, data: bytes) -> None:
     with open_write(uri) as stream:
         stream.write(data)
@@ -215,6 +220,11 @@ class LocalStorage:
             stream = open(path, "rb")
         with stream:
             yield stream
+
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        with self.open_read(uri) as stream:
+            stream.seek(start)
+            return stream.read(length)
 
     @contextmanager
     def open_write(self, uri: str) -> Iterator[IO[bytes]]:
@@ -430,6 +440,14 @@ class S3Storage:
             reader = _S3Reader(self, uri, loc)
         with io.BufferedReader(reader, buffer_size=_READ_BUFFER) as stream:
             yield stream
+
+    def read_range(self, uri: str, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        loc = self.object_location(uri)
+        with self._errors(uri, loc):
+            reply = self.call("get_object", Bucket=loc.bucket, Key=loc.key, Range=f"bytes={start}-{start + length - 1}")
+            return reply["Body"].read()
 
     @contextmanager
     def open_write(self, uri: str) -> Iterator[IO[bytes]]:

@@ -5,8 +5,9 @@ jobs (no engine time), and the cache filled, expired and emptied.
   cache holds become ``layout.cached_results`` (results marked ``cached``), the rest
   ``layout.uncached``, which the shards run. The merge reads the cached results as one more
   ordered source, so every line still ends exactly once.
-- ``fill_cache`` (the merge step): each successful, cacheable result the job's shards
-  computed becomes an entry (answer object first, then its row).
+- ``fill_cache`` (the merge step): the successful, cacheable results each shard computed
+  become entries: one pack object per shard, then their rows in batches (O(shards) storage
+  operations whatever the number of answers).
 - ``forget_job`` (a job's deletion) and ``evict`` (housekeeping: entries past
   ``result_cache_ttl_hours``, then the least recently used beyond ``result_cache_max_bytes``).
 
@@ -17,20 +18,23 @@ one for every owner, ``cache_scope``); a job opts out with its input option ``re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from llm_batch.core.config import Settings
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.model_registry import ModelError, load_registry
-from llm_batch.infra.result_cache import CACHEABLE_ENDPOINTS, cache_key, cacheable, entry_uri, read_answer, write_answer
+from llm_batch.infra.result_cache import CACHEABLE_ENDPOINTS, cache_key, cacheable, pack_uri, read_answers, write_pack
 from llm_batch.infra.results import paired_results
 from llm_batch.infra.streams import stored_lines
-from llm_batch.pipeline.sharding import read_manifest
+from llm_batch.pipeline.sharding import ShardPlan, read_manifest
 
 if TYPE_CHECKING:  # the DAG files import this module: the store loads only in tasks
     from llm_batch.infra.jobstore import Job, JobStore
@@ -90,20 +94,17 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
     lookups = _Lookups(store, settings, job)
     if not any(entry is not None for *_, entry in lookups.of(layout.validated)):  # stops at the first
         return layout.validated
-    used: list[str] = []
     with storage.open_write(layout.cached_results) as cached, storage.open_write(layout.uncached) as rest:
-        for line, request, key, entry in lookups.of(layout.validated):
-            body = read_answer(entry.uri, key) if entry is not None and key else None
-            if body is None:
-                rest.write(line + b"\n")
-                continue
-            cached.write(dumps_line(ResultRecord(index=request.index, custom_id=request.custom_id,
-                                                 status_code=200, body=body, line=request.line, cached=True)))
-            used.append(key)
-            if len(used) >= _LOOKUP_BATCH:
-                store.touch_cache_entries(lookups.scope, used)
-                used.clear()
-    store.touch_cache_entries(lookups.scope, used)
+        for batch in lookups.batches(layout.validated):
+            bodies = read_answers(entry for *_, entry in batch if entry is not None)  # a read per run of neighbours
+            for line, request, key, _entry in batch:
+                body = bodies.get(key) if key else None
+                if body is None:
+                    rest.write(line + b"\n")
+                    continue
+                cached.write(dumps_line(ResultRecord(index=request.index, custom_id=request.custom_id,
+                                                     status_code=200, body=body, line=request.line, cached=True)))
+            store.touch_cache_entries(lookups.scope, bodies)
     return layout.uncached
 
 
@@ -115,13 +116,17 @@ class _Lookups:
         self.store, self.keys, self.scope = store, _Keys(settings, job), cache_scope(settings, job)
         self.made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
 
-    def of(self, uri: str) -> Iterator[tuple[bytes, BatchRequest, str | None, CacheEntry | None]]:
+    def batches(self, uri: str) -> Iterator[list[tuple[bytes, BatchRequest, str | None, CacheEntry | None]]]:
         lines = stored_lines(uri)
         while chunk := list(islice(lines, _LOOKUP_BATCH)):
             requests = [BatchRequest.model_validate_json(line) for line in chunk]
             keys = [self.keys.of(request) for request in requests]
             entries = self.store.cache_entries(self.scope, [k for k in keys if k], made_after=self.made_after)
-            yield from zip(chunk, requests, keys, (entries.get(k) if k else None for k in keys), strict=True)
+            yield list(zip(chunk, requests, keys, (entries.get(k) if k else None for k in keys), strict=True))
+
+    def of(self, uri: str) -> Iterator[tuple[bytes, BatchRequest, str | None, CacheEntry | None]]:
+        for batch in self.batches(uri):
+            yield from batch
 
 
 def cached_results(layout: JobLayout) -> Iterator[ResultRecord]:
@@ -131,45 +136,72 @@ def cached_results(layout: JobLayout) -> Iterator[ResultRecord]:
             yield ResultRecord.model_validate_json(line)
 
 
-def _tokens(body: dict[str, Any]) -> tuple[int, int]:
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-
-
-def _computed(layout: JobLayout) -> Iterator[tuple[BatchRequest, ResultRecord]]:
-    """Each request the job's shards answered successfully, with its result."""
-    for plan in read_manifest(layout).shards:
-        for request, result in paired_results(plan.requests_uri, plan.results_uri):
-            if result is None:
-                break  # a shard's results are a prefix of its requests
-            if result.ok and result.body is not None:
-                yield BatchRequest.model_validate(request), result
+def _computed(plan: ShardPlan) -> Iterator[tuple[BatchRequest, ResultRecord]]:
+    """Each request the shard answered successfully, with its result."""
+    for request, result in paired_results(plan.requests_uri, plan.results_uri):
+        if result is None:
+            break  # a shard's results are a prefix of its requests
+        if result.ok and result.body is not None:
+            yield BatchRequest.model_validate(request), result
 
 
 def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> int:
-    """Enter the job's computed, cacheable answers in its owner's cache; returns how many."""
+    """Enter the job's computed, cacheable answers in its owner's cache, a pack per shard
+    (whole before its rows); returns how many."""
     if not enabled(settings, job) or not storage.exists(layout.shard_manifest):
         return 0
     keys, scope = _Keys(settings, job), cache_scope(settings, job)
+    hold = _FillHold(layout.hold_marker)
     filled = 0
-    for request, result in _computed(layout):
-        key = keys.of(request)
-        if key is None:
+    for done, plan in enumerate(read_manifest(layout).shards):
+        hold.wait(done)
+        answers = ((key, result.body) for request, result in _computed(plan) if (key := keys.of(request)) is not None)
+        first = next(answers, None)
+        if first is None:
             continue
-        uri = entry_uri(settings, scope, key)
-        size = write_answer(uri, key, result.body)  # the object whole before its row
-        prompt, completion = _tokens(result.body)
-        store.put_cache_entry(owner=scope, key=key, job_id=job.id, uri=uri, bytes=size,
-                              prompt_tokens=prompt, completion_tokens=completion)
-        filled += 1
+        uri = pack_uri(settings, scope, job.id, plan.index)
+        packed = write_pack(uri, chain([first], answers))
+        store.put_cache_entries(owner=scope, job_id=job.id, uri=uri, packed=packed)
+        filled += len(packed)
     return filled
+
+
+class _FillHold:
+    """A fault drill's hold point in the fill (as the worker's, docs/worker.md "Fault
+    drills"): while the job's hold marker says ``{"cache_fill_after_shards": N}``, the fill
+    waits once N shards' answers are entered, until the marker goes; a kill then lands
+    between two shards' entries by construction."""
+
+    POLL_S = 0.2
+
+    def __init__(self, marker: str):
+        self.marker = marker
+        self.after = self._read()
+
+    def _read(self) -> int | None:
+        try:
+            value = orjson.loads(storage.read_bytes(self.marker)).get("cache_fill_after_shards")
+        except (storage.StorageError, orjson.JSONDecodeError, AttributeError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def wait(self, done: int) -> None:
+        while self.after is not None and done >= self.after:
+            time.sleep(self.POLL_S)
+            self.after = self._read()
+
+
+def _delete_unused(store: JobStore, entries: list[CacheEntry]) -> None:
+    """Delete the objects of removed `entries` that no entry names any more."""
+    uris = {entry.uri for entry in entries}
+    for uri in uris - store.cache_uris_in_use(uris):
+        storage.delete(uri)
 
 
 def forget_job(store: JobStore, job_id: str) -> int:
     """Remove the entries a (deleted) job computed, rows then objects; returns how many."""
     entries = store.forget_job_cache(job_id)
-    for entry in entries:
-        storage.delete(entry.uri)
+    _delete_unused(store, entries)
     return len(entries)
 
 
@@ -178,7 +210,6 @@ def evict(store: JobStore, settings: Settings, now: datetime | None = None) -> i
     now = now or datetime.now(UTC)
     entries = store.evict_cache(made_before=now - timedelta(hours=settings.result_cache_ttl_hours),
                                 max_bytes=settings.result_cache_max_bytes)
-    for entry in entries:
-        storage.delete(entry.uri)
+    _delete_unused(store, entries)
     return len(entries)
 

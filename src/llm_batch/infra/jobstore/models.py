@@ -345,7 +345,7 @@ class AdapterRow(Base):
 
 class ResultCacheRow(Base):
     """One cached answer: ``key`` (the request's content address) in ``owner``'s cache; the
-    answer itself is the object at ``uri`` in storage. ``job_id`` is the job that computed
+    answer itself is ``bytes`` bytes at ``at_byte`` of the pack at ``uri`` in storage. ``job_id`` is the job that computed
     it (deleting that job removes the entry); ``used_at`` orders eviction."""
 
     __tablename__ = "result_cache"
@@ -353,9 +353,11 @@ class ResultCacheRow(Base):
     owner: Mapped[str] = mapped_column(String(256), primary_key=True)
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     job_id: Mapped[str] = mapped_column(String(128), index=True)
-    uri: Mapped[str] = mapped_column(Text)
+    uri: Mapped[str] = mapped_column(Text, index=True)
     bytes: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(index=True)
     used_at: Mapped[datetime] = mapped_column(index=True)
+    # Where in its pack (``uri``) the answer starts; None: the object holds it alone.
+    at_byte: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

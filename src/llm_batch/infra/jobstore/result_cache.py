@@ -1,22 +1,25 @@
 """The result cache's index (the ``result_cache`` table): which answers an owner's cache holds.
 
-The answers themselves are storage objects (``uri``); a row is written only after its object
-is whole, and a lookup serves an answer only when both are there, so an entry is never half
-there. Rows are removed before their objects: an object left behind is never served.
+The answers themselves are in storage, in packs (``uri``, from ``at_byte``); rows are written
+only after their pack is whole, and a lookup serves an answer only when both are there, so an
+entry is never half there. Rows are removed before their packs (a pack goes once no row
+names it, ``cache_uris_in_use``): a pack left behind is never served.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from sqlalchemy import Row, delete, func, insert, select, tuple_, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Row, delete, func, select, tuple_, update
 
-from llm_batch.infra.jobstore.repository import Repository, require_aware, utcnow
+from llm_batch.infra.jobstore.repository import Repository, require_aware, upsert, utcnow
 from llm_batch.infra.jobstore.snapshots import CacheEntry
 from llm_batch.infra.jobstore.tables import RESULT_CACHE
+
+if TYPE_CHECKING:
+    from llm_batch.infra.result_cache import Packed
 
 # Keys per lookup statement (an IN list well under every database's parameter limit).
 _KEYS_PER_QUERY = 500
@@ -30,8 +33,8 @@ class ResultCacheIndex(Protocol):
     """The result cache's rows, as the pipeline's cache use cases and housekeeping use them."""
 
     def cache_entries(self, owner: str, keys: Iterable[str], *, made_after: datetime) -> dict[str, CacheEntry]: ...
-    def put_cache_entry(self, *, owner: str, key: str, job_id: str, uri: str, bytes: int, prompt_tokens: int,
-                        completion_tokens: int) -> None: ...
+    def put_cache_entries(self, *, owner: str, job_id: str, uri: str, packed: Iterable[Packed]) -> None: ...
+    def cache_uris_in_use(self, uris: Iterable[str]) -> set[str]: ...
     def touch_cache_entries(self, owner: str, keys: Iterable[str]) -> None: ...
     def forget_job_cache(self, job_id: str) -> list[CacheEntry]: ...
     def evict_cache(self, *, made_before: datetime, max_bytes: int) -> list[CacheEntry]: ...
@@ -52,20 +55,32 @@ class ResultCacheRepository(Repository):
             found.update((entry.key, entry) for entry in self._read_all(query, _entry))
         return found
 
-    def put_cache_entry(self, *, owner: str, key: str, job_id: str, uri: str, bytes: int, prompt_tokens: int,
-                        completion_tokens: int) -> None:
-        """Record `owner`'s answer `key` (its object already whole at `uri`), computed by
-        `job_id`; an entry of that key is replaced (a newer computation of the same answer)."""
+    def put_cache_entries(self, *, owner: str, job_id: str, uri: str, packed: Iterable[Packed]) -> None:
+        """Record `owner`'s answers `packed` (their pack already whole at `uri`), computed by
+        `job_id`, ``_KEYS_PER_QUERY`` rows a statement; an entry of a key already there is
+        replaced (a newer computation of the same answer; the last of a key in `packed` wins)."""
         now = utcnow()
-        values = dict(job_id=job_id, uri=uri, bytes=bytes, prompt_tokens=prompt_tokens,
-                      completion_tokens=completion_tokens, created_at=now, used_at=now)
-        try:
+        rows = list({p.key: dict(owner=owner, key=p.key, job_id=job_id, uri=uri, at_byte=p.at_byte, bytes=p.bytes,
+                                 prompt_tokens=p.prompt_tokens, completion_tokens=p.completion_tokens,
+                                 created_at=now, used_at=now) for p in packed}.values())
+        for start in range(0, len(rows), _KEYS_PER_QUERY):
             with self._transaction(write=True) as connection:
-                connection.execute(insert(RESULT_CACHE).values(owner=owner, key=key, **values))
-        except IntegrityError:
-            with self._transaction(write=True) as connection:
-                connection.execute(update(RESULT_CACHE).where(
-                    RESULT_CACHE.c.owner == owner, RESULT_CACHE.c.key == key).values(**values))
+                statement = upsert(connection, RESULT_CACHE).values(rows[start:start + _KEYS_PER_QUERY])
+                replaced = {name: statement.excluded[name] for name in
+                            ("job_id", "uri", "at_byte", "bytes", "prompt_tokens", "completion_tokens",
+                             "created_at", "used_at")}
+                connection.execute(statement.on_conflict_do_update(
+                    index_elements=[RESULT_CACHE.c.owner, RESULT_CACHE.c.key], set_=replaced))
+
+    def cache_uris_in_use(self, uris: Iterable[str]) -> set[str]:
+        """Those of `uris` some entry still names (a pack of none may be deleted)."""
+        wanted = list(dict.fromkeys(uris))
+        used: set[str] = set()
+        for start in range(0, len(wanted), _KEYS_PER_QUERY):
+            query = select(RESULT_CACHE.c.uri).distinct().where(RESULT_CACHE.c.uri.in_(wanted[start:start + _KEYS_PER_QUERY]))
+            with self._transaction(write=False) as connection:
+                used.update(connection.execute(query).scalars())
+        return used
 
     def touch_cache_entries(self, owner: str, keys: Iterable[str]) -> None:
         """Mark `owner`'s entries `keys` used now (eviction removes the least recently used)."""

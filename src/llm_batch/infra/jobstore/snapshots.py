@@ -174,7 +174,8 @@ class OwnerAdapter:
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
-    """One answer in an owner's result cache (the answer is the storage object at ``uri``)."""
+    """One answer in an owner's result cache: ``bytes`` bytes at ``at_byte`` of the pack at
+    ``uri`` (None: the object at ``uri`` holds it alone)."""
 
     owner: str
     key: str
@@ -185,3 +186,4 @@ class CacheEntry:
     completion_tokens: int
     created_at: datetime
     used_at: datetime
+    at_byte: int | None = None
