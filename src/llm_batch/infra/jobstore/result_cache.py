@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 # Keys per lookup statement (an IN list well under every database's parameter limit).
 _KEYS_PER_QUERY = 500
+# Entries a fill commits at once (a kill between two leaves whole entries only, either way).
+_ROWS_PER_TRANSACTION = 10_000
 
 
 def _entry(row: Row) -> CacheEntry:
@@ -57,20 +59,22 @@ class ResultCacheRepository(Repository):
 
     def put_cache_entries(self, *, owner: str, job_id: str, uri: str, packed: Iterable[Packed]) -> None:
         """Record `owner`'s answers `packed` (their pack already whole at `uri`), computed by
-        `job_id`, ``_KEYS_PER_QUERY`` rows a statement; an entry of a key already there is
+        `job_id`, ``_ROWS_PER_TRANSACTION`` rows a transaction; an entry of a key already there is
         replaced (a newer computation of the same answer; the last of a key in `packed` wins)."""
         now = utcnow()
         rows = list({p.key: dict(owner=owner, key=p.key, job_id=job_id, uri=uri, at_byte=p.at_byte, bytes=p.bytes,
                                  prompt_tokens=p.prompt_tokens, completion_tokens=p.completion_tokens,
                                  created_at=now, used_at=now) for p in packed}.values())
-        for start in range(0, len(rows), _KEYS_PER_QUERY):
+        for start in range(0, len(rows), _ROWS_PER_TRANSACTION):
             with self._transaction(write=True) as connection:
-                statement = upsert(connection, RESULT_CACHE).values(rows[start:start + _KEYS_PER_QUERY])
+                statement = upsert(connection, RESULT_CACHE)
                 replaced = {name: statement.excluded[name] for name in
                             ("job_id", "uri", "at_byte", "bytes", "prompt_tokens", "completion_tokens",
                              "created_at", "used_at")}
+                # executemany: one compiled statement, sent as multi-row batches by the driver layer
                 connection.execute(statement.on_conflict_do_update(
-                    index_elements=[RESULT_CACHE.c.owner, RESULT_CACHE.c.key], set_=replaced))
+                    index_elements=[RESULT_CACHE.c.owner, RESULT_CACHE.c.key], set_=replaced),
+                    rows[start:start + _ROWS_PER_TRANSACTION])
 
     def cache_uris_in_use(self, uris: Iterable[str]) -> set[str]:
         """Those of `uris` some entry still names (a pack of none may be deleted)."""
