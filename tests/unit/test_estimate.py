@@ -99,6 +99,18 @@ def test_chat_prompts_are_counted_with_the_models_tokenizer_and_chat_template(ti
     assert counter.context == 1024  # the registry's max_model_len
 
 
+def test_a_jobs_own_inline_template_is_never_rendered_outside_the_engine(tiny_model_dir, tokenizer, settings):
+    """Issue 43, finding 5: a template that never ends (or repeats a string 10^10 times) in a
+    job's model_config is not rendered by the API or the prepare step: the lines are counted
+    with the model's own template; a registry template (chatml) is rendered as the engine will."""
+    endless = "{% for i in range(10**12) %}{% for j in range(10**12) %}x{% endfor %}{% endfor %}"
+    body = {"messages": [{"role": "user", "content": "say 1"}]}
+    own = estimates.load_counter(MODEL, {"chat_template": endless}, Endpoint.CHAT_COMPLETIONS, settings)
+    assert own.chat_template is None and own.count(body) == _chat_tokens(tokenizer, "say 1")  # at once
+    named = estimates.load_counter(MODEL, {"chat_template": "chatml"}, Endpoint.CHAT_COMPLETIONS, settings)
+    assert named.chat_template and "<|im_start|>" in named.chat_template and named.count(body) > 0
+
+
 def test_completions_and_embeddings_count_text_and_token_ids(tiny_model_dir, tokenizer, settings):
     counter = estimates.load_counter(MODEL, {}, Endpoint.COMPLETIONS, settings)
     assert counter.count({"prompt": "once upon a time"}) == len(tokenizer("once upon a time")["input_ids"])

@@ -214,7 +214,11 @@ def load_counter(model: str, model_config: dict[str, Any], endpoint: Endpoint, s
     except ModelError as exc:
         raise NotCounted(f"the model's tokenizer is not readable here: {exc}") from None
     args = resolved.engine_args
-    template = Path(args["chat_template"]).read_text() if args.get("chat_template") else None
+    # A template the registry names (an admin's) is rendered here as the engine will; a job's
+    # own inline template only by the engine (no bound fits rendering a user's Jinja once per
+    # line in the API or the prepare step): its lines are counted with the model's own.
+    named = config.get("chat_template") in (None, *registry.templates)
+    template = Path(args["chat_template"]).read_text() if args.get("chat_template") and named else None
     try:
         tokenizer = _tokenizer(str(args.get("tokenizer") or resolved.path))
     except (OSError, ValueError) as exc:
