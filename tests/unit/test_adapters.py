@@ -105,6 +105,43 @@ def test_tensors_that_do_not_fit_the_base_are_refused(tmp_path, tensors, reason)
         check_adapter_dir(_adapter(tmp_path, tensors=tensors), _base(tmp_path), max_rank=64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_weights_that_are_not_finite_are_refused_in_each_dtype(tmp_path, dtype, bad):
+    """Issue 43, finding 2: a NaN adapter beside base rows in a shared batch reaches them;
+    every value is read at admission (finite ones of each admitted dtype pass)."""
+    from safetensors.torch import load_file
+
+    folder = _adapter(tmp_path)
+    weights = folder / "adapter_model.safetensors"
+    tensors = {name: (torch.rand(t.shape) * 2 - 1).to(dtype) for name, t in load_file(weights).items()}
+    save_file(tensors, weights)
+    base = _base(tmp_path)
+    check_adapter_dir(folder, base, max_rank=64)  # finite: admitted
+    first = sorted(tensors)[0]
+    tensors[first][1, 3] = bad
+    save_file(tensors, weights)
+    with pytest.raises(AdapterRefused, match="not finite"):
+        check_adapter_dir(folder, base, max_rank=64)
+
+
+def test_padding_a_gap_or_another_dtype_in_the_weights_is_refused(tmp_path):
+    """Issue 43, finding 7 (in part): nothing stored but the tensors (200 MiB of zeros after
+    them were accepted), and only float weights."""
+    folder, base = _adapter(tmp_path), _base(tmp_path)
+    weights = folder / "adapter_model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole + b"\0" * 4096)
+    with pytest.raises(AdapterRefused, match="fill the file exactly"):
+        check_adapter_dir(folder, base, max_rank=64)
+    from safetensors.torch import load_file
+
+    tensors = {name: t.to(torch.float64) for name, t in load_file(_adapter(tmp_path, name="f64") / "adapter_model.safetensors").items()}
+    save_file(tensors, tmp_path / "f64" / "adapter_model.safetensors")
+    with pytest.raises(AdapterRefused, match="admitted: F16, BF16, F32"):
+        check_adapter_dir(tmp_path / "f64", base, max_rank=64)
+
+
 def test_a_weights_file_that_is_not_safetensors_is_refused(tmp_path):
     folder = _adapter(tmp_path)
     (folder / "adapter_model.safetensors").write_bytes(b"\xff" * 8 + b"{}")

@@ -117,7 +117,9 @@ def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
     config = _adapter_config(path / ADAPTER_CONFIG, max_rank)
     base_config = _json(base / "config.json", "the base model's config.json")
     weights = path / ADAPTER_WEIGHTS
-    _check_tensors(_safetensors_header(weights), config, base_config)
+    header, data_start = _safetensors_header(weights)
+    _check_tensors(header, config, base_config)
+    _check_data(weights, header, data_start)
     return AdapterFacts(config["r"], tuple(config["target_modules"]), weights.stat().st_size)
 
 
@@ -158,7 +160,8 @@ def _adapter_config(path: Path, max_rank: int) -> dict[str, Any]:
     return config
 
 
-def _safetensors_header(path: Path) -> dict[str, Any]:
+def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The tensors' header and where their data starts."""
     try:
         with path.open("rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
@@ -170,7 +173,45 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise AdapterRefused(f"{ADAPTER_WEIGHTS} is not a safetensors file")
     header.pop("__metadata__", None)
-    return header
+    return header, 8 + size
+
+
+# Admitted dtypes: (bytes per value, the exponent bits that are all ones only in inf and NaN).
+_DTYPES = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000)}
+
+
+def _check_data(path: Path, header: dict[str, Any], data_start: int) -> None:
+    """The tensors' data: admitted dtypes, ranges that cover the file's data exactly (no gap,
+    no overlap, nothing after), and every value finite: one NaN adapter in a shared batch
+    would reach its neighbours' rows."""
+    import numpy as np  # heavy
+
+    spans = []
+    for name, info in header.items():
+        dtype, offsets, shape = info.get("dtype"), info.get("data_offsets"), info["shape"]
+        if dtype not in _DTYPES:
+            raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} is {str(dtype)[:10]}; admitted: "
+                                 f"{', '.join(_DTYPES)}")
+        width = _DTYPES[dtype][0]
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or offsets[1] - offsets[0] != shape[0] * shape[1] * width):
+            raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} has data_offsets that do not fit its shape")
+        spans.append((offsets[0], offsets[1], name, dtype))
+    spans.sort()
+    data_size = path.stat().st_size - data_start
+    ends = [0] + [end for _, end, *_ in spans]
+    if any(begin != end for (begin, *_), end in zip(spans, ends, strict=False)) or ends[-1] != data_size:
+        raise AdapterRefused(f"{ADAPTER_WEIGHTS}: the tensors' data must fill the file exactly "
+                             "(no gap, overlap or bytes after them)")
+    with path.open("rb") as f:
+        f.seek(data_start)
+        data = f.read(data_size)
+    for begin, end, name, dtype in spans:
+        width, exponent = _DTYPES[dtype]
+        bits = np.frombuffer(data[begin:end], dtype="<u2" if width == 2 else "<u4")
+        if bool(((bits & exponent) == exponent).any()):
+            raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} holds values that are not finite "
+                                 "(NaN or infinity)")
 
 
 def _check_tensors(header: dict[str, Any], config: dict[str, Any], base: dict[str, Any]) -> None:
