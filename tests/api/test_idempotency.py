@@ -73,12 +73,35 @@ def test_same_key_same_body_replays_the_first_response(client, creds, api_store,
     assert changed.status_code == 422, changed.text
     error = changed.json().get("error") or changed.json()
     assert error["code"] == "idempotency_key_reused" and error["param"] == "Idempotency-Key"
+    _conforms(client, path, changed)  # the body the route documents for its 422
 
     # The key is the owner's: bob's same key is his own, a new job.
     if route in ("mistral", "native"):
         bob = client.post(path, headers={**creds.key("bob"), "Idempotency-Key": key, "Content-Type": "application/json"},
                           content=raw)
         assert bob.status_code == 200 and bob.json()[id_field] != job_id
+
+
+def _conforms(client, path: str, response) -> None:
+    """`response` (to POST `path`) has a body its OpenAPI document allows for its status."""
+    import jsonschema
+
+    document = client.get("/openapi.json").json()
+    declared = document["paths"][path]["post"]["responses"]
+    assert str(response.status_code) in declared, (path, response.status_code, sorted(declared))
+    schema = declared[str(response.status_code)]["content"]["application/json"]["schema"]
+    jsonschema.Draft202012Validator({**schema, "components": document["components"]}).validate(response.json())
+
+
+def test_every_route_taking_a_key_documents_its_refusals(client):
+    """A malformed key (400) and a reused one (422, the API's own error body) are documented
+    wherever the header is taken: creates, uploads, retry and rerun."""
+    document = client.get("/openapi.json").json()
+    keyed = [(path, method, operation) for path, item in document["paths"].items() for method, operation in item.items()
+             if any(p.get("name") == "Idempotency-Key" for p in operation.get("parameters", []))]
+    assert {p for p, *_ in keyed} >= {"/v1/jobs", "/v1/jobs/{job_id}/retry", "/v1/jobs/{job_id}/rerun", "/v1/batches"}
+    for path, method, operation in keyed:
+        assert {"400", "422"} <= set(operation["responses"]), (method, path, sorted(operation["responses"]))
 
 
 def test_same_key_on_another_route_is_a_conflict(client, creds, alice_dir):

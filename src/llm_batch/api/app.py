@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llm_batch.api.auth import get_caller
 from llm_batch.api.errors import OPENAI_PREFIXES, ApiError, error_response, install_error_handlers
-from llm_batch.api.idempotency import depends_on
+from llm_batch.api.idempotency import depends_on, idempotency_key
 from llm_batch.api.mistral import jobs as mistral_jobs
 from llm_batch.api.native import (
     jobs,
@@ -232,7 +232,7 @@ _ERROR_DESCRIPTIONS = {
     409: "Conflicts with the state of an object: cancelling an ended job, deleting a file a job still reads, "
     "an output another job writes",
     413: "Request body larger than the limit",
-    422: "The request does not match the schema",
+    422: "The request does not match the schema (or, on a create, its Idempotency-Key was used with another body)",
     429: "A per-owner limit is reached (code limit_exceeded or rate_limit_exceeded)",
 }
 _WWW_AUTHENTICATE = {
@@ -271,15 +271,24 @@ def error_statuses(route: APIRoute) -> list[int]:
         statuses.add(422)
     if authenticated and "POST" in route.methods and not takes_id:
         statuses.add(429)  # creates and uploads: per-owner limits
+    if takes_idempotency_key(route):
+        statuses |= {400, 422}  # a malformed key; a key used with another body or route
     return sorted(statuses)
 
 
-def _error_response(status: int, openai: bool) -> dict[str, Any]:
+def takes_idempotency_key(route: APIRoute) -> bool:
+    return depends_on(route.dependant, idempotency_key)
+
+
+def _error_response(status: int, openai: bool, keyed: bool = False) -> dict[str, Any]:
     model = OpenAIErrorBody if openai else ValidationErrorBody if status == 422 else ErrorBody
     schema: dict[str, Any] = {"$ref": _REF + model.__name__}
     if status == 413 and not openai:
         # BodyLimit answers a too large Content-Length before routing, in OpenAI's shape.
         schema = {"anyOf": [schema, {"$ref": _REF + OpenAIErrorBody.__name__}]}
+    if status == 422 and keyed and not openai:
+        # idempotency_key_reused is the API's own refusal, in its error body.
+        schema = {"anyOf": [schema, {"$ref": _REF + ErrorBody.__name__}]}
     response: dict[str, Any] = {
         "description": _ERROR_DESCRIPTIONS[status],
         "content": {"application/json": {"schema": schema}},
@@ -308,9 +317,12 @@ def declare_error_responses(app: FastAPI) -> None:
                 openai = route.path.startswith(OPENAI_PREFIXES)
                 for method in route.methods:
                     responses = document["paths"][route.path_format][method.lower()]["responses"]
+                    keyed = takes_idempotency_key(route)
                     for status in error_statuses(route):
                         if status not in route.responses and str(status) not in route.responses:
-                            responses[str(status)] = _error_response(status, openai)
+                            responses[str(status)] = _error_response(status, openai, keyed)
+                        elif keyed and status == 422:  # FastAPI's own 422 declaration, widened
+                            responses["422"] = _error_response(status, openai, keyed)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
