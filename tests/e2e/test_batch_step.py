@@ -102,7 +102,7 @@ def test_mapped_step_makes_one_job_per_file(e2e_stack, airflow, batch_client, jo
     run_id = airflow.trigger(MAPPED_DAG, {"input_uris": uris, "model": MODEL})
     assert airflow.finished(MAPPED_DAG, run_id) == "success"
     summary = airflow.xcom(MAPPED_DAG, run_id, "summarize")
-    ids = [step_job_id(MAPPED_DAG, run_id, "batch", i) for i in range(len(sizes))]
+    ids = [step_job_id(MAPPED_DAG, run_id, "batch", i, e2e_stack.ensure_api_key()) for i in range(len(sizes))]
     job_logs.extend(ids)
     assert [s["job_id"] for s in summary] == ids and [s["succeeded"] for s in summary] == sizes
     assert all(s["status"] == "SUCCEEDED" for s in summary)
