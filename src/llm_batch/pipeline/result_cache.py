@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the DAG files import this module: the store loads only in t
     from llm_batch.infra.jobstore import Job, JobStore
     from llm_batch.infra.jobstore.snapshots import CacheEntry
 
-_LOOKUP_BATCH = 500  # validated lines looked up per query
+_LOOKUP_BATCH = 2000  # validated lines looked up (and their hits read) at once
 
 
 def enabled(settings: Settings, job: Job) -> bool:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from llm_batch.infra.result_cache import Packed
 
 # Keys per lookup statement (an IN list well under every database's parameter limit).
-_KEYS_PER_QUERY = 500
+_KEYS_PER_QUERY = 2000
 # Entries a fill commits at once (a kill between two leaves whole entries only, either way).
 _ROWS_PER_TRANSACTION = 10_000
 
