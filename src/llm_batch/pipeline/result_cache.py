@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from itertools import chain, islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
