@@ -49,8 +49,10 @@ def _chat_tokens(tokenizer, content: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _finished_job(store: JobStore, model: str, *, tokens: tuple[int, int], seconds: float) -> str:
-    """A job of `model` ended through the store's public API, as the pipeline moves one."""
+def _finished_job(store: JobStore, model: str, *, tokens: tuple[int, int], seconds: float,
+                  ran: float | None = None) -> str:
+    """A job of `model` ended through the store's public API, as the pipeline moves one;
+    `ran`: the seconds from RUNNING to its end (its in_progress_at moved back that far)."""
     job = store.create_job(dialect="airflow", endpoint="/v1/chat/completions", model=model, owner="alice")
     store.transition(job.id, JobStatus.VALIDATING)
     store.set_counts(job.id, total=1, completed=0, succeeded=0, failed=0)
@@ -58,7 +60,15 @@ def _finished_job(store: JobStore, model: str, *, tokens: tuple[int, int], secon
     store.report_shard(job.id, 0, state="done", total=1, done=1, succeeded=1, prompt_tokens=tokens[0],
                        completion_tokens=tokens[1], engine_seconds=seconds)
     store.transition(job.id, JobStatus.FINALIZING)
-    store.end_job(job.id, JobStatus.SUCCEEDED, "1 succeeded")
+    ended = store.end_job(job.id, JobStatus.SUCCEEDED, "1 succeeded")
+    if ran is not None:  # arranging the timeline: no test waits `ran` seconds
+        from sqlalchemy import update
+
+        from llm_batch.infra.jobstore.tables import JOBS
+
+        with store.engine.begin() as connection:
+            connection.execute(update(JOBS).where(JOBS.c.id == job.id)
+                               .values(in_progress_at=ended.completed_at - timedelta(seconds=ran)))
     return job.id
 
 
@@ -150,7 +160,19 @@ def test_counts_tokens_and_engine_seconds_from_the_measured_rate(tiny_model_dir,
     assert (est.tokens_per_s, est.rate_jobs) == (100.0, 2)
     assert est.engine_seconds == round((prompt + 12) / 100, 1)
     assert (est.jobs_ahead, est.expected_start) == (0, int(NOW.timestamp()))
-    assert est.expected_end == int(NOW.timestamp() + est.engine_seconds / 1)
+    assert est.overhead_seconds is not None and est.overhead_seconds < 5  # these jobs ended at once
+    assert est.expected_end == int(NOW.timestamp() + est.engine_seconds / 1 + est.overhead_seconds)
+
+
+def test_the_expected_end_includes_what_recent_jobs_took_beyond_their_engine(tiny_model_dir, store, settings):
+    """A cold engine's start (and the merge, and scheduling) is in the expected end: the median
+    of the model's newest ended jobs' time running beyond their engine seconds; on a warm
+    stack those jobs took little beyond it, and so does the estimate."""
+    for ran, engine in ((40.0, 10.0), (35.0, 3.0), (12.0, 10.0)):  # 30, 32 and 2 s beyond
+        _finished_job(store, MODEL, tokens=(600, 400), seconds=engine, ran=ran)
+    est = _estimate(store, settings, _dry_job(store), _lines(2))
+    assert est.overhead_seconds == 30.0
+    assert est.expected_end == int(est.expected_start + est.engine_seconds + 30.0)
 
 
 def test_no_finished_job_of_the_model_means_no_seconds_and_says_why(tiny_model_dir, store, settings):

@@ -78,6 +78,8 @@ def readable(est: dict[str, Any]) -> str:
         f"most output tokens {_figure(est['max_output_tokens'])}",
         f"tokens/s           {_figure(rate)}" + (f" (measured over {est['rate_jobs']} ended jobs)" if rate else ""),
         f"engine seconds     {_figure(est['engine_seconds'], ' s')}" + (" (at most)" if est["engine_seconds"] else ""),
+        f"start and merge    {_figure(est.get('overhead_seconds'), ' s')}"
+        + (" (recent jobs' median beyond their engine time)" if est.get("overhead_seconds") is not None else ""),
         f"jobs ahead         {est['jobs_ahead']}" + (f" ({est['jobs_ahead_unknown']} without an estimate)"
                                                     if est["jobs_ahead_unknown"] else ""),
         f"expected start     {_when(est['expected_start'])}",

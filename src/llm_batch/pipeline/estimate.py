@@ -114,9 +114,13 @@ class Estimate(BaseModel):
     expected_start: int | None = Field(
         description="Unix time in seconds its shards should start: now + the engine seconds ahead not yet run / the "
         "pool's slots; null when its own engine seconds are unknown")
+    overhead_seconds: float | None = Field(
+        default=None, description="What the model's newest ended jobs took beyond their engine time once running, "
+        "their median: an engine's start when it was cold (none on a warm engine), scheduling, the merge; part of "
+        "expected_end; null until one has ended")
     expected_end: int | None = Field(
         description="Unix time in seconds it should end: expected_start + engine_seconds / min(slots, "
-        "data_parallelism); null when engine_seconds is")
+        "data_parallelism) + overhead_seconds; null when engine_seconds is")
     estimated_at: int = Field(description="Unix time in seconds the estimate was made")
     notes: list[str] = Field(description="Why a figure is null or approximate, in words")
     would_fail: str | None = Field(
@@ -448,7 +452,7 @@ def _estimate(store: JobStore, settings: Settings, job: Job, report: ValidationR
     start = end = None
     if seconds is not None:
         start = now.timestamp() + wait / slots
-        end = start + seconds / max(1, min(slots, job.data_parallelism or 1))
+        end = start + seconds / max(1, min(slots, job.data_parallelism or 1)) + rate.overhead_seconds
     if unknown:
         notes.append(f"{unknown} of the {ahead} jobs ahead have no estimate yet: their time is not in the wait")
     return Estimate(
@@ -457,6 +461,7 @@ def _estimate(store: JobStore, settings: Settings, job: Job, report: ValidationR
                 for e in report.errors[:SHOWN_ERRORS]],
         prompt_tokens=prompt, prompt_tokens_exact=exact, max_output_tokens=tally.output,
         tokens_per_s=round(rate.tokens_per_s, 1) if rate else None, rate_jobs=rate.jobs if rate else 0,
+        overhead_seconds=round(rate.overhead_seconds, 1) if rate else None,
         engine_seconds=seconds, jobs_ahead=ahead, jobs_ahead_unknown=unknown,
         expected_start=None if start is None else int(start), expected_end=None if end is None else int(end),
         estimated_at=int(now.timestamp()), notes=notes,

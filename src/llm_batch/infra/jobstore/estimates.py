@@ -24,12 +24,15 @@ RATE_JOBS = 20
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredRate:
-    """What a model's ended jobs took: tokens (prompt + completion) over engine seconds."""
+    """What a model's ended jobs took: tokens (prompt + completion) over engine seconds, and
+    the median of what each took beyond its engine time once running (``overhead_seconds``:
+    the engine's start when it was cold, scheduling, the merge)."""
 
     model: str
     jobs: int
     tokens: int
     engine_seconds: float
+    overhead_seconds: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -72,7 +75,8 @@ class EstimatesRepository(Repository):
         ran); None when it has none."""
         c = JOBS.c
         ended = [s.value for s in JobStatus if s.terminal]
-        query = (select(c.prompt_tokens, c.completion_tokens, c.engine_seconds)
+        query = (select(c.prompt_tokens, c.completion_tokens, c.engine_seconds, c.in_progress_at, c.completed_at,
+                        c.data_parallelism)
                  .where(c.model == model, c.status.in_(ended), c.engine_seconds > 0,
                         c.prompt_tokens + c.completion_tokens > 0)
                  .order_by(c.completed_at.desc(), c.id).limit(last))
@@ -80,8 +84,12 @@ class EstimatesRepository(Repository):
             rows = connection.execute(query).all()
         if not rows:
             return None
-        return MeasuredRate(model, len(rows), sum(int(p) + int(q) for p, q, _ in rows),
-                            sum(float(s) for _, _, s in rows))
+        overheads = sorted(
+            max(0.0, (row.completed_at - row.in_progress_at).total_seconds() - row.engine_seconds / max(1, row.data_parallelism or 1))
+            for row in rows if row.in_progress_at is not None and row.completed_at is not None)
+        return MeasuredRate(model, len(rows), sum(int(row.prompt_tokens) + int(row.completion_tokens) for row in rows),
+                            sum(float(row.engine_seconds) for row in rows),
+                            overheads[len(overheads) // 2] if overheads else 0.0)
 
     def live_work(self) -> list[LiveWork]:
         """Every live job, oldest first (few: jobs that have not ended)."""

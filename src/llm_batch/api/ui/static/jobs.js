@@ -194,7 +194,8 @@
     const fig = (v, d) => Number(v).toLocaleString(undefined, { maximumFractionDigits: d });
     const engine = est.engine_seconds === null || est.engine_seconds === undefined
       ? "engine time unknown (no ended job of this model to measure its rate on yet)"
-      : `engine ${fig(est.engine_seconds, 1)} s`;
+      : `engine ${fig(est.engine_seconds, 1)} s` +
+        (est.overhead_seconds ? ` + about ${fig(est.overhead_seconds, 0)} s to start and merge` : "");
     const expectedEnd = est.expected_end ? when(new Date(est.expected_end * 1000).toISOString()) : "unknown";
     return `${engine} (took ${fig(used.engine_seconds, 1)} s) · ` +
       `prompt ${fig(est.prompt_tokens, 0)} tokens (took ${fig(used.prompt_tokens, 0)}) · ` +
