@@ -37,10 +37,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
 # Generous bounds: engine start-up alone is ~20 s idle, far more on a loaded machine.
 JOB_TIMEOUT = 420
-# Seconds from a job's start (RUNNING: its shards planned) to its first finished request,
-# as measured by earlier tests: mostly engine start-up, which varies with the machine's
-# load. The deadline test sets its deadline from it, so the deadline falls mid-run.
-first_result_after: list[float] = []
 
 
 def _job_ids(lines: list[dict[str, Any]]) -> list[str]:
@@ -59,8 +55,6 @@ def _wait_for_progress(client, job_id: str) -> Any:
         JOB_TIMEOUT,
         poll=0.5,
     )
-    if job.started_at:
-        first_result_after.append(time.time() - job.started_at)
     assert not job.terminal, f"job {job_id} ended ({job.status}) before it could be stopped mid-run"
     assert job.completed < job.total
     return job
@@ -246,12 +240,20 @@ def _shard_tries(stack, job_id: str) -> list[int]:
 
 def test_deadline_mid_run_times_out_with_partial_results(e2e_stack, batch_client, job_logs, tmp_path):
     batch = long_batch(tmp_path / "deadline.jsonl", 400, first_tokens=20, step=0)
-    # Past the first results (validation and planning take seconds, start-up as measured by
-    # the tests before, if any ran first): the shard holds after 3 results (the worker's hold
-    # point), so the deadline finds it mid-run by construction.
-    deadline = int(max(first_result_after or [120.0]) + 30)
+    config = {"engine_args": {"max_num_seqs": 1}}
+    # A one-line job of the same configuration first: the stack's warm engine for it is
+    # loaded, and its submit-to-end time is what the deadline job takes to its first results
+    # (validation, planning, scheduling) on that warm engine.
+    warm_up = long_batch(tmp_path / "warm-up.jsonl", 1, first_tokens=2, step=0)
+    submitted = time.monotonic()
+    ready = batch_client.submit(warm_up, endpoint="/v1/chat/completions", model=MODEL, model_config=config, new=True)
+    job_logs.append(ready.id)
+    assert batch_client.wait(ready.id, timeout=JOB_TIMEOUT).status == "SUCCEEDED"
+    # Past the first results, with a margin for the machine's load: the shard holds after 3
+    # results (the worker's hold point), so the deadline finds it mid-run by construction.
+    deadline = int(max(45.0, 2 * (time.monotonic() - submitted) + 15))
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline,
-                              model_config={"engine_args": {"max_num_seqs": 1}})
+                              model_config=config)
     hold_shards(job.id, 3)
     job_logs.append(job.id)
     job = batch_client.wait(job.id, timeout=deadline + JOB_TIMEOUT)
