@@ -22,14 +22,9 @@ polled every 0.1 s.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,26 +33,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.small_jobs import stack_in_temp_home  # noqa: E402
+
 POLL_S = 0.1
-
-
-@contextmanager
-def temp_stack(model_cache: Path) -> Iterator[Any]:
-    home = Path(tempfile.mkdtemp(prefix="llm-batch-interactive-"))
-    os.environ.update(LLM_BATCH_HOME=str(home), LLM_BATCH_MODEL_CACHE=str(model_cache))
-    from llm_batch.core.config import get_settings
-    from llm_batch.devstack.stack import Stack, free_port
-
-    get_settings.cache_clear()
-    stack = Stack.create(get_settings(), free_port())
-    try:
-        started = time.monotonic()
-        stack.up(timeout=600)
-        print(f"stack up in {time.monotonic() - started:.0f} s (warm engines: {stack.settings.warm_engines})", flush=True)
-        yield stack
-    finally:
-        stack.down()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def client(stack: Any, key: str) -> httpx.Client:
@@ -121,7 +99,8 @@ def main() -> None:
     from llm_batch.infra.model_registry import prepare_model
 
     cache = prepare_model(args.model).parent  # the shared cache (prepared once)
-    with temp_stack(cache) as stack:
+    with stack_in_temp_home(cache, "interactive") as stack:  # as `llm-batch up` runs it: its defaults
+        print(f"warm engines: {stack.settings.warm_engines}", flush=True)
         alice, bob = client(stack, owner_key(stack, "alice")), client(stack, owner_key(stack, "bob"))
         cold = small_job(alice, args.model, args.small, args.max_tokens, "cold")
         warm = small_job(alice, args.model, args.small, args.max_tokens, "warm")

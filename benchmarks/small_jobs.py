@@ -43,10 +43,17 @@ from benchmarks.shape import airflow_api, batch_api, ts, wait_job  # noqa: E402
 def temp_stack(warm: bool, model_cache: Path, seats: int = 1) -> Iterator[Any]:
     """One local engine at a time; with warm engines it runs ``seats`` shards at once (the
     pool has as many slots: docs/worker.md, "Seats")."""
-    home = Path(tempfile.mkdtemp(prefix="llm-batch-small-jobs-"))
-    os.environ.update(LLM_BATCH_HOME=str(home), LLM_BATCH_MODEL_CACHE=str(model_cache),
-                      LLM_BATCH_WARM_ENGINES="1" if warm else "0", LLM_BATCH_WARM_ENGINE_SEATS=str(seats),
-                      LLM_BATCH_LOCAL_POOL_SLOTS="1")
+    with stack_in_temp_home(model_cache, "small-jobs", LLM_BATCH_WARM_ENGINES="1" if warm else "0",
+                            LLM_BATCH_WARM_ENGINE_SEATS=str(seats), LLM_BATCH_LOCAL_POOL_SLOTS="1") as stack:
+        yield stack
+
+
+@contextmanager
+def stack_in_temp_home(model_cache: Path, name: str, **env: str) -> Iterator[Any]:
+    """A fresh embedded stack (``llm-batch up``) in a temporary home, the model cache shared,
+    ``env`` set before it starts; stopped and its home removed after."""
+    home = Path(tempfile.mkdtemp(prefix=f"llm-batch-{name}-"))
+    os.environ.update(LLM_BATCH_HOME=str(home), LLM_BATCH_MODEL_CACHE=str(model_cache), **env)
     from llm_batch.core.config import get_settings
     from llm_batch.devstack.stack import Stack, free_port
 
