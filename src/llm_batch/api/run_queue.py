@@ -25,10 +25,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from airflow.utils.state import DagRunState, TaskInstanceState
-from sqlalchemy import case, func, select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
 from llm_batch.api.state import DAG_ID
@@ -76,12 +76,7 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
         what = f"a run slot of DAG {DAG_ID} ({most} of its runs run at once)" if most else f"a run slot of DAG {DAG_ID}"
         # Behind every started run still waiting for a pool's slot: one line, no two jobs
         # at one place.
-        started = select(TI.run_id).where(TI.dag_id == DAG_ID, TI.state.in_(_UNDER_WAY))
-        ahead = session.scalar(
-            select(func.count(func.distinct(TI.run_id)))
-            .join(DagRun, (DagRun.dag_id == TI.dag_id) & (DagRun.run_id == TI.run_id))
-            .where(TI.dag_id == DAG_ID, TI.state == TaskInstanceState.SCHEDULED, DagRun.state == DagRunState.RUNNING,
-                   TI.run_id.not_in(started))) or 0
+        ahead = session.scalar(_waiting_in_pools(func.count(func.distinct(TI.run_id)))) or 0
         for position, run_id in enumerate(line, start=1 + ahead):
             if run_id in wanted:
                 places[run_id] = QueuePlace(position, None, what)
@@ -153,13 +148,8 @@ def queue_depths(session: Session, now: datetime) -> QueueDepths:
     queued = session.execute(select(func.count(), func.min(DagRun.logical_date)).where(
         DagRun.dag_id == DAG_ID, DagRun.state == DagRunState.QUEUED)).one()
     pools["(run)"] = (int(queued[0]), age(queued[1]))
-    active = select(TI.run_id).where(TI.dag_id == DAG_ID, TI.state.in_(_UNDER_WAY))
-    rows = session.execute(
-        select(TI.pool, func.count(func.distinct(TI.run_id)), func.min(DagRun.logical_date))
-        .join(DagRun, (DagRun.dag_id == TI.dag_id) & (DagRun.run_id == TI.run_id))
-        .where(TI.dag_id == DAG_ID, TI.state == TaskInstanceState.SCHEDULED, DagRun.state == DagRunState.RUNNING,
-               TI.run_id.not_in(active))
-        .group_by(TI.pool)).all()
+    rows = session.execute(_waiting_in_pools(TI.pool, func.count(func.distinct(TI.run_id)),
+                                             func.min(DagRun.logical_date)).group_by(TI.pool)).all()
     for pool, jobs, oldest in rows:
         pools[pool] = (int(jobs), age(oldest))
     tries, retries = session.execute(
@@ -169,6 +159,18 @@ def queue_depths(session: Session, now: datetime) -> QueueDepths:
     beat = session.scalar(select(func.max(AirflowJob.latest_heartbeat)).where(
         AirflowJob.job_type == "SchedulerJob", AirflowJob.state == "running"))
     return QueueDepths(pools, int(tries), int(retries), age(beat) if beat else float("inf"))
+
+
+def _waiting_in_pools(*columns: Any) -> Select:
+    """``columns`` over the scheduled task instances of running batch_inference runs nothing
+    of which is under way yet: the runs that wait for a pool's slot."""
+    from airflow.models.dagrun import DagRun  # airflow
+    from airflow.models.taskinstance import TaskInstance as TI  # airflow
+
+    started = select(TI.run_id).where(TI.dag_id == DAG_ID, TI.state.in_(_UNDER_WAY))
+    return (select(*columns).join(DagRun, (DagRun.dag_id == TI.dag_id) & (DagRun.run_id == TI.run_id))
+            .where(TI.dag_id == DAG_ID, TI.state == TaskInstanceState.SCHEDULED, DagRun.state == DagRunState.RUNNING,
+                   TI.run_id.not_in(started)))
 
 
 class _JobOfRun(Protocol):
