@@ -1,6 +1,6 @@
 """Alembic environment of the job store.
 
-Run through ``llm_batch.infra.jobstore.migrate.upgrade_to_head``, which passes an open connection
+Run through ``llm_batch.infra.jobstore.database.upgrade_to_head``, which passes an open connection
 (holding the migration lock) in ``config.attributes["connection"]``. Run by hand, the URL
 comes from ``-x url=...``.
 """
