@@ -302,6 +302,7 @@ def test_openai_usage_and_scale_figures_live_then_exact(client, creds, api_store
     from openai.types import Batch
 
     from llm_batch.api.scale.models import BatchCompletionsJob
+    from llm_batch.infra.api_client import JobView
     from tests.api.conftest import CACHED_TOKENS, COMPLETION_TOKENS, PROMPT_TOKENS
 
     alice = creds.key("alice")
@@ -316,6 +317,9 @@ def test_openai_usage_and_scale_figures_live_then_exact(client, creds, api_store
     assert live.usage.input_tokens_details.cached_tokens == CACHED_TOKENS
     scale = BatchCompletionsJob.of(api_store.get_job(batch["id"]), None).metadata
     assert (scale["engine_seconds"], scale["gpu_seconds"], scale["tokens_per_second"]) == (2.0, 2.0, 2.0)
+    # The native job carries the same rate, and the CLI's progress line reads it from there.
+    native = client.get(f"/v1/jobs/{batch['id']}", headers=alice).json()
+    assert native["usage"]["tokens_per_s"] == JobView.of(native).tokens_per_s == 2.0
     next(progress, None)
     done = client.get(f"/v1/batches/{batch['id']}", headers=alice).json()
     assert done["usage"] == {

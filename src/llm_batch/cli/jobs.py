@@ -31,11 +31,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llm_batch.cli import print_table
-from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import INPUT_FORMATS
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.progress import ShardState, read_progress
 
 if TYPE_CHECKING:
     from llm_batch.infra.api_client import BatchClient, JobView
@@ -338,34 +336,12 @@ def _follow(client: BatchClient, job: JobView) -> JobView:
         bar = progress.add_task("job", total=None, status=job.shown_status, rate="")
 
         def update(current: JobView) -> None:
-            rate = _tokens_per_s(job.id)
             progress.update(
                 bar, completed=current.completed, total=current.total or None, status=current.shown_status,
-                rate=f"{rate:,.0f} tokens/s" if rate is not None else "",
+                rate=f"{current.tokens_per_s:,.0f} tokens/s" if current.tokens_per_s else "",
             )
 
         return client.wait(job.id, poll=1.0, on_update=update)
-
-
-def _tokens_per_s(job_id: str) -> float | None:
-    """Generated tokens/s of a running job, from its shards' progress objects. Readable when
-    the CLI shares storage with the server (the embedded stack); None otherwise."""
-    try:
-        from llm_batch.pipeline.sharding import read_manifest  # heavy
-        from llm_batch.pipeline.steps import layout_of  # heavy
-
-        manifest = read_manifest(layout_of(get_settings(), job_id))
-        rates = []
-        for shard in manifest.shards:
-            try:
-                progress = read_progress(shard.progress_uri)
-            except Exception:  # noqa: BLE001 (not started yet: no progress object)
-                continue
-            if progress.state == ShardState.RUNNING:
-                rates.append(progress.tokens_per_s)
-        return sum(rates) if rates else None
-    except Exception:  # noqa: BLE001 (advisory: no manifest yet, remote storage, ...)
-        return None
 
 
 def _describe(job: JobView) -> None:

@@ -99,6 +99,7 @@ class JobView:
     queue_position: int | None = None  # while it waits for Airflow to start it (JobOut.queue)
     waiting_for: str | None = None
     replayed: bool = False  # the answer to a create is an earlier create's job (its Idempotency-Key)
+    tokens_per_s: float = 0.0  # generated tokens per engine second (JobUsage.tokens_per_s)
 
     @property
     def terminal(self) -> bool:
@@ -133,6 +134,7 @@ class JobView:
             queue_position=(body.get("queue") or {}).get("position"),
             waiting_for=(body.get("queue") or {}).get("waiting_for"),
             replayed=bool(body.get("replayed")),
+            tokens_per_s=(body.get("usage") or {}).get("tokens_per_s") or 0.0,
         )
 
 

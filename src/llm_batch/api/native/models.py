@@ -159,6 +159,9 @@ class JobUsage(BaseModel):
         default=0, description="Answers that failed the job's `output_check` and were tried again")
     retry_tokens: int = Field(
         default=0, description="Prompt + completion tokens of those discarded answers (not in the token counts above)")
+    tokens_per_s: float = Field(
+        default=0.0, description="Generated tokens per engine second: of its running shards while it runs, over "
+        "the time its engines ran once it ended (engine start and queue left out); 0 before a shard reports")
 
 
 class DerivedFromOut(BaseModel):
@@ -254,6 +257,7 @@ class JobOut(BaseModel):
                 cached_tokens=job.result_cache_tokens,
                 output_retries=job.output_retries,
                 retry_tokens=job.retry_tokens,
+                tokens_per_s=job.tokens_per_s,
             ),
             input_file_ids=list(job.input.file_ids or []),
             output_file_id=job.output_file_id,
