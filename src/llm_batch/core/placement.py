@@ -3,6 +3,8 @@ resources a worker may ask for, and the priority bands jobs fall into."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobRejected
 
@@ -17,6 +19,7 @@ GPU_TYPES: tuple[str, ...] = (
     "nvidia-hopper-h100-1g20gb",
     "nvidia-hopper-h100-3g40gb",
 )
+GpuType = Literal[GPU_TYPES]  # the same names as a type of request models
 
 
 def priority_bands(settings: Settings) -> list[tuple[str, int]]:

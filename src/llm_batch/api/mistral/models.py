@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.api.file_models import epoch
+from llm_batch.api.inline_request import InlineRequest
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
 from llm_batch.core.jobs import JobStatus
@@ -27,24 +28,6 @@ MISTRAL_STATUS = {
     JobStatus.TIMEOUT_EXCEEDED: "TIMEOUT_EXCEEDED",
     JobStatus.CANCELLED: "CANCELLED",
 }
-
-
-class InlineRequest(BaseModel):
-    """One inline request of a batch job. No other field is allowed (422)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    custom_id: str | None = Field(
-        default=None,
-        max_length=512,
-        description="Your id for the request, carried by its result or error line; default: its 0-based "
-        "position in `requests`, as a string",
-    )
-    body: dict[str, Any] = Field(
-        description="The request body for the job's endpoint (e.g. `messages`, `max_tokens`); checked per "
-        "request by the job's validation (a bad one is an error line, not a refused job). A `model` in it is "
-        "not used: the job's model runs"
-    )
 
 
 class CreateBatchJobRequest(BaseModel):

@@ -9,11 +9,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.api.file_models import epoch
-from llm_batch.api.mistral.models import InlineRequest
-from llm_batch.api.scale.models import GpuType
+from llm_batch.api.inline_request import InlineRequest
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
 from llm_batch.core.output_check import OutputCheck
+from llm_batch.core.placement import GpuType
 from llm_batch.infra.jobstore import Job
 from llm_batch.pipeline.estimate import Estimate
 
@@ -23,7 +23,7 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 __all__ = ["JOB_ID_PATTERN", "CreateJob", "DerivedFromOut", "EstimateOut", "JobList", "JobOut", "JobRequestItem"]
 
 
-class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline request
+class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline request (one model)
     """One inline request of a job. No other field is allowed (422)."""
 
 

@@ -9,12 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.jobs import JobStatus
-from llm_batch.core.placement import GPU_TYPES
+from llm_batch.core.placement import GpuType
 from llm_batch.infra.jobstore import Job
 from llm_batch.infra.model_registry import MODEL_CONFIG_FIELDS
-
-GpuType = Literal[GPU_TYPES]  # the seed's enum, defined once in llm_batch.core.placement
-
 
 # The dialect's word for each canonical status.
 SCALE_STATUS = {
