@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import orjson
 import pytest
@@ -149,7 +150,7 @@ def test_register_makes_a_job_from_the_conf(store, settings):
     [
         ({"model": "tiny-random-llama"}, "give exactly one of input_uri, input_file_ids, input_requests (got none)"),
         ({"input_uri": "/x.jsonl", "input_file_ids": ["f"]}, "(got input_uri, input_file_ids)"),
-        ({"input_uri": "/x.jsonl", "model": "gpt-4o-mini"}, "model 'gpt-4o-mini' is not in the model registry"),
+        ({"input_uri": "/x.jsonl", "model": "gpt-4o-mini"}, "unknown model 'gpt-4o-mini': known models are "),
         ({"input_uri": "/x.jsonl", "data_parallelism": 0}, "data_parallelism=0 is out of bounds"),
         ({"input_uri": "/x.jsonl", "max_runtime_sec": 0}, "max_runtime_sec=0 is out of bounds"),
         ({"input_uri": "/x.jsonl", "nodes_per_worker": 4}, "nodes_per_worker=4 needs the Kubernetes shard runner"),
@@ -267,14 +268,14 @@ def test_a_runs_input_files_are_its_users_own_batch_inputs(store, settings):
         with pytest.raises(jobs.JobRejected) as refused:
             steps.register(store, settings, {**conf, "job_id": f"job_refused_{n}", "input_file_ids": [alices, file_id]}, _run_id())
         answers.append(str(refused.value).replace(file_id, "<id>"))
-    assert answers[0] == answers[1] == "input_file_ids[1]: 'alice' has no file '<id>'"
+    assert answers[0] == answers[1] == "input_file_ids[1]: No file found with id '<id>'."
     with pytest.raises(jobs.JobRejected, match=f"input_file_ids\\[0\\]: file '{media}' was uploaded with purpose 'ocr'"):
         steps.register(store, settings, {**conf, "job_id": "job_refused_2", "input_file_ids": [media]}, _run_id())
     # Each refusal is a FAILED job naming why, with no input (bob's file id is not recorded);
     # the same job id again (a cleared run) is refused the same way.
     refused_job = store.get_job("job_refused_0")
     assert refused_job.status == jobs.JobStatus.FAILED and refused_job.input == JobInput()
-    with pytest.raises(jobs.JobRejected, match="'alice' has no file"):
+    with pytest.raises(jobs.JobRejected, match="No file found with id"):
         steps.register(store, settings, {**conf, "job_id": "job_refused_0", "input_file_ids": [alices]}, _run_id())
     assert store.get_job(steps.register(store, settings, {**conf, "input_file_ids": [alices]}, _run_id())).owner == "alice"
     trusted = steps.register(store, settings, {**conf, "input_file_ids": [bobs]}, _run_id(), trusted=True)
@@ -608,3 +609,50 @@ def test_a_spec_owners_run_names_only_that_owners_paths(store, settings):
         steps.register(store, settings, {**conf, "owner": owner}, _run_id(), trusted=trusted)
     owner, trusted = steps.run_owner(None, conf, lambda _: False)  # the admin's spec may
     assert store.get_job(steps.register(store, settings, {**conf, "owner": owner}, _run_id(), trusted=trusted)).owner == owner
+
+
+def test_a_run_is_admitted_as_the_api_admits_a_create(store, settings):
+    """The form and /api/v2 pass the API's own admission (llm_batch.pipeline.admission), so a
+    run is refused what a create is refused, in the same words with the conf's field named:
+    an input that is not there, an output another owner's job wrote, a model that cannot
+    serve the endpoint; and an owner's own adapter is a model its runs may name."""
+    from llm_batch.pipeline import admission
+
+    owner = run_conf.DEFAULT_OWNER
+    missing = str(settings.local_roots[0] / "alice" / "never-written.jsonl")
+    cases = {
+        "input_uri": {"input_uri": missing, "model": "tiny-random-llama"},
+        "model": {**_conf(settings), "endpoint": "/v1/embeddings"},
+    }
+    reasons = {}
+    for param, conf in cases.items():
+        with pytest.raises(jobs.JobRejected) as refused:
+            steps.register(store, settings, {**conf, "owner": "alice"}, _run_id())
+        reasons[param] = str(refused.value)
+        assert reasons[param].startswith(param), refused.value
+    with pytest.raises(jobs.Refused) as api_refusal:  # what the native route answers (400)
+        admission.check_input_readable(missing, missing, "input_uri", settings, admission.Owner("alice"))
+    assert (api_refusal.value.code, api_refusal.value.message) == ("path_unavailable", reasons["input_uri"])
+
+    # An output file another owner's job wrote: refused, as the API refuses it (409).
+    theirs = settings.local_roots[0] / "bob" / f"out-{uuid.uuid4().hex[:6]}.json"
+    theirs.parent.mkdir(parents=True, exist_ok=True)
+    bob_job = steps.register(store, settings, {**_conf(settings), "output_uri": str(theirs), "owner": "bob"},
+                             _run_id(), trusted=True)
+    theirs.write_text("[]")
+    assert store.get_job(bob_job).array_output_uri == str(theirs)
+    with pytest.raises(jobs.JobRejected, match="output_uri: .* is the output of a job not yet ended"):
+        steps.register(store, settings, {**_conf(settings), "output_uri": str(theirs)}, _run_id(), trusted=True)
+    store.end_job(bob_job, jobs.JobStatus.FAILED, "ended for the test")
+    with pytest.raises(jobs.JobRejected, match="output_uri: .* no job of yours wrote it"):
+        steps.register(store, settings, {**_conf(settings), "output_uri": str(theirs)}, _run_id(), trusted=True)
+
+    # An owner's own adapter is a model the owner's run may name; another owner's is unknown.
+    store.create_adapter(owner="alice", name="alice-lora", base="tiny-random-llama", uri="/x/", rank=8, bytes=1)
+    alices = _input(settings, [_chat(0)]).replace(f"/{owner}/", "/alice/")
+    Path(alices).parent.mkdir(parents=True, exist_ok=True)
+    Path(alices).write_bytes(_chat(0) + b"\n")
+    made = steps.register(store, settings, {"input_uri": alices, "model": "alice-lora", "owner": "alice"}, _run_id())
+    assert store.get_job(made).model == "alice-lora"
+    with pytest.raises(jobs.JobRejected, match="unknown model 'alice-lora'"):
+        steps.register(store, settings, {**_conf(settings), "model": "alice-lora", "owner": "bob"}, _run_id())

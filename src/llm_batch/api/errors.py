@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from llm_batch.core.jobs import Refused
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import InvalidCursor
 from llm_batch.infra.storage import StorageError
@@ -36,24 +37,9 @@ _ERROR_TYPES = {
 }
 
 
-class ApiError(Exception):
-    """An error answered to the client as-is: `message` says what, `param` says where."""
-
-    def __init__(
-        self,
-        status_code: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers
+class ApiError(Refused):
+    """An error answered to the client as-is: `message` says what, `param` says where. (The
+    admission's refusals, ``Refused``, are answered the same way.)"""
 
 
 def not_found(kind: str, object_id: str) -> ApiError:
@@ -69,7 +55,7 @@ def _wants_openai_shape(request: Request) -> bool:
     return path.startswith(OPENAI_PREFIXES)
 
 
-def error_response(request: Request, error: ApiError) -> JSONResponse:
+def error_response(request: Request, error: Refused) -> JSONResponse:
     if _wants_openai_shape(request):
         body: dict[str, Any] = {
             "error": {
@@ -173,7 +159,7 @@ def _database_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, lambda request, exc: error_response(request, exc))
+    app.add_exception_handler(Refused, lambda request, exc: error_response(request, exc))
     # Every list route names its cursor `after`.
     app.add_exception_handler(InvalidCursor, lambda request, exc: error_response(
         request, ApiError(400, str(exc), param="after", code="invalid_cursor")))

@@ -41,6 +41,7 @@ from starlette.datastructures import UploadFile
 from llm_batch.api.auth import CallerDep
 from llm_batch.api.errors import ApiError, error_response
 from llm_batch.api.state import StoreDep
+from llm_batch.core.jobs import Refused
 from llm_batch.infra.jobstore import JobStore, utcnow
 
 log = logging.getLogger("llm_batch.api.idempotency")
@@ -213,7 +214,7 @@ class IdempotentRoute(APIRoute):
                 response = await handler(request)
             except _Replay as replay:
                 return replay.response
-            except ApiError as exc:
+            except Refused as exc:  # the route's ApiError, or the admission's refusal
                 held = getattr(request.state, _STATE, None)
                 if held is None or exc.status_code >= 500 or exc.status_code in _NOT_KEPT:
                     await _finish(held, None)

@@ -49,3 +49,19 @@ def check_transition(current: JobStatus, new: JobStatus) -> None:
 
 class JobRejected(Exception):
     """The job cannot run (bad input, unsupported resources): it is FAILED with this reason."""
+
+
+class Refused(JobRejected):
+    """A job refused at admission, whichever way it came in (llm_batch.pipeline.admission):
+    an HTTP status for the API to answer (a 4xx), what is wrong (``message``, also the
+    refused run's reason), where (``param``: the caller's own name of the field) and a
+    stable ``code``."""
+
+    def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers

@@ -26,7 +26,7 @@ import yaml
 from llm_batch.core import owners
 from llm_batch.core.config import Settings
 from llm_batch.core.job_input import OutputFormat
-from llm_batch.core.jobs import JobRejected, JobStatus
+from llm_batch.core.jobs import JobRejected, JobStatus, Refused
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice
 from llm_batch.core.placement import check_resources, priority_band
@@ -39,7 +39,16 @@ from llm_batch.core.run_conf import (
     api_run_id,
     run_job_id,
 )
-from llm_batch.infra import input_files, storage, user_paths
+from llm_batch.infra import storage, user_paths
+from llm_batch.pipeline.admission import (
+    Owner,
+    check_endpoint,
+    check_input_files,
+    check_input_readable,
+    check_model,
+    check_output_target,
+    check_user_path,
+)
 from llm_batch.pipeline.recurring import output_asset_uri
 from llm_batch.pipeline.shard_task import ShardTask, shard_not_run_reasons
 
@@ -68,10 +77,9 @@ def registry_model_names(settings: Settings) -> list[str]:
         return []
 
 
-def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> None:
-    """What the form cannot say alone: exactly one input, an output check the API would take,
-    a model of the registry (unless the run names its own checkpoint_path) and a
-    model_config the API would take."""
+def check_run_inputs(conf: dict[str, Any], run: RunConf) -> None:
+    """What the form cannot say alone: exactly one input, figures within bounds, an output
+    check the API would take. (The rest is the admission every way in passes: ``admit_run``.)"""
     given = [name for name in INPUT_FIELDS if conf.get(name) not in (None, "", [])]
     if len(given) != 1:
         raise JobRejected(f"give exactly one of {', '.join(INPUT_FIELDS)} (got {', '.join(given) or 'none'})")
@@ -85,28 +93,25 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf, settings: Settings) -> 
         run.checked_output()
     except ValueError as exc:
         raise JobRejected(str(exc)) from None
-    known = registry_model_names(settings)
-    if known and run.model not in known and not run.engine_config.get("checkpoint_path"):
-        raise JobRejected(f"model {run.model!r} is not in the model registry; known models: {', '.join(known)}")
-    # The API's own check of a model_config (the engine-argument allow-list among it), so a
-    # run from the form or /api/v2 is refused here, not by its first shard.
-    from llm_batch.infra.model_registry import (  # heavy
-        ModelError,
-        load_registry,
-        submission_problems,
-        validate_model_config,
-    )
 
-    try:
-        config = validate_model_config({**run.engine_config, "model": run.model})
-        # Where the workers' model cache is visible here (check_models_at_submit).
-        problems = (submission_problems(config, load_registry(settings=settings), settings)
-                    if settings.check_models_at_submit else [])
-    except ModelError as exc:  # ModelNotPrepared among them
-        raise JobRejected(str(exc)) from None
-    if problems:
-        field, why = problems[0]
-        raise JobRejected(f"model_config.{field}: {why}")
+
+def admit_run(store: JobStore, settings: Settings, run: RunConf, trusted: bool) -> dict[str, str | None]:
+    """A run's job through the API's own admission (llm_batch.pipeline.admission), under the
+    conf's field names: its endpoint, model and model_config (owner adapters and engine
+    arguments included), input files, paths (the input readable now, the output not another's).
+    Returns the run's paths in their canonical spelling; raises Refused naming the problem."""
+    principal = Owner(run.owner, trusted)
+    endpoint = check_endpoint(run.endpoint)
+    check_model(run.model, run.engine_config, settings, endpoint=endpoint, principal=principal, store=store)
+    if run.input_file_ids:
+        check_input_files(store, principal, run.input_file_ids, "input_file_ids")
+    paths = {name: uri and check_user_path(uri, name, settings, principal)
+             for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
+    if paths["input_uri"]:
+        check_input_readable(paths["input_uri"], run.input_uri, "input_uri", settings, principal)
+    if paths["output_uri"]:
+        check_output_target(store, principal, paths["output_uri"], run.labels, param="output_uri")
+    return paths
 
 
 def layout_of(settings: Settings, job_id: str) -> JobLayout:
@@ -181,14 +186,14 @@ def register(
         return job_id
     try:
         check_resources(run.nodes_per_worker, run.gpu_type, settings.shard_runner)
-        check_run_inputs(conf, run, settings)
-        _check_input_files(store, run, trusted)
-        # The canonical spelling is what later steps read and write.
-        paths = {name: uri and _user_path(name, uri, run.owner, settings, trusted)
-                 for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
+        check_run_inputs(conf, run)
+        paths = admit_run(store, settings, run, trusted)  # the canonical spelling later steps read
     except JobRejected as exc:
-        _record_refusal(store, settings, run, job_id, dag_run_id, str(exc))
-        raise
+        reason = str(exc)
+        if isinstance(exc, Refused) and exc.param and not reason.startswith(exc.param):
+            reason = f"{exc.param}: {reason}"  # where, as the API's answer says in its param
+        _record_refusal(store, settings, run, job_id, dag_run_id, reason)
+        raise JobRejected(reason) from None
     request = run.job_request(
         job_id,
         input_uri=paths["input_uri"],
@@ -222,26 +227,6 @@ def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool
     retry or a clear of it) or comes from the job's owner or an admin's schedule."""
     own_run = job.dag_run_id == dag_run_id or (job.dag_run_id is None and dag_run_id == api_run_id(job.id))
     return own_run or trusted or job.owner == owner
-
-
-def _check_input_files(store: JobStore, run: RunConf, trusted: bool) -> None:
-    """The run's input files: its owner's own (anyone's for a trusted run), uploaded as batch
-    input. A missing file and someone else's get the same answer."""
-    for position, file_id in enumerate(run.input_file_ids or []):
-        where = f"input_file_ids[{position}]"
-        found = store.get_file(file_id, owner=None if trusted else run.owner)
-        if found is None:
-            raise JobRejected(f"{where}: {run.owner!r} has no file {file_id!r}")
-        if (why := input_files.refusal(found)) is not None:
-            raise JobRejected(f"{where}: {why}")
-
-
-def _user_path(name: str, uri: str, owner: str, settings: Settings, trusted: bool) -> str:
-    """A path of the run's conf as its owner may name it (llm_batch.infra.user_paths)."""
-    try:
-        return user_paths.check(uri, owner, settings, is_admin=trusted).uri
-    except (user_paths.PathRefused, user_paths.PathUnavailable) as exc:
-        raise JobRejected(f"{name}: {exc}") from None
 
 
 # -- validate -----------------------------------------------------------------------------

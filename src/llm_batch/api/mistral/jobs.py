@@ -22,21 +22,14 @@ from llm_batch.api.mistral.models import (
     DeleteBatchJobResponse,
 )
 from llm_batch.api.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch.api.submission import (
-    SubmittingDep,
-    check_endpoint,
-    check_input_files,
-    check_model,
-    inline_request_lines,
-    save_inline_requests,
-    submit,
-)
+from llm_batch.api.submission import SubmittingDep, inline_request_lines, save_inline_requests, submit
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.pipeline import housekeeping
+from llm_batch.pipeline.admission import check_endpoint, check_input_files, check_model
 
 router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"], route_class=IdempotentRoute)
 
@@ -79,7 +72,7 @@ def create_batch_job(body: Annotated[CreateBatchJobRequest, Body()], submitting:
     if bool(body.input_files) == bool(body.requests):
         raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
     endpoint = check_endpoint(body.endpoint)
-    check_model(body.model, {}, settings, param="model", endpoint=endpoint, caller=caller, store=store)
+    check_model(body.model, {}, settings, param="model", endpoint=endpoint, principal=caller, store=store)
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
     if body.input_files:
         job_input = JobInput(file_ids=check_input_files(store, caller, body.input_files, "input_files"))

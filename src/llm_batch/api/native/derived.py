@@ -15,10 +15,11 @@ from __future__ import annotations
 from llm_batch.api.cancellation import owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.limits import check_owner_limits
-from llm_batch.api.submission import Submitting, check_model, save_inline_requests, submit
+from llm_batch.api.submission import Submitting, save_inline_requests, submit
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_request import DerivedFrom, JobRequest
 from llm_batch.infra.jobstore import Job
+from llm_batch.pipeline.admission import check_model
 from llm_batch.pipeline.rerun import CannotDerive, rerun_input, retry_lines, retry_plan
 
 
@@ -34,7 +35,7 @@ def derive_job(submitting: Submitting, job_id: str, kind: str) -> Job:
     source = owned_job(store, job_id, caller.owner_filter, "job")
     # What create checks, again: the model may have been removed or not be ready any more.
     check_model(source.model, dict(source.model_config), settings, param="model", endpoint=source.endpoint,
-                caller=caller, store=store, owner=source.owner)
+                principal=caller, store=store, owner=source.owner)
     check_owner_limits(store, settings, caller, new_jobs=1)
     try:
         if kind == "retry":

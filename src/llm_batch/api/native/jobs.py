@@ -26,19 +26,7 @@ from llm_batch.api.native.derived import derive_job
 from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, EstimateOut, JobList, JobOut, QueueOut
 from llm_batch.api.run_queue import QueuePlace, job_places
 from llm_batch.api.state import MAX_PAGE_SIZE, StoreDep
-from llm_batch.api.submission import (
-    SubmittingDep,
-    check_endpoint,
-    check_input_files,
-    check_input_readable,
-    check_model,
-    check_output_target,
-    check_user_path,
-    inline_request_lines,
-    priority_weight,
-    save_inline_requests,
-    submit,
-)
+from llm_batch.api.submission import SubmittingDep, inline_request_lines, save_inline_requests, submit
 from llm_batch.core.config import Settings
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
@@ -48,6 +36,15 @@ from llm_batch.infra.jobstore import DuplicateId, Job, JobStore
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.infra.model_registry import ModelError, job_model_config
 from llm_batch.infra.storage import StorageError
+from llm_batch.pipeline.admission import (
+    check_endpoint,
+    check_input_files,
+    check_input_readable,
+    check_model,
+    check_output_target,
+    check_user_path,
+    priority_weight,
+)
 from llm_batch.pipeline.estimate import estimate_input
 from llm_batch.pipeline.steps import input_source, job_model_choice
 from llm_batch.pipeline.validation import BatchRejected
@@ -92,7 +89,7 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
                        f"(a path); got {', '.join(given) or 'none'}", param="requests", code="invalid_input")
     endpoint = check_endpoint(body.endpoint)
     model_config = _stored_model_config(body.model, body.model_config_)  # a bad field: 400 naming it
-    check_model(body.model, model_config, settings, param="model", endpoint=endpoint, caller=caller, store=store)
+    check_model(body.model, model_config, settings, param="model", endpoint=endpoint, principal=caller, store=store)
     labels = dict(body.labels or {})
     weight = priority_weight(settings, body.priority)
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))

@@ -21,13 +21,14 @@ from llm_batch.api.openai.models import (
     CreateBatchRequest,
 )
 from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, StoreDep
-from llm_batch.api.submission import SubmittingDep, check_endpoint, check_model, model_registry, submit
+from llm_batch.api.submission import SubmittingDep, submit
 from llm_batch.api.uploads import expiry
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput, ModerationShape
 from llm_batch.core.job_request import JobRequest
 from llm_batch.infra import input_files, storage
+from llm_batch.pipeline.admission import check_endpoint, check_model, model_registry
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)
 
@@ -80,7 +81,7 @@ def create_batch(body: Annotated[CreateBatchRequest, Body()], submitting: Submit
     if (why := input_files.refusal(input_file)) is not None:
         raise ApiError(400, why, param="input_file_id", code="invalid_input_file")
     model = _model_of_first_line(input_file.uri, input_file.id)
-    check_model(model, {}, settings, param="input_file_id", endpoint=endpoint, caller=caller, store=store)
+    check_model(model, {}, settings, param="input_file_id", endpoint=endpoint, principal=caller, store=store)
     if endpoint == Endpoint.MODERATIONS:
         _check_moderation_categories(model, settings)
     request = JobRequest(

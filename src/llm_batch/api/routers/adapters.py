@@ -25,7 +25,6 @@ from llm_batch.api.adapter_models import AdapterDeleted, AdapterList, AdapterOut
 from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.errors import ApiError
 from llm_batch.api.state import SettingsDep, StoreDep
-from llm_batch.api.submission import model_registry
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
@@ -41,6 +40,7 @@ from llm_batch.infra.adapters import (
 )
 from llm_batch.infra.jobstore import AdapterExists, AdapterNotFound, JobStore, OwnerAdapter
 from llm_batch.infra.model_registry import ModelError, Registry, model_status
+from llm_batch.pipeline.admission import model_registry
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 

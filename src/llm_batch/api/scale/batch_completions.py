@@ -28,18 +28,7 @@ from llm_batch.api.scale.models import (
     V1Content,
 )
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch.api.submission import (
-    SubmittingDep,
-    check_model,
-    check_output_target,
-    check_user_path,
-    inline_json,
-    model_registry,
-    path_unavailable,
-    priority_weight,
-    save_inline_requests,
-    submit,
-)
+from llm_batch.api.submission import SubmittingDep, inline_json, save_inline_requests, submit
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import InputFormat
@@ -55,6 +44,14 @@ from llm_batch.infra.model_registry import (
     job_model_config,
     local_tokenizer_dir,
     validate_model_config,
+)
+from llm_batch.pipeline.admission import (
+    check_model,
+    check_output_target,
+    check_user_path,
+    model_registry,
+    path_unavailable,
+    priority_weight,
 )
 
 router = APIRouter(prefix="/v2/batch-completions", tags=["scale"], route_class=IdempotentRoute)
@@ -147,7 +144,7 @@ def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, An
     submission knows: the job's gpus against the parallel sizes, and a tokenizer path the
     caller may name (stored canonical). Returns the model_config to store."""
     runs_on = check_model(model_config["model"], model_config, settings, param="model_config.model",
-                          endpoint=endpoint, caller=caller, store=store)
+                          endpoint=endpoint, principal=caller, store=store)
     if tokenizer := model_config.get("tokenizer"):
         model_config = {**model_config, "tokenizer": _check_tokenizer(tokenizer, settings, caller)}
     try:

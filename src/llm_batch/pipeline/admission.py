@@ -1,0 +1,250 @@
+"""Admission: the checks a new job passes whichever way it comes in (each API dialect's
+create routes, a run of the batch DAG from the form, ``/api/v2`` or a recurring spec, the
+batch step, the CLI through the API), so every way in refuses the same things with the
+same words.
+
+Each check raises ``Refused`` (``llm_batch.core.jobs``): a 4xx status, what is wrong, where
+(``param``: the caller's own name of the field, given by the way in), a stable code. The API
+answers it in the route's dialect; the DAG's register step records it as the refused run's
+reason (its note, the job's ``status_reason``).
+
+Who asks is a ``Principal``: the API's authenticated caller, or a run's owner (an admin's
+or a schedule's run is trusted like an admin).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+from llm_batch.core.config import Settings
+from llm_batch.core.endpoints import (
+    FEATURE_OF_ENDPOINT,
+    SUPPORTED_ENDPOINTS,
+    UnsupportedEndpointError,
+    parse_endpoint,
+    serving_problem,
+)
+from llm_batch.core.jobs import Refused
+from llm_batch.infra import input_files, storage, user_paths
+from llm_batch.infra.jobstore import Adapters, JobStore
+from llm_batch.infra.model_registry import (
+    ModelError,
+    ModelNotPrepared,
+    Registry,
+    check_local_checkpoint,
+    load_registry,
+    submission_problems,
+    validate_model_config,
+)
+
+
+class Principal(Protocol):
+    """Who a job is admitted for: its owner, and whether it may name anyone's paths and files."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_admin(self) -> bool: ...
+
+
+class Owner:
+    """A run's owner as a Principal (``is_admin``: a trusted run)."""
+
+    def __init__(self, name: str, is_admin: bool = False):
+        self.name, self.is_admin = name, is_admin
+
+
+def owner_filter(principal: Principal) -> str | None:
+    """The owner to restrict store reads to: None (everyone's) for admins."""
+    return None if principal.is_admin else principal.name
+
+
+def priority_weight(settings: Settings, name: str | None) -> int:
+    """A named priority (Scale's free string, the native route's field) -> the stored weight; unknown names are refused."""
+    if name is None:
+        return 0
+    if name in settings.priority_weights:
+        return settings.priority_weights[name]
+    known = ", ".join(sorted(settings.priority_weights))
+    raise Refused(400, f"priority {name!r} is unknown; use one of: {known}", param="priority", code="invalid_priority")
+
+
+def check_endpoint(endpoint: str, param: str = "endpoint") -> str:
+    try:
+        return parse_endpoint(endpoint).value
+    except UnsupportedEndpointError as exc:
+        raise Refused(400, str(exc), param=param, code="unsupported_endpoint") from None
+
+
+@lru_cache(maxsize=4)
+def _registry(path: Path | None, _modified_ns: int | None) -> Registry:
+    return load_registry(path)
+
+
+def model_registry(settings: Settings) -> Registry:
+    """The model registry, parsed once per version of its file (~10 ms a parse)."""
+    path = settings.model_registry
+    modified = path.stat().st_mtime_ns if path is not None and path.exists() else None
+    return _registry(path, modified)
+
+
+def check_model(
+    model: str | None,
+    model_config: dict[str, Any],
+    settings: Settings,
+    param: str = "model",
+    endpoint: str | None = None,
+    principal: Principal | None = None,
+    store: Adapters | None = None,
+    owner: str | None = None,
+) -> str:
+    """A model must be named, its model_config well formed (the worker's own check, so a bad
+    field is refused here rather than failing the first shard), its checkpoint_path (if
+    given) allowed, and otherwise the model registered (or, given the ``store``, a LoRA
+    adapter the job's ``owner``, by default the principal, uploaded) and able to serve
+    `endpoint`. Returns the model whose registry entry the job runs on: `model`, or an
+    owner's adapter's base (a registry name wins over an owner's adapter)."""
+    if not model:
+        raise Refused(400, "a model is required", param=param, code="missing_model")
+    try:
+        validate_model_config({**model_config, "model": model})
+    except ModelError as exc:
+        raise Refused(400, str(exc), param="model_config", code="invalid_model_config") from None
+    if checkpoint := model_config.get("checkpoint_path"):
+        _check_checkpoint(str(checkpoint), settings, principal)
+        # The task of a checkpoint outside the registry is known only when it loads; an
+        # endpoint that needs a registry feature (a FIM template) needs a registered name.
+        if endpoint in _FEATURE_ENDPOINTS:
+            spec = model_registry(settings).models.get(model)
+            _check_serves(endpoint, model, spec.task if spec else "generate", spec.features if spec else [], param)
+        check_engine_would_start(model, model_config, settings, param)
+        return model
+    registry = model_registry(settings)
+    try:
+        spec = registry.get(model)
+    except ModelError as exc:
+        owner = owner or (principal.name if principal is not None else None)
+        own = store.get_adapter(owner, model) if store is not None and owner else None
+        if own is None:
+            raise Refused(400, str(exc), param=param, code="unknown_model") from None
+        if own.base not in registry.models:
+            raise Refused(400, f"your adapter {model!r} adapts {own.base!r}, which the model registry no longer "
+                           "has: upload it again on a registered model", param=param, code="unknown_model") from None
+        model, spec = own.base, registry.models[own.base]
+    if endpoint in SUPPORTED_ENDPOINTS:
+        _check_serves(endpoint, model, spec.task, spec.features, param)
+    check_engine_would_start(model, model_config, settings, param)
+    return model
+
+
+def check_engine_would_start(model: str, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:
+    """A 400 now for what the engine would refuse minutes later: a model not prepared, engine
+    arguments its checkpoint rules out (``submission_problems``); only where the api-server
+    sees the workers' model cache (``check_models_at_submit``)."""
+    if not settings.check_models_at_submit:
+        return
+    config = validate_model_config({**model_config, "model": model})
+    try:
+        problems = submission_problems(config, model_registry(settings), settings)
+    except ModelNotPrepared as exc:
+        raise Refused(400, str(exc), param=param, code="model_not_ready") from None
+    except ModelError:
+        return  # the checks above name registry problems; the rest is the worker's
+    if problems:
+        field, why = problems[0]
+        raise Refused(400, f"model_config.{field}: {why}", param=f"model_config.{field}", code="invalid_model_config")
+
+
+_FEATURE_ENDPOINTS = frozenset(e.value for e in FEATURE_OF_ENDPOINT)
+
+
+def _check_serves(endpoint: str, model: str, task: str, features: list[str], param: str) -> None:
+    if (problem := serving_problem(endpoint, model, task, features)) is not None:
+        raise Refused(400, problem, param=param, code="model_endpoint_mismatch")
+
+
+def _check_checkpoint(checkpoint: str, settings: Settings, principal: Principal | None) -> None:
+    """A user's checkpoint_path: an s3:// prefix or an absolute local model directory the
+    principal may name (llm_batch.infra.user_paths), or a folder of the shared model cache (relative),
+    checked as the worker will check it, so a bad path fails here and not in the first shard."""
+    param = "model_config.checkpoint_path"
+    if storage.is_s3(checkpoint) or (principal is not None and checkpoint.startswith("/")):
+        if principal is not None:
+            checkpoint = check_user_path(checkpoint, param, settings, principal)
+        if storage.is_s3(checkpoint):
+            return
+    try:
+        check_local_checkpoint(checkpoint, settings)
+    except ModelError as exc:
+        raise Refused(400, f"{param}: {exc}", param=param, code="invalid_checkpoint") from None
+
+
+def check_user_path(uri: str, param: str, settings: Settings, principal: Principal) -> str:
+    """A path the principal names, canonical (llm_batch.infra.user_paths), or 400 naming the rule it
+    breaks; a path that is missing or hidden from the principal gets one answer for both."""
+    try:
+        return user_paths.check(uri, principal.name, settings, is_admin=principal.is_admin).uri
+    except user_paths.PathRefused as exc:
+        raise Refused(400, f"{param}: {exc}", param=param, code="path_not_allowed") from None
+    except user_paths.PathUnavailable as exc:
+        raise path_unavailable(param, exc) from None
+
+
+def check_input_readable(uri: str, given: str, param: str, settings: Settings, principal: Principal) -> None:
+    """An input file a job names must exist and be readable now, not when its run validates
+    it minutes later; a missing one gets the answer of a path hidden from the principal."""
+    try:
+        with storage.open_read(uri) as stream:
+            stream.read(1)
+    except storage.ObjectNotFound:
+        raise path_unavailable(param, user_paths.unavailable(given, principal.name, settings)) from None
+    except (storage.StorageError, OSError) as exc:
+        raise Refused(400, f"{param}: {given} cannot be read: {exc}", param=param, code="input_unreadable") from None
+
+
+def path_unavailable(param: str, why: object) -> Refused:
+    """The answer for a path that is missing or that the principal may not see: the same."""
+    return Refused(400, f"{param}: {why}", param=param, code="path_unavailable")
+
+
+# The label that lets a job replace an output file an earlier job of the same owner wrote.
+OVERWRITE_LABEL = "llm-batch.io/overwrite-output"
+
+
+def check_output_target(store: JobStore, principal: Principal, output_uri: str, labels: dict[str, Any],
+                        param: str = "output_data_path") -> None:
+    """An output never replaces a file its owner's jobs did not write, nor one that a job
+    not yet ended will write: 409 naming the conflict (`param`: the route's field). An owner's
+    own earlier output may be replaced only when the create says so (label OVERWRITE_LABEL = "true")."""
+    writers = store.jobs_writing(output_uri)
+    if busy := [j.id for j in writers if not j.terminal]:
+        raise Refused(409, f"{param}: {output_uri} is the output of a job not yet ended ({busy[0]})", param=param, code="output_in_use")
+    if not storage.exists(output_uri):
+        return
+    if not any(j.owner == principal.name for j in writers):
+        raise Refused(409, f"{param}: {output_uri} already exists and no job of yours wrote it: name a new file",
+                       param=param, code="output_exists")
+    if str(labels.get(OVERWRITE_LABEL, "")).lower() != "true":
+        raise Refused(409, f"{param}: {output_uri} holds an earlier job's results: name a new file, or set the "
+                       f"label {OVERWRITE_LABEL}=true to replace them", param=param, code="output_exists")
+
+
+def check_input_files(store: JobStore, principal: Principal, file_ids: list[str], param: str) -> list[str]:
+    """The ids of the principal's uploaded input files, in order; each named once (a repeated
+    file would run its requests twice under the same custom_ids). `param`: the route's field."""
+    first_position: dict[str, int] = {}
+    for position, file_id in enumerate(file_ids):
+        where = f"{param}[{position}]"
+        if file_id in first_position:
+            message = f"{where}: file {file_id!r} is already {param}[{first_position[file_id]}]; name each file once"
+            raise Refused(400, message, param=where, code="duplicate_input_file")
+        first_position[file_id] = position
+        found = store.get_file(file_id, owner=owner_filter(principal))
+        if found is None:
+            raise Refused(404, f"No file found with id {file_id!r}.", param=where, code="not_found")
+        if (why := input_files.refusal(found)) is not None:
+            raise Refused(400, f"{where}: {why}", param=where, code="invalid_input_file")
+    return list(file_ids)
