@@ -194,7 +194,7 @@ def test_unknown_model_is_refused_at_register_naming_the_known_ones(store):
     with pytest.raises(steps.JobRejected) as refused:
         steps.register(store, get_settings(), {"job_id": "job_unknown_model", "input_uri": "/x.jsonl",
                                                "model": "gpt-4o-mini"}, "run_unknown_model", trusted=True)
-    assert "model 'gpt-4o-mini' is not in the model registry" in str(refused.value)
+    assert str(refused.value).startswith("model: unknown model 'gpt-4o-mini': known models are ")
     assert "tiny-random-llama" in str(refused.value)
     job = store.get_job("job_unknown_model")
     assert job is not None and job.status.value == "FAILED" and "gpt-4o-mini" in job.status_reason
