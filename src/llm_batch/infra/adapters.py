@@ -69,7 +69,7 @@ class AdapterFacts:
 
     rank: int
     target_modules: tuple[str, ...]
-    bytes: int
+    bytes: int  # of both files: what storing it costs its owner
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,8 @@ def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
     header, data_start = _safetensors_header(weights)
     _check_tensors(header, config, base_config)
     _check_data(weights, header, data_start)
-    return AdapterFacts(config["r"], tuple(config["target_modules"]), weights.stat().st_size)
+    stored = sum((path / name).stat().st_size for name in ADAPTER_FILES)
+    return AdapterFacts(config["r"], tuple(config["target_modules"]), stored)
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
