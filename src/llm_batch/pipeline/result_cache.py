@@ -85,10 +85,10 @@ class _Keys:
             return None
         adapter = self.registry.adapters.get(request.adapter) if self.registry and request.adapter else None
         identity = {**self.identity, "adapter_spec": adapter.model_dump(mode="json") if adapter else None}
-        return cache_key(identity, self.endpoint, request, lora=looked_up_lora(request) if lora is None else lora)
+        return cache_key(identity, self.endpoint, request, lora=_lookup_lora(request) if lora is None else lora)
 
 
-def looked_up_lora(request: BatchRequest) -> bool:
+def _lookup_lora(request: BatchRequest) -> bool:
     """Whether the engine whose answer a lookup asks for had LoRA on (see ``_Keys``)."""
     return request.adapter is not None
 
@@ -171,7 +171,7 @@ def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout)
         hold.wait(done)
         lora = bool(plan.adapters)  # the worker turns LoRA on for a shard whose lines name adapters
         answers = ((key, result.body) for request, result in _computed(plan)
-                   if lora == looked_up_lora(request) and (key := keys.of(request, lora)) is not None)
+                   if lora == _lookup_lora(request) and (key := keys.of(request, lora)) is not None)
         first = next(answers, None)
         if first is None:
             continue
