@@ -106,7 +106,7 @@ def test_an_owner_uploads_an_adapter_no_one_else_sees(client, creds, lora_files,
     assert created.status_code == 200, created.text
     body = created.json()
     assert body == {"object": "adapter", "name": "alice-bot", "base": BASE, "rank": 8,
-                    "bytes": len(lora_files[WEIGHTS]), "created_at": body["created_at"]}
+                    "bytes": len(lora_files[WEIGHTS]) + len(lora_files[CONFIG]), "created_at": body["created_at"]}
     stored = api_store.get_adapter("alice", "alice-bot")
     assert stored.uri.startswith(f"{get_settings().work_uri}/adapters/alice/alice-bot-") and stored.uri.endswith("/")
     assert stored.uri not in created.text  # where its files are is never shown
@@ -170,6 +170,8 @@ REFUSALS = {
                          400, "invalid_adapter", "link"),
     "rank above the deployment's": (lambda f: tar_of(_with_rank(f, 128)), "r-rank", BASE, 400, "invalid_adapter",
                                     "r must be a whole number from 1 to 64"),
+    "zeros after the tensors": (lambda f: tar_of({**f, WEIGHTS: f[WEIGHTS] + b"\0" * (1 << 20)}), "r-padded", BASE,
+                                400, "invalid_adapter", "fill the file exactly"),
     "not an archive": (lambda f: f[WEIGHTS], "r-raw", BASE, 400, "invalid_adapter", ".tar, .tar.gz or .zip"),
     "an empty file": (lambda f: b"", "r-empty", BASE, 400, "invalid_adapter", "empty"),
     "a base that is no generate model": (lambda f: tar_of(f), "r-embed", "all-minilm-l6-v2", 400, "invalid_base",
@@ -221,6 +223,31 @@ def test_too_big_is_413_for_the_archive_and_for_what_it_unpacks_to(client, creds
     response = upload(client, creds.key("alice"), bomb, "r-bomb")
     assert response.status_code == 413 and response.json()["code"] == "file_too_large", response.text
     assert "r-big" not in _names(client, creds.key("alice")) and "r-bomb" not in _names(client, creds.key("alice"))
+
+
+def test_an_adapter_counts_in_the_owner_s_stored_bytes(client, creds, lora_files, api_store, batch_api, monkeypatch):
+    """Its two files count in max_file_bytes as a file upload does: over the limit is 429
+    naming it, and nothing is kept; deleting it frees them."""
+    settings = batch_api.state.llm_batch.settings
+    dora = {"Authorization": f"Bearer {api_store.create_api_key('dora', 'quota')[1]}"}
+    size = len(lora_files[WEIGHTS]) + len(lora_files[CONFIG])
+    held = api_store.owner_usage("dora")["file_bytes"]
+    monkeypatch.setattr(settings, "owner_limits", {"dora": {"max_file_bytes": held + size - 1}})
+    over = upload(client, dora, tar_of(lora_files), "d-bot")
+    assert over.status_code == 429 and over.json()["code"] == "limit_exceeded", over.text
+    assert over.json()["param"] == "max_file_bytes" and f"{size} more asked" in over.json()["detail"]
+    assert api_store.list_adapters("dora") == [] and api_store.owner_usage("dora")["file_bytes"] == held
+
+    monkeypatch.setitem(settings.owner_limits["dora"], "max_file_bytes", held + size)
+    assert upload(client, dora, tar_of(lora_files), "d-bot").status_code == 200
+    assert api_store.owner_usage("dora")["file_bytes"] == held + size
+    # Full now: another adapter, or a file, is refused.
+    assert upload(client, dora, tar_of(lora_files), "d-bot2").status_code == 429
+    file = client.post("/v1/files", headers=dora, files={"file": ("a.jsonl", b'{"custom_id": "a", "body": {}}\n')},
+                       data={"purpose": "batch"})
+    assert file.status_code == 429 and file.json()["error"]["param"] == "max_file_bytes", file.text
+    assert client.delete("/v1/adapters/d-bot", headers=dora).status_code == 200
+    assert api_store.owner_usage("dora")["file_bytes"] == held
 
 
 def test_a_zip_is_taken_too(client, creds, lora_files):

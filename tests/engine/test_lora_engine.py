@@ -6,7 +6,8 @@ the model that answered, an adapter's answers differing from the base's on the s
 and the same adapter giving the same answer to the same prompt wherever the line sits, in
 either run. The base lines answer as an engine with no adapter at all answers (vLLM's CPU
 kernels gave base lines beside adapter lines the last adapter's delta until
-``vllm_api.guard_cpu_lora``).
+``vllm_api.guard_cpu_lora``), and beside an all-NaN adapter as the same engine answered them
+alone (they answered '' before the guard kept the expand steps off their rows).
 """
 
 from __future__ import annotations
@@ -174,3 +175,49 @@ def test_kill_9_mid_shard_of_mixed_adapters_then_rerun_gives_each_line_once(llm_
     for (adapter, prompt), p in zip(lines, parsed, strict=True):
         answers.setdefault((adapter or BASE, prompt), set()).add(p.choices[0].message.content or "")
     assert all(len(texts) == 1 for texts in answers.values()), answers  # before and after the kill alike
+
+
+def test_a_nan_adapter_leaves_the_base_lines_beside_it_as_the_base_only_engine_answers(tiny_adapters, tmp_path):
+    """An adapter whose weights are all NaN (uploads and the worker refuse one: built here
+    past those checks) alone on a LoRA engine, so it holds the slot vLLM's CPU ops gather
+    for base tokens. The base lines answer, batched beside its lines, exactly as the same
+    engine answered them before any adapter line ran (``vllm_api.guard_cpu_lora``)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from llm_batch.infra.adapters import ResolvedAdapter
+    from llm_batch.infra.model_registry import resolve_model
+    from llm_batch.runtime.engine.runner import EngineRunner, start_engine, stop_engine
+    from llm_batch.runtime.worker import with_adapters
+
+    nan_dir = tmp_path / "nan-lora"
+    shutil.copytree(tiny_adapters["tiny-lora-a"], nan_dir)
+    weights = nan_dir / "adapter_model.safetensors"
+    save_file({name: tensor.fill_(float("nan")) for name, tensor in load_file(weights).items()}, weights)
+    nan = ResolvedAdapter("nan-lora", nan_dir, 8)
+    base = resolve_model({"model": BASE, "max_context_length": 256})
+    llm = start_engine(with_adapters(base, [nan]), in_process=True)
+    try:
+        def run(lines: list[tuple[str | None, str]]) -> dict[int, str]:
+            """The base lines' answers by index."""
+            runner = EngineRunner(llm, Endpoint.CHAT_COMPLETIONS, BASE, adapters=[nan])
+            requests = [BatchRequest(index=i, custom_id=f"c{i}", adapter=adapter, body={
+                "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "min_tokens": 8,
+                "temperature": 0}) for i, (adapter, prompt) in enumerate(lines)]
+            got: dict[int, str] = {}
+
+            def emit(record, _usage) -> None:
+                if lines[record.index][0] is None:
+                    assert record.ok, record.error
+                    got[record.index] = ChatCompletion.model_validate(record.body).choices[0].message.content or ""
+
+            assert runner.run(requests, emit) is None
+            return got
+
+        alone = run([(None, prompt) for prompt in PROMPTS])
+        mixed = run([line for prompt in PROMPTS for line in (("nan-lora", prompt), (None, prompt), ("nan-lora", prompt))])
+    finally:
+        stop_engine(llm)
+    assert all(alone.values()), alone  # the finding's symptom was '' (NaN logits)
+    assert [mixed[3 * p + 1] for p in range(len(PROMPTS))] == [alone[p] for p in range(len(PROMPTS))]

@@ -125,6 +125,31 @@ def test_weights_that_are_not_finite_are_refused_in_each_dtype(tmp_path, dtype, 
         check_adapter_dir(folder, base, max_rank=64)
 
 
+def test_the_worker_checks_the_data_of_a_registry_adapter_it_loads(tmp_path):
+    """Issue 43, finding 2: no upload checks an admin's adapter; loading one reads its data as
+    an upload does, so a NaN adapter reaches no engine whoever configured it."""
+    from safetensors.torch import load_file
+
+    from llm_batch.core.config import Settings
+    from llm_batch.infra.adapters import resolve_adapters
+    from llm_batch.infra.model_registry import AdapterSpec
+
+    folder = _adapter(tmp_path)
+    registry = load_registry()
+    registry = registry.model_copy(update={"adapters": {**registry.adapters, "admin-bot": AdapterSpec(
+        base="tiny-random-llama", checkpoint=str(folder), rank=8)}})
+    settings = Settings(home=tmp_path / "home")
+    [resolved] = resolve_adapters(["admin-bot"], registry=registry, settings=settings)
+    assert (resolved.path, resolved.rank, resolved.source) == (folder, 8, None)
+
+    weights = folder / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    tensors[sorted(tensors)[-1]][0, 0] = float("nan")
+    save_file(tensors, weights)
+    with pytest.raises(AdapterRefused, match="adapter 'admin-bot' is refused: .* not finite"):
+        resolve_adapters(["admin-bot"], registry=registry, settings=settings)
+
+
 def test_padding_a_gap_or_another_dtype_in_the_weights_is_refused(tmp_path):
     """Issue 43, finding 7 (in part): nothing stored but the tensors (200 MiB of zeros after
     them were accepted), and only float weights."""

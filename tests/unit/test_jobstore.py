@@ -386,7 +386,7 @@ def test_concurrent_shard_reports_lose_nothing(store: JobStore):
     assert (job.completed, job.succeeded, job.failed, job.completion_tokens) == (160, 16 * 7, 16 * 3, 160)
 
 
-def test_owner_usage_counts_live_jobs_requests_and_files(store: JobStore):
+def test_owner_usage_counts_live_jobs_requests_files_and_adapters(store: JobStore):
     done = make_job(store, owner="carol")
     store.set_counts(done.id, total=7)
     store.transition(done.id, "FAILED", "x")
@@ -395,8 +395,12 @@ def test_owner_usage_counts_live_jobs_requests_and_files(store: JobStore):
     store.create_file(owner="carol", purpose="batch", filename="a", bytes=100, uri="/x/a")
     gone = store.create_file(owner="carol", purpose="batch", filename="b", bytes=50, uri="/x/b")
     store.mark_file_deleted(gone.id)
+    store.create_adapter(owner="carol", name="bot", base="m", uri="/x/bot/", rank=8, bytes=30)
+    store.create_adapter(owner="dave", name="bot", base="m", uri="/x/dave-bot/", rank=8, bytes=7)
     make_job(store, owner="dave")
-    assert store.owner_usage("carol") == {"live_jobs": 1, "requests_in_flight": 4, "file_bytes": 100}
+    assert store.owner_usage("carol") == {"live_jobs": 1, "requests_in_flight": 4, "file_bytes": 130}
+    store.delete_adapter("carol", "bot")
+    assert store.owner_usage("carol")["file_bytes"] == 100
     assert [j.id for j in store.jobs_writing("/nowhere")] == []
 
 def test_outputs_priority_and_dag_run(store: JobStore):

@@ -100,15 +100,46 @@ def test_what_is_cacheable_and_what_decides_the_key():
     assert not cacheable(CHAT, named_file)
 
     identity = {"model": "m", "spec": None, "model_config": {}}
-    base = cache_key(identity, CHAT, request(temperature=0, max_tokens=4))
-    assert base == cache_key(identity, CHAT, request(max_tokens=4, temperature=0))  # key order is not content
+    base = cache_key(identity, CHAT, request(temperature=0, max_tokens=4), lora=False)
+    assert base == cache_key(identity, CHAT, request(max_tokens=4, temperature=0), lora=False)  # key order is not content
     others = {
-        cache_key(identity, CHAT, request(temperature=0, max_tokens=5)),
-        cache_key({**identity, "model_config": {"dtype": "float32"}}, CHAT, request(temperature=0, max_tokens=4)),
-        cache_key(identity, "/v1/completions", request(temperature=0, max_tokens=4)),
-        cache_key(identity, CHAT, request(temperature=0, max_tokens=4).model_copy(update={"adapter": "lora-a"})),
+        cache_key(identity, CHAT, request(temperature=0, max_tokens=5), lora=False),
+        cache_key({**identity, "model_config": {"dtype": "float32"}}, CHAT, request(temperature=0, max_tokens=4),
+                  lora=False),
+        cache_key(identity, "/v1/completions", request(temperature=0, max_tokens=4), lora=False),
+        cache_key(identity, CHAT, request(temperature=0, max_tokens=4).model_copy(update={"adapter": "lora-a"}),
+                  lora=False),
+        cache_key(identity, CHAT, request(temperature=0, max_tokens=4), lora=True),  # an engine with LoRA on
     }
-    assert base not in others and len(others) == 4
+    assert base not in others and len(others) == 5
+
+
+def test_two_jobs_differing_only_in_the_engine_s_lora_state_have_different_keys(store, settings):
+    """Issue 43, finding 10: a greedy base line's answer from an engine with LoRA on (its
+    shard had adapter lines) is not a base-only engine's; equal configurations share a key."""
+    job_id = steps.register(store, settings, _conf(settings, [_line(0, temperature=0)]), f"manual__{uuid.uuid4().hex}",
+                            trusted=True)
+    keys = result_cache._Keys(settings, store.get_job(job_id))
+    again = result_cache._Keys(settings, store.get_job(job_id))
+    line = BatchRequest(index=0, custom_id="a", body={"messages": [{"role": "user", "content": "hi"}], "temperature": 0})
+    assert keys.of(line, lora=False) == again.of(line, lora=False) == keys.of(line)  # a lookup: a base line, LoRA off
+    assert keys.of(line, lora=True) == again.of(line, lora=True) != keys.of(line, lora=False)
+    adapted = line.model_copy(update={"adapter": "tiny-lora-a", "body": {**line.body, "model": "tiny-lora-a"}})
+    assert keys.of(adapted) == keys.of(adapted, lora=True)  # an adapter line's engine has LoRA on
+
+
+def test_base_lines_answered_beside_adapters_are_not_served_to_base_lines(store, settings):
+    """The fill keys each answer with its shard's LoRA state; a lookup asks for a base line as
+    a base-only engine answers it, so base answers computed beside adapters are not entered."""
+    adapter_line = orjson.dumps({"custom_id": "a1", "body": {"model": "tiny-lora-a", "temperature": 0, "max_tokens": 4,
+                                                            "messages": [{"role": "user", "content": "question 1"}]}})
+    mixed = [_line(0, temperature=0), adapter_line, _line(2, temperature=0)]
+    _, ran = _run(store, settings, _conf(settings, mixed))
+    assert ran == [3]  # one shard, LoRA on
+    _, ran = _run(store, settings, _conf(settings, [_line(0, temperature=0), _line(2, temperature=0)]))
+    assert ran == [2], "base lines computed with LoRA on are not a base-only engine's answers"
+    again, ran = _run(store, settings, _conf(settings, mixed))
+    assert sum(ran) == 0 and store.get_job(again).result_cache_hits == 3  # the adapter's, and the base-only job's
 
 
 def test_a_second_job_is_answered_from_the_first(store, settings):

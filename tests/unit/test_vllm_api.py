@@ -133,3 +133,26 @@ def test_outside_the_range_warns_once_and_never_raises(caplog, monkeypatch, vers
         assert len(warnings) == 1
         assert version in warnings[0] and SUPPORTED_VLLM in warnings[0]
         assert "LLM._preprocess_chat_one" in warnings[0]
+
+
+def test_the_cpu_lora_guard_leaves_base_rows_as_they_are_whatever_the_slot_holds():
+    """``_adapter_rows_only`` on vLLM's own expand ops: a base token (index -1, which the CPU
+    ops read as the last slot) keeps its row exactly though that slot's B is NaN; an adapter
+    token's row gets its adapter's delta as the unguarded op gives it."""
+    import torch
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    weights = torch.ones(2, 1, 6, 4)  # 2 slots of B (out 6, rank 4)
+    weights[1] = float("nan")  # the last slot: what a base token gathers
+    inputs = torch.ones(3, 4)
+    indices = torch.tensor([0, -1, 0])
+    for name, extra in (("bgmv_expand", ()), ("bgmv_expand_slice", (1, 6))):  # (slice_offset, slice_size)
+        op = getattr(lora_ops, name)
+        guarded, plain = torch.rand(3, 8), torch.zeros(3, 8)
+        plain[:] = guarded
+        before = guarded[1].clone()
+        vllm_api._adapter_rows_only(op)(inputs, weights, guarded, indices, *extra)
+        op(inputs, weights, plain, indices, *extra)
+        assert torch.equal(guarded[1], before), name  # untouched
+        assert bool(plain[1].isnan().any()), name  # what the guard prevents
+        assert torch.equal(guarded[[0, 2]], plain[[0, 2]]), name

@@ -18,7 +18,8 @@ class AdapterOut(BaseModel):
     name: str = Field(description="Its name, unique among the owner's adapters: what a line's `body.model` gives")
     base: str = Field(description="The registered generate model it adapts: its lines run on that model")
     rank: int = Field(description="Its LoRA rank `r`, at most the deployment's LLM_BATCH_MAX_LORA_RANK")
-    bytes: int = Field(description="Size of its weights file (adapter_model.safetensors) in bytes")
+    bytes: int = Field(description="Bytes its two files store, counted in the owner's stored bytes "
+                       "(the max_file_bytes limit)")
     created_at: int = Field(description="When it was uploaded, Unix time in seconds")
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Per-owner limits: stored file bytes, jobs not yet ended, requests in flight.
+"""Per-owner limits: stored bytes (files and adapters), jobs not yet ended, requests in flight.
 
 Admins set them (``LLM_BATCH_OWNER_MAX_*`` for everyone, ``LLM_BATCH_OWNER_LIMITS`` JSON
 per owner; 0 means no limit) and are not held to them. A create or upload that would pass
@@ -18,7 +18,7 @@ from llm_batch.infra.jobstore import JobStore
 _LIMITS = {
     "max_live_jobs": ("live_jobs", "jobs not yet ended"),
     "max_requests_in_flight": ("requests_in_flight", "requests in jobs not yet ended"),
-    "max_file_bytes": ("file_bytes", "bytes of stored files"),
+    "max_file_bytes": ("file_bytes", "bytes of stored files and adapters"),
 }
 
 

@@ -69,7 +69,7 @@ class AdapterFacts:
 
     rank: int
     target_modules: tuple[str, ...]
-    bytes: int
+    bytes: int  # of both files: what storing it costs its owner
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,18 @@ def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
     header, data_start = _safetensors_header(weights)
     _check_tensors(header, config, base_config)
     _check_data(weights, header, data_start)
-    return AdapterFacts(config["r"], tuple(config["target_modules"]), weights.stat().st_size)
+    stored = sum((path / name).stat().st_size for name in ADAPTER_FILES)
+    return AdapterFacts(config["r"], tuple(config["target_modules"]), stored)
+
+
+def check_adapter_data(path: Path) -> None:
+    """Admit the weights' data of the adapter folder ``path`` (``_check_data``) or raise
+    ``AdapterRefused``: what the worker checks of every adapter it loads, an owner's or the
+    registry's, so no adapter with a non-finite value reaches an engine whoever put it there
+    (the shape checks, which need the base, are the upload's and ``prepare_adapter``'s)."""
+    weights = path / ADAPTER_WEIGHTS
+    header, data_start = _safetensors_header(weights)
+    _check_data(weights, header, data_start)
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
@@ -188,7 +199,10 @@ def _check_data(path: Path, header: dict[str, Any], data_start: int) -> None:
 
     spans = []
     for name, info in header.items():
-        dtype, offsets, shape = info.get("dtype"), info.get("data_offsets"), info["shape"]
+        if not isinstance(info, dict) or not isinstance(shape := info.get("shape"), list) or len(shape) != 2 \
+                or not all(type(n) is int and n >= 0 for n in shape):
+            raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} is not a LoRA weight (a matrix)")
+        dtype, offsets = info.get("dtype"), info.get("data_offsets")
         if dtype not in _DTYPES:
             raise AdapterRefused(f"{ADAPTER_WEIGHTS}: tensor {name[:80]!r} is {str(dtype)[:10]}; admitted: "
                                  f"{', '.join(_DTYPES)}")
@@ -440,16 +454,16 @@ def resolve_adapters(names: Iterable[str], owned: Mapping[str, str] | None = Non
                      registry: Registry | None = None, settings: Settings | None = None) -> list[ResolvedAdapter]:
     """The adapters ``names`` as the worker loads them: registered ones from the model cache
     (an ``s3://`` one fetched once), an owner's from ``owned`` (name -> its folder's URI in the
-    configured storage, fetched once). ``ModelNotPrepared`` for a registered one not built."""
+    configured storage, fetched once), each one's data checked (``check_adapter_data``:
+    ``AdapterRefused``). ``ModelNotPrepared`` for a registered one not built."""
     settings = settings or get_settings()
     registry = registry or load_registry(settings=settings)
     resolved = []
     for name in sorted(set(names)):
-        if owned and name in owned:
-            path = fetch_checkpoint(owned[name], settings=settings, required=ADAPTER_CONFIG)
+        source = owned.get(name) if owned else None
+        if source:
+            path = fetch_checkpoint(source, settings=settings, required=ADAPTER_CONFIG)
             rank = _json(path / ADAPTER_CONFIG, ADAPTER_CONFIG)["r"]
-            resolved.append(ResolvedAdapter(name, path, rank, source=owned[name]))
-            continue
         else:
             spec = registry.adapter(name)
             if spec.checkpoint.startswith("s3://"):
@@ -460,7 +474,11 @@ def resolve_adapters(names: Iterable[str], owned: Mapping[str, str] | None = Non
                     raise ModelNotPrepared(f"adapter {name!r} is not prepared in {settings.model_cache}: "
                                            f"run `llm-batch models prepare {name}`")
             rank = spec.rank
-        resolved.append(ResolvedAdapter(name, path, rank))
+        try:
+            check_adapter_data(path)
+        except AdapterRefused as exc:
+            raise AdapterRefused(f"adapter {name!r} is refused: {exc}") from None
+        resolved.append(ResolvedAdapter(name, path, rank, source=source))
     return resolved
 
 

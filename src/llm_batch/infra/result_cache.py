@@ -5,8 +5,17 @@ A request is cached only when its answer is determined: a chat or completion req
 ``temperature`` 0 (greedy) or a ``seed``, or an embedding request; one that names a file
 (audio, an image) never is, since the file may change under its name. Its key is the
 SHA-256 of everything that decides the answer, serialised canonically: the model's identity
-(its registry entry and the job's engine configuration, ``identity``), the endpoint, the
-body (the line's ``model``, adapters included) and where an owner's adapter lives.
+(its registry entry and the job's engine configuration, ``identity``), whether the engine
+had LoRA on (``lora``), the endpoint, the body (the line's ``model``, adapters included) and
+where an owner's adapter lives.
+
+LoRA on or off is the engine's one difference the worker makes per shard (``enable_lora``
+for a shard whose lines name adapters): an engine with LoRA wraps the model's linear layers
+and answers a greedy base line differently from one without. The rest of its LoRA
+configuration is not in the key: ``max_lora_rank`` only pads each adapter's matrices with
+zeros, ``max_loras`` / ``max_cpu_loras`` are slots and a cache, and which adapters share the
+batch changes no other line's row (each row takes its own adapter's weights, a base row
+none: ``runtime.engine.vllm_api.guard_cpu_lora`` on CPU).
 
 Answers are kept in packs: one object per shard of the job that computed them
 (``pack_uri``: a folder of each owner's digest under ``Settings.result_cache_uri``), one JSON
@@ -33,7 +42,7 @@ from llm_batch.core.layout import join_uri
 from llm_batch.core.records import BatchRequest
 from llm_batch.infra import storage
 
-CACHE_FORMAT = 1  # part of every key: a change of what is cached makes every old entry a miss
+CACHE_FORMAT = 2  # part of every key: a change of what is cached makes every old entry a miss
 _SAMPLED = frozenset({"/v1/chat/completions", "/v1/completions"})
 _DETERMINED = frozenset({"/v1/embeddings"})
 CACHEABLE_ENDPOINTS = _SAMPLED | _DETERMINED
@@ -53,10 +62,11 @@ def cacheable(endpoint: str, request: BatchRequest) -> bool:
     return greedy or (isinstance(seed, int) and not isinstance(seed, bool))
 
 
-def cache_key(identity: dict[str, Any], endpoint: str, request: BatchRequest) -> str:
-    """The request's content address (hex SHA-256)."""
-    decided_by = {"format": CACHE_FORMAT, "identity": identity, "endpoint": endpoint, "body": request.body,
-                  "adapter": request.adapter, "adapter_uri": request.adapter_uri}
+def cache_key(identity: dict[str, Any], endpoint: str, request: BatchRequest, *, lora: bool) -> str:
+    """The request's content address (hex SHA-256) as an engine with LoRA on (``lora``) or
+    off answers it."""
+    decided_by = {"format": CACHE_FORMAT, "identity": identity, "lora": lora, "endpoint": endpoint,
+                  "body": request.body, "adapter": request.adapter, "adapter_uri": request.adapter_uri}
     return hashlib.sha256(orjson.dumps(decided_by, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

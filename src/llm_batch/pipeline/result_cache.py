@@ -60,7 +60,14 @@ def cache_scope(settings: Settings, job: Job) -> str:
 
 class _Keys:
     """Each request's key for one job: the model's registry entry and the job's engine
-    configuration decide its answers, with the line's adapter's entry when it has one."""
+    configuration decide its answers, with the line's adapter's entry when it has one, and
+    whether the engine had LoRA on.
+
+    A lookup, before the shards are cut, asks for the answer of the engine a line gets in a
+    shard of its own kind: LoRA on for an adapter line, off for a base line. The fill knows
+    the truth, its shard's adapters; a base line computed beside adapters (LoRA on) is keyed
+    so, which no lookup asks for: it is not entered (``fill_cache``).
+    """
 
     def __init__(self, settings: Settings, job: Job):
         try:
@@ -71,12 +78,19 @@ class _Keys:
         self.identity = {"model": job.model, "spec": spec, "model_config": job.model_config or {}}
         self.endpoint = job.endpoint
 
-    def of(self, request: BatchRequest) -> str | None:
+    def of(self, request: BatchRequest, lora: bool | None = None) -> str | None:
+        """The key of ``request``'s answer from an engine with LoRA on or off (``lora``; None:
+        what a lookup asks, see above); None if it is not cacheable."""
         if not cacheable(self.endpoint, request):
             return None
         adapter = self.registry.adapters.get(request.adapter) if self.registry and request.adapter else None
         identity = {**self.identity, "adapter_spec": adapter.model_dump(mode="json") if adapter else None}
-        return cache_key(identity, self.endpoint, request)
+        return cache_key(identity, self.endpoint, request, lora=_lookup_lora(request) if lora is None else lora)
+
+
+def _lookup_lora(request: BatchRequest) -> bool:
+    """Whether the engine whose answer a lookup asks for had LoRA on (see ``_Keys``)."""
+    return request.adapter is not None
 
 
 def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> str:
@@ -155,7 +169,9 @@ def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout)
     filled = 0
     for done, plan in enumerate(read_manifest(layout).shards):
         hold.wait(done)
-        answers = ((key, result.body) for request, result in _computed(plan) if (key := keys.of(request)) is not None)
+        lora = bool(plan.adapters)  # the worker turns LoRA on for a shard whose lines name adapters
+        answers = ((key, result.body) for request, result in _computed(plan)
+                   if lora == _lookup_lora(request) and (key := keys.of(request, lora)) is not None)
         first = next(answers, None)
         if first is None:
             continue

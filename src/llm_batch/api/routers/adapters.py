@@ -5,8 +5,10 @@ peft LoRA adapter; it is unpacked (``llm_batch.infra.adapters.unpack_adapter``) 
 only if ``check_adapter_dir`` admits it against its base model's folder, which must be
 prepared where the API runs. Its files then live in storage under
 ``{work_uri}/adapters/{owner}/{name}-{uuid}/`` (the workers fetch that prefix once per
-machine), its record in the job store. An adapter is its owner's alone: nobody else sees it
-or can name it in a batch line (another owner's is as unknown as a made-up name).
+machine), its record in the job store; its bytes count in the owner's stored bytes
+(``max_file_bytes``: 429 above, as a file upload). An adapter is its owner's alone: nobody
+else sees it or can name it in a batch line (another owner's is as unknown as a made-up
+name).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 from llm_batch.api.adapter_models import AdapterDeleted, AdapterList, AdapterOut
 from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.errors import ApiError
+from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.state import SettingsDep, StoreDep
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
@@ -150,6 +153,7 @@ def _create(store: JobStore, settings: Settings, caller: Caller, name: str, base
                            code="file_too_large") from None
         except AdapterRefused as exc:
             raise ApiError(400, f"adapter refused: {exc}", param="file", code="invalid_adapter") from None
+        check_owner_limits(store, settings, caller, new_bytes=facts.bytes)  # what it stores, as a file upload
         prefix = join_uri(settings.work_uri, "adapters", caller.name, f"{name}-{uuid.uuid4().hex}") + "/"
         _publish(folder, prefix)
     try:

@@ -1,6 +1,6 @@
 """Usage: what owners hold now (the per-owner limits' measures) and what jobs used, summed by
-owner, model or label (``/v1/usage``, ``llm-batch usage``). Reads the ``jobs`` and ``files``
-tables; writes nothing.
+owner, model or label (``/v1/usage``, ``llm-batch usage``). Reads the ``jobs``, ``files`` and
+``adapters`` tables; writes nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.repository import Repository, require_aware
-from llm_batch.infra.jobstore.tables import FILES, JOBS
+from llm_batch.infra.jobstore.tables import ADAPTERS, FILES, JOBS
 
 # JobStore.usage: what it groups by, and the groups that are not a value of the column.
 USAGE_GROUPINGS = ("owner", "model", "label")
@@ -58,8 +58,8 @@ class UsageRepository(Repository):
     """Usage (see the module docstring)."""
 
     def owner_usage(self, owner: str) -> dict[str, int]:
-        """What `owner` holds now: live jobs, their requests (known totals) and the bytes of
-        their stored files that are not deleted (the per-owner limits' measures)."""
+        """What `owner` holds now: live jobs, their requests (known totals) and the bytes they
+        store: files not deleted and their own adapters (the per-owner limits' measures)."""
         live = [s.value for s in JobStatus if not s.terminal]
         with self._transaction(write=False) as connection:
             jobs, requests = connection.execute(
@@ -70,7 +70,10 @@ class UsageRepository(Repository):
                 select(func.coalesce(func.sum(FILES.c.bytes), 0))
                 .where(FILES.c.owner == owner, FILES.c.deleted_at.is_(None))
             ).scalar_one()
-        return {"live_jobs": int(jobs), "requests_in_flight": int(requests), "file_bytes": int(stored)}
+            adapters = connection.execute(
+                select(func.coalesce(func.sum(ADAPTERS.c.bytes), 0)).where(ADAPTERS.c.owner == owner)
+            ).scalar_one()
+        return {"live_jobs": int(jobs), "requests_in_flight": int(requests), "file_bytes": int(stored) + int(adapters)}
 
     def usage(
         self, by: str | None = None, since: datetime | None = None, owner: str | None = None

@@ -54,8 +54,11 @@ Private or internal uses (``INTERNAL_USES``), and why no public API serves them 
    token's adapter weights by slot index, and a token of no adapter has index -1, which
    selects the *last* slot: a base-model line batched beside adapter lines gets an adapter
    applied, silently (vllm-project/vllm PR #48421, open; the GPU kernels skip -1). The
-   guard wraps the shrink step so those tokens' LoRA activations are zero, as the fix does.
-   Not applied on GPU; a no-op once vLLM's own op skips -1 tokens (the wrapper only zeroes).
+   guard wraps the shrink step so those tokens' LoRA activations are zero, as the fix does,
+   and the expand steps (``bgmv_expand``, ``bgmv_expand_slice``) so they write adapter
+   tokens' rows only: a zero activation times the last slot's B is still NaN when B holds a
+   NaN or an infinity, so base rows are never touched by an adapter's weights, whatever
+   they hold. Not applied on GPU; a no-op once vLLM's own ops skip -1 tokens.
 
 Public API used here: ``vllm.inputs.TextPrompt`` / ``TokensPrompt`` and
 ``LLM.renderer.render_cmpl`` (what vLLM's deprecation warning in ``LLMEngine.add_request``
@@ -122,6 +125,10 @@ INTERNAL_USES: tuple[InternalUse, ...] = (
     InternalUse("vllm.lora.punica_wrapper.punica_cpu", "bgmv_shrink", "function",
                 ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor", "scaling"),
                 used_by="guard_cpu_lora (the name the CPU wrapper calls)"),
+    *(InternalUse(module, name, "function", ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor",
+                                             *extra), used_by="guard_cpu_lora (_adapter_rows_only)")
+      for module in ("vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.punica_wrapper.punica_cpu")
+      for name, extra in (("bgmv_expand", ()), ("bgmv_expand_slice", ("slice_offset", "slice_size")))),
     # Public, but the completion path depends on their shape: guarded the same way.
     InternalUse("vllm.engine.arg_utils:EngineArgs", "create_engine_config", "method",
                 ("usage_context", "headless"), by_name=True, private=False, used_by="serve_headless_node"),
@@ -178,8 +185,9 @@ def shutdown_now(llm: LLM) -> None:
 
 
 def guard_cpu_lora() -> None:
-    """On the CPU platform, make base-model tokens of a batch with adapters get no LoRA delta
-    (internal: see 4. above). Idempotent; nothing on other platforms."""
+    """On the CPU platform, keep adapters off base-model tokens of a batch with adapters
+    (internal: see 4. above): their LoRA activations are zero, and the expand steps skip their
+    rows, as the GPU kernels do. Idempotent; nothing on other platforms."""
     from vllm.platforms import current_platform  # vllm
 
     if not current_platform.is_cpu():
@@ -201,6 +209,32 @@ def guard_cpu_lora() -> None:
     guarded._llm_batch_guard = True  # type: ignore[attr-defined]
     ops.bgmv_shrink = guarded  # sgmv_shrink (prefill) calls it by this module's global
     punica_cpu.bgmv_shrink = guarded  # the decode path calls the name it imported
+    for name in ("bgmv_expand", "bgmv_expand_slice"):
+        expand = _adapter_rows_only(getattr(ops, name))
+        setattr(ops, name, expand)  # the sgmv_ variants (prefill) call it by this module's global
+        setattr(punica_cpu, name, expand)
+
+
+def _adapter_rows_only(expand: Any) -> Any:
+    """An expand op (``output_tensor += inputs @ B[index]`` per row) run on the rows of
+    adapter tokens only. A zero activation is not enough for base rows: it meets the gathered
+    slot's B, and 0 x NaN (or x inf, or a value out of the model's dtype) is NaN."""
+
+    def guarded(inputs, lora_b_weights, output_tensor, lora_indices_tensor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        base = lora_indices_tensor < 0
+        if not bool(base.any()):
+            return expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, *args, **kwargs)
+        adapted = ~base
+        if bool(adapted.any()):
+            rows = output_tensor[: base.shape[0]]
+            mine = rows[adapted]  # a copy: written back below
+            expand(inputs[: base.shape[0]][adapted], lora_b_weights, mine, lora_indices_tensor[adapted],
+                   *args, **kwargs)
+            rows[adapted] = mine
+        return None
+
+    guarded._llm_batch_guard = True  # type: ignore[attr-defined]
+    return guarded
 
 
 # -- multi-node followers --------------------------------------------------------------
