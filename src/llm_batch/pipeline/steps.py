@@ -47,6 +47,7 @@ from llm_batch.pipeline.admission import (
     check_input_readable,
     check_model,
     check_output_target,
+    check_owner_limits,
     check_user_path,
 )
 from llm_batch.pipeline.recurring import output_asset_uri
@@ -97,10 +98,11 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf) -> None:
 
 def admit_run(store: JobStore, settings: Settings, run: RunConf, trusted: bool) -> dict[str, str | None]:
     """A run's job through the API's own admission (llm_batch.pipeline.admission), under the
-    conf's field names: its endpoint, model and model_config (owner adapters and engine
+    conf's field names: the owner's limits, its endpoint, model and model_config (owner adapters and engine
     arguments included), input files, paths (the input readable now, the output not another's).
     Returns the run's paths in their canonical spelling; raises Refused naming the problem."""
     principal = Owner(run.owner, trusted)
+    check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(run.input_requests or []))
     endpoint = check_endpoint(run.endpoint)
     check_model(run.model, run.engine_config, settings, endpoint=endpoint, principal=principal, store=store)
     if run.input_file_ids:

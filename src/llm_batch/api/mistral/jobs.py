@@ -13,7 +13,6 @@ from llm_batch.api.auth import CallerDep
 from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
-from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.mistral.models import (
     MISTRAL_STATUS,
     BatchJobList,
@@ -29,7 +28,7 @@ from llm_batch.core.job_request import JobRequest
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.pipeline import housekeeping
-from llm_batch.pipeline.admission import check_endpoint, check_input_files, check_model
+from llm_batch.pipeline.admission import check_endpoint, check_input_files, check_model, check_owner_limits
 
 router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"], route_class=IdempotentRoute)
 

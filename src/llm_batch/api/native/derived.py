@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from llm_batch.api.cancellation import owned_job
 from llm_batch.api.errors import ApiError
-from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.submission import Submitting, save_inline_requests, submit
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_request import DerivedFrom, JobRequest
 from llm_batch.infra.jobstore import Job
-from llm_batch.pipeline.admission import check_model
+from llm_batch.pipeline.admission import check_model, check_owner_limits
 from llm_batch.pipeline.rerun import CannotDerive, rerun_input, retry_lines, retry_plan
 
 

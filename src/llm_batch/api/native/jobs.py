@@ -21,7 +21,6 @@ from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
-from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.native.derived import derive_job
 from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, EstimateOut, JobList, JobOut, QueueOut
 from llm_batch.api.run_queue import QueuePlace, job_places
@@ -42,6 +41,7 @@ from llm_batch.pipeline.admission import (
     check_input_readable,
     check_model,
     check_output_target,
+    check_owner_limits,
     check_user_path,
     priority_weight,
 )

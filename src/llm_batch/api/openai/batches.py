@@ -11,7 +11,6 @@ from llm_batch.api.auth import CallerDep
 from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
-from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.openai.models import (
     COMPLETION_WINDOW_SECONDS,
     MODERATION_CATEGORIES,
@@ -28,7 +27,7 @@ from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput, ModerationShape
 from llm_batch.core.job_request import JobRequest
 from llm_batch.infra import input_files, storage
-from llm_batch.pipeline.admission import check_endpoint, check_model, model_registry
+from llm_batch.pipeline.admission import check_endpoint, check_model, check_owner_limits, model_registry
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)
 

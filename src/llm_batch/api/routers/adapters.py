@@ -26,7 +26,6 @@ from fastapi.concurrency import run_in_threadpool
 from llm_batch.api.adapter_models import AdapterDeleted, AdapterList, AdapterOut
 from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.errors import ApiError
-from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.state import SettingsDep, StoreDep
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
@@ -43,7 +42,7 @@ from llm_batch.infra.adapters import (
 )
 from llm_batch.infra.jobstore import AdapterExists, AdapterNotFound, JobStore, OwnerAdapter
 from llm_batch.infra.model_registry import ModelError, Registry, model_status
-from llm_batch.pipeline.admission import model_registry
+from llm_batch.pipeline.admission import check_owner_limits, model_registry
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 

@@ -14,11 +14,11 @@ from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.errors import ApiError, not_found
 from llm_batch.api.file_models import FileDeleted, FileList, FileOut
 from llm_batch.api.idempotency import IdempotencyDep, IdempotentRoute
-from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.uploads import delete_file, expiry, form_expires_after, read_content, save_upload
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import FileObject
+from llm_batch.pipeline.admission import check_owner_limits
 
 router = APIRouter(prefix="/v1/files", tags=["files"], route_class=IdempotentRoute)
 

@@ -15,7 +15,6 @@ from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.dag_trigger import reprioritize_waiting_tasks
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
-from llm_batch.api.limits import check_owner_limits
 from llm_batch.api.scale.models import (
     BatchCompletionsJob,
     CancelBatchCompletionsResponse,
@@ -48,6 +47,7 @@ from llm_batch.infra.model_registry import (
 from llm_batch.pipeline.admission import (
     check_model,
     check_output_target,
+    check_owner_limits,
     check_user_path,
     model_registry,
     path_unavailable,
