@@ -1,9 +1,11 @@
 """API errors: one exception type, rendered per dialect.
 
-Routes raise ``ApiError(status, message, param=..., code=...)``. The OpenAI routes (files,
-batches, webhook endpoints) answer ``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API
-does; the other routes answer FastAPI's ``{"detail": message}`` plus the same fields, so
-every error body says what went wrong and where.
+Routes raise ``ApiError(status, message, param=..., code=...)``. One error shape per dialect,
+whoever refuses (a route, FastAPI's request validation, a middleware): the OpenAI routes
+(files, batches, webhook endpoints) answer ``{"error": {"message", "type", "param", "code"}}``
+as the OpenAI API does; the other routes ``{"detail", "message", "param", "code"}``, where
+``detail`` is FastAPI's: the message, or on a 422 the per-field list (``loc``, ``msg``,
+``type``) FastAPI's clients parse. So every error body says what went wrong and where.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        location: str = "body",
     ):
         super().__init__(message)
         self.status_code = status_code
@@ -54,6 +57,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers
+        self.location = location  # where `param` is (body, query, path, header): a 422's `loc`
 
 
 def not_found(kind: str, object_id: str) -> ApiError:
@@ -80,7 +84,11 @@ def error_response(request: Request, error: ApiError) -> JSONResponse:
             }
         }
     else:
-        body = {"detail": error.message, "param": error.param, "code": error.code}
+        detail: Any = error.message
+        if error.status_code == 422:  # as FastAPI's own 422: the per-field list
+            detail = [{"loc": [error.location, error.param] if error.param else [error.location],
+                       "msg": error.message, "type": error.code or "invalid_value"}]
+        body = {"detail": detail, "message": error.message, "param": error.param, "code": error.code}
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
@@ -105,8 +113,9 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     if _wants_openai_shape(request):
         return error_response(request, ApiError(422, message, param=where or None, code="invalid_value"))
-    # Keep FastAPI's per-field list too: clients that parse it (mistralai) still can.
-    body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None}
+    # FastAPI's per-field list, every problem: clients that parse it still can.
+    body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None,
+            "code": "invalid_value"}
     return JSONResponse(body, status_code=422)
 
 
