@@ -24,7 +24,6 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llm_batch.api.auth import get_caller
@@ -54,9 +53,9 @@ class BodyLimit:
     """413 for a request body above the limit (multipart uploads: the file limit), checked on
     Content-Length up front and on the bytes actually streamed (chunked bodies).
 
-    A streamed overflow is raised as an ``HTTPException`` from ``receive``: FastAPI passes
-    that through its body parsing (any other exception there becomes a vague 400), so the
-    app's error handlers answer it in the route's dialect.
+    Both are answered in the route's dialect: up front here, and a streamed overflow is
+    raised as an ``HTTPException`` from ``receive``: FastAPI passes that through its body
+    parsing (any other exception there becomes a vague 400) to the app's error handlers.
     """
 
     def __init__(self, app: ASGIApp, json_limit: int, upload_limit: int):
@@ -73,9 +72,8 @@ class BodyLimit:
         limit = self.upload_limit if is_upload else self.json_limit
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            error = {"message": too_large_message(limit), "type": "invalid_request_error", "param": None,
-                     "code": "body_too_large"}
-            await JSONResponse({"error": error}, status_code=413)(scope, _replay([]), send)
+            error = ApiError(413, too_large_message(limit), code="body_too_large")
+            await error_response(Request(scope), error)(scope, _replay([]), send)
             return
         seen = 0
 
@@ -179,9 +177,11 @@ def _replay(messages: list[Message]) -> Receive:
 
 
 class ErrorBody(BaseModel):
-    """An error of the Mistral, Scale and other routes."""
+    """An error of the Mistral, Scale and other routes (a 422's has the per-field list as its
+    `detail`: ``ValidationErrorBody``)."""
 
-    detail: str = Field(description="What went wrong, in a sentence")
+    detail: str = Field(description="What went wrong, in a sentence (the same as `message`)")
+    message: str = Field(description="What went wrong, in a sentence")
     param: str | None = Field(description="Where: the parameter or body field")
     code: str | None = Field(description="The reason for programs, e.g. invalid_api_key, not_found, limit_exceeded")
 
@@ -195,14 +195,16 @@ class FieldProblem(BaseModel):
 
 
 class ValidationErrorBody(BaseModel):
-    """A request that fails the schema, on the Mistral, Scale and other routes: FastAPI's
-    per-field list (clients parse it) plus one sentence."""
+    """A 422 of the Mistral, Scale and other routes: ``ErrorBody`` with FastAPI's per-field list
+    (clients parse it) as its `detail`, whether the request fails the schema or the API refuses
+    it (a reused Idempotency-Key)."""
 
     detail: list[FieldProblem] = Field(description="Every problem, one item each (FastAPI's list)")
     message: str = Field(description="The first problem as a sentence naming its place (`requests[3].body: Field "
                          "required`), and how many more there are")
     param: str | None = Field(description="Where the first problem is, e.g. `requests[3].body`; `body` when the body "
                               "is not JSON")
+    code: str | None = Field(description="The reason for programs: invalid_value (the schema), idempotency_key_reused")
 
 
 class OpenAIError(BaseModel):
@@ -271,27 +273,16 @@ def error_statuses(route: APIRoute) -> list[int]:
         statuses.add(422)
     if authenticated and "POST" in route.methods and not takes_id:
         statuses.add(429)  # creates and uploads: per-owner limits
-    if takes_idempotency_key(route):
+    if depends_on(route.dependant, idempotency_key):
         statuses |= {400, 422}  # a malformed key; a key used with another body or route
     return sorted(statuses)
 
 
-def takes_idempotency_key(route: APIRoute) -> bool:
-    return depends_on(route.dependant, idempotency_key)
-
-
-def _error_response(status: int, openai: bool, keyed: bool = False) -> dict[str, Any]:
+def _error_response(status: int, openai: bool) -> dict[str, Any]:
     model = OpenAIErrorBody if openai else ValidationErrorBody if status == 422 else ErrorBody
-    schema: dict[str, Any] = {"$ref": _REF + model.__name__}
-    if status == 413 and not openai:
-        # BodyLimit answers a too large Content-Length before routing, in OpenAI's shape.
-        schema = {"anyOf": [schema, {"$ref": _REF + OpenAIErrorBody.__name__}]}
-    if status == 422 and keyed and not openai:
-        # idempotency_key_reused is the API's own refusal, in its error body.
-        schema = {"anyOf": [schema, {"$ref": _REF + ErrorBody.__name__}]}
     response: dict[str, Any] = {
         "description": _ERROR_DESCRIPTIONS[status],
-        "content": {"application/json": {"schema": schema}},
+        "content": {"application/json": {"schema": {"$ref": _REF + model.__name__}}},
     }
     if status == 401:
         response["headers"] = _WWW_AUTHENTICATE
@@ -317,12 +308,9 @@ def declare_error_responses(app: FastAPI) -> None:
                 openai = route.path.startswith(OPENAI_PREFIXES)
                 for method in route.methods:
                     responses = document["paths"][route.path_format][method.lower()]["responses"]
-                    keyed = takes_idempotency_key(route)
                     for status in error_statuses(route):
                         if status not in route.responses and str(status) not in route.responses:
-                            responses[str(status)] = _error_response(status, openai, keyed)
-                        elif keyed and status == 422:  # FastAPI's own 422 declaration, widened
-                            responses["422"] = _error_response(status, openai, keyed)
+                            responses[str(status)] = _error_response(status, openai)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

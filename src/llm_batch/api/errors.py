@@ -1,9 +1,11 @@
 """API errors: one exception type, rendered per dialect.
 
-Routes raise ``ApiError(status, message, param=..., code=...)``. The OpenAI routes (files,
-batches, webhook endpoints) answer ``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API
-does; the other routes answer FastAPI's ``{"detail": message}`` plus the same fields, so
-every error body says what went wrong and where.
+Routes raise ``ApiError(status, message, param=..., code=...)``. One error shape per dialect,
+whoever refuses (a route, FastAPI's request validation, a middleware): the OpenAI routes
+(files, batches, webhook endpoints) answer ``{"error": {"message", "type", "param", "code"}}``
+as the OpenAI API does; the other routes ``{"detail", "message", "param", "code"}``, where
+``detail`` is FastAPI's: the message, or on a 422 the per-field list (``loc``, ``msg``,
+``type``) FastAPI's clients parse. So every error body says what went wrong and where.
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ _ERROR_TYPES = {
 
 
 class ApiError(Refused):
-    """An error answered to the client as-is: `message` says what, `param` says where. (The
-    admission's refusals, ``Refused``, are answered the same way.)"""
+    """An error answered to the client as-is: `message` says what, `param` says where
+    (`location`: body, query, path or header; a 422's `loc`). The admission's refusals
+    (``Refused``, always about the body) are answered the same way."""
+
+    def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None, location: str = "body"):
+        super().__init__(status_code, message, param=param, code=code, headers=headers)
+        self.location = location
 
 
 def not_found(kind: str, object_id: str) -> ApiError:
@@ -66,7 +74,12 @@ def error_response(request: Request, error: Refused) -> JSONResponse:
             }
         }
     else:
-        body = {"detail": error.message, "param": error.param, "code": error.code}
+        detail: Any = error.message
+        if error.status_code == 422:  # as FastAPI's own 422: the per-field list
+            location = getattr(error, "location", "body")  # an admission's Refused: the body's
+            detail = [{"loc": [location, error.param] if error.param else [location],
+                       "msg": error.message, "type": error.code or "invalid_value"}]
+        body = {"detail": detail, "message": error.message, "param": error.param, "code": error.code}
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
@@ -91,8 +104,9 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     if _wants_openai_shape(request):
         return error_response(request, ApiError(422, message, param=where or None, code="invalid_value"))
-    # Keep FastAPI's per-field list too: clients that parse it (mistralai) still can.
-    body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None}
+    # FastAPI's per-field list, every problem: clients that parse it still can.
+    body = {"detail": [_jsonable(e) for e in errors], "message": message, "param": where or None,
+            "code": "invalid_value"}
     return JSONResponse(body, status_code=422)
 
 

@@ -161,7 +161,7 @@ async def idempotency_key(
         if record.route != route or record.fingerprint != body_hash:
             raise ApiError(422, f"the {HEADER} was already used with another request body or on another route "
                            f"({record.route}): use a new key for a different request",
-                           param=HEADER, code="idempotency_key_reused")
+                           param=HEADER, code="idempotency_key_reused", location="header")
         if record.status_code is not None:
             raise _Replay(_replay(record))
         if time.monotonic() > deadline:

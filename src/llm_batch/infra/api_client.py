@@ -519,7 +519,8 @@ def send_with_retries(send: Callable[[], httpx.Response]) -> httpx.Response:
 
 def _raise_for(response: httpx.Response) -> None:
     """ApiError from an error answer: the OpenAI shape ``{"error": {"message", "param",
-    "code"}}`` or the others' ``{"detail" (or "message"), "param", "code"}``."""
+    "code"}}`` or the others' ``{"detail", "message", "param", "code"}`` (a bare FastAPI
+    ``{"detail"}``, as Airflow answers around the API, too)."""
     if not response.is_error:
         return
     try:

@@ -65,7 +65,8 @@
   async function problem(response) {
     try {
       const body = await response.json();
-      return `${response.status}: ${body.detail || (body.error && body.error.message) || body.message || ""}`;
+      // Every error says `message` (OpenAI's routes inside `error`); a 422's `detail` is a list.
+      return `${response.status}: ${body.message || (body.error && body.error.message) || body.detail || ""}`;
     } catch (e) { return `${response.status} ${response.statusText}`; }
   }
 
