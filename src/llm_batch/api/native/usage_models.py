@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from llm_batch.infra.jobstore.usage import UsageRow
+from llm_batch.infra.jobstore.snapshots import UsageRow
 
 UsageGrouping = Literal["owner", "model", "label"]
 

@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.repository import Repository
+from llm_batch.infra.jobstore.snapshots import UsageRow
 from llm_batch.infra.jobstore.tables import ATTEMPTS, DELIVERIES, JOBS
-from llm_batch.infra.jobstore.usage import UsageRow
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,8 +5,8 @@ id, mutators raise ``JobNotFound``, ``owner=None`` means "any owner".
 
 Concurrency: status moves are compare-and-set (``UPDATE ... WHERE id=? AND status=?``,
 re-read and retried when another writer won), counters are SQL increments, so many shard
-workers and API callers can update one job at once without losing anything. The move that
-ends a job writes its webhook outbox rows in the same transaction (``webhooks.enqueue_job_end``).
+workers and API callers can update one job at once without losing anything. A status move
+calls ``_job_moved`` in its transaction (the store writes a job end's webhook outbox rows there).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from llm_batch.core.jobs import JobStatus, check_transition
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
 from llm_batch.infra.jobstore.paging import check_page, given, matching, ordering, owned, page
 from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, require_non_negative, utcnow
-from llm_batch.infra.jobstore.snapshots import DIALECTS, Job
+from llm_batch.infra.jobstore.snapshots import DIALECTS, Job, job_snapshot
 from llm_batch.infra.jobstore.tables import FILES, HISTORY, JOBS, SHARDS
-from llm_batch.infra.jobstore.webhooks import enqueue_job_end
 
 # The timestamps a status sets when it is entered (each only if still unset, so a
 # repeated or resumed step never moves them).
@@ -73,12 +72,6 @@ def search_filter(text: str) -> ColumnElement[bool]:
         func.lower(cast(c.labels, Text)).contains(needle, autoescape=True),
         named_file,
     )
-
-
-def job_snapshot(row: Row) -> Job:
-    values = row._asdict()
-    values["status"] = JobStatus(values["status"])
-    return Job(**values)
 
 
 def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]:
@@ -144,8 +137,8 @@ class JobRepository(Repository):
                     .returning(*JOBS.c)
                 ).one_or_none()
                 if updated is not None:
-                    # Webhooks: a job's end writes its outbox rows in this same transaction.
-                    enqueue_job_end(connection, row, updated)
+                    # What else a move does, in its transaction (the store's webhooks outbox).
+                    self._job_moved(connection, row, updated)
                     return job_snapshot(updated)
         raise ConcurrentUpdate(f"job {job_id!r}: status kept changing under {CAS_ATTEMPTS} attempts")
 

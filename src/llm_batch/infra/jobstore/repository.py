@@ -112,6 +112,10 @@ class Repository:
         except IntegrityError as exc:
             raise DuplicateId(f"{table.name}: id {values['id']!r} exists already") from exc
 
+    def _job_moved(self, connection: Connection, before: Row, after: Row) -> None:
+        """Called in the transaction of each job status move (a hook: the composition root
+        adds what else a move does, so repositories need not import each other)."""
+
 
 # A forked child (Airflow's LocalExecutor forks task processes) must not reuse its
 # parent's pooled connections: drop them, without closing the parent's sockets.

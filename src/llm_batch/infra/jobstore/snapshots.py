@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Row
+
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import DIALECTS, DerivedFrom
 from llm_batch.core.jobs import JobStatus
@@ -187,3 +189,33 @@ class CacheEntry:
     created_at: datetime
     used_at: datetime
     at_byte: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """JobStore.usage: the sums over one group's jobs (any status; live jobs with their live
+    counts). ``gpu_seconds``: each job's engine seconds x its GPUs (see JobStore.usage)."""
+
+    group: str
+    jobs: int = 0
+    requests_total: int = 0
+    requests_succeeded: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # jobs whose count is unknown (None) add 0
+    reasoning_tokens: int = 0
+    cached_requests: int = 0  # answered from the result cache (part of requests_succeeded)
+    cached_tokens: int = 0  # their prompt + completion tokens (part of the token counts)
+    invalid_output: int = 0  # answers that failed the job's output check (part of requests_failed)
+    output_retries: int = 0  # answers tried again because they failed it
+    retry_tokens: int = 0  # prompt + completion tokens of the discarded answers (not in the token counts)
+    engine_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+
+
+def job_snapshot(row: Row) -> Job:
+    """A jobs table row as a Job."""
+    values = row._asdict()
+    values["status"] = JobStatus(values["status"])
+    return Job(**values)

@@ -1,6 +1,6 @@
 """JobStore: the job store's composition root, every repository over one engine.
 
-Each concern is a repository of its own module, a ``Repository`` (``repository.py``: the
+Each concern is a repository of its own module (none imports another), a ``Repository`` (``repository.py``: the
 engine, transactions) with a small ``Protocol`` of what its callers use:
 
 - ``jobs.py``: jobs, their status moves and counters (``Jobs``);
@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from sqlalchemy import Connection, Row
+
 from llm_batch.core.config import get_settings
 from llm_batch.infra.jobstore.adapters import AdapterRepository
 from llm_batch.infra.jobstore.api_keys import ApiKeyRepository
@@ -44,7 +46,7 @@ from llm_batch.infra.jobstore.jobs import JobRepository
 from llm_batch.infra.jobstore.progress import ProgressRepository
 from llm_batch.infra.jobstore.result_cache import ResultCacheRepository
 from llm_batch.infra.jobstore.usage import UsageRepository
-from llm_batch.infra.jobstore.webhooks import WebhookRepository
+from llm_batch.infra.jobstore.webhooks import WebhookRepository, enqueue_job_end
 
 
 class JobStore(
@@ -63,6 +65,9 @@ class JobStore(
 ):
     """The job store at `url`: every repository's methods over one engine (see the module
     docstring; construction and threads as ``Repository``)."""
+
+    def _job_moved(self, connection: Connection, before: Row, after: Row) -> None:
+        enqueue_job_end(connection, before, after)  # a job's end writes its webhook outbox rows
 
 
 @lru_cache(maxsize=None)

@@ -5,7 +5,6 @@ owner, model or label (``/v1/usage``, ``llm-batch usage``). Reads the ``jobs``, 
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -14,35 +13,13 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.repository import Repository, require_aware
+from llm_batch.infra.jobstore.snapshots import UsageRow
 from llm_batch.infra.jobstore.tables import ADAPTERS, FILES, JOBS
 
 # JobStore.usage: what it groups by, and the groups that are not a value of the column.
 USAGE_GROUPINGS = ("owner", "model", "label")
 USAGE_ALL_GROUP = "(all)"  # by=None: one row over every job
 USAGE_NO_LABELS_GROUP = "(none)"  # by="label": the jobs without labels
-
-
-@dataclasses.dataclass(frozen=True)
-class UsageRow:
-    """JobStore.usage: the sums over one group's jobs (any status; live jobs with their live
-    counts). ``gpu_seconds``: each job's engine seconds x its GPUs (see JobStore.usage)."""
-
-    group: str
-    jobs: int = 0
-    requests_total: int = 0
-    requests_succeeded: int = 0
-    requests_failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_prompt_tokens: int = 0  # jobs whose count is unknown (None) add 0
-    reasoning_tokens: int = 0
-    cached_requests: int = 0  # answered from the result cache (part of requests_succeeded)
-    cached_tokens: int = 0  # their prompt + completion tokens (part of the token counts)
-    invalid_output: int = 0  # answers that failed the job's output check (part of requests_failed)
-    output_retries: int = 0  # answers tried again because they failed it
-    retry_tokens: int = 0  # prompt + completion tokens of the discarded answers (not in the token counts)
-    engine_seconds: float = 0.0
-    gpu_seconds: float = 0.0
 
 
 class Usage(Protocol):
