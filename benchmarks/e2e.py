@@ -73,7 +73,7 @@ def run_direct(model: str, count: int, max_tokens: int, placed_as_worker: bool) 
     started = psutil.Process().create_time()
     from vllm import SamplingParams
 
-    from llm_batch.infra.model_registry import resolve_model
+    from llm_batch.infra.model_resolution import resolve_model
     from llm_batch.runtime.engine.runner import start_engine
 
     resolved = resolve_model({"model": model})
@@ -159,7 +159,7 @@ def main() -> None:
               flush=True)
         return
 
-    from llm_batch.infra.model_registry import prepare_model
+    from llm_batch.infra.model_cache import prepare_model
 
     model_cache = prepare_model(args.model).parent  # the shared cache (prepared once)
     print(f"{args.requests} chat requests, max_tokens {args.max_tokens}, model {args.model}, "

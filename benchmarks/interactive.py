@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--skip-big", action="store_true", help="only the cold and warm small jobs")
     args = parser.parse_args()
-    from llm_batch.infra.model_registry import prepare_model
+    from llm_batch.infra.model_cache import prepare_model
 
     cache = prepare_model(args.model).parent  # the shared cache (prepared once)
     with stack_in_temp_home(cache, "interactive") as stack:  # as `llm-batch up` runs it: its defaults

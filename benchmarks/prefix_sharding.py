@@ -286,7 +286,7 @@ def main() -> None:
         env = engine_env(home, args.model_cache)
         os.environ.update({k: env[k] for k in ("LLM_BATCH_HOME", "LLM_BATCH_MODEL_CACHE")})
         from llm_batch.core.config import Settings
-        from llm_batch.infra.model_registry import prepare_model
+        from llm_batch.infra.model_cache import prepare_model
 
         model_dir = prepare_model(MODEL, settings=Settings(home=home, model_cache=args.model_cache))
         words = words_for(args.doc_tokens, model_dir)

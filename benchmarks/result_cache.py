@@ -91,7 +91,7 @@ def main() -> None:
                            "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"})
         from llm_batch.core.config import get_settings
         from llm_batch.infra.jobstore import JobStore
-        from llm_batch.infra.model_registry import prepare_model
+        from llm_batch.infra.model_cache import prepare_model
 
         settings = get_settings()
         prepare_model(args.model, settings=settings)

@@ -220,7 +220,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("LLM_BATCH_ENFORCE_EAGER", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from llm_batch.infra.model_registry import prepare_model
+    from llm_batch.infra.model_cache import prepare_model
 
     model_cache = prepare_model(args.model).parent
     print(f"load average at start: {os.getloadavg()[0]:.1f}; model {args.model}, {args.requests} requests x "

@@ -194,7 +194,7 @@ def run_worker(name: str, model: str, n: int, env: dict[str, str], home: Path, w
 
 def prepare(cache: Path, *names: str) -> dict[str, Path]:
     from llm_batch.core.config import Settings
-    from llm_batch.infra.model_registry import prepare_model
+    from llm_batch.infra.model_cache import prepare_model
 
     settings = Settings(home=cache.parent, model_cache=cache)
     return {name: prepare_model(name, settings=settings) for name in names}

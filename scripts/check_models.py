@@ -24,7 +24,7 @@ DEFAULT_NAMES = ["tiny-random-llama", "smollm2-135m-instruct", "all-minilm-l6-v2
 def check(name: str) -> None:
     from vllm import LLM, SamplingParams
 
-    from llm_batch.infra.model_registry import resolve_model
+    from llm_batch.infra.model_resolution import resolve_model
 
     resolved = resolve_model({"model": name})
     started = time.monotonic()

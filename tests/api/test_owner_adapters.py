@@ -89,7 +89,8 @@ def _end(store, *job_ids: str) -> None:
 
 
 def _prepared(name: str) -> bool:
-    from llm_batch.infra.model_registry import load_registry, model_status
+    from llm_batch.infra.model_cache import model_status
+    from llm_batch.infra.model_registry import load_registry
 
     return model_status(name, load_registry().models[name]) in ("ready", "stale")
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from llm_batch.core.config import get_settings
-from llm_batch.infra.model_registry import BUILTIN_CHAT_TEMPLATES, job_engine_args, load_registry, validate_model_config
+from llm_batch.core.model_config import BUILTIN_CHAT_TEMPLATES, validate_model_config
+from llm_batch.infra.model_registry import load_registry
+from llm_batch.infra.model_resolution import job_engine_args
 from tests.api.conftest import dag_run_of
 
 pytestmark = pytest.mark.airflow

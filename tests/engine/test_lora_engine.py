@@ -93,7 +93,7 @@ def test_smollm2_adapters_answer_apart_from_the_base_and_alike_each_time(smollm2
     pass (other order, other neighbours in the batch) gives every line the same answer."""
     from llm_batch.core.config import Settings
     from llm_batch.infra.adapters import ResolvedAdapter, prepare_adapter
-    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.infra.model_resolution import ResolvedModel
     from llm_batch.runtime.engine.runner import EngineRunner, start_engine, stop_engine
     from llm_batch.runtime.worker import with_adapters
 
@@ -187,7 +187,7 @@ def test_a_nan_adapter_leaves_the_base_lines_beside_it_as_the_base_only_engine_a
     from safetensors.torch import load_file, save_file
 
     from llm_batch.infra.adapters import ResolvedAdapter
-    from llm_batch.infra.model_registry import resolve_model
+    from llm_batch.infra.model_resolution import resolve_model
     from llm_batch.runtime.engine.runner import EngineRunner, start_engine, stop_engine
     from llm_batch.runtime.worker import with_adapters
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch.infra.model_registry import READY_MARKER, build_tiny_llama
+from llm_batch.core.model_recipes import build_tiny_llama
+from llm_batch.infra.model_cache import READY_MARKER
 
 pytestmark = pytest.mark.models  # builds the default checkpoints: out of the quick lane
 
@@ -163,7 +164,7 @@ def test_the_tiny_llama_is_small_valid_and_deterministic(tmp_path):
 @pytest.mark.s3
 def test_an_s3_checkpoint_is_downloaded_once_by_concurrent_resolvers(s3_server, s3_bucket, tmp_path):
     from llm_batch.core.config import get_settings
-    from llm_batch.infra.model_registry import resolve_model
+    from llm_batch.infra.model_resolution import resolve_model
 
     source = build_tiny_llama(tmp_path / "tiny")
     client = s3_server.client()
@@ -187,7 +188,8 @@ def test_an_s3_checkpoint_is_downloaded_once_by_concurrent_resolvers(s3_server, 
 
 @pytest.mark.s3
 def test_a_missing_s3_checkpoint_is_a_clear_error(s3_bucket):
-    from llm_batch.infra.model_registry import CheckpointNotFound, resolve_model
+    from llm_batch.infra.model_registry import CheckpointNotFound
+    from llm_batch.infra.model_resolution import resolve_model
 
     with pytest.raises(CheckpointNotFound, match=f"s3://{s3_bucket}/nothing/here"):
         resolve_model({"model": "m", "checkpoint_path": f"s3://{s3_bucket}/nothing/here"})
@@ -195,7 +197,8 @@ def test_a_missing_s3_checkpoint_is_a_clear_error(s3_bucket):
 
 @pytest.mark.s3
 def test_an_s3_checkpoint_we_may_not_read_is_not_allowed(s3_wrong_secret):
-    from llm_batch.infra.model_registry import CheckpointNotAllowed, resolve_model
+    from llm_batch.infra.model_registry import CheckpointNotAllowed
+    from llm_batch.infra.model_resolution import resolve_model
 
     with pytest.raises(CheckpointNotAllowed, match=f"s3://{s3_wrong_secret}/present"):
         resolve_model({"model": "m", "checkpoint_path": f"s3://{s3_wrong_secret}/present"})

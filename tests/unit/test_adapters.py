@@ -215,7 +215,7 @@ def test_engine_rank_and_ids():
 
 
 def test_a_shard_s_adapters_set_the_engine_s_lora_arguments():
-    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.infra.model_resolution import ResolvedModel
     from llm_batch.runtime.worker import with_adapters
 
     model = ResolvedModel("m", Path("/m"), "generate", engine_args={"model": "/m", "max_loras": 2})

@@ -15,7 +15,9 @@ import orjson
 import pytest
 
 from llm_batch.core.endpoints import Endpoint, endpoints_served, parse_endpoint, serving_problem
-from llm_batch.infra.model_registry import InvalidModelConfig, ModerationMap, _class_labels, _task_of, load_registry
+from llm_batch.core.model_config import InvalidModelConfig
+from llm_batch.infra.model_registry import ModerationMap, load_registry
+from llm_batch.infra.model_resolution import _class_labels, _task_of
 from llm_batch.pipeline.validation import ValidationLimits, validate_batch
 
 LIMITS = ValidationLimits(max_requests=1000, max_input_bytes=10**7, max_line_bytes=2**20, max_reported_errors=100)

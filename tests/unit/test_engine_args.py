@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from llm_batch.core.config import Settings
 from llm_batch.core.engine_args import JOB_ENGINE_ARGS, QUANTIZATION_METHODS, REGISTRY_ONLY_ENGINE_ARGS
-from llm_batch.infra.model_registry import InvalidModelConfig, job_engine_args, load_registry, validate_model_config
+from llm_batch.core.model_config import InvalidModelConfig, validate_model_config
+from llm_batch.infra.model_registry import load_registry
+from llm_batch.infra.model_resolution import job_engine_args
 
 MODEL = "tiny-random-llama"
 

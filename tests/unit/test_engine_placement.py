@@ -9,7 +9,7 @@ import os
 import pytest
 
 from llm_batch.core.config import get_settings
-from llm_batch.infra.model_registry import ResolvedModel
+from llm_batch.infra.model_resolution import ResolvedModel
 from llm_batch.runtime.engine import runner as engine_runner
 
 

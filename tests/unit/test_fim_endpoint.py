@@ -13,7 +13,8 @@ import pytest
 
 from llm_batch.cli.main import main
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS, Endpoint, endpoints_served, parse_endpoint, serving_problem
-from llm_batch.infra.model_registry import FimTemplate, InvalidModelConfig, load_registry
+from llm_batch.core.model_config import InvalidModelConfig
+from llm_batch.infra.model_registry import FimTemplate, load_registry
 from llm_batch.pipeline.validation import ValidationLimits, validate_batch
 
 FIM = "/v1/fim/completions"

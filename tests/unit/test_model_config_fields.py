@@ -13,21 +13,17 @@ from pathlib import Path
 import pytest
 
 from llm_batch.core.config import Settings
-from llm_batch.infra.model_registry import (
+from llm_batch.core.model_config import (
     BUILTIN_CHAT_TEMPLATES,
     MODEL_CONFIG_FIELDS,
-    READY_MARKER,
-    CheckpointNotAllowed,
     InvalidModelConfig,
     ModelConfig,
-    Registry,
-    check_model_config,
-    job_engine_args,
     job_model_config,
-    load_registry,
-    resolve_model,
     validate_model_config,
 )
+from llm_batch.infra.model_cache import READY_MARKER
+from llm_batch.infra.model_registry import CheckpointNotAllowed, Registry, load_registry
+from llm_batch.infra.model_resolution import check_model_config, job_engine_args, resolve_model
 
 BODIES = Path(__file__).parents[1] / "api" / "scale_v2_bodies"
 MODEL = "smollm2-135m-instruct"  # packaged registry: prefix caching, max_model_len 8192, bf16

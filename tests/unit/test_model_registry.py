@@ -16,22 +16,18 @@ import pytest
 
 from llm_batch.core import model_recipes
 from llm_batch.core.config import Settings
+from llm_batch.core.model_config import InvalidModelConfig, ModelError, validate_model_config
 from llm_batch.core.model_recipes import Recipe
-from llm_batch.infra import model_registry as models
+from llm_batch.infra import model_cache
+from llm_batch.infra.model_cache import READY_MARKER, model_status, prepare_model
 from llm_batch.infra.model_registry import (
-    READY_MARKER,
     CheckpointNotAllowed,
     CheckpointNotFound,
-    InvalidModelConfig,
-    ModelError,
     ModelNotPrepared,
     UnknownModel,
     load_registry,
-    model_status,
-    prepare_model,
-    resolve_model,
-    validate_model_config,
 )
+from llm_batch.infra.model_resolution import resolve_model
 
 
 @pytest.fixture
@@ -176,7 +172,7 @@ def test_enforce_eager_follows_the_environment(settings, monkeypatch, value, exp
 
 
 def test_an_unknown_model_lists_the_known_ones_before_anything_loads(settings, monkeypatch):
-    monkeypatch.setattr(models, "fetch_checkpoint", lambda *a, **k: pytest.fail("fetched"))
+    monkeypatch.setattr(model_cache, "fetch_checkpoint", lambda *a, **k: pytest.fail("fetched"))
     with pytest.raises(UnknownModel) as caught:
         resolve_model({"model": "gpt-5"}, settings=settings)
     message = str(caught.value)
@@ -393,7 +389,7 @@ def counting_recipe(monkeypatch):
             raise RuntimeError("recipe failed")
 
     monkeypatch.setitem(model_recipes.RECIPES, "tiny-random-llama", Recipe(lambda: state["source"], build))
-    monkeypatch.setitem(models.RECIPES, "tiny-random-llama", model_recipes.RECIPES["tiny-random-llama"])
+    monkeypatch.setitem(model_cache.RECIPES, "tiny-random-llama", model_recipes.RECIPES["tiny-random-llama"])
     return state
 
 
@@ -440,7 +436,7 @@ def test_prepare_refuses_unknown_models_and_missing_sources(settings, monkeypatc
     def missing(dest: Path) -> None:
         raise model_recipes.MissingSource("the PyPI package x is not installed")
 
-    monkeypatch.setitem(models.RECIPES, "minilm-package", Recipe(lambda: "v", missing))
+    monkeypatch.setitem(model_cache.RECIPES, "minilm-package", Recipe(lambda: "v", missing))
     with pytest.raises(ModelError, match="cannot be prepared: the PyPI package x"):
         prepare_model("all-minilm-l6-v2", settings=settings)
 
@@ -450,7 +446,7 @@ def test_models_command_prepares_and_lists(settings, counting_recipe, monkeypatc
 
     from llm_batch.cli import models as command
 
-    monkeypatch.setattr(models, "get_settings", lambda: settings)
+    monkeypatch.setattr(model_cache, "get_settings", lambda: settings)
     monkeypatch.setattr("llm_batch.core.config.get_settings", lambda: settings)
     parser = argparse.ArgumentParser()
     command.register(parser.add_subparsers())

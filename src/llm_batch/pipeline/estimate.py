@@ -202,8 +202,10 @@ def load_counter(model: str, model_config: dict[str, Any], endpoint: Endpoint, s
                  owned: dict[str, str] | None = None) -> PromptCounter:
     """The counter for a job of `model` (an owner's adapter: `owned` maps it to its base) on
     `endpoint`, with the tokenizer and chat template the worker's engine will use
-    (``model_registry.resolve_model``); ``NotCounted`` saying why when there is none here."""
-    from llm_batch.infra.model_registry import ModelError, load_registry, resolve_model  # heavy
+    (``model_resolution.resolve_model``); ``NotCounted`` saying why when there is none here."""
+    from llm_batch.core.model_config import ModelError  # heavy
+    from llm_batch.infra.model_registry import load_registry  # heavy
+    from llm_batch.infra.model_resolution import resolve_model  # heavy
 
     if endpoint in MEDIA_ENDPOINTS:
         raise NotCounted(f"{endpoint} lines are {'audio' if endpoint is Endpoint.TRANSCRIPTIONS else 'images'}: "

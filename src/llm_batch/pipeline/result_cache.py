@@ -28,9 +28,10 @@ import orjson
 
 from llm_batch.core.config import Settings
 from llm_batch.core.layout import JobLayout
+from llm_batch.core.model_config import ModelError
 from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra import storage
-from llm_batch.infra.model_registry import ModelError, load_registry
+from llm_batch.infra.model_registry import load_registry
 from llm_batch.infra.result_cache import CACHEABLE_ENDPOINTS, cache_key, cacheable, pack_uri, read_answers, write_pack
 from llm_batch.infra.results import paired_results
 from llm_batch.infra.streams import stored_lines

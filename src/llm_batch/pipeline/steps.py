@@ -40,16 +40,6 @@ from llm_batch.core.run_conf import (
     run_job_id,
 )
 from llm_batch.infra import storage, user_paths
-from llm_batch.pipeline.admission import (
-    Owner,
-    check_endpoint,
-    check_input_files,
-    check_input_readable,
-    check_model,
-    check_output_target,
-    check_owner_limits,
-    check_user_path,
-)
 from llm_batch.pipeline.recurring import output_asset_uri
 from llm_batch.pipeline.shard_task import ShardTask, shard_not_run_reasons
 
@@ -101,6 +91,17 @@ def admit_run(store: JobStore, settings: Settings, run: RunConf, trusted: bool) 
     conf's field names: the owner's limits, its endpoint, model and model_config (owner adapters and engine
     arguments included), input files, paths (the input readable now, the output not another's).
     Returns the run's paths in their canonical spelling; raises Refused naming the problem."""
+    from llm_batch.pipeline.admission import (  # heavy
+        Owner,
+        check_endpoint,
+        check_input_files,
+        check_input_readable,
+        check_model,
+        check_output_target,
+        check_owner_limits,
+        check_user_path,
+    )
+
     principal = Owner(run.owner, trusted)
     check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(run.input_requests or []))
     endpoint = check_endpoint(run.endpoint)
@@ -309,8 +310,9 @@ def job_model_choice(store: JobStore, job: Job, settings: Settings) -> ModelChoi
     """The names the job's lines may give as their model: its model, and the adapters of its
     base in the registry and among its owner's own (a model outside the registry, a
     checkpoint_path, has none)."""
+    from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.adapters import model_choice  # heavy
-    from llm_batch.infra.model_registry import ModelError, load_registry  # heavy
+    from llm_batch.infra.model_registry import load_registry  # heavy
 
     served = (job.model_config or {}).get("served_model_name")
     if (job.model_config or {}).get("checkpoint_path"):

@@ -21,7 +21,7 @@ from llm_batch.core import exit_codes
 from llm_batch.runtime.engine import vllm_api
 
 if TYPE_CHECKING:
-    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.infra.model_resolution import ResolvedModel
 
 log = logging.getLogger("llm_batch.runtime.multinode")
 

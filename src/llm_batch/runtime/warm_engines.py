@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from vllm import LLM
 
     from llm_batch.core.config import Settings
-    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.infra.model_resolution import ResolvedModel
 
 log = logging.getLogger("llm_batch.runtime.warm_engines")
 
@@ -589,7 +589,8 @@ def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
 
 
 def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
-    from llm_batch.infra.model_registry import ModelError, resolve_model  # heavy
+    from llm_batch.core.model_config import ModelError  # heavy
+    from llm_batch.infra.model_resolution import resolve_model  # heavy
 
     try:
         model = resolve_model(model_config)

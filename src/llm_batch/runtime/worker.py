@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from vllm import LLM
 
     from llm_batch.infra.adapters import ResolvedAdapter
-    from llm_batch.infra.model_registry import ResolvedModel
+    from llm_batch.infra.model_resolution import ResolvedModel
     from llm_batch.runtime.engine.responses import Usage
 
 log = logging.getLogger("llm_batch.runtime.worker")
@@ -351,7 +351,8 @@ class StopMonitor:
 
 def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> ResolvedModel:
     """The model to load, checked to serve ``endpoint``; WorkerUsageError otherwise."""
-    from llm_batch.infra.model_registry import ModelError, resolve_model  # heavy
+    from llm_batch.core.model_config import ModelError  # heavy
+    from llm_batch.infra.model_resolution import resolve_model  # heavy
 
     try:
         model = resolve_model(model_config)
@@ -393,8 +394,8 @@ def resolve_shard_adapters(names: dict[str, str | None]) -> list[ResolvedAdapter
     (not prepared, refused): the job's fault, not worth a retry."""
     if not names:
         return []
+    from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.adapters import resolve_adapters  # heavy
-    from llm_batch.infra.model_registry import ModelError  # heavy
 
     try:
         return resolve_adapters(names, {name: uri for name, uri in names.items() if uri})

@@ -19,7 +19,7 @@ WORKER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--job-id", str, "the job's id"),
     ("--shard", int, "the shard's index (0-based)"),
     ("--endpoint", str, "one of " + ", ".join(SUPPORTED_ENDPOINTS)),
-    ("--model-config", str, "JSON: model plus any field of llm_batch.infra.model_registry.MODEL_CONFIG_FIELDS "
+    ("--model-config", str, "JSON: model plus any field of llm_batch.core.model_config.MODEL_CONFIG_FIELDS "
                             "(checkpoint_path, max_model_len, dtype, seed, ..., engine_args)"),
     ("--requests", str, "URI of the shard's BatchRequest lines (default: the job layout's)"),
     ("--results", str, "URI prefix of the shard's result parts (default: the job layout's)"),

@@ -31,9 +31,9 @@ from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobRejected, JobStatus
+from llm_batch.core.model_config import ModelError, job_model_config
 from llm_batch.infra.jobstore import DuplicateId, Job, JobStore
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
-from llm_batch.infra.model_registry import ModelError, job_model_config
 from llm_batch.infra.storage import StorageError
 from llm_batch.pipeline.admission import (
     check_endpoint,

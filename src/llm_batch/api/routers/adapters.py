@@ -31,6 +31,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.core.model_choice import ADAPTER_NAME
+from llm_batch.core.model_config import ModelError
 from llm_batch.infra import storage
 from llm_batch.infra.adapters import (
     ADAPTER_FILES,
@@ -41,7 +42,8 @@ from llm_batch.infra.adapters import (
     unpack_adapter,
 )
 from llm_batch.infra.jobstore import AdapterExists, AdapterNotFound, JobStore, OwnerAdapter
-from llm_batch.infra.model_registry import ModelError, Registry, model_status
+from llm_batch.infra.model_cache import model_status
+from llm_batch.infra.model_registry import Registry
 from llm_batch.pipeline.admission import check_owner_limits, model_registry
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])

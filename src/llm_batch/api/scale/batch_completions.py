@@ -34,16 +34,12 @@ from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput, OutputFormat
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.jobs import JobStatus
+from llm_batch.core.model_config import ModelError, job_model_config, validate_model_config
 from llm_batch.core.placement import multi_node_refusal
 from llm_batch.infra import storage, user_paths
 from llm_batch.infra.jobstore import Adapters, Job
-from llm_batch.infra.model_registry import (
-    ModelError,
-    check_model_config,
-    job_model_config,
-    local_tokenizer_dir,
-    validate_model_config,
-)
+from llm_batch.infra.model_cache import local_tokenizer_dir
+from llm_batch.infra.model_resolution import check_model_config
 from llm_batch.pipeline.admission import (
     check_model,
     check_output_target,
@@ -130,7 +126,7 @@ def _check_output_path(output_uri: str, input_uri: str | None) -> None:
 
 def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
     """The model_config as the job stores it: every field Scale's clients send is known
-    (llm_batch.infra.model_registry.MODEL_CONFIG_FIELDS); nulls and client defaults are dropped, a value
+    (llm_batch.core.model_config.MODEL_CONFIG_FIELDS); nulls and client defaults are dropped, a value
     the table refuses is a 400 naming the field."""
     try:
         return job_model_config(body.model_config_.model_dump())

@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.jobs import JobStatus
+from llm_batch.core.model_config import MODEL_CONFIG_FIELDS
 from llm_batch.core.placement import GpuType
 from llm_batch.infra.jobstore import Job
-from llm_batch.infra.model_registry import MODEL_CONFIG_FIELDS
 
 # The dialect's word for each canonical status.
 SCALE_STATUS = {
@@ -37,7 +37,7 @@ class _ScaleModelConfigBase(BaseModel):
     _labels = field_validator("labels", check_fields=False)(check_pairs)
 
 
-# Every field of llm_batch.infra.model_registry.MODEL_CONFIG_FIELDS, typed as there (a wrong type is a
+# Every field of llm_batch.core.model_config.MODEL_CONFIG_FIELDS, typed as there (a wrong type is a
 # 422, as Scale's server answers); what each value does is decided there, at submission.
 ScaleModelConfig = create_model(
     "ScaleModelConfig",

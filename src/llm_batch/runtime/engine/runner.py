@@ -40,7 +40,8 @@ from llm_batch.core.output_check import CHECKED_ENDPOINTS, INVALID_OUTPUT, Outpu
 from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
 from llm_batch.infra import media
 from llm_batch.infra.adapters import ResolvedAdapter
-from llm_batch.infra.model_registry import FimTemplate, ModerationMap, ResolvedModel, Serving
+from llm_batch.infra.model_registry import FimTemplate, ModerationMap, Serving
+from llm_batch.infra.model_resolution import ResolvedModel
 from llm_batch.pipeline.sharding import PREFIX_KEY_CHARS, prefix_key
 from llm_batch.runtime.engine import StopReason, ocr, responses, transcription, vllm_api
 from llm_batch.runtime.engine.audio import AudioError, decode_wav
