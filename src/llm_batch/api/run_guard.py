@@ -1,0 +1,265 @@
+"""A batch run belongs to its job's owner in Airflow too: only the owner or an admin may end,
+clear, annotate or delete it through Airflow's own REST API (``/api/v2``, which the UI uses).
+
+Airflow cannot refuse this itself: its simple auth manager lets any user (role USER and up)
+change any DAG's runs, an auth manager's ``is_authorized_dag`` is told the DAG, never the run,
+and the listeners (``listeners.py``) hear of a state change after it is made. So the guard is
+a root middleware of the plugin in front of Airflow's routes.
+
+An allow-list, for a user who is no admin. A write (any method but GET, HEAD, OPTIONS) under
+``/api/v2/dags/`` names the runs it touches (``targets``: from the path and, for the bulk and
+clear routes, from the body). It passes when none is a run of a product DAG, or each is the
+user's own:
+
+- a ``batch_inference`` run is its job's owner's (the job store; before the run has
+  registered its job, whoever's job it will make: ``steps.run_owner``);
+- the runs of the other product DAGs (the recurring specs' DAGs, housekeeping) are the admin's;
+- a write that names no single run (a clear by dates or partitions, ``~`` without dag ids),
+  or changes a product DAG itself (pause, delete), is the admin's.
+
+Anything else is refused before Airflow sees it: 403 in Airflow's error shape,
+``{"detail": "..."}``, saying why; the run and its job stay as they were. Triggering a run and
+the reads Airflow serves by POST (``.../list``) pass: a new run is its triggering user's
+(``steps.register`` refuses a conf naming another owner's job).
+
+The user is the one Airflow itself would see: the Bearer token, else the session cookie,
+verified by Airflow's auth manager. A request without a valid one passes on, for Airflow to
+answer its 401 or 403.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.security.utils import get_authorization_scheme_param
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from llm_batch.api.app import replay
+from llm_batch.api.auth import is_airflow_admin
+from llm_batch.core.config import get_settings
+from llm_batch.core.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID, api_run_id, run_job_id
+from llm_batch.infra.jobstore import get_job_store
+from llm_batch.pipeline import steps
+from llm_batch.pipeline.recurring import DAG_ID_PREFIX as RECURRING_PREFIX
+
+PREFIX = "/api/v2/"
+WILDCARD = "~"  # Airflow's "any DAG" / "any run" in a path
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+# A run of a product DAG only an admin may change (recurring, housekeeping).
+ADMINS_ONLY = "<admins>"  # no owner name has angle brackets
+
+
+@dataclass(frozen=True)
+class Target:
+    """A DAG's run a write touches; run_id None: runs it does not name (or the DAG itself)."""
+
+    dag_id: str
+    run_id: str | None
+
+
+def is_product_dag(dag_id: str) -> bool:
+    """The DAGs llm-batch ships, whose runs are jobs or the admin's schedules."""
+    return dag_id in (BATCH_DAG_ID, HOUSEKEEPING_DAG_ID) or dag_id.startswith(RECURRING_PREFIX)
+
+
+# -- which runs a request writes to -----------------------------------------------------------
+
+
+def reads_body(parts: list[str]) -> bool:
+    """Whether the targets of a write to ``/api/v2/<parts>`` are named in its body."""
+    rest = parts[2:] if parts[:1] == ["dags"] else []
+    return rest in (["dagRuns"], ["clearTaskInstances"], ["clearDagRuns"], ["clearPartitions"]) or (
+        len(rest) == 3 and rest[0] == "dagRuns" and rest[2] == "taskInstances")
+
+
+def targets(method: str, parts: list[str], body: Any = None) -> list[Target]:
+    """The runs a request to ``/api/v2/<parts>`` changes (``[]``: none); `body` is its JSON
+    (anything else where a route names its runs there: then it names none)."""
+    if method in _SAFE or parts[:1] != ["dags"]:
+        return []
+    if len(parts) == 1:  # PATCH /dags: pause every DAG matching a pattern
+        return [Target(WILDCARD, None)]
+    dag, rest = parts[1], parts[2:]
+    if rest in (["favorite"], ["unfavorite"]):  # the user's own list
+        return []
+    if rest == ["dagRuns"]:
+        return [] if method == "POST" else _entities(body, dag, None, run_key="dag_run_id", bare="run")
+    if rest[:1] == ["dagRuns"] and len(rest) >= 2:
+        run = rest[1]
+        if method == "POST" and (rest[1:] == ["list"] or rest[2:] == ["taskInstances", "list"]):
+            return []  # reads
+        named = [_target(dag, run)]
+        if rest[2:] == ["taskInstances"]:  # bulk: an entity may name another DAG's run
+            named += _entities(body, dag, run, run_key="dag_run_id", bare="task")
+        return named
+    if rest == ["clearTaskInstances"]:
+        return [_target(dag, _field(body, "dag_run_id"))]
+    if rest == ["clearDagRuns"]:
+        runs = body.get("dag_runs") if isinstance(body, dict) else None
+        if not runs or not isinstance(runs, list):  # by partition, or unreadable
+            return [Target(dag, None)]
+        return [_target(_field(r, "dag_id") or dag, _field(r, "dag_run_id")) for r in runs]
+    if rest == ["clearPartitions"]:
+        return [_target(dag, _field(body, "run_id"))]
+    return [Target(dag, None)]  # the DAG itself, or what this guard does not know
+
+
+def _entities(body: Any, dag: str, run: str | None, *, run_key: str, bare: str) -> list[Target]:
+    """The runs a bulk body's entities name (Airflow's BulkBody: actions, each with entities).
+    A bare string entity is a run id (``bare="run"``) or a task of the path's run ("task")."""
+    actions = body.get("actions") if isinstance(body, dict) else None
+    if not isinstance(actions, list):
+        return [Target(dag, None)]
+    named = []
+    for action in actions:
+        entities = action.get("entities") if isinstance(action, dict) else None
+        for entity in entities if isinstance(entities, list) else [None]:
+            if isinstance(entity, str):
+                named.append(_target(dag, entity if bare == "run" else run))
+            else:
+                named.append(_target(_field(entity, "dag_id") or dag, _field(entity, run_key) or run))
+    return named
+
+
+def _field(value: Any, name: str) -> str | None:
+    found = value.get(name) if isinstance(value, dict) else None
+    return found if isinstance(found, str) and found else None
+
+
+def _target(dag: str, run: str | None) -> Target:
+    return Target(dag, None if run in (None, WILDCARD) else run)
+
+
+# -- whose they are -----------------------------------------------------------------------------
+
+
+OwnerOf = Callable[[str, str], "str | None"]
+
+
+def refusal(user: str, targets_: list[Target], owner_of: OwnerOf) -> str | None:
+    """Why `user` (no admin) may not make a write touching `targets_`, else None.
+    ``owner_of(dag_id, run_id)``: the run's owner, ADMINS_ONLY, or None for no such run."""
+    for target in targets_:
+        if target.dag_id != WILDCARD and not is_product_dag(target.dag_id):
+            continue
+        if target.dag_id == WILDCARD:
+            return ("a change that names no DAG may touch llm-batch's DAGs, whose runs are their owners': "
+                    "name each DAG and run")
+        if target.run_id is None:
+            return (f"{target.dag_id} is llm-batch's DAG: a change to it, or to its runs without naming each "
+                    "run, is for admins")
+        owner = owner_of(target.dag_id, target.run_id)
+        if owner == ADMINS_ONLY:
+            return f"run {target.run_id!r} of {target.dag_id} is the admin's schedule: only an admin may change it"
+        if owner is not None and owner != user:
+            return (f"run {target.run_id!r} of {target.dag_id} is another user's batch job: only its owner or an "
+                    "admin may end, clear, annotate or delete it")
+    return None
+
+
+def owner_of_run(dag_id: str, run_id: str) -> str | None:
+    """The owner of a product DAG's run (ADMINS_ONLY for the admin's DAGs), None for no such run."""
+    if dag_id != BATCH_DAG_ID:
+        return ADMINS_ONLY
+    from airflow.models.dagrun import DagRun  # airflow
+    from airflow.utils.session import create_session  # airflow
+
+    with create_session() as session:
+        row = session.execute(select(DagRun.conf, DagRun.triggering_user_name).where(
+            DagRun.dag_id == dag_id, DagRun.run_id == run_id)).one_or_none()
+    if row is None:
+        return None
+    conf = row.conf if isinstance(row.conf, dict) else {}
+    job = get_job_store(get_settings().database_url).get_job(run_job_id(conf, run_id))
+    if job is not None and (job.dag_run_id == run_id or (job.dag_run_id is None and run_id == api_run_id(job.id))):
+        return job.owner
+    # No job of its own yet: the one it will register is this user's.
+    return steps.run_owner(row.triggering_user_name, conf, lambda _: False)[0]
+
+
+# -- the middleware -------------------------------------------------------------------------------
+
+
+class RunOwnerGuard:
+    """The root middleware (see the module's docstring). `owner_of` defaults to the metadata
+    database and the job store (``owner_of_run``), `user_of` to Airflow's auth manager
+    (``airflow_user``)."""
+
+    def __init__(self, app: ASGIApp, owner_of: OwnerOf = owner_of_run,
+                 user_of: Callable[[Scope], Awaitable[Any]] | None = None):
+        self.app = app
+        self.owner_of = owner_of
+        self.user_of = user_of or airflow_user
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        path = path.removeprefix(scope.get("root_path", "") or "")
+        if not path.startswith(PREFIX) or scope["method"] in _SAFE:
+            await self.app(scope, receive, send)
+            return
+        parts = path[len(PREFIX):].split("/")
+        body = b""
+        if reads_body(parts):
+            body = await _read(receive)
+            receive = replay([{"type": "http.request", "body": body, "more_body": False}])
+        named = targets(scope["method"], parts, _json(body))
+        if any(t.dag_id == WILDCARD or is_product_dag(t.dag_id) for t in named):
+            user = await self.user_of(scope)
+            if user is not None and not is_airflow_admin(user):
+                why = await run_in_threadpool(refusal, user.get_name(), named, self.owner_of)
+                if why is not None:
+                    await JSONResponse({"detail": why}, status_code=403)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+async def _read(receive: Receive) -> bytes:
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body.strip() else None
+    except ValueError:
+        return None
+
+
+async def airflow_user(scope: Scope) -> Any:
+    """The user Airflow's ``get_user`` finds in this request (the Bearer token first, else the
+    session cookie), verified by Airflow's auth manager; None without a valid token."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN  # airflow
+
+    request = Request(scope)
+    # As Airflow's HTTPBearer reads the header: an explicit Bearer token wins over the cookie.
+    scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
+    if scheme.lower() != "bearer" or not token:
+        token = request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    if not token:
+        return None
+    try:
+        return await _auth_manager(scope).get_user_from_token(token)
+    except Exception:  # noqa: BLE001 - expired or invalid: Airflow refuses it the same way
+        return None
+
+
+def _auth_manager(scope: Scope) -> Any:
+    manager = getattr(getattr(scope.get("app"), "state", None), "auth_manager", None)
+    if manager is None:
+        from airflow.api_fastapi.app import get_auth_manager  # airflow
+
+        manager = get_auth_manager()
+    return manager
