@@ -90,14 +90,14 @@ def targets(method: str, parts: list[str], body: Any = None) -> list[Target]:
     if rest in (["favorite"], ["unfavorite"]):  # the user's own list
         return []
     if rest == ["dagRuns"]:
-        return [] if method == "POST" else _entities(body, dag, None, run_key="dag_run_id", bare="run")
+        return [] if method == "POST" else _entities(body, dag, None, bare="run")
     if rest[:1] == ["dagRuns"] and len(rest) >= 2:
         run = rest[1]
         if method == "POST" and (rest[1:] == ["list"] or rest[2:] == ["taskInstances", "list"]):
             return []  # reads
         named = [_target(dag, run)]
         if rest[2:] == ["taskInstances"]:  # bulk: an entity may name another DAG's run
-            named += _entities(body, dag, run, run_key="dag_run_id", bare="task")
+            named += _entities(body, dag, run, bare="task")
         return named
     if rest == ["clearTaskInstances"]:
         return [_target(dag, _field(body, "dag_run_id"))]
@@ -111,7 +111,7 @@ def targets(method: str, parts: list[str], body: Any = None) -> list[Target]:
     return [Target(dag, None)]  # the DAG itself, or what this guard does not know
 
 
-def _entities(body: Any, dag: str, run: str | None, *, run_key: str, bare: str) -> list[Target]:
+def _entities(body: Any, dag: str, run: str | None, *, bare: str) -> list[Target]:
     """The runs a bulk body's entities name (Airflow's BulkBody: actions, each with entities).
     A bare string entity is a run id (``bare="run"``) or a task of the path's run ("task")."""
     actions = body.get("actions") if isinstance(body, dict) else None
@@ -124,7 +124,7 @@ def _entities(body: Any, dag: str, run: str | None, *, run_key: str, bare: str) 
             if isinstance(entity, str):
                 named.append(_target(dag, entity if bare == "run" else run))
             else:
-                named.append(_target(_field(entity, "dag_id") or dag, _field(entity, run_key) or run))
+                named.append(_target(_field(entity, "dag_id") or dag, _field(entity, "dag_run_id") or run))
     return named
 
 
@@ -134,7 +134,7 @@ def _field(value: Any, name: str) -> str | None:
 
 
 def _target(dag: str, run: str | None) -> Target:
-    return Target(dag, None if run in (None, WILDCARD) else run)
+    return Target(dag, None if not run or run == WILDCARD else run)
 
 
 # -- whose they are -----------------------------------------------------------------------------
