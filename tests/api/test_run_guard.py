@@ -53,8 +53,8 @@ def test_reads_name_no_run(dag, run, tail, method):
     assert targets(method, _parts(f"/api/v2/dags/{dag}/dagRuns/{run}{tail}")) == []
 
 
-def test_triggers_reads_by_post_and_favourites_name_no_run():
-    for method, path in [("POST", f"/api/v2/dags/{BATCH}/dagRuns"), ("POST", "/api/v2/dags/~/dagRuns/list"),
+def test_batch_triggers_reads_by_post_and_favourites_name_no_run():
+    for method, path in [("POST", f"/api/v2/dags/{BATCH}/dagRuns"), ("POST", "/api/v2/dags/mine/dagRuns"), ("POST", "/api/v2/dags/~/dagRuns/list"),
                          ("POST", f"/api/v2/dags/{BATCH}/dagRuns/r/taskInstances/list"),
                          ("POST", f"/api/v2/dags/{BATCH}/favorite"), ("PATCH", "/api/v2/connections/c"),
                          ("POST", "/api/v2/variables")]:
@@ -80,6 +80,11 @@ def test_the_bulk_and_clear_routes_name_the_runs_of_their_bodies():
     assert named("POST", f"/api/v2/dags/{BATCH}/clearPartitions", {"run_id": "r"}) == [Target(BATCH, "r")]
     # A body that is not JSON names no run: only the DAG, which is an admin's on a product DAG.
     assert named("PATCH", f"/api/v2/dags/{BATCH}/dagRuns", None) == [Target(BATCH, None)]
+    # New runs of the admin's DAGs; a batch run is its user's own job.
+    assert named("POST", "/api/v2/dags/recurring__nightly/dagRuns", {}) == [Target("recurring__nightly", None)]
+    assert named("POST", "/api/v2/backfills", {"dag_id": "recurring__nightly"}) == [Target("recurring__nightly", None)]
+    assert named("POST", "/api/v2/backfills/dry_run", {"dag_id": "recurring__nightly"}) == []
+    assert named("POST", f"/api/v2/dags/{BATCH}/dagRuns", {}) == []
     # The DAG itself (pause, delete) and every DAG at once.
     assert named("PATCH", f"/api/v2/dags/{BATCH}", {"is_paused": True}) == [Target(BATCH, None)]
     assert named("PATCH", "/api/v2/dags", {"is_paused": True}) == [Target(WILDCARD, None)]

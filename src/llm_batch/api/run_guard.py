@@ -15,12 +15,13 @@ user's own:
   registered its job, whoever's job it will make: ``steps.run_owner``);
 - the runs of the other product DAGs (the recurring specs' DAGs, housekeeping) are the admin's;
 - a write that names no single run (a clear by dates or partitions, ``~`` without dag ids),
-  or changes a product DAG itself (pause, delete), is the admin's.
+  changes a product DAG itself (pause, delete) or starts a run of the admin's DAGs (a
+  trigger, a backfill) is the admin's.
 
 Anything else is refused before Airflow sees it: 403 in Airflow's error shape,
-``{"detail": "..."}``, saying why; the run and its job stay as they were. Triggering a run and
-the reads Airflow serves by POST (``.../list``) pass: a new run is its triggering user's
-(``steps.register`` refuses a conf naming another owner's job).
+``{"detail": "..."}``, saying why; the run and its job stay as they were. Triggering a
+``batch_inference`` run and the reads Airflow serves by POST (``.../list``) pass: a new batch
+run is its triggering user's job (``steps.register`` refuses a conf naming another owner's job).
 
 The user is the one Airflow itself would see: the Bearer token, else the session cookie,
 verified by Airflow's auth manager. A request without a valid one passes on, for Airflow to
@@ -75,22 +76,28 @@ def is_product_dag(dag_id: str) -> bool:
 def reads_body(parts: list[str]) -> bool:
     """Whether the targets of a write to ``/api/v2/<parts>`` are named in its body."""
     rest = parts[2:] if parts[:1] == ["dags"] else []
-    return rest in (["dagRuns"], ["clearTaskInstances"], ["clearDagRuns"], ["clearPartitions"]) or (
+    return parts == ["backfills"] or rest in (["dagRuns"], ["clearTaskInstances"], ["clearDagRuns"], ["clearPartitions"]) or (
         len(rest) == 3 and rest[0] == "dagRuns" and rest[2] == "taskInstances")
 
 
 def targets(method: str, parts: list[str], body: Any = None) -> list[Target]:
     """The runs a request to ``/api/v2/<parts>`` changes (``[]``: none); `body` is its JSON
     (anything else where a route names its runs there: then it names none)."""
-    if method in _SAFE or parts[:1] != ["dags"]:
+    if method in _SAFE:
+        return []
+    if parts == ["backfills"]:  # new runs of the body's DAG
+        return [Target(_field(body, "dag_id") or WILDCARD, None)]
+    if parts[:1] != ["dags"]:
         return []
     if len(parts) == 1:  # PATCH /dags: pause every DAG matching a pattern
         return [Target(WILDCARD, None)]
     dag, rest = parts[1], parts[2:]
     if rest in (["favorite"], ["unfavorite"]):  # the user's own list
         return []
+    if rest == ["dagRuns"] and method == "POST":  # a new run: a batch run is its user's job
+        return [Target(dag, None)] if is_product_dag(dag) and dag != BATCH_DAG_ID else []
     if rest == ["dagRuns"]:
-        return [] if method == "POST" else _entities(body, dag, None, bare="run")
+        return _entities(body, dag, None, bare="run")
     if rest[:1] == ["dagRuns"] and len(rest) >= 2:
         run = rest[1]
         if method == "POST" and (rest[1:] == ["list"] or rest[2:] == ["taskInstances", "list"]):
@@ -153,8 +160,8 @@ def refusal(user: str, targets_: list[Target], owner_of: OwnerOf) -> str | None:
             return ("a change that names no DAG may touch llm-batch's DAGs, whose runs are their owners': "
                     "name each DAG and run")
         if target.run_id is None:
-            return (f"{target.dag_id} is llm-batch's DAG: a change to it, or to its runs without naming each "
-                    "run, is for admins")
+            return (f"{target.dag_id} is llm-batch's DAG: pausing or deleting it, starting a run of an admin's "
+                    "DAG and changing runs without naming each are for admins")
         owner = owner_of(target.dag_id, target.run_id)
         if owner == ADMINS_ONLY:
             return f"run {target.run_id!r} of {target.dag_id} is the admin's schedule: only an admin may change it"
