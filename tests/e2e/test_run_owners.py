@@ -1,7 +1,8 @@
 """A batch run is its job owner's in Airflow's own REST API too, on the real stack (with the
 users a deployment names, LLM_BATCH_AIRFLOW_USERS): another user's PATCH of a running job's
 run (state, note) and clear are refused 403 and the job runs on as it was; its owner annotates
-it and marks it failed, which fails her job (the admin's way: test_run_job_agreement.py)."""
+it and marks it failed, which fails her job (the admin's way: test_run_job_agreement.py). What a
+viewer reads of the run (its conf, prepare's XCom) carries ids and counts."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_only_the_owner_ends_or_annotates_her_batch_run(e2e_stack, airflow, job_
     requests = [{"custom_id": f"r{i}", "body": {"messages": [{"role": "user", "content": f"count {i}"}],
                                                 "max_tokens": 8, "ignore_eos": True}} for i in range(6)]
     made = httpx.post(f"{batch}/v1/jobs", headers=as_alice, timeout=30,
-                      json={"id": job_id, "requests": requests, "model": MODEL})
+                      json={"id": job_id, "requests": requests, "model": MODEL, "labels": {"team": "alices"}})
     assert made.status_code == 200 and made.json()["owner"] == "alice", made.text
     wait_until(f"job {job_id} to run", lambda: _job(batch, alice, job_id)["status"] == "RUNNING", JOB_TIMEOUT)
     run = f"{api}/dags/{DAG}/dagRuns/{api_run_id(job_id)}"
@@ -52,6 +53,15 @@ def test_only_the_owner_ends_or_annotates_her_batch_run(e2e_stack, airflow, job_
     assert (after["status"], after["status_reason"]) == (before["status"], before["status_reason"]), after
     seen = airflow.call("GET", f"/dags/{DAG}/dagRuns/{api_run_id(job_id)}")
     assert seen["state"] == "running" and "bob" not in (seen.get("note") or ""), seen
+
+    # What every viewer reads of her run carries ids and counts: no labels or model config
+    # in its conf, no work path in prepare's XCom.
+    as_vic = {"Authorization": f"Bearer {e2e_stack.airflow_token('vic')}"}
+    conf = httpx.get(run, headers=as_vic, timeout=30).json()["conf"]
+    assert conf["job_id"] == job_id and not {"labels", "model_config", "input_uri", "output_uri"} & set(conf), conf
+    shards = httpx.get(f"{run}/taskInstances/prepare/xcomEntries/return_value", headers=as_vic, timeout=30,
+                       params={"deserialize": True}).json()["value"]
+    assert shards == [{"job_id": job_id, "shard": 0, "requests": len(requests)}], shards
 
     noted = httpx.patch(run, headers=as_alice, json={"note": "alice's batch"}, timeout=30)
     assert noted.status_code == 200 and noted.json()["note"] == "alice's batch", noted.text
