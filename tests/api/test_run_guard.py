@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from llm_batch.api import run_guard
 from llm_batch.api.run_guard import ADMINS_ONLY, WILDCARD, Target, refusal, targets
+from llm_batch.core.run_conf import run_job_id
 
 pytestmark = pytest.mark.airflow
 
@@ -201,6 +202,47 @@ def test_the_owner_of_a_form_run_is_whoever_triggered_it_until_it_registers(cred
     assert refused.status_code == 403, refused.text
     assert airflow_api.patch(f"/api/v2/dags/{BATCH}/dagRuns/{run_id}", headers=creds.jwt("bob"),
                              json={"state": "failed"}).status_code == 200
+
+
+def test_a_readers_answers_cut_another_owners_batch_conf_to_its_job_id(creds, airflow_api):
+    """A form run's conf holds what its user wrote: another reader (viewer or user) sees its
+    job id only, in the run, the lists and the batch list, and not the event log's copy, gzip
+    asked for or not."""
+    secret = f"secret prompt {uuid.uuid4().hex[:8]}"
+    made = airflow_api.post(f"/api/v2/dags/{BATCH}/dagRuns", headers=creds.jwt("bob"), json={
+        "logical_date": None, "conf": {"model": "tiny-random-llama", "input_requests": [
+            {"custom_id": "a", "body": {"messages": [{"role": "user", "content": secret}]}}]}})
+    assert made.status_code == 200, made.text
+    run_id = made.json()["dag_run_id"]
+    reads = [("GET", f"/api/v2/dags/{BATCH}/dagRuns/{run_id}", None),
+             ("GET", f"/api/v2/dags/{BATCH}/dagRuns", None), ("GET", "/api/v2/dags/~/dagRuns", None),
+             ("POST", "/api/v2/dags/~/dagRuns/list", {"dag_ids": [BATCH], "page_limit": 100})]
+    for user in ("alice", "vic", "bob", "root"):
+        for method, path, body in reads:
+            answer = airflow_api.request(method, path, json=body, params={"limit": 100} if method == "GET" else None,
+                                         headers={**creds.jwt(user), "Accept-Encoding": "gzip"})
+            assert answer.status_code == 200, (user, path, answer.text)
+            runs = answer.json().get("dag_runs", [answer.json()])
+            seen = next(r["conf"] for r in runs if r["dag_run_id"] == run_id)
+            if user in ("bob", "root"):
+                assert secret in str(seen), (user, path)
+            else:
+                assert seen == {"job_id": run_job_id(made.json()["conf"], run_id)} and secret not in answer.text
+    # Airflow's event log records the trigger's body: its extra is bob's (and the admin's) to read.
+    for user in ("alice", "vic", "bob", "root"):
+        events = airflow_api.get("/api/v2/eventLogs", params={"dag_id": BATCH, "limit": 100},
+                                 headers={**creds.jwt(user), "Accept-Encoding": "gzip"})
+        assert events.status_code == 200, events.text
+        assert (secret in events.text) == (user in ("bob", "root")), user
+
+
+def test_hide_confs_leaves_other_dags_and_the_readers_own_runs():
+    runs = {"dag_runs": [{"dag_id": BATCH, "dag_run_id": "r1", "conf": {"input_uri": "/x", "job_id": "j1"}},
+                         {"dag_id": BATCH, "dag_run_id": "r2", "conf": {"input_uri": "/y"}},
+                         {"dag_id": "mine", "dag_run_id": "r3", "conf": {"input_uri": "/z"}}]}
+    owners = {"r1": "bob", "r2": "alice"}
+    shown = run_guard.hide_confs(runs, "alice", lambda run: owners[run["dag_run_id"]])
+    assert [r["conf"] for r in shown["dag_runs"]] == [{"job_id": "j1"}, {"input_uri": "/y"}, {"input_uri": "/z"}]
 
 
 @hypothesis_settings(max_examples=25, deadline=None)

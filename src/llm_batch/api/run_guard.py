@@ -23,6 +23,14 @@ Anything else is refused before Airflow sees it: 403 in Airflow's error shape,
 ``batch_inference`` run and the reads Airflow serves by POST (``.../list``) pass: a new batch
 run is its triggering user's job (``steps.register`` refuses a conf naming another owner's job).
 
+Reads: a batch API run's conf carries ids and counts (``submission.dag_conf``), but a run
+started from the form or ``/api/v2`` holds what its user wrote (paths, prompts, schemas). So
+in Airflow's answers of runs (``GET .../dagRuns``, ``.../dagRuns/{run}``, ``POST
+~/dagRuns/list``) the conf of a batch run that is not the reader's is cut to its job id
+(``hide_confs``), and Airflow's event log, which records a request's body, keeps the
+``extra`` of a batch DAG's event for the user who made it (``hide_event_extras``): for every
+reader but admins.
+
 The user is the one Airflow itself would see: the Bearer token, else the session cookie,
 verified by Airflow's auth manager. A request without a valid one passes on, for Airflow to
 answer its 401 or 403.
@@ -40,7 +48,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llm_batch.api.app import replay
 from llm_batch.api.auth import is_airflow_admin
@@ -183,12 +191,62 @@ def owner_of_run(dag_id: str, run_id: str) -> str | None:
             DagRun.dag_id == dag_id, DagRun.run_id == run_id)).one_or_none()
     if row is None:
         return None
-    conf = row.conf if isinstance(row.conf, dict) else {}
+    return batch_run_owner(run_id, row.conf if isinstance(row.conf, dict) else {}, row.triggering_user_name)
+
+
+def batch_run_owner(run_id: str, conf: dict[str, Any], triggering_user: str | None) -> str:
+    """Whose a ``batch_inference`` run is: its job's owner (the job store), or, before it has
+    registered its job, whoever's job it will make."""
     job = get_job_store(get_settings().database_url).get_job(run_job_id(conf, run_id))
     if job is not None and (job.dag_run_id == run_id or (job.dag_run_id is None and run_id == api_run_id(job.id))):
         return job.owner
-    # No job of its own yet: the one it will register is this user's.
-    return steps.run_owner(row.triggering_user_name, conf, lambda _: False)[0]
+    return steps.run_owner(triggering_user, conf, lambda _: False)[0]
+
+
+# -- what a reader sees -----------------------------------------------------------------------------
+
+
+def shows_events(method: str, parts: list[str]) -> bool:
+    """Whether ``/api/v2/<parts>`` answers Airflow's event log (an event, a list of events)."""
+    return method == "GET" and parts[:1] == ["eventLogs"] and len(parts) <= 2
+
+
+def shows_runs(method: str, parts: list[str]) -> bool:
+    """Whether ``/api/v2/<parts>`` answers runs with their confs (a run, a list of runs)
+    that may be batch runs."""
+    if parts[:1] != ["dags"] or len(parts) < 3 or parts[1] not in (BATCH_DAG_ID, WILDCARD) or parts[2] != "dagRuns":
+        return False
+    if method == "POST":
+        return parts[3:] == ["list"]
+    return method == "GET" and len(parts) in (3, 4)
+
+
+def hide_confs(answer: Any, user: str, owner: Callable[[dict[str, Any]], str]) -> Any:
+    """`answer` (a run or ``{"dag_runs": [...]}``) with the conf of each batch run that is not
+    `user`'s cut to its job id: a run started from the form or ``/api/v2`` holds what its user
+    wrote (paths, prompts, schemas). ``owner(run)``: whose the run is."""
+    runs = answer.get("dag_runs") if isinstance(answer, dict) and "dag_runs" in answer else [answer]
+    for run in runs if isinstance(runs, list) else []:
+        if (isinstance(run, dict) and run.get("dag_id") == BATCH_DAG_ID and isinstance(run.get("conf"), dict)
+                and owner(run) != user):
+            run["conf"] = {"job_id": run_job_id(run["conf"], str(run.get("dag_run_id")))}
+    return answer
+
+
+def hide_event_extras(answer: Any, user: str) -> Any:
+    """`answer` (an event or ``{"event_logs": [...]}``) without the ``extra`` of each event of
+    the batch DAG that another user made: Airflow records a request's body there (a form
+    run's conf among them)."""
+    events = answer.get("event_logs") if isinstance(answer, dict) and "event_logs" in answer else [answer]
+    for event in events if isinstance(events, list) else []:
+        if isinstance(event, dict) and event.get("dag_id") == BATCH_DAG_ID and event.get("owner") != user:
+            event["extra"] = None
+    return answer
+
+
+def owner_of_shown_run(run: dict[str, Any]) -> str:
+    """Whose a run of Airflow's answer is (``batch_run_owner`` from its own fields)."""
+    return batch_run_owner(str(run.get("dag_run_id")), run["conf"], run.get("triggering_user_name"))
 
 
 # -- the middleware -------------------------------------------------------------------------------
@@ -200,18 +258,36 @@ class RunOwnerGuard:
     (``airflow_user``)."""
 
     def __init__(self, app: ASGIApp, owner_of: OwnerOf = owner_of_run,
-                 user_of: Callable[[Scope], Awaitable[Any]] | None = None):
+                 user_of: Callable[[Scope], Awaitable[Any]] | None = None,
+                 shown_owner: Callable[[dict[str, Any]], str] = owner_of_shown_run):
         self.app = app
         self.owner_of = owner_of
         self.user_of = user_of or airflow_user
+        self.shown_owner = shown_owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         path = path.removeprefix(scope.get("root_path", "") or "")
-        if not path.startswith(PREFIX) or scope["method"] in _SAFE:
+        if not path.startswith(PREFIX):
             await self.app(scope, receive, send)
             return
         parts = path[len(PREFIX):].split("/")
+        if shows_runs(scope["method"], parts) or shows_events(scope["method"], parts):
+            user = await self.user_of(scope)
+            if user is not None and not is_airflow_admin(user):
+                name = user.get_name()
+                if shows_runs(scope["method"], parts):
+                    send = _rewriting(send, lambda answer: hide_confs(answer, name, self.shown_owner))
+                else:
+                    send = _rewriting(send, lambda answer: hide_event_extras(answer, name))
+                # Airflow's gzip sits inside this middleware: the answer to rewrite comes plain.
+                scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or []
+                                              if k.lower() != b"accept-encoding"]}
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] in _SAFE:
+            await self.app(scope, receive, send)
+            return
         body = b""
         if reads_body(parts):
             body = await _read(receive)
@@ -225,6 +301,33 @@ class RunOwnerGuard:
                     await JSONResponse({"detail": why}, status_code=403)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+
+def _rewriting(send: Send, rewrite: Callable[[Any], Any]) -> Send:
+    """A send that answers Airflow's JSON (a 200) as `rewrite` makes it (buffered: one run,
+    one event or one page of them)."""
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def rewriting(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+            return
+        if message["type"] != "http.response.body" or not start:
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = b"".join(chunks)
+        answer = _json(body) if start.get("status") == 200 else None
+        if answer is not None:
+            body = json.dumps(await run_in_threadpool(rewrite, answer)).encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return rewriting
 
 
 async def _read(receive: Receive) -> bytes:
