@@ -253,9 +253,10 @@ def owner_of_shown_run(run: dict[str, Any]) -> str:
 
 
 class RunOwnerGuard:
-    """The root middleware (see the module's docstring). `owner_of` defaults to the metadata
-    database and the job store (``owner_of_run``), `user_of` to Airflow's auth manager
-    (``airflow_user``)."""
+    """The root middleware (see the module's docstring). `owner_of` (a run's owner, for writes)
+    defaults to the metadata database and the job store (``owner_of_run``), `user_of` to
+    Airflow's auth manager (``airflow_user``), `shown_owner` (a run of an answer's owner) to
+    ``owner_of_shown_run``."""
 
     def __init__(self, app: ASGIApp, owner_of: OwnerOf = owner_of_run,
                  user_of: Callable[[Scope], Awaitable[Any]] | None = None,
@@ -271,26 +272,29 @@ class RunOwnerGuard:
         if not path.startswith(PREFIX):
             await self.app(scope, receive, send)
             return
-        parts = path[len(PREFIX):].split("/")
-        if shows_runs(scope["method"], parts) or shows_events(scope["method"], parts):
-            user = await self.user_of(scope)
-            if user is not None and not is_airflow_admin(user):
-                name = user.get_name()
-                if shows_runs(scope["method"], parts):
-                    send = _rewriting(send, lambda answer: hide_confs(answer, name, self.shown_owner))
-                else:
-                    send = _rewriting(send, lambda answer: hide_event_extras(answer, name))
-                # Airflow's gzip sits inside this middleware: the answer to rewrite comes plain.
-                scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or []
-                                              if k.lower() != b"accept-encoding"]}
+        parts, method = path[len(PREFIX):].split("/"), scope["method"]
+        if shows_runs(method, parts) or shows_events(method, parts):
+            await self._read(scope, receive, send, runs=shows_runs(method, parts))
+        elif method in _SAFE:
             await self.app(scope, receive, send)
-            return
-        if scope["method"] in _SAFE:
-            await self.app(scope, receive, send)
-            return
+        else:
+            await self._write(scope, receive, send, parts)
+
+    async def _read(self, scope: Scope, receive: Receive, send: Send, *, runs: bool) -> None:
+        user = await self.user_of(scope)
+        if user is not None and not is_airflow_admin(user):
+            name = user.get_name()
+            send = _rewriting(send, (lambda answer: hide_confs(answer, name, self.shown_owner)) if runs
+                              else (lambda answer: hide_event_extras(answer, name)))
+            # Airflow's gzip sits inside this middleware: the answer to rewrite comes plain.
+            scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or []
+                                          if k.lower() != b"accept-encoding"]}
+        await self.app(scope, receive, send)
+
+    async def _write(self, scope: Scope, receive: Receive, send: Send, parts: list[str]) -> None:
         body = b""
         if reads_body(parts):
-            body = await _read(receive)
+            body = await _body(receive)
             receive = replay([{"type": "http.request", "body": body, "more_body": False}])
         named = targets(scope["method"], parts, _json(body))
         if any(t.dag_id == WILDCARD or is_product_dag(t.dag_id) for t in named):
@@ -330,7 +334,7 @@ def _rewriting(send: Send, rewrite: Callable[[Any], Any]) -> Send:
     return rewriting
 
 
-async def _read(receive: Receive) -> bytes:
+async def _body(receive: Receive) -> bytes:
     chunks, more = [], True
     while more:
         message = await receive()
