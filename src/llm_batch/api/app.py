@@ -75,7 +75,7 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             error = {"message": too_large_message(limit), "type": "invalid_request_error", "param": None,
                      "code": "body_too_large"}
-            await JSONResponse({"error": error}, status_code=413)(scope, replay([]), send)
+            await JSONResponse({"error": error}, status_code=413)(scope, _replay([]), send)
             return
         seen = 0
 
@@ -119,7 +119,7 @@ class StrictJsonBodies:
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                await self.app(scope, replay([message]), send)
+                await self.app(scope, _replay([message]), send)
                 return
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
@@ -131,9 +131,9 @@ class StrictJsonBodies:
                 if not exc.syntax:
                     param = f"body.{exc.where}" if exc.where else "body"
                     error = ApiError(400, f"the request body is not strict JSON: {exc}", param=param, code="invalid_json")
-                    await error_response(Request(scope), error)(scope, replay([]), send)
+                    await error_response(Request(scope), error)(scope, _replay([]), send)
                     return
-        await self.app(scope, replay([{"type": "http.request", "body": body, "more_body": False}]), send)
+        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}]), send)
 
 
 class UnroutablePaths:
@@ -168,7 +168,7 @@ def _declares_json(scope: Scope) -> bool:
         content_type.startswith(b"application/") and content_type.endswith(b"+json"))
 
 
-def replay(messages: list[Message]) -> Receive:
+def _replay(messages: list[Message]) -> Receive:
     """A receive that hands on what was read, then waits for the client to go."""
     pending = list(messages)
 

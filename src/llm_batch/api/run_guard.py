@@ -50,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llm_batch.api.app import replay
+from llm_batch.api.app import _replay
 from llm_batch.api.auth import is_airflow_admin
 from llm_batch.core.config import get_settings
 from llm_batch.core.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID, api_run_id, run_job_id
@@ -295,7 +295,7 @@ class RunOwnerGuard:
         body = b""
         if reads_body(parts):
             body = await _body(receive)
-            receive = replay([{"type": "http.request", "body": body, "more_body": False}])
+            receive = _replay([{"type": "http.request", "body": body, "more_body": False}])
         named = targets(scope["method"], parts, _json(body))
         if any(t.dag_id == WILDCARD or is_product_dag(t.dag_id) for t in named):
             user = await self.user_of(scope)
