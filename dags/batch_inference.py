@@ -218,8 +218,8 @@ with DAG(
 
     @task(retries=2, retry_delay=timedelta(seconds=5))
     def prepare() -> list[dict[str, Any]]:
-        """register -> validate -> plan: the job's shard tasks (each step is idempotent, so a
-        retry runs all three again safely)."""
+        """register -> validate -> plan: the job's shards, as ids and counts (each step is
+        idempotent, so a retry runs all three again safely)."""
         context = get_current_context()
         dag_run, ti = context["dag_run"], context["ti"]
         store = _store()
@@ -239,7 +239,8 @@ with DAG(
             steps.validate(store, SETTINGS, job_id)
         except jobs.JobRejected as exc:
             raise _rejected(exc) from exc
-        return [shard.model_dump() for shard in steps.plan(store, SETTINGS, job_id)]
+        # Ids and counts only: every Airflow viewer reads a run's XComs (steps.shard_ref).
+        return [steps.shard_ref(shard) for shard in steps.plan(store, SETTINGS, job_id)]
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5),
           outlets=[AssetAlias(RESULTS_ALIAS), AssetAlias(MORE_RESULTS_ALIAS)])

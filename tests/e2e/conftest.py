@@ -22,6 +22,8 @@ from tests.fixtures.engine import TINY_MODEL
 
 # Every job of the e2e tests: the tiny model (output is noise, structure is real).
 MODEL = TINY_MODEL
+# The stack's Airflow users beside its admin (LLM_BATCH_AIRFLOW_USERS).
+AIRFLOW_USERS = {"alice": "user", "bob": "user", "vic": "viewer"}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -68,6 +70,9 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
     # A live job still for 20 s counts as stuck (not 30 min): tests/e2e/test_prometheus.py
     # provokes one and waits for the shipped alert rule to fire.
     os.environ["LLM_BATCH_ALERT_JOB_STUCK_S"] = "20"
+    # Airflow users beside the stack's admin, for the tests of who may change whose runs
+    # (test_run_owners.py); set for the session, as a deployment would (`up` compares it).
+    os.environ["LLM_BATCH_AIRFLOW_USERS"] = ",".join(f"{name}:{role}" for name, role in AIRFLOW_USERS.items())
     stack = Stack.create(get_settings(), free_port())
     os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.infra.api_client) finds it
     # The tests that open the job store open the stack's (PostgreSQL), as its components do.

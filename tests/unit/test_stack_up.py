@@ -223,3 +223,19 @@ def test_recurring_reads_the_repo_examples_and_the_users_folder(tmp_path):
     assert "recurring__mine" in both and repo_dag in both
     assert len(both) == len(examples) + 1
     assert dag_ids(LLM_BATCH_USER_RECURRING_SPECS=str(user), LLM_BATCH_RECURRING_SPECS=str(user)) == ["recurring__mine"]
+
+
+def test_a_deployment_names_its_airflow_users_beside_the_stacks_admin(tmp_path):
+    """LLM_BATCH_AIRFLOW_USERS: Airflow's simple auth manager users (name:role), the stack's
+    admin always first and always admin; a pair that is no owner name and role is refused."""
+    from pydantic import ValidationError
+
+    def users(value: str | None) -> str:
+        settings = Settings(home=tmp_path) if value is None else Settings(home=tmp_path, airflow_users=value)
+        return Stack(settings).env()["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"]
+
+    assert users(None) == "admin:admin"
+    assert users("alice:user, vic:viewer,olga:OP,admin:viewer") == "admin:admin,alice:user,vic:viewer,olga:OP"
+    for bad in ("alice", "alice:owner", "Alice:user", "a b:user"):
+        with pytest.raises(ValidationError, match="airflow_users"):
+            Settings(home=tmp_path, airflow_users=bad)

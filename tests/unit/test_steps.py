@@ -329,6 +329,21 @@ def test_plan_gives_each_shard_the_jobs_priority(store, settings):
     assert steps.plan(store, settings, job_id) == planned
 
 
+def test_a_shards_xcom_carries_ids_and_counts_and_its_task_comes_from_the_store(store, settings):
+    """Every Airflow viewer reads a run's XComs: prepare pushes shard refs, never the work
+    paths, model config or output check, and each shard task finds its own again."""
+    conf = _conf(settings, n=5, data_parallelism=2, output_check={"regex": "^secret-shape$"})
+    job_id = steps.register(store, settings, conf, _run_id())
+    steps.validate(store, settings, job_id)
+    planned = steps.plan(store, settings, job_id)
+    refs = [steps.shard_ref(task) for task in planned]
+    assert refs == [{"job_id": job_id, "shard": t.shard, "requests": t.requests} for t in planned]
+    assert sum(ref["requests"] for ref in refs) == 5
+    assert "secret-shape" not in str(refs) and settings.work_uri not in str(refs)
+    assert [steps.shard_task(ref, settings, store) for ref in refs] == planned
+    assert steps.shard_task(planned[0].model_dump(), settings) == planned[0]  # a whole task, as it is
+
+
 def test_whole_run_succeeds_with_outputs_and_counts(store, settings):
     job_id, tasks = _through_plan(store, settings, _conf(settings, n=7, bad=(2,), data_parallelism=3))
     for task in tasks:

@@ -179,7 +179,7 @@ def _token_refusal(request: Request, bearer: HTTPAuthorizationCredentials | None
     )
 
 
-def _is_airflow_admin(user: Any) -> bool:
+def is_airflow_admin(user: Any) -> bool:
     """Admin role of Airflow's simple auth manager (``role``) or FAB (``roles``)."""
     role = getattr(user, "role", None)
     if isinstance(role, str) and role.upper() == "ADMIN":
@@ -201,7 +201,7 @@ def _airflow_caller(request: Request, user: Any) -> Caller:
 
     if not allowed("GET"):
         raise ApiError(403, f"user {user.get_name()!r} may not read runs of DAG {DAG_ID!r}", code="forbidden")
-    return Caller(name=user.get_name(), is_admin=_is_airflow_admin(user), can_submit=allowed("POST"), via="airflow")
+    return Caller(name=user.get_name(), is_admin=is_airflow_admin(user), can_submit=allowed("POST"), via="airflow")
 
 
 def _auth_manager(request: Request):

@@ -62,10 +62,18 @@ def _unroutable_entry() -> dict:
             "name": "llm-batch answers for paths its mount cannot route"}
 
 
+def _run_guard_entry() -> dict:
+    from llm_batch.api.run_guard import RunOwnerGuard  # heavy
+
+    # Airflow lets any user change any DAG's runs: a batch run is its job owner's (or an admin's).
+    return {"middleware": RunOwnerGuard, "args": [], "kwargs": {}, "name": "llm-batch run owners"}
+
+
 class LlmBatchPlugin(AirflowPlugin):
     name = "llm_batch"
     fastapi_apps = [_api_entry()] if serving_api() else []
-    fastapi_root_middlewares = [_strict_json_entry(), _unroutable_entry()] if serving_api() else []
+    fastapi_root_middlewares = ([_strict_json_entry(), _unroutable_entry(), _run_guard_entry()] if serving_api()
+                                else [])
     # "Batch jobs" in Airflow's navigation: a page of our FastAPI app, shown inside Airflow's
     # UI (an iframe at /plugin/batch-jobs) because url_route is set (docs/ui.md).
     external_views = [BATCH_JOBS_VIEW]

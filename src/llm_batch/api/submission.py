@@ -89,24 +89,21 @@ def save_inline_requests(
 
 
 def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
-    """The run's conf: the job id (the pipeline takes the job from the store) plus its spec
-    under the DAG's Param names, so the run shows what it does and Airflow checks it."""
+    """The run's conf: the job id (the pipeline takes the job from the store) plus what its
+    lane is chosen by and what the run does, as ids and counts under the DAG's Param names.
+    Every Airflow viewer reads a run's conf: paths, labels and model configs stay in the store."""
     conf: dict[str, Any] = {
         "job_id": job.id,
-        "input_uri": job.input.uri,
         "input_file_ids": job.input.file_ids,
         "input_format": job.input_format,
         "endpoint": job.endpoint,
         "model": job.model,
-        "model_config": job.model_config,
         "data_parallelism": job.data_parallelism,
         "max_runtime_sec": job.max_runtime_sec,
         "priority": request.priority_name,
-        "labels": job.labels,
         "gpus": job.resources.get("gpus"),
         "gpu_type": job.resources.get("gpu_type"),
         "nodes_per_worker": job.resources.get("nodes_per_worker"),
-        "output_uri": request.output_uri,
     }
     return {key: value for key, value in conf.items() if value is not None}
 

@@ -14,6 +14,11 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from llm_batch.core import owners
+
+# The roles of Airflow's simple auth manager, least to most (docs/api.md, "Security model").
+AIRFLOW_ROLES = ("viewer", "user", "op", "admin")
+
 # The file under the home the CLI reads its admin API key from (beside the job store it is
 # valid for); `llm-batch up` writes it, and it is never a user path.
 API_KEY_FILE = "api-key"
@@ -213,6 +218,11 @@ class Settings(BaseSettings):
     webhook_poll_interval_s: float = 2.0
     # Run the delivery thread in the api-server (False: run `llm-batch webhook deliver`).
     webhook_deliverer: bool = True
+    # The embedded stack's Airflow users beside its admin (Airflow's simple auth manager):
+    # `name:role` pairs, comma separated, role viewer, user, op or admin; names are owner
+    # names (a user's runs are her jobs). Airflow writes their passwords to
+    # $LLM_BATCH_HOME/airflow/passwords.json when its api-server starts.
+    airflow_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     @property
     def local_shard_slots(self) -> int:
@@ -225,6 +235,20 @@ class Settings(BaseSettings):
         value = data.get("webhook_allowed_hosts") if isinstance(data, dict) else None
         if isinstance(value, str):
             data["webhook_allowed_hosts"] = [v.strip() for v in value.replace(" ", ",").split(",") if v.strip()]
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _airflow_users(cls, data: dict) -> dict:
+        if not isinstance(data, dict) or not data.get("airflow_users"):
+            return data
+        if isinstance(data["airflow_users"], str):
+            data["airflow_users"] = [v.strip() for v in data["airflow_users"].split(",") if v.strip()]
+        for pair in data["airflow_users"]:
+            name, _, role = str(pair).partition(":")
+            if not owners.is_canonical(name) or role.lower() not in AIRFLOW_ROLES:
+                raise ValueError(f"airflow_users: {pair!r} is not name:role with an owner name ({owners.RULE}) and "
+                                 f"a role of {', '.join(AIRFLOW_ROLES)}")
         return data
 
     @model_validator(mode="before")

@@ -270,7 +270,10 @@ class Stack:
                 "AIRFLOW__API__BASE_URL": self.base_url,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
                 "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+                # The stack's admin, and the deployment's own users (LLM_BATCH_AIRFLOW_USERS).
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                    [f"{ADMIN_USER}:admin", *(u for u in self.settings.airflow_users
+                                              if u.partition(":")[0] != ADMIN_USER)]),
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
                 "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
@@ -587,11 +590,13 @@ class Stack:
 
     # -- what the DAG and the CLI need once Airflow answers ------------------------------
 
-    def airflow_token(self) -> str:
-        """An Airflow access token of the admin user (``POST /auth/token``)."""
+    def airflow_token(self, user: str = ADMIN_USER) -> str:
+        """An Airflow access token of `user` (``POST /auth/token``): the admin, or one of the
+        deployment's users, whose password Airflow generated when its api-server started."""
+        password = self.admin_password() if user == ADMIN_USER else json.loads(self.passwords_file.read_text())[user]
         response = send_with_retries(lambda: httpx.post(
             f"{self.base_url}/auth/token",
-            json={"username": ADMIN_USER, "password": self.admin_password()},
+            json={"username": user, "password": password},
             timeout=30,
         ))
         response.raise_for_status()

@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without
     from llm_batch.infra.jobstore import FileObject, Job, JobStore
 
 __all__ = ["JobRejected", "fail_job", "finalize", "job_deadline", "layout_of", "merge", "plan",
-           "register", "registry_model_names", "validate"]
+           "register", "registry_model_names", "shard_ref", "shard_task", "validate"]
 
 INPUT_FIELDS = ("input_uri", "input_file_ids", "input_requests")
 
@@ -366,35 +366,56 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
     if job.cancel_requested:
         return []
     store.transition(job_id, JobStatus.RUNNING)
+    return [_shard_task(store, settings, job, shard.index, shard.count) for shard in plans]
+
+
+def shard_ref(task: ShardTask) -> dict[str, Any]:
+    """What a shard's XCom (and its task's rendered field) carries: ids and counts. Every
+    Airflow viewer reads a run's XComs: the paths, model config and output check of a job
+    stay in the job store, where ``shard_task`` finds them again."""
+    return {"job_id": task.job_id, "shard": task.shard, "requests": task.requests}
+
+
+def shard_task(given: dict[str, Any], settings: Settings, store: JobStore | None = None) -> ShardTask:
+    """The shard task a ``shard_ref`` names, made again from the job store as ``plan`` made
+    it (`store`: default the settings' one); a whole ``ShardTask`` dict is taken as it is."""
+    if "requests_uri" in given:
+        return ShardTask.model_validate(given)
+    if store is None:
+        from llm_batch.infra.jobstore import get_job_store  # heavy
+
+        store = get_job_store(settings.database_url)
+    return _shard_task(store, settings, _job(store, str(given["job_id"])), int(given["shard"]), given.get("requests"))
+
+
+def _shard_task(store: JobStore, settings: Settings, job: Job, index: int, count: int | None) -> ShardTask:
+    layout = layout_of(settings, job.id)
+    shard = layout.shard(index)
     resources = job.resources or {}
     # An owner's own adapter as the job's model: its lines carry it (validation), the
     # workers load its base (over the model a native or Scale job's model_config repeats).
     own = {a.name: a.base for a in store.list_adapters(job.owner)}
     model = own.get(job.model, job.model)
-    model_config_json = orjson.dumps({**(job.model_config or {}), "model": model}).decode()
-    return [
-        ShardTask(
-            job_id=job_id,
-            shard=shard.index,
-            requests_uri=shard.requests_uri,
-            results_uri=shard.results_uri,
-            progress_uri=shard.progress_uri,
-            cancel_marker=layout.cancel_marker,
-            endpoint=job.endpoint,
-            model_config_json=model_config_json,
-            deadline=job_deadline(job).isoformat(),
-            moderation_shape=job.input.moderation_shape,
-            output_check_json=job.input.output_check.model_dump_json() if job.input.output_check else None,
-            cache_salt=owners.cache_salt(job.owner),
-            gpus=int(resources.get("gpus") or 1),
-            gpu_type=resources.get("gpu_type"),
-            nodes_per_worker=int(resources.get("nodes_per_worker") or 1),
-            priority=priority_band(settings, job.priority),
-            labels={str(k): str(v) for k, v in (job.labels or {}).items()},
-            requests=shard.count,
-        )
-        for shard in plans
-    ]
+    return ShardTask(
+        job_id=job.id,
+        shard=index,
+        requests_uri=shard.requests,
+        results_uri=shard.results,
+        progress_uri=shard.progress,
+        cancel_marker=layout.cancel_marker,
+        endpoint=job.endpoint,
+        model_config_json=orjson.dumps({**(job.model_config or {}), "model": model}).decode(),
+        deadline=job_deadline(job).isoformat(),
+        moderation_shape=job.input.moderation_shape,
+        output_check_json=job.input.output_check.model_dump_json() if job.input.output_check else None,
+        cache_salt=owners.cache_salt(job.owner),
+        gpus=int(resources.get("gpus") or 1),
+        gpu_type=resources.get("gpu_type"),
+        nodes_per_worker=int(resources.get("nodes_per_worker") or 1),
+        priority=priority_band(settings, job.priority),
+        labels={str(k): str(v) for k, v in (job.labels or {}).items()},
+        requests=count,
+    )
 
 
 # -- merge and finalize -------------------------------------------------------------------

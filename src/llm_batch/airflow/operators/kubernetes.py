@@ -44,18 +44,19 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
         EngineServiceShardOperator when its model's engine service takes it, else a
         KubernetesPodOperator, or a ShardGroupOperator for a multi-node worker."""
         if self._pod_operator is None:
+            whole = self.shard.model_dump()  # the runners take the shard task itself
             if (address := service_for(self.shard, self.llm_settings)) is not None:
                 self._pod_operator = EngineServiceShardOperator(
-                    task_id=self.task_id, shard_task=self.shard_task, address=address, retries=self.retries
+                    task_id=self.task_id, shard_task=whole, address=address, retries=self.retries
                 )
                 return self._pod_operator
-            if int(self.shard_task.get("nodes_per_worker") or 1) > 1:
+            if self.shard.nodes_per_worker > 1:
                 from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator as runner  # kubernetes
             else:
                 from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator as runner  # kubernetes
 
             self._pod_operator = runner(
-                task_id=self.task_id, shard_task=self.shard_task, retries=self.retries, **self.pod_overrides
+                task_id=self.task_id, shard_task=whole, retries=self.retries, **self.pod_overrides
             )
         return self._pod_operator
 

@@ -12,6 +12,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.infra.log_context import bind_job
+from llm_batch.pipeline import steps
 from llm_batch.pipeline.shard_task import ShardOutcome, ShardTask, interpret_exit, shard_stop_cause, try_report_shard
 
 if TYPE_CHECKING:
@@ -68,13 +69,15 @@ def watch_shard(shard_stop: dict[str, Any]) -> str | None:
 
 
 class ShardTaskMixin:
-    """For an operator with a ``shard_task`` dict (a ``llm_batch.pipeline.shard_task.ShardTask``)."""
+    """For an operator with a ``shard_task`` dict: a ``steps.shard_ref``, or a whole
+    ``llm_batch.pipeline.shard_task.ShardTask``."""
 
     shard_task: dict[str, Any]
 
-    @property
+    @cached_property
     def shard(self) -> ShardTask:
-        return ShardTask.model_validate(self.shard_task)
+        """The shard task its ``shard_ref`` (prepare's XCom: ids and counts) names, from the job store."""
+        return steps.shard_task(self.shard_task, self.llm_settings)
 
     def bind_job_to_logs(self) -> None:
         """Every line this task logs from here on carries its job's id (``job_id``)."""
