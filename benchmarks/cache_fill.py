@@ -36,6 +36,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.s3 import BUCKET, start_s3  # noqa: E402
+
 
 def lines(n: int) -> bytes:
     return b"".join(orjson.dumps({"custom_id": f"r{i}", "body": {
@@ -96,17 +98,9 @@ def main() -> None:
                           LLM_BATCH_DATABASE_URL=f"sqlite:///{home / 'jobs.db'}", LLM_BATCH_CHECK_MODELS_AT_SUBMIT="false")
         where = "local disk"
         if args.s3:
-            from llm_batch.devstack.s3_server import WeedServer
-
-            server = WeedServer.start(home / "s3", "llmbatchbench", "llm-batch-bench-secret")
-            stack.callback(server.kill)
-            bucket = "llm-batch-bench"
-            server.ensure_bucket(bucket)
-            os.environ.update(LLM_BATCH_S3_ENDPOINT_URL=server.endpoint_url, AWS_ACCESS_KEY_ID=server.access_key,
-                              AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1",
-                              AWS_EC2_METADATA_DISABLED="true", LLM_BATCH_ALLOWED_BUCKETS=bucket,
-                              LLM_BATCH_WORK_URI=f"s3://{bucket}/work",
-                              LLM_BATCH_RESULT_CACHE_URI=f"s3://{bucket}/result-cache")
+            server, env = start_s3(home / "s3", stack)
+            os.environ.update(env, LLM_BATCH_WORK_URI=f"s3://{BUCKET}/work",
+                              LLM_BATCH_RESULT_CACHE_URI=f"s3://{BUCKET}/result-cache")
             where = f"S3 server ({server.endpoint_url})"
         from llm_batch.core.config import get_settings
         from llm_batch.infra import storage
