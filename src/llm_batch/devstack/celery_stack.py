@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +78,11 @@ _CONTROL_ONLY = ("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", "LLM_BATCH
                  "LLM_BATCH_LOCAL_ROOTS", "LLM_BATCH_RECURRING_SPECS")
 
 
-def worker_hostname() -> str:
-    """Airflow's ``hostname_callable`` in the workers: the worker's name (``celery-worker-<n>``),
-    recorded as each task instance's ``hostname``; the machine's name elsewhere."""
-    return os.environ.get("LLM_BATCH_WORKER_NAME") or socket.getfqdn()
+def worker_hostname(environ: Mapping[str, str] | None = None) -> str:
+    """Airflow's ``hostname_callable`` in the workers: the worker's name (``celery-worker-<n>``,
+    from ``environ``, default this process's environment), recorded as each task instance's
+    ``hostname``; the machine's name elsewhere."""
+    return (os.environ if environ is None else environ).get("LLM_BATCH_WORKER_NAME") or socket.getfqdn()
 
 
 def worker_concurrency(settings: Settings) -> int:
@@ -211,17 +213,17 @@ class CeleryStack(Stack):
             "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "24",
         }
 
-    def env(self) -> dict[str, str]:
-        env = super().env()
+    def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = super().env(environ)
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
             env.pop(name, None)
         env.update(self.shared_env())
         return env
 
-    def worker_env(self, n: int) -> dict[str, str]:
-        """A worker's environment: the shape's, with its own home and name; nothing that
-        names a file of the control plane's home."""
-        env = self.env()
+    def worker_env(self, n: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A worker's environment: the shape's (on top of ``environ``, default this process's),
+        with its own home and name; nothing that names a file of the control plane's home."""
+        env = self.env(environ)
         for name in _CONTROL_ONLY:
             env.pop(name, None)
         home = self.worker_home(n)

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,20 +118,22 @@ def repo_dags_folder() -> Path:
     return Path(__file__).resolve().parents[3] / "dags"
 
 
-def database_state(home: Path, database: str | None = None) -> dict[str, Any]:
+def database_state(home: Path, database: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The home's ``stack.json`` (mode 0600): the database the embedded stack runs on and,
     for PostgreSQL, its server's port, folder and password, made once and kept.
 
     The database is chosen by ``database`` (``llm-batch up --database``), else by
     ``LLM_BATCH_STACK_DATABASE``, else it is the one the home has: PostgreSQL for a new home,
     SQLite for a home whose stack ran on SQLite before this file existed (its jobs stay
-    where they are). Choosing the other one switches the home (each keeps its own jobs)."""
+    where they are). Choosing the other one switches the home (each keeps its own jobs).
+    ``environ``: where to read that variable (default: this process's environment)."""
     path = home / STATE_FILE
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         state = {}
-    wanted = database or os.environ.get(DATABASE_ENV) or state.get("database")
+    wanted = database or (os.environ if environ is None else environ).get(DATABASE_ENV) or state.get("database")
     if not wanted:
         wanted = "sqlite" if (home / "airflow" / "airflow.db").exists() else "postgres"
     if wanted not in DATABASES:
@@ -170,12 +172,14 @@ class Stack:
 
     @classmethod
     def create(cls, settings: Settings | None = None, port: int | None = None,
-               database: str | None = None) -> Stack:
+               database: str | None = None, environ: Mapping[str, str] | None = None) -> Stack:
         """The stack of ``settings.home`` on its database (``database_state``); on PostgreSQL
-        the settings (the CLI's too) are pointed at the server's job store."""
+        the settings (the CLI's too) are pointed at the server's job store. ``environ``: the
+        environment naming the port and database when not given (default: this process's)."""
         settings = settings or get_settings()
-        port = port or int(os.environ.get("LLM_BATCH_API_PORT", "8080"))
-        state = database_state(settings.home, database)
+        environ = os.environ if environ is None else environ
+        port = port or int(environ.get("LLM_BATCH_API_PORT", "8080"))
+        state = database_state(settings.home, database, environ)
         if state["database"] == "postgres":
             settings = settings.model_copy(update={"database_url": _postgres(state).url(JOBS_DB)})
         if "warm_engines" not in settings.model_fields_set:
@@ -236,8 +240,9 @@ class Stack:
             {"name": "user-dags", "classpath": local, "kwargs": {"path": str(self.user_dags_folder)}},
         ]
 
-    def env(self) -> dict[str, str]:
-        """Airflow configuration for every component (the same for all: they must agree)."""
+    def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Airflow configuration for every component (the same for all: they must agree), on
+        top of the environment they inherit, ``environ`` (default: this process's)."""
         secret_file = self.airflow_home / "jwt_secret"
         if not secret_file.exists():
             secret_file.parent.mkdir(parents=True, exist_ok=True)
@@ -245,7 +250,8 @@ class Stack:
             secret_file.chmod(0o600)
         for folder in (self.user_dags_folder, self.user_specs_folder):  # the user's to fill
             folder.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        environ = os.environ if environ is None else environ
+        env = dict(environ)
         # vLLM-CPU refuses to start without a KV-cache size; 2 GiB suits a laptop.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.update(
@@ -262,7 +268,7 @@ class Stack:
                 "AIRFLOW__CORE__EXECUTOR": "llm_batch.devstack.local_executor.LocalExecutor",
                 # 2 cores: a few worker processes, not Airflow's default 32; enough that a warm
                 # engine's seats leave room for other jobs' tasks (docs/benchmarks.md).
-                "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "6"),
+                "AIRFLOW__CORE__PARALLELISM": environ.get("AIRFLOW__CORE__PARALLELISM", "6"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
                 "LLM_BATCH_DATABASE_URL": self.settings.database_url,
                 "LLM_BATCH_WARM_ENGINES": str(self.settings.warm_engines).lower(),
