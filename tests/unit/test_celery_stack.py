@@ -3,6 +3,7 @@ the production shape (the processes themselves: tests/shape/test_celery_shape.py
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -18,11 +19,6 @@ def shape(tmp_path: Path) -> CeleryStack:
     return CeleryStack.create(Settings(home=tmp_path / "home", warm_engines=False), 18080, workers=2)
 
 
-@pytest.fixture
-def parent_env(tmp_path: Path) -> dict[str, str]:
-    """The environment `llm-batch up` runs in (the components inherit it): this process's,
-    with a control-plane model cache that must not reach the workers."""
-    return {**os.environ, "LLM_BATCH_MODEL_CACHE": str(tmp_path / "control-models")}
 
 
 def test_the_shape_is_kept_private_and_stable(shape: CeleryStack) -> None:
@@ -48,9 +44,11 @@ def test_everything_shared_is_a_service_never_a_path(shape: CeleryStack) -> None
     assert shape.settings.database_url == env["LLM_BATCH_DATABASE_URL"]  # the CLI's key goes to that store
 
 
-def test_each_worker_has_a_home_of_its_own(shape: CeleryStack, parent_env: dict[str, str]) -> None:
-    control = shape.env(parent_env)
-    envs = {n: shape.worker_env(n, parent_env) for n in (1, 2)}
+def test_each_worker_has_a_home_of_its_own(shape: CeleryStack, tmp_path: Path) -> None:
+    # `llm-batch up` run with a control-plane model cache: it must not reach the workers.
+    shape = dataclasses.replace(shape, environ={**os.environ, "LLM_BATCH_MODEL_CACHE": str(tmp_path / "control-models")})
+    control = shape.env()
+    envs = {n: shape.worker_env(n) for n in (1, 2)}
     homes = {envs[n]["LLM_BATCH_HOME"] for n in envs}
     assert len(homes) == 2 and str(shape.settings.home) not in homes
     for n, env in envs.items():

@@ -213,17 +213,17 @@ class CeleryStack(Stack):
             "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "24",
         }
 
-    def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = super().env(environ)
+    def env(self) -> dict[str, str]:
+        env = super().env()
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
             env.pop(name, None)
         env.update(self.shared_env())
         return env
 
-    def worker_env(self, n: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-        """A worker's environment: the shape's (on top of ``environ``, default this process's),
-        with its own home and name; nothing that names a file of the control plane's home."""
-        env = self.env(environ)
+    def worker_env(self, n: int) -> dict[str, str]:
+        """A worker's environment: the shape's, with its own home and name; nothing that
+        names a file of the control plane's home."""
+        env = self.env()
         for name in _CONTROL_ONLY:
             env.pop(name, None)
         home = self.worker_home(n)
