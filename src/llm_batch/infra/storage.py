@@ -176,7 +176,7 @@ def _backend(uri: str, settings: Settings | None = None) -> LocalStorage | S3Sto
         return _local_backend(tuple(settings.local_roots) + _own_local_areas(settings))
     if scheme == "s3":
         return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
-                           os.getpid())
+                           _credential_variables(), os.getpid())
     raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
 
 
@@ -187,8 +187,9 @@ def _own_local_areas(settings: Any) -> tuple[Path, ...]:
 
 
 @lru_cache(maxsize=4)
-def _s3_backend(endpoint_url: str | None, buckets: tuple[str, ...], pid: int) -> S3Storage:
-    return S3Storage(_s3_client(endpoint_url, pid), allowed_buckets=buckets)
+def _s3_backend(endpoint_url: str | None, buckets: tuple[str, ...], credentials: tuple[str | None, ...],
+                pid: int) -> S3Storage:
+    return S3Storage(_s3_client(endpoint_url, credentials, pid), allowed_buckets=buckets)
 
 
 # --------------------------------------------------------------------------- local paths
@@ -395,9 +396,18 @@ def _s3_endpoint_url(configured: str | None, environ: Mapping[str, str] | None =
     return configured or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
 
 
+# The AWS variables a client's credentials come from, when set: other values, another client.
+_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+def _credential_variables() -> tuple[str | None, ...]:
+    return tuple(os.environ.get(name) for name in _CREDENTIAL_VARIABLES)
+
+
 @lru_cache(maxsize=4)
-def _s3_client(endpoint_url: str | None, pid: int) -> Any:
-    """One client per process (clients are thread-safe but not fork-safe: ``pid`` keys it)."""
+def _s3_client(endpoint_url: str | None, credentials: tuple[str | None, ...], pid: int) -> Any:
+    """One client per process and credentials (clients are thread-safe but not fork-safe:
+    ``pid`` keys it; ``credentials``, the variables boto reads them from, key it too)."""
     return s3_client(endpoint_url)
 
 
