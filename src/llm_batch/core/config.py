@@ -271,7 +271,7 @@ class _EnvironSource(EnvSettingsSource):
         self._environ = environ  # read by the base class's __init__
         super().__init__(settings_cls)
 
-    def _load_env_vars(self) -> Mapping[str, str | None]:
+    def _load_env_vars(self) -> Mapping[str, str | None]:  # as DotEnvSettingsSource overrides it
         return {name.lower(): value for name, value in self._environ.items()}
 
 
@@ -287,4 +287,5 @@ class _GivenSettings(Settings):
 def settings_from_env(environ: Mapping[str, str]) -> Settings:
     """The settings a process whose environment is exactly ``environ`` reads, whatever this
     process's environment holds: what a component handed ``environ`` runs with."""
-    return _GivenSettings(**_EnvironSource(Settings, environ)())
+    given = _GivenSettings(**_EnvironSource(Settings, environ)())
+    return Settings.model_construct(given.model_fields_set, **dict(given))  # validated: a Settings again
