@@ -39,7 +39,7 @@ def kube(tmp_path: Path):
     server.shutdown()
 
 
-def _settings():
+def one_second_grace():
     """The session's settings with a 1 s cancel grace (the deferred kill waits that long)."""
     return get_settings().model_copy(update={"cancel_grace_seconds": 1})
 
@@ -74,7 +74,7 @@ def _operator(shard: dict[str, Any], kubeconfig: str, **kwargs: Any):
     from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator
 
     overrides = {"config_file": kubeconfig, "in_cluster": False, "poll_interval": 0.2, **kwargs}
-    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, pod_overrides=overrides, settings=_settings())
+    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, pod_overrides=overrides, settings=one_second_grace())
 
 
 def test_pod_runs_to_success_and_is_deleted(kube, job_store):
