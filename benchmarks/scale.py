@@ -89,7 +89,7 @@ def run_raw(path: Path, model: str, max_tokens: int) -> dict[str, float]:
     started = psutil.Process().create_time()
     from vllm import SamplingParams
 
-    from llm_batch.infra.model_registry import resolve_model
+    from llm_batch.infra.model_resolution import resolve_model
     from llm_batch.runtime.engine.runner import start_engine
 
     with path.open("rb") as lines:
@@ -265,7 +265,7 @@ def main() -> None:
         print(_RESULT + json.dumps(run_raw(args.raw_only, args.model, args.max_tokens)), flush=True)
         return
 
-    from llm_batch.infra.model_registry import prepare_model
+    from llm_batch.infra.model_cache import prepare_model
 
     model_cache = prepare_model(args.model).parent  # the shared cache (prepared once)
     os.environ["LLM_BATCH_MODEL_CACHE"] = str(model_cache)  # the raw side's too

@@ -33,7 +33,7 @@ from tests.integration.test_k8s_stub import _context, _shard, _swallow  # noqa: 
 
 pytestmark = [pytest.mark.airflow]
 NODES = 3
-job_store = single.job_store  # the same job store (and a 1 s cancel grace) as the single-pod tests
+job_store = single.job_store  # the same job store as the single-pod tests, and their 1 s cancel grace
 
 
 @pytest.fixture
@@ -56,8 +56,9 @@ def mode(request) -> str:
 def _operator(shard: dict, kubeconfig: str, mode: str = "deferred"):
     from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator
 
-    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, retries=2, pod_overrides={
-        "config_file": kubeconfig, "in_cluster": False, "poll_interval": 0.1, "deferrable": mode == "deferred"})
+    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, retries=2, settings=single.one_second_grace(),
+                                   pod_overrides={"config_file": kubeconfig, "in_cluster": False, "poll_interval": 0.1,
+                                                  "deferrable": mode == "deferred"})
 
 
 def _run(operator, context: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def _run(operator, context: dict[str, Any] | None = None) -> dict[str, Any]:
         assert classpath == "llm_batch.airflow.operators.kubernetes_group.ShardGroupTrigger"
         event = asyncio.run(_first_event(ShardGroupTrigger(**kwargs)))
         resumed = type(operator)(task_id=operator.task_id, shard_task=operator.shard_task, retries=operator.retries,
-                                 pod_overrides=operator.pod_overrides)
+                                 pod_overrides=operator.pod_overrides, settings=operator.llm_settings)
         return getattr(resumed, deferred.method_name)(context, event)
 
 
@@ -156,7 +157,7 @@ def test_cancel_past_the_grace_deletes_the_whole_group(kube, job_store, mode):
     runner.join(timeout=30)
 
     assert outcome["state"] == "cancelled" and "killed" in outcome["message"]
-    assert time.monotonic() - cancelled_at >= 1.0  # the grace (LLM_BATCH_CANCEL_GRACE_SECONDS=1) was given
+    assert time.monotonic() - cancelled_at >= 1.0  # the grace (cancel_grace_seconds=1) was given
     assert storage.exists(ShardTask.model_validate(shard).cancel_marker)  # mirrored for the leader's worker
     (name,) = stub.sets_created
     assert stub.sets_deleted == [name] and not stub.pods

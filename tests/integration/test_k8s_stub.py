@@ -39,14 +39,16 @@ def kube(tmp_path: Path):
     server.shutdown()
 
 
+def one_second_grace():
+    """The session's settings with a 1 s cancel grace (the deferred kill waits that long)."""
+    return get_settings().model_copy(update={"cancel_grace_seconds": 1})
+
+
 @pytest.fixture
-def job_store(monkeypatch):
-    monkeypatch.setenv("LLM_BATCH_CANCEL_GRACE_SECONDS", "1")
-    get_settings.cache_clear()
+def job_store():
     from llm_batch.infra.jobstore import get_job_store
 
-    yield get_job_store(get_settings().database_url)
-    get_settings.cache_clear()
+    return get_job_store(get_settings().database_url)
 
 
 def _shard(store, job_id: str) -> dict[str, Any]:
@@ -72,7 +74,7 @@ def _operator(shard: dict[str, Any], kubeconfig: str, **kwargs: Any):
     from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator
 
     overrides = {"config_file": kubeconfig, "in_cluster": False, "poll_interval": 0.2, **kwargs}
-    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, pod_overrides=overrides)
+    return KubernetesShardOperator(task_id="run_shard", shard_task=shard, pod_overrides=overrides, settings=one_second_grace())
 
 
 def test_pod_runs_to_success_and_is_deleted(kube, job_store):

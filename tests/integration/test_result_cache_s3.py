@@ -24,13 +24,14 @@ import orjson
 import pytest
 
 from llm_batch.core import run_conf
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings
 from llm_batch.core.records import ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.result_cache import read_answers
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline import shard_task, steps
+from tests.fixtures.s3 import aws_environment
 
 pytestmark = pytest.mark.s3
 
@@ -40,20 +41,17 @@ OWNER = run_conf.DEFAULT_OWNER
 
 
 @pytest.fixture
-def on_s3(s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    for name, value in {"LLM_BATCH_WORK_URI": f"s3://{s3_bucket}/work",
-                        "LLM_BATCH_RESULT_CACHE_URI": f"s3://{s3_bucket}/result-cache",
-                        "LLM_BATCH_ALLOWED_BUCKETS": s3_bucket, "LLM_BATCH_RESULT_CACHE": "true",
-                        "LLM_BATCH_DATABASE_URL": f"sqlite:///{tmp_path / 'jobs.db'}"}.items():
-        monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    storage.reset()
-    settings = get_settings()
+def on_s3(s3_server, s3_bucket: str, tmp_path: Path):
+    """(bucket, settings, store, the merge process's environment): the job's work, its
+    result cache and the store as separate components share them, the cache on."""
+    configured = {"LLM_BATCH_WORK_URI": f"s3://{s3_bucket}/work",
+                  "LLM_BATCH_RESULT_CACHE_URI": f"s3://{s3_bucket}/result-cache",
+                  "LLM_BATCH_ALLOWED_BUCKETS": s3_bucket, "LLM_BATCH_RESULT_CACHE": "true",
+                  "LLM_BATCH_DATABASE_URL": f"sqlite:///{tmp_path / 'jobs.db'}"}
+    settings = Settings(**{name.removeprefix("LLM_BATCH_").lower(): value for name, value in configured.items()})
     store = JobStore(settings.database_url)
-    yield s3_bucket, settings, store
+    yield s3_bucket, settings, store, {**os.environ, **aws_environment(s3_server), **configured}
     store.close()
-    get_settings.cache_clear()
-    storage.reset()
 
 
 def _answer(custom_id: str) -> dict:
@@ -84,11 +82,11 @@ def _through_shards(store: JobStore, settings, bucket: str) -> tuple[str, int]:
     return job_id, held
 
 
-def _merge_process(job_id: str) -> subprocess.Popen:
+def _merge_process(job_id: str, env: dict[str, str]) -> subprocess.Popen:
     code = ("import sys; from llm_batch.core.config import get_settings; "
             "from llm_batch.infra.jobstore import get_job_store; from llm_batch.pipeline import steps; "
             "s = get_settings(); steps.merge(get_job_store(s.database_url), s, sys.argv[1])")
-    return subprocess.Popen([sys.executable, "-c", code, job_id], start_new_session=True,
+    return subprocess.Popen([sys.executable, "-c", code, job_id], start_new_session=True, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -102,13 +100,13 @@ def _entries(store: JobStore, job_id: str):
 
 
 def test_kill_9_while_the_cache_fills_serves_no_broken_entry(on_s3):
-    bucket, settings, store = on_s3
+    bucket, settings, store, merge_env = on_s3
     first, held = _through_shards(store, settings, bucket)
     assert held == LINES
     hold = steps.layout_of(settings, first).hold_marker
     storage.write_bytes(hold, orjson.dumps({"cache_fill_after_shards": 1}))  # held after the first shard's
 
-    merge = _merge_process(first)
+    merge = _merge_process(first, merge_env)
     deadline = time.monotonic() + 120
     while not _entries(store, first):
         assert merge.poll() is None, merge.stderr.read().decode()
@@ -134,7 +132,7 @@ def test_kill_9_while_the_cache_fills_serves_no_broken_entry(on_s3):
     assert all(o["response"]["body"] == _answer(o["custom_id"]) for o in outputs)
 
     # The first job's merge, run again to the end, completes the cache.
-    again = _merge_process(first)
+    again = _merge_process(first, merge_env)
     assert again.wait(timeout=300) == 0, again.stderr.read().decode()
     third, held = _through_shards(store, settings, bucket)
     assert held == 0

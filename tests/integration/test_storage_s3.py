@@ -56,8 +56,7 @@ def test_multipart_sized_object(s3_server, s3_bucket: str) -> None:
 
     # Lowered threshold/parts keep a 20 MiB object multipart (4 parts) yet fast.
     small_parts = TransferConfig(multipart_threshold=5 * MIB, multipart_chunksize=5 * MIB)
-    backend = storage.S3Storage(storage._s3_client(get_settings().s3_endpoint_url, os.getpid()),
-                                transfer_config=small_parts)
+    backend = storage.S3Storage(storage.s3_client(s3_server.endpoint_url), transfer_config=small_parts)
     uri = f"s3://{s3_bucket}/big/part.bin"
     data = os.urandom(MIB) * 20
     with backend.open_write(uri) as out:
@@ -125,6 +124,11 @@ def test_missing_bucket_names_the_bucket(s3_bucket: str) -> None:
         storage.write_bytes(uri, b"x")
 
 
+def _read(backend: storage.S3Storage, uri: str) -> bytes:
+    with backend.open_read(uri) as stream:
+        return stream.read()
+
+
 def test_wrong_secret_is_access_denied(s3_wrong_secret: str) -> None:
     uri = f"s3://{s3_wrong_secret}/present.txt"
     for operation in (storage.read_bytes, storage.size, storage.list_uris):
@@ -135,26 +139,27 @@ def test_wrong_secret_is_access_denied(s3_wrong_secret: str) -> None:
         storage.write_bytes(f"s3://{s3_wrong_secret}/new.txt", b"x")
 
 
-def test_no_credentials_is_access_denied(s3_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    storage.reset()
+def test_no_credentials_is_access_denied(s3_server, s3_bucket: str) -> None:
+    import boto3
+    import botocore.session
+    from botocore.credentials import CredentialResolver
+
+    nowhere = botocore.session.Session()
+    nowhere.register_component("credential_provider", CredentialResolver(providers=[]))  # a chain finding none
+    backend = storage.S3Storage(storage.s3_client(s3_server.endpoint_url, boto3.session.Session(
+        botocore_session=nowhere, region_name="us-east-1")))
     with pytest.raises(AccessDenied, match="credentials"):
-        storage.read_bytes(f"s3://{s3_bucket}/x")
+        _read(backend, f"s3://{s3_bucket}/x")
 
 
-def test_allowed_buckets_confine(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLM_BATCH_ALLOWED_BUCKETS", f"{s3_bucket},other-bucket")
-    get_settings.cache_clear()
-    storage.write_bytes(f"s3://{s3_bucket}/ok.txt", b"ok")
-    assert storage.check(f"s3://{s3_bucket}/ok.txt") == f"s3://{s3_bucket}/ok.txt"
+def test_allowed_buckets_confine(s3_bucket: str) -> None:
+    confined = get_settings().model_copy(update={"allowed_buckets": [s3_bucket, "other-bucket"]})
+    storage.write_bytes(f"s3://{s3_bucket}/ok.txt", b"ok", settings=confined)
+    assert storage.check(f"s3://{s3_bucket}/ok.txt", settings=confined) == f"s3://{s3_bucket}/ok.txt"
     with pytest.raises(PathNotAllowed, match="not one of the allowed buckets"):
-        storage.check("s3://elsewhere/data.jsonl")
+        storage.check("s3://elsewhere/data.jsonl", settings=confined)
     with pytest.raises(PathNotAllowed):
-        storage.read_bytes("s3://elsewhere/data.jsonl")
-    get_settings.cache_clear()
+        storage.read_bytes("s3://elsewhere/data.jsonl", settings=confined)
 
 
 def test_download_dir_of_a_prefix(s3_bucket: str, tmp_path: Path) -> None:
@@ -177,27 +182,25 @@ def test_download_dir_of_a_prefix(s3_bucket: str, tmp_path: Path) -> None:
         storage.download_dir(f"s3://{s3_bucket}/models/absent", tmp_path / "absent")
 
 
-def test_endpoint_from_aws_endpoint_url(s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LLM_BATCH_S3_ENDPOINT_URL")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
-    get_settings.cache_clear()
-    storage.reset()
-    storage.write_bytes(f"s3://{s3_bucket}/via-aws-env.txt", b"ok")
-    assert storage.read_bytes(f"s3://{s3_bucket}/via-aws-env.txt") == b"ok"
-    get_settings.cache_clear()
-    storage.reset()
+def test_endpoint_from_aws_endpoint_url(s3_server, s3_bucket: str) -> None:
+    # Without LLM_BATCH_S3_ENDPOINT_URL, AWS's own variables name the endpoint: the S3 one,
+    # else the one of every service.
+    url = s3_server.endpoint_url
+    assert storage._s3_endpoint_url(None, {"AWS_ENDPOINT_URL": url}) == url
+    assert storage._s3_endpoint_url(None, {"AWS_ENDPOINT_URL_S3": url, "AWS_ENDPOINT_URL": "http://other"}) == url
+    assert storage._s3_endpoint_url("http://configured", {"AWS_ENDPOINT_URL_S3": url}) == "http://configured"
+    # And storage goes there: s3_bucket names the server in AWS_ENDPOINT_URL_S3 only.
+    unset = get_settings().model_copy(update={"s3_endpoint_url": None})
+    storage.write_bytes(f"s3://{s3_bucket}/via-aws-env.txt", b"ok", settings=unset)
+    assert storage.read_bytes(f"s3://{s3_bucket}/via-aws-env.txt", settings=unset) == b"ok"
 
 
 def test_unreachable_endpoint_is_a_storage_error(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLM_BATCH_S3_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: refused
+    refused = get_settings().model_copy(update={"s3_endpoint_url": "http://127.0.0.1:9"})  # discard port
     monkeypatch.setattr(storage, "RETRY_ATTEMPTS", 2)
-    get_settings.cache_clear()
-    storage.reset()
     with pytest.raises(StorageError, match="cannot reach the S3 endpoint") as info:
-        storage.size(f"s3://{s3_bucket}/x")
+        storage.size(f"s3://{s3_bucket}/x", settings=refused)
     assert info.value.uri == f"s3://{s3_bucket}/x"
-    get_settings.cache_clear()
-    storage.reset()
 
 
 def test_the_server_does_not_run_out_of_volumes_for_new_buckets(s3_server) -> None:

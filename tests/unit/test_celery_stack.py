@@ -3,6 +3,8 @@ the production shape (the processes themselves: tests/shape/test_celery_shape.py
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import stat
 from pathlib import Path
 
@@ -13,11 +15,10 @@ from llm_batch.devstack.celery_stack import CeleryStack, worker_hostname
 
 
 @pytest.fixture
-def shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CeleryStack:
-    for name in ("LLM_BATCH_MODEL_CACHE", "LLM_BATCH_LOCAL_POOL_SLOTS", "AIRFLOW_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LLM_BATCH_MODEL_CACHE", str(tmp_path / "control-models"))  # must not reach workers
+def shape(tmp_path: Path) -> CeleryStack:
     return CeleryStack.create(Settings(home=tmp_path / "home", warm_engines=False), 18080, workers=2)
+
+
 
 
 def test_the_shape_is_kept_private_and_stable(shape: CeleryStack) -> None:
@@ -43,7 +44,9 @@ def test_everything_shared_is_a_service_never_a_path(shape: CeleryStack) -> None
     assert shape.settings.database_url == env["LLM_BATCH_DATABASE_URL"]  # the CLI's key goes to that store
 
 
-def test_each_worker_has_a_home_of_its_own(shape: CeleryStack) -> None:
+def test_each_worker_has_a_home_of_its_own(shape: CeleryStack, tmp_path: Path) -> None:
+    # `llm-batch up` run with a control-plane model cache: it must not reach the workers.
+    shape = dataclasses.replace(shape, environ={**os.environ, "LLM_BATCH_MODEL_CACHE": str(tmp_path / "control-models")})
     control = shape.env()
     envs = {n: shape.worker_env(n) for n in (1, 2)}
     homes = {envs[n]["LLM_BATCH_HOME"] for n in envs}
@@ -64,11 +67,9 @@ def test_each_worker_has_a_home_of_its_own(shape: CeleryStack) -> None:
     assert envs[1]["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] != envs[2]["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"]
 
 
-def test_worker_hostname_names_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLM_BATCH_WORKER_NAME", "celery-worker-7")
-    assert worker_hostname() == "celery-worker-7"
-    monkeypatch.delenv("LLM_BATCH_WORKER_NAME")
-    assert worker_hostname()
+def test_worker_hostname_names_the_worker() -> None:
+    assert worker_hostname({"LLM_BATCH_WORKER_NAME": "celery-worker-7"}) == "celery-worker-7"
+    assert worker_hostname({})
 
 
 def test_the_worker_command_is_airflow_s(shape: CeleryStack) -> None:
@@ -77,8 +78,7 @@ def test_the_worker_command_is_airflow_s(shape: CeleryStack) -> None:
     assert "--concurrency" in command and command[command.index("--concurrency") + 1] == "1"
 
 
-def test_with_warm_engines_a_second_task_per_worker_waits_for_its_one_engine(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.delenv("LLM_BATCH_LOCAL_POOL_SLOTS", raising=False)
+def test_with_warm_engines_a_second_task_per_worker_waits_for_its_one_engine(tmp_path: Path) -> None:
     warm = CeleryStack.create(Settings(home=tmp_path / "home", warm_engines=True), 18080, workers=2)
     command, env = warm.worker_command(1), warm.worker_env(1)
     assert command[command.index("--concurrency") + 1] == "2" == env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]

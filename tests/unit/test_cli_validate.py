@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llm_batch.cli.main import main
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings, get_settings
 
 GOOD = '{"custom_id": "%s", "body": {"messages": [{"role": "user", "content": "Hi"}]}}\n'
 
@@ -23,8 +23,8 @@ def batch(tmp_path: Path) -> Path:
     return path
 
 
-def run_cli(capsys, *argv: str) -> tuple[int, dict | None, str]:
-    status = main(["validate", *argv, "--json"])
+def run_cli(capsys, *argv: str, settings: Settings | None = None) -> tuple[int, dict | None, str]:
+    status = main(["validate", *argv, "--json"], settings=settings)
     out, err = capsys.readouterr()
     return status, (json.loads(out) if out.strip() else None), err
 
@@ -98,16 +98,11 @@ def test_endpoint_and_format_options(capsys, tmp_path: Path) -> None:
     assert printed["errors"][0]["code"] == "endpoint_mismatch"
 
 
-def test_errors_are_capped_by_settings_counts_are_not(capsys, monkeypatch, tmp_path: Path) -> None:
+def test_errors_are_capped_by_settings_counts_are_not(capsys, tmp_path: Path) -> None:
     path = tmp_path / "many.jsonl"
     path.write_text("junk\n" * 12 + GOOD % "ok")
-    monkeypatch.setenv("LLM_BATCH_MAX_REPORTED_ERRORS", "3")
-    get_settings.cache_clear()
-    try:
-        status, printed, _ = run_cli(capsys, str(path))
-    finally:
-        monkeypatch.delenv("LLM_BATCH_MAX_REPORTED_ERRORS")
-        get_settings.cache_clear()
+    settings = get_settings().model_copy(update={"max_reported_errors": 3})
+    status, printed, _ = run_cli(capsys, str(path), settings=settings)
     assert status == 1
     assert printed["invalid"] == 12 and len(printed["errors"]) == 3
 

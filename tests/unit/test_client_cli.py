@@ -78,7 +78,7 @@ def test_every_submission_is_an_upload_then_a_native_create(tmp_path, options):
 
 def test_the_cli_passes_every_option_and_refuses_a_bad_model_config(monkeypatch, capsys, tmp_path):
     stub = _submit_stub()
-    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls, settings=None: stub.client()))
     from llm_batch.cli.main import main
 
     assert main(["submit", str(_batch(tmp_path)), "--model", "m", "--shards", "2", "--max-runtime", "5400",
@@ -95,7 +95,7 @@ def test_the_cli_passes_every_option_and_refuses_a_bad_model_config(monkeypatch,
 
 def test_submit_takes_the_model_from_the_lines_when_they_agree(monkeypatch, capsys, tmp_path):
     stub = _submit_stub()
-    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls, settings=None: stub.client()))
     from llm_batch.cli.main import main
 
     def write(name: str, models: list) -> Path:
@@ -196,7 +196,7 @@ def test_api_errors_carry_message_parameter_and_code():
 def test_job_wait_exit_codes(monkeypatch, capsys, status, code):
     stub = Recorder({("GET", "/batch/v1/jobs/job_1"): httpx.Response(
         200, json={**NATIVE_JOB, "status": status, "terminal": True, "status_reason": "why"})})
-    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls, settings=None: stub.client()))
     from llm_batch.cli.main import main
 
     assert main(["job", "job_1", "--wait"]) == code
@@ -207,7 +207,7 @@ def test_job_wait_exit_codes(monkeypatch, capsys, status, code):
 
 def test_http_and_usage_errors_exit_2(monkeypatch, capsys, tmp_path):
     stub = Recorder({})
-    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls, settings=None: stub.client()))
     from llm_batch.cli.main import main
 
     assert main(["cancel", "nope"]) == jobs_command.EXIT_USAGE
@@ -216,15 +216,12 @@ def test_http_and_usage_errors_exit_2(monkeypatch, capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_no_api_key_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
-    monkeypatch.delenv("LLM_BATCH_API_KEY", raising=False)
-    monkeypatch.setenv("LLM_BATCH_API_URL", "http://127.0.0.1:9/batch")
+def test_no_api_key_is_a_clear_usage_error(capsys, tmp_path):
+    from llm_batch.cli.main import main
     from llm_batch.core.config import Settings
 
-    monkeypatch.setattr(client_module, "get_settings", lambda: Settings(home=tmp_path))
-    from llm_batch.cli.main import main
-
-    assert main(["jobs"]) == 2
+    # No LLM_BATCH_API_KEY in the suite's environment, and a home where `up` stored none.
+    assert main(["jobs"], settings=Settings(home=tmp_path)) == 2
     assert "llm-batch up" in capsys.readouterr().err
 
 
@@ -271,7 +268,7 @@ def test_job_and_jobs_show_where_a_waiting_job_stands(monkeypatch, capsys):
     started = {**waiting, "id": "job_s", "queue": None}
     stub = Recorder({("GET", "/batch/v1/jobs/job_w"): httpx.Response(200, json=waiting),
                      ("GET", "/batch/v1/jobs"): httpx.Response(200, json={"data": [waiting, started], "has_more": False})})
-    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls: stub.client()))
+    monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(lambda cls, settings=None: stub.client()))
     from llm_batch.cli.main import main
 
     assert main(["job", "job_w"]) == 0

@@ -129,28 +129,17 @@ def test_every_llm_batch_name_is_read_by_the_project(compose: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize("runner", ["local", "kubernetes"])
-def test_the_environment_loads_into_settings(runner: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llm_batch.core.config import Settings, get_settings
+def test_the_environment_loads_into_settings(runner: str) -> None:
+    from llm_batch.core.config import settings_from_env
     from llm_batch.infra import storage
 
-    env = _environment(load_compose({"LLM_BATCH_SHARD_RUNNER": runner}), "airflow-scheduler")
-    for name in [k for k in os.environ if k.startswith("LLM_BATCH_")]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    settings = Settings()
+    # The settings the service reads from its environment, not this test process's.
+    settings = settings_from_env(_environment(load_compose({"LLM_BATCH_SHARD_RUNNER": runner}), "airflow-scheduler"))
     assert settings.shard_runner == runner  # one variable picks the runner
     assert settings.database_url.startswith("postgresql")
     # Internal URIs pass the same confinement as user ones (buckets must be allowed).
-    get_settings.cache_clear()
-    storage.reset()
-    try:
-        for uri in (settings.work_uri, settings.files_uri):
-            assert storage.check(uri) == uri
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
-        storage.reset()
+    for uri in (settings.work_uri, settings.files_uri):
+        assert storage.check(uri, settings=settings) == uri
 
 
 def test_the_pieces_agree(compose: dict[str, Any]) -> None:
@@ -175,19 +164,15 @@ def test_the_pieces_agree(compose: dict[str, Any]) -> None:
     assert named | set(env["LLM_BATCH_ALLOWED_BUCKETS"].split(",")) <= created
 
 
-def test_pools_are_the_ones_the_dag_uses(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pools_are_the_ones_the_dag_uses(compose: dict[str, Any]) -> None:
     from llm_batch.airflow.lanes import pool_specs
-    from llm_batch.core.config import Settings
+    from llm_batch.core.config import settings_from_env
 
-    # The settings the compose services run with, not whatever this test process inherited
-    # (the DAG tests set LLM_BATCH_* variables of their own).
-    for name in [k for k in os.environ if k.startswith("LLM_BATCH_")]:
-        monkeypatch.delenv(name)
-    for name, value in _environment(compose, "airflow-scheduler").items():
-        monkeypatch.setenv(name, value)
+    # The settings the compose services run with, not this test process's.
+    settings = settings_from_env(_environment(compose, "airflow-scheduler"))
     pools = json.loads(compose["configs"]["airflow-pools"]["content"])
     expected = {p.name: {"slots": p.slots, "description": p.description, "include_deferred": True}
-                for p in pool_specs(Settings())}
+                for p in pool_specs(settings)}
     assert pools == expected
 
 

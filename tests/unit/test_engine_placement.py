@@ -8,38 +8,25 @@ import os
 
 import pytest
 
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings
 from llm_batch.infra.model_resolution import ResolvedModel
 from llm_batch.runtime.engine import runner as engine_runner
 
 
-@pytest.fixture
-def setting(monkeypatch):
-    def set_to(value: str | None) -> None:
-        if value is None:
-            monkeypatch.delenv("LLM_BATCH_ENGINE_IN_PROCESS", raising=False)
-        else:
-            monkeypatch.setenv("LLM_BATCH_ENGINE_IN_PROCESS", value)
-        get_settings.cache_clear()
-
-    yield set_to
-    get_settings.cache_clear()
-
-
-def test_unset_means_in_process_exactly_on_cpu(setting, monkeypatch):
+def test_unset_means_in_process_exactly_on_cpu(monkeypatch):
     from vllm.platforms import current_platform
 
-    setting(None)
+    unset = Settings(engine_in_process=None)
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: True)
-    assert engine_runner.engine_in_process() is True
+    assert engine_runner.engine_in_process(unset) is True
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
-    assert engine_runner.engine_in_process() is False
+    assert engine_runner.engine_in_process(unset) is False
 
 
 @pytest.mark.parametrize(("value", "expected"), [("false", False), ("0", False), ("true", True)])
-def test_the_setting_wins(setting, value, expected):
-    setting(value)
-    assert engine_runner.engine_in_process() is expected
+def test_the_setting_wins(value, expected):
+    # As LLM_BATCH_ENGINE_IN_PROCESS spells it: a string the settings parse.
+    assert engine_runner.engine_in_process(Settings(engine_in_process=value)) is expected
 
 
 @pytest.mark.parametrize(("in_process", "flag"), [(True, "0"), (False, "1")])
@@ -51,7 +38,9 @@ def test_start_engine_tells_vllm_before_building_the_engine(monkeypatch, in_proc
         return "llm"
 
     monkeypatch.setattr(engine_runner, "LLM", stand_in_llm)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "before")  # restored after the test
+    # start_engine writes vLLM's switch into this process's environment (where vLLM reads
+    # it): monkeypatch puts the variable back after the test. Not a setting the test steers.
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "before")
     model = ResolvedModel("m", "/models/m", "generate", engine_args={"model": "/models/m"})
     assert engine_runner.start_engine(model, in_process=in_process) == "llm"
     # In this process, no multi-modal processor cache (its two sides drift apart here).

@@ -22,10 +22,7 @@ from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # no
 from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator  # noqa: E402
 from llm_batch.airflow.specs.engine_service_spec import manifests, service_name, services_entry  # noqa: E402
 from llm_batch.cli.main import main  # noqa: E402
-from llm_batch.core.config import (
-    Settings,  # noqa: E402
-    parse_address,  # noqa: E402
-)
+from llm_batch.core.config import Settings, parse_address, settings_from_env  # noqa: E402
 from llm_batch.core.placement import GPU_TYPES  # noqa: E402
 from llm_batch.pipeline.shard_task import ShardTask  # noqa: E402
 from llm_batch.runtime.engine_service import service_for  # noqa: E402
@@ -61,13 +58,11 @@ def test_bad_addresses_are_refused_with_what_is_wrong(text):
         parse_address(text)
 
 
-def test_a_bad_address_in_the_settings_fails_them_naming_the_entry(monkeypatch):
-    monkeypatch.setenv("LLM_BATCH_ENGINE_SERVICES", '{"m": "engines"}')
+def test_a_bad_address_in_the_settings_fails_them_naming_the_entry():
     with pytest.raises(ValidationError, match=r"engine_services\['m'\]"):
-        Settings()
-    monkeypatch.setenv("LLM_BATCH_ENGINE_SERVICES", orjson.dumps(SERVICES).decode())
-    monkeypatch.setenv("LLM_BATCH_ENGINE_TOKEN", "s3cret")
-    settings = Settings()
+        settings_from_env({"LLM_BATCH_ENGINE_SERVICES": '{"m": "engines"}'})
+    settings = settings_from_env({"LLM_BATCH_ENGINE_SERVICES": orjson.dumps(SERVICES).decode(),
+                                  "LLM_BATCH_ENGINE_TOKEN": "s3cret"})
     assert settings.engine_services == SERVICES and settings.engine_token.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(settings)
 
@@ -93,12 +88,11 @@ def test_no_services_no_routing():
     assert service_for(_task(), Settings()) is None
 
 
-def test_the_kubernetes_operator_picks_the_service_or_a_pod(monkeypatch):
-    monkeypatch.setenv("LLM_BATCH_ENGINE_SERVICES", orjson.dumps(SERVICES).decode())
-    small = KubernetesShardOperator(task_id="run_shard", shard_task=_task().model_dump())
-    big = KubernetesShardOperator(task_id="run_shard", shard_task=_task(requests=10_000).model_dump())
-    for operator in (small, big):
-        operator.llm_settings = Settings()
+def test_the_kubernetes_operator_picks_the_service_or_a_pod():
+    settings = Settings(engine_services=SERVICES)
+    small = KubernetesShardOperator(task_id="run_shard", shard_task=_task().model_dump(), settings=settings)
+    big = KubernetesShardOperator(task_id="run_shard", shard_task=_task(requests=10_000).model_dump(),
+                                  settings=settings)
     assert isinstance(small.pod_operator(), EngineServiceShardOperator)
     assert small.pod_operator().address == ("engines.llm.svc", 8700)
     assert isinstance(big.pod_operator(), ShardPodOperator)
@@ -106,8 +100,7 @@ def test_the_kubernetes_operator_picks_the_service_or_a_pod(monkeypatch):
 
 def test_a_worker_without_the_token_fails_the_shard_saying_what_to_set():
     operator = EngineServiceShardOperator(task_id="run_shard", shard_task=_task().model_dump(),
-                                          address=("engines.llm.svc", 8700))
-    operator.llm_settings = Settings(engine_services=SERVICES)
+                                          address=("engines.llm.svc", 8700), settings=Settings(engine_services=SERVICES))
     operator.stop_before_start = lambda: None  # no job store here
     with pytest.raises(AirflowFailException, match="LLM_BATCH_ENGINE_TOKEN is not set"):
         operator.execute({})

@@ -172,9 +172,9 @@ def test_merge_holds_at_most_three_streams_open_whatever_the_shard_count(monkeyp
     real_open_read = storage.open_read
 
     @contextlib.contextmanager
-    def counting_open_read(uri):
+    def counting_open_read(uri, **kwargs):
         nonlocal open_now, most
-        with real_open_read(uri) as stream:
+        with real_open_read(uri, **kwargs) as stream:
             open_now += 1
             most = max(most, open_now)
             try:

@@ -31,9 +31,8 @@ DOCS = Path(__file__).parents[2] / "docs" / "api.md"
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.delenv("LLM_BATCH_ENFORCE_EAGER", raising=False)
-    return Settings(home=tmp_path / "home")
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home", enforce_eager=False)  # the default (the suite's environment sets it)
 
 
 @pytest.fixture(scope="module")

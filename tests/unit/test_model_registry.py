@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from llm_batch.core import model_recipes
-from llm_batch.core.config import Settings
+from llm_batch.core.config import Settings, settings_from_env
 from llm_batch.core.model_config import InvalidModelConfig, ModelError, validate_model_config
 from llm_batch.core.model_recipes import Recipe
 from llm_batch.infra import model_cache
@@ -31,9 +31,8 @@ from llm_batch.infra.model_resolution import resolve_model
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.delenv("LLM_BATCH_ENFORCE_EAGER", raising=False)
-    return Settings(home=tmp_path / "home")
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home", enforce_eager=False)  # the default (the suite's environment sets it)
 
 
 def make_model_dir(path: Path, marker: dict | None = None) -> Path:
@@ -162,10 +161,9 @@ def test_the_embedding_model_resolves_as_a_pooling_model(settings):
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("0", None), (None, None)])
-def test_enforce_eager_follows_the_environment(settings, monkeypatch, value, expected):
-    if value is not None:
-        monkeypatch.setenv("LLM_BATCH_ENFORCE_EAGER", value)
-    settings = Settings(home=settings.home)  # LLM_BATCH_* is read when Settings is built
+def test_enforce_eager_follows_the_environment(settings, value, expected):
+    if value is not None:  # LLM_BATCH_ENFORCE_EAGER's spelling, parsed as the settings read it
+        settings = settings_from_env({"LLM_BATCH_HOME": str(settings.home), "LLM_BATCH_ENFORCE_EAGER": value})
     prepared(settings, "tiny-random-llama")
     resolved = resolve_model({"model": "tiny-random-llama"}, settings=settings)
     assert resolved.engine_args.get("enforce_eager") is expected

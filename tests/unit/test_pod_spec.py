@@ -39,20 +39,14 @@ def _task(**changes) -> ShardTask:
 
 
 @pytest.fixture
-def settings(monkeypatch) -> Settings:
-    monkeypatch.setenv("LLM_BATCH_WORK_URI", "s3://work")
-    monkeypatch.setenv("LLM_BATCH_PRIORITY_CLASSES", '{"high": "llm-batch-high"}')
-    monkeypatch.setenv("LLM_BATCH_GPU_NODE_LABEL_KEY", "cloud.example.com/accelerator")
-    monkeypatch.setenv("LLM_BATCH_GPU_NODE_LABEL_VALUES", '{"nvidia-tesla-t4": "t4"}')
-    from llm_batch.core.config import get_settings
-
-    get_settings.cache_clear()
-    yield get_settings()
-    get_settings.cache_clear()
+def settings() -> Settings:
+    return Settings(work_uri="s3://work", priority_classes={"high": "llm-batch-high"},
+                    gpu_node_label_key="cloud.example.com/accelerator",
+                    gpu_node_label_values={"nvidia-tesla-t4": "t4"})
 
 
-def _render(task: ShardTask) -> dict:
-    operator = KubernetesShardOperator(task_id="run_shard", shard_task=task.model_dump())
+def _render(task: ShardTask, settings: Settings) -> dict:
+    operator = KubernetesShardOperator(task_id="run_shard", shard_task=task.model_dump(), settings=settings)
     pod = operator.pod_operator().build_pod_request_obj(dry_run=True)  # no cluster: nothing may call it
     return ApiClient().sanitize_for_serialization(pod)
 
@@ -60,7 +54,7 @@ def _render(task: ShardTask) -> dict:
 @pytest.mark.parametrize("gpu_type", GPU_TYPES)
 def test_pod_for_every_gpu_type_is_valid_strict(settings, gpu_type):
     task = _task(gpu_type=gpu_type)
-    pod = _render(task)
+    pod = _render(task, settings)
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
 
     spec = pod["spec"]
@@ -94,9 +88,10 @@ def test_a_single_pod_refuses_a_multi_node_shard(settings):
     from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator
 
     task = _task(nodes_per_worker=2).model_dump()
-    assert isinstance(KubernetesShardOperator(task_id="run_shard", shard_task=task).pod_operator(), ShardGroupOperator)
+    operator = KubernetesShardOperator(task_id="run_shard", shard_task=task, settings=settings)
+    assert isinstance(operator.pod_operator(), ShardGroupOperator)
     with pytest.raises(pod_spec.UnsupportedPodShape, match="nodes_per_worker=2: one pod cannot span nodes"):
-        ShardPodOperator(task_id="run_shard", shard_task=task)
+        ShardPodOperator(task_id="run_shard", shard_task=task, settings=settings)
 
 
 def test_label_values_are_made_valid():
@@ -106,14 +101,15 @@ def test_label_values_are_made_valid():
 
 
 def test_no_gpu_type_means_no_node_selector(settings):
-    pod = _render(_task(gpu_type=None, gpus=1))
+    pod = _render(_task(gpu_type=None, gpus=1), settings)
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     assert not pod["spec"].get("nodeSelector")
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
 
 
 def test_operator_is_deferrable_and_deletes_its_pod(settings):
-    operator = KubernetesShardOperator(task_id="run_shard", shard_task=_task().model_dump()).pod_operator()
+    operator = KubernetesShardOperator(task_id="run_shard", shard_task=_task().model_dump(),
+                                       settings=settings).pod_operator()
     assert operator.deferrable is True
     assert operator.on_finish_action.value == "delete_pod"
     assert operator.get_logs is True

@@ -119,7 +119,7 @@ def test_planning_is_deterministic():
     assert [storage.read_bytes(p.requests_uri) for p in plan_shards(other, 5, by="tokens")] == files
 
 
-def test_off_switch_gives_todays_contiguous_plan(monkeypatch):
+def test_off_switch_gives_todays_contiguous_plan():
     texts, _ = doc_qa_texts(docs=12, questions=4)
     on, off, by_setting = new_layout(), new_layout(), new_layout()
     for layout in (on, off, by_setting):
@@ -127,13 +127,8 @@ def test_off_switch_gives_todays_contiguous_plan(monkeypatch):
     plan_shards(on, 3)
     assert read_manifest(on).prefix_aware
     off_plans = plan_shards(off, 3, prefix_aware=False)
-    monkeypatch.setenv("LLM_BATCH_PREFIX_AWARE_SHARDING", "false")
-    get_settings.cache_clear()
-    try:
-        setting_plans = plan_shards(by_setting, 3)
-    finally:
-        monkeypatch.delenv("LLM_BATCH_PREFIX_AWARE_SHARDING")
-        get_settings.cache_clear()
+    off_setting = get_settings().model_copy(update={"prefix_aware_sharding": False})
+    setting_plans = plan_shards(by_setting, 3, settings=off_setting)
     for layout, plans in ((off, off_plans), (by_setting, setting_plans)):
         manifest = read_manifest(layout)
         assert not manifest.prefix_aware and manifest.prefix_groups == 0

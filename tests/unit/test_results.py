@@ -138,11 +138,11 @@ class Outage:
         self.attempts = 0
         real = storage.open_write
 
-        def open_write(uri):
+        def open_write(uri, **kwargs):
             self.attempts += 1
             if self.down:
                 raise storage.StorageError(uri, "Could not connect to the endpoint URL")
-            return real(uri)
+            return real(uri, **kwargs)
 
         monkeypatch.setattr(storage, "open_write", open_write)
 

@@ -16,11 +16,6 @@ from llm_batch.devstack.stack import DATABASE_ENV, Stack, StackError, database_s
 from llm_batch.infra.user_paths import internal_areas
 
 
-@pytest.fixture(autouse=True)
-def _no_choice_in_env(monkeypatch):
-    monkeypatch.delenv(DATABASE_ENV, raising=False)
-
-
 def test_a_new_home_runs_on_postgres_with_the_job_store_beside_airflow(tmp_path):
     stack = Stack.create(Settings(home=tmp_path / "home"), 18090)
     assert stack.database == "postgres"
@@ -37,7 +32,7 @@ def test_a_new_home_runs_on_postgres_with_the_job_store_beside_airflow(tmp_path)
     assert Stack.create(Settings(home=tmp_path / "home"), 18090).settings.database_url == stack.settings.database_url
 
 
-def test_a_home_that_ran_on_sqlite_keeps_it_until_told(tmp_path, monkeypatch):
+def test_a_home_that_ran_on_sqlite_keeps_it_until_told(tmp_path):
     home = tmp_path / "home"
     (home / "airflow").mkdir(parents=True)
     (home / "airflow" / "airflow.db").touch()  # a stack from before stack.json
@@ -48,11 +43,9 @@ def test_a_home_that_ran_on_sqlite_keeps_it_until_told(tmp_path, monkeypatch):
     # Told (flag or environment), it switches, and the choice is kept.
     assert Stack.create(Settings(home=home), 18090, "postgres").database == "postgres"
     assert Stack.create(Settings(home=home), 18090).database == "postgres"
-    monkeypatch.setenv(DATABASE_ENV, "sqlite")
-    assert Stack.create(Settings(home=home), 18090).database == "sqlite"
-    monkeypatch.setenv(DATABASE_ENV, "mysql")
+    assert Stack.create(Settings(home=home), 18090, environ={DATABASE_ENV: "sqlite"}).database == "sqlite"
     with pytest.raises(StackError, match="unknown stack database 'mysql'"):
-        database_state(home)
+        database_state(home, environ={DATABASE_ENV: "mysql"})
 
 
 def test_the_stack_files_are_never_a_user_path(tmp_path):
@@ -86,25 +79,20 @@ def test_down_stops_the_server_after_a_switch_to_sqlite(tmp_path):
     assert not on_postgres.postgres().running()
 
 
-def test_the_cli_finds_the_home_stack_store(tmp_path, monkeypatch):
-    from llm_batch.core.config import get_settings
+def test_the_cli_finds_the_home_stack_store(tmp_path):
     from llm_batch.devstack.home import job_store_url
 
-    monkeypatch.setenv("LLM_BATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("LLM_BATCH_DATABASE_URL", raising=False)
-    get_settings.cache_clear()
-    try:
-        # No stack made yet: the settings' default (nothing written to the home).
-        assert job_store_url() == f"sqlite:///{tmp_path / 'home' / 'jobs.db'}"
-        assert not (tmp_path / "home" / "stack.json").exists()
-        url = Stack.create().settings.database_url  # what `up` makes
-        assert job_store_url() == url and url.startswith("postgresql")
-        assert job_store_url("sqlite:///x.db") == "sqlite:///x.db"
-        monkeypatch.setenv("LLM_BATCH_DATABASE_URL", "sqlite:////elsewhere.db")
-        get_settings.cache_clear()
-        assert job_store_url() == "sqlite:////elsewhere.db"
-    finally:
-        get_settings.cache_clear()
+    settings = Settings(home=tmp_path / "home")
+    # No stack made yet: the settings' default (nothing written to the home).
+    assert job_store_url(settings=settings, environ={}) == f"sqlite:///{tmp_path / 'home' / 'jobs.db'}"
+    assert not (tmp_path / "home" / "stack.json").exists()
+    url = Stack.create(settings).settings.database_url  # what `up` makes
+    assert job_store_url(settings=settings, environ={}) == url and url.startswith("postgresql")
+    assert job_store_url("sqlite:///x.db", settings=settings, environ={}) == "sqlite:///x.db"
+    # LLM_BATCH_DATABASE_URL names a store: the settings read from that environment win.
+    named = {"LLM_BATCH_DATABASE_URL": "sqlite:////elsewhere.db"}
+    elsewhere = Settings(home=tmp_path / "home", database_url=named["LLM_BATCH_DATABASE_URL"])
+    assert job_store_url(settings=elsewhere, environ=named) == "sqlite:////elsewhere.db"
 
 
 def test_the_postgres_folder_is_the_homes(tmp_path):
@@ -114,21 +102,15 @@ def test_the_postgres_folder_is_the_homes(tmp_path):
     assert root == tmp_path / "home" / "postgres" or root.name.startswith("llm-batch-pg-")  # as root: a temp folder
 
 
-def test_api_key_says_so_when_the_stack_s_store_does_not_answer(tmp_path, monkeypatch, capsys):
+def test_api_key_says_so_when_the_stack_s_store_does_not_answer(tmp_path, capsys):
     from llm_batch.cli.main import main
-    from llm_batch.core.config import get_settings
 
-    monkeypatch.setenv("LLM_BATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("LLM_BATCH_DATABASE_URL", raising=False)
-    get_settings.cache_clear()
-    try:
-        Stack.create()  # made, never started
-        assert main(["api-key", "create", "erin"]) == 1
-        err = capsys.readouterr().err
-        assert "the job store does not answer" in err and "llm-batch status" in err
-        assert "Traceback" not in err
-    finally:
-        get_settings.cache_clear()
+    settings = Settings(home=tmp_path / "home")
+    Stack.create(settings)  # made, never started
+    assert main(["api-key", "create", "erin"], settings=settings) == 1
+    err = capsys.readouterr().err
+    assert "the job store does not answer" in err and "llm-batch status" in err
+    assert "Traceback" not in err
 
 
 def test_a_home_deleted_and_made_again_at_its_path_gets_a_new_database(tmp_path):

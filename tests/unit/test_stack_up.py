@@ -10,6 +10,7 @@ API) are stubbed; tests/e2e runs the real stack.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -168,10 +169,11 @@ def test_a_component_alive_but_unhealthy_is_restarted(stack, monkeypatch):
     assert read_restarts(stack)["triggerer"]["reason"] == "killed by SIGTERM"  # up's stop, the supervisor's start
 
 
-def test_a_config_change_needs_restart(stack, monkeypatch):
+def test_a_config_change_needs_restart(stack):
     stack.up(timeout=30)
     before = stack.running()
-    monkeypatch.setenv("LLM_BATCH_MAX_REQUESTS", "12")
+    # `llm-batch up` again, from a shell whose configuration changed.
+    stack = dataclasses.replace(stack, environ={**os.environ, "LLM_BATCH_MAX_REQUESTS": "12"})
     # A running supervisor would start it again with the configuration it started with.
     kill(stack, SUPERVISOR, "triggerer")
     with pytest.raises(StackError, match=r"configuration changed .*\(LLM_BATCH_MAX_REQUESTS\); starting "

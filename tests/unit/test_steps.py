@@ -4,7 +4,11 @@ runs in tests/dags). Checks status moves, counts, outputs, ids and reasons."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -288,15 +292,27 @@ def test_a_run_whose_user_has_no_owner_name_makes_no_job(store, settings):
     assert store.get_job("job_x") is None
 
 
-def test_an_airflow_admin_is_told_from_the_simple_auth_managers_users(monkeypatch):
-    from llm_batch.airflow import users as airflow_users
+def _admins(auth_manager: str, names: tuple[str, ...]) -> subprocess.Popen:
+    """is_admin of each name in a process whose Airflow configuration (its environment) has
+    ``auth_manager`` and the simple auth manager's users; prints a JSON list."""
+    env = {**os.environ, "AIRFLOW__CORE__AUTH_MANAGER": auth_manager,
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "alice:user,root:admin,vic:viewer"}
+    code = "import json, sys; from llm_batch.airflow.users import is_admin; print(json.dumps([is_admin(n) for n in sys.argv[1:]]))"
+    return subprocess.Popen([sys.executable, "-c", code, *names], env=env, stdout=subprocess.PIPE, text=True)
 
-    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
-                       "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
-    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,root:admin,vic:viewer")
-    assert [airflow_users.is_admin(n) for n in ("root", "alice", "vic", "nobody")] == [True, False, False, False]
-    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager")
-    assert not airflow_users.is_admin("root")  # roles out of a task's reach: no admin
+
+def _last_line(process: subprocess.Popen):
+    out = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, out
+    return json.loads(out.splitlines()[-1])  # after whatever Airflow prints on import
+
+
+def test_an_airflow_admin_is_told_from_the_simple_auth_managers_users():
+    simple = _admins("airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+                     ("root", "alice", "vic", "nobody"))
+    fab = _admins("airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager", ("root",))
+    assert _last_line(simple) == [True, False, False, False]
+    assert _last_line(fab) == [False]  # roles out of a task's reach: no admin
 
 
 def test_inline_requests_are_validated(store, settings):
@@ -510,7 +526,7 @@ def test_a_watcher_reads_only_its_own_shards_progress(store, settings, monkeypat
     reads: list[str] = []
     for name in ("open_read", "exists", "size", "list_uris"):
         real = getattr(storage, name)
-        monkeypatch.setattr(storage, name, lambda uri, _real=real, _name=name: (reads.append(uri), _real(uri))[1])
+        monkeypatch.setattr(storage, name, lambda uri, _real=real, **kwargs: (reads.append(uri), _real(uri, **kwargs))[1])
     shards = [shard_task.ShardTask.model_validate(t) for t in tasks]
     for shard in shards:
         reads.clear()

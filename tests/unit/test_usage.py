@@ -166,7 +166,7 @@ def api(monkeypatch):
 
     stub = Stub()
     monkeypatch.setattr(client_module.BatchClient, "from_env", classmethod(
-        lambda cls: BatchClient("http://stub/batch", "key-1", transport=httpx.MockTransport(stub))))
+        lambda cls, settings=None: BatchClient("http://stub/batch", "key-1", transport=httpx.MockTransport(stub))))
     return stub
 
 

@@ -32,14 +32,6 @@ CHAT = "/v1/chat/completions"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _no_admin_allow_list(monkeypatch):
-    """These tests say which destinations are allowed; the e2e stack's session-wide
-    allow-list (tests/e2e/conftest.py) must not reach the Settings they build."""
-    monkeypatch.delenv("LLM_BATCH_WEBHOOK_ALLOWED_HOSTS", raising=False)
-    monkeypatch.delenv("LLM_BATCH_WEBHOOK_ALLOW_PUBLIC", raising=False)
-
-
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # many deliveries connect at once (the API's concurrency test)
@@ -96,10 +88,17 @@ def store(request: pytest.FixtureRequest) -> Iterator[JobStore]:
     s.close()
 
 
+def destinations(**values) -> Settings:
+    """Settings whose allowed webhook destinations are the defaults but for ``values``: these
+    tests say which are allowed, and the e2e stack's session-wide allow-list
+    (tests/e2e/conftest.py) must not reach them."""
+    return Settings(**{"webhook_allowed_hosts": [], "webhook_allow_public": True, **values})
+
+
 def settings(tmp_path: Path, **extra) -> Settings:
     values = dict(home=tmp_path, webhook_allowed_hosts=["127.0.0.1"], webhook_retry_base_s=0.05,
                   webhook_timeout_s=2.0, webhook_poll_interval_s=0.05)
-    return Settings(**{**values, **extra})
+    return destinations(**{**values, **extra})
 
 
 def make_job(store: JobStore, owner: str = "alice", dialect: str = "openai"):
@@ -381,21 +380,21 @@ def test_refused_destinations_name_the_url(url):
     resolve = resolver({"localhost": ["127.0.0.1"], "metadata.internal": ["169.254.169.254"],
                         "rebind.example.com": ["93.184.215.14", "10.0.0.7"], "hooks.example.com": ["93.184.215.14"]})
     with pytest.raises(DestinationRefused) as refused:
-        check_destination(url, Settings(), resolve)
+        check_destination(url, destinations(), resolve)
     assert url[:60] in str(refused.value)
 
 
 def test_allowed_destinations(tmp_path):
     resolve = resolver({"hooks.example.com": ["93.184.215.14"], "hooks.internal": ["10.9.9.9"]})
-    default = Settings()
+    default = destinations()
     assert check_destination("https://hooks.example.com/x", default, resolve) == ["93.184.215.14"]
-    allowing = Settings(webhook_allowed_hosts=["127.0.0.1", "hooks.internal", "10.20.0.0/16"])
+    allowing = destinations(webhook_allowed_hosts=["127.0.0.1", "hooks.internal", "10.20.0.0/16"])
     assert check_destination("http://127.0.0.1:9000/x", allowing, resolve) == ["127.0.0.1"]
     assert check_destination("http://hooks.internal/x", allowing, resolve) == ["10.9.9.9"]
     assert check_destination("http://10.20.3.4/x", allowing, resolve) == ["10.20.3.4"]
     with pytest.raises(DestinationRefused):
         check_destination("http://10.21.3.4/x", allowing, resolve)
-    only_listed = Settings(webhook_allowed_hosts=["hooks.internal"], webhook_allow_public=False)
+    only_listed = destinations(webhook_allowed_hosts=["hooks.internal"], webhook_allow_public=False)
     with pytest.raises(DestinationRefused, match="not in LLM_BATCH_WEBHOOK_ALLOWED_HOSTS"):
         check_destination("https://hooks.example.com/x", only_listed, resolve)
     # Create time: a name that does not resolve now passes (each delivery checks again).
@@ -409,7 +408,7 @@ def test_a_name_that_resolves_to_a_refused_address_at_delivery_is_not_called(sto
     port = receiver.server.server_address[1]
     endpoint, _ = store.create_webhook_endpoint("alice", f"http://sneaky.example.com:{port}/hooks")
     store.end_job(make_job(store).id, JobStatus.SUCCEEDED)
-    deliverer = Deliverer(store, Settings(home=tmp_path), resolve=resolver({"sneaky.example.com": ["127.0.0.1"]}))
+    deliverer = Deliverer(store, destinations(home=tmp_path), resolve=resolver({"sneaky.example.com": ["127.0.0.1"]}))
     deliverer.run_once()
     [attempt] = store.list_webhook_attempts(endpoint.id)
     assert attempt.status_code is None and "refused" in attempt.error and "127.0.0.1" in attempt.error

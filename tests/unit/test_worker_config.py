@@ -3,9 +3,10 @@ and the exits that happen before any engine loads."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from llm_batch.cli.main import build_parser
 from llm_batch.core import exit_codes
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.job_input import ModerationShape
@@ -14,6 +15,7 @@ from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra.progress import ShardState, read_progress
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.runtime.worker import WorkerUsageError, parse_config, run_worker
+from llm_batch.runtime.worker_args import GROUP_FLAGS, WORKER_FLAGS, add_pod_command
 
 BASE = dict(job_id="job1", shard="2", requests=None, results=None, endpoint="/v1/chat/completions",
             model_config='{"model": "tiny-random-llama"}', work_uri="/w")
@@ -47,12 +49,14 @@ def test_bad_arguments_are_named(change, message):
         parse_config(**{**BASE, **change})
 
 
-def test_flags_fall_back_to_environment(monkeypatch):
-    monkeypatch.setenv("LLM_BATCH_WORKER_JOB_ID", "from-env")
-    monkeypatch.setenv("LLM_BATCH_WORKER_SHARD", "7")
-    monkeypatch.setenv("LLM_BATCH_WORKER_MODEL_CONFIG", '{"model": "m"}')
-    monkeypatch.setenv("LLM_BATCH_WORKER_DEADLINE", "1700000000.5")
-    args = build_parser().parse_args(["worker", "--shard", "3", "--endpoint", "/v1/completions"])
+def test_flags_fall_back_to_environment():
+    environ = {"LLM_BATCH_WORKER_JOB_ID": "from-env", "LLM_BATCH_WORKER_SHARD": "7",
+               "LLM_BATCH_WORKER_MODEL_CONFIG": '{"model": "m"}', "LLM_BATCH_WORKER_DEADLINE": "1700000000.5"}
+    parser = argparse.ArgumentParser(prog="llm-batch")
+    # The worker's command as llm_batch.cli.worker registers it, in a pod given that environment.
+    add_pod_command(parser.add_subparsers(dest="command"), "worker", "", "", (*WORKER_FLAGS, *GROUP_FLAGS), None,
+                    environ=environ)
+    args = parser.parse_args(["worker", "--shard", "3", "--endpoint", "/v1/completions"])
     assert (args.job_id, args.shard, args.deadline) == ("from-env", 3, 1700000000.5)
     assert args.model_config == '{"model": "m"}'
 

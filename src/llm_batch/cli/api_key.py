@@ -53,7 +53,7 @@ def _store(args: argparse.Namespace):
     from llm_batch.devstack.home import job_store_url  # heavy
     from llm_batch.infra.jobstore import get_job_store  # heavy
 
-    return get_job_store(job_store_url(args.database_url))
+    return get_job_store(job_store_url(args.database_url, settings=args.settings))
 
 
 def create_key(args: argparse.Namespace) -> int:

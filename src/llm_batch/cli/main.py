@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llm_batch.core.config import Settings
 
 COMMANDS: tuple[str, ...] = (
     "llm_batch.cli.validate",
@@ -38,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
+    """Run one command; ``settings``: what its commands use (``args.settings``; None: each
+    reads ``get_settings()``, the environment's)."""
     args = build_parser().parse_args(argv)
+    args.settings = settings
     return int(args.func(args) or 0)
 
 

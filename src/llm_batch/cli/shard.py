@@ -26,9 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def shard(args: argparse.Namespace) -> int:
     from llm_batch.pipeline.sharding import ShardingError, plan_shards  # heavy
 
-    layout = JobLayout(args.work_uri or get_settings().work_uri, args.job_id)
+    settings = args.settings or get_settings()
+    layout = JobLayout(args.work_uri or settings.work_uri, args.job_id)
     try:
-        plans = plan_shards(layout, args.shards, by=args.by)
+        plans = plan_shards(layout, args.shards, by=args.by, settings=settings)
     except ObjectNotFound as exc:
         hint = (f" (validate the input into the job first: llm-batch validate INPUT --job "
                 f"{args.job_id})" if exc.uri == layout.validated else "")

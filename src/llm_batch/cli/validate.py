@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 import orjson
 
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.core.input_formats import INPUT_FORMATS
 from llm_batch.core.layout import JobLayout
@@ -68,13 +68,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llm_batch.pipeline.validation import BatchRejected, validate_batch  # heavy
+    from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, validate_batch  # heavy
 
+    settings = args.settings or get_settings()
     source = args.inputs[0] if len(args.inputs) == 1 else args.inputs
     try:
-        layout = _layout(args)
-        report = validate_batch(source, fmt=args.fmt, endpoint=args.endpoint,
-                                layout=layout, open_input=input_opener(args.fmt))
+        layout = _layout(args, settings)
+        report = validate_batch(source, fmt=args.fmt, endpoint=args.endpoint, layout=layout,
+                                limits=ValidationLimits.from_settings(settings), open_input=input_opener(args.fmt))
     except StorageError as exc:  # the job's files (--job)
         print(f"llm-batch validate: cannot write the job's files: {exc}", file=sys.stderr)
         return EXIT_REJECTED
@@ -113,13 +114,13 @@ def readable(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _layout(args: argparse.Namespace):
+def _layout(args: argparse.Namespace, settings: Settings):
     """The job to write (--job), refused when it was sharded already: its shards and results
     would no longer match a new validated file."""
     if not args.job:
         return None
 
-    layout = JobLayout(args.work_uri or get_settings().work_uri, args.job)
+    layout = JobLayout(args.work_uri or settings.work_uri, args.job)
     if storage.exists(layout.shard_manifest):
         raise storage.StorageError(layout.root, f"job {args.job!r} has shards already; validate "
                                    "into a new job id (or delete this one's directory)")

@@ -148,8 +148,8 @@ def _deliver(args: argparse.Namespace) -> int:
     from llm_batch.infra.webhooks import Deliverer  # heavy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = get_settings()
-    deliverer = Deliverer(get_job_store(job_store_url(args.database_url)), settings)
+    settings = args.settings or get_settings()
+    deliverer = Deliverer(get_job_store(job_store_url(args.database_url, settings=settings)), settings)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

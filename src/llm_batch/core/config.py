@@ -7,12 +7,13 @@ at PostgreSQL.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from llm_batch.core import owners
 
@@ -285,3 +286,30 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+class _EnvironSource(EnvSettingsSource):
+    """The ``LLM_BATCH_*`` variables of a given mapping, parsed as the environment's are."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]):
+        self._environ = environ  # read by the base class's __init__
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:  # as DotEnvSettingsSource overrides it
+        return {name.lower(): value for name, value in self._environ.items()}
+
+
+class _GivenSettings(Settings):
+    """Settings of the values given only (no environment, no files)."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any,
+                                   **others: Any) -> tuple[Any, ...]:
+        return (init_settings,)
+
+
+def settings_from_env(environ: Mapping[str, str]) -> Settings:
+    """The settings a process whose environment is exactly ``environ`` reads, whatever this
+    process's environment holds: what a component handed ``environ`` runs with."""
+    given = _GivenSettings(**_EnvironSource(Settings, environ)())
+    return Settings.model_construct(given.model_fields_set, **dict(given))  # validated: a Settings again

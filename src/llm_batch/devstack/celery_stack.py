@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +78,11 @@ _CONTROL_ONLY = ("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", "LLM_BATCH
                  "LLM_BATCH_LOCAL_ROOTS", "LLM_BATCH_RECURRING_SPECS")
 
 
-def worker_hostname() -> str:
-    """Airflow's ``hostname_callable`` in the workers: the worker's name (``celery-worker-<n>``),
-    recorded as each task instance's ``hostname``; the machine's name elsewhere."""
-    return os.environ.get("LLM_BATCH_WORKER_NAME") or socket.getfqdn()
+def worker_hostname(environ: Mapping[str, str] | None = None) -> str:
+    """Airflow's ``hostname_callable`` in the workers: the worker's name (``celery-worker-<n>``,
+    from ``environ``, default this process's environment), recorded as each task instance's
+    ``hostname``; the machine's name elsewhere."""
+    return (os.environ if environ is None else environ).get("LLM_BATCH_WORKER_NAME") or socket.getfqdn()
 
 
 def worker_concurrency(settings: Settings) -> int:

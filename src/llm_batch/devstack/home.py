@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.devstack.celery_stack import CeleryStack
@@ -17,14 +18,17 @@ def home_stack(settings: Settings | None = None) -> Stack:
     return Stack.create(settings)
 
 
-def job_store_url(given: str | None = None) -> str:
+def job_store_url(given: str | None = None, *, settings: Settings | None = None,
+                  environ: Mapping[str, str] | None = None) -> str:
     """The job store a CLI command opens: `given` (``--database-url``), else
     ``LLM_BATCH_DATABASE_URL``, else the home's stack's once ``up`` has made one (its
-    ``stack.json`` or Celery shape), else the settings' default (SQLite under the home)."""
-    settings = get_settings()
+    ``stack.json`` or Celery shape), else the settings' default (SQLite under the home).
+    ``settings`` (default ``get_settings()``) were read from ``environ`` (default this
+    process's environment), which says whether the URL was named."""
+    settings = settings or get_settings()
     if given:
         return given
-    if os.environ.get("LLM_BATCH_DATABASE_URL"):
+    if (os.environ if environ is None else environ).get("LLM_BATCH_DATABASE_URL"):
         return settings.database_url
     if CeleryStack.exists(settings) or (settings.home / STATE_FILE).exists():
         return home_stack(settings).settings.database_url

@@ -37,9 +37,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,20 +118,22 @@ def repo_dags_folder() -> Path:
     return Path(__file__).resolve().parents[3] / "dags"
 
 
-def database_state(home: Path, database: str | None = None) -> dict[str, Any]:
+def database_state(home: Path, database: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The home's ``stack.json`` (mode 0600): the database the embedded stack runs on and,
     for PostgreSQL, its server's port, folder and password, made once and kept.
 
     The database is chosen by ``database`` (``llm-batch up --database``), else by
     ``LLM_BATCH_STACK_DATABASE``, else it is the one the home has: PostgreSQL for a new home,
     SQLite for a home whose stack ran on SQLite before this file existed (its jobs stay
-    where they are). Choosing the other one switches the home (each keeps its own jobs)."""
+    where they are). Choosing the other one switches the home (each keeps its own jobs).
+    ``environ``: where to read that variable (default: this process's environment)."""
     path = home / STATE_FILE
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         state = {}
-    wanted = database or os.environ.get(DATABASE_ENV) or state.get("database")
+    wanted = database or (os.environ if environ is None else environ).get(DATABASE_ENV) or state.get("database")
     if not wanted:
         wanted = "sqlite" if (home / "airflow" / "airflow.db").exists() else "postgres"
     if wanted not in DATABASES:
@@ -162,20 +164,25 @@ def write_private(path: Path, text: str) -> None:
 @dataclass(frozen=True)
 class Stack:
     """``settings`` as the components get them; ``database`` the one Airflow's metadata and
-    (through ``settings.database_url``, which ``create`` points at it) the job store use."""
+    (through ``settings.database_url``, which ``create`` points at it) the job store use;
+    ``environ`` the environment the components inherit (None: this process's, the one
+    ``llm-batch up`` runs in)."""
 
     settings: Settings
     port: int = 8080
     database: str = "sqlite"
+    environ: Mapping[str, str] | None = field(default=None, compare=False, repr=False)  # secrets
 
     @classmethod
     def create(cls, settings: Settings | None = None, port: int | None = None,
-               database: str | None = None) -> Stack:
+               database: str | None = None, environ: Mapping[str, str] | None = None) -> Stack:
         """The stack of ``settings.home`` on its database (``database_state``); on PostgreSQL
-        the settings (the CLI's too) are pointed at the server's job store."""
+        the settings (the CLI's too) are pointed at the server's job store. ``environ`` also
+        names the port and database when not given."""
         settings = settings or get_settings()
-        port = port or int(os.environ.get("LLM_BATCH_API_PORT", "8080"))
-        state = database_state(settings.home, database)
+        parent = os.environ if environ is None else environ
+        port = port or int(parent.get("LLM_BATCH_API_PORT", "8080"))
+        state = database_state(settings.home, database, parent)
         if state["database"] == "postgres":
             settings = settings.model_copy(update={"database_url": _postgres(state).url(JOBS_DB)})
         if "warm_engines" not in settings.model_fields_set:
@@ -183,7 +190,7 @@ class Stack:
             # idle engine leaves after warm_engine_idle_seconds, and makes room for another
             # model's); LLM_BATCH_WARM_ENGINES=0 gives each shard a worker of its own.
             settings = settings.model_copy(update={"warm_engines": True})
-        return cls(settings, port, state["database"])
+        return cls(settings, port, state["database"], environ)
 
     @classmethod
     def from_env(cls) -> Stack:
@@ -236,8 +243,14 @@ class Stack:
             {"name": "user-dags", "classpath": local, "kwargs": {"path": str(self.user_dags_folder)}},
         ]
 
+    @property
+    def parent_env(self) -> Mapping[str, str]:
+        """The environment the components inherit: ``environ``, else this process's."""
+        return os.environ if self.environ is None else self.environ
+
     def env(self) -> dict[str, str]:
-        """Airflow configuration for every component (the same for all: they must agree)."""
+        """Airflow configuration for every component (the same for all: they must agree), on
+        top of the environment they inherit."""
         secret_file = self.airflow_home / "jwt_secret"
         if not secret_file.exists():
             secret_file.parent.mkdir(parents=True, exist_ok=True)
@@ -245,7 +258,7 @@ class Stack:
             secret_file.chmod(0o600)
         for folder in (self.user_dags_folder, self.user_specs_folder):  # the user's to fill
             folder.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = dict(self.parent_env)
         # vLLM-CPU refuses to start without a KV-cache size; 2 GiB suits a laptop.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.update(
@@ -262,7 +275,7 @@ class Stack:
                 "AIRFLOW__CORE__EXECUTOR": "llm_batch.devstack.local_executor.LocalExecutor",
                 # 2 cores: a few worker processes, not Airflow's default 32; enough that a warm
                 # engine's seats leave room for other jobs' tasks (docs/benchmarks.md).
-                "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "6"),
+                "AIRFLOW__CORE__PARALLELISM": self.parent_env.get("AIRFLOW__CORE__PARALLELISM", "6"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
                 "LLM_BATCH_DATABASE_URL": self.settings.database_url,
                 "LLM_BATCH_WARM_ENGINES": str(self.settings.warm_engines).lower(),
@@ -568,7 +581,7 @@ class Stack:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             log = open(self.log_dir / f"{SUPERVISOR}.log", "ab")  # noqa: SIM115 (owned by the child)
-            env = {**os.environ, "LLM_BATCH_HOME": str(self.settings.home), "LLM_BATCH_API_PORT": str(self.port)}
+            env = {**self.parent_env, "LLM_BATCH_HOME": str(self.settings.home), "LLM_BATCH_API_PORT": str(self.port)}
             proc = subprocess.Popen(self.supervisor_command(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.airflow_home)
             self.pid_file(SUPERVISOR).write_text(str(proc.pid))

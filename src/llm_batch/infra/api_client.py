@@ -233,8 +233,9 @@ class BatchClient:
         )
 
     @classmethod
-    def from_env(cls) -> BatchClient:
-        return cls(default_base_url(), default_api_key())
+    def from_env(cls, settings: Settings | None = None) -> BatchClient:
+        """The API of LLM_BATCH_API_URL with the key of ``default_api_key(settings)``."""
+        return cls(default_base_url(), default_api_key(settings))
 
     def close(self) -> None:
         self._http.close()

@@ -45,7 +45,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -55,7 +55,7 @@ from urllib.parse import unquote
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings, get_settings
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -90,61 +90,64 @@ class BucketNotFound(ObjectNotFound):
 
 
 # --------------------------------------------------------------------------- public API
+#
+# ``settings`` (every function): the roots, buckets and endpoint to go by; default
+# ``get_settings()``.
 
-def open_read(uri: str) -> AbstractContextManager[IO[bytes]]:
+def open_read(uri: str, *, settings: Settings | None = None) -> AbstractContextManager[IO[bytes]]:
     """Context manager: a buffered binary reader of the object at ``uri``."""
-    return _backend(uri).open_read(uri)
+    return _backend(uri, settings).open_read(uri)
 
 
-def open_write(uri: str) -> AbstractContextManager[IO[bytes]]:
+def open_write(uri: str, *, settings: Settings | None = None) -> AbstractContextManager[IO[bytes]]:
     """Context manager: a binary writer; the object is published only on clean exit."""
-    return _backend(uri).open_write(uri)
+    return _backend(uri, settings).open_write(uri)
 
 
-def read_bytes(uri: str) -> bytes:
-    with open_read(uri) as stream:
+def read_bytes(uri: str, *, settings: Settings | None = None) -> bytes:
+    with open_read(uri, settings=settings) as stream:
         return stream.read()
 
 
-def read_range(uri: str, start: int, length: int) -> bytes:
+def read_range(uri: str, start: int, length: int, *, settings: Settings | None = None) -> bytes:
     """``length`` bytes of the object at ``uri`` from byte ``start`` (fewer past its end)."""
-    return _backend(uri).read_range(uri, start, length)
+    return _backend(uri, settings).read_range(uri, start, length)
 
 
-def write_bytes(uri: str, data: bytes) -> None:
-    with open_write(uri) as stream:
+def write_bytes(uri: str, data: bytes, *, settings: Settings | None = None) -> None:
+    with open_write(uri, settings=settings) as stream:
         stream.write(data)
 
 
-def exists(uri: str) -> bool:
-    return _backend(uri).exists(uri)
+def exists(uri: str, *, settings: Settings | None = None) -> bool:
+    return _backend(uri, settings).exists(uri)
 
 
-def size(uri: str) -> int:
-    return _backend(uri).size(uri)
+def size(uri: str, *, settings: Settings | None = None) -> int:
+    return _backend(uri, settings).size(uri)
 
 
-def list_uris(prefix: str) -> list[str]:
-    return _backend(prefix).list_uris(prefix)
+def list_uris(prefix: str, *, settings: Settings | None = None) -> list[str]:
+    return _backend(prefix, settings).list_uris(prefix)
 
 
-def delete(uri: str) -> None:
-    _backend(uri).delete(uri)
+def delete(uri: str, *, settings: Settings | None = None) -> None:
+    _backend(uri, settings).delete(uri)
 
 
-def delete_prefix(prefix: str) -> None:
-    _backend(prefix).delete_prefix(prefix)
+def delete_prefix(prefix: str, *, settings: Settings | None = None) -> None:
+    _backend(prefix, settings).delete_prefix(prefix)
 
 
-def download_dir(prefix: str, dest: Path) -> Path:
-    return _backend(prefix).download_dir(prefix, Path(dest))
+def download_dir(prefix: str, dest: Path, *, settings: Settings | None = None) -> Path:
+    return _backend(prefix, settings).download_dir(prefix, Path(dest))
 
 
-def check(uri: str) -> str:
+def check(uri: str, *, settings: Settings | None = None) -> str:
     """Refuse (``PathNotAllowed``) a URI this module would refuse to touch; return it
     canonical (local: absolute, symlinks resolved). No object is read. Which paths a user
     may name is stricter: ``llm_batch.infra.user_paths``."""
-    return _backend(uri).check(uri)
+    return _backend(uri, settings).check(uri)
 
 
 def is_s3(uri: str) -> bool:
@@ -162,18 +165,18 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _ONE_SLASH_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")  # "s3:/bucket/key", a typo
 
 
-def _backend(uri: str) -> LocalStorage | S3Storage:
+def _backend(uri: str, settings: Settings | None = None) -> LocalStorage | S3Storage:
     """The backend the module functions above dispatch ``uri`` to, by its scheme."""
     if not isinstance(uri, str) or not uri:
         raise PathNotAllowed(repr(uri), "empty or not a string")
     match = _SCHEME.match(uri)
     scheme = match.group(1).lower() if match else "file"
-    settings = get_settings()
+    settings = settings or get_settings()
     if scheme == "file":
         return _local_backend(tuple(settings.local_roots) + _own_local_areas(settings))
     if scheme == "s3":
         return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
-                           os.getpid())
+                           _credential_variables(), os.getpid())
     raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
 
 
@@ -184,8 +187,9 @@ def _own_local_areas(settings: Any) -> tuple[Path, ...]:
 
 
 @lru_cache(maxsize=4)
-def _s3_backend(endpoint_url: str | None, buckets: tuple[str, ...], pid: int) -> S3Storage:
-    return S3Storage(_s3_client(endpoint_url, pid), allowed_buckets=buckets)
+def _s3_backend(endpoint_url: str | None, buckets: tuple[str, ...], credentials: tuple[str | None, ...],
+                pid: int) -> S3Storage:
+    return S3Storage(_s3_client(endpoint_url, credentials, pid), allowed_buckets=buckets)
 
 
 # --------------------------------------------------------------------------- local paths
@@ -385,17 +389,32 @@ class S3Location:
         return self.key if not self.key or self.key.endswith("/") else self.key + "/"
 
 
-def _s3_endpoint_url(configured: str | None) -> str | None:
-    """Settings.s3_endpoint_url, else AWS's own variables; None: AWS itself."""
-    return configured or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+def _s3_endpoint_url(configured: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """Settings.s3_endpoint_url, else AWS's own variables (of ``environ``, default this
+    process's environment); None: AWS itself."""
+    environ = os.environ if environ is None else environ
+    return configured or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+
+
+# The AWS variables a client's credentials come from, when set: other values, another client.
+_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+def _credential_variables() -> tuple[str | None, ...]:
+    return tuple(os.environ.get(name) for name in _CREDENTIAL_VARIABLES)
 
 
 @lru_cache(maxsize=4)
-def _s3_client(endpoint_url: str | None, pid: int) -> Any:
-    """One client per process (clients are thread-safe but not fork-safe: ``pid`` keys it).
+def _s3_client(endpoint_url: str | None, credentials: tuple[str | None, ...], pid: int) -> Any:
+    """One client per process and credentials (clients are thread-safe but not fork-safe:
+    ``pid`` keys it; ``credentials``, the variables boto reads them from, key it too)."""
+    return s3_client(endpoint_url)
 
-    Credentials come from the standard AWS chain.
-    """
+
+def s3_client(endpoint_url: str | None, session: Any = None) -> Any:
+    """An S3 client as storage makes them (no botocore retries, timeouts, path-style on a
+    custom endpoint). ``session``: the boto3 Session whose credentials it signs with;
+    default a new one, which takes them from the standard AWS chain."""
     import boto3  # heavy
     from botocore.config import Config  # heavy
 
@@ -406,7 +425,7 @@ def _s3_client(endpoint_url: str | None, pid: int) -> Any:
         # Custom endpoints (SeaweedFS, MinIO, ...) serve path-style; AWS takes either.
         s3={"addressing_style": "path"} if endpoint_url else None,
     )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+    return (session or boto3.session.Session()).client("s3", endpoint_url=endpoint_url, config=config)
 
 
 class S3Storage:

@@ -49,7 +49,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel
 
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.schemas import prompt_chars
 from llm_batch.infra import storage
@@ -512,10 +512,11 @@ def _write_assigned(layout: JobLayout, source: str, shard_of: array, m: int, wei
 
 def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
                 prefix_aware: bool | None = None, min_saving: float | None = None,
-                source: str | None = None) -> list[ShardPlan]:
+                source: str | None = None, settings: Settings | None = None) -> list[ShardPlan]:
     """Write the shards' request files and the manifest; return the (non-empty) shards.
 
-    ``prefix_aware`` defaults to the setting ``prefix_aware_sharding``, ``min_saving`` to
+    ``prefix_aware`` defaults to the setting ``prefix_aware_sharding`` (of ``settings``,
+    default ``get_settings()``), ``min_saving`` to
     MIN_PREFIX_SAVING; ``source`` (default ``layout.validated``) is the requests file to
     plan (``layout.uncached`` when the result cache answered some)."""
     source = source or layout.validated
@@ -524,7 +525,7 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
     if by not in ("count", "tokens"):
         raise ShardingError(f"shards balance by 'count' or 'tokens', got {by!r}")
     if prefix_aware is None:
-        prefix_aware = get_settings().prefix_aware_sharding
+        prefix_aware = (settings or get_settings()).prefix_aware_sharding
     min_saving = MIN_PREFIX_SAVING if min_saving is None else min_saving
 
     assignment = None

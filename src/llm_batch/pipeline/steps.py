@@ -362,7 +362,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
     # lines the owner's result cache answers are results already; the shards run the rest
     # (none at all when the cache answered every line).
     source = layout.validated if job.cancel_requested else answer_from_cache(store, settings, job, layout)
-    plans = plan_shards(layout, job.data_parallelism, source=source)
+    plans = plan_shards(layout, job.data_parallelism, source=source, settings=settings)
     if job.cancel_requested:
         return []
     store.transition(job_id, JobStatus.RUNNING)

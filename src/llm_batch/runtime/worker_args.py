@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.core.job_input import ModerationShape
@@ -46,18 +47,21 @@ GROUP_FLAGS: tuple[tuple[str, type, str], ...] = (
 )
 
 
-def _env(flag: str) -> str | None:
-    return os.environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper())
+def _env(flag: str, environ: Mapping[str, str]) -> str | None:
+    return environ.get(ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper())
 
 
 def add_pod_command(subparsers: argparse._SubParsersAction, name: str, help_text: str, doc: str,
-                    flags: tuple[tuple[str, type, str], ...], func) -> None:
-    """A pod entrypoint's subcommand whose every flag falls back to its LLM_BATCH_WORKER_* variable."""
+                    flags: tuple[tuple[str, type, str], ...], func,
+                    environ: Mapping[str, str] | None = None) -> None:
+    """A pod entrypoint's subcommand whose every flag falls back to its LLM_BATCH_WORKER_* variable
+    (of ``environ``, default this process's environment)."""
+    environ = os.environ if environ is None else environ
     parser = subparsers.add_parser(name, help=f"{help_text} (flags fall back to LLM_BATCH_WORKER_* variables)",
                                    description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, kind, text in flags:
         # Values stay strings from the environment; parse_config converts and names errors.
-        parser.add_argument(flag, type=kind, default=_env(flag), help=text)
+        parser.add_argument(flag, type=kind, default=_env(flag, environ), help=text)
     parser.set_defaults(func=func)
 
 

@@ -12,13 +12,16 @@ on a warm engine, instead of a pod of its own (``engine_service.EngineServiceSha
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator
 from llm_batch.airflow.operators.shard import ShardTaskMixin
 from llm_batch.runtime.engine_service import service_for
+
+if TYPE_CHECKING:
+    from llm_batch.core.config import Settings
 
 
 class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
@@ -27,14 +30,17 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
     ``pod_overrides``: KubernetesPodOperator arguments that replace what the settings
     produce (e.g. ``config_file``, ``deferrable``; a multi-node shard takes the connection's,
     ``deferrable`` and ``poll_interval``). Returns the shard's outcome dict; a worker failure raises (retry
-    resumes), a usage error fails without retry.
+    resumes), a usage error fails without retry. ``settings``: what it and the operator it
+    builds run on (default: ``get_settings()``).
     """
 
     template_fields = ("shard_task",)
     ui_color = "#e8eef8"
 
-    def __init__(self, *, shard_task: dict[str, Any], pod_overrides: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, shard_task: dict[str, Any], pod_overrides: dict[str, Any] | None = None,
+                 settings: Settings | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.use_settings(settings)
         self.shard_task = shard_task
         self.pod_overrides = pod_overrides or {}
         self._pod_operator: Any = None
@@ -47,7 +53,8 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
             whole = self.shard.model_dump()  # the runners take the shard task itself
             if (address := service_for(self.shard, self.llm_settings)) is not None:
                 self._pod_operator = EngineServiceShardOperator(
-                    task_id=self.task_id, shard_task=whole, address=address, retries=self.retries
+                    task_id=self.task_id, shard_task=whole, address=address, retries=self.retries,
+                    settings=self.llm_settings,
                 )
                 return self._pod_operator
             if self.shard.nodes_per_worker > 1:
@@ -56,7 +63,8 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
                 from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator as runner  # kubernetes
 
             self._pod_operator = runner(
-                task_id=self.task_id, shard_task=whole, retries=self.retries, **self.pod_overrides
+                task_id=self.task_id, shard_task=whole, retries=self.retries, settings=self.llm_settings,
+                **self.pod_overrides,
             )
         return self._pod_operator
 

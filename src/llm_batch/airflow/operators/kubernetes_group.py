@@ -50,6 +50,7 @@ from kubernetes.client.exceptions import ApiException
 from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail, shard_stop_of, watch_shard
 from llm_batch.airflow.specs import group_spec
 from llm_batch.core import exit_codes
+from llm_batch.core.config import Settings
 from llm_batch.pipeline.shard_task import ShardOutcome, ShardTask
 
 POLL_SECONDS = 5.0
@@ -171,10 +172,12 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
     ui_color = "#e8eef8"
 
     def __init__(self, *, shard_task: dict[str, Any], poll_interval: float = POLL_SECONDS,
-                 startup_timeout_seconds: float = STARTUP_TIMEOUT_S, deferrable: bool = True, **kwargs: Any) -> None:
+                 startup_timeout_seconds: float = STARTUP_TIMEOUT_S, deferrable: bool = True,
+                 settings: Settings | None = None, **kwargs: Any) -> None:
         self.hook_args = {name: kwargs.pop(name) for name in HOOK_ARGS if name in kwargs}
         kwargs.pop("namespace", None)  # a pod-operator override with no meaning here
         super().__init__(**kwargs)
+        self.use_settings(settings)
         self.shard_task = shard_task
         self.poll_interval = poll_interval
         self.startup_timeout_seconds = startup_timeout_seconds

@@ -35,7 +35,7 @@ from airflow.triggers.base import TriggerEvent
 
 from llm_batch.airflow.operators.shard import ShardTaskMixin, shard_stop_of, watch_shard
 from llm_batch.airflow.specs import pod_spec
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings, get_settings
 from llm_batch.pipeline.shard_task import ShardTask
 
 #: The apache-airflow-providers-cncf-kubernetes versions this module is written and tested
@@ -69,8 +69,8 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
     template_fields = KubernetesPodOperator.template_fields
     ui_color = "#e8eef8"
 
-    def __init__(self, *, shard_task: dict[str, Any], **kwargs: Any) -> None:
-        task, settings = ShardTask.model_validate(shard_task), get_settings()
+    def __init__(self, *, shard_task: dict[str, Any], settings: Settings | None = None, **kwargs: Any) -> None:
+        task, settings = ShardTask.model_validate(shard_task), settings or get_settings()
         pod_spec.check_single_pod(task)
         volumes, mounts = pod_spec.model_cache(settings)
         # Callbacks and trigger_kwargs given as overrides are kept, ours are added.
@@ -108,6 +108,7 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
             "trigger_kwargs": trigger_kwargs,
         }
         super().__init__(**{**pod_args, **kwargs})
+        self.use_settings(settings)
         self.shard_task = shard_task
         self.completed_pod: Any = None  # set by _KeepCompletedPod
         self._stop_cause: str | None = None

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from airflow.sdk import BaseOperator
@@ -32,6 +32,9 @@ from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail
 from llm_batch.core.placement import multi_node_refusal
 from llm_batch.pipeline.shard_task import ShardOutcome, try_report_shard
 from llm_batch.runtime.warm_engines import WarmEngineError, WarmShard, start_shard
+
+if TYPE_CHECKING:
+    from llm_batch.core.config import Settings
 
 # Seconds between supervision rounds (cancel flag, deadline, progress).
 POLL_SECONDS = 2.0
@@ -60,8 +63,9 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
     worker_command: tuple[str, ...] = (sys.executable, "-m", "llm_batch.cli.main")
     term_seconds: float = TERM_SECONDS
 
-    def __init__(self, *, shard_task: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, *, shard_task: dict[str, Any], settings: Settings | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.use_settings(settings)
         self.shard_task = shard_task
         self._process: subprocess.Popen[bytes] | WarmShard | None = None
         self._tail: deque[str] = deque(maxlen=20)  # the worker's last output lines, for error_tail

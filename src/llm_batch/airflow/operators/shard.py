@@ -87,6 +87,12 @@ class ShardTaskMixin:
     def llm_settings(self) -> Settings:
         return get_settings()
 
+    def use_settings(self, settings: Settings | None) -> None:
+        """Run on ``settings`` (an operator's ``settings`` argument); None: ``get_settings()``,
+        read when first needed."""
+        if settings is not None:
+            self.llm_settings = settings
+
     @cached_property
     def job_store(self) -> JobStore:
         from llm_batch.infra.jobstore import get_job_store  # heavy

@@ -33,7 +33,7 @@ from vllm.exceptions import VLLMClientError, VLLMValidationError
 from vllm.lora.request import LoRARequest
 from vllm.outputs import PoolingRequestOutput, RequestOutput
 
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.endpoints import MEDIA_ENDPOINTS, Endpoint
 from llm_batch.core.job_input import ModerationShape
 from llm_batch.core.output_check import CHECKED_ENDPOINTS, INVALID_OUTPUT, OutputCheck, answer_text
@@ -103,9 +103,9 @@ def place_engine_core(in_process: bool | None = None) -> bool:
     return in_process
 
 
-def engine_in_process() -> bool:
-    """Whether the engine core runs in the worker's process: ``Settings.engine_in_process``,
-    else True exactly on CPU.
+def engine_in_process(settings: Settings | None = None) -> bool:
+    """Whether the engine core runs in the worker's process: ``Settings.engine_in_process``
+    (of ``settings``, default ``get_settings()``), else True exactly on CPU.
 
     On GPU, vLLM's separate engine-core process overlaps output processing with the GPU's
     steps, so its default stays. On CPU that layout costs: vLLM keeps a core for the
@@ -113,7 +113,7 @@ def engine_in_process() -> bool:
     more Python processes at start. In-process, a shard ran 1.8x faster end to end here
     (docs/benchmarks.md, "Worker").
     """
-    setting = get_settings().engine_in_process
+    setting = (settings or get_settings()).engine_in_process
     if setting is not None:
         return setting
     from vllm.platforms import current_platform  # vllm
