@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from collections.abc import Mapping
 
 COMMANDS: tuple[str, ...] = (
     "llm_batch.cli.validate",
@@ -38,8 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run the command ``argv`` (default: this process's arguments). ``env``: variables over
+    this process's environment that the command reads instead (the batch API's
+    LLM_BATCH_API_URL and LLM_BATCH_API_KEY), for a caller that runs commands in its own
+    process."""
     args = build_parser().parse_args(argv)
+    args.environ = {**os.environ, **env} if env is not None else None
     return int(args.func(args) or 0)
 
 
