@@ -31,6 +31,13 @@ os.environ["LLM_BATCH_RESULT_CACHE"] = "false"
 # engine). Stopped when the session ends (_warm_engines_stopped). The dedicated worker's
 # path keeps its own tests (tests/engine/test_worker_process.py, tests/dags' kill test).
 os.environ["LLM_BATCH_WARM_ENGINES"] = "true"
+# The DAG files are parsed and run in this process (tests/dags, tests/api: dag.test()) with
+# a short grace and retry delay, so cancel, deadline and retry paths finish in seconds, and
+# two local pool slots.
+os.environ.setdefault("LLM_BATCH_CANCEL_GRACE_SECONDS", "20")
+os.environ.setdefault("LLM_BATCH_SHARD_RETRY_DELAY_SECONDS", "1")
+os.environ.setdefault("LLM_BATCH_SHARD_RUNNER", "local")
+os.environ.setdefault("LLM_BATCH_LOCAL_POOL_SLOTS", "2")
 
 # Property tests assert behaviour, not speed: a wall-clock deadline per example only adds
 # flakes on a loaded 2-core machine (a store's first example also runs its migrations).
