@@ -48,6 +48,7 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
                 self._pod_operator = EngineServiceShardOperator(
                     task_id=self.task_id, shard_task=self.shard_task, address=address, retries=self.retries
                 )
+                self._pod_operator.llm_settings = self.llm_settings  # the settings that routed it
                 return self._pod_operator
             if int(self.shard_task.get("nodes_per_worker") or 1) > 1:
                 from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator as runner  # kubernetes
