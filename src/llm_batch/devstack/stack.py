@@ -37,9 +37,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -162,15 +162,18 @@ def write_private(path: Path, text: str) -> None:
 @dataclass(frozen=True)
 class Stack:
     """``settings`` as the components get them; ``database`` the one Airflow's metadata and
-    (through ``settings.database_url``, which ``create`` points at it) the job store use."""
+    (through ``settings.database_url``, which ``create`` points at it) the job store use;
+    ``extra_env``: variables the components get over this process's environment (None:
+    unset), e.g. a test's configuration of the stack it starts."""
 
     settings: Settings
     port: int = 8080
     database: str = "sqlite"
+    extra_env: Mapping[str, str | None] = field(default_factory=dict, hash=False)
 
     @classmethod
     def create(cls, settings: Settings | None = None, port: int | None = None,
-               database: str | None = None) -> Stack:
+               database: str | None = None, extra_env: Mapping[str, str | None] | None = None) -> Stack:
         """The stack of ``settings.home`` on its database (``database_state``); on PostgreSQL
         the settings (the CLI's too) are pointed at the server's job store."""
         settings = settings or get_settings()
@@ -183,7 +186,7 @@ class Stack:
             # idle engine leaves after warm_engine_idle_seconds, and makes room for another
             # model's); LLM_BATCH_WARM_ENGINES=0 gives each shard a worker of its own.
             settings = settings.model_copy(update={"warm_engines": True})
-        return cls(settings, port, state["database"])
+        return cls(settings, port, state["database"], dict(extra_env or {}))
 
     @classmethod
     def from_env(cls) -> Stack:
@@ -236,6 +239,16 @@ class Stack:
             {"name": "user-dags", "classpath": local, "kwargs": {"path": str(self.user_dags_folder)}},
         ]
 
+    def inherited_env(self) -> dict[str, str]:
+        """What the stack's processes inherit: this process's environment with ``extra_env``."""
+        env = dict(os.environ)
+        for name, value in self.extra_env.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        return env
+
     def env(self) -> dict[str, str]:
         """Airflow configuration for every component (the same for all: they must agree)."""
         secret_file = self.airflow_home / "jwt_secret"
@@ -245,7 +258,7 @@ class Stack:
             secret_file.chmod(0o600)
         for folder in (self.user_dags_folder, self.user_specs_folder):  # the user's to fill
             folder.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = self.inherited_env()
         # vLLM-CPU refuses to start without a KV-cache size; 2 GiB suits a laptop.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.update(
@@ -262,7 +275,7 @@ class Stack:
                 "AIRFLOW__CORE__EXECUTOR": "llm_batch.devstack.local_executor.LocalExecutor",
                 # 2 cores: a few worker processes, not Airflow's default 32; enough that a warm
                 # engine's seats leave room for other jobs' tasks (docs/benchmarks.md).
-                "AIRFLOW__CORE__PARALLELISM": os.environ.get("AIRFLOW__CORE__PARALLELISM", "6"),
+                "AIRFLOW__CORE__PARALLELISM": env.get("AIRFLOW__CORE__PARALLELISM", "6"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
                 "LLM_BATCH_DATABASE_URL": self.settings.database_url,
                 "LLM_BATCH_WARM_ENGINES": str(self.settings.warm_engines).lower(),
@@ -565,7 +578,8 @@ class Stack:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             log = open(self.log_dir / f"{SUPERVISOR}.log", "ab")  # noqa: SIM115 (owned by the child)
-            env = {**os.environ, "LLM_BATCH_HOME": str(self.settings.home), "LLM_BATCH_API_PORT": str(self.port)}
+            env = {**self.inherited_env(), "LLM_BATCH_HOME": str(self.settings.home),
+                   "LLM_BATCH_API_PORT": str(self.port)}
             proc = subprocess.Popen(self.supervisor_command(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.airflow_home)
             self.pid_file(SUPERVISOR).write_text(str(proc.pid))
