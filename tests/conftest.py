@@ -31,6 +31,13 @@ os.environ["LLM_BATCH_RESULT_CACHE"] = "false"
 # engine). Stopped when the session ends (_warm_engines_stopped). The dedicated worker's
 # path keeps its own tests (tests/engine/test_worker_process.py, tests/dags' kill test).
 os.environ["LLM_BATCH_WARM_ENGINES"] = "true"
+# The DAG files are parsed and run in this process (tests/dags, tests/api: dag.test()) with
+# a short grace and retry delay, so cancel, deadline and retry paths finish in seconds, and
+# two local pool slots.
+os.environ.setdefault("LLM_BATCH_CANCEL_GRACE_SECONDS", "20")
+os.environ.setdefault("LLM_BATCH_SHARD_RETRY_DELAY_SECONDS", "1")
+os.environ.setdefault("LLM_BATCH_SHARD_RUNNER", "local")
+os.environ.setdefault("LLM_BATCH_LOCAL_POOL_SLOTS", "2")
 
 # Property tests assert behaviour, not speed: a wall-clock deadline per example only adds
 # flakes on a loaded 2-core machine (a store's first example also runs its migrations).
@@ -47,23 +54,27 @@ pytest_plugins = [
 
 
 @pytest.fixture(autouse=True)
-def _settings_of_its_scope() -> Iterator[None]:
-    """Each test starts from the settings its scopes set up, whatever ran before it on this
-    process: the process environment a test (or its function fixtures) changed is put back,
-    and settings and storage clients cached meanwhile are forgotten. (Tests pass the
-    Settings they need; this guard keeps any order of the suite equal to any other.)"""
-    from llm_batch.core.config import Settings, get_settings
-    from llm_batch.infra import storage
+def _environment_kept() -> Iterator[None]:
+    """Tests pass the Settings they need (``Settings(...)``, or ``get_settings().model_copy``):
+    none changes llm-batch's variables (LLM_BATCH_*) or the cached settings every test shares.
+    This fails a test that did. What the libraries a test drives in this process set (vLLM's
+    variables, Airflow's task context) is put back, so any order of the suite equals any other."""
+    from llm_batch.core.config import get_settings
 
-    before = dict(os.environ)
+    before, settings = dict(os.environ), get_settings()
     yield
-    changed = dict(os.environ) != before
-    if changed:
+    after = dict(os.environ)
+    if after != before:
         os.environ.clear()
         os.environ.update(before)
-    if changed or (get_settings.cache_info().currsize and get_settings() != Settings()):
-        get_settings.cache_clear()
-        storage.reset()
+    changed = sorted(name for name in before.keys() | after.keys()
+                     if name.startswith("LLM_BATCH_") and before.get(name) != after.get(name))
+    if changed:
+        pytest.fail(f"the test changed {', '.join(changed)} in the process environment: pass Settings instead",
+                    pytrace=False)
+    if get_settings() is not settings:
+        pytest.fail("the test replaced the cached settings (get_settings.cache_clear): pass Settings instead",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ need a run to make progress drive the job store the way the pipeline does.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -92,6 +92,19 @@ def client(batch_app) -> Iterator:
 
     with TestClient(batch_app, base_url="http://testserver/batch", raise_server_exceptions=False) as test_client:
         yield test_client
+
+
+@pytest.fixture()
+def cli() -> Callable[[str, str], Callable[[list[str]], int]]:
+    """``cli(url, key)``: ``llm-batch`` commands run in this process against the batch API at
+    ``url`` with ``key`` (the variables a user would set, given to each command)."""
+    from llm_batch.cli.main import main
+
+    def of(url: str, key: str) -> Callable[[list[str]], int]:
+        env = {"LLM_BATCH_API_URL": url, "LLM_BATCH_API_KEY": key}
+        return lambda argv: main(argv, env=env)
+
+    return of
 
 
 def chat_lines(n: int, model: str = "tiny-random-llama") -> bytes:

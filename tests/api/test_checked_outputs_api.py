@@ -66,12 +66,8 @@ def test_a_real_run_records_invalid_outputs_with_their_tries(live_server, dag_te
         assert (detail["invalid_output"], detail["output_retries"], detail["cached"]) == (3, 3, 0)
 
 
-def test_cli_submit_sends_the_check_and_the_cache_choice(live_server, creds, api_store, monkeypatch, capsys,
-                                                         tmp_path):
-    from llm_batch.cli.main import main
-
-    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
-    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])
+def test_cli_submit_sends_the_check_and_the_cache_choice(live_server, creds, api_store, cli, capsys, tmp_path):
+    main = cli(f"{live_server}/batch", creds.keys["alice"])
     batch = tmp_path / "checked.jsonl"
     batch.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in _requests(2)))
     assert main(["submit", str(batch), "--model", MODEL, "--output-check", '{"regex": "\\\\d+", "max_retries": 3}',

@@ -13,9 +13,9 @@ MODEL = "tiny-random-llama"
 
 
 @pytest.fixture()
-def cli_env(live_server, creds, monkeypatch):
-    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
-    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])
+def main(live_server, creds, cli):
+    """alice's ``llm-batch`` on the live app."""
+    return cli(f"{live_server}/batch", creds.keys["alice"])
 
 
 def _file(tmp_path, model: str = MODEL):
@@ -27,9 +27,7 @@ def _file(tmp_path, model: str = MODEL):
     return path
 
 
-def test_estimate_prints_the_figures_and_leaves_nothing_behind(cli_env, api_store, tiny_model_dir, capsys, tmp_path):
-    from llm_batch.cli.main import main
-
+def test_estimate_prints_the_figures_and_leaves_nothing_behind(main, api_store, tiny_model_dir, capsys, tmp_path):
     path = _file(tmp_path)
     jobs = api_store.list_jobs(owner="alice", limit=1)[1]
     files = api_store.owner_usage("alice")["file_bytes"]
@@ -49,9 +47,7 @@ def test_estimate_prints_the_figures_and_leaves_nothing_behind(cli_env, api_stor
     assert api_store.owner_usage("alice")["file_bytes"] == files  # the upload was deleted again
 
 
-def test_estimate_refusals_exit_2(cli_env, capsys, tmp_path):
-    from llm_batch.cli.main import main
-
+def test_estimate_refusals_exit_2(main, capsys, tmp_path):
     assert main(["estimate", str(_file(tmp_path, model="no-such-model"))]) == 2
     assert "no-such-model" in capsys.readouterr().err
     assert main(["estimate", str(tmp_path / "missing.jsonl"), "--model", MODEL]) == 2

@@ -29,14 +29,18 @@ MIB = 1024 * 1024
 
 
 @pytest.fixture()
-def cli_env(live_server, creds, monkeypatch):
-    """The CLI pointed at the live app with alice's key; returns the client for checks."""
+def alice_client(live_server, creds):
+    """alice's client of the live app, for checks."""
     from llm_batch.infra.api_client import BatchClient
 
-    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
-    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])
     with BatchClient(f"{live_server}/batch", creds.keys["alice"]) as client:
         yield client
+
+
+@pytest.fixture()
+def main(live_server, creds, cli):
+    """alice's ``llm-batch`` on the live app."""
+    return cli(f"{live_server}/batch", creds.keys["alice"])
 
 
 def _content(client, file_id: str) -> bytes:
@@ -55,9 +59,7 @@ def _file_with_unique_ids(path: Path, count: int) -> bytes:
 
 
 def test_submit_with_shards_deadline_and_model_config_uploads_and_creates_natively(
-        cli_env, api_store, capsys, tmp_path):
-    from llm_batch.cli.main import main
-
+        alice_client, main, api_store, capsys, tmp_path):
     batch = tmp_path / "batch.jsonl"
     data = _file_with_unique_ids(batch, 5)
     assert main(["submit", str(batch), "--model", MODEL, "--shards", "2", "--max-runtime", "5400",
@@ -68,11 +70,11 @@ def test_submit_with_shards_deadline_and_model_config_uploads_and_creates_native
     assert job.dialect == "airflow" and job.owner == "alice"  # the native route's create
     assert (job.data_parallelism, job.max_runtime_sec, job.input_format) == (2, 5400, "jsonl")
     assert job.model_config["engine_args"] == {"max_num_seqs": 2}
-    [file_id] = cli_env.get_job(job_id)["input_file_ids"]  # an uploaded file, not inline content
-    assert _content(cli_env, file_id) == data  # the file as it is: its custom_ids are the job's
-    assert cli_env.get_file(file_id)["bytes"] == len(data)
+    [file_id] = alice_client.get_job(job_id)["input_file_ids"]  # an uploaded file, not inline content
+    assert _content(alice_client, file_id) == data  # the file as it is: its custom_ids are the job's
+    assert alice_client.get_file(file_id)["bytes"] == len(data)
 
-    view = cli_env.job(job_id)
+    view = alice_client.job(job_id)
     assert (view.status, view.endpoint, view.model, view.terminal) == ("QUEUED", CHAT, MODEL, False)
     assert main(["job", job_id]) == 0
     assert "status     QUEUED" in capsys.readouterr().out
@@ -84,31 +86,29 @@ def test_submit_with_shards_deadline_and_model_config_uploads_and_creates_native
     assert capsys.readouterr().out.strip().splitlines()[-1] in (f"{job_id}: CANCELLING", f"{job_id}: CANCELLED")
 
 
-def test_the_same_submit_again_answers_the_same_job(cli_env, tmp_path):
+def test_the_same_submit_again_answers_the_same_job(alice_client, tmp_path):
     batch = tmp_path / "batch.jsonl"
     _file_with_unique_ids(batch, 3)
     options = {"endpoint": CHAT, "model": MODEL, "shards": 2, "max_runtime_sec": 90,
                "model_config": {"max_model_len": 512}, "metadata": {"team": "t"}}
-    first = cli_env.submit(batch, **options)
-    assert cli_env.submit(batch, **options).id == first.id
-    assert cli_env.submit(batch, **{**options, "shards": 3}).id != first.id
+    first = alice_client.submit(batch, **options)
+    assert alice_client.submit(batch, **options).id == first.id
+    assert alice_client.submit(batch, **{**options, "shards": 3}).id != first.id
     assert first.labels["team"] == "t"
 
 
-def test_a_scale_v2_file_is_uploaded_as_jsonl_numbered_by_position(cli_env, api_store, tmp_path):
+def test_a_scale_v2_file_is_uploaded_as_jsonl_numbered_by_position(alice_client, api_store, tmp_path):
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 3} for i in range(4)]
     scale = tmp_path / "scale.json"
     scale.write_text(json.dumps(items))
-    job = cli_env.submit(scale, endpoint=CHAT, model=MODEL, input_format="scale-v2", shards=2, new=True)
-    [file_id] = cli_env.get_job(job.id)["input_file_ids"]
-    lines = [orjson.loads(line) for line in _content(cli_env, file_id).splitlines()]
+    job = alice_client.submit(scale, endpoint=CHAT, model=MODEL, input_format="scale-v2", shards=2, new=True)
+    [file_id] = alice_client.get_job(job.id)["input_file_ids"]
+    lines = [orjson.loads(line) for line in _content(alice_client, file_id).splitlines()]
     assert lines == [{"custom_id": str(i), "body": item} for i, item in enumerate(items)]
     assert api_store.get_job(job.id).data_parallelism == 2
 
 
-def test_a_refused_create_names_the_field(cli_env, capsys, tmp_path):
-    from llm_batch.cli.main import main
-
+def test_a_refused_create_names_the_field(main, capsys, tmp_path):
     batch = tmp_path / "batch.jsonl"
     batch.write_bytes(chat_lines(2))
     assert main(["submit", str(batch), "--model", MODEL, "--model-config", '{"no_such_field": 1}', "--new"]) == 2
@@ -197,7 +197,7 @@ def _hook(live_server, key: str, monkeypatch):
     return hook
 
 
-def test_the_hook_reads_lists_cancels_and_maps_refusals(live_server, creds, cli_env, monkeypatch, tmp_path):
+def test_the_hook_reads_lists_cancels_and_maps_refusals(live_server, creds, alice_client, monkeypatch, tmp_path):
     from llm_batch.airflow.hooks.llm_batch import LLMBatchApiError
     from llm_batch.infra.api_client import ApiError, BatchClient
 
@@ -214,7 +214,7 @@ def test_the_hook_reads_lists_cancels_and_maps_refusals(live_server, creds, cli_
 
     batch = tmp_path / "b.jsonl"
     batch.write_bytes(chat_lines(3))
-    file_id = cli_env.upload(batch)
+    file_id = alice_client.upload(batch)
     assert hook.get_file(file_id)["bytes"] == len(chat_lines(3))
     assert [r["custom_id"] for r in hook.read_results(file_id)] == ["req-0", "req-1", "req-2"]
     assert hook.cancel_job(job_id)["status"] in ("CANCELLING", "CANCELLED")
@@ -235,10 +235,9 @@ def test_the_hook_reads_lists_cancels_and_maps_refusals(live_server, creds, cli_
 
 
 def test_submit_takes_the_endpoint_from_the_lines_and_labels_and_priority_from_flags(
-        cli_env, api_store, capsys, tmp_path):
+        main, api_store, capsys, tmp_path):
     """As `validate` does: a /v1/completions file without --endpoint is a completions job;
     lines naming two endpoints are refused before anything is sent, naming the lines."""
-    from llm_batch.cli.main import main
 
     tag = uuid.uuid4().hex[:8]
     completions = tmp_path / "completions.jsonl"
@@ -267,8 +266,7 @@ def test_submit_takes_the_endpoint_from_the_lines_and_labels_and_priority_from_f
     assert refused.value.code == 2 and "give KEY=VALUE" in capsys.readouterr().err
 
 
-def test_a_submit_answered_by_an_earlier_one_says_so_with_the_job_as_it_is_now(cli_env, api_store, capsys, tmp_path):
-    from llm_batch.cli.main import main
+def test_a_submit_answered_by_an_earlier_one_says_so_with_the_job_as_it_is_now(main, api_store, capsys, tmp_path):
     from llm_batch.core.jobs import JobStatus
 
     batch = tmp_path / "again.jsonl"
@@ -286,9 +284,7 @@ def test_a_submit_answered_by_an_earlier_one_says_so_with_the_job_as_it_is_now(c
     assert f"already submitted: {job_id} ({JobStatus(status).value})" in again.err, again.err
 
 
-def test_an_empty_output_check_is_refused_as_the_api_refuses_it(cli_env, capsys, tmp_path):
-    from llm_batch.cli.main import main
-
+def test_an_empty_output_check_is_refused_as_the_api_refuses_it(main, capsys, tmp_path):
     batch = tmp_path / "checked.jsonl"
     _file_with_unique_ids(batch, 1)
     assert main(["submit", str(batch), "--model", MODEL, "--output-check", "{}", "--new"]) != 0

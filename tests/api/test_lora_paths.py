@@ -34,12 +34,10 @@ def _answered_by(http: httpx.Client, job_id: str) -> list[str]:
 
 
 def test_cli_submit_and_the_batch_step_on_adapters(live_server, dag_test_key, dag_bag, tiny_adapters,  # noqa: F811
-                                                   engine_env, monkeypatch, capsys, tmp_path):
+                                                   engine_env, cli, capsys, tmp_path):
     from llm_batch.airflow.operators.batch_step import LLMBatchOperator
-    from llm_batch.cli.main import main
 
-    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
-    monkeypatch.setenv("LLM_BATCH_API_KEY", dag_test_key)
+    main = cli(f"{live_server}/batch", dag_test_key)
     dag = dag_bag.get_dag("batch_inference")
     http = httpx.Client(base_url=f"{live_server}/batch", headers={"Authorization": f"Bearer {dag_test_key}"},
                         timeout=60)

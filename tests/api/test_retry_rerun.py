@@ -183,11 +183,8 @@ def test_an_idempotency_key_makes_a_retry_happen_once(client, creds, api_store):
     assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused", reused.text
 
 
-def test_cli_retry_rerun_and_jobs_search(live_server, creds, api_store, monkeypatch, capsys):
-    from llm_batch.cli.main import main
-
-    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
-    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])
+def test_cli_retry_rerun_and_jobs_search(live_server, creds, api_store, cli, capsys):
+    main = cli(f"{live_server}/batch", creds.keys["alice"])
     tag = uuid.uuid4().hex[:8]
     job = api_store.create_job(dialect="airflow", endpoint="/v1/chat/completions", model=MODEL, owner="alice",
                                labels={"cli": tag})

@@ -13,8 +13,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from llm_batch.cli.main import main
-
 pytestmark = pytest.mark.airflow
 
 CHAT = "/v1/chat/completions"
@@ -179,9 +177,8 @@ def test_the_document_describes_every_field(client):
         assert not undescribed, (name, undescribed)
 
 
-def test_cli_prints_the_groups(live_server, creds, made, monkeypatch, capsys):
-    monkeypatch.setenv("LLM_BATCH_API_URL", f"{live_server}/batch")
-    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["admin-key"])
+def test_cli_prints_the_groups(live_server, creds, made, cli, capsys):
+    main = cli(f"{live_server}/batch", creds.keys["admin-key"])
     assert main(["usage", "--by", "owner", "--since", "2020-01-01"]) == 0
     out, err = capsys.readouterr()
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
@@ -194,6 +191,6 @@ def test_cli_prints_the_groups(live_server, creds, made, monkeypatch, capsys):
     labels = {g["group"]: g["jobs"] for g in json.loads(capsys.readouterr().out)["data"]}
     assert (labels[f"{made['key']}=x"], labels[f"{made['key']}=y"]) == (2, 1)
 
-    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])  # a non-admin: their own jobs
+    main = cli(f"{live_server}/batch", creds.keys["alice"])  # a non-admin: their own jobs
     assert main(["usage", "--by", "owner", "--json"]) == 0
     assert [g["group"] for g in json.loads(capsys.readouterr().out)["data"]] in ([], ["alice"])

@@ -218,11 +218,8 @@ def hook_server(hook_app) -> Iterator[str]:
         yield base
 
 
-def test_cli_add_list_test_remove(hook_server, creds, receiver, monkeypatch, capsys, api_store):
-    from llm_batch.cli.main import main
-
-    monkeypatch.setenv("LLM_BATCH_API_URL", hook_server)
-    monkeypatch.setenv("LLM_BATCH_API_KEY", creds.keys["alice"])
+def test_cli_add_list_test_remove(hook_server, creds, receiver, cli, capsys, api_store):
+    main = cli(hook_server, creds.keys["alice"])
     try:
         assert main(["webhook", "add", receiver.url, "--events", "batch.completed,batch.cancelled"]) == 0
         out, err = capsys.readouterr()

@@ -1,21 +1,11 @@
-"""Settings for the DAG tests, set before the DAG files are parsed: short grace and retry
-delay so cancel, deadline and retry paths finish in seconds; the batch DAG and the job
-store the DAG tests share."""
+"""The batch DAG and the job store the DAG tests share (the DAG files are parsed with the
+suite's settings: tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-os.environ.setdefault("LLM_BATCH_CANCEL_GRACE_SECONDS", "20")
-os.environ.setdefault("LLM_BATCH_SHARD_RETRY_DELAY_SECONDS", "1")
-os.environ.setdefault("LLM_BATCH_SHARD_RUNNER", "local")
-os.environ.setdefault("LLM_BATCH_LOCAL_POOL_SLOTS", "2")
-
-from llm_batch.core.config import get_settings  # noqa: E402
-
-get_settings.cache_clear()
+from llm_batch.core.config import get_settings
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ never through generated text.
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import threading
@@ -18,9 +19,10 @@ from typing import Any
 import orjson
 import pytest
 
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import JobLayout
+from llm_batch.core.run_conf import SHARD_TASK_ID
 from llm_batch.infra import storage
 from llm_batch.infra.progress import read_progress
 from llm_batch.infra.results import count_results
@@ -69,6 +71,16 @@ def _run(dag, conf: dict[str, Any], during: Callable[[], None] | None = None):
         helper.join(timeout=60)
     assert not errors, errors
     return dag_run
+
+
+def with_shard_settings(dag, settings: Settings):
+    """A copy of ``dag`` whose shard tasks run with ``settings`` (each shard operator's
+    ``llm_settings``); its other tasks keep those the DAG file was parsed with."""
+    copied = copy.deepcopy(dag)
+    shards = copied.get_task(SHARD_TASK_ID)
+    base = shards.operator_class
+    shards.operator_class = type(base.__name__, (base,), {"__module__": base.__module__, "llm_settings": settings})
+    return copied
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.5) -> None:
@@ -266,17 +278,14 @@ def _worker_pids() -> list[int]:
 
 
 @pytest.mark.engine
-def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir, llm_batch_home, monkeypatch):
+def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir, llm_batch_home):
     # The DAG's dedicated worker path (a worker process per shard; the e2e stack's kill test
     # kills a warm engine).
-    monkeypatch.setenv("LLM_BATCH_WARM_ENGINES", "false")
-    get_settings.cache_clear()
-    # Small, frequent result parts so the killed attempt leaves a checkpoint behind.
-    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
-    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_S", "0.5")
+    dag = with_shard_settings(batch_dag, get_settings().model_copy(update={"warm_engines": False}))
     n = 60
     # min_tokens: the random model hits EOS early. The shard holds after 20 results (the
-    # worker's hold point): the kill lands mid-shard by construction.
+    # worker's hold point, checkpointed first): the kill lands mid-shard by construction,
+    # and leaves those results behind for the retry.
     uri = _write_input(llm_batch_home, "resume", [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_resume")
     shard = layout.shard(0)
@@ -289,7 +298,7 @@ def test_shard_killed_once_retries_and_resumes(batch_dag, store, tiny_model_dir,
         os.killpg(pids[0], signal.SIGKILL)
         assert count_results(shard.results) < n, "the shard ended before the kill"
 
-    dag_run = _run(batch_dag, {"job_id": "job_resume", "input_uri": uri, "model": TINY_MODEL,
+    dag_run = _run(dag, {"job_id": "job_resume", "input_uri": uri, "model": TINY_MODEL,
                                "model_config": {"engine_args": {"max_num_seqs": 32}}}, during=kill_mid_shard)
 
     job = store.get_job("job_resume")

@@ -103,20 +103,19 @@ def test_pools_of_a_local_stack_are_cpu_only():
     assert len(k8s) == 7 and settings.local_pool not in {p.name for p in k8s}
 
 
-def test_broken_recurring_spec_is_an_import_error_naming_it(airflow_db, tmp_path, monkeypatch):
+def test_broken_recurring_spec_is_an_import_error_naming_it(airflow_db, tmp_path):
     from airflow.dag_processing.dagbag import DagBag
 
-    from llm_batch.core.config import get_settings
-
-    (tmp_path / "good.yaml").write_text((DAGS_FOLDER / "recurring_specs" / "example.yaml").read_text())
-    (tmp_path / "typo.yaml").write_text("name: typo\nschedule: '0 1 * * *'\nmodel: m\ninput_uri: x\ndata_paralelism: 2\n")
-    (tmp_path / "cron.yml").write_text("name: cron\nschedule: '99 * * * *'\nmodel: m\ninput_uri: x\n")
-    monkeypatch.setenv("LLM_BATCH_RECURRING_SPECS", str(tmp_path))
-    get_settings.cache_clear()
-    try:
-        bag = DagBag(dag_folder=str(DAGS_FOLDER / "recurring.py"))
-    finally:
-        get_settings.cache_clear()
+    # The DAG file deployed beside its own spec folder (dags/recurring_specs), which it reads
+    # when no other folder is configured (the suite configures none).
+    specs = tmp_path / "recurring_specs"
+    specs.mkdir()
+    (specs / "good.yaml").write_text((DAGS_FOLDER / "recurring_specs" / "example.yaml").read_text())
+    (specs / "typo.yaml").write_text("name: typo\nschedule: '0 1 * * *'\nmodel: m\ninput_uri: x\ndata_paralelism: 2\n")
+    (specs / "cron.yml").write_text("name: cron\nschedule: '99 * * * *'\nmodel: m\ninput_uri: x\n")
+    dag_file = tmp_path / "recurring.py"
+    dag_file.write_text((DAGS_FOLDER / "recurring.py").read_text())
+    bag = DagBag(dag_folder=str(dag_file))
 
     assert bag.dag_ids == ["recurring__example_daily_summaries"]
     [error] = bag.import_errors.values()

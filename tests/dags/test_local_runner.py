@@ -17,12 +17,11 @@ from llm_batch.pipeline.shard_task import ShardTask
 
 pytestmark = [pytest.mark.airflow]
 
-# Stand-in worker: `fake.py worker --job-id ... --cancel-marker URI ...`; behaviour by env.
+# Stand-in worker: `fake.py MODE worker --job-id ... --cancel-marker URI ...`; MODE its behaviour.
 FAKE_WORKER = """
 import os, signal, sys, time
-args = sys.argv[1:]
+mode, args = sys.argv[1], sys.argv[2:]
 marker = args[args.index("--cancel-marker") + 1]
-mode = os.environ["FAKE_WORKER_MODE"]
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("fake worker started", flush=True)
@@ -37,35 +36,32 @@ while True:
 
 
 @pytest.fixture
-def operator_for(tmp_path, monkeypatch):
+def operator_for(tmp_path):
     from llm_batch.airflow.operators.local import LocalShardOperator
 
     script = tmp_path / "fake_worker.py"
     script.write_text(FAKE_WORKER)
-    monkeypatch.setenv("LLM_BATCH_CANCEL_GRACE_SECONDS", "1")
-    get_settings.cache_clear()
-    store = get_job_store(get_settings().database_url)
+    # A worker of its own (the fake), not a warm engine; killed 1 s after a cancel it ignores.
+    settings = get_settings().model_copy(update={"warm_engines": False, "cancel_grace_seconds": 1})
+    store = get_job_store(settings.database_url)
 
     def make(job_id: str, mode: str):
-        monkeypatch.setenv("FAKE_WORKER_MODE", mode)
         if store.get_job(job_id) is None:
             store.create_job(id=job_id, dialect="airflow", endpoint="/v1/chat/completions", model="m",
                              owner="t", max_runtime_sec=3600)
-        root = f"{get_settings().work_uri}/{job_id}"
+        root = f"{settings.work_uri}/{job_id}"
         shard = ShardTask(
             job_id=job_id, shard=0, requests_uri=f"{root}/r.jsonl", results_uri=f"{root}/results",
             progress_uri=f"{root}/progress.json", cancel_marker=f"{root}/cancel",
             endpoint="/v1/chat/completions", model_config_json="{}", deadline="2099-01-01T00:00:00+00:00",
         )
         operator = LocalShardOperator(task_id="run_shard", shard_task=shard.model_dump())
-        # A worker of its own (the fake), not a warm engine.
-        operator.llm_settings = get_settings().model_copy(update={"warm_engines": False})
-        operator.worker_command = (sys.executable, str(script))
+        operator.llm_settings = settings
+        operator.worker_command = (sys.executable, str(script), mode)
         operator.term_seconds = 1.0
         return store, shard, operator
 
-    yield make
-    get_settings.cache_clear()
+    return make
 
 
 def _cancel_soon(store, job_id: str, after: float = 1.0) -> threading.Thread:
@@ -124,9 +120,8 @@ def _ignore_errors(func, *args) -> None:
         pass
 
 
-def test_a_failed_worker_says_why_in_the_outcome(operator_for, monkeypatch):
+def test_a_failed_worker_says_why_in_the_outcome(operator_for):
     store, shard, operator = operator_for("job_local_why", "exit1")
-    monkeypatch.setenv("FAKE_WORKER_MODE", "exit1")
     operator.worker_command = (sys.executable, "-c",
                                "import sys; print('INFO starting'); "
                                "print(\"ERROR llm_batch.runtime.worker: model 'gpt-4o-mini' is not in the registry\"); sys.exit(1)")

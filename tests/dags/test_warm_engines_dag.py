@@ -1,5 +1,5 @@
-"""batch_inference with warm engines (``LLM_BATCH_WARM_ENGINES``): dag.test(), the local
-runner, real ``llm-batch engine-host`` processes, tiny real model.
+"""batch_inference with warm engines (``LLM_BATCH_WARM_ENGINES``, on for the suite's in-process
+DAG runs): dag.test(), the local runner, real ``llm-batch engine-host`` processes, tiny real model.
 
 Two jobs run on one engine process in turn; then kill -9 of that process mid-shard: the
 shard task's retry starts a new engine, resumes from the checkpoint, and every request has
@@ -39,25 +39,18 @@ CONF = {"model": TINY_MODEL, "model_config": {"engine_args": {"max_num_seqs": 8}
 
 
 @pytest.fixture
-def warm(monkeypatch, llm_batch_home):
-    monkeypatch.setenv("LLM_BATCH_WARM_ENGINES", "1")
-    get_settings.cache_clear()
+def warm(llm_batch_home):
+    """The home's warm engines (a killed one's leftovers stopped after the test)."""
+    assert get_settings().warm_engines
     yield llm_batch_home / "engines"
     stop_hosts(llm_batch_home)
-    monkeypatch.delenv("LLM_BATCH_WARM_ENGINES")
-    get_settings.cache_clear()
 
 
 def _host_pids(engines) -> set[int]:
     return {int(f.read_text()) for f in engines.glob("*.pid")}
 
 
-def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_model_dir, llm_batch_home, warm,
-                                                       monkeypatch):
-    # Before the first job: the engine host it starts reads the worker settings of its own
-    # environment for every shard it runs (else the second job's first part came after 2 s,
-    # when a fast machine had finished the shard).
-    monkeypatch.setenv("LLM_BATCH_WORKER_FLUSH_EVERY_RECORDS", "10")
+def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_model_dir, llm_batch_home, warm):
     first = _write_input(llm_batch_home, "warm_small", [_request(i) for i in range(6)])
     run = _run(batch_dag, {"job_id": "job_warm_a", "input_uri": first, "data_parallelism": 2, **CONF})
     job = store.get_job("job_warm_a")
@@ -69,7 +62,7 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     n = 60
     second = _write_input(llm_batch_home, "warm_killed", [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])
     layout = JobLayout(get_settings().work_uri, "job_warm_b")
-    hold_shards(layout, 20)  # the kill lands mid-shard by construction
+    hold_shards(layout, 20)  # the kill lands mid-shard by construction, those 20 checkpointed
     killed: list[int] = []
 
     def kill_mid_shard() -> None:

@@ -33,51 +33,57 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+# The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach a real
+# stack's components: unit-test mode changes scheduling (e.g. DAGs start unpaused).
+NOT_IN_PROCESS_AIRFLOW: dict[str, str | None] = {
+    "AIRFLOW__CORE__UNIT_TEST_MODE": None, "AIRFLOW__CORE__PLUGINS_FOLDER": None, "AIRFLOW_HOME": None}
+
+# What the e2e stack's components get over the suite's environment (the suite's warm engines
+# are the stack's default too).
+E2E_ENV: dict[str, str | None] = {
+    **NOT_IN_PROCESS_AIRFLOW,
+    # The real stack checks models at create, as a user's does.
+    "LLM_BATCH_CHECK_MODELS_AT_SUBMIT": "true",
+    # A killed shard retries after 2 s instead of 10.
+    "LLM_BATCH_SHARD_RETRY_DELAY_SECONDS": "2",
+    "AIRFLOW__CORE__PARALLELISM": "4",
+    # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
+    # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.
+    "LLM_BATCH_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+    # A database error in Airflow's own API says what it was (its class and message) in the
+    # response a failing test prints, instead of an id to look up in a log CI does not keep.
+    "AIRFLOW__API__EXPOSE_STACKTRACE": "True",
+    # A live job still for 20 s counts as stuck (not 30 min): tests/e2e/test_prometheus.py
+    # provokes one and waits for the shipped alert rule to fire.
+    "LLM_BATCH_ALERT_JOB_STUCK_S": "20",
+    # Airflow users beside the stack's admin, for the tests of who may change whose runs
+    # (test_run_owners.py), as a deployment names them.
+    "LLM_BATCH_AIRFLOW_USERS": ",".join(f"{name}:{role}" for name, role in AIRFLOW_USERS.items()),
+}
+
+
+def settings_with(env: dict[str, str | None], **fields: Any) -> Any:
+    """The Settings a process reads from the suite's environment with ``env`` over it (and
+    ``fields`` over both)."""
+    from llm_batch.core.config import Settings
+
+    given = {name.removeprefix("LLM_BATCH_").lower(): value for name, value in env.items()
+             if name.startswith("LLM_BATCH_") and value is not None}
+    return Settings(**{**given, **fields})
+
+
 # Package scope: the stack (four Airflow components polling and parsing) is stopped once the
 # e2e tests are done, so the engine, shape and unit tests after them have the cores.
 @pytest.fixture(scope="package")
 def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
-    from llm_batch.core.config import get_settings
+    """The stack of the session's home (its settings: ``e2e_stack.settings``, its job store
+    the stack's PostgreSQL), configured by ``E2E_ENV``; the e2e spec in the home's own
+    folder ($LLM_BATCH_HOME/recurring), where a user's would be."""
     from llm_batch.devstack.stack import STATE_FILE, Stack, free_port
 
-    # The in-process Airflow test settings (tests/fixtures/airflow.py) must not reach the
-    # real stack: unit-test mode changes scheduling (e.g. DAGs start unpaused).
-    # (The whole environment is put back when the e2e tests are done: other tests of this
-    # process run before or after them, in any order.)
-    saved = dict(os.environ)
-    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
-        os.environ.pop(name, None)
-    # The stack's own default (warm engines), not the in-process DAG tests' setting.
-    os.environ.pop("LLM_BATCH_WARM_ENGINES", None)
-    # The real stack checks models at create, as a user's does.
-    os.environ.pop("LLM_BATCH_CHECK_MODELS_AT_SUBMIT", None)
-    # Seen by the DAG and the workers (the stack's children inherit this environment):
-    # a killed shard retries after 2 s instead of 10.
-    os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
-    os.environ["AIRFLOW__CORE__PARALLELISM"] = "4"
-    # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
-    os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
-    # The e2e spec goes where a user's would ($LLM_BATCH_HOME/recurring), no override.
-    os.environ.pop("LLM_BATCH_RECURRING_SPECS", None)
     _recurring_spec(llm_batch_home)
-    # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.
-    # It stays set while the e2e tests run: `llm-batch up` (test_stack_up) refuses a changed
-    # configuration.
-    os.environ["LLM_BATCH_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"
-    # A database error in Airflow's own API says what it was (its class and message) in the
-    # response a failing test prints, instead of an id to look up in a log CI does not keep.
-    os.environ["AIRFLOW__API__EXPOSE_STACKTRACE"] = "True"
-    # A live job still for 20 s counts as stuck (not 30 min): tests/e2e/test_prometheus.py
-    # provokes one and waits for the shipped alert rule to fire.
-    os.environ["LLM_BATCH_ALERT_JOB_STUCK_S"] = "20"
-    # Airflow users beside the stack's admin, for the tests of who may change whose runs
-    # (test_run_owners.py); set for the session, as a deployment would (`up` compares it).
-    os.environ["LLM_BATCH_AIRFLOW_USERS"] = ",".join(f"{name}:{role}" for name, role in AIRFLOW_USERS.items())
-    stack = Stack.create(get_settings(), free_port())
-    os.environ["LLM_BATCH_API_PORT"] = str(stack.port)  # the CLI (llm_batch.infra.api_client) finds it
-    # The tests that open the job store open the stack's (PostgreSQL), as its components do.
-    os.environ["LLM_BATCH_DATABASE_URL"] = stack.settings.database_url
-    get_settings.cache_clear()
+    stack = Stack.create(settings_with(E2E_ENV), free_port(), extra_env=E2E_ENV)
     try:
         stack.up(timeout=300)
     except Exception:
@@ -91,9 +97,14 @@ def e2e_stack(tiny_model_dir: Path, llm_batch_home: Path) -> Iterator[Any]:
         # The session's home is the other tests' too: without the stack's state file, the
         # CLI's job store is the home's default again, not the stopped stack's (devstack.home).
         (stack.settings.home / STATE_FILE).unlink(missing_ok=True)
-        os.environ.clear()
-        os.environ.update(saved)
-        get_settings.cache_clear()
+
+
+@pytest.fixture(scope="package")
+def cli_env(e2e_stack) -> dict[str, str]:
+    """The environment of an ``llm-batch`` process of the stack's user: the stack's
+    configuration, its port (the CLI finds the API there) and its job store."""
+    return {**e2e_stack.inherited_env(), "LLM_BATCH_API_PORT": str(e2e_stack.port),
+            "LLM_BATCH_DATABASE_URL": e2e_stack.settings.database_url}
 
 
 class AirflowAPI:

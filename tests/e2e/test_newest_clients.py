@@ -21,10 +21,10 @@ FLOW = Path(__file__).parent / "flows" / "newest_client.py"
 
 
 @pytest.fixture(scope="module")
-def erin_key() -> str:
+def erin_key(e2e_stack) -> str:
     from llm_batch.infra.jobstore import get_job_store
 
-    return get_job_store().create_api_key("erin", "newest clients e2e")[1]
+    return get_job_store(e2e_stack.settings.database_url).create_api_key("erin", "newest clients e2e")[1]
 
 
 @pytest.mark.parametrize(("package", "client"), [("openai", "openai"), ("mistralai", "mistralai"), ("scale-llm-engine", "scale")])

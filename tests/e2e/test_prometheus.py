@@ -96,7 +96,6 @@ def _value(url: str, expr: str) -> float | None:
 
 def test_prometheus_scrapes_the_stack_sees_a_job_move_and_a_stuck_job_alert(e2e_stack, batch_client, job_logs,
                                                                              prometheus, tmp_path):
-    from llm_batch.core.config import get_settings
     from llm_batch.infra.jobstore import get_job_store
 
     wait_until("the first scrape", lambda: _value(prometheus, 'up{job="llm-batch"}') == 1, 60)
@@ -106,7 +105,7 @@ def test_prometheus_scrapes_the_stack_sees_a_job_move_and_a_stuck_job_alert(e2e_
         "LLMBatchQueueTooOld", "LLMBatchWebhookBacklog"])
 
     # A job no run drives: RUNNING, never moving (as a job whose worker hangs looks).
-    store = get_job_store(get_settings().database_url)
+    store = get_job_store(e2e_stack.settings.database_url)
     stuck = store.create_job(dialect="openai", endpoint="/v1/chat/completions", model=MODEL, owner="admin",
                              labels={"test": "stuck"})
     store.transition(stuck.id, "VALIDATING")

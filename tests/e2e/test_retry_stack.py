@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 JOB_TIMEOUT = 420
 
 
-def test_cli_retry_runs_only_the_never_run_lines(e2e_stack, batch_client, job_logs, tmp_path):
+def test_cli_retry_runs_only_the_never_run_lines(e2e_stack, cli_env, batch_client, job_logs, tmp_path):
     batch = long_batch(tmp_path / "retry.jsonl", 40, first_tokens=8, step=1)
     with batch.open("ab") as out:
         out.write(b"{not json\n")  # refused at validation: not retried
@@ -35,7 +35,7 @@ def test_cli_retry_runs_only_the_never_run_lines(e2e_stack, batch_client, job_lo
     assert never_run and len(errors) == len(never_run) + 1  # the bad line is the one other error
 
     retried = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "retry", job.id, "--wait"],
-                             capture_output=True, text=True, timeout=JOB_TIMEOUT)
+                             capture_output=True, text=True, timeout=JOB_TIMEOUT, env=cli_env)
     assert retried.returncode == 0, retried.stderr
     new_id = retried.stdout.split()[0]
     job_logs.append(new_id)

@@ -19,15 +19,10 @@ JOB_TIMEOUT = 420
 DAG = "batch_inference"
 
 
-def _store():
-    from llm_batch.core.config import get_settings
+def _job(stack: Any, job_id: str) -> Any:
     from llm_batch.infra.jobstore import get_job_store
 
-    return get_job_store(get_settings().database_url)
-
-
-def _job(job_id: str) -> Any:
-    return _store().get_job(job_id)
+    return get_job_store(stack.settings.database_url).get_job(job_id)
 
 
 def _counts(job: Any) -> tuple:
@@ -57,12 +52,12 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
 
     wait_until(f"the worker of {job_id}", lambda: shard_pids(e2e_stack, job_id), JOB_TIMEOUT)
     wait_until(f"job {job_id} to finish its first request",
-               lambda: (lambda j: j is not None and (j.succeeded > 0 or j.terminal))(_job(job_id)), JOB_TIMEOUT, 0.5)
-    assert not _job(job_id).terminal, _job(job_id)
+               lambda: (lambda j: j is not None and (j.succeeded > 0 or j.terminal))(_job(e2e_stack, job_id)), JOB_TIMEOUT, 0.5)
+    assert not _job(e2e_stack, job_id).terminal, _job(e2e_stack, job_id)
 
     airflow.call("PATCH", f"/dags/{DAG}/dagRuns/{run_id}", json={"state": "failed"})
     marked_at = time.monotonic()
-    job = wait_until(f"job {job_id} to end", lambda: (lambda j: j if j.terminal else None)(_job(job_id)), 30, 0.5)
+    job = wait_until(f"job {job_id} to end", lambda: (lambda j: j if j.terminal else None)(_job(e2e_stack, job_id)), 30, 0.5)
     assert job.status.value == "FAILED", job
     assert f"a user marked the DAG run {run_id} failed" in (job.status_reason or ""), job.status_reason
     wait_until(f"the workers of {job_id} to stop", lambda: not shard_pids(e2e_stack, job_id),
@@ -72,9 +67,9 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
     assert job_id in (run.get("note") or "") and "FAILED" in (run.get("note") or ""), run.get("note")
 
     # No shard keeps writing: the counts hold still.
-    ended = _counts(_job(job_id))
+    ended = _counts(_job(e2e_stack, job_id))
     time.sleep(8)
-    assert _counts(_job(job_id)) == ended
+    assert _counts(_job(e2e_stack, job_id)) == ended
 
     # 1. Clearing the interrupted shard task (and what follows it): the runner sees the job
     #    ended and starts no worker; 2. clearing every task of the run: plan maps no shard.
@@ -86,7 +81,7 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
     shard_after = airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/{shard_task['task_id']}/0")
     assert shard_after["try_number"] > shard_task["try_number"] and shard_after["state"] == "success", shard_after
     _clear_and_watch(e2e_stack, airflow, run_id, job_id, ended)
-    job = _job(job_id)
+    job = _job(e2e_stack, job_id)
     assert _counts(job) == ended, job
     assert f"a user marked the DAG run {run_id} failed" in (job.status_reason or "")
     assert airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")["state"] == "failed"
@@ -111,11 +106,11 @@ def _clear_and_watch(stack: Any, airflow: AirflowAPI, run_id: str, job_id: str, 
     deadline = time.monotonic() + JOB_TIMEOUT
     while time.monotonic() < deadline and not rerun_over():
         saw_worker = saw_worker or bool(shard_pids(stack, job_id))
-        assert _counts(_job(job_id)) == ended, _job(job_id)
+        assert _counts(_job(stack, job_id)) == ended, _job(stack, job_id)
         time.sleep(1)
     assert rerun_over(), f"run {run_id} did not end again after the clear"
     assert not saw_worker, "a cleared shard task started a worker for the ended job"
-    assert _counts(_job(job_id)) == ended
+    assert _counts(_job(stack, job_id)) == ended
 
 
 def test_a_run_refused_at_prepare_leaves_a_failed_job_and_a_note(e2e_stack, airflow, batch_client, tmp_path):
@@ -132,7 +127,7 @@ def test_a_run_refused_at_prepare_leaves_a_failed_job_and_a_note(e2e_stack, airf
     run = wait_until(f"run {run_id} to end", lambda: (lambda r: r if r["state"] in ("failed", "success") else None)(
         airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")), 180, 1.0)
     assert run["state"] == "failed", run
-    job = _job(job_id)
+    job = _job(e2e_stack, job_id)
     assert job is not None and job.status.value == "FAILED", job
     assert "max_model_len" in job.status_reason and "2048" in job.status_reason, job.status_reason
     note = wait_until(f"the note of {run_id}", lambda: airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}").get("note"),

@@ -71,9 +71,9 @@ def _status_or_none(client, job_id: str) -> str | None:
         raise
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "llm_batch.cli.main", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "llm_batch.cli.main", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -186,42 +186,41 @@ def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs,
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
 
 
-def test_killed_worker_is_retried_and_resumes(e2e_stack, job_logs, tmp_path):
+def test_killed_worker_is_retried_and_resumes(e2e_stack, cli_env, job_logs, tmp_path):
     """Two shards, one sequence at a time (``llm-batch submit --shards 2 --model-config
     '{"engine_args": {"max_num_seqs": 1}}'``), then the CLI: kill -9 the shards' workers
     mid-shard; the task retries, the worker resumes, and every request has one result."""
-    from llm_batch.core.config import get_settings
     from llm_batch.core.layout import JobLayout
     from llm_batch.infra.api_client import BatchClient
     from llm_batch.infra.results import count_results
 
     # Small: on the stack's warm engine both shards share one engine at one sequence at a time.
     batch = long_batch(tmp_path / "kill.jsonl", 16, first_tokens=8, step=1)
-    with BatchClient.from_env() as client:
+    with BatchClient.from_env(cli_env) as client:
         job_id = client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, shards=2,
                                model_config={"engine_args": {"max_num_seqs": 1}}).id
         # Each shard's first attempt holds after 2 results (the worker's hold point): the
         # kill lands mid-shard by construction; the retries resume and are never held.
         hold_shards(job_id, 2)
         job_logs.append(job_id)
-        shard = JobLayout(get_settings().work_uri, job_id).shard(1)
+        shard = JobLayout(e2e_stack.settings.work_uri, job_id).shard(1)
         wait_until(f"shard 1 of {job_id} held", lambda: shard_held(job_id, 1, 2), JOB_TIMEOUT, poll=0.2)
         for pid in shard_pids(e2e_stack, job_id):
             os.killpg(pid, signal.SIGKILL)  # the worker or warm engine and the engine processes it spawned
         assert count_results(shard.results) < 8, "shard 1 ended before the kill"
         release_shards(job_id)  # shard 0, if it was not killed held
 
-        waited = _cli("job", job_id, "--wait", timeout=JOB_TIMEOUT)
+        waited = _cli(cli_env, "job", job_id, "--wait", timeout=JOB_TIMEOUT)
         assert waited.returncode == 0, waited.stdout + waited.stderr
         job = client.job(job_id)
     assert (job.status, job.total, job.succeeded, job.failed) == ("SUCCEEDED", 16, 16, 0)
 
     results = tmp_path / "results.jsonl"
-    fetched = _cli("results", job_id, "-o", str(results))
+    fetched = _cli(cli_env, "results", job_id, "-o", str(results))
     assert fetched.returncode == 0, fetched.stderr
     # Exactly one result per request, in input order, under the file's custom_ids.
     assert _job_ids(read_jsonl(results.read_bytes())) == [f"req-{i:04d}" for i in range(16)]
-    listed = _cli("jobs", "--limit", "50")
+    listed = _cli(cli_env, "jobs", "--limit", "50")
     assert listed.returncode == 0, listed.stderr
     assert re.search(rf"^{job_id}\s+SUCCEEDED\s", listed.stdout, re.MULTILINE), listed.stdout
     tries = _shard_tries(e2e_stack, job_id)

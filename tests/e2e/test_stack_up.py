@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.airflow, pytest.mark.engine]
 RESTART_BOUND_S = 30
 
 
-def test_a_killed_scheduler_is_started_again_by_the_supervisor(e2e_stack, batch_client, job_logs, tmp_path):
+def test_a_killed_scheduler_is_started_again_by_the_supervisor(e2e_stack, cli_env, batch_client, job_logs,
+                                                               tmp_path):
     before = e2e_stack.running()
     assert all(before.values()) and e2e_stack.supervisor_pid(), before
     restarts = read_restarts(e2e_stack).get("scheduler", {}).get("restarts", 0)
@@ -58,7 +59,7 @@ def test_a_killed_scheduler_is_started_again_by_the_supervisor(e2e_stack, batch_
 
     wait_until("the new scheduler to heartbeat", fresh_heartbeat, 120)
     status = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "status"], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, env=cli_env)
     assert status.returncode == 0, status.stdout + status.stderr
     line = next(line for line in status.stdout.splitlines() if line.startswith("scheduler "))
     assert f"running (pid {after['scheduler']})" in line and f"{restarts + 1} restart" in line, line

@@ -25,6 +25,7 @@ import time
 
 import orjson
 import pytest
+from pydantic import SecretStr
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 
@@ -33,7 +34,7 @@ from airflow.sdk.exceptions import AirflowException  # noqa: E402
 from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator  # noqa: E402
 from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # noqa: E402
 from llm_batch.core import exit_codes  # noqa: E402
-from llm_batch.core.config import get_settings  # noqa: E402
+from llm_batch.core.config import Settings, get_settings  # noqa: E402
 from llm_batch.core.layout import JobLayout  # noqa: E402
 from llm_batch.devstack.stack import free_port  # noqa: E402
 from llm_batch.infra.progress import ShardState, read_progress  # noqa: E402
@@ -55,15 +56,22 @@ LONG = (800, 200)
 
 
 class Host:
-    """One engine service pod's process; ``restart()`` is the Deployment bringing it back."""
+    """One engine service pod's process; ``restart()`` is the Deployment bringing it back.
+    ``settings``: the Airflow workers' (their shard tasks route to this service), whose
+    variables the pod gets too."""
 
     def __init__(self, home, port: int):
         self.home, self.port = home, port
         self.log = home / f"engine-service-{port}.log"
         self.process: subprocess.Popen | None = None
+        self.settings = get_settings().model_copy(update={
+            "engine_services": {MODEL: f"127.0.0.1:{port}"}, "engine_token": SecretStr(TOKEN),
+            "cancel_grace_seconds": 30, "engine_service_max_requests": LONG[0]})
+        self.env = {"LLM_BATCH_ENGINE_SERVICES": orjson.dumps(self.settings.engine_services).decode(),
+                    "LLM_BATCH_CANCEL_GRACE_SECONDS": "30", "LLM_BATCH_ENGINE_SERVICE_MAX_REQUESTS": str(LONG[0])}
 
     def start(self, token: str = TOKEN) -> subprocess.Popen:
-        env = {**os.environ, "LLM_BATCH_ENGINE_TOKEN": token}
+        env = {**os.environ, **self.env, "LLM_BATCH_ENGINE_TOKEN": token}
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--listen", f"127.0.0.1:{self.port}",
@@ -87,18 +95,10 @@ class Host:
 
 @pytest.fixture(scope="module")
 def host(tiny_model_dir, llm_batch_home):
-    port = free_port()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("LLM_BATCH_ENGINE_SERVICES", orjson.dumps({MODEL: f"127.0.0.1:{port}"}).decode())
-        env.setenv("LLM_BATCH_ENGINE_TOKEN", TOKEN)
-        env.setenv("LLM_BATCH_CANCEL_GRACE_SECONDS", "30")
-        env.setenv("LLM_BATCH_ENGINE_SERVICE_MAX_REQUESTS", str(LONG[0]))
-        get_settings.cache_clear()
-        service = Host(llm_batch_home, port)
-        service.start()
-        yield service
-        service.stop()
-    get_settings.cache_clear()
+    service = Host(llm_batch_home, free_port())
+    service.start()
+    yield service
+    service.stop()
 
 
 def _job(n: int, max_tokens: int = 8) -> tuple[JobLayout, dict]:
@@ -118,11 +118,13 @@ def _job(n: int, max_tokens: int = 8) -> tuple[JobLayout, dict]:
 
 
 class Attempt(threading.Thread):
-    """One shard task attempt (KubernetesShardOperator.execute) in a thread."""
+    """One shard task attempt (KubernetesShardOperator.execute) in a thread, on an Airflow
+    worker with ``settings``."""
 
-    def __init__(self, shard_task: dict):
+    def __init__(self, shard_task: dict, settings: Settings):
         super().__init__(daemon=True)
         self.operator = KubernetesShardOperator(task_id="run_shard", shard_task=shard_task)
+        self.operator.llm_settings = settings
         self.outcome: dict | None = None
         self.error: BaseException | None = None
         self.start()
@@ -143,7 +145,7 @@ class Attempt(threading.Thread):
 
 def test_two_jobs_shards_run_at_once_on_the_service_and_no_pod_is_made(host):
     (first, first_task), (second, second_task) = _job(12), _job(5)
-    attempts = [Attempt(first_task), Attempt(second_task)]
+    attempts = [Attempt(first_task, host.settings), Attempt(second_task, host.settings)]
     assert all(isinstance(a.operator.pod_operator(), EngineServiceShardOperator) for a in attempts)
     assert [a.result()["state"] for a in attempts] == ["done", "done"]
     _assert_exactly_once(first, 12)
@@ -159,9 +161,9 @@ def test_cancel_stops_one_jobs_shard_and_not_the_other(host):
     from llm_batch.infra.jobstore import get_job_store
 
     (cancelled, cancelled_task), (kept, kept_task) = _job(*LONG), _job(6)
-    running = Attempt(cancelled_task)
+    running = Attempt(cancelled_task, host.settings)
     _wait_results(cancelled, 4)
-    beside = Attempt(kept_task)
+    beside = Attempt(kept_task, host.settings)
     get_job_store(get_settings().database_url).request_cancel(cancelled.job_id)
     assert running.result()["state"] == "cancelled"
     assert beside.result()["state"] == "done"
@@ -172,7 +174,7 @@ def test_cancel_stops_one_jobs_shard_and_not_the_other(host):
 @pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
 def test_host_lost_mid_shard_then_the_retry_on_a_fresh_host_gives_exactly_once(host, stop):
     layout, task = _job(*LONG)
-    first = Attempt(task)
+    first = Attempt(task, host.settings)
     _wait_results(layout, 8)
     if stop == "kill -9":
         os.killpg(host.process.pid, signal.SIGKILL)
@@ -184,7 +186,7 @@ def test_host_lost_mid_shard_then_the_retry_on_a_fresh_host_gives_exactly_once(h
     lost_at = count_results(layout.shard(0).results)
     assert lost_at < LONG[0]
     host.start()  # the Deployment's new pod
-    assert Attempt(task).result()["state"] == "done"
+    assert Attempt(task, host.settings).result()["state"] == "done"
     _assert_exactly_once(layout, LONG[0])
     assert read_progress(layout.shard(0).progress).resumed >= lost_at
 
@@ -248,7 +250,7 @@ def test_what_an_attacker_sends_is_refused_and_the_host_keeps_serving(host):
     assert time.monotonic() - started < REQUEST_TIMEOUT_S + 15
 
     assert host.process.poll() is None
-    assert Attempt(task).result()["state"] == "done"
+    assert Attempt(task, host.settings).result()["state"] == "done"
     _assert_exactly_once(layout, 2)
 
 

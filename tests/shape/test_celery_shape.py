@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from llm_batch.devstack.supervisor import read_restarts
-from tests.e2e.conftest import read_jsonl, wait_until
+from tests.e2e.conftest import NOT_IN_PROCESS_AIRFLOW, read_jsonl, settings_with, wait_until
 from tests.fixtures.engine import TINY_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.airflow, pytest.mark.engine, pytest.mark.postgres, pytest.mark.s3]
@@ -32,22 +32,21 @@ JOB_TIMEOUT_S = 600
 
 @pytest.fixture(scope="package")
 def celery_shape(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> Iterator[Any]:
-    from llm_batch.core.config import Settings
     from llm_batch.devstack.celery_stack import CeleryStack
     from llm_batch.devstack.stack import free_port
 
-    # As for e2e_stack: no in-process Airflow test settings in the real components (and the
-    # whole environment put back when the shape's tests are done).
-    saved = dict(os.environ)
-    for name in ("AIRFLOW__CORE__UNIT_TEST_MODE", "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW_HOME"):
-        os.environ.pop(name, None)
-    # The shape's own choice of engines (a worker per shard, as configured there).
-    os.environ.pop("LLM_BATCH_WARM_ENGINES", None)
-    os.environ["LLM_BATCH_SHARD_RETRY_DELAY_SECONDS"] = "2"
-    # A task of a killed worker is failed (and retried) after 45 s, not 5 min.
-    os.environ["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] = "45"
+    env = {
+        # As for e2e_stack: no in-process Airflow test settings in the real components.
+        **NOT_IN_PROCESS_AIRFLOW,
+        # The shape's own choice of engines (its default: a worker per shard), not the suite's.
+        "LLM_BATCH_WARM_ENGINES": None,
+        "LLM_BATCH_SHARD_RETRY_DELAY_SECONDS": "2",
+        # A task of a killed worker is failed (and retried) after 45 s, not 5 min.
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
+    }
     home = tmp_path_factory.mktemp("celery-shape")
-    stack = CeleryStack.create(Settings(home=home), free_port(), workers=2)
+    stack = CeleryStack.create(settings_with(env, home=home, warm_engines=False), free_port(), workers=2,
+                               extra_env=env)
     try:
         stack.up(timeout=420)
         stack.prepare_model(TINY_MODEL)
@@ -58,8 +57,6 @@ def celery_shape(tmp_path_factory: pytest.TempPathFactory, engine_env: None) -> 
     yield stack
     stack.down()
     shutil.rmtree(stack.pg_root, ignore_errors=True)
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def shape_logs(stack: Any, lines: int = 40) -> str:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_REJECTED
         return EXIT_BAD_LINES if answer["invalid"] else EXIT_VALID
 
-    return _with_client(estimate, args.settings)
+    return _with_client(estimate, args)
 
 
 def _figure(value: Any, unit: str = "") -> str:

@@ -154,7 +154,7 @@ def _submit(args: argparse.Namespace) -> int:
             print(f"submitted {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait", file=sys.stderr)
         return _wait_and_report(client, job) if args.wait else EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)
 
 
 # What a JSONL line names, where: its model in its body, its endpoint as its url.
@@ -214,7 +214,7 @@ def _jobs(args: argparse.Namespace) -> int:
         print_table(rows)
         return EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)
 
 
 def _job(args: argparse.Namespace) -> int:
@@ -225,7 +225,7 @@ def _job(args: argparse.Namespace) -> int:
         _describe(job)
         return EXIT_OF_STATUS.get(job.status, EXIT_SUCCEEDED) if args.wait else EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -234,7 +234,7 @@ def _cancel(args: argparse.Namespace) -> int:
         print(f"{job.id}: {job.status}")
         return EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)
 
 
 def _results(args: argparse.Namespace) -> int:
@@ -260,7 +260,7 @@ def _results(args: argparse.Namespace) -> int:
                 out.close()
         return EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)
 
 
 def _partial_results(args: argparse.Namespace) -> int:
@@ -282,7 +282,7 @@ def _partial_results(args: argparse.Namespace) -> int:
         print(f"{args.job_id}: {read.status}, {shown} finished lines ({state})", file=sys.stderr)
         return EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -298,15 +298,16 @@ def _json_object(text: str) -> dict:
     return value
 
 
-def _with_client(run, settings: Settings | None = None) -> int:
-    """Run `run(client)` (its API key: ``settings``' home's, default ``get_settings()``'s);
-    API, network and input errors become a message and exit 2."""
+def _with_client(run, args: argparse.Namespace) -> int:
+    """Run `run(client)` with the client of the command's environment and settings (``main``'s
+    ``env`` and ``settings``); API, network and input errors become a message and exit 2."""
     import httpx  # heavy
 
     from llm_batch.infra.api_client import ApiError, BatchClient, NoApiKey  # heavy
 
+    given = {name: value for name in ("settings", "environ") if (value := getattr(args, name, None)) is not None}
     try:
-        with BatchClient.from_env(settings) as client:
+        with BatchClient.from_env(**given) as client:
             return run(client)
     except (ApiError, NoApiKey, ValueError, OSError) as exc:
         return _usage(str(exc))

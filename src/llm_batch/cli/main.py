@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,11 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
-    """Run one command; ``settings``: what its commands use (``args.settings``; None: each
-    reads ``get_settings()``, the environment's)."""
+def main(argv: list[str] | None = None, settings: Settings | None = None,
+         env: Mapping[str, str] | None = None) -> int:
+    """Run the command ``argv`` (default: this process's arguments). ``settings``: what its
+    commands use (None: each reads ``get_settings()``, the environment's); ``env``: variables
+    over this process's environment that the command reads instead (the batch API's
+    LLM_BATCH_API_URL and LLM_BATCH_API_KEY), for a caller that runs commands in its own process."""
     args = build_parser().parse_args(argv)
     args.settings = settings
+    args.environ = {**os.environ, **env} if env is not None else None
     return int(args.func(args) or 0)
 
 

@@ -47,4 +47,4 @@ def _derive(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return _wait_and_report(client, job) if args.wait else EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)

@@ -75,7 +75,7 @@ def _usage_command(args: argparse.Namespace) -> int:
         print_report(report)
         return EXIT_SUCCEEDED
 
-    return _with_client(run, args.settings)
+    return _with_client(run, args)
 
 
 # CACHED TOK: prompt tokens the engine's prefix cache served; FROM CACHE: requests the result

@@ -74,10 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     deliver.set_defaults(func=_deliver)
 
 
-def _client_run(run) -> int:
-    return _with_client(run)
-
-
 def _when(seconds: int | None) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds") if seconds else "-"
 
@@ -90,7 +86,7 @@ def _add(args: argparse.Namespace) -> int:
         print(endpoint["secret"])
         return 0
 
-    return _client_run(run)
+    return _with_client(run, args)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -101,7 +97,7 @@ def _list(args: argparse.Namespace) -> int:
         print_table(rows)
         return 0
 
-    return _client_run(run)
+    return _with_client(run, args)
 
 
 def _remove(args: argparse.Namespace) -> int:
@@ -110,7 +106,7 @@ def _remove(args: argparse.Namespace) -> int:
         print(f"removed {args.endpoint_id}")
         return 0
 
-    return _client_run(run)
+    return _with_client(run, args)
 
 
 def _test(args: argparse.Namespace) -> int:
@@ -122,7 +118,7 @@ def _test(args: argparse.Namespace) -> int:
               f"{result['latency_ms']:.0f} ms" + (f" ({result['error']})" if result.get("error") else ""))
         return 0 if result["delivered"] else 1
 
-    return _client_run(run)
+    return _with_client(run, args)
 
 
 def _attempts(args: argparse.Namespace) -> int:
@@ -130,7 +126,7 @@ def _attempts(args: argparse.Namespace) -> int:
         print_attempts(client.webhook_attempts(args.endpoint_id, limit=args.limit))
         return 0
 
-    return _client_run(run)
+    return _with_client(run, args)
 
 
 def print_attempts(attempts: list[dict[str, Any]]) -> None:

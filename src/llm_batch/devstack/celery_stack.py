@@ -107,9 +107,10 @@ class CeleryStack(Stack):
 
     @classmethod
     def create(cls, settings: Settings | None = None, port: int | None = None,
-               workers: int | None = None) -> CeleryStack:
+               workers: int | None = None, extra_env: Mapping[str, str | None] | None = None) -> CeleryStack:
         """The shape of ``settings.home`` (its layout made or read from shape.json); the
-        settings the CLI process uses are pointed at the shape's job store and storage."""
+        settings the CLI process uses are pointed at the shape's job store and storage.
+        ``extra_env``: as ``Stack``'s."""
         settings = settings or get_settings()
         port = port or int(os.environ.get("LLM_BATCH_API_PORT", "8080"))
         state = _ensure_state(settings.home / SHAPE_DIR, workers)
@@ -125,7 +126,7 @@ class CeleryStack(Stack):
                                                    state["workers"] * worker_concurrency(settings))),
             "warm_engine_seats": 1,  # as the workers are told (shared_env)
         })
-        return cls(shaped, port, "postgres", workers=state["workers"])
+        return cls(shaped, port, "postgres", extra_env=dict(extra_env or {}), workers=state["workers"])
 
     @classmethod
     def from_env(cls) -> CeleryStack:

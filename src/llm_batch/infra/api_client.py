@@ -35,7 +35,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -138,15 +138,19 @@ class JobView:
         )
 
 
-def default_base_url() -> str:
-    return os.environ.get("LLM_BATCH_API_URL") or (
-        f"http://127.0.0.1:{os.environ.get('LLM_BATCH_API_PORT', '8080')}/batch"
+def default_base_url(environ: Mapping[str, str] | None = None) -> str:
+    """LLM_BATCH_API_URL of ``environ`` (default: this process's environment), else the
+    embedded stack's URL on its LLM_BATCH_API_PORT."""
+    environ = os.environ if environ is None else environ
+    return environ.get("LLM_BATCH_API_URL") or (
+        f"http://127.0.0.1:{environ.get('LLM_BATCH_API_PORT', '8080')}/batch"
     )
 
 
-def default_api_key(settings: Settings | None = None) -> str:
-    """LLM_BATCH_API_KEY, else the key ``llm-batch up`` stored; raises NoApiKey."""
-    key = os.environ.get("LLM_BATCH_API_KEY")
+def default_api_key(settings: Settings | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """LLM_BATCH_API_KEY of ``environ`` (default: this process's environment), else the key
+    ``llm-batch up`` stored; raises NoApiKey."""
+    key = (os.environ if environ is None else environ).get("LLM_BATCH_API_KEY")
     if key:
         return key
     path = (settings or get_settings()).home / API_KEY_FILE
@@ -233,9 +237,10 @@ class BatchClient:
         )
 
     @classmethod
-    def from_env(cls, settings: Settings | None = None) -> BatchClient:
-        """The API of LLM_BATCH_API_URL with the key of ``default_api_key(settings)``."""
-        return cls(default_base_url(), default_api_key(settings))
+    def from_env(cls, settings: Settings | None = None, environ: Mapping[str, str] | None = None) -> BatchClient:
+        """The client the variables of ``environ`` (default: this process's environment)
+        configure, with the key ``llm-batch up`` stored in ``settings``' home when they name none."""
+        return cls(default_base_url(environ), default_api_key(settings, environ))
 
     def close(self) -> None:
         self._http.close()

@@ -44,6 +44,8 @@ class Recorder(BaseHTTPRequestHandler):
 def main(case: str) -> None:
     server = HTTPServer(("127.0.0.1", 0), Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    # This script is its own process (not a test): the client reads its server and key from
+    # the environment when llmengine is imported, and the server's port is known only now.
     os.environ["LLM_ENGINE_BASE_PATH"] = f"http://127.0.0.1:{server.server_port}/"
     os.environ["SCALE_API_KEY"] = "lbk_capture"
     from llmengine import Completion

@@ -56,6 +56,7 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
                     task_id=self.task_id, shard_task=whole, address=address, retries=self.retries,
                     settings=self.llm_settings,
                 )
+                self._pod_operator.llm_settings = self.llm_settings  # the settings that routed it
                 return self._pod_operator
             if self.shard.nodes_per_worker > 1:
                 from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator as runner  # kubernetes
