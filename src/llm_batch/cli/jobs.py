@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llm_batch.cli import print_table
-from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import INPUT_FORMATS
 from llm_batch.core.jobs import JobStatus
