@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +23,9 @@ from llm_batch.devstack.stack import COMPONENTS
 from llm_batch.devstack.supervisor import read_restarts
 from llm_batch.infra.processes import group_members
 from tests.e2e.conftest import MODEL, long_batch, stack_logs, wait_until
+
+if TYPE_CHECKING:
+    import httpx
 
 pytestmark = [pytest.mark.e2e, pytest.mark.airflow, pytest.mark.engine]
 
