@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_batch.core.config import Settings
+from llm_batch.core.config import Settings, settings_from_env
 from llm_batch.devstack.celery_stack import CeleryStack, worker_hostname
 
 
@@ -79,7 +79,9 @@ def test_the_worker_command_is_airflow_s(shape: CeleryStack) -> None:
 
 
 def test_with_warm_engines_a_second_task_per_worker_waits_for_its_one_engine(tmp_path: Path) -> None:
-    warm = CeleryStack.create(Settings(home=tmp_path / "home", warm_engines=True), 18080, workers=2)
+    # The settings of a deployment that sets only these (not the suite's pool of two slots).
+    given = settings_from_env({"LLM_BATCH_HOME": str(tmp_path / "home"), "LLM_BATCH_WARM_ENGINES": "true"})
+    warm = CeleryStack.create(given, 18080, workers=2)
     command, env = warm.worker_command(1), warm.worker_env(1)
     assert command[command.index("--concurrency") + 1] == "2" == env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]
     assert env["LLM_BATCH_WARM_ENGINE_SLOTS"] == "1"  # one engine per worker machine

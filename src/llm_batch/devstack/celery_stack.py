@@ -122,8 +122,9 @@ class CeleryStack(Stack):
             "s3_endpoint_url": f"http://127.0.0.1:{state['ports']['s3']['s3']}",
             # Storage confines every s3:// URI, the internal ones too, to the allowed buckets.
             "allowed_buckets": sorted({*settings.allowed_buckets, BUCKET}),
-            "local_pool_slots": int(os.environ.get("LLM_BATCH_LOCAL_POOL_SLOTS",
-                                                   state["workers"] * worker_concurrency(settings))),
+            # As configured, else what the workers run at once.
+            "local_pool_slots": (settings.local_pool_slots if "local_pool_slots" in settings.model_fields_set
+                                 else state["workers"] * worker_concurrency(settings)),
             "warm_engine_seats": 1,  # as the workers are told (shared_env)
         })
         return cls(shaped, port, "postgres", extra_env=dict(extra_env or {}), workers=state["workers"])

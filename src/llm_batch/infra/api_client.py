@@ -237,7 +237,7 @@ class BatchClient:
         )
 
     @classmethod
-    def from_env(cls, settings: Settings | None = None, environ: Mapping[str, str] | None = None) -> BatchClient:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, settings: Settings | None = None) -> BatchClient:
         """The client the variables of ``environ`` (default: this process's environment)
         configure, with the key ``llm-batch up`` stored in ``settings``' home when they name none."""
         return cls(default_base_url(environ), default_api_key(settings, environ))
