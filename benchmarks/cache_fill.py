@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--s3", action="store_true", help="work and cache on a SeaweedFS S3 server")
+    parser.add_argument("--postgres", action="store_true", help="the job store on PostgreSQL (the stack's), not SQLite")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="llm-batch-cache-fill-"))
     with ExitStack() as stack:
@@ -97,6 +98,13 @@ def main() -> None:
         os.environ.update(LLM_BATCH_HOME=str(home), LLM_BATCH_RESULT_CACHE="true",
                           LLM_BATCH_DATABASE_URL=f"sqlite:///{home / 'jobs.db'}", LLM_BATCH_CHECK_MODELS_AT_SUBMIT="false")
         where = "local disk"
+        if args.postgres:
+            from llm_batch.devstack.pg_server import PostgresServer, server_root
+
+            pg = PostgresServer.start(server_root(home / "pg"))
+            stack.callback(pg.stop)
+            pg.create_database("jobs")
+            os.environ["LLM_BATCH_DATABASE_URL"] = pg.url("jobs")
         if args.s3:
             server, env = start_s3(home / "s3", stack)
             os.environ.update(env, LLM_BATCH_WORK_URI=f"s3://{BUCKET}/work",

@@ -2,7 +2,8 @@
 
 Processes start together on a database that has never been migrated, so they also race
 through ``upgrade_to_head`` (advisory lock on PostgreSQL, write lock on SQLite); then they
-submit jobs and report progress on one shared job concurrently.
+submit jobs and report progress on one shared job concurrently. And the result cache's index
+filled in bulk, whose PostgreSQL path is its own.
 """
 
 from __future__ import annotations
@@ -114,3 +115,29 @@ def _head() -> str:
     config = Config(str(Path(jobstore.__file__).with_name("alembic.ini")))
     config.set_main_option("script_location", str(Path(jobstore.__file__).with_name("migrations")))
     return ScriptDirectory.from_config(config).get_current_head()
+
+
+def test_a_cache_fill_upserts_alike_on_both_databases(fresh_url: str):
+    """The result cache's index in bulk (PostgreSQL's path is its own: multi-row INSERTs):
+    more rows than one transaction holds, a key given twice in one fill (the last wins), a
+    key filled again by a later job (replaced), and another owner's key kept apart."""
+    from datetime import UTC, datetime, timedelta
+
+    from llm_batch.infra.jobstore import result_cache as index
+    from llm_batch.infra.result_cache import Packed
+
+    store = JobStore(fresh_url)
+    count = index._ROWS_PER_TRANSACTION + 7
+    first = [Packed(f"k{i}", i * 10, 10, 3, 1) for i in range(count)] + [Packed("k0", 5, 99, 4, 2)]
+    store.put_cache_entries(owner="alice", job_id="job_a", uri="pack-a", packed=first)
+    store.put_cache_entries(owner="alice", job_id="job_b", uri="pack-b", packed=[Packed("k1", 0, 11, 3, 1)])
+    store.put_cache_entries(owner="bob", job_id="job_c", uri="pack-c", packed=[Packed("k1", 0, 12, 3, 1)])
+    since = datetime.now(UTC) - timedelta(hours=1)
+    mine = store.cache_entries("alice", [f"k{i}" for i in range(count)], made_after=since)
+    assert len(mine) == count
+    assert (mine["k0"].job_id, mine["k0"].at_byte, mine["k0"].bytes, mine["k0"].completion_tokens) == ("job_a", 5, 99, 2)
+    assert (mine["k1"].job_id, mine["k1"].uri, mine["k1"].bytes) == ("job_b", "pack-b", 11)
+    assert (mine[f"k{count - 1}"].uri, mine[f"k{count - 1}"].at_byte) == ("pack-a", (count - 1) * 10)
+    assert store.cache_entries("bob", ["k1", "k2"], made_after=since)["k1"].bytes == 12
+    assert set(store.cache_entries("bob", ["k1", "k2"], made_after=since)) == {"k1"}
+    store.close()
