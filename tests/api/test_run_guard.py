@@ -214,12 +214,14 @@ def test_a_readers_answers_cut_another_owners_batch_conf_to_its_job_id(creds, ai
             {"custom_id": "a", "body": {"messages": [{"role": "user", "content": secret}]}}]}})
     assert made.status_code == 200, made.text
     run_id = made.json()["dag_run_id"]
+    # Newest first: the session's other tests made runs of the same DAG before this one.
     reads = [("GET", f"/api/v2/dags/{BATCH}/dagRuns/{run_id}", None),
              ("GET", f"/api/v2/dags/{BATCH}/dagRuns", None), ("GET", "/api/v2/dags/~/dagRuns", None),
-             ("POST", "/api/v2/dags/~/dagRuns/list", {"dag_ids": [BATCH], "page_limit": 100})]
+             ("POST", "/api/v2/dags/~/dagRuns/list", {"dag_ids": [BATCH], "page_limit": 100, "order_by": "-id"})]
     for user in ("alice", "vic", "bob", "root"):
         for method, path, body in reads:
-            answer = airflow_api.request(method, path, json=body, params={"limit": 100} if method == "GET" else None,
+            answer = airflow_api.request(method, path, json=body,
+                                         params={"limit": 100, "order_by": "-id"} if method == "GET" else None,
                                          headers={**creds.jwt(user), "Accept-Encoding": "gzip"})
             assert answer.status_code == 200, (user, path, answer.text)
             runs = answer.json().get("dag_runs", [answer.json()])
