@@ -678,6 +678,11 @@ def test_a_run_is_admitted_as_the_api_admits_a_create(store, settings):
     with pytest.raises(jobs.JobRejected, match="output_uri: .* no job of yours wrote it"):
         steps.register(store, settings, {**_conf(settings), "output_uri": str(theirs)}, _run_id(), trusted=True)
 
+    # An output that is the input: refused, as the native route refuses it.
+    conf = _conf(settings)
+    with pytest.raises(jobs.JobRejected, match="output_uri is the input_uri"):
+        steps.register(store, settings, {**conf, "output_uri": conf["input_uri"]}, _run_id(), trusted=True)
+
     # An owner's own adapter is a model the owner's run may name; another owner's is unknown.
     store.create_adapter(owner="alice", name="alice-lora", base="tiny-random-llama", uri="/x/", rank=8, bytes=1)
     alices = _input(settings, [_chat(0)]).replace(f"/{owner}/", "/alice/")

@@ -247,6 +247,24 @@ def check_input_files(store: JobStore, principal: Principal, file_ids: list[str]
     return list(file_ids)
 
 
+def check_paths(store: JobStore, settings: Settings, principal: Principal, input_uri: str | None,
+                output_uri: str | None, labels: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A job's ``input_uri`` and ``output_uri`` (the native route's fields and a run's conf's),
+    each in its canonical spelling: paths the principal may name, the input readable now, the
+    output not the input and no other owner's or live job's (``check_output_target``)."""
+    canonical_input = check_user_path(input_uri, "input_uri", settings, principal) if input_uri else None
+    if canonical_input is not None:
+        check_input_readable(canonical_input, input_uri, "input_uri", settings, principal)
+    if output_uri is None:
+        return canonical_input, None
+    canonical_output = check_user_path(output_uri, "output_uri", settings, principal)
+    if canonical_output == canonical_input:
+        raise Refused(400, "output_uri is the input_uri: the results would overwrite the requests",
+                      param="output_uri", code="invalid_output")
+    check_output_target(store, principal, canonical_output, labels, param="output_uri")
+    return canonical_input, canonical_output
+
+
 # -- per-owner limits ------------------------------------------------------------------
 # Stored bytes (files and adapters), jobs not yet ended, requests in flight. Admins set them
 # (LLM_BATCH_OWNER_MAX_* for everyone, LLM_BATCH_OWNER_LIMITS JSON per owner; 0: no limit)

@@ -89,17 +89,15 @@ def check_run_inputs(conf: dict[str, Any], run: RunConf) -> None:
 def admit_run(store: JobStore, settings: Settings, run: RunConf, trusted: bool) -> dict[str, str | None]:
     """A run's job through the API's own admission (llm_batch.pipeline.admission), under the
     conf's field names: the owner's limits, its endpoint, model and model_config (owner adapters and engine
-    arguments included), input files, paths (the input readable now, the output not another's).
+    arguments included), input files, paths (``check_paths``).
     Returns the run's paths in their canonical spelling; raises Refused naming the problem."""
     from llm_batch.pipeline.admission import (  # heavy
         Owner,
         check_endpoint,
         check_input_files,
-        check_input_readable,
         check_model,
-        check_output_target,
         check_owner_limits,
-        check_user_path,
+        check_paths,
     )
 
     principal = Owner(run.owner, trusted)
@@ -108,13 +106,8 @@ def admit_run(store: JobStore, settings: Settings, run: RunConf, trusted: bool) 
     check_model(run.model, run.engine_config, settings, endpoint=endpoint, principal=principal, store=store)
     if run.input_file_ids:
         check_input_files(store, principal, run.input_file_ids, "input_file_ids")
-    paths = {name: uri and check_user_path(uri, name, settings, principal)
-             for name, uri in {"input_uri": run.input_uri, "output_uri": run.output_uri}.items()}
-    if paths["input_uri"]:
-        check_input_readable(paths["input_uri"], run.input_uri, "input_uri", settings, principal)
-    if paths["output_uri"]:
-        check_output_target(store, principal, paths["output_uri"], run.labels, param="output_uri")
-    return paths
+    input_uri, output_uri = check_paths(store, settings, principal, run.input_uri, run.output_uri or None, run.labels)
+    return {"input_uri": input_uri, "output_uri": output_uri}
 
 
 def layout_of(settings: Settings, job_id: str) -> JobLayout:

@@ -38,11 +38,9 @@ from llm_batch.infra.storage import StorageError
 from llm_batch.pipeline.admission import (
     check_endpoint,
     check_input_files,
-    check_input_readable,
     check_model,
-    check_output_target,
     check_owner_limits,
-    check_user_path,
+    check_paths,
     priority_weight,
 )
 from llm_batch.pipeline.estimate import estimate_input
@@ -93,16 +91,7 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
     labels = dict(body.labels or {})
     weight = priority_weight(settings, body.priority)
     check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
-    input_uri = check_user_path(body.input_uri, "input_uri", settings, caller) if body.input_uri else None
-    if input_uri is not None and body.input_uri is not None:
-        check_input_readable(input_uri, body.input_uri, "input_uri", settings, caller)
-    output_uri = None
-    if body.output_uri is not None:
-        output_uri = check_user_path(body.output_uri, "output_uri", settings, caller)
-        if output_uri == input_uri:
-            raise ApiError(400, "output_uri is the input_uri: the results would overwrite the requests",
-                           param="output_uri", code="invalid_output")
-        check_output_target(store, caller, output_uri, labels, param="output_uri")
+    input_uri, output_uri = check_paths(store, settings, caller, body.input_uri, body.output_uri, labels)
     if body.dry_run:
         return _dry_run(store, settings, caller, body, endpoint, model_config, input_uri, weight, given[0])
     # Every check is done: only now is anything written.
