@@ -1,5 +1,4 @@
-"""The endpoints a batch can name, what a model must be to serve each, and the ones we
-refuse with a clear message."""
+"""The endpoints a batch can name, what a model must be to serve each, and the ones refused."""
 
 from __future__ import annotations
 
@@ -7,32 +6,25 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 
-class Endpoint(StrEnum):
+class Endpoint(StrEnum):  # docs/api.md says what each answers
     CHAT_COMPLETIONS = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
     EMBEDDINGS = "/v1/embeddings"
-    # The Responses API, run on the chat path (docs/api.md "Responses in batches").
-    RESPONSES = "/v1/responses"
-    # Mistral's fill-in-the-middle: prompt + suffix -> the middle (docs/api.md "FIM").
-    FIM_COMPLETIONS = "/v1/fim/completions"
-    # A sequence-classification model's label scores, for texts or rendered conversations.
+    RESPONSES = "/v1/responses"  # run on the chat path
+    FIM_COMPLETIONS = "/v1/fim/completions"  # Mistral's fill-in-the-middle
     CLASSIFICATIONS = "/v1/classifications"
     CHAT_CLASSIFICATIONS = "/v1/chat/classifications"
-    # A multi-label classifier's scores as moderation categories, with a flag each.
-    MODERATIONS = "/v1/moderations"
+    MODERATIONS = "/v1/moderations"  # a multi-label classifier's scores as moderation categories
     CHAT_MODERATIONS = "/v1/chat/moderations"
-    # A speech model's transcript of one audio file (docs/api.md "Transcriptions").
-    TRANSCRIPTIONS = "/v1/audio/transcriptions"
-    # A vision-language model's markdown of one image (docs/api.md "OCR").
-    OCR = "/v1/ocr"
+    TRANSCRIPTIONS = "/v1/audio/transcriptions"  # a speech model's transcript of one audio file
+    OCR = "/v1/ocr"  # a vision-language model's markdown of one image or PDF
 
 
 SUPPORTED_ENDPOINTS: tuple[str, ...] = tuple(e.value for e in Endpoint)
 # The served endpoints as the API's field descriptions list them: "`a`, `b` or `c`".
 SUPPORTED_LISTED = ", ".join(f"`{e}`" for e in SUPPORTED_ENDPOINTS[:-1]) + f" or `{SUPPORTED_ENDPOINTS[-1]}`"
 
-# The registry task a model must have to serve each endpoint (models.yaml `task`): the
-# worker refuses a mismatch at its start, the API at create.
+# The registry task a model must have to serve each endpoint (models.yaml `task`).
 TASK_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.CHAT_COMPLETIONS: "generate",
     Endpoint.COMPLETIONS: "generate",
@@ -47,20 +39,17 @@ TASK_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.OCR: "ocr",
 }
 
-# Endpoints whose lines name a file (audio, an image) that validation resolves for the
-# line's owner (llm_batch.infra.media) before any engine reads it.
+# Endpoints whose lines name a file that validation resolves for the line's owner (llm_batch.infra.media).
 MEDIA_ENDPOINTS: tuple[Endpoint, ...] = (Endpoint.TRANSCRIPTIONS, Endpoint.OCR)
 
-# Endpoints that need more than the task: a part of the model's registry entry (`fim`: its
-# fill-in-the-middle template; `moderation`: its labels as moderation categories).
+# Endpoints that need a part of the model's registry entry beside its task.
 FEATURE_OF_ENDPOINT: dict[Endpoint, str] = {
     Endpoint.FIM_COMPLETIONS: "fim",
     Endpoint.MODERATIONS: "moderation",
     Endpoint.CHAT_MODERATIONS: "moderation",
 }
 
-# Listed by the Mistral contract, or by the openai client's batch endpoints, but not served
-# by this system (docs/api.md says why).
+# Listed by the Mistral contract or the openai client's batch endpoints, but not served (docs/api.md says why).
 UNSUPPORTED_ENDPOINTS: tuple[str, ...] = (
     "/v1/conversations",
     "/v1/images/generations",

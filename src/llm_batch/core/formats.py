@@ -1,20 +1,10 @@
-"""Streaming readers for the input formats: each yields, per input item, a ``BatchRequest``
-or an ``ErrorRecord`` (never both, never none), in input order.
+"""Streaming readers for the input formats (``InputFormat``): each yields, per input item,
+one ``BatchRequest`` or ``ErrorRecord``, in input order.
 
-Formats (``llm_batch.core.input_formats.InputFormat``):
-- ``jsonl``: one ``{"custom_id", "body"}`` (Mistral) or ``{"custom_id", "method": "POST",
-  "url", "body"}`` (OpenAI) object a line, read as bytes line by line.
-- ``scale-v2``: a JSON array of Scale completion (``prompt``) or chat (``messages``) requests,
-  streamed with ijson; custom_id is ``str(index)``.
-- ``scale-v1``: ``{"prompts": [...], "max_new_tokens", ...}``, one /v1/completions request
-  per prompt; custom_id is ``str(index)``.
-- ``inline``: a Python list of ``{"custom_id"?, "body", ...}`` dicts (Mistral inline
-  requests); an item without custom_id takes ``str(index)``.
-
-``index`` is the 0-based position of the item among all items of the job (it continues across
-input files); ``line`` is the 1-based line (JSONL) or element (arrays) number in its file.
-Blank JSONL lines are skipped: they get no index and are not counted, but line numbers still
-count them so they match an editor's.
+``index`` is the item's 0-based position among all items of the job (it continues across
+input files); ``line`` its 1-based line or element number in its file. Blank JSONL lines get
+no index but are counted in line numbers, so they match an editor's. An item with no
+custom_id (Scale's, inline ones without) takes ``str(index)``.
 """
 
 from __future__ import annotations
@@ -59,18 +49,13 @@ class ErrorCode(StrEnum):
 
 
 class InputUnreadable(Exception):
-    """The input as a whole cannot be read (not JSON where JSON is required, wrong top-level
-    shape, ...): no item-level error can describe it, so the batch is rejected."""
+    """The input as a whole cannot be read (not JSON, wrong top-level shape): the batch is rejected."""
 
 
 class IdSet:
-    """The custom_ids seen so far, as 64-bit fingerprints in an open-addressing table.
-
-    Costs at most 16 bytes per id (8-byte slots, table at most half full), against ~100 for a
-    ``set`` of strings: 1M ids take 16 MiB. The fingerprint is Python's keyed string hash, so
-    two different ids collide with probability ~n²/2⁶⁵ (about 3e-8 for a million ids); such a
-    collision would report the later one as a duplicate.
-    """
+    """The custom_ids seen so far, as 64-bit hashes in an open-addressing table: at most 16
+    bytes an id, against ~100 in a ``set`` of strings. Two ids collide with probability
+    ~n²/2⁶⁵ (3e-8 for a million); the later one would be reported as a duplicate."""
 
     def __init__(self, capacity: int = 1 << 12):
         self._slots = array("q", bytes(8 * capacity))
@@ -112,29 +97,23 @@ class MediaRefused(ValueError):
 
 
 class MediaLookup(Protocol):
-    """What resolves the file a media line names (``llm_batch.infra.media.MediaResolver``)."""
+    """Resolves the file a media line names (``llm_batch.infra.media.MediaResolver``)."""
 
-    def resolve(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The line's ``BatchRequest.media`` record; MediaRefused when the file cannot be used."""
+    def resolve(self, endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any] | None: ...
 
 
 class RequestChecker:
     """Checks items against one job: custom_id, method, url and body for its endpoint.
 
-    ``endpoint`` None means "not named yet": the first item that implies one (a JSONL
-    ``url``, a Scale item's prompt vs messages) fixes it; a body checked before that is
-    taken as chat, and ``settle(default)`` decides when no item did.
-    Keeps the custom_ids seen (for duplicates) and the prompt characters of valid items.
-    ``media`` resolves the file a line of a media endpoint names, raising MediaRefused; without one,
-    such lines are checked for their form only.
+    ``endpoint`` None: the first item that implies one (a JSONL ``url``, a Scale item's prompt
+    or messages) fixes it, else ``settle(default)``. Without ``media``, media lines are checked
+    for their form only; without ``models`` (offline validation), any body.model is taken.
     """
 
     def __init__(self, endpoint: Endpoint | str | None = None, media: MediaLookup | None = None,
                  models: ModelChoice | None = None):
         self.endpoint: Endpoint | None = Endpoint(endpoint) if endpoint else None
         self.media = media
-        # The names a line's body.model may give (the job's model and its adapters); None:
-        # not known here (``llm-batch validate`` offline), any name is taken.
         self.models = models
         self.seen_ids = IdSet()
         self.prompt_chars = 0
@@ -177,15 +156,13 @@ class RequestChecker:
             return _error(index, line, _id_if_str(obj), ErrorCode.INVALID_JSON, f"{where}{deep}")
         return self.check_record(obj, index, line, where)
 
-    def check_record(
-        self, obj: dict[str, Any], index: int, line: int, where: str, *, id_required: bool = True
-    ) -> Item:
+    def check_record(self, obj: dict[str, Any], index: int, line: int, where: str, *,
+                     id_required: bool = True) -> Item:
         """A ``{"custom_id", "method"?, "url"?, "body"}`` object."""
         custom_id = obj.get("custom_id")
         if custom_id is None:
             if id_required:
-                return _error(index, line, None, ErrorCode.MISSING_CUSTOM_ID,
-                              f"{where}custom_id is missing")
+                return _error(index, line, None, ErrorCode.MISSING_CUSTOM_ID, f"{where}custom_id is missing")
             custom_id = str(index)
         elif type(custom_id) is not str or not custom_id:
             return _error(index, line, None, ErrorCode.INVALID_CUSTOM_ID,
@@ -202,8 +179,7 @@ class RequestChecker:
         if url is not None and not self._url_fits(url):
             wanted = (f"the job's endpoint {self.endpoint}" if self.endpoint else
                       f"a supported endpoint ({', '.join(SUPPORTED_ENDPOINTS)})")
-            return _error(index, line, custom_id, ErrorCode.URL_MISMATCH,
-                          f"{where}url {shown(url)} is not {wanted}")
+            return _error(index, line, custom_id, ErrorCode.URL_MISMATCH, f"{where}url {shown(url)} is not {wanted}")
         body = obj.get("body")
         if body is None:
             return _error(index, line, custom_id, ErrorCode.MISSING_BODY, f"{where}body is missing")
@@ -228,8 +204,7 @@ class RequestChecker:
             try:
                 self._model.model_validate(body)  # type: ignore[union-attr]
             except ValidationError as exc:
-                return _error(index, line, custom_id, ErrorCode.INVALID_BODY,
-                              where + describe_validation_error(exc))
+                return _error(index, line, custom_id, ErrorCode.INVALID_BODY, where + describe_validation_error(exc))
             chars = prompt_chars(body)
         media = None
         if self.endpoint in MEDIA_ENDPOINTS and self.media is not None:
@@ -244,15 +219,13 @@ class RequestChecker:
             except ModelRefused as exc:
                 return _error(index, line, custom_id, ErrorCode.MODEL_NOT_AVAILABLE, f"{where}body.model: {exc}")
         self.prompt_chars += chars
+        adapter_uri = self.models.locations.get(adapter) if adapter else None
         return BatchRequest.model_construct(index=index, custom_id=custom_id, body=body, line=line, media=media,
-                                            adapter=adapter,
-                                            adapter_uri=self.models.locations.get(adapter) if adapter else None)
+                                            adapter=adapter, adapter_uri=adapter_uri)
 
 
 def _error(index: int, line: int, custom_id: str | None, code: ErrorCode, message: str) -> ErrorRecord:
-    return ErrorRecord.model_construct(
-        index=index, line=line, custom_id=custom_id, code=code.value, message=message
-    )
+    return ErrorRecord.model_construct(index=index, line=line, custom_id=custom_id, code=code.value, message=message)
 
 
 def _json_kind(value: Any) -> str:
@@ -262,10 +235,7 @@ def _json_kind(value: Any) -> str:
 
 
 def not_json(value: Any, path: str) -> tuple[ErrorCode, str] | None:
-    """Why inline content (Python objects from the API, not parsed from JSON text here) is not
-    strict JSON (llm_batch.core.strict_json: it could not be written again), and where: None when
-    it is. Python's own JSON parser lets through lone surrogates, integers past 64 bits, NaN
-    and any depth."""
+    """Why inline content (Python objects, not parsed here) is not strict JSON, and where; None when it is."""
     found = strict_json.problem(value, path)
     if found is None:
         return None
@@ -329,17 +299,10 @@ _SKIP_CHUNK = 1 << 16
 _BOM = b"\xef\xbb\xbf"
 
 
-def read_jsonl(
-    stream: BinaryIO,
-    checker: RequestChecker,
-    *,
-    max_line_bytes: int,
-    start_index: int = 0,
-    where: str = "",
-) -> Iterator[Item]:
-    """Items of a JSONL stream. A line over ``max_line_bytes`` (its ``\\n`` or ``\\r\\n`` not
-    counted) is never held whole: the reader skips to the next newline and reports
-    ``line_too_long``. A UTF-8 byte-order mark at the start of the stream is ignored."""
+def read_jsonl(stream: BinaryIO, checker: RequestChecker, *, max_line_bytes: int, start_index: int = 0,
+               where: str = "") -> Iterator[Item]:
+    """Items of a JSONL stream. A line over ``max_line_bytes`` (its ending not counted) is never
+    held whole: it is skipped and reported ``line_too_long``. A leading UTF-8 BOM is ignored."""
     index, line = start_index, 0
     readline = stream.readline
     limit = max_line_bytes + 2  # room for "\r\n"
@@ -371,8 +334,8 @@ def _ending(raw: bytes) -> int:
 
 
 def _skip_rest_of_line(stream: BinaryIO, tail: bytes) -> int:
-    """Read past the end of a line cut short; the content bytes skipped (its ending not
-    counted). ``tail`` is the last byte already read, in case the ending is split."""
+    """Read past the end of a line cut short; the content bytes skipped. ``tail`` is the last
+    byte already read, in case a "\\r\\n" ending is split."""
     skipped = 0
     while chunk := stream.readline(_SKIP_CHUNK):
         if chunk[-1:] == b"\n":
@@ -385,8 +348,7 @@ def _skip_rest_of_line(stream: BinaryIO, tail: bytes) -> int:
 
 
 class WithoutBom:
-    """A read-only view of a binary stream that drops a leading UTF-8 byte-order mark
-    (JSON files saved by Windows tools start with one; JSON parsers refuse it)."""
+    """A binary stream without its leading UTF-8 byte-order mark (Windows tools write one; JSON parsers refuse it)."""
 
     def __init__(self, stream: BinaryIO):
         self._stream = stream
@@ -408,16 +370,9 @@ class WithoutBom:
 # -- inline -------------------------------------------------------------------------------------
 
 
-def read_inline(
-    items: Iterable[Any],
-    checker: RequestChecker,
-    *,
-    start_index: int = 0,
-    where: str = "",
-    max_item_bytes: int | None = None,
-) -> Iterator[Item]:
-    """Items of an inline list of ``{"custom_id"?, "body", ...}`` dicts; one over
-    ``max_item_bytes`` as compact JSON is ``line_too_long``."""
+def read_inline(items: Iterable[Any], checker: RequestChecker, *, start_index: int = 0, where: str = "",
+                max_item_bytes: int | None = None) -> Iterator[Item]:
+    """Items of an inline list of ``{"custom_id"?, "body", ...}`` dicts."""
     for offset, obj in enumerate(items):
         index = start_index + offset
         if type(obj) is not dict:
@@ -431,10 +386,8 @@ def read_inline(
 
 def _unfit(value: Any, path: str, label: str, max_bytes: int | None,
            parsed: bool = False) -> tuple[ErrorCode, str] | None:
-    """Why an item cannot be taken, its message starting with ``label``: not strict JSON
-    (unless ``parsed`` from JSON text), or over ``max_bytes`` as compact JSON; else None.
-    Array elements have no line to measure: their JSON size keeps the same bound downstream
-    (validated.jsonl lines, shard files, the worker)."""
+    """Why an item cannot be taken, its message starting with ``label``: not strict JSON (unless
+    ``parsed`` from JSON text), or over ``max_bytes`` as compact JSON (the bound a line has)."""
     if not parsed and (bad := not_json(value, path)):
         return bad[0], f"{label}: {bad[1]}"
     if max_bytes is not None and (size := len(orjson.dumps(value))) > max_bytes:
@@ -449,14 +402,12 @@ def _id_if_str(obj: dict[str, Any]) -> str | None:
 
 # -- Scale v2 -----------------------------------------------------------------------------------
 
-# Scale's guided-decoding fields, which vLLM now reads from ``structured_outputs``.
-_SCALE_GUIDED = {"guided_json": "json", "guided_regex": "regex",
-                 "guided_choice": "choice", "guided_grammar": "grammar"}
+# Scale's guided-decoding fields, which vLLM reads from ``structured_outputs``.
+_SCALE_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 def scale_v2_body(item: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI-compatible body of a Scale v2 request: Scale's fields are OpenAI's, except
-    the ``guided_*`` ones, which become vLLM's ``structured_outputs``."""
+    """The OpenAI-compatible body of a Scale v2 request (its ``guided_*`` fields moved)."""
     if not any(key in item for key in _SCALE_GUIDED):
         return item
     body = {k: v for k, v in item.items() if k not in _SCALE_GUIDED}
@@ -466,16 +417,9 @@ def scale_v2_body(item: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def read_scale_v2(
-    source: BinaryIO | Iterable[Any],
-    checker: RequestChecker,
-    *,
-    start_index: int = 0,
-    where: str = "",
-    max_item_bytes: int | None = None,
-) -> Iterator[Item]:
-    """Items of a Scale v2 JSON array (a stream, streamed) or inline content (a list); an
-    element over ``max_item_bytes`` as compact JSON is ``line_too_long``."""
+def read_scale_v2(source: BinaryIO | Iterable[Any], checker: RequestChecker, *, start_index: int = 0,
+                  where: str = "", max_item_bytes: int | None = None) -> Iterator[Item]:
+    """Items of a Scale v2 JSON array (a stream, streamed) or inline content (a list)."""
     inline = not hasattr(source, "read")
     elements = source if inline else _array_elements(source, where)
     for offset, obj in enumerate(elements):
@@ -498,8 +442,7 @@ def read_scale_v2(
         if not checker.claims(implied):
             kind = "chat (messages)" if has_messages else "completion (prompt)"
             yield _error(index, line, custom_id, ErrorCode.ENDPOINT_MISMATCH,
-                         f"{where}element {line} is a {kind} request but the job's endpoint "
-                         f"is {checker.endpoint}")
+                         f"{where}element {line} is a {kind} request but the job's endpoint is {checker.endpoint}")
             continue
         yield checker.check_body(scale_v2_body(obj), custom_id, index, line, where)
 
@@ -533,8 +476,7 @@ _IJSON_REASONS = {
 
 
 def _ijson_reason(exc: Exception) -> str:
-    """The parser's message, and the text around the spot when it shows it (its second
-    line; the third draws an arrow there)."""
+    """The parser's message, and the text around the spot when it shows it (its second line)."""
     text = exc.args[0] if exc.args else ""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
@@ -568,15 +510,9 @@ class ScaleV1Params(BaseModel):
 
     def completion_body(self, prompt: Any) -> dict[str, Any]:
         """The /v1/completions body for one prompt."""
-        optional = {
-            "stop": self.stop_sequences,
-            "logprobs": 1 if self.return_token_log_probs else None,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "skip_special_tokens": self.skip_special_tokens,
-        }
+        optional = {"stop": self.stop_sequences, "logprobs": 1 if self.return_token_log_probs else None,
+                    "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                    "top_k": self.top_k, "top_p": self.top_p, "skip_special_tokens": self.skip_special_tokens}
         return {"prompt": prompt, "max_tokens": self.max_new_tokens, "temperature": self.temperature,
                 **{k: v for k, v in optional.items() if v is not None}}
 
@@ -595,8 +531,7 @@ def scale_v1_params(content: dict[str, Any], where: str = "") -> ScaleV1Params:
 
 
 def scan_scale_v1_params(stream: BinaryIO, where: str = "") -> ScaleV1Params:
-    """First pass over a Scale v1 file: its shared fields, skipping the prompts (which may
-    be listed before them) without holding them."""
+    """First pass over a Scale v1 file: its shared fields, skipping the prompts without holding them."""
     fields: dict[str, Any] = {}
     prompts_kind = None
     try:
@@ -608,8 +543,7 @@ def scan_scale_v1_params(stream: BinaryIO, where: str = "") -> ScaleV1Params:
                     key = value
                     if key == "prompts" and prompts_kind is not None:
                         # JSON parsers keep the last one; a stream would read both.
-                        raise InputUnreadable(f"{where}scale-v1 content has the key 'prompts' "
-                                              "more than once")
+                        raise InputUnreadable(f"{where}scale-v1 content has the key 'prompts' more than once")
                 continue
             if key == "prompts":
                 if prefix == "prompts" and prompts_kind is None:
@@ -645,17 +579,9 @@ def scale_v1_prompts(stream: BinaryIO, where: str = "") -> Iterator[Any]:
         raise InputUnreadable(f"{where}not valid JSON: {_ijson_reason(exc)}") from None
 
 
-def read_scale_v1(
-    params: ScaleV1Params,
-    prompts: Iterable[Any],
-    checker: RequestChecker,
-    *,
-    start_index: int = 0,
-    where: str = "",
-    max_item_bytes: int | None = None,
-) -> Iterator[Item]:
-    """One /v1/completions item per prompt (custom_id = index); a prompt over
-    ``max_item_bytes`` as compact JSON is ``line_too_long``."""
+def read_scale_v1(params: ScaleV1Params, prompts: Iterable[Any], checker: RequestChecker, *, start_index: int = 0,
+                  where: str = "", max_item_bytes: int | None = None) -> Iterator[Item]:
+    """One /v1/completions item per prompt."""
     if not checker.claims(Endpoint.COMPLETIONS):
         raise InputUnreadable(f"{where}scale-v1 content makes /v1/completions requests, but the "
                               f"job's endpoint is {checker.endpoint}")

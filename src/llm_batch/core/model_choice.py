@@ -1,10 +1,5 @@
-"""Which model a batch line runs on: the job's base model or one of its LoRA adapters.
-
-A line names its model in ``body.model`` (OpenAI and Mistral lines); a job's ``ModelChoice``
-is the allow-list of names it may give, built once per job from the model registry and the
-owner's own adapters (``llm_batch.infra.adapters.model_choice``), and read by validation:
-a name outside it is that line's error, never a shard's failure.
-"""
+"""Which model a batch line (its ``body.model``) runs on: the job's base model or one of its
+LoRA adapters. A name outside the job's ``ModelChoice`` is that line's error at validation."""
 
 from __future__ import annotations
 
@@ -22,19 +17,13 @@ class ModelRefused(ValueError):
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """The names lines of one job may give, and what each runs on.
-
-    ``names``: name -> adapter name, or None for the base model (the job's model as named,
-    its base, its served_model_name). ``default``: the adapter of a line that names none
-    (the job's model when that is an adapter). ``base``: the base model's name, as results
-    of lines run on the base say it. ``locations``: where the owner's own adapters are.
-    """
+    """The names lines of one job may give (``names``: name -> adapter, None for the base
+    model), the adapter of a line that names none (``default``), the base model's name as
+    results say it (``base``), and where the owner's own adapters are (``locations``: URIs)."""
 
     base: str
     names: Mapping[str, str | None] = field(default_factory=dict)
     default: str | None = None
-    # An owner's own adapters: name -> the folder's URI in the configured storage (registered
-    # adapters are found in the registry, by name).
     locations: Mapping[str, str] = field(default_factory=dict)
 
     def adapter_of(self, named: object) -> str | None:

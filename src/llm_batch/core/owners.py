@@ -1,18 +1,9 @@
 """Owner names: one spelling per owner.
 
-An owner is whom a job, file, key or webhook endpoint belongs to: an API key's owner or an
-Airflow user. The name is the owner's row filter and its storage folder
-(``<root>/<owner>/``, ``llm_batch.infra.user_paths``), so it must have exactly one spelling:
-names that a case-insensitive filesystem or a careless comparison would read as one
-(``Alice3``, ``alice3.``, ``alice3 ``) must never be two owners.
-
-The rule is an allow-list, ``OWNER_NAME``: 1 to 64 characters of lower-case ASCII letters,
-digits, ``-``, ``_``, ``.`` and ``@`` (e-mail-like SSO user names), starting with a letter
-or digit and not ending with ``.``. No two such names fold together (``fold``), and each is
-its own folder name as it is. Keys are made only for such names
-(``JobStore.create_api_key``, which also refuses a name that folds to an owner already
-recorded); a caller whose name is not canonical is refused (the API's ``auth.py``, a DAG
-run's ``steps.register``).
+An owner (an API key's owner or an Airflow user) names its rows and its storage folder
+(``<root>/<owner>/``), so names a case-insensitive filesystem or a careless comparison would
+read as one (``Alice3``, ``alice3.``) must never be two owners. ``OWNER_NAME`` is an
+allow-list in which no two names fold together (``fold``) and each is its own folder name.
 """
 
 from __future__ import annotations
@@ -51,8 +42,6 @@ def twin(name: str, existing: list[str]) -> str | None:
 
 
 def cache_salt(owner: str) -> str:
-    """The owner's namespace in a shared engine's prefix cache (vLLM's ``cache_salt``): what
-    one owner's prompts left cached is reused by that owner's requests only, and
-    ``cached_tokens`` tells nobody about another's prompts. Set by the server on every engine
-    request of the owner's shards; a request's own ``cache_salt`` field never reaches an engine."""
+    """The owner's namespace in a shared engine's prefix cache (vLLM's ``cache_salt``): one
+    owner's cached prompts serve, and ``cached_tokens`` tells of, that owner's requests only."""
     return hashlib.sha256(f"llm-batch prefix cache of {owner}".encode()).hexdigest()[:32]

@@ -8,29 +8,16 @@ from typing import Literal
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobRejected
 
-# The GPU node types runners can place a shard on (node pools and Airflow pools per type).
-# The names are the Scale contract's gpu_type values, which its API edge accepts as they are.
-GPU_TYPES: tuple[str, ...] = (
-    "nvidia-tesla-t4",
-    "nvidia-ampere-a10",
-    "nvidia-ampere-a100",
-    "nvidia-ampere-a100e",
-    "nvidia-hopper-h100",
-    "nvidia-hopper-h100-1g20gb",
-    "nvidia-hopper-h100-3g40gb",
-)
+# The GPU node types runners can place a shard on: the Scale contract's gpu_type values.
+GPU_TYPES: tuple[str, ...] = ("nvidia-tesla-t4", "nvidia-ampere-a10", "nvidia-ampere-a100", "nvidia-ampere-a100e",
+                              "nvidia-hopper-h100", "nvidia-hopper-h100-1g20gb", "nvidia-hopper-h100-3g40gb")
 GpuType = Literal[GPU_TYPES]  # the same names as a type of request models
 
 
-def priority_bands(settings: Settings) -> list[tuple[str, int]]:
-    return sorted(settings.priority_weights.items(), key=lambda item: item[1])
-
-
 def priority_band(settings: Settings, priority: str | int | None) -> str:
-    """The band of a job priority: a band name, or a number mapped to the nearest band
-    at or below it; no priority (None, "", 0: the store's "not given") and unknown names
-    are "normal" (or the middle band)."""
-    bands = priority_bands(settings)
+    """The band of a job priority: a band name, or a number mapped to the nearest band at or
+    below it; no priority (None, "", 0) and unknown names are "normal" (or the middle band)."""
+    bands = sorted(settings.priority_weights.items(), key=lambda item: item[1])
     names = [name for name, _ in bands]
     default = "normal" if "normal" in names else names[len(names) // 2]
     if priority in (None, "", 0, "0"):
@@ -46,9 +33,7 @@ def priority_band(settings: Settings, priority: str | int | None) -> str:
 
 
 def multi_node_refusal(nodes_per_worker: int | None, shard_runner: str) -> str | None:
-    """Why ``shard_runner`` cannot run a worker of ``nodes_per_worker`` nodes, or None.
-    Only the Kubernetes runner spans nodes (a LeaderWorkerSet per shard); the local runner's
-    worker is one process on this machine."""
+    """Why ``shard_runner`` cannot run a worker of ``nodes_per_worker`` nodes, or None."""
     if nodes_per_worker in (None, 1) or shard_runner != "local":
         return None
     return (f"nodes_per_worker={nodes_per_worker} needs the Kubernetes shard runner "

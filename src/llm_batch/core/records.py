@@ -1,12 +1,8 @@
 """The canonical records that flow through a job, one JSON object per line.
 
-Every input line ends as exactly one of:
-- a ``ResultRecord`` written by a worker (success or a per-request engine error), or
-- an ``ErrorRecord`` written by validation (a bad line) or by merge (a request never run).
-
-``index`` is the 0-based position of the request in the job's input (for JSONL: the line,
-for Scale arrays: the element, for Scale v1: the prompt); it orders everything. ``line`` in
-error records is 1-based, for people.
+Every input item ends as exactly one ``ResultRecord`` (a worker's answer or engine error) or
+``ErrorRecord`` (a bad line at validation, a request never run at merge). ``index``, the item's
+0-based position in the job's input, orders everything; ``line`` is 1-based, for people.
 """
 
 from __future__ import annotations
@@ -27,13 +23,10 @@ class BatchRequest(BaseModel):
     body: dict[str, Any]
     # 1-based line (JSONL) or element (arrays) in its input file: what error records report.
     line: int | None = None
-    # The file the body names (audio, an image), resolved for the job's owner at validation
-    # (llm_batch.infra.media.MediaResolver): the worker reads only what this says.
+    # The file the body names, resolved for the job's owner at validation: the worker reads only this.
     media: dict[str, Any] | None = None
-    # The LoRA adapter the line runs on (its body.model, or the job's), checked against the
-    # job's ModelChoice at validation; None: the base model.
+    # The LoRA adapter the line runs on (None: the base model), and where an owner's own one is.
     adapter: str | None = None
-    # Where an owner's own adapter is (its folder's URI): the worker loads it from there.
     adapter_uri: str | None = None
 
 
@@ -56,8 +49,7 @@ class ResultRecord(BaseModel):
     line: int | None = None
     # True when the answer came from the result cache (an earlier job's), not the engine.
     cached: bool | None = None
-    # Checked outputs: how many answers before this one failed the job's check, and their
-    # tokens (prompt + completion), spent and discarded.
+    # Checked outputs: how many answers before this one failed the job's check, and their tokens.
     retries: int | None = None
     retry_tokens: int | None = None
 

@@ -1,15 +1,8 @@
 """Request-body schemas per endpoint: the OpenAI-compatible bodies a batch line may carry.
 
-Decisions (see docs/validation.md):
-- Types are checked strictly: ``"5"`` is not a number, ``1`` is not a boolean and ``100.0``
-  is not an integer. Floats accept integers (``"temperature": 1``).
-- Unknown fields are accepted and kept in the body, as vLLM does for most of them: the
-  engine ignores what it does not know. The vLLM sampling extras that matter (``top_k``,
-  ``min_p``, ``min_tokens``, ``repetition_penalty``, ...) are typed and range-checked here.
-- ``model`` is accepted and ignored: the job's model wins. ``stream`` must be false or absent.
-
-``body_model_for(endpoint)`` gives the model; ``describe_validation_error`` turns a pydantic
-error into one precise line ("body.messages[0].role: ...").
+Types are strict (``"5"`` is not a number, ``1`` not a boolean, ``100.0`` not an integer;
+floats accept integers). Unknown fields are kept: the engine ignores what it does not know
+(docs/validation.md). ``model`` is accepted and ignored: the job's model wins.
 """
 
 from __future__ import annotations
@@ -54,13 +47,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
+class _Body(_Strict):
+    model: str | None = None  # accepted; the job's model wins
+
+
 def _fail(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, message)
 
 
 def _nested_error(subpath: str, detail: str) -> PydanticCustomError:
-    """An error at ``subpath`` below the field being checked (describe_validation_error
-    appends it to the field's path)."""
+    """An error at ``subpath`` below the checked field (its path continues the field's)."""
     return PydanticCustomError("nested_error", "{detail}", {"subpath": subpath, "detail": detail})
 
 
@@ -76,8 +72,7 @@ def _is_token_ids(value: Any) -> bool:
 
 
 def _is_texts(value: Any, field: str) -> bool:
-    """Whether ``value`` is a string or a non-empty list of strings; an empty string, alone
-    or in the list, is an error naming it."""
+    """Whether ``value`` is a string or a non-empty list of strings; an empty one is an error."""
     if type(value) is str:
         if not value:
             raise _fail("empty_input", f"{field} must not be an empty string")
@@ -89,37 +84,35 @@ def _is_texts(value: Any, field: str) -> bool:
     return False
 
 
-def _prompt_like(field: str):
-    """str | list[str] | list[int] | list[list[int]], non-empty, and no empty string in a
-    list either (vLLM refuses empty prompts; OpenAI refuses empty embedding inputs)."""
+def _union(accepts: Callable[[Any], bool], kind: str, message: str) -> Any:
+    """A field whose values ``accepts`` takes; any other is refused with ``message``."""
 
     def check(value: Any) -> Any:
-        if _is_texts(value, field) or (type(value) is list and value and (
-                _is_token_ids(value) or all(_is_token_ids(v) and v for v in value))):
+        if accepts(value):
             return value
-        raise _fail("invalid_input", f"{field} must be a non-empty string, list of strings, "
-                    "list of token ids or list of token-id lists")
+        raise _fail(kind, message)
 
-    return PlainValidator(check)
-
-
-def _check_stop(value: Any) -> Any:
-    if value is None or type(value) is str or _is_str_list(value):
-        return value
-    raise _fail("invalid_stop", "stop must be a string or a list of strings")
+    return Annotated[Any, PlainValidator(check)]
 
 
-def _check_tool_choice(value: Any) -> Any:
-    if value is None or type(value) is str or type(value) is dict:
-        return value
-    raise _fail("invalid_tool_choice", "tool_choice must be a string (\"auto\", \"none\", "
-                "\"required\") or an object naming a tool")
+def _prompt_like(field: str) -> Any:
+    """str | list[str] | list[int] | list[list[int]], with no empty string or list (vLLM refuses them)."""
+
+    def accepts(value: Any) -> bool:
+        return _is_texts(value, field) or (type(value) is list and value != [] and (
+            _is_token_ids(value) or all(_is_token_ids(ids) and ids for ids in value)))
+
+    return _union(accepts, "invalid_input",
+                  f"{field} must be a non-empty string, list of strings, list of token ids or list of token-id lists")
 
 
-def _check_stream(value: Any) -> Any:
-    if value is None or value is False:
-        return value
-    raise _fail("stream_not_supported", "stream must be false or absent in a batch request")
+Prompt, EmbeddingInput = _prompt_like("prompt"), _prompt_like("input")
+Stop = _union(lambda v: v is None or type(v) is str or _is_str_list(v), "invalid_stop",
+              "stop must be a string or a list of strings")
+ToolChoice = _union(lambda v: v is None or type(v) is str or type(v) is dict, "invalid_tool_choice",
+                    "tool_choice must be a string (\"auto\", \"none\", \"required\") or an object naming a tool")
+Stream = _union(lambda v: v is None or v is False, "stream_not_supported",
+                "stream must be false or absent in a batch request")
 
 
 def _check_content(value: Any) -> Any:
@@ -140,15 +133,11 @@ def _check_nested(adapter: TypeAdapter, value: Any, prefix: str = "", drop: str 
         raise _nested_error(prefix + subpath.removeprefix(drop), detail) from None
 
 
-Stream = Annotated[Any, PlainValidator(_check_stream)]
-
-
 # -- chat messages ----------------------------------------------------------------------------
 
 
 class ContentPart(_Strict):
-    """One part of a message's content: its type's payload field must be present (for
-    ``text`` and ``input_text`` that is ``text``, for ``image_url`` an object with a url)."""
+    """One part of a message's content: its type's payload field must be present."""
 
     type: Literal[tuple(CONTENT_PART_PAYLOADS)]  # type: ignore[valid-type]
     text: str | None = None
@@ -160,8 +149,7 @@ class ContentPart(_Strict):
         if payload is None:
             raise ValueError(f"a content part of type {self.type!r} needs a {field!r} field")
         if self.type in _URL_PARTS and not (type(payload) is dict and type(payload.get("url")) is str):
-            raise ValueError(f"{field} must be an object with a 'url' string, "
-                             f"like {{\"url\": \"https://...\"}}")
+            raise ValueError(f"{field} must be an object with a 'url' string, like {{\"url\": \"https://...\"}}")
         return self
 
 
@@ -197,15 +185,13 @@ class Message(_Strict):
         fields = {**self.__dict__, **(self.model_extra or {})}
         if self.role == "assistant":
             if all(fields.get(name) is None for name in _ASSISTANT_PAYLOADS):
-                raise ValueError("an assistant message needs content, tool_calls, "
-                                 "function_call, refusal or audio")
+                raise ValueError("an assistant message needs content, tool_calls, function_call, refusal or audio")
         elif self.role == "function":  # deprecated by OpenAI, still in its SDK and vLLM
             if not self.name:
                 raise ValueError("a function message needs name")
         elif self.content is None:
             raise ValueError(f"a {self.role} message needs content")
-        # A tool message's tool_call_id is not required: Mistral's SDK makes it optional
-        # and vLLM's chat parser does without it.
+        # A tool message's tool_call_id is optional in Mistral's SDK and vLLM's chat parser.
         return self
 
 
@@ -247,10 +233,9 @@ class ResponseFormat(_Strict):
 # -- bodies -----------------------------------------------------------------------------------
 
 
-class _GenerationBody(_Strict):
+class _GenerationBody(_Body):
     """Sampling fields shared by chat and completions (OpenAI plus vLLM's extras)."""
 
-    model: str | None = None  # accepted; the job's model wins
     stream: Stream = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -258,7 +243,7 @@ class _GenerationBody(_Strict):
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     n: int | None = Field(default=None, ge=1, le=MAX_N)
-    stop: Annotated[Any, PlainValidator(_check_stop)] = None
+    stop: Stop = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's server: torch.long
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -290,7 +275,7 @@ class ChatCompletionBody(_GenerationBody):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Annotated[Any, PlainValidator(_check_tool_choice)] = None
+    tool_choice: ToolChoice = None
 
     def _max_tokens_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -305,17 +290,15 @@ class ChatCompletionBody(_GenerationBody):
 class CompletionBody(_GenerationBody):
     """Body of a /v1/completions request."""
 
-    prompt: Annotated[Any, _prompt_like("prompt")]
+    prompt: Prompt
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
     suffix: str | None = None
 
 
 class FimCompletionBody(_GenerationBody):
-    """Body of a /v1/fim/completions request (Mistral's FIMCompletionRequest): the code
-    before the gap (``prompt``) and after it (``suffix``); the answer is the middle.
-    ``random_seed`` is Mistral's name for ``seed``; ``metadata`` and ``prompt_cache_key``
-    are accepted (no effect)."""
+    """Body of a /v1/fim/completions request (Mistral's FIMCompletionRequest): the answer goes
+    between ``prompt`` and ``suffix``; ``random_seed`` is Mistral's ``seed``."""
 
     prompt: str
     suffix: str | None = None
@@ -324,19 +307,14 @@ class FimCompletionBody(_GenerationBody):
     prompt_cache_key: str | None = None
 
 
-def _check_texts(value: Any) -> Any:
-    """A non-empty string or a non-empty list of non-empty strings (one result each)."""
-    if _is_texts(value, "input"):
-        return value
-    raise _fail("invalid_input", "input must be a non-empty string or a non-empty list of strings")
+Texts = _union(lambda v: _is_texts(v, "input"), "invalid_input",
+               "input must be a non-empty string or a non-empty list of strings")
 
 
-class ClassificationBody(_Strict):
-    """Body of a /v1/classifications request (Mistral's ClassificationRequest): one result
-    per text of ``input``, in order; ``metadata`` accepted (no effect)."""
+class ClassificationBody(_Body):
+    """Body of a /v1/classifications request (Mistral's ClassificationRequest): a result per text."""
 
-    model: str | None = None  # accepted; the job's model wins
-    input: Annotated[Any, PlainValidator(_check_texts)]
+    input: Texts
     metadata: dict[str, Any] | None = None
 
 
@@ -353,17 +331,14 @@ def _check_conversations(value: Any) -> Any:
     """One conversation or a non-empty list of them; errors continue the path."""
     one = type(value) is dict
     if not one and not (type(value) is list and value):
-        raise _fail("invalid_input", "input must be a conversation ({\"messages\": [...]}) or a "
-                    "non-empty list of them")
+        raise _fail("invalid_input", "input must be a conversation ({\"messages\": [...]}) or a non-empty list of them")
     _check_nested(_CONVERSATIONS, [value] if one else value, drop="[0]" if one else "")  # one: no [0]
     return value
 
 
-class ChatClassificationBody(_Strict):
-    """Body of a /v1/chat/classifications request (Mistral's ChatClassificationRequest):
-    ``input`` one conversation (``{"messages": [...]}``) or a list of them, one result each."""
+class ChatClassificationBody(_Body):
+    """Body of a /v1/chat/classifications request (Mistral's ChatClassificationRequest)."""
 
-    model: str | None = None  # accepted; the job's model wins
     input: Annotated[Any, PlainValidator(_check_conversations)]
 
 
@@ -371,8 +346,7 @@ _MESSAGES = TypeAdapter(Annotated[list[Message], Field(min_length=1)])
 
 
 def _check_moderated_chats(value: Any) -> Any:
-    """Mistral's ChatModerationRequest input: one conversation (a list of messages) or a
-    list of conversations (lists of messages); errors continue the path."""
+    """One conversation (a list of messages) or a list of them; errors continue the path."""
     if type(value) is not list or not value:
         raise _fail("invalid_input", "input must be a non-empty list of messages (one conversation) "
                     "or a non-empty list of such lists (several)")
@@ -382,19 +356,16 @@ def _check_moderated_chats(value: Any) -> Any:
     return value
 
 
-class ChatModerationBody(_Strict):
-    """Body of a /v1/chat/moderations request (Mistral's ChatModerationRequest): ``input``
-    one conversation (a list of messages) or a list of them, one result each."""
+class ChatModerationBody(_Body):
+    """Body of a /v1/chat/moderations request (Mistral's ChatModerationRequest)."""
 
-    model: str | None = None  # accepted; the job's model wins
     input: Annotated[Any, PlainValidator(_check_moderated_chats)]
 
 
-class EmbeddingBody(_Strict):
+class EmbeddingBody(_Body):
     """Body of a /v1/embeddings request."""
 
-    model: str | None = None  # accepted; the job's model wins
-    input: Annotated[Any, _prompt_like("input")]
+    input: EmbeddingInput
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = Field(default=None, ge=1)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
@@ -402,13 +373,11 @@ class EmbeddingBody(_Strict):
 
 
 # -- /v1/responses ---------------------------------------------------------------------------
-# The Responses API on the chat path: text in, one assistant message out. Options a batch
-# cannot honour are refused per line, naming the option, unless they hold their harmless
-# value (the value that asks for nothing: an empty tool list, background false, ...).
+# Run on the chat path. An option a batch cannot honour is refused per line unless it holds
+# its harmless value (the one that asks for nothing: an empty tool list, background false).
 
 RESPONSES_ROLES = ("user", "system", "developer", "assistant")
-# Content part types of an input message: text only (input_text; output_text in an
-# assistant message of the history).
+# Text only (output_text: an assistant message of the history).
 RESPONSES_TEXT_PARTS = ("input_text", "output_text")
 
 
@@ -416,16 +385,21 @@ def _absent(value: Any) -> bool:
     return value is None
 
 
+def _off(value: Any) -> bool:
+    return value is None or value is False
+
+
 # option -> (is the value harmless?, why it is refused)
-RESPONSES_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+Rules = dict[str, tuple[Callable[[Any], bool], str]]
+RESPONSES_UNSUPPORTED: Rules = {
     "tools": (lambda v: v is None or v == [], "tools (function calling, built-in tools) are not run"),
     "tool_choice": (lambda v: v is None or v in ("auto", "none"), "tools are not run"),
     "previous_response_id": (_absent, "responses are not stored, so there is no earlier "
                              "response to continue; send the whole conversation in input"),
     "conversation": (_absent, "conversations are not stored; send the whole conversation in input"),
-    "background": (lambda v: v is None or v is False, "a batch line already runs in the background"),
-    "store": (lambda v: v is None or v is False, "responses are not stored for retrieval by id "
-              "(the batch's output file holds them); set store to false or leave it out"),
+    "background": (_off, "a batch line already runs in the background"),
+    "store": (_off, "responses are not stored for retrieval by id (the batch's output file holds them); "
+              "set store to false or leave it out"),
     "include": (lambda v: v is None or v == [], "no extra output items can be included"),
     "reasoning": (_absent, "reasoning options are not honoured"),
     "prompt": (_absent, "stored prompt templates are not available; send the text in input"),
@@ -438,10 +412,9 @@ RESPONSES_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def refused_option(rules: dict[str, tuple[Callable[[Any], bool], str]], body: dict[str, Any]) -> tuple[str, str] | None:
+def refused_option(rules: Rules, body: dict[str, Any]) -> tuple[str, str] | None:
     """The first option of ``rules`` that ``body`` sets to a value that is not harmless, and why.
-    A value a rule cannot judge (another type than the option's) is left to the field's own
-    type check, which names it: a rule never raises for a line."""
+    A value of another type is left to the field's own type check: a rule never raises."""
     for option, (harmless, why) in rules.items():
         if option in body:
             try:
@@ -453,9 +426,8 @@ def refused_option(rules: dict[str, tuple[Callable[[Any], bool], str]], body: di
     return None
 
 
-def _refusing(rules: dict[str, tuple[Callable[[Any], bool], str]], endpoint: str) -> Any:
-    """A body's model validator: refuse the first option of ``rules`` set to a value that is
-    not harmless, naming it."""
+def _refusing(rules: Rules, endpoint: str) -> Any:
+    """A body's model validator refusing the options of ``rules`` set to a harmful value."""
 
     def refuse(cls: type, value: Any) -> Any:
         if type(value) is dict and (found := refused_option(rules, value)):
@@ -559,8 +531,7 @@ def _check_metadata(value: Any) -> Any:
     if type(value) is not dict or not all(type(v) is str for v in value.values()):
         raise _fail("invalid_metadata", "metadata must be an object of string values")
     if len(value) > MAX_METADATA_KEYS:
-        raise _fail("invalid_metadata", f"metadata holds at most {MAX_METADATA_KEYS} keys "
-                    f"(got {len(value)})")
+        raise _fail("invalid_metadata", f"metadata holds at most {MAX_METADATA_KEYS} keys (got {len(value)})")
     for key, item in value.items():
         if len(key) > MAX_METADATA_KEY or len(item) > MAX_METADATA_VALUE:
             raise _fail("invalid_metadata", f"metadata keys are at most {MAX_METADATA_KEY} "
@@ -568,11 +539,9 @@ def _check_metadata(value: Any) -> Any:
     return value
 
 
-
-class ResponsesBody(_Strict):
+class ResponsesBody(_Body):
     """Body of a /v1/responses request (run as a chat: instructions, then the input)."""
 
-    model: str | None = None  # accepted; the job's model wins
     stream: Stream = None
     input: Annotated[Any, PlainValidator(_check_responses_input)]
     instructions: str | None = None
@@ -591,9 +560,7 @@ class ResponsesBody(_Strict):
 
 
 # -- media endpoints: audio transcriptions and OCR ------------------------------------------
-# The body names its file: an uploaded file id, a path URI (checked against the line's
-# owner by llm_batch.infra.media at validation), or the bytes inline as base64. Only the shape is
-# checked here; options the engine cannot honour are refused per line.
+# Only the shape of the file a line names is checked here (llm_batch.infra.media resolves it).
 
 
 def _check_base64(value: Any, field: str) -> Any:
@@ -608,29 +575,25 @@ def _check_base64(value: Any, field: str) -> Any:
 
 
 class InlineFile(_Strict):
-    """Mistral's ``file`` (a multipart upload in its SDK): in a batch line, the file's
-    bytes as base64 in ``content``."""
+    """Mistral's ``file`` (a multipart upload in its SDK): here the bytes as base64."""
 
     file_name: str = Field(min_length=1)
     content: Annotated[Any, PlainValidator(lambda v: _check_base64(v, "content"))]
     content_type: str | None = None
 
 
-# option -> (is the value harmless?, why it is refused)
-TRANSCRIPTION_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "diarize": (lambda v: v is None or v is False, "speakers are not told apart (no diarization model runs)"),
+TRANSCRIPTION_UNSUPPORTED: Rules = {
+    "diarize": (_off, "speakers are not told apart (no diarization model runs)"),
     "speaker_references": (lambda v: not v, "speakers are not told apart (no diarization model runs)"),
     "timestamp_granularities": (lambda v: v is None or "word" not in v,
                                 "only segment timestamps are given (Whisper has no word timestamps)"),
 }
 
 
-class TranscriptionBody(_Strict):
-    """Body of a /v1/audio/transcriptions request (Mistral's AudioTranscriptionRequest):
-    exactly one of ``file_id``, ``file_url`` (a path under the allowed roots or buckets,
-    never fetched from the web) and ``file`` (inline base64). WAV audio only."""
+class TranscriptionBody(_Body):
+    """Body of a /v1/audio/transcriptions request (Mistral's AudioTranscriptionRequest): exactly
+    one of ``file_id``, ``file_url`` (a path, never fetched from the web) and ``file``."""
 
-    model: str | None = None  # accepted; the job's model wins
     file: InlineFile | None = None
     file_url: str | None = Field(default=None, min_length=1)
     file_id: str | None = Field(default=None, min_length=1)
@@ -689,36 +652,29 @@ def _check_document(value: Any) -> Any:
     return _check_nested(adapter, value)
 
 
-OCR_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+OCR_UNSUPPORTED: Rules = {
     "bbox_annotation_format": (_absent, "no annotation model runs"),
     "document_annotation_format": (_absent, "no annotation model runs"),
     "document_annotation_prompt": (_absent, "no annotation model runs"),
-    "extract_header": (lambda v: v is None or v is False, "headers are not told apart from the page"),
-    "extract_footer": (lambda v: v is None or v is False, "footers are not told apart from the page"),
-    "include_blocks": (lambda v: v is None or v is False, "no layout model gives block bounding boxes"),
+    "extract_header": (_off, "headers are not told apart from the page"),
+    "extract_footer": (_off, "footers are not told apart from the page"),
+    "include_blocks": (_off, "no layout model gives block bounding boxes"),
     "confidence_scores_granularity": (_absent, "no confidence scores are computed"),
     "table_format": (_absent, "tables stay in the page's markdown"),
 }
 
 
-def _check_pages(value: Any) -> Any:
-    """Mistral's pages: a list of page numbers or a string such as "0,2-4"; an image has
-    page 0 only, which the worker checks."""
-    if value is None or (type(value) is list and all(type(p) is int and p >= 0 for p in value)):
-        return value
-    if type(value) is str and re.fullmatch(r"\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*", value):
-        return value
-    raise _fail("invalid_pages", "pages must be a list of page numbers (from 0) or a string such as \"0,2-4\"")
+# Mistral's pages: a list of page numbers or a string such as "0,2-4".
+Pages = _union(lambda v: v is None or (type(v) is list and all(type(p) is int and p >= 0 for p in v))
+               or (type(v) is str and re.fullmatch(r"\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*", v) is not None),
+               "invalid_pages", "pages must be a list of page numbers (from 0) or a string such as \"0,2-4\"")
 
 
-class OcrBody(_Strict):
-    """Body of a /v1/ocr request (Mistral's OCRRequest): ``document`` one image or PDF as a
-    file id (``file``), an ``image_url`` (a path under the allowed roots or buckets, or a
-    ``data:`` URL) or a ``document_url`` (the same); the worker renders a PDF's pages."""
+class OcrBody(_Body):
+    """Body of a /v1/ocr request (Mistral's OCRRequest): ``document`` one image or PDF."""
 
-    model: str | None = None  # accepted; the job's model wins
     document: Annotated[Any, PlainValidator(_check_document)]
-    pages: Annotated[Any, PlainValidator(_check_pages)] = None
+    pages: Pages = None
     include_image_base64: bool | None = None  # no images are extracted: nothing to include
     image_limit: int | None = Field(default=None, ge=0)
     image_min_size: int | None = Field(default=None, ge=0)
@@ -748,27 +704,24 @@ def body_model_for(endpoint: Endpoint | str) -> type[BaseModel]:
 
 
 # -- fast path ---------------------------------------------------------------------------------
-# Most batch lines are the same plain shape: string messages and a few numeric fields. Checking
-# that shape by hand is ~5x faster than the pydantic model. A fast check only ever ACCEPTS
-# (returning the prompt's character count); anything it is unsure of, valid or not, returns
-# None and goes to the full model, so error messages always come from the model.
+# Most lines are plain (string messages, a few numeric fields): checked by hand, faster than
+# the model. A fast check only ever accepts; anything else goes to the model, which words errors.
 
 
 def _num_in(low: float, high: float) -> Callable[[Any], bool]:
     return lambda v: (type(v) is float or type(v) is int) and low <= v <= high
 
 
-def _int_in(low: int, high: float) -> Callable[[Any], bool]:
+def _int_in(low: int, high: float = float("inf")) -> Callable[[Any], bool]:
     return lambda v: type(v) is int and low <= v <= high
 
 
-_INF = float("inf")
 _SIMPLE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "model": lambda v: type(v) is str,
-    "max_tokens": _int_in(1, _INF),
+    "max_tokens": _int_in(1),
     "temperature": _num_in(0, 2),
     "top_p": lambda v: (type(v) is float or type(v) is int) and 0 < v <= 1,
-    "top_k": _int_in(-1, _INF),
+    "top_k": _int_in(-1),
     "n": _int_in(1, MAX_N),
     "seed": _int_in(INT64_MIN, INT64_MAX),
     "stop": lambda v: type(v) is str or _is_str_list(v),
@@ -776,7 +729,7 @@ _SIMPLE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "frequency_penalty": _num_in(-2, 2),
     "user": lambda v: type(v) is str,
 }
-_CHAT_FIELDS = {**_SIMPLE_FIELDS, "max_completion_tokens": _int_in(1, _INF)}
+_CHAT_FIELDS = {**_SIMPLE_FIELDS, "max_completion_tokens": _int_in(1)}
 # Roles whose string-content message is valid both in a chat and in /v1/responses input.
 _PLAIN_ROLES = frozenset(("system", "user", "assistant", "developer"))
 
@@ -800,7 +753,7 @@ def _plain_chars(messages: Any) -> int | None:
 def _fast(field: str, fields: dict[str, Callable[[Any], bool]], *, text: bool = True,
           messages: bool = False) -> Callable[[dict[str, Any]], int | None]:
     """The fast check of bodies whose ``field`` is a non-empty string (``text``) or plain
-    messages (``messages``) and whose other fields are all simple ones of ``fields``."""
+    ``messages``, and whose other fields are all of ``fields``."""
 
     def check(body: dict[str, Any]) -> int | None:
         value = body.get(field)
@@ -818,14 +771,8 @@ def _fast(field: str, fields: dict[str, Callable[[Any], bool]], *, text: bool = 
 
 
 _MODEL_ONLY = {"model": _SIMPLE_FIELDS["model"]}
-_RESPONSES_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "model": _SIMPLE_FIELDS["model"],
-    "instructions": lambda v: type(v) is str,
-    "max_output_tokens": _int_in(1, _INF),
-    "temperature": _SIMPLE_FIELDS["temperature"],
-    "top_p": _SIMPLE_FIELDS["top_p"],
-    "user": _SIMPLE_FIELDS["user"],
-}
+_RESPONSES_FIELDS = {**{name: _SIMPLE_FIELDS[name] for name in ("model", "temperature", "top_p", "user")},
+                     "instructions": lambda v: type(v) is str, "max_output_tokens": _int_in(1)}
 
 
 _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
@@ -835,18 +782,14 @@ _FAST_CHECKS: dict[Endpoint, Callable[[dict[str, Any]], int | None]] = {
     Endpoint.RESPONSES: _fast("input", _RESPONSES_FIELDS, messages=True),
     Endpoint.FIM_COMPLETIONS: _fast("prompt", _SIMPLE_FIELDS),
     Endpoint.CLASSIFICATIONS: _fast("input", _MODEL_ONLY),
-    Endpoint.CHAT_CLASSIFICATIONS: lambda body: None,  # always the full model
     Endpoint.MODERATIONS: _fast("input", _MODEL_ONLY),
-    Endpoint.CHAT_MODERATIONS: lambda body: None,
-    Endpoint.TRANSCRIPTIONS: lambda body: None,
-    Endpoint.OCR: lambda body: None,
 }
 
 
 def fast_check_for(endpoint: Endpoint | str) -> Callable[[dict[str, Any]], int | None]:
     """A check that returns the prompt's character count when a body is certainly valid
     for ``endpoint`` in its plain common shape, and None when the full model must decide."""
-    return _FAST_CHECKS[Endpoint(endpoint)]
+    return _FAST_CHECKS.get(Endpoint(endpoint), lambda body: None)  # others: always the full model
 
 
 def _text_chars(value: Any) -> int:
@@ -862,12 +805,9 @@ def _text_chars(value: Any) -> int:
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
-    """Characters of prompt text in a (valid) body: messages' text, prompt or input (and
-    a FIM suffix, a Responses instructions). Token ids count four characters each. About
-    four characters make a token."""
+    """Characters of prompt text in a valid body, a token id counting four (about one token)."""
     for field in ("messages", "prompt", "input"):
         if field in body:
-            # /v1/responses: instructions are a system message; /v1/fim/completions: the suffix
             extra = sum(len(v) for v in (body.get("instructions"), body.get("suffix")) if type(v) is str)
             return _text_chars(body[field]) + extra
     return 0

@@ -1,16 +1,10 @@
 """Strict JSON: what every byte a user sends must be before anything reads it.
 
-JSON as the pipeline writes it (orjson) and as every component can carry it: UTF-8 with no
-lone surrogates, no NaN or Infinity, integers within 64 bits, and nesting no deeper than
-``MAX_DEPTH``. Python's own parser (FastAPI's, Airflow's) admits all of these; a value that
-holds one of them breaks a later writer (a DAG run's conf that cannot be serialised stops the
-scheduler; orjson refuses 254 levels of nesting) far from the request that sent it. So the API
-checks each JSON body here once, at its edge, and each DAG run's conf again before it is
-triggered.
-
-    check(data: bytes) -> Any        the value, or NotStrictJson saying what and where
-    problem(value) -> Problem | None the same rules for a value already parsed (a conf)
-    depth_problem(value)             the depth rule alone, for what orjson parsed (batch lines)
+UTF-8 with no lone surrogates, no NaN or Infinity, integers within 64 bits, nesting no deeper
+than ``MAX_DEPTH``: what orjson writes and every component can carry. Python's own parser
+admits all of these, and a value holding one breaks a later writer far from the request that
+sent it (a DAG run's conf that cannot be serialised stops the scheduler), so the API checks
+each JSON body at its edge and each run's conf before it is triggered.
 """
 
 from __future__ import annotations
@@ -21,11 +15,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-__all__ = ["MAX_DEPTH", "NotStrictJson", "Problem", "check", "depth_problem", "problem"]
-
-# Deep enough for any request body, chat message or JSON schema we have seen (they stay under
-# 20); far below orjson's own limit of 254, so a checked value can always be written again
-# inside a record, a conf or a results line.
+# Deep enough for any real body or schema; far below orjson's own limit of 254, so a checked
+# value can always be written again inside a record, a conf or a results line.
 MAX_DEPTH = 64
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 # orjson reads an integer past 64 bits as a float: only a text where such a float turns up is
@@ -72,15 +63,14 @@ class Problem(NamedTuple):
 
 
 def problem(value: Any, where: str = "") -> Problem | None:
-    """What keeps an already parsed value (a conf, what Python's parser built) from being
-    strict JSON, else None; ``where`` is the value's own place, for the message."""
+    """What keeps an already parsed value (a conf) from being strict JSON, else None; ``where``
+    is the value's own place."""
     return _walk(value, where, 0, parsed=True)
 
 
 def depth_problem(value: Any) -> Problem | None:
-    """Where a value parsed by orjson (whose own limit is 1024 levels) nests deeper than
-    ``MAX_DEPTH``, else None: a batch line that deep is that line's error, never a failure
-    of the step that writes it again."""
+    """Where a value parsed by orjson nests deeper than ``MAX_DEPTH``, else None (a batch line
+    that deep is its own error, not the failure of a later writer)."""
     return _walk(value, "", 0)
 
 
@@ -89,8 +79,7 @@ def _shortened(where: str) -> str:
 
 
 def _decode_problem(data: bytes | str, exc: orjson.JSONDecodeError) -> NotStrictJson:
-    """Why orjson refused ``data``: past its own depth limit, not JSON at all (``syntax``), or
-    what Python's parser admits and strict JSON does not, found where it is."""
+    """Why orjson refused ``data``: too deep, not JSON at all (``syntax``), or what Python's parser admits."""
     if "recursion" in exc.msg:
         return NotStrictJson(f"nested deeper than {MAX_DEPTH} levels")
     try:
