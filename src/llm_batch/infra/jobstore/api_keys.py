@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import secrets
 import uuid
-from typing import Protocol
 
 from sqlalchemy import Row, select, update
 
@@ -36,15 +35,6 @@ def _sha256(text: str) -> str:
 
 def _api_key(row: Row) -> ApiKey:
     return ApiKey(**row._asdict())
-
-
-class ApiKeys(Protocol):
-    """The API keys, as the API's authentication and the CLI use them (ApiKeyRepository)."""
-
-    def create_api_key(self, owner: str, name: str, is_admin: bool = False) -> tuple[ApiKey, str]: ...
-    def identify_api_key(self, plaintext: str) -> ApiKey | None: ...
-    def revoke_api_key(self, key_id: str, owner: str | None = None) -> ApiKey: ...
-    def list_api_keys(self, owner: str | None = None, include_revoked: bool = False) -> list[ApiKey]: ...
 
 
 class ApiKeyRepository(Repository):

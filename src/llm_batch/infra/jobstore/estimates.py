@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import select, update
 
@@ -50,12 +50,6 @@ class LiveWork:
     created_at: datetime
     estimate: dict[str, Any] | None
     engine_seconds: float
-
-
-class Estimates(Protocol):
-    def set_estimate(self, job_id: str, estimate: dict[str, Any]) -> None: ...
-    def measured_rate(self, model: str, last: int = RATE_JOBS) -> MeasuredRate | None: ...
-    def live_work(self) -> list[LiveWork]: ...
 
 
 class EstimatesRepository(Repository):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Protocol
 
 from sqlalchemy import func, select
 
@@ -36,10 +35,6 @@ class StoreFigures:
     oldest_pending_delivery_s: float  # 0 without a pending one
     attempts: dict[bool, int]  # answered with 2xx? -> attempts
     failed_by_code: dict[str, int]  # ended jobs' failed requests by their summary's code
-
-
-class Figures(Protocol):
-    def figures(self) -> StoreFigures: ...
 
 
 def _age(then: datetime | None, now: datetime) -> float:

@@ -9,7 +9,7 @@ import math
 import sqlite3
 import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, insert, select
 from sqlalchemy.engine import make_url
@@ -23,12 +23,6 @@ from llm_batch.infra.jobstore.tables import API_KEYS, JOBS
 
 # How long check_health waits to connect, for the write lock and for each statement.
 HEALTH_TIMEOUT_S = 5.0
-
-
-class Health(Protocol):
-    """The store's health check, as ``/health`` and ``llm-batch status`` use it (HealthRepository)."""
-
-    def check_health(self, timeout: float = HEALTH_TIMEOUT_S, open_store: bool = True) -> None: ...
 
 
 class HealthRepository(Repository):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from sqlalchemy import ColumnElement, Row, delete, select, update
 
@@ -42,19 +41,6 @@ def _record(row: Row) -> IdempotencyRecord:
 
 def _key(owner: str, key: str) -> list[ColumnElement[bool]]:
     return [IDEMPOTENCY_KEYS.c.owner == owner, IDEMPOTENCY_KEYS.c.key == key]
-
-
-class IdempotencyKeys(Protocol):
-    """The idempotency keys, as the API's Idempotency-Key handling uses them (IdempotencyRepository)."""
-
-    def reserve_idempotency_key(
-        self, owner: str, key: str, route: str, fingerprint: str, lease: timedelta, now: datetime | None = None
-    ) -> tuple[bool, IdempotencyRecord]: ...
-    def get_idempotency_key(self, owner: str, key: str) -> IdempotencyRecord | None: ...
-    def complete_idempotency_key(
-        self, owner: str, key: str, locked_at: datetime, status_code: int, content_type: str | None, body: str
-    ) -> bool: ...
-    def release_idempotency_key(self, owner: str, key: str, locked_at: datetime) -> None: ...
 
 
 class IdempotencyRepository(Repository):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Connection, Row, and_, case, delete, func, insert, select, update
 
@@ -41,19 +41,6 @@ class ProgressPoint:
     failed: int
     completion_tokens: int
     tokens_per_s: float
-
-
-class Progress(Protocol):
-    """A job's shards' progress and its history (ProgressRepository): the shard tasks
-    report, the UI reads."""
-
-    def report_shard(
-        self, job_id: str, shard: int, *, state: str, total: int = 0, done: int = 0, succeeded: int = 0,
-        failed: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0, cached_prompt_tokens: int = 0,
-        engine_seconds: float = 0.0, reason: str | None = None,
-    ) -> Job: ...
-    def progress_history(self, job_id: str, owner: str | None = None) -> list[ProgressPoint]: ...
-    def shard_records(self, job_id: str) -> list[ShardRecord]: ...
 
 
 def _live_from_rows(job: Row, sums: Row) -> dict[str, Any]:

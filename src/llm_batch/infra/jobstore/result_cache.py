@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import closing
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Row, delete, func, select, tuple_, update
 
@@ -33,17 +33,6 @@ _REPLACED = _COLUMNS[2:]  # a newer computation of a key replaces all but the ke
 
 def _entry(row: Row) -> CacheEntry:
     return CacheEntry(**row._asdict())
-
-
-class ResultCacheIndex(Protocol):
-    """The result cache's rows, as the pipeline's cache use cases and housekeeping use them."""
-
-    def cache_entries(self, owner: str, keys: Iterable[str], *, made_after: datetime) -> dict[str, CacheEntry]: ...
-    def put_cache_entries(self, *, owner: str, job_id: str, uri: str, packed: Iterable[Packed]) -> None: ...
-    def cache_uris_in_use(self, uris: Iterable[str]) -> set[str]: ...
-    def touch_cache_entries(self, owner: str, keys: Iterable[str]) -> None: ...
-    def forget_job_cache(self, job_id: str) -> list[CacheEntry]: ...
-    def evict_cache(self, *, made_before: datetime, max_bytes: int) -> list[CacheEntry]: ...
 
 
 class ResultCacheRepository(Repository):

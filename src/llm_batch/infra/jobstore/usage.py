@@ -6,7 +6,7 @@ owner, model or label (``/v1/usage``, ``llm-batch usage``). Reads the ``jobs``, 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.sql.elements import ColumnElement
@@ -20,15 +20,6 @@ from llm_batch.infra.jobstore.tables import ADAPTERS, FILES, JOBS
 USAGE_GROUPINGS = ("owner", "model", "label")
 USAGE_ALL_GROUP = "(all)"  # by=None: one row over every job
 USAGE_NO_LABELS_GROUP = "(none)"  # by="label": the jobs without labels
-
-
-class Usage(Protocol):
-    """Usage, as the API's limits and usage report and the CLI read it (UsageRepository)."""
-
-    def owner_usage(self, owner: str) -> dict[str, int]: ...
-    def usage(
-        self, by: str | None = None, since: datetime | None = None, owner: str | None = None
-    ) -> list[UsageRow]: ...
 
 
 class UsageRepository(Repository):

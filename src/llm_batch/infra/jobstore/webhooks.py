@@ -176,33 +176,6 @@ def enqueue_job_end(connection: Connection, before: Row, after: Row) -> None:
     ])
 
 
-class WebhookEndpoints(Protocol):
-    """The endpoints and their attempts, as the API's webhook routes use them (WebhookRepository)."""
-
-    def create_webhook_endpoint(
-        self, owner: str, url: str, events: list[str] | None = None, description: str = ""
-    ) -> tuple[WebhookEndpoint, str]: ...
-    def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None: ...
-    def list_webhook_endpoints(self, owner: str | None = None) -> list[WebhookEndpoint]: ...
-    def page_webhook_endpoints(
-        self, owner: str | None = None, limit: int = 20, after: str | None = None
-    ) -> tuple[list[WebhookEndpoint], bool]: ...
-    def update_webhook_endpoint(
-        self, endpoint_id: str, owner: str | None = None, *, url: str | None = None, events: list[str] | None = None,
-        description: str | None = None,
-    ) -> WebhookEndpoint: ...
-    def rotate_webhook_secret(
-        self, endpoint_id: str, owner: str | None = None, keep_previous_for: timedelta | None = None
-    ) -> tuple[WebhookEndpoint, str]: ...
-    def delete_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> None: ...
-    def enqueue_webhook_test(self, endpoint_id: str, owner: str | None = None,
-                             event_type: str = "batch.completed") -> WebhookDelivery: ...
-    def list_webhook_attempts(
-        self, endpoint_id: str, owner: str | None = None, limit: int = 100, delivery_id: str | None = None,
-        job_id: str | None = None,
-    ) -> list[WebhookAttempt]: ...
-
-
 class WebhookOutbox(Protocol):
     """The outbox, as a deliverer (llm_batch.infra.webhooks.Deliverer) works it (WebhookRepository)."""
 
