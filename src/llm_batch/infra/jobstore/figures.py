@@ -1,7 +1,4 @@
-"""Operational figures of the whole store, read at once for a metrics scrape (``/batch/metrics``):
-jobs by status and model, every live job and how long it has been still, the live
-throughput, the usage sums, and the webhook outbox. Reads only.
-"""
+"""Operational figures of the whole store, read at once for a metrics scrape (``/batch/metrics``)."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore.repository import Repository
+from llm_batch.infra.jobstore.repository import ENDED_STATUSES, LIVE_STATUSES, Repository
 from llm_batch.infra.jobstore.snapshots import UsageRow
 from llm_batch.infra.jobstore.tables import ATTEMPTS, DELIVERIES, JOBS
 
@@ -45,10 +42,7 @@ def _age(then: datetime | None, now: datetime) -> float:
 
 
 class FiguresRepository(Repository):
-    """Figures (see the module docstring)."""
-
     def figures(self) -> StoreFigures:
-        live = [s.value for s in JobStatus if not s.terminal]
         now = datetime.now(UTC)
         c = JOBS.c
         with self._transaction(write=False) as connection:
@@ -56,7 +50,7 @@ class FiguresRepository(Repository):
                 select(c.status, c.model, func.count()).group_by(c.status, c.model))}
             still = [LiveJob(job_id, status, run_id, _age(updated, now)) for job_id, status, run_id, updated in
                      connection.execute(select(c.id, c.status, c.dag_run_id, c.updated_at)
-                                        .where(c.status.in_(live)).order_by(c.updated_at))]
+                                        .where(c.status.in_(LIVE_STATUSES)).order_by(c.updated_at))]
             rates = {model: float(rate or 0) for model, rate in connection.execute(
                 select(c.model, func.sum(c.tokens_per_s)).where(c.status == JobStatus.RUNNING.value).group_by(c.model))}
             deliveries = {status: int(n) for status, n in connection.execute(
@@ -68,9 +62,8 @@ class FiguresRepository(Repository):
                 select(func.coalesce(ok, False), func.count()).group_by(func.coalesce(ok, False)))}
             # Only ended jobs with failures have a summary (a scan of those rows, not of every job).
             failed_by_code: dict[str, int] = {}
-            ended = [s.value for s in JobStatus if s.terminal]
             rows = connection.execution_options(yield_per=1000).execute(
-                select(c.errors).where(c.status.in_(ended), c.failed > 0))
+                select(c.errors).where(c.status.in_(ENDED_STATUSES), c.failed > 0))
             for (summary,) in rows:
                 for entry in summary if isinstance(summary, list) else ():
                     if isinstance(entry, dict) and isinstance(entry.get("count"), int):

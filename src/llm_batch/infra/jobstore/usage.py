@@ -1,7 +1,5 @@
 """Usage: what owners hold now (the per-owner limits' measures) and what jobs used, summed by
-owner, model or label (``/v1/usage``, ``llm-batch usage``). Reads the ``jobs``, ``files`` and
-``adapters`` tables; writes nothing.
-"""
+owner, model or label (``/v1/usage``, ``llm-batch usage``)."""
 
 from __future__ import annotations
 
@@ -9,10 +7,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.sql.elements import ColumnElement
 
-from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore.repository import Repository, require_aware
+from llm_batch.infra.jobstore.paging import matching
+from llm_batch.infra.jobstore.repository import LIVE_STATUSES, Repository, require_aware
 from llm_batch.infra.jobstore.snapshots import UsageRow
 from llm_batch.infra.jobstore.tables import ADAPTERS, FILES, JOBS
 
@@ -23,16 +20,13 @@ USAGE_NO_LABELS_GROUP = "(none)"  # by="label": the jobs without labels
 
 
 class UsageRepository(Repository):
-    """Usage (see the module docstring)."""
-
     def owner_usage(self, owner: str) -> dict[str, int]:
-        """What `owner` holds now: live jobs, their requests (known totals) and the bytes they
-        store: files not deleted and their own adapters (the per-owner limits' measures)."""
-        live = [s.value for s in JobStatus if not s.terminal]
+        """What `owner` holds now: live jobs, their requests (known totals) and the bytes of
+        their files not deleted and their adapters."""
         with self._transaction(write=False) as connection:
             jobs, requests = connection.execute(
                 select(func.count(), func.coalesce(func.sum(JOBS.c.total), 0))
-                .where(JOBS.c.owner == owner, JOBS.c.status.in_(live))
+                .where(JOBS.c.owner == owner, JOBS.c.status.in_(LIVE_STATUSES))
             ).one()
             stored = connection.execute(
                 select(func.coalesce(func.sum(FILES.c.bytes), 0))
@@ -46,31 +40,22 @@ class UsageRepository(Repository):
     def usage(
         self, by: str | None = None, since: datetime | None = None, owner: str | None = None
     ) -> list[UsageRow]:
-        """Usage summed over jobs created at or after `since` (every job when None), of
-        `owner` when given, whatever their status: jobs, requests (total, succeeded,
-        failed), tokens, engine seconds and GPU seconds.
-
-        ``by``: None -> one row, group ``(all)`` (zeros when no job matches); ``owner`` -> one
-        row per value (summed in SQL); ``model`` -> one row per model that answered
-        (``_by_model``: a job mixing LoRA adapters counts in each); ``label`` -> one row per label
-        ``key=value`` a job has: a job with two labels counts in both rows, a job without
-        labels in the row ``(none)`` (labels are JSON: summed in Python over the streamed
-        rows, keeping only the per-group sums). Rows are ordered by group.
+        """Usage summed over jobs (any status) created at or after `since`, of `owner` when
+        given, by group, ordered by group. ``by``: None -> one row ``(all)`` (zeros when no job
+        matches); ``owner``; ``model`` -> each model that answered (``_by_model``); ``label`` ->
+        each ``key=value`` a job has (a job counts in each of its labels, one without in
+        ``(none)``).
 
         GPU seconds of a job: its engine seconds x the ``gpus`` in its resources, 1 when it
-        names none (what every shard is planned with). A job recorded with ``gpus: 0`` (a CPU
-        run) adds 0; the store does not record the device a shard ran on, so a CPU run
-        planned with the default counts as 1 GPU.
+        names none (what every shard is planned with; the device a shard ran on is not recorded).
         """
         if by is not None and by not in USAGE_GROUPINGS:
             raise ValueError(f"cannot group usage by {by!r}; use one of {', '.join(USAGE_GROUPINGS)} (or none)")
         require_aware(since=since)
         c = JOBS.c
-        filters: list[ColumnElement[bool]] = []
+        filters = matching(JOBS, owner=owner)
         if since is not None:
             filters.append(c.created_at >= since)
-        if owner is not None:
-            filters.append(c.owner == owner)
         gpus = func.coalesce(c.resources["gpus"].as_integer(), 1)
         measures = {  # UsageRow's field -> the jobs column it sums
             "requests_total": c.total, "requests_succeeded": c.succeeded, "requests_failed": c.failed,
