@@ -1,8 +1,5 @@
-"""The job store: jobs, file objects, API keys, usage, webhooks and owners' adapters in our own SQL database.
-
-SQLite file by default (``Settings.database_url``), PostgreSQL by URL; never Airflow's
-metadata database. See docs/jobstore.md for the API.
-"""
+"""The job store: jobs, files, API keys, usage, webhooks and owners' adapters in our own SQL
+database (SQLite or PostgreSQL, never Airflow's); docs/jobstore.md."""
 
 from llm_batch.infra.jobstore.adapters import Adapters
 from llm_batch.infra.jobstore.database import upgrade_to_head

@@ -1,9 +1,6 @@
-"""Owners' own LoRA adapters (the ``adapters`` table; their files are in storage under each
-record's ``uri``, a prefix ending in ``/``, and the caller's to delete).
-
-Every call takes the owner: another owner's adapter looks exactly like a missing one. One
-name per owner; deleting removes the row, so the name is free again.
-"""
+"""Owners' own LoRA adapters (the ``adapters`` table; their files, the caller's to delete, are
+in storage under each record's ``uri``). Every call takes the owner: another owner's adapter
+looks exactly like a missing one. One name per owner; deleting frees it."""
 
 from __future__ import annotations
 

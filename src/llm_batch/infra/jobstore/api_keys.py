@@ -1,9 +1,8 @@
 """API keys: who may call the API, as which owner, admin or not (the ``api_keys`` table).
 
-A key's plaintext is shown once at creation and never kept: the store holds its sha256
-(compared in constant time) and its first characters in clear to find the row. The owner
-names of everything the store records are here too: a new key's owner must not fold to
-another owner's name.
+A key's plaintext is shown once and never kept: the store holds its sha256 (compared in
+constant time) and its first characters to find the row. A new key's owner must not fold to
+another owner's name (``owner_names``: every owner the store records).
 """
 
 from __future__ import annotations

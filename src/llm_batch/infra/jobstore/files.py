@@ -1,9 +1,6 @@
 """File objects: the records of uploaded inputs and of jobs' outputs and errors (the ``files``
-table; the content is in storage at each record's ``uri``, the caller's to delete).
-
-Deleting only marks the record (``deleted_at``); housekeeping deletes the files whose
-``expires_at`` has passed.
-"""
+table; the content, the caller's to delete, is in storage at each record's ``uri``). Deleting
+only marks the record (``deleted_at``)."""
 
 from __future__ import annotations
 

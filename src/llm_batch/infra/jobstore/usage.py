@@ -68,8 +68,7 @@ class UsageRepository(Repository):
         names = list(measures)
         with self._transaction(write=False) as connection:
             if by in ("model", "label"):
-                # Summed in Python over the streamed rows (labels and per-model usage are JSON),
-                # keeping only the per-group sums.
+                # JSON (labels, per-model usage): summed in Python over the streamed rows.
                 keys = (c.model, c.model_usage) if by == "model" else (c.labels,)
                 rows = connection.execution_options(yield_per=1000).execute(
                     select(*keys, *measures.values()).where(*filters))
