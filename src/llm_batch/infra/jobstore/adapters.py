@@ -18,12 +18,9 @@ _adapter = from_row(OwnerAdapter)
 
 
 class Adapters(Protocol):
-    """Owners' adapters, as the adapter routes, job submission and the pipeline use them."""
+    """Owners' adapters, as job submission looks them up."""
 
-    def create_adapter(self, *, owner: str, name: str, base: str, uri: str, rank: int, bytes: int) -> OwnerAdapter: ...
-    def list_adapters(self, owner: str) -> list[OwnerAdapter]: ...
     def get_adapter(self, owner: str, name: str) -> OwnerAdapter | None: ...
-    def delete_adapter(self, owner: str, name: str) -> OwnerAdapter: ...
 
 
 class AdapterRepository(Repository):

@@ -24,15 +24,13 @@ def new_file_id() -> str:
 
 
 class Files(Protocol):
-    """The file objects, as the upload and file routes and housekeeping use them."""
+    """The file objects, as an upload records one."""
 
     def create_file(
         self, *, owner: str, purpose: str, filename: str, bytes: int, uri: str, kind: str = "input",
         job_id: str | None = None, expires_at: datetime | None = None, id: str | None = None,
         expires_after: timedelta | None = None,
     ) -> FileObject: ...
-    def get_file(self, file_id: str, owner: str | None = None, include_deleted: bool = False) -> FileObject | None: ...
-    def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject: ...
 
 
 class FileRepository(Repository):
