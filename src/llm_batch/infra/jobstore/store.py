@@ -11,7 +11,6 @@ from llm_batch.core.config import get_settings
 from llm_batch.infra.jobstore.adapters import AdapterRepository
 from llm_batch.infra.jobstore.api_keys import ApiKeyRepository
 from llm_batch.infra.jobstore.estimates import EstimatesRepository
-from llm_batch.infra.jobstore.figures import FiguresRepository
 from llm_batch.infra.jobstore.files import FileRepository
 from llm_batch.infra.jobstore.health import HealthRepository
 from llm_batch.infra.jobstore.idempotency import IdempotencyRepository
@@ -29,7 +28,6 @@ class JobStore(
     ApiKeyRepository,
     IdempotencyRepository,
     UsageRepository,
-    FiguresRepository,
     HealthRepository,
     WebhookRepository,
     AdapterRepository,
