@@ -1,9 +1,8 @@
 """API keys: who may call the API, as which owner, admin or not (the ``api_keys`` table).
 
-The plaintext of a key is shown once at creation and never kept: the store holds its
-sha256 (compared in constant time) and its first characters in clear, which find the row
-and reveal nothing useful. The owner names of everything the store records are here too:
-a new key's owner must not fold to another owner's name.
+A key's plaintext is shown once and never kept: the store holds its sha256 (compared in
+constant time) and its first characters to find the row. A new key's owner must not fold to
+another owner's name (``owner_names``: every owner the store records).
 """
 
 from __future__ import annotations
@@ -13,47 +12,31 @@ import hashlib
 import hmac
 import secrets
 import uuid
-from typing import Protocol
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import select
 
 from llm_batch.core import owners
 from llm_batch.infra.jobstore.errors import ApiKeyNotFound
-from llm_batch.infra.jobstore.paging import matching, owned
-from llm_batch.infra.jobstore.repository import Repository, utcnow
+from llm_batch.infra.jobstore.paging import matching
+from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
 from llm_batch.infra.jobstore.snapshots import ApiKey
 from llm_batch.infra.jobstore.tables import API_KEYS, ENDPOINTS, FILES, JOBS
 
 API_KEY_PREFIX = "lbk_"
 _API_KEY_LOOKUP_CHARS = 12  # stored in clear: finds the row, reveals nothing useful
-# The columns a snapshot is made of (an API key's sha256 never leaves the store).
+# The columns of a snapshot (a key's sha256 never leaves the store).
 _API_KEY_COLUMNS = [API_KEYS.c[f.name] for f in dataclasses.fields(ApiKey)]
+_api_key = from_row(ApiKey)
 
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _api_key(row: Row) -> ApiKey:
-    return ApiKey(**row._asdict())
-
-
-class ApiKeys(Protocol):
-    """The API keys, as the API's authentication and the CLI use them (ApiKeyRepository)."""
-
-    def create_api_key(self, owner: str, name: str, is_admin: bool = False) -> tuple[ApiKey, str]: ...
-    def identify_api_key(self, plaintext: str) -> ApiKey | None: ...
-    def revoke_api_key(self, key_id: str, owner: str | None = None) -> ApiKey: ...
-    def list_api_keys(self, owner: str | None = None, include_revoked: bool = False) -> list[ApiKey]: ...
-
-
 class ApiKeyRepository(Repository):
-    """The API keys (see the module docstring)."""
-
     def create_api_key(self, owner: str, name: str, is_admin: bool = False) -> tuple[ApiKey, str]:
-        """A new key for `owner`: its record and the plaintext, which is not kept anywhere
-        (only its sha256): show it once. `owner` must be an owner name (llm_batch.core.owners)
-        that folds to no other owner already recorded (OwnerNameRefused)."""
+        """A new key for `owner`: its record and its plaintext (show it once). `owner` must be
+        an owner name that folds to no other owner already recorded (OwnerNameRefused)."""
         owners.check(owner)
         if (other := owners.twin(owner, self.owner_names())) is not None:
             raise owners.OwnerNameRefused(
@@ -61,15 +44,8 @@ class ApiKeyRepository(Repository):
                 "or trailing dots are one owner): use a name of its own"
             )
         plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
-        values = dict(
-            id=f"key_{uuid.uuid4().hex}",
-            owner=owner,
-            name=name,
-            prefix=plaintext[:_API_KEY_LOOKUP_CHARS],
-            sha256=_sha256(plaintext),
-            is_admin=is_admin,
-            created_at=utcnow(),
-        )
+        values = dict(id=f"key_{uuid.uuid4().hex}", owner=owner, name=name, prefix=plaintext[:_API_KEY_LOOKUP_CHARS],
+                      sha256=_sha256(plaintext), is_admin=is_admin, created_at=utcnow())
         return _api_key(self._insert(API_KEYS, values, _API_KEY_COLUMNS)), plaintext
 
     def owner_names(self) -> list[str]:
@@ -79,8 +55,7 @@ class ApiKeyRepository(Repository):
             return sorted({name for table in tables for name in connection.scalars(select(table.c.owner).distinct())})
 
     def identify_api_key(self, plaintext: str) -> ApiKey | None:
-        """The live (not revoked) key whose secret is `plaintext`, else None.
-        Hashes are compared in constant time."""
+        """The live (not revoked) key whose secret is `plaintext`, else None."""
         digest = _sha256(plaintext)
         query = select(*_API_KEY_COLUMNS, API_KEYS.c.sha256).where(
             API_KEYS.c.prefix == plaintext[:_API_KEY_LOOKUP_CHARS], API_KEYS.c.revoked_at.is_(None)
@@ -92,22 +67,14 @@ class ApiKeyRepository(Repository):
             return None
 
     def authenticate_api_key(self, plaintext: str) -> str | None:
-        """The owner of the live key `plaintext`, or None (see identify_api_key for is_admin)."""
+        """The owner of the live key `plaintext`, or None."""
         key = self.identify_api_key(plaintext)
         return key.owner if key else None
 
     def revoke_api_key(self, key_id: str, owner: str | None = None) -> ApiKey:
-        """Revoke the key (once; repeating is harmless); it no longer authenticates."""
-        with self._transaction(write=True) as connection:
-            connection.execute(
-                update(API_KEYS)
-                .where(*owned(API_KEYS, key_id, owner), API_KEYS.c.revoked_at.is_(None))
-                .values(revoked_at=utcnow())
-            )
-            row = connection.execute(select(*_API_KEY_COLUMNS).where(*owned(API_KEYS, key_id, owner))).one_or_none()
-            if row is None:
-                raise ApiKeyNotFound(f"no API key {key_id!r}")
-            return _api_key(row)
+        """Revoke the key (once; repeating is harmless)."""
+        missing = ApiKeyNotFound(f"no API key {key_id!r}")
+        return _api_key(self._stamp_once(API_KEYS, "revoked_at", key_id, owner, _API_KEY_COLUMNS, missing))
 
     def list_api_keys(self, owner: str | None = None, include_revoked: bool = False) -> list[ApiKey]:
         filters = matching(API_KEYS, owner=owner)

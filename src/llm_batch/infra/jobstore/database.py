@@ -1,9 +1,8 @@
-"""Engines for the job store: SQLite (embedded default) or PostgreSQL, and the migrations.
+"""Engines for the job store (SQLite or PostgreSQL) and its migrations.
 
-SQLite needs care to be a correct concurrent store: the pysqlite driver's own transaction
-handling is switched off so that SQLAlchemy's BEGIN is real; write transactions start with
-``BEGIN IMMEDIATE`` (they take the write lock up front and wait for it up to the busy
-timeout, instead of failing on a lock upgrade), reads with a plain ``BEGIN``; WAL lets
+SQLite as a concurrent store: the driver's own transaction handling is off so that our BEGIN
+is real; write transactions start with ``BEGIN IMMEDIATE`` (they wait for the write lock up
+to the busy timeout instead of failing on a lock upgrade), reads with ``BEGIN``; WAL lets
 readers run beside the writer.
 """
 
@@ -24,13 +23,11 @@ SQLITE_BUSY_TIMEOUT_S = 60
 # Any fixed 64-bit key: the advisory lock serialising migrations on PostgreSQL.
 _MIGRATION_LOCK_KEY = 0x11B_BA7C4
 _ALEMBIC_INI = Path(__file__).with_name("alembic.ini")
-# Our own version table: the job store must never collide with Airflow's alembic_version
-# should both ever share one database.
+# Never Airflow's alembic_version, should both ever share one database.
 VERSION_TABLE = "llm_batch_alembic_version"
 
 
 def make_engine(url: str) -> Engine:
-    """An Engine for `url` set up for concurrent use (see the module docstring)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
@@ -56,9 +53,8 @@ def _sqlite_connect(dbapi_connection, _record) -> None:
 
 
 def _set_wal(cursor) -> None:
-    """WAL mode; SQLite answers "database is locked" at once (no busy wait) when another
-    process holds the write lock, e.g. a migration of a new file: try again up to the busy
-    timeout instead of failing the connection."""
+    """WAL mode, tried again up to the busy timeout: SQLite answers "database is locked" at once
+    (no busy wait) while another process holds the write lock, e.g. migrating a new file."""
     deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
     while True:
         try:
@@ -76,13 +72,9 @@ def _sqlite_begin(connection: Connection) -> None:
 
 
 def upgrade_to_head(url_or_engine: str | Engine) -> None:
-    """Bring the database to the newest migration; a no-op when it is there already.
-
-    Safe when several processes start together: the whole upgrade runs in one transaction
-    that first takes a lock (a transaction-scoped advisory lock on PostgreSQL, the SQLite
-    write lock through BEGIN IMMEDIATE), so the second process waits and then finds the
-    schema current.
-    """
+    """Bring the database to the newest migration. Safe when several processes start together:
+    one transaction that first takes a lock (an advisory lock on PostgreSQL, SQLite's write
+    lock), so the second waits and then finds the schema current."""
     owned = isinstance(url_or_engine, str)
     engine = make_engine(url_or_engine) if owned else url_or_engine
     try:

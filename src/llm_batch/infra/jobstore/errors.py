@@ -40,5 +40,4 @@ class ConcurrentUpdate(JobStoreError):
 
 
 class JobStoreUnhealthy(JobStoreError):
-    """``check_health``: a new connection could not read and write the store. The message
-    names the store (its URL without the password), the step and the error."""
+    """A new connection could not read and write the store (the message names the step)."""

@@ -1,20 +1,17 @@
 """Estimates: a job's stored estimate, the tokens/s this deployment measured for a model
 from its ended jobs, and the live jobs a new job would queue behind
-(``llm_batch.pipeline.estimate`` does the arithmetic). Reads the ``jobs`` table; writes only
-its ``estimate`` column.
-"""
+(``llm_batch.pipeline.estimate`` does the arithmetic)."""
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import select, update
 
-from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.errors import JobNotFound
-from llm_batch.infra.jobstore.repository import Repository, utcnow
+from llm_batch.infra.jobstore.repository import ENDED_STATUSES, LIVE_STATUSES, Repository, utcnow
 from llm_batch.infra.jobstore.tables import JOBS
 
 # How many of a model's newest ended jobs its measured rate is taken over: recent enough to
@@ -52,17 +49,9 @@ class LiveWork:
     engine_seconds: float
 
 
-class Estimates(Protocol):
-    def set_estimate(self, job_id: str, estimate: dict[str, Any]) -> None: ...
-    def measured_rate(self, model: str, last: int = RATE_JOBS) -> MeasuredRate | None: ...
-    def live_work(self) -> list[LiveWork]: ...
-
-
 class EstimatesRepository(Repository):
-    """Estimates (see the module docstring)."""
-
     def set_estimate(self, job_id: str, estimate: dict[str, Any]) -> None:
-        """Keep `estimate` (JSON) on the job; ``JobNotFound`` for an unknown id."""
+        """Keep `estimate` (JSON) on the job."""
         with self._transaction(write=True) as connection:
             done = connection.execute(update(JOBS).where(JOBS.c.id == job_id)
                                       .values(estimate=estimate, updated_at=utcnow())).rowcount
@@ -74,10 +63,9 @@ class EstimatesRepository(Repository):
         (engine seconds and tokens above 0; cancelled and timed-out jobs count for what they
         ran); None when it has none."""
         c = JOBS.c
-        ended = [s.value for s in JobStatus if s.terminal]
         query = (select(c.prompt_tokens, c.completion_tokens, c.engine_seconds, c.in_progress_at, c.completed_at,
                         c.data_parallelism)
-                 .where(c.model == model, c.status.in_(ended), c.engine_seconds > 0,
+                 .where(c.model == model, c.status.in_(ENDED_STATUSES), c.engine_seconds > 0,
                         c.prompt_tokens + c.completion_tokens > 0)
                  .order_by(c.completed_at.desc(), c.id).limit(last))
         with self._transaction(write=False) as connection:
@@ -85,7 +73,8 @@ class EstimatesRepository(Repository):
         if not rows:
             return None
         overheads = sorted(
-            max(0.0, (row.completed_at - row.in_progress_at).total_seconds() - row.engine_seconds / max(1, row.data_parallelism or 1))
+            max(0.0, (row.completed_at - row.in_progress_at).total_seconds()
+                - row.engine_seconds / max(1, row.data_parallelism or 1))
             for row in rows if row.in_progress_at is not None and row.completed_at is not None)
         return MeasuredRate(model, len(rows), sum(int(row.prompt_tokens) + int(row.completion_tokens) for row in rows),
                             sum(float(row.engine_seconds) for row in rows),
@@ -94,9 +83,8 @@ class EstimatesRepository(Repository):
     def live_work(self) -> list[LiveWork]:
         """Every live job, oldest first (few: jobs that have not ended)."""
         c = JOBS.c
-        live = [s.value for s in JobStatus if not s.terminal]
         query = (select(c.id, c.priority, c.resources, c.created_at, c.estimate, c.engine_seconds)
-                 .where(c.status.in_(live)).order_by(c.created_at, c.id))
+                 .where(c.status.in_(LIVE_STATUSES)).order_by(c.created_at, c.id))
         with self._transaction(write=False) as connection:
             rows = connection.execute(query).all()
         return [LiveWork(job_id, int(priority or 0), (resources or {}).get("gpu_type"), created,

@@ -1,10 +1,6 @@
-"""File objects: the records of uploaded inputs and of a job's outputs and errors (the
-``files`` table; the content lives in storage at each record's ``uri``).
-
-Getters return None for an unknown, not-owned or deleted file; mutators raise
-``FileNotFound``. Deleting only marks the record (``deleted_at``): the content is the
-caller's to delete; housekeeping deletes files whose ``expires_at`` has passed.
-"""
+"""File objects: the records of uploaded inputs and of jobs' outputs and errors (the ``files``
+table; the content, the caller's to delete, is in storage at each record's ``uri``). Deleting
+only marks the record (``deleted_at``)."""
 
 from __future__ import annotations
 
@@ -12,56 +8,38 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import select
 
 from llm_batch.infra.jobstore.errors import FileNotFound
 from llm_batch.infra.jobstore.paging import check_page, matching, ordering, owned, page
-from llm_batch.infra.jobstore.repository import Repository, require_aware, utcnow
+from llm_batch.infra.jobstore.repository import Repository, from_row, require_aware, utcnow
 from llm_batch.infra.jobstore.snapshots import FILE_KINDS, FileObject
 from llm_batch.infra.jobstore.tables import FILES
 
-_FILE_ORDER_COLUMNS = {"created_at"}
+_file = from_row(FileObject)
 
 
 def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
 
 
-def _file(row: Row) -> FileObject:
-    return FileObject(**row._asdict())
-
-
 class Files(Protocol):
-    """The file objects, as the upload and file routes and housekeeping use them (FileRepository)."""
+    """The file objects, as an upload records one."""
 
     def create_file(
         self, *, owner: str, purpose: str, filename: str, bytes: int, uri: str, kind: str = "input",
         job_id: str | None = None, expires_at: datetime | None = None, id: str | None = None,
         expires_after: timedelta | None = None,
     ) -> FileObject: ...
-    def get_file(self, file_id: str, owner: str | None = None, include_deleted: bool = False) -> FileObject | None: ...
-    def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject: ...
 
 
 class FileRepository(Repository):
-    """The file objects (see the module docstring)."""
-
     def create_file(
-        self,
-        *,
-        owner: str,
-        purpose: str,
-        filename: str,
-        bytes: int,
-        uri: str,
-        kind: str = "input",
-        job_id: str | None = None,
-        expires_at: datetime | None = None,
-        id: str | None = None,
+        self, *, owner: str, purpose: str, filename: str, bytes: int, uri: str, kind: str = "input",
+        job_id: str | None = None, expires_at: datetime | None = None, id: str | None = None,
         expires_after: timedelta | None = None,
     ) -> FileObject:
-        """Record a file object (its content lives in storage at `uri`); `expires_after`
-        sets expires_at to created_at + expires_after (housekeeping deletes it then)."""
+        """Record a file object; `expires_after` sets expires_at to created_at + expires_after."""
         if kind not in FILE_KINDS:
             raise ValueError(f"file kind {kind!r} is unknown; use one of {', '.join(FILE_KINDS)}")
         if bytes < 0:
@@ -70,18 +48,8 @@ class FileRepository(Repository):
         created_at = utcnow()
         if expires_after is not None:
             expires_at = created_at + expires_after
-        values = dict(
-            id=id or new_file_id(),
-            owner=owner,
-            purpose=purpose,
-            filename=filename,
-            bytes=bytes,
-            uri=uri,
-            kind=kind,
-            job_id=job_id,
-            created_at=created_at,
-            expires_at=expires_at,
-        )
+        values = dict(id=id or new_file_id(), owner=owner, purpose=purpose, filename=filename, bytes=bytes, uri=uri,
+                      kind=kind, job_id=job_id, created_at=created_at, expires_at=expires_at)
         return _file(self._insert(FILES, values, FILES.c))
 
     def get_file(self, file_id: str, owner: str | None = None, include_deleted: bool = False) -> FileObject | None:
@@ -92,22 +60,14 @@ class FileRepository(Repository):
         return self._read_one(select(FILES).where(*filters), _file)
 
     def list_files(
-        self,
-        owner: str | None = None,
-        purpose: str | None = None,
-        kind: str | None = None,
-        job_id: str | None = None,
-        created_before: datetime | None = None,
-        include_deleted: bool = False,
-        order_by: str = "-created_at",
-        limit: int = 100,
-        offset: int = 0,
-        after: str | None = None,
+        self, owner: str | None = None, purpose: str | None = None, kind: str | None = None, job_id: str | None = None,
+        created_before: datetime | None = None, include_deleted: bool = False, order_by: str = "-created_at",
+        limit: int = 100, offset: int = 0, after: str | None = None,
     ) -> tuple[list[FileObject], int]:
-        """One page of file objects and the total matching (same paging rules as list_jobs)."""
+        """One page of file objects and the total matching (paged as list_jobs)."""
         check_page(limit, offset)
         require_aware(created_before=created_before)
-        order = ordering(FILES, order_by, _FILE_ORDER_COLUMNS)
+        order = ordering(FILES, order_by, {"created_at"})
         filters = matching(FILES, owner=owner, purpose=purpose, kind=kind, job_id=job_id)
         if created_before is not None:
             filters.append(FILES.c.created_at < created_before)
@@ -118,15 +78,9 @@ class FileRepository(Repository):
             return [_file(r) for r in rows], total
 
     def mark_file_deleted(self, file_id: str, owner: str | None = None) -> FileObject:
-        """Set deleted_at (once; repeating is harmless). The content is the caller's to delete."""
-        with self._transaction(write=True) as connection:
-            connection.execute(
-                update(FILES).where(*owned(FILES, file_id, owner), FILES.c.deleted_at.is_(None)).values(deleted_at=utcnow())
-            )
-            row = connection.execute(select(FILES).where(*owned(FILES, file_id, owner))).one_or_none()
-            if row is None:
-                raise FileNotFound(f"no file {file_id!r}")
-            return _file(row)
+        """Set deleted_at (once; repeating is harmless)."""
+        missing = FileNotFound(f"no file {file_id!r}")
+        return _file(self._stamp_once(FILES, "deleted_at", file_id, owner, FILES.c, missing))
 
     def list_expiring_files(self, expires_before: datetime, limit: int = 500) -> list[FileObject]:
         """Files not yet deleted whose expires_at is before `expires_before`, oldest first."""

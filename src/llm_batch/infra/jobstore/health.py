@@ -1,7 +1,5 @@
-"""Health: whether a new connection can read and write the store (``check_health``, behind
-``/health`` and ``llm-batch status``); raises ``JobStoreUnhealthy`` naming the step that
-failed. Nothing it writes is ever kept.
-"""
+"""Health: whether a new connection can read and write the store (``/health``, ``llm-batch
+status``); nothing it writes is ever kept."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import math
 import sqlite3
 import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, insert, select
 from sqlalchemy.engine import make_url
@@ -25,43 +23,22 @@ from llm_batch.infra.jobstore.tables import API_KEYS, JOBS
 HEALTH_TIMEOUT_S = 5.0
 
 
-class Health(Protocol):
-    """The store's health check, as ``/health`` and ``llm-batch status`` use it (HealthRepository)."""
-
-    def check_health(self, timeout: float = HEALTH_TIMEOUT_S, open_store: bool = True) -> None: ...
-
-
 class HealthRepository(Repository):
-    """The store's health check (see the module docstring)."""
-
     def check_health(self, timeout: float = HEALTH_TIMEOUT_S, open_store: bool = True) -> None:
-        """Read and write the store through a NEW connection; raise JobStoreUnhealthy if
-        that fails (returns None when healthy).
+        """Read and write the store through a NEW connection; raise JobStoreUnhealthy if that fails.
 
-        A new connection, not the pool: a pooled connection can keep working on a store
-        that no new connection can open (a SQLite ``-wal`` file replaced by garbage: every
-        new connection fails while the old ones answer from what they hold), and every
-        worker and API process opens new connections. The probe:
+        Not the pool: a pooled connection can keep working on a store no new connection can
+        open (a SQLite ``-wal`` file replaced by garbage), and every process opens new ones.
+        SQLite is opened ``mode=rw`` (a missing file is an error, never a new empty store) and
+        takes the write lock (the database, ``-wal`` and ``-shm`` writable); PostgreSQL gets
+        statement and lock timeouts. Then read the schema's version and one job id, and INSERT
+        an API key row, rolled back: a real table, so a read-only server or a user without
+        INSERT rights fails here; the row is inert (revoked, a hash no key has) and its id
+        unique, so concurrent checks never wait on each other.
 
-        - SQLite: opened with ``mode=rw`` (a missing file is an error, never a new empty
-          store) and a busy timeout of `timeout`; ``BEGIN IMMEDIATE`` takes the write lock,
-          which needs the database, its ``-wal`` and ``-shm`` files writable.
-        - PostgreSQL: ``connect_timeout``, then ``statement_timeout`` and ``lock_timeout``
-          of `timeout` (a server that hangs or a table locked too long is unhealthy).
-        - Both: read the schema's version and one job id (the tables are there and
-          readable), then write: INSERT an API key row and roll the transaction back. A
-          real table, so a read-only server (hot standby, ``default_transaction_read_only``)
-          or a user without INSERT rights fails here, which a temp table would not show;
-          rolled back, so nothing is ever kept (no heartbeat table, no migration). The row
-          is inert even if it were kept: already revoked, a hash no key has. A new unique id
-          each time, so concurrent checks never wait on each other's uncommitted row.
-          (On SQLite a rolled-back write stays in the page cache: a full disk is not seen
-          until a real commit; the write lock above is the part that touches the files.)
-
-        ``open_store``: first open the store as any other call does (``engine``: creates and
-        migrates it on the first call, nothing after; not bound by `timeout`), so a server's
-        first request may be a health check. False (``llm-batch status``): the probe only,
-        which never creates or migrates a store (a missing or unmigrated one is unhealthy).
+        ``open_store``: first open (and on the first call migrate) the store as any other call
+        does, so a server's first request may be a health check; False (``llm-batch status``):
+        the probe only, which never creates or migrates a store.
         """
         step, probe = "open", None
         try:
@@ -85,15 +62,15 @@ class HealthRepository(Repository):
                 connection.execute(insert(API_KEYS).values(**_health_probe_key()))
                 connection.rollback()
         except Exception as exc:  # noqa: BLE001 - any failure means unhealthy: say which
-            raise JobStoreUnhealthy(f"{self.display_url}: {step} failed: {_describe(exc)}") from exc
+            store = make_url(self.url).render_as_string(hide_password=True)
+            raise JobStoreUnhealthy(f"{store}: {step} failed: {_describe(exc)}") from exc
         finally:
             if probe is not None:
                 probe.dispose()
 
 
 def _probe_engine(url: str, timeout: float) -> Engine:
-    """An engine without a pool (each connect is a new connection) and with short timeouts,
-    for check_health."""
+    """An engine without a pool (each connect is a new connection) and with short timeouts."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         uri = Path(parsed.database or "").expanduser().resolve().as_uri() + "?mode=rw"
@@ -111,10 +88,8 @@ def _probe_engine(url: str, timeout: float) -> Engine:
 
 def _health_probe_key() -> dict[str, Any]:
     now = utcnow()
-    return dict(
-        id=f"key_health_{uuid.uuid4().hex}", owner="llm-batch-health", name="health check (rolled back)",
-        prefix="health", sha256="0" * 64, is_admin=False, created_at=now, revoked_at=now,
-    )
+    return dict(id=f"key_health_{uuid.uuid4().hex}", owner="llm-batch-health", name="health check (rolled back)",
+                prefix="health", sha256="0" * 64, is_admin=False, created_at=now, revoked_at=now)
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,22 +1,20 @@
 """Idempotency keys: retry-safe creates (the ``idempotency_keys`` table, used by
 ``llm_batch.api.idempotency``).
 
-A request with an ``Idempotency-Key`` reserves it (owner, key); the first of many concurrent
-callers wins, the others see it pending or, once completed, get its stored response. A
-reservation whose request never finished is taken over after its lease; housekeeping
-deletes old keys.
+A request with an ``Idempotency-Key`` reserves it (owner, key); of concurrent callers the
+first wins, the others see it pending or, once completed, get its stored response. A
+reservation whose request never finished is taken over after its lease.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import Protocol
 
-from sqlalchemy import ColumnElement, Row, delete, select, update
+from sqlalchemy import ColumnElement, delete, select, update
 
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate
-from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, upsert, utcnow
+from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, from_row, require_aware, upsert, utcnow
 from llm_batch.infra.jobstore.tables import IDEMPOTENCY_KEYS
 
 
@@ -36,40 +34,25 @@ class IdempotencyRecord:
     completed_at: datetime | None
 
 
-def _record(row: Row) -> IdempotencyRecord:
-    return IdempotencyRecord(**row._asdict())
+_record = from_row(IdempotencyRecord)
 
 
-def _key(owner: str, key: str) -> list[ColumnElement[bool]]:
-    return [IDEMPOTENCY_KEYS.c.owner == owner, IDEMPOTENCY_KEYS.c.key == key]
-
-
-class IdempotencyKeys(Protocol):
-    """The idempotency keys, as the API's Idempotency-Key handling uses them (IdempotencyRepository)."""
-
-    def reserve_idempotency_key(
-        self, owner: str, key: str, route: str, fingerprint: str, lease: timedelta, now: datetime | None = None
-    ) -> tuple[bool, IdempotencyRecord]: ...
-    def get_idempotency_key(self, owner: str, key: str) -> IdempotencyRecord | None: ...
-    def complete_idempotency_key(
-        self, owner: str, key: str, locked_at: datetime, status_code: int, content_type: str | None, body: str
-    ) -> bool: ...
-    def release_idempotency_key(self, owner: str, key: str, locked_at: datetime) -> None: ...
+def _reservation(owner: str, key: str, locked_at: datetime | None = None) -> list[ColumnElement[bool]]:
+    """WHERE clauses: the key of `owner`, and when `locked_at` is given its pending reservation taken then."""
+    where = [IDEMPOTENCY_KEYS.c.owner == owner, IDEMPOTENCY_KEYS.c.key == key]
+    if locked_at is not None:
+        where += [IDEMPOTENCY_KEYS.c.locked_at == locked_at, IDEMPOTENCY_KEYS.c.status_code.is_(None)]
+    return where
 
 
 class IdempotencyRepository(Repository):
-    """The idempotency keys (see the module docstring)."""
-
     def reserve_idempotency_key(
         self, owner: str, key: str, route: str, fingerprint: str, lease: timedelta, now: datetime | None = None
     ) -> tuple[bool, IdempotencyRecord]:
         """Take `key` of `owner` for a request (``(True, record)``), or hand back who holds it
-        (``(False, record)``: pending while its ``status_code`` is None, else completed).
-
-        Exactly one of many concurrent callers gets True: the INSERT hits the primary key
-        (owner, key) and does nothing. A pending reservation older than `lease` (its request
-        never finished) is taken over by a compare-and-set on ``locked_at``; the route and
-        fingerprint become the new request's."""
+        (``(False, record)``). Of concurrent callers one gets True (the others' INSERT hits the
+        primary key); a pending reservation older than `lease` is taken over by a
+        compare-and-set on ``locked_at``."""
         now = now or utcnow()
         require_aware(now=now)
         values = dict(owner=owner, key=key, route=route, fingerprint=fingerprint, created_at=now, locked_at=now)
@@ -81,15 +64,13 @@ class IdempotencyRepository(Repository):
                 ).one_or_none()
                 if inserted is not None:
                     return True, _record(inserted)
-                row = connection.execute(select(IDEMPOTENCY_KEYS).where(*_key(owner, key))).one_or_none()
+                row = connection.execute(select(IDEMPOTENCY_KEYS).where(*_reservation(owner, key))).one_or_none()
                 if row is None:
                     continue  # released in between: try the insert again
                 if row.status_code is not None or row.locked_at > now - lease:
                     return False, _record(row)
-                c = IDEMPOTENCY_KEYS.c
                 taken = connection.execute(
-                    update(IDEMPOTENCY_KEYS)
-                    .where(*_key(owner, key), c.status_code.is_(None), c.locked_at == row.locked_at)
+                    update(IDEMPOTENCY_KEYS).where(*_reservation(owner, key, row.locked_at))
                     .values(route=route, fingerprint=fingerprint, locked_at=now, created_at=now)
                     .returning(*IDEMPOTENCY_KEYS.c)
                 ).one_or_none()
@@ -98,32 +79,27 @@ class IdempotencyRepository(Repository):
         raise ConcurrentUpdate(f"idempotency key {key!r}: kept changing under {CAS_ATTEMPTS} attempts")
 
     def get_idempotency_key(self, owner: str, key: str) -> IdempotencyRecord | None:
-        return self._read_one(select(IDEMPOTENCY_KEYS).where(*_key(owner, key)), _record)
+        return self._read_one(select(IDEMPOTENCY_KEYS).where(*_reservation(owner, key)), _record)
 
     def complete_idempotency_key(
         self, owner: str, key: str, locked_at: datetime, status_code: int, content_type: str | None, body: str
     ) -> bool:
         """Store the response of the reservation taken at `locked_at` (False if it was lost:
         released, or taken over after its lease)."""
-        c = IDEMPOTENCY_KEYS.c
         with self._transaction(write=True) as connection:
             done = connection.execute(
-                update(IDEMPOTENCY_KEYS)
-                .where(*_key(owner, key), c.locked_at == locked_at, c.status_code.is_(None))
+                update(IDEMPOTENCY_KEYS).where(*_reservation(owner, key, locked_at))
                 .values(status_code=status_code, content_type=content_type, response_body=body, completed_at=utcnow())
             )
             return done.rowcount == 1
 
     def release_idempotency_key(self, owner: str, key: str, locked_at: datetime) -> None:
         """Drop a pending reservation (its request failed with a 5xx): the key is free again."""
-        c = IDEMPOTENCY_KEYS.c
         with self._transaction(write=True) as connection:
-            connection.execute(
-                delete(IDEMPOTENCY_KEYS).where(*_key(owner, key), c.locked_at == locked_at, c.status_code.is_(None))
-            )
+            connection.execute(delete(IDEMPOTENCY_KEYS).where(*_reservation(owner, key, locked_at)))
 
     def delete_idempotency_keys(self, created_before: datetime) -> int:
-        """Delete keys created before `created_before` (housekeeping); returns how many."""
+        """Delete keys created before `created_before`; returns how many."""
         require_aware(created_before=created_before)
         with self._transaction(write=True) as connection:
             done = connection.execute(delete(IDEMPOTENCY_KEYS).where(IDEMPOTENCY_KEYS.c.created_at < created_before))

@@ -1,5 +1,4 @@
-"""Keyset pages of a table's rows, shared by the store's listings (jobs, files, webhook
-endpoints), and the checks of their paging and ordering arguments."""
+"""Keyset pages of a table's rows (the store's listings) and the checks of their arguments."""
 
 from __future__ import annotations
 
@@ -39,12 +38,9 @@ def page(
     *,
     owner: str | None,
 ) -> tuple[list[Row], int]:
-    """One page of rows in (column, id) order and the count of all rows matching `filters`.
-
-    ``after`` is keyset pagination: rows strictly after that row in this order. The cursor
-    must be a row of `owner` (when given): another owner's id is as unknown as a made-up
-    one (InvalidCursor), so a listing tells nothing about what others hold.
-    """
+    """One page of rows in (column, id) order and the count of all rows matching `filters`;
+    ``after``: the rows strictly after that row. It must be `owner`'s (when given): another
+    owner's id is as unknown as a made-up one, so a listing tells nothing of others' rows."""
     column, descending = order
     total = connection.scalar(select(func.count()).select_from(table).where(*filters)) or 0
     query = select(table).where(*filters)

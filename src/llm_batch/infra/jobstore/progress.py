@@ -1,23 +1,20 @@
 """Shard progress and progress history: each shard's reports (the ``shard_progress`` table),
 the job's live counts summed from them, and a point of those counts every few seconds (the
 ``progress_history`` table, the UI's plots).
-
-A point per job at most every ``history_interval_s``, thinned (evenly over the whole run)
-above ``max_history_points``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Connection, Row, and_, case, delete, func, insert, select, update
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.errors import JobNotFound
 from llm_batch.infra.jobstore.paging import owned
-from llm_batch.infra.jobstore.repository import Repository, require_non_negative, upsert, utcnow
+from llm_batch.infra.jobstore.repository import Repository, from_row, require_non_negative, upsert, utcnow
 from llm_batch.infra.jobstore.snapshots import Job, ShardRecord, job_snapshot
 from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
 
@@ -43,24 +40,10 @@ class ProgressPoint:
     tokens_per_s: float
 
 
-class Progress(Protocol):
-    """A job's shards' progress and its history (ProgressRepository): the shard tasks
-    report, the UI reads."""
-
-    def report_shard(
-        self, job_id: str, shard: int, *, state: str, total: int = 0, done: int = 0, succeeded: int = 0,
-        failed: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0, cached_prompt_tokens: int = 0,
-        engine_seconds: float = 0.0, reason: str | None = None,
-    ) -> Job: ...
-    def progress_history(self, job_id: str, owner: str | None = None) -> list[ProgressPoint]: ...
-    def shard_records(self, job_id: str) -> list[ShardRecord]: ...
-
-
 def _live_from_rows(job: Row, sums: Row) -> dict[str, Any]:
-    """The job's live counts and usage from the sum of its shard rows (`sums`) on top of
-    its invalid lines, never lower than what it shows (`job`). The three counts move
-    together, and only when the new sum is at least the old in each (so succeeded + failed
-    == completed holds at every moment); the other figures move up one by one."""
+    """The job's live counts and usage from the sum of its shard rows on top of its invalid
+    lines, never lower than it shows. The three counts move together, and only when none
+    goes down (so succeeded + failed == completed at every moment)."""
     counts = {"completed": job.invalid + sums.done, "succeeded": sums.succeeded, "failed": job.invalid + sums.failed}
     values: dict[str, Any] = counts if all(counts[k] >= job._mapping[k] for k in counts) else {}
     for name in ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "engine_seconds"):
@@ -70,9 +53,8 @@ def _live_from_rows(job: Row, sums: Row) -> dict[str, Any]:
 
 
 def _thinned_out(instants: list[datetime], keep: int) -> list[datetime]:
-    """The instants to drop so that about `keep` remain, evenly spaced over the whole span:
-    the first and last are kept, and each other one only if at least span/keep after the
-    last one kept (older points, already sparse, stay; dense recent ones go)."""
+    """The instants to drop so that about `keep` remain, evenly spaced over the whole span
+    (the first and last stay; older points, already sparse, stay; dense recent ones go)."""
     if len(instants) <= 2 or keep < 2:
         return []
     step = (instants[-1] - instants[0]) / keep
@@ -87,37 +69,21 @@ def _thinned_out(instants: list[datetime], keep: int) -> list[datetime]:
 
 
 class ProgressRepository(Repository):
-    """Shard progress and progress history (see the module docstring)."""
-
     history_interval_s: float = HISTORY_INTERVAL_S
     max_history_points: int = MAX_HISTORY_POINTS
 
     def report_shard(
-        self,
-        job_id: str,
-        shard: int,
-        *,
-        state: str,
-        total: int = 0,
-        done: int = 0,
-        succeeded: int = 0,
-        failed: int = 0,
-        prompt_tokens: int = 0,
-        completion_tokens: int = 0,
-        cached_prompt_tokens: int = 0,
-        engine_seconds: float = 0.0,
-        reason: str | None = None,
+        self, job_id: str, shard: int, *, state: str, total: int = 0, done: int = 0, succeeded: int = 0,
+        failed: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0, cached_prompt_tokens: int = 0,
+        engine_seconds: float = 0.0, reason: str | None = None,
     ) -> Job:
-        """Record one shard's progress (and, with `reason`, its task's outcome) in its row,
-        then set the job's live counts and usage from the sum of its rows: one transaction,
-        O(1) in the number of shards for the caller.
+        """Record one shard's progress (with `reason`: its task's outcome) in its row, then set
+        the job's live counts and usage from the sum of its rows, in one transaction.
 
-        Each counter of the row only moves up (a stale report cannot lower it); ``state``
-        and ``reason`` are the latest report's. The job row is locked first (``FOR UPDATE``
-        on PostgreSQL; SQLite's write lock), so reports of one job are serialized and every
-        sum sees the rows the others committed: no watcher's report is lost, and the job's
-        counts never go down (see _live_from_rows). A job that has ended is returned as it
-        ended, its row left alone (its counts are the merge's, final).
+        ``state`` and ``reason`` are the latest report's. The job row is locked first (``FOR
+        UPDATE``; SQLite's write lock), so one job's reports are serialized and every sum sees
+        the rows the others committed. An ended job is returned as it ended (its counts are
+        the merge's, final).
         """
         given = dict(total=total, done=done, succeeded=succeeded, failed=failed, prompt_tokens=prompt_tokens,
                      completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens,
@@ -156,11 +122,9 @@ class ProgressRepository(Repository):
             return job_snapshot(updated)
 
     def _append_history(self, connection: Connection, job: Row, now: datetime) -> None:
-        """A history point of `job` (inside report_shard's transaction, which holds the job's
-        lock: appends of one job are serialized) unless its last point is younger than
-        ``history_interval_s``; above ``max_history_points`` the series is thinned to about half
-        that, evenly over the whole run (``_thinned_out``), so a long job keeps an even picture
-        of its whole run, not a sharp recent end and a blurred start."""
+        """A history point of `job` (under report_shard's lock of the job) unless its last is
+        younger than ``history_interval_s``; above ``max_history_points`` the series is thinned
+        to about half that evenly over the whole run, so a long job keeps an even picture."""
         h = HISTORY.c
         last = connection.execute(select(h.at).where(h.job_id == job.id).order_by(h.at.desc()).limit(1)).scalar()
         if last is not None and (last >= now or now - last < timedelta(seconds=self.history_interval_s)):
@@ -181,9 +145,9 @@ class ProgressRepository(Repository):
             if connection.execute(select(JOBS.c.id).where(*owned(JOBS, job_id, owner))).one_or_none() is None:
                 return []
             rows = connection.execute(select(HISTORY).where(HISTORY.c.job_id == job_id).order_by(HISTORY.c.at))
-            return [ProgressPoint(**r._asdict()) for r in rows]
+            return list(map(from_row(ProgressPoint), rows))
 
     def shard_records(self, job_id: str) -> list[ShardRecord]:
         """The job's shard rows, by shard index (empty before any shard reported)."""
         query = select(SHARDS).where(SHARDS.c.job_id == job_id).order_by(SHARDS.c.shard)
-        return self._read_all(query, lambda row: ShardRecord(**row._asdict()))
+        return self._read_all(query, from_row(ShardRecord))

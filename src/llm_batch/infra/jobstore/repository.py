@@ -1,11 +1,5 @@
-"""What every repository of the job store shares: the engine of the store at a URL (opened
-and migrated on the first call), one transaction per call, an INSERT that reports a taken id
-as DuplicateId, and the checks of arguments they all make.
-
-Each repository (``jobs``, ``progress``, ``files``, ``api_keys``, ``idempotency``,
-``usage``, ``health``, ``webhooks``) is a ``Repository`` and works on its own; ``JobStore``
-(``store.py``) is all of them over one engine.
-"""
+"""What every repository of the job store shares: the engine (opened and migrated on the
+first call), one transaction per call, and the checks of arguments they all make."""
 
 from __future__ import annotations
 
@@ -17,18 +11,20 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Column, Connection, Engine, Executable, Row, Table, insert
+from sqlalchemy import Column, Connection, Engine, Executable, Row, Table, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
+from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.database import WRITE, make_engine, upgrade_to_head
 from llm_batch.infra.jobstore.errors import DuplicateId
+from llm_batch.infra.jobstore.paging import owned
 
-# Compare-and-set attempts before giving up; each lost race means another writer moved the
-# row, so a handful is plenty.
+# Each lost compare-and-set race means another writer moved the row: a handful is plenty.
 CAS_ATTEMPTS = 20
 T = TypeVar("T")
+LIVE_STATUSES = [s.value for s in JobStatus if not s.terminal]
+ENDED_STATUSES = [s.value for s in JobStatus if s.terminal]
 
 
 def utcnow() -> datetime:
@@ -43,23 +39,24 @@ def require_aware(**values: datetime | None) -> None:
 
 
 def require_non_negative(values: Mapping[str, float]) -> None:
-    """Counters are never negative: ValueError naming the first that is."""
     for name, value in values.items():
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
 
 
+def from_row(cls: Callable[..., T]) -> Callable[[Row], T]:
+    """The converter of a result row to `cls`, whose fields are the row's column names."""
+    return lambda row: cls(**row._asdict())
+
+
 def upsert(connection: Connection, table: Table):
-    """INSERT ... ON CONFLICT for this connection's dialect (SQLite and PostgreSQL spell it alike)."""
+    """INSERT ... ON CONFLICT for this connection's dialect (both spell it alike)."""
     return (postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert)(table)
 
 
 class Repository:
-    """The store at `url` (SQLAlchemy URL: ``sqlite:///path`` or ``postgresql://...``).
-
-    Construction is cheap and touches nothing; the first call opens the engine and runs
-    the migrations to head. One instance is safe to share between threads.
-    """
+    """The store at `url` (``sqlite:///path`` or ``postgresql://...``): construction touches
+    nothing, the first call opens the engine and migrates; safe to share between threads."""
 
     def __init__(self, url: str):
         self.url = url
@@ -80,14 +77,9 @@ class Repository:
         return self._engine
 
     def close(self) -> None:
-        """Close pooled connections (the store reopens them if used again)."""
+        """Close pooled connections (reopened if used again)."""
         if self._engine is not None:
             self._engine.dispose()
-
-    @property
-    def display_url(self) -> str:
-        """The store's URL with the password masked (for messages)."""
-        return make_url(self.url).render_as_string(hide_password=True)
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Connection]:
@@ -96,7 +88,6 @@ class Repository:
             yield connection
 
     def _read_one(self, query: Executable, snapshot: Callable[[Row], T]) -> T | None:
-        """The snapshot of the one row `query` reads, None if it reads none."""
         with self._transaction(write=False) as connection:
             row = connection.execute(query).one_or_none()
         return snapshot(row) if row is not None else None
@@ -105,16 +96,33 @@ class Repository:
         with self._transaction(write=False) as connection:
             return [snapshot(row) for row in connection.execute(query)]
 
-    def _insert(self, table: Table, values: dict[str, Any], columns: Iterable[Column[Any]]) -> Row:
+    def _insert(
+        self, table: Table, values: dict[str, Any], columns: Iterable[Column[Any]], taken: DuplicateId | None = None
+    ) -> Row:
+        """The row inserted; `taken` (default: a DuplicateId naming the id) if its key is taken."""
         try:
             with self._transaction(write=True) as connection:
                 return connection.execute(insert(table).values(**values).returning(*columns)).one()
         except IntegrityError as exc:
-            raise DuplicateId(f"{table.name}: id {values['id']!r} exists already") from exc
+            raise taken or DuplicateId(f"{table.name}: id {values['id']!r} exists already") from exc
+
+    def _stamp_once(
+        self, table: Table, column: str, row_id: str, owner: str | None, columns: Iterable[Column[Any]],
+        missing: LookupError,
+    ) -> Row:
+        """Set `column` of the row to now unless it is set (repeating is harmless); `missing` if no such row."""
+        with self._transaction(write=True) as connection:
+            connection.execute(
+                update(table).where(*owned(table, row_id, owner), table.c[column].is_(None)).values({column: utcnow()})
+            )
+            row = connection.execute(select(*columns).where(*owned(table, row_id, owner))).one_or_none()
+        if row is None:
+            raise missing
+        return row
 
     def _job_moved(self, connection: Connection, before: Row, after: Row) -> None:
-        """Called in the transaction of each job status move (a hook: the composition root
-        adds what else a move does, so repositories need not import each other)."""
+        """A hook in each job status move's transaction: the composition root adds what else a
+        move does, so repositories need not import each other."""
 
 
 # A forked child (Airflow's LocalExecutor forks task processes) must not reuse its

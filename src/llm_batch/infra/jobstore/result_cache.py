@@ -1,21 +1,20 @@
 """The result cache's index (the ``result_cache`` table): which answers an owner's cache holds.
 
-The answers themselves are in storage, in packs (``uri``, from ``at_byte``); rows are written
-only after their pack is whole, and a lookup serves an answer only when both are there, so an
-entry is never half there. Rows are removed before their packs (a pack goes once no row
-names it, ``cache_uris_in_use``): a pack left behind is never served.
+The answers are in storage, in packs (``uri``, from ``at_byte``); rows are written only after
+their pack is whole and removed before it (a pack goes once no row names it), so an entry is
+never half there and a pack left behind is never served.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import closing
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Connection, Row, delete, func, select, tuple_, update
+from sqlalchemy import Connection, delete, func, select, tuple_, update
 
-from llm_batch.infra.jobstore.repository import Repository, require_aware, upsert, utcnow
+from llm_batch.infra.jobstore.repository import Repository, from_row, require_aware, upsert, utcnow
 from llm_batch.infra.jobstore.snapshots import CacheEntry
 from llm_batch.infra.jobstore.tables import RESULT_CACHE
 
@@ -29,48 +28,34 @@ _ROWS_PER_TRANSACTION = 10_000
 _COLUMNS = ("owner", "key", "job_id", "uri", "at_byte", "bytes", "prompt_tokens", "completion_tokens",
             "created_at", "used_at")
 _REPLACED = _COLUMNS[2:]  # a newer computation of a key replaces all but the key itself
+_entry = from_row(CacheEntry)
+T = TypeVar("T")
 
 
-def _entry(row: Row) -> CacheEntry:
-    return CacheEntry(**row._asdict())
-
-
-class ResultCacheIndex(Protocol):
-    """The result cache's rows, as the pipeline's cache use cases and housekeeping use them."""
-
-    def cache_entries(self, owner: str, keys: Iterable[str], *, made_after: datetime) -> dict[str, CacheEntry]: ...
-    def put_cache_entries(self, *, owner: str, job_id: str, uri: str, packed: Iterable[Packed]) -> None: ...
-    def cache_uris_in_use(self, uris: Iterable[str]) -> set[str]: ...
-    def touch_cache_entries(self, owner: str, keys: Iterable[str]) -> None: ...
-    def forget_job_cache(self, job_id: str) -> list[CacheEntry]: ...
-    def evict_cache(self, *, made_before: datetime, max_bytes: int) -> list[CacheEntry]: ...
+def _chunks(items: Iterable[T], size: int = _KEYS_PER_QUERY) -> Iterator[list[T]]:
+    items = list(items)
+    return (items[start:start + size] for start in range(0, len(items), size))
 
 
 class ResultCacheRepository(Repository):
-    """The result cache's index (see the module docstring)."""
-
     def cache_entries(self, owner: str, keys: Iterable[str], *, made_after: datetime) -> dict[str, CacheEntry]:
         """`owner`'s entries among `keys` made after `made_after` (older ones have expired)."""
         require_aware(made_after=made_after)
-        wanted = list(dict.fromkeys(keys))
         found: dict[str, CacheEntry] = {}
-        for start in range(0, len(wanted), _KEYS_PER_QUERY):
-            query = select(RESULT_CACHE).where(
-                RESULT_CACHE.c.owner == owner, RESULT_CACHE.c.key.in_(wanted[start:start + _KEYS_PER_QUERY]),
-                RESULT_CACHE.c.created_at > made_after)
+        for chunk in _chunks(dict.fromkeys(keys)):
+            query = select(RESULT_CACHE).where(RESULT_CACHE.c.owner == owner, RESULT_CACHE.c.key.in_(chunk),
+                                               RESULT_CACHE.c.created_at > made_after)
             found.update((entry.key, entry) for entry in self._read_all(query, _entry))
         return found
 
     def put_cache_entries(self, *, owner: str, job_id: str, uri: str, packed: Iterable[Packed]) -> None:
         """Record `owner`'s answers `packed` (their pack already whole at `uri`), computed by
-        `job_id`, ``_ROWS_PER_TRANSACTION`` rows a transaction; an entry of a key already there is
-        replaced (a newer computation of the same answer; the last of a key in `packed` wins)."""
+        `job_id`; an entry of a key already there is replaced (the last of a key in `packed` wins)."""
         now = utcnow()
-        rows = list({p.key: dict(owner=owner, key=p.key, job_id=job_id, uri=uri, at_byte=p.at_byte, bytes=p.bytes,
-                                 prompt_tokens=p.prompt_tokens, completion_tokens=p.completion_tokens,
-                                 created_at=now, used_at=now) for p in packed}.values())
-        for start in range(0, len(rows), _ROWS_PER_TRANSACTION):
-            chunk = rows[start:start + _ROWS_PER_TRANSACTION]
+        rows = {p.key: dict(owner=owner, key=p.key, job_id=job_id, uri=uri, at_byte=p.at_byte, bytes=p.bytes,
+                            prompt_tokens=p.prompt_tokens, completion_tokens=p.completion_tokens,
+                            created_at=now, used_at=now) for p in packed}
+        for chunk in _chunks(rows.values(), _ROWS_PER_TRANSACTION):
             with self._transaction(write=True) as connection:
                 if connection.dialect.name == "postgresql":
                     _upsert_postgres(connection, chunk)
@@ -82,27 +67,23 @@ class ResultCacheRepository(Repository):
 
     def cache_uris_in_use(self, uris: Iterable[str]) -> set[str]:
         """Those of `uris` some entry still names (a pack of none may be deleted)."""
-        wanted = list(dict.fromkeys(uris))
         used: set[str] = set()
-        for start in range(0, len(wanted), _KEYS_PER_QUERY):
-            query = select(RESULT_CACHE.c.uri).distinct().where(RESULT_CACHE.c.uri.in_(wanted[start:start + _KEYS_PER_QUERY]))
+        for chunk in _chunks(dict.fromkeys(uris)):
+            query = select(RESULT_CACHE.c.uri).distinct().where(RESULT_CACHE.c.uri.in_(chunk))
             with self._transaction(write=False) as connection:
                 used.update(connection.execute(query).scalars())
         return used
 
     def touch_cache_entries(self, owner: str, keys: Iterable[str]) -> None:
         """Mark `owner`'s entries `keys` used now (eviction removes the least recently used)."""
-        wanted = list(dict.fromkeys(keys))
         now = utcnow()
         with self._transaction(write=True) as connection:
-            for start in range(0, len(wanted), _KEYS_PER_QUERY):
-                connection.execute(update(RESULT_CACHE).where(
-                    RESULT_CACHE.c.owner == owner, RESULT_CACHE.c.key.in_(wanted[start:start + _KEYS_PER_QUERY]),
-                ).values(used_at=now))
+            for chunk in _chunks(dict.fromkeys(keys)):
+                connection.execute(update(RESULT_CACHE).where(RESULT_CACHE.c.owner == owner,
+                                                              RESULT_CACHE.c.key.in_(chunk)).values(used_at=now))
 
     def forget_job_cache(self, job_id: str) -> list[CacheEntry]:
-        """Remove the entries `job_id` computed; returns them (their objects are the
-        caller's to delete)."""
+        """Remove the entries `job_id` computed; returns them (their objects are the caller's to delete)."""
         with self._transaction(write=True) as connection:
             rows = connection.execute(
                 delete(RESULT_CACHE).where(RESULT_CACHE.c.job_id == job_id).returning(*RESULT_CACHE.c)).all()
@@ -124,17 +105,16 @@ class ResultCacheRepository(Repository):
                         break
                     victims.append((row.owner, row.key))
                     excess -= row.bytes
-            for start in range(0, len(victims), _KEYS_PER_QUERY):
+            for chunk in _chunks(victims):
                 removed += [_entry(row) for row in connection.execute(delete(RESULT_CACHE).where(
-                    tuple_(RESULT_CACHE.c.owner, RESULT_CACHE.c.key).in_(victims[start:start + _KEYS_PER_QUERY]),
-                ).returning(*RESULT_CACHE.c))]
+                    tuple_(RESULT_CACHE.c.owner, RESULT_CACHE.c.key).in_(chunk)).returning(*RESULT_CACHE.c))]
         return removed
 
 
 def _upsert_postgres(connection: Connection, rows: list[dict[str, Any]]) -> None:
-    """The rows as multi-row INSERTs of psycopg2's ``execute_values``, in the connection's
-    transaction: an executemany of an upsert costs psycopg2 a round trip per row (~15 s for
-    100,000 answers), and SQLAlchemy's own multi-row VALUES costs as much to compile."""
+    """The rows as multi-row INSERTs of psycopg2's ``execute_values``: an executemany of an
+    upsert costs psycopg2 a round trip per row (~15 s for 100,000 answers), and SQLAlchemy's
+    own multi-row VALUES costs as much to compile."""
     from psycopg2.extras import execute_values  # heavy
 
     columns = ", ".join(_COLUMNS)

@@ -1,9 +1,5 @@
-"""What the store hands to callers: frozen snapshots, never live ORM objects.
-
-A snapshot is a plain value (safe to keep after the transaction, to pass between threads,
-to turn into a dict with ``dataclasses.asdict``). Dialect translation happens at the API
-edge from these.
-"""
+"""What the store hands to callers: frozen snapshots, never live ORM objects (safe to keep
+after the transaction and to pass between threads); a snapshot's fields are its table's columns."""
 
 from __future__ import annotations
 
@@ -193,8 +189,7 @@ class CacheEntry:
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """JobStore.usage: the sums over one group's jobs (any status; live jobs with their live
-    counts). ``gpu_seconds``: each job's engine seconds x its GPUs (see JobStore.usage)."""
+    """JobStore.usage: the sums over one group's jobs (any status; live jobs with their live counts)."""
 
     group: str
     jobs: int = 0
@@ -215,7 +210,6 @@ class UsageRow:
 
 
 def job_snapshot(row: Row) -> Job:
-    """A jobs table row as a Job."""
     values = row._asdict()
     values["status"] = JobStatus(values["status"])
     return Job(**values)

@@ -1,20 +1,20 @@
-"""Usage: what owners hold now (the per-owner limits' measures) and what jobs used, summed by
-owner, model or label (``/v1/usage``, ``llm-batch usage``). Reads the ``jobs``, ``files`` and
-``adapters`` tables; writes nothing.
-"""
+"""Usage: what owners hold now (the per-owner limits' measures), what jobs used, summed by
+owner, model or label (``/v1/usage``, ``llm-batch usage``), and the whole store's figures for
+a metrics scrape (``/batch/metrics``)."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Protocol
+import dataclasses
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.sql.elements import ColumnElement
 
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore.repository import Repository, require_aware
+from llm_batch.infra.jobstore.paging import matching
+from llm_batch.infra.jobstore.repository import ENDED_STATUSES, LIVE_STATUSES, Repository, require_aware
 from llm_batch.infra.jobstore.snapshots import UsageRow
-from llm_batch.infra.jobstore.tables import ADAPTERS, FILES, JOBS
+from llm_batch.infra.jobstore.tables import ADAPTERS, ATTEMPTS, DELIVERIES, FILES, JOBS
 
 # JobStore.usage: what it groups by, and the groups that are not a value of the column.
 USAGE_GROUPINGS = ("owner", "model", "label")
@@ -22,26 +22,42 @@ USAGE_ALL_GROUP = "(all)"  # by=None: one row over every job
 USAGE_NO_LABELS_GROUP = "(none)"  # by="label": the jobs without labels
 
 
-class Usage(Protocol):
-    """Usage, as the API's limits and usage report and the CLI read it (UsageRepository)."""
+@dataclasses.dataclass(frozen=True)
+class LiveJob:
+    id: str
+    status: str
+    dag_run_id: str | None
+    still_s: float  # seconds since it last changed (progress, status)
+    terminal: bool = False  # always (a live job); read where a store's Job is too
 
-    def owner_usage(self, owner: str) -> dict[str, int]: ...
-    def usage(
-        self, by: str | None = None, since: datetime | None = None, owner: str | None = None
-    ) -> list[UsageRow]: ...
+
+@dataclasses.dataclass(frozen=True)
+class StoreFigures:
+    jobs: dict[tuple[str, str], int]  # (status, model) -> jobs
+    live: list[LiveJob]  # every live job, least recently updated first
+    tokens_per_s: dict[str, float]  # model -> output tokens/s of its running jobs
+    usage: UsageRow  # sums over every job in the store
+    deliveries: dict[str, int]  # outbox status (pending, delivered, failed) -> deliveries
+    oldest_pending_delivery_s: float  # 0 without a pending one
+    attempts: dict[bool, int]  # answered with 2xx? -> attempts
+    failed_by_code: dict[str, int]  # ended jobs' failed requests by their summary's code
+
+
+def _age(then: datetime | None, now: datetime) -> float:
+    if then is None:
+        return 0.0
+    then = then if then.tzinfo else then.replace(tzinfo=UTC)  # SQLite keeps naive UTC
+    return max(0.0, (now - then).total_seconds())
 
 
 class UsageRepository(Repository):
-    """Usage (see the module docstring)."""
-
     def owner_usage(self, owner: str) -> dict[str, int]:
-        """What `owner` holds now: live jobs, their requests (known totals) and the bytes they
-        store: files not deleted and their own adapters (the per-owner limits' measures)."""
-        live = [s.value for s in JobStatus if not s.terminal]
+        """What `owner` holds now: live jobs, their requests (known totals) and the bytes of
+        their files not deleted and their adapters."""
         with self._transaction(write=False) as connection:
             jobs, requests = connection.execute(
                 select(func.count(), func.coalesce(func.sum(JOBS.c.total), 0))
-                .where(JOBS.c.owner == owner, JOBS.c.status.in_(live))
+                .where(JOBS.c.owner == owner, JOBS.c.status.in_(LIVE_STATUSES))
             ).one()
             stored = connection.execute(
                 select(func.coalesce(func.sum(FILES.c.bytes), 0))
@@ -55,31 +71,22 @@ class UsageRepository(Repository):
     def usage(
         self, by: str | None = None, since: datetime | None = None, owner: str | None = None
     ) -> list[UsageRow]:
-        """Usage summed over jobs created at or after `since` (every job when None), of
-        `owner` when given, whatever their status: jobs, requests (total, succeeded,
-        failed), tokens, engine seconds and GPU seconds.
-
-        ``by``: None -> one row, group ``(all)`` (zeros when no job matches); ``owner`` -> one
-        row per value (summed in SQL); ``model`` -> one row per model that answered
-        (``_by_model``: a job mixing LoRA adapters counts in each); ``label`` -> one row per label
-        ``key=value`` a job has: a job with two labels counts in both rows, a job without
-        labels in the row ``(none)`` (labels are JSON: summed in Python over the streamed
-        rows, keeping only the per-group sums). Rows are ordered by group.
+        """Usage summed over jobs (any status) created at or after `since`, of `owner` when
+        given, by group, ordered by group. ``by``: None -> one row ``(all)`` (zeros when no job
+        matches); ``owner``; ``model`` -> each model that answered (``_by_model``); ``label`` ->
+        each ``key=value`` a job has (a job counts in each of its labels, one without in
+        ``(none)``).
 
         GPU seconds of a job: its engine seconds x the ``gpus`` in its resources, 1 when it
-        names none (what every shard is planned with). A job recorded with ``gpus: 0`` (a CPU
-        run) adds 0; the store does not record the device a shard ran on, so a CPU run
-        planned with the default counts as 1 GPU.
+        names none (what every shard is planned with; the device a shard ran on is not recorded).
         """
         if by is not None and by not in USAGE_GROUPINGS:
             raise ValueError(f"cannot group usage by {by!r}; use one of {', '.join(USAGE_GROUPINGS)} (or none)")
         require_aware(since=since)
         c = JOBS.c
-        filters: list[ColumnElement[bool]] = []
+        filters = matching(JOBS, owner=owner)
         if since is not None:
             filters.append(c.created_at >= since)
-        if owner is not None:
-            filters.append(c.owner == owner)
         gpus = func.coalesce(c.resources["gpus"].as_integer(), 1)
         measures = {  # UsageRow's field -> the jobs column it sums
             "requests_total": c.total, "requests_succeeded": c.succeeded, "requests_failed": c.failed,
@@ -92,8 +99,7 @@ class UsageRepository(Repository):
         names = list(measures)
         with self._transaction(write=False) as connection:
             if by in ("model", "label"):
-                # Summed in Python over the streamed rows (labels and per-model usage are JSON),
-                # keeping only the per-group sums.
+                # JSON (labels, per-model usage): summed in Python over the streamed rows.
                 keys = (c.model, c.model_usage) if by == "model" else (c.labels,)
                 rows = connection.execution_options(yield_per=1000).execute(
                     select(*keys, *measures.values()).where(*filters))
@@ -116,6 +122,38 @@ class UsageRepository(Repository):
             rows = connection.execute(query.add_columns(key).group_by(key).order_by(key))
             return [_row(group, {"jobs": jobs, **dict(zip(names, sums, strict=True))}) for jobs, *sums, group in rows]
 
+
+    def figures(self) -> StoreFigures:
+        """The whole store's figures, read in one transaction for a metrics scrape."""
+        now = datetime.now(UTC)
+        c = JOBS.c
+        with self._transaction(write=False) as connection:
+            jobs = {(status, model): int(n) for status, model, n in connection.execute(
+                select(c.status, c.model, func.count()).group_by(c.status, c.model))}
+            still = [LiveJob(job_id, status, run_id, _age(updated, now)) for job_id, status, run_id, updated in
+                     connection.execute(select(c.id, c.status, c.dag_run_id, c.updated_at)
+                                        .where(c.status.in_(LIVE_STATUSES)).order_by(c.updated_at))]
+            rates = {model: float(rate or 0) for model, rate in connection.execute(
+                select(c.model, func.sum(c.tokens_per_s)).where(c.status == JobStatus.RUNNING.value).group_by(c.model))}
+            deliveries = {status: int(n) for status, n in connection.execute(
+                select(DELIVERIES.c.status, func.count()).group_by(DELIVERIES.c.status))}
+            pending = connection.execute(select(func.min(DELIVERIES.c.created_at))
+                                         .where(DELIVERIES.c.status == "pending")).scalar_one()
+            ok = ATTEMPTS.c.status_code.between(200, 299)
+            attempts = {bool(answered): int(n) for answered, n in connection.execute(
+                select(func.coalesce(ok, False), func.count()).group_by(func.coalesce(ok, False)))}
+            # Only ended jobs with failures have a summary (a scan of those rows, not of every job).
+            failed_by_code: dict[str, int] = {}
+            rows = connection.execution_options(yield_per=1000).execute(
+                select(c.errors).where(c.status.in_(ENDED_STATUSES), c.failed > 0))
+            for (summary,) in rows:
+                for entry in summary if isinstance(summary, list) else ():
+                    if isinstance(entry, dict) and isinstance(entry.get("count"), int):
+                        code = str(entry.get("code"))
+                        failed_by_code[code] = failed_by_code.get(code, 0) + entry["count"]
+        return StoreFigures(jobs=jobs, live=still, tokens_per_s=rates, usage=self.usage()[0],
+                            deliveries=deliveries, oldest_pending_delivery_s=_age(pending, now), attempts=attempts,
+                            failed_by_code=failed_by_code)
 
 _SECONDS = ("engine_seconds", "gpu_seconds")
 

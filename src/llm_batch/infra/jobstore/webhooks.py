@@ -1,15 +1,10 @@
-"""The job store's webhook tables: endpoints, the delivery outbox and attempts.
+"""Webhook endpoints, the delivery outbox and attempts.
 
-``WebhookRepository`` holds the endpoints, deliveries and attempts. The outbox rows of a
-job's end are written by ``enqueue_job_end``, called by ``JobRepository._compare_and_set``
-(``jobs.py``) in the very transaction that moves the job into its terminal status: the end and
-its events commit together or not at all, so no end is ever missed, whichever path ended the
-job (``end_job``, ``transition``, a cancel).
-
-Deliverers (src/llm_batch/infra/webhooks.py) claim due rows with a lease (``claim_webhook_deliveries``:
-a compare-and-set on the lease, so two deliverers never hold one row), send, and record each
-attempt with ``record_webhook_attempt`` (which moves the row on only while its lease is still
-the caller's). A killed deliverer's lease expires and its rows are claimed again.
+A job's end writes its outbox rows (``enqueue_job_end``) in the very transaction that moves
+the job into its terminal status, so no end is ever missed whichever path ended it.
+Deliverers (``llm_batch.infra.webhooks``) claim due rows with a lease (a compare-and-set, so
+two never hold one row), send, and record each attempt; a killed deliverer's lease expires
+and its rows are claimed again.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from sqlalchemy import Connection, Row, delete, insert, or_, select, update
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore.paging import matching, owned, page
-from llm_batch.infra.jobstore.repository import Repository, utcnow
+from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
 from llm_batch.infra.jobstore.tables import ATTEMPTS, DELIVERIES, ENDPOINTS
 
 # OpenAI's batch event names, by the canonical terminal status they announce.
@@ -116,6 +111,7 @@ class ClaimedDelivery:
 
 
 _ENDPOINT_FIELDS = [f.name for f in dataclasses.fields(WebhookEndpoint) if f.name != "secret_hint"]
+_delivery = from_row(WebhookDelivery)
 
 
 def secret_hint(secret: str) -> str:
@@ -134,17 +130,10 @@ def _signing_secrets(row: Row, now: datetime) -> tuple[str, ...]:
     return (row.secret, row.previous_secret) if keeps_previous else (row.secret,)
 
 
-def _delivery(row: Row) -> WebhookDelivery:
-    return WebhookDelivery(**row._asdict())
-
-
-def _unix(when: datetime | None) -> int:
-    return int((when or utcnow()).timestamp())
-
-
-def event_payload(event_id: str, event_type: str, created_at: int, object_id: str) -> dict[str, Any]:
-    """OpenAI's event body: ``{"id", "object": "event", "created_at", "type", "data": {"id"}}``."""
-    return {"id": event_id, "object": "event", "created_at": created_at, "type": event_type, "data": {"id": object_id}}
+def _event(event_type: str, at: datetime, object_id: str) -> dict[str, Any]:
+    """A new event's body, as OpenAI's."""
+    return {"id": f"evt_{uuid.uuid4().hex}", "object": "event", "created_at": int(at.timestamp()), "type": event_type,
+            "data": {"id": object_id}}
 
 
 def _pending_delivery(endpoint_id: str, owner: str, payload: dict[str, Any], job_id: str | None, now: datetime,
@@ -169,38 +158,11 @@ def enqueue_job_end(connection: Connection, before: Row, after: Row) -> None:
         return
     now = utcnow()
     ended_at = after.completed_at or after.updated_at or now
-    payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(ended_at), after.id)
+    payload = _event(event_type, ended_at, after.id)
     connection.execute(insert(DELIVERIES), [
         _pending_delivery(endpoint_id, after.owner, payload, after.id, now, now + DEFAULT_RETRY_WINDOW)
         for endpoint_id in wanted
     ])
-
-
-class WebhookEndpoints(Protocol):
-    """The endpoints and their attempts, as the API's webhook routes use them (WebhookRepository)."""
-
-    def create_webhook_endpoint(
-        self, owner: str, url: str, events: list[str] | None = None, description: str = ""
-    ) -> tuple[WebhookEndpoint, str]: ...
-    def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None: ...
-    def list_webhook_endpoints(self, owner: str | None = None) -> list[WebhookEndpoint]: ...
-    def page_webhook_endpoints(
-        self, owner: str | None = None, limit: int = 20, after: str | None = None
-    ) -> tuple[list[WebhookEndpoint], bool]: ...
-    def update_webhook_endpoint(
-        self, endpoint_id: str, owner: str | None = None, *, url: str | None = None, events: list[str] | None = None,
-        description: str | None = None,
-    ) -> WebhookEndpoint: ...
-    def rotate_webhook_secret(
-        self, endpoint_id: str, owner: str | None = None, keep_previous_for: timedelta | None = None
-    ) -> tuple[WebhookEndpoint, str]: ...
-    def delete_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> None: ...
-    def enqueue_webhook_test(self, endpoint_id: str, owner: str | None = None,
-                             event_type: str = "batch.completed") -> WebhookDelivery: ...
-    def list_webhook_attempts(
-        self, endpoint_id: str, owner: str | None = None, limit: int = 100, delivery_id: str | None = None,
-        job_id: str | None = None,
-    ) -> list[WebhookAttempt]: ...
 
 
 class WebhookOutbox(Protocol):
@@ -217,10 +179,6 @@ class WebhookOutbox(Protocol):
 
 
 class WebhookRepository(Repository):
-    """The webhook endpoints, deliveries and attempts (see the module docstring)."""
-
-    # -- endpoints -----------------------------------------------------------------------
-
     def create_webhook_endpoint(
         self, owner: str, url: str, events: list[str] | None = None, description: str = ""
     ) -> tuple[WebhookEndpoint, str]:
@@ -229,9 +187,7 @@ class WebhookRepository(Repository):
         secret, now = new_webhook_secret(), utcnow()
         values = dict(id=f"we_{uuid.uuid4().hex}", owner=owner, url=url, events=_event_types(events),
                       description=description, secret=secret, created_at=now, updated_at=now)
-        with self._transaction(write=True) as connection:
-            row = connection.execute(insert(ENDPOINTS).values(**values).returning(*ENDPOINTS.c)).one()
-        return _endpoint(row), secret
+        return _endpoint(self._insert(ENDPOINTS, values, ENDPOINTS.c)), secret
 
     def get_webhook_endpoint(self, endpoint_id: str, owner: str | None = None) -> WebhookEndpoint | None:
         return self._read_one(select(ENDPOINTS).where(*owned(ENDPOINTS, endpoint_id, owner)), _endpoint)
@@ -294,8 +250,6 @@ class WebhookRepository(Repository):
             connection.execute(delete(ATTEMPTS).where(ATTEMPTS.c.endpoint_id == endpoint_id))
             connection.execute(delete(DELIVERIES).where(DELIVERIES.c.endpoint_id == endpoint_id))
 
-    # -- deliveries ----------------------------------------------------------------------
-
     def enqueue_webhook_test(self, endpoint_id: str, owner: str | None = None,
                              event_type: str = "batch.completed") -> WebhookDelivery:
         """A test event (data.id ``batch_test``) for the endpoint: one attempt, no retries."""
@@ -304,7 +258,7 @@ class WebhookRepository(Repository):
         now = utcnow()
         with self._transaction(write=True) as connection:
             endpoint_owner = _owned_endpoint(connection, endpoint_id, owner).owner
-            payload = event_payload(f"evt_{uuid.uuid4().hex}", event_type, _unix(now), "batch_test")
+            payload = _event(event_type, now, "batch_test")
             row = connection.execute(
                 insert(DELIVERIES).values(**_pending_delivery(endpoint_id, endpoint_owner, payload, None, now, now))
                 .returning(*DELIVERIES.c)
@@ -397,19 +351,14 @@ class WebhookRepository(Repository):
         """The endpoint's attempts, newest first, each with its delivery's event and status
         (empty for an unknown or not-owned endpoint)."""
         a, d = ATTEMPTS.c, DELIVERIES.c
-        filters = [a.endpoint_id == endpoint_id]
-        if owner is not None:
-            filters.append(d.owner == owner)
-        if delivery_id is not None:
-            filters.append(a.delivery_id == delivery_id)
-        if job_id is not None:
-            filters.append(d.job_id == job_id)
+        filters = [*matching(ATTEMPTS, endpoint_id=endpoint_id, delivery_id=delivery_id),
+                   *matching(DELIVERIES, owner=owner, job_id=job_id)]
         query = (
             select(*ATTEMPTS.c, d.event_id, d.event_type, d.job_id, d.status.label("delivery_status"))
             .join(DELIVERIES, d.id == a.delivery_id)
             .where(*filters).order_by(a.started_at.desc(), a.id.desc()).limit(limit)
         )
-        return self._read_all(query, lambda row: WebhookAttempt(**row._asdict()))
+        return self._read_all(query, from_row(WebhookAttempt))
 
 
 def _owned_endpoint(connection: Connection, endpoint_id: str, owner: str | None) -> Row:
