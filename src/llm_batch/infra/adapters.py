@@ -100,10 +100,8 @@ def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
                              + (f"; not admitted: {', '.join(extra[:5])}" if extra else ""))
     config = _adapter_config(path / ADAPTER_CONFIG, max_rank)
     base_config = _json(base / "config.json", "the base model's config.json")
-    weights = path / ADAPTER_WEIGHTS
-    header, data_start = _safetensors_header(weights)
-    _check_tensors(header, config, base_config)
-    _check_data(weights, header, data_start)
+    _check_tensors(_safetensors_header(path / ADAPTER_WEIGHTS)[0], config, base_config)
+    check_adapter_data(path)
     stored = sum((path / name).stat().st_size for name in ADAPTER_FILES)
     return AdapterFacts(config["r"], tuple(config["target_modules"]), stored)
 
@@ -135,8 +133,7 @@ def _adapter_config(path: Path, max_rank: int) -> dict[str, Any]:
         raise AdapterRefused(f"{ADAPTER_CONFIG}: r must be a whole number from 1 to {max_rank} "
                              f"(this deployment's max_lora_rank), got {str(rank)[:20]}")
     targets = config.get("target_modules")
-    if isinstance(targets, str) or not isinstance(targets, list) or not targets \
-            or not all(isinstance(t, str) for t in targets):
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise AdapterRefused(f"{ADAPTER_CONFIG}: target_modules must be a list of module names "
                              f"(among {', '.join(sorted(ALLOWED_TARGET_MODULES))})")
     if bad := sorted(set(targets) - ALLOWED_TARGET_MODULES):

@@ -69,12 +69,10 @@ def resolve_model(model_config: dict[str, Any] | ModelConfig, *, registry: Regis
     registry = registry or load_registry(settings=settings)
     check_model_config(config, registry)
     spec = spec_for(config, registry)
-
     if config.checkpoint_path:
         path = checkpoint_dir(config.checkpoint_path, settings, user_given=True)
     else:
         path = registered_checkpoint_dir(registry.base_of(config.model), spec, settings)
-
     engine_args = job_engine_args(config, registry, settings)
     if config.tokenizer:
         engine_args["tokenizer"] = str(local_tokenizer_dir(config.tokenizer, settings))
@@ -85,7 +83,6 @@ def resolve_model(model_config: dict[str, Any] | ModelConfig, *, registry: Regis
         engine_args["hf_overrides"] = {**engine_args["hf_overrides"], "rope_parameters": rope}
     engine_args["model"] = str(path)
     task = spec.task if spec else _task_of(engine_args)
-
     return ResolvedModel(
         name=config.served_model_name or registry.base_of(config.model),
         adapter=config.model if config.model in registry.adapters else None,
@@ -101,15 +98,13 @@ def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | N
     tensor x pipeline parallel sizes = gpus x nodes; ``InvalidModelConfig`` otherwise."""
     spec = spec_for(config, registry)
     problems: list[tuple[str, str]] = []
-    if config.trust_remote_code and not (
-        spec and spec.engine_args.get("trust_remote_code") is True and not config.checkpoint_path
-    ):
+    vetted = spec and spec.engine_args.get("trust_remote_code") is True and not config.checkpoint_path
+    if config.trust_remote_code and not vetted:
         where = ("with checkpoint_path, whose code the registry has not vetted"
                  if config.checkpoint_path else
                  f"the registry entry of {config.model!r} does not allow it (an operator sets "
                  "trust_remote_code: true in its engine_args)")
-        problems.append(("trust_remote_code", f"true runs Python code from the checkpoint: "
-                         f"refused {where}"))
+        problems.append(("trust_remote_code", f"true runs Python code from the checkpoint: refused {where}"))
     template = config.chat_template
     if template and not is_jinja(template) and template not in registry.templates:
         problems.append(("chat_template", f"{template!r} is not a template the registry knows "
