@@ -1,16 +1,10 @@
 """LoRA adapters: checking an adapter's files, unpacking an uploaded one (``unpack_adapter``),
 preparing and fetching registered ones, and the names a job's lines may give (``model_choice``).
 
-An adapter is a folder of exactly two files, peft's ``adapter_config.json`` and
-``adapter_model.safetensors``: never a pickle (``.bin``, ``.pt``), never code. It is
-admitted only if it is known good (``check_adapter_dir``): a LoRA of a rank within the
-deployment's ``max_lora_rank``, adapting only linear layers of the decoder (an allow-list of
-module names), whose tensors fit the base model's shapes (hidden size, layers). The registry
-names adapters on its models (``Registry.adapters``); an owner's uploaded adapters live in
-the job store under the owner and are seen by no one else.
-
-vLLM loads adapters per request (``LoRARequest``): the worker gives each adapter a stable id
-(``lora_int_id``) so a warm engine keeps it loaded across jobs.
+An adapter is a folder of exactly peft's ``adapter_config.json`` and
+``adapter_model.safetensors`` (never a pickle, never code), admitted only if known good
+(``check_adapter_dir``): a plain LoRA within ``max_lora_rank`` of allowed decoder linear
+layers, whose tensors fit the base model's shapes and hold only finite values.
 """
 
 from __future__ import annotations
@@ -31,7 +25,14 @@ from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.model_choice import ModelChoice
 from llm_batch.core.model_config import ModelError
 from llm_batch.core.model_recipes import build_random_lora
-from llm_batch.infra.model_cache import READY_MARKER, build_once, cache_path, fetch_checkpoint, prepare_model
+from llm_batch.infra.model_cache import (
+    READY_MARKER,
+    build_once,
+    cache_path,
+    fetch_checkpoint,
+    prepare_model,
+    read_marker,
+)
 from llm_batch.infra.model_registry import AdapterSpec, ModelNotPrepared, Registry, load_registry
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -51,12 +52,11 @@ class AdapterRefused(ModelError, ValueError):
 
 
 class AdapterTooLarge(AdapterRefused):
-    """An uploaded archive's files are larger than the limit (``unpack_adapter``'s max_bytes)."""
+    """An uploaded archive's files are larger than ``unpack_adapter``'s max_bytes."""
 
 
 @dataclass(frozen=True)
 class AdapterFacts:
-    """What ``check_adapter_dir`` read from an admitted adapter."""
 
     rank: int
     target_modules: tuple[str, ...]
@@ -65,9 +65,8 @@ class AdapterFacts:
 
 @dataclass(frozen=True)
 class ResolvedAdapter:
-    """An adapter ready for the engine: ``LoRARequest(name, lora_int_id, str(path))``;
-    ``source`` is an owner's adapter's URI (two owners may give one name), None for the
-    registry's."""
+    """``LoRARequest(name, lora_int_id, str(path))``; ``source``: an owner's adapter's URI
+    (two owners may give one name), None for the registry's."""
 
     name: str
     path: Path
@@ -80,46 +79,36 @@ class ResolvedAdapter:
 
 
 def adapter_int_id(key: str) -> int:
-    """A stable positive id per adapter (its registry name, or an owner's adapter's URI):
-    vLLM keys loaded adapters by it, so a warm engine reuses one only for the same files."""
+    """A stable positive id per adapter: vLLM keys loaded adapters by it, so a warm engine
+    reuses one only for the same files."""
     return (zlib.crc32(key.encode()) & 0x7FFFFFFF) or 1
 
 
 def engine_rank(ranks: Iterable[int]) -> int:
-    """The ``max_lora_rank`` an engine needs for adapters of these ranks."""
     most = max(ranks, default=1)
     return next(r for r in VLLM_LORA_RANKS if r >= most)
 
 
-# -- checking an adapter's files ---------------------------------------------------------------
-
-
 def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
     """Admit the adapter folder ``path`` for the base model folder ``base`` or raise
-    ``AdapterRefused``: exactly the two files, a LoRA config within bounds, tensors named and
-    shaped as the base's linear layers (read from the safetensors header: nothing is loaded)."""
+    ``AdapterRefused`` (shapes are read from the safetensors header: nothing is loaded)."""
     found = {p.name for p in path.iterdir()} - {READY_MARKER} if path.is_dir() else set()
     if found != ADAPTER_FILES:
-        extra = sorted(found - ADAPTER_FILES)
-        missing = sorted(ADAPTER_FILES - found)
+        extra, missing = sorted(found - ADAPTER_FILES), sorted(ADAPTER_FILES - found)
         raise AdapterRefused("an adapter is exactly adapter_config.json and adapter_model.safetensors"
                              + (f"; missing {', '.join(missing)}" if missing else "")
                              + (f"; not admitted: {', '.join(extra[:5])}" if extra else ""))
     config = _adapter_config(path / ADAPTER_CONFIG, max_rank)
     base_config = _json(base / "config.json", "the base model's config.json")
-    weights = path / ADAPTER_WEIGHTS
-    header, data_start = _safetensors_header(weights)
-    _check_tensors(header, config, base_config)
-    _check_data(weights, header, data_start)
+    _check_tensors(_safetensors_header(path / ADAPTER_WEIGHTS)[0], config, base_config)
+    check_adapter_data(path)
     stored = sum((path / name).stat().st_size for name in ADAPTER_FILES)
     return AdapterFacts(config["r"], tuple(config["target_modules"]), stored)
 
 
 def check_adapter_data(path: Path) -> None:
-    """Admit the weights' data of the adapter folder ``path`` (``_check_data``) or raise
-    ``AdapterRefused``: what the worker checks of every adapter it loads, an owner's or the
-    registry's, so no adapter with a non-finite value reaches an engine whoever put it there
-    (the shape checks, which need the base, are the upload's and ``prepare_adapter``'s)."""
+    """The worker's check of every adapter it loads, whoever put it there: its weights' data
+    (``_check_data``; the shape checks, which need the base, are done at upload and prepare)."""
     weights = path / ADAPTER_WEIGHTS
     header, data_start = _safetensors_header(weights)
     _check_data(weights, header, data_start)
@@ -144,8 +133,7 @@ def _adapter_config(path: Path, max_rank: int) -> dict[str, Any]:
         raise AdapterRefused(f"{ADAPTER_CONFIG}: r must be a whole number from 1 to {max_rank} "
                              f"(this deployment's max_lora_rank), got {str(rank)[:20]}")
     targets = config.get("target_modules")
-    if isinstance(targets, str) or not isinstance(targets, list) or not targets \
-            or not all(isinstance(t, str) for t in targets):
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise AdapterRefused(f"{ADAPTER_CONFIG}: target_modules must be a list of module names "
                              f"(among {', '.join(sorted(ALLOWED_TARGET_MODULES))})")
     if bad := sorted(set(targets) - ALLOWED_TARGET_MODULES):
@@ -163,7 +151,6 @@ def _adapter_config(path: Path, max_rank: int) -> dict[str, Any]:
 
 
 def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The tensors' header and where their data starts."""
     try:
         with path.open("rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
@@ -183,9 +170,8 @@ _DTYPES = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000)}
 
 
 def _check_data(path: Path, header: dict[str, Any], data_start: int) -> None:
-    """The tensors' data: admitted dtypes, ranges that cover the file's data exactly (no gap,
-    no overlap, nothing after), and every value finite: one NaN adapter in a shared batch
-    would reach its neighbours' rows."""
+    """Admitted dtypes, ranges that cover the file's data exactly, and every value finite:
+    one NaN adapter in a shared batch would reach its neighbours' rows."""
     import numpy as np  # heavy
 
     spans = []
@@ -220,9 +206,8 @@ def _check_data(path: Path, header: dict[str, Any], data_start: int) -> None:
 
 
 def _check_tensors(header: dict[str, Any], config: dict[str, Any], base: dict[str, Any]) -> None:
-    """Every tensor a LoRA A or B of an admitted module of an existing layer, its shapes the
-    base's: A is (r, in), B is (out, r), in and out among the base's hidden, intermediate
-    and key-value widths."""
+    """Every tensor a LoRA A (r, in) or B (out, r) of an admitted module of an existing
+    layer, in and out among the base's widths."""
     layers = base.get("num_hidden_layers")
     hidden = base.get("hidden_size")
     if not isinstance(layers, int) or not isinstance(hidden, int):
@@ -250,8 +235,6 @@ def _check_tensors(header: dict[str, Any], config: dict[str, Any], base: dict[st
                                  f"(rank {rank}, widths {sorted(w for w in widths if w)})")
 
 
-# -- an uploaded adapter's archive ---------------------------------------------------------------
-
 # Members an archive may hold: the two files, and the one folder holding them (a "." entry too,
 # as ``tar -C folder .`` writes it): a handful, whatever else it claims.
 MAX_ARCHIVE_MEMBERS = 6
@@ -259,15 +242,10 @@ _COPY_CHUNK = 1 << 20
 
 
 def unpack_adapter(archive: Path, dest: Path, max_bytes: int) -> None:
-    """Unpack an uploaded adapter: ``archive`` a ``.tar``, ``.tar.gz`` or ``.zip`` (known by its
-    content, not its name) holding exactly ``adapter_config.json`` and
-    ``adapter_model.safetensors``, at its top level or in one top folder; both are written
-    into ``dest`` (created; flat). ``AdapterRefused`` saying which member and why for
-    anything else: another member, a link or special file, an absolute path or ``..``,
-    more than ``MAX_ARCHIVE_MEMBERS`` members, more than ``max_bytes`` in all (declared
-    sizes, and the bytes counted while writing), an encrypted or corrupt archive. Nothing
-    is extracted by the archive modules themselves: each file is copied from its member's
-    stream, so no member can write outside ``dest``."""
+    """Unpack an uploaded ``.tar``, ``.tar.gz`` or ``.zip`` (known by its content) holding the
+    two files, at its top level or in one top folder, flat into ``dest``; ``AdapterRefused``
+    naming the member for anything else. Each file is copied from its member's stream (the
+    archive modules extract nothing), so no member can write outside ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     try:
         if zipfile.is_zipfile(archive):
@@ -282,12 +260,12 @@ def unpack_adapter(archive: Path, dest: Path, max_bytes: int) -> None:
             raise AdapterRefused("the upload is not a .tar, .tar.gz or .zip archive") from None
         with tar:
             _unpack_members(_tar_members(tar, dest), dest, max_bytes)
-    except AdapterRefused:
-        _clear(dest)
-        raise
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, ValueError) as exc:
+        for name in ADAPTER_FILES:  # nothing half-unpacked stays
+            (dest / name).unlink(missing_ok=True)
+        if isinstance(exc, AdapterRefused):
+            raise
         # RuntimeError: zipfile's encrypted member; the rest: a corrupt or truncated archive.
-        _clear(dest)
         raise AdapterRefused(f"the archive cannot be read ({exc.__class__.__name__}: {str(exc)[:120]})") from None
 
 
@@ -336,8 +314,7 @@ def _zip_members(zipped: zipfile.ZipFile) -> Iterator[_Member]:
 
 
 def _member_parts(name: str) -> list[str]:
-    """The member's path as parts (``.`` and empty parts dropped); refused if absolute,
-    climbing (``..``) or spelled with backslashes, drive letters or NUL."""
+    """The member's path as parts (``.`` and empty ones dropped); absolute or climbing refused."""
     shown = name[:80]
     if not name or "\0" in name or "\\" in name or name.startswith("/") or re.match(r"[A-Za-z]:", name):
         raise AdapterRefused(f"archive member {shown!r}: an absolute or unusual path is not admitted")
@@ -384,17 +361,8 @@ def _unpack_members(members: Iterator[_Member], dest: Path, max_bytes: int) -> N
                              f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
 
 
-def _clear(dest: Path) -> None:
-    for name in ADAPTER_FILES:
-        (dest / name).unlink(missing_ok=True)
-
-
-# -- registered adapters ------------------------------------------------------------------------
-
-
 def adapter_status(name: str, spec: AdapterSpec, settings: Settings | None = None) -> str:
-    """``ready``, ``not prepared`` (a recipe not run yet), ``remote`` (s3:// not fetched yet)
-    or ``missing``."""
+    """``ready``, ``not prepared``, ``remote`` (s3://) or ``missing``."""
     settings = settings or get_settings()
     if spec.checkpoint.startswith("s3://"):
         return "remote"
@@ -406,8 +374,8 @@ def adapter_status(name: str, spec: AdapterSpec, settings: Settings | None = Non
 
 def prepare_adapter(name: str, *, registry: Registry | None = None, settings: Settings | None = None,
                     force: bool = False) -> Path:
-    """Build (``prepare: random-lora``, on its base prepared first) or fetch (``s3://``) the
-    registered adapter ``name`` into the model cache, check it, and return its folder."""
+    """Build (on its base, prepared first) or fetch the registered adapter ``name`` into the
+    model cache, check it, and return its folder."""
     settings = settings or get_settings()
     registry = registry or load_registry(settings=settings)
     spec = registry.adapter(name)
@@ -419,20 +387,13 @@ def prepare_adapter(name: str, *, registry: Registry | None = None, settings: Se
         path = cache_path(spec.checkpoint, settings)
         marker = {"adapter": name, "recipe": spec.prepare, "base": spec.base, "rank": spec.rank, "seed": spec.seed}
         build_once(path, marker, lambda tmp: build_random_lora(tmp, base, spec.rank, spec.seed),
-                   replace=lambda: force or _marker(path) != marker)
+                   replace=lambda: force or read_marker(path) != marker)
     else:
         path = cache_path(spec.checkpoint, settings)
     facts = check_adapter_dir(path, base, settings.max_lora_rank)
     if facts.rank != spec.rank:
         raise AdapterRefused(f"adapter {name!r}: the registry says rank {spec.rank}, its files rank {facts.rank}")
     return path
-
-
-def _marker(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((path / READY_MARKER).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def resolve_base_dir(base: str, registry: Registry, settings: Settings) -> Path:
@@ -443,10 +404,8 @@ def resolve_base_dir(base: str, registry: Registry, settings: Settings) -> Path:
 
 def resolve_adapters(names: Iterable[str], owned: Mapping[str, str] | None = None, *,
                      registry: Registry | None = None, settings: Settings | None = None) -> list[ResolvedAdapter]:
-    """The adapters ``names`` as the worker loads them: registered ones from the model cache
-    (an ``s3://`` one fetched once), an owner's from ``owned`` (name -> its folder's URI in the
-    configured storage, fetched once), each one's data checked (``check_adapter_data``:
-    ``AdapterRefused``). ``ModelNotPrepared`` for a registered one not built."""
+    """The adapters ``names`` as the worker loads them, each one's data checked: registered
+    ones from the model cache, an owner's from ``owned`` (name -> its folder's URI, fetched once)."""
     settings = settings or get_settings()
     registry = registry or load_registry(settings=settings)
     resolved = []
@@ -473,15 +432,11 @@ def resolve_adapters(names: Iterable[str], owned: Mapping[str, str] | None = Non
     return resolved
 
 
-# -- what a job's lines may name ------------------------------------------------------------
-
-
 def model_choice(registry: Registry, model: str, served_model_name: str | None = None,
                  owned: Mapping[str, str] | None = None, locations: Mapping[str, str] | None = None) -> ModelChoice:
-    """The names lines of a job of ``model`` may give: the job's model, its base and served
-    name (the base), and every adapter of that base in the registry or among the owner's
-    ``owned`` (name -> base; ``locations``: name -> its folder's URI). A model outside the
-    registry (a checkpoint_path) has no adapter; a registry name wins over an owner's."""
+    """The names lines of a job of ``model`` may give: the job's model, its base, its served
+    name, and every adapter of that base in the registry or among the owner's ``owned``
+    (name -> base; ``locations``: name -> URI); a registry name wins over an owner's."""
     adapter = model if model in registry.adapters or (owned and model in owned) else None
     base = registry.base_of(model, owned) if adapter else model
     names: dict[str, str | None] = {base: None, model: adapter}

@@ -1,16 +1,7 @@
-"""The job a log line concerns, on every line of it: ``job_id``.
-
-``bind_job(job_id)`` marks the current context (a thread, an asyncio task, a request's
-thread; context variables, so it never leaks to another request):
-
-- in Airflow's processes (the api-server, task processes) structlog's context variables,
-  which Airflow's logging merges into every line, stdlib loggers' included: a ``job_id`` key
-  of the structured line (Airflow's UI and its JSON task logs show it);
-- everywhere, a context variable of ours that ``JobIdFilter`` puts on stdlib records, so the
-  plain format of the processes Airflow does not configure (the worker, ``LOG_FORMAT``)
-  prints ``[job <id>]``.
-
-structlog comes with Airflow; the inference image has no Airflow, and needs none of it here.
+"""The job a log line concerns, on every line of it: ``job_id``, bound to the current context
+(context variables: never another request's). In Airflow's processes structlog's context
+variables put it on every structured line; elsewhere ``JobIdFilter`` puts it on stdlib
+records for ``LOG_FORMAT``. (structlog comes with Airflow; the inference image has neither.)
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ _JOB: ContextVar[str] = ContextVar("llm_batch_job_id", default=NO_JOB)
 
 
 def bind_job(job_id: str) -> None:
-    """Every log line from here on in this context concerns `job_id`."""
     _JOB.set(job_id)
     try:  # structlog: in Airflow's processes only
         import structlog.contextvars  # optional
@@ -38,15 +28,13 @@ def current_job() -> str:
 
 
 class JobIdFilter(logging.Filter):
-    """Puts ``job_id`` (the bound job, else ``-``) on every record a handler sees."""
-
     def filter(self, record: logging.LogRecord) -> bool:
         record.job_id = _JOB.get()
         return True
 
 
 def configure_plain_logging(level: int = logging.INFO) -> None:
-    """The worker processes' logging: INFO and up to stderr, each line naming its job."""
+    """The worker processes': each line names its job."""
     logging.basicConfig(level=level, format=LOG_FORMAT)
     for handler in logging.getLogger().handlers:
         handler.addFilter(JobIdFilter())

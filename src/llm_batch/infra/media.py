@@ -1,22 +1,12 @@
-"""The file a /v1/audio/transcriptions or /v1/ocr line names, resolved for the job's owner.
+"""The file a /v1/audio/transcriptions or /v1/ocr line names, resolved for the job's owner:
+an uploaded ``file_id`` of the owner's, a path URI held to the rules of the owner's paths
+(``user_paths``; no other scheme is ever fetched), or inline base64 (``data:`` URLs too).
 
-A line names its audio or image one of three ways:
-- an uploaded ``file_id``: a file of the job's owner (another owner's id, or a deleted
-  file, reads as unknown: no existence oracle);
-- a path URI (``file_url``, ``image_url``, ``document_url``): held to the rules of the
-  owner's own paths (``llm_batch.infra.user_paths``: roots and buckets, the owner's namespace,
-  never internal state, symlinks and ``..`` refused). ``http(s)://`` and any other scheme
-  are never fetched: this system reaches no network on a user's behalf;
-- the bytes inline: base64 (a transcription's ``file.content``) or a ``data:`` URL.
-
-``MediaResolver.resolve`` runs at validation and returns what ``BatchRequest.media``
-records: ``{"uri": <canonical URI>, "bytes": n}`` for a stored file, ``{"inline": <body
-path>, "bytes": n}`` for inline bytes; or raises ``MediaRefused`` naming the field, which
-becomes that line's error record. It also looks at the first bytes: audio must be WAV (an
-OCR document is an image or a PDF, which the worker decodes). ``load`` is the worker's side: the bytes of what validation
-recorded, never a path the body itself names.
+``MediaResolver.resolve`` runs at validation and returns what ``BatchRequest.media`` records
+(``{"uri", "bytes"}`` or ``{"inline": <body path>, "bytes"}``), or raises ``MediaRefused``
+naming the field; audio must be WAV. ``load`` is the worker's side: the bytes of what
+validation recorded, never a path the body itself names.
 """
-
 from __future__ import annotations
 
 import binascii
@@ -31,15 +21,13 @@ from llm_batch.infra import storage, user_paths
 if TYPE_CHECKING:
     from llm_batch.infra.jobstore.store import JobStore
 
-# What the first bytes must (not) be, per kind of media.
 WAV_MAGIC, WAVE_TAG = b"RIFF", b"WAVE"
 _SNIFF_BYTES = 12
 
 
 @dataclass(frozen=True)
 class MediaRef:
-    """What a (schema-valid) body names: ``field`` its path in the body, and one of
-    ``file_id``, ``uri`` or ``inline`` (base64 text)."""
+    """What a (schema-valid) body names: ``field`` its path, and one of the three."""
 
     field: str
     kind: str  # "audio" | "document" (an image or a PDF)
@@ -49,7 +37,6 @@ class MediaRef:
 
 
 def media_ref(endpoint: Endpoint, body: dict[str, Any]) -> MediaRef | None:
-    """The file ``body`` names, or None for an endpoint without media."""
     if endpoint is Endpoint.TRANSCRIPTIONS:
         if body.get("file_id") is not None:
             return MediaRef("body.file_id", "audio", file_id=body["file_id"])
@@ -70,7 +57,6 @@ def media_ref(endpoint: Endpoint, body: dict[str, Any]) -> MediaRef | None:
 
 
 def _url_ref(field: str, kind: str, url: str) -> MediaRef:
-    """A data: URL is inline bytes; anything else is a path URI (checked later)."""
     if url[:5].lower() == "data:":
         header, comma, data = url.partition(",")
         if not comma or not header.lower().endswith(";base64"):
@@ -87,10 +73,8 @@ def _decoded(ref: MediaRef) -> bytes:
 
 
 class MediaResolver:
-    """Resolves the files of one job's lines for ``owner``; ``store`` finds uploaded file ids.
-
-    ``MediaResolver.offline()`` is ``llm-batch validate``'s: no owner, no job store, so file
-    ids and paths are checked for their form only (paths are the user's own files there)."""
+    """Resolves the files of one job's lines for ``owner``; ``offline()`` (``llm-batch
+    validate``'s, no owner or store) checks file ids and paths for their form only."""
 
     def __init__(self, owner: str | None, store: JobStore | None = None, settings: Settings | None = None,
                  *, is_admin: bool = False):
@@ -110,8 +94,7 @@ class MediaResolver:
             return None
         if ref.inline is not None:
             data = _decoded(ref)
-            self._check_size(ref, len(data))
-            _check_content(ref, data[:_SNIFF_BYTES])
+            self._check(ref, len(data), data[:_SNIFF_BYTES])
             return {"inline": ref.field, "bytes": len(data)}
         if self.owner is None:  # offline: the form only
             if ref.uri is not None:
@@ -123,9 +106,10 @@ class MediaResolver:
             with storage.open_read(uri) as stream:
                 head = stream.read(_SNIFF_BYTES)
         except storage.StorageError:
-            raise MediaRefused(f"{ref.field}: {self._unavailable(ref)}") from None
-        self._check_size(ref, size)
-        _check_content(ref, head)
+            why = (f"file {ref.file_id!r} cannot be read" if ref.file_id is not None
+                   else user_paths.unavailable(ref.uri or "", self.owner or "", self.settings))
+            raise MediaRefused(f"{ref.field}: {why}") from None
+        self._check(ref, size, head)
         return {"uri": uri, "bytes": size}
 
     def _stored_uri(self, ref: MediaRef) -> str:
@@ -140,22 +124,18 @@ class MediaResolver:
         except (user_paths.PathRefused, user_paths.PathUnavailable) as exc:
             raise MediaRefused(f"{ref.field}: {exc}") from None
 
-    def _unavailable(self, ref: MediaRef) -> str:
-        if ref.file_id is not None:
-            return f"file {ref.file_id!r} cannot be read"
-        return user_paths.unavailable(ref.uri or "", self.owner or "", self.settings)
-
-    def _check_size(self, ref: MediaRef, size: int) -> None:
+    def _check(self, ref: MediaRef, size: int, head: bytes) -> None:
         limit = self.settings.max_media_bytes
         if size > limit:
             raise MediaRefused(f"{ref.field}: the file is {size} bytes, over the limit of {limit} "
                                "(LLM_BATCH_MAX_MEDIA_BYTES)")
         if size == 0:
             raise MediaRefused(f"{ref.field}: the file is empty")
+        if ref.kind == "audio" and not (head[:4] == WAV_MAGIC and head[8:12] == WAVE_TAG):
+            raise MediaRefused(f"{ref.field}: not a WAV file (only WAV audio is supported)")
 
 
 def _refuse_scheme(ref: MediaRef) -> None:
-    """Only paths, file:// and s3:// name files here; a web URL is never fetched."""
     uri = ref.uri or ""
     scheme = uri.partition("://")[0].lower() if "://" in uri else ""
     if scheme not in ("", "file", "s3"):
@@ -163,14 +143,8 @@ def _refuse_scheme(ref: MediaRef) -> None:
                            "(then name its file id) or name a path under the allowed roots or buckets")
 
 
-def _check_content(ref: MediaRef, head: bytes) -> None:
-    if ref.kind == "audio" and not (head[:4] == WAV_MAGIC and head[8:12] == WAVE_TAG):
-        raise MediaRefused(f"{ref.field}: not a WAV file (only WAV audio is supported)")
-
-
 def load(endpoint: Endpoint, body: dict[str, Any], media: dict[str, Any] | None,
          settings: Settings | None = None) -> bytes:
-    """The bytes of the line's file as validation recorded it (MediaRefused otherwise)."""
     if not media:
         raise MediaRefused("the line's file was not resolved at validation (validate the batch "
                            "through the API or the DAG, which resolve it for the job's owner)")

@@ -1,11 +1,10 @@
 """Where checkpoints live: the model cache (``Settings.model_cache``), registered models
-prepared offline into it (``prepare_model``, ``model_status``), ``s3://`` checkpoints fetched
-into it once (``fetch_checkpoint``), and the local directories a job may name.
+prepared offline into it, ``s3://`` checkpoints fetched into it once, and the local
+directories a job may name.
 
-A checkpoint directory is ready when it holds the marker file ``READY_MARKER``; the marker
-is written into a temporary directory that is then renamed into place, so a crash never
-leaves a half-built directory that looks ready. A file lock beside each directory makes
-concurrent shards on one machine fetch or build it once.
+A directory is ready when it holds ``READY_MARKER``, written into a temporary directory that
+is then renamed into place (a crash never leaves a half-built one that looks ready); a file
+lock beside it makes concurrent shards on one machine build it once.
 """
 
 from __future__ import annotations
@@ -40,18 +39,15 @@ def registered_checkpoint_dir(name: str, spec: ModelSpec, settings: Settings) ->
     if spec.prepare is not None:
         path = cache_path(spec.checkpoint, settings)
         if not (path / READY_MARKER).is_file():
-            raise ModelNotPrepared(
-                f"model {name!r} is not prepared in {settings.model_cache}: "
-                f"run `llm-batch models prepare {name}`"
-            )
+            raise ModelNotPrepared(f"model {name!r} is not prepared in {settings.model_cache}: "
+                                   f"run `llm-batch models prepare {name}`")
         return path
     return checkpoint_dir(spec.checkpoint, settings, user_given=False)
 
 
 def check_local_checkpoint(checkpoint: str, settings: Settings | None = None) -> Path:
-    """A user's local ``checkpoint_path`` checked as the worker will check it (confined to
-    the roots or the model cache, a model directory): the API calls it at submission.
-    s3:// checkpoints are not fetched here; llm_batch.infra.user_paths covers them."""
+    """A user's local ``checkpoint_path`` checked as the worker will (the API's check at
+    submission; user_paths covers s3:// ones)."""
     if checkpoint.startswith("s3://"):
         raise ValueError("check_local_checkpoint takes local paths only")
     return checkpoint_dir(checkpoint, settings or get_settings(), user_given=True)
@@ -62,24 +58,16 @@ def checkpoint_dir(checkpoint: str, settings: Settings, *, user_given: bool) -> 
     if checkpoint.startswith("s3://"):
         return fetch_checkpoint(checkpoint, settings=settings)
     if "://" in checkpoint:
-        raise CheckpointNotFound(
-            f"checkpoint {checkpoint}: only local paths and s3:// are supported"
-        )
-    if user_given:
-        path = user_local_dir(checkpoint, settings, "checkpoint")
-    else:
-        path = cache_path(checkpoint, settings).resolve()
+        raise CheckpointNotFound(f"checkpoint {checkpoint}: only local paths and s3:// are supported")
+    path = (user_local_dir(checkpoint, settings, "checkpoint") if user_given
+            else cache_path(checkpoint, settings).resolve())
     if not (path / "config.json").is_file():
-        raise CheckpointNotFound(
-            f"checkpoint {checkpoint}: no model directory (config.json) at {path}"
-        )
+        raise CheckpointNotFound(f"checkpoint {checkpoint}: no model directory (config.json) at {path}")
     return path
 
 
 def local_tokenizer_dir(tokenizer: str, settings: Settings | None = None) -> Path:
-    """A job's ``model_config.tokenizer`` as a local directory, under the rules of a local
-    checkpoint_path (confined to the roots or the model cache; relative: in the model
-    cache): the worker's check, and the API's at submission."""
+    """A job's ``model_config.tokenizer`` as a local directory, under a checkpoint_path's rules."""
     settings = settings or get_settings()
     if "://" in tokenizer:
         raise CheckpointNotAllowed(f"tokenizer {tokenizer}: only a local directory is supported")
@@ -100,21 +88,13 @@ def user_local_dir(given: str, settings: Settings, what: str) -> Path:
     path = cache_path(given, settings).resolve()
     roots = [*settings.local_roots, Path(settings.model_cache).resolve()]
     if not any(path.is_relative_to(root) for root in roots):
-        raise CheckpointNotAllowed(
-            f"{what} {given}: outside the allowed local roots "
-            f"({', '.join(str(root) for root in roots)})"
-        )
+        raise CheckpointNotAllowed(f"{what} {given}: outside the allowed local roots ({', '.join(map(str, roots))})")
     return path
 
 
 def fetch_checkpoint(uri: str, *, settings: Settings | None = None, required: str = "config.json") -> Path:
     """Download the ``s3://`` prefix ``uri`` once into the model cache; return the directory.
-
-    Concurrent callers on one machine (shards) wait on a file lock; the first downloads into
-    a temporary directory, marks it ready and renames it into place, the others reuse it.
-    A missing prefix is ``CheckpointNotFound``, a forbidden one ``CheckpointNotAllowed``;
-    other ``StorageError``s (the server failing after retries) propagate: worth a retry.
-    """
+    Other ``StorageError``s than a missing or forbidden prefix propagate: worth a retry."""
     dest = _s3_cache_dir(uri, settings or get_settings())
     if (dest / READY_MARKER).is_file():
         return dest
@@ -134,7 +114,6 @@ def fetch_checkpoint(uri: str, *, settings: Settings | None = None, required: st
 
 
 def _s3_cache_dir(uri: str, settings: Settings) -> Path:
-    """Where the s3:// prefix ``uri`` lives in the model cache: models/s3/<bucket>/<key>."""
     parts = [p for p in uri.removeprefix("s3://").split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):
         raise CheckpointNotFound(f"checkpoint {uri}: not a usable s3:// prefix")
@@ -150,65 +129,46 @@ def model_status(name: str, spec: ModelSpec, settings: Settings | None = None) -
     path = cache_path(spec.checkpoint, settings)
     if spec.prepare is None:
         return "ready" if (path / "config.json").is_file() else "missing"
-    marker = _read_marker(path)
+    marker = read_marker(path)
     if marker is None:
         return "not prepared"
     return "ready" if marker.get("source") == RECIPES[spec.prepare].source() else "stale"
 
 
-def prepare_model(
-    name: str,
-    *,
-    force: bool = False,
-    registry: Registry | None = None,
-    settings: Settings | None = None,
-) -> Path:
-    """Build the registered model ``name`` in the model cache with its offline recipe.
-
-    Idempotent: a directory whose marker names the same source is left alone (this check
-    imports nothing heavy, so it is fast). Otherwise the recipe builds into a temporary
-    directory that replaces the old one in one rename. Returns the model directory.
-    """
+def prepare_model(name: str, *, force: bool = False, registry: Registry | None = None,
+                  settings: Settings | None = None) -> Path:
+    """Build the registered model ``name`` in the model cache with its offline recipe (left
+    alone when its marker names the same source); returns the model directory."""
     settings = settings or get_settings()
     spec = (registry or load_registry(settings=settings)).get(name)
     if spec.prepare is None:
-        raise ModelError(
-            f"model {name!r} has no offline recipe (its checkpoint is {spec.checkpoint})"
-        )
+        raise ModelError(f"model {name!r} has no offline recipe (its checkpoint is {spec.checkpoint})")
     if "://" in spec.checkpoint:
         raise ModelError(f"model {name!r}: a prepared model's checkpoint must be a local path")
     recipe = RECIPES[spec.prepare]
     dest = cache_path(spec.checkpoint, settings)
     marker = {"model": name, "recipe": spec.prepare, "source": recipe.source()}
-    if not force and _read_marker(dest) == marker:
+    if not force and read_marker(dest) == marker:
         return dest
     try:
-        build_once(
-            dest, marker, recipe.build, replace=lambda: force or _read_marker(dest) != marker
-        )
+        build_once(dest, marker, recipe.build, replace=lambda: force or read_marker(dest) != marker)
     except MissingSource as exc:
         raise ModelError(f"model {name!r} cannot be prepared: {exc}") from None
     return dest
 
 
-def _read_marker(path: Path) -> dict[str, Any] | None:
+def read_marker(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads((path / READY_MARKER).read_text())
     except (OSError, ValueError):
         return None
 
 
-def build_once(
-    dest: Path,
-    marker: dict[str, Any],
-    build: Callable[[Path], object],
-    replace: Callable[[], bool] | None = None,
-) -> None:
+def build_once(dest: Path, marker: dict[str, Any], build: Callable[[Path], object],
+               replace: Callable[[], bool] | None = None) -> None:
     """Build ``dest`` with ``build(tmp_dir)`` under a file lock, then swap it into place.
-
-    ``replace()`` (default: "dest is not ready") is re-checked once the lock is held, so a
-    caller that waited on another's build does not build again.
-    """
+    ``replace()`` (default: "dest is not ready") is checked once the lock is held, so a
+    caller that waited on another's build does not build again."""
     replace = replace or (lambda: not (dest / READY_MARKER).is_file())
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest.parent / f".{dest.name}.lock")):

@@ -1,8 +1,6 @@
 """The model registry: the models and adapters a deployment serves (``models.yaml``, packaged,
 or ``Settings.model_registry``), each with its checkpoint, task, serving features and engine
-arguments; ``load_registry``. What can be wrong with a job's model is a ``ModelError``
-(``llm_batch.core.model_config``) of the kinds defined here.
-"""
+arguments; and the ``ModelError`` kinds of a job's model."""
 
 from __future__ import annotations
 
@@ -43,15 +41,14 @@ class CheckpointNotAllowed(ModelError):
     """A checkpoint outside the allowed local roots or buckets, or one we may not read."""
 
 
-class FimTemplate(BaseModel):
-    """A model's fill-in-the-middle prompt (``fim:`` in its registry entry): the special
-    tokens its tokenizer knows for "the text before the gap", "the text after it" and "now
-    the gap", and their order. ``psm`` (StarCoder, Qwen2.5-Coder, DeepSeek-Coder):
-    prefix-token prompt suffix-token suffix middle-token; ``spm`` (Codestral's order):
-    suffix-token suffix prefix-token prompt [middle-token]. The worker checks at its start
-    that each token is one token of the model's tokenizer."""
-
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class FimTemplate(_Strict):
+    """A model's fill-in-the-middle special tokens and their order: ``psm`` (StarCoder,
+    Qwen2.5-Coder): prefix prompt suffix suffix-text middle; ``spm`` (Codestral): suffix
+    suffix-text prefix prompt [middle]."""
 
     prefix: str = Field(min_length=1)
     suffix: str = Field(min_length=1)
@@ -69,29 +66,19 @@ class FimTemplate(BaseModel):
         return [t for t in (self.prefix, self.suffix, self.middle) if t is not None]
 
     def render(self, prompt: str, suffix: str) -> str:
-        """The prompt text the model completes: its special tokens around prompt and suffix."""
         middle = self.middle or ""
         if self.order == "psm":
             return f"{self.prefix}{prompt}{self.suffix}{suffix}{middle}"
         return f"{self.suffix}{suffix}{self.prefix}{prompt}{middle}"
 
 
-# generate (chat, completions, fim), embed, classify (pooling runner), transcribe (a speech
-# model: Whisper's encoder-decoder), ocr (a vision-language model prompted for markdown).
 Task = Literal["generate", "embed", "classify", "transcribe", "ocr"]
 
 
-class ModerationMap(BaseModel):
-    """A classifier's labels as moderation categories (``moderation:`` in a classify entry):
-    ``categories`` maps each label of the model (its config's id2label) that counts to a
-    category, or to a list of them (a ``self_harm`` label may score OpenAI's ``self-harm``,
-    ``self-harm/intent`` and ``self-harm/instructions`` alike); several labels may share a
-    category: its score is their highest. A category is flagged when its score reaches its
-    threshold (``thresholds``, else ``threshold``). Meant for a multi-label model
-    (``problem_type: multi_label_classification``: one sigmoid per label), as moderation
-    scores are independent."""
-
-    model_config = ConfigDict(extra="forbid")
+class ModerationMap(_Strict):
+    """A classifier's labels as moderation categories: each label that counts maps to one
+    category or several; a category scores its labels' highest and is flagged at its
+    threshold. Meant for a multi-label model, as moderation scores are independent."""
 
     categories: dict[str, Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
                                                                            Field(min_length=1)]] = Field(min_length=1)
@@ -105,49 +92,34 @@ class ModerationMap(BaseModel):
         return self
 
     def pairs(self) -> list[tuple[str, str]]:
-        """(label, category) for every category each label counts for, in the map's order."""
         return [(label, category) for label, named in self.categories.items()
                 for category in ([named] if isinstance(named, str) else named)]
 
     @property
     def category_names(self) -> list[str]:
-        """The map's categories, each once, in the order they first appear."""
         return list(dict.fromkeys(category for _, category in self.pairs()))
 
     def threshold_of(self, category: str) -> float:
         return self.thresholds.get(category, self.threshold)
 
 
-DEFAULT_OCR_PROMPT = "Convert this page to markdown. Return only the markdown."
+class Serving(_Strict):
+    """What a registry entry serves beyond its task, and how (none outside the registry)."""
 
-
-class Serving(BaseModel):
-    """The parts of a registry entry that decide what a model serves beyond its task
-    (``llm_batch.core.endpoints.FEATURE_OF_ENDPOINT``), and how; a model outside the registry
-    has none of them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # Fill-in-the-middle (/v1/fim/completions) for a generate model.
     fim: FimTemplate | None = None
-    # A classify model: the name its one target has in classification results (Mistral's
-    # classifiers answer per target: {"<target>": {"scores": {label: score}}}).
+    # Mistral's classifiers answer per target: {"<target>": {"scores": {label: score}}}.
     classifier_target: str = Field(default="label", min_length=1)
-    # A classify model's labels as moderation categories (/v1/moderations).
     moderation: ModerationMap | None = None
-    # An ocr model: what it is asked about each page image (the model's own words for
-    # "this page as markdown"; the default suits an instruction-tuned VLM).
-    ocr_prompt: str = Field(default=DEFAULT_OCR_PROMPT, min_length=1)
+    # What an ocr model is asked of each page image.
+    ocr_prompt: str = Field(default="Convert this page to markdown. Return only the markdown.", min_length=1)
 
     @property
     def features(self) -> list[str]:
-        """The registry features endpoints may need (``FEATURE_OF_ENDPOINT``)."""
+        """The features endpoints may need (``FEATURE_OF_ENDPOINT``)."""
         return [name for name in ("fim", "moderation") if getattr(self, name) is not None]
 
 
 class ModelSpec(Serving):
-    """One registry entry."""
-
     checkpoint: str = Field(min_length=1)
     task: Task
     engine_args: dict[str, Any] = Field(default_factory=dict)
@@ -162,32 +134,25 @@ class ModelSpec(Serving):
         return self
 
 
-class AdapterSpec(BaseModel):
-    """One LoRA adapter of a registered generate model (``llm_batch.infra.adapters``)."""
-
-    model_config = ConfigDict(extra="forbid")
+class AdapterSpec(_Strict):
+    """A LoRA adapter of a registered generate model."""
 
     base: str = Field(min_length=1)
     # A folder: absolute, relative to the model cache, or an s3:// prefix (fetched once).
     checkpoint: str = Field(min_length=1)
     rank: int = Field(ge=1, le=512)
-    # The offline recipe that builds it (random weights from ``seed``, for tests and demos).
+    # Random weights from ``seed``, for tests and demos.
     prepare: Literal["random-lora"] | None = None
     seed: int = 0
     description: str = ""
 
 
-class Registry(BaseModel):
-    """The whole registry file: the models and which of them are the defaults."""
-
-    model_config = ConfigDict(extra="forbid")
-
+class Registry(_Strict):
     default_chat_model: str
     default_embedding_model: str
     models: dict[str, ModelSpec]
-    # LoRA adapters on the models: a batch line names one as its model.
     adapters: dict[str, AdapterSpec] = Field(default_factory=dict)
-    # Chat templates a job may name in model_config.chat_template (beside the built-in ones).
+    # Beside the built-in ones.
     chat_templates: dict[str, Annotated[str, Field(min_length=1)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -230,11 +195,9 @@ class Registry(BaseModel):
         try:
             return self.models[self.base_of(name)]
         except KeyError:
-            raise UnknownModel(
-                f"unknown model {name!r}: known models are {', '.join(sorted(self.models))}"
-                + (f", and adapters {', '.join(sorted(self.adapters))}" if self.adapters else "")
-                + " (or give model_config.checkpoint_path)"
-            ) from None
+            adapters = f", and adapters {', '.join(sorted(self.adapters))}" if self.adapters else ""
+            raise UnknownModel(f"unknown model {name!r}: known models are {', '.join(sorted(self.models))}{adapters}"
+                               " (or give model_config.checkpoint_path)") from None
 
 
 def load_registry(path: Path | None = None, settings: Settings | None = None) -> Registry:

@@ -1,14 +1,6 @@
 """What a job's model runs as: its ``model_config`` over its registry entry, as vLLM's engine
-arguments and a local checkpoint (``resolve_model`` -> ``ResolvedModel``).
-
-    check_model_config(config, registry, gpus=)   the rules that need the registry / the job
-    job_engine_args(config, registry, settings)   the engine arguments, no I/O
-    submission_problems(config, registry, ...)    what the engine would refuse, seen at create
-    resolve_model(model_config) -> ResolvedModel  a local checkpoint dir + vllm.LLM kwargs
-
-Everything that can be wrong with it (an unknown model, a model not prepared, a missing
-checkpoint, a refused field) is raised as a ``ModelError`` before any engine loads.
-"""
+arguments and a local checkpoint (``resolve_model``). Everything wrong with it is a
+``ModelError`` raised before any engine loads."""
 
 from __future__ import annotations
 
@@ -45,15 +37,13 @@ from llm_batch.infra.model_registry import (
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """What the worker needs to start an engine: ``vllm.LLM(**engine_args)``; ``name`` is
-    the model every result names (model_config.served_model_name, else the model)."""
+    """``vllm.LLM(**engine_args)``; ``name`` is the model every result names."""
 
     name: str
     path: Path
     task: Task
     engine_args: dict[str, Any] = field(default_factory=dict)
     response_role: str = "assistant"
-    # The registry entry's fim template, classifier target and moderation map (none outside it).
     serving: Serving = field(default_factory=Serving)
     # A classify model's labels, in the order of its scores (the checkpoint's id2label).
     labels: tuple[str, ...] = ()
@@ -69,32 +59,20 @@ class ResolvedModel:
         return self.serving.features
 
 
-def resolve_model(
-    model_config: dict[str, Any] | ModelConfig,
-    *,
-    registry: Registry | None = None,
-    settings: Settings | None = None,
-) -> ResolvedModel:
-    """Turn a job's model_config into a local checkpoint directory and engine arguments.
-
-    The engine arguments are ``job_engine_args`` (MODEL_CONFIG_FIELDS applied over the
-    registry's defaults), with the job's tokenizer resolved to a local directory and its
-    chat template written to a file of the model cache; ``model`` is always the local
-    checkpoint directory. An ``s3://`` checkpoint is downloaded once into the model cache.
-    Raises ``ModelError`` subclasses for anything wrong with the job's model (not worth a
-    retry); only a storage failure while downloading (``StorageError``) escapes as itself.
-    """
+def resolve_model(model_config: dict[str, Any] | ModelConfig, *, registry: Registry | None = None,
+                  settings: Settings | None = None) -> ResolvedModel:
+    """``job_engine_args`` with the tokenizer as a local directory, the chat template as a
+    file and ``model`` the local checkpoint (an ``s3://`` one downloaded once). Only a storage
+    failure while downloading (``StorageError``, worth a retry) is not a ``ModelError``."""
     settings = settings or get_settings()
     config = validate_model_config(model_config)
     registry = registry or load_registry(settings=settings)
     check_model_config(config, registry)
     spec = spec_for(config, registry)
-
     if config.checkpoint_path:
         path = checkpoint_dir(config.checkpoint_path, settings, user_given=True)
     else:
         path = registered_checkpoint_dir(registry.base_of(config.model), spec, settings)
-
     engine_args = job_engine_args(config, registry, settings)
     if config.tokenizer:
         engine_args["tokenizer"] = str(local_tokenizer_dir(config.tokenizer, settings))
@@ -105,38 +83,28 @@ def resolve_model(
         engine_args["hf_overrides"] = {**engine_args["hf_overrides"], "rope_parameters": rope}
     engine_args["model"] = str(path)
     task = spec.task if spec else _task_of(engine_args)
-
     return ResolvedModel(
         name=config.served_model_name or registry.base_of(config.model),
         adapter=config.model if config.model in registry.adapters else None,
-        path=path,
-        task=task,
-        engine_args=engine_args,
-        response_role=config.response_role or "assistant",
-        serving=spec or Serving(),
-        labels=_class_labels(path) if task == "classify" else (),
+        path=path, task=task, engine_args=engine_args, response_role=config.response_role or "assistant",
+        serving=spec or Serving(), labels=_class_labels(path) if task == "classify" else (),
     )
 
 
 def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | None = None,
                        nodes: int | None = None) -> None:
-    """The rules that need the registry, and the job's ``gpus`` (per node) and ``nodes``
-    (per worker) when it asks for them: trust_remote_code only where the registry allows it,
-    a chat_template name the registry knows, tensor_parallel_size x pipeline_parallel_size =
-    gpus x nodes (a multi-node worker defaults to tensor parallel over each node's gpus and
-    pipeline parallel over its nodes: llm_batch.runtime.multinode). ``InvalidModelConfig``
-    naming the field otherwise (``UnknownModel`` for a model the registry lacks)."""
+    """The rules that need the registry and the job's ``gpus`` (per node) and ``nodes``:
+    trust_remote_code only where the registry allows it, a chat_template it knows, and
+    tensor x pipeline parallel sizes = gpus x nodes; ``InvalidModelConfig`` otherwise."""
     spec = spec_for(config, registry)
     problems: list[tuple[str, str]] = []
-    if config.trust_remote_code and not (
-        spec and spec.engine_args.get("trust_remote_code") is True and not config.checkpoint_path
-    ):
+    vetted = spec and spec.engine_args.get("trust_remote_code") is True and not config.checkpoint_path
+    if config.trust_remote_code and not vetted:
         where = ("with checkpoint_path, whose code the registry has not vetted"
                  if config.checkpoint_path else
                  f"the registry entry of {config.model!r} does not allow it (an operator sets "
                  "trust_remote_code: true in its engine_args)")
-        problems.append(("trust_remote_code", f"true runs Python code from the checkpoint: "
-                         f"refused {where}"))
+        problems.append(("trust_remote_code", f"true runs Python code from the checkpoint: refused {where}"))
     template = config.chat_template
     if template and not is_jinja(template) and template not in registry.templates:
         problems.append(("chat_template", f"{template!r} is not a template the registry knows "
@@ -148,12 +116,8 @@ def check_model_config(config: ModelConfig, registry: Registry, *, gpus: int | N
 
 
 def submission_problems(config: ModelConfig, registry: Registry, settings: Settings) -> list[tuple[str, str]]:
-    """What the engine would refuse at start-up, found where the API can see it (its own
-    model cache, the checkpoint's config.json; no vLLM import): ``ModelNotPrepared`` for a
-    registered model that is not prepared, else (field, why) for a max_model_len above the
-    checkpoint's max_position_embeddings (vLLM refuses it unless rope scaling stretches the
-    context) and a tensor_parallel_size that does not divide its attention heads. A
-    checkpoint the API cannot read here (s3://, a hub id) is the worker's to check."""
+    """What the engine would refuse at start-up that the API can see in a local checkpoint's
+    config.json, as (field, why); ``ModelNotPrepared`` for a registered model not prepared."""
     spec = spec_for(config, registry)
     if config.checkpoint_path:
         if "://" in config.checkpoint_path:
@@ -182,14 +146,10 @@ def submission_problems(config: ModelConfig, registry: Registry, settings: Setti
     return problems
 
 
-def job_engine_args(
-    config: ModelConfig, registry: Registry, settings: Settings | None = None
-) -> dict[str, Any]:
-    """The ``vllm.LLM`` keywords of a job, but ``model``: no I/O (a tokenizer is still the
-    caller's path, a chat template its text). Later wins: seed=0, the weak fields
-    (num_shards), the registry's engine_args (without trust_remote_code when a
-    checkpoint_path replaces the registry's checkpoint), the other fields of
-    MODEL_CONFIG_FIELDS, the job's engine_args, enforce_eager=True if Settings say so."""
+def job_engine_args(config: ModelConfig, registry: Registry, settings: Settings | None = None) -> dict[str, Any]:
+    """The ``vllm.LLM`` keywords of a job but ``model``, no I/O. Later wins: seed=0, the weak
+    fields, the registry's engine_args (without trust_remote_code for a checkpoint_path),
+    the other MODEL_CONFIG_FIELDS, the job's engine_args, the deployment's enforce_eager."""
     spec = spec_for(config, registry)
     fields = set_fields(config)
     registry_args = dict(spec.engine_args) if spec else {}
@@ -202,7 +162,9 @@ def job_engine_args(
         for name, value in fields.items():
             rule = MODEL_CONFIG_FIELDS[name]
             if rule.engine_arg and rule.weak == weak:
-                _put(args, rule.engine_arg, rule.convert(value) if rule.convert else value)
+                arg = rule.convert(value) if rule.convert else value
+                outer, _, inner = rule.engine_arg.partition(".")  # "a.b": the key b of the dict argument a
+                args[outer] = {**(args.get(outer) or {}), inner: arg} if inner else arg
     if config.chat_template:
         args["chat_template"] = registry.templates.get(config.chat_template, config.chat_template)
     args.update(config.engine_args)
@@ -213,8 +175,7 @@ def job_engine_args(
 
 
 def _parallel_problems(config: ModelConfig, args: dict[str, Any], gpus: int, nodes: int) -> list[tuple[str, str]]:
-    """tensor_parallel_size x pipeline_parallel_size against the job's gpus x nodes, when
-    either size is set (by the job or the registry); gpus alone sets neither."""
+    """When either size is set (gpus alone sets neither)."""
     if "tensor_parallel_size" not in args and "pipeline_parallel_size" not in args:
         return []
     tp, pp = args.get("tensor_parallel_size", 1), args.get("pipeline_parallel_size", 1)
@@ -231,19 +192,9 @@ def _parallel_problems(config: ModelConfig, args: dict[str, Any], gpus: int, nod
              f"{source}), but the job asks for {asked}: they must be equal")]
 
 
-def _put(args: dict[str, Any], key: str, value: Any) -> None:
-    """args[key] = value; ``a.b`` sets the key ``b`` of the dict argument ``a`` (copied)."""
-    outer, _, inner = key.partition(".")
-    if inner:
-        args[outer] = {**(args.get(outer) or {}), inner: value}
-    else:
-        args[outer] = value
-
-
 def _rope_parameters(checkpoint: Path, scaling: dict[str, Any]) -> dict[str, Any]:
-    """model_config.rope_scaling over the checkpoint's own RoPE parameters (rope_theta...):
-    vLLM 0.32 replaces the whole dict it is given, so it is merged here. Scale's legacy
-    ``type`` key is vLLM's ``rope_type``."""
+    """model_config.rope_scaling over the checkpoint's own RoPE parameters: vLLM replaces the
+    whole dict it is given. Scale's legacy ``type`` key is vLLM's ``rope_type``."""
     try:
         hf_config = json.loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError):
@@ -254,11 +205,9 @@ def _rope_parameters(checkpoint: Path, scaling: dict[str, Any]) -> dict[str, Any
         base = {**(legacy if isinstance(legacy, dict) else {}),
                 **({"rope_theta": hf_config["rope_theta"]} if "rope_theta" in hf_config else {})}
     if base and all(isinstance(value, dict) for value in base.values()):
-        raise InvalidModelConfig(
-            "invalid model_config: model_config.rope_scaling: this checkpoint sets RoPE "
-            "parameters per layer type; the registry entry can override them (hf_overrides)",
-            ["rope_scaling"],
-        )
+        raise InvalidModelConfig("invalid model_config: model_config.rope_scaling: this checkpoint sets RoPE "
+                                 "parameters per layer type; the registry entry can override them (hf_overrides)",
+                                 ["rope_scaling"])
     scaling = dict(scaling)
     if "type" in scaling:
         scaling.setdefault("rope_type", scaling.pop("type"))
@@ -267,8 +216,7 @@ def _rope_parameters(checkpoint: Path, scaling: dict[str, Any]) -> dict[str, Any
 
 
 def _template_file(text: str, settings: Settings) -> Path:
-    """A job's chat template as a file of the model cache, named by its content: vLLM takes a
-    string for a path first, so the text is never handed over as one."""
+    """A file named by its content: vLLM takes a string for a path first."""
     path = Path(settings.model_cache, "chat-templates", hashlib.sha256(text.encode()).hexdigest()[:32] + ".jinja")
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +228,7 @@ def _template_file(text: str, settings: Settings) -> Path:
 
 
 def spec_for(config: ModelConfig, registry: Registry) -> ModelSpec | None:
-    """The registry entry; a model outside the registry is fine only with a checkpoint."""
+    """A model outside the registry is fine only with a checkpoint."""
     if config.model in registry.models:
         return registry.models[config.model]
     if config.checkpoint_path:
@@ -295,8 +243,7 @@ def _task_of(engine_args: dict[str, Any]) -> Task:
 
 
 def _class_labels(checkpoint: Path) -> tuple[str, ...]:
-    """A classifier's labels in score order: its config.json's id2label (transformers'
-    ``LABEL_<i>`` names when it has none)."""
+    """A classifier's labels in score order (transformers' ``LABEL_<i>`` without id2label)."""
     try:
         config = orjson.loads((checkpoint / "config.json").read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:

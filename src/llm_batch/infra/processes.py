@@ -1,12 +1,5 @@
-"""Process groups and pid files: how the stack, its supervisor and warm engines start, find
-and stop the processes they own.
-
-    read_pid(path) -> int | None      the pid a pid file holds
-    alive(pid) -> bool                the process runs (a zombie counts as ended)
-    signal_group(pid, sig)            a signal to the process group, if it is still there
-    stop_group(pid, grace)            SIGTERM, SIGKILL after ``grace``, then wait until it is gone
-    group_members(pgid) -> [pid]      the group's processes that have not exited
-"""
+"""Process groups and pid files: how the stack, its supervisor and warm engines find and stop
+the processes they own."""
 
 from __future__ import annotations
 
@@ -17,6 +10,7 @@ from pathlib import Path
 
 
 def stop_group(pid: int, grace: float) -> None:
+    """SIGTERM, SIGKILL after ``grace``, then wait until the group is gone."""
     signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while alive(pid) and time.monotonic() < deadline:
@@ -30,7 +24,7 @@ def stop_group(pid: int, grace: float) -> None:
 
 
 def group_members(pgid: int) -> list[int]:
-    """The processes of process group `pgid` that have not exited (zombies left out)."""
+    """Zombies left out."""
     members = []
     for entry in os.listdir("/proc"):
         try:
@@ -57,7 +51,7 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie (exited, not yet reaped by us) counts as dead.
+    # A zombie (exited, not yet reaped) counts as dead.
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"

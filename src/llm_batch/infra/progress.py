@@ -1,14 +1,8 @@
-"""A shard worker's live counters: a small JSON object beside the results, and a log line.
+"""A shard worker's live counters: ``{shard}/progress.json`` beside the results, and a log line.
 
-The worker publishes ``ShardProgress`` to ``{shard}/progress.json`` every ``interval``
-seconds (and once more with its final state), so the pipeline and ``llm-batch watch`` can
-read how far a shard is without touching its results. ``done`` counts every request of the
-shard that has a result, including those finished by an earlier attempt (``resumed``), and
-so do the token counts (summed from the earlier results' usage) and ``engine_seconds``
-(the time the engine loop ran, this attempt's added to what earlier attempts published);
-``tokens_per_s`` is measured over this attempt only.
+``done`` and the token counts include requests finished by earlier attempts (``resumed``),
+``engine_seconds`` every attempt's engine time; ``tokens_per_s`` is this attempt's.
 """
-
 from __future__ import annotations
 
 import logging
@@ -24,8 +18,7 @@ from pydantic import BaseModel
 from llm_batch.infra import storage
 
 log = logging.getLogger("llm_batch.infra.progress")
-# Unchanged counts are logged at most this often (seconds).
-LOG_EVERY_S = 30.0
+LOG_EVERY_S = 30.0  # unchanged counts are logged at most this often
 
 
 class ShardState(StrEnum):
@@ -55,24 +48,16 @@ class ShardProgress(BaseModel):
 
 
 def read_progress(uri: str) -> ShardProgress:
-    """The last published progress of a shard (raises storage.ObjectNotFound if none yet)."""
+    """storage.ObjectNotFound if none yet."""
     return ShardProgress.model_validate_json(storage.read_bytes(uri))
 
 
 class ProgressReporter:
-    """Counts results as the worker writes them and publishes them at most every ``interval`` s.
+    """Counts results and publishes them at most every ``interval`` s (``uri`` None: the log
+    line only). Failures are logged, never raised: progress must not fail a shard."""
 
-    ``uri`` may be None (nothing is written, only the log line). Publishing failures are
-    logged, never raised: progress is advisory and must not fail a shard.
-    """
-
-    def __init__(
-        self,
-        uri: str | None,
-        progress: ShardProgress,
-        interval: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
-    ):
+    def __init__(self, uri: str | None, progress: ShardProgress, interval: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.uri = uri
         self.progress = progress
         self.interval = interval
@@ -81,22 +66,19 @@ class ProgressReporter:
         self._stopped: float | None = None
         self._running = False
         self._last_publish: float | None = None
-        # What earlier attempts' engines ran (their published engine_seconds).
         self._earlier_engine_seconds = progress.engine_seconds
         self._tokens_before = progress.completion_tokens
-        # The log line: only when the counts or the state change, or every LOG_EVERY_S.
         self._logged: tuple[Any, ...] | None = None
         self._last_log: float | None = None
 
     def start_running(self) -> None:
-        """The engine is ready: tokens/s are measured from here."""
         self._started = self._clock()
         self._running = True
         self._tokens_before = self.progress.completion_tokens  # earlier attempts' tokens
         self.publish(ShardState.RUNNING)
 
     def stop_running(self) -> None:
-        """The engine loop ended: tokens/s are measured up to here (not the engine's stop)."""
+        """Tokens/s are measured up to here, not to the engine's stop."""
         self._stopped = self._clock()
 
     def record(self, ok: bool, prompt_tokens: int = 0, completion_tokens: int = 0,
@@ -112,7 +94,6 @@ class ProgressReporter:
         p.cached_prompt_tokens += cached_prompt_tokens
 
     def _log_line(self) -> None:
-        """A short line when the counts or the state changed, else one every LOG_EVERY_S."""
         p = self.progress
         now = self._clock()
         seen = (p.state, p.done, p.failed)
@@ -126,7 +107,6 @@ class ProgressReporter:
 
     @property
     def due(self) -> bool:
-        """``interval`` seconds passed since the last publish (or none happened yet)."""
         return self._last_publish is None or self._clock() - self._last_publish >= self.interval
 
     def publish(self, state: ShardState | None = None) -> None:

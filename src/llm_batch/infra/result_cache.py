@@ -1,32 +1,13 @@
 """The result cache's data plane: which requests may be cached, their content address, and
-the answer objects in storage.
+the answer packs in storage.
 
-A request is cached only when its answer is determined: a chat or completion request with
-``temperature`` 0 (greedy) or a ``seed``, or an embedding request; one that names a file
-(audio, an image) never is, since the file may change under its name. Its key is the
-SHA-256 of everything that decides the answer, serialised canonically: the model's identity
-(its registry entry and the job's engine configuration, ``identity``), whether the engine
-had LoRA on (``lora``), the endpoint, the body (the line's ``model``, adapters included) and
-where an owner's adapter lives.
-
-LoRA on or off is the engine's one difference the worker makes per shard (``enable_lora``
-for a shard whose lines name adapters): an engine with LoRA wraps the model's linear layers
-and answers a greedy base line differently from one without. The rest of its LoRA
-configuration is not in the key: ``max_lora_rank`` only pads each adapter's matrices with
-zeros, ``max_loras`` / ``max_cpu_loras`` are slots and a cache, and which adapters share the
-batch changes no other line's row (each row takes its own adapter's weights, a base row
-none: ``runtime.engine.vllm_api.guard_cpu_lora`` on CPU).
-
-Answers are kept in packs: one object per shard of the job that computed them
-(``pack_uri``: a folder of each owner's digest under ``Settings.result_cache_uri``), one JSON
-line ``{"key": ..., "body": ...}`` per answer, published whole (``storage.open_write``) before
-the index names any of its answers by byte range (``at_byte``, ``bytes``). Filling a shard's
-answers is one object and a few index statements, whatever their number; reading hits is a
-range read per run of neighbouring answers (``read_answers``). A read checks the key the
-range holds, so a wrong, moved or torn range is a miss, never an answer. (Entries made
-before packs are one object each, ``at_byte`` None, read whole.)
+Only a determined answer is cached (greedy or seeded chat and completions, embeddings; no
+line naming a file, which may change under its name), keyed by everything that decides it,
+LoRA on or off included (an engine with LoRA answers a greedy base line differently).
+Answers are kept in packs, one object per shard, a line ``{"key", "body"}`` per answer,
+published whole before the index names any by byte range; a read checks the key its range
+holds, so a wrong or torn range is a miss.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -49,7 +30,6 @@ CACHEABLE_ENDPOINTS = _SAMPLED | _DETERMINED
 
 
 def cacheable(endpoint: str, request: BatchRequest) -> bool:
-    """Whether the request's answer is determined by what it says (see the module doc)."""
     if request.media is not None:
         return False
     if endpoint in _DETERMINED:
@@ -63,23 +43,19 @@ def cacheable(endpoint: str, request: BatchRequest) -> bool:
 
 
 def cache_key(identity: dict[str, Any], endpoint: str, request: BatchRequest, *, lora: bool) -> str:
-    """The request's content address (hex SHA-256) as an engine with LoRA on (``lora``) or
-    off answers it."""
+    """The request's content address (hex SHA-256) as an engine with LoRA on or off answers it."""
     decided_by = {"format": CACHE_FORMAT, "identity": identity, "lora": lora, "endpoint": endpoint,
                   "body": request.body, "adapter": request.adapter, "adapter_uri": request.adapter_uri}
     return hashlib.sha256(orjson.dumps(decided_by, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def pack_uri(settings: Settings, owner: str, job_id: str, shard: int) -> str:
-    """The pack of the answers shard ``shard`` of ``job_id`` computed, in ``owner``'s cache."""
     owner_dir = hashlib.sha256(owner.encode()).hexdigest()[:24]  # any owner spelling, one safe name
     return join_uri(settings.result_cache_uri, owner_dir, "packs", f"{job_id}-{shard}.jsonl")
 
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """One answer as its pack holds it: its key, its byte range, its tokens."""
-
     key: str
     at_byte: int
     bytes: int
@@ -93,7 +69,7 @@ def answer_tokens(body: dict[str, Any]) -> tuple[int, int]:
 
 
 def write_pack(uri: str, answers: Iterable[tuple[str, dict[str, Any]]]) -> list[Packed]:
-    """Publish the ``(key, body)`` answers whole as one pack at ``uri``; where each one is."""
+    """Publish the ``(key, body)`` answers as one pack at ``uri``; where each one is."""
     packed: list[Packed] = []
     at = 0
     with storage.open_write(uri) as out:
@@ -106,7 +82,7 @@ def write_pack(uri: str, answers: Iterable[tuple[str, dict[str, Any]]]) -> list[
 
 
 class Located(Protocol):
-    """Where an answer is (a cache entry)."""
+    """A cache entry."""
 
     key: str
     uri: str
@@ -119,17 +95,18 @@ READ_GAP_BYTES = 64 * 1024
 
 
 def read_answers(entries: Iterable[Located]) -> dict[str, dict[str, Any]]:
-    """The bodies of ``entries`` by key: those whose range holds a whole answer of their own
-    key (a missing pack or a range that does not is left out: a miss). One range read per run
-    of neighbouring answers of a pack."""
+    """The bodies of ``entries`` by key, misses left out; one range read per run of
+    neighbouring answers of a pack."""
     found: dict[str, dict[str, Any]] = {}
     located = sorted(entries, key=lambda e: (e.uri, e.at_byte if e.at_byte is not None else -1))
     for uri, group in groupby(located, key=lambda e: e.uri):
-        members = list(group)
-        for run in _runs(members):
-            if run[0].at_byte is None:  # a one-object entry of before packs
-                if (body := read_answer(uri, run[0].key)) is not None:
-                    found[run[0].key] = body
+        for run in _runs(list(group)):
+            if run[0].at_byte is None:  # a one-object entry of before packs, read whole
+                try:
+                    if (body := _answer_of(storage.read_bytes(uri), run[0].key)) is not None:
+                        found[run[0].key] = body
+                except storage.ObjectNotFound:
+                    pass
                 continue
             start = run[0].at_byte
             try:
@@ -137,14 +114,13 @@ def read_answers(entries: Iterable[Located]) -> dict[str, dict[str, Any]]:
             except storage.StorageError:
                 continue
             for entry in run:
-                body = _answer_of(data[entry.at_byte - start:entry.at_byte - start + entry.bytes], entry.key)
-                if body is not None:
+                at = entry.at_byte - start
+                if (body := _answer_of(data[at:at + entry.bytes], entry.key)) is not None:
                     found[entry.key] = body
     return found
 
 
 def _runs(members: list[Located]) -> Iterable[list[Located]]:
-    """``members`` (of one pack, by offset) in runs of neighbours."""
     run: list[Located] = []
     for entry in members:
         if run and (entry.at_byte is None or run[-1].at_byte is None
@@ -164,12 +140,3 @@ def _answer_of(data: bytes, key: str) -> dict[str, Any] | None:
     if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("body"), dict):
         return None
     return entry["body"]
-
-
-def read_answer(uri: str, key: str) -> dict[str, Any] | None:
-    """A one-object answer's body (entries made before packs); None when the object is
-    missing, unreadable or not this key's."""
-    try:
-        return _answer_of(storage.read_bytes(uri), key)
-    except storage.ObjectNotFound:
-        return None

@@ -1,18 +1,10 @@
-"""A shard's results: its checkpoint, as ordered part objects under ``ShardLayout.results``.
+"""A shard's results: its checkpoint, as ordered part objects ``{results}/part-<start>.jsonl``
+of ``ResultRecord`` lines, ``start`` the shard position of a part's first record.
 
-    {results}/part-000000.jsonl   ResultRecord lines, in the shard's request order
-    {results}/part-000250.jsonl   the number in a part's name is the shard position of its
-    {results}/part-000731.jsonl   first record (how many records come before it)
-
-Each part is published whole with ``storage.open_write`` (atomic on disk and S3), so a
-kill -9 leaves either the part or nothing, never a torn line. Naming parts by their start
-position makes resuming cheap however many parts a long shard makes: ``done`` is the last
-part's start plus its line count, so only one listing and one small read are needed.
-
-Records must be written in the shard's request order (the worker reorders what the engine
-finishes out of order); the writer refuses an index that does not increase.
+Each part is published whole (``storage.open_write``), so a kill leaves the part or nothing;
+resuming reads one listing and the last part (``done`` is its start plus its line count).
+Records must be written in the shard's request order.
 """
-
 from __future__ import annotations
 
 import logging
@@ -20,7 +12,6 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import orjson
@@ -32,15 +23,14 @@ from llm_batch.infra.streams import stored_lines
 
 log = logging.getLogger(__name__)
 
-# While storage fails, a checkpoint's records stay buffered and are offered again this long
-# after the failure (each publish already retries briefly, storage.RETRY_ATTEMPTS).
+# While storage fails, buffered records are offered again this long after a failure.
 _RETRY_PUBLISH_AFTER_S = 5.0
 
 _PART_NAME = re.compile(r"part-(\d+)\.jsonl")
 
 
 class ResultsError(ValueError):
-    """A results part is unreadable or a record arrived out of order; the message says where."""
+    """A results part is unreadable or a record arrived out of order."""
 
 
 @dataclass(frozen=True)
@@ -54,15 +44,11 @@ def part_uri(results_uri: str, start: int) -> str:
 
 
 def list_parts(results_uri: str) -> list[ResultPart]:
-    """The published parts under ``results_uri``, in shard order (one listing call)."""
-    parts = []
-    for uri in storage.list_uris(results_uri.rstrip("/") + "/"):
-        # By name only: storage may normalise the prefix part of the URIs it returns.
-        match = _PART_NAME.fullmatch(uri.rsplit("/", 1)[-1])
-        if match:
-            parts.append(ResultPart(uri, int(match.group(1))))
+    uris = storage.list_uris(results_uri.rstrip("/") + "/")
+    # By name only: storage may normalise the prefix part of the URIs it returns.
+    named = ((uri, _PART_NAME.fullmatch(uri.rsplit("/", 1)[-1])) for uri in uris)
     # Numeric, not lexical: a shard past 999,999 records gets 7-digit names.
-    return sorted(parts, key=lambda p: p.start)
+    return sorted((ResultPart(uri, int(match.group(1))) for uri, match in named if match), key=lambda p: p.start)
 
 
 def _parse(line: bytes, part: ResultPart, number: int) -> ResultRecord:
@@ -73,11 +59,8 @@ def _parse(line: bytes, part: ResultPart, number: int) -> ResultRecord:
 
 
 def read_results(results_uri: str) -> Iterator[ResultRecord]:
-    """Every result of a shard, in order, across parts (streamed: one line in memory).
-
-    Parts that overlap (two writers resumed from the same checkpoint) are read once: records
-    at a position already yielded are skipped.
-    """
+    """Every result of a shard, in order, streamed; overlapping parts (two writers resumed
+    from one checkpoint) are read once."""
     position = 0
     for part in list_parts(results_uri):
         for number, line in enumerate(stored_lines(part.uri), start=1):
@@ -88,11 +71,8 @@ def read_results(results_uri: str) -> Iterator[ResultRecord]:
 
 
 def paired_results(requests_uri: str, results_uri: str) -> Iterator[tuple[dict[str, Any], ResultRecord | None]]:
-    """Each request of a shard (its stored ``BatchRequest`` as a dict: the merge's hot loop
-    reads three fields of millions), in order, with its result (None while it has none).
-
-    Results at indices the requests file does not hold (a stale checkpoint) are passed over.
-    """
+    """Each request of a shard (a dict: the merge's hot loop reads three fields of millions),
+    in order, with its result or None; results of no request (stale) are passed over."""
     results = read_results(results_uri)
     pending = next(results, None)
     for line in stored_lines(requests_uri):
@@ -107,36 +87,26 @@ def paired_results(requests_uri: str, results_uri: str) -> Iterator[tuple[dict[s
             yield request, None
 
 
-def _last_record(part: ResultPart) -> tuple[int, ResultRecord | None]:
-    """(line count, last record) of one part."""
+def _resume_point(results_uri: str) -> tuple[int, ResultRecord | None]:
+    """(how many results the shard has, the last one): one listing, the last part read."""
+    parts = list_parts(results_uri)
+    if not parts:
+        return 0, None
     count, last = 0, None
-    for count, last in enumerate(stored_lines(part.uri), start=1):
+    for count, last in enumerate(stored_lines(parts[-1].uri), start=1):
         pass
-    return count, (_parse(last, part, count) if last is not None else None)
+    return parts[-1].start + count, (_parse(last, parts[-1], count) if last is not None else None)
 
 
 def count_results(results_uri: str) -> int:
-    """How many results the shard has (a prefix of its requests); reads only the last part."""
-    parts = list_parts(results_uri)
-    if not parts:
-        return 0
-    count, _ = _last_record(parts[-1])
-    return parts[-1].start + count
+    return _resume_point(results_uri)[0]
 
 
 class ResultsWriter:
-    """Appends a shard's results as parts; ``done`` results were already there at open.
-
-    ``write`` buffers and publishes a part when ``flush_every_records`` records are buffered
-    or ``flush_every_s`` seconds passed since the first buffered one (checked on write; call
-    ``flush`` at your own checkpoints, e.g. before checking for cancel). ``close`` flushes;
-    so does leaving a ``with`` block, even on error, since buffered results are complete.
-
-    A storage outage does not stop the shard: unpublished records stay buffered and are
-    offered again at later checkpoints, for up to ``outage_s`` after the first failure;
-    ``close`` keeps trying that long too. Past it the ``StorageError`` propagates (the shard
-    fails; its retry resumes after the last published part). A part is published whole or
-    not at all, so a repeated attempt at one part only ever adds records to it.
+    """Appends a shard's results as parts, a part per ``flush_every_records`` records or
+    ``flush_every_s`` seconds (and at ``flush``, ``close``, leaving a ``with`` block even on
+    error). While storage fails, records stay buffered and are offered again for up to
+    ``outage_s``, then the ``StorageError`` propagates (the retry resumes after the last part).
     """
 
     def __init__(self, results_uri: str, done: int, last_index: int | None, *,
@@ -156,21 +126,14 @@ class ResultsWriter:
     @classmethod
     def open(cls, results_uri: str, *, flush_every_s: float = 2.0,
              flush_every_records: int = 1000, outage_s: float = 300.0) -> ResultsWriter:
-        parts = list_parts(results_uri)
-        done, last_index = 0, None
-        if parts:
-            count, last = _last_record(parts[-1])
-            done = parts[-1].start + count
-            last_index = last.index if last is not None else None
-        return cls(results_uri, done, last_index, flush_every_s=flush_every_s,
+        done, last = _resume_point(results_uri)
+        return cls(results_uri, done, last.index if last is not None else None, flush_every_s=flush_every_s,
                    flush_every_records=flush_every_records, outage_s=outage_s)
 
     def write(self, record: ResultRecord) -> None:
         if self._last_index is not None and record.index <= self._last_index:
-            raise ResultsError(
-                f"{self.results_uri}: result for request {record.index} written after "
-                f"request {self._last_index}; results must follow the shard's request order"
-            )
+            raise ResultsError(f"{self.results_uri}: result for request {record.index} written after request "
+                               f"{self._last_index}; results must follow the shard's request order")
         if not self._buffer:
             self._buffer_since = time.monotonic()
         self._buffer.append(dumps_line(record))
@@ -181,8 +144,6 @@ class ResultsWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Publish the buffered records as the next part (nothing to do when empty); while
-        storage fails they stay buffered for a later checkpoint (see the class)."""
         if not self._buffer or time.monotonic() < self._retry_at:
             return
         try:
@@ -191,7 +152,6 @@ class ResultsWriter:
             self._failed(exc)
 
     def close(self) -> None:
-        """The last publish, tried again every few seconds while storage fails (see the class)."""
         while self._buffer:
             try:
                 self._publish()
@@ -222,6 +182,5 @@ class ResultsWriter:
     def __enter__(self) -> ResultsWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -1,41 +1,13 @@
 """One small interface over URIs: local paths (confined to configured roots) and s3://.
 
-CONTRACT (implementations must keep it; other modules code against these names):
-
-    open_read(uri) -> context manager yielding a buffered binary reader (read(n),
-                      readline(), iteration by line): streamed, never slurped; on S3 a
-                      dropped connection resumes at the same offset
-    open_write(uri) -> context manager yielding a binary writer; the object appears only
-                       when the block exits without error (locally: a temp file beside the
-                       target, renamed over it; on S3: a spooled temp file uploaded with
-                       boto3's transfer manager, multipart above the threshold, a failed
-                       multipart upload aborted; nothing is sent when the block raises)
-    read_bytes(uri) -> bytes ; write_bytes(uri, data)   (small objects: progress, reports)
-    exists(uri) -> bool ; size(uri) -> int   (about objects (files), not directories)
-    list_uris(prefix) -> sorted list of URIs under prefix (recursive)
-    delete(uri) (a missing object: no-op) ; delete_prefix(prefix) (not a whole root or bucket)
-    download_dir(prefix, dest: Path) -> Path   (a model checkpoint into the local cache)
-
-Errors are ``StorageError`` subclasses whose message names the URI:
-    ObjectNotFound, AccessDenied (also bad credentials), PathNotAllowed (outside roots or
-    buckets, ``..``, symlink escapes), StorageError (anything else).
-    (A missing bucket is ``BucketNotFound``, an ObjectNotFound whose message names it.)
-
-Details of the contract, as implemented here:
-
-- A URI is ``s3://bucket/key``, ``file:///absolute/path`` or a plain path (relative paths
-  are taken from the current directory). Any other scheme is ``PathNotAllowed``.
-- Every call is confined: local paths must resolve (symlinks followed) inside
-  ``Settings.local_roots`` or llm-batch's own local areas (``$LLM_BATCH_HOME``, the work
-  and files folders); s3 buckets must be in ``Settings.allowed_buckets`` when that list is
-  non-empty. Which paths a *user* may name is stricter: ``llm_batch.infra.user_paths``.
-- Prefixes are directories: ``list_uris("s3://b/x")`` lists keys under ``x/``, not ``xy``.
-  A missing prefix lists as ``[]``. Returned URIs keep the prefix's spelling.
-- ``download_dir`` copies every object under the prefix to ``dest`` (keeping relative
-  paths; each file appears whole; files already there with the same size are skipped) and
-  returns ``dest`` resolved. ``dest`` is the caller's cache directory, not confined.
-- Transient S3 failures (throttling, 5xx, dropped connections) are retried a few times
-  with backoff (tenacity); botocore's own retries are off so there is one policy.
+A URI is ``s3://bucket/key``, ``file:///abs/path`` or a plain path; any other scheme is
+``PathNotAllowed``. Local paths must resolve (symlinks followed) inside ``Settings.local_roots``
+or llm-batch's own local areas, buckets must be in ``Settings.allowed_buckets`` when it is set;
+which paths a *user* may name is stricter (``llm_batch.infra.user_paths``). Reads stream (on S3
+a dropped connection resumes at its offset); a written object appears only when the block
+exits without error. Prefixes are directories: ``list_uris("s3://b/x")`` lists ``x/``, not
+``xy``, and a missing one lists as ``[]``. Errors are ``StorageError`` subclasses naming the URI.
+Transient S3 failures are retried by tenacity alone (botocore's retries are off).
 """
 from __future__ import annotations
 
@@ -74,11 +46,11 @@ class ObjectNotFound(StorageError):
 
 
 class AccessDenied(StorageError):
-    pass
+    """Also bad or missing credentials."""
 
 
 class PathNotAllowed(StorageError):
-    pass
+    """Outside the roots or buckets, ``..``, a symlink escape, an unknown scheme."""
 
 
 class SymlinkEscape(PathNotAllowed):
@@ -89,18 +61,16 @@ class BucketNotFound(ObjectNotFound):
     """The bucket itself is missing (an ObjectNotFound whose message names the bucket)."""
 
 
-# --------------------------------------------------------------------------- public API
-#
-# ``settings`` (every function): the roots, buckets and endpoint to go by; default
-# ``get_settings()``.
+# ``settings`` (every function): the roots, buckets and endpoint; default ``get_settings()``.
 
 def open_read(uri: str, *, settings: Settings | None = None) -> AbstractContextManager[IO[bytes]]:
-    """Context manager: a buffered binary reader of the object at ``uri``."""
+    """A buffered binary reader (read(n), readline(), iteration by line), streamed."""
     return _backend(uri, settings).open_read(uri)
 
 
 def open_write(uri: str, *, settings: Settings | None = None) -> AbstractContextManager[IO[bytes]]:
-    """Context manager: a binary writer; the object is published only on clean exit."""
+    """A binary writer; the object is published only on clean exit (locally a temp file
+    renamed over the target, on S3 a spooled file uploaded with boto3's transfer manager)."""
     return _backend(uri, settings).open_write(uri)
 
 
@@ -120,6 +90,7 @@ def write_bytes(uri: str, data: bytes, *, settings: Settings | None = None) -> N
 
 
 def exists(uri: str, *, settings: Settings | None = None) -> bool:
+    """About objects (files), not directories; so is ``size``."""
     return _backend(uri, settings).exists(uri)
 
 
@@ -132,21 +103,24 @@ def list_uris(prefix: str, *, settings: Settings | None = None) -> list[str]:
 
 
 def delete(uri: str, *, settings: Settings | None = None) -> None:
+    """A missing object is a no-op."""
     _backend(uri, settings).delete(uri)
 
 
 def delete_prefix(prefix: str, *, settings: Settings | None = None) -> None:
+    """Never a whole root or bucket."""
     _backend(prefix, settings).delete_prefix(prefix)
 
 
 def download_dir(prefix: str, dest: Path, *, settings: Settings | None = None) -> Path:
+    """Copy every object under ``prefix`` into ``dest`` (the caller's cache, not confined),
+    keeping relative paths; each file appears whole, one of the same size is skipped."""
     return _backend(prefix, settings).download_dir(prefix, Path(dest))
 
 
 def check(uri: str, *, settings: Settings | None = None) -> str:
-    """Refuse (``PathNotAllowed``) a URI this module would refuse to touch; return it
-    canonical (local: absolute, symlinks resolved). No object is read. Which paths a user
-    may name is stricter: ``llm_batch.infra.user_paths``."""
+    """``uri`` canonical (local: absolute, symlinks resolved), or ``PathNotAllowed``; no
+    object is read."""
     return _backend(uri, settings).check(uri)
 
 
@@ -166,24 +140,20 @@ _ONE_SLASH_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")  # "s3:/bucket/k
 
 
 def _backend(uri: str, settings: Settings | None = None) -> LocalStorage | S3Storage:
-    """The backend the module functions above dispatch ``uri`` to, by its scheme."""
     if not isinstance(uri, str) or not uri:
         raise PathNotAllowed(repr(uri), "empty or not a string")
     match = _SCHEME.match(uri)
     scheme = match.group(1).lower() if match else "file"
     settings = settings or get_settings()
-    if scheme == "file":
-        return _local_backend(tuple(settings.local_roots) + _own_local_areas(settings))
+    if scheme == "file":  # the user roots and llm-batch's own local areas
+        own = (settings.work_uri, settings.files_uri, settings.result_cache_uri)
+        return _local_backend((*settings.local_roots, settings.home, *(Path(u) for u in own if u and not is_s3(u))))
     if scheme == "s3":
+        # The AWS variables credentials come from: other values, another client.
+        names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
         return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
-                           _credential_variables(), os.getpid())
+                           tuple(map(os.environ.get, names)), os.getpid())
     raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
-
-
-def _own_local_areas(settings: Any) -> tuple[Path, ...]:
-    """Where llm-batch itself reads and writes locally, whatever the user roots are."""
-    own = (settings.work_uri, settings.files_uri, settings.result_cache_uri)
-    return (settings.home, *(Path(u) for u in own if u and not is_s3(u)))
 
 
 @lru_cache(maxsize=4)
@@ -192,11 +162,7 @@ def _s3_backend(endpoint_url: str | None, buckets: tuple[str, ...], credentials:
     return S3Storage(_s3_client(endpoint_url, credentials, pid), allowed_buckets=buckets)
 
 
-# --------------------------------------------------------------------------- local paths
-
 class LocalStorage:
-    """Files under a set of root directories; every path is checked against the roots."""
-
     def __init__(self, roots: tuple[Path, ...] | list[Path]):
         self.roots = tuple(Path(r).resolve() for r in roots)
 
@@ -333,7 +299,6 @@ def file_uri_path(uri: str) -> str:
 
 @contextmanager
 def _os_errors(uri: str) -> Iterator[None]:
-    """Turn OSErrors from local file operations into StorageErrors naming ``uri``."""
     try:
         yield
     except FileNotFoundError as exc:
@@ -345,8 +310,6 @@ def _os_errors(uri: str) -> Iterator[None]:
     except OSError as exc:
         raise StorageError(uri, exc.strerror or str(exc)) from exc
 
-
-# --------------------------------------------------------------------------- S3
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _DENIED_CODES = {
@@ -364,8 +327,7 @@ _READ_BUFFER = 1024**2
 
 
 def s3_location(uri: str, allowed_buckets: tuple[str, ...] | list[str]) -> S3Location:
-    """Parse ``s3://bucket/key`` and confine it to `allowed_buckets` (none: any bucket);
-    ``PathNotAllowed`` names what is wrong. No request is made."""
+    """``s3://bucket/key`` confined to `allowed_buckets` (none: any bucket); no request is made."""
     bucket, _, key = uri[len("s3://"):].partition("/")
     if not _BUCKET.match(bucket):
         raise PathNotAllowed(uri, f"invalid bucket name {bucket!r}")
@@ -385,52 +347,33 @@ class S3Location:
 
     @property
     def dir_prefix(self) -> str:
-        """The key as a directory prefix: ``""`` for the bucket, else ending in ``/``."""
         return self.key if not self.key or self.key.endswith("/") else self.key + "/"
 
 
 def _s3_endpoint_url(configured: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """Settings.s3_endpoint_url, else AWS's own variables (of ``environ``, default this
-    process's environment); None: AWS itself."""
+    """Settings.s3_endpoint_url, else AWS's own variables; None: AWS itself."""
     environ = os.environ if environ is None else environ
     return configured or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
 
 
-# The AWS variables a client's credentials come from, when set: other values, another client.
-_CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-
-
-def _credential_variables() -> tuple[str | None, ...]:
-    return tuple(os.environ.get(name) for name in _CREDENTIAL_VARIABLES)
-
-
 @lru_cache(maxsize=4)
 def _s3_client(endpoint_url: str | None, credentials: tuple[str | None, ...], pid: int) -> Any:
-    """One client per process and credentials (clients are thread-safe but not fork-safe:
-    ``pid`` keys it; ``credentials``, the variables boto reads them from, key it too)."""
+    """Keyed by ``pid`` too: clients are thread-safe but not fork-safe."""
     return s3_client(endpoint_url)
 
 
 def s3_client(endpoint_url: str | None, session: Any = None) -> Any:
-    """An S3 client as storage makes them (no botocore retries, timeouts, path-style on a
-    custom endpoint). ``session``: the boto3 Session whose credentials it signs with;
-    default a new one, which takes them from the standard AWS chain."""
+    """No botocore retries, path-style on a custom endpoint; ``session`` default: a new one
+    (the standard AWS credential chain)."""
     import boto3  # heavy
     from botocore.config import Config  # heavy
 
-    config = Config(
-        retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity retries instead
-        connect_timeout=10,
-        read_timeout=60,
-        # Custom endpoints (SeaweedFS, MinIO, ...) serve path-style; AWS takes either.
-        s3={"addressing_style": "path"} if endpoint_url else None,
-    )
+    config = Config(retries={"total_max_attempts": 1, "mode": "standard"},  # tenacity retries instead
+                    connect_timeout=10, read_timeout=60, s3={"addressing_style": "path"} if endpoint_url else None)
     return (session or boto3.session.Session()).client("s3", endpoint_url=endpoint_url, config=config)
 
 
 class S3Storage:
-    """Objects in S3 buckets through one boto3 client; buckets may be confined."""
-
     def __init__(self, client: Any, allowed_buckets: tuple[str, ...] | list[str] = (),
                  transfer_config: TransferConfig | None = None):
         from boto3.s3.transfer import TransferConfig  # heavy
@@ -508,8 +451,7 @@ class S3Storage:
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = [{"Key": k} for k in keys[start:start + 1000]]
             with self._errors(prefix, loc):
-                reply = self.call("delete_objects", Bucket=loc.bucket,
-                                  Delete={"Objects": batch, "Quiet": True})
+                reply = self.call("delete_objects", Bucket=loc.bucket, Delete={"Objects": batch, "Quiet": True})
             if reply.get("Errors"):
                 first = reply["Errors"][0]
                 raise StorageError(loc.uri(first.get("Key", "")),
@@ -532,23 +474,15 @@ class S3Storage:
                 continue  # already there from an earlier download
             with self._errors(uri, S3Location(loc.bucket, key)):
                 # s3transfer writes a temp file and renames it: a file appears whole or not.
-                self._retrying(self.client.download_file, loc.bucket, key, str(target),
-                               Config=self.transfer_config)
+                self._retrying(self.client.download_file, loc.bucket, key, str(target), Config=self.transfer_config)
         return dest
 
-    # -- helpers
-
     def call(self, operation: str, **kwargs: Any) -> Any:
-        """One client operation, retried on transient failures."""
         return self._retrying(getattr(self.client, operation), **kwargs)
 
     def _retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        retrying = Retrying(
-            retry=retry_if_exception(_is_transient),
-            stop=stop_after_attempt(RETRY_ATTEMPTS),
-            wait=wait_exponential(multiplier=0.2, max=2),
-            reraise=True,
-        )
+        retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(RETRY_ATTEMPTS),
+                            wait=wait_exponential(multiplier=0.2, max=2), reraise=True)
         return retrying(fn, *args, **kwargs)
 
     def _upload(self, spool: IO[bytes], loc: S3Location) -> None:
@@ -556,7 +490,6 @@ class S3Storage:
         self.client.upload_fileobj(_KeptOpen(spool), loc.bucket, loc.key, Config=self.transfer_config)
 
     def _objects(self, prefix: str, loc: S3Location) -> Iterator[tuple[str, int]]:
-        """(key, size) of every object under the prefix, directory markers left out."""
         with self._errors(prefix, loc):
             token: dict[str, str] = {}
             while True:
@@ -570,7 +503,6 @@ class S3Storage:
 
     @contextmanager
     def _errors(self, uri: str, loc: S3Location) -> Iterator[None]:
-        """Turn boto3/botocore failures inside the block into StorageErrors naming ``uri``."""
         from boto3.exceptions import Boto3Error, RetriesExceededError  # heavy
         from botocore.exceptions import BotoCoreError, ClientError  # heavy
 
@@ -582,19 +514,14 @@ class S3Storage:
             raise self._translate(uri, loc, exc) from exc
 
     def _translate(self, uri: str, loc: S3Location, exc: BaseException) -> StorageError:
-        from botocore.exceptions import (  # heavy
-            ClientError,
-            EndpointConnectionError,
-            NoCredentialsError,
-            PartialCredentialsError,
-        )
+        from botocore import exceptions as boto  # heavy
 
-        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        if isinstance(exc, (boto.NoCredentialsError, boto.PartialCredentialsError)):
             return AccessDenied(uri, f"no usable AWS credentials ({exc}); set them by the "
                                      "standard chain (AWS_* env, ~/.aws, instance role)")
-        if isinstance(exc, EndpointConnectionError):
+        if isinstance(exc, boto.EndpointConnectionError):
             return StorageError(uri, f"cannot reach the S3 endpoint: {exc}")
-        if not isinstance(exc, ClientError):
+        if not isinstance(exc, boto.ClientError):
             return StorageError(uri, f"{type(exc).__name__}: {exc}")
         code, status = _error_code(exc), _status(exc)
         message = exc.response.get("Error", {}).get("Message") or code
@@ -661,7 +588,7 @@ class _S3Reader(io.RawIOBase):
         raise AssertionError("unreachable")
 
     def _reopen(self) -> None:
-        """Continue the same version of the object from where the stream broke."""
+        """The same version of the object, from where the stream broke."""
         self._body.close()
         with self._storage._errors(self._uri, self._loc):
             reply = self._storage.call(

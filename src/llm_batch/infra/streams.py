@@ -1,10 +1,5 @@
-"""Line-level streaming over any binary stream storage hands out (file, S3 body, pipe).
-
-Storage streams only promise ``read(n)`` and ``write(b)``: an S3 body iterates in fixed-size
-chunks, not lines, and an S3 writer may send each ``write`` as a request. These helpers
-give lines in (``iter_lines``; ``stored_lines`` for a whole stored file) and large writes
-out, with memory bounded by one chunk.
-"""
+"""Lines in and large writes out over any binary stream (``read(n)``, ``write(b)``), with
+memory bounded by one chunk."""
 
 from __future__ import annotations
 
@@ -17,10 +12,8 @@ CHUNK_BYTES = 1 << 16  # per open stream: merge holds 2 per shard, so keep it sm
 
 
 def iter_lines(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """The lines of ``stream`` without their newline; a last line without one is kept.
-
-    A line longer than a chunk is gathered in pieces and joined once, so a long line (a
-    result with many logprobs, say) costs linear time, not quadratic."""
+    """The lines of ``stream`` without their newline; a last line without one is kept. A
+    long line is gathered in pieces and joined once: linear time, not quadratic."""
     pending: list[bytes] = []
     while chunk := stream.read(chunk_bytes):
         if b"\n" not in chunk:
@@ -40,7 +33,7 @@ def iter_lines(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[byt
 
 
 def stored_lines(uri: str) -> Iterator[bytes]:
-    """The non-blank lines of the stored file ``uri`` (our own JSONL files), streamed."""
+    """The non-blank lines of the stored file ``uri``, streamed."""
     with storage.open_read(uri) as stream:
         for line in iter_lines(stream):
             if line.strip():
@@ -48,7 +41,7 @@ def stored_lines(uri: str) -> Iterator[bytes]:
 
 
 class ChunkedWriter:
-    """Collects small writes and hands ``stream`` chunks of about ``chunk_bytes``."""
+    """Small writes in, chunks of about ``chunk_bytes`` out (an S3 writer may send each write)."""
 
     def __init__(self, stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES):
         self._stream = stream

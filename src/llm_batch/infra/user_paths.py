@@ -1,31 +1,18 @@
-"""Which paths a user may name: the API's and the DAG's one gate for user-supplied paths.
+"""Which paths a user may name (Scale's data paths, a run's ``input_uri`` / ``output_uri``,
+``model_config.checkpoint_path``): the API's and the DAG's one gate; internal I/O goes
+through ``llm_batch.infra.storage`` directly. The rules, in order (docs/api.md, "Security model"):
 
-User paths are Scale's ``input_data_path`` / ``output_data_path``, a run's ``input_uri`` /
-``output_uri`` and ``model_config.checkpoint_path``. Internal I/O (work files, uploads,
-models) goes through ``llm_batch.infra.storage`` directly and is not held to these rules.
-
-The rules, in order (docs/api.md, "Security model"):
-1. Structure (the storage backend): a local path, ``file://`` or ``s3://``; no ``..``, no
-   NUL, no ``~``; S3 keys without empty, ``.`` or ``..`` segments or control characters.
-2. Roots: local paths under ``Settings.local_roots`` (default ``$LLM_BATCH_HOME/data``,
-   which holds no internal state), ``s3://`` only in ``Settings.allowed_buckets``.
-3. Never internal state, whatever the spelling (case, trailing dots, symlinks, hard
-   links): the job database and its ``-wal`` / ``-shm`` / ``-journal`` files, key files,
-   Airflow's home, the work, files and model areas (their ``s3://`` prefixes too), even
-   when an admin makes ``$LLM_BATCH_HOME`` itself a root.
+1. Structure: a local path, ``file://`` or ``s3://``; no ``..``, NUL or ``~``; S3 keys
+   without empty, ``.`` or ``..`` segments or control characters.
+2. Roots: local paths under ``Settings.local_roots``, ``s3://`` only in ``Settings.allowed_buckets``.
+3. Never internal state, whatever the spelling (case, trailing dots, symlinks, hard links).
 4. The owner's namespace: a non-admin names only ``<root>/<owner>/...`` and
-   ``s3://<bucket>/<owner>/...``, compared exactly, as spelled (``Settings.owner_namespaces=False``
-   turns this off for a single-tenant deployment). The folder is the owner name itself:
-   owner names are canonical (``llm_batch.core.owners``: one spelling per owner, no two folding
-   together), and a name that is not has no folder. A relative path is taken from the
-   owner's namespace in the first root, so ``out/results.json`` is a fine output path for anyone.
+   ``s3://<bucket>/<owner>/...``, compared exactly as spelled (owner names are canonical);
+   a relative path is taken from it in the first root.
 
-Refusals that do not depend on what exists (1, 2, 4 on the spelling) say precisely why:
-``PathRefused``. Refusals that would tell whether something exists (a symlink or hard link
-leading elsewhere, a missing input) all read the same: ``PathUnavailable``, so the API
-answers them alike and is no existence oracle.
+What does not depend on what exists is refused precisely (``PathRefused``); what would tell
+whether something exists reads the same every way (``PathUnavailable``): no existence oracle.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +34,7 @@ class PathRefused(ValueError):
 
 
 class PathUnavailable(ValueError):
-    """No object the caller may use is there (missing, or hidden by a link): one message."""
+    """Missing, or hidden by a link: one message."""
 
 
 @dataclass(frozen=True)
@@ -55,12 +42,10 @@ class UserPath:
     """A checked user path: ``uri`` canonical (local: absolute, symlinks resolved)."""
 
     uri: str
-    given: str
 
 
 def owner_dirname(owner: str) -> str:
-    """The owner's folder name: the owner name itself (PathRefused if it is not one, so no
-    spelling can be ``..``, hold a slash or be read as another owner's folder)."""
+    """The owner name itself; PathRefused if it is not one (no ``..``, slash or other spelling)."""
     try:
         return owners.check(owner)
     except owners.OwnerNameRefused as exc:
@@ -68,25 +53,20 @@ def owner_dirname(owner: str) -> str:
 
 
 def namespaces(owner: str, settings: Settings) -> list[str]:
-    """Where `owner` may name paths: one folder per local root, one prefix per bucket."""
     name = owner_dirname(owner)
-    return [str(root / name) for root in settings.local_roots] + [
-        f"s3://{bucket}/{name}/" for bucket in settings.allowed_buckets
-    ]
+    return [str(root / name) for root in settings.local_roots] + [f"s3://{b}/{name}/" for b in settings.allowed_buckets]
 
 
 def check(uri: str, owner: str, settings: Settings, *, is_admin: bool = False) -> UserPath:
-    """`uri` as the user `owner` may name it, canonical; raises PathRefused or PathUnavailable."""
+    """`uri` as `owner` may name it, canonical; PathRefused or PathUnavailable otherwise."""
     if not isinstance(uri, str) or not uri.strip():
         raise PathRefused("an empty path")
-    if storage.is_s3(uri):
-        return UserPath(_check_s3(uri, owner, settings, is_admin), uri)
-    return UserPath(_check_local(uri, owner, settings, is_admin), uri)
+    checked = _check_s3 if storage.is_s3(uri) else _check_local
+    return UserPath(checked(uri, owner, settings, is_admin))
 
 
 def refuse_internal(uri: str, settings: Settings) -> None:
-    """PathRefused if `uri` is internal state (rule 3 alone): the merge step's last check
-    before it writes a user's output, whoever submitted it."""
+    """Rule 3 alone: the merge step's last check before it writes a user's output."""
     if storage.is_s3(uri):
         bucket, _, key = uri[5:].partition("/")
         if _internal_s3(bucket, key, settings):
@@ -98,9 +78,6 @@ def refuse_internal(uri: str, settings: Settings) -> None:
             raise PathRefused(f"{uri} is llm-batch's own state")
 
 
-# -- local ---------------------------------------------------------------------------------
-
-
 def _check_local(uri: str, owner: str, settings: Settings, is_admin: bool) -> str:
     if not settings.local_roots:
         raise PathRefused(f"{uri}: local paths are not allowed: no local roots are configured (LLM_BATCH_LOCAL_ROOTS)")
@@ -109,42 +86,28 @@ def _check_local(uri: str, owner: str, settings: Settings, is_admin: bool) -> st
             raise PathRefused(f"{uri}: {problem}")
         base = settings.local_roots[0]
         uri = str((base / owner_dirname(owner) if settings.owner_namespaces else base) / uri)
-    allowed = _own_areas(owner, settings, is_admin)
+    own = not is_admin and settings.owner_namespaces
+    allowed = [root / owner_dirname(owner) for root in settings.local_roots] if own else None  # None: anywhere
     try:
         resolved = storage.LocalStorage(settings.local_roots).path(uri)
     except storage.SymlinkEscape:  # spelled inside the roots: what it hides is not told
         raise PathUnavailable(unavailable(uri, owner, settings)) from None
     except storage.PathNotAllowed as exc:
         raise PathRefused(_why(exc)) from None
-    lexical = _lexical(uri)
+    lexical = Path(os.path.normpath(storage.file_uri_path(uri) if uri[:7].lower() == "file://" else uri))
     if _internal_local(lexical, settings):
         raise PathRefused(f"{uri} is llm-batch's own state (database, keys, Airflow, work, uploads, models)")
     if allowed is not None and not _inside_exactly(lexical, allowed):
         raise PathRefused(f"{uri} is outside your storage namespace ({', '.join(map(str, allowed))})")
-    # From here on what exists decides: one answer for every way to be hidden.
-    if _internal_local(resolved, settings) or (allowed is not None and not _inside_exactly(resolved, allowed)):
-        raise PathUnavailable(unavailable(uri, owner, settings))
-    if resolved.is_file() and resolved.stat().st_nlink > 1:  # a hard link may be anyone's file
+    # From here on what exists decides: one answer for every way to be hidden (a hard link may be anyone's file).
+    if (_internal_local(resolved, settings) or (allowed is not None and not _inside_exactly(resolved, allowed))
+            or (resolved.is_file() and resolved.stat().st_nlink > 1)):
         raise PathUnavailable(unavailable(uri, owner, settings))
     return str(resolved)
 
 
-def _lexical(uri: str) -> Path:
-    """The absolute path `uri` spells, before any symlink is followed (an accepted one)."""
-    return Path(os.path.normpath(storage.file_uri_path(uri) if uri[:7].lower() == "file://" else uri))
-
-
-def _own_areas(owner: str, settings: Settings, is_admin: bool) -> list[Path] | None:
-    """The folders a caller may name (None: anything under the roots, for admins)."""
-    if is_admin or not settings.owner_namespaces:
-        return None
-    return [root / owner_dirname(owner) for root in settings.local_roots]
-
-
 def internal_areas(settings: Settings) -> list[Path]:
-    """Folders and files that are llm-batch's own state, never a user path."""
-    # The embedded stack's own files (llm_batch.devstack): Airflow's home, the CLI's key, the
-    # database state and server folder, the Celery shape's services.
+    # The embedded stack's own files (llm_batch.devstack) among them.
     areas = [settings.home / name for name in ("airflow", API_KEY_FILE, "stack.json", "postgres", "celery")]
     areas.append(Path(settings.model_cache))
     areas += [Path(u) for u in _own_prefixes(settings) if not storage.is_s3(u)]
@@ -154,8 +117,7 @@ def internal_areas(settings: Settings) -> list[Path]:
 
 
 def _fold(path: Path) -> str:
-    """A spelling-blind form: case folded, trailing dots and spaces of each part dropped
-    (as case-insensitive or Windows-style filesystems would read it)."""
+    """As a case-insensitive or Windows-style filesystem reads it."""
     return "/".join(part.rstrip(". ").casefold() for part in path.parts).replace("//", "/")
 
 
@@ -167,29 +129,23 @@ def _within(path: Path, area: Path) -> bool:
 def _internal_local(path: Path, settings: Settings) -> bool:
     if any(_within(path, area) for area in internal_areas(settings)):
         return True
-    if settings.database_url.startswith(_SQLITE):  # the database and its -wal/-shm/-journal
-        db = Path(settings.database_url.removeprefix(_SQLITE)).expanduser().resolve()
-        if _fold(path.parent) == _fold(db.parent) and _fold(Path(path.name)).startswith(_fold(Path(db.name))):
-            return True
-    return False
+    if not settings.database_url.startswith(_SQLITE):
+        return False
+    db = Path(settings.database_url.removeprefix(_SQLITE)).expanduser().resolve()  # and its -wal/-shm/-journal
+    return _fold(path.parent) == _fold(db.parent) and _fold(Path(path.name)).startswith(_fold(Path(db.name)))
 
 
 def _inside_exactly(path: Path, areas: list[Path]) -> bool:
-    """Inside one of `areas` as spelled: an owner's folder has one spelling (no folding,
-    which would let ``alice3`` name ``Alice3/``)."""
+    """As spelled: folding would let ``alice3`` name ``Alice3/``."""
     return any(path.is_relative_to(area) for area in areas)
 
 
 def unavailable(uri: str, owner: str, settings: Settings) -> str:
-    """The one message for a path that is missing or hidden from `owner`."""
     return f"{uri}: no such file that you may use (yours live under {', '.join(namespaces(owner, settings))})"
 
 
 def _why(exc: storage.StorageError) -> str:
     return str(exc).replace(" (LLM_BATCH_LOCAL_ROOTS)", "")
-
-
-# -- s3 ------------------------------------------------------------------------------------
 
 
 def _check_s3(uri: str, owner: str, settings: Settings, is_admin: bool) -> str:
@@ -212,7 +168,6 @@ def _check_s3(uri: str, owner: str, settings: Settings, is_admin: bool) -> str:
 
 
 def _own_prefixes(settings: Settings) -> tuple[str, ...]:
-    """Where llm-batch keeps its data: jobs' work, uploaded files, the result cache."""
     return settings.work_uri, settings.files_uri, settings.result_cache_uri
 
 

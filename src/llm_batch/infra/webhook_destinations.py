@@ -1,25 +1,17 @@
 """Where a webhook may be sent: ``check_destination``, an allow-list.
 
 A URL passes only if it is http(s), carries no credentials, and every address its host is
-(an address literal, in any spelling ``inet_aton`` or ``ipaddress`` reads) or resolves to
-is a globally routable unicast address: ``is_global``, not multicast, IPv6 only inside
-global unicast space (2000::/3), and none of the IPv6 ranges that embed or tunnel an IPv4
-address (6to4, NAT64, IPv4-mapped, Teredo) or are site-local. The one way
-past it is the admin's ``LLM_BATCH_WEBHOOK_ALLOWED_HOSTS`` (names, addresses, networks;
-tests list ``127.0.0.1`` there for their local receivers). ``LLM_BATCH_WEBHOOK_ALLOW_PUBLIC``
-off allows only those.
-
-Checked when an endpoint is created or changed, and again before each attempt on the
-addresses the name resolves to then; the deliverer connects to the address checked.
+(an address literal, in any spelling) or resolves to is a globally routable unicast address,
+none of the IPv6 ranges that embed or tunnel an IPv4 address. The one way past it is the
+admin's ``LLM_BATCH_WEBHOOK_ALLOWED_HOSTS``; ``LLM_BATCH_WEBHOOK_ALLOW_PUBLIC`` off allows
+only those. Checked at create and again before each attempt, on the addresses of then.
 """
-
 from __future__ import annotations
 
 import ipaddress
 import re
 import socket
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from llm_batch.core.config import Settings
@@ -30,10 +22,8 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], list[str]]
 
 _GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
-# Ranges refused whatever ``is_global`` says (it varies with the Python release): IPv6 ones
-# that can carry an IPv4 address a relay or translator reaches (a private one too), or are
-# site-local (IPv4-compatible ::/96 lies outside 2000::/3); IPv4 ones IANA lists as not
-# globally reachable that Python 3.11 calls global.
+# Refused whatever ``is_global`` says (it varies with the Python release): IPv6 ranges that
+# can carry an IPv4 address, and IPv4 ones IANA lists as not global that Python 3.11 calls global.
 _REFUSED = {
     ipaddress.ip_network(net): name for net, name in {
         "2002::/16": "6to4", "64:ff9b::/96": "NAT64", "64:ff9b:1::/48": "local-use NAT64",
@@ -51,32 +41,22 @@ class DestinationRefused(ValueError):
     """A webhook URL that may not be called; the message names the URL and why."""
 
 
-@dataclass(frozen=True)
-class Allowed:
-    """The parsed ``webhook_allowed_hosts``: host names, and networks (an address is a /32 or /128)."""
-
-    names: frozenset[str]
-    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
-
-    @classmethod
-    def of(cls, entries: Iterable[str]) -> Allowed:
-        names, networks = set(), []
-        for entry in entries:
-            text = entry.strip().strip("[]").lower()
-            if not text:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(text, strict=False))
-            except ValueError:
-                names.add(text.rstrip("."))
-        return cls(frozenset(names), tuple(networks))
-
-    def address(self, ip: IPAddress) -> bool:
-        return any(ip.version == n.version and ip in n for n in self.networks)
+def _allowed(entries: Iterable[str]) -> tuple[set[str], list[ipaddress.IPv4Network | ipaddress.IPv6Network]]:
+    """The admin's ``webhook_allowed_hosts``: host names, and networks (an address is a /32 or /128)."""
+    names, networks = set(), []
+    for entry in entries:
+        text = entry.strip().strip("[]").lower()
+        if not text:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(text, strict=False))
+        except ValueError:
+            names.add(text.rstrip("."))
+    return names, networks
 
 
 def refusal(ip: IPAddress) -> str | None:
-    """Why `ip` is not a webhook destination by default; None for a globally routable unicast address."""
+    """Why `ip` is not a webhook destination by default; None when it is one."""
     if ip == ipaddress.ip_address("169.254.169.254") or ip == ipaddress.ip_address("fd00:ec2::254"):
         return "the cloud metadata address"
     for network, name in _REFUSED.items():
@@ -96,8 +76,7 @@ def system_resolver(host: str, port: int) -> list[str]:
 
 
 def _literal(host: str, bracketed: bool) -> IPAddress | None:
-    """The address `host` spells, if it spells one; ValueError if it looks like an address
-    but is none, or has a zone id (so it is never looked up as a name)."""
+    """The address `host` spells, if any; ValueError if it looks like one but is none."""
     if bracketed or ":" in host:
         if "%" in host:
             raise ValueError("a zone id names an interface of this machine")
@@ -113,13 +92,10 @@ def _literal(host: str, bracketed: bool) -> IPAddress | None:
         return None
 
 
-def check_destination(
-    url: str, settings: Settings, resolve: Resolver | None = system_resolver, *, unresolved_ok: bool = False
-) -> list[str]:
-    """The addresses `url` may be sent to (resolved now); DestinationRefused naming the URL
-    otherwise. ``resolve=None`` checks only what the URL itself says (an address literal).
-    ``unresolved_ok``: a name that does not resolve now passes (create time: each delivery
-    checks again)."""
+def check_destination(url: str, settings: Settings, resolve: Resolver | None = system_resolver, *,
+                      unresolved_ok: bool = False) -> list[str]:
+    """The addresses `url` may be sent to, or DestinationRefused. ``resolve=None`` checks only
+    what the URL says; ``unresolved_ok``: a name that does not resolve now passes (at create)."""
     shown = url if len(url) <= 200 else url[:200] + "..."
 
     def refuse(why: str) -> DestinationRefused:
@@ -147,7 +123,7 @@ def check_destination(
         literal = _literal(host, bracketed)
     except ValueError:
         raise refuse(f"is refused: {host!r} is not a valid address") from None
-    allowed = Allowed.of(settings.webhook_allowed_hosts)
+    names, networks = _allowed(settings.webhook_allowed_hosts)
     if literal is not None:
         addresses = [str(literal)]
     else:
@@ -163,11 +139,11 @@ def check_destination(
             raise refuse(f"is refused: host {host!r} does not resolve ({exc})") from None
         if not addresses:
             raise refuse(f"is refused: host {host!r} resolves to no address")
-        if host in allowed.names:
+        if host in names:
             return addresses  # the admin allowed this name, whatever it resolves to
     for address in addresses:
         ip = ipaddress.ip_address(address)
-        if allowed.address(ip):
+        if any(ip.version == n.version and ip in n for n in networks):
             continue
         if (reason := refusal(ip)) is not None:
             via = "" if literal is not None else f" ({host!r} resolves to {ip})"

@@ -1,27 +1,12 @@
 """Webhooks: how they are signed, and the deliverer that sends them.
 
-Events are OpenAI's (``batch.completed``, ``batch.failed``, ``batch.expired``,
-``batch.cancelled``; body ``{"id": "evt_...", "object": "event", "created_at", "type",
-"data": {"id": <job id>}}``) for every dialect's jobs, signed with the Standard Webhooks scheme
-(``webhook-id``, ``webhook-timestamp``, ``webhook-signature``; the ``standardwebhooks``
-package), so ``openai.OpenAI().webhooks.unwrap(body, headers, secret=...)`` verifies them.
-During a secret rotation's grace period each attempt carries two signatures (the new and
-the previous secret's, space separated, as the scheme allows): a receiver holding either
-verifies it.
-
-Delivery is at least once from the job store's outbox (src/llm_batch/infra/jobstore/webhooks.py): a
-``Deliverer`` claims due rows with a lease, sends each (one deadline for the whole attempt:
-DNS, connect, send, the answer's status; no redirects, no proxies, to the address it
-checked), records the attempt, and retries with exponential backoff until the event's retry
-window (24 h) has passed. Every attempt of one event carries the same ``webhook-id`` and
-body; the timestamp and signature are fresh. Sending is asynchronous (``send_once``), so a
-slow receiver holds no thread: the deliverer runs its own event loop, as a daemon thread in
-the api-server (``start_in_background``) or as ``llm-batch webhook deliver``; any number may
-run at once. The API's test route sends on the API's own loop.
-
-Destinations are checked by llm_batch.infra.webhook_destinations, at create and before each attempt.
+Events are OpenAI's (``batch.completed``, ...) for every dialect's jobs, signed with the
+Standard Webhooks scheme (``openai.OpenAI().webhooks.unwrap`` verifies them), with the
+previous secret's signature too during a rotation's grace period. Delivery is at least once
+from the job store's outbox: a ``Deliverer`` claims due rows with a lease, sends each to the
+address it checked (``webhook_destinations``; one deadline, no redirects, no proxies),
+records the attempt and retries with backoff within the retry window. Any number may run.
 """
-
 from __future__ import annotations
 
 import logging
@@ -51,30 +36,16 @@ log = logging.getLogger(__name__)
 __all__ = ["EVENT_TYPES", "Deliverer", "send_once", "sign", "start_in_background"]
 
 USER_AGENT = "llm-batch-webhooks/0.1"
-# The longest wait between two attempts of one event (the backoff doubles up to it).
-RETRY_MAX_DELAY_S = 3600.0
-
-
-# -- signing --------------------------------------------------------------------------
-
-
-def body_of(payload: dict) -> bytes:
-    """The exact bytes sent (and signed) for an event's payload."""
-    return orjson.dumps(payload)
+RETRY_MAX_DELAY_S = 3600.0  # the backoff doubles up to it
 
 
 def sign(secrets: Sequence[str], webhook_id: str, body: bytes, when: datetime | None = None) -> dict[str, str]:
-    """The Standard Webhooks headers of one attempt: one signature per secret, space
-    separated (``standardwebhooks`` computes each: HMAC-SHA256 over ``{id}.{timestamp}.{body}``
-    with the base64 secret)."""
+    """The Standard Webhooks headers of one attempt: one signature per secret, space separated."""
     from standardwebhooks import Webhook  # optional
 
     when = when or datetime.now(UTC)
     signature = " ".join(Webhook(secret).sign(webhook_id, when, body.decode()) for secret in secrets)
     return {"webhook-id": webhook_id, "webhook-timestamp": str(int(when.timestamp())), "webhook-signature": signature}
-
-
-# -- sending --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -89,8 +60,8 @@ class AttemptResult:
 
 
 def _pinned(url: str, address: str) -> tuple[str, str, dict]:
-    """The URL with its host replaced by the checked `address`, the Host header, and the
-    TLS server name: the connection goes where the check looked (no second DNS answer)."""
+    """The URL on the checked `address`, the Host header and the TLS server name: the
+    connection goes where the check looked (no second DNS answer)."""
     parts = urlsplit(url)
     host_text = f"[{address}]" if ":" in address else address
     netloc = host_text + (f":{parts.port}" if parts.port else "")
@@ -100,12 +71,10 @@ def _pinned(url: str, address: str) -> tuple[str, str, dict]:
     return target, host_header, extensions
 
 
-async def send_once(
-    client: httpx.AsyncClient, settings: Settings, url: str, secrets: Sequence[str], webhook_id: str, payload: dict,
-    resolve: Resolver | None = system_resolver,
-) -> AttemptResult:
-    """One signed POST of `payload` to `url`, after checking where it resolves now, all of
-    it within ``webhook_timeout_s`` (the answer's body is never read)."""
+async def send_once(client: httpx.AsyncClient, settings: Settings, url: str, secrets: Sequence[str], webhook_id: str,
+                    payload: dict, resolve: Resolver | None = system_resolver) -> AttemptResult:
+    """One signed POST of `payload` to `url`, after checking where it resolves now, all
+    within ``webhook_timeout_s`` (the answer's body is never read)."""
     started = time.monotonic()
     deadline = settings.webhook_timeout_s
 
@@ -117,7 +86,7 @@ async def send_once(
             # getaddrinfo blocks: a thread, left behind if the deadline passes first.
             check = partial(check_destination, url, settings, resolve)
             addresses = await to_thread.run_sync(check, abandon_on_cancel=True)
-            body = body_of(payload)
+            body = orjson.dumps(payload)
             headers = {**sign(secrets, webhook_id, body), "content-type": "application/json", "user-agent": USER_AGENT}
             if addresses:
                 target, headers["host"], extensions = _pinned(url, addresses[0])
@@ -141,8 +110,7 @@ def new_client(settings: Settings) -> httpx.AsyncClient:
 
 
 class Deliverer:
-    """Claims due outbox rows of `store` and sends them (see the module docstring). The
-    store's calls block, so they run in threads; the sending does not."""
+    """The store's calls block, so they run in threads; the sending does not."""
 
     def __init__(self, store: WebhookOutbox, settings: Settings, name: str | None = None,
                  resolve: Resolver | None = system_resolver, batch: int = 16, concurrency: int = 4):
@@ -155,8 +123,7 @@ class Deliverer:
 
     @property
     def lease(self) -> timedelta:
-        # Longer than any attempt can take (its deadline), so a live deliverer never loses
-        # its row mid-attempt.
+        # Longer than any attempt: a live deliverer never loses its row mid-attempt.
         return timedelta(seconds=max(self.settings.webhook_lease_s, self.settings.webhook_timeout_s + 10))
 
     def backoff(self, attempts_made: int) -> timedelta:
@@ -166,7 +133,7 @@ class Deliverer:
         return timedelta(seconds=delay * random.uniform(0.9, 1.1))
 
     async def deliver(self, client: httpx.AsyncClient, claim: ClaimedDelivery):
-        """One attempt of a claimed delivery, recorded; the delivery as it is now."""
+        """One attempt, recorded; the delivery as it is now."""
         started_at = datetime.now(UTC)
         result = await send_once(client, self.settings, claim.url, claim.secrets, claim.delivery.id,
                                  claim.delivery.payload, self.resolve)
@@ -184,7 +151,7 @@ class Deliverer:
         return await self.deliver(client, claims[0]) if claims else None
 
     async def round(self, client: httpx.AsyncClient) -> int:
-        """Claim a batch of due rows and attempt them (`concurrency` at once); how many were tried."""
+        """Claim a batch of due rows and attempt them; how many were tried."""
         claims = await self._claim(limit=self.batch)
         limiter = anyio.CapacityLimiter(self.concurrency)
 
@@ -230,8 +197,7 @@ _start_lock = threading.Lock()
 
 
 def start_in_background(store: WebhookOutbox, settings: Settings) -> threading.Thread | None:
-    """The deliverer as a daemon thread of this process (once per process; None when
-    ``webhook_deliverer`` is off). A slow receiver only slows this thread, never a job."""
+    """The deliverer as a daemon thread, once per process (None when ``webhook_deliverer`` is off)."""
     if not settings.webhook_deliverer:
         return None
     with _start_lock:
