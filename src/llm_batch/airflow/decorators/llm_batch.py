@@ -1,10 +1,10 @@
-"""``@task.llm_batch``: a TaskFlow function that returns the batch, run as an
+"""``@task.llm_batch``: a TaskFlow function that returns the batch's input, run as an
 ``LLMBatchOperator`` (registered through ``llm_batch.airflow.provider_info``).
 
-The function returns the input: a list of prompt strings (``prompts``), a list of request
-bodies or ``{"custom_id", "body"}`` items (``requests``), or a dict naming one input
-(``{"input_uri": ...}``, ``{"input_file_ids": [...]}``, ``{"prompts": [...]}``, ...). Every
-other argument of the decorator is an ``LLMBatchOperator`` parameter::
+The function returns a list of prompt strings (``prompts``), a list of request bodies or
+``{"custom_id", "body"}`` items (``requests``), or a dict naming one input
+(``{"input_uri": ...}``, ``{"input_file_ids": [...]}``, ...). The decorator's other
+arguments are ``LLMBatchOperator`` parameters::
 
     @task.llm_batch(model="tiny-random-llama", request_params={"max_tokens": 8})
     def classify(reviews: list[str]) -> list[str]:

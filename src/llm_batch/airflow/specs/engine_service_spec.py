@@ -1,21 +1,11 @@
-"""An engine service's Kubernetes objects (``llm_batch.runtime.engine_service``): a Deployment of warm
-engine hosts for one model and GPU type, the Service the shard tasks reach it by, and a
-NetworkPolicy that lets only Airflow's workers in. No Airflow here; ``llm-batch
-engine-service manifest`` prints them.
+"""An engine service's Kubernetes objects (``llm_batch.runtime.engine_service``): a Deployment of
+warm engine hosts for one model and GPU type, its Service, and a NetworkPolicy that lets only
+Airflow's workers in (no Airflow here; docs/orchestration.md, "Engine services").
 
-The pods are shaped like shard pods (``pod_spec``: image, GPUs, node selector and
-tolerations for the GPU type, storage Secret and model cache); what differs:
-- the command: ``llm-batch engine-host --listen 0.0.0.0:PORT --model M --seats S --preload JSON``;
-- the token: ``LLM_BATCH_ENGINE_TOKEN`` from the Secret ``token_secret`` (key ``token``),
-  which the Airflow workers get too;
-- probes: the host loads its engine (``--preload``) before it listens, so a pod is ready
-  only once warm; a startup probe gives the load (download included) up to 15 minutes, and
-  the kubelet restarts a host that stops listening after that. A host whose engine failed
-  exits 1 once its running shards end, and the Deployment starts a fresh one.
-- ``terminationGracePeriodSeconds``: on SIGTERM (a rollout) the host stops its running
-  shards at their next engine step and flushes their finished results; this is the time it
-  has for that before the kubelet kills it. Either way each attempt fails and its retry
-  resumes on another pod.
+The pods are shaped like shard pods (``pod_spec``) but run ``llm-batch engine-host``, get
+``LLM_BATCH_ENGINE_TOKEN`` from the Secret ``token_secret``, and are ready only once their
+engine is loaded (a startup probe allows 15 minutes for it). ``grace_seconds`` is the time a
+host has on SIGTERM to stop its shards and flush their results.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
-"""The LeaderWorkerSet of a multi-node shard worker (``nodes_per_worker > 1``), from a
-ShardTask and the settings (no Airflow here).
+"""The LeaderWorkerSet of a multi-node shard worker (``nodes_per_worker > 1``), from a ShardTask
+and the settings (no Airflow here; docs/orchestration.md, "Multi-node workers").
 
-One LeaderWorkerSet (sigs.k8s.io/lws, ``leaderworkerset.x-k8s.io/v1``) per shard attempt:
-one group (``replicas: 1``) of ``size = nodes_per_worker`` pods. The LWS controller names
-the pods ``<name>-0`` (the leader) and ``<name>-0-<i>``, labels them with the set's name and
-their worker index, and gives every container ``LWS_LEADER_ADDRESS`` (the leader's DNS
-name on the group's headless service) and ``LWS_WORKER_INDEX``; Kubernetes expands
-``$(VAR)`` in the container arguments from those.
-
-- The leader runs ``llm-batch worker <the shard's arguments> --nnodes N --master-addr
-  $(LWS_LEADER_ADDRESS) ...``; the followers ``llm-batch worker-follower --node-rank
-  $(LWS_WORKER_INDEX) ...`` (``llm_batch.runtime.multinode``: vLLM's own multi-node executor).
-- Every pod has the single pod's shape (``pod_spec``): ``gpus`` GPUs (tensor parallel inside
-  the pod), node selector, tolerations, labels, priority class, storage Secret, model cache,
-  plus a memory-backed ``/dev/shm`` (NCCL and vLLM's shared-memory queues need more than
-  the container runtime's 64 MiB).
-- ``Settings.group_topology_key`` (e.g. a rack label): the LWS exclusive-topology
-  annotation keeps a group's pods in one domain of that label, one group per domain.
-- ``restartPolicy: None``: the LWS controller does not recreate the group on a pod
-  restart; the shard runner sees the restart, deletes the set and fails the attempt, and the
-  task's retry makes a fresh set that resumes from the checkpoint (one retry budget, the task's).
-- The containers' restartPolicy is Always (StatefulSet pods allow no other): a leader that
-  exits is restarted, so the runner reads its exit code from ``lastState`` as well.
+One set per shard attempt: one group of ``nodes_per_worker`` pods of the single pod's shape
+plus a memory-backed ``/dev/shm`` (NCCL and vLLM's shared-memory queues outgrow 64 MiB).
+The leader runs the shard's worker, the followers ``worker-follower``; ``$(LWS_LEADER_ADDRESS)``
+and ``$(LWS_WORKER_INDEX)`` in their arguments are the controller's, expanded by Kubernetes.
+``restartPolicy: None``: the runner, not the controller, answers a pod restart (the attempt
+fails and the task's retry makes a fresh set); the containers restart Always (StatefulSet
+pods allow no other), so a leader's exit code may be in ``lastState``.
 """
 
 from __future__ import annotations

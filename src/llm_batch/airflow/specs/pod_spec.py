@@ -1,13 +1,5 @@
-"""The parts of a shard worker's pod, from a ShardTask and the settings (no Airflow here).
-
-- GPUs: ``nvidia.com/gpu: gpus`` as request and limit; the MIG types ask for their MIG
-  slice resource instead (``nvidia.com/mig-1g.20gb`` / ``nvidia.com/mig-3g.40gb``).
-- Placement: node selector ``{gpu_node_label_key: value}`` where value comes from
-  ``gpu_node_label_values`` (default: the gpu_type itself), and a toleration for the
-  ``nvidia.com/gpu`` taint GPU node pools carry.
-- Storage credentials: the whole Secret ``storage_secret_name`` as environment (envFrom),
-  never inline values.
-- Model cache: the PVC ``model_cache_claim`` at ``model_cache_mount_path``.
+"""The parts of a shard worker's pod, from a ShardTask and the settings (no Airflow here;
+docs/orchestration.md, "Shard runners", describes the pod).
 """
 
 from __future__ import annotations
@@ -34,7 +26,7 @@ class UnsupportedPodShape(ValueError):
 
 
 def check_supported(task: ShardTask) -> None:
-    """What every worker pod needs, one pod or a group of them (``group_spec``)."""
+    """What every worker pod needs, alone or in a group."""
     if task.nodes_per_worker < 1:
         raise UnsupportedPodShape(f"nodes_per_worker must be >= 1, got {task.nodes_per_worker}")
     if task.gpu_type is not None and task.gpu_type not in GPU_TYPES:
