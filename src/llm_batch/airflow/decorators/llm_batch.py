@@ -54,14 +54,8 @@ class _LLMBatchDecoratedOperator(DecoratedOperator, LLMBatchOperator):
     }
     custom_operator_name: str = "@task.llm_batch"
 
-    def __init__(
-        self,
-        *,
-        python_callable: Callable,
-        op_args: Collection[Any] | None = None,
-        op_kwargs: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, python_callable: Callable, op_args: Collection[Any] | None = None,
+                 op_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         # The input comes from the callable at run time.
         kwargs.setdefault("prompts", SET_DURING_EXECUTION)
         super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs)
@@ -81,8 +75,5 @@ def llm_batch_task(python_callable: Callable | None = None, **kwargs: Any) -> Ta
     :param python_callable: the function.
     :param kwargs: ``LLMBatchOperator`` parameters (``model`` is required).
     """
-    return task_decorator_factory(
-        python_callable=python_callable,
-        decorated_operator_class=_LLMBatchDecoratedOperator,
-        **kwargs,
-    )
+    return task_decorator_factory(python_callable=python_callable, decorated_operator_class=_LLMBatchDecoratedOperator,
+                                  **kwargs)

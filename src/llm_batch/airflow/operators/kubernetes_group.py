@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -200,17 +200,16 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         if self.deferrable:  # raises TaskDeferred: Airflow resumes in trigger_reentry
             self.defer(trigger=ShardGroupTrigger(hook_args=self.hook_kwargs, watch=watch, poll_interval=self.poll_interval),
                        method_name="trigger_reentry")
-        try:
-            verdict = self._supervise(GroupWatch(self.hook, **watch))
-            outcome = self._outcome_of(verdict)
-        finally:
-            self.delete_group()
-        return self.finish(outcome, context)
+        return self._end(lambda: self._supervise(GroupWatch(self.hook, **watch)), context)
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         self.set_name = event["name"]
+        return self._end(lambda: event, context)
+
+    def _end(self, verdict: Callable[[], dict[str, Any]], context: Any) -> dict[str, Any]:
+        """The outcome of the watch's verdict, the group deleted however it ends."""
         try:
-            outcome = self._outcome_of(event)
+            outcome = self._outcome_of(verdict())
         finally:
             self.delete_group()
         return self.finish(outcome, context)

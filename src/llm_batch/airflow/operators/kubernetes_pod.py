@@ -166,17 +166,10 @@ class ShardPodTrigger(KubernetesPodTrigger):
             pod_event.cancel()
             # The provider's private "event fired" flag is not set on purpose: it makes a kill
             # landing now keep the pod (Airflow 3.3+), and a worker past its grace must go.
-            yield TriggerEvent(
-                {
-                    "status": "timeout",
-                    "namespace": self.pod_namespace,
-                    "name": self.pod_name,
-                    "message": f"worker still running {self.shard_stop['grace_seconds']}s after the stop ({cause}): pod deleted",
-                    "last_log_time": self.last_log_time,
-                    STOP_KEY: cause,
-                    **self.trigger_kwargs,
-                }
-            )
+            message = f"worker still running {self.shard_stop['grace_seconds']}s after the stop ({cause}): pod deleted"
+            yield TriggerEvent({"status": "timeout", "namespace": self.pod_namespace, "name": self.pod_name,
+                                "message": message, "last_log_time": self.last_log_time, STOP_KEY: cause,
+                                **self.trigger_kwargs})
         finally:
             stop.cancel()
             pod_event.cancel()

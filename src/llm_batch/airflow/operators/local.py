@@ -102,14 +102,8 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         env = {**os.environ, "LLM_BATCH_JOB_ID": task.job_id, "LLM_BATCH_SHARD": str(task.shard)}
         self.log.info("starting worker: %s", " ".join(command))
         # Its own process group, so a kill reaches the engine processes vLLM spawns too.
-        return subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
 
     def _start_warm(self) -> WarmShard:
         task = self.shard

@@ -45,14 +45,9 @@ def exit_code_of(pod: Any, container: str) -> int | None:
 
 def shard_stop_of(task: ShardTask, settings: Settings) -> dict[str, Any]:
     """``watch_shard``'s argument (serializable, for a trigger)."""
-    return {
-        "job_id": task.job_id,
-        "shard": task.shard,
-        "progress_uri": task.progress_uri,
-        "cancel_marker": task.cancel_marker,
-        "deadline": task.deadline,
-        "grace_seconds": settings.cancel_grace_seconds,
-    }
+    return {"job_id": task.job_id, "shard": task.shard, "progress_uri": task.progress_uri,
+            "cancel_marker": task.cancel_marker, "deadline": task.deadline,
+            "grace_seconds": settings.cancel_grace_seconds}
 
 
 @dataclass(frozen=True)
@@ -121,13 +116,12 @@ class ShardTaskMixin:
             message = (f"job {job.id} has already ended ({job.status.value}): not starting a worker, "
                        "its results stay as they are")
             self.log.info("shard %s: %s", self.shard.shard, message)  # type: ignore[attr-defined]
-            return ShardOutcome(shard=self.shard.shard, exit_code=-1, state="ended", message=message)
+            return self._unstarted("ended", message)
         cause = self.stop_cause()
-        if cause is None:
-            return None
-        return ShardOutcome(
-            shard=self.shard.shard, exit_code=-1, state=cause, message=f"not started: {cause}"
-        )
+        return None if cause is None else self._unstarted(cause, f"not started: {cause}")
+
+    def _unstarted(self, state: str, message: str) -> ShardOutcome:
+        return ShardOutcome(shard=self.shard.shard, exit_code=-1, state=state, message=message)
 
     def _job_waiting_for_the_store(self):
         waiting = Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_WAIT_S),
@@ -150,7 +144,7 @@ class ShardTaskMixin:
 
     def refuse(self, message: str, context: Any) -> dict[str, Any]:
         """Fail the task for good on a usage error, no worker started."""
-        return self.finish(ShardOutcome(shard=self.shard.shard, exit_code=-1, state="usage", message=message), context)
+        return self.finish(self._unstarted("usage", message), context)
 
     def finish(self, outcome: ShardOutcome, context: Any = None) -> dict[str, Any]:
         """End the task with an outcome, recorded and logged: a usage error fails it for good,
@@ -169,10 +163,6 @@ class ShardTaskMixin:
         """The outcome of a finished worker; ``forced`` is the cause when it was killed."""
         if forced is not None:
             grace = self.llm_settings.cancel_grace_seconds
-            return ShardOutcome(
-                shard=self.shard.shard,
-                exit_code=exit_code if exit_code is not None else -9,
-                state=forced,
-                message=f"killed: still running {grace}s after the stop ({forced})",
-            )
+            return ShardOutcome(shard=self.shard.shard, exit_code=exit_code if exit_code is not None else -9,
+                                state=forced, message=f"killed: still running {grace}s after the stop ({forced})")
         return interpret_exit(self.shard.shard, exit_code if exit_code is not None else -1)

@@ -46,25 +46,19 @@ def manifests(settings: Settings, model: str, gpu_type: str | None = None, *, gp
               f"{pod_spec.LABEL_PREFIX}/model": pod_spec.label_value(model),
               f"{pod_spec.LABEL_PREFIX}/engine-service": name}
     selector = {f"{pod_spec.LABEL_PREFIX}/engine-service": name}
-    volumes, mounts = pod_spec.model_cache(settings)
     listening = k8s.V1TCPSocketAction(port=port)
     token = k8s.V1EnvVar(name="LLM_BATCH_ENGINE_TOKEN", value_from=k8s.V1EnvVarSource(
         secret_key_ref=k8s.V1SecretKeySelector(name=token_secret, key=TOKEN_KEY)))
-    container = k8s.V1Container(
-        name="engine",
-        image=settings.worker_image,
-        command=["llm-batch"],
-        args=["engine-host", "--listen", f"0.0.0.0:{port}", "--model", model, "--seats", str(seats),
-              *(["--preload", preload] if preload is not None else [])],
-        ports=[k8s.V1ContainerPort(name="shards", container_port=port)],
-        env=[*pod_spec.storage_env(settings), token],
-        env_from=pod_spec.env_from(settings),
-        resources=pod_spec.gpu_resources(gpu_type, gpus),
-        volume_mounts=mounts or None,
-        startup_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=10, failure_threshold=90),
-        readiness_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=10),
-        liveness_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=30, failure_threshold=4),
-    )
+    container = {
+        "name": "engine",
+        "args": ["engine-host", "--listen", f"0.0.0.0:{port}", "--model", model, "--seats", str(seats),
+                 *(["--preload", preload] if preload is not None else [])],
+        "ports": [k8s.V1ContainerPort(name="shards", container_port=port)],
+        "env": [*pod_spec.storage_env(settings), token],
+        "startup_probe": k8s.V1Probe(tcp_socket=listening, period_seconds=10, failure_threshold=90),
+        "readiness_probe": k8s.V1Probe(tcp_socket=listening, period_seconds=10),
+        "liveness_probe": k8s.V1Probe(tcp_socket=listening, period_seconds=30, failure_threshold=4),
+    }
     deployment = k8s.V1Deployment(
         api_version="apps/v1", kind="Deployment",
         metadata=k8s.V1ObjectMeta(name=name, namespace=settings.k8s_namespace, labels=labels),
@@ -73,13 +67,7 @@ def manifests(settings: Settings, model: str, gpu_type: str | None = None, *, gp
             selector=k8s.V1LabelSelector(match_labels=selector),
             template=k8s.V1PodTemplateSpec(
                 metadata=k8s.V1ObjectMeta(labels=labels),
-                spec=k8s.V1PodSpec(
-                    containers=[container],
-                    volumes=volumes or None,
-                    node_selector=pod_spec.node_selector(settings, gpu_type) or None,
-                    tolerations=pod_spec.gpu_tolerations(gpu_type),
-                    termination_grace_period_seconds=grace_seconds,
-                ),
+                spec=pod_spec.gpu_pod(settings, gpu_type, gpus, container, termination_grace_period_seconds=grace_seconds),
             ),
         ),
     )

@@ -62,31 +62,15 @@ def _group_args(task: ShardTask) -> list[str]:
 
 
 def _pod_template(task: ShardTask, settings: Settings, args: list[str], role: str) -> k8s.V1PodTemplateSpec:
-    volumes, mounts = pod_spec.model_cache(settings)
-    volumes = [*volumes, k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=SHM_SIZE))]
-    mounts = [*mounts, k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
-    container = k8s.V1Container(
-        name=CONTAINER,
-        image=settings.worker_image,
-        command=["llm-batch"],
-        args=args,
-        env=pod_spec.env_vars(task, settings),
-        env_from=pod_spec.env_from(settings),
-        resources=pod_spec.gpu_resources(task.gpu_type, task.gpus),
-        volume_mounts=mounts,
-        ports=[k8s.V1ContainerPort(name="dist", container_port=DEFAULT_MASTER_PORT)] if role == "leader" else None,
-    )
+    shm = k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=SHM_SIZE))
+    ports = [k8s.V1ContainerPort(name="dist", container_port=DEFAULT_MASTER_PORT)] if role == "leader" else None
+    container = {"name": CONTAINER, "args": args, "env": pod_spec.env_vars(task, settings), "ports": ports}
     return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(labels={**pod_spec.labels(task), f"{pod_spec.LABEL_PREFIX}/role": role}),
-        spec=k8s.V1PodSpec(
-            containers=[container],
-            restart_policy="Always",
-            node_selector=pod_spec.node_selector(settings, task.gpu_type) or None,
-            tolerations=pod_spec.gpu_tolerations(task.gpu_type),
-            priority_class_name=pod_spec.priority_class(settings, task),
-            volumes=volumes,
-            termination_grace_period_seconds=settings.cancel_grace_seconds,
-        ),
+        spec=pod_spec.gpu_pod(settings, task.gpu_type, task.gpus, container, volumes=[shm],
+                              mounts=[k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")], restart_policy="Always",
+                              priority_class_name=pod_spec.priority_class(settings, task),
+                              termination_grace_period_seconds=settings.cancel_grace_seconds),
     )
 
 
