@@ -29,8 +29,6 @@ from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, Valid
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy
     from llm_batch.infra.jobstore import Job, JobStore
 
-__all__ = ["EXACT_LINES", "Estimate", "LineError", "PromptCounter", "estimate_input", "estimate_validated",
-           "load_counter"]
 
 # Valid lines whose prompt tokens are counted exactly; the rest at those lines' tokens per byte.
 EXACT_LINES = 5_000
@@ -345,13 +343,14 @@ class _Tally:
         return None if self.counter is None else self.counted_tokens + round(self.guessed_tokens)
 
 
-def _counter_or_note(store: JobStore, settings: Settings, job: Job, notes: list[str]) -> PromptCounter | None:
+def _tally(store: JobStore, settings: Settings, job: Job) -> _Tally:
+    tally = _Tally(Endpoint(job.endpoint), None, EXACT_LINES)
     try:
         owned = {a.name: a.base for a in store.list_adapters(job.owner)}
-        return load_counter(job.model, job.model_config or {}, Endpoint(job.endpoint), settings, owned)
+        tally.counter = load_counter(job.model, job.model_config or {}, Endpoint(job.endpoint), settings, owned)
     except NotCounted as exc:
-        notes.append(f"prompt tokens not counted: {exc}")
-        return None
+        tally.notes.append(f"prompt tokens not counted: {exc}")
+    return tally
 
 
 def estimate_input(store: JobStore, settings: Settings, job: Job, *, source: Any, fmt: str, models: ModelChoice,
@@ -359,8 +358,7 @@ def estimate_input(store: JobStore, settings: Settings, job: Job, *, source: Any
     """A dry run's estimate: `source` is validated as the prepare step validates it, writing
     nothing. No valid line: the counts and ``would_fail``; a limit passed or an unreadable input
     raises ``BatchRejected``."""
-    notes: list[str] = []
-    tally = _Tally(Endpoint(job.endpoint), _counter_or_note(store, settings, job, notes), EXACT_LINES)
+    tally = _tally(store, settings, job)
     try:
         report = validate_batch(source, fmt=fmt, endpoint=job.endpoint,
                                 limits=ValidationLimits.from_settings(settings), validated_out=tally, errors_out=None,
@@ -368,25 +366,24 @@ def estimate_input(store: JobStore, settings: Settings, job: Job, *, source: Any
     except BatchRejected as exc:
         if exc.report is None:  # a limit or unreadable input: nothing to count
             raise
-        return _estimate(store, settings, job, exc.report, tally, notes, now).model_copy(update={"would_fail": str(exc)})
-    return _estimate(store, settings, job, report, tally, notes, now)
+        return _estimate(store, settings, job, exc.report, tally, now).model_copy(update={"would_fail": str(exc)})
+    return _estimate(store, settings, job, report, tally, now)
 
 
 def estimate_validated(store: JobStore, settings: Settings, job: Job, report: ValidationReport, validated_uri: str,
                        *, now: datetime) -> Estimate:
     """A real job's estimate, from its validated file (one streamed pass) and its report."""
-    notes: list[str] = []
-    tally = _Tally(Endpoint(job.endpoint), _counter_or_note(store, settings, job, notes), EXACT_LINES)
+    tally = _tally(store, settings, job)
     with storage.open_read(validated_uri) as lines:
         for line in lines:
             if line.strip():
                 tally.add(line)
-    return _estimate(store, settings, job, report, tally, notes, now)
+    return _estimate(store, settings, job, report, tally, now)
 
 
 def _estimate(store: JobStore, settings: Settings, job: Job, report: ValidationReport, tally: _Tally,
-              notes: list[str], now: datetime) -> Estimate:
-    prompt = tally.prompt_tokens
+              now: datetime) -> Estimate:
+    notes, prompt = tally.notes, tally.prompt_tokens
     exact = tally.counter is not None and tally.counted_lines == tally.lines
     if tally.counter is not None and not exact:
         notes.append(f"prompt tokens of the first {tally.counted_lines} valid lines counted exactly, the other "

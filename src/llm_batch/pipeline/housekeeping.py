@@ -36,8 +36,7 @@ def live_jobs(store: JobStore, **filters: Any) -> Iterator[Job]:
 def expire(store: JobStore, settings: Settings, now: datetime | None = None) -> list[str]:
     """End as TIMEOUT_EXCEEDED the live jobs past their expires_at (+ the cancel grace, by which
     their workers have stopped), their finished results merged first; returns their ids."""
-    now = now or datetime.now(UTC)
-    cutoff = now - timedelta(seconds=settings.cancel_grace_seconds)
+    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=settings.cancel_grace_seconds)
     expired = []
     for job in list(live_jobs(store, expires_before=cutoff)):
         _end(store, settings, job.id, f"expired: the job passed its expires_at ({job.expires_at})")
@@ -72,18 +71,15 @@ def reconcile(store: JobStore, settings: Settings, run_states: dict[str, str]) -
 
 def delete_expired_files(store: JobStore, settings: Settings, now: datetime | None = None) -> list[str]:
     """Delete the files older than the retention (and their job's work folder); returns their ids."""
-    now = now or datetime.now(UTC)
-    cutoff = now - timedelta(days=settings.retention_days)
+    cutoff = (now or datetime.now(UTC)) - timedelta(days=settings.retention_days)
     deleted = []
-    while True:
-        page, _ = store.list_files(created_before=cutoff, limit=500)
-        if not page:
-            return deleted
+    while page := store.list_files(created_before=cutoff, limit=500)[0]:
         for file in page:
             _remove_file(store, file)
             deleted.append(file.id)
             if file.job_id:
                 _drop_work_dir(settings, file.job_id)
+    return deleted
 
 
 def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
@@ -116,8 +112,7 @@ IDEMPOTENCY_KEEP = timedelta(hours=24)
 
 def delete_old_idempotency_keys(store: JobStore, now: datetime | None = None) -> int:
     """Delete the idempotency keys older than IDEMPOTENCY_KEEP; returns how many."""
-    now = now or datetime.now(UTC)
-    return store.delete_idempotency_keys(created_before=now - IDEMPOTENCY_KEEP)
+    return store.delete_idempotency_keys(created_before=(now or datetime.now(UTC)) - IDEMPOTENCY_KEEP)
 
 
 def delete_files_past_expiry(store: JobStore, now: datetime | None = None) -> list[str]:

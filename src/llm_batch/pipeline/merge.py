@@ -62,16 +62,14 @@ class MergeCounts:
     completion_tokens: int = 0
     cached_prompt_tokens: int | None = 0
     reasoning_tokens: int = 0
-    # lines answered from the result cache (part of succeeded) and their prompt + completion tokens
+    # lines the result cache answered (part of succeeded) and their tokens
     result_cache_hits: int = 0
     result_cache_tokens: int = 0
-    # checked outputs: lines whose last answer failed the job's check (part of failed), the
-    # answers tried again over all lines, and those discarded answers' tokens
+    # lines whose last answer failed the job's check (part of failed), answers tried again, their tokens
     invalid_output: int = 0
     output_retries: int = 0
     retry_tokens: int = 0
-    # model that answered (a success's body.model) -> {"succeeded", "prompt_tokens", "completion_tokens"},
-    # for a job whose lines ran on several (its base, LoRA adapters); empty otherwise
+    # per answering model (body.model) when the lines ran on several (base, LoRA adapters): their sums
     by_model: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -86,8 +84,7 @@ class _UsageSum:
     def add(self, body: dict[str, Any] | None) -> int:
         """Add a line's usage; returns its prompt + completion tokens."""
         usage = (body or {}).get("usage") or {}
-        # Chat/completions/embeddings name them prompt/completion; a /v1/responses Response
-        # input/output (its ResponseUsage).
+        # A /v1/responses Response names them input/output.
         prompt = int(_named(usage, "prompt_tokens", "input_tokens") or 0)
         completion = int(_named(usage, "completion_tokens", "output_tokens") or 0)
         self.prompt += prompt
@@ -227,17 +224,10 @@ def error_line(job_id: str, outcome: Outcome) -> dict[str, Any]:
             "response": response, "error": {"code": code, "message": message}}
 
 
-def merge_job(
-    layout: JobLayout,
-    *,
-    jsonl: bool = True,
-    json_array: bool = False,
-    array_output_uri: str | None = None,
-    not_run_reason: str | None = None,
-    not_run_code: str = SHARD_FAILED,
-    shard_not_run_reasons: Mapping[int, str] | None = None,
-    array_element: ArrayElement | None = None,
-) -> MergeCounts:
+def merge_job(layout: JobLayout, *, jsonl: bool = True, json_array: bool = False, array_output_uri: str | None = None,
+              not_run_reason: str | None = None, not_run_code: str = SHARD_FAILED,
+              shard_not_run_reasons: Mapping[int, str] | None = None,
+              array_element: ArrayElement | None = None) -> MergeCounts:
     """Write the job's merged outputs and return the counts; on error nothing is published.
 
     ``jsonl``: ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both, the errors possibly

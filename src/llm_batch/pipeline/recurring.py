@@ -87,16 +87,9 @@ class RecurringSpec(BaseModel):
         params = self.params.model_dump(exclude_none=True)
         params["labels"] = {"recurring": self.name, **params["labels"]}
         params["metadata"] = {"recurring": self.name, **params["metadata"]}
-        conf = {
-            "input_uri": self.input_uri,
-            "input_format": self.input_format,
-            "output_uri": self.output_uri,
-            "endpoint": self.endpoint.value,
-            "model": self.model,
-            "model_config": self.engine_config,
-            "owner": self.owner,
-            **params,
-        }
+        conf = {"input_uri": self.input_uri, "input_format": self.input_format, "output_uri": self.output_uri,
+                "endpoint": self.endpoint.value, "model": self.model, "model_config": self.engine_config,
+                "owner": self.owner, **params}
         return {key: value for key, value in conf.items() if value is not None}
 
 
@@ -117,7 +110,6 @@ def load_spec(path: Path) -> RecurringSpec:
     try:
         return RecurringSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}" for error in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}"
+                             for error in exc.errors())
         raise RecurringSpecError(f"{path.name}: {problems}") from None

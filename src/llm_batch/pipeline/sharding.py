@@ -303,10 +303,9 @@ def _read_lines(source: str, by: ShardBy, chars: int) -> _Lines:
 
 
 def _pieces(lines: _Lines, target: float) -> tuple[array, list[tuple[int, int]]]:
-    """Each line's piece (-1: no long prefix, a filler) and each piece's (weight, first
-    position). A group is one piece unless heavier than ``target`` (a shard's fair share):
-    then it is split into its longer-prefix subgroups, and any piece still too heavy (or
-    its members without a longer shared prefix) into consecutive runs of at most ``target``."""
+    """Each line's piece (-1: a filler, no long prefix) and each piece's (weight, first position). A
+    group heavier than ``target`` (a shard's fair share) is split by its longer prefix, and what
+    is still too heavy into consecutive runs of at most ``target``."""
     piece_of = array("q", [-1]) * lines.total
     weights: list[int] = []  # per piece
     firsts: list[int] = []
@@ -393,10 +392,9 @@ def _prefix_assignment(lines: _Lines, num_shards: int) -> tuple[array, int] | No
 
 
 def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -> int:
-    """Estimated prompt tokens the plan saves over the contiguous one: per group, (shards
-    it spans there - shards it spans here) x ``chars`` / 4 tokens, plus the same for each
-    set of requests sharing the longer prefix, x the further (``LONG_PREFIX_FACTOR`` - 1) x
-    ``chars`` / 4 tokens they share."""
+    """Estimated prompt tokens the plan saves over the contiguous one: per group, (shards it spans
+    there - shards here) x ``chars`` / 4, and likewise per longer shared prefix for the further
+    (``LONG_PREFIX_FACTOR`` - 1) x ``chars`` / 4 tokens."""
     # (0, group id) and (1, longer prefix's hash) -> [the shard it was last seen on in the
     # contiguous plan, its span there, the shards it is on here (a bit mask: <= 64 shards)]
     spans: dict[tuple[int, int], list[int]] = {}
@@ -417,10 +415,9 @@ def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -
 
 
 def _adapter_assignment(lines: _Lines, num_shards: int) -> tuple[array, int]:
-    """Each line's shard in the adapter-grouped plan: lines ordered by model (its rank of
-    first appearance), a prefix group's lines together within it (at the group's first
-    position), then file order; that order cut into ``m`` consecutive pieces of about equal
-    weight, none empty."""
+    """Each line's shard in the adapter-grouped plan: lines ordered by model (in order of first
+    appearance), a prefix group's lines together, then file order; cut into ``m`` consecutive,
+    non-empty pieces of about equal weight."""
     n = lines.total
     m = min(num_shards, n)
 

@@ -106,21 +106,12 @@ def check_format(value: str) -> InputFormat:
         raise ValueError(f"input format {value!r} is unknown; known formats: {known}") from None
 
 
-def validate_batch(
-    source: Any,
-    *,
-    fmt: InputFormat | str,
-    endpoint: Endpoint | str | None = None,
-    layout: JobLayout | None = None,
-    limits: ValidationLimits | None = None,
-    validated_out: BinaryIO | None = None,
-    errors_out: BinaryIO | None = None,
-    open_input: OpenInput | None = None,
-    media: MediaResolver | None = None,
-    models: ModelChoice | None = None,
-    unique_custom_ids: bool = False,
-    stopped: Callable[[], bool] | None = None,
-) -> ValidationReport:
+def validate_batch(source: Any, *, fmt: InputFormat | str, endpoint: Endpoint | str | None = None,
+                   layout: JobLayout | None = None, limits: ValidationLimits | None = None,
+                   validated_out: BinaryIO | None = None, errors_out: BinaryIO | None = None,
+                   open_input: OpenInput | None = None, media: MediaResolver | None = None,
+                   models: ModelChoice | None = None, unique_custom_ids: bool = False,
+                   stopped: Callable[[], bool] | None = None) -> ValidationReport:
     """Validate ``source`` and return the report; raise BatchRejected for a whole-batch refusal.
 
     ``source``: a URI or a list of URIs (read with ``open_input``, default ``storage.open_read``;
@@ -167,15 +158,9 @@ def validate_batch(
     return report
 
 
-def _consume(
-    items: Iterator[Item],
-    report: ValidationReport,
-    limits: ValidationLimits,
-    validated_out: BinaryIO | None,
-    errors_out: BinaryIO | None,
-    unique_custom_ids: bool = False,
-    stopped: Callable[[], bool] | None = None,
-) -> None:
+def _consume(items: Iterator[Item], report: ValidationReport, limits: ValidationLimits, validated_out: BinaryIO | None,
+             errors_out: BinaryIO | None, unique_custom_ids: bool = False,
+             stopped: Callable[[], bool] | None = None) -> None:
     """Count and write every item; the hot loop of validation."""
     dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
     write_valid = validated_out.write if validated_out is not None else None
@@ -221,14 +206,8 @@ def _no_valid_message(report: ValidationReport) -> str:
     return f"no valid request in the input: all {report.total} are invalid{detail}"
 
 
-def _items(
-    source: Any,
-    fmt: InputFormat,
-    checker: RequestChecker,
-    limits: ValidationLimits,
-    budget: _ByteBudget,
-    open_input: OpenInput,
-) -> Iterator[Item]:
+def _items(source: Any, fmt: InputFormat, checker: RequestChecker, limits: ValidationLimits, budget: _ByteBudget,
+           open_input: OpenInput) -> Iterator[Item]:
     """Every item of every input, indexes continuing across files."""
     if fmt is InputFormat.INLINE or (fmt is InputFormat.SCALE_V2 and _is_inline_list(source)):
         reader = read_inline if fmt is InputFormat.INLINE else read_scale_v2
@@ -247,16 +226,9 @@ def _items(
             yield item
 
 
-def _read_one(
-    fmt: InputFormat,
-    name: str,
-    open_stream: Callable[[], AbstractContextManager[BinaryIO]],
-    checker: RequestChecker,
-    limits: ValidationLimits,
-    budget: _ByteBudget,
-    start_index: int,
-    where: str,
-) -> Iterator[Item]:
+def _read_one(fmt: InputFormat, name: str, open_stream: Callable[[], AbstractContextManager[BinaryIO]],
+              checker: RequestChecker, limits: ValidationLimits, budget: _ByteBudget, start_index: int,
+              where: str) -> Iterator[Item]:
     if fmt is InputFormat.SCALE_V1:
         # Two passes: the shared fields may follow the prompts in the object.
         with _opened(name, open_stream) as stream:
