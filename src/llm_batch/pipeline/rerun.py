@@ -18,15 +18,10 @@ import orjson
 
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
-from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.infra.streams import iter_lines, stored_lines
 from llm_batch.pipeline.merge import NOT_RUN_CODES
-
-# The ends a job can be retried from or run again after (every end: a SUCCEEDED job may
-# still have failed lines).
-ENDED = frozenset(s for s in JobStatus if s.terminal)
 
 
 class CannotDerive(Exception):
@@ -47,7 +42,7 @@ class RetryPlan:
 
 
 def check_ended(job: Job) -> None:
-    if job.status not in ENDED:
+    if not job.status.terminal:  # every end: a succeeded job may still have failed lines
         raise CannotDerive("not_ended", f"job {job.id!r} is {job.status.value}: only an ended job can be "
                            "retried or run again (cancel it first)")
 
