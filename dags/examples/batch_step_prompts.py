@@ -1,9 +1,8 @@
 """### llm_batch_example_prompts: a batch as one step of your DAG
 
-`make_prompts` (any upstream task) builds the prompts, `@task.llm_batch` runs them as one
-llm-batch job (deferred: no worker slot while it runs; a retry re-attaches to the same job)
-and returns a manifest, and `read_results` reads the results file through `LLMBatchHook`.
-Uses the connection `llm_batch_default` (`llm-batch up` makes it). New DAGs start paused.
+`make_prompts` builds the prompts, `@task.llm_batch` runs them as one llm-batch job (deferred;
+a retry re-attaches to the same job) and returns a manifest, `read_results` reads the results
+through `LLMBatchHook` (connection `llm_batch_default`). New DAGs start paused.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """### on_batch_done: runs when a batch completes (an example consumer of batch results)
 
-`batch_inference`'s finalize emits one event on the asset `llm-batch://results` for each
-job that succeeded; the event's `extra` holds the job id, status, counts, labels and output
-URIs. This DAG is scheduled on that asset; its task reads the events that triggered it, one
-per completed batch (Airflow may put several into one run). A new DAG scheduled on the asset
-sees only batches completed since Airflow first parsed it. Start from it for post-processing
-(load the results somewhere, notify a team). New DAGs start paused: unpause it to use it.
-A recurring spec's own asset (`llm-batch://recurring/<name>`) works the same way for the
-batches of one spec; the alias `llm-batch-results` carries one event per batch on its
-result file (docs/orchestration.md says when to use which).
+`batch_inference`'s finalize emits one event on the asset `llm-batch://results` per job that
+succeeded, its `extra` holding the job id, status, counts, labels and output URIs. This DAG is
+scheduled on that asset and reads the events behind each run (Airflow may put several into
+one); it sees only batches completed since Airflow first parsed it. Start from it for
+post-processing. New DAGs start paused. A recurring spec's own asset and the alias
+`llm-batch-results` work the same way (docs/orchestration.md says when to use which).
 """
 
 from __future__ import annotations

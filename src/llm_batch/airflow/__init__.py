@@ -1,2 +1,1 @@
-"""The Airflow provider: operators, hooks, triggers, decorators, the cluster policy, pools and lanes,
-and the Kubernetes object builders (``specs/``), in the layout of Airflow's cncf.kubernetes provider."""
+"""The Airflow provider: operators, hooks, triggers, decorators, cluster policy, lanes and Kubernetes specs."""

@@ -1,12 +1,6 @@
-"""The Celery configuration of llm-batch's Celery workers: Airflow's own, plus the task code
-imported once in each worker's main process (``preload``).
-
-Set ``[celery] celery_config_options = llm_batch.airflow.celery_config.CELERY_CONFIG`` (the Celery
-shape and docker-compose.yaml do). Airflow runs each task in a process forked from the
-worker's pool process, which is itself forked from the main process, so what the main
-process has imported every task has for free. The import happens at Celery's
-``worker_init``, in the main process before the pool forks. The schedulers and api-servers
-that read this configuration import nothing more.
+"""The Celery configuration of llm-batch's workers: Airflow's own, plus the task code imported
+in each worker's main process at ``worker_init``, before the pool forks (``preload``). Set
+``[celery] celery_config_options = llm_batch.airflow.celery_config.CELERY_CONFIG``.
 """
 
 from __future__ import annotations

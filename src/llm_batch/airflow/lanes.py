@@ -1,10 +1,6 @@
-"""Pools and lanes: where a job's shard tasks queue (an Airflow pool) and at which priority.
-
-A job's lane is its GPU type's pool (the local pool under the local runner) and its
-priority band's weight. The DAG has one mapped shard task; Airflow fixes a task's pool and
-priority_weight when the DAG is parsed, so the cluster policy in ``shard_routing`` puts
-each shard task instance in its run's lane when the scheduler creates it. No Airflow import
-here: the embedded stack and the tests create the pools.
+"""Pools and lanes: where a job's shard tasks queue (an Airflow pool: its GPU type's, or the local
+pool under the local runner) and at which priority weight (its priority band's). The cluster
+policy (``policies``) moves each shard task instance to its run's lane. No Airflow import here.
 """
 
 from __future__ import annotations
@@ -34,8 +30,8 @@ def gpu_pool(gpu_type: str) -> str:
 
 
 def pool_specs(settings: Settings) -> list[PoolSpec]:
-    """Every pool the batch DAG may name under either runner, with its configured size (a
-    static pools file such as docker-compose's, whose runner is chosen at start)."""
+    """Every pool the batch DAG may name under either runner (a static pools file, whose runner is
+    chosen at start)."""
     return [
         PoolSpec(settings.local_pool, settings.local_shard_slots, "llm-batch local shard workers"),
         *(PoolSpec(gpu_pool(g), settings.gpu_pool_slots, f"llm-batch shards on {g}") for g in GPU_TYPES),
@@ -43,8 +39,7 @@ def pool_specs(settings: Settings) -> list[PoolSpec]:
 
 
 def runner_pool_specs(settings: Settings) -> list[PoolSpec]:
-    """The pools the configured runner uses: a local (CPU-only) stack gets its one pool and
-    no GPU pools."""
+    """The pools the configured runner uses (a local stack: its one pool, no GPU pools)."""
     if settings.shard_runner == "local":
         return [pool for pool in pool_specs(settings) if pool.name == settings.local_pool]
     return [pool for pool in pool_specs(settings) if pool.name != settings.local_pool]
@@ -60,8 +55,8 @@ class Lane:
 
 
 def lane_for(settings: Settings, gpu_type: str | None, priority: str | int | None) -> Lane:
-    """The lane of a job with this GPU type and priority (unknown or none: the defaults,
-    the first GPU type and the middle band; register refuses an unknown GPU type anyway)."""
+    """The lane of a job with this GPU type and priority (unknown or none: the first GPU type and
+    the middle band)."""
     band = priority_band(settings, priority)
     if settings.shard_runner == "local":
         pool = settings.local_pool
@@ -71,8 +66,7 @@ def lane_for(settings: Settings, gpu_type: str | None, priority: str | int | Non
 
 
 def lane_of_run(settings: Settings, conf: Mapping[str, Any] | None) -> Lane:
-    """The lane of a batch_inference run from its conf (the form's params, or what the REST
-    API put there: the job's gpu_type and priority)."""
+    """The lane of a batch_inference run from its conf (gpu_type and priority)."""
     conf = conf if isinstance(conf, Mapping) else {}
     gpu_type = conf.get("gpu_type")
     priority = conf.get("priority")

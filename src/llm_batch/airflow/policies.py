@@ -1,16 +1,10 @@
-"""A cluster policy that puts each shard task instance of a batch_inference run in the
-run's lane (pool and priority weight), and charges a multi-node shard one pool slot per node.
+"""A cluster policy that puts each shard task instance of a batch_inference run in the run's
+lane (pool and priority weight) and charges a multi-node shard a pool slot per node.
 
-Airflow fixes a task's pool and priority_weight when the DAG is parsed, and maps a task
-only over another task's whole return value, so a per-job pool once meant one mapped task
-(and one picker task) per lane in every run. Airflow's ``task_instance_mutation_hook`` is
-the public way to route a task instance on its run's conf: the scheduler calls it when it
-creates each mapped shard task instance (and again when a task is cleared), with the run.
-
-Installed through the ``airflow.policy`` entry point (pyproject.toml), so it is active in
-every Airflow component that has llm-batch installed; it touches only the batch DAG's shard
-task. It runs inside the scheduler's transaction: no database access, and it never raises
-(a conf it cannot read leaves the DAG's default lane).
+Airflow fixes a task's pool and priority_weight at parse time; ``task_instance_mutation_hook``
+is the public way to route a task instance on its run's conf (the scheduler calls it when it
+creates or clears each shard task instance). Installed through the ``airflow.policy`` entry
+point. It runs inside the scheduler's transaction: no database access, and it never raises.
 """
 
 from __future__ import annotations
@@ -52,9 +46,8 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
 
 
 def pool_slots_of_run(settings: Settings, conf: Any) -> int:
-    """A shard's pool slots: a GPU pool counts nodes, so a worker of ``nodes_per_worker``
-    nodes (Kubernetes runner) takes that many, at most the whole pool (a task asking for
-    more slots than its pool has would never be scheduled); 1 otherwise."""
+    """A shard's pool slots: a GPU pool counts nodes, so a worker of ``nodes_per_worker`` nodes
+    takes that many (at most the whole pool, or it would never be scheduled); 1 otherwise."""
     if settings.shard_runner != "kubernetes" or not isinstance(conf, dict):
         return 1
     try:

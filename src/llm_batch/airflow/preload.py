@@ -1,13 +1,6 @@
-"""The task code an Airflow worker process imports once, before it forks its tasks.
-
-Airflow runs every task in a process forked from a long-lived one (a Celery worker's
-pool process, the LocalExecutor's worker processes): what that process has imported, each
-task has for free. Without this each task imports the job store, the S3 client and the
-shard operator itself (~0.2 s for the store, ~1.2 s for the Kubernetes pod operator and
-its client on these cores). The Celery workers preload at ``worker_init``
-(``celery_config``), the embedded stack's LocalExecutor before it forks its workers
-(``local_executor``).
-
+"""The task code an Airflow worker process imports once, before it forks its tasks (each task
+then has it for free: ~1.2 s for the Kubernetes pod operator and its client). Celery workers
+preload at ``worker_init`` (``celery_config``), the embedded LocalExecutor before it forks.
 Only imports: nothing that opens a connection or starts a thread, since a fork follows.
 """
 
@@ -23,20 +16,10 @@ log = logging.getLogger("llm_batch.airflow.preload")
 
 # What the batch DAG's file and its tasks import (the DAG file is parsed again in each task).
 TASK_MODULES = (
-    "llm_batch.pipeline.steps",
-    "llm_batch.core.run_conf",
-    "llm_batch.core.input_formats",
-    "llm_batch.core.placement",
-    "llm_batch.core.endpoints",
-    "llm_batch.infra.jobstore",
-    "llm_batch.infra.storage",
-    "llm_batch.pipeline.shard_task",
-    "llm_batch.pipeline.validation",
-    "llm_batch.pipeline.sharding",
-    "llm_batch.pipeline.merge",
-    "llm_batch.airflow.lanes",
-    "boto3",
-    "botocore.session",
+    "llm_batch.pipeline.steps", "llm_batch.core.run_conf", "llm_batch.core.input_formats", "llm_batch.core.placement",
+    "llm_batch.core.endpoints", "llm_batch.infra.jobstore", "llm_batch.infra.storage", "llm_batch.pipeline.shard_task",
+    "llm_batch.pipeline.validation", "llm_batch.pipeline.sharding", "llm_batch.pipeline.merge",
+    "llm_batch.airflow.lanes", "boto3", "botocore.session",
 )
 RUNNER_MODULES = {
     "local": ("llm_batch.airflow.operators.local",),
@@ -50,15 +33,11 @@ def preload_modules(runner: str) -> list[str]:
 
 
 def preload(runner: str | None = None) -> list[str]:
-    """Import the task code of ``runner`` (default: the configured one); returns what was
-    imported. A module that fails is left out with a warning: the task imports it again and
-    reports why."""
-    if runner is None:
-        runner = get_settings().shard_runner
+    """Import the task code of ``runner`` (default: the configured one); returns what was imported.
+    A module that fails is left out with a warning: the task imports it again and says why."""
     started = time.monotonic()
-    names = preload_modules(runner)
     loaded = []
-    for name in names:
+    for name in preload_modules(runner if runner is not None else get_settings().shard_runner):
         try:
             importlib.import_module(name)
             loaded.append(name)

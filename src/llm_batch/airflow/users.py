@@ -1,11 +1,8 @@
-"""Whether an Airflow user is an admin, as a task of a DAG run can tell (it has the user's
-name, ``dag_run.triggering_user_name``, not a request or a token).
+"""Whether an Airflow user is an admin, as a task knows it (by ``dag_run.triggering_user_name``).
 
-Airflow's simple auth manager (the default, and the embedded stack's) keeps its users and
-their roles in Airflow's configuration (``[core] simple_auth_manager_users``, ``name:role``),
-read here as it reads them. Other auth managers (FAB, Keycloak, ...) keep roles where a task
-cannot see them: their users count as no admins here, so their runs are held to their own
-files and folders (an admin acts for anyone through the API).
+Only Airflow's simple auth manager keeps roles where a task can read them (its
+``[core] simple_auth_manager_users``); other auth managers' users count as no admins here,
+so their runs are held to their own files and folders.
 """
 
 from __future__ import annotations

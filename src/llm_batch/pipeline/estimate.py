@@ -1,44 +1,14 @@
-"""An estimate of a job before (or as) it runs: its lines valid and invalid, its prompt tokens
+"""An estimate of a job before (or as) it runs: its valid and invalid lines, its prompt tokens
 counted with the model's own tokenizer, the most output tokens it may generate, the engine
 seconds this deployment's measured tokens/s make of them, and when it should start and end
-behind the jobs queued ahead of it in its lane.
+behind the jobs ahead in its lane (docs/api.md, "Estimates (dry run)", says how).
 
-Two callers, one arithmetic:
-- ``estimate_input``: a dry run (``POST /v1/jobs`` with ``dry_run``): the input is validated
-  exactly as the DAG's prepare step validates it (``validation.validate_batch``), streaming,
-  writing nothing; valid lines are counted as they pass.
-- ``estimate_validated``: a real job, in its prepare step right after validation: the
-  validated file is read back once; the job store keeps the answer beside what the job
-  really took (``JobStore.set_estimate``).
-
-How each figure is made (docs/api.md, "Estimates (dry run)"):
-- prompt tokens: the tokenizer of the checkpoint the worker loads (an adapter's base's,
-  ``model_config.tokenizer`` when given), chat lines rendered with the chat template the
-  engine uses, then tokenized as vLLM does (no special tokens added to a rendered chat; a
-  completion, embedding or classification text with them). The first ``EXACT_LINES`` valid
-  lines are counted exactly; the rest at the tokens per byte of those (memory stays flat and
-  a huge file costs no more than ``EXACT_LINES`` tokenizations). Audio and images
-  (transcriptions, OCR), and checkpoints in ``s3://`` (not fetched for an estimate), are not
-  counted: null, with the reason in ``notes``.
-- the most output tokens: per line ``max_completion_tokens`` / ``max_tokens`` /
-  ``max_output_tokens`` x ``n``, else the engine's default: 16 for ``/v1/completions``
-  (``runtime.engine.sampling.COMPLETIONS_DEFAULT_MAX_TOKENS``), up to the context length for
-  chat, responses and FIM; never past the context left after the prompt; 0 for embeddings,
-  classifications and moderations.
-- engine seconds: (prompt tokens + the most output tokens) / the tokens per engine second
-  of the model's newest ended jobs (``JobStore.measured_rate``); null until one has ended.
-  Lines usually stop before their most, so it is an upper figure.
-- expected start and end: the live jobs of its lane (the same pool; a higher priority, or
-  the same priority made earlier) are ahead; their stored estimates' engine seconds not yet
-  run, shared by the pool's slots, make the wait; the job's own engine seconds over
-  min(slots, data_parallelism) its run. Jobs ahead without an estimate yet count in
-  ``jobs_ahead_unknown``, not in the wait. Engine start-up and the scheduler's own delays
-  are not in it.
+``estimate_input`` validates a dry run's input as the prepare step does, writing nothing;
+``estimate_validated`` reads a real job's validated file back once, in its prepare step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -59,8 +29,6 @@ from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, Valid
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy
     from llm_batch.infra.jobstore import Job, JobStore
 
-__all__ = ["EXACT_LINES", "Estimate", "LineError", "PromptCounter", "estimate_input", "estimate_validated",
-           "load_counter"]
 
 # Valid lines whose prompt tokens are counted exactly; the rest at those lines' tokens per byte.
 EXACT_LINES = 5_000
@@ -68,7 +36,6 @@ EXACT_LINES = 5_000
 SHOWN_ERRORS = 5
 # /v1/completions without max_tokens: OpenAI's default, the engine's (runtime.engine.sampling).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-_GENERATE_UNTIL_CONTEXT = (Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES, Endpoint.FIM_COMPLETIONS)
 _CHAT_RENDERED = (Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES)
 _CONVERSATIONS = (Endpoint.CHAT_CLASSIFICATIONS, Endpoint.CHAT_MODERATIONS)
 
@@ -127,9 +94,6 @@ class Estimate(BaseModel):
         default=None, description="Why the job would fail at validation (no valid line); null when it would run")
 
 
-# -- counting prompt tokens ------------------------------------------------------------------
-
-
 @dataclass
 class PromptCounter:
     """Counts a valid body's prompt tokens for one endpoint, with the engine's tokenizer."""
@@ -183,8 +147,8 @@ def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _conversations(value: Any) -> list[list[dict[str, Any]]]:
-    """Chat classification / moderation input: one conversation or a list of them, each a
-    list of messages or ``{"messages": [...]}``."""
+    """Chat classification / moderation input: one conversation or a list of them (messages, or
+    ``{"messages": [...]}``)."""
     items = value if isinstance(value, list) and value and not _is_message(value[0]) else [value]
     conversations = [item.get("messages") if isinstance(item, dict) else item for item in items]
     return [[{**m, "content": _text_of(m.get("content"))} for m in c or []] for c in conversations]
@@ -201,8 +165,8 @@ class NotCounted(Exception):
 def load_counter(model: str, model_config: dict[str, Any], endpoint: Endpoint, settings: Settings,
                  owned: dict[str, str] | None = None) -> PromptCounter:
     """The counter for a job of `model` (an owner's adapter: `owned` maps it to its base) on
-    `endpoint`, with the tokenizer and chat template the worker's engine will use
-    (``model_resolution.resolve_model``); ``NotCounted`` saying why when there is none here."""
+    `endpoint`, with the tokenizer and chat template the worker's engine will use; ``NotCounted``
+    saying why when there is none here."""
     from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.model_registry import load_registry  # heavy
     from llm_batch.infra.model_resolution import resolve_model  # heavy
@@ -237,10 +201,9 @@ def load_counter(model: str, model_config: dict[str, Any], endpoint: Endpoint, s
 
 @lru_cache(maxsize=4)
 def _tokenizer(path: str) -> Any:
-    """A tokenizer, loaded once per process. A checkpoint's ``tokenizer.json`` is read with
-    the ``tokenizers`` library and its chat template rendered as transformers renders it
-    (``_LightTokenizer``): importing transformers (and torch) costs the prepare step of every
-    job seconds; transformers only for a checkpoint without one."""
+    """A tokenizer, loaded once per process: ``tokenizer.json`` with the ``tokenizers`` library
+    (``_LightTokenizer``: importing transformers costs every job's prepare step seconds), else
+    transformers."""
     if (Path(path) / "tokenizer.json").is_file():
         try:
             return _LightTokenizer(Path(path))
@@ -252,10 +215,8 @@ def _tokenizer(path: str) -> Any:
 
 
 class _LightTokenizer:
-    """The two calls PromptCounter makes of a transformers tokenizer, from ``tokenizer.json``
-    (the fast tokenizer itself, special tokens by its post-processor) and the checkpoint's
-    chat template (``chat_template.jinja`` or tokenizer_config.json's), rendered in a
-    sandboxed jinja2 environment set up as transformers sets up its own."""
+    """The two calls PromptCounter makes of a transformers tokenizer, from ``tokenizer.json`` and the
+    checkpoint's chat template, rendered in a jinja2 environment set up as transformers' own."""
 
     def __init__(self, path: Path):
         from tokenizers import Tokenizer  # optional
@@ -287,8 +248,7 @@ def _token_text(value: Any) -> str | None:
 
 @lru_cache(maxsize=1)
 def _jinja() -> Any:
-    """transformers' chat template environment: sandboxed, trim and lstrip blocks, loop
-    controls, ``raise_exception``, ``strftime_now`` and a ``tojson`` that keeps non-ASCII."""
+    """transformers' chat template environment (sandboxed, its filters and globals)."""
     from jinja2.ext import loopcontrols  # heavy
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # heavy
 
@@ -317,9 +277,6 @@ def _context_of(checkpoint: Path) -> int | None:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     limit = text.get("max_position_embeddings")
     return limit if isinstance(limit, int) else None
-
-
-# -- the tally over valid lines ------------------------------------------------------------
 
 
 def _most_output(endpoint: Endpoint, body: dict[str, Any], prompt: int | None, context: int | None) -> int | None:
@@ -386,26 +343,22 @@ class _Tally:
         return None if self.counter is None else self.counted_tokens + round(self.guessed_tokens)
 
 
-# -- the estimate ---------------------------------------------------------------------------
-
-
-def _counter_or_note(store: JobStore, settings: Settings, job: Job, notes: list[str]) -> PromptCounter | None:
+def _tally(store: JobStore, settings: Settings, job: Job) -> _Tally:
+    tally = _Tally(Endpoint(job.endpoint), None, EXACT_LINES)
     try:
         owned = {a.name: a.base for a in store.list_adapters(job.owner)}
-        return load_counter(job.model, job.model_config or {}, Endpoint(job.endpoint), settings, owned)
+        tally.counter = load_counter(job.model, job.model_config or {}, Endpoint(job.endpoint), settings, owned)
     except NotCounted as exc:
-        notes.append(f"prompt tokens not counted: {exc}")
-        return None
+        tally.notes.append(f"prompt tokens not counted: {exc}")
+    return tally
 
 
 def estimate_input(store: JobStore, settings: Settings, job: Job, *, source: Any, fmt: str, models: ModelChoice,
                    now: datetime) -> Estimate:
-    """A dry run's estimate: `source` (``steps.input_source`` of `job`, a job not stored) is
-    validated as the prepare step validates it, writing nothing. An input with no valid line
-    is answered with its counts and ``would_fail``; ``BatchRejected`` is raised for a limit
-    passed or an unreadable input (nothing to count)."""
-    notes: list[str] = []
-    tally = _Tally(Endpoint(job.endpoint), _counter_or_note(store, settings, job, notes), EXACT_LINES)
+    """A dry run's estimate: `source` is validated as the prepare step validates it, writing
+    nothing. No valid line: the counts and ``would_fail``; a limit passed or an unreadable input
+    raises ``BatchRejected``."""
+    tally = _tally(store, settings, job)
     try:
         report = validate_batch(source, fmt=fmt, endpoint=job.endpoint,
                                 limits=ValidationLimits.from_settings(settings), validated_out=tally, errors_out=None,
@@ -413,28 +366,24 @@ def estimate_input(store: JobStore, settings: Settings, job: Job, *, source: Any
     except BatchRejected as exc:
         if exc.report is None:  # a limit or unreadable input: nothing to count
             raise
-        return _estimate(store, settings, job, exc.report, tally, notes, now).model_copy(update={"would_fail": str(exc)})
-    return _estimate(store, settings, job, report, tally, notes, now)
+        return _estimate(store, settings, job, exc.report, tally, now).model_copy(update={"would_fail": str(exc)})
+    return _estimate(store, settings, job, report, tally, now)
 
 
 def estimate_validated(store: JobStore, settings: Settings, job: Job, report: ValidationReport, validated_uri: str,
                        *, now: datetime) -> Estimate:
     """A real job's estimate, from its validated file (one streamed pass) and its report."""
-    notes: list[str] = []
-    tally = _Tally(Endpoint(job.endpoint), _counter_or_note(store, settings, job, notes), EXACT_LINES)
+    tally = _tally(store, settings, job)
     with storage.open_read(validated_uri) as lines:
-        for line in _lines(lines):
-            tally.add(line)
-    return _estimate(store, settings, job, report, tally, notes, now)
-
-
-def _lines(stream: Iterable[bytes]) -> Iterator[bytes]:
-    return (line for line in stream if line.strip())
+        for line in lines:
+            if line.strip():
+                tally.add(line)
+    return _estimate(store, settings, job, report, tally, now)
 
 
 def _estimate(store: JobStore, settings: Settings, job: Job, report: ValidationReport, tally: _Tally,
-              notes: list[str], now: datetime) -> Estimate:
-    prompt = tally.prompt_tokens
+              now: datetime) -> Estimate:
+    notes, prompt = tally.notes, tally.prompt_tokens
     exact = tally.counter is not None and tally.counted_lines == tally.lines
     if tally.counter is not None and not exact:
         notes.append(f"prompt tokens of the first {tally.counted_lines} valid lines counted exactly, the other "
@@ -470,12 +419,8 @@ def _estimate(store: JobStore, settings: Settings, job: Job, report: ValidationR
     )
 
 
-# -- the lane ahead ---------------------------------------------------------------------------
-
-
 def _pool_of(settings: Settings, gpu_type: str | None) -> str:
-    """The pool a job's shards wait in: one local pool, else its GPU type's (the first type
-    by default), as ``llm_batch.airflow.lanes.lane_for`` places them."""
+    """The pool a job's shards wait in (as ``llm_batch.airflow.lanes.lane_for`` places them)."""
     if settings.shard_runner == "local":
         return settings.local_pool
     return gpu_type if gpu_type in GPU_TYPES else GPU_TYPES[0]

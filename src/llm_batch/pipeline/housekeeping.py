@@ -1,6 +1,6 @@
-"""Housekeeping of the job store: end jobs past their expiry, reconcile jobs whose run
-ended without finalizing them, delete files past the retention, delete ended jobs. The
-housekeeping DAG, the API's delete route and the CLI call these; no Airflow here."""
+"""Housekeeping of the job store: end expired jobs, reconcile jobs whose run ended without
+finalizing them, delete files past their retention and ended jobs (no Airflow here).
+"""
 
 from __future__ import annotations
 
@@ -34,11 +34,9 @@ def live_jobs(store: JobStore, **filters: Any) -> Iterator[Job]:
 
 
 def expire(store: JobStore, settings: Settings, now: datetime | None = None) -> list[str]:
-    """Jobs still live past their expires_at (+ the cancel grace, by which their workers
-    have stopped or been killed) end as TIMEOUT_EXCEEDED, keeping what finished: their
-    shards' results are merged first. Returns their ids."""
-    now = now or datetime.now(UTC)
-    cutoff = now - timedelta(seconds=settings.cancel_grace_seconds)
+    """End as TIMEOUT_EXCEEDED the live jobs past their expires_at (+ the cancel grace, by which
+    their workers have stopped), their finished results merged first; returns their ids."""
+    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=settings.cancel_grace_seconds)
     expired = []
     for job in list(live_jobs(store, expires_before=cutoff)):
         _end(store, settings, job.id, f"expired: the job passed its expires_at ({job.expires_at})")
@@ -72,26 +70,21 @@ def reconcile(store: JobStore, settings: Settings, run_states: dict[str, str]) -
 
 
 def delete_expired_files(store: JobStore, settings: Settings, now: datetime | None = None) -> list[str]:
-    """Delete the content of files older than the retention and mark them deleted; also
-    drop the job's work folder once its files are gone. Returns the deleted file ids."""
-    now = now or datetime.now(UTC)
-    cutoff = now - timedelta(days=settings.retention_days)
+    """Delete the files older than the retention (and their job's work folder); returns their ids."""
+    cutoff = (now or datetime.now(UTC)) - timedelta(days=settings.retention_days)
     deleted = []
-    while True:
-        page, _ = store.list_files(created_before=cutoff, limit=500)
-        if not page:
-            return deleted
+    while page := store.list_files(created_before=cutoff, limit=500)[0]:
         for file in page:
             _remove_file(store, file)
             deleted.append(file.id)
             if file.job_id:
                 _drop_work_dir(settings, file.job_id)
+    return deleted
 
 
 def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
-    """Remove an ended job and what it made: its output, error and inline-input files
-    (records marked deleted, content removed), its work folder, then its record. Files the
-    owner uploaded stay: they are the owner's objects, and other jobs may read them."""
+    """Remove an ended job and what it made (output, error and inline-input files, work folder,
+    cache entries), then its record. The owner's uploads stay: other jobs may read them."""
     made = [job.output_file_id, job.error_file_id, job.input.inline_file_id]
     for file_id in filter(None, made):
         if (file := store.get_file(file_id)) is not None:
@@ -113,22 +106,18 @@ def _drop_work_dir(settings: Settings, job_id: str) -> None:
         storage.delete_prefix(layout_of(settings, job_id).root.rstrip("/") + "/")
 
 
-# -- idempotency keys and files' own expiry ---------------------------------------------
-
 # Idempotency keys are kept at least this long (src/llm_batch/api/idempotency.py).
 IDEMPOTENCY_KEEP = timedelta(hours=24)
 
 
 def delete_old_idempotency_keys(store: JobStore, now: datetime | None = None) -> int:
     """Delete the idempotency keys older than IDEMPOTENCY_KEEP; returns how many."""
-    now = now or datetime.now(UTC)
-    return store.delete_idempotency_keys(created_before=now - IDEMPOTENCY_KEEP)
+    return store.delete_idempotency_keys(created_before=(now or datetime.now(UTC)) - IDEMPOTENCY_KEEP)
 
 
 def delete_files_past_expiry(store: JobStore, now: datetime | None = None) -> list[str]:
-    """Delete the files whose own expires_at has passed (an upload's ``expires_after``, a
-    batch's ``output_expires_after``): content removed, record marked deleted (404 after).
-    Returns their ids."""
+    """Delete the files whose own expires_at has passed (content removed, record marked deleted);
+    returns their ids."""
     now = now or datetime.now(UTC)
     deleted = []
     while page := store.list_expiring_files(expires_before=now, limit=500):

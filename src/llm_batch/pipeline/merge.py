@@ -1,51 +1,13 @@
-"""Merge a job: every input index ends as exactly one output or error line, in input order.
+"""Merge a job: every input index ends as exactly one output or error line, in input order
+(docs/data-plane.md, "the ordered merge", shows the files and their lines).
 
-A streaming merge (``heapq.merge`` by input index) of the validation errors with the shards'
-outcomes, where each shard's requests are paired with its results:
-
-- a request with a successful result  -> an output line (and a Scale element: the body);
-- a request with an engine error      -> an error line with the response and the error;
-- a request whose answer failed the job's check (``invalid_output``, core.output_check)
-                                      -> an error line whose response body is that answer;
-- a request with no result            -> an error line whose code says why it never ran:
-  ``batch_cancelled`` (the job was cancelled), ``batch_expired`` (its deadline passed) or
-  ``shard_failed`` (its shard failed for good), OpenAI's words where it has them; the
-  message says which shard and why when a reason is given;
-- a validation error                  -> an error line with its line number and code.
-
-Outputs, each published atomically through ``storage.open_write``:
-
-``layout.output_jsonl`` (OpenAI / Mistral output file), one line per success::
-
-    {"id": "batch_req_<h>", "custom_id": ..., "response": {"status_code": 200,
-     "request_id": "req_<h>", "body": {...}}, "error": null}
-
-``layout.errors_jsonl`` (OpenAI error file shape, plus the 1-based input ``line``)::
-
-    {"id": "batch_req_<h>", "custom_id": ..., "line": 7,
-     "response": {"status_code": 400, "request_id": "req_<h>",
-                  "body": {"error": {"message", "type", "code"}}} | null,
-     "error": {"code": ..., "message": ...}}
-
-``response`` is set for engine errors and null for validation errors and requests not run.
-
-``layout.output_json`` or ``array_output_uri`` (Scale): a JSON array with one element per
-input index, in input order (``llm_batch.core.scale_output``): for a success, the response body
-or what ``array_element`` makes of it (a v1 prompt's ``CompletionOutput``), and for a failure::
-
-    {"error": {"code": ..., "message": ...}, "custom_id": ..., "line": 7}
-
-``<h>`` is a hash of the job id and input index, so a rerun writes the same bytes.
-
-Shards are contiguous, ordered ranges of the validated requests (see ``sharding``), so the
-shards' outcomes are read one shard after another, each opened when the merge reaches it:
-whatever the number of shards, at most three input streams are open (validation errors, one
-shard's requests and results) and memory is constant. Holding 2N streams open instead would
-leave S3 connections idle for most of a long merge. A prefix-aware plan's shards hold
-prefix groups whose indices interleave: then every shard is read at once (a k-way merge of
-their outcomes, each shard's in index order; 2N + 1 streams, memory still constant). Should
-a plan ever break the ordering, the merge refuses (``MergeError``) rather than misorder or
-duplicate a line.
+A streaming ``heapq.merge`` by input index of the validation errors, the cached results and
+the shards' outcomes: each shard's requests paired with its results, a request without one
+an error line whose code says why it never ran (NOT_RUN_CODES). Contiguous shards are read
+one after another, each opened when the merge reaches it, so at most three streams are open
+(no S3 connection idles through a long merge); a prefix-aware plan's shards interleave and
+are read at once. A plan that broke the ordering is refused (``MergeError``), never
+misordered. ``<h>`` in a line's ids hashes the job id and index: a rerun writes the same bytes.
 """
 
 from __future__ import annotations
@@ -88,12 +50,8 @@ class MergeError(ValueError):
 
 @dataclass(frozen=True)
 class MergeCounts:
-    """total = succeeded + failed; failed counts invalid lines, engine errors and not run.
-
-    The token counts are sums of the output lines' ``usage`` (the job's usage); the cached
-    prompt tokens are None (unknown) unless every output line gives them; reasoning tokens
-    count only where a line gives them (a line without any has no hidden reasoning: every
-    token it generated is in its output)."""
+    """total = succeeded + failed; failed counts invalid lines, engine errors and not run. Tokens:
+    sums of the output lines' ``usage``; cached prompt tokens None unless every line gives them."""
 
     total: int
     succeeded: int
@@ -104,16 +62,14 @@ class MergeCounts:
     completion_tokens: int = 0
     cached_prompt_tokens: int | None = 0
     reasoning_tokens: int = 0
-    # lines answered from the result cache (part of succeeded) and their prompt + completion tokens
+    # lines the result cache answered (part of succeeded) and their tokens
     result_cache_hits: int = 0
     result_cache_tokens: int = 0
-    # checked outputs: lines whose last answer failed the job's check (part of failed), the
-    # answers tried again over all lines, and those discarded answers' tokens
+    # lines whose last answer failed the job's check (part of failed), answers tried again, their tokens
     invalid_output: int = 0
     output_retries: int = 0
     retry_tokens: int = 0
-    # model that answered (a success's body.model) -> {"succeeded", "prompt_tokens", "completion_tokens"},
-    # for a job whose lines ran on several (its base, LoRA adapters); empty otherwise
+    # per answering model (body.model) when the lines ran on several (base, LoRA adapters): their sums
     by_model: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -128,8 +84,7 @@ class _UsageSum:
     def add(self, body: dict[str, Any] | None) -> int:
         """Add a line's usage; returns its prompt + completion tokens."""
         usage = (body or {}).get("usage") or {}
-        # Chat/completions/embeddings name them prompt/completion; a /v1/responses Response
-        # input/output (its ResponseUsage).
+        # A /v1/responses Response names them input/output.
         prompt = int(_named(usage, "prompt_tokens", "input_tokens") or 0)
         completion = int(_named(usage, "completion_tokens", "output_tokens") or 0)
         self.prompt += prompt
@@ -158,11 +113,8 @@ def stable_request_hash(job_id: str, index: int) -> str:
 
 
 def shard_outcomes(plan: ShardPlan, not_run_code: str | None, not_run_message: str = "") -> Iterator[Outcome]:
-    """Each request of the shard, in order, paired with its result or marked not run.
-
-    With ``not_run_code`` None only the finished requests are yielded: the shard's results
-    are a prefix of its requests, so the first request without one ends the stream.
-    """
+    """Each request of the shard, in order, with its result or marked not run; with
+    ``not_run_code`` None only the finished ones (a shard's results are a prefix of its requests)."""
     for request, result in paired_results(plan.requests_uri, plan.results_uri):
         line_number = request.get("line") or request["index"] + 1
         if result is not None:
@@ -176,19 +128,16 @@ def shard_outcomes(plan: ShardPlan, not_run_code: str | None, not_run_message: s
                               code=not_run_code, message=not_run_message)
 
 
-def job_outcomes(plans: list[ShardPlan], outcomes_of: Callable[[ShardPlan], Iterator[Outcome]]) -> Iterator[Outcome]:
-    """The shards' outcomes in input order (validation errors not included)."""
-    plans = sorted(plans, key=attrgetter("first_index"))
+def job_outcomes(layout: JobLayout, outcomes_of: Callable[[ShardPlan], Iterator[Outcome]]) -> Iterator[Outcome]:
+    """Every outcome of the job in input order: its validation errors, its cached results and
+    its shards' outcomes (``outcomes_of`` each shard)."""
+    plans = sorted(read_manifest(layout).shards, key=attrgetter("first_index"))
     if _contiguous(plans):
-        return chain.from_iterable(outcomes_of(p) for p in plans)
-    # Prefix-aware plans interleave the shards' indices: each shard's outcomes still
-    # ascend by index (its requests file and results are in index order), so a k-way
-    # merge of all of them, every shard open at once, restores input order.
-    return heapq.merge(*(outcomes_of(p) for p in plans), key=attrgetter("index"))
-
-
-def validation_errors(layout: JobLayout) -> Iterator[ErrorRecord]:
-    return (ErrorRecord.model_validate_json(line) for line in stored_lines(layout.validation_errors))
+        shards = chain.from_iterable(outcomes_of(p) for p in plans)
+    else:  # a prefix-aware plan's shards interleave, each in index order: all open at once
+        shards = heapq.merge(*(outcomes_of(p) for p in plans), key=attrgetter("index"))
+    errors = (ErrorRecord.model_validate_json(line) for line in stored_lines(layout.validation_errors))
+    return heapq.merge(errors, cached_results(layout), shards, key=attrgetter("index"))
 
 
 def _contiguous(plans: list[ShardPlan]) -> bool:
@@ -275,28 +224,18 @@ def error_line(job_id: str, outcome: Outcome) -> dict[str, Any]:
             "response": response, "error": {"code": code, "message": message}}
 
 
-def merge_job(
-    layout: JobLayout,
-    *,
-    jsonl: bool = True,
-    json_array: bool = False,
-    array_output_uri: str | None = None,
-    not_run_reason: str | None = None,
-    not_run_code: str = SHARD_FAILED,
-    shard_not_run_reasons: Mapping[int, str] | None = None,
-    array_element: ArrayElement | None = None,
-) -> MergeCounts:
-    """Write the job's merged outputs and return the counts.
+def merge_job(layout: JobLayout, *, jsonl: bool = True, json_array: bool = False, array_output_uri: str | None = None,
+              not_run_reason: str | None = None, not_run_code: str = SHARD_FAILED,
+              shard_not_run_reasons: Mapping[int, str] | None = None,
+              array_element: ArrayElement | None = None) -> MergeCounts:
+    """Write the job's merged outputs and return the counts; on error nothing is published.
 
-    ``jsonl`` writes ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both always, the
-    errors file empty when nothing failed). ``json_array`` (implied by ``array_output_uri``)
-    writes the Scale array to ``array_output_uri`` or ``layout.output_json``, a success's element
-    made by ``array_element`` (default: the body; see ``scale_output.success_element``). A request with
-    no result gets ``not_run_code`` (one of NOT_RUN_CODES) and ``shard_not_run_reasons[k]``
-    (its shard's reason), else ``not_run_reason``, else a default message. Needs the shard manifest (``plan_shards``) and the validation
-    errors file. Rerunning gives the same bytes; on error nothing is published.
+    ``jsonl``: ``layout.output_jsonl`` and ``layout.errors_jsonl`` (both, the errors possibly
+    empty). ``json_array`` (implied by ``array_output_uri``): the Scale array at
+    ``array_output_uri`` or ``layout.output_json``, a success's element made by
+    ``array_element`` (default: the body). A request with no result gets ``not_run_code`` and
+    its shard's ``shard_not_run_reasons[k]``, else ``not_run_reason``, else a default message.
     """
-    manifest = read_manifest(layout)
     shard_reasons = shard_not_run_reasons or {}
 
     def outcomes_of(plan: ShardPlan) -> Iterator[Outcome]:
@@ -313,28 +252,24 @@ def merge_job(
             layout.job_id,
             jsonl=sink(layout.output_jsonl) if jsonl else None,
             errors=sink(layout.errors_jsonl) if jsonl else None,
-            scale=sink(array_output_uri or layout.output_json)
-            if json_array or array_output_uri else None,
+            scale=sink(array_output_uri or layout.output_json) if json_array or array_output_uri else None,
             array_element=array_element or success_element(None),
         )
         last_index = -1
-        outcomes = heapq.merge(validation_errors(layout), cached_results(layout),
-                               job_outcomes(manifest.shards, outcomes_of), key=attrgetter("index"))
-        for outcome in outcomes:
+        for outcome in job_outcomes(layout, outcomes_of):
             if outcome.index <= last_index:
-                raise MergeError(
-                    f"job {layout.job_id}: input index {outcome.index} comes after index "
-                    f"{last_index}: validation errors and shards overlap or are out of order"
-                )
+                raise MergeError(f"job {layout.job_id}: input index {outcome.index} comes after index {last_index}: "
+                                 "validation errors and shards overlap or are out of order")
             last_index = outcome.index
             if isinstance(outcome, ErrorRecord):
                 failed += 1
                 not_run += outcome.code in NOT_RUN_CODES
                 invalid += outcome.code not in NOT_RUN_CODES
                 outputs.failure(outcome)
-            elif outcome.ok:
-                retries += outcome.retries or 0
-                retry_tokens += outcome.retry_tokens or 0
+                continue
+            retries += outcome.retries or 0
+            retry_tokens += outcome.retry_tokens or 0
+            if outcome.ok:
                 succeeded += 1
                 tokens = usage.add(outcome.body)
                 if outcome.cached:
@@ -343,8 +278,6 @@ def merge_job(
                 outputs.success(outcome)
             else:
                 failed += 1
-                retries += outcome.retries or 0
-                retry_tokens += outcome.retry_tokens or 0
                 invalid_output += outcome.error is not None and outcome.error.code == INVALID_OUTPUT
                 outputs.failure(outcome)
         outputs.finish()

@@ -1,28 +1,11 @@
-"""Recurring batch specs: a small YAML file per scheduled batch (no Airflow here).
+"""Recurring batch specs: a small YAML file per scheduled batch (no Airflow here; an example is
+dags/recurring_specs/example.yaml, docs/orchestration.md "Recurring batches" the rules).
 
-Each ``*.yaml`` / ``*.yml`` file in the spec folder (``Settings.recurring_specs``, default
-``dags/recurring_specs``) becomes the DAG ``recurring__<name>``, whose runs start ordinary
-``batch_inference`` runs (so every recurring run is a job). Example::
-
-    name: nightly_tickets
-    description: Summarise yesterday's support tickets
-    schedule: "0 2 * * *"                  # a cron expression, or
-    # schedule: {asset: "s3://in/tickets/"} # run when this asset is updated
-    owner: alice                           # whose jobs the runs make (default: the admin's)
-    input_uri: "/data/tickets/{{ ds }}.jsonl"
-    output_uri: "/data/summaries/{{ ds }}.json"
-    endpoint: /v1/chat/completions
-    model: smollm2-135m-instruct
-    params: {data_parallelism: 2, max_runtime_sec: 3600, priority: low}
-
-``input_uri`` and ``output_uri`` are Jinja templates rendered with the run's Airflow
-context (``ds``, ``ds_nodash``, ``logical_date``, ``data_interval_end``, ``dag_run``...).
-A spec that does not parse raises ``RecurringSpecError`` naming the file and the field.
-
-``owner``: the runs' jobs are that owner's (their usage, their list, their API), and act as
-that owner: paths are held to the owner's folder as a DAG run of theirs would be
-(``steps.register``). Without it, the jobs are the admin's (``run_conf.DEFAULT_OWNER``),
-whose runs may name any path.
+Each spec becomes the DAG ``recurring__<name>``, whose runs start ordinary ``batch_inference``
+runs with ``input_uri``/``output_uri`` rendered as Jinja templates of the run's context. A
+spec that does not parse raises ``RecurringSpecError`` naming the file and the field.
+``owner``: the runs' jobs are that owner's and held to the owner's folder; without it, the
+admin's (``run_conf.DEFAULT_OWNER``), whose runs may name any path.
 """
 
 from __future__ import annotations
@@ -43,8 +26,7 @@ DAG_ID_PREFIX = "recurring__"
 
 
 def output_asset_uri(name: str) -> str:
-    """The asset every run of spec `name` updates when its batch succeeds (its output
-    paths change per run; this name does not): schedule a downstream DAG on it."""
+    """The asset every successful run of spec `name` updates (its output paths change per run)."""
     return f"llm-batch://recurring/{name}"
 
 
@@ -105,16 +87,9 @@ class RecurringSpec(BaseModel):
         params = self.params.model_dump(exclude_none=True)
         params["labels"] = {"recurring": self.name, **params["labels"]}
         params["metadata"] = {"recurring": self.name, **params["metadata"]}
-        conf = {
-            "input_uri": self.input_uri,
-            "input_format": self.input_format,
-            "output_uri": self.output_uri,
-            "endpoint": self.endpoint.value,
-            "model": self.model,
-            "model_config": self.engine_config,
-            "owner": self.owner,
-            **params,
-        }
+        conf = {"input_uri": self.input_uri, "input_format": self.input_format, "output_uri": self.output_uri,
+                "endpoint": self.endpoint.value, "model": self.model, "model_config": self.engine_config,
+                "owner": self.owner, **params}
         return {key: value for key, value in conf.items() if value is not None}
 
 
@@ -135,7 +110,6 @@ def load_spec(path: Path) -> RecurringSpec:
     try:
         return RecurringSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}" for error in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in error['loc']) or 'spec'}: {error['msg']}"
+                             for error in exc.errors())
         raise RecurringSpecError(f"{path.name}: {problems}") from None

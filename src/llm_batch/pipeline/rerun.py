@@ -1,19 +1,11 @@
-"""What a retry or a rerun of an ended job reads: the input of the new job.
+"""What a retry or a rerun of an ended job reads: the new job's input.
 
-- A **rerun** reads the job's input again, as it was given (its uploaded files, its path,
-  its inline requests); ``rerun_input`` refuses when any of it has expired or been deleted.
-- A **retry** reads only the lines of the job's input that did not succeed and could: those
-  whose request the engine answered with an error, and those never run (the job was
-  cancelled, timed out or a shard failed: ``merge.NOT_RUN_CODES``). ``retry_lines`` yields
-  them as they were, in their original order.
-
-Decided: lines refused at validation (bad JSON, a missing field, a duplicate custom_id) are
-not retried: the same bytes would be refused again; fix the input and submit it instead.
-Lines are matched by ``custom_id`` (unique in a job: validation refuses a repeat, and only
-the first line carrying an id could have run), so a job read from several files is matched
-whatever each file's line numbers are. A job that ended before its merge (no error file:
-cancelled or failed before anything ran) retries every line of its input.
-Only JSONL inputs can be retried line by line (a Scale array is one document).
+A rerun reads the job's input again as it was given (``rerun_input`` refuses when any of it
+has expired or been deleted). A retry reads only the lines that did not succeed and could:
+engine errors and lines never run (``merge.NOT_RUN_CODES``), in their original order, matched
+by custom_id (unique in a job), JSONL inputs only. Lines refused at validation are not
+retried: the same bytes would be refused again. A job that ended before its merge (no error
+file) retries every line.
 """
 
 from __future__ import annotations
@@ -26,15 +18,10 @@ import orjson
 
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
-from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.infra.streams import iter_lines, stored_lines
 from llm_batch.pipeline.merge import NOT_RUN_CODES
-
-# The ends a job can be retried from or run again after (every end: a SUCCEEDED job may
-# still have failed lines).
-ENDED = frozenset(s for s in JobStatus if s.terminal)
 
 
 class CannotDerive(Exception):
@@ -47,15 +34,15 @@ class CannotDerive(Exception):
 
 @dataclass(frozen=True)
 class RetryPlan:
-    """The custom_ids to retry (None: every line, nothing ran) and how many were left out
-    because validation refused them."""
+    """The custom_ids to retry (None: every line, nothing ran) and how many were left out because
+    validation refused them."""
 
     custom_ids: frozenset[str] | None
     refused_at_validation: int
 
 
 def check_ended(job: Job) -> None:
-    if job.status not in ENDED:
+    if not job.status.terminal:  # every end: a succeeded job may still have failed lines
         raise CannotDerive("not_ended", f"job {job.id!r} is {job.status.value}: only an ended job can be "
                            "retried or run again (cancel it first)")
 
@@ -129,8 +116,8 @@ def _input_streams(store: JobStore, job: Job) -> Iterator[bytes]:
 
 
 def retry_lines(store: JobStore, job: Job, plan: RetryPlan) -> Iterator[bytes]:
-    """The input lines `plan` selects, as they were (newline-terminated), in input order;
-    each custom_id once (its first line)."""
+    """The input lines `plan` selects, as they were (newline-terminated), in input order; each
+    custom_id once (its first line)."""
     left = None if plan.custom_ids is None else set(plan.custom_ids)
     for line in _input_streams(store, job):
         if not line.strip():

@@ -1,19 +1,13 @@
-"""The result cache's use cases: a job's determined lines answered from its owner's earlier
-jobs (no engine time), and the cache filled, expired and emptied.
+"""The result cache's use cases: a job's determined lines answered from earlier jobs' answers
+(no engine time), and the cache filled, expired and emptied. What is cacheable, and the key:
+``llm_batch.infra.result_cache``.
 
-- ``answer_from_cache`` (the plan step): the validated requests whose answer the owner's
-  cache holds become ``layout.cached_results`` (results marked ``cached``), the rest
-  ``layout.uncached``, which the shards run. The merge reads the cached results as one more
-  ordered source, so every line still ends exactly once.
-- ``fill_cache`` (the merge step): the successful, cacheable results each shard computed
-  become entries: one pack object per shard, then their rows in batches (O(shards) storage
-  operations whatever the number of answers).
-- ``forget_job`` (a job's deletion) and ``evict`` (housekeeping: entries past
-  ``result_cache_ttl_hours``, then the least recently used beyond ``result_cache_max_bytes``).
-
-What is cacheable and the key: ``llm_batch.infra.result_cache``. The cache is per owner (or
-one for every owner, ``cache_scope``); a job opts out with its input option ``result_cache`` false, a deployment with
-``LLM_BATCH_RESULT_CACHE=false``.
+- ``answer_from_cache`` (plan step): the cached answers become ``layout.cached_results``, the
+  rest ``layout.uncached``, which the shards run; the merge reads the cached results as one
+  more ordered source, so every line still ends exactly once.
+- ``fill_cache`` (merge step): one pack object per shard, then its rows in batches.
+- ``forget_job`` (a job's deletion) and ``evict`` (housekeeping: past the TTL, then the least
+  recently used beyond the size bound).
 """
 
 from __future__ import annotations
@@ -54,21 +48,15 @@ SHARED_SCOPE = "(every owner)"
 
 
 def cache_scope(settings: Settings, job: Job) -> str:
-    """Whose answers serve the job: its owner's, or every owner's with
-    ``LLM_BATCH_RESULT_CACHE_SHARED`` (one tenant: a team's own deployment)."""
+    """Whose answers serve the job: its owner's, or every owner's with ``LLM_BATCH_RESULT_CACHE_SHARED``."""
     return SHARED_SCOPE if settings.result_cache_shared else job.owner
 
 
 class _Keys:
-    """Each request's key for one job: the model's registry entry and the job's engine
-    configuration decide its answers, with the line's adapter's entry when it has one, and
-    whether the engine had LoRA on.
-
-    A lookup, before the shards are cut, asks for the answer of the engine a line gets in a
-    shard of its own kind: LoRA on for an adapter line, off for a base line. The fill knows
-    the truth, its shard's adapters; a base line computed beside adapters (LoRA on) is keyed
-    so, which no lookup asks for: it is not entered (``fill_cache``).
-    """
+    """Each request's key for one job: the model's registry entry and the job's engine config, the
+    line's adapter's entry, and whether the engine had LoRA on. A lookup asks for a line's answer
+    from a shard of its own kind (LoRA on for an adapter line, off for a base line); a base line
+    computed beside adapters (LoRA on) is therefore never entered (``fill_cache``)."""
 
     def __init__(self, settings: Settings, job: Job):
         try:
@@ -80,8 +68,8 @@ class _Keys:
         self.endpoint = job.endpoint
 
     def of(self, request: BatchRequest, lora: bool | None = None) -> str | None:
-        """The key of ``request``'s answer from an engine with LoRA on or off (``lora``; None:
-        what a lookup asks, see above); None if it is not cacheable."""
+        """The key of ``request``'s answer from an engine with LoRA on or off (``lora``, None: what a
+        lookup asks); None if it is not cacheable."""
         if not cacheable(self.endpoint, request):
             return None
         adapter = self.registry.adapters.get(request.adapter) if self.registry and request.adapter else None
@@ -95,19 +83,16 @@ def _lookup_lora(request: BatchRequest) -> bool:
 
 
 def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> str:
-    """Split the validated requests into cached results and the rest; returns what the
-    shards run (``layout.validated`` itself when the cache is off for the job, or holds
-    none of its lines: most first runs are planned from their file as it is, not a copy).
-
-    The rest is published before the cached results, so a retried plan finding both reuses
-    them, and finding only the first redoes the split: a line is never in both.
-    """
+    """Split the validated requests into cached results and the rest; returns what the shards run
+    (``layout.validated`` itself when the cache is off for the job or answers none of its lines).
+    The rest is published first, so a retried plan finding both reuses them and finding only
+    the first redoes the split: a line is never in both."""
     if not enabled(settings, job) or job.endpoint not in CACHEABLE_ENDPOINTS:
         return layout.validated
     if storage.exists(layout.cached_results) and storage.exists(layout.uncached):
         return layout.uncached
     lookups = _Lookups(store, settings, job)
-    if not any(entry is not None for *_, entry in lookups.of(layout.validated)):  # stops at the first
+    if not any(entry is not None for *_, entry in chain.from_iterable(lookups.batches(layout.validated))):
         return layout.validated
     with storage.open_write(layout.cached_results) as cached, storage.open_write(layout.uncached) as rest:
         for batch in lookups.batches(layout.validated):
@@ -138,10 +123,6 @@ class _Lookups:
             keys = [self.keys.of(request) for request in requests]
             entries = self.store.cache_entries(self.scope, [k for k in keys if k], made_after=self.made_after)
             yield list(zip(chunk, requests, keys, (entries.get(k) if k else None for k in keys), strict=True))
-
-    def of(self, uri: str) -> Iterator[tuple[bytes, BatchRequest, str | None, CacheEntry | None]]:
-        for batch in self.batches(uri):
-            yield from batch
 
 
 def cached_results(layout: JobLayout) -> Iterator[ResultRecord]:
@@ -184,10 +165,8 @@ def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout)
 
 
 class _FillHold:
-    """A fault drill's hold point in the fill (as the worker's, docs/worker.md "Fault
-    drills"): while the job's hold marker says ``{"cache_fill_after_shards": N}``, the fill
-    waits once N shards' answers are entered, until the marker goes; a kill then lands
-    between two shards' entries by construction."""
+    """A fault drill's hold point in the fill (docs/worker.md, "Fault drills"): while the job's hold
+    marker says ``{"cache_fill_after_shards": N}``, the fill waits after N shards' entries."""
 
     POLL_S = 0.2
 

@@ -1,40 +1,16 @@
-"""Plan a job's shards: ranges or prefix groups of the validated file, one requests file each.
+"""Plan a job's shards: one requests file each, in input-index order, and the manifest
+(``{job}/shards.json``) that merge and the DAG read (docs/data-plane.md, "sharding").
 
-``plan_shards(layout, n)`` streams ``layout.validated`` twice and writes
-``ShardLayout(k).requests`` for each shard and a manifest, ``{job}/shards.json``, that merge
-and the DAG read. Every shard file keeps its requests in input-index order.
+Three plans, each of exactly ``min(n, requests)`` non-empty shards numbered from 0:
+- contiguous: balanced ranges of the validated file, by count or estimated prompt tokens;
+- prefix-aware (``Settings.prefix_aware_sharding``): requests sharing their first
+  ``PREFIX_KEY_CHARS`` characters on one shard, whose prefix cache then computes the prefix
+  once; kept only if it saves ``MIN_PREFIX_SAVING`` of the prompt tokens;
+- adapter-grouped (lines on two or more models: the base and LoRA adapters): lines ordered by
+  adapter, then cut into balanced consecutive pieces, so each shard loads few adapters.
 
-Two plans (docs/data-plane.md, "Prefix-aware sharding"):
-
-- **contiguous** (today's plan, and what the off switch gives): contiguous ranges of the
-  validated file, balanced by request count (sizes differ by at most one) or by estimated
-  prompt tokens (about four characters a token; see ``estimate_prompt_tokens``). Each
-  request goes to the shard its cumulative weight falls in, nudged so that no shard is
-  empty. Memory does not grow with the number of requests.
-- **prefix-aware** (``Settings.prefix_aware_sharding``, on by default): requests whose
-  prompts share their first ``PREFIX_KEY_CHARS`` characters (a *prefix group*)
-  land on one shard, so each shard's vLLM computes a shared prefix once and serves the
-  siblings from its prefix cache. Pass 1 keeps a few integers per line (prefix hashes,
-  weight, group id; never the lines), groups them, splits a group larger than a shard's
-  fair share along its longer shared prefixes, and assigns groups to shards greedily,
-  largest first, to the lightest shard; lines with no long prefix fill the shards up to
-  balance, in file order. Pass 2 writes the files. The plan is used only when it is
-  estimated to save at least ``MIN_PREFIX_SAVING`` of the job's prompt tokens
-  over the contiguous plan; otherwise the contiguous plan is written.
-
-- **adapter-grouped** (a job whose lines run on two or more models: the base and LoRA
-  adapters, ``BatchRequest.adapter``): lines ordered by adapter (in the order each first
-  appears), prefix groups together within one, then cut into balanced consecutive pieces,
-  so each shard's engine loads few adapters (those of one or two neighbours in that order).
-  Each shard lists the adapters it needs (``ShardPlan.adapters``): the worker starts its
-  engine with LoRA on for them, a Kubernetes pod fetches them.
-
-Either way a plan has exactly ``min(n, number of requests)`` shards, numbered 0.. without
-gaps (shard 0 holds the first request); no empty shard is ever planned.
-
-Planning is deterministic. Re-planning a job with the same input and arguments rewrites the
-same files and keeps the shards' results (their checkpoints); a different plan discards the
-old shards' results, which would no longer match their requests.
+Planning is deterministic: a re-plan with the same input keeps the shards' results; a
+different plan discards them, as they no longer match their requests.
 """
 
 from __future__ import annotations
@@ -59,20 +35,16 @@ MAX_SHARDS = 64
 # Requests whose prompts share this many first characters form a prefix group (the worker
 # orders its feed by the same key: llm_batch.runtime.engine.runner).
 PREFIX_KEY_CHARS = 1024
-# The prefix-aware plan is kept only if it saves at least this share of the job's estimated
-# prompt tokens (its merge reads one shard at a time, so a small saving is not worth it).
+# The prefix-aware plan's least saving of prompt tokens (its merge opens every shard at once).
 MIN_PREFIX_SAVING = 0.05
 ShardBy = Literal["count", "tokens"]
-# The longer shared prefix a prefix group is split along when it is too big for one shard,
-# and counted at when every member shares it: this many times PREFIX_KEY_CHARS.
+# The longer prefix (in PREFIX_KEY_CHARS) an oversized prefix group is split along.
 LONG_PREFIX_FACTOR = 4
 
 
 class ShardPlan(BaseModel):
-    """One shard: ``count`` requests, the first at position ``start`` of the validated file.
-
-    A contiguous plan's shard holds positions ``start .. start + count - 1``; a prefix-aware
-    plan's shard holds whole prefix groups, in input order, spread over the file."""
+    """One shard: ``count`` requests, the first at position ``start`` of the validated file (a
+    contiguous range, or whole prefix groups spread over the file)."""
 
     index: int  # k, as in JobLayout.shard(k)
     start: int  # position of its first request in the validated file (0-based)
@@ -83,8 +55,7 @@ class ShardPlan(BaseModel):
     requests_uri: str
     results_uri: str
     progress_uri: str
-    # Prefix-aware plans: a hash of the shard's lines, so a re-plan keeps a shard's results
-    # only if it holds the very same requests (its summary above could match by chance).
+    # Prefix-aware plans: a re-plan keeps a shard's results only if it holds the same lines.
     digest: str | None = None
     # The LoRA adapters its lines run on (sorted; lines on the base model name none).
     adapters: list[str] = []
@@ -97,13 +68,10 @@ class ShardManifest(BaseModel):
     total_requests: int
     total_weight: int
     shards: list[ShardPlan]
-    # True: shards hold prefix groups (not contiguous ranges); merge then reads all at once.
     prefix_aware: bool = False
     prefix_groups: int = 0  # groups of requests sharing a long prefix (0 when not looked for)
-    # Estimated prompt tokens the plan saves over the contiguous plan (prefix computed once
-    # per shard instead of once per shard it is spread over).
+    # Estimated prompt tokens the plan saves over the contiguous plan.
     estimated_saved_tokens: int = 0
-    # True: shards hold lines grouped by the adapter they run on (adapter-grouped plan).
     adapter_grouped: bool = False
 
 
@@ -124,9 +92,6 @@ def _weight(line: bytes, by: ShardBy) -> int:
     return estimate_prompt_tokens(orjson.loads(line)["body"]) if by == "tokens" else 1
 
 
-# -- prefix keys ----------------------------------------------------------------------------
-
-
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -141,11 +106,10 @@ def _content_text(content: Any) -> str:
 
 
 def prefix_text(body: dict[str, Any], limit: int) -> str:
-    """The start (at least ``limit`` characters when there are that many) of the text the
-    model's prompt is rendered from, in rendering order: tools (chat templates put them
-    first), then each message's role and content (or the responses API's instructions and
-    input, or a completion's prompt). The chat template itself is the same for every
-    request of a job, so it does not change which prompts share a prefix."""
+    """The start (at least ``limit`` characters when there are that many) of the text the prompt is
+    rendered from, in rendering order: tools, then each message's role and content (or the
+    responses API's instructions and input, or a completion's prompt). The chat template is the
+    same for every request of a job, so it does not change which prompts share a prefix."""
     text = ""
     for piece in _prompt_pieces(body, limit):
         text += piece
@@ -194,9 +158,6 @@ def prefix_key(body: dict[str, Any], chars: int) -> tuple[int, int] | None:
     if len(text) < chars:
         return None
     return _hash(text[:chars]), (_hash(text[:long_chars]) if len(text) >= long_chars else 0)
-
-
-# -- the contiguous plan ----------------------------------------------------------------------
 
 
 class _Assigner:
@@ -292,12 +253,9 @@ def _write_contiguous(layout: JobLayout, source: str, num_shards: int, by: Shard
     return plans
 
 
-# -- the prefix-aware plan --------------------------------------------------------------------
-
-
 @dataclass
 class _Lines:
-    """Pass 1's compact view of the validated file: a few integers per line, not the lines."""
+    """Pass 1's compact view of the validated file: a few integers per line, never the lines."""
 
     weight: array = field(default_factory=lambda: array("q"))  # what is balanced
     group: array = field(default_factory=lambda: array("q"))  # prefix group id, -1 for none
@@ -345,10 +303,9 @@ def _read_lines(source: str, by: ShardBy, chars: int) -> _Lines:
 
 
 def _pieces(lines: _Lines, target: float) -> tuple[array, list[tuple[int, int]]]:
-    """Each line's piece (-1: no long prefix, a filler) and each piece's (weight, first
-    position). A group is one piece unless heavier than ``target`` (a shard's fair share):
-    then it is split into its longer-prefix subgroups, and any piece still too heavy (or
-    its members without a longer shared prefix) into consecutive runs of at most ``target``."""
+    """Each line's piece (-1: a filler, no long prefix) and each piece's (weight, first position). A
+    group heavier than ``target`` (a shard's fair share) is split by its longer prefix, and what
+    is still too heavy into consecutive runs of at most ``target``."""
     piece_of = array("q", [-1]) * lines.total
     weights: list[int] = []  # per piece
     firsts: list[int] = []
@@ -435,10 +392,9 @@ def _prefix_assignment(lines: _Lines, num_shards: int) -> tuple[array, int] | No
 
 
 def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -> int:
-    """Estimated prompt tokens the plan saves over the contiguous one: per group, (shards
-    it spans there - shards it spans here) x ``chars`` / 4 tokens, plus the same for each
-    set of requests sharing the longer prefix, x the further (``LONG_PREFIX_FACTOR`` - 1) x
-    ``chars`` / 4 tokens they share."""
+    """Estimated prompt tokens the plan saves over the contiguous one: per group, (shards it spans
+    there - shards here) x ``chars`` / 4, and likewise per longer shared prefix for the further
+    (``LONG_PREFIX_FACTOR`` - 1) x ``chars`` / 4 tokens."""
     # (0, group id) and (1, longer prefix's hash) -> [the shard it was last seen on in the
     # contiguous plan, its span there, the shards it is on here (a bit mask: <= 64 shards)]
     spans: dict[tuple[int, int], list[int]] = {}
@@ -459,10 +415,9 @@ def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -
 
 
 def _adapter_assignment(lines: _Lines, num_shards: int) -> tuple[array, int]:
-    """Each line's shard in the adapter-grouped plan: lines ordered by model (its rank of
-    first appearance), a prefix group's lines together within it (at the group's first
-    position), then file order; that order cut into ``m`` consecutive pieces of about equal
-    weight, none empty."""
+    """Each line's shard in the adapter-grouped plan: lines ordered by model (in order of first
+    appearance), a prefix group's lines together, then file order; cut into ``m`` consecutive,
+    non-empty pieces of about equal weight."""
     n = lines.total
     m = min(num_shards, n)
 
@@ -507,18 +462,15 @@ def _write_assigned(layout: JobLayout, source: str, shard_of: array, m: int, wei
     return plans
 
 
-# -- planning ---------------------------------------------------------------------------------
-
-
 def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
                 prefix_aware: bool | None = None, min_saving: float | None = None,
                 source: str | None = None, settings: Settings | None = None) -> list[ShardPlan]:
     """Write the shards' request files and the manifest; return the (non-empty) shards.
 
-    ``prefix_aware`` defaults to the setting ``prefix_aware_sharding`` (of ``settings``,
-    default ``get_settings()``), ``min_saving`` to
-    MIN_PREFIX_SAVING; ``source`` (default ``layout.validated``) is the requests file to
-    plan (``layout.uncached`` when the result cache answered some)."""
+    ``prefix_aware`` defaults to ``settings.prefix_aware_sharding`` (default ``get_settings()``),
+    ``min_saving`` to MIN_PREFIX_SAVING; ``source`` (default ``layout.validated``) is the file to
+    plan (``layout.uncached`` when the result cache answered some).
+    """
     source = source or layout.validated
     if not 1 <= num_shards <= MAX_SHARDS:
         raise ShardingError(f"number of shards must be 1..{MAX_SHARDS}, got {num_shards}")

@@ -1,16 +1,8 @@
 """Validate a whole batch, streaming: one pass over the input, valid requests and error records
-written as they come, counts and a capped list of the first errors in the report.
+written as they come, counts and the first errors in the report (docs/validation.md).
 
-One bad line never fails a batch. ``BatchRejected`` is raised only when the input cannot be
-read, has no valid request, exceeds a limit (requests, bytes), or names an unsupported
-endpoint; its ``reason`` says which and its message says what.
-
-Callers:
-- the DAG's prepare task: ``validate_batch(uris, fmt=..., endpoint=..., layout=layout)``
-  writes ``layout.validated``, ``layout.validation_errors`` and ``layout.validation_report``;
-- ``llm-batch validate``: counts only, with its own ``open_input`` for the user's local files;
-- the REST API's submission checks: ``parse_endpoint`` and ``check_format`` up front, then
-  the DAG validates the content.
+One bad line never fails a batch: ``BatchRejected`` only for an input that cannot be read,
+has no valid request, passes a limit or names an unsupported endpoint.
 """
 
 from __future__ import annotations
@@ -87,8 +79,7 @@ class ValidationReport(BaseModel):
 
 
 class ValidationStopped(Exception):
-    """``stopped()`` said so (the job was cancelled) before the input was read through;
-    nothing is published."""
+    """``stopped()`` said so before the input was read through; nothing is published."""
 
 
 # How often validation asks ``stopped()`` (a store read), in items.
@@ -96,9 +87,9 @@ STOP_CHECK_ITEMS = 2000
 
 
 class BatchRejected(Exception):
-    """The whole batch is refused. ``reason`` is one of unreadable, no_valid_requests,
-    too_many_requests, input_too_large, unsupported_endpoint and duplicate_custom_id; ``report`` holds the counts
-    when the input was read through (no valid request)."""
+    """The whole batch is refused. ``reason``: unreadable, no_valid_requests, too_many_requests,
+    input_too_large, unsupported_endpoint or duplicate_custom_id; ``report``: the counts when the
+    input was read through."""
 
     def __init__(self, reason: str, message: str, report: ValidationReport | None = None):
         super().__init__(message)
@@ -115,43 +106,27 @@ def check_format(value: str) -> InputFormat:
         raise ValueError(f"input format {value!r} is unknown; known formats: {known}") from None
 
 
-def validate_batch(
-    source: Any,
-    *,
-    fmt: InputFormat | str,
-    endpoint: Endpoint | str | None = None,
-    layout: JobLayout | None = None,
-    limits: ValidationLimits | None = None,
-    validated_out: BinaryIO | None = None,
-    errors_out: BinaryIO | None = None,
-    open_input: OpenInput | None = None,
-    media: MediaResolver | None = None,
-    models: ModelChoice | None = None,
-    unique_custom_ids: bool = False,
-    stopped: Callable[[], bool] | None = None,
-) -> ValidationReport:
+def validate_batch(source: Any, *, fmt: InputFormat | str, endpoint: Endpoint | str | None = None,
+                   layout: JobLayout | None = None, limits: ValidationLimits | None = None,
+                   validated_out: BinaryIO | None = None, errors_out: BinaryIO | None = None,
+                   open_input: OpenInput | None = None, media: MediaResolver | None = None,
+                   models: ModelChoice | None = None, unique_custom_ids: bool = False,
+                   stopped: Callable[[], bool] | None = None) -> ValidationReport:
     """Validate ``source`` and return the report; raise BatchRejected for a whole-batch refusal.
 
-    ``source``: a URI or a list of URIs (read with ``open_input``, by default
-    ``llm_batch.infra.storage.open_read``; indexes continue across files and error messages name
-    the file), a binary stream, or inline content: a list of dicts (``inline``, ``scale-v2``)
-    or a dict (``scale-v1``). ``endpoint`` None: taken from the input (a JSONL ``url``, a Scale
-    item's prompt vs messages), else /v1/chat/completions (/v1/completions for scale-v1).
+    ``source``: a URI or a list of URIs (read with ``open_input``, default ``storage.open_read``;
+    indexes continue across files, messages name the file), a binary stream, or inline content
+    (a list of dicts for ``inline``/``scale-v2``, a dict for ``scale-v1``). ``endpoint`` None:
+    from the input, else /v1/chat/completions (/v1/completions for scale-v1).
 
-    Valid requests go to ``validated_out`` as BatchRequest lines and errors to ``errors_out``
-    as ErrorRecord lines, both in input order; with ``layout``, to ``layout.validated`` and
-    ``layout.validation_errors`` (published even when no request is valid, so the errors can
-    be served), plus the report at ``layout.validation_report``. On any other rejection
-    nothing is published. ``media`` resolves the files that lines of /v1/audio/transcriptions
-    and /v1/ocr name, for the job's owner (llm_batch.infra.media); without it they are checked
-    for their form only (``llm-batch validate``). ``models``: the names a line's body.model may
-    give and the adapter each runs on (``llm_batch.infra.adapters.model_choice``); without it
-    any name is taken and every line runs on the job's model. ``unique_custom_ids``: a
-    custom_id given twice refuses the whole batch (``duplicate_custom_id``) instead of
-    failing the later line. ``stopped``: asked every ``STOP_CHECK_ITEMS`` items; True stops
-    the read (ValidationStopped, nothing published), so a job cancelled while a big input
-    is read ends at once. Memory stays flat: items are streamed; duplicate detection keeps
-    16 bytes per custom_id at most.
+    Valid requests go to ``validated_out`` as BatchRequest lines and errors to ``errors_out`` as
+    ErrorRecord lines, in input order; with ``layout``, to its validated and validation_errors
+    files (published even with no valid request, so the errors can be served) and the report.
+    ``media`` resolves the files transcription and OCR lines name, for the job's owner (without
+    it: their form only). ``models``: the names a line's body.model may give and the adapter each
+    runs on (without it: any name, the job's model). ``unique_custom_ids``: a repeated custom_id
+    refuses the batch instead of failing the line. ``stopped``: asked every ``STOP_CHECK_ITEMS``
+    items; True stops the read (ValidationStopped, nothing published). Memory stays flat.
     """
     fmt = check_format(fmt)
     if layout is not None and (validated_out is not None or errors_out is not None):
@@ -183,15 +158,9 @@ def validate_batch(
     return report
 
 
-def _consume(
-    items: Iterator[Item],
-    report: ValidationReport,
-    limits: ValidationLimits,
-    validated_out: BinaryIO | None,
-    errors_out: BinaryIO | None,
-    unique_custom_ids: bool = False,
-    stopped: Callable[[], bool] | None = None,
-) -> None:
+def _consume(items: Iterator[Item], report: ValidationReport, limits: ValidationLimits, validated_out: BinaryIO | None,
+             errors_out: BinaryIO | None, unique_custom_ids: bool = False,
+             stopped: Callable[[], bool] | None = None) -> None:
     """Count and write every item; the hot loop of validation."""
     dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
     write_valid = validated_out.write if validated_out is not None else None
@@ -237,17 +206,8 @@ def _no_valid_message(report: ValidationReport) -> str:
     return f"no valid request in the input: all {report.total} are invalid{detail}"
 
 
-# -- reading the sources ---------------------------------------------------------------------
-
-
-def _items(
-    source: Any,
-    fmt: InputFormat,
-    checker: RequestChecker,
-    limits: ValidationLimits,
-    budget: _ByteBudget,
-    open_input: OpenInput,
-) -> Iterator[Item]:
+def _items(source: Any, fmt: InputFormat, checker: RequestChecker, limits: ValidationLimits, budget: _ByteBudget,
+           open_input: OpenInput) -> Iterator[Item]:
     """Every item of every input, indexes continuing across files."""
     if fmt is InputFormat.INLINE or (fmt is InputFormat.SCALE_V2 and _is_inline_list(source)):
         reader = read_inline if fmt is InputFormat.INLINE else read_scale_v2
@@ -266,16 +226,9 @@ def _items(
             yield item
 
 
-def _read_one(
-    fmt: InputFormat,
-    name: str,
-    open_stream: Callable[[], AbstractContextManager[BinaryIO]],
-    checker: RequestChecker,
-    limits: ValidationLimits,
-    budget: _ByteBudget,
-    start_index: int,
-    where: str,
-) -> Iterator[Item]:
+def _read_one(fmt: InputFormat, name: str, open_stream: Callable[[], AbstractContextManager[BinaryIO]],
+              checker: RequestChecker, limits: ValidationLimits, budget: _ByteBudget, start_index: int,
+              where: str) -> Iterator[Item]:
     if fmt is InputFormat.SCALE_V1:
         # Two passes: the shared fields may follow the prompts in the object.
         with _opened(name, open_stream) as stream:
@@ -321,8 +274,8 @@ def _openers(source: Any, open_input: OpenInput) -> list[tuple[str, Callable[[],
 
 
 def _rereadable(stream: BinaryIO) -> Callable[[], AbstractContextManager[BinaryIO]]:
-    """An opener for a caller's stream: from its start each time (spooled to a temporary
-    file first if it cannot seek). The caller keeps ownership: it is not closed here."""
+    """An opener for a caller's stream, from its start each time (spooled to a temporary file if it
+    cannot seek); the caller keeps it open."""
     state: dict[str, Any] = {}
 
     def opener() -> AbstractContextManager[BinaryIO]:

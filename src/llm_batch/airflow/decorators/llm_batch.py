@@ -1,10 +1,10 @@
-"""``@task.llm_batch``: a TaskFlow function that returns the batch, run as an
+"""``@task.llm_batch``: a TaskFlow function that returns the batch's input, run as an
 ``LLMBatchOperator`` (registered through ``llm_batch.airflow.provider_info``).
 
-The function returns the input: a list of prompt strings (``prompts``), a list of request
-bodies or ``{"custom_id", "body"}`` items (``requests``), or a dict naming one input
-(``{"input_uri": ...}``, ``{"input_file_ids": [...]}``, ``{"prompts": [...]}``, ...). Every
-other argument of the decorator is an ``LLMBatchOperator`` parameter::
+The function returns a list of prompt strings (``prompts``), a list of request bodies or
+``{"custom_id", "body"}`` items (``requests``), or a dict naming one input
+(``{"input_uri": ...}``, ``{"input_file_ids": [...]}``, ...). The decorator's other
+arguments are ``LLMBatchOperator`` parameters::
 
     @task.llm_batch(model="tiny-random-llama", request_params={"max_tokens": 8})
     def classify(reviews: list[str]) -> list[str]:
@@ -54,14 +54,8 @@ class _LLMBatchDecoratedOperator(DecoratedOperator, LLMBatchOperator):
     }
     custom_operator_name: str = "@task.llm_batch"
 
-    def __init__(
-        self,
-        *,
-        python_callable: Callable,
-        op_args: Collection[Any] | None = None,
-        op_kwargs: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, python_callable: Callable, op_args: Collection[Any] | None = None,
+                 op_kwargs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         # The input comes from the callable at run time.
         kwargs.setdefault("prompts", SET_DURING_EXECUTION)
         super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs)
@@ -81,8 +75,5 @@ def llm_batch_task(python_callable: Callable | None = None, **kwargs: Any) -> Ta
     :param python_callable: the function.
     :param kwargs: ``LLMBatchOperator`` parameters (``model`` is required).
     """
-    return task_decorator_factory(
-        python_callable=python_callable,
-        decorated_operator_class=_LLMBatchDecoratedOperator,
-        **kwargs,
-    )
+    return task_decorator_factory(python_callable=python_callable, decorated_operator_class=_LLMBatchDecoratedOperator,
+                                  **kwargs)

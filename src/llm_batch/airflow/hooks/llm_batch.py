@@ -1,13 +1,9 @@
-"""``LLMBatchHook``: the llm-batch REST API (the native ``/batch/v1/jobs`` route) for Airflow
-tasks and triggers, through ``llm_batch.infra.api_client.BatchClient`` (the one HTTP client
-of the API: its requests, retries of reads and error mapping).
+"""``LLMBatchHook``: the llm-batch REST API (native ``/batch/v1/jobs`` route) for Airflow tasks and
+triggers, through ``llm_batch.infra.api_client.BatchClient``.
 
-The hook adds the Airflow Connection (default ``llm_batch_default``; ``llm-batch up`` makes
-it for the embedded stack): ``host`` = the api-server's base URL (e.g.
-``http://127.0.0.1:8080``; a bare host name gets ``schema`` (default http) and ``port``),
-``password`` = an llm-batch API key (``llm-batch api-key create USER``). Sync methods for the
-operator, ``aget_job`` for the trigger. A refusal raises ``LLMBatchApiError`` with the API's
-message and field.
+Its Airflow Connection (default ``llm_batch_default``; ``llm-batch up`` makes it): ``host`` =
+the api-server's base URL (a bare host name gets ``schema``, default http, and ``port``),
+``password`` = an llm-batch API key. A refusal raises ``LLMBatchApiError``.
 """
 
 from __future__ import annotations
@@ -44,7 +40,7 @@ def _refusals() -> Iterator[None]:
 
 
 def base_url_of(conn: Any) -> str:
-    """``<api-server>/batch`` from a Connection's host (a URL, or a host with schema/port)."""
+    """``<api-server>/batch`` from a Connection's host."""
     host = (conn.host or "").rstrip("/")
     if not host:
         raise ValueError(f"connection {conn.conn_id!r} has no host: set it to the api-server's URL")
@@ -83,23 +79,21 @@ class LLMBatchHook(BaseHook):
         return self._client_of(self.get_connection(self.llm_batch_conn_id))
 
     def job_id_secret(self) -> str:
-        """What makes the operator's job ids unguessable to other owners: the connection's key
-        (the ids a task instance makes stay the same while the key does)."""
+        """What makes the operator's job ids unguessable to other owners: the connection's key."""
         return self.get_connection(self.llm_batch_conn_id).password or ""
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``BatchClient.<method>(*args, **kwargs)`` on a new client, refusals as LLMBatchApiError."""
+        """``BatchClient.<method>(*args, **kwargs)`` on a new client."""
         with self.get_conn() as client, _refusals():
             return getattr(client, method)(*args, **kwargs)
 
     def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/jobs``: the job (with ``id``: the existing job of that id, if yours).
 
-        With an ``id`` (the operator's deterministic job id) the create carries the
-        ``Idempotency-Key`` ``idempotency_key_for(id)``: a retried task (or a timed-out call
-        tried again) gets the first answer back. If that key was used with another body
-        (the task's parameters changed, within the keys' 24 hours), the create is sent
-        again without it and re-attaches to the job of that id as before."""
+        With an ``id`` the create carries the ``Idempotency-Key`` ``idempotency_key_for(id)``, so a
+        retried task gets the first answer back; if that key was used with another body (the task's
+        parameters changed), the create is sent again without it and re-attaches to the job.
+        """
         job_id = body.get("id")
         if not job_id:
             return self._call("create_job", body)
@@ -133,8 +127,7 @@ class LLMBatchHook(BaseHook):
         return [json.loads(line) for line in self.iter_file_lines(file_id)]
 
     async def aget_job(self, job_id: str) -> dict[str, Any]:
-        """``get_job`` for triggers (async: the connection is read once per call, the request
-        runs in a worker thread, off the triggerer's event loop)."""
+        """``get_job`` for triggers: the request runs in a thread, off the triggerer's event loop."""
         conn = await self.aget_connection(self.llm_batch_conn_id)
 
         def get() -> dict[str, Any]:

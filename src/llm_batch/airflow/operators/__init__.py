@@ -1,13 +1,6 @@
-"""Shard runners: the operators that run one shard of a batch job, with the same arguments.
-
-- ``LocalShardOperator`` (``llm_batch.airflow.operators.local``): a local subprocess.
-- ``KubernetesShardOperator`` (``llm_batch.airflow.operators.kubernetes``): a GPU pod.
-
-``shard_operator(runner)`` imports only the one asked for, so a DAG file using the local
-runner never pays for the Kubernetes client.
-
-And the batch step of users' own DAGs: ``from llm_batch.airflow.operators import
-LLMBatchOperator`` (``batch_step``, imported when named).
+"""The shard runners (``shard_operator(runner)`` imports only the one asked for, so a DAG using
+the local runner never pays for the Kubernetes client), and users' ``LLMBatchOperator``
+(``batch_step``, imported when named).
 """
 
 from __future__ import annotations
@@ -16,7 +9,7 @@ from typing import Any
 
 
 def shard_operator(runner: str) -> type[Any]:
-    """The operator class of `runner` ("local" or "kubernetes")."""
+    """The operator class of `runner`: "local" (LocalShardOperator) or "kubernetes" (KubernetesShardOperator)."""
     if runner == "local":
         from llm_batch.airflow.operators.local import LocalShardOperator  # airflow
 

@@ -1,9 +1,6 @@
-"""EngineServiceShardOperator: one small shard on an engine service (``llm_batch.runtime.engine_service``).
-
-Built by ``KubernetesShardOperator`` when the task runs, for a shard that ``service_for``
-sends to its model's service instead of a pod. It is the local runner's warm-engine path
-with another way in: the shard runs on a host reached over TCP, and is supervised the same
-(log lines into the task log, cancel and deadline, progress, a kill leaves the host warm).
+"""EngineServiceShardOperator: one small shard on its model's engine service
+(``llm_batch.runtime.engine_service``), reached over TCP and supervised as the local runner's
+warm-engine path (a kill leaves the host warm).
 """
 
 from __future__ import annotations
@@ -11,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from llm_batch.airflow.operators.local import LocalShardOperator
-from llm_batch.pipeline.shard_task import ShardOutcome
 from llm_batch.runtime.warm_engines import WarmShard, start_service_shard
 
 
@@ -26,10 +22,8 @@ class EngineServiceShardOperator(LocalShardOperator):
         token = self.llm_settings.engine_token
         if token is None or not token.get_secret_value():
             # Configuration, not a passing failure: fails without a retry, saying what to set.
-            message = (f"LLM_BATCH_ENGINE_SERVICES sends this shard to {self.address[0]}:{self.address[1]}, "
-                       "but LLM_BATCH_ENGINE_TOKEN is not set on this worker")
-            return self.finish(ShardOutcome(shard=self.shard.shard, exit_code=-1, state="usage", message=message),
-                               context)
+            return self.refuse(f"LLM_BATCH_ENGINE_SERVICES sends this shard to {self.address[0]}:{self.address[1]}, "
+                               "but LLM_BATCH_ENGINE_TOKEN is not set on this worker", context)
         return super().execute(context)
 
     def on_warm_engine(self) -> bool:

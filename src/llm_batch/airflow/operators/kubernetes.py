@@ -1,13 +1,10 @@
-"""KubernetesShardOperator: one shard as a GPU pod, with the same arguments as the local runner.
+"""KubernetesShardOperator: one shard on Kubernetes, with the same arguments as the local runner.
 
-What the DAG holds is this light operator: importing the Kubernetes client and the pod
-operator takes seconds, too long for DAG parsing, so the KubernetesPodOperator doing the
-work (``kubernetes_pod.ShardPodOperator``: pod shape, deferral, logs, deletion) is built
-only when the task runs, and every entry point Airflow calls is handed to it. A shard whose
-worker spans several nodes (``nodes_per_worker > 1``) is handed to
-``kubernetes_group.ShardGroupOperator`` instead: a LeaderWorkerSet, watched from the triggerer.
-A small shard of a model with an engine service (``llm_batch.runtime.engine_service``) runs there,
-on a warm engine, instead of a pod of its own (``engine_service.EngineServiceShardOperator``).
+The DAG holds this light operator: the Kubernetes client takes seconds to import, too long
+for parsing, so the operator doing the work is built when the task runs and handed every
+entry point Airflow calls: ``engine_service.EngineServiceShardOperator`` for a small shard
+its model's engine service takes, ``kubernetes_group.ShardGroupOperator`` for a worker
+spanning several nodes, else ``kubernetes_pod.ShardPodOperator``.
 """
 
 from __future__ import annotations
@@ -25,13 +22,13 @@ if TYPE_CHECKING:
 
 
 class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
-    """Run one shard (``shard_task``: a ``llm_batch.pipeline.shard_task.ShardTask`` as a dict) as a GPU pod.
+    """Run one shard (``shard_task``: a ``steps.shard_ref`` or a whole ShardTask, as a dict).
 
-    ``pod_overrides``: KubernetesPodOperator arguments that replace what the settings
-    produce (e.g. ``config_file``, ``deferrable``; a multi-node shard takes the connection's,
-    ``deferrable`` and ``poll_interval``). Returns the shard's outcome dict; a worker failure raises (retry
-    resumes), a usage error fails without retry. ``settings``: what it and the operator it
-    builds run on (default: ``get_settings()``).
+    ``pod_overrides``: KubernetesPodOperator arguments that replace what the settings produce
+    (e.g. ``config_file``, ``deferrable``; a multi-node shard takes the connection's,
+    ``deferrable`` and ``poll_interval``). ``settings``: what it and the operator it builds run
+    on (default: ``get_settings()``). Returns the shard's outcome dict; a worker failure raises
+    (retry resumes), a usage error fails without retry.
     """
 
     template_fields = ("shard_task",)
@@ -46,27 +43,21 @@ class KubernetesShardOperator(ShardTaskMixin, BaseOperator):
         self._pod_operator: Any = None
 
     def pod_operator(self) -> Any:
-        """The operator running this shard (built once per task process): an
-        EngineServiceShardOperator when its model's engine service takes it, else a
-        KubernetesPodOperator, or a ShardGroupOperator for a multi-node worker."""
+        """The operator running this shard, built once per task process."""
         if self._pod_operator is None:
-            whole = self.shard.model_dump()  # the runners take the shard task itself
+            # The runners take the shard task itself.
+            args = {"task_id": self.task_id, "shard_task": self.shard.model_dump(), "retries": self.retries,
+                    "settings": self.llm_settings}
             if (address := service_for(self.shard, self.llm_settings)) is not None:
-                self._pod_operator = EngineServiceShardOperator(
-                    task_id=self.task_id, shard_task=whole, address=address, retries=self.retries,
-                    settings=self.llm_settings,
-                )
-                self._pod_operator.llm_settings = self.llm_settings  # the settings that routed it
-                return self._pod_operator
-            if self.shard.nodes_per_worker > 1:
-                from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator as runner  # kubernetes
-            else:
-                from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator as runner  # kubernetes
+                self._pod_operator = EngineServiceShardOperator(address=address, **args)
+            elif self.shard.nodes_per_worker > 1:
+                from llm_batch.airflow.operators.kubernetes_group import ShardGroupOperator  # kubernetes
 
-            self._pod_operator = runner(
-                task_id=self.task_id, shard_task=whole, retries=self.retries, settings=self.llm_settings,
-                **self.pod_overrides,
-            )
+                self._pod_operator = ShardGroupOperator(**args, **self.pod_overrides)
+            else:
+                from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator  # kubernetes
+
+                self._pod_operator = ShardPodOperator(**args, **self.pod_overrides)
         return self._pod_operator
 
     def execute(self, context: Any) -> dict[str, Any] | None:

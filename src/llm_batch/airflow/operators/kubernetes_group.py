@@ -1,33 +1,9 @@
-"""ShardGroupOperator: one shard whose worker spans several nodes, as a LeaderWorkerSet.
+"""ShardGroupOperator: a shard whose worker spans several nodes, as a LeaderWorkerSet (``group_spec``)
+created, watched and deleted per attempt (docs/orchestration.md, "Multi-node workers").
 
-Built by KubernetesShardOperator for ``nodes_per_worker > 1`` (imported only when such a
-shard runs: the Kubernetes client is slow to import). The set's shape is ``group_spec``'s;
-this module is its life:
-
-1. Sets of this shard left by an earlier attempt (a task killed with no time to clean up)
-   are deleted first: two groups must never work on one shard.
-2. A fresh set is created (a new name per attempt).
-3. While it runs, ``GroupWatch`` supervises it as the local runner supervises a process:
-   each round it reports the shard's progress, mirrors a cancel to the marker the leader's
-   worker reads, and reads the group's pods. The leader's exit code (its container's
-   ``state`` or, once restarted, ``lastState``) is the shard's outcome. A follower that
-   exits or restarts, a pod replaced, the set deleted by someone else, or a group not
-   running ``startup_timeout_seconds`` after creation fails the attempt. A worker still
-   running ``cancel_grace_seconds`` after a cancel or the deadline is stopped (the set
-   deleted) and the shard ends cancelled / deadline.
-   Deferrable (the default, as the single pod's): the task defers to ``ShardGroupTrigger``,
-   which runs the watch's rounds in the triggerer (no worker slot held while the group
-   runs, for hours on a big model), and resumes in ``trigger_reentry`` with the verdict.
-   ``deferrable=False`` runs the same rounds in the task.
-4. The set is deleted however the attempt ends (``propagationPolicy: Foreground``: the
-   StatefulSets and every pod of the group go with it), and on kill (the task's
-   ``on_kill``; while deferred, the trigger's ``on_kill``, which Airflow calls when a user
-   marks the task failed or clears it).
-
-A failed attempt raises, so the task's retry makes a new group, which resumes from the
-shard's checkpoint as a single pod does. A triggerer restart starts the watch afresh: it
-forgets which pods it had seen (a pod replaced across the restart is then not noticed) and
-a stop's grace starts again.
+A failed attempt raises, so the task's retry makes a new group that resumes from the shard's
+checkpoint. A triggerer restart starts the watch afresh: a pod replaced across the restart
+goes unnoticed and a stop's grace starts again.
 """
 
 from __future__ import annotations
@@ -38,8 +14,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -47,7 +24,7 @@ from airflow.sdk import BaseOperator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from kubernetes.client.exceptions import ApiException
 
-from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail, shard_stop_of, watch_shard
+from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail, exit_code_of, shard_stop_of, watch_shard
 from llm_batch.airflow.specs import group_spec
 from llm_batch.core import exit_codes
 from llm_batch.core.config import Settings
@@ -76,11 +53,9 @@ class GroupState:
 
 
 class GroupWatch:
-    """The supervision of one running group, a round at a time (blocking calls: the task
-    runs the rounds itself, ``ShardGroupTrigger`` in a thread). ``round`` returns None while
-    the group works on, else the verdict (JSON, a trigger event's payload): ``{"state":
-    GroupState fields}`` when the leader exited or the group broke, ``{"stopped": cause}``
-    when the worker outlived a stop's grace."""
+    """One running group's supervision, a round at a time (blocking: the task or a trigger's thread
+    runs it). ``round`` returns None while the group works on, else the JSON verdict:
+    ``{"state": GroupState fields}`` or ``{"stopped": cause}``."""
 
     def __init__(self, hook: Any, namespace: str, name: str, size: int, shard_stop: dict[str, Any],
                  startup_timeout_seconds: float, created_at: float) -> None:
@@ -112,7 +87,7 @@ class GroupWatch:
         return None
 
     def read(self) -> GroupState:
-        """One read of the set and its pods (see the module docstring for the verdicts)."""
+        """One read of the set and its pods."""
         try:
             self.hook.custom_object_client.get_namespaced_custom_object(
                 group_spec.GROUP, group_spec.VERSION, self.namespace, group_spec.PLURAL, self.name)
@@ -124,7 +99,7 @@ class GroupWatch:
             self.namespace, label_selector=group_spec.group_selector(self.name)).items
         by_index = {int((pod.metadata.labels or {}).get(group_spec.WORKER_INDEX_LABEL, -1)): pod for pod in pods}
         leader = by_index.get(0)
-        if leader is not None and (code := _exit_code(leader)) is not None:
+        if leader is not None and (code := exit_code_of(leader, group_spec.CONTAINER)) is not None:
             return GroupState(leader_exit=code, pod=leader.metadata.name, restarted=_restarted(leader))
         for index, uid in self._uids.items():
             pod = by_index.get(index)
@@ -136,7 +111,7 @@ class GroupWatch:
             pod = by_index.get(index)
             if pod is None:
                 continue
-            code = _exit_code(pod)
+            code = exit_code_of(pod, group_spec.CONTAINER)
             if code is not None or (pod.status and pod.status.phase == "Failed"):
                 return GroupState(failure=f"follower {index} ({pod.metadata.name}) exited with code {code}",
                                   usage=code == exit_codes.USAGE, pod=pod.metadata.name, restarted=_restarted(pod))
@@ -157,15 +132,13 @@ def delete_group(hook: Any, namespace: str, name: str) -> None:
 
 
 class ShardGroupOperator(ShardTaskMixin, BaseOperator):
-    """Run one shard (``shard_task``: a ``llm_batch.pipeline.shard_task.ShardTask`` as a dict, with
-    ``nodes_per_worker > 1``) as a LeaderWorkerSet; see the module docstring.
+    """Run one shard (``shard_task``, with ``nodes_per_worker > 1``) as a LeaderWorkerSet.
 
     ``kubernetes_conn_id`` / ``config_file`` / ``in_cluster`` / ``cluster_context``: the
     cluster (KubernetesHook's arguments; default: the settings' connection).
-    ``deferrable``: wait for the group in the triggerer (default) or in the task.
-    ``poll_interval``: seconds between rounds of the watch. ``startup_timeout_seconds``: how
-    long the group may take to have every pod running. Returns the shard's outcome dict; a
-    failed attempt raises for a retry, a usage error fails without.
+    ``deferrable``: wait in the triggerer (default) or in the task. ``poll_interval``: seconds
+    between watch rounds. ``startup_timeout_seconds``: how long until every pod must run.
+    Returns the outcome dict; a failed attempt raises for a retry, a usage error fails without.
     """
 
     template_fields = ("shard_task",)
@@ -185,8 +158,6 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         self.set_name: str | None = None
         self._killed = threading.Event()
 
-    # -- the cluster ------------------------------------------------------------------
-
     @property
     def namespace(self) -> str:
         return self.llm_settings.k8s_namespace
@@ -199,19 +170,14 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
             args["conn_id"] = args.pop("kubernetes_conn_id")
         return args
 
+    @cached_property
     def hook(self) -> Any:
-        if getattr(self, "_hook", None) is None:
-            self._hook = KubernetesHook(**self.hook_kwargs)
-        return self._hook
-
-    # -- execute ------------------------------------------------------------------------
+        return KubernetesHook(**self.hook_kwargs)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        self.bind_job_to_logs()
+        if (ended := self.ended_before_start(context)) is not None:
+            return ended
         task = self.shard
-        early = self.stop_before_start()
-        if early is not None:
-            return self.report_outcome(early, context).model_dump()
         self._delete_stale(task)
         name = group_spec.set_name(task)
         body = group_spec.leader_worker_set(task, self.llm_settings, name)
@@ -219,7 +185,7 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
                       task.nodes_per_worker, task.gpus)
         self.set_name = name  # before the call: a kill while it is on its way deletes it too
         try:
-            self.hook().custom_object_client.create_namespaced_custom_object(
+            self.hook.custom_object_client.create_namespaced_custom_object(
                 group_spec.GROUP, group_spec.VERSION, self.namespace, group_spec.PLURAL, body)
         except ApiException as exc:
             if exc.status not in (404, 422):
@@ -234,18 +200,16 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
         if self.deferrable:  # raises TaskDeferred: Airflow resumes in trigger_reentry
             self.defer(trigger=ShardGroupTrigger(hook_args=self.hook_kwargs, watch=watch, poll_interval=self.poll_interval),
                        method_name="trigger_reentry")
-        try:
-            verdict = self._supervise(GroupWatch(self.hook(), **watch))
-            outcome = self._outcome_of(verdict)
-        finally:
-            self.delete_group()
-        return self.finish(outcome, context)
+        return self._end(lambda: self._supervise(GroupWatch(self.hook, **watch)), context)
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        """Back from ShardGroupTrigger with its verdict: the outcome, the group deleted."""
         self.set_name = event["name"]
+        return self._end(lambda: event, context)
+
+    def _end(self, verdict: Callable[[], dict[str, Any]], context: Any) -> dict[str, Any]:
+        """The outcome of the watch's verdict, the group deleted however it ends."""
         try:
-            outcome = self._outcome_of(event)
+            outcome = self._outcome_of(verdict())
         finally:
             self.delete_group()
         return self.finish(outcome, context)
@@ -256,10 +220,7 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
             self.log.info("task killed: deleting LeaderWorkerSet %s", self.set_name)
             self.delete_group()
 
-    # -- supervision ------------------------------------------------------------------
-
     def _supervise(self, watch: GroupWatch) -> dict[str, Any]:
-        """The watch's rounds in the task, until a verdict (or the task is killed)."""
         while True:
             if self._killed.is_set():
                 return {"killed": True}
@@ -268,7 +229,6 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
             self._killed.wait(self.poll_interval)
 
     def _outcome_of(self, verdict: dict[str, Any]) -> ShardOutcome:
-        """The shard's outcome of a verdict of GroupWatch (the deciding pod's log read first)."""
         if verdict.get("killed"):
             return self._failed("the task was killed", exit_code=-9)
         if (cause := verdict.get("stopped")) is not None:
@@ -289,14 +249,13 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
                             message=f"multi-node worker failed: {why}" + ("" if usage else "; a retry makes a new group and resumes"))
 
     def _log_tail(self, state: GroupState) -> str:
-        """The last lines of the deciding pod's worker, into the task log; its error lines
-        (or last lines), bounded, for a failure's message. Best effort: a log that cannot be
-        read never changes the shard's outcome."""
+        """The deciding pod's last lines into the task log; their error tail for a failure's
+        message. Best effort: an unreadable log never changes the outcome."""
         if state.pod is None:
             return ""
         try:
             # Raw bytes (the client's own decoding of a text/plain answer is a bytes repr).
-            answer = self.hook().core_v1_client.read_namespaced_pod_log(
+            answer = self.hook.core_v1_client.read_namespaced_pod_log(
                 state.pod, self.namespace, container=group_spec.CONTAINER, tail_lines=LOG_TAIL_LINES,
                 previous=state.restarted, _preload_content=False)
             text = answer.data.decode("utf-8", errors="replace")
@@ -308,18 +267,16 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
             self.log.info("[%s] %s", state.pod, line)
         return error_tail(lines)
 
-    # -- deletion ---------------------------------------------------------------------
-
     def delete_group(self, name: str | None = None) -> None:
-        """Delete the set (and by cascade its StatefulSets and pods); gone already is fine."""
         name = name or self.set_name
         if name is not None:
-            delete_group(self.hook(), self.namespace, name)
+            delete_group(self.hook, self.namespace, name)
 
     def _delete_stale(self, task: ShardTask) -> None:
-        """Delete the sets of earlier attempts of this shard and wait (bounded) until they are gone."""
+        """Delete earlier attempts' sets of this shard (two groups must never share a shard) and
+        wait, bounded, until they are gone."""
         def stale() -> list[str]:
-            found = self.hook().custom_object_client.list_namespaced_custom_object(
+            found = self.hook.custom_object_client.list_namespaced_custom_object(
                 group_spec.GROUP, group_spec.VERSION, self.namespace, group_spec.PLURAL,
                 label_selector=group_spec.shard_selector(task))
             return [item["metadata"]["name"] for item in found.get("items", [])]
@@ -341,10 +298,8 @@ class ShardGroupOperator(ShardTaskMixin, BaseOperator):
 
 
 class ShardGroupTrigger(BaseTrigger):
-    """Wait in the triggerer for a multi-node shard's group: GroupWatch's rounds, each in a
-    thread (the Kubernetes client and the job store are blocking), until its verdict, sent
-    as the event with the set's ``name``. A user's kill of the deferred task deletes the
-    group (``on_kill``).
+    """Wait in the triggerer for a multi-node shard's group: GroupWatch's rounds, each in a thread,
+    until its verdict (the event, with the set's ``name``). Its ``on_kill`` deletes the group.
 
     :param hook_args: KubernetesHook's arguments (the operator's ``hook_kwargs``).
     :param watch: GroupWatch's arguments other than the hook (JSON).
@@ -383,15 +338,3 @@ def _api_message(exc: ApiException) -> str:
         return str(json.loads(exc.body or "{}").get("message") or exc.reason)
     except ValueError:
         return str(exc.reason)
-
-
-def _exit_code(pod: Any) -> int | None:
-    """The exit code of the pod's worker container if it has exited: its current state, or
-    the last one once the kubelet restarted it (StatefulSet pods restart on every exit)."""
-    for status in (pod.status.container_statuses if pod.status else None) or []:
-        if status.name != group_spec.CONTAINER:
-            continue
-        for state in (status.state, status.last_state):
-            if state is not None and state.terminated is not None:
-                return state.terminated.exit_code
-    return None

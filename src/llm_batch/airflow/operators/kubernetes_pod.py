@@ -1,30 +1,23 @@
-"""ShardPodOperator: the KubernetesPodOperator behind KubernetesShardOperator (deferrable).
+"""ShardPodOperator: the deferrable KubernetesPodOperator behind KubernetesShardOperator
+(docs/orchestration.md, "Shard runners"); the pod's shape is ``pod_spec``'s.
 
-Imported only when a shard task runs (the Kubernetes client takes seconds to import, too
-long for DAG parsing). The pod runs ``llm-batch worker ...`` in the inference image
-(``Settings.worker_image``); its shape comes from ``pod_spec`` (GPU limits, node selector,
-tolerations, labels, priority class, storage Secret, model cache). The pod is deleted when it finishes and when the task
-is killed; its logs are followed into the task log.
+While the pod runs, the task waits in ``ShardPodTrigger``: the provider's pod trigger plus
+the shard's stop watch, which ends the wait with the pod deleted if the worker still runs
+``cancel_grace_seconds`` after a cancel or the deadline.
 
-While the pod runs, the deferred task waits in ``ShardPodTrigger``: the provider's pod
-trigger plus the shard's stop watch, which mirrors the job's cancel flag to the cancel
-marker the worker reads, and ends the wait with a kill (pod deleted) if the worker is still
-running ``cancel_grace_seconds`` after a cancel or the deadline. Worker exits "cancelled"
-and "deadline" (exit statuses 3 and 4) end the task well: merge reports what did not run.
-
-Provider contract (``SUPPORTED_PROVIDER``, checked by tests/unit/test_kubernetes_pod_provider.py):
-only the provider's public extension points are used - the documented constructor
-parameters ``callbacks`` (``KubernetesPodOperatorCallback.on_pod_completion`` hands over the
-finished pod, sync and deferrable) and ``trigger_kwargs`` (carries the stop watch's settings
-to the trigger, and the provider merges them into every event), the overridable
-``trigger_reentry`` and ``BaseOperator.defer`` (to swap in ``ShardPodTrigger``, built from the
-provider trigger's own ``serialize()``), and ``KubernetesPodTrigger.run``. No private
-attribute (``_fired_event``, ``remote_pod``) is read or written.
+Provider contract (``SUPPORTED_PROVIDER``, tests/unit/test_kubernetes_pod_provider.py): only
+public extension points are used: the ``callbacks`` (``on_pod_completion`` hands over the
+finished pod) and ``trigger_kwargs`` (the stop watch's settings, merged by the provider into
+every event) parameters, the overridable ``trigger_reentry`` and ``BaseOperator.defer`` (to
+swap in ``ShardPodTrigger``, built from the provider trigger's ``serialize()``), and
+``KubernetesPodTrigger.run``. No private attribute is read or written.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.callbacks import KubernetesPodOperatorCallback
@@ -33,7 +26,7 @@ from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
 from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import TriggerEvent
 
-from llm_batch.airflow.operators.shard import ShardTaskMixin, shard_stop_of, watch_shard
+from llm_batch.airflow.operators.shard import ShardTaskMixin, exit_code_of, shard_stop_of, watch_shard
 from llm_batch.airflow.specs import pod_spec
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.pipeline.shard_task import ShardTask
@@ -48,8 +41,7 @@ SHARD_STOP_KEY = "llm_batch_shard_stop"  # in trigger_kwargs: the stop watch's s
 
 class _KeepCompletedPod(KubernetesPodOperatorCallback):
     """Keeps the finished pod (its container statuses hold the worker's exit code) on the
-    ShardPodOperator. The provider calls ``on_pod_completion`` once the pod is done: after
-    the log follow in the sync path, at re-entry from the trigger in the deferrable one."""
+    ShardPodOperator: after the log follow (sync), at re-entry from the trigger (deferrable)."""
 
     @staticmethod
     def on_pod_completion(*, pod: Any, operator: Any, **kwargs: Any) -> None:
@@ -58,13 +50,9 @@ class _KeepCompletedPod(KubernetesPodOperatorCallback):
 
 
 class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
-    """Run one shard (``shard_task``: a ``llm_batch.pipeline.shard_task.ShardTask`` as a dict) as a GPU pod.
-
-    Any KubernetesPodOperator argument may be given to override what the settings and
-    pod_spec produce. Raises
-    ``pod_spec.UnsupportedPodShape`` for shards no single pod can run (nodes_per_worker > 1:
-    ``kubernetes_group.ShardGroupOperator`` runs those).
-    """
+    """Run one shard (``shard_task``) as a GPU pod; any KubernetesPodOperator argument overrides
+    what the settings and pod_spec make. Raises ``pod_spec.UnsupportedPodShape`` for a shard no
+    single pod can run."""
 
     template_fields = KubernetesPodOperator.template_fields
     ui_color = "#e8eef8"
@@ -115,62 +103,42 @@ class ShardPodOperator(ShardTaskMixin, KubernetesPodOperator):
         self._context: Any = None
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        self.bind_job_to_logs()
         self._context = context
-        early = self.stop_before_start()
-        if early is not None:
-            return self.report_outcome(early, context).model_dump()
-        try:
-            super().execute(context)  # deferrable: raises TaskDeferred, resumes in trigger_reentry
-        except AirflowException:
-            return self._outcome_of_failed_pod()
-        return self.finish(self.outcome(0, None), context)
+        if (ended := self.ended_before_start(context)) is not None:
+            return ended
+        # Deferrable: raises TaskDeferred, resumes in trigger_reentry.
+        return self._outcome_of_pod(partial(super().execute, context))
 
     def trigger_reentry(self, context: Any, event: dict[str, Any]) -> Any:
         self._context = context
         self._stop_cause = event.get(STOP_KEY)
-        try:
-            super().trigger_reentry(context, event)
-        except AirflowException:
-            return self._outcome_of_failed_pod()
-        return self.finish(self.outcome(0, None), context)
+        return self._outcome_of_pod(partial(super().trigger_reentry, context, event))
 
     def defer(self, *, trigger: Any, method_name: str, kwargs: dict[str, Any] | None = None, timeout: Any = None) -> None:
-        """Wait in ShardPodTrigger instead of the provider's trigger: the same trigger, built
-        from its own serialized arguments (its trigger_kwargs carry the stop watch's settings)."""
+        """Wait in ShardPodTrigger, built from the provider trigger's own serialized arguments."""
         if isinstance(trigger, KubernetesPodTrigger) and not isinstance(trigger, ShardPodTrigger):
             trigger = ShardPodTrigger(**trigger.serialize()[1])
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
-    # -- outcomes ---------------------------------------------------------------------
-
-    def _outcome_of_failed_pod(self) -> dict[str, Any]:
-        """A pod that did not succeed: stopped on purpose (a good end), or a failure."""
-        if self._stop_cause is not None:
-            return self.finish(self.outcome(None, self._stop_cause), self._context)
-        outcome = self.outcome(_exit_code(self.completed_pod, self.base_container_name), None)
-        if outcome.state == "done":  # the worker exited 0, yet the pod failed: the attempt fails
-            self.report_outcome(outcome, self._context)
-            raise AirflowException(outcome.message)
-        return self.finish(outcome, self._context)
-
-
-def _exit_code(pod: Any, container: str) -> int | None:
-    statuses = (pod.status.container_statuses if pod is not None and pod.status else None) or []
-    for status in statuses:
-        if status.name == container and status.state and status.state.terminated:
-            return status.state.terminated.exit_code
-    return None
+    def _outcome_of_pod(self, run: Callable[[], Any]) -> dict[str, Any]:
+        """The outcome of the provider's `run` of the pod: a pod stopped on purpose ends well;
+        one whose worker exited 0 yet failed fails the attempt."""
+        try:
+            run()
+        except AirflowException:
+            if self._stop_cause is not None:
+                return self.finish(self.outcome(None, self._stop_cause), self._context)
+            outcome = self.outcome(exit_code_of(self.completed_pod, self.base_container_name), None)
+            if outcome.state == "done":
+                self.report_outcome(outcome, self._context)
+                raise AirflowException(outcome.message) from None
+            return self.finish(outcome, self._context)
+        return self.finish(self.outcome(0, None), self._context)
 
 
 class ShardPodTrigger(KubernetesPodTrigger):
-    """The provider's pod trigger, plus the shard's stop watch (see the module docstring).
-
-    Takes the provider trigger's arguments; ``trigger_kwargs[SHARD_STOP_KEY]``: {job_id,
-    shard, progress_uri, cancel_marker, deadline (ISO), grace_seconds}. The stop watch reads
-    the job store of the triggerer's own settings (LLM_BATCH_DATABASE_URL) and this shard's
-    progress object only.
-    """
+    """The provider's pod trigger plus the shard's stop watch (``trigger_kwargs[SHARD_STOP_KEY]``:
+    ``shard_stop_of``'s dict), which reads the triggerer's own job store."""
 
     def __init__(self, *, shard_stop: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if shard_stop is not None:  # serialized before the settings moved into trigger_kwargs
@@ -196,22 +164,12 @@ class ShardPodTrigger(KubernetesPodTrigger):
                 return
             cause = stop.result()
             pod_event.cancel()
-            # The provider's own events also set its private "event fired" flag; on Airflow
-            # 3.3+ it only makes the trigger's on_kill (a user kill while run() still runs)
-            # keep the pod. Not set here on purpose: the worker is past its grace, so a kill
-            # landing as this event goes out should delete the pod (on_kill_action), as
-            # trigger_reentry would.
-            yield TriggerEvent(
-                {
-                    "status": "timeout",
-                    "namespace": self.pod_namespace,
-                    "name": self.pod_name,
-                    "message": f"worker still running {self.shard_stop['grace_seconds']}s after the stop ({cause}): pod deleted",
-                    "last_log_time": self.last_log_time,
-                    STOP_KEY: cause,
-                    **self.trigger_kwargs,
-                }
-            )
+            # The provider's private "event fired" flag is not set on purpose: it makes a kill
+            # landing now keep the pod (Airflow 3.3+), and a worker past its grace must go.
+            message = f"worker still running {self.shard_stop['grace_seconds']}s after the stop ({cause}): pod deleted"
+            yield TriggerEvent({"status": "timeout", "namespace": self.pod_namespace, "name": self.pod_name,
+                                "message": message, "last_log_time": self.last_log_time, STOP_KEY: cause,
+                                **self.trigger_kwargs})
         finally:
             stop.cancel()
             pod_event.cancel()

@@ -1,15 +1,6 @@
-"""LocalShardOperator: one shard as a local `llm-batch worker` subprocess.
-
-The embedded set-up's runner (and CI's). While the worker runs, the operator is its
-supervisor: it streams the worker's output into the task log, mirrors the job's cancel
-flag to the cancel marker the worker reads, reports its shard's progress (and at the end its
-outcome) to the shard's row in the job store, and kills
-the worker if it has not stopped ``cancel_grace_seconds`` after a cancel or the deadline.
-On kill (task cleared, run timed out) the worker's process group is terminated.
-
-With ``Settings.warm_engines`` the shard runs on a warm engine of its model instead of a new
-worker process (``llm_batch.runtime.warm_engines``); the supervision is the same, and a kill stops
-the shard but leaves the engine warm for the next one.
+"""LocalShardOperator: one shard as a local ``llm-batch worker`` subprocess, supervised by the task
+(docs/orchestration.md, "Shard runners"); with ``Settings.warm_engines``, on a warm engine of
+its model instead (``llm_batch.runtime.warm_engines``), which a kill leaves warm.
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail
 from llm_batch.core.placement import multi_node_refusal
-from llm_batch.pipeline.shard_task import ShardOutcome, try_report_shard
+from llm_batch.pipeline.shard_task import try_report_shard
 from llm_batch.runtime.warm_engines import WarmEngineError, WarmShard, start_shard
 
 if TYPE_CHECKING:
@@ -51,10 +42,10 @@ def _die_with_parent() -> None:
 
 
 class LocalShardOperator(ShardTaskMixin, BaseOperator):
-    """Run one shard (``shard_task``: a ``llm_batch.pipeline.shard_task.ShardTask`` as a dict) as a subprocess.
+    """Run one shard (``shard_task``: a ``steps.shard_ref`` or a whole ShardTask, as a dict).
 
-    Returns the shard's outcome (``llm_batch.pipeline.shard_task.ShardOutcome`` as a dict). A worker failure
-    raises (the task retries and the worker resumes); a usage error fails without retry.
+    Returns the shard's outcome dict (``ShardOutcome``). A worker failure raises (the task
+    retries and the worker resumes); a usage error fails without retry.
     """
 
     template_fields = ("shard_task",)
@@ -71,13 +62,10 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         self._tail: deque[str] = deque(maxlen=20)  # the worker's last output lines, for error_tail
 
     def execute(self, context: Any) -> dict[str, Any]:
-        self.bind_job_to_logs()
-        early = self.stop_before_start()
-        if early is not None:
-            return self.report_outcome(early, context).model_dump()
+        if (ended := self.ended_before_start(context)) is not None:
+            return ended
         if (refusal := multi_node_refusal(self.shard.nodes_per_worker, "local")) is not None:
-            # register and the API refuse such jobs already; a shard must not run on one node anyway.
-            return self.finish(ShardOutcome(shard=self.shard.shard, exit_code=-1, state="usage", message=refusal), context)
+            return self.refuse(refusal, context)  # register and the API refuse such jobs already
         if self.on_warm_engine():
             try:
                 self._process = self._start_warm()
@@ -108,25 +96,16 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
         """Whether the shard runs on a warm engine (``_start_warm``) or a worker of its own."""
         return self.llm_settings.warm_engines
 
-    # -- helpers ----------------------------------------------------------------------
-
     def _start(self) -> subprocess.Popen[bytes]:
         task = self.shard
         command = [*self.worker_command, *task.worker_args()]
         env = {**os.environ, "LLM_BATCH_JOB_ID": task.job_id, "LLM_BATCH_SHARD": str(task.shard)}
         self.log.info("starting worker: %s", " ".join(command))
         # Its own process group, so a kill reaches the engine processes vLLM spawns too.
-        return subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
 
     def _start_warm(self) -> WarmShard:
-        """The shard on a warm engine of its model (``llm_batch.runtime.warm_engines``)."""
         task = self.shard
         self.log.info("handing shard %s to a warm engine", task.shard)
         return start_shard(self.llm_settings, orjson.loads(task.model_config_json), task.worker_args(), self._log_line)
@@ -160,8 +139,7 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
 
 
 def _ended(process: subprocess.Popen[bytes] | WarmShard, timeout: float) -> bool:
-    """Whether the worker ends within ``timeout``: a wait, not a sleep, so a short shard's
-    task ends as soon as its worker does."""
+    """Whether the worker ends within ``timeout`` (a wait, so a short shard ends at once)."""
     try:
         process.wait(timeout=timeout)
         return True
@@ -170,9 +148,8 @@ def _ended(process: subprocess.Popen[bytes] | WarmShard, timeout: float) -> bool
 
 
 def _terminate(process: subprocess.Popen[bytes] | WarmShard, term_seconds: float) -> None:
-    """SIGTERM the worker's process group, then SIGKILL it if it lingers. A shard on a warm
-    engine is only left (the host stops it at its next step): the host runs other jobs'
-    shards too, which a kill would fail."""
+    """SIGTERM the worker's process group, then SIGKILL it if it lingers. A shard on a warm engine
+    is only left (the host stops it at its next step): the host runs other jobs' shards too."""
     if isinstance(process, WarmShard):
         process.detach()
         return

@@ -1,4 +1,4 @@
-"""What both shard runners share: the shard's arguments, stop checks and outcome."""
+"""What the shard runners share: the shard's arguments, stop checks and outcome."""
 
 from __future__ import annotations
 
@@ -19,46 +19,49 @@ if TYPE_CHECKING:
     from llm_batch.infra.jobstore import JobStore
 
 # How long a shard task starting while the job store is down (a PostgreSQL restart) waits
-# for it, instead of failing and spending one of its retries.
+# for it instead of spending a retry.
 STORE_WAIT_S = 60.0
 STORE_RETRY_S = 2.0
 
 
 def error_tail(lines: list[str], last: int = 5, chars: int = 600) -> str:
-    """What a failed worker's last output lines say about why: its last error lines, else
-    its ``last`` lines, joined and bounded to ``chars`` (the shard's message, the job's
-    status_reason)."""
+    """Why a worker failed, from its last output lines: the last error lines, else the last
+    ``last`` lines, joined and bounded to ``chars``."""
     errors = [line for line in lines if "ERROR" in line or "Error" in line or "error:" in line]
     text = " | ".join(errors[-2:] or lines[-last:])
     return text if len(text) <= chars else "..." + text[-chars:]
 
 
+def exit_code_of(pod: Any, container: str) -> int | None:
+    """The exit code of the pod's `container` once it has exited: its state's, or its last
+    state's once the kubelet restarted it (a group's StatefulSet pods restart on every exit)."""
+    for status in (pod.status.container_statuses if pod is not None and pod.status else None) or []:
+        if status.name == container:
+            for state in (status.state, status.last_state):
+                if state is not None and state.terminated is not None:
+                    return state.terminated.exit_code
+    return None
+
+
 def shard_stop_of(task: ShardTask, settings: Settings) -> dict[str, Any]:
-    """What a trigger waiting on a shard's worker needs for ``watch_shard`` (serializable)."""
-    return {
-        "job_id": task.job_id,
-        "shard": task.shard,
-        "progress_uri": task.progress_uri,
-        "cancel_marker": task.cancel_marker,
-        "deadline": task.deadline,
-        "grace_seconds": settings.cancel_grace_seconds,
-    }
+    """``watch_shard``'s argument (serializable, for a trigger)."""
+    return {"job_id": task.job_id, "shard": task.shard, "progress_uri": task.progress_uri,
+            "cancel_marker": task.cancel_marker, "deadline": task.deadline,
+            "grace_seconds": settings.cancel_grace_seconds}
 
 
 @dataclass(frozen=True)
 class _ShardRef:
     """What try_report_shard reads of a ShardTask: a trigger carries only these."""
-
     job_id: str
     shard: int
     progress_uri: str
 
 
 def watch_shard(shard_stop: dict[str, Any]) -> str | None:
-    """One round of a shard's stop watch (blocking: a trigger runs it in a thread): report
-    the shard's progress to its row (the job's live counts), mirror a cancel to the marker,
-    and return the stop cause if there is one. Reads the job store of the caller's own
-    settings (LLM_BATCH_DATABASE_URL) and this shard's progress object only."""
+    """One round of a shard's stop watch (blocking): report the shard's progress, mirror a
+    cancel to the marker, and return the stop cause if any. Reads the job store of the
+    caller's own settings (a triggerer's LLM_BATCH_DATABASE_URL)."""
     from llm_batch.infra.jobstore import get_job_store  # heavy
 
     store = get_job_store(get_settings().database_url)
@@ -69,27 +72,20 @@ def watch_shard(shard_stop: dict[str, Any]) -> str | None:
 
 
 class ShardTaskMixin:
-    """For an operator with a ``shard_task`` dict: a ``steps.shard_ref``, or a whole
-    ``llm_batch.pipeline.shard_task.ShardTask``."""
+    """For an operator with a ``shard_task`` dict: a ``steps.shard_ref``, or a whole ShardTask."""
 
     shard_task: dict[str, Any]
 
     @cached_property
     def shard(self) -> ShardTask:
-        """The shard task its ``shard_ref`` (prepare's XCom: ids and counts) names, from the job store."""
         return steps.shard_task(self.shard_task, self.llm_settings)
-
-    def bind_job_to_logs(self) -> None:
-        """Every line this task logs from here on carries its job's id (``job_id``)."""
-        bind_job(self.shard.job_id)
 
     @cached_property
     def llm_settings(self) -> Settings:
         return get_settings()
 
     def use_settings(self, settings: Settings | None) -> None:
-        """Run on ``settings`` (an operator's ``settings`` argument); None: ``get_settings()``,
-        read when first needed."""
+        """Run on ``settings``; None: ``get_settings()``, read when first needed."""
         if settings is not None:
             self.llm_settings = settings
 
@@ -100,27 +96,32 @@ class ShardTaskMixin:
         return get_job_store(self.llm_settings.database_url)
 
     def stop_cause(self) -> str | None:
-        """"cancelled" or "deadline" when the shard must stop (mirrors the cancel flag to
+        """"cancelled" or "deadline" when the shard must stop (the cancel flag mirrored to
         the marker on the way), else None."""
         task = self.shard
         return shard_stop_cause(self.job_store, task.job_id, task.cancel_marker, task.deadline_at)
 
+    def ended_before_start(self, context: Any) -> dict[str, Any] | None:
+        """Bind the job's id to the task's logs; the outcome dict of a shard that must not
+        start (reported), else None."""
+        bind_job(self.shard.job_id)
+        early = self.stop_before_start()
+        return None if early is None else self.report_outcome(early, context).model_dump()
+
     def stop_before_start(self) -> ShardOutcome | None:
-        """The outcome of a shard that must not start at all: its job has ended already
-        (state "ended": a cleared task of a finished run never runs inference again), or
-        it is cancelled or past its deadline."""
+        """The outcome of a shard whose job has ended already ("ended": a cleared task of a
+        finished run never runs inference again), is cancelled or is past its deadline."""
         job = self._job_waiting_for_the_store()
         if job is not None and job.terminal:
             message = (f"job {job.id} has already ended ({job.status.value}): not starting a worker, "
                        "its results stay as they are")
             self.log.info("shard %s: %s", self.shard.shard, message)  # type: ignore[attr-defined]
-            return ShardOutcome(shard=self.shard.shard, exit_code=-1, state="ended", message=message)
+            return self._unstarted("ended", message)
         cause = self.stop_cause()
-        if cause is None:
-            return None
-        return ShardOutcome(
-            shard=self.shard.shard, exit_code=-1, state=cause, message=f"not started: {cause}"
-        )
+        return None if cause is None else self._unstarted(cause, f"not started: {cause}")
+
+    def _unstarted(self, state: str, message: str) -> ShardOutcome:
+        return ShardOutcome(shard=self.shard.shard, exit_code=-1, state=state, message=message)
 
     def _job_waiting_for_the_store(self):
         waiting = Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_WAIT_S),
@@ -128,9 +129,8 @@ class ShardTaskMixin:
         return waiting(self.job_store.get_job, self.shard.job_id)
 
     def report_outcome(self, outcome: ShardOutcome, context: Any = None) -> ShardOutcome:
-        """Record how this attempt ended in the shard's row (merge tells the requests it never
-        ran which shard and why); a failure says which attempt of how many it was. A shard
-        of an ended job ("ended") leaves the row as the job's own run left it."""
+        """Record how this attempt ended in the shard's row (merge's reason for requests never
+        run), a failure naming its attempt; an "ended" shard leaves the row as it was."""
         if outcome.state == "ended":
             return outcome
         ti = (context or {}).get("ti")
@@ -142,9 +142,13 @@ class ShardTaskMixin:
         try_report_shard(self.job_store, self.shard, outcome)
         return outcome
 
+    def refuse(self, message: str, context: Any) -> dict[str, Any]:
+        """Fail the task for good on a usage error, no worker started."""
+        return self.finish(self._unstarted("usage", message), context)
+
     def finish(self, outcome: ShardOutcome, context: Any = None) -> dict[str, Any]:
-        """End the task with a finished worker's outcome: recorded and logged; a usage error
-        fails the task for good, a failure raises for a retry, else the outcome dict."""
+        """End the task with an outcome, recorded and logged: a usage error fails it for good,
+        a failure raises for a retry, else the outcome dict."""
         from airflow.sdk.exceptions import AirflowException, AirflowFailException  # airflow
 
         outcome = self.report_outcome(outcome, context)
@@ -159,10 +163,6 @@ class ShardTaskMixin:
         """The outcome of a finished worker; ``forced`` is the cause when it was killed."""
         if forced is not None:
             grace = self.llm_settings.cancel_grace_seconds
-            return ShardOutcome(
-                shard=self.shard.shard,
-                exit_code=exit_code if exit_code is not None else -9,
-                state=forced,
-                message=f"killed: still running {grace}s after the stop ({forced})",
-            )
+            return ShardOutcome(shard=self.shard.shard, exit_code=exit_code if exit_code is not None else -9,
+                                state=forced, message=f"killed: still running {grace}s after the stop ({forced})")
         return interpret_exit(self.shard.shard, exit_code if exit_code is not None else -1)

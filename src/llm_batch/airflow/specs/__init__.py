@@ -1,2 +1,1 @@
-"""Kubernetes objects of a shard worker and an engine service, built from a ShardTask and the
-settings (no Airflow here)."""
+"""Kubernetes objects of shard workers and engine services, from a ShardTask and the settings."""

@@ -1,21 +1,11 @@
-"""An engine service's Kubernetes objects (``llm_batch.runtime.engine_service``): a Deployment of warm
-engine hosts for one model and GPU type, the Service the shard tasks reach it by, and a
-NetworkPolicy that lets only Airflow's workers in. No Airflow here; ``llm-batch
-engine-service manifest`` prints them.
+"""An engine service's Kubernetes objects (``llm_batch.runtime.engine_service``): a Deployment of
+warm engine hosts for one model and GPU type, its Service, and a NetworkPolicy that lets only
+Airflow's workers in (no Airflow here; docs/orchestration.md, "Engine services").
 
-The pods are shaped like shard pods (``pod_spec``: image, GPUs, node selector and
-tolerations for the GPU type, storage Secret and model cache); what differs:
-- the command: ``llm-batch engine-host --listen 0.0.0.0:PORT --model M --seats S --preload JSON``;
-- the token: ``LLM_BATCH_ENGINE_TOKEN`` from the Secret ``token_secret`` (key ``token``),
-  which the Airflow workers get too;
-- probes: the host loads its engine (``--preload``) before it listens, so a pod is ready
-  only once warm; a startup probe gives the load (download included) up to 15 minutes, and
-  the kubelet restarts a host that stops listening after that. A host whose engine failed
-  exits 1 once its running shards end, and the Deployment starts a fresh one.
-- ``terminationGracePeriodSeconds``: on SIGTERM (a rollout) the host stops its running
-  shards at their next engine step and flushes their finished results; this is the time it
-  has for that before the kubelet kills it. Either way each attempt fails and its retry
-  resumes on another pod.
+The pods are shaped like shard pods (``pod_spec``) but run ``llm-batch engine-host``, get
+``LLM_BATCH_ENGINE_TOKEN`` from the Secret ``token_secret``, and are ready only once their
+engine is loaded (a startup probe allows 15 minutes for it). ``grace_seconds`` is the time a
+host has on SIGTERM to stop its shards and flush their results.
 """
 
 from __future__ import annotations
@@ -56,25 +46,19 @@ def manifests(settings: Settings, model: str, gpu_type: str | None = None, *, gp
               f"{pod_spec.LABEL_PREFIX}/model": pod_spec.label_value(model),
               f"{pod_spec.LABEL_PREFIX}/engine-service": name}
     selector = {f"{pod_spec.LABEL_PREFIX}/engine-service": name}
-    volumes, mounts = pod_spec.model_cache(settings)
     listening = k8s.V1TCPSocketAction(port=port)
     token = k8s.V1EnvVar(name="LLM_BATCH_ENGINE_TOKEN", value_from=k8s.V1EnvVarSource(
         secret_key_ref=k8s.V1SecretKeySelector(name=token_secret, key=TOKEN_KEY)))
-    container = k8s.V1Container(
-        name="engine",
-        image=settings.worker_image,
-        command=["llm-batch"],
-        args=["engine-host", "--listen", f"0.0.0.0:{port}", "--model", model, "--seats", str(seats),
-              *(["--preload", preload] if preload is not None else [])],
-        ports=[k8s.V1ContainerPort(name="shards", container_port=port)],
-        env=[*pod_spec.storage_env(settings), token],
-        env_from=pod_spec.env_from(settings),
-        resources=pod_spec.gpu_resources(gpu_type, gpus),
-        volume_mounts=mounts or None,
-        startup_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=10, failure_threshold=90),
-        readiness_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=10),
-        liveness_probe=k8s.V1Probe(tcp_socket=listening, period_seconds=30, failure_threshold=4),
-    )
+    container = {
+        "name": "engine",
+        "args": ["engine-host", "--listen", f"0.0.0.0:{port}", "--model", model, "--seats", str(seats),
+                 *(["--preload", preload] if preload is not None else [])],
+        "ports": [k8s.V1ContainerPort(name="shards", container_port=port)],
+        "env": [*pod_spec.storage_env(settings), token],
+        "startup_probe": k8s.V1Probe(tcp_socket=listening, period_seconds=10, failure_threshold=90),
+        "readiness_probe": k8s.V1Probe(tcp_socket=listening, period_seconds=10),
+        "liveness_probe": k8s.V1Probe(tcp_socket=listening, period_seconds=30, failure_threshold=4),
+    }
     deployment = k8s.V1Deployment(
         api_version="apps/v1", kind="Deployment",
         metadata=k8s.V1ObjectMeta(name=name, namespace=settings.k8s_namespace, labels=labels),
@@ -83,13 +67,7 @@ def manifests(settings: Settings, model: str, gpu_type: str | None = None, *, gp
             selector=k8s.V1LabelSelector(match_labels=selector),
             template=k8s.V1PodTemplateSpec(
                 metadata=k8s.V1ObjectMeta(labels=labels),
-                spec=k8s.V1PodSpec(
-                    containers=[container],
-                    volumes=volumes or None,
-                    node_selector=pod_spec.node_selector(settings, gpu_type) or None,
-                    tolerations=pod_spec.gpu_tolerations(gpu_type),
-                    termination_grace_period_seconds=grace_seconds,
-                ),
+                spec=pod_spec.gpu_pod(settings, gpu_type, gpus, container, termination_grace_period_seconds=grace_seconds),
             ),
         ),
     )

@@ -1,27 +1,13 @@
-"""The LeaderWorkerSet of a multi-node shard worker (``nodes_per_worker > 1``), from a
-ShardTask and the settings (no Airflow here).
+"""The LeaderWorkerSet of a multi-node shard worker (``nodes_per_worker > 1``), from a ShardTask
+and the settings (no Airflow here; docs/orchestration.md, "Multi-node workers").
 
-One LeaderWorkerSet (sigs.k8s.io/lws, ``leaderworkerset.x-k8s.io/v1``) per shard attempt:
-one group (``replicas: 1``) of ``size = nodes_per_worker`` pods. The LWS controller names
-the pods ``<name>-0`` (the leader) and ``<name>-0-<i>``, labels them with the set's name and
-their worker index, and gives every container ``LWS_LEADER_ADDRESS`` (the leader's DNS
-name on the group's headless service) and ``LWS_WORKER_INDEX``; Kubernetes expands
-``$(VAR)`` in the container arguments from those.
-
-- The leader runs ``llm-batch worker <the shard's arguments> --nnodes N --master-addr
-  $(LWS_LEADER_ADDRESS) ...``; the followers ``llm-batch worker-follower --node-rank
-  $(LWS_WORKER_INDEX) ...`` (``llm_batch.runtime.multinode``: vLLM's own multi-node executor).
-- Every pod has the single pod's shape (``pod_spec``): ``gpus`` GPUs (tensor parallel inside
-  the pod), node selector, tolerations, labels, priority class, storage Secret, model cache,
-  plus a memory-backed ``/dev/shm`` (NCCL and vLLM's shared-memory queues need more than
-  the container runtime's 64 MiB).
-- ``Settings.group_topology_key`` (e.g. a rack label): the LWS exclusive-topology
-  annotation keeps a group's pods in one domain of that label, one group per domain.
-- ``restartPolicy: None``: the LWS controller does not recreate the group on a pod
-  restart; the shard runner sees the restart, deletes the set and fails the attempt, and the
-  task's retry makes a fresh set that resumes from the checkpoint (one retry budget, the task's).
-- The containers' restartPolicy is Always (StatefulSet pods allow no other): a leader that
-  exits is restarted, so the runner reads its exit code from ``lastState`` as well.
+One set per shard attempt: one group of ``nodes_per_worker`` pods of the single pod's shape
+plus a memory-backed ``/dev/shm`` (NCCL and vLLM's shared-memory queues outgrow 64 MiB).
+The leader runs the shard's worker, the followers ``worker-follower``; ``$(LWS_LEADER_ADDRESS)``
+and ``$(LWS_WORKER_INDEX)`` in their arguments are the controller's, expanded by Kubernetes.
+``restartPolicy: None``: the runner, not the controller, answers a pod restart (the attempt
+fails and the task's retry makes a fresh set); the containers restart Always (StatefulSet
+pods allow no other), so a leader's exit code may be in ``lastState``.
 """
 
 from __future__ import annotations
@@ -76,31 +62,15 @@ def _group_args(task: ShardTask) -> list[str]:
 
 
 def _pod_template(task: ShardTask, settings: Settings, args: list[str], role: str) -> k8s.V1PodTemplateSpec:
-    volumes, mounts = pod_spec.model_cache(settings)
-    volumes = [*volumes, k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=SHM_SIZE))]
-    mounts = [*mounts, k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
-    container = k8s.V1Container(
-        name=CONTAINER,
-        image=settings.worker_image,
-        command=["llm-batch"],
-        args=args,
-        env=pod_spec.env_vars(task, settings),
-        env_from=pod_spec.env_from(settings),
-        resources=pod_spec.gpu_resources(task.gpu_type, task.gpus),
-        volume_mounts=mounts,
-        ports=[k8s.V1ContainerPort(name="dist", container_port=DEFAULT_MASTER_PORT)] if role == "leader" else None,
-    )
+    shm = k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=SHM_SIZE))
+    ports = [k8s.V1ContainerPort(name="dist", container_port=DEFAULT_MASTER_PORT)] if role == "leader" else None
+    container = {"name": CONTAINER, "args": args, "env": pod_spec.env_vars(task, settings), "ports": ports}
     return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(labels={**pod_spec.labels(task), f"{pod_spec.LABEL_PREFIX}/role": role}),
-        spec=k8s.V1PodSpec(
-            containers=[container],
-            restart_policy="Always",
-            node_selector=pod_spec.node_selector(settings, task.gpu_type) or None,
-            tolerations=pod_spec.gpu_tolerations(task.gpu_type),
-            priority_class_name=pod_spec.priority_class(settings, task),
-            volumes=volumes,
-            termination_grace_period_seconds=settings.cancel_grace_seconds,
-        ),
+        spec=pod_spec.gpu_pod(settings, task.gpu_type, task.gpus, container, volumes=[shm],
+                              mounts=[k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")], restart_policy="Always",
+                              priority_class_name=pod_spec.priority_class(settings, task),
+                              termination_grace_period_seconds=settings.cancel_grace_seconds),
     )
 
 

@@ -1,18 +1,12 @@
-"""The parts of a shard worker's pod, from a ShardTask and the settings (no Airflow here).
-
-- GPUs: ``nvidia.com/gpu: gpus`` as request and limit; the MIG types ask for their MIG
-  slice resource instead (``nvidia.com/mig-1g.20gb`` / ``nvidia.com/mig-3g.40gb``).
-- Placement: node selector ``{gpu_node_label_key: value}`` where value comes from
-  ``gpu_node_label_values`` (default: the gpu_type itself), and a toleration for the
-  ``nvidia.com/gpu`` taint GPU node pools carry.
-- Storage credentials: the whole Secret ``storage_secret_name`` as environment (envFrom),
-  never inline values.
-- Model cache: the PVC ``model_cache_claim`` at ``model_cache_mount_path``.
+"""The parts of a shard worker's pod, from a ShardTask and the settings (no Airflow here;
+docs/orchestration.md, "Shard runners", describes the pod).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from kubernetes.client import models as k8s
 
@@ -34,7 +28,7 @@ class UnsupportedPodShape(ValueError):
 
 
 def check_supported(task: ShardTask) -> None:
-    """What every worker pod needs, one pod or a group of them (``group_spec``)."""
+    """What every worker pod needs, alone or in a group."""
     if task.nodes_per_worker < 1:
         raise UnsupportedPodShape(f"nodes_per_worker must be >= 1, got {task.nodes_per_worker}")
     if task.gpu_type is not None and task.gpu_type not in GPU_TYPES:
@@ -46,10 +40,8 @@ def check_supported(task: ShardTask) -> None:
 def check_single_pod(task: ShardTask) -> None:
     check_supported(task)
     if task.nodes_per_worker != 1:
-        raise UnsupportedPodShape(
-            f"nodes_per_worker={task.nodes_per_worker}: one pod cannot span nodes; "
-            "KubernetesShardOperator runs such a shard as a LeaderWorkerSet (group_spec)"
-        )
+        raise UnsupportedPodShape(f"nodes_per_worker={task.nodes_per_worker}: one pod cannot span nodes; "
+                                  "KubernetesShardOperator runs such a shard as a LeaderWorkerSet (group_spec)")
 
 
 def gpu_resource_name(gpu_type: str | None) -> str:
@@ -126,11 +118,21 @@ def env_from(settings: Settings) -> list[k8s.V1EnvFromSource]:
 def model_cache(settings: Settings) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
     if not settings.model_cache_claim:
         return [], []
-    volume = k8s.V1Volume(
-        name="model-cache",
-        persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=settings.model_cache_claim),
-    )
+    claim = k8s.V1PersistentVolumeClaimVolumeSource(claim_name=settings.model_cache_claim)
+    volume = k8s.V1Volume(name="model-cache", persistent_volume_claim=claim)
     return [volume], [k8s.V1VolumeMount(name="model-cache", mount_path=settings.model_cache_mount_path)]
+
+
+def gpu_pod(settings: Settings, gpu_type: str | None, gpus: int, container: dict[str, Any],
+            volumes: Sequence[k8s.V1Volume] = (), mounts: Sequence[k8s.V1VolumeMount] = (), **spec: Any) -> k8s.V1PodSpec:
+    """A pod of one ``llm-batch`` container of the worker image (``container``: its name, args...)
+    on ``gpus`` GPUs of ``gpu_type``, with the storage Secret and the model cache."""
+    cache, cache_mounts = model_cache(settings)
+    main = k8s.V1Container(image=settings.worker_image, command=["llm-batch"], env_from=env_from(settings),
+                           resources=gpu_resources(gpu_type, gpus), volume_mounts=[*cache_mounts, *mounts] or None,
+                           **container)
+    return k8s.V1PodSpec(containers=[main], volumes=[*cache, *volumes] or None, tolerations=gpu_tolerations(gpu_type),
+                         node_selector=node_selector(settings, gpu_type) or None, **spec)
 
 
 def priority_class(settings: Settings, task: ShardTask) -> str | None:

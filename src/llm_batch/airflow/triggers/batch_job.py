@@ -1,10 +1,9 @@
-"""``BatchJobTrigger``: waits (in the triggerer, no worker slot) until an llm-batch job has
-ended, polling ``GET /batch/v1/jobs/{id}`` through ``LLMBatchHook.aget_job``.
+"""``BatchJobTrigger``: waits in the triggerer until an llm-batch job has ended, polling it
+through ``LLMBatchHook.aget_job``.
 
-Events: ``{"status": "ended", "job": <the job>}`` once the job's status is terminal;
-``{"status": "error", "job_id", "message"}`` when polling failed ``max_poll_errors`` times
-in a row (a transient API hiccup is retried, never cancels the job); ``{"status":
-"timeout", "job_id", "job"}`` when ``end_time`` (Unix seconds) passed first.
+Events: ``{"status": "ended", "job"}`` once the job is terminal; ``{"status": "error",
+"job_id", "message"}`` after ``max_poll_errors`` failed polls in a row (or at once for
+401/403/404); ``{"status": "timeout", "job_id", "job"}`` once ``end_time`` has passed.
 """
 
 from __future__ import annotations
@@ -29,14 +28,8 @@ class BatchJobTrigger(BaseTrigger):
     :param max_poll_errors: consecutive failed polls before an ``error`` event.
     """
 
-    def __init__(
-        self,
-        job_id: str,
-        llm_batch_conn_id: str = LLMBatchHook.default_conn_name,
-        poll_interval: float = 10.0,
-        end_time: float | None = None,
-        max_poll_errors: int = 5,
-    ) -> None:
+    def __init__(self, job_id: str, llm_batch_conn_id: str = LLMBatchHook.default_conn_name, poll_interval: float = 10.0,
+                 end_time: float | None = None, max_poll_errors: int = 5) -> None:
         super().__init__()
         self.job_id = job_id
         self.llm_batch_conn_id = llm_batch_conn_id
@@ -45,16 +38,10 @@ class BatchJobTrigger(BaseTrigger):
         self.max_poll_errors = max_poll_errors
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            "llm_batch.airflow.triggers.batch_job.BatchJobTrigger",
-            {
-                "job_id": self.job_id,
-                "llm_batch_conn_id": self.llm_batch_conn_id,
-                "poll_interval": self.poll_interval,
-                "end_time": self.end_time,
-                "max_poll_errors": self.max_poll_errors,
-            },
-        )
+        return f"{__name__}.BatchJobTrigger", {
+            "job_id": self.job_id, "llm_batch_conn_id": self.llm_batch_conn_id, "poll_interval": self.poll_interval,
+            "end_time": self.end_time, "max_poll_errors": self.max_poll_errors,
+        }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = LLMBatchHook(llm_batch_conn_id=self.llm_batch_conn_id)
