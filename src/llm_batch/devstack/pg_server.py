@@ -160,20 +160,18 @@ class PostgresServer:
                 return cls(root, chosen, bin_dir, password)
         raise PostgresError("unreachable")  # run(fail=True) raised on the last attempt
 
+    def _pg_ctl(self, *args: str) -> int:
+        command = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), *args]
+        return subprocess.run(command, capture_output=True, **as_account(server_user())).returncode
+
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop`` (``immediate`` for a throw-away cluster); quiet when not running."""
         with contextlib.suppress(OSError):
-            subprocess.run(
-                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"],
-                capture_output=True, **as_account(server_user()),
-            )
+            self._pg_ctl("-m", mode, "-w", "stop")
 
     def running(self) -> bool:
         with contextlib.suppress(OSError, PostgresError):
-            return subprocess.run(
-                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "status"],
-                capture_output=True, **as_account(server_user()),
-            ).returncode == 0
+            return self._pg_ctl("status") == 0
         return False
 
     def create_database(self, name: str) -> None:
