@@ -22,13 +22,11 @@ apply with ``kubectl apply -f -``; the settings line that routes the model's sma
 it goes to stderr. See docs/orchestration.md, "Engine services"."""
 HOST_DOC = """``llm-batch engine-host``: a warm engine (``llm_batch.runtime.warm_engines``).
 
-Two ways to run it:
-- on a Unix socket (``--socket``, ``--lock``, ``--pid-file``): started by the local shard
-  runner when ``LLM_BATCH_WARM_ENGINES`` is on; not meant to be run by hand;
-- on TCP (``--listen HOST:PORT --model NAME``): an engine service, the container command of
-  the Deployment ``llm-batch engine-service manifest`` renders.
-  Its token comes from the environment (``LLM_BATCH_ENGINE_TOKEN``, from a Secret), never
-  from the command line, where any process on the node could read it.
+On a Unix socket (``--socket``, ``--lock``, ``--pid-file``) the local shard runner starts it
+(``LLM_BATCH_WARM_ENGINES``); on TCP (``--listen HOST:PORT --model NAME``) it is an engine
+service, the container of the Deployment ``llm-batch engine-service manifest`` renders, its
+token from the environment (``LLM_BATCH_ENGINE_TOKEN``), never the command line, which any
+process on the node can read.
 """
 
 

@@ -21,12 +21,10 @@ from llm_batch.runtime.worker_args import GROUP_FLAGS, WORKER_FLAGS, add_pod_com
 
 FOLLOWER_DOC = """``llm-batch worker-follower``: a follower node of a multi-node shard worker.
 
-Runs this node's part of the leader's vLLM engine (``llm_batch.runtime.multinode``): the same
-``--model-config`` and ``--endpoint`` as the leader's ``llm-batch worker``, and the group's
-``--nnodes``, ``--node-rank`` (1..nnodes-1), ``--master-addr`` (the leader), ``--master-port``,
-``--gpus-per-node``. Reads no requests and writes nothing: the leader does. Exits when the
-engine's workers on this node end; the exit status is one of ``llm_batch.core.exit_codes``.
-Flags fall back to ``LLM_BATCH_WORKER_<FLAG>`` variables, as the worker's do.
+Runs this node's part of the leader's vLLM engine (``llm_batch.runtime.multinode``) with the
+leader's ``--model-config`` and ``--endpoint`` and the group's flags; reads and writes
+nothing (the leader does) and exits when the engine's workers on this node end, with one of
+``llm_batch.core.exit_codes``. Flags fall back to ``LLM_BATCH_WORKER_<FLAG>`` variables.
 """
 _FOLLOWER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model-config", str, "JSON: the leader's --model-config"),
