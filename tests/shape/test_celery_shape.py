@@ -357,7 +357,7 @@ def test_no_component_has_a_file_open_under_another_s_home(shape):
         return best
 
     components = {c: (pid, "control") for c, pid in shape.running().items() if pid}
-    components |= {shape.worker_name(n): (shape._pid(shape.worker_name(n)), shape.worker_name(n))
+    components |= {shape.worker_name(n): (shape.pid_of(shape.worker_name(n)), shape.worker_name(n))
                    for n in range(1, shape.workers + 1)}
     foreign = []
     for component, (pid, own) in components.items():

@@ -1,4 +1,4 @@
-"""The ``llm-batch`` subcommands (one module each, listed in ``llm_batch.cli.main.COMMANDS``)."""
+"""The ``llm-batch`` subcommands (their modules are listed in ``llm_batch.cli.main.COMMANDS``)."""
 
 from __future__ import annotations
 

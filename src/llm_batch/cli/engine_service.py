@@ -1,24 +1,54 @@
-"""``llm-batch engine-service manifest``: the Kubernetes objects of an engine service (a warm
-engine Deployment for one model and GPU type, its Service and NetworkPolicy) as YAML, to
-apply with ``kubectl apply -f -``; the settings line that routes the model's small shards to
-it goes to stderr. See docs/orchestration.md, "Engine services"."""
+"""``llm-batch engine-host`` and ``llm-batch engine-service``: warm engines, on this machine or on Kubernetes."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from pathlib import Path
 
 import orjson
 
 from llm_batch.core import exit_codes
-from llm_batch.core.config import get_settings
+from llm_batch.core.config import get_settings, parse_address
 from llm_batch.core.placement import GPU_TYPES
 from llm_batch.runtime.engine_service import DEFAULT_PORT
+from llm_batch.runtime.warm_engines import WarmEngineError, serve, serve_service
+
+MANIFEST_DOC = """``llm-batch engine-service manifest``: the Kubernetes objects of an engine service (a warm
+engine Deployment for one model and GPU type, its Service and NetworkPolicy) as YAML, to
+apply with ``kubectl apply -f -``; the settings line that routes the model's small shards to
+it goes to stderr. See docs/orchestration.md, "Engine services"."""
+HOST_DOC = """``llm-batch engine-host``: a warm engine (``llm_batch.runtime.warm_engines``).
+
+On a Unix socket (``--socket``, ``--lock``, ``--pid-file``) the local shard runner starts it
+(``LLM_BATCH_WARM_ENGINES``); on TCP (``--listen HOST:PORT --model NAME``) it is an engine
+service, the container of the Deployment ``llm-batch engine-service manifest`` renders, its
+token from the environment (``LLM_BATCH_ENGINE_TOKEN``), never the command line, which any
+process on the node can read.
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    host = subparsers.add_parser("engine-host", help="a warm engine process (local runner, or an engine service)",
+                                 description=HOST_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    host.add_argument("--socket", type=Path, help="the Unix socket to serve shards on")
+    host.add_argument("--lock", type=Path, action="append",
+                      help="a seat's lock file, once per seat (all taken before an idle exit)")
+    host.add_argument("--pid-file", type=Path, help="where to write this process's pid")
+    host.add_argument("--idle-seconds", type=float, default=300.0, help="exit after this long without a shard")
+    host.add_argument("--listen", metavar="HOST:PORT",
+                      help="serve as an engine service on this TCP address instead (e.g. 0.0.0.0:8700)")
+    host.add_argument("--model", help="an engine service: the model it serves (a registry name)")
+    host.add_argument("--seats", type=int, default=2, help="an engine service: shards it runs at once")
+    host.add_argument("--preload", nargs="?", const="{}", metavar="JSON",
+                      help="an engine service: load the model before listening, with these model_config "
+                           "overrides (none: the registry's defaults), so it is ready only when warm")
+    host.set_defaults(func=engine_host)
+
     parser = subparsers.add_parser("engine-service", help="warm engines on Kubernetes (manifests)",
-                                   description=__doc__)
+                                   description=MANIFEST_DOC)
     actions = parser.add_subparsers(dest="action", required=True)
     manifest = actions.add_parser("manifest", help="print the Deployment, Service and NetworkPolicy")
     manifest.add_argument("--model", required=True, help="the model it serves (a registry name)")
@@ -75,3 +105,23 @@ def print_manifest(args: argparse.Namespace) -> int:
     print(f"# route the model's small shards here (Airflow workers): LLM_BATCH_ENGINE_SERVICES='{entry}'",
           file=sys.stderr)
     return 0
+
+
+def engine_host(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.listen is None:
+        if args.socket is None or not args.lock or args.pid_file is None:
+            logging.error("engine-host: --socket, --lock and --pid-file (local), or --listen and --model (a service)")
+            return exit_codes.USAGE
+        return serve(args.socket, args.lock, args.pid_file, args.idle_seconds)
+    try:
+        if not args.model or args.seats < 1:
+            raise ValueError("an engine service needs --model and --seats >= 1")
+        preload = None if args.preload is None else orjson.loads(args.preload)
+        if preload is not None and not isinstance(preload, dict):
+            raise ValueError("--preload takes a JSON object of model_config overrides")
+        return serve_service(parse_address(args.listen), args.seats, os.environ.get("LLM_BATCH_ENGINE_TOKEN", ""),
+                             args.model, preload)
+    except (ValueError, WarmEngineError, OSError) as exc:
+        logging.error("engine-host: %s", exc)
+        return exit_codes.USAGE

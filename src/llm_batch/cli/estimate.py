@@ -28,10 +28,8 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "estimate", help="what a job of this file would take: lines, tokens, engine seconds, start and end (no job made)",
-        description=__doc__.splitlines()[0],
-    )
+    parser = subparsers.add_parser("estimate", description=__doc__.splitlines()[0], help="what a job of this file "
+                                   "would take: lines, tokens, engine seconds, start and end (no job made)")
     parser.add_argument("file", type=Path, help="the requests (JSONL)")
     parser.add_argument("--model", help="a registered model name; default: the model every line names (body.model)")
     parser.add_argument("--endpoint", help="e.g. /v1/chat/completions; default: the url the lines name, else that")

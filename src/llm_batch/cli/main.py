@@ -1,8 +1,7 @@
-"""The ``llm-batch`` command: one entry point, one module per subcommand.
+"""The ``llm-batch`` command: one entry point, its subcommands in the modules of ``COMMANDS``.
 
-Each module in ``COMMANDS`` exposes ``register(subparsers)`` that adds its parser and sets
-``func`` (called with the parsed args; its return value is the exit status). Modules are
-imported lazily so ``llm-batch validate`` never pays for vLLM or Airflow imports.
+Each module's ``register(subparsers)`` adds its subcommands, each with a ``func`` (called with
+the parsed args; returns the exit status) that imports what is heavy when it runs.
 """
 
 from __future__ import annotations
@@ -22,12 +21,9 @@ COMMANDS: tuple[str, ...] = (
     "llm_batch.cli.estimate",
     "llm_batch.cli.models",
     "llm_batch.cli.stack",
-    "llm_batch.cli.shard",
-    "llm_batch.cli.merge",
+    "llm_batch.cli.steps",
     "llm_batch.cli.api_key",
     "llm_batch.cli.worker",
-    "llm_batch.cli.follower",
-    "llm_batch.cli.engine_host",
     "llm_batch.cli.engine_service",
     "llm_batch.cli.jobs",
     "llm_batch.cli.retry",
@@ -46,10 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, settings: Settings | None = None,
          env: Mapping[str, str] | None = None) -> int:
-    """Run the command ``argv`` (default: this process's arguments). ``settings``: what its
-    commands use (None: each reads ``get_settings()``, the environment's); ``env``: variables
-    over this process's environment that the command reads instead (the batch API's
-    LLM_BATCH_API_URL and LLM_BATCH_API_KEY), for a caller that runs commands in its own process."""
+    """Run the command ``argv`` (default: this process's arguments) with ``settings`` (None:
+    ``get_settings()``) and ``env``, variables over this process's environment (the batch API's
+    URL and key), for a caller that runs commands in its own process."""
     args = build_parser().parse_args(argv)
     args.settings = settings
     args.environ = {**os.environ, **env} if env is not None else None

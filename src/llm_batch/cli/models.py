@@ -12,19 +12,11 @@ from llm_batch.core.config import get_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "models", help="list the model registry and prepare models for offline use"
-    )
+    parser = subparsers.add_parser("models", help="list the model registry and prepare models for offline use")
     actions = parser.add_subparsers(dest="models_command", required=True)
-
-    listing = actions.add_parser("list", help="the registered models and whether each is ready")
-    listing.set_defaults(func=list_models)
-
-    prepare = actions.add_parser(
-        "prepare",
-        help="build registered models in the model cache (default: the default chat and "
-        "embedding models); idempotent, fast when already done",
-    )
+    actions.add_parser("list", help="the registered models and whether each is ready").set_defaults(func=list_models)
+    prepare = actions.add_parser("prepare", help="build registered models in the model cache (default: the default "
+                                 "chat and embedding models); idempotent, fast when already done")
     prepare.add_argument("names", nargs="*", metavar="NAME", help="registered model or adapter names")
     prepare.add_argument("--force", action="store_true", help="rebuild even if ready")
     prepare.set_defaults(func=prepare_models)

@@ -7,40 +7,26 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    up = subparsers.add_parser(
-        "up",
-        help="start the embedded Airflow stack's missing components (running ones are left alone), "
-        "wait until healthy, make the CLI's API key",
-    )
+    up = subparsers.add_parser("up", help="start the embedded Airflow stack's missing components (running ones are "
+                               "left alone), wait until healthy, make the CLI's API key")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health")
-    up.add_argument(
-        "--restart", action="store_true",
-        help="stop every component first, then start them all (applies a configuration change)",
-    )
-    up.add_argument(
-        "--executor", choices=("local", "celery"), default="local",
-        help="local: LocalExecutor on SQLite, one home (default); celery: the production shape on one machine "
-        "(CeleryExecutor, Redis broker, PostgreSQL, SeaweedFS S3, workers with homes of their own: "
-        "docs/production-shape.md)",
-    )
-    up.add_argument(
-        "--database", choices=("postgres", "sqlite"), default=None,
-        help="local: Airflow's metadata DB and the job store on a private PostgreSQL (the default for a new home) "
-        "or on SQLite files (for trying things out); kept per home, each keeps its own jobs (docs/embedded.md)",
-    )
+    up.add_argument("--restart", action="store_true",
+                    help="stop every component first, then start them all (applies a configuration change)")
+    up.add_argument("--executor", choices=("local", "celery"), default="local",
+                    help="local: LocalExecutor, one home (default); celery: the production shape on one machine "
+                    "(CeleryExecutor, Redis broker, PostgreSQL, SeaweedFS S3, workers with homes of their own: "
+                    "docs/production-shape.md)")
+    up.add_argument("--database", choices=("postgres", "sqlite"), default=None,
+                    help="local: Airflow's metadata DB and the job store on a private PostgreSQL (the default for a "
+                    "new home) or on SQLite files (for trying things out); kept per home, each keeps its own jobs "
+                    "(docs/embedded.md)")
     up.add_argument("--workers", type=int, default=None, help="celery: how many Celery workers (default 2, then kept)")
-    up.add_argument(
-        "--prepare-model", action="append", default=[], metavar="NAME",
-        help="celery: prepare this registered model in every worker's own model cache (repeatable)",
-    )
+    up.add_argument("--prepare-model", action="append", default=[], metavar="NAME",
+                    help="celery: prepare this registered model in every worker's own model cache (repeatable)")
     up.set_defaults(func=_up)
-    down = subparsers.add_parser("down", help="stop the embedded stack")
-    down.set_defaults(func=_down)
-    status = subparsers.add_parser(
-        "status", help="show which stack components run, their restarts by the supervisor, and the job store's "
-        "health (exit 3 if any is not ok)"
-    )
-    status.set_defaults(func=_status)
+    subparsers.add_parser("down", help="stop the embedded stack").set_defaults(func=_down)
+    subparsers.add_parser("status", help="show which stack components run, their restarts by the supervisor, and "
+                          "the job store's health (exit 3 if any is not ok)").set_defaults(func=_status)
 
 
 _DATABASES = {"postgres": "PostgreSQL (Airflow's metadata and the job store)",
@@ -51,7 +37,7 @@ def _up(args: argparse.Namespace) -> int:
     import httpx  # heavy
 
     from llm_batch.devstack.celery_stack import CeleryStack  # heavy
-    from llm_batch.devstack.stack import Stack, StackError  # heavy
+    from llm_batch.devstack.stack import ADMIN_USER, Stack, StackError  # heavy
 
     if args.executor == "celery":
         if args.database == "sqlite":
@@ -87,7 +73,7 @@ def _up(args: argparse.Namespace) -> int:
             "llm-batch up --restart applies it",
             file=sys.stderr,
         )
-    print(f"Airflow UI and API: {stack.base_url}  (user {stack.admin_user}, password {stack.admin_password()})")
+    print(f"Airflow UI and API: {stack.base_url}  (user {ADMIN_USER}, password {stack.admin_password()})")
     print(f"Database:           {_DATABASES[stack.database]}")
     print(f"Batch API:          {stack.base_url}/batch  (docs: {stack.base_url}/batch/docs)")
     print(f"CLI API key:        {stack.api_key_file} (admin; llm-batch submit/jobs/... use it)")

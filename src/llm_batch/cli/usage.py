@@ -3,10 +3,6 @@ batch REST API (``GET /v1/usage``): your own jobs; with an admin key, every owne
 
     llm-batch usage [--by owner|model|label] [--since 7d|2026-11-01|<ISO 8601>] [--json]
 
-Every job counts, whatever its status (live jobs with their live counts). ``--by label``:
-one group per label ``key=value``; a job with two labels counts in both groups, jobs without
-labels in the group ``(none)``. Without ``--by``: one group, ``(all)``. GPU seconds: each
-job's engine seconds x its GPUs (1 when the job names none; 0 for a job recorded with 0).
 Exit codes: 0, or 2 for a usage or HTTP error (bad arguments, a refused key, no answer).
 """
 
@@ -34,19 +30,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "usage", help="tokens, requests, engine and GPU seconds summed over your jobs (admins: everyone's)",
         description="Tokens, requests, engine and GPU seconds summed over jobs (any status; live jobs with their "
-        "live counts), through the batch REST API (GET /v1/usage): your own jobs; an admin API key sees every owner's. GPU seconds: each job's "
-        "engine seconds x its GPUs (1 when the job names none, 0 for a job recorded with 0 GPUs).",
-    )
-    parser.add_argument(
-        "--by", choices=("owner", "model", "label"),
-        help="group by owner, model or label (one group per key=value: a job with two labels counts in both, "
-        "jobs without labels in '(none)'); default: one group '(all)'",
-    )
-    parser.add_argument(
-        "--since", type=parse_since, metavar="WHEN",
-        help="only jobs created at or after WHEN: an age (30m, 12h, 7d, 2w), a date (2026-11-01, UTC) "
-        "or an ISO 8601 time (no zone: UTC); default: every job",
-    )
+        "live counts), through the batch REST API (GET /v1/usage): your own jobs; an admin API key sees every "
+        "owner's. GPU seconds: each job's engine seconds x its GPUs (1 when the job names none, 0 for a job "
+        "recorded with 0 GPUs).")
+    parser.add_argument("--by", choices=("owner", "model", "label"),
+                        help="group by owner, model or label (one group per key=value: a job with two labels "
+                        "counts in both, jobs without labels in '(none)'); default: one group '(all)'")
+    parser.add_argument("--since", type=parse_since, metavar="WHEN",
+                        help="only jobs created at or after WHEN: an age (30m, 12h, 7d, 2w), a date (2026-11-01, "
+                        "UTC) or an ISO 8601 time (no zone: UTC); default: every job")
     parser.add_argument("--json", action="store_true", help="print the API's JSON answer instead of a table")
     parser.set_defaults(func=_usage_command)
 

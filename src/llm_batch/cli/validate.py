@@ -37,27 +37,19 @@ EXIT_REJECTED = 2  # no valid request, unreadable input, or a limit exceeded
 # Bad lines the readable summary shows (--json shows up to max_reported_errors).
 SHOWN_ERRORS = 10
 
-FORMATS = INPUT_FORMATS
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "validate",
-        help="check a batch input offline: counts and bad lines (exit 0 all valid, 1 some bad, 2 refused)",
-        description=__doc__.splitlines()[0],
-    )
-    parser.add_argument(
-        "inputs", nargs="+", metavar="INPUT",
-        help="a local path, s3:// URI or - (stdin); several inputs are one batch whose "
-             "indexes continue from file to file",
-    )
-    parser.add_argument(
-        "--endpoint", default=None,
-        help=f"the job's endpoint ({', '.join(SUPPORTED_ENDPOINTS)}); "
-             "default: the first line's url, else /v1/chat/completions "
-             "(scale-v2: the first item's kind; scale-v1: /v1/completions)",
-    )
-    parser.add_argument("--format", dest="fmt", choices=FORMATS, default="jsonl",
+        "validate", description=__doc__.splitlines()[0],
+        help="check a batch input offline: counts and bad lines (exit 0 all valid, 1 some bad, 2 refused)")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="a local path, s3:// URI or - (stdin); several inputs are one batch whose "
+                             "indexes continue from file to file")
+    parser.add_argument("--endpoint", default=None,
+                        help=f"the job's endpoint ({', '.join(SUPPORTED_ENDPOINTS)}); default: the first line's "
+                             "url, else /v1/chat/completions (scale-v2: the first item's kind; scale-v1: "
+                             "/v1/completions)")
+    parser.add_argument("--format", dest="fmt", choices=INPUT_FORMATS, default="jsonl",
                         help="input format (default: jsonl)")
     parser.add_argument("--job", metavar="JOB_ID",
                         help="also write the job's validated.jsonl, validation_errors.jsonl and "

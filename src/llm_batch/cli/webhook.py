@@ -1,9 +1,6 @@
 """``llm-batch webhook add|list|remove|test|attempts|deliver``: webhook endpoints of the
-caller's job-end events, through the batch REST API (``/v1/webhooks``).
-
-    llm-batch webhook add URL [--events batch.completed,batch.failed] [--description TEXT]
-    llm-batch webhook list | remove ID | test ID [--event TYPE] | attempts ID
-    llm-batch webhook deliver          # a deliverer of the job store's outbox, in the foreground
+caller's job-end events, through the batch REST API (``/v1/webhooks``); ``deliver``: a
+deliverer of the job store's outbox, in the foreground.
 
 ``add`` prints the endpoint's signing secret (``whsec_...``) alone on its own line of stdout
 (shown only then). Events are OpenAI's batch events signed with Standard Webhooks: verify them
@@ -20,6 +17,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -78,55 +76,50 @@ def _when(seconds: int | None) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds") if seconds else "-"
 
 
-def _add(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        endpoint = client.create_webhook(args.url, args.events, args.description)
-        print(f"id: {endpoint['id']}\nurl: {endpoint['url']}\nevents: {', '.join(endpoint['events'])}", file=sys.stderr)
-        print("the signing secret (shown only now; store it safely):", file=sys.stderr)
-        print(endpoint["secret"])
-        return 0
-
-    return _with_client(run, args)
+def _client_command(action: Callable[[BatchClient, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``action(client, args)`` as a command, run with the batch API's client."""
+    return lambda args: _with_client(lambda client: action(client, args), args)
 
 
-def _list(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        rows = [("ID", "URL", "EVENTS", "CREATED", "DESCRIPTION")]
-        for e in client.webhooks():
-            rows.append((e["id"], e["url"], ",".join(e["events"]), _when(e["created_at"]), e.get("description") or ""))
-        print_table(rows)
-        return 0
-
-    return _with_client(run, args)
+@_client_command
+def _add(client: BatchClient, args: argparse.Namespace) -> int:
+    endpoint = client.create_webhook(args.url, args.events, args.description)
+    print(f"id: {endpoint['id']}\nurl: {endpoint['url']}\nevents: {', '.join(endpoint['events'])}", file=sys.stderr)
+    print("the signing secret (shown only now; store it safely):", file=sys.stderr)
+    print(endpoint["secret"])
+    return 0
 
 
-def _remove(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        client.delete_webhook(args.endpoint_id)
-        print(f"removed {args.endpoint_id}")
-        return 0
-
-    return _with_client(run, args)
-
-
-def _test(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        result = client.test_webhook(args.endpoint_id, args.event)
-        status = result.get("status_code")
-        print(f"{result['event_type']} webhook-id {result['webhook_id']}: "
-              f"{'delivered' if result['delivered'] else 'NOT delivered'}, HTTP {status if status else '-'}, "
-              f"{result['latency_ms']:.0f} ms" + (f" ({result['error']})" if result.get("error") else ""))
-        return 0 if result["delivered"] else 1
-
-    return _with_client(run, args)
+@_client_command
+def _list(client: BatchClient, args: argparse.Namespace) -> int:
+    rows = [("ID", "URL", "EVENTS", "CREATED", "DESCRIPTION")]
+    for e in client.webhooks():
+        rows.append((e["id"], e["url"], ",".join(e["events"]), _when(e["created_at"]), e.get("description") or ""))
+    print_table(rows)
+    return 0
 
 
-def _attempts(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        print_attempts(client.webhook_attempts(args.endpoint_id, limit=args.limit))
-        return 0
+@_client_command
+def _remove(client: BatchClient, args: argparse.Namespace) -> int:
+    client.delete_webhook(args.endpoint_id)
+    print(f"removed {args.endpoint_id}")
+    return 0
 
-    return _with_client(run, args)
+
+@_client_command
+def _test(client: BatchClient, args: argparse.Namespace) -> int:
+    result = client.test_webhook(args.endpoint_id, args.event)
+    status = result.get("status_code")
+    print(f"{result['event_type']} webhook-id {result['webhook_id']}: "
+          f"{'delivered' if result['delivered'] else 'NOT delivered'}, HTTP {status if status else '-'}, "
+          f"{result['latency_ms']:.0f} ms" + (f" ({result['error']})" if result.get("error") else ""))
+    return 0 if result["delivered"] else 1
+
+
+@_client_command
+def _attempts(client: BatchClient, args: argparse.Namespace) -> int:
+    print_attempts(client.webhook_attempts(args.endpoint_id, limit=args.limit))
+    return 0
 
 
 def print_attempts(attempts: list[dict[str, Any]]) -> None:

@@ -21,10 +21,8 @@ def home_stack(settings: Settings | None = None) -> Stack:
 def job_store_url(given: str | None = None, *, settings: Settings | None = None,
                   environ: Mapping[str, str] | None = None) -> str:
     """The job store a CLI command opens: `given` (``--database-url``), else
-    ``LLM_BATCH_DATABASE_URL``, else the home's stack's once ``up`` has made one (its
-    ``stack.json`` or Celery shape), else the settings' default (SQLite under the home).
-    ``settings`` (default ``get_settings()``) were read from ``environ`` (default this
-    process's environment), which says whether the URL was named."""
+    ``LLM_BATCH_DATABASE_URL`` (of ``environ``, whence ``settings`` came), else the home's
+    stack's once ``up`` has made one, else the settings' default (SQLite under the home)."""
     settings = settings or get_settings()
     if given:
         return given

@@ -1,11 +1,6 @@
-"""The embedded stack's executor: Airflow's LocalExecutor, with the task code imported once.
-
-``[core] executor = llm_batch.devstack.local_executor.LocalExecutor`` (``llm-batch up``
-sets it). The LocalExecutor forks its worker processes from the scheduler when it starts,
-and each worker forks a process per task; importing the task code (``preload``) before
-those forks means no task imports it again. On two cores a job's tasks were bound by how
-fast task processes start (docs/benchmarks.md, "Small jobs").
-"""
+"""The embedded stack's executor: Airflow's LocalExecutor, with the task code imported once,
+before it forks its workers (and they their tasks): on two cores a job's tasks were bound by
+how fast task processes start (docs/benchmarks.md, "Small jobs")."""
 
 from __future__ import annotations
 
@@ -17,8 +12,7 @@ from llm_batch.airflow.preload import preload
 
 
 class LocalExecutor(AirflowLocalExecutor):
-    """Airflow's LocalExecutor; ``start`` imports the task code first (fork start method only:
-    a spawned worker would not inherit it)."""
+    """``start`` imports the task code first (fork start method only: a spawned worker would not inherit it)."""
 
     def start(self) -> None:
         if multiprocessing.get_start_method() == "fork":

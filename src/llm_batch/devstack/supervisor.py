@@ -1,35 +1,16 @@
 """The stack's supervisor: it keeps every component running, and records its restarts.
 
-``up`` starts it (``python -m llm_batch.devstack.supervisor <stack class>``: its own process group,
-pid file ``run/supervisor.pid``, log ``logs/supervisor.log``); ``down`` stops it first. It
-rebuilds the stack (``from_env``) and starts each of ``Stack.supervised()`` that does not run
-(Airflow's api-server, scheduler, dag-processor and triggerer; the Celery shape's workers
-too), then every second:
+``up`` starts it (``python -m llm_batch.devstack.supervisor <stack class>``); it rebuilds the
+stack (``from_env``) and, every second, starts again each of ``Stack.supervised()`` that died
+(at once if it had run a minute, else with backoff) and, every 30 s, one that
+``Stack.not_answering`` calls hung; each restart goes to ``run/restarts.json`` with its reason.
+It holds a component's ``component_lock`` while it starts or stops it, and never stops a
+component on exit: a new supervisor adopts them. See docs/embedded.md.
 
-- a process that died (its pid gone, or its pid file removed by ``stop_component``) is
-  started again, after what is left of its process group is stopped: at once if it had run
-  for a minute, else after 1, 2, 4 ... up to 60 s while it keeps dying young;
-- every 30 s, a component that ``Stack.not_answering`` calls hung is stopped (SIGTERM,
-  SIGKILL after 20 s) and started again;
-- each restart is recorded in ``run/restarts.json``: per process, how many, and the last
-  one's time and reason. The reason carries the exit status ("killed by SIGKILL", "exited
-  with status 1") because the supervisor is the parent of what it started; of a process
-  someone else started it says "status unknown".
-
-A start or stop of one process holds that process's ``Stack.component_lock``, taken by the
-supervisor without waiting (a busy one is looked at next round), so it and ``up`` or a test
-never start one component twice. The supervisor's environment is the one ``up`` ran with, so
-what it starts has the configuration the stack was fingerprinted with. It never stops a
-component on exit: the components outlive it, and a new supervisor adopts them.
-
-Decision: a small supervisor of our own, not supervisord or circus. Both install from PyPI
-and run here, but each must be the parent of every program it watches from its own start,
-with its own configuration, logs and stop handling: it cannot adopt the components ``up``
-leaves running (``up`` starts only what is missing), it would replace the pid files, process
-groups and logs that ``up``, ``down``, ``status``, the Celery shape and the tests use, and a
-restart of a component that is alive but hung needs our own health check as a plugin either
-way (circus also brings pyzmq and tornado). This loop over the stack's own start and stop
-is the part of them we need.
+Decision: our own loop, not supervisord or circus: each must be the parent of every program
+it watches from its own start, so it could not adopt the components ``up`` leaves running,
+would replace the pid files, process groups and logs that ``up``, ``down``, ``status``, the
+Celery shape and the tests use, and would need our health check as a plugin anyway.
 """
 
 from __future__ import annotations
@@ -46,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from llm_batch.devstack.stack import Stack
+from llm_batch.devstack.stack import Stack, read_json
 
 POLL_S = 1.0
 HEALTH_EVERY_S = 30.0
@@ -59,8 +40,6 @@ NOT_ANSWERING = "not answering"
 
 @dataclass
 class _Watch:
-    """What the supervisor knows of one supervised process."""
-
     pid: int | None = None
     proc: subprocess.Popen | None = None  # when the supervisor started it (its exit status)
     started_at: float = 0.0  # monotonic
@@ -153,10 +132,7 @@ class Supervisor:
 def read_restarts(stack: Stack) -> dict[str, dict[str, Any]]:
     """{name: {"restarts": n, "at": ISO time, "reason": ...}} of each process restarted since
     the stack's clean start."""
-    try:
-        return json.loads(stack.restarts_file.read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(stack.restarts_file, {})
 
 
 def record_restart(stack: Stack, name: str, reason: str) -> int:

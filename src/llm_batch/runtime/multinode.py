@@ -1,14 +1,10 @@
 """One shard worker spanning several nodes: each node's vLLM engine arguments, and the
-follower's part (no Airflow here).
+follower's part.
 
-A multi-node worker is one vLLM engine over ``nnodes`` processes, one per node (pod), joined
-by vLLM's own multi-node multiprocessing executor (``distributed_executor_backend="mp"``
-with ``nnodes`` / ``node_rank`` / ``master_addr`` / ``master_port``; no Ray cluster):
-tensor parallel inside a node over its ``gpus_per_node`` GPUs, pipeline parallel across the
-nodes. Node 0, the leader, runs the shard worker (``llm-batch worker ... --nnodes N``): it
-reads the requests, owns the engine's scheduler and writes the checkpoint. The other nodes
-run ``llm-batch worker-follower``: the same model, resolved the same way, as vLLM's
-headless workers, until the leader's engine goes away.
+One vLLM engine over ``nnodes`` processes joined by vLLM's multi-node multiprocessing
+executor (no Ray): tensor parallel inside a node, pipeline parallel across nodes. Node 0
+runs the shard worker (``llm-batch worker ... --nnodes N``); the others run ``llm-batch
+worker-follower``, vLLM's headless workers, until the leader's engine goes away.
 """
 
 from __future__ import annotations
@@ -58,10 +54,8 @@ class NodeGroup:
             raise NodeGroupError(f"--gpus-per-node must be >= 1, got {self.gpus_per_node}")
 
     def engine_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``args`` (a job's ``vllm.LLM`` keywords) for this node: tensor parallel over the
-        node's GPUs and pipeline parallel over the nodes unless the job or the registry set
-        the sizes, which must then fill the group exactly (vLLM puts world_size / nnodes
-        ranks on each node)."""
+        """``args`` (``vllm.LLM`` keywords) for this node: tensor parallel over its GPUs and
+        pipeline parallel over the nodes unless set, and then they must fill the group exactly."""
         tp = int(args.get("tensor_parallel_size") or self.gpus_per_node)
         pp = int(args.get("pipeline_parallel_size") or self.nnodes)
         if tp * pp != self.gpus_per_node * self.nnodes:
@@ -86,10 +80,9 @@ class NodeGroup:
 
 
 def run_follower(model: ResolvedModel, group: NodeGroup) -> int:
-    """Join the leader's engine with ``model`` (resolved for the leader's endpoint, as the
-    leader resolves it) as node ``group.node_rank`` and serve it until it ends; the exit code
-    (``llm_batch.core.exit_codes``): USAGE for a group that cannot be, FAILED when the engine's
-    workers on this node die, DONE when they end (the leader stopped its engine)."""
+    """Join the leader's engine with ``model`` (resolved as the leader resolves it) as node
+    ``group.node_rank`` until it ends: USAGE for a group that cannot be, FAILED when the
+    engine's workers on this node die, DONE when they end."""
     if group.leader:
         log.error("node rank 0 is the leader: it runs `llm-batch worker`, not a follower")
         return exit_codes.USAGE

@@ -1,41 +1,18 @@
-"""Warm engines: long-lived engine processes that run the shards of many jobs in turn.
+"""Warm engines: long-lived engine processes (``llm-batch engine-host``) that run the shards
+of many jobs in turn, one per model configuration and pool slot on the machine, each shard
+with the same ``run_worker`` as a dedicated worker (docs/worker.md, "Warm engines").
 
-A shard normally starts an engine of its own (``llm-batch worker``); for a one-request shard
-that start is nearly all of its time. With ``Settings.warm_engines`` the local runner hands
-the shard to a warm engine instead: a process (``llm-batch engine-host``) per model
-configuration and pool slot on the machine that keeps its vLLM engine between shards and
-exits after ``warm_engine_idle_seconds`` without one.
+Protocol, over a Unix socket only this user can open: the host greets each connection with
+``{"host": pid}`` (how a client tells a live host from a killed one whose vLLM processes
+still hold the socket); the client sends one line ``{"argv": [the worker's arguments]}``;
+the host answers ``{"log": line}`` lines, then ``{"exit": code}``. The client closing its end
+stops the shard (``StopReason.ABANDONED``). A client holds a seat's lock (flock) while its
+shard runs and the slot's lock while it reaches or starts the host; a host about to exit
+idle takes every seat's lock first.
 
-A host runs each shard with the same ``run_worker`` a dedicated worker uses, so the shard's
-guarantees are the same: results resume after the shard's last published part (a kill -9 of
-the host drops the task's connection, the attempt fails, and its retry resumes: exactly
-once), cancel and deadline are read from the shard's own marker and deadline, results go
-only to the shard's own URIs under the allowed roots. An engine failure ends the host too
-(once its other shards have ended), so the retry gets a fresh engine.
-
-Seats (``Settings.warm_engine_seats``): a host runs up to that many shards at once, each in a
-thread of its own, all stepping the one engine (``SharedEngine``): their requests share the
-engine's continuous batch, so a one-request shard does not hold an engine alone, and the next
-shard's task is handed over while others run instead of after them.
-
-Protocol, over a Unix socket that only this user can open (mode 0600, in a 0700 folder):
-the host greets each connection it accepts with ``{"host": pid}``; the client sends one JSON
-line ``{"argv": [the worker's arguments]}``; the host answers ``{"log": line}`` lines while
-the shard runs, then ``{"exit": code}``. The greeting is how a client tells a live host from
-a killed one whose socket still takes connections: vLLM's engine processes are forked with
-the listening socket, and until the last of them has died a connect succeeds, then is reset.
-The client closing its end stops the shard at the next engine step (``StopReason.ABANDONED``).
-
-Slots and seats: a client holds a seat's lock (flock) while its shard runs, so a host runs at
-most its seats' shards at once; it takes the slot's own lock only while it reaches the host
-(or starts it), so one client at a time starts a host. A host about to exit idle takes every
-seat's lock first, so no client connects to a host that is leaving.
-
-Engine services (the Kubernetes runner, ``llm_batch.runtime.engine_service``): the same host listens
-on TCP instead (``serve_service``), one Deployment per model and GPU type, and the client's
-request line carries the service's token too: ``{"token": ..., "argv": [...]}``. The host
-itself keeps the seats there (clients are on other machines: no lock file to share), checks
-the token before anything else, and only runs shards of the model it serves.
+Engine services (``llm_batch.runtime.engine_service``): the same host on TCP
+(``serve_service``); the request line carries the service's token too, and the host keeps
+the seats itself.
 """
 
 from __future__ import annotations
@@ -55,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,25 +51,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llm_batch.runtime.warm_engines")
 
-# A client waiting for a free slot (all held: a host leaving, or more tasks than slots, as
-# when the next shard's task waits for its engine) tries again this often: the handover
-# between two shards on one engine costs at most this.
+# How often a client waiting for a free seat tries again: the most a handover between two
+# shards on one engine costs.
 SLOT_RETRY_S = 0.05
-# How long a new host may take to open its socket (imports only: the engine loads with
-# the first shard, inside the shard's own time).
+# How long a new host may take to open its socket (the engine loads with the first shard).
 HOST_START_S = 120.0
-# The exit code a client reports when its host went away without answering (as a killed
-# process would have).
+# A client's exit code when its host went away without answering (as if killed).
 HOST_GONE = -signal.SIGKILL
 _LOGGERS = ("llm_batch", "vllm")
-# Engine services (TCP): a request line is at most this long (a shard's arguments are a few
-# KiB), and must arrive this soon after the greeting; a send to a client that stopped
-# reading gives up after SEND_TIMEOUT_S (its shard goes on; the stop check sees it gone).
+# Engine services (TCP): the most a request line may hold, how soon after the greeting it
+# must arrive, and how long a send to a client that stopped reading may block.
 MAX_REQUEST_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 10.0
 SEND_TIMEOUT_S = 30.0
-# Connections a service holds beyond its seats (shards waiting for one); more are turned away
-# at once, and their tasks retry.
+# Connections a service holds beyond its seats; more are turned away, and their tasks retry.
 MAX_WAITING = 32
 SERVICE_CONNECT_S = 10.0
 
@@ -101,15 +73,13 @@ class WarmEngineError(RuntimeError):
     """A warm engine could not be reached or started."""
 
 
-# The environment a host starts with (it inherits the starting task's) that its shards run
-# under: llm-batch's settings, vLLM's, the object store's and the model hub's.
+# The environment (inherited from the starting task) a host's shards run under.
 HOST_ENVIRONMENT = ("LLM_BATCH_", "VLLM_", "AWS_", "HF_", "TRANSFORMERS_")
 
 
 def engine_key(model_config: dict[str, Any], environ: dict[str, str] | None = None) -> str:
-    """Shards whose model configurations and host environments (``HOST_ENVIRONMENT``, of
-    ``environ``, default this process's) are equal share engines: a host started before a
-    configuration change (another store, roots, KV-cache size) runs no shard after it."""
+    """Shards of equal model configurations and host environments (``HOST_ENVIRONMENT`` of
+    ``environ``, default this process's) share engines: none runs on a host of an older one."""
     environ = os.environ if environ is None else environ
     host_env = {name: value for name, value in environ.items() if name.startswith(HOST_ENVIRONMENT)}
     identity = {"model_config": model_config, "environment": host_env}
@@ -119,7 +89,7 @@ def engine_key(model_config: dict[str, Any], environ: dict[str, str] | None = No
 @dataclass(frozen=True)
 class Slot:
     """One host's files: lock, pid and log in the home; its socket in a short private folder
-    (a Unix socket's path must stay under ~100 bytes, and homes can be deep)."""
+    (a Unix socket's path must stay under ~100 bytes)."""
 
     home: Path
     key: str
@@ -131,11 +101,9 @@ class Slot:
 
     @property
     def lock(self) -> Path:
-        """Held while a client reaches or starts the host."""
         return engines_dir(self.home) / f"{self.name}.lock"
 
     def seat_locks(self, seats: int) -> list[Path]:
-        """One per shard the host may run at once, each held while its shard runs."""
         return [engines_dir(self.home) / f"{self.name}.seat{seat}.lock" for seat in range(seats)]
 
     @property
@@ -158,8 +126,8 @@ def engines_dir(home: Path) -> Path:
 
 
 def socket_dir(home: Path) -> Path:
-    """``$TMPDIR/llm-batch-<uid>/<hash of the home>``, 0700 and ours (checked: a folder in a
-    shared temp dir could have been made by someone else)."""
+    """``$TMPDIR/llm-batch-<uid>/<hash of the home>``, 0700 and ours (checked: someone else
+    could have made it in a shared temp dir)."""
     base = Path(tempfile.gettempdir()) / f"llm-batch-{os.getuid()}"
     path = base / hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
     for folder in (base, path):
@@ -174,10 +142,9 @@ def socket_dir(home: Path) -> Path:
 
 
 class WarmShard:
-    """A shard running on a warm engine, as the shard task supervises it: ``pid`` (the
-    host's, a process-group leader on this machine; None for an engine service, whose host
-    is elsewhere), ``poll()``, ``wait()`` and ``returncode`` as on a ``Popen``; ``detach()``
-    stops the shard and leaves the host warm."""
+    """A shard on a warm engine, as its task supervises it: ``pid`` (the local host's; None
+    for an engine service), ``poll()``, ``wait()`` and ``returncode`` as on a ``Popen``;
+    ``detach()`` stops the shard and leaves the host warm."""
 
     def __init__(self, conn: socket.socket, seat_fd: int | None, pid: int | None, on_line: Callable[[str], None]):
         self.pid = pid
@@ -223,8 +190,8 @@ class WarmShard:
 
 def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: list[str],
                 on_line: Callable[[str], None]) -> WarmShard:
-    """Hand a shard (``worker_args``: ``ShardTask.worker_args()``) to a warm engine of its
-    model on this machine, starting one if the free slot has none."""
+    """Hand a shard (``ShardTask.worker_args()``) to a warm engine of its model on this
+    machine, starting one if the free slot has none."""
     key = engine_key(model_config)
     engines = max(1, settings.warm_engine_slots or settings.local_pool_slots)
     slot, seat, seat_fd = _take_seat(settings.home, key, engines, settings.warm_engine_seats)
@@ -241,9 +208,8 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
 
 def start_service_shard(address: tuple[str, int], token: str, worker_args: list[str],
                         on_line: Callable[[str], None]) -> WarmShard:
-    """Hand a shard to an engine service (``llm_batch.runtime.engine_service``) at ``address``; the
-    service keeps the seats, so this returns once the request is sent, and a shard waiting
-    for a seat there is waiting in ``wait()`` like a running one."""
+    """Hand a shard to the engine service at ``address``; it keeps the seats, so a shard
+    waiting for one there waits in ``wait()`` like a running one."""
     where = f"{address[0]}:{address[1]}"
     conn: socket.socket | None = None
     try:
@@ -261,8 +227,7 @@ def start_service_shard(address: tuple[str, int], token: str, worker_args: list[
 
 
 def _keep_alive(conn: socket.socket) -> None:
-    """TCP keepalive, so a peer that vanished without a word (a node lost) is noticed within
-    about a minute: the client's attempt fails and retries, the host's shard stops."""
+    """TCP keepalive: a peer that vanished (a node lost) is noticed within about a minute."""
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, option):
@@ -270,8 +235,7 @@ def _keep_alive(conn: socket.socket) -> None:
 
 
 def _take_seat(home: Path, key: str, engines: int, seats: int) -> tuple[Slot, int, int]:
-    """A free seat (slot, seat, its lock's descriptor): an idle engine's first, then a
-    second seat on a busy one."""
+    """A free seat (slot, seat, its lock's descriptor): an idle engine's first."""
     slots = [Slot(home, key, index) for index in range(engines)]
     locks = [slot.seat_locks(seats) for slot in slots]  # once: the wait below polls
     while True:
@@ -310,9 +274,8 @@ def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
 
 
 def _evict_idle(starting: Slot, seats: int, grace: float = 10.0) -> None:
-    """Stop the idle hosts of other model configurations before a new one loads, so warm
-    engines never hold more memory than the pool's slots of busy engines would (on a GPU an
-    idle engine's KV cache would leave a new one no room). Idle: all its seats are free."""
+    """Stop the idle hosts (all seats free) of other model configurations before a new one
+    loads: on a GPU an idle engine's KV cache would leave it no room."""
     for pid_file in engines_dir(starting.home).glob("*.pid"):
         if pid_file.stem.startswith(f"{starting.key}-") or not (pid := read_pid(pid_file)):
             continue
@@ -330,12 +293,11 @@ def _evict_idle(starting: Slot, seats: int, grace: float = 10.0) -> None:
 
 def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
     """A connection to a live host and its pid (from its greeting), or None: no socket, or
-    the socket of a killed host (reset, or closed, before a greeting)."""
+    a killed host's (reset before a greeting)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(str(slot.socket))
-        # No timeout: a live host greets at once (each shard has a thread of its own); a
-        # broken one closes its socket at once (its running shards go on), so we start another.
+        # No timeout: a live host greets at once, a broken one has closed its socket.
         return conn, int(_read_message(conn)["host"])
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
@@ -349,8 +311,7 @@ def _spawn_host(slot: Slot, settings: Settings) -> subprocess.Popen[bytes]:
         command += ["--lock", str(seat_lock)]
     log.info("starting warm engine %s: %s", slot.name, " ".join(command))
     with open(slot.log, "ab") as out:
-        # Its own session: it outlives the task that started it, and a kill reaches the
-        # engine processes vLLM may spawn.
+        # Its own session: it outlives its task, and a kill reaches vLLM's processes.
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=settings.home)
 
@@ -367,10 +328,9 @@ def stop_hosts(home: Path, grace: float = 10.0) -> None:
 
 
 class KeptEngine:
-    """The host's engine source for ``run_worker``: the engine stays loaded between shards
-    and is shared by the shards running at once (each gets ``SharedEngine.for_shard``);
-    started again for a shard of another configuration once the running ones have ended; a
-    failure discards it once no shard uses it."""
+    """The host's engine source for ``run_worker``: kept loaded between shards and shared by
+    those running at once; reloaded for another configuration once they have ended;
+    discarded after a failure once no shard uses it."""
 
     def __init__(self) -> None:
         self.shared: SharedEngine | None = None
@@ -420,22 +380,17 @@ class KeptEngine:
 
 
 class SharedEngine:
-    """One vLLM engine stepped by several shards at once, each from its own thread.
-
-    Each shard's ``EngineRunner`` drives its view (``EngineView``) as it would the engine:
-    adding requests, stepping, aborting, all under one lock. A step advances every shard's
-    requests; its finished outputs go to their shard's box (by the request id's prefix, unique
-    per runner), and a shard whose box already holds outputs gets them without a step."""
+    """One vLLM engine stepped by several shards' threads, each through its ``EngineView``
+    under one lock: a step's finished outputs go to their shard's box (by the request id's
+    prefix, unique per runner), and a shard whose box holds outputs gets them without a step."""
 
     def __init__(self, llm: LLM):
         self.llm = llm
         self.lock = threading.RLock()
-        # Finished outputs of requests whose id starts with a key go to its shard's box.
         self.boxes: dict[str, list[Any]] = {}
 
     def for_shard(self) -> LLM:
-        """The LLM as one shard sees it: every attribute the engine's, but its own view of
-        the engine loop."""
+        """The LLM as one shard sees it: the engine's, with its own view of the engine loop."""
         return _ShardLLM(self.llm, EngineView(self))  # type: ignore[return-value]
 
     def step(self) -> None:
@@ -446,8 +401,7 @@ class SharedEngine:
 
 
 class EngineView:
-    """What a shard's ``EngineRunner`` uses of ``LLM.llm_engine`` (``add_request``, ``step``,
-    ``abort_request``; anything else is the engine's), shared with the other shards."""
+    """``LLM.llm_engine`` as one shard's ``EngineRunner`` uses it, shared with the others."""
 
     def __init__(self, shared: SharedEngine):
         self._shared = shared
@@ -466,8 +420,7 @@ class EngineView:
             self._engine.add_request(request_id, prompt, params, lora_request=lora_request)
 
     def step(self) -> list[Any]:
-        """This shard's finished outputs: those an earlier step (any shard's) left for it,
-        else what one more step finishes."""
+        """This shard's finished outputs: those an earlier step left, else one more step's."""
         with self._shared.lock:
             if not self._box:
                 self._shared.step()
@@ -503,8 +456,7 @@ def _id_prefix(request_id: str) -> str:
 
 
 def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_seconds: float) -> int:
-    """The host's loop: each connection's shard in a thread of its own (at most one per
-    seat: clients hold a seat's lock), until idle or broken."""
+    """The host's loop: each connection's shard in a thread of its own, until idle or broken."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     socket_path.unlink(missing_ok=True)
     listener.bind(str(socket_path))
@@ -547,23 +499,18 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
 def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
                   preload: dict[str, Any] | None = None) -> int:
     """An engine service's loop (``llm-batch engine-host --listen``): shards of ``model``
-    from clients holding ``token``, at most ``seats`` at once (the rest wait in line, up to
-    ``MAX_WAITING``), for as long as the engine is healthy. Exits 1 once it is broken and
-    its running shards have ended, so its supervisor (a Deployment) starts a fresh one.
-
-    ``preload``: a model configuration's overrides (``{}``: the registry's defaults) to load
-    before listening, so a pod is ready only once its engine is warm; shards whose
-    configuration differs load theirs when they come, as on any warm engine."""
+    from clients holding ``token``, at most ``seats`` at once, while the engine is healthy;
+    exits 1 once it is broken and its shards have ended (its Deployment starts a fresh one).
+    ``preload``: model_config overrides to load before listening (a pod ready only when warm)."""
     if not token:
         raise WarmEngineError("an engine service needs a token (LLM_BATCH_ENGINE_TOKEN): refusing to listen without one")
-    engine, turns, door = KeptEngine(), _ShardTurns(), _ServiceDoor(token, model, seats)
+    engine, turns, door = KeptEngine(), _ShardTurns(), _Door(token, model, seats)
     if preload is not None:
         _preload(engine, {**preload, "model": model})
     listener = socket.create_server(address, backlog=seats + 4)
     listener.settimeout(1.0)
-    # SIGTERM (a rollout, a scale-down): take no more shards, and stop the running ones as if
-    # their tasks had left (finished results flushed, exit FAILED): their retries resume on
-    # another pod instead of waiting for this one's grace period to run out.
+    # SIGTERM (a rollout): stop the running shards as if their tasks had left, so their
+    # retries resume on another pod instead of waiting out this one's grace period.
     signal.signal(signal.SIGTERM, lambda *_: door.closing.set())
     running: list[threading.Thread] = []
     log.info("engine service for model %s listening on %s:%d, %d seat(s)", model, *listener.getsockname()[:2], seats)
@@ -602,58 +549,43 @@ def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
 
 
 class _Door:
-    """What a host checks of a request before it runs the shard. A local host's socket is
-    private to its user and the clients hold its seats' locks, so it lets every request in,
-    waits on its clients as long as they take, and never closes early."""
+    """What a host checks of a request before it runs the shard. A local host's (no token):
+    nothing, as its socket is private and its clients hold the seats. An engine service's,
+    whose clients are on the network: the token (in constant time), the model, a free seat
+    (the host keeps them), and timeouts on a client that goes quiet."""
 
-    request_timeout: float | None = None  # how long a client may take to send its request
-    send_timeout: float | None = None  # and to read what the host sends it
-
-    def __init__(self) -> None:
+    def __init__(self, token: str | None = None, model: str | None = None, seats: int = 1):
         self.closing = threading.Event()  # set: stop the running shards, take no more
+        service = token is not None
+        self._token = token.encode() if service else None
+        self.model = model
+        self._seats = threading.BoundedSemaphore(seats) if service else None
+        # How long a client may take to send its request, and to read what the host sends it.
+        self.request_timeout = REQUEST_TIMEOUT_S if service else None
+        self.send_timeout = SEND_TIMEOUT_S if service else None
 
     def gone(self, conn: socket.socket) -> bool:
         """The shard's task has left, or the host is shutting down."""
         return _peer_closed(conn) or self.closing.is_set()
 
     def refusal(self, request: dict[str, Any]) -> str | None:
-        return None
-
-    def foreign(self, model_config: dict[str, Any]) -> str | None:
-        return None
-
-    def seat(self, conn: socket.socket) -> AbstractContextManager[bool]:
-        return nullcontext(True)
-
-
-class _ServiceDoor(_Door):
-    """An engine service's: its clients are on the network, so the token (in constant time),
-    the model, a free seat (the host keeps them), and timeouts on a client that goes quiet."""
-
-    request_timeout = REQUEST_TIMEOUT_S
-    send_timeout = SEND_TIMEOUT_S
-
-    def __init__(self, token: str, model: str, seats: int):
-        super().__init__()
-        self._token = token.encode()
-        self.model = model
-        self._seats = threading.BoundedSemaphore(seats)
-
-    def refusal(self, request: dict[str, Any]) -> str | None:
         token = request.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
+        if self._token is not None and (not isinstance(token, str)
+                                        or not hmac.compare_digest(token.encode(), self._token)):
             return "refused: wrong or missing engine service token (LLM_BATCH_ENGINE_TOKEN)"
         return None
 
     def foreign(self, model_config: dict[str, Any]) -> str | None:
-        if (asked := model_config.get("model")) != self.model:
+        if self.model is not None and (asked := model_config.get("model")) != self.model:
             return f"this engine service serves model {self.model!r}, not {asked!r} (LLM_BATCH_ENGINE_SERVICES)"
         return None
 
     @contextmanager
-    def seat(self, conn: socket.socket) -> Iterator[bool]:  # type: ignore[override]
-        """True once a seat is ours (held until the block ends); False if the client left
-        while waiting."""
+    def seat(self, conn: socket.socket) -> Iterator[bool]:
+        """True once a seat is ours (at once on a local host); False if the client left while waiting."""
+        if self._seats is None:
+            yield True
+            return
         while not self._seats.acquire(timeout=0.5):
             if self.gone(conn):
                 yield False
@@ -688,9 +620,8 @@ def _unlink_if(path: Path, ours: Callable[[], bool]) -> None:
 
 
 class _ShardTurns:
-    """Attempts at the same shard never overlap on a host: a retry that arrives while the
-    attempt its task abandoned is still stopping (and flushing) waits for it to end, since
-    both write the shard's results."""
+    """Attempts at one shard never overlap on a host (both write its results): a retry waits
+    for the abandoned attempt to end."""
 
     def __init__(self) -> None:
         self._running: set[str] = set()
@@ -748,8 +679,7 @@ def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurn
 
 
 def _read_message(conn: socket.socket) -> dict[str, Any]:
-    """One JSON object line: the host's greeting, the client's request (bounded: a service's
-    clients are on the network)."""
+    """One JSON object line (bounded: a service's clients are on the network)."""
     with conn.makefile("rb") as stream:
         line = stream.readline(MAX_REQUEST_BYTES + 1)
     if len(line) > MAX_REQUEST_BYTES:
@@ -761,8 +691,7 @@ def _read_message(conn: socket.socket) -> dict[str, Any]:
 
 
 class _ConnectionLog(logging.Handler):
-    """The shard's log records, to the task that asked for it (its task log): those of the
-    thread that runs the shard (an engine step it makes logs for it too)."""
+    """The log records of the thread that runs the shard, to its task."""
 
     def __init__(self, conn: socket.socket):
         super().__init__(logging.INFO)
@@ -802,7 +731,7 @@ def _lock_all(paths: list[Path]) -> list[int] | None:
 
 
 def _lock_now(path: Path) -> int | None:
-    """A slot's lock taken without waiting (its open descriptor holds it), or None if held."""
+    """A lock taken without waiting (its open descriptor holds it), or None if held."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

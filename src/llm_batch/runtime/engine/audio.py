@@ -1,9 +1,8 @@
 """WAV bytes -> mono float32 samples at the rate a speech model takes.
 
-The standard library's ``wave`` reads the container (PCM 8/16/24/32-bit, any channel count);
-channels are averaged and scipy's polyphase filter resamples (exact for the usual rates:
-44.1 kHz -> 16 kHz is up 160, down 441). Anything else (compressed formats, truncated or
-garbage data) is ``AudioError``, which the runner turns into that request's 400 result.
+The standard library's ``wave`` reads PCM 8/16/24/32-bit with any channel count; channels
+are averaged and scipy's polyphase filter resamples. Anything else is ``AudioError``, the
+request's 400 result.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ MAX_AUDIO_SECONDS = 4 * 3600
 
 
 class AudioError(ValueError):
-    """The bytes are not audio this module can decode; the message says why."""
+    """The bytes are not audio this module can decode."""
 
 
 def decode_wav(data: bytes, sample_rate: int) -> np.ndarray:

@@ -1,11 +1,8 @@
 """OCR on a vision-language model: a document's bytes -> its pages, and the chat each page is asked.
 
-A document is an image or a PDF. An image is one page (0), decoded by Pillow (PNG, JPEG,
-WebP, GIF's first frame, TIFF's first page, ...; its decompression-bomb guard stays on). A
-PDF's pages are rendered to images by PDFium (pypdfium2) at ``PDF_DPI``: all of them, or
-those the line's ``pages`` names. Each page is asked the registry's ``ocr_prompt`` as a user
-message with the image before the text, rendered with the model's chat template exactly as
-a chat with an image part would be: one engine request per page.
+An image is one page (Pillow, its decompression-bomb guard on); a PDF's pages are rendered
+by PDFium at ``PDF_DPI``. Each page is asked the registry's ``ocr_prompt`` as a user message
+with the image before the text: one engine request per page.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ MAX_PAGES = 1000
 
 
 class ImageError(ValueError):
-    """The bytes are not a document this system can read, or ``pages`` names a page it
-    lacks; the message says why."""
+    """The bytes are not a document this system can read, or ``pages`` names a page it lacks."""
 
 
 @dataclass
@@ -120,7 +116,6 @@ def _pdf_pages(data: bytes, wanted: list[int] | None) -> list[Page]:
 
 
 def page_messages(page: Page, prompt: str) -> list[dict[str, Any]]:
-    """The conversation asking the model for ``page`` as markdown (vLLM's ``image_pil``
-    content part takes the decoded image: nothing is fetched)."""
+    """The conversation asking the model for ``page`` as markdown (the decoded image: nothing is fetched)."""
     return [{"role": "user", "content": [{"type": "image_pil", "image_pil": page.image},
                                          {"type": "text", "text": prompt}]}]

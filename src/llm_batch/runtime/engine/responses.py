@@ -1,7 +1,6 @@
 """vLLM outputs -> OpenAI-compatible response bodies (the openai SDK's models parse them).
 
-Pure functions over vLLM's output objects; no engine state. Token logprobs come as one
-``{token_id: Logprob}`` dict per generated token, holding the sampled token and the top-k.
+Token logprobs come as one ``{token_id: Logprob}`` dict per generated token (sampled and top-k).
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,11 +55,8 @@ class Usage:
 
 
 def generation_usage(output: RequestOutput) -> Usage:
-    return Usage(
-        prompt_tokens=len(output.prompt_token_ids or ()),
-        completion_tokens=sum(len(c.token_ids) for c in output.outputs),
-        cached_prompt_tokens=output.num_cached_tokens,
-    )
+    return Usage(prompt_tokens=len(output.prompt_token_ids or ()), cached_prompt_tokens=output.num_cached_tokens,
+                 completion_tokens=sum(len(c.token_ids) for c in output.outputs))
 
 
 def _finish_reason(completion: CompletionOutput) -> str:
@@ -78,25 +74,27 @@ def _finite(value: float) -> float:
     return max(value, -9999.0)
 
 
+def _tokens(completion: CompletionOutput,
+            top_logprobs: int) -> Iterator[tuple[str, Logprob, list[tuple[int, Logprob]]]]:
+    """Per generated token: its text, its Logprob and the ``top_logprobs`` best candidates."""
+    for token_id, candidates in zip(completion.token_ids, completion.logprobs or ()):
+        sampled = candidates[token_id]
+        ranked = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top_logprobs]
+        yield _token_text(token_id, sampled), sampled, ranked
+
+
 def chat_logprobs(completion: CompletionOutput, top_logprobs: int) -> dict[str, Any] | None:
     """``choices[].logprobs`` of a chat completion: ``{"content": [per-token entries]}``."""
     if completion.logprobs is None:
         return None
     content = []
-    for token_id, candidates in zip(completion.token_ids, completion.logprobs):
-        sampled = candidates[token_id]
-        text = _token_text(token_id, sampled)
-        top = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top_logprobs]
+    for text, sampled, top in _tokens(completion, top_logprobs):
         content.append({
             "token": text,
             "logprob": _finite(sampled.logprob),
             "bytes": list(text.encode()),
             "top_logprobs": [
-                {
-                    "token": (t := _token_text(tid, lp)),
-                    "logprob": _finite(lp.logprob),
-                    "bytes": list(t.encode()),
-                }
+                {"token": (t := _token_text(tid, lp)), "logprob": _finite(lp.logprob), "bytes": list(t.encode())}
                 for tid, lp in top
             ],
         })
@@ -109,66 +107,40 @@ def completion_logprobs(completion: CompletionOutput, top_logprobs: int) -> dict
         return None
     tokens, token_logprobs, tops, offsets = [], [], [], []
     offset = 0
-    for token_id, candidates in zip(completion.token_ids, completion.logprobs):
-        sampled = candidates[token_id]
-        text = _token_text(token_id, sampled)
+    for text, sampled, top in _tokens(completion, top_logprobs):
         tokens.append(text)
         token_logprobs.append(_finite(sampled.logprob))
-        ranked = sorted(candidates.items(), key=lambda kv: kv[1].rank or 0)[:top_logprobs]
-        tops.append({_token_text(tid, lp): _finite(lp.logprob) for tid, lp in ranked})
+        tops.append({_token_text(tid, lp): _finite(lp.logprob) for tid, lp in top})
         offsets.append(offset)
         offset += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_completion(
-    output: RequestOutput, model: str, role: str, top_logprobs: int = 0
-) -> dict[str, Any]:
+def _completion(prefix: str, kind: str, output: RequestOutput, model: str,
+                choice: Callable[[CompletionOutput], dict[str, Any]]) -> dict[str, Any]:
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "message": {"role": role, "content": c.text},
-                "logprobs": chat_logprobs(c, top_logprobs),
-                "finish_reason": _finish_reason(c),
-            }
-            for c in sorted(output.outputs, key=lambda c: c.index)
-        ],
+        "choices": [{"index": c.index, **choice(c), "finish_reason": _finish_reason(c)}
+                    for c in sorted(output.outputs, key=lambda c: c.index)],
         "usage": generation_usage(output).to_dict(),
     }
+
+
+def chat_completion(output: RequestOutput, model: str, role: str, top_logprobs: int = 0) -> dict[str, Any]:
+    return _completion("chatcmpl", "chat.completion", output, model, lambda c: {
+        "message": {"role": role, "content": c.text}, "logprobs": chat_logprobs(c, top_logprobs)})
 
 
 def text_completion(output: RequestOutput, model: str, top_logprobs: int = 0) -> dict[str, Any]:
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "text": c.text,
-                "logprobs": completion_logprobs(c, top_logprobs),
-                "finish_reason": _finish_reason(c),
-            }
-            for c in sorted(output.outputs, key=lambda c: c.index)
-        ],
-        "usage": generation_usage(output).to_dict(),
-    }
+    return _completion("cmpl", "text_completion", output, model, lambda c: {
+        "text": c.text, "logprobs": completion_logprobs(c, top_logprobs)})
 
 
-def embedding_list(
-    outputs: Sequence[PoolingRequestOutput], model: str, encoding_format: str = "float"
-) -> dict[str, Any]:
+def embedding_list(outputs: Sequence[PoolingRequestOutput], model: str,
+                   encoding_format: str = "float") -> dict[str, Any]:
     """One ``embedding`` entry per input, in input order (``outputs`` are in that order)."""
     data = []
     for i, output in enumerate(outputs):
@@ -199,9 +171,8 @@ def class_scores(output: PoolingRequestOutput, labels: Sequence[str]) -> dict[st
     return {(labels[i] if i < len(labels) else f"LABEL_{i}"): score for i, score in enumerate(scores)}
 
 
-def classification_response(
-    outputs: Sequence[PoolingRequestOutput], model: str, target: str, labels: Sequence[str]
-) -> dict[str, Any]:
+def classification_response(outputs: Sequence[PoolingRequestOutput], model: str, target: str,
+                            labels: Sequence[str]) -> dict[str, Any]:
     """Mistral's ClassificationResponse: one result per input (in order), each the model's
     one target with its label scores; ``usage`` (prompt tokens) as embeddings have it."""
     return {
@@ -217,11 +188,9 @@ def moderation_response(
     outputs: Sequence[PoolingRequestOutput], model: str, moderation: ModerationMap, labels: Sequence[str],
     *, shape: ModerationShape = ModerationShape.SCORES,
 ) -> dict[str, Any]:
-    """A ModerationResponse: one result per input (in order), each category's score (the
-    highest of the labels the registry maps to it) and whether it reaches its threshold.
-    A result is ``categories`` and ``category_scores`` (Mistral's); ``ModerationShape.FLAGGED``
-    (OpenAI's) adds ``flagged`` (any category flagged) and ``category_applied_input_types``
-    (text only here)."""
+    """A ModerationResponse: per input, each category's score (the highest of the labels the
+    registry maps to it) and whether it reaches its threshold (Mistral's shape);
+    ``ModerationShape.FLAGGED`` (OpenAI's) adds ``flagged`` and ``category_applied_input_types``."""
     results = []
     for output in outputs:
         scores = class_scores(output, labels)
@@ -238,17 +207,9 @@ def moderation_response(
 
 
 def response_object(
-    output: RequestOutput,
-    model: str,
-    *,
-    instructions: str | None = None,
-    metadata: dict[str, str] | None = None,
-    max_output_tokens: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    text_format: dict[str, Any] | None = None,
-    parallel_tool_calls: bool = True,
-    tool_choice: str = "auto",
+    output: RequestOutput, model: str, *, instructions: str | None = None, metadata: dict[str, str] | None = None,
+    max_output_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
+    text_format: dict[str, Any] | None = None, parallel_tool_calls: bool = True, tool_choice: str = "auto",
 ) -> dict[str, Any]:
     """A /v1/responses ``Response`` (openai.types.responses.Response): one assistant message
     with one output_text part. Cut off at the token limit, it is ``incomplete`` with
@@ -299,9 +260,8 @@ def summed_usage(outputs: Sequence[RequestOutput]) -> Usage:
 
 def transcription_response(model: str, transcript: Transcript, usage: Usage, audio_seconds: float,
                            segments: bool) -> dict[str, Any]:
-    """Mistral's TranscriptionResponse: the text, the language (the one asked for, else the
-    one the model said, else null), segments when asked for, and usage with the audio's
-    seconds (tokens summed over the audio's windows)."""
+    """Mistral's TranscriptionResponse: the text, the language, segments when asked for, and
+    usage with the audio's seconds."""
     body: dict[str, Any] = {
         "model": model,
         "text": transcript.text,
@@ -314,9 +274,8 @@ def transcription_response(model: str, transcript: Transcript, usage: Usage, aud
 
 
 def ocr_response(outputs: list[RequestOutput], pages: list[Any], model: str, size: int) -> dict[str, Any]:
-    """Mistral's OCRResponse: one page per engine output (``pages``: llm_batch.runtime.engine.ocr's
-    Page, in the same order) whose markdown is the model's text; no images are extracted;
-    usage_info counts the pages and the file's bytes."""
+    """Mistral's OCRResponse: one page per engine output (``pages``: ``ocr.Page``s in the same
+    order), its markdown the model's text; no images are extracted."""
     return {
         "pages": [{"index": page.index, "markdown": output.outputs[0].text.strip(), "images": [],
                    "dimensions": {"dpi": page.dpi, "height": page.height, "width": page.width}}

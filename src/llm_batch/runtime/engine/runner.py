@@ -1,23 +1,15 @@
 """The engine loop: feed a shard's requests to vLLM continuously, hand back results in order.
 
-``EngineRunner.run`` keeps at most ``window`` requests between "fed to the engine" and
-"written" (in flight plus finished-but-waiting for an earlier one), so memory is bounded
-whatever the shard size, and tops the engine up after every ``step()`` so new requests
-start as old ones finish (no waiting for the slowest request of a chunk). Results leave in
-input order through a reorder buffer, like vLLM's run_batch ordered writer.
-
-A request the engine refuses (bad body, prompt longer than the context, a schema the
-structured-output backend rejects) becomes its own 400 ``ResultRecord``; anything raised
-by ``step()`` is an engine failure and propagates (the attempt fails, a rerun resumes).
-
-Chat, Responses (run as a chat) and completion prompts go through the same rendering vLLM's ``LLM.chat`` /
-``LLM.generate`` use (the model's chat template, its tokenizer). Rendering and the fast
-shutdown are in ``vllm_api``, the one module that uses vLLM internals; everything here is
-vLLM's public API (``LLM.llm_engine``: ``add_request``, ``step``, ``abort_request``).
+``EngineRunner.run`` keeps at most ``window`` requests between fed and written, so memory is
+bounded whatever the shard size, and tops the engine up after every ``step()``; results
+leave in input order through a reorder buffer. A request the engine refuses becomes its own
+400 ``ResultRecord``; anything ``step()`` raises is an engine failure and propagates.
+Everything here is vLLM's public API; the rest is in ``vllm_api``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import uuid
@@ -75,8 +67,7 @@ Emit = Callable[[ResultRecord, Usage], None]
 
 
 def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
-    """Load ``model`` into vLLM's offline engine (``engine_args`` carry the checkpoint dir),
-    its engine core placed by ``place_engine_core``."""
+    """Load ``model`` into vLLM's offline engine, its engine core placed by ``place_engine_core``."""
     vllm_api.check_vllm_version()
     in_process = place_engine_core(in_process)
     log.info("starting vLLM for model %s (%s), engine core %s", model.name, model.path,
@@ -85,34 +76,26 @@ def start_engine(model: ResolvedModel, in_process: bool | None = None) -> LLM:
         vllm_api.guard_cpu_lora()
     args = dict(model.engine_args)
     if in_process:
-        # vLLM keeps a multi-modal processor cache on each side of the engine core's IPC; with
-        # the core in this process the two drift apart (a page or image seen before fails with
-        # MultiModalCacheMissError) and there is no IPC to save: no cache, unless the
-        # registry asks for one.
+        # With the core in this process vLLM's two multi-modal processor caches drift apart
+        # (MultiModalCacheMissError) and there is no IPC to save: none, unless the registry asks.
         args.setdefault("mm_processor_cache_gb", 0)
     return LLM(**args)
 
 
 def place_engine_core(in_process: bool | None = None) -> bool:
     """Tell vLLM where the next engine's core runs (default: ``engine_in_process()``); the
-    choice made. vLLM reads the switch from its environment when the engine is built, and
-    freezes its environment once an in-process engine exists: a process keeps its first
-    choice."""
+    choice made. vLLM freezes its environment once an in-process engine exists: a process
+    keeps its first choice."""
     in_process = engine_in_process() if in_process is None else in_process
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     return in_process
 
 
 def engine_in_process(settings: Settings | None = None) -> bool:
-    """Whether the engine core runs in the worker's process: ``Settings.engine_in_process``
-    (of ``settings``, default ``get_settings()``), else True exactly on CPU.
-
-    On GPU, vLLM's separate engine-core process overlaps output processing with the GPU's
-    steps, so its default stays. On CPU that layout costs: vLLM keeps a core for the
-    busy-polling engine-core process (half the compute of a 2-core machine) and spawns two
-    more Python processes at start. In-process, a shard ran 1.8x faster end to end here
-    (docs/benchmarks.md, "Worker").
-    """
+    """Whether the engine core runs in the worker's process: ``Settings.engine_in_process``,
+    else True exactly on CPU, where a separate busy-polling engine-core process costs a core
+    (in-process, a shard ran 1.8x faster: docs/benchmarks.md, "Worker"); on GPU it overlaps
+    output processing with the GPU's steps."""
     setting = (settings or get_settings()).engine_in_process
     if setting is not None:
         return setting
@@ -122,12 +105,8 @@ def engine_in_process(settings: Settings | None = None) -> bool:
 
 
 def stop_engine(llm: LLM) -> None:
-    """Stop the engine's processes at once, as vLLM's run_batch does (``timeout=0``).
-
-    Every result the shard will keep is already in this process when the engine stops, so
-    nothing is lost by not waiting: a graceful shutdown (vLLM's default) spends ~5 s per
-    shard waiting for the engine's workers to exit, and leaving it to interpreter exit as
-    long again."""
+    """Stop the engine's processes at once: every kept result is in this process already, and
+    a graceful shutdown spends ~5 s per shard waiting for the engine's workers."""
     try:
         vllm_api.shutdown_now(llm)
     except Exception:  # noqa: BLE001 - best effort: the shard's outcome is already decided
@@ -135,22 +114,17 @@ def stop_engine(llm: LLM) -> None:
 
 
 class ModelCannotServe(ValueError):
-    """The loaded model cannot serve the endpoint as its registry entry says (e.g. a FIM
-    token its tokenizer does not know): no request of the shard can run."""
+    """The loaded model cannot serve the endpoint as its registry entry says: no request can run."""
 
 
 def error_result(request: BatchRequest, code: str, message: str, status_code: int = 400) -> ResultRecord:
-    return ResultRecord(
-        index=request.index,
-        custom_id=request.custom_id,
-        status_code=status_code,
-        error=RequestError(code=code, message=message),
-    )
+    return ResultRecord(index=request.index, custom_id=request.custom_id, status_code=status_code,
+                        error=RequestError(code=code, message=message))
 
 
 @dataclass
 class _InFlight:
-    """One shard request in the engine; embeddings of a list input are several parts."""
+    """One shard request in the engine (several parts: a list input's embeddings, media windows)."""
 
     request: BatchRequest
     body: Body
@@ -166,38 +140,22 @@ class _InFlight:
 class EngineRunner:
     """Runs requests of one endpoint on an ``LLM`` built for that endpoint's task."""
 
-    def __init__(
-        self,
-        llm: LLM,
-        endpoint: Endpoint,
-        model_name: str,
-        response_role: str = "assistant",
-        window: int | None = None,
-        feed_order: str | None = None,
-        serving: Serving | None = None,
-        labels: tuple[str, ...] = (),
-        moderation_shape: ModerationShape = ModerationShape.SCORES,
-        adapters: Iterable[ResolvedAdapter] = (),
-        output_check: OutputCheck | None = None,
-        cache_salt: str | None = None,
-    ):
+    def __init__(self, llm: LLM, endpoint: Endpoint, model_name: str, response_role: str = "assistant",
+                 window: int | None = None, feed_order: str | None = None, serving: Serving | None = None,
+                 labels: tuple[str, ...] = (), moderation_shape: ModerationShape = ModerationShape.SCORES,
+                 adapters: Iterable[ResolvedAdapter] = (), output_check: OutputCheck | None = None,
+                 cache_salt: str | None = None):
         self.llm = llm
         self.engine = llm.llm_engine
         self.endpoint = endpoint
         self.model_name = model_name
         self.response_role = response_role
-        # What the model's registry entry says beyond its task (FIM template, classifier
-        # target) and a classifier's labels in score order (ResolvedModel.labels).
         self.serving = serving or Serving()
         self.labels = labels
-        # The job's shape of /v1/moderations results (the one endpoint APIs answer differently).
         self.moderation_shape = moderation_shape
-        # The LoRA adapters this shard's lines name (BatchRequest.adapter), as vLLM takes them.
         self.loras = {a.name: LoRARequest(a.name, a.lora_int_id, str(a.path)) for a in adapters}
-        # The job's checked outputs (chat and completions; core.output_check).
         self.check = output_check if endpoint.value in CHECKED_ENDPOINTS else None
-        # The job owner's namespace in the prefix cache (core.owners.cache_salt): on a shared
-        # engine, prefixes and cached_tokens are reused within one owner's requests only.
+        # The owner's prefix-cache namespace: a shared engine reuses prefixes within one owner only.
         self.cache_salt = cache_salt
         if endpoint is Endpoint.FIM_COMPLETIONS:
             _check_fim_tokens(llm, self.serving.fim, model_name)
@@ -208,41 +166,25 @@ class EngineRunner:
             self.languages = _language_tokens(llm)
         max_num_seqs = self.engine.vllm_config.scheduler_config.max_num_seqs
         self.window = window or WINDOW_PER_SEQ * max_num_seqs
-        # Engine request ids are unique per run: a warm engine serves many shards, in turn or
-        # at once (its engine view routes each step's outputs to their shard by this prefix).
+        # Unique per run: a warm engine routes each step's outputs to their shard by this prefix.
         self._ids = f"{uuid.uuid4().hex[:8]}-"
-        # A warm engine shared by shards at once (warm_engines.EngineView) has a lock: feed
-        # under it, since rendering uses the engine's one tokenizer, which its steps use too.
+        # A shared warm engine's lock (warm_engines.EngineView): rendering uses its one tokenizer.
         self._feeding = getattr(self.engine, "submit_lock", None) or nullcontext()
         settings = get_settings()
-        # Feed order (docs/data-plane.md, "Prefix-aware sharding"): "file", "grouped" or
-        # "leaders_first"; default the settings' (file order when prefix awareness is off).
+        # "file", "grouped" or "leaders_first" (docs/data-plane.md, "Prefix-aware sharding").
         if feed_order is None:
             feed_order = settings.prefix_feed_order if settings.prefix_aware_sharding else "file"
         self.feed_order: str | None = None if feed_order == "file" else feed_order
         # Requests are read (and reordered) in batches of at least this many.
         self.feed_chunk = max(1, self.window // 2) if self.feed_order else 1
 
-    # -- the loop -------------------------------------------------------------------------
-
-    def run(
-        self,
-        requests: Iterable[BatchRequest],
-        emit: Emit,
-        should_stop: Callable[[], StopReason | None] = lambda: None,
-    ) -> StopReason | None:
+    def run(self, requests: Iterable[BatchRequest], emit: Emit,
+            should_stop: Callable[[], StopReason | None] = lambda: None) -> StopReason | None:
         """Run ``requests``, calling ``emit`` once per request in input order.
 
-        Returns None when every request was emitted, or the StopReason that ``should_stop``
-        gave (checked between engine steps): then in-flight requests are aborted and only
-        requests before the first unfinished one have been emitted.
-
-        With a feed order (prefix-aware), requests are read in batches of at least
-        ``feed_chunk`` (half the window) and each batch is fed to the engine with the
-        requests that share a long prompt prefix next to each other (``prefix_feed_order``);
-        results still leave in input order, and at most ``window`` requests are between
-        read and emitted, as in file order.
-        """
+        Returns None when every request was emitted, or the StopReason ``should_stop`` gave
+        (checked between steps): then in-flight requests are aborted. With a feed order,
+        requests are read in batches of ``feed_chunk`` and each is fed in that order."""
         source: Iterator[BatchRequest] = iter(requests)
         in_flight: dict[int, _InFlight] = {}
         finished: dict[int, tuple[ResultRecord, Usage]] = {}
@@ -253,13 +195,9 @@ class EngineRunner:
                 if (reason := should_stop()) is not None:
                     return reason
                 if not exhausted and read - emitted <= self.window - self.feed_chunk:
-                    batch: list[BatchRequest] = []
-                    while read + len(batch) - emitted < self.window:
-                        request = next(source, None)
-                        if request is None:
-                            exhausted = True
-                            break
-                        batch.append(request)
+                    room = self.window - (read - emitted)
+                    batch = list(itertools.islice(source, room))
+                    exhausted = len(batch) < room
                     with self._feeding:
                         for offset in self._feed_positions(batch):
                             position = read + offset
@@ -280,11 +218,9 @@ class EngineRunner:
                 self._abort(in_flight)
 
     def _feed_positions(self, batch: list[BatchRequest]) -> list[int]:
-        """The order to feed a batch in (offsets into it): file order, or prefix groups
-        (``sharding.prefix_key``) in the order of their first request, each group's requests
-        together (those sharing the longer prefix next to each other), in file order within;
-        requests with no long prefix stay where they are. ``leaders_first``: the first
-        request of every group, then the rest in that order."""
+        """The order to feed a batch in (offsets): file order, or prefix groups in the order of
+        their first request, each group's requests together, in file order within (requests
+        with no long prefix stay put); ``leaders_first``: every group's first, then the rest."""
         if self.feed_order is None or len(batch) < 2:
             return list(range(len(batch)))
 
@@ -304,11 +240,9 @@ class EngineRunner:
         order.sort()
         return [offset for *_, offset in order]
 
-    def _submit(
-        self, position: int, request: BatchRequest, in_flight: dict[int, _InFlight]
-    ) -> tuple[ResultRecord, Usage] | None:
-        """Add one request to the engine; a finished error result if it cannot run (an invalid
-        body, or rendering or the engine refusing it: the request's fault)."""
+    def _submit(self, position: int, request: BatchRequest,
+                in_flight: dict[int, _InFlight]) -> tuple[ResultRecord, Usage] | None:
+        """Add one request to the engine; a finished error result if it cannot run (its fault)."""
         facts = None
         added: list[str] = []
         try:
@@ -356,8 +290,7 @@ class EngineRunner:
 
     def _media_inputs(self, body: Body, request: BatchRequest) -> tuple[list[tuple[Any, Any]], Any]:
         """(prompt, params) per engine request of a transcription (one per audio window) or
-        an OCR page, and the facts its result reports; a file that cannot be read or decoded
-        is the request's fault."""
+        an OCR page, and the facts its result reports."""
         try:
             data = media.load(self.endpoint, request.body, request.media)
             if isinstance(body, TranscribeBody):
@@ -378,12 +311,8 @@ class EngineRunner:
         except (KeyError, TypeError) as exc:  # a body validation never saw (a hand-made shard file)
             raise InvalidRequest(f"the body does not name its file as validation requires ({exc!r})") from None
 
-    def _collect(
-        self,
-        output: RequestOutput | PoolingRequestOutput,
-        in_flight: dict[int, _InFlight],
-        finished: dict[int, tuple[ResultRecord, Usage]],
-    ) -> None:
+    def _collect(self, output: RequestOutput | PoolingRequestOutput, in_flight: dict[int, _InFlight],
+                 finished: dict[int, tuple[ResultRecord, Usage]]) -> None:
         if not output.finished:
             return
         position, part, _ = (int(x) for x in output.request_id.removeprefix(self._ids).split("."))
@@ -403,9 +332,8 @@ class EngineRunner:
         return f"{self._ids}{position}.{part}.{attempt}"
 
     def _checked(self, position: int, entry: _InFlight, result: ResultRecord, usage: Usage) -> ResultRecord | None:
-        """The result of an answer the job's check passed (with its retries counted), or an
-        ``invalid_output`` one after the last try; None when the request was fed again with a
-        new seed (a sampled one with tries left)."""
+        """The result of an answer the job's check passed, or an ``invalid_output`` one after
+        the last try; None when the request was fed again with a new seed."""
         assert self.check is not None and isinstance(entry.body, ChatBody | CompletionBody)
         text = answer_text(self.endpoint.value, result.body or {})
         problem = self.check.problem(text or "", entry.request.body)
@@ -490,8 +418,7 @@ class EngineRunner:
 _MODERATION_ENDPOINTS = (Endpoint.MODERATIONS, Endpoint.CHAT_MODERATIONS)
 
 
-# Engine inputs that carry a cache_salt of their own (vLLM's TokensInput, its multi-modal
-# and embeds inputs); an encoder-decoder input (transcriptions) keys its cache by its audio.
+# Engine inputs that carry a cache_salt (an encoder-decoder input keys its cache by its audio).
 _SALTED_INPUTS = ("token", "multimodal", "embeds")
 
 
@@ -513,7 +440,7 @@ def _check_moderation_labels(moderation: ModerationMap | None, labels: tuple[str
 
 def _check_fim_tokens(llm: LLM, fim: FimTemplate | None, model_name: str) -> None:
     """Each token of the model's FIM template must be one token of its tokenizer, or every
-    prompt would be rendered wrong: refuse the shard before any request runs."""
+    prompt would be rendered wrong."""
     if fim is None:
         raise ModelCannotServe(f"model {model_name!r} has no fim template in the model registry")
     tokenizer = llm.get_tokenizer()

@@ -1,16 +1,11 @@
 """Whisper on vLLM's offline engine: one audio -> encoder-decoder prompts, outputs -> transcript.
 
-vLLM runs Whisper as an encoder-decoder model: the encoder takes the audio (``multi_modal_data``,
-at most one window of ``chunk_length`` seconds, 30 for Whisper), the decoder a text prompt of
-Whisper's task tokens: ``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``. A
-longer audio is cut into consecutive windows, one engine request each, whose texts are joined
-in order (fixed cuts: a word on a cut may be split; vLLM's own server cuts the same way).
-
-Without a language, the decoder prompt stops after ``<|startoftranscript|>`` and the model
-says the language itself (its next token), as Whisper's language detection does. With
-segment timestamps asked for, ``<|notimestamps|>`` is left out and the model's timestamp
-tokens (``<|1.08|>``) bound the segments. Outputs are detokenized with special tokens kept,
-so language and timestamp tokens can be read back from the text.
+The encoder takes one window of the audio (``chunk_length`` s, 30 for Whisper), the decoder
+Whisper's task tokens (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``); a
+longer audio is cut into consecutive windows, one engine request each, whose texts are
+joined. Without a language the decoder prompt stops after ``<|startoftranscript|>`` and the
+model names it; with segments, ``<|notimestamps|>`` is left out. Outputs keep special tokens,
+so language and timestamp tokens can be read back.
 """
 
 from __future__ import annotations
@@ -73,9 +68,9 @@ class Transcript:
 
 
 def read_outputs(texts: list[str], speech: SpeechInput, languages: frozenset[str]) -> Transcript:
-    """The transcript of the windows' output texts (special tokens kept): the text without
-    tokens, the first language token the model gave, and the segments its timestamp
-    tokens bound (offset by each window's start; a segment the model left open ends None)."""
+    """The transcript of the windows' output texts (special tokens kept): the text, the first
+    language token the model gave, and the segments its timestamp tokens bound (a segment
+    left open ends None)."""
     parts: list[str] = []
     language = None
     segments: list[dict[str, Any]] = []

@@ -1,4 +1,5 @@
-"""``llm-batch merge JOB_ID``: merge a job's shard results into its output files."""
+"""``llm-batch shard JOB_ID -n N`` and ``llm-batch merge JOB_ID``: a validated job's steps by
+hand: plan its shards (writes the shard files), merge their results into its output files."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ from llm_batch.infra.storage import ObjectNotFound, StorageError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
+        "shard", help="split a validated job into N shard request files and a manifest"
+    )
+    parser.add_argument("job_id", help="the job whose validated.jsonl to shard")
+    parser.add_argument("-n", "--shards", type=int, required=True, help="number of shards, 1..64")
+    parser.add_argument("--by", choices=("count", "tokens"), default="count",
+                        help="balance by request count (default) or estimated prompt tokens")
+    parser.add_argument("--work-uri", help="work prefix (default: LLM_BATCH_WORK_URI)")
+    parser.set_defaults(func=shard)
+
+    parser = subparsers.add_parser(
         "merge", help="merge a job's shard results, in input order, into output and error files"
     )
     parser.add_argument("job_id")
@@ -34,6 +45,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=merge)
 
 
+def shard(args: argparse.Namespace) -> int:
+    from llm_batch.pipeline.sharding import ShardingError, plan_shards  # heavy
+
+    settings = args.settings or get_settings()
+    layout = JobLayout(args.work_uri or settings.work_uri, args.job_id)
+    try:
+        plans = plan_shards(layout, args.shards, by=args.by, settings=settings)
+    except ObjectNotFound as exc:
+        hint = (f" (validate the input into the job first: llm-batch validate INPUT --job "
+                f"{args.job_id})" if exc.uri == layout.validated else "")
+        return _error(f"{exc}{hint}")
+    except (ShardingError, StorageError) as exc:
+        return _error(str(exc))
+    print(json.dumps({
+        "manifest": layout.shard_manifest,
+        "shards": [p.model_dump(include={"index", "count", "first_index", "last_index", "weight"})
+                   for p in plans],
+    }))
+    return 0
+
+
 def merge(args: argparse.Namespace) -> int:
     from llm_batch.pipeline.merge import MergeError, merge_job  # heavy
 
@@ -45,10 +77,13 @@ def merge(args: argparse.Namespace) -> int:
     except ObjectNotFound as exc:
         hint = (f" (plan the job's shards first: llm-batch shard {args.job_id} -n N)"
                 if exc.uri == layout.shard_manifest else "")
-        print(f"error: {exc}{hint}", file=sys.stderr)
-        return 2
+        return _error(f"{exc}{hint}")
     except (MergeError, ResultsError, StorageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
     print(json.dumps(dataclasses.asdict(counts)))
     return 0
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
