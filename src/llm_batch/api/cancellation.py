@@ -1,9 +1,6 @@
 """Reading a job the caller may see, and cancelling one: the store's flag, the workers' cancel
-marker, and its shard tasks that have not started skipped (``run_queue.skip_waiting_shards``).
-
-Cancel is idempotent: a job cancelling or cancelled is answered as it is; one that ended otherwise
-is left as it ended (a 409 naming its status for dialects whose answer is the job).
-"""
+marker, its shard tasks that have not started skipped. Cancel is idempotent; a job that ended
+otherwise is left as it ended (a 409 naming its status for dialects whose answer is the job)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Retry-safe creates: the ``Idempotency-Key`` header (docs/api.md "Retry-safe creates").
-
-A create route depends on ``IdempotencyDep`` (checks the key, fingerprints the request and
-reserves the key for the owner; the store's primary key lets one of concurrent requests win,
-the others wait for its answer) and its router has ``route_class=IdempotentRoute``, which keeps
-the answer under the key (2xx, 4xx but 429) or releases the key (5xx, an exception).
-"""
+"""Retry-safe creates: the ``Idempotency-Key`` header (docs/api.md "Retry-safe creates"). A create
+route depends on ``IdempotencyDep`` (the key reserved for the owner: one of concurrent requests wins,
+the others wait for its answer) on a router with ``route_class=IdempotentRoute`` (keeps the answer)."""
 
 from __future__ import annotations
 

@@ -205,7 +205,6 @@ def hide_event_extras(answer: Any, user: str) -> Any:
 
 
 def owner_of_shown_run(run: dict[str, Any]) -> str:
-    """Whose a run of Airflow's answer is."""
     return batch_run_owner(str(run.get("dag_run_id")), run["conf"], run.get("triggering_user_name"))
 
 

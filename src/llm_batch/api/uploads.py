@@ -94,9 +94,7 @@ def save_upload(
 
 def expiry(settings: Settings, seconds: int | None) -> timedelta | None:
     """A requested expiry capped by the retention, which deletes every older file anyway."""
-    if seconds is None:
-        return None
-    return min(timedelta(seconds=seconds), timedelta(days=settings.retention_days))
+    return None if seconds is None else min(timedelta(seconds=seconds), timedelta(days=settings.retention_days))
 
 
 def form_expires_after(anchor: str | None, seconds: str | None) -> int | None:
@@ -148,7 +146,6 @@ def live_jobs(store: Jobs, owner: str | None = None) -> Iterator[Job]:
 
 
 def some_ids(ids: list[str]) -> str:
-    """The first few of `ids`, for a message."""
     return ", ".join(ids[:5]) + (" ..." if len(ids) > 5 else "")
 
 

@@ -32,8 +32,7 @@ def throttled_response(error_body: str) -> dict:
 
 
 def owned(store: JobStore, caller: Caller, endpoint_id: str) -> WebhookEndpoint:
-    found = store.get_webhook_endpoint(endpoint_id, owner=caller.owner_filter)
-    if found is None:
+    if (found := store.get_webhook_endpoint(endpoint_id, owner=caller.owner_filter)) is None:
         raise not_found(KIND, endpoint_id)
     return found
 

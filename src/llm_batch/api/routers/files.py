@@ -24,8 +24,7 @@ router = APIRouter(prefix="/v1/files", tags=["files"], route_class=IdempotentRou
 
 
 def _owned_file(store, caller: Caller, file_id: str) -> FileObject:
-    found = store.get_file(file_id, owner=caller.owner_filter)
-    if found is None:
+    if (found := store.get_file(file_id, owner=caller.owner_filter)) is None:
         raise not_found("file", file_id)
     return found
 

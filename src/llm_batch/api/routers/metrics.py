@@ -40,8 +40,7 @@ _LATENCY = Histogram("llm_batch_api_request_duration_seconds", "Time to answer a
 
 
 class RequestMetrics(BaseHTTPMiddleware):
-    """Counts each answered request under its route's template (``/v1/jobs/{job_id}``, never the
-    id a caller sent, so the label set stays small), ``(unmatched)`` for a path no route has."""
+    """Counts each answer under its route's template (``/v1/jobs/{job_id}``: a small label set)."""
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         started = time.perf_counter()
