@@ -189,7 +189,7 @@ def test_detail_previews_the_first_results_of_every_shape(client, creds, running
     assert preview[2] == {"custom_id": "c2", "answer": "embedding of 3 numbers"}
     assert preview[3] == {"custom_id": "c3", "answer": '{"results":[{"flagged":false}]}'}
     assert preview[4]["custom_id"] == "c4" and len(preview[4]["answer"]) == 300 and preview[4]["answer"].endswith("…")
-    from llm_batch.api.job_files import result_row
+    from llm_batch.api.routers.ui import result_row
 
     blank = '{"custom_id": "e", "response": {"body": {"choices": [{"message": {"content": " \\n "}}]}}}'
     assert result_row(blank) == {"custom_id": "e", "answer": "(empty)"}  # not a cell that looks like no answer

@@ -1,14 +1,7 @@
-"""``create_app()``: the FastAPI app the plugin mounts at ``/batch`` on ``airflow api-server``.
+"""``create_app()``: the FastAPI app the plugin mounts at ``/batch``, and its ASGI edges.
 
-OpenAPI at ``/batch/openapi.json``, docs at ``/batch/docs`` (Swagger UI served from the
-``swagger-ui-bundle`` package: nothing loads from a CDN), the Batch jobs page of Airflow's
-UI at ``/batch/ui/jobs`` (routers/ui.py, assets in ``ui/static``) (paths are relative to the
-mount, so the SDKs use base URLs ``<airflow>/batch/v1`` (OpenAI), ``<airflow>/batch``
-(Mistral), ``<airflow>/batch/`` (Scale's ``LLM_ENGINE_BASE_PATH``)).
-
-The document declares each route's 4xx answers with their error bodies in one place here
-(``declare_error_responses``), derived from what the route takes (credentials, ids, a body,
-query parameters): route functions declare only their successes and anything special.
+Each route's 4xx answers are declared here (``declare_error_responses``), derived from what
+the route takes, so route functions declare only their successes and anything special.
 """
 
 from __future__ import annotations
@@ -45,23 +38,16 @@ from llm_batch.core import strict_json
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.infra.jobstore import JobStore, get_job_store
 
-# Multipart framing on top of the largest accepted file.
-_MULTIPART_OVERHEAD = 1024**2
+_MULTIPART_OVERHEAD = 1024**2  # multipart framing on top of the largest accepted file
 
 
 class BodyLimit:
-    """413 for a request body above the limit (multipart uploads: the file limit), checked on
-    Content-Length up front and on the bytes actually streamed (chunked bodies).
-
-    Both are answered in the route's dialect: up front here, and a streamed overflow is
-    raised as an ``HTTPException`` from ``receive``: FastAPI passes that through its body
-    parsing (any other exception there becomes a vague 400) to the app's error handlers.
-    """
+    """413 for a body above the limit (multipart: the file limit), by Content-Length and by the
+    bytes streamed. A streamed overflow is an ``HTTPException`` from ``receive``: FastAPI's body
+    parsing passes that one (any other becomes a vague 400) to the error handlers."""
 
     def __init__(self, app: ASGIApp, json_limit: int, upload_limit: int):
-        self.app = app
-        self.json_limit = json_limit
-        self.upload_limit = upload_limit
+        self.app, self.json_limit, self.upload_limit = app, json_limit, upload_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,7 +59,7 @@ class BodyLimit:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             error = ApiError(413, too_large_message(limit), code="body_too_large")
-            await error_response(Request(scope), error)(scope, _replay([]), send)
+            await error_response(Request(scope), error)(scope, replay(), send)
             return
         seen = 0
 
@@ -93,35 +79,22 @@ def too_large_message(limit: int) -> str:
 
 
 class StrictJsonBodies:
-    """The one edge every JSON body crosses: ``llm_batch.core.strict_json`` checks it before any
-    route reads it, and a body that is JSON to Python but not strict JSON (a lone surrogate,
-    NaN, an integer past 64 bits, nesting deeper than ``strict_json.MAX_DEPTH``) is answered
-    400 in the route's dialect naming what and where. Text that is not JSON at all goes on to
-    FastAPI, whose 422 already says where it breaks.
-
-    A body is JSON when its Content-Type says so or is missing (FastAPI then reads JSON).
-    In the batch app it sits inside ``BodyLimit``, so what it buffers is bounded. The plugin
-    also puts it in front of Airflow's own REST API (``prefixes``: ``/api/v2/``), where a
-    user's run conf arrives, since Python's parser there admits the same values.
-    """
+    """400 in the route's dialect for a JSON body Python admits but strict JSON does not (a lone
+    surrogate, NaN, an integer past 64 bits, too deep: ``core.strict_json``); not JSON at all
+    goes on to FastAPI's 422. Inside ``BodyLimit``, so what it buffers is bounded; the plugin
+    puts it before Airflow's ``/api/v2/`` too, where run confs arrive."""
 
     def __init__(self, app: ASGIApp, prefixes: tuple[str, ...] = ("",)):
-        self.app = app
-        self.prefixes = prefixes
+        self.app, self.prefixes = app, prefixes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(self.prefixes) or not _declares_json(scope):
             await self.app(scope, receive, send)
             return
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                await self.app(scope, _replay([message]), send)
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:  # the client left
+            await self.app(scope, receive, send)
+            return
         if body.strip():
             try:
                 strict_json.check(body)
@@ -129,20 +102,17 @@ class StrictJsonBodies:
                 if not exc.syntax:
                     param = f"body.{exc.where}" if exc.where else "body"
                     error = ApiError(400, f"the request body is not strict JSON: {exc}", param=param, code="invalid_json")
-                    await error_response(Request(scope), error)(scope, _replay([]), send)
+                    await error_response(Request(scope), error)(scope, replay(), send)
                     return
-        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}]), send)
+        await self.app(scope, replay(body), send)
 
 
 class UnroutablePaths:
-    """Paths under the batch API's mount that Starlette's mount pattern cannot match (a
-    control character such as a newline in an id: ``.*`` stops at it) would reach Airflow's
-    own 404 (``{"detail": "Not Found"}``); answered here as the API answers an unknown id, in
-    the route's dialect. A root middleware of the plugin."""
+    """A path under the mount with a control character (the mount's ``.*`` stops at it) would
+    get Airflow's own 404: answered here as an unknown id, in the route's dialect."""
 
     def __init__(self, app: ASGIApp, prefix: str = "/batch"):
-        self.app = app
-        self.prefix = prefix
+        self.app, self.prefix = app, prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
@@ -166,9 +136,21 @@ def _declares_json(scope: Scope) -> bool:
         content_type.startswith(b"application/") and content_type.endswith(b"+json"))
 
 
-def _replay(messages: list[Message]) -> Receive:
-    """A receive that hands on what was read, then waits for the client to go."""
-    pending = list(messages)
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body; None when the client left first."""
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def replay(body: bytes = b"") -> Receive:
+    """A receive that hands on a body already read, then says the client left."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive() -> Message:
         return pending.pop(0) if pending else {"type": "http.disconnect"}
@@ -237,12 +219,9 @@ _ERROR_DESCRIPTIONS = {
     422: "The request does not match the schema (or, on a create, its Idempotency-Key was used with another body)",
     429: "A per-owner limit is reached (code limit_exceeded or rate_limit_exceeded)",
 }
-_WWW_AUTHENTICATE = {
-    "WWW-Authenticate": {
-        "description": '`Bearer` without credentials, `Bearer error="invalid_token"` for unusable ones (RFC 6750)',
-        "schema": {"type": "string"},
-    }
-}
+_WWW_AUTHENTICATE = {"WWW-Authenticate": {
+    "description": '`Bearer` without credentials, `Bearer error="invalid_token"` for unusable ones (RFC 6750)',
+    "schema": {"type": "string"}}}
 # Body fields that name uploaded files by id (a missing or someone else's is 404).
 _FILE_REFERENCE = re.compile(r"(^|_)(file_ids?|files)$")
 
@@ -290,8 +269,7 @@ def _error_response(status: int, openai: bool) -> dict[str, Any]:
 
 
 def declare_error_responses(app: FastAPI) -> None:
-    """Add each route's 4xx answers (``error_statuses``) with the body of its dialect to the
-    app's OpenAPI document; a response a route declares itself is kept as it is."""
+    """Add each route's 4xx answers (``error_statuses``) in its dialect; a declared one is kept."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -317,9 +295,8 @@ def declare_error_responses(app: FastAPI) -> None:
 
 
 def serve_docs_offline(app: FastAPI) -> None:
-    """``/docs``: FastAPI's Swagger UI page with its JS, CSS and icon served from the
-    ``swagger-ui-bundle`` package under ``/docs/assets`` (FastAPI's default loads them from
-    a CDN, which an offline or locked-down Airflow cannot reach)."""
+    """``/docs`` with Swagger UI's assets from the ``swagger-ui-bundle`` package: FastAPI's
+    default loads them from a CDN, which an offline Airflow cannot reach."""
     import swagger_ui_bundle  # optional
 
     app.mount("/docs/assets", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger-assets")
@@ -327,14 +304,11 @@ def serve_docs_offline(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     def docs(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")
+        assets = f"{root}/docs/assets"
         return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}",
-            title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{root}/docs/assets/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}/docs/assets/swagger-ui.css",
-            swagger_favicon_url=f"{root}/docs/assets/favicon-32x32.png",
-            oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
-        )
+            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{assets}/swagger-ui-bundle.js", swagger_css_url=f"{assets}/swagger-ui.css",
+            swagger_favicon_url=f"{assets}/favicon-32x32.png", oauth2_redirect_url=f"{root}/docs/oauth2-redirect")
 
     @app.get("/docs/oauth2-redirect", include_in_schema=False)
     def oauth2_redirect() -> HTMLResponse:
@@ -344,23 +318,16 @@ def serve_docs_offline(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None, store: JobStore | None = None) -> FastAPI:
     """The batch API app; `settings` and `store` default to the process-wide ones."""
     settings = settings or get_settings()
-    app = FastAPI(
-        title="llm-batch",
-        description="Batch LLM inference: OpenAI batches, Mistral batch jobs and Scale batch completions "
-        "over one job store, run by the batch_inference DAG.",
-        version="0.1.0",
-        docs_url=None,  # serve_docs_offline
-        openapi_url="/openapi.json",
-    )
+    app = FastAPI(title="llm-batch", version="0.1.0", docs_url=None, openapi_url="/openapi.json",  # docs: below
+                  description="Batch LLM inference: OpenAI batches, Mistral batch jobs and Scale batch completions "
+                  "over one job store, run by the batch_inference DAG.")
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
     for module in (health, files, adapters, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs,
-                   results, webhooks):
+                   results, webhooks, openai_webhooks):
         app.include_router(module.router)
-    app.include_router(openai_webhooks.router)
-    app.include_router(scale_batch_completions.v1_router)
-    app.include_router(ui.router)
-    app.include_router(metrics.router)
+    for router in (scale_batch_completions.v1_router, ui.router, metrics.router):
+        app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")
     serve_docs_offline(app)
     declare_error_responses(app)

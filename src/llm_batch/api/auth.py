@@ -1,27 +1,8 @@
-"""Who is calling: an Airflow user (JWT checked by Airflow's security code) or an API key.
+"""Who is calling: an llm-batch API key (x-api-key, HTTP basic user, ``Bearer lbk_...``) or an
+Airflow user (JWT or session cookie, checked by Airflow). Rules: docs/api.md "Auth and ownership".
 
-Accepted credentials, first match wins:
-- ``x-api-key: <key>`` (Scale's client sends this),
-- ``Authorization: Basic`` with the key as user name (Scale's client, requests' auth tuple),
-- ``Authorization: Bearer <key>`` where the key starts with ``lbk_`` (OpenAI, Mistral SDKs),
-- ``Authorization: Bearer <Airflow JWT>`` or Airflow's session cookie (``/auth/token``).
-
-An API key acts for its owner, may submit, and is admin if created so. An Airflow user's
-rights come from Airflow's auth manager on the ``batch_inference`` DAG's runs (a viewer may
-read, not submit); Airflow admins see every job. Non-admins see only their own objects.
-Every caller's name is a canonical owner name (``llm_batch.core.owners``); an Airflow user (or
-an old key) whose name is not one is refused (403), so no two spellings share an owner.
-
-The session cookie is taken for safe methods (GET, HEAD, OPTIONS) only: a state-changing
-request must carry its credentials in a header (``Authorization`` or ``x-api-key``), which
-a page of another origin or another port of the same host cannot make the browser add,
-while it can make it send the cookie (CSRF). Refused: 403, ``csrf_refused``.
-
-401 (with ``WWW-Authenticate``, in the route's error shape) means "who are you?": no
-credentials, or credentials that are malformed (any bytes), unknown, revoked or expired;
-unusable credentials in a scheme we take answer ``Bearer error="invalid_token"`` (RFC
-6750), Airflow's 403 for a token it cannot validate included. 403 means "known, not
-allowed": an Airflow user without the right on ``batch_inference`` runs, a viewer's write.
+401 means "who are you?" (with ``WWW-Authenticate``), 403 "known, not allowed". The session
+cookie authenticates safe methods only: a page of another origin can make a browser send it (CSRF).
 """
 
 from __future__ import annotations
@@ -42,15 +23,13 @@ from llm_batch.core import owners
 from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.jobstore.api_keys import API_KEY_PREFIX
 
-# Declared so /batch/openapi.json and /batch/docs show the three ways to authenticate;
-# none raises by itself: get_caller decides.
+# Declared for the OpenAPI document; get_caller decides.
 _bearer = HTTPBearer(auto_error=False, description="An llm-batch API key (lbk_...) or an Airflow JWT")
 _api_key_header = APIKeyHeader(name="x-api-key", auto_error=False, description="An llm-batch API key")
 
 
 class _DocumentedBasic(HTTPBasic):
-    """HTTP basic for the OpenAPI document only: FastAPI's own parsing answers a vague 401
-    (even with auto_error off) to credentials ``_basic_user`` explains precisely."""
+    """HTTP basic for the document only: FastAPI's parsing would answer a vague 401 (auto_error off too)."""
 
     async def __call__(self, request: Request) -> None:  # type: ignore[override]
         return None
@@ -58,20 +37,16 @@ class _DocumentedBasic(HTTPBasic):
 
 _basic = _DocumentedBasic(auto_error=False, description="An llm-batch API key as the user name")
 
-# No credentials (or a scheme we do not take): the challenge names what we take.
 _UNAUTHENTICATED = {"WWW-Authenticate": "Bearer"}
-# Credentials presented but unusable (RFC 6750 section 3.1).
 _INVALID = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
 
-# What an API key can look like (API_KEY_PREFIX + secrets.token_urlsafe): anything else is
-# refused before it reaches the store (NUL or control bytes break some database drivers).
+# What an API key can look like: anything else never reaches the store (NUL breaks some drivers).
 _KEY_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,256}")
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # the only ones the session cookie may authenticate
-_SHOWN_CHARS = 20  # of an unsupported scheme, echoed in the message
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # the session cookie's
 
 
 def unauthenticated(message: str, *, invalid: bool = True, code: str = "invalid_credentials") -> ApiError:
-    """The one form of every 401 (the error handlers render it in the route's dialect)."""
+    """The one form of every 401; `invalid`: credentials given but unusable (RFC 6750)."""
     return ApiError(401, message, code=code, headers=_INVALID if invalid else _UNAUTHENTICATED)
 
 
@@ -95,7 +70,7 @@ class Caller:
 
 
 def _authorization(request: Request) -> tuple[str, str] | None:
-    """(scheme in lower case, value) of the Authorization header, else None."""
+    """(scheme in lower case, value) of the Authorization header."""
     header = request.headers.get("authorization")
     if header is None:
         return None
@@ -104,8 +79,7 @@ def _authorization(request: Request) -> tuple[str, str] | None:
 
 
 def _basic_user(value: str) -> str:
-    """The user name of ``Authorization: Basic`` credentials (our API key); 401 saying what
-    is wrong when they carry no key."""
+    """The user name of ``Authorization: Basic`` credentials: our API key."""
     try:
         # ValueError covers binascii.Error, UnicodeDecodeError and non-ASCII text.
         user, _, _ = base64.b64decode(value, validate=True).decode().partition(":")
@@ -117,7 +91,7 @@ def _basic_user(value: str) -> str:
 
 
 def api_key_of(request: Request) -> str | None:
-    """The API key the request carries, in any of the three accepted forms, else None."""
+    """The API key the request carries, in any of the three accepted forms."""
     if (key := request.headers.get("x-api-key")) is not None:
         if not key.strip():
             raise unauthenticated("the x-api-key header is empty: give an llm-batch API key", code="invalid_api_key")
@@ -141,9 +115,7 @@ def _key_caller(store: JobStore, plaintext: str) -> Caller:
 
 
 async def _airflow_user(request: Request, bearer: HTTPAuthorizationCredentials | None) -> Any:
-    """Airflow's own check of its JWT (Bearer header, else its session cookie). Airflow
-    answers 401 for a missing or expired token and 403 for one it cannot validate: both are
-    401 here (the caller is not known); a known user's lack of rights is our 403."""
+    """Airflow's own check of its JWT; its 401 and 403 are both 401 here (the caller is unknown)."""
     from airflow.api_fastapi.core_api.security import get_user  # airflow
 
     try:
@@ -171,12 +143,9 @@ def _token_refusal(request: Request, bearer: HTTPAuthorizationCredentials | None
         return unauthenticated("the Authorization header is empty")
     if scheme == "bearer":
         return unauthenticated("empty Bearer token: give an llm-batch API key or an Airflow JWT")
-    shown = request.headers["authorization"].strip().partition(" ")[0][:_SHOWN_CHARS]
-    return unauthenticated(
-        f"unsupported Authorization scheme {shown!r}: use Bearer (an llm-batch API key or an Airflow JWT), "
-        "Basic with an API key as the user name, or x-api-key",
-        invalid=False,
-    )
+    shown = request.headers["authorization"].strip().partition(" ")[0][:20]
+    return unauthenticated(f"unsupported Authorization scheme {shown!r}: use Bearer (an llm-batch API key or an "
+                           "Airflow JWT), Basic with an API key as the user name, or x-api-key", invalid=False)
 
 
 def is_airflow_admin(user: Any) -> bool:
@@ -191,21 +160,20 @@ def is_airflow_admin(user: Any) -> bool:
 def _airflow_caller(request: Request, user: Any) -> Caller:
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails  # airflow
 
-    auth_manager = _auth_manager(request)
+    manager = auth_manager(request.app)
     details = DagDetails(id=DAG_ID)
 
     def allowed(method: str) -> bool:
-        return auth_manager.is_authorized_dag(
-            method=method, access_entity=DagAccessEntity.RUN, details=details, user=user
-        )
+        return manager.is_authorized_dag(method=method, access_entity=DagAccessEntity.RUN, details=details, user=user)
 
     if not allowed("GET"):
         raise ApiError(403, f"user {user.get_name()!r} may not read runs of DAG {DAG_ID!r}", code="forbidden")
     return Caller(name=user.get_name(), is_admin=is_airflow_admin(user), can_submit=allowed("POST"), via="airflow")
 
 
-def _auth_manager(request: Request):
-    manager = getattr(request.app.state, "auth_manager", None)
+def auth_manager(app: Any) -> Any:
+    """The app's auth manager (tests set one), else Airflow's."""
+    manager = getattr(getattr(app, "state", None), "auth_manager", None)
     if manager is None:
         from airflow.api_fastapi.app import get_auth_manager  # airflow
 
@@ -220,8 +188,7 @@ async def get_caller(
     _x_api_key: Annotated[str | None, Depends(_api_key_header)] = None,
     _basic_credentials: Annotated[Any, Depends(_basic)] = None,
 ) -> Caller:
-    """The caller of this request; 401 without (valid) credentials, 403 for a write that
-    only the session cookie would authenticate, or a name that is not an owner name."""
+    """The caller; 403 for a write only the cookie authenticates, or a name that is no owner name."""
     if (key := api_key_of(request)) is not None:
         caller = await run_in_threadpool(_key_caller, store, key)
     else:
@@ -245,8 +212,7 @@ async def metrics_reader(
     settings: SettingsDep,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)] = None,
 ) -> None:
-    """Who may read ``/metrics``: the metrics token (``Authorization: Bearer``, compared in
-    constant time) or an admin; anyone else is 403, no credentials 401."""
+    """The metrics token (``Authorization: Bearer``) or an admin may read ``/metrics``."""
     token = settings.metrics_token.get_secret_value() if settings.metrics_token else ""
     authorization = _authorization(request)
     if token and authorization and authorization[0] == "bearer" and hmac.compare_digest(

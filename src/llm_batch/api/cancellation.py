@@ -1,14 +1,6 @@
-"""Reading a job the caller may see, and the cancel use case: flag the job in the store and drop the job's cancel marker.
-
-Workers watch the marker file (``JobLayout.cancel_marker``) between checkpoints; the DAG
-and housekeeping read the store flag. Shard tasks that have not started no longer wait for a
-slot: they are marked skipped (``run_queue.skip_waiting_shards``), so a job cancelled while
-it waits ends as soon as its finalize task has accounted for its lines. Cancel routes take
-``CancellingDep`` (the caller must be allowed to submit). Cancel is idempotent: a job already cancelling or
-cancelled is answered as it is (a cancelled job stays readable, never a 404). A job that
-ended otherwise (completed, failed, expired) is left as it ended; dialects whose answer is
-the job (OpenAI, Mistral) then get a 409 naming its status, Scale's ``{"success": false}``.
-"""
+"""Reading a job the caller may see, and cancelling one: the store's flag, the workers' cancel
+marker, its shard tasks that have not started skipped. Cancel is idempotent; a job that ended
+otherwise is left as it ended (a 409 naming its status for dialects whose answer is the job)."""
 
 from __future__ import annotations
 
@@ -39,52 +31,35 @@ def owned_job(store: JobStore, job_id: str, owner: str | None, kind: str) -> Job
     return job
 
 
-def cancel_job(
-    store: JobStore,
-    settings: Settings,
-    job_id: str,
-    owner: str | None,
-    kind: str = "batch",
-    refuse_ended: Mapping[JobStatus, str] | None = None,
-    release: Callable[[str | None], int] | None = None,
-) -> Job:
-    """Request the cancel of `job_id` and return the job. With `refuse_ended` (the dialect's
-    status words), a job that already ended other than cancelled is a 409 naming its status.
-    `release(run_id)` takes the job's waiting shard tasks out of their queue."""
-    try:
-        job = store.request_cancel(job_id, owner=owner, reason="cancel requested through the API")
-    except JobNotFound:
-        raise not_found(kind, job_id) from None
-    bind_job(job.id)
-    if job.terminal and job.status != JobStatus.CANCELLED and refuse_ended is not None:
-        raise ApiError(
-            409,
-            f"{kind} {job_id!r} has already ended with status {refuse_ended[job.status]!r}: there is nothing to cancel",
-            param="id",
-            code="already_ended",
-        )
-    if not job.terminal:
-        try:
-            write_cancel_marker(layout_of(settings, job.id).cancel_marker, job)
-        except storage.StorageError as exc:
-            # The store flag is set and the DAG checks it too; say what failed, loudly.
-            raise ApiError(503, f"cancel recorded, but the cancel marker could not be written: {exc}") from exc
-        if release is not None:
-            release(job.dag_run_id)
-    return job
-
-
 class Cancelling(NamedTuple):
-    """What a cancel route works with (``CancellingDep``)."""
+    """A cancel route's dependency: call it with the job id (the caller must be allowed to submit)."""
 
     caller: Caller
     store: JobStore
     settings: Settings
-    release: Callable[[str | None], int]
+    release: Callable[[str | None], int]  # takes a run's waiting shards out of the queue
 
     def __call__(self, job_id: str, kind: str = "batch", refuse_ended: Mapping[JobStatus, str] | None = None) -> Job:
+        """The job, its cancel requested; with `refuse_ended` (the dialect's status words), a job
+        that ended other than cancelled is a 409."""
         self.caller.require_submit()
-        return cancel_job(self.store, self.settings, job_id, self.caller.owner_filter, kind, refuse_ended, self.release)
+        try:
+            job = self.store.request_cancel(job_id, owner=self.caller.owner_filter,
+                                            reason="cancel requested through the API")
+        except JobNotFound:
+            raise not_found(kind, job_id) from None
+        bind_job(job.id)
+        if job.terminal and job.status != JobStatus.CANCELLED and refuse_ended is not None:
+            raise ApiError(409, f"{kind} {job_id!r} has already ended with status {refuse_ended[job.status]!r}: "
+                           "there is nothing to cancel", param="id", code="already_ended")
+        if not job.terminal:
+            try:
+                write_cancel_marker(layout_of(self.settings, job.id).cancel_marker, job)
+            except storage.StorageError as exc:
+                # The store flag is set and the DAG checks it too; say what failed, loudly.
+                raise ApiError(503, f"cancel recorded, but the cancel marker could not be written: {exc}") from exc
+            self.release(job.dag_run_id)
+        return job
 
 
 def _cancelling(caller: CallerDep, store: StoreDep, settings: SettingsDep, session: SessionDep) -> Cancelling:

@@ -1,11 +1,6 @@
-"""API errors: one exception type, rendered per dialect.
-
-Routes raise ``ApiError(status, message, param=..., code=...)``. One error shape per dialect,
-whoever refuses (a route, FastAPI's request validation, a middleware): the OpenAI routes
-(files, batches, webhook endpoints) answer ``{"error": {"message", "type", "param", "code"}}``
-as the OpenAI API does; the other routes ``{"detail", "message", "param", "code"}``, where
-``detail`` is FastAPI's: the message, or on a 422 the per-field list (``loc``, ``msg``,
-``type``) FastAPI's clients parse. So every error body says what went wrong and where.
+"""API errors: one exception type, one shape per dialect whoever refuses (a route, FastAPI's
+validation, a middleware): OpenAI's ``{"error": {...}}`` on its routes, elsewhere ``{"detail",
+"message", "param", "code"}`` with FastAPI's ``detail`` (a 422's per-field list, which clients parse).
 """
 
 from __future__ import annotations
@@ -21,28 +16,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llm_batch.core.jobs import Refused
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import InvalidCursor
-from llm_batch.infra.storage import StorageError
 
 # Route prefixes whose clients (the openai SDK) expect OpenAI's error shape.
 OPENAI_PREFIXES = ("/v1/batches", "/v1/files", "/v1/webhook_endpoints", "/v1/webhook_event_types")
 
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+                413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
 
 
 class ApiError(Refused):
-    """An error answered to the client as-is: `message` says what, `param` says where
-    (`location`: body, query, path or header; a 422's `loc`). The admission's refusals
-    (``Refused``, always about the body) are answered the same way."""
+    """An error answered as-is: `message` says what, `param` where (`location`: a 422's `loc`)."""
 
     def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None, location: str = "body"):
@@ -56,23 +40,14 @@ def not_found(kind: str, object_id: str) -> ApiError:
 
 
 def _wants_openai_shape(request: Request) -> bool:
-    path = request.scope.get("path", "")
-    root = request.scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root) :]
-    return path.startswith(OPENAI_PREFIXES)
+    return request.scope.get("path", "").removeprefix(request.scope.get("root_path", "")).startswith(OPENAI_PREFIXES)
 
 
 def error_response(request: Request, error: Refused) -> JSONResponse:
     if _wants_openai_shape(request):
-        body: dict[str, Any] = {
-            "error": {
-                "message": error.message,
-                "type": _ERROR_TYPES.get(error.status_code, "api_error"),
-                "param": error.param,
-                "code": error.code,
-            }
-        }
+        kind = _ERROR_TYPES.get(error.status_code, "api_error")
+        body: dict[str, Any] = {"error": {"message": error.message, "type": kind, "param": error.param,
+                                          "code": error.code}}
     else:
         detail: Any = error.message
         if error.status_code == 422:  # as FastAPI's own 422: the per-field list
@@ -84,7 +59,7 @@ def error_response(request: Request, error: Refused) -> JSONResponse:
 
 
 def _location(loc: tuple[Any, ...]) -> str:
-    """``("body", "requests", 3, "body")`` -> ``requests[3].body`` (where, for people)."""
+    """``("body", "requests", 3, "body")`` -> ``requests[3].body``."""
     parts = [p for p in loc if p not in ("body", "query", "path", "header", "form")] or list(loc)
     out = ""
     for part in parts:
@@ -111,8 +86,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
 
 
 def _body_problem(request: Request, error: dict[str, Any]) -> str | None:
-    """A plain sentence for a body that is not JSON at all (FastAPI's own words point at
-    a character offset, or at a body it never parsed because of the content type)."""
+    """A plain sentence for a body that is not JSON at all (FastAPI's words are obscure there)."""
     loc = tuple(error.get("loc", ()))
     if error.get("type") == "json_invalid":
         reason = (error.get("ctx") or {}).get("error", "invalid JSON")
@@ -154,13 +128,10 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large
 def _storage_error(request: Request, exc: Exception) -> JSONResponse:
     """Storage failures that escaped a route: say which object and that it is ours."""
     if isinstance(exc, storage.PathNotAllowed):
-        # User paths are checked (and refused with 400) before any storage call, so this
-        # is one of our own areas outside the configured roots/buckets: a server problem.
-        message = (
-            f"server configuration: llm-batch's own storage is outside the allowed roots or buckets "
-            f"(LLM_BATCH_LOCAL_ROOTS / LLM_BATCH_ALLOWED_BUCKETS must include the work and files areas): {exc}"
-        )
-        error = ApiError(503, message, code="storage_misconfigured")
+        # User paths are refused before any storage call: this is one of our own areas.
+        error = ApiError(503, "server configuration: llm-batch's own storage is outside the allowed roots or buckets "
+                         f"(LLM_BATCH_LOCAL_ROOTS / LLM_BATCH_ALLOWED_BUCKETS must include the work and files areas): "
+                         f"{exc}", code="storage_misconfigured")
     elif isinstance(exc, storage.ObjectNotFound):
         error = ApiError(404, str(exc), code="object_missing")
     else:
@@ -179,5 +150,5 @@ def install_error_handlers(app: FastAPI) -> None:
         request, ApiError(400, str(exc), param="after", code="invalid_cursor")))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(StorageError, _storage_error)
+    app.add_exception_handler(storage.StorageError, _storage_error)
     app.add_exception_handler(OperationalError, _database_error)

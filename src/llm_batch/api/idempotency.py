@@ -1,25 +1,6 @@
-"""Retry-safe creates: the ``Idempotency-Key`` header of every create route and upload.
-
-A create route takes it by depending on ``IdempotencyDep`` and by belonging to a router
-built with ``route_class=IdempotentRoute``; nothing else changes in the route:
-
-- the dependency (after authentication) checks the key (400 naming the header when it is
-  empty, longer than 255 characters or not printable ASCII), fingerprints the request
-  (sha256 of the raw body; of a multipart upload: its fields and file content, the
-  boundary aside) and reserves the key for the caller (the owner) in the job store: the
-  store's primary key (owner, key) lets exactly one of many concurrent requests have it.
-  The others wait (up to ``WAIT_S``) for the first's response and replay it; after that
-  wait they get 409 ``idempotency_key_in_progress``. A key already used on another route
-  or with another body is 422 ``idempotency_key_reused`` (param ``Idempotency-Key``).
-- the route class runs the route and stores its response (status code, content type,
-  body) on the reservation: 2xx and 4xx answers are kept and replayed, except 429 (a limit
-  of the moment). A 5xx, an unexpected exception or a request that fails the schema
-  releases the key, so a retry runs afresh; a reservation whose request never finished (a
-  killed server) is free again after ``LEASE``.
-
-Replays carry ``Idempotent-Replayed: true``. Keys are kept 24 hours at least: housekeeping
-deletes older ones (llm_batch.pipeline.housekeeping.delete_old_idempotency_keys).
-"""
+"""Retry-safe creates: the ``Idempotency-Key`` header (docs/api.md "Retry-safe creates"). A create
+route depends on ``IdempotencyDep`` (the key reserved for the owner: one of concurrent requests wins,
+the others wait for its answer) on a router with ``route_class=IdempotentRoute`` (keeps the answer)."""
 
 from __future__ import annotations
 
@@ -48,12 +29,9 @@ log = logging.getLogger("llm_batch.api.idempotency")
 
 HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
-# How long a retry waits for the first request's response before 409.
-WAIT_S = 30.0
-# A pending reservation older than this belongs to a request that never finished.
-LEASE = timedelta(minutes=5)
-# Answers not kept: a retry runs again.
-_NOT_KEPT = {429}
+WAIT_S = 30.0  # for the first request's answer, before 409
+LEASE = timedelta(minutes=5)  # a pending reservation older than this is free again
+_NOT_KEPT = {429}  # a limit of the moment: a retry runs again
 _HASH_CHUNK = 1 << 20
 _STATE = "llm_batch_idempotency"
 
@@ -66,8 +44,6 @@ _DESCRIPTION = (
 
 @dataclass(frozen=True)
 class _Held:
-    """The reservation this request holds."""
-
     store: JobStore
     owner: str
     key: str
@@ -82,7 +58,6 @@ class _Replay(Exception):
 
 
 def check_key(key: str) -> None:
-    """400 naming the header unless `key` is usable."""
     problem = None
     if not key:
         problem = "is empty"
@@ -104,8 +79,8 @@ def _hash_file(upload: UploadFile, digest: Any) -> None:
 
 
 async def fingerprint(request: Request) -> str:
-    """sha256 of the request body; of a multipart form: of its fields (name and value, a
-    file's content; the file name and the multipart boundary aside), in name order."""
+    """sha256 of the body; of a multipart form, of its fields in name order (the boundary and
+    file names change on every send)."""
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
         return hashlib.sha256(await request.body()).hexdigest()
@@ -122,21 +97,14 @@ async def fingerprint(request: Request) -> str:
 
 
 def _replay(record: Any) -> Response:
-    return Response(
-        content=(record.response_body or "").encode(),
-        status_code=record.status_code,
-        media_type=record.content_type,
-        headers={"Idempotent-Replayed": "true"},
-    )
+    return Response((record.response_body or "").encode(), record.status_code,
+                    headers={"Idempotent-Replayed": "true"}, media_type=record.content_type)
 
 
 async def idempotency_key(
-    request: Request,
-    caller: CallerDep,
-    store: StoreDep,
+    request: Request, caller: CallerDep, store: StoreDep,
     key: Annotated[str | None, Header(alias=HEADER, description=_DESCRIPTION)] = None,
 ) -> str | None:
-    """The dependency of the create routes (see the module docstring): None without the header."""
     if key is None:
         return None
     check_key(key)
@@ -152,9 +120,8 @@ async def idempotency_key(
     record = None
     while True:
         if record is None or (record.status_code is None and record.locked_at <= utcnow() - LEASE):
-            taken, record = await run_in_threadpool(
-                store.reserve_idempotency_key, caller.name, key, route, body_hash, LEASE
-            )
+            taken, record = await run_in_threadpool(store.reserve_idempotency_key, caller.name, key, route,
+                                                    body_hash, LEASE)
             if taken:
                 setattr(request.state, _STATE, _Held(store, caller.name, key, record.locked_at))
                 return key
@@ -165,10 +132,8 @@ async def idempotency_key(
         if record.status_code is not None:
             raise _Replay(_replay(record))
         if time.monotonic() > deadline:
-            raise ApiError(
-                409, f"a request with this {HEADER} is still being processed: retry in a few seconds",
-                param=HEADER, code="idempotency_key_in_progress", headers={"Retry-After": "5"},
-            )
+            raise ApiError(409, f"a request with this {HEADER} is still being processed: retry in a few seconds",
+                           param=HEADER, code="idempotency_key_in_progress", headers={"Retry-After": "5"})
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.25)
         record = await run_in_threadpool(store.get_idempotency_key, caller.name, key)
@@ -183,17 +148,16 @@ def depends_on(dependant: Dependant, call: Any) -> bool:
 
 
 async def _finish(held: _Held | None, response: Response | None) -> None:
-    """Keep `response` under the held key, or release the key (no response, 5xx, 429)."""
+    """Keep `response` under the held key, or release it (no response, 5xx, 429)."""
     if held is None:
         return
     keep = response is not None and response.status_code < 500 and response.status_code not in _NOT_KEPT
     body = getattr(response, "body", None) if keep else None
     try:
         if keep and isinstance(body, (bytes, bytearray)):
-            await run_in_threadpool(
-                held.store.complete_idempotency_key, held.owner, held.key, held.locked_at,
-                response.status_code, response.headers.get("content-type"), bytes(body).decode("utf-8", "replace"),
-            )
+            await run_in_threadpool(held.store.complete_idempotency_key, held.owner, held.key, held.locked_at,
+                                    response.status_code, response.headers.get("content-type"),
+                                    bytes(body).decode("utf-8", "replace"))
         else:
             await run_in_threadpool(held.store.release_idempotency_key, held.owner, held.key, held.locked_at)
     except Exception:  # noqa: BLE001 - the answer stands; the lease frees a key left pending
@@ -201,8 +165,7 @@ async def _finish(held: _Held | None, response: Response | None) -> None:
 
 
 class IdempotentRoute(APIRoute):
-    """A route class for routers with create routes: a route that depends on
-    ``IdempotencyDep`` has its response kept under the key (others run unchanged)."""
+    """Keeps the answer of a route that depends on ``IdempotencyDep`` under its key."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

@@ -1,25 +1,7 @@
-"""Keep a batch_inference run and its job in agreement, whatever ended the run.
-
-Airflow calls these hooks in the process that changed the run's state:
-
-- a user marking a run failed / success (UI or ``PATCH /api/v2/.../dagRuns/{id}``): the
-  **api-server** (``api_fastapi.core_api.services.public.dag_run.patch_dag_run_state``,
-  msg "Dag Run's state was manually set to `failed`.");
-- a run the scheduler ends (its tasks finished, a task failed for good, dagrun_timeout):
-  the **scheduler** (``DagRun.notify_dagrun_state_changed``).
-
-Both have a metadata-database session, so the hooks only need the job store: the FastAPI
-app of the plugin is not required (it is built in the api-server only).
-
-What they do:
-
-- run failed or marked success while its job is live: the job's workers are told to stop
-  (cancel flag + cancel marker) and the job ends at once, with a reason saying who ended
-  the run (a user marking it, or the scheduler's reason);
-- every ended run of the batch DAG gets a note: the job's status, counts and a link to it
-  (the run of a CANCELLED / TIMEOUT_EXCEEDED job is also failed by ``finalize``).
-
-A failure here is logged and never breaks the caller (the scheduler loop, the API call).
+"""Keep a batch_inference run and its job in agreement, whatever ended the run (docs/orchestration.md
+"Runs and jobs agree"): Airflow calls these hooks where the state changed (the api-server for a user's
+mark, else the scheduler), so they need only the job store. A failure is logged, never raised into
+the scheduler loop or the API call.
 """
 
 from __future__ import annotations
@@ -68,16 +50,14 @@ def job_link(job_id: str) -> str:
 
 
 def run_note(job: Any) -> str:
-    """The note of a run: its job's status, counts, reason and link (markdown). The id and
-    the reason may hold what a user wrote (a conf's job_id, a path, a model name): escaped."""
+    """The run's note in markdown; the id and the reason may hold what a user wrote: escaped."""
     counts = f"{job.succeeded} succeeded, {job.failed} failed of {job.total}" if job.total is not None else "no counts"
     return (f"**llm-batch job {escape(job.id)}: {job.status.value}** ({counts})\n\n"
             f"{escape(job.status_reason or '')}\n\n[job status]({job_link(job.id)})")
 
 
 def end_job_of_run(dag_run: Any, state: str, msg: str | None) -> Any:
-    """End the live job of `dag_run`, which ended in `state` ("failed" / "success").
-    Returns the job (None when the store has none)."""
+    """End the live job of `dag_run`, which ended in `state` ("failed" / "success"); stops its workers."""
     store = _store()
     job_id = _job_id(dag_run)
     job = store.get_job(job_id)
@@ -89,7 +69,7 @@ def end_job_of_run(dag_run: Any, state: str, msg: str | None) -> Any:
         reason = f"the DAG run {dag_run.run_id} failed ({msg or 'no reason given'})"
     else:
         reason = f"the DAG run {dag_run.run_id} ended ({msg or state}) before the job finished"
-    # Stop its workers (a shard task killed by the state change may leave one behind).
+    # A shard task killed by the state change may leave a worker behind.
     job = store.request_cancel(job_id, reason=reason)
     try:
         write_cancel_marker(JobLayout(get_settings().work_uri, job_id).cancel_marker, job)
@@ -106,10 +86,8 @@ def user_mark_reason(run_id: str, state: str) -> str:
 
 
 def keep_a_users_failed_mark(dag_run: Any, state: str, msg: str | None, job: Any) -> bool:
-    """A run a user marked failed can still be ended success by the scheduler when the
-    metadata DB is SQLite (no row locks: the scheduler's loop read the run as running before
-    the mark was committed, then found its tasks finished). The job kept what the user did,
-    so the run goes back to failed. Returns whether it did."""
+    """On SQLite (no row locks) the scheduler can end success a run a user just marked failed:
+    the job kept the mark, so the run goes back to failed. Returns whether it did."""
     if state != "success" or _manual(msg) or job is None or job.status.value != "FAILED":
         return False
     if user_mark_reason(dag_run.run_id, "failed") not in (job.status_reason or ""):
@@ -126,20 +104,11 @@ def _on_run_end(dag_run: Any, state: str, msg: str | None) -> None:
         if keep_a_users_failed_mark(dag_run, state, msg, _store().get_job(_job_id(dag_run))):
             return
         job = end_job_of_run(dag_run, state, msg)
-        if job is not None and job.terminal:
-            _set_note(dag_run, run_note(job))
+        # Committed by the caller with the state change (dag.test's run has no session: no note).
+        if job is not None and job.terminal and object_session(dag_run) is not None:
+            dag_run.note = run_note(job)
     except Exception:  # noqa: BLE001 - never break the scheduler loop or the API call
         log.exception("llm-batch: could not reconcile the job of run %s", getattr(dag_run, "run_id", "?"))
-
-
-def _set_note(dag_run: Any, note: str) -> None:
-    """The run's note, in the caller's session (the scheduler's or the API call's: it
-    commits it with the state change). A run object without one (in-process dag.test
-    callers) keeps its note."""
-    if object_session(dag_run) is None:
-        log.debug("run %s is not bound to a session: no note", dag_run.run_id)
-        return
-    dag_run.note = note
 
 
 @hookimpl

@@ -1,9 +1,8 @@
 """The Airflow plugin: mounts the batch API (``create_app``) at ``/batch`` on the api-server.
 
-Every Airflow process loads plugins (scheduler, dag-processor, triggerer, each task), but
-only the api-server serves ``fastapi_apps``: the app (its job store, its settings) is built
-there alone, as Airflow's edge3 provider does. ``LLM_BATCH_SERVE_API=true`` builds it in any
-process (another ASGI host, tests that load plugins in-process).
+Every Airflow process loads plugins, but only the api-server serves ``fastapi_apps``: the app (its
+job store, its settings) is built there alone, as Airflow's edge3 provider does.
+``LLM_BATCH_SERVE_API=true`` builds it in any process (another ASGI host, tests).
 """
 
 from __future__ import annotations
@@ -25,13 +24,8 @@ def serving_api(argv: list[str] | None = None) -> bool:
     return len(argv) > 1 and argv[1] == "api-server"
 
 
-BATCH_JOBS_VIEW = {
-    "name": "Batch jobs",
-    "href": "/batch/ui/jobs",
-    "url_route": "batch-jobs",
-    "destination": "nav",
-    "icon": "/batch/ui/static/icon.svg",
-}
+BATCH_JOBS_VIEW = {"name": "Batch jobs", "href": "/batch/ui/jobs", "url_route": "batch-jobs", "destination": "nav",
+                   "icon": "/batch/ui/static/icon.svg"}
 
 
 def _api_entry() -> dict:
@@ -39,43 +33,31 @@ def _api_entry() -> dict:
     from llm_batch.infra.webhooks import start_in_background  # heavy
 
     app = create_app()
-    # Webhooks: the deliverer of the job store's outbox, a daemon thread of the api-server
-    # (LLM_BATCH_WEBHOOK_DELIVERER=false: run `llm-batch webhook deliver` instead).
+    # The webhook outbox's deliverer (LLM_BATCH_WEBHOOK_DELIVERER=false: `llm-batch webhook deliver` instead).
     start_in_background(app.state.llm_batch.store, app.state.llm_batch.settings)
     return {"app": app, "url_prefix": "/batch", "name": "llm-batch API"}
 
 
-def _strict_json_entry() -> dict:
-    from llm_batch.api.app import StrictJsonBodies  # heavy
-
-    # Airflow's REST API parses a run's conf with Python's JSON parser, which admits what
-    # Airflow later cannot serialise (its scheduler stops on a lone surrogate): the batch
-    # API's strict edge guards it too.
-    return {"middleware": StrictJsonBodies, "args": [], "kwargs": {"prefixes": ("/api/v2/",)},
-            "name": "llm-batch strict JSON bodies"}
-
-
-def _unroutable_entry() -> dict:
-    from llm_batch.api.app import UnroutablePaths  # heavy
-
-    return {"middleware": UnroutablePaths, "args": [], "kwargs": {"prefix": "/batch"},
-            "name": "llm-batch answers for paths its mount cannot route"}
-
-
-def _run_guard_entry() -> dict:
+def _root_middlewares() -> list[dict]:
+    from llm_batch.api.app import StrictJsonBodies, UnroutablePaths  # heavy
     from llm_batch.api.run_guard import RunOwnerGuard  # heavy
 
-    # Airflow lets any user change any DAG's runs: a batch run is its job owner's (or an admin's).
-    return {"middleware": RunOwnerGuard, "args": [], "kwargs": {}, "name": "llm-batch run owners"}
+    return [
+        # Airflow's REST API parses a run's conf with Python's JSON parser, which admits what
+        # Airflow later cannot serialise (its scheduler stops on a lone surrogate).
+        {"middleware": StrictJsonBodies, "args": [], "kwargs": {"prefixes": ("/api/v2/",)},
+         "name": "llm-batch strict JSON bodies"},
+        {"middleware": UnroutablePaths, "args": [], "kwargs": {"prefix": "/batch"},
+         "name": "llm-batch answers for paths its mount cannot route"},
+        # Airflow lets any user change any DAG's runs: a batch run is its job owner's (or an admin's).
+        {"middleware": RunOwnerGuard, "args": [], "kwargs": {}, "name": "llm-batch run owners"},
+    ]
 
 
 class LlmBatchPlugin(AirflowPlugin):
     name = "llm_batch"
     fastapi_apps = [_api_entry()] if serving_api() else []
-    fastapi_root_middlewares = ([_strict_json_entry(), _unroutable_entry(), _run_guard_entry()] if serving_api()
-                                else [])
-    # "Batch jobs" in Airflow's navigation: a page of our FastAPI app, shown inside Airflow's
-    # UI (an iframe at /plugin/batch-jobs) because url_route is set (docs/ui.md).
+    fastapi_root_middlewares = _root_middlewares() if serving_api() else []
+    # "Batch jobs" in Airflow's navigation, shown inside Airflow's UI because url_route is set (docs/ui.md).
     external_views = [BATCH_JOBS_VIEW]
-    # Runs and jobs agree: hooks on run state changes (api-server and scheduler).
-    listeners = [listeners]
+    listeners = [listeners]  # runs and jobs agree (api-server and scheduler)

@@ -1,39 +1,9 @@
-"""A batch run belongs to its job's owner in Airflow too: only the owner or an admin may end,
-clear, annotate or delete it through Airflow's own REST API (``/api/v2``, which the UI uses).
+"""A batch run is its job owner's in Airflow's ``/api/v2`` too (docs/api.md "Security model").
 
-Airflow cannot refuse this itself: its simple auth manager lets any user (role USER and up)
-change any DAG's runs, an auth manager's ``is_authorized_dag`` is told the DAG, never the run,
-and the listeners (``listeners.py``) hear of a state change after it is made. So the guard is
-a root middleware of the plugin in front of Airflow's routes.
-
-An allow-list, for a user who is no admin. A write (any method but GET, HEAD, OPTIONS) under
-``/api/v2/dags/`` names the runs it touches (``targets``: from the path and, for the bulk and
-clear routes, from the body). It passes when none is a run of a product DAG, or each is the
-user's own:
-
-- a ``batch_inference`` run is its job's owner's (the job store; before the run has
-  registered its job, whoever's job it will make: ``steps.run_owner``);
-- the runs of the other product DAGs (the recurring specs' DAGs, housekeeping) are the admin's;
-- a write that names no single run (a clear by dates or partitions, ``~`` without dag ids),
-  changes a product DAG itself (pause, delete) or starts a run of the admin's DAGs (a
-  trigger, a backfill) is the admin's.
-
-Anything else is refused before Airflow sees it: 403 in Airflow's error shape,
-``{"detail": "..."}``, saying why; the run and its job stay as they were. Triggering a
-``batch_inference`` run and the reads Airflow serves by POST (``.../list``) pass: a new batch
-run is its triggering user's job (``steps.register`` refuses a conf naming another owner's job).
-
-Reads: a batch API run's conf carries ids and counts (``submission.dag_conf``), but a run
-started from the form or ``/api/v2`` holds what its user wrote (paths, prompts, schemas). So
-in Airflow's answers of runs (``GET .../dagRuns``, ``.../dagRuns/{run}``, ``POST
-~/dagRuns/list``) the conf of a batch run that is not the reader's is cut to its job id
-(``hide_confs``), and Airflow's event log, which records a request's body, keeps the
-``extra`` of a batch DAG's event for the user who made it (``hide_event_extras``): for every
-reader but admins.
-
-The user is the one Airflow itself would see: the Bearer token, else the session cookie,
-verified by Airflow's auth manager. A request without a valid one passes on, for Airflow to
-answer its 401 or 403.
+Airflow's auth managers are told the DAG, never the run, and listeners hear of a change after
+it is made: so a root middleware refuses (403, Airflow's shape) a non-admin's write touching
+another owner's batch run or an admin's DAG, and cuts other owners' batch confs and event
+extras out of Airflow's answers.
 """
 
 from __future__ import annotations
@@ -50,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llm_batch.api.app import _replay
-from llm_batch.api.auth import is_airflow_admin
+from llm_batch.api.app import read_body, replay
+from llm_batch.api.auth import auth_manager, is_airflow_admin
 from llm_batch.core.config import get_settings
 from llm_batch.core.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID, api_run_id, run_job_id
 from llm_batch.infra.jobstore import get_job_store
@@ -61,8 +31,7 @@ from llm_batch.pipeline.recurring import DAG_ID_PREFIX as RECURRING_PREFIX
 PREFIX = "/api/v2/"
 WILDCARD = "~"  # Airflow's "any DAG" / "any run" in a path
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
-# A run of a product DAG only an admin may change (recurring, housekeeping).
-ADMINS_ONLY = "<admins>"  # no owner name has angle brackets
+ADMINS_ONLY = "<admins>"  # the owner of the admin's DAGs' runs (no owner name has angle brackets)
 
 
 @dataclass(frozen=True)
@@ -82,15 +51,13 @@ def is_product_dag(dag_id: str) -> bool:
 
 
 def reads_body(parts: list[str]) -> bool:
-    """Whether the targets of a write to ``/api/v2/<parts>`` are named in its body."""
     rest = parts[2:] if parts[:1] == ["dags"] else []
     return parts == ["backfills"] or rest in (["dagRuns"], ["clearTaskInstances"], ["clearDagRuns"], ["clearPartitions"]) or (
         len(rest) == 3 and rest[0] == "dagRuns" and rest[2] == "taskInstances")
 
 
 def targets(method: str, parts: list[str], body: Any = None) -> list[Target]:
-    """The runs a request to ``/api/v2/<parts>`` changes (``[]``: none); `body` is its JSON
-    (anything else where a route names its runs there: then it names none)."""
+    """The runs a request to ``/api/v2/<parts>`` changes; `body` is its JSON (else it names none)."""
     if method in _SAFE:
         return []
     if parts == ["backfills"]:  # new runs of the body's DAG
@@ -127,8 +94,7 @@ def targets(method: str, parts: list[str], body: Any = None) -> list[Target]:
 
 
 def _entities(body: Any, dag: str, run: str | None, *, bare: str) -> list[Target]:
-    """The runs a bulk body's entities name (Airflow's BulkBody: actions, each with entities).
-    A bare string entity is a run id (``bare="run"``) or a task of the path's run ("task")."""
+    """The runs a bulk body's entities name; a bare string is a run id (``bare="run"``) or a task."""
     actions = body.get("actions") if isinstance(body, dict) else None
     if not isinstance(actions, list):
         return [Target(dag, None)]
@@ -159,8 +125,7 @@ OwnerOf = Callable[[str, str], "str | None"]
 
 
 def refusal(user: str, targets_: list[Target], owner_of: OwnerOf) -> str | None:
-    """Why `user` (no admin) may not make a write touching `targets_`, else None.
-    ``owner_of(dag_id, run_id)``: the run's owner, ADMINS_ONLY, or None for no such run."""
+    """Why `user` (no admin) may not make a write touching `targets_`, else None."""
     for target in targets_:
         if target.dag_id != WILDCARD and not is_product_dag(target.dag_id):
             continue
@@ -195,8 +160,7 @@ def owner_of_run(dag_id: str, run_id: str) -> str | None:
 
 
 def batch_run_owner(run_id: str, conf: dict[str, Any], triggering_user: str | None) -> str:
-    """Whose a ``batch_inference`` run is: its job's owner (the job store), or, before it has
-    registered its job, whoever's job it will make."""
+    """Its job's owner, or before it registered its job, whoever's job it will make."""
     job = get_job_store(get_settings().database_url).get_job(run_job_id(conf, run_id))
     if job is not None and (job.dag_run_id == run_id or (job.dag_run_id is None and run_id == api_run_id(job.id))):
         return job.owner
@@ -207,13 +171,12 @@ def batch_run_owner(run_id: str, conf: dict[str, Any], triggering_user: str | No
 
 
 def shows_events(method: str, parts: list[str]) -> bool:
-    """Whether ``/api/v2/<parts>`` answers Airflow's event log (an event, a list of events)."""
+    """Whether ``/api/v2/<parts>`` answers Airflow's event log."""
     return method == "GET" and parts[:1] == ["eventLogs"] and len(parts) <= 2
 
 
 def shows_runs(method: str, parts: list[str]) -> bool:
-    """Whether ``/api/v2/<parts>`` answers runs with their confs (a run, a list of runs)
-    that may be batch runs."""
+    """Whether ``/api/v2/<parts>`` answers runs with their confs that may be batch runs."""
     if parts[:1] != ["dags"] or len(parts) < 3 or parts[1] not in (BATCH_DAG_ID, WILDCARD) or parts[2] != "dagRuns":
         return False
     if method == "POST":
@@ -222,9 +185,8 @@ def shows_runs(method: str, parts: list[str]) -> bool:
 
 
 def hide_confs(answer: Any, user: str, owner: Callable[[dict[str, Any]], str]) -> Any:
-    """`answer` (a run or ``{"dag_runs": [...]}``) with the conf of each batch run that is not
-    `user`'s cut to its job id: a run started from the form or ``/api/v2`` holds what its user
-    wrote (paths, prompts, schemas). ``owner(run)``: whose the run is."""
+    """`answer` with the conf of each batch run not `user`'s cut to its job id: a form run's conf
+    holds what its user wrote (paths, prompts, schemas)."""
     runs = answer.get("dag_runs") if isinstance(answer, dict) and "dag_runs" in answer else [answer]
     for run in runs if isinstance(runs, list) else []:
         if (isinstance(run, dict) and run.get("dag_id") == BATCH_DAG_ID and isinstance(run.get("conf"), dict)
@@ -234,9 +196,7 @@ def hide_confs(answer: Any, user: str, owner: Callable[[dict[str, Any]], str]) -
 
 
 def hide_event_extras(answer: Any, user: str) -> Any:
-    """`answer` (an event or ``{"event_logs": [...]}``) without the ``extra`` of each event of
-    the batch DAG that another user made: Airflow records a request's body there (a form
-    run's conf among them)."""
+    """`answer` without the ``extra`` (a request's body) of another user's batch DAG events."""
     events = answer.get("event_logs") if isinstance(answer, dict) and "event_logs" in answer else [answer]
     for event in events if isinstance(events, list) else []:
         if isinstance(event, dict) and event.get("dag_id") == BATCH_DAG_ID and event.get("owner") != user:
@@ -245,7 +205,6 @@ def hide_event_extras(answer: Any, user: str) -> Any:
 
 
 def owner_of_shown_run(run: dict[str, Any]) -> str:
-    """Whose a run of Airflow's answer is (``batch_run_owner`` from its own fields)."""
     return batch_run_owner(str(run.get("dag_run_id")), run["conf"], run.get("triggering_user_name"))
 
 
@@ -253,18 +212,12 @@ def owner_of_shown_run(run: dict[str, Any]) -> str:
 
 
 class RunOwnerGuard:
-    """The root middleware (see the module's docstring). `owner_of` (a run's owner, for writes)
-    defaults to the metadata database and the job store (``owner_of_run``), `user_of` to
-    Airflow's auth manager (``airflow_user``), `shown_owner` (a run of an answer's owner) to
-    ``owner_of_shown_run``."""
+    """The root middleware; its lookups are parameters for tests."""
 
     def __init__(self, app: ASGIApp, owner_of: OwnerOf = owner_of_run,
                  user_of: Callable[[Scope], Awaitable[Any]] | None = None,
                  shown_owner: Callable[[dict[str, Any]], str] = owner_of_shown_run):
-        self.app = app
-        self.owner_of = owner_of
-        self.user_of = user_of or airflow_user
-        self.shown_owner = shown_owner
+        self.app, self.owner_of, self.user_of, self.shown_owner = app, owner_of, user_of or airflow_user, shown_owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
@@ -294,8 +247,8 @@ class RunOwnerGuard:
     async def _write(self, scope: Scope, receive: Receive, send: Send, parts: list[str]) -> None:
         body = b""
         if reads_body(parts):
-            body = await _body(receive)
-            receive = _replay([{"type": "http.request", "body": body, "more_body": False}])
+            body = await read_body(receive) or b""
+            receive = replay(body)
         named = targets(scope["method"], parts, _json(body))
         if any(t.dag_id == WILDCARD or is_product_dag(t.dag_id) for t in named):
             user = await self.user_of(scope)
@@ -308,8 +261,7 @@ class RunOwnerGuard:
 
 
 def _rewriting(send: Send, rewrite: Callable[[Any], Any]) -> Send:
-    """A send that answers Airflow's JSON (a 200) as `rewrite` makes it (buffered: one run,
-    one event or one page of them)."""
+    """A send that answers Airflow's JSON (a 200) as `rewrite` makes it."""
     start: dict[str, Any] = {}
     chunks: list[bytes] = []
 
@@ -334,17 +286,6 @@ def _rewriting(send: Send, rewrite: Callable[[Any], Any]) -> Send:
     return rewriting
 
 
-async def _body(receive: Receive) -> bytes:
-    chunks, more = [], True
-    while more:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(chunks)
-
-
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body) if body.strip() else None
@@ -353,8 +294,7 @@ def _json(body: bytes) -> Any:
 
 
 async def airflow_user(scope: Scope) -> Any:
-    """The user Airflow's ``get_user`` finds in this request (the Bearer token first, else the
-    session cookie), verified by Airflow's auth manager; None without a valid token."""
+    """The user Airflow's ``get_user`` would find (Bearer token, else cookie); None without a valid token."""
     from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN  # airflow
 
     request = Request(scope)
@@ -365,15 +305,7 @@ async def airflow_user(scope: Scope) -> Any:
     if not token:
         return None
     try:
-        return await _auth_manager(scope).get_user_from_token(token)
+        return await auth_manager(scope.get("app")).get_user_from_token(token)
     except Exception:  # noqa: BLE001 - expired or invalid: Airflow refuses it the same way
         return None
 
-
-def _auth_manager(scope: Scope) -> Any:
-    manager = getattr(getattr(scope.get("app"), "state", None), "auth_manager", None)
-    if manager is None:
-        from airflow.api_fastapi.app import get_auth_manager  # airflow
-
-        manager = get_auth_manager()
-    return manager

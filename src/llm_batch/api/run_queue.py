@@ -1,22 +1,8 @@
-"""Where a job's run waits in Airflow's queue, and taking a cancelled job out of it.
+"""Where a job's run waits in Airflow's queue, and taking a cancelled job's shards out of it.
 
-With ``dag_trigger``, the only module that reads or changes a ``batch_inference`` run through
-Airflow's internals (its ORM models in the request's metadata-DB session, ``SessionDep``).
-
-**Queue places.** Airflow's scheduler starts the waiting (``scheduled``) task instances of a
-pool highest ``priority_weight`` first, then by their run's logical date, then map index
-(``SchedulerJobRunner._executable_task_instances_to_queued``); a run itself waits (state
-``queued``) while the DAG has as many runs running as it may. ``queue_places`` reads the same
-columns in the same order, so a job's position is the one the scheduler will follow, until a
-job ahead is cancelled or one of a higher band arrives. A run waits only while nothing of
-it runs: once a task of it is queued or running, its job is under way and has no place.
-
-**Cancel.** A cancelled job's shard tasks that have not started (no state yet, scheduled,
-waiting to retry) are marked skipped, so they no longer wait for a slot: the run's finalize
-task (trigger rule ``all_done``) then merges at once, accounting every line that never ran
-as ``batch_cancelled``. Running shards stop at their next checkpoint as before. The update
-only touches rows still in those states, so a shard the scheduler queued meanwhile runs
-(and stops at once on the cancel marker).
+With ``dag_trigger``, the only module touching a ``batch_inference`` run through Airflow's ORM.
+``queue_places`` reads the columns the scheduler orders by, in its order
+(``SchedulerJobRunner._executable_task_instances_to_queued``), so a place is the one it follows.
 """
 
 from __future__ import annotations
@@ -37,8 +23,7 @@ from llm_batch.core.run_conf import SHARD_TASK_ID
 # A run with a task in one of these is under way: it has no place in a queue.
 _UNDER_WAY = (TaskInstanceState.QUEUED, TaskInstanceState.RUNNING, TaskInstanceState.DEFERRED,
               TaskInstanceState.RESTARTING, TaskInstanceState.UP_FOR_RESCHEDULE)
-# What occupies a pool's slot (Airflow counts queued and running; deferred only when the
-# pool includes it, which the stack's pools do not).
+# What holds a pool's slot (deferred too only in a pool that counts it; the stack's do not).
 _IN_SLOT = (TaskInstanceState.QUEUED, TaskInstanceState.RUNNING)
 _NOT_STARTED = (TaskInstanceState.SCHEDULED, TaskInstanceState.UP_FOR_RETRY)
 
@@ -53,8 +38,8 @@ class QueuePlace:
 
 
 def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
-    """The place of each of ``run_ids`` (batch_inference runs) that waits; the others are
-    absent. A few queries whatever the number of runs (a page of jobs asks at once)."""
+    """The place of each of ``run_ids`` that waits (a run with a task under way has none), in a
+    few queries whatever their number."""
     from airflow.models.dag import DagModel  # airflow
     from airflow.models.dagrun import DagRun  # airflow
     from airflow.models.pool import Pool  # airflow
@@ -68,14 +53,12 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
     places: dict[str, QueuePlace] = {}
 
     if any(r.state == DagRunState.QUEUED for r in runs.values()):
-        # The line as this read sees it: a run that started since the read above is no
-        # longer in it (and has no place), one queued since is.
+        # The line as this read sees it (a run started since the read above has left it).
         line = list(session.scalars(select(DagRun.run_id).where(
             DagRun.dag_id == DAG_ID, DagRun.state == DagRunState.QUEUED).order_by(DagRun.run_after, DagRun.id)))
         most = session.scalar(select(DagModel.max_active_runs).where(DagModel.dag_id == DAG_ID))
         what = f"a run slot of DAG {DAG_ID} ({most} of its runs run at once)" if most else f"a run slot of DAG {DAG_ID}"
-        # Behind every started run still waiting for a pool's slot: one line, no two jobs
-        # at one place.
+        # Behind every started run still waiting for a pool's slot: no two jobs at one place.
         ahead = session.scalar(_waiting_in_pools(func.count(func.distinct(TI.run_id)))) or 0
         for position, run_id in enumerate(line, start=1 + ahead):
             if run_id in wanted:
@@ -90,8 +73,7 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
     waiting = {run_id for run_id, state in ours if state == TaskInstanceState.SCHEDULED} - under_way
     if not waiting:
         return places
-    # The whole line of every pool our runs wait in: every DAG's scheduled tasks, in the
-    # scheduler's order; a run's place is where its first task stands.
+    # The whole line of every pool our runs wait in: every DAG's scheduled tasks, in the scheduler's order.
     pools = set(session.scalars(select(TI.pool).where(
         TI.dag_id == DAG_ID, TI.run_id.in_(waiting), TI.state == TaskInstanceState.SCHEDULED)))
     line = session.execute(
@@ -104,9 +86,8 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
     places_in: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
     for pool, dag_id, run_id in line:
         places_in[pool].setdefault((dag_id, run_id), len(places_in[pool]))
-    first_pool: dict[str, str] = {}
+    first_pool: dict[str, str] = {}  # where the run stands nearest the front
     for run_id in waiting:
-        # The pool where the run stands nearest the front.
         standing = [(where[(DAG_ID, run_id)], pool) for pool, where in places_in.items() if (DAG_ID, run_id) in where]
         if standing:
             first_pool[run_id] = min(standing)[1]
@@ -123,9 +104,8 @@ def queue_places(run_ids: list[str], session: Session) -> dict[str, QueuePlace]:
 
 @dataclass(frozen=True)
 class QueueDepths:
-    """What waits, for metrics: per pool (``(run)``: runs waiting to start) the waiting jobs
-    and the age of the oldest (since its run's logical date, the job's submission); shard
-    tries; seconds since a running scheduler's newest heartbeat (inf without one)."""
+    """What waits, for metrics: per pool (``(run)``: runs waiting to start) the waiting jobs and
+    the age of the oldest; shard tries; seconds since the scheduler's newest heartbeat."""
 
     pools: dict[str, tuple[int, float]]
     shard_tries: int
@@ -136,12 +116,11 @@ class QueueDepths:
 def queue_depths(session: Session, now: datetime) -> QueueDepths:
     from airflow.jobs.job import Job as AirflowJob  # airflow
     from airflow.models.dagrun import DagRun  # airflow
+    from airflow.models.pool import Pool  # airflow
     from airflow.models.taskinstance import TaskInstance as TI  # airflow
 
     def age(then: datetime | None) -> float:
         return max(0.0, (now - then).total_seconds()) if then else 0.0
-
-    from airflow.models.pool import Pool  # airflow
 
     # Every pool reads 0 while nothing waits in it (a series that comes and goes is hard to alert on).
     pools: dict[str, tuple[int, float]] = {name: (0, 0.0) for name in session.scalars(select(Pool.pool))}
@@ -162,8 +141,7 @@ def queue_depths(session: Session, now: datetime) -> QueueDepths:
 
 
 def _waiting_in_pools(*columns: Any) -> Select:
-    """``columns`` over the scheduled task instances of running batch_inference runs nothing
-    of which is under way yet: the runs that wait for a pool's slot."""
+    """``columns`` over the scheduled tasks of running batch runs nothing of which is under way."""
     from airflow.models.dagrun import DagRun  # airflow
     from airflow.models.taskinstance import TaskInstance as TI  # airflow
 
@@ -180,15 +158,14 @@ class _JobOfRun(Protocol):
 
 
 def job_places(jobs: Sequence[_JobOfRun], session: Session) -> dict[str, QueuePlace]:
-    """The place of each live job of `jobs` (a store's ``Job``, or a ``LiveJob`` of its
-    figures) that waits, by job id."""
+    """The place of each live job of `jobs` that waits, by job id."""
     live = {job.dag_run_id: job.id for job in jobs if not job.terminal and job.dag_run_id}
     return {live[run_id]: place for run_id, place in queue_places(list(live), session).items()}
 
 
 def skip_waiting_shards(run_id: str | None, session: Session) -> int:
-    """Mark the run's shard tasks that have not started skipped (see the module's "Cancel");
-    returns how many. Nothing else of the run changes."""
+    """Mark the run's shard tasks that have not started skipped, so a cancelled job's finalize
+    (``all_done``) runs at once; a shard queued meanwhile runs and stops on the cancel marker."""
     from airflow.models.taskinstance import TaskInstance as TI  # airflow
 
     if not run_id:

@@ -1,5 +1,5 @@
 """The file use cases: store an upload (size-capped, JSONL-checked), stream content back,
-delete. Content lives in storage under ``Settings.files_uri``; metadata in the job store."""
+delete. Content lives in storage under ``Settings.files_uri``, metadata in the job store."""
 
 from __future__ import annotations
 
@@ -15,45 +15,32 @@ from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import FileObject, Files, Jobs, JobStore, new_file_id
+from llm_batch.infra.jobstore import FileObject, Files, Job, Jobs, JobStore, new_file_id
 
-# batch: a JSONL input; ocr and audio (Mistral's purposes): a file a /v1/ocr or
-# /v1/audio/transcriptions line names by its id, kept as it is (llm_batch.infra.media checks it).
+# Mistral's: a file an /v1/ocr or /v1/audio/transcriptions line names, kept as it is (infra.media checks it).
 MEDIA_PURPOSES = ("ocr", "audio")
 ACCEPTED_PURPOSES = ("batch", *MEDIA_PURPOSES)
 CHUNK_BYTES = 1 << 20
 
 
-def check_purpose(purpose: str) -> None:
-    if purpose not in ACCEPTED_PURPOSES:
-        raise ApiError(
-            400,
-            f"purpose {purpose!r} is not accepted: this service takes batch input files (purpose='batch') "
-            "and the audio and images batch lines name (purpose='audio' or 'ocr')",
-            param="purpose",
-            code="invalid_purpose",
-        )
-
-
 def _check_first_line(head: bytes, filename: str, max_line_bytes: int) -> None:
-    """The file must be JSONL: its first non-blank line a JSON object (blank lines are
-    skipped, as the pipeline skips them; later lines are checked one by one by the job's
-    validation, so one bad line never rejects a whole batch)."""
+    """Its first non-blank line must be a JSON object; the job's validation checks the others
+    one by one, so one bad line never rejects a whole batch."""
     text = head.lstrip()
     number = head[: len(head) - len(text)].count(b"\n") + 1
     line, newline, _ = text.partition(b"\n")
     if not newline and len(line) > max_line_bytes:
-        raise ApiError(
-            400, f"{filename}: not JSONL: line {number} is longer than {max_line_bytes} bytes", param="file", code="invalid_file"
-        )
+        raise _invalid(f"{filename}: not JSONL: line {number} is longer than {max_line_bytes} bytes")
     try:
         first = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"{filename}: not JSONL: line {number} is not valid JSON ({exc})", param="file", code="invalid_file") from None
+        raise _invalid(f"{filename}: not JSONL: line {number} is not valid JSON ({exc})") from None
     if not isinstance(first, dict):
-        raise ApiError(
-            400, f"{filename}: not JSONL: line {number} is a JSON {type(first).__name__}, not an object", param="file", code="invalid_file"
-        )
+        raise _invalid(f"{filename}: not JSONL: line {number} is a JSON {type(first).__name__}, not an object")
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(400, message, param="file", code="invalid_file")
 
 
 def save_upload(
@@ -66,12 +53,12 @@ def save_upload(
     check_quota: Callable[[int], None] | None = None,
     expires_after: timedelta | None = None,
 ) -> FileObject:
-    """Copy `stream` to storage and record it; 413 above ``Settings.max_input_bytes``
-    (``max_media_bytes`` for an audio or OCR file), 400 if it is empty (or blank) or, for a
-    batch file, not JSONL, and whatever ``check_quota(bytes)`` raises once the size is known.
-    Nothing is kept when it is refused. `expires_after`: the file expires that long after
-    its creation (see ``expiry``)."""
-    check_purpose(purpose)
+    """Copy `stream` to storage and record it; 413 above the size limit, 400 if it is empty or (a
+    batch file) not JSONL, and whatever ``check_quota(bytes)`` raises once the size is known."""
+    if purpose not in ACCEPTED_PURPOSES:
+        raise ApiError(400, f"purpose {purpose!r} is not accepted: this service takes batch input files "
+                       "(purpose='batch') and the audio and images batch lines name (purpose='audio' or 'ocr')",
+                       param="purpose", code="invalid_purpose")
     media = purpose in MEDIA_PURPOSES
     limit = settings.max_media_bytes if media else settings.max_input_bytes
     file_id = new_file_id()
@@ -94,31 +81,25 @@ def save_upload(
                     head = b"\n" * head.count(b"\n")
             out.write(chunk)
         if media and not written:
-            raise ApiError(400, f"{filename}: the file is empty", param="file", code="invalid_file")
+            raise _invalid(f"{filename}: the file is empty")
         if not checked:
             if not head.strip():
-                raise ApiError(400, f"{filename}: the file is empty (no request line)", param="file", code="invalid_file")
+                raise _invalid(f"{filename}: the file is empty (no request line)")
             _check_first_line(head, filename, settings.max_line_bytes)
         if check_quota is not None:
             check_quota(written)
-    return store.create_file(
-        id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=written, uri=uri, expires_after=expires_after
-    )
+    return store.create_file(id=file_id, owner=owner, purpose=purpose, filename=filename, bytes=written, uri=uri,
+                             expires_after=expires_after)
 
 
 def expiry(settings: Settings, seconds: int | None) -> timedelta | None:
-    """A requested expiry (OpenAI's ``expires_after.seconds`` / ``output_expires_after.seconds``,
-    already checked to be 3600..2592000) capped by the deployment's retention, which deletes
-    every file older than it anyway."""
-    if seconds is None:
-        return None
-    return min(timedelta(seconds=seconds), timedelta(days=settings.retention_days))
+    """A requested expiry capped by the retention, which deletes every older file anyway."""
+    return None if seconds is None else min(timedelta(seconds=seconds), timedelta(days=settings.retention_days))
 
 
 def form_expires_after(anchor: str | None, seconds: str | None) -> int | None:
-    """The seconds of an upload's ``expires_after[anchor]`` / ``expires_after[seconds]``
-    form fields (the openai SDK's encoding), or None when neither is given; 400 naming the
-    field when one is missing or out of range."""
+    """The seconds of an upload's ``expires_after[anchor]`` / ``expires_after[seconds]`` form fields
+    (the openai SDK's encoding); None when neither is given."""
     if anchor is None and seconds is None:
         return None
     if anchor != "created_at":
@@ -138,8 +119,7 @@ def form_expires_after(anchor: str | None, seconds: str | None) -> int | None:
 
 
 def read_content(f: FileObject) -> Iterator[bytes]:
-    """The file's content in chunks (opened before the first chunk: a missing object
-    raises here, not halfway through a response)."""
+    """The file's content in chunks, opened now: a missing object raises here, not mid-response."""
     reader = storage.open_read(f.uri)
     stream = reader.__enter__()
 
@@ -153,30 +133,27 @@ def read_content(f: FileObject) -> Iterator[bytes]:
     return chunks()
 
 
-def jobs_reading(store: Jobs, file_id: str) -> list[str]:
-    """Ids of the jobs not yet ended that read `file_id` (uploaded or inline input)."""
+def live_jobs(store: Jobs, owner: str | None = None) -> Iterator[Job]:
+    """The jobs not yet ended (`owner`'s), oldest first, read a page at a time."""
     live = [status for status in JobStatus if not status.terminal]
-    readers, after = [], None
+    after = None
     while True:
-        jobs, _ = store.list_jobs(statuses=live, order_by="created_at", limit=_PAGE, after=after)
-        readers += [j.id for j in jobs if file_id in (j.input.file_ids or []) or j.input.inline_file_id == file_id]
-        if len(jobs) < _PAGE:
-            return readers
+        jobs, _ = store.list_jobs(owner=owner, statuses=live, order_by="created_at", limit=1000, after=after)
+        yield from jobs
+        if len(jobs) < 1000:
+            return
         after = jobs[-1].id
 
 
-_PAGE = 1000
+def some_ids(ids: list[str]) -> str:
+    return ", ".join(ids[:5]) + (" ..." if len(ids) > 5 else "")
 
 
 def delete_file(store: JobStore, f: FileObject, owner: str | None) -> None:
-    """Mark `f` deleted and remove its content; 409 while a job that has not ended reads it
-    (the job would fail for want of its input)."""
-    if readers := jobs_reading(store, f.id):
-        shown = ", ".join(readers[:5]) + (" ..." if len(readers) > 5 else "")
-        raise ApiError(
-            409, f"file {f.id!r} is the input of jobs that have not ended ({shown}): cancel them or wait, then delete",
-            param="file_id", code="file_in_use",
-        )
+    """Mark `f` deleted and remove its content; 409 while a job that has not ended reads it."""
+    if readers := [j.id for j in live_jobs(store) if f.id in (*(j.input.file_ids or []), j.input.inline_file_id)]:
+        raise ApiError(409, f"file {f.id!r} is the input of jobs that have not ended ({some_ids(readers)}): cancel "
+                       "them or wait, then delete", param="file_id", code="file_in_use")
     store.mark_file_deleted(f.id, owner=owner)
     try:
         storage.delete(f.uri)

@@ -1,13 +1,6 @@
-"""The webhook endpoint resource, whichever path serves it: each operation with its checks,
-limits and errors, so the routers only translate shapes.
-
-One resource under two paths: ``/v1/webhooks`` (native/webhooks.py: our shape, for the CLI
-and the other dialects' users) and ``/v1/webhook_endpoints`` (openai/webhooks.py:
-OpenAI's ``client.webhooks``) reach the same per-owner endpoints in one table, delivered by
-one outbox. Two resources would need keeping in sync; here an endpoint made through either
-path is listed, tested, rotated and deleted through both, and a rule (destination checks,
-the per-owner limit, test throttling) is written once.
-"""
+"""The webhook endpoint resource with its checks and limits, written once for both its paths:
+``/v1/webhooks`` (native/webhooks.py, ours) and ``/v1/webhook_endpoints`` (openai/webhooks.py,
+OpenAI's ``client.webhooks``), which reach the same endpoints in one table and one outbox."""
 
 from __future__ import annotations
 
@@ -29,8 +22,7 @@ KIND = "webhook endpoint"
 
 
 def throttled_response(error_body: str) -> dict:
-    """The OpenAPI answer of a throttled test, its body the app's schema `error_body`
-    (``ErrorBody`` or ``OpenAIErrorBody``; app.declare_error_responses keeps a declared answer)."""
+    """The OpenAPI answer of a throttled test, its body the app's schema `error_body`."""
     return {
         "description": "Too many test events: the owner's per-minute or at-once bound, or the server's, is reached "
         "(code rate_limit_exceeded)",
@@ -40,8 +32,7 @@ def throttled_response(error_body: str) -> dict:
 
 
 def owned(store: JobStore, caller: Caller, endpoint_id: str) -> WebhookEndpoint:
-    found = store.get_webhook_endpoint(endpoint_id, owner=caller.owner_filter)
-    if found is None:
+    if (found := store.get_webhook_endpoint(endpoint_id, owner=caller.owner_filter)) is None:
         raise not_found(KIND, endpoint_id)
     return found
 
@@ -98,9 +89,8 @@ def delete(store: JobStore, caller: Caller, endpoint_id: str) -> None:
 async def send_test(
     state: ApiState, caller: Caller, endpoint_id: str, event_type: str
 ) -> tuple[str, WebhookAttempt | None]:
-    """Send one signed test event now; its ``webhook-id`` and the attempt (None: another
-    deliverer held it). Throttled per owner (429), bounded by the delivery deadline, and
-    sent on the event loop: a slow receiver holds no thread the rest of the API needs."""
+    """Send one signed test event now; its ``webhook-id`` and the attempt (None: another deliverer
+    held it). Sent on the event loop: a slow receiver holds no thread the rest of the API needs."""
     caller.require_submit()
     settings, store = state.settings, state.store
     with state.webhook_tests.admit(

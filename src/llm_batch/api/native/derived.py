@@ -1,13 +1,7 @@
-"""Retry and rerun: a new job made from an ended one (``POST /v1/jobs/{id}/retry|rerun``).
-
-The new job asks for what the ended one asked for (endpoint, model, model_config,
-resources, labels, priority, deadline, parallelism, dialect and its input options), is
-owned by the same owner and names its source (``derived_from``). Which lines it reads is
-``llm_batch.pipeline.rerun``'s: a retry only the failed and never-run ones (stored as a new
-input file, ``retry-of-<id>.jsonl``), a rerun the same input again.
-
-Decided: the new job does not write the original's ``output_uri`` (that file holds the
-original's results; overwriting it would lose them): its results are its own output file.
+"""Retry and rerun: a new job made from an ended one (``POST /v1/jobs/{id}/retry|rerun``), asking
+for what it asked for, of the same owner and naming its source (``derived_from``); which lines it
+reads is ``pipeline.rerun``'s. It never writes the original's ``output_uri``, which holds the
+original's results.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from llm_batch.pipeline.rerun import CannotDerive, rerun_input, retry_lines, ret
 
 
 def _priority_name(weights: dict[str, int], weight: int) -> str | None:
-    """The band of a stored weight (the run's conf shows the name), None for the default."""
+    """The band of a stored weight (the run's conf shows the name)."""
     return next((name for name, w in weights.items() if w == weight and weight != 0), None)
 
 

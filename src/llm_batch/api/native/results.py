@@ -1,16 +1,5 @@
-"""A job's finished lines while it runs: ``GET /v1/jobs/{id}/results`` (NDJSON).
-
-Each line of the answer is one finished input line::
-
-    {"index": 0, "line": 1, "custom_id": "a", "output": <its line of the output file>}
-    {"index": 1, "line": 2, "custom_id": "b", "error": <its line of the error file>}
-
-the very lines (same ``id``, same content) the job's output and error files will hold
-when it ends (``llm_batch.pipeline.partial``). Headers say where the job stands:
-``X-Job-Status`` (the canonical status) and ``X-Results-Complete`` (``true`` once the job
-has ended: nothing is added after that; its requests never run are then in the error file
-only).
-"""
+"""A job's finished lines while it runs: ``GET /v1/jobs/{id}/results`` (NDJSON; docs/api.md
+"Results while a job runs"): the very lines its output and error files will hold when it ends."""
 
 from __future__ import annotations
 
@@ -32,17 +21,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 NDJSON = "application/x-ndjson"
 
 
-@router.get(
-    "/{job_id}/results",
-    response_class=StreamingResponse,
-    responses={200: {"content": {NDJSON: {}}, "description": "One finished line per line, in input order"}},
-    summary="Read a job's finished lines, while it runs or after (NDJSON)",
-)
+@router.get("/{job_id}/results", response_class=StreamingResponse,
+            responses={200: {"content": {NDJSON: {}}, "description": "One finished line per line, in input order"}},
+            summary="Read a job's finished lines, while it runs or after (NDJSON)")
 def get_results(
-    job_id: str,
-    caller: CallerDep,
-    store: StoreDep,
-    settings: SettingsDep,
+    job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep,
     order: Annotated[PartialOrder, Query(
         description="`input`: input order up to the first line not finished yet; `finished`: every finished "
         "line, in input order, lines not finished yet left out")] = PartialOrder.INPUT,
@@ -52,11 +35,8 @@ def get_results(
 ) -> StreamingResponse:
     job = owned_job(store, job_id, caller.owner_filter, "job")
     entries = partial_entries(layout_of(settings, job.id), order, start)
-    # The first entry is read here, so storage failing to answer is an error response, not a
-    # stream cut after its headers.
+    # The first entry is read here: storage failing is an error response, not a stream cut after its headers.
     first = next(entries, None)
     lines = (orjson.dumps(entry) + b"\n" for entry in chain([first] if first else [], entries))
     return StreamingResponse(lines, media_type=NDJSON, headers={
-        "X-Job-Status": job.status.value,
-        "X-Results-Complete": "true" if job.terminal else "false",
-    })
+        "X-Job-Status": job.status.value, "X-Results-Complete": "true" if job.terminal else "false"})

@@ -1,14 +1,9 @@
 """An owner's own LoRA adapters: ``/v1/adapters`` (upload, list, get, delete).
 
-An upload is an archive (``.tar``, ``.tar.gz`` or ``.zip``) of exactly the two files of a
-peft LoRA adapter; it is unpacked (``llm_batch.infra.adapters.unpack_adapter``) and admitted
-only if ``check_adapter_dir`` admits it against its base model's folder, which must be
-prepared where the API runs. Its files then live in storage under
-``{work_uri}/adapters/{owner}/{name}-{uuid}/`` (the workers fetch that prefix once per
-machine), its record in the job store; its bytes count in the owner's stored bytes
-(``max_file_bytes``: 429 above, as a file upload). An adapter is its owner's alone: nobody
-else sees it or can name it in a batch line (another owner's is as unknown as a made-up
-name).
+An upload is an archive of a peft adapter's two files, admitted only if it fits its base model,
+which must be prepared where the API runs; its files then live under the work area, its record
+in the job store, and its bytes count in the owner's stored bytes. Nobody else sees or can name
+it: another owner's adapter is as unknown as a made-up name.
 """
 
 from __future__ import annotations
@@ -17,18 +12,19 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import Annotated, BinaryIO, Literal
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
 
-from llm_batch.api.adapter_models import AdapterDeleted, AdapterList, AdapterOut
 from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.errors import ApiError
+from llm_batch.api.file_models import epoch
 from llm_batch.api.state import SettingsDep, StoreDep
+from llm_batch.api.uploads import live_jobs, some_ids
 from llm_batch.core.config import Settings
-from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.core.model_choice import ADAPTER_NAME
 from llm_batch.core.model_config import ModelError
@@ -48,18 +44,56 @@ from llm_batch.pipeline.admission import check_owner_limits, model_registry
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
-# Adapters one owner may hold (each up to Settings.max_adapter_bytes of storage).
-MAX_ADAPTERS_PER_OWNER = 100
+MAX_ADAPTERS_PER_OWNER = 100  # each up to Settings.max_adapter_bytes of storage
 _CHUNK = 1 << 20
 _NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 AdapterName = Annotated[str, PathParam(min_length=1, max_length=64, pattern=f"^{ADAPTER_NAME.pattern}$",
                                        description=f"The adapter's name ({_NAME_RULE})")]
 
 
+class AdapterOut(BaseModel):
+    """A LoRA adapter the caller uploaded: a batch line names it as its model (``body.model``),
+    as does a job's ``model``; seen and used by its owner only."""
+
+    object: Literal["adapter"] = Field(default="adapter", description="Always `adapter`")
+    name: str = Field(description="Its name, unique among the owner's adapters: what a line's `body.model` gives")
+    base: str = Field(description="The registered generate model it adapts: its lines run on that model")
+    rank: int = Field(description="Its LoRA rank `r`, at most the deployment's LLM_BATCH_MAX_LORA_RANK")
+    bytes: int = Field(description="Bytes its two files store, counted in the owner's stored bytes "
+                       "(the max_file_bytes limit)")
+    created_at: int = Field(description="When it was uploaded, Unix time in seconds")
+
+    @classmethod
+    def of(cls, adapter: OwnerAdapter) -> AdapterOut:
+        return cls(name=adapter.name, base=adapter.base, rank=adapter.rank, bytes=adapter.bytes,
+                   created_at=epoch(adapter.created_at) or 0)
+
+
+class AdapterList(BaseModel):
+    """The caller's own adapters, by name."""
+
+    object: Literal["list"] = Field(default="list", description="Always `list`")
+    data: list[AdapterOut] = Field(description="Every adapter of the caller (at most a hundred), by name")
+
+
+class AdapterDeleted(BaseModel):
+    """What ``DELETE /v1/adapters/{name}`` answers."""
+
+    name: str = Field(description="The name of the deleted adapter (free to upload again)")
+    object: Literal["adapter"] = Field(default="adapter", description="Always `adapter`")
+    deleted: Literal[True] = Field(default=True, description="Always true")
+
+
 def _adapter_not_found(name: str) -> ApiError:
     """The one answer for an unknown name and another owner's (no existence leak)."""
     return ApiError(404, f"you have no adapter named {name!r} (GET /v1/adapters lists yours)", param="name",
                     code="not_found")
+
+
+def _owned(store: JobStore, caller: Caller, name: str) -> OwnerAdapter:
+    if (found := store.get_adapter(caller.name, name)) is None:
+        raise _adapter_not_found(name)
+    return found
 
 
 def _check_name(name: str, registry: Registry) -> None:
@@ -171,10 +205,7 @@ def _create(store: JobStore, settings: Settings, caller: Caller, name: str, base
 
 @router.post("", response_model=AdapterOut, summary="Upload a LoRA adapter of your own")
 async def upload_adapter(
-    request: Request,
-    caller: CallerDep,
-    store: StoreDep,
-    settings: SettingsDep,
+    request: Request, caller: CallerDep, store: StoreDep, settings: SettingsDep,
     file: Annotated[UploadFile, File(description="A .tar, .tar.gz or .zip holding exactly adapter_config.json and "
                                      "adapter_model.safetensors (at its top level or in one top folder); at most "
                                      "LLM_BATCH_MAX_ADAPTER_BYTES (413 above)")],
@@ -200,37 +231,18 @@ def list_adapters(caller: CallerDep, store: StoreDep) -> AdapterList:
 
 @router.get("/{name}", response_model=AdapterOut, summary="Get one of your LoRA adapters")
 def get_adapter(name: AdapterName, caller: CallerDep, store: StoreDep) -> AdapterOut:
-    found = store.get_adapter(caller.name, name)
-    if found is None:
-        raise _adapter_not_found(name)
-    return AdapterOut.of(found)
-
-
-def _jobs_on(store: JobStore, settings: Settings, adapter: OwnerAdapter) -> list[str]:
-    """Ids of the owner's jobs not yet ended that run on the adapter's base (their lines may
-    name it, and their workers fetch its files)."""
-    registry = model_registry(settings)
-    owned = {a.name: a.base for a in store.list_adapters(adapter.owner)}
-    live = [status for status in JobStatus if not status.terminal]
-    found, after = [], None
-    while True:
-        jobs, _ = store.list_jobs(owner=adapter.owner, statuses=live, order_by="created_at", limit=1000, after=after)
-        found += [j.id for j in jobs if registry.base_of(j.model, owned) == adapter.base]
-        if len(jobs) < 1000:
-            return found
-        after = jobs[-1].id
+    return AdapterOut.of(_owned(store, caller, name))
 
 
 @router.delete("/{name}", response_model=AdapterDeleted, summary="Delete one of your LoRA adapters")
 def delete_adapter(name: AdapterName, caller: CallerDep, store: StoreDep, settings: SettingsDep) -> AdapterDeleted:
     caller.require_submit()
-    found = store.get_adapter(caller.name, name)
-    if found is None:
-        raise _adapter_not_found(name)
-    if jobs := _jobs_on(store, settings, found):
-        shown = ", ".join(jobs[:5]) + (" ..." if len(jobs) > 5 else "")
+    found = _owned(store, caller, name)
+    # The owner's live jobs on its base: their lines may name it, their workers fetch its files.
+    registry, owned = model_registry(settings), {a.name: a.base for a in store.list_adapters(caller.name)}
+    if jobs := [j.id for j in live_jobs(store, caller.name) if registry.base_of(j.model, owned) == found.base]:
         raise ApiError(409, f"adapter {name!r} may be named by your jobs on {found.base!r} that have not ended "
-                       f"({shown}): cancel them or wait, then delete", param="name", code="adapter_in_use")
+                       f"({some_ids(jobs)}): cancel them or wait, then delete", param="name", code="adapter_in_use")
     try:
         removed = store.delete_adapter(caller.name, name)
     except AdapterNotFound:  # deleted meanwhile

@@ -1,27 +1,16 @@
-"""``GET /batch/metrics``: Prometheus' text format, for an operations team's scraper.
+"""``GET /batch/metrics``: Prometheus' text format (names and labels: docs/metrics.md).
 
-What a scrape reads is read then, from the job store (``JobStore.figures``) and Airflow's
-metadata DB (the queue of each pool, shard tries, the scheduler's heartbeat), by a collector
-(``prometheus_client``'s custom collector): no figure lives in a process, so every api-server
-process and replica answers the same for the same moment (one scrape, one truth). Only the
-API's own request counts and latencies are counted where they happen: per process (with
-Airflow's ``[api] workers`` above 1, set ``PROMETHEUS_MULTIPROC_DIR`` and prometheus_client
-sums the processes), and per replica (Prometheus sums its targets).
-
-Store sums (tokens, requests, engine seconds) are gauges, not counters: a deleted job takes
-its share with it, so they can go down. Throughput is its own gauge (the running jobs'
-output tokens/s), as is every age.
-
-Guard (``auth.metrics_reader``): an admin (API key or Airflow Admin) or the metrics token
-(``LLM_BATCH_METRICS_TOKEN``, ``Authorization: Bearer``). The metric names and their labels are
-docs/metrics.md; the dashboard and alert rules that use them are in ``deploy/monitoring/``.
+A scrape reads its figures then, from the job store and Airflow's metadata DB, so every process
+and replica answers the same for the same moment; only the API's own request counts and latencies
+are counted where they happen (per process: with several workers set ``PROMETHEUS_MULTIPROC_DIR``).
+Store sums are gauges, not counters: a deleted job takes its share with it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -44,7 +33,6 @@ from llm_batch.pipeline.steps import ERROR_SUMMARY_CODES
 router = APIRouter(tags=["metrics"])
 LIVE_STATUSES = [s.value for s in JobStatus if not s.terminal]
 
-# The API's own requests, counted in this process (see the module docstring).
 _REQUESTS = Counter("llm_batch_api_requests", "API requests answered, by route template, method and status code",
                     ["route", "method", "code"])
 _LATENCY = Histogram("llm_batch_api_request_duration_seconds", "Time to answer an API request, by route template",
@@ -52,9 +40,7 @@ _LATENCY = Histogram("llm_batch_api_request_duration_seconds", "Time to answer a
 
 
 class RequestMetrics(BaseHTTPMiddleware):
-    """Counts each answered request under its route's template (``/v1/jobs/{job_id}``, never
-    the id a caller sent: the label set stays small whatever callers send), ``(unmatched)``
-    for a path no route has."""
+    """Counts each answer under its route's template (``/v1/jobs/{job_id}``: a small label set)."""
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         started = time.perf_counter()
@@ -73,6 +59,13 @@ def _template(request: Request) -> str:
     return "(unmatched)"
 
 
+def _gauge(name: str, documentation: str, labels: list[str], values: Iterable[tuple[Sequence[str], float]]) -> Metric:
+    family = GaugeMetricFamily(name, documentation, labels=labels)
+    for label_values, value in values:
+        family.add_metric(label_values, value)
+    return family
+
+
 class _Figures(Collector):
     """Reads the store and Airflow's metadata DB once per scrape."""
 
@@ -81,44 +74,29 @@ class _Figures(Collector):
 
     def collect(self) -> Iterator[Metric]:
         figures = self.store.figures()
-        jobs = GaugeMetricFamily("llm_batch_jobs", "Jobs in the store, by status and model", labels=["status", "model"])
-        for (status, model), n in sorted(figures.jobs.items()):
-            jobs.add_metric([status, model], n)
-        yield jobs
+        yield _gauge("llm_batch_jobs", "Jobs in the store, by status and model", ["status", "model"],
+                     sorted(figures.jobs.items()))
         # A job waiting for a pool slot is still by design: only the others can be stuck.
         waiting = job_places(figures.live, self.session)
         stillest: dict[str, float] = {}
         for job in figures.live:
             if job.id not in waiting:
                 stillest[job.status] = max(stillest.get(job.status, 0.0), job.still_s)
-        still = GaugeMetricFamily("llm_batch_live_job_still_seconds", "Seconds since the stillest live job of each "
-                                  "status last changed (progress, status), jobs waiting in a queue left out: a stuck "
-                                  "job grows it", labels=["status"])
-        for status in LIVE_STATUSES:
-            still.add_metric([status], stillest.get(status, 0.0))
-        yield still
-        thresholds = GaugeMetricFamily("llm_batch_alert_threshold", "The alert rules' thresholds, the server's settings "
-                                       "(deploy/monitoring/alerts.yml compares against them)", labels=["alert"])
-        for alert, value in alert_thresholds(self.settings).items():
-            thresholds.add_metric([alert], value)
-        yield thresholds
-        rate = GaugeMetricFamily("llm_batch_tokens_per_second", "Output tokens per second of the running jobs, by model",
-                                 labels=["model"])
-        for model, value in sorted(figures.tokens_per_s.items()):
-            rate.add_metric([model], value)
-        yield rate
+        yield _gauge("llm_batch_live_job_still_seconds", "Seconds since the stillest live job of each status last "
+                     "changed (progress, status), jobs waiting in a queue left out: a stuck job grows it", ["status"],
+                     (([status], stillest.get(status, 0.0)) for status in LIVE_STATUSES))
+        yield _gauge("llm_batch_alert_threshold", "The alert rules' thresholds, the server's settings "
+                     "(deploy/monitoring/alerts.yml compares against them)", ["alert"],
+                     (([alert], value) for alert, value in alert_thresholds(self.settings).items()))
+        yield _gauge("llm_batch_tokens_per_second", "Output tokens per second of the running jobs, by model", ["model"],
+                     (([model], value) for model, value in sorted(figures.tokens_per_s.items())))
         u = figures.usage
-        requests = GaugeMetricFamily("llm_batch_requests", "Requests of the jobs in the store, by outcome (failed: "
-                                     "invalid, failed or never run)", labels=["outcome"])
-        requests.add_metric(["succeeded"], u.requests_succeeded)
-        requests.add_metric(["failed"], u.requests_failed)
-        yield requests
-        why = GaugeMetricFamily("llm_batch_failed_requests", "Failed requests of the ended jobs, by why: invalid "
-                                "(validation), not_run (cancel, deadline, a failed shard), engine (the engine's error)",
-                                labels=["reason"])
-        for reason, code in ERROR_SUMMARY_CODES.items():
-            why.add_metric([reason], figures.failed_by_code.get(code, 0))
-        yield why
+        yield _gauge("llm_batch_requests", "Requests of the jobs in the store, by outcome (failed: invalid, failed or "
+                     "never run)", ["outcome"], [(["succeeded"], u.requests_succeeded),
+                                                 (["failed"], u.requests_failed)])
+        yield _gauge("llm_batch_failed_requests", "Failed requests of the ended jobs, by why: invalid (validation), "
+                     "not_run (cancel, deadline, a failed shard), engine (the engine's error)", ["reason"],
+                     (([reason], figures.failed_by_code.get(code, 0)) for reason, code in ERROR_SUMMARY_CODES.items()))
         yield GaugeMetricFamily("llm_batch_cached_requests", "Succeeded requests the result cache answered (no engine "
                                 "time; part of llm_batch_requests{outcome=\"succeeded\"})", value=u.cached_requests)
         yield GaugeMetricFamily("llm_batch_invalid_output_requests", "Requests whose answer failed the job's output "
@@ -126,41 +104,28 @@ class _Figures(Collector):
                                 value=u.invalid_output)
         yield GaugeMetricFamily("llm_batch_output_retries", "Answers that failed the job's output check and were "
                                 "tried again", value=u.output_retries)
-        tokens = GaugeMetricFamily("llm_batch_tokens", "Tokens of the jobs in the store, by kind (cached_prompt, "
-                                   "reasoning and result_cache are part of prompt and completion; retry is not)",
-                                   labels=["kind"])
-        for kind, value in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),
-                            ("cached_prompt", u.cached_prompt_tokens), ("reasoning", u.reasoning_tokens),
-                            ("result_cache", u.cached_tokens), ("retry", u.retry_tokens)):
-            tokens.add_metric([kind], value)
-        yield tokens
+        yield _gauge("llm_batch_tokens", "Tokens of the jobs in the store, by kind (cached_prompt, reasoning and "
+                     "result_cache are part of prompt and completion; retry is not)", ["kind"],
+                     [(["prompt"], u.prompt_tokens), (["completion"], u.completion_tokens),
+                      (["cached_prompt"], u.cached_prompt_tokens), (["reasoning"], u.reasoning_tokens),
+                      (["result_cache"], u.cached_tokens), (["retry"], u.retry_tokens)])
         yield GaugeMetricFamily("llm_batch_engine_seconds", "Seconds the jobs' engines ran, all attempts", value=u.engine_seconds)
         yield GaugeMetricFamily("llm_batch_gpu_seconds", "Engine seconds x each job's GPUs", value=u.gpu_seconds)
-        outbox = GaugeMetricFamily("llm_batch_webhook_deliveries", "Webhook deliveries by status (pending: the outbox)",
-                                   labels=["status"])
-        for status in ("pending", "delivered", "failed"):
-            outbox.add_metric([status], figures.deliveries.get(status, 0))
-        yield outbox
+        yield _gauge("llm_batch_webhook_deliveries", "Webhook deliveries by status (pending: the outbox)", ["status"],
+                     (([status], figures.deliveries.get(status, 0)) for status in ("pending", "delivered", "failed")))
         yield GaugeMetricFamily("llm_batch_webhook_oldest_pending_seconds", "Age of the oldest pending delivery (0: none)",
                                 value=figures.oldest_pending_delivery_s)
-        attempts = GaugeMetricFamily("llm_batch_webhook_attempts", "Webhook delivery attempts, by whether the receiver "
-                                     "answered 2xx", labels=["result"])
-        attempts.add_metric(["ok"], figures.attempts.get(True, 0))
-        attempts.add_metric(["error"], figures.attempts.get(False, 0))
-        yield attempts
+        yield _gauge("llm_batch_webhook_attempts", "Webhook delivery attempts, by whether the receiver answered 2xx",
+                     ["result"], [(["ok"], figures.attempts.get(True, 0)), (["error"], figures.attempts.get(False, 0))])
         yield from self._airflow()
 
     def _airflow(self) -> Iterator[Metric]:
         depths = queue_depths(self.session, datetime.now(UTC))
-        waiting = GaugeMetricFamily("llm_batch_queue_jobs", "Jobs waiting for a slot of each pool (a run waiting to "
-                                    "start at all: pool \"(run)\")", labels=["pool"])
-        oldest = GaugeMetricFamily("llm_batch_queue_oldest_seconds", "Age of the oldest waiting job of each pool, since "
-                                   "its submission", labels=["pool"])
-        for pool, (jobs, age) in sorted(depths.pools.items()):
-            waiting.add_metric([pool], jobs)
-            oldest.add_metric([pool], age)
-        yield waiting
-        yield oldest
+        pools = sorted(depths.pools.items())
+        yield _gauge("llm_batch_queue_jobs", "Jobs waiting for a slot of each pool (a run waiting to start at all: "
+                     "pool \"(run)\")", ["pool"], (([pool], jobs) for pool, (jobs, _) in pools))
+        yield _gauge("llm_batch_queue_oldest_seconds", "Age of the oldest waiting job of each pool, since its "
+                     "submission", ["pool"], (([pool], age) for pool, (_, age) in pools))
         yield GaugeMetricFamily("llm_batch_shard_tries", "Tries of every shard task in Airflow's metadata DB",
                                 value=depths.shard_tries)
         yield GaugeMetricFamily("llm_batch_shard_retries", "Tries beyond each shard task's first", value=depths.shard_retries)
@@ -183,17 +148,10 @@ def _registry(store: JobStore, settings: Settings, session: Session) -> Collecto
         from prometheus_client import multiprocess  # optional
 
         multiprocess.MultiProcessCollector(registry)
-    else:
-        registry.register(_ProcessMetrics())
+    else:  # this process's own
+        registry.register(_REQUESTS)
+        registry.register(_LATENCY)
     return registry
-
-
-class _ProcessMetrics(Collector):
-    """This process's request counters and latencies (the default registry's)."""
-
-    def collect(self) -> Iterator[Metric]:
-        yield from _REQUESTS.collect()
-        yield from _LATENCY.collect()
 
 
 @router.get("/metrics", include_in_schema=False, dependencies=[Depends(metrics_reader)])
