@@ -365,7 +365,8 @@ class BatchClient:
         new: bool = False,
         output_check: dict[str, Any] | None = None,
         result_cache: bool = True,
-        priority: str | None = None,
+        priority: str | int | None = None,
+        spec: dict[str, Any] | None = None,
     ) -> JobView:
         """Submit the file as one job: upload it (streamed), then ``POST /v1/jobs`` naming it
         (see the module docstring); returns the job.
@@ -376,7 +377,8 @@ class BatchClient:
         engine settings (``engine_args``, ``max_model_len``, ``seed``, ...); ``output_check``:
         how the answers must look (``core.output_check.OutputCheck``); ``result_cache`` False:
         every line runs on the engine; ``priority``: the job's band (``low``, ``normal``,
-        ``high``). ``JobView.replayed``: the answer is an earlier submit's job.
+        ``high``); ``spec``: more fields of the job's spec (``llm_batch.core.job_spec.JobSpec``),
+        sent as given. ``JobView.replayed``: the answer is an earlier submit's job.
 
         Retry-safe by default: the create (and the upload) carry an ``Idempotency-Key``,
         `idempotency_key` or else ``submit_key(...)`` of the file's content and these
@@ -391,6 +393,7 @@ class BatchClient:
             **({"output_check": output_check} if output_check is not None else {}),
             **({} if result_cache else {"result_cache": False}),
             **({"priority": priority} if priority else {}),
+            **({"spec": spec} if spec else {}),
         )
         upload_key = f"{key}:upload"[:255] if key else None
         if input_format == InputFormat.JSONL:
@@ -400,7 +403,7 @@ class BatchClient:
                 scale_to_jsonl(path, input_format, endpoint, converted)
                 converted.flush()
                 file_id = self.upload_stream(converted, f"{path.stem}.jsonl", idempotency_key=upload_key)
-        body: dict[str, Any] = {"input_file_ids": [file_id], "endpoint": endpoint, "model": model,
+        body: dict[str, Any] = {**(spec or {}), "input_file_ids": [file_id], "endpoint": endpoint, "model": model,
                                 "data_parallelism": shards}
         if max_runtime_sec is not None:
             body["max_runtime_sec"] = max_runtime_sec
