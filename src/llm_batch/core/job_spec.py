@@ -66,6 +66,22 @@ class ModerationShape(StrEnum):
     FLAGGED = "flagged"
 
 
+class SamplingDefaults(BaseModel):
+    """Sampling parameters for the lines that omit them: each a line body's field of the same
+    name (a line's own value wins)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling temperature (0: greedy)")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="The probability mass sampled from")
+    top_k: int | None = Field(default=None, ge=-1, description="The most likely tokens sampled from (-1: all)")
+    max_tokens: int | None = Field(default=None, ge=1, description="The most tokens an answer has")
+    seed: int | None = Field(default=None, description="The seed of a line's sampling")
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, description="Penalty on tokens already present")
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, description="Penalty by a token's count so far")
+    stop: list[str] | None = Field(default=None, max_length=4, description="Texts that end an answer")
+
+
 Part = TypeVar("Part", bound="JobOptions")
 
 
@@ -102,6 +118,10 @@ class JobOptions(BaseModel):
         default=False,
         description="A custom_id given twice refuses the whole batch at validation (no line runs), instead of "
         "failing only the later line")
+    sampling_defaults: SamplingDefaults | None = Field(
+        default=None,
+        description="Sampling parameters for the lines that omit them, e.g. {\"temperature\": 0.2, \"max_tokens\": 64}: "
+        "a line's own value wins")
 
     def part(self, kind: type[Part]) -> Part:
         """This model's fields of `kind` (a JobInput's options, a create body's spec)."""

@@ -203,7 +203,10 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         except ModelCannotServe as exc:
             raise WorkerUsageError(str(exc)) from None
         progress.start_running()
-        reason = runner.run(read_requests(config.requests, skip=writer.done), emit, monitor)
+        defaults = config.options.sampling_defaults
+        requests = read_requests(config.requests, skip=writer.done,
+                                 defaults=defaults.model_dump(exclude_none=True) if defaults else None)
+        reason = runner.run(requests, emit, monitor)
         progress.stop_running()
     except WorkerUsageError as exc:
         log.error("shard %d of job %s: %s", config.shard, config.job_id, exc)
@@ -422,14 +425,16 @@ def with_adapters(model: ResolvedModel, adapters: list[ResolvedAdapter], shared:
     return dataclasses.replace(model, engine_args={**lora, **model.engine_args})
 
 
-def read_requests(uri: str, skip: int = 0) -> Iterator[BatchRequest]:
-    """The shard's requests after the first ``skip`` (those already have results)."""
+def read_requests(uri: str, skip: int = 0, defaults: dict[str, Any] | None = None) -> Iterator[BatchRequest]:
+    """The shard's requests after the first ``skip`` (those already have results), each body
+    with the job's sampling `defaults` for what it omits."""
     for number, line in islice(_request_lines(uri), skip, None):
         try:
-            yield BatchRequest.model_validate_json(line)
+            request = BatchRequest.model_validate_json(line)
         except ValueError as exc:
             # The shard file is written by our own pipeline: a bad line is a broken file.
             raise WorkerUsageError(f"{uri}: line {number} is not a BatchRequest: {exc}") from None
+        yield request.model_copy(update={"body": defaults | request.body}) if defaults else request
 
 
 def parse_config(
