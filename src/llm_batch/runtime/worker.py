@@ -372,11 +372,6 @@ def _request_lines(uri: str) -> Iterator[tuple[int, bytes]]:
                 yield number, line
 
 
-def count_requests(uri: str) -> int:
-    """The shard's size, streamed (the file may be far larger than memory)."""
-    return scan_requests(uri)[0]
-
-
 def scan_requests(uri: str) -> tuple[int, dict[str, str | None]]:
     """The shard's size and the LoRA adapters its lines run on (name -> an owner's
     adapter's URI, None for the registry's), streamed."""
