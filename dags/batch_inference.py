@@ -39,9 +39,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from llm_batch.airflow import lanes
 from llm_batch.airflow import users as airflow_users
 from llm_batch.airflow.operators import shard_operator
-from llm_batch.core import input_formats, jobs, placement, run_conf
+from llm_batch.core import jobs, run_conf
 from llm_batch.core.config import get_settings
-from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
+from llm_batch.core.job_spec import KUBERNETES_ONLY, JobOptions, JobSpec, field_schemas
 from llm_batch.core.run_conf import SHARD_TASK_ID
 from llm_batch.infra.log_context import bind_job
 from llm_batch.pipeline import steps
@@ -55,85 +55,39 @@ MORE_RESULTS_ALIAS = "llm-batch-more-results"
 # The registry's models (a YAML read, no model_registry import): the form's choices.
 MODELS = steps.registry_model_names(SETTINGS)
 
-PARAMS = {
-    "job_id": Param(
-        None, type=["null", "string"], maxLength=128, pattern="^[A-Za-z0-9_.-]+$",
-        description="Run an existing job of the store (the REST API sets it), or the id to give a new job; empty: generated.",
-    ),
-    "input_uri": Param(
-        None, type=["null", "string"],
-        description="Input file: a path under the configured local roots or an s3:// URI of an allowed bucket.",
-    ),
-    "input_file_ids": Param(
-        None, type=["null", "array"], items={"type": "string"},
-        description="Input as ids of uploaded files (POST /batch/v1/files); read in order as one batch.",
-    ),
-    "input_requests": Param(
-        None, type=["null", "array"], items={"type": "object"},
-        description="Inline requests: [{custom_id?, body}] (jsonl) or Scale completion/chat items (scale-v2).",
-    ),
-    "input_format": Param(
-        "jsonl", type="string", enum=list(input_formats.INPUT_FORMATS),
-        description="jsonl: OpenAI/Mistral lines; scale-v2: JSON array of Scale requests; scale-v1: Scale prompts object.",
-    ),
-    "output_uri": Param(
-        None, type=["null", "string"],
-        description="Also write the results as a JSON array in input order here (Scale output_data_path).",
-    ),
-    "endpoint": Param(
-        "/v1/chat/completions", type="string", enum=list(SUPPORTED_ENDPOINTS),
-        description="The API every request of the batch calls.",
-    ),
-    "model": Param(
-        run_conf.DEFAULT_MODEL, type="string", minLength=1, **({"enum": MODELS} if run_conf.DEFAULT_MODEL in MODELS else {}),
-        description="A model of the model registry (llm-batch models list).",
-    ),
-    "model_config": Param(
-        {}, type="object",
-        description="Scale model_config: checkpoint_path, num_shards, max_context_length, seed, dtype, extra engine args.",
-    ),
-    "data_parallelism": Param(
-        1, type="integer", minimum=1, maximum=run_conf.MAX_DATA_PARALLELISM,
-        description="Number of shards (workers) run in parallel.",
-    ),
-    "max_runtime_sec": Param(
-        SETTINGS.default_max_runtime_sec, type="integer", minimum=1, maximum=run_conf.MAX_RUNTIME_SEC,
-        description="Deadline from creation: workers stop there, finished results are kept, status TIMEOUT_EXCEEDED.",
-    ),
-    "priority": Param(
-        None, type=["null", "string", "integer"],
-        description=f"Priority band ({', '.join(SETTINGS.priority_weights)}) or a number; sets task priority and pod priority class.",
-    ),
-    "labels": Param({}, type="object", description="Labels of the job (also put on its pods)."),
-    "result_cache": Param(
-        True, type="boolean",
-        description="Answer greedy and seeded lines an earlier job of yours already computed from the result cache.",
-    ),
-    "output_check": Param(
-        None, type=["null", "object"],
-        description="How the answers must look: {\"response_format\": true} (each line's own), {\"json_schema\": {...}} "
-        "or {\"regex\": \"...\"}, and max_retries (0-5, default 2) new tries with a new seed; then invalid_output.",
-    ),
-    "gpus": Param(
-        1, type="integer", minimum=1, maximum=8,
-        description="GPUs per worker (the tensor-parallel size); Kubernetes runner only.",
-    ),
-    "gpu_type": Param(
-        None, type=["null", "string"], enum=[None, *placement.GPU_TYPES],
-        description="GPU node type of the workers (Kubernetes runner); picks the node pool and the Airflow pool.",
-    ),
-    "nodes_per_worker": Param(
-        1, type="integer", minimum=1, maximum=16,
-        description="Nodes per worker (Kubernetes runner: one LeaderWorkerSet per shard, pipeline parallel across nodes).",
-    ),
+# The form's own choices beyond the spec's: the registry's models, the server's deadline.
+FORM_DEFAULTS = {
+    "model": {"default": run_conf.DEFAULT_MODEL, **({"enum": MODELS} if run_conf.DEFAULT_MODEL in MODELS else {})},
+    "max_runtime_sec": {"default": SETTINGS.default_max_runtime_sec},
 }
+# The JSON-schema keywords a form field keeps (nested objects' own schemas are admission's to check).
+_KEPT = ("enum", "minimum", "maximum", "exclusiveMinimum", "maxLength", "pattern", "items")
 
-# Kubernetes-only fields: not in the form of a local (CPU-only) stack; a run's conf may
-# still carry them (API runs), and register checks them.
-KUBERNETES_ONLY = ("gpus", "gpu_type", "nodes_per_worker")
-if SETTINGS.shard_runner == "local":
-    for _name in KUBERNETES_ONLY:
-        PARAMS.pop(_name)
+
+def form_params() -> dict[str, Param]:
+    """The form: a run's conf (``RunConf``: what it reads, then the spec and its options), a
+    Param of each field's JSON schema (type, default, choices, bounds, description); a local
+    (CPU-only) runner's form leaves out the Kubernetes-only fields (a run's conf may still
+    carry them: API runs; admission checks them)."""
+    schemas = field_schemas(run_conf.RunConf)
+    options = list(JobOptions.model_fields)
+    names = [*(n for n in run_conf.RunConf.model_fields if n not in JobSpec.model_fields and n != "owner"),
+             *(n for n in JobSpec.model_fields if n not in options), *options]
+    params = {}
+    for name in names:
+        field = run_conf.RunConf.model_fields[name]
+        key = field.alias or name
+        if SETTINGS.shard_runner == "local" and key in KUBERNETES_ONLY:
+            continue
+        schema = schemas[key] | FORM_DEFAULTS.get(key, {})
+        default = schema.get("default", None if field.default_factory is None else field.default_factory())
+        types = schema["type"]
+        params[key] = Param(default, type=types[0] if len(types) == 1 else types, description=schema["description"],
+                            **{k: schema[k] for k in _KEPT if k in schema})
+    return params
+
+
+PARAMS = form_params()
 
 # The form's defaults, read before the DAG holds the params: register merges a run's conf
 # over these rather than over context["params"], which in-process runs (dag.test) carry

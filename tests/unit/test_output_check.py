@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from llm_batch.core.job_spec import JobOptions
 from llm_batch.core.output_check import MAX_PATTERN_CHARS, MAX_SCHEMA_BYTES, OutputCheck, answer_text
 from llm_batch.pipeline.shard_task import ShardTask
 from llm_batch.runtime.worker_args import config_from_argv
@@ -91,11 +92,11 @@ def test_the_jobs_check_reaches_the_worker():
     check = OutputCheck(json_schema={"type": "object"}, max_retries=3)
     task = ShardTask(job_id="j", shard=0, requests_uri="/w/r", results_uri="/w/res", progress_uri="/w/p",
                      cancel_marker="/w/c", endpoint="/v1/chat/completions", model_config_json='{"model": "m"}',
-                     deadline="2030-01-01T00:00:00+00:00", output_check_json=check.model_dump_json())
-    assert config_from_argv(task.worker_args()).output_check == check
-    unchecked = task.model_copy(update={"output_check_json": None})
-    assert "--output-check" not in unchecked.worker_args()
-    assert config_from_argv(unchecked.worker_args()).output_check is None
+                     deadline="2030-01-01T00:00:00+00:00", options_json=JobOptions(output_check=check).model_dump_json())
+    assert config_from_argv(task.worker_args()).options.output_check == check
+    unchecked = task.model_copy(update={"options_json": "{}"})
+    assert "output_check" not in " ".join(unchecked.worker_args())
+    assert config_from_argv(unchecked.worker_args()).options.output_check is None
 
 
 # -- nothing a schema names is fetched ----------------------------------------------------------

@@ -20,6 +20,7 @@ from llm_batch.airflow import lanes
 from llm_batch.core import exit_codes, jobs, placement, run_conf
 from llm_batch.core.config import Settings
 from llm_batch.core.job_input import JobInput
+from llm_batch.core.job_spec import JobOptions
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.records import ResultRecord
 from llm_batch.infra import storage
@@ -184,7 +185,7 @@ def test_a_runs_output_check_reaches_its_job_and_shards(store, settings):
     check = {"regex": "[A-Z].*", "max_retries": 1}
     job_id, tasks = _through_plan(store, settings, _conf(settings, output_check=check))
     assert store.get_job(job_id).input.output_check.model_dump(exclude_defaults=True) == check
-    assert {orjson.loads(t["output_check_json"])["regex"] for t in tasks} == {"[A-Z].*"}
+    assert {orjson.loads(t["options_json"])["output_check"]["regex"] for t in tasks} == {"[A-Z].*"}
 
 
 def test_multi_node_workers_register_with_the_kubernetes_runner(store, settings):
@@ -337,7 +338,8 @@ def test_plan_gives_each_shard_the_jobs_priority(store, settings):
     assert args[0] == "worker" and args[args.index("--job-id") + 1] == job_id
     assert float(args[args.index("--deadline") + 1]) == pytest.approx(job.expires_at.timestamp())
     assert orjson.loads(args[args.index("--model-config") + 1])["model"] == "tiny-random-llama"
-    assert args[args.index("--moderation-shape") + 1] == "scores"  # a run's conf: the native route's shape
+    options = JobOptions.model_validate_json(args[args.index("--options") + 1])
+    assert options.moderation_shape == "scores"  # a run's conf: the native route's shape
     from llm_batch.core.owners import cache_salt  # the owner's prefix-cache namespace, the server's
 
     assert args[args.index("--cache-salt") + 1] == cache_salt(job.owner) != cache_salt("someone-else")

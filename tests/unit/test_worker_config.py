@@ -29,8 +29,9 @@ def test_uris_default_to_the_job_layout():
     assert config.endpoint is Endpoint.CHAT_COMPLETIONS
     assert config.model_config == {"model": "tiny-random-llama"}
     assert config.deadline is None
-    assert config.moderation_shape is ModerationShape.SCORES  # moderation results without "flagged"
-    assert parse_config(**BASE, moderation_shape="flagged").moderation_shape is ModerationShape.FLAGGED
+    assert config.options.moderation_shape is ModerationShape.SCORES  # moderation results without "flagged"
+    flagged = parse_config(**BASE, options='{"moderation_shape": "flagged"}')
+    assert flagged.options.moderation_shape is ModerationShape.FLAGGED
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -42,7 +43,7 @@ def test_uris_default_to_the_job_layout():
     ({"model_config": "[1]"}, "must be a JSON object"),
     ({"model_config": None}, "--model-config is required"),
     ({"deadline": "tomorrow"}, "--deadline"),
-    ({"moderation_shape": "openai"}, "--moderation-shape: 'openai' is not one of scores, flagged"),
+    ({"options": '{"moderation_shape": "openai"}'}, "--options: moderation_shape: Input should be 'scores' or 'flagged'"),
 ])
 def test_bad_arguments_are_named(change, message):
     with pytest.raises(WorkerUsageError, match=message):

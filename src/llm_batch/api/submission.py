@@ -1,10 +1,10 @@
 """The submit use case: a dialect-neutral ``JobRequest`` (``llm_batch.core.job_request``) becomes a
 job row and a DAG run.
 
-Routers check their dialect's body with the admission checks every way in shares
-(``llm_batch.pipeline.admission``, naming fields in the dialect's words), translate it into a
-``JobRequest`` (and may first store inline requests as a file with ``save_inline_requests``);
-``submit`` then
+Routers translate their dialect's body into a job's spec and input and pass the admission every
+way in shares (``llm_batch.pipeline.admission.admit``, or its checks naming fields in the
+dialect's words), which gives the ``JobRequest``; inline requests are then stored as a file
+(``stored_inline``, ``save_inline_requests``); ``submit`` then
 1. creates the QUEUED job in the store (owner = the caller),
 2. triggers the ``batch_inference`` run through ``dag_trigger`` with ``dag_conf(job)``,
 3. records the run id, or, if the trigger failed, marks the job FAILED with the reason,
@@ -13,7 +13,8 @@ so a job is never left queued without a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import dataclasses
+from collections.abc import Iterable
 from typing import Annotated, Any, NamedTuple
 
 import orjson
@@ -28,6 +29,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.formats import not_json
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
+from llm_batch.core.job_spec import JobOptions
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage
@@ -64,12 +66,19 @@ def inline_json(value: Any, param: str) -> bytes:
     return orjson.dumps(value)
 
 
-def inline_request_lines(requests: Iterable[Any]) -> Iterator[bytes]:
-    """Inline requests (items with ``custom_id`` and ``body``) as batch JSONL lines; a missing
+def inline_items(requests: Iterable[Any]) -> list[dict[str, Any]]:
+    """Inline requests (items with ``custom_id`` and ``body``) as a job reads them; a missing
     custom_id is the item's 0-based position."""
-    for index, item in enumerate(requests):
-        custom_id = item.custom_id if item.custom_id is not None else str(index)
-        yield inline_json({"custom_id": custom_id, "body": item.body}, f"requests[{index}]") + b"\n"
+    return [{"custom_id": str(i) if item.custom_id is None else item.custom_id, "body": item.body}
+            for i, item in enumerate(requests)]
+
+
+def stored_inline(store: JobStore, settings: Settings, owner: str, request: JobRequest) -> JobRequest:
+    """An admitted request whose input is inline requests, reading them from a file instead."""
+    lines = (inline_json(item, f"requests[{i}]") + b"\n" for i, item in enumerate(request.input.requests or []))
+    saved = save_inline_requests(store, settings, owner, lines, "inline-requests.jsonl",
+                                 **dict(request.input.part(JobOptions)))
+    return dataclasses.replace(request, input=saved)
 
 
 def save_inline_requests(

@@ -32,7 +32,7 @@ import orjson
 
 from llm_batch.cli import print_table
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.input_formats import INPUT_FORMATS
+from llm_batch.core.job_spec import JobSpec, field_schemas
 from llm_batch.core.jobs import JobStatus
 
 if TYPE_CHECKING:
@@ -61,23 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "name, when they all name the same one, else /v1/chat/completions")
     submit.add_argument("--model", help="a registered model name (llm-batch models list); default: the model "
                         "the file's lines name (body.model), when they all name the same one")
-    submit.add_argument("--shards", type=int, default=1, help="shards run in parallel (data_parallelism)")
-    submit.add_argument("--format", dest="input_format", default="jsonl", choices=INPUT_FORMATS,
-                        help="the file's format; a Scale file's requests get their positions as custom_ids")
-    submit.add_argument("--max-runtime", type=int, metavar="SEC",
-                        help="deadline in seconds from submission (then TIMEOUT_EXCEEDED, finished results kept)")
-    submit.add_argument("--model-config", type=_json_object, metavar="JSON",
-                        help='engine settings, e.g. \'{"engine_args": {"max_num_seqs": 2}, "max_model_len": 4096}\'')
-    submit.add_argument("--output", metavar="URI",
-                        help="also write the results (JSONL, input order) to this path on the server or s3:// URI")
-    submit.add_argument("--output-check", type=_json_object, metavar="JSON",
-                        help='how the answers must look, e.g. \'{"json_schema": {"type": "object"}, "max_retries": 2}\' '
-                        "or '{\"regex\": \"\\\\d+\"}' (docs/api.md, \"Checked outputs\")")
-    submit.add_argument("--no-result-cache", dest="result_cache", action="store_false",
-                        help="run every line on the engine: none answered from, nor entered in, the result cache")
-    submit.add_argument("--label", dest="labels", action="append", type=_label, default=[], metavar="KEY=VALUE",
-                        help="a label of the job (repeat for more): filters, usage by label")
-    submit.add_argument("--priority", help="the job's priority band (low, normal, high; the server's bands)")
+    _add_spec_flags(submit)
     submit.add_argument("--wait", action="store_true", help="show progress and wait for the end (exit code = outcome)")
     again = submit.add_mutually_exclusive_group()
     again.add_argument(
@@ -122,15 +106,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- commands ---------------------------------------------------------------------------------
 
 
+# The submit flags of the job's spec (llm_batch.core.job_spec.JobSpec): each field's flag is
+# --field-name, or the CLI's first name for it; model and endpoint have their own (taken
+# from the lines when not given).
+_FLAG_NAMES = {"data_parallelism": ("--shards", "--data-parallelism"), "input_format": ("--format",),
+               "max_runtime_sec": ("--max-runtime", "--max-runtime-sec"), "output_uri": ("--output",),
+               "labels": ("--label",)}
+# The spec fields BatchClient.submit names itself (its argument); it sends the others as given.
+_CLIENT_ARGS = {"data_parallelism": "shards", "input_format": "input_format", "max_runtime_sec": "max_runtime_sec",
+                "output_uri": "output_path", "labels": "metadata", "model_config": "model_config",
+                "output_check": "output_check", "result_cache": "result_cache", "priority": "priority"}
+
+
+SPEC_KEYS = [field.alias or name for name, field in JobSpec.model_fields.items()]
+
+
+def _add_spec_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag for every field of the job's spec but model and endpoint, typed by its JSON schema."""
+    schemas = field_schemas(JobSpec)
+    for key in SPEC_KEYS:
+        if key in ("model", "endpoint"):
+            continue
+        schema = schemas[key]
+        types = set(schema["type"]) - {"null"}
+        flags = _FLAG_NAMES.get(key, ("--" + key.replace("_", "-"),))
+        more: dict[str, Any] = {"dest": key, "help": schema.get("description")}
+        if types == {"boolean"}:
+            more["action"] = argparse.BooleanOptionalAction
+        elif schema.get("additionalProperties") == {"type": "string"}:  # pairs: KEY=VALUE, repeated
+            more.update(action="append", type=_label, metavar="KEY=VALUE")
+        elif types == {"object"}:
+            more.update(type=_json_object, metavar="JSON")
+        elif types == {"integer"}:
+            more["type"] = int
+        elif types == {"string", "integer"}:
+            more["type"] = lambda text: int(text) if text.isdigit() else text
+        if "enum" in schema:
+            more["choices"] = [choice for choice in schema["enum"] if choice is not None]
+        parser.add_argument(*flags, **more)
+
+
 def _submit(args: argparse.Namespace) -> int:
-    if args.shards < 1:
-        return _usage("--shards must be at least 1")
     if not args.file.is_file():
         return _usage(f"{args.file}: no such file")
 
-    if args.input_format != "jsonl":
+    spec = {key: value for key in SPEC_KEYS if (value := getattr(args, key, None)) is not None}
+    spec["labels"] = dict(spec.get("labels") or ()) or None
+    named = {_CLIENT_ARGS[name]: spec.pop(name) for name in list(spec) if name in _CLIENT_ARGS}
+    input_format = named.get("input_format", "jsonl")
+    if input_format != "jsonl":
         if args.model is None:
-            return _usage(f"--model is required for a {args.input_format} file")
+            return _usage(f"--model is required for a {input_format} file")
         model, endpoint = args.model, args.endpoint or Endpoint.CHAT_COMPLETIONS.value
     else:
         model, endpoint, problem = taken_from_lines(args.file, args.model, args.endpoint)
@@ -138,13 +164,8 @@ def _submit(args: argparse.Namespace) -> int:
             return _usage(problem)
 
     def run(client: BatchClient) -> int:
-        job = client.submit(
-            args.file, endpoint=endpoint, model=model, shards=args.shards,
-            input_format=args.input_format, max_runtime_sec=args.max_runtime, output_path=args.output,
-            model_config=args.model_config, idempotency_key=args.idempotency_key, new=args.new,
-            output_check=args.output_check, result_cache=args.result_cache, metadata=dict(args.labels) or None,
-            priority=args.priority,
-        )
+        job = client.submit(args.file, endpoint=endpoint, model=model, idempotency_key=args.idempotency_key,
+                            new=args.new, spec=spec or None, **{k: v for k, v in named.items() if v is not None})
         print(job.id)
         if job.replayed:
             print(f"already submitted: {job.id} ({job.status}), the job of an earlier submit of the same file and "

@@ -33,11 +33,11 @@ class DerivedFrom:
 
 @dataclass(frozen=True)
 class JobRequest:
-    dialect: str  # one of DIALECTS
     endpoint: str
     model: str
     input: JobInput  # what the job reads, and its options (llm_batch.core.job_input)
     input_format: str
+    dialect: str = "airflow"  # one of DIALECTS
     model_config: dict[str, Any] = field(default_factory=dict)
     output_uri: str | None = None  # also write the results as one JSON array here
     metadata: dict[str, Any] = field(default_factory=dict)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Literal
 
 from llm_batch.core.config import Settings
-from llm_batch.core.jobs import JobRejected
 
 # The GPU node types runners can place a shard on: the Scale contract's gpu_type values.
 GPU_TYPES: tuple[str, ...] = ("nvidia-tesla-t4", "nvidia-ampere-a10", "nvidia-ampere-a100", "nvidia-ampere-a100e",
@@ -40,11 +39,3 @@ def multi_node_refusal(nodes_per_worker: int | None, shard_runner: str) -> str |
             "(LLM_BATCH_SHARD_RUNNER=kubernetes, a LeaderWorkerSet per shard): the local runner runs each "
             "worker as one process on this machine; give nodes_per_worker=1 and use gpus for a bigger "
             "worker or data_parallelism for more workers")
-
-
-def check_resources(nodes_per_worker: int | None, gpu_type: str | None, shard_runner: str = "local") -> None:
-    """Refuse what the deployment's runner cannot honour, before anything runs."""
-    if (refusal := multi_node_refusal(nodes_per_worker, shard_runner)) is not None:
-        raise JobRejected(refusal)
-    if gpu_type is not None and gpu_type not in GPU_TYPES:
-        raise JobRejected(f"gpu_type {gpu_type!r} is unknown; use one of {', '.join(GPU_TYPES)}")

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, model_validator
 
-from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
-from llm_batch.core.job_request import JobRequest
-from llm_batch.core.output_check import OutputCheck
+from llm_batch.core.job_spec import MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC, JobSpec
+
+__all__ = ["BATCH_DAG_ID", "DEFAULT_MODEL", "DEFAULT_OWNER", "DEFAULT_RUNTIME_SEC", "HOUSEKEEPING_DAG_ID",
+           "MAX_DATA_PARALLELISM", "MAX_RUNTIME_SEC", "RESULTS_ASSET_URI", "SHARD_TASK_ID", "RunConf", "api_run_id",
+           "run_job_id"]
 
 # The parameterised DAG whose runs are jobs (its file, housekeeping, recurring DAGs and the API name it).
 BATCH_DAG_ID = "batch_inference"
@@ -25,88 +27,44 @@ HOUSEKEEPING_DAG_ID = "llm_batch_housekeeping"
 RESULTS_ASSET_URI = "llm-batch://results"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_OWNER = "airflow"
-MAX_DATA_PARALLELISM = 64
 DEFAULT_RUNTIME_SEC = 86_400
-# The longest deadline any dialect allows: Mistral's timeout_hours goes to 168 (Scale's
-# max_runtime_sec stops at 172,800 s; its API edge enforces that).
-MAX_RUNTIME_SEC = 168 * 3600
 
 
-class RunConf(BaseModel):
-    """The DAG run's conf (the batch_inference Params), already checked by Airflow.
+class RunConf(JobSpec):
+    """The DAG run's conf: the job's spec, what it reads (one of input_uri, input_file_ids,
+    input_requests), its id and its owner.
 
     With ``job_id`` naming a job in the store (the REST API's runs), the store's record is
     the job and the other fields are ignored. Otherwise (Airflow UI, ``/api/v2``, recurring
     DAGs) a job is created from these fields, with ``job_id`` as its id when given.
     """
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore")
 
-    job_id: str | None = None
-    input_uri: str | None = None
-    input_file_ids: list[str] | None = None
-    input_requests: list[dict[str, Any]] | None = None
-    input_format: str = InputFormat.JSONL
-    output_uri: str | None = None
-    endpoint: str = "/v1/chat/completions"
-    model: str = DEFAULT_MODEL
-    engine_config: dict[str, Any] = Field(default_factory=dict, alias="model_config")
-    data_parallelism: int = 1
-    max_runtime_sec: int | None = None
-    priority: str | int | None = None
-    labels: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    gpus: int = 1
-    gpu_type: str | None = None
-    nodes_per_worker: int = 1
-    owner: str = DEFAULT_OWNER
-    result_cache: bool = True
-    # Kept as given: register refuses a bad check with a run note (checked_output), where a
-    # typed field would fail the conf's parse before any job could say why.
-    output_check: dict[str, Any] | None = None
+    job_id: str | None = Field(
+        default=None, max_length=128, pattern="^[A-Za-z0-9_.-]+$",
+        description="Run an existing job of the store (the REST API sets it), or the id to give a new job; "
+        "empty: generated")
+    input_uri: str | None = Field(
+        default=None,
+        description="Input file: a path under the configured local roots or an s3:// URI of an allowed bucket")
+    input_file_ids: list[str] | None = Field(
+        default=None, description="Input as ids of uploaded files (POST /batch/v1/files); read in order as one batch")
+    input_requests: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Inline requests: [{custom_id?, body}] (jsonl) or Scale completion/chat items (scale-v2)")
+    owner: str = Field(default=DEFAULT_OWNER, description="Whose job the run makes")
 
-    def job_request(self, job_id: str, *, input_uri: str | None, output_uri: str | None, priority: int,
-                    max_runtime_sec: int) -> JobRequest:
-        """The job this conf asks for, with its paths as checked and its figures as stored."""
-        return JobRequest(
-            id=job_id,
-            dialect="airflow",
-            endpoint=self.endpoint,
-            model=self.model,
-            input=self.model_copy(update={"input_uri": input_uri}).job_input(),
-            input_format=self.input_format,
-            model_config={"model": self.model, **self.engine_config},
-            output_uri=output_uri,
-            metadata=self.metadata,
-            labels=self.labels,
-            priority=priority,
-            data_parallelism=self.data_parallelism,
-            resources={"gpus": self.gpus, "gpu_type": self.gpu_type, "nodes_per_worker": self.nodes_per_worker},
-            max_runtime_sec=max_runtime_sec,
-        )
+    @model_validator(mode="before")
+    @classmethod
+    def _default_model(cls, given: Any) -> Any:
+        return {"model": DEFAULT_MODEL, **given} if isinstance(given, dict) else given
 
-    def checked_output(self) -> OutputCheck | None:
-        """The conf's output check; ValueError naming what is wrong with it."""
-        if not self.output_check:
-            return None
-        try:
-            return OutputCheck.model_validate(self.output_check)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in ("output_check", *first["loc"]))
-            raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
 
     def job_input(self) -> JobInput:
-        options = {"result_cache": self.result_cache, "output_check": self.checked_output()}
-        if self.input_requests:
-            return JobInput(requests=self.input_requests, **options)
-        if self.input_file_ids:
-            return JobInput(file_ids=self.input_file_ids, **options)
-        if self.input_uri:
-            return JobInput(uri=self.input_uri, **options)
-        return JobInput(**options)
-
-
+        """What the run reads ("" and [] are not given)."""
+        return JobInput(uri=self.input_uri or None, file_ids=self.input_file_ids or None,
+                        requests=self.input_requests or None)
 
 
 def run_job_id(conf: dict[str, Any], dag_run_id: str) -> str:

@@ -268,9 +268,11 @@ class BatchClient:
                max_runtime_sec: int | None = None, output_path: str | None = None,
                metadata: dict[str, str] | None = None, model_config: dict[str, Any] | None = None,
                idempotency_key: str | None = None, new: bool = False, output_check: dict[str, Any] | None = None,
-               result_cache: bool = True, priority: str | None = None) -> JobView:
+               result_cache: bool = True, priority: str | int | None = None,
+               spec: dict[str, Any] | None = None) -> JobView:
         """Upload the file and create one job of it (``shards``: ``data_parallelism``,
-        ``output_path``: ``output_uri``, ``metadata``: ``labels``).
+        ``output_path``: ``output_uri``, ``metadata``: ``labels``; ``spec``: more fields of the job's spec,
+        ``llm_batch.core.job_spec.JobSpec``, sent as given).
 
         Retry-safe: the upload and the create carry `idempotency_key`, else ``submit_key``
         of the file's content and these arguments, so the same submit again answers the
@@ -282,7 +284,7 @@ class BatchClient:
             max_runtime_sec=max_runtime_sec, output_path=output_path, metadata=metadata, model_config=model_config,
             # only when given: the key of a submit without them stays what it was
             **_given({"output_check": output_check, "result_cache": None if result_cache else False,
-                      "priority": priority or None}),
+                      "priority": priority or None, "spec": spec or None}),
         )
         upload_key = f"{key}:upload"[:255] if key else None
         if input_format == InputFormat.JSONL:
@@ -292,10 +294,11 @@ class BatchClient:
                 scale_to_jsonl(path, input_format, endpoint, converted)
                 converted.flush()
                 file_id = self.upload_stream(converted, f"{path.stem}.jsonl", idempotency_key=upload_key)
-        body = _job_body(file_id, endpoint, model, shards, max_runtime_sec=max_runtime_sec,
-                         model_config=model_config or None, output_uri=output_path, labels=metadata or None,
-                         output_check=output_check,  # an empty check too: the server says what it lacks
-                         result_cache=None if result_cache else False, priority=priority or None)
+        body = {**(spec or {}), **_job_body(
+            file_id, endpoint, model, shards, max_runtime_sec=max_runtime_sec, model_config=model_config or None,
+            output_uri=output_path, labels=metadata or None,
+            output_check=output_check,  # an empty check too: the server says what it lacks
+            result_cache=None if result_cache else False, priority=priority or None)}
         return JobView.of(self.create_job(body, idempotency_key=key))
 
     def job(self, job_id: str) -> JobView:

@@ -14,9 +14,12 @@ or a schedule's run is trusted like an admin).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import (
@@ -26,8 +29,12 @@ from llm_batch.core.endpoints import (
     parse_endpoint,
     serving_problem,
 )
+from llm_batch.core.job_input import JobInput
+from llm_batch.core.job_request import JobRequest
+from llm_batch.core.job_spec import JobOptions, JobSpec, spec_problem
 from llm_batch.core.jobs import Refused
-from llm_batch.core.model_config import ModelError, validate_model_config
+from llm_batch.core.model_config import ModelError, job_model_config, validate_model_config
+from llm_batch.core.placement import multi_node_refusal, priority_band
 from llm_batch.infra import input_files, storage, user_paths
 from llm_batch.infra.model_cache import check_local_checkpoint
 from llm_batch.infra.model_registry import ModelNotPrepared, Registry, load_registry
@@ -59,14 +66,83 @@ def owner_filter(principal: Principal) -> str | None:
     return None if principal.is_admin else principal.name
 
 
-def priority_weight(settings: Settings, name: str | None) -> int:
-    """A named priority (Scale's free string, the native route's field) -> the stored weight; unknown names are refused."""
-    if name is None:
+def priority_weight(settings: Settings, priority: str | int | None) -> int:
+    """A priority (a band's name, or a number: the band at or below it) -> the stored weight;
+    unknown names are refused."""
+    if priority is None:
         return 0
-    if name in settings.priority_weights:
-        return settings.priority_weights[name]
+    if priority in settings.priority_weights:
+        return settings.priority_weights[priority]
+    if isinstance(priority, int):
+        return settings.priority_weights[priority_band(settings, priority)]
     known = ", ".join(sorted(settings.priority_weights))
-    raise Refused(400, f"priority {name!r} is unknown; use one of: {known}", param="priority", code="invalid_priority")
+    raise Refused(400, f"priority {priority!r} is unknown; use one of: {known}", param="priority",
+                  code="invalid_priority")
+
+
+Spec = TypeVar("Spec", bound=BaseModel)
+
+
+def parse_spec(model: type[Spec], given: dict[str, Any]) -> Spec:
+    """`given` as a ``JobSpec`` (or a way in's model of one), or Refused naming the first
+    problem as every way in words it (``spec_problem``)."""
+    try:
+        return model.model_validate(given)
+    except ValidationError as exc:
+        where, why = spec_problem(exc)
+        raise Refused(400, why, param=where or None, code="invalid_spec") from None
+
+
+def one_input(given: dict[str, Any], param: str | None = None) -> str:
+    """The one input of a create (`given`: each input's name in the way in's words -> its
+    value; None, "" and [] are not given); Refused unless exactly one is."""
+    named = [name for name, value in given.items() if value not in (None, "", [])]
+    if len(named) != 1:
+        raise Refused(400, f"give exactly one of {', '.join(given)} (got {', '.join(named) or 'none'})",
+                      param=param or next(iter(given)), code="invalid_input")
+    return named[0]
+
+
+def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore, settings: Settings, *,
+          job_id: str | None = None, words: Mapping[str, str] | None = None) -> JobRequest:
+    """The job `principal` asks for, as the store creates it: every check a new job passes
+    whichever way it comes in (the owner's limits; endpoint; model_config, parsed once;
+    model; priority; resources; input files; paths), or Refused naming the first problem.
+    `given` names what the job reads; its path comes back canonical, with the spec's options.
+    `words`: the way in's names of the spec's and the input's fields where they are not the
+    canonical ones (a refusal's ``param``). The request is the native route's (its dialect)."""
+    words = words or {}
+    check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(given.requests or []))
+    endpoint = check_endpoint(spec.endpoint)
+    try:
+        model_config = job_model_config({**spec.engine_config, "model": spec.model})
+    except ModelError as exc:
+        fields = getattr(exc, "fields", ())
+        param = f"model_config.{fields[0]}" if fields else "model_config"
+        raise Refused(400, str(exc), param=param, code="invalid_model_config") from None
+    check_model(spec.model, model_config, settings, words.get("model", "model"), endpoint, principal, store)
+    weight = priority_weight(settings, spec.priority)
+    if (refusal := multi_node_refusal(spec.nodes_per_worker, settings.shard_runner)) is not None:
+        raise Refused(400, refusal, param="nodes_per_worker", code="unsupported_resources")
+    if given.file_ids:
+        check_input_files(store, principal, given.file_ids, words.get("input_file_ids", "input_file_ids"))
+    input_uri, output_uri = check_paths(store, settings, principal, given.uri, spec.output_uri, spec.labels)
+    return JobRequest(
+        id=job_id,
+        endpoint=endpoint,
+        model=spec.model,
+        input=given.model_copy(update={"uri": input_uri, **dict(spec.part(JobOptions))}),
+        input_format=spec.input_format,
+        model_config=model_config,
+        output_uri=output_uri,
+        metadata=spec.metadata,
+        labels=spec.labels,
+        priority=weight,
+        priority_name=None if spec.priority is None else priority_band(settings, spec.priority),
+        data_parallelism=spec.data_parallelism,
+        resources={"gpus": spec.gpus, "gpu_type": spec.gpu_type, "nodes_per_worker": spec.nodes_per_worker},
+        max_runtime_sec=spec.max_runtime_sec or settings.default_max_runtime_sec,
+    )
 
 
 def check_endpoint(endpoint: str, param: str = "endpoint") -> str:

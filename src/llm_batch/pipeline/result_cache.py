@@ -65,6 +65,8 @@ class _Keys:
         except ModelError:  # a model_config.checkpoint_path job: its config says what it runs
             self.registry, spec = None, None
         self.identity = {"model": job.model, "spec": spec, "model_config": job.model_config or {}}
+        if defaults := job.input.sampling_defaults:  # they decide the answers of the lines that omit them
+            self.identity["sampling_defaults"] = defaults.model_dump(mode="json", exclude_none=True)
         self.endpoint = job.endpoint
 
     def of(self, request: BatchRequest, lora: bool | None = None) -> str | None:

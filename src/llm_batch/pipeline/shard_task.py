@@ -16,7 +16,6 @@ import orjson
 from pydantic import BaseModel, Field
 
 from llm_batch.core import exit_codes
-from llm_batch.core.job_input import ModerationShape
 from llm_batch.infra import storage
 from llm_batch.infra.progress import read_progress
 
@@ -38,8 +37,7 @@ class ShardTask(BaseModel):
     endpoint: str
     model_config_json: str  # the worker's --model-config
     deadline: str  # ISO 8601 UTC: workers stop there
-    moderation_shape: ModerationShape = ModerationShape.SCORES  # the job's: its /v1/moderations results' shape
-    output_check_json: str | None = None  # the job's checked outputs (core.output_check.OutputCheck), JSON
+    options_json: str = "{}"  # the job's options the worker reads (core.job_spec.JobOptions), JSON
     cache_salt: str | None = None  # the owner's prefix-cache namespace (core.owners.cache_salt)
     gpus: int = 1
     gpu_type: str | None = None
@@ -61,8 +59,7 @@ class ShardTask(BaseModel):
             "--model-config", self.model_config_json,
             "--deadline", str(self.deadline_at.timestamp()),
             "--cancel-marker", self.cancel_marker,
-            "--moderation-shape", str(self.moderation_shape),
-            *(["--output-check", self.output_check_json] if self.output_check_json else []),
+            "--options", self.options_json,
             *(["--cache-salt", self.cache_salt] if self.cache_salt else []),
         ]  # fmt: skip
 

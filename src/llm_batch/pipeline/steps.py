@@ -25,20 +25,15 @@ import yaml
 
 from llm_batch.core import owners
 from llm_batch.core.config import Settings
-from llm_batch.core.job_input import OutputFormat
+from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
+from llm_batch.core.job_input import JobInput, OutputFormat
+from llm_batch.core.job_request import JobRequest
+from llm_batch.core.job_spec import JobOptions, JobSpec
 from llm_batch.core.jobs import JobRejected, JobStatus, Refused
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice
-from llm_batch.core.placement import check_resources, priority_band
-from llm_batch.core.run_conf import (
-    DEFAULT_OWNER,
-    DEFAULT_RUNTIME_SEC,
-    MAX_DATA_PARALLELISM,
-    MAX_RUNTIME_SEC,
-    RunConf,
-    api_run_id,
-    run_job_id,
-)
+from llm_batch.core.placement import priority_band
+from llm_batch.core.run_conf import DEFAULT_MODEL, DEFAULT_OWNER, DEFAULT_RUNTIME_SEC, RunConf, api_run_id, run_job_id
 from llm_batch.infra import storage, user_paths
 from llm_batch.pipeline.recurring import output_asset_uri
 from llm_batch.pipeline.shard_task import ShardTask, shard_not_run_reasons
@@ -48,8 +43,6 @@ if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without
 
 __all__ = ["JobRejected", "fail_job", "finalize", "job_deadline", "layout_of", "merge", "plan",
            "register", "registry_model_names", "shard_ref", "shard_task", "validate"]
-
-INPUT_FIELDS = ("input_uri", "input_file_ids", "input_requests")
 
 
 def registry_model_names(settings: Settings) -> list[str]:
@@ -66,48 +59,6 @@ def registry_model_names(settings: Settings) -> list[str]:
         return sorted([*(registry.get("models") or {}), *(registry.get("adapters") or {})])
     except (OSError, yaml.YAMLError, AttributeError):
         return []
-
-
-def check_run_inputs(conf: dict[str, Any], run: RunConf) -> None:
-    """What the form cannot say alone: exactly one input, figures within bounds, an output
-    check the API would take. (The rest is the admission every way in passes: ``admit_run``.)"""
-    given = [name for name in INPUT_FIELDS if conf.get(name) not in (None, "", [])]
-    if len(given) != 1:
-        raise JobRejected(f"give exactly one of {', '.join(INPUT_FIELDS)} (got {', '.join(given) or 'none'})")
-
-    bounds = {"data_parallelism": (run.data_parallelism, MAX_DATA_PARALLELISM), "gpus": (run.gpus, 8),
-              "nodes_per_worker": (run.nodes_per_worker, 16), "max_runtime_sec": (run.max_runtime_sec, MAX_RUNTIME_SEC)}
-    for name, (value, most) in bounds.items():
-        if value is not None and not 1 <= value <= most:  # refused, never clamped
-            raise JobRejected(f"{name}={value} is out of bounds: give 1 to {most}")
-    try:
-        run.checked_output()
-    except ValueError as exc:
-        raise JobRejected(str(exc)) from None
-
-
-def admit_run(store: JobStore, settings: Settings, run: RunConf, trusted: bool) -> dict[str, str | None]:
-    """A run's job through the API's own admission (llm_batch.pipeline.admission), under the
-    conf's field names: the owner's limits, its endpoint, model and model_config (owner adapters and engine
-    arguments included), input files, paths (``check_paths``).
-    Returns the run's paths in their canonical spelling; raises Refused naming the problem."""
-    from llm_batch.pipeline.admission import (  # heavy
-        Owner,
-        check_endpoint,
-        check_input_files,
-        check_model,
-        check_owner_limits,
-        check_paths,
-    )
-
-    principal = Owner(run.owner, trusted)
-    check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(run.input_requests or []))
-    endpoint = check_endpoint(run.endpoint)
-    check_model(run.model, run.engine_config, settings, endpoint=endpoint, principal=principal, store=store)
-    if run.input_file_ids:
-        check_input_files(store, principal, run.input_file_ids, "input_file_ids")
-    input_uri, output_uri = check_paths(store, settings, principal, run.input_uri, run.output_uri or None, run.labels)
-    return {"input_uri": input_uri, "output_uri": output_uri}
 
 
 def layout_of(settings: Settings, job_id: str) -> JobLayout:
@@ -154,25 +105,25 @@ def register(
 ) -> str:
     """The run's job id: the job named by the conf, or a new QUEUED job made from it.
 
-    Records the DAG run on the job. A conf that cannot become a job (no input, unsupported
-    resources, an unknown model, an owner that is no owner name, a path or an input file its
-    owner may not use, a model not prepared, engine arguments the model rules out) raises
-    JobRejected naming the problem and leaves a FAILED job with the reason and no input (the
-    page, the API and the run's note show why); nothing runs, nothing to clean up. A conf
-    whose owner is no owner name, or naming another owner's job, makes no job.
+    Records the DAG run on the job. A conf that cannot become a job (``admission.admit``
+    refuses it, or its input is not exactly one) raises JobRejected naming the problem and
+    leaves a FAILED job with the reason and no input (the page, the API and the run's note
+    show why); nothing runs, nothing to clean up. A conf whose owner is no owner name, or
+    naming another owner's job, makes no job (and that job is left alone).
     `trusted` runs (an admin's, or scheduled ones: their conf comes from an admin's spec) may
     name paths outside the owner's namespace and anyone's files.
-    A conf naming another owner's existing job is refused and that job left alone.
     """
-    run = RunConf.model_validate(conf)
+    from llm_batch.pipeline.admission import Owner, admit, one_input, parse_spec  # heavy
+
+    owner = str(conf.get("owner") or DEFAULT_OWNER)
     try:
-        owners.check(run.owner)
+        owners.check(owner)
     except owners.OwnerNameRefused as exc:
         raise JobRejected(f"the run's user cannot own a job: {exc}") from None
     job_id = run_job_id(conf, dag_run_id)
     existing = store.get_job(job_id)
     if existing is not None:
-        if not _run_may_drive(existing, run.owner, dag_run_id, trusted):
+        if not _run_may_drive(existing, owner, dag_run_id, trusted):
             raise JobRejected(f"job {job_id!r} belongs to another run; give a new job_id (or none)")
         if existing.status == JobStatus.FAILED and (existing.status_reason or "").startswith(REFUSED):
             # A cleared refused run, or another run naming its job id: refused the same way.
@@ -181,40 +132,32 @@ def register(
             store.set_dag_run(job_id, dag_run_id)
         return job_id
     try:
-        check_resources(run.nodes_per_worker, run.gpu_type, settings.shard_runner)
-        check_run_inputs(conf, run)
-        paths = admit_run(store, settings, run, trusted)  # the canonical spelling later steps read
+        one_input({name: conf.get(name) for name in ("input_uri", "input_file_ids", "input_requests")})
+        run = parse_spec(RunConf, conf)
+        request = admit(run.part(JobSpec), run.job_input(), Owner(owner, trusted), store, settings, job_id=job_id)
     except JobRejected as exc:
         reason = str(exc)
         if isinstance(exc, Refused) and exc.param and not reason.startswith(exc.param):
             reason = f"{exc.param}: {reason}"  # where, as the API's answer says in its param
-        _record_refusal(store, settings, run, job_id, dag_run_id, reason)
+        _record_refusal(store, settings, conf, owner, job_id, dag_run_id, reason)
         raise JobRejected(reason) from None
-    request = run.job_request(
-        job_id,
-        input_uri=paths["input_uri"],
-        output_uri=paths["output_uri"],
-        priority=settings.priority_weights[priority_band(settings, run.priority)],
-        max_runtime_sec=run.max_runtime_sec or settings.default_max_runtime_sec,
-    )
-    return store.create_requested_job(request, run.owner, dag_run_id=dag_run_id).id
+    return store.create_requested_job(request, owner, dag_run_id=dag_run_id).id
 
 
 REFUSED = "the run was refused: "  # how a refused run's job reason starts
 
 
-def _record_refusal(store: JobStore, settings: Settings, run: RunConf, job_id: str, dag_run_id: str,
-                    reason: str) -> None:
+def _record_refusal(store: JobStore, settings: Settings, conf: dict[str, Any], owner: str, job_id: str,
+                    dag_run_id: str, reason: str) -> None:
     """A refused run (the form's, /api/v2's) still leaves a FAILED job with the reason, seen on
     the page, in the API and (through the run-end listener) in the run's note. It keeps no
-    input: the refused paths and files are not the owner's to record; figures out of bounds
-    (a refusal's cause) are recorded at their defaults."""
-    bare = run.model_copy(update={"input_uri": None, "input_file_ids": None, "input_requests": None,
-                                  "output_check": None,
-                                  "data_parallelism": 1, "gpus": 1, "nodes_per_worker": 1, "gpu_type": None})
-    request = bare.job_request(job_id, input_uri=None, output_uri=None, priority=0,
-                               max_runtime_sec=settings.default_max_runtime_sec)
-    store.create_requested_job(request, run.owner, dag_run_id=dag_run_id)
+    input, paths or figures (a refusal's cause): only its model and a known endpoint."""
+    model = conf.get("model")
+    endpoint = conf.get("endpoint")
+    request = JobRequest(id=job_id, endpoint=endpoint if endpoint in SUPPORTED_ENDPOINTS else "/v1/chat/completions",
+                         model=model if isinstance(model, str) and model else DEFAULT_MODEL, input=JobInput(),
+                         input_format="jsonl", max_runtime_sec=settings.default_max_runtime_sec)
+    store.create_requested_job(request, owner, dag_run_id=dag_run_id)
     store.end_job(job_id, JobStatus.FAILED, REFUSED + reason)
 
 
@@ -399,8 +342,7 @@ def _shard_task(store: JobStore, settings: Settings, job: Job, index: int, count
         endpoint=job.endpoint,
         model_config_json=orjson.dumps({**(job.model_config or {}), "model": model}).decode(),
         deadline=job_deadline(job).isoformat(),
-        moderation_shape=job.input.moderation_shape,
-        output_check_json=job.input.output_check.model_dump_json() if job.input.output_check else None,
+        options_json=job.input.part(JobOptions).model_dump_json(exclude_defaults=True),
         cache_salt=owners.cache_salt(job.owner),
         gpus=int(resources.get("gpus") or 1),
         gpu_type=resources.get("gpu_type"),

@@ -32,13 +32,13 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+from pydantic import ValidationError
 
 from llm_batch.core import exit_codes
 from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import Endpoint, UnsupportedEndpointError, parse_endpoint, serving_problem
-from llm_batch.core.job_input import ModerationShape
+from llm_batch.core.job_spec import JobOptions, spec_problem
 from llm_batch.core.layout import JobLayout
-from llm_batch.core.output_check import OutputCheck
 from llm_batch.core.records import BatchRequest, ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
@@ -74,10 +74,8 @@ class WorkerConfig:
     progress: str | None = None
     cancel_marker: str | None = None
     deadline: float | None = None  # epoch seconds
-    # The shape of /v1/moderations results (the job's, set by the API edge).
-    moderation_shape: ModerationShape = ModerationShape.SCORES
-    # The job's checked outputs: answers that fail are tried again, then invalid_output.
-    output_check: OutputCheck | None = None
+    # The job's options (its /v1/moderations results' shape, its checked outputs, ...).
+    options: JobOptions = dataclasses.field(default_factory=JobOptions)
     cache_salt: str | None = None  # the owner's prefix-cache namespace on a shared engine
     window: int | None = None  # requests between fed and written; default 4 x max_num_seqs
     flush_every_s: float = 2.0
@@ -200,12 +198,15 @@ def _run(config: WorkerConfig, model: ResolvedModel, writer: ResultsWriter,
         try:
             runner = EngineRunner(llm, config.endpoint, model.name, model.response_role, config.window,
                                   serving=model.serving, labels=model.labels,
-                                  moderation_shape=config.moderation_shape, adapters=adapters or (),
-                                  output_check=config.output_check, cache_salt=config.cache_salt)
+                                  moderation_shape=config.options.moderation_shape, adapters=adapters or (),
+                                  output_check=config.options.output_check, cache_salt=config.cache_salt)
         except ModelCannotServe as exc:
             raise WorkerUsageError(str(exc)) from None
         progress.start_running()
-        reason = runner.run(read_requests(config.requests, skip=writer.done), emit, monitor)
+        defaults = config.options.sampling_defaults
+        requests = read_requests(config.requests, skip=writer.done,
+                                 defaults=defaults.model_dump(exclude_none=True) if defaults else None)
+        reason = runner.run(requests, emit, monitor)
         progress.stop_running()
     except WorkerUsageError as exc:
         log.error("shard %d of job %s: %s", config.shard, config.job_id, exc)
@@ -371,11 +372,6 @@ def _request_lines(uri: str) -> Iterator[tuple[int, bytes]]:
                 yield number, line
 
 
-def count_requests(uri: str) -> int:
-    """The shard's size, streamed (the file may be far larger than memory)."""
-    return scan_requests(uri)[0]
-
-
 def scan_requests(uri: str) -> tuple[int, dict[str, str | None]]:
     """The shard's size and the LoRA adapters its lines run on (name -> an owner's
     adapter's URI, None for the registry's), streamed."""
@@ -424,14 +420,16 @@ def with_adapters(model: ResolvedModel, adapters: list[ResolvedAdapter], shared:
     return dataclasses.replace(model, engine_args={**lora, **model.engine_args})
 
 
-def read_requests(uri: str, skip: int = 0) -> Iterator[BatchRequest]:
-    """The shard's requests after the first ``skip`` (those already have results)."""
+def read_requests(uri: str, skip: int = 0, defaults: dict[str, Any] | None = None) -> Iterator[BatchRequest]:
+    """The shard's requests after the first ``skip`` (those already have results), each body
+    with the job's sampling `defaults` for what it omits."""
     for number, line in islice(_request_lines(uri), skip, None):
         try:
-            yield BatchRequest.model_validate_json(line)
+            request = BatchRequest.model_validate_json(line)
         except ValueError as exc:
             # The shard file is written by our own pipeline: a bad line is a broken file.
             raise WorkerUsageError(f"{uri}: line {number} is not a BatchRequest: {exc}") from None
+        yield request.model_copy(update={"body": defaults | request.body}) if defaults else request
 
 
 def parse_config(
@@ -446,8 +444,7 @@ def parse_config(
     cancel_marker: str | None = None,
     deadline: float | str | None = None,
     work_uri: str | None = None,
-    moderation_shape: str | None = None,
-    output_check: str | None = None,
+    options: str | None = None,
     cache_salt: str | None = None,
     nnodes: int | str | None = None,
     master_addr: str | None = None,
@@ -486,14 +483,9 @@ def parse_config(
     except ValueError:
         raise WorkerUsageError(f"--deadline: not epoch seconds: {deadline!r}") from None
     try:
-        shape = ModerationShape(moderation_shape or ModerationShape.SCORES)
-    except ValueError:
-        raise WorkerUsageError(f"--moderation-shape: {moderation_shape!r} is not one of "
-                               f"{', '.join(ModerationShape)}") from None
-    try:
-        check = OutputCheck.model_validate_json(output_check) if output_check else None
-    except ValueError as exc:
-        raise WorkerUsageError(f"--output-check: {exc}") from None
+        job_options = JobOptions.model_validate_json(options) if options else JobOptions()
+    except ValidationError as exc:
+        raise WorkerUsageError(f"--options: {spec_problem(exc)[1]}") from None
 
     job = JobLayout(work_uri or get_settings().work_uri, job_id)
     shard_layout = job.shard(shard_index)
@@ -508,8 +500,7 @@ def parse_config(
         endpoint=parsed_endpoint,
         model_config=model_config,
         deadline=deadline_s,
-        moderation_shape=shape,
-        output_check=check,
+        options=job_options,
         cache_salt=cache_salt or None,
         node_group=node_group(nnodes, 0, master_addr, master_port, gpus_per_node),
         **{k: v for k, v in tuning.items() if v is not None},

@@ -10,7 +10,6 @@ import os
 from collections.abc import Mapping
 
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
-from llm_batch.core.job_input import ModerationShape
 from llm_batch.runtime.worker import WorkerConfig, WorkerUsageError, parse_config
 
 ENV_PREFIX = "LLM_BATCH_WORKER_"
@@ -27,9 +26,8 @@ WORKER_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--progress", str, "URI of the progress object (default: the job layout's)"),
     ("--cancel-marker", str, "URI whose existence cancels the shard (default: the job layout's)"),
     ("--deadline", float, "epoch seconds after which the shard stops (exit DEADLINE)"),
-    ("--moderation-shape", str, "the shape of /v1/moderations results (" + ", ".join(ModerationShape)
-                                + "; default scores): flagged adds flagged and category_applied_input_types"),
-    ("--output-check", str, "JSON: the job's checked outputs (llm_batch.core.output_check.OutputCheck)"),
+    ("--options", str, "JSON: the job's options (llm_batch.core.job_spec.JobOptions: moderation_shape, "
+                       "output_check, ...); default: none set"),
     ("--cache-salt", str, "the job owner's namespace in the engine's prefix cache (set by the server)"),
     ("--work-uri", str, "work prefix the default URIs live under (default: LLM_BATCH_WORK_URI)"),
     ("--window", int, "max requests between fed and written (default: 4 x max_num_seqs)"),

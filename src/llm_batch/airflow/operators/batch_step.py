@@ -28,9 +28,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from llm_batch.airflow.hooks.llm_batch import LLMBatchApiError, LLMBatchHook, base_url_of
 from llm_batch.airflow.triggers.batch_job import BatchJobTrigger
+from llm_batch.core.job_spec import JobSpec
 
 MANIFEST_SCHEMA_VERSION = 1
 INPUTS = ("prompts", "requests", "input_uri", "input_file_ids")
+# The spec's fields the operator does not name itself (templated ones): taken as they are.
+SPEC_ARGUMENTS = [name for name in JobSpec.model_fields
+                  if name not in ("model", "endpoint", "engine_config", "labels", "output_uri")]
 
 
 def step_job_id(dag_id: str, run_id: str, task_id: str, map_index: int | None, secret: str = "") -> str:
@@ -135,12 +139,12 @@ class LLMBatchOperator(BaseOperator):
     :param request_params: with ``prompts``: fields added to each body (``max_tokens``,
         ``temperature``, ...). (templated)
     :param model_config: engine configuration (``max_model_len``, ``dtype``, ...). (templated)
-    :param data_parallelism: shards run in parallel (1-64).
-    :param max_runtime_sec: the job's deadline on the server, seconds after creation.
-    :param priority: a priority band of the server (``low``, ``normal``, ``high``).
-    :param gpu_type: GPU node type (Kubernetes runner).
     :param labels: key-value labels of the job (filters, usage, pod labels). (templated)
     :param output_uri: also write the results as JSONL to this path. (templated)
+    Any other field of the job's spec (``llm_batch.core.job_spec.JobSpec``) is an argument too,
+    sent as given: ``data_parallelism`` (shards run in parallel), ``max_runtime_sec`` (the
+    job's deadline, seconds after creation), ``priority`` (a band of the server: ``low``,
+    ``normal``, ``high``), ``gpu_type``, ``result_cache``, ``output_check``, ...
     :param llm_batch_conn_id: the API's Connection (host = api-server URL, password = API key).
     :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
     :param poll_interval: seconds between status polls.
@@ -184,10 +188,6 @@ class LLMBatchOperator(BaseOperator):
         system_prompt: str | None = None,
         request_params: dict[str, Any] | None = None,
         model_config: dict[str, Any] | None = None,
-        data_parallelism: int = 1,
-        max_runtime_sec: int | None = None,
-        priority: str | None = None,
-        gpu_type: str | None = None,
         labels: dict[str, str] | None = None,
         output_uri: str | None = None,
         llm_batch_conn_id: str = LLMBatchHook.default_conn_name,
@@ -207,6 +207,7 @@ class LLMBatchOperator(BaseOperator):
         # (apache/airflow#72716). A job's own failure is final (AirflowFailException).
         kwargs.setdefault("retries", 2)
         kwargs.setdefault("retry_delay", timedelta(seconds=5))
+        self.spec = {name: kwargs.pop(name) for name in SPEC_ARGUMENTS if name in kwargs}
         super().__init__(**kwargs)
         if not 0.0 <= max_failed_fraction <= 1.0:
             raise ValueError(f"max_failed_fraction must be between 0 and 1, got {max_failed_fraction}")
@@ -219,10 +220,6 @@ class LLMBatchOperator(BaseOperator):
         self.system_prompt = system_prompt
         self.request_params = request_params or {}
         self.model_config = model_config or {}
-        self.data_parallelism = data_parallelism
-        self.max_runtime_sec = max_runtime_sec
-        self.priority = priority
-        self.gpu_type = gpu_type
         self.labels = labels or {}
         self.output_uri = output_uri
         self.llm_batch_conn_id = llm_batch_conn_id
@@ -245,16 +242,15 @@ class LLMBatchOperator(BaseOperator):
         if len(given) != 1:
             raise ValueError(f"give exactly one of {', '.join(INPUTS)}; got {', '.join(given) or 'none'}")
         body: dict[str, Any] = {
+            **self.spec,
             "id": job_id,
             "model": self.model,
             "endpoint": self.endpoint,
             "model_config": self.model_config,
-            "data_parallelism": self.data_parallelism,
             "labels": {"llm-batch.io/dag-id": self.dag_id, "llm-batch.io/task-id": self.task_id, **self.labels},
         }
-        for name in ("max_runtime_sec", "priority", "gpu_type", "output_uri"):
-            if getattr(self, name) is not None:
-                body[name] = getattr(self, name)
+        if self.output_uri is not None:
+            body["output_uri"] = self.output_uri
         if self.prompts:
             if isinstance(self.prompts, str):
                 raise ValueError("prompts must be a list of strings, got one string")

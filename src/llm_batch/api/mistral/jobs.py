@@ -3,6 +3,7 @@ filters, get, cancel)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -21,14 +22,12 @@ from llm_batch.api.mistral.models import (
     DeleteBatchJobResponse,
 )
 from llm_batch.api.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
-from llm_batch.api.submission import SubmittingDep, inline_request_lines, save_inline_requests, submit
-from llm_batch.core.input_formats import InputFormat
+from llm_batch.api.submission import SubmittingDep, inline_items, stored_inline, submit
 from llm_batch.core.job_input import JobInput
-from llm_batch.core.job_request import JobRequest
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.pipeline import housekeeping
-from llm_batch.pipeline.admission import check_endpoint, check_input_files, check_model, check_owner_limits
+from llm_batch.pipeline.admission import admit
 
 router = APIRouter(prefix="/v1/batch/jobs", tags=["mistral"], route_class=IdempotentRoute)
 
@@ -70,23 +69,11 @@ def create_batch_job(body: Annotated[CreateBatchJobRequest, Body()], submitting:
         raise ApiError(400, "agent_id is not supported: this system runs models, not agents; give model", param="agent_id")
     if bool(body.input_files) == bool(body.requests):
         raise ApiError(400, "give exactly one of input_files (uploaded file ids) or requests (inline)", param="input_files")
-    endpoint = check_endpoint(body.endpoint)
-    check_model(body.model, {}, settings, param="model", endpoint=endpoint, principal=caller, store=store)
-    check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
-    if body.input_files:
-        job_input = JobInput(file_ids=check_input_files(store, caller, body.input_files, "input_files"))
-    else:
-        job_input = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []),
-                                         "inline-requests.jsonl")
-    request = JobRequest(
-        dialect="mistral",
-        endpoint=endpoint,
-        model=body.model or "",
-        input=job_input,
-        input_format=InputFormat.JSONL,
-        metadata=body.metadata or {},
-        max_runtime_sec=body.timeout_hours * 3600,
-    )
+    given = JobInput(file_ids=body.input_files, requests=inline_items(body.requests) if body.requests else None)
+    request = admit(body.spec(), given, caller, store, settings, words={"input_file_ids": "input_files"})
+    if body.requests:
+        request = stored_inline(store, settings, caller.name, request)
+    request = dataclasses.replace(request, dialect="mistral")
     job = submit(store, caller.name, request, trigger)
     return BatchJobOut.of(job)
 

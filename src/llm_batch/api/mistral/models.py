@@ -10,6 +10,7 @@ from llm_batch.api.file_models import epoch
 from llm_batch.api.inline_request import InlineRequest
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
+from llm_batch.core.job_spec import JobSpec
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore import Job
 
@@ -76,6 +77,11 @@ class CreateBatchJobRequest(BaseModel):
     )
 
     _metadata = field_validator("metadata")(check_pairs)
+
+    def spec(self) -> JobSpec:
+        """The job's spec in the canonical words."""
+        return JobSpec(model=self.model or "", endpoint=self.endpoint, metadata=self.metadata or {},
+                       max_runtime_sec=self.timeout_hours * 3600)
 
 
 class BatchErrorOut(BaseModel):

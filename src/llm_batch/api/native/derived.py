@@ -11,6 +11,7 @@ from llm_batch.api.errors import ApiError
 from llm_batch.api.submission import Submitting, save_inline_requests, submit
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_request import DerivedFrom, JobRequest
+from llm_batch.core.job_spec import JobOptions
 from llm_batch.infra.jobstore import Job
 from llm_batch.pipeline.admission import check_model, check_owner_limits
 from llm_batch.pipeline.rerun import CannotDerive, rerun_input, retry_lines, retry_plan
@@ -33,8 +34,7 @@ def derive_job(submitting: Submitting, job_id: str, kind: str) -> Job:
     try:
         if kind == "retry":
             plan = retry_plan(store, source)
-            options = source.input.model_dump(include={"output_format", "moderation_shape", "output_expires_after_s",
-                                                    "result_cache", "output_check"})
+            options = dict(source.input.part(JobOptions))
             counted = _Counted(retry_lines(store, source, plan))
             job_input = save_inline_requests(store, settings, source.owner, counted, f"retry-of-{source.id}.jsonl",
                                              **options)

@@ -25,24 +25,16 @@ from llm_batch.api.native.derived import derive_job
 from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, EstimateOut, JobList, JobOut, QueueOut
 from llm_batch.api.run_queue import QueuePlace, job_places
 from llm_batch.api.state import MAX_PAGE_SIZE, StoreDep
-from llm_batch.api.submission import SubmittingDep, inline_request_lines, save_inline_requests, submit
+from llm_batch.api.submission import SubmittingDep, inline_items, stored_inline, submit
 from llm_batch.core.config import Settings
-from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
+from llm_batch.core.job_spec import JobSpec
 from llm_batch.core.jobs import JobRejected, JobStatus
-from llm_batch.core.model_config import ModelError, job_model_config
 from llm_batch.infra.jobstore import DuplicateId, Job, JobStore
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.infra.storage import StorageError
-from llm_batch.pipeline.admission import (
-    check_endpoint,
-    check_input_files,
-    check_model,
-    check_owner_limits,
-    check_paths,
-    priority_weight,
-)
+from llm_batch.pipeline.admission import admit, one_input
 from llm_batch.pipeline.estimate import estimate_input
 from llm_batch.pipeline.steps import input_source, job_model_choice
 from llm_batch.pipeline.validation import BatchRejected
@@ -64,15 +56,6 @@ def _reattach(store: JobStore, caller: Caller, job_id: str) -> Job | None:
     return existing
 
 
-def _stored_model_config(model: str, model_config: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return job_model_config({**model_config, "model": model})
-    except ModelError as exc:
-        fields = getattr(exc, "fields", ())
-        param = f"model_config.{fields[0]}" if fields else "model_config"
-        raise ApiError(400, str(exc), param=param, code="invalid_model_config") from None
-
-
 @router.post("", response_model=JobOut | EstimateOut,
              summary="Create a job (with `id`: idempotent, re-attaches to yours; with `dry_run`: only its estimate)")
 def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) -> JobOut | EstimateOut:
@@ -81,44 +64,17 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
     existing = _reattach(store, caller, body.id) if body.id is not None else None
     if existing is not None and not body.dry_run:
         return JobOut.of(existing)
-    given = [name for name in ("requests", "input_file_ids", "input_uri") if getattr(body, name) is not None]
-    if len(given) != 1:
-        raise ApiError(400, "give exactly one of requests (inline), input_file_ids (uploaded files) or input_uri "
-                       f"(a path); got {', '.join(given) or 'none'}", param="requests", code="invalid_input")
-    endpoint = check_endpoint(body.endpoint)
-    model_config = _stored_model_config(body.model, body.model_config_)  # a bad field: 400 naming it
-    check_model(body.model, model_config, settings, param="model", endpoint=endpoint, principal=caller, store=store)
-    labels = dict(body.labels or {})
-    weight = priority_weight(settings, body.priority)
-    check_owner_limits(store, settings, caller, new_jobs=1, new_requests=len(body.requests or []))
-    input_uri, output_uri = check_paths(store, settings, caller, body.input_uri, body.output_uri, labels)
+    param = one_input({"requests": body.requests, "input_file_ids": body.input_file_ids, "input_uri": body.input_uri})
+    given = JobInput(uri=body.input_uri, file_ids=body.input_file_ids,
+                     requests=inline_items(body.requests) if body.requests else None)
+    request = admit(body.part(JobSpec), given, caller, store, settings, job_id=body.id)
     if body.dry_run:
-        return _dry_run(store, settings, caller, body, endpoint, model_config, input_uri, weight, given[0])
+        return _dry_run(store, settings, caller, request, param)
     # Every check is done: only now is anything written.
-    if body.input_file_ids:
-        job_input = JobInput(file_ids=check_input_files(store, caller, body.input_file_ids, "input_file_ids"))
-    elif input_uri is not None:
-        job_input = JobInput(uri=input_uri, path=body.input_uri)
-    else:
-        job_input = save_inline_requests(store, settings, caller.name, inline_request_lines(body.requests or []),
-                                         "inline-requests.jsonl")
-    job_input = job_input.model_copy(update={"result_cache": body.result_cache, "output_check": body.output_check})
-    request = JobRequest(
-        dialect="airflow",
-        endpoint=endpoint,
-        model=body.model,
-        input=job_input,
-        input_format=InputFormat.JSONL,
-        model_config=model_config,
-        output_uri=output_uri,
-        labels=labels,
-        priority=weight,
-        priority_name=body.priority,
-        data_parallelism=body.data_parallelism,
-        resources={"gpu_type": body.gpu_type} if body.gpu_type else {},
-        max_runtime_sec=body.max_runtime_sec or settings.default_max_runtime_sec,
-        id=body.id,
-    )
+    if body.requests:
+        request = stored_inline(store, settings, caller.name, request)
+    elif body.input_uri is not None:
+        request = dataclasses.replace(request, input=request.input.model_copy(update={"path": body.input_uri}))
     try:
         job = submit(store, caller.name, request, trigger)
     except DuplicateId:  # a concurrent create of the same id won
@@ -129,22 +85,14 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
     return JobOut.of(job)
 
 
-def _dry_run(store: JobStore, settings: Settings, caller: Caller, body: CreateJob, endpoint: str,
-             model_config: dict[str, Any], input_uri: str | None, weight: int, param: str) -> EstimateOut:
-    """The estimate of the job `body` would create (``llm_batch.pipeline.estimate``), made on
-    a job that is never stored: nothing is written, no run is triggered."""
-    if body.input_file_ids:
-        job_input = JobInput(file_ids=check_input_files(store, caller, body.input_file_ids, "input_file_ids"))
-    elif input_uri is not None:
-        job_input = JobInput(uri=input_uri, path=body.input_uri)
-    else:  # as inline_request_lines numbers them
-        job_input = JobInput(requests=[{"custom_id": str(i) if r.custom_id is None else r.custom_id, "body": r.body}
-                                       for i, r in enumerate(body.requests or [])])
+def _dry_run(store: JobStore, settings: Settings, caller: Caller, request: JobRequest, param: str) -> EstimateOut:
+    """The estimate of the job `request` would create (``llm_batch.pipeline.estimate``), made
+    on a job that is never stored: nothing is written, no run is triggered."""
     now = datetime.now(UTC)
-    job = Job(id="dry-run", dialect="airflow", endpoint=endpoint, model=body.model, owner=caller.name,
-              status=JobStatus.QUEUED, created_at=now, updated_at=now, model_config=model_config, input=job_input,
-              input_format=InputFormat.JSONL, priority=weight, data_parallelism=body.data_parallelism,
-              resources={"gpu_type": body.gpu_type} if body.gpu_type else {})
+    job = Job(id="dry-run", dialect=request.dialect, endpoint=request.endpoint, model=request.model,
+              owner=caller.name, status=JobStatus.QUEUED, created_at=now, updated_at=now,
+              model_config=request.model_config, input=request.input, input_format=request.input_format,
+              priority=request.priority, data_parallelism=request.data_parallelism, resources=request.resources)
     try:
         source, fmt = input_source(store, job)
         estimate = estimate_input(store, settings, job, source=source, fmt=fmt,

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from llm_batch.api.file_models import epoch
 from llm_batch.api.inline_request import InlineRequest
 from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
-from llm_batch.core.endpoints import SUPPORTED_LISTED
-from llm_batch.core.output_check import OutputCheck
-from llm_batch.core.placement import GpuType
+from llm_batch.core.job_spec import JobSpec
 from llm_batch.infra.jobstore import Job
 from llm_batch.pipeline.estimate import Estimate
 
@@ -27,12 +25,11 @@ class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline requ
     """One inline request of a job. No other field is allowed (422)."""
 
 
-class CreateJob(BaseModel):
-    """Create a job: exactly one of ``requests``, ``input_file_ids`` and ``input_uri``.
-    With ``id``, a create is idempotent: an id you already used answers that job (200),
-    an id another owner used is 409. Unknown fields are refused (422)."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+class CreateJob(JobSpec):
+    """Create a job: exactly one of ``requests``, ``input_file_ids`` and ``input_uri``, and the
+    job's spec (``llm_batch.core.job_spec.JobSpec``). With ``id``, a create is idempotent: an
+    id you already used answers that job (200), an id another owner used is 409. Unknown
+    fields are refused (422)."""
 
     id: str | None = Field(
         default=None,
@@ -59,67 +56,6 @@ class CreateJob(BaseModel):
         description="A JSONL file you may name: an absolute path under the local roots, or `s3://` in an allowed "
         "bucket (400 naming the rule otherwise)",
     )
-    endpoint: str = Field(
-        default="/v1/chat/completions",
-        max_length=128,
-        description=f"The API every request calls (default `/v1/chat/completions`): {SUPPORTED_LISTED}",
-    )
-    model: str = Field(
-        max_length=256,
-        description="The model to run, a name from the model registry, able to serve the endpoint (400 otherwise)",
-    )
-    model_config_: dict[str, Any] = Field(
-        default_factory=dict,
-        alias="model_config",
-        description="Engine configuration (fields of the model registry's model_config: max_model_len, dtype, "
-        "checkpoint_path, ...); a bad field is 400 naming it",
-    )
-    data_parallelism: int = Field(
-        default=1, ge=1, le=64, description="How many shards (workers in parallel) the requests are split into, 1-64"
-    )
-    max_runtime_sec: int | None = Field(
-        default=None,
-        ge=1,
-        le=172_800,
-        description="The job's deadline in seconds after creation (1-172800; default: the server's, one day): "
-        "workers stop there, finished results are kept, the status is TIMEOUT_EXCEEDED",
-    )
-    priority: str | None = Field(
-        default=None,
-        max_length=64,
-        description="A priority band the server knows (by default `low`, `normal`, `high`); another is 400. "
-        "Null: normal",
-    )
-    gpu_type: GpuType | None = Field(
-        default=None, description="GPU node type of the workers (Kubernetes runner); null: no node selector"
-    )
-    labels: dict[str, str] | None = Field(
-        default=None,
-        description="Your key-value pairs, stored with the job (list filter `label`, usage grouping, pod labels): "
-        "at most 64 pairs, keys up to 64 characters, values up to 512 (422 beyond)",
-    )
-    output_uri: str | None = Field(
-        default=None,
-        max_length=4096,
-        description="Also write the results, as JSONL in input order, to this path you may name (same rules as "
-        "input_uri); an existing file is 409 unless your earlier job wrote it and label "
-        "`llm-batch.io/overwrite-output` is `true`",
-    )
-
-    result_cache: bool = Field(
-        default=True,
-        description="Answer the lines whose answer is determined (greedy or seeded chat and completions, embeddings) "
-        "from your earlier jobs' results when they hold them (no engine time; marked `cached` in the output line). "
-        "false: every line runs on the engine and none of this job's answers enter the cache",
-    )
-
-    output_check: OutputCheck | None = Field(
-        default=None,
-        description="How the chat and completion answers must look (the line's own `response_format`, a JSON "
-        "schema or a regex) and how often a failing answer is tried again with a new seed; then the line is an error "
-        "line of code `invalid_output` holding the last answer. See \"Checked outputs\" in docs/api.md",
-    )
-
     dry_run: bool = Field(
         default=False,
         description="Only estimate: every check of a create runs (auth, model, paths, limits; 4xx as a create), the "
@@ -128,6 +64,7 @@ class CreateJob(BaseModel):
     )
 
     _labels = field_validator("labels")(check_pairs)
+
 
 
 class JobCounts(BaseModel):

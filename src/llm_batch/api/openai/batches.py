@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import orjson
@@ -23,11 +24,10 @@ from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, StoreDep
 from llm_batch.api.submission import SubmittingDep, submit
 from llm_batch.api.uploads import expiry
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput, ModerationShape
-from llm_batch.core.job_request import JobRequest
+from llm_batch.core.job_spec import JobSpec
 from llm_batch.infra import input_files, storage
-from llm_batch.pipeline.admission import check_endpoint, check_model, check_owner_limits, model_registry
+from llm_batch.pipeline.admission import admit, check_owner_limits, model_registry, parse_spec
 
 router = APIRouter(prefix="/v1/batches", tags=["openai"], route_class=IdempotentRoute)
 
@@ -62,40 +62,34 @@ def _check_moderation_categories(model: str, settings) -> None:
                        param="input_file_id", code="model_endpoint_mismatch")
 
 
-def _output_expiry(settings, body: CreateBatchRequest) -> int | None:
-    """The output and error files' expiry in seconds (JobInput.output_expires_after_s)."""
-    given = expiry(settings, body.output_expires_after.seconds if body.output_expires_after else None)
-    return int(given.total_seconds()) if given else None
+def _spec(settings, body: CreateBatchRequest, model: str) -> JobSpec:
+    """The batch's job spec: its model is the first line's (``_model_of_first_line``)."""
+    expires = expiry(settings, body.output_expires_after.seconds if body.output_expires_after else None)
+    return parse_spec(JobSpec, {
+        "model": model, "endpoint": body.endpoint, "metadata": body.metadata or {},
+        "max_runtime_sec": COMPLETION_WINDOW_SECONDS[body.completion_window],
+        "output_expires_after_s": int(expires.total_seconds()) if expires else None,
+        "moderation_shape": ModerationShape.FLAGGED,  # OpenAI's moderation results
+        "unique_custom_ids": True,  # OpenAI fails a batch with a custom_id twice
+    })
 
 
 @router.post("", response_model=BatchOut, summary="Create a batch from an uploaded JSONL file")
 def create_batch(body: Annotated[CreateBatchRequest, Body()], submitting: SubmittingDep) -> BatchOut:
     caller, store, settings, trigger = submitting
     caller.require_submit()
-    check_owner_limits(store, settings, caller, new_jobs=1)
-    endpoint = check_endpoint(body.endpoint)
+    check_owner_limits(store, settings, caller, new_jobs=1)  # before the file is read for the model
     input_file = store.get_file(body.input_file_id, owner=caller.owner_filter)
     if input_file is None:
         raise ApiError(404, f"No file found with id {body.input_file_id!r}.", param="input_file_id", code="not_found")
     if (why := input_files.refusal(input_file)) is not None:
         raise ApiError(400, why, param="input_file_id", code="invalid_input_file")
-    model = _model_of_first_line(input_file.uri, input_file.id)
-    check_model(model, {}, settings, param="input_file_id", endpoint=endpoint, principal=caller, store=store)
-    if endpoint == Endpoint.MODERATIONS:
-        _check_moderation_categories(model, settings)
-    request = JobRequest(
-        dialect="openai",
-        endpoint=endpoint,
-        model=model,
-        input=JobInput(file_ids=[input_file.id], output_expires_after_s=_output_expiry(settings, body),
-                       moderation_shape=ModerationShape.FLAGGED,  # OpenAI's moderation results
-                       unique_custom_ids=True),  # OpenAI fails a batch with a custom_id twice
-        input_format=InputFormat.JSONL,
-        metadata=body.metadata or {},
-        max_runtime_sec=COMPLETION_WINDOW_SECONDS[body.completion_window],
-    )
-    job = submit(store, caller.name, request, trigger)
-    return BatchOut.of(job)
+    spec = _spec(settings, body, _model_of_first_line(input_file.uri, input_file.id))
+    request = admit(spec, JobInput(file_ids=[input_file.id]), caller, store, settings,
+                    words={"model": "input_file_id", "input_file_ids": "input_file_id"})
+    if request.endpoint == Endpoint.MODERATIONS:
+        _check_moderation_categories(request.model, settings)
+    return BatchOut.of(submit(store, caller.name, dataclasses.replace(request, dialect="openai"), trigger))
 
 
 @router.get("", response_model=BatchList, summary="List batches, newest first")
