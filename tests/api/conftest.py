@@ -198,3 +198,18 @@ def live_server(batch_app) -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def airflow_api(batch_api, auth_manager):
+    """Airflow's REST API app (no plugin app in a test process) behind the guard, as the plugin
+    puts it in the api-server."""
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    from llm_batch.api import run_guard
+
+    app = create_app(apps="core")
+    app.state.auth_manager = auth_manager
+    with TestClient(run_guard.RunOwnerGuard(app), raise_server_exceptions=False) as client:
+        yield client

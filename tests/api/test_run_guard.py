@@ -111,19 +111,6 @@ def test_what_names_no_single_product_run_is_for_admins_and_other_dags_are_airfl
 # -- the middleware in front of Airflow's own API, on runs the batch API triggered -----------------
 
 
-@pytest.fixture(scope="module")
-def airflow_api(batch_api, auth_manager):
-    """Airflow's REST API app (no plugin app in a test process) behind the guard, as the plugin
-    puts it in the api-server."""
-    from airflow.api_fastapi.app import create_app
-    from fastapi.testclient import TestClient
-
-    app = create_app(apps="core")
-    app.state.auth_manager = auth_manager
-    with TestClient(run_guard.RunOwnerGuard(app), raise_server_exceptions=False) as client:
-        yield client
-
-
 def _run_of_a_job(client, creds) -> tuple[str, str]:
     """(job id, run id) of a new job of alice's, its run triggered by the batch API."""
     from tests.api.conftest import dag_run_of
@@ -192,7 +179,8 @@ def test_an_unknown_run_of_the_batch_dag_is_airflows_404(creds, airflow_api):
 
 def test_the_owner_of_a_form_run_is_whoever_triggered_it_until_it_registers(creds, airflow_api):
     made = airflow_api.post(f"/api/v2/dags/{BATCH}/dagRuns", headers=creds.jwt("bob"),
-                            json={"logical_date": None, "conf": {"model": "tiny-random-llama"}})
+                            json={"logical_date": None, "conf": {"model": "tiny-random-llama", "input_requests": [
+                                {"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}]}})
     assert made.status_code == 200, made.text
     run_id = made.json()["dag_run_id"]
     assert run_guard.owner_of_run(BATCH, run_id) == "bob"

@@ -1,5 +1,6 @@
 """One bad spec, one refusal: the native route, a DAG run (register, with the spec as its
-conf) and the CLI (through the API) refuse the same bad spec with the same reason, each
+conf), the trigger form's ``POST /api/v2/dags/batch_inference/dagRuns`` (refused before any
+run is made) and the CLI (through the API) refuse the same bad spec with the same reason, each
 through the one admission (``llm_batch.pipeline.admission.admit``) of the one spec
 (``llm_batch.core.job_spec.JobSpec``)."""
 
@@ -28,9 +29,10 @@ BAD_SPECS = [
 
 @pytest.mark.parametrize(("bad", "flags", "reason"), BAD_SPECS, ids=lambda value: str(value)[:24])
 def test_every_way_in_refuses_a_bad_spec_with_the_same_reason(
-        client, creds, api_store, live_server, cli, capsys, tmp_path, bad, flags, reason):
+        client, creds, api_store, live_server, airflow_api, cli, capsys, tmp_path, bad, flags, reason):
     from llm_batch.core.config import get_settings
     from llm_batch.core.jobs import JobRejected
+    from llm_batch.core.run_conf import BATCH_DAG_ID
     from llm_batch.pipeline import steps
 
     requests = [{"custom_id": "0", "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}]
@@ -43,6 +45,13 @@ def test_every_way_in_refuses_a_bad_spec_with_the_same_reason(
                                                    "owner": "alice", **bad}, f"manual__{job_id}")
     assert reason in str(refused.value)
     assert reason in api_store.get_job(job_id).status_reason  # the refused run's job says it too
+
+    runs = f"/api/v2/dags/{BATCH_DAG_ID}/dagRuns"
+    before = airflow_api.get(runs, headers=creds.jwt("root")).json()["total_entries"]
+    form = airflow_api.post(runs, headers=creds.jwt("alice"),
+                            json={"logical_date": None, "conf": {"input_requests": requests, "model": MODEL, **bad}})
+    assert form.status_code == 400 and reason in form.json()["detail"], form.text
+    assert airflow_api.get(runs, headers=creds.jwt("root")).json()["total_entries"] == before  # no run made
 
     batch = tmp_path / "batch.jsonl"
     batch.write_bytes(chat_lines(1))

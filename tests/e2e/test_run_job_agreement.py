@@ -114,25 +114,31 @@ def _clear_and_watch(stack: Any, airflow: AirflowAPI, run_id: str, job_id: str, 
 
 
 def test_a_run_refused_at_prepare_leaves_a_failed_job_and_a_note(e2e_stack, airflow, batch_client, tmp_path):
-    """A /api/v2 (or Trigger form) run with engine arguments its model rules out (the tiny
-    model's context is 2048 tokens): prepare fails once with the reason, the job is FAILED
-    with it (the page and the API show it), and the run's note (the real plugin's run-end
-    listener) says why."""
+    """A run that admission refuses when it registers (its input file deleted after the
+    trigger, which admitted it: the trigger form and /api/v2 refuse a bad conf themselves,
+    tests/api/test_same_refusal.py): prepare fails once with the reason, the job is FAILED with
+    it (the page and the API show it), and the run's note (the real plugin's run-end listener)
+    says why. The DAG is paused from the trigger to the delete: the order by construction."""
     batch = long_batch(tmp_path / "refused.jsonl", 2)
     file_id = batch_client.upload(batch)
     job_id = f"e2e_refused_{uuid.uuid4().hex[:12]}"
     conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
-            "owner": "admin", "model_config": {"max_model_len": 4096}}
-    run_id = airflow.trigger(DAG, conf)
+            "owner": "admin"}
+    airflow.call("PATCH", f"/dags/{DAG}", json={"is_paused": True})
+    try:
+        run_id = airflow.trigger(DAG, conf)
+        batch_client._call("DELETE", f"/v1/files/{file_id}")
+    finally:
+        airflow.call("PATCH", f"/dags/{DAG}", json={"is_paused": False})
     run = wait_until(f"run {run_id} to end", lambda: (lambda r: r if r["state"] in ("failed", "success") else None)(
         airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}")), 180, 1.0)
     assert run["state"] == "failed", run
     job = _job(e2e_stack, job_id)
     assert job is not None and job.status.value == "FAILED", job
-    assert "max_model_len" in job.status_reason and "2048" in job.status_reason, job.status_reason
+    assert file_id in job.status_reason and "input_file_ids[0]" in job.status_reason, job.status_reason
     note = wait_until(f"the note of {run_id}", lambda: airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}").get("note"),
                       30, 0.5)
-    assert "FAILED" in note and "refused" in note and "2048" in note, note
+    assert "FAILED" in note and "refused" in note and file_id in note, note
     # The native API shows the job and its reason.
     native = batch_client.get_job(job_id)
-    assert native["status"] == "FAILED" and "max_model_len" in str(native), native
+    assert native["status"] == "FAILED" and file_id in str(native), native

@@ -103,9 +103,8 @@ def test_the_users_dags_and_specs_under_home_become_dags(e2e_stack, airflow):
 def test_form_triggers_and_api_creates_at_once_get_no_server_error(e2e_stack, batch_client, job_logs):
     """The form's Trigger (/api/v2 with the form's conf) and the batch API's create, eight of
     each at once, no client retries: every answer is 2xx in time and none says "database is
-    locked" (Airflow on SQLite answered the form 500 after 60 s under such load). The form
-    runs are refused at register (two inputs) and the API's jobs cancelled before they start,
-    so no engine runs."""
+    locked" (Airflow on SQLite answered the form 500 after 60 s under such load). Every job of
+    one line is cancelled once it exists (a form run's at register), so little engine runs."""
     import uuid
     from concurrent.futures import ThreadPoolExecutor
 
@@ -118,8 +117,7 @@ def test_form_triggers_and_api_creates_at_once_get_no_server_error(e2e_stack, ba
     line = {"body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}}
 
     def trigger(i: int) -> tuple[httpx.Response, float]:
-        conf = {"job_id": f"form-{tag}-{i}", "input_uri": "/nowhere.jsonl", "input_requests": [line],
-                "model": MODEL, "labels": {"e2e": tag}}
+        conf = {"job_id": f"form-{tag}-{i}", "input_requests": [line], "model": MODEL, "labels": {"e2e": tag}}
         return timed(lambda: httpx.post(f"{e2e_stack.base_url}/api/v2/dags/batch_inference/dagRuns", timeout=90,
                                         headers=airflow_headers, json={"logical_date": None, "conf": conf}))
 
@@ -141,11 +139,14 @@ def test_form_triggers_and_api_creates_at_once_get_no_server_error(e2e_stack, ba
         assert "database is locked" not in response.text
         assert took < 30, f"{response.request.url} answered after {took:.1f} s"
     form_jobs = [f"form-{tag}-{i}" for i in range(n)]
+    job_logs.extend(form_jobs)
+    for job_id in form_jobs:  # each is made when its run registers
+        wait_until(f"job {job_id}", lambda: batch_client.list_jobs(q=job_id)["data"], 180, poll=1)
+        batch_client.cancel(job_id)
     wait_until("every job ended", lambda: all(batch_client.job(j).terminal for j in (*made, *form_jobs)), 180, poll=2)
     assert {batch_client.job(j).status for j in made} == {"CANCELLED"}
-    for job_id in form_jobs:
-        job = batch_client.job(job_id)
-        assert job.status == "FAILED" and "give exactly one of" in " ".join(job.errors), job
+    # A form job may have finished its one line before its cancel came.
+    assert {batch_client.job(j).status for j in form_jobs} <= {"CANCELLED", "SUCCEEDED"}
 
 
 def timed(send) -> tuple[httpx.Response, float]:

@@ -3,7 +3,8 @@ real embedded stack: log in to Airflow's UI, open "Batch jobs" from Airflow's na
 watch a running job's bar move, cancel it, download its results, read its legends, rate, error
 table and results preview, retry its failed lines from the page and follow the "made from" link
 back, search, read the user's usage, follow Airflow's dark mode, and follow its links into Airflow's own pages; a viewer sees no cancel
-button and gets a 403 if they try. Screenshots go to docs/ui/.
+button and gets a 403 if they try. And Airflow's trigger form refusing a bad input with the
+API's reason. Screenshots go to docs/ui/.
 
 The stack's simple auth manager knows only ``admin`` (src/llm_batch/devstack/stack.py); the viewer is a
 JWT of role viewer signed with the stack's secret (the simple auth manager takes a user
@@ -63,6 +64,41 @@ def _bar_value(frame, job_id: str) -> int:
     return int(bar.get_attribute("aria-valuenow") or 0) if bar.count() else -1
 
 
+def _logged_in(browser_context, base: str, password: str):
+    """A new page, logged in to Airflow's UI as the stack's admin."""
+    page = browser_context.new_page()
+    page.goto(base + "/", wait_until="domcontentloaded")
+    page.wait_for_selector('input[name="username"]', timeout=60_000)
+    page.fill('input[name="username"]', "admin")
+    page.fill('input[name="password"]', password)
+    page.click('button[type="submit"]')
+    page.wait_for_url(re.compile(r"^(?!.*/auth/login).*$"), timeout=60_000)
+    return page
+
+
+def test_the_trigger_form_refuses_what_the_api_refuses(e2e_stack, airflow, browser_context):
+    """Airflow's trigger form with an input that does not exist: the form shows admission's
+    reason (the batch API's words for the same input) and no run is made."""
+    base = e2e_stack.base_url
+    page = _logged_in(browser_context, base, json.loads(e2e_stack.passwords_file.read_text())["admin"])
+    runs_before = airflow.call("GET", "/dags/batch_inference/dagRuns")["total_entries"]
+    page.goto(f"{base}/dags/batch_inference", wait_until="domcontentloaded")
+    page.get_by_role("button", name="Trigger").first.click()
+    field = page.locator("#element_input_uri")
+    field.wait_for(timeout=60_000)
+    field.fill("/no/such/input.jsonl")
+    with page.expect_response(lambda r: r.url.endswith("/api/v2/dags/batch_inference/dagRuns")
+                              and r.request.method == "POST") as answer:
+        page.get_by_role("dialog").get_by_role("button", name="Trigger").click()
+    assert answer.value.status == 400, answer.value.text()
+    reason = answer.value.json()["detail"]
+    assert reason.startswith("input_uri") and "/no/such/input.jsonl" in reason, reason
+    page.get_by_text(reason[:60]).first.wait_for(timeout=30_000)  # the form says why
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "trigger-form-refused.png"))
+    assert airflow.call("GET", "/dags/batch_inference/dagRuns")["total_entries"] == runs_before
+
+
 def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_path, browser_context):
     SHOTS.mkdir(parents=True, exist_ok=True)
     batch = long_batch(tmp_path / "ui.jsonl", 120, first_tokens=8, step=0)
@@ -73,13 +109,7 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     base = e2e_stack.base_url
     password = json.loads(e2e_stack.passwords_file.read_text())["admin"]
 
-    page = browser_context.new_page()
-    page.goto(base + "/", wait_until="domcontentloaded")
-    page.wait_for_selector('input[name="username"]', timeout=60_000)
-    page.fill('input[name="username"]', "admin")
-    page.fill('input[name="password"]', password)
-    page.click('button[type="submit"]')
-    page.wait_for_url(re.compile(r"^(?!.*/auth/login).*$"), timeout=60_000)
+    page = _logged_in(browser_context, base, password)
     # Airflow's navigation has the entry (external_views) and shows our page inside its UI.
     page.get_by_text("Batch jobs").first.click()
     page.wait_for_url(re.compile(r".*/plugin/batch-jobs.*"), timeout=60_000)

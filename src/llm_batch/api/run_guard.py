@@ -3,7 +3,8 @@
 Airflow's auth managers are told the DAG, never the run, and listeners hear of a change after
 it is made: so a root middleware refuses (403, Airflow's shape) a non-admin's write touching
 another owner's batch run or an admin's DAG, and cuts other owners' batch confs and event
-extras out of Airflow's answers.
+extras out of Airflow's answers. A new batch run that admission would refuse is refused here
+(400, the reason as register words it), so the trigger form shows why and no run is made.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llm_batch.api.app import read_body, replay
 from llm_batch.api.auth import auth_manager, is_airflow_admin
 from llm_batch.core.config import get_settings
+from llm_batch.core.jobs import JobRejected
 from llm_batch.core.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID, api_run_id, run_job_id
 from llm_batch.infra.jobstore import get_job_store
-from llm_batch.pipeline import steps
+from llm_batch.pipeline import admission, steps
 from llm_batch.pipeline.recurring import DAG_ID_PREFIX as RECURRING_PREFIX
 
 PREFIX = "/api/v2/"
@@ -170,6 +172,21 @@ def batch_run_owner(run_id: str, conf: dict[str, Any], triggering_user: str | No
 # -- what a reader sees -----------------------------------------------------------------------------
 
 
+def refused_run(user: str, is_admin: bool, body: Any) -> str | None:
+    """Why the register step would refuse a new batch run of this trigger (the form's, or
+    ``/api/v2``'s), or None: refused here, the trigger form shows the reason and no run is made."""
+    conf = body.get("conf") if isinstance(body, dict) else None
+    conf = conf if isinstance(conf, dict) else {}
+    store = get_job_store()
+    if conf.get("job_id") and store.get_job(str(conf["job_id"])) is not None:
+        return None  # a run of a job already made (the batch API's): register decides
+    try:
+        admission.admit_run(conf, user, is_admin, store, get_settings())
+    except JobRejected as exc:
+        return admission.refusal_text(exc)
+    return None
+
+
 def shows_events(method: str, parts: list[str]) -> bool:
     """Whether ``/api/v2/<parts>`` answers Airflow's event log."""
     return method == "GET" and parts[:1] == ["eventLogs"] and len(parts) <= 2
@@ -216,8 +233,10 @@ class RunOwnerGuard:
 
     def __init__(self, app: ASGIApp, owner_of: OwnerOf = owner_of_run,
                  user_of: Callable[[Scope], Awaitable[Any]] | None = None,
-                 shown_owner: Callable[[dict[str, Any]], str] = owner_of_shown_run):
+                 shown_owner: Callable[[dict[str, Any]], str] = owner_of_shown_run,
+                 refused_run: Callable[[str, bool, Any], str | None] = refused_run):
         self.app, self.owner_of, self.user_of, self.shown_owner = app, owner_of, user_of or airflow_user, shown_owner
+        self.refused_run = refused_run
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
@@ -256,6 +275,13 @@ class RunOwnerGuard:
                 why = await run_in_threadpool(refusal, user.get_name(), named, self.owner_of)
                 if why is not None:
                     await JSONResponse({"detail": why}, status_code=403)(scope, receive, send)
+                    return
+        elif scope["method"] == "POST" and parts == ["dags", BATCH_DAG_ID, "dagRuns"]:  # a new run: a job
+            user = await self.user_of(scope)
+            if user is not None:
+                why = await run_in_threadpool(self.refused_run, user.get_name(), is_airflow_admin(user), _json(body))
+                if why is not None:
+                    await JSONResponse({"detail": why}, status_code=400)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 

@@ -32,9 +32,10 @@ from llm_batch.core.endpoints import (
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.job_spec import JobOptions, JobSpec, spec_problem
-from llm_batch.core.jobs import Refused
+from llm_batch.core.jobs import JobRejected, Refused
 from llm_batch.core.model_config import ModelError, job_model_config, validate_model_config
 from llm_batch.core.placement import multi_node_refusal, priority_band
+from llm_batch.core.run_conf import RunConf
 from llm_batch.infra import input_files, storage, user_paths
 from llm_batch.infra.model_cache import check_local_checkpoint
 from llm_batch.infra.model_registry import ModelNotPrepared, Registry, load_registry
@@ -143,6 +144,24 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
         resources={"gpus": spec.gpus, "gpu_type": spec.gpu_type, "nodes_per_worker": spec.nodes_per_worker},
         max_runtime_sec=spec.max_runtime_sec or settings.default_max_runtime_sec,
     )
+
+
+def admit_run(conf: Mapping[str, Any], owner: str, trusted: bool, store: JobStore, settings: Settings, *,
+              job_id: str | None = None) -> JobRequest:
+    """A batch DAG run's conf (the trigger form's, ``/api/v2``'s, a schedule's) as the job it
+    asks for: its one input, its spec, then ``admit``. The API server asks it before Airflow
+    makes the run (the form's error), the register step again (every run passes there)."""
+    one_input({name: conf.get(name) for name in ("input_uri", "input_file_ids", "input_requests")})
+    run = parse_spec(RunConf, dict(conf))
+    return admit(run.part(JobSpec), run.job_input(), Owner(owner, trusted), store, settings, job_id=job_id)
+
+
+def refusal_text(exc: JobRejected) -> str:
+    """A refusal as one line that says where (``param: why``), as a run's note and the form show it."""
+    reason = str(exc)
+    if isinstance(exc, Refused) and exc.param and not reason.startswith(exc.param):
+        reason = f"{exc.param}: {reason}"
+    return reason
 
 
 def check_endpoint(endpoint: str, param: str = "endpoint") -> str:

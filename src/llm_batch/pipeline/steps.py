@@ -28,12 +28,12 @@ from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.core.job_input import JobInput, OutputFormat
 from llm_batch.core.job_request import JobRequest
-from llm_batch.core.job_spec import JobOptions, JobSpec
-from llm_batch.core.jobs import JobRejected, JobStatus, Refused
+from llm_batch.core.job_spec import JobOptions
+from llm_batch.core.jobs import JobRejected, JobStatus
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice
 from llm_batch.core.placement import priority_band
-from llm_batch.core.run_conf import DEFAULT_MODEL, DEFAULT_OWNER, DEFAULT_RUNTIME_SEC, RunConf, api_run_id, run_job_id
+from llm_batch.core.run_conf import DEFAULT_MODEL, DEFAULT_OWNER, DEFAULT_RUNTIME_SEC, api_run_id, run_job_id
 from llm_batch.infra import storage, user_paths
 from llm_batch.pipeline.recurring import output_asset_uri
 from llm_batch.pipeline.shard_task import ShardTask, shard_not_run_reasons
@@ -113,7 +113,7 @@ def register(
     `trusted` runs (an admin's, or scheduled ones: their conf comes from an admin's spec) may
     name paths outside the owner's namespace and anyone's files.
     """
-    from llm_batch.pipeline.admission import Owner, admit, one_input, parse_spec  # heavy
+    from llm_batch.pipeline.admission import admit_run, refusal_text  # heavy
 
     owner = str(conf.get("owner") or DEFAULT_OWNER)
     try:
@@ -132,13 +132,9 @@ def register(
             store.set_dag_run(job_id, dag_run_id)
         return job_id
     try:
-        one_input({name: conf.get(name) for name in ("input_uri", "input_file_ids", "input_requests")})
-        run = parse_spec(RunConf, conf)
-        request = admit(run.part(JobSpec), run.job_input(), Owner(owner, trusted), store, settings, job_id=job_id)
+        request = admit_run(conf, owner, trusted, store, settings, job_id=job_id)
     except JobRejected as exc:
-        reason = str(exc)
-        if isinstance(exc, Refused) and exc.param and not reason.startswith(exc.param):
-            reason = f"{exc.param}: {reason}"  # where, as the API's answer says in its param
+        reason = refusal_text(exc)
         _record_refusal(store, settings, conf, owner, job_id, dag_run_id, reason)
         raise JobRejected(reason) from None
     return store.create_requested_job(request, owner, dag_run_id=dag_run_id).id
