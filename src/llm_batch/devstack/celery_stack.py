@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from llm_batch.core.config import Settings, get_settings
@@ -63,7 +63,9 @@ def worker_hostname(environ: Mapping[str, str] | None = None) -> str:
 
 
 def worker_concurrency(settings: Settings) -> int:
-    return WARM_ENGINES_PER_WORKER + WAITING_TASKS_PER_WORKER if settings.warm_engines else 1
+    if settings.warm_engines:
+        return WARM_ENGINES_PER_WORKER + WAITING_TASKS_PER_WORKER
+    return 1
 
 
 def redis_binary() -> str:
@@ -215,9 +217,13 @@ class CeleryStack(Stack):
         result = super().up(timeout=timeout, restart=False)
         for n, offset in started.items():
             self.wait_worker_ready(n, timeout, offset)
-        return replace(result, started=result.started + tuple(self.worker_name(n) for n in started),
-                       already_running=result.already_running + tuple(
-                           self.worker_name(n) for n in range(1, self.workers + 1) if n not in started))
+        return UpResult(
+            started=result.started + tuple(self.worker_name(n) for n in started),
+            restarted=result.restarted,
+            already_running=result.already_running + tuple(
+                self.worker_name(n) for n in range(1, self.workers + 1) if n not in started),
+            config_changed=result.config_changed,
+        )
 
     def supervised(self) -> tuple[str, ...]:
         return COMPONENTS + self.worker_names()
@@ -255,6 +261,7 @@ class CeleryStack(Stack):
                           self.shape_dir / "s3" / "weed.log", pid)
 
     def s3_client(self):
+        """A boto3 client of the shape's S3 server (checks, benchmarks)."""
         return self._weed(0).client()
 
     def services_up(self, timeout: float = 120.0) -> None:
@@ -326,6 +333,7 @@ class CeleryStack(Stack):
                 for n in range(1, self.workers + 1) if self.pid_of(self.worker_name(n)) is None}
 
     def workers_up(self, timeout: float) -> list[int]:
+        """Start the workers that do not run; wait until each started one is ready."""
         started = self._stopped_workers()
         for n in started:
             self.start_component(self.worker_name(n))
@@ -371,12 +379,8 @@ class CeleryStack(Stack):
 
 
 def _descendants(root: int) -> list[int]:
-<<<<<<< Updated upstream
     """`root` and every process below it."""
     import psutil
-=======
-    import psutil  # optional
->>>>>>> Stashed changes
 
     try:
         return [root, *(child.pid for child in psutil.Process(root).children(recursive=True))]
