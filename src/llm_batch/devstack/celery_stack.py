@@ -380,7 +380,7 @@ class CeleryStack(Stack):
 
 def _descendants(root: int) -> list[int]:
     """`root` and every process below it."""
-    import psutil
+    import psutil  # optional
 
     try:
         return [root, *(child.pid for child in psutil.Process(root).children(recursive=True))]
