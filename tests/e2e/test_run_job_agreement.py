@@ -138,7 +138,7 @@ def test_a_run_refused_at_prepare_leaves_a_failed_job_and_a_note(e2e_stack, airf
     assert file_id in job.status_reason and "input_file_ids[0]" in job.status_reason, job.status_reason
     note = wait_until(f"the note of {run_id}", lambda: airflow.call("GET", f"/dags/{DAG}/dagRuns/{run_id}").get("note"),
                       30, 0.5)
-    assert "FAILED" in note and "refused" in note and file_id in note, note
+    assert "FAILED" in note and "refused" in note and "No file found" in note, note  # (markdown-escaped)
     # The native API shows the job and its reason.
     native = batch_client.get_job(job_id)
     assert native["status"] == "FAILED" and file_id in str(native), native

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llm_batch.core.run_conf import DEFAULT_MODEL
 from tests.e2e.conftest import MODEL, hold_shards, long_batch, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
@@ -92,7 +93,11 @@ def test_the_trigger_form_refuses_what_the_api_refuses(e2e_stack, airflow, brows
         page.get_by_role("dialog").get_by_role("button", name="Trigger").click()
     assert answer.value.status == 400, answer.value.text()
     reason = answer.value.json()["detail"]
-    assert reason.startswith("input_uri") and "/no/such/input.jsonl" in reason, reason
+    # The batch API's answer to the same job (the form's defaults, this input) says the same.
+    native = httpx.post(f"{base}/batch/v1/jobs", timeout=60,
+                        headers={"Authorization": f"Bearer {e2e_stack.ensure_api_key()}"},
+                        json={"input_uri": "/no/such/input.jsonl", "model": DEFAULT_MODEL})
+    assert native.status_code == 400 and native.json()["message"] in reason, (native.text, reason)
     page.get_by_text(reason[:60]).first.wait_for(timeout=30_000)  # the form says why
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "trigger-form-refused.png"))
