@@ -105,20 +105,10 @@ def _content_text(content: Any) -> str:
     return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def prefix_text(body: dict[str, Any], limit: int) -> str:
-    """The start (at least ``limit`` characters when there are that many) of the text the prompt is
-    rendered from, in rendering order: tools, then each message's role and content (or the
-    responses API's instructions and input, or a completion's prompt). The chat template is the
-    same for every request of a job, so it does not change which prompts share a prefix."""
-    text = ""
-    for piece in _prompt_pieces(body, limit):
-        text += piece
-        if len(text) >= limit:
-            break
-    return text
-
-
 def _prompt_pieces(body: dict[str, Any], limit: int) -> Iterator[str]:
+    """The text the prompt is rendered from, in rendering order: tools, then each message's role
+    and content (or the responses API's instructions and input, or a completion's prompt). The
+    chat template is the same for every request of a job: it does not change which share a prefix."""
     if body.get("tools"):
         yield "\x00tools" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode()
     if isinstance(body.get("instructions"), str):
@@ -154,7 +144,11 @@ def prefix_key(body: dict[str, Any], chars: int) -> tuple[int, int] | None:
     ``LONG_PREFIX_FACTOR * chars`` or 0 if it is shorter), or None for a prompt shorter
     than ``chars``: it shares no long prefix."""
     long_chars = LONG_PREFIX_FACTOR * chars
-    text = prefix_text(body, long_chars)
+    text = ""
+    for piece in _prompt_pieces(body, long_chars):
+        text += piece
+        if len(text) >= long_chars:
+            break
     if len(text) < chars:
         return None
     return _hash(text[:chars]), (_hash(text[:long_chars]) if len(text) >= long_chars else 0)

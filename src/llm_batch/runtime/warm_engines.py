@@ -71,7 +71,7 @@ SERVICE_CONNECT_S = 10.0
 
 
 class WarmEngineError(RuntimeError):
-    """A warm engine could not be reached or started."""
+    pass
 
 
 # The environment (inherited from the starting task) a host's shards run under.
@@ -166,7 +166,7 @@ class WarmShard:
         return self.returncode
 
     def detach(self) -> None:
-        """Close our end: the host stops the shard (flushing its finished results)."""
+        """The host stops the shard (flushing its finished results)."""
         with suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)
 
@@ -391,18 +391,17 @@ class SharedEngine:
         self.boxes: dict[str, list[Any]] = {}
 
     def for_shard(self) -> LLM:
-        """The LLM as one shard sees it: the engine's, with its own view of the engine loop."""
         return _ShardLLM(self.llm, EngineView(self))  # type: ignore[return-value]
 
     def step(self) -> None:
-        """One engine step (the caller holds the lock); each finished output to its box."""
+        """One engine step (the caller holds the lock)."""
         for output in self.llm.llm_engine.step():
             if output.finished and (box := self.boxes.get(_id_prefix(output.request_id))) is not None:
                 box.append(output)
 
 
 class EngineView:
-    """``LLM.llm_engine`` as one shard's ``EngineRunner`` uses it, shared with the others."""
+    """``LLM.llm_engine`` as one shard's ``EngineRunner`` sees it."""
 
     def __init__(self, shared: SharedEngine):
         self._shared = shared
