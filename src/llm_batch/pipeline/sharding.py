@@ -19,6 +19,7 @@ import hashlib
 import heapq
 from array import array
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -185,8 +186,8 @@ class _ShardFileWriter:
         self._digest = hashlib.blake2b(digest_size=12) if digest else None
         self.first_line = self.last_line = b""
         self.adapters: set[str] = set()
-        self._context = storage.open_write(self.shard.requests)
-        self._out = ChunkedWriter(self._context.__enter__())
+        self._open = ExitStack()
+        self._out = ChunkedWriter(self._open.enter_context(storage.open_write(self.shard.requests)))
 
     def add(self, line: bytes, weight: int) -> None:
         if not self.count:
@@ -202,8 +203,7 @@ class _ShardFileWriter:
 
     def close(self) -> ShardPlan:
         self._out.flush()
-        context, self._context = self._context, None
-        context.__exit__(None, None, None)  # publishes the file
+        self._open.close()  # publishes the file
         return ShardPlan(
             index=self.k, start=self.start, count=self.count,
             first_index=orjson.loads(self.first_line)["index"],
@@ -215,10 +215,8 @@ class _ShardFileWriter:
         )
 
     def abort(self, exc: BaseException) -> None:
-        """Discard the unfinished file (the storage context does not publish it)."""
-        if self._context is not None:
-            context, self._context = self._context, None
-            context.__exit__(type(exc), exc, exc.__traceback__)
+        """Discard the unfinished file (unless closed: the storage context does not publish it)."""
+        self._open.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def _write_contiguous(layout: JobLayout, source: str, num_shards: int, by: ShardBy, total_requests: int,
