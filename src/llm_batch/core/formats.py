@@ -317,12 +317,10 @@ def read_jsonl(stream: BinaryIO, checker: RequestChecker, *, max_line_bytes: int
                 size = len(raw) + _skip_rest_of_line(stream, raw[-1:])
             yield _error(index, line, _peek_custom_id(raw), ErrorCode.LINE_TOO_LONG,
                          f"{where}line is {size} bytes, over the limit of {max_line_bytes}")
-        elif raw.isspace():
-            raw = readline(limit)
-            continue
-        else:
+            index += 1
+        elif not raw.isspace():  # a blank line gets no index
             yield check_line(raw, index, line, where)
-        index += 1
+            index += 1
         raw = readline(limit)
 
 
