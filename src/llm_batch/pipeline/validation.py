@@ -273,18 +273,16 @@ def _openers(source: Any, open_input: OpenInput) -> list[tuple[str, Callable[[],
 def _rereadable(stream: BinaryIO) -> Callable[[], AbstractContextManager[BinaryIO]]:
     """An opener for a caller's stream, from its start each time (spooled to a temporary file if it
     cannot seek); the caller keeps it open."""
-    state: dict[str, Any] = {}
+    if not stream.seekable():
+        spooled = tempfile.TemporaryFile()
+        shutil.copyfileobj(stream, spooled)
+        spooled.seek(0)
+        stream = spooled
+    start = stream.tell()
 
     def opener() -> AbstractContextManager[BinaryIO]:
-        if "start" not in state:
-            if stream.seekable():
-                state["start"], state["stream"] = stream.tell(), stream
-                return nullcontext(stream)
-            spooled = tempfile.TemporaryFile()
-            shutil.copyfileobj(stream, spooled)
-            state["start"], state["stream"] = 0, spooled
-        state["stream"].seek(state["start"])
-        return nullcontext(state["stream"])
+        stream.seek(start)
+        return nullcontext(stream)
 
     return opener
 
