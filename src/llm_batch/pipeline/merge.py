@@ -193,7 +193,6 @@ class _Outputs:
 
 
 def output_line(job_id: str, result: ResultRecord) -> dict[str, Any]:
-    """A success's line of the output file."""
     h = stable_request_hash(job_id, result.index)
     response = {"status_code": result.status_code, "request_id": f"req_{h}", "body": result.body}
     if result.cached:  # answered from the result cache: an earlier job's answer, no engine time
