@@ -317,12 +317,10 @@ def read_jsonl(stream: BinaryIO, checker: RequestChecker, *, max_line_bytes: int
                 size = len(raw) + _skip_rest_of_line(stream, raw[-1:])
             yield _error(index, line, _peek_custom_id(raw), ErrorCode.LINE_TOO_LONG,
                          f"{where}line is {size} bytes, over the limit of {max_line_bytes}")
-        elif raw.isspace():
-            raw = readline(limit)
-            continue
-        else:
+            index += 1
+        elif not raw.isspace():  # a blank line gets no index
             yield check_line(raw, index, line, where)
-        index += 1
+            index += 1
         raw = readline(limit)
 
 
@@ -448,7 +446,6 @@ def read_scale_v2(source: BinaryIO | Iterable[Any], checker: RequestChecker, *, 
 
 
 def _array_elements(stream: BinaryIO, where: str) -> Iterator[Any]:
-    """The elements of a top-level JSON array, one at a time."""
     count = 0
     try:
         events = _events(stream, "start_array", "expected a JSON array of requests", where)
@@ -509,7 +506,6 @@ class ScaleV1Params(BaseModel):
     skip_special_tokens: bool | None = True
 
     def completion_body(self, prompt: Any) -> dict[str, Any]:
-        """The /v1/completions body for one prompt."""
         optional = {"stop": self.stop_sequences, "logprobs": 1 if self.return_token_log_probs else None,
                     "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                     "top_k": self.top_k, "top_p": self.top_p, "skip_special_tokens": self.skip_special_tokens}

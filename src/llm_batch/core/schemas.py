@@ -42,8 +42,6 @@ _ASSISTANT_PAYLOADS = ("content", "tool_calls", "function_call", "refusal", "aud
 
 
 class _Strict(BaseModel):
-    """Strict types; unknown fields kept (passed through to the engine, which ignores them)."""
-
     model_config = ConfigDict(strict=True, extra="allow")
 
 
@@ -137,8 +135,6 @@ def _check_nested(adapter: TypeAdapter, value: Any, prefix: str = "", drop: str 
 
 
 class ContentPart(_Strict):
-    """One part of a message's content: its type's payload field must be present."""
-
     type: Literal[tuple(CONTENT_PART_PAYLOADS)]  # type: ignore[valid-type]
     text: str | None = None
 
@@ -268,8 +264,6 @@ class _GenerationBody(_Body):
 
 
 class ChatCompletionBody(_GenerationBody):
-    """Body of a /v1/chat/completions request."""
-
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
@@ -288,8 +282,6 @@ class ChatCompletionBody(_GenerationBody):
 
 
 class CompletionBody(_GenerationBody):
-    """Body of a /v1/completions request."""
-
     prompt: Prompt
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
@@ -346,7 +338,7 @@ _MESSAGES = TypeAdapter(Annotated[list[Message], Field(min_length=1)])
 
 
 def _check_moderated_chats(value: Any) -> Any:
-    """One conversation (a list of messages) or a list of them; errors continue the path."""
+    """One conversation (a list of messages) or a list of them."""
     if type(value) is not list or not value:
         raise _fail("invalid_input", "input must be a non-empty list of messages (one conversation) "
                     "or a non-empty list of such lists (several)")
@@ -363,8 +355,6 @@ class ChatModerationBody(_Body):
 
 
 class EmbeddingBody(_Body):
-    """Body of a /v1/embeddings request."""
-
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = Field(default=None, ge=1)
@@ -699,7 +689,6 @@ _BODY_MODELS: dict[Endpoint, type[BaseModel]] = {
 
 
 def body_model_for(endpoint: Endpoint | str) -> type[BaseModel]:
-    """The pydantic model a request body for ``endpoint`` must satisfy."""
     return _BODY_MODELS[Endpoint(endpoint)]
 
 
@@ -817,15 +806,9 @@ def prompt_chars(body: dict[str, Any]) -> int:
 
 
 def _path(root: str, loc: tuple[int | str, ...]) -> str:
-    out = root
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part == "schema_":
-            out += ".schema"
-        else:
-            out += f".{part}"
-    return out
+    # "schema_": the field a body spells "schema" (a BaseModel attribute name).
+    return root + "".join(f"[{part}]" if isinstance(part, int) else f".{'schema' if part == 'schema_' else part}"
+                          for part in loc)
 
 
 def shown(value: Any, limit: int = 60) -> str:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llm_batch.core.config import Settings, get_settings
@@ -63,9 +63,7 @@ def worker_hostname(environ: Mapping[str, str] | None = None) -> str:
 
 
 def worker_concurrency(settings: Settings) -> int:
-    if settings.warm_engines:
-        return WARM_ENGINES_PER_WORKER + WAITING_TASKS_PER_WORKER
-    return 1
+    return WARM_ENGINES_PER_WORKER + WAITING_TASKS_PER_WORKER if settings.warm_engines else 1
 
 
 def redis_binary() -> str:
@@ -101,10 +99,6 @@ class CeleryStack(Stack):
             "warm_engine_seats": 1,  # as the workers are told (shared_env)
         })
         return cls(shaped, port, "postgres", extra_env=dict(extra_env or {}), workers=state["workers"])
-
-    @classmethod
-    def from_env(cls) -> CeleryStack:
-        return cls.create()
 
     @staticmethod
     def exists(settings: Settings | None = None) -> bool:
@@ -217,13 +211,9 @@ class CeleryStack(Stack):
         result = super().up(timeout=timeout, restart=False)
         for n, offset in started.items():
             self.wait_worker_ready(n, timeout, offset)
-        return UpResult(
-            started=result.started + tuple(self.worker_name(n) for n in started),
-            restarted=result.restarted,
-            already_running=result.already_running + tuple(
-                self.worker_name(n) for n in range(1, self.workers + 1) if n not in started),
-            config_changed=result.config_changed,
-        )
+        return replace(result, started=result.started + tuple(self.worker_name(n) for n in started),
+                       already_running=result.already_running + tuple(
+                           self.worker_name(n) for n in range(1, self.workers + 1) if n not in started))
 
     def supervised(self) -> tuple[str, ...]:
         return COMPONENTS + self.worker_names()
@@ -261,7 +251,6 @@ class CeleryStack(Stack):
                           self.shape_dir / "s3" / "weed.log", pid)
 
     def s3_client(self):
-        """A boto3 client of the shape's S3 server (checks, benchmarks)."""
         return self._weed(0).client()
 
     def services_up(self, timeout: float = 120.0) -> None:
@@ -333,7 +322,6 @@ class CeleryStack(Stack):
                 for n in range(1, self.workers + 1) if self.pid_of(self.worker_name(n)) is None}
 
     def workers_up(self, timeout: float) -> list[int]:
-        """Start the workers that do not run; wait until each started one is ready."""
         started = self._stopped_workers()
         for n in started:
             self.start_component(self.worker_name(n))
@@ -379,7 +367,6 @@ class CeleryStack(Stack):
 
 
 def _descendants(root: int) -> list[int]:
-    """`root` and every process below it."""
     import psutil  # optional
 
     try:

@@ -95,7 +95,6 @@ def repo_dags_folder() -> Path:
 
 
 def read_json(path: Path, default: Any = None) -> Any:
-    """The JSON in ``path``, or ``default`` when it is missing or unreadable."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -319,7 +318,6 @@ class Stack:
         return self.run_dir / f"{component}.pid"
 
     def pid_of(self, name: str) -> int | None:
-        """The pid in `name`'s pid file if that process is alive, else None."""
         pid = read_pid(self.pid_file(name))
         return pid if pid and alive(pid) else None
 
@@ -341,7 +339,6 @@ class Stack:
         return proc
 
     def stop_process(self, name: str, grace: float) -> None:
-        """SIGTERM the process group in `name`'s pid file, SIGKILL after `grace`."""
         if pid := read_pid(self.pid_file(name)):
             stop_group(pid, grace)
         self.pid_file(name).unlink(missing_ok=True)
@@ -478,7 +475,6 @@ class Stack:
         return health
 
     def start_component(self, component: str) -> int:
-        """Start one component (or other supervised process) unless it runs; returns its pid."""
         with self.component_lock(component):
             return self.pid_of(component) or self.launch(component).pid
 
@@ -622,7 +618,6 @@ class Stack:
                          f"logs in {self.log_dir}")
 
     def down(self, grace: float = 20.0) -> None:
-        """The control plane, then the services."""
         self.control_plane_down(grace)
         self.services_down()
 

@@ -132,17 +132,13 @@ def job_outcomes(layout: JobLayout, outcomes_of: Callable[[ShardPlan], Iterator[
     """Every outcome of the job in input order: its validation errors, its cached results and
     its shards' outcomes (``outcomes_of`` each shard)."""
     plans = sorted(read_manifest(layout).shards, key=attrgetter("first_index"))
-    if _contiguous(plans):
+    # Contiguous: disjoint, ascending index ranges, read one after another.
+    if all(earlier.last_index < later.first_index for earlier, later in zip(plans, plans[1:])):
         shards = chain.from_iterable(outcomes_of(p) for p in plans)
     else:  # a prefix-aware plan's shards interleave, each in index order: all open at once
         shards = heapq.merge(*(outcomes_of(p) for p in plans), key=attrgetter("index"))
     errors = (ErrorRecord.model_validate_json(line) for line in stored_lines(layout.validation_errors))
     return heapq.merge(errors, cached_results(layout), shards, key=attrgetter("index"))
-
-
-def _contiguous(plans: list[ShardPlan]) -> bool:
-    """Whether the shards (sorted by first index) hold disjoint, ascending index ranges."""
-    return all(earlier.last_index < later.first_index for earlier, later in zip(plans, plans[1:]))
 
 
 def _error_body(result: ResultRecord) -> dict[str, Any]:
@@ -197,7 +193,6 @@ class _Outputs:
 
 
 def output_line(job_id: str, result: ResultRecord) -> dict[str, Any]:
-    """A success's line of the output file."""
     h = stable_request_hash(job_id, result.index)
     response = {"status_code": result.status_code, "request_id": f"req_{h}", "body": result.body}
     if result.cached:  # answered from the result cache: an earlier job's answer, no engine time

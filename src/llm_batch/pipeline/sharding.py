@@ -19,6 +19,7 @@ import hashlib
 import heapq
 from array import array
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -105,20 +106,10 @@ def _content_text(content: Any) -> str:
     return orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def prefix_text(body: dict[str, Any], limit: int) -> str:
-    """The start (at least ``limit`` characters when there are that many) of the text the prompt is
-    rendered from, in rendering order: tools, then each message's role and content (or the
-    responses API's instructions and input, or a completion's prompt). The chat template is the
-    same for every request of a job, so it does not change which prompts share a prefix."""
-    text = ""
-    for piece in _prompt_pieces(body, limit):
-        text += piece
-        if len(text) >= limit:
-            break
-    return text
-
-
 def _prompt_pieces(body: dict[str, Any], limit: int) -> Iterator[str]:
+    """The text the prompt is rendered from, in rendering order: tools, then each message's role
+    and content (or the responses API's instructions and input, or a completion's prompt). The
+    chat template is the same for every request of a job: it does not change which share a prefix."""
     if body.get("tools"):
         yield "\x00tools" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode()
     if isinstance(body.get("instructions"), str):
@@ -154,7 +145,11 @@ def prefix_key(body: dict[str, Any], chars: int) -> tuple[int, int] | None:
     ``LONG_PREFIX_FACTOR * chars`` or 0 if it is shorter), or None for a prompt shorter
     than ``chars``: it shares no long prefix."""
     long_chars = LONG_PREFIX_FACTOR * chars
-    text = prefix_text(body, long_chars)
+    text = ""
+    for piece in _prompt_pieces(body, long_chars):
+        text += piece
+        if len(text) >= long_chars:
+            break
     if len(text) < chars:
         return None
     return _hash(text[:chars]), (_hash(text[:long_chars]) if len(text) >= long_chars else 0)
@@ -191,8 +186,8 @@ class _ShardFileWriter:
         self._digest = hashlib.blake2b(digest_size=12) if digest else None
         self.first_line = self.last_line = b""
         self.adapters: set[str] = set()
-        self._context = storage.open_write(self.shard.requests)
-        self._out = ChunkedWriter(self._context.__enter__())
+        self._open = ExitStack()
+        self._out = ChunkedWriter(self._open.enter_context(storage.open_write(self.shard.requests)))
 
     def add(self, line: bytes, weight: int) -> None:
         if not self.count:
@@ -208,8 +203,7 @@ class _ShardFileWriter:
 
     def close(self) -> ShardPlan:
         self._out.flush()
-        context, self._context = self._context, None
-        context.__exit__(None, None, None)  # publishes the file
+        self._open.close()  # publishes the file
         return ShardPlan(
             index=self.k, start=self.start, count=self.count,
             first_index=orjson.loads(self.first_line)["index"],
@@ -221,10 +215,8 @@ class _ShardFileWriter:
         )
 
     def abort(self, exc: BaseException) -> None:
-        """Discard the unfinished file (the storage context does not publish it)."""
-        if self._context is not None:
-            context, self._context = self._context, None
-            context.__exit__(type(exc), exc, exc.__traceback__)
+        """Discard the unfinished file (unless closed: the storage context does not publish it)."""
+        self._open.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def _write_contiguous(layout: JobLayout, source: str, num_shards: int, by: ShardBy, total_requests: int,

@@ -84,6 +84,8 @@ class ValidationStopped(Exception):
 
 # How often validation asks ``stopped()`` (a store read), in items.
 STOP_CHECK_ITEMS = 2000
+# A valid line's fields written only when set.
+_OPTIONAL_FIELDS = ("media", "adapter", "adapter_uri")
 
 
 class BatchRejected(Exception):
@@ -119,14 +121,12 @@ def validate_batch(source: Any, *, fmt: InputFormat | str, endpoint: Endpoint | 
     (a list of dicts for ``inline``/``scale-v2``, a dict for ``scale-v1``). ``endpoint`` None:
     from the input, else /v1/chat/completions (/v1/completions for scale-v1).
 
-    Valid requests go to ``validated_out`` as BatchRequest lines and errors to ``errors_out`` as
-    ErrorRecord lines, in input order; with ``layout``, to its validated and validation_errors
-    files (published even with no valid request, so the errors can be served) and the report.
-    ``media`` resolves the files transcription and OCR lines name, for the job's owner (without
-    it: their form only). ``models``: the names a line's body.model may give and the adapter each
-    runs on (without it: any name, the job's model). ``unique_custom_ids``: a repeated custom_id
-    refuses the batch instead of failing the line. ``stopped``: asked every ``STOP_CHECK_ITEMS``
-    items; True stops the read (ValidationStopped, nothing published). Memory stays flat.
+    Valid requests go to ``validated_out`` and errors to ``errors_out``, in input order; with
+    ``layout``, to its validated and validation_errors files (published even with no valid
+    request, so the errors can be served) and the report. ``media`` resolves the files media
+    lines name (without it: their form only); ``models``: the names a body.model may give
+    (without it: any). ``unique_custom_ids``: a repeated custom_id refuses the batch.
+    ``stopped``: asked every ``STOP_CHECK_ITEMS`` items; True raises ValidationStopped.
     """
     fmt = check_format(fmt)
     if layout is not None and (validated_out is not None or errors_out is not None):
@@ -179,12 +179,9 @@ def _consume(items: Iterator[Item], report: ValidationReport, limits: Validation
                 valid += 1
                 if write_valid is not None:
                     record = {"index": item.index, "custom_id": item.custom_id, "body": item.body, "line": item.line}
-                    if item.media is not None:
-                        record["media"] = item.media
-                    if item.adapter is not None:
-                        record["adapter"] = item.adapter
-                    if item.adapter_uri is not None:
-                        record["adapter_uri"] = item.adapter_uri
+                    for name in _OPTIONAL_FIELDS:
+                        if (value := getattr(item, name)) is not None:
+                            record[name] = value
                     write_valid(dumps(record, option=newline))
             else:
                 if unique_custom_ids and item.code == ErrorCode.DUPLICATE_CUSTOM_ID:
@@ -276,18 +273,16 @@ def _openers(source: Any, open_input: OpenInput) -> list[tuple[str, Callable[[],
 def _rereadable(stream: BinaryIO) -> Callable[[], AbstractContextManager[BinaryIO]]:
     """An opener for a caller's stream, from its start each time (spooled to a temporary file if it
     cannot seek); the caller keeps it open."""
-    state: dict[str, Any] = {}
+    if not stream.seekable():
+        spooled = tempfile.TemporaryFile()
+        shutil.copyfileobj(stream, spooled)
+        spooled.seek(0)
+        stream = spooled
+    start = stream.tell()
 
     def opener() -> AbstractContextManager[BinaryIO]:
-        if "start" not in state:
-            if stream.seekable():
-                state["start"], state["stream"] = stream.tell(), stream
-                return nullcontext(stream)
-            spooled = tempfile.TemporaryFile()
-            shutil.copyfileobj(stream, spooled)
-            state["start"], state["stream"] = 0, spooled
-        state["stream"].seek(state["start"])
-        return nullcontext(state["stream"])
+        stream.seek(start)
+        return nullcontext(stream)
 
     return opener
 

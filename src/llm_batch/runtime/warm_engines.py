@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import hmac
 import logging
+import math
 import os
 import select
 import signal
@@ -70,7 +71,7 @@ SERVICE_CONNECT_S = 10.0
 
 
 class WarmEngineError(RuntimeError):
-    """A warm engine could not be reached or started."""
+    pass
 
 
 # The environment (inherited from the starting task) a host's shards run under.
@@ -165,7 +166,7 @@ class WarmShard:
         return self.returncode
 
     def detach(self) -> None:
-        """Close our end: the host stops the shard (flushing its finished results)."""
+        """The host stops the shard (flushing its finished results)."""
         with suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)
 
@@ -390,18 +391,17 @@ class SharedEngine:
         self.boxes: dict[str, list[Any]] = {}
 
     def for_shard(self) -> LLM:
-        """The LLM as one shard sees it: the engine's, with its own view of the engine loop."""
         return _ShardLLM(self.llm, EngineView(self))  # type: ignore[return-value]
 
     def step(self) -> None:
-        """One engine step (the caller holds the lock); each finished output to its box."""
+        """One engine step (the caller holds the lock)."""
         for output in self.llm.llm_engine.step():
             if output.finished and (box := self.boxes.get(_id_prefix(output.request_id))) is not None:
                 box.append(output)
 
 
 class EngineView:
-    """``LLM.llm_engine`` as one shard's ``EngineRunner`` uses it, shared with the others."""
+    """``LLM.llm_engine`` as one shard's ``EngineRunner`` sees it."""
 
     def __init__(self, shared: SharedEngine):
         self._shared = shared
@@ -463,34 +463,15 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
     os.chmod(socket_path, 0o600)
     bound = os.stat(socket_path).st_ino
     listener.listen(len(seat_locks) + 4)
-    listener.settimeout(1.0)
     pid_file.write_text(str(os.getpid()))
-    engine, turns, door = KeptEngine(), _ShardTurns(), _Door()
-    running: list[threading.Thread] = []
-    idle_since = time.monotonic()
+    engine = KeptEngine()
     log.info("warm engine listening on %s, %d seat(s) (exits after %.0f s idle)", socket_path, len(seat_locks),
              idle_seconds)
     try:
-        while not engine.broken:
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                if ended := [thread for thread in running if not thread.is_alive()]:
-                    running = [thread for thread in running if thread not in ended]
-                    idle_since = time.monotonic()
-                # The seats are kept (held until exit): no client is using or entering us.
-                if (not running and time.monotonic() - idle_since >= idle_seconds
-                        and _lock_all(seat_locks) is not None):
-                    log.info("warm engine idle for %.0f s: exiting", idle_seconds)
-                    break
-                continue
-            running.append(_start_connection(conn, engine, turns, door))
-    finally:
         # Broken: take no more shards (a client starts a new host), let the running ones end.
-        listener.close()
+        _accept_shards(listener, engine, _Door(), idle_seconds, seat_locks)
+    finally:
         _unlink_if(socket_path, lambda: os.stat(socket_path).st_ino == bound)
-        for thread in running:
-            thread.join()
         _unlink_if(pid_file, lambda: read_pid(pid_file) == os.getpid())
         engine.close()
     return 0
@@ -504,35 +485,55 @@ def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
     ``preload``: model_config overrides to load before listening (a pod ready only when warm)."""
     if not token:
         raise WarmEngineError("an engine service needs a token (LLM_BATCH_ENGINE_TOKEN): refusing to listen without one")
-    engine, turns, door = KeptEngine(), _ShardTurns(), _Door(token, model, seats)
+    engine, door = KeptEngine(), _Door(token, model, seats)
     if preload is not None:
         _preload(engine, {**preload, "model": model})
     listener = socket.create_server(address, backlog=seats + 4)
-    listener.settimeout(1.0)
     # SIGTERM (a rollout): stop the running shards as if their tasks had left, so their
     # retries resume on another pod instead of waiting out this one's grace period.
     signal.signal(signal.SIGTERM, lambda *_: door.closing.set())
-    running: list[threading.Thread] = []
     log.info("engine service for model %s listening on %s:%d, %d seat(s)", model, *listener.getsockname()[:2], seats)
+    try:
+        _accept_shards(listener, engine, door)
+    finally:
+        engine.close()
+    return exit_codes.FAILED if engine.broken else 0
+
+
+def _accept_shards(listener: socket.socket, engine: KeptEngine, door: _Door, idle_seconds: float = math.inf,
+                   seat_locks: list[Path] | None = None) -> None:
+    """Each connection's shard in a thread of its own, until the engine breaks, the door
+    closes or no shard has run for ``idle_seconds``; then waits for the running shards."""
+    listener.settimeout(1.0)
+    turns = _ShardTurns()
+    running: list[threading.Thread] = []
+    quiet_since = time.monotonic()
     try:
         while not engine.broken and not door.closing.is_set():
             try:
                 conn, peer = listener.accept()
             except TimeoutError:
-                continue
-            finally:
-                running = [thread for thread in running if thread.is_alive()]
-            if len(running) >= seats + MAX_WAITING:
+                conn = None
+            if len(alive := [thread for thread in running if thread.is_alive()]) < len(running):
+                quiet_since = time.monotonic()
+            running = alive
+            if conn is None:
+                # A local host keeps its seats (held until exit): no client is using or entering it.
+                if (not running and time.monotonic() - quiet_since >= idle_seconds
+                        and _lock_all(seat_locks or []) is not None):
+                    log.info("warm engine idle for %.0f s: exiting", idle_seconds)
+                    break
+            elif door.capacity is not None and len(running) >= door.capacity:
                 log.warning("turning away %s: %d shards running or waiting", peer[0], len(running))
                 _refuse(conn, f"engine service busy: {len(running)} shards running or waiting")
-                continue
-            running.append(_start_connection(conn, engine, turns, door))
+            else:
+                running.append(threading.Thread(target=_serve_connection, args=(conn, engine, turns, door),
+                                                daemon=True, name=f"shard-{conn.fileno()}"))
+                running[-1].start()
     finally:
         listener.close()
         for thread in running:
             thread.join()
-        engine.close()
-    return exit_codes.FAILED if engine.broken else 0
 
 
 def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
@@ -560,6 +561,7 @@ class _Door:
         self._token = token.encode() if service else None
         self.model = model
         self._seats = threading.BoundedSemaphore(seats) if service else None
+        self.capacity = seats + MAX_WAITING if service else None
         # How long a client may take to send its request, and to read what the host sends it.
         self.request_timeout = REQUEST_TIMEOUT_S if service else None
         self.send_timeout = SEND_TIMEOUT_S if service else None
@@ -594,13 +596,6 @@ class _Door:
             yield True
         finally:
             self._seats.release()
-
-
-def _start_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurns, door: _Door) -> threading.Thread:
-    thread = threading.Thread(target=_serve_connection, args=(conn, engine, turns, door), daemon=True,
-                              name=f"shard-{conn.fileno()}")
-    thread.start()
-    return thread
 
 
 def _refuse(conn: socket.socket, reason: str) -> None:

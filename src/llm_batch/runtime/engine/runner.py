@@ -93,9 +93,8 @@ def place_engine_core(in_process: bool | None = None) -> bool:
 
 def engine_in_process(settings: Settings | None = None) -> bool:
     """Whether the engine core runs in the worker's process: ``Settings.engine_in_process``,
-    else True exactly on CPU, where a separate busy-polling engine-core process costs a core
-    (in-process, a shard ran 1.8x faster: docs/benchmarks.md, "Worker"); on GPU it overlaps
-    output processing with the GPU's steps."""
+    else exactly on CPU, where a busy-polling engine-core process of its own costs a core
+    (docs/benchmarks.md, "Worker"); on GPU it overlaps output processing with the steps."""
     setting = (settings or get_settings()).engine_in_process
     if setting is not None:
         return setting
@@ -279,8 +278,7 @@ class EngineRunner:
             text = self.serving.fim.render(body.prompt, body.suffix or "")  # type: ignore[union-attr]
             return [(vllm_api.render_prompt(self.llm, text), sampling_params(body))]
         if isinstance(body, CompletionBody):
-            params = sampling_params(body)
-            return [(vllm_api.render_prompt(self.llm, body.single_prompt()), params)]
+            return [(vllm_api.render_prompt(self.llm, body.single_prompt()), sampling_params(body))]
         params = pooling_params(body)
         if isinstance(body, ChatClassifyBody):
             # As vLLM's own chat classify does: the conversation, no generation prompt.
