@@ -409,17 +409,12 @@ ERROR_SUMMARY_CODES = {"invalid": "invalid_request", "not_run": "not_run", "engi
 
 
 def _error_summary(counts: dict[str, int]) -> list[dict[str, Any]]:
-    summary = []
-    codes = ERROR_SUMMARY_CODES
-    if counts.get("invalid"):
-        summary.append({"code": codes["invalid"], "message": "input lines failed validation", "count": counts["invalid"]})
-    if counts.get("not_run"):
-        summary.append({"code": codes["not_run"], "message": "requests were never run (cancel, deadline or a failed shard)",
-                        "count": counts["not_run"]})
     engine = counts.get("failed", 0) - counts.get("invalid", 0) - counts.get("not_run", 0)
-    if engine > 0:
-        summary.append({"code": codes["engine"], "message": "requests failed in the engine", "count": engine})
-    return summary
+    entries = (("invalid", "input lines failed validation", counts.get("invalid", 0)),
+               ("not_run", "requests were never run (cancel, deadline or a failed shard)", counts.get("not_run", 0)),
+               ("engine", "requests failed in the engine", engine))
+    return [{"code": ERROR_SUMMARY_CODES[why], "message": message, "count": count}
+            for why, message, count in entries if count > 0]
 
 
 def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
