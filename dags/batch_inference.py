@@ -3,28 +3,17 @@
 `prepare -> run_shard (mapped: one task instance per shard) -> finalize`
 
 `prepare` registers the job, validates its input and plans its shards; `finalize` merges the
-shards' results in input order and ends the job. Each runs its steps one after the other in
-one task: an Airflow task costs a process start and a scheduler round, and a small job's
-time went more to six of those than to inference.
+shards' results in input order and ends the job (one task each: a task's start costs more
+than a small job's steps).
 
-Trigger it from the UI form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the
-params below) or from the batch REST API (conf = `{"job_id": ...}` of a job it created).
-Every run is a job in llm-batch's job store; whatever happens, the job ends in a terminal
-status with a reason. The steps live in `llm_batch.pipeline.steps`; this file only wires them.
+Trigger it from the form, from `POST /api/v2/dags/batch_inference/dagRuns` (conf = the params
+below) or from the batch REST API. Every run is a job in llm-batch's job store and ends it in
+a terminal status with a reason; the steps live in `llm_batch.pipeline.steps`.
 
-Shards run on the configured runner (`LLM_BATCH_SHARD_RUNNER`: local subprocess or GPU pod).
-A job's shard tasks wait in its lane: the pool of its GPU type (the local pool under the
-local runner) at its priority band's weight, set on each task instance from the run's conf
-by llm-batch's cluster policy (`llm_batch.airflow.policies`).
-
-`finalize` emits, for every job that succeeded, one event on the asset `llm-batch://results`
-(the event's `extra`: job id, status, counts, labels, output URIs), so a DAG scheduled on that
-asset runs once per completed batch, and one through the alias `llm-batch-results` on the
-job's result file; the other assets a job updates (a Scale array output, a recurring spec's
-asset) and the fixed one get theirs through `llm-batch-more-results`. It fails the run of a
-FAILED or TIMEOUT_EXCEEDED job with the reason. A CANCELLED job's run ends success (a cancel
-is a user's decision, not a failure of the pipeline). Each ended run's note gives the job's
-status, counts and link (the plugin's listener).
+A succeeded job emits one event on `llm-batch://results` (its `extra`: job id, status, counts,
+labels, output URIs) and one through the alias `llm-batch-results` on its result file; its
+other assets get theirs through `llm-batch-more-results`. A FAILED or TIMEOUT_EXCEEDED job
+fails the run; a CANCELLED job's run ends success (a cancel is a decision, not a failure).
 """
 
 from __future__ import annotations
@@ -47,12 +36,9 @@ from llm_batch.infra.log_context import bind_job
 from llm_batch.pipeline import steps
 
 SETTINGS = get_settings()
-# Every completed batch is ONE asset event through this alias (its result file); the other
-# assets it updates (a Scale array output, a recurring spec's asset) go through the second,
-# so a consumer of the first sees each job once.
+# One event per completed batch through the first alias; its other assets through the second.
 RESULTS_ALIAS = "llm-batch-results"
 MORE_RESULTS_ALIAS = "llm-batch-more-results"
-# The registry's models (a YAML read, no model_registry import): the form's choices.
 MODELS = steps.registry_model_names(SETTINGS)
 
 # The form's own choices beyond the spec's: the registry's models, the server's deadline.
@@ -65,10 +51,8 @@ _KEPT = ("enum", "minimum", "maximum", "exclusiveMinimum", "maxLength", "pattern
 
 
 def form_params() -> dict[str, Param]:
-    """The form: a run's conf (``RunConf``: what it reads, then the spec and its options), a
-    Param of each field's JSON schema (type, default, choices, bounds, description); a local
-    (CPU-only) runner's form leaves out the Kubernetes-only fields (a run's conf may still
-    carry them: API runs; admission checks them)."""
+    """The form: a Param of each ``RunConf`` field's JSON schema (a local runner's without the
+    Kubernetes-only fields)."""
     schemas = field_schemas(run_conf.RunConf)
     options = list(JobOptions.model_fields)
     names = [*(n for n in run_conf.RunConf.model_fields if n not in JobSpec.model_fields and n != "owner"),
@@ -89,9 +73,7 @@ def form_params() -> dict[str, Param]:
 
 PARAMS = form_params()
 
-# The form's defaults, read before the DAG holds the params: register merges a run's conf
-# over these rather than over context["params"], which in-process runs (dag.test) carry
-# over from one run to the next.
+# A run's conf is merged over these, not over context["params"] (dag.test carries those over).
 DEFAULTS = {name: copy.deepcopy(param.value) for name, param in PARAMS.items()}
 
 ShardOperator = shard_operator(SETTINGS.shard_runner)
@@ -115,16 +97,13 @@ def _end_job_of_failed_run(context: Any) -> None:
                    dag_run_id=context["dag_run"].run_id)
 
 
-# prepare's XComs: the job it registered (pushed before validation, so finalize ends that job
-# whatever happened after), or the reason it refused the run and made no job.
+# prepare's XComs: the job it registered (before validation), or why it refused the run.
 JOB_ID_KEY = "job_id"
 REFUSED_KEY = "refused"
 
 
 def _registered_job_id() -> str:
-    """The job prepare registered. None of it: finalize fails once, without retries, with
-    prepare's reason (the run must end failed, and Airflow reads a run's state from its last
-    task)."""
+    """The job prepare registered; none: fail for good with prepare's reason."""
     ti = get_current_context()["ti"]
     job_id = ti.xcom_pull(task_ids="prepare", key=JOB_ID_KEY)
     if job_id is None:
@@ -134,9 +113,7 @@ def _registered_job_id() -> str:
 
 
 def _emit_results(job: Any) -> None:
-    """One asset event for the job's result file through RESULTS_ALIAS; one for each other
-    asset it updates (its array output, a recurring spec's own asset) and one on the fixed
-    results asset through MORE_RESULTS_ALIAS."""
+    """The job's result file's event through RESULTS_ALIAS, the others through MORE_RESULTS_ALIAS."""
     outlet_events = get_current_context()["outlet_events"]
     extra = {"job_id": job.id, "status": job.status.value, "total": job.total, "succeeded": job.succeeded,
              "failed": job.failed, "labels": {str(k): str(v) for k, v in (job.labels or {}).items()},
@@ -145,8 +122,7 @@ def _emit_results(job: Any) -> None:
     for n, uri in enumerate(uris):
         alias = AssetAlias(RESULTS_ALIAS if n == 0 else MORE_RESULTS_ALIAS)
         outlet_events[alias].add(Asset(uri=uri), extra=extra)
-    # Through the second alias, not as a declared outlet: a declared one would also get an
-    # event when a cancelled job's finalize succeeds.
+    # Not a declared outlet: that would get an event when a cancelled job's finalize succeeds.
     outlet_events[AssetAlias(MORE_RESULTS_ALIAS)].add(Asset(uri=run_conf.RESULTS_ASSET_URI), extra=extra)
 
 
@@ -172,13 +148,11 @@ with DAG(
 
     @task(retries=2, retry_delay=timedelta(seconds=5))
     def prepare() -> list[dict[str, Any]]:
-        """register -> validate -> plan: the job's shards, as ids and counts (each step is
-        idempotent, so a retry runs all three again safely)."""
+        """register -> validate -> plan: the job's shards, as ids and counts."""
         context = get_current_context()
         dag_run, ti = context["dag_run"], context["ti"]
         store = _store()
         try:
-            # Whoever triggered the run, or the owner its spec names (steps.run_owner).
             given = dag_run.conf or {}
             owner, trusted = steps.run_owner(getattr(dag_run, "triggering_user_name", None), given,
                                              airflow_users.is_admin)
@@ -193,7 +167,6 @@ with DAG(
             steps.validate(store, SETTINGS, job_id)
         except jobs.JobRejected as exc:
             raise _rejected(exc) from exc
-        # Ids and counts only: every Airflow viewer reads a run's XComs (steps.shard_ref).
         return [steps.shard_ref(shard) for shard in steps.plan(store, SETTINGS, job_id)]
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5),
@@ -209,9 +182,7 @@ with DAG(
         if job.status == jobs.JobStatus.FAILED:
             raise _rejected(jobs.JobRejected(f"job {job_id} failed: {job.status_reason}"))
         if job.status == jobs.JobStatus.CANCELLED:
-            # A cancel is what a user asked for, not a failure of the pipeline: finalize ends
-            # skipped (the grid shows it apart), the run success, its note says CANCELLED; no
-            # results event (the job did not complete).
+            # A cancel is not a failure: finalize ends skipped, the run success, no results event.
             raise AirflowSkipException(f"job {job_id}: {summary}")
         if job.status == jobs.JobStatus.TIMEOUT_EXCEEDED:
             # Partial results are kept (and served), but the run must not look like a success.

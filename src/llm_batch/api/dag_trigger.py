@@ -1,16 +1,6 @@
-"""The one place that touches a ``batch_inference`` run through Airflow's internals: it
-starts a job's run, and re-prioritises the run's tasks that have not started yet.
-
-``airflow.api.common.trigger_dag.trigger_dag`` is not a public interface, so it is wrapped
-here and nowhere else. The run uses the request's metadata-DB session (Airflow's
-``SessionDep``) and is committed before we answer, so a job that says it has a run has one.
-A busy metadata DB (SQLite's "database is locked" when many submit at once) is retried
-with jittered backoff; any other failure is final and becomes the job's reason.
-Routes take ``TriggerDep``: the trigger bound to the caller and that session.
-``reprioritize_waiting_tasks`` updates the run's task instances in the same metadata DB
-(the scheduler orders queued work by ``priority_weight``; the DAG's shard tasks use the
-"absolute" weight rule, so the stored weight is the one that counts) and the run's conf,
-whose priority gives the shard tasks not created yet theirs (``shard_routing``).
+"""The one place that touches a ``batch_inference`` run through Airflow's internals (its
+``trigger_dag`` is not a public interface): it starts a job's run, committed before the API
+answers, and re-prioritises the run's tasks that have not started yet.
 """
 
 from __future__ import annotations
@@ -83,15 +73,10 @@ def _trigger_once(job_id: str, conf: dict[str, Any], submitted_at: datetime, use
 
 
 def trigger_batch_dag(job_id: str, conf: dict[str, Any], submitted_at: datetime, user_name: str, session: Session) -> str:
-    """Start the run of `job_id` with `conf`; returns the run id or raises TriggerError.
-
-    The run's logical date is the job's submission time: Airflow's scheduler picks waiting
-    tasks by priority weight, then by their run's logical date, so jobs start by priority
-    band, then in the order they were submitted, whichever way in made them (the form and a
-    recurring spec's TriggerDagRunOperator give their runs the time they were triggered). A
-    run without one (NULL) sorts first on SQLite and last on PostgreSQL."""
-    # The API's edge admits only strict JSON; this keeps any other path from handing Airflow
-    # a conf it cannot serialise (its scheduler stops on one).
+    """Start the run of `job_id`; returns the run id or raises TriggerError. Its logical date
+    is the submission time, so jobs of one priority start in the order they were submitted; a
+    busy metadata DB is retried."""
+    # Airflow's scheduler stops on a conf it cannot serialise.
     if (problem := strict_json.problem(conf)) is not None:
         raise TriggerError(f"the run's conf is not strict JSON: {problem}")
     try:
@@ -111,10 +96,8 @@ def trigger_batch_dag(job_id: str, conf: dict[str, Any], submitted_at: datetime,
 
 
 def reprioritize_waiting_tasks(job_id: str, weight: int, session: Session) -> int:
-    """Give the tasks of the job's run that have not started (no state yet, scheduled,
-    queued, waiting to retry) the priority `weight`; returns how many changed. Running and
-    finished tasks keep theirs; a pod already created keeps its PriorityClass. The run's
-    conf takes the weight too: the shard tasks the scheduler creates after plan read it."""
+    """Give the run's tasks not yet started, and its conf (read by shard tasks made later), the
+    priority `weight`; returns how many tasks changed."""
     from airflow.models.dagrun import DagRun  # airflow
     from airflow.models.taskinstance import TaskInstance  # airflow
 

@@ -1,14 +1,5 @@
-"""The submit use case: a dialect-neutral ``JobRequest`` (``llm_batch.core.job_request``) becomes a
-job row and a DAG run.
-
-Routers translate their dialect's body into a job's spec and input and pass the admission every
-way in shares (``llm_batch.pipeline.admission.admit``, or its checks naming fields in the
-dialect's words), which gives the ``JobRequest``; inline requests are then stored as a file
-(``stored_inline``, ``save_inline_requests``); ``submit`` then
-1. creates the QUEUED job in the store (owner = the caller),
-2. triggers the ``batch_inference`` run through ``dag_trigger`` with ``dag_conf(job)``,
-3. records the run id, or, if the trigger failed, marks the job FAILED with the reason,
-so a job is never left queued without a run.
+"""The submit use case: an admitted ``JobRequest`` becomes a job row and a DAG run (or a
+FAILED job with the reason: never a queued job without a run).
 """
 
 from __future__ import annotations
@@ -38,8 +29,7 @@ from llm_batch.infra.log_context import bind_job
 
 
 class Submitting(NamedTuple):
-    """What a create route works with (``SubmittingDep``); depending on it also makes the
-    route take an ``Idempotency-Key`` (on a router with ``route_class=IdempotentRoute``)."""
+    """What a create route works with; depending on it makes the route take an ``Idempotency-Key``."""
 
     caller: Caller
     store: JobStore
@@ -56,9 +46,7 @@ SubmittingDep = Annotated[Submitting, Depends(_submitting)]
 
 
 def inline_json(value: Any, param: str) -> bytes:
-    """Inline content as JSON bytes, or 400 naming where it holds what JSON cannot carry:
-    Python's JSON parser lets through lone surrogates, integers past 64 bits and NaN, which
-    the pipeline's JSON (orjson) refuses, so they are caught here rather than as a 500."""
+    """Inline content as JSON bytes, or 400 naming what orjson would refuse (not a 500 later)."""
     problem = not_json(value, param)
     if problem is not None:
         code, message = problem
@@ -67,8 +55,7 @@ def inline_json(value: Any, param: str) -> bytes:
 
 
 def inline_items(requests: Iterable[Any]) -> list[dict[str, Any]]:
-    """Inline requests (items with ``custom_id`` and ``body``) as a job reads them; a missing
-    custom_id is the item's 0-based position."""
+    """Inline requests as a job reads them; a missing custom_id is the item's position."""
     return [{"custom_id": str(i) if item.custom_id is None else item.custom_id, "body": item.body}
             for i, item in enumerate(requests)]
 
@@ -84,8 +71,7 @@ def stored_inline(store: JobStore, settings: Settings, owner: str, request: JobR
 def save_inline_requests(
     store: JobStore, settings: Settings, owner: str, lines: Iterable[bytes], filename: str, **input_fields: Any
 ) -> JobInput:
-    """Write inline requests (already serialised, one per item) to the files area, record
-    them as an input file object of `owner`, and return the job's input reading it."""
+    """Store serialised inline requests as an input file of `owner`; the job's input reading it."""
     file_id = new_file_id()
     uri = join_uri(settings.files_uri, file_id)
     written = 0
@@ -98,9 +84,8 @@ def save_inline_requests(
 
 
 def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
-    """The run's conf: the job id (the pipeline takes the job from the store) plus what its
-    lane is chosen by and what the run does, as ids and counts under the DAG's Param names.
-    Every Airflow viewer reads a run's conf: paths, labels and model configs stay in the store."""
+    """The run's conf: the job id and what its lane is chosen by, ids and counts only (every
+    Airflow viewer reads a run's conf: paths, labels and model configs stay in the store)."""
     conf: dict[str, Any] = {
         "job_id": job.id,
         "input_file_ids": job.input.file_ids,
@@ -118,8 +103,7 @@ def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
 
 
 def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -> Job:
-    """Create the job and start its run; returns the job (FAILED, with the reason, if the
-    run could not be started)."""
+    """Create the job and start its run (FAILED with the reason if it could not start)."""
     job = store.create_requested_job(request, owner)
     bind_job(job.id)  # this request's log lines from here on carry it
     try:

@@ -1,23 +1,7 @@
-"""``llm-batch submit | jobs | job | cancel | results``: jobs through the batch REST API.
+"""``llm-batch submit | jobs | job | cancel | results``: jobs through the native REST route.
 
-    llm-batch submit FILE --endpoint E [--model M] [--shards N] [--format F] [--max-runtime SEC]
-                          [--model-config JSON] [--output URI] [--wait] [--idempotency-key KEY | --new]
-    llm-batch jobs [--limit N] [--search TEXT]
-    llm-batch job ID [--wait]
-    llm-batch cancel ID
-    llm-batch results ID [--errors] [-o FILE]
-
-``submit`` uploads the file (streamed, any size up to the server's limit) and creates the job
-through the native route (``POST /batch/v1/jobs``) with every option (without ``--model``: the
-model the lines name, when they all name the same one); ``jobs``, ``job``,
-``cancel`` read the same route, so statuses are the canonical words
-(``llm_batch.core.jobs.JobStatus``). See llm_batch.infra.api_client.
-
-Exit codes (``--wait`` and ``job --wait`` report the job's end; the others 0 on success):
-0 succeeded (or done), 1 failed, 2 usage or HTTP error (bad arguments, the API refused or
-did not answer), 3 cancelled, 4 timed out (the job's deadline, TIMEOUT_EXCEEDED).
-The server and key come from LLM_BATCH_API_URL / LLM_BATCH_API_KEY, else the embedded
-stack (see llm_batch.infra.api_client).
+Exit codes (``--wait`` reports the job's end): 0 succeeded (or done), 1 failed, 2 usage or
+HTTP error, 3 cancelled, 4 timed out.
 """
 
 from __future__ import annotations
@@ -44,7 +28,6 @@ EXIT_USAGE = 2
 EXIT_CANCELLED = 3
 EXIT_TIMED_OUT = 4
 
-# The end status of a job (canonical words) -> the exit code.
 EXIT_OF_STATUS = {
     JobStatus.SUCCEEDED: EXIT_SUCCEEDED,
     JobStatus.FAILED: EXIT_FAILED,
@@ -106,9 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- commands ---------------------------------------------------------------------------------
 
 
-# The submit flags of the job's spec (llm_batch.core.job_spec.JobSpec): each field's flag is
-# --field-name, or the CLI's first name for it; model and endpoint have their own (taken
-# from the lines when not given).
+# A spec field's flag is --field-name unless named here.
 _FLAG_NAMES = {"data_parallelism": ("--shards", "--data-parallelism"), "input_format": ("--format",),
                "max_runtime_sec": ("--max-runtime", "--max-runtime-sec"), "output_uri": ("--output",),
                "labels": ("--label",)}
@@ -182,10 +163,8 @@ _NAMED_AT = {"model": ("body", "model"), "url": ("url",)}
 
 
 def named_by_lines(path: Path, what: str) -> tuple[str | None, str | None]:
-    """(the ``what`` ("model": body.model, "url") every JSONL line that names one names, None),
-    (None, None) when no line names one, or (None, why not) when lines name different ones
-    (the first line of each, so the user can find them). Lines that do not parse or name
-    none are left to validation."""
+    """(the one ``what`` ("model" or "url") the JSONL lines name, None), or (None, why not)
+    when they name several; lines that do not parse are left to validation."""
     first_line_of: dict[str, int] = {}
     with path.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
@@ -204,9 +183,7 @@ def named_by_lines(path: Path, what: str) -> tuple[str | None, str | None]:
 
 
 def taken_from_lines(path: Path, model: str | None, endpoint: str | None) -> tuple[str, str, str | None]:
-    """(model, endpoint, None): those given, else what the JSONL file's lines name (the
-    endpoint as each line's url, /v1/chat/completions when none does), as validation takes
-    them; or ("", "", why not) for the user."""
+    """(model, endpoint, None): those given, else what the lines name; or ("", "", why not)."""
     if model is None:
         model, problem = named_by_lines(path, "model")
         if problem or model is None:
@@ -319,8 +296,7 @@ def _json_object(text: str) -> dict:
 
 
 def _with_client(run, args: argparse.Namespace) -> int:
-    """Run `run(client)` with the client of the command's environment and settings (``main``'s
-    ``env`` and ``settings``); API, network and input errors become a message and exit 2."""
+    """Run `run(client)`; API, network and input errors become a message and exit 2."""
     import httpx  # heavy
 
     from llm_batch.infra.api_client import ApiError, BatchClient, NoApiKey  # heavy

@@ -1,10 +1,6 @@
-"""The job's input and options (the job row's ``input`` column): what its run reads, and the
-options the pipeline and the worker read (``llm_batch.core.job_spec.JobOptions``).
-
-Unknown keys: a writer's unknown key is refused (``JobInput(...)``, ``model_validate``
-raise a ValidationError), so a misspelt option never silently goes missing; a stored row's
-unknown key (written by a later version, or by hand) is dropped when read
-(``JobInput.from_stored``), so the job can still be served and run.
+"""The job's input and options (the job row's ``input`` column). A writer's unknown key is
+refused, so a misspelt option never goes missing; a stored row's is dropped when read, so the
+job can still run.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ __all__ = ["JobInput", "ModerationShape", "OutputFormat"]
 
 
 class JobInput(JobOptions):
-    """What a job reads (one of file_ids, uri, requests) and its options. Stored as JSON
-    with only the fields that differ from their defaults (``stored``)."""
+    """What a job reads (one of file_ids, uri, requests) and its options."""
 
     file_ids: list[str] | None = Field(default=None, description="uploaded input files (file ids), read in order")
     uri: str | None = Field(default=None, description="a checked user path, or the stored inline requests' file")

@@ -1,6 +1,5 @@
-"""What a new job asks for, whoever asks: one dialect-neutral request. The API's routers build
-one from their dialect's body (``llm_batch.api.submission``); a DAG run's conf becomes one in
-``steps.register``; the job store makes the job row from it (``create_requested_job``)."""
+"""What a new job asks for, whoever asks: one dialect-neutral request (admission makes it, the
+job store makes the job row of it)."""
 
 from __future__ import annotations
 
@@ -9,13 +8,10 @@ from typing import Any
 
 from llm_batch.core.job_input import JobInput
 
-# Who asks for a job: each API dialect, and "airflow" for a run of the DAG (the native route).
-# The job records it (the API answers in its words and lists jobs per dialect); the
-# pipeline and the runtime never read it: what differs is a field of the job's JobInput.
+# Who asks for a job ("airflow": a DAG run and the native route); only the API reads it.
 DIALECTS = ("openai", "mistral", "scale", "airflow")
 
-# How a job can be made from an ended one: ``retry`` runs only its failed and never-run
-# lines, ``rerun`` all of its input again (llm_batch.pipeline.rerun).
+# retry: an ended job's failed and never-run lines; rerun: all of its input again.
 DERIVED_KINDS = ("retry", "rerun")
 
 

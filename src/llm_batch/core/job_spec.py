@@ -1,12 +1,6 @@
-"""A job's spec: every option a job can carry, each declared once, with its bounds and its
-description. The ways in derive theirs from it: the DAG's form (``PARAMS``) and a run's conf
-(``RunConf``), the native create body, the CLI's ``submit`` flags, the batch step's
-arguments; the worker gets the options it reads (``JobOptions``) as one value.
-
-What a job reads (file ids, a path, inline requests) is beside the spec, in the job's input
-(``llm_batch.core.job_input.JobInput``): admission rewrites it (a path made canonical, inline
-requests stored as a file) while the options pass through as given, and each way in names
-its input in its own words.
+"""A job's spec: every option a job can carry, declared once with its bounds and description;
+the DAG's form, the native body, the CLI's flags and the batch step's arguments derive theirs
+from it. What a job reads is beside it (``llm_batch.core.job_input.JobInput``).
 """
 
 from __future__ import annotations
@@ -23,16 +17,14 @@ from llm_batch.core.output_check import OutputCheck
 from llm_batch.core.placement import GPU_TYPES
 
 MAX_DATA_PARALLELISM = 64
-# The longest deadline any dialect allows: Mistral's timeout_hours goes to 168 (Scale's
-# max_runtime_sec stops at 172,800 s; its API edge enforces that).
+# The longest deadline any dialect allows (Mistral's timeout_hours: 168).
 MAX_RUNTIME_SEC = 168 * 3600
 # The options a local (CPU-only) runner has no use for: its form leaves them out.
 KUBERNETES_ONLY = ("gpus", "gpu_type", "nodes_per_worker")
 
 
 def _bounded(low: int, high: int) -> Any:
-    """An integer from `low` to `high`: the bounds in the JSON schema (the form, the OpenAPI
-    document), and one refusal whichever way in (never clamped)."""
+    """An integer from `low` to `high`, in the JSON schema and refused beyond (never clamped)."""
 
     def check(value: int, info: ValidationInfo) -> int:
         if not low <= value <= high:
@@ -53,8 +45,6 @@ class OutputFormat(StrEnum):
     """How the results are encoded beyond the output file (JSONL, always written)."""
 
     JSONL = "jsonl"  # the output and error files only
-    # Also one JSON array in input order (at the job's array_output_uri, else the job
-    # folder's output.json), each element shaped by the input format (core.scale_output).
     JSON_ARRAY = "json_array"
 
 
@@ -67,8 +57,7 @@ class ModerationShape(StrEnum):
 
 
 class SamplingDefaults(BaseModel):
-    """Sampling parameters for the lines that omit them: each a line body's field of the same
-    name (a line's own value wins)."""
+    """Sampling parameters for the lines that omit them (a line's own value wins)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -86,11 +75,8 @@ Part = TypeVar("Part", bound="JobOptions")
 
 
 class JobOptions(BaseModel):
-    """The options the pipeline and the worker read (kept in the job row's input column).
-
-    Where APIs differ (OpenAI's output expiry, Scale's JSON array, OpenAI's moderation
-    results), the way in sets the option that says what is different, and the core does
-    what it says without asking which API made the job."""
+    """The options the pipeline and the worker read: where APIs differ, the way in sets the
+    option that says so, and the core never asks which API made the job."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -177,9 +163,8 @@ class JobSpec(JobOptions):
 
 
 def field_schemas(model: type[BaseModel]) -> dict[str, dict[str, Any]]:
-    """Each field's JSON schema, flat, as a form field or a flag is made of it: ``type`` the
-    list of its types (null included), references resolved, its branches' keywords merged (an
-    enum of a field that may be null holds null too)."""
+    """Each field's JSON schema, flat (``type``: the list of its types, references resolved,
+    branches merged), as a form field or a flag is made of it."""
     schema = model.model_json_schema(by_alias=True)
     defs = schema.get("$defs", {})
     flat = {}
@@ -194,8 +179,7 @@ def field_schemas(model: type[BaseModel]) -> dict[str, dict[str, Any]]:
 
 
 def spec_problem(exc: ValidationError) -> tuple[str, str]:
-    """(where, what is wrong) of a spec's first problem, in the words every way in answers
-    with: the field's path, and a message that names it."""
+    """(where, what is wrong) of a spec's first problem, the message naming the field."""
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     why = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")

@@ -26,8 +26,7 @@ TERMINAL_STATUSES = frozenset(
     {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.TIMEOUT_EXCEEDED, JobStatus.CANCELLED}
 )
 
-# Allowed moves. CANCELLING may be entered from any live state; every live state may end.
-_LIVE = (JobStatus.QUEUED, JobStatus.VALIDATING, JobStatus.RUNNING, JobStatus.FINALIZING)
+# Allowed moves: CANCELLING may be entered from any live state; every live state may end.
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.VALIDATING, JobStatus.CANCELLING} | TERMINAL_STATUSES),
     JobStatus.VALIDATING: frozenset({JobStatus.RUNNING, JobStatus.CANCELLING} | TERMINAL_STATUSES),
@@ -52,10 +51,8 @@ class JobRejected(Exception):
 
 
 class Refused(JobRejected):
-    """A job refused at admission, whichever way it came in (llm_batch.pipeline.admission):
-    an HTTP status for the API to answer (a 4xx), what is wrong (``message``, also the
-    refused run's reason), where (``param``: the caller's own name of the field) and a
-    stable ``code``."""
+    """A job refused at admission: a 4xx status, what is wrong, where (``param``: the caller's
+    name of the field) and a stable ``code``."""
 
     def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):

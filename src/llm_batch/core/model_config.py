@@ -1,12 +1,7 @@
-"""A job's ``model_config``: every field, what it does here (``MODEL_CONFIG_FIELDS``, the one
-table), its typed form ``ModelConfig``, and the checks that need nothing else (no registry, no
-file): ``validate_model_config`` (parsed once at each way in: the API, the DAG's register step,
-the worker) and ``job_model_config`` (the stored form: nulls and client defaults dropped).
-
-``model_config`` takes every field of Scale's batch completions model config (its v2 config
-is vLLM's engine configuration: max_model_len, tensor_parallel_size, chat_template, ...),
-plus ``engine_args`` (extra vLLM arguments of the allow-list, merged last). The rules that
-need the registry and what the engine is then given: ``llm_batch.infra.model_resolution``.
+"""A job's ``model_config`` (every field of Scale's batch completions model config, plus
+``engine_args``): what each field does (``MODEL_CONFIG_FIELDS``, the one table), its typed
+form, and the checks that need no registry and no file (the rest:
+``llm_batch.infra.model_resolution``).
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ class ModelError(Exception):
 
 
 class InvalidModelConfig(ModelError, ValueError):
-    """A model_config (or registry file) that does not validate; ``fields`` names the
-    model_config fields at fault (``gpus`` when it is the job's gpus that disagree)."""
+    """A model_config (or registry file) that does not validate; ``fields``: those at fault."""
 
     def __init__(self, message: str, fields: Iterable[str] = ()):
         super().__init__(message)
@@ -70,16 +64,10 @@ def _checked_mm_limits(value: str | dict[str, Any]) -> str | dict[str, Any]:
 
 @dataclass(frozen=True)
 class FieldRule:
-    """What one model_config field does here (docs/api.md, "Scale model_config fields").
-
-    ``engine_arg``: the field is honoured as this ``vllm.LLM`` keyword (``a.b``: the key
-    ``b`` of the dict argument ``a``), its value passed through ``convert``. ``allowed``:
-    the only values accepted, any other is refused saying ``why`` (empty: every value is
-    refused). A field with neither is used by ``resolve_model`` itself, as ``does`` says.
-    Null, and ``default`` (what Scale's clients send when the caller sets nothing), mean
-    "not set": never an error, never used. ``weak``: applied before the registry's
-    engine_args, which override it (a suggestion).
-    """
+    """What one model_config field does here: honoured as ``engine_arg`` (``a.b``: key ``b`` of
+    the dict argument ``a``), or only the ``allowed`` values (else refused saying ``why``), or
+    used by ``resolve_model`` itself. Null and ``default`` (the clients' unset value) mean not
+    set. ``weak``: the registry's engine_args override it."""
 
     type: Any
     does: str
@@ -99,10 +87,7 @@ def _refused(type_: Any, why: str, allowed: Iterable[Any] = ()) -> FieldRule:
     return FieldRule(type_, f"refused: {why}", allowed=frozenset(allowed), why=why)
 
 
-# The one table: every field of Scale's batch completions model config (llmengine's
-# BatchCompletionsModelConfig = vLLM's VLLMModelConfig + model, checkpoint_path, num_shards,
-# max_context_length, seed, response_role, labels; and 0.0.0b36's quantize), plus our own
-# engine_args. The API checks a job with it at submission, the worker builds vllm.LLM with it.
+# The one table: llmengine's BatchCompletionsModelConfig's fields, plus our own engine_args.
 MODEL_CONFIG_FIELDS: dict[str, FieldRule] = {
     # What runs, and what the results say.
     "model": FieldRule(_Name, "the registry entry to run (required); a name outside the "
@@ -240,13 +225,8 @@ ModelConfig = create_model(
 
 
 def validate_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelConfig:
-    """The parsed model_config, or ``InvalidModelConfig`` naming each bad field: a wrong
-    type, an unknown field, a value MODEL_CONFIG_FIELDS refuses, two fields that set one
-    engine argument differently.
-
-    Touches no file and no registry: cheap enough for the API to call at submission, so a
-    bad model_config is refused there rather than failing the job's first shard.
-    """
+    """The parsed model_config, or ``InvalidModelConfig`` naming each bad field (no file, no
+    registry: cheap enough for every submission)."""
     if isinstance(model_config, ModelConfig):
         return model_config
     try:
@@ -260,8 +240,7 @@ def validate_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelCo
 
 
 def job_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
-    """A job's model_config as the job stores it: validated, every field left at null or at
-    its client default dropped (so a client that sends all its fields stores what was set)."""
+    """A job's model_config as stored: validated, nulls and client defaults dropped."""
     config = validate_model_config(model_config)
     return {"model": config.model, **set_fields(config)}
 
@@ -278,8 +257,7 @@ def set_fields(config: ModelConfig) -> dict[str, Any]:
 
 
 def _field_problems(config: ModelConfig) -> list[tuple[str, str]]:
-    """(field, why) for each value the table refuses, each engine argument two fields set
-    differently, and each tokenizer or chat_template that cannot be one."""
+    """(field, why) of each refused value, engine argument set twice differently, bad template."""
     fields = set_fields(config)
     problems = []
     by_arg: dict[str, str] = {}

@@ -1,5 +1,4 @@
-"""What a run of the batch DAG is: its DAG's id, its conf (the form's fields), and the job
-id it drives. The DAG form, the recurring specs and the REST API's triggers share these."""
+"""What a run of the batch DAG is: its DAG's id, its conf, and the job id it drives."""
 
 from __future__ import annotations
 
@@ -15,15 +14,12 @@ __all__ = ["BATCH_DAG_ID", "DEFAULT_MODEL", "DEFAULT_OWNER", "DEFAULT_RUNTIME_SE
            "MAX_DATA_PARALLELISM", "MAX_RUNTIME_SEC", "RESULTS_ASSET_URI", "SHARD_TASK_ID", "RunConf", "api_run_id",
            "run_job_id"]
 
-# The parameterised DAG whose runs are jobs (its file, housekeeping, recurring DAGs and the API name it).
 BATCH_DAG_ID = "batch_inference"
 # Its mapped shard task (the cluster policy routes it; the page links its task instances).
 SHARD_TASK_ID = "run_shard"
 HOUSEKEEPING_DAG_ID = "llm_batch_housekeeping"
-# One event per completed job, whatever its result file: the asset a consumer DAG schedules
-# on. (A DAG scheduled on an asset gets only events made since it first referenced it; one
-# scheduled on the alias of the jobs' result files also gets every earlier event on its first
-# run: Airflow floors that window at the DAG's asset references, which an alias lacks.)
+# One event per completed job: the asset a consumer DAG schedules on (one scheduled on the
+# result files' alias would also get every earlier event on its first run).
 RESULTS_ASSET_URI = "llm-batch://results"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_OWNER = "airflow"
@@ -31,13 +27,8 @@ DEFAULT_RUNTIME_SEC = 86_400
 
 
 class RunConf(JobSpec):
-    """The DAG run's conf: the job's spec, what it reads (one of input_uri, input_file_ids,
-    input_requests), its id and its owner.
-
-    With ``job_id`` naming a job in the store (the REST API's runs), the store's record is
-    the job and the other fields are ignored. Otherwise (Airflow UI, ``/api/v2``, recurring
-    DAGs) a job is created from these fields, with ``job_id`` as its id when given.
-    """
+    """The DAG run's conf: the job's spec, its one input, its id and its owner (a ``job_id``
+    already in the store: that job, the other fields ignored)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -60,7 +51,6 @@ class RunConf(JobSpec):
     def _default_model(cls, given: Any) -> Any:
         return {"model": DEFAULT_MODEL, **given} if isinstance(given, dict) else given
 
-
     def job_input(self) -> JobInput:
         """What the run reads ("" and [] are not given)."""
         return JobInput(uri=self.input_uri or None, file_ids=self.input_file_ids or None,
@@ -68,8 +58,7 @@ class RunConf(JobSpec):
 
 
 def run_job_id(conf: dict[str, Any], dag_run_id: str) -> str:
-    """The job id of a DAG run: the conf's job_id, else one derived from the run id (so
-    the run's failure path and housekeeping find the job without any XCom)."""
+    """The conf's job_id, else one derived from the run id (found again without any XCom)."""
     given = conf.get("job_id")
     if given:
         return str(given)
@@ -77,6 +66,5 @@ def run_job_id(conf: dict[str, Any], dag_run_id: str) -> str:
 
 
 def api_run_id(job_id: str) -> str:
-    """The run id the batch API gives a job's run: deterministic, so a repeated trigger of
-    the same job finds its run instead of a twin, and the run is known as the job's own."""
+    """The batch API's run id of a job: deterministic, so a repeated trigger finds its run."""
     return f"llm_batch__{job_id}"

@@ -1,15 +1,6 @@
-"""Admission: the checks a new job passes whichever way it comes in (each API dialect's
-create routes, a run of the batch DAG from the form, ``/api/v2`` or a recurring spec, the
-batch step, the CLI through the API), so every way in refuses the same things with the
-same words.
-
-Each check raises ``Refused`` (``llm_batch.core.jobs``): a 4xx status, what is wrong, where
-(``param``: the caller's own name of the field, given by the way in), a stable code. The API
-answers it in the route's dialect; the DAG's register step records it as the refused run's
-reason (its note, the job's ``status_reason``).
-
-Who asks is a ``Principal``: the API's authenticated caller, or a run's owner (an admin's
-or a schedule's run is trusted like an admin).
+"""Admission: the checks a new job passes whichever way it comes in, so every way in refuses
+the same things with the same words (``Refused``: a status, the caller's name of the field,
+a stable code).
 """
 
 from __future__ import annotations
@@ -68,8 +59,7 @@ def owner_filter(principal: Principal) -> str | None:
 
 
 def priority_weight(settings: Settings, priority: str | int | None) -> int:
-    """A priority (a band's name, or a number: the band at or below it) -> the stored weight;
-    unknown names are refused."""
+    """A priority (a band's name, or a number: the band at or below it) -> the stored weight."""
     if priority is None:
         return 0
     if priority in settings.priority_weights:
@@ -85,8 +75,7 @@ Spec = TypeVar("Spec", bound=BaseModel)
 
 
 def parse_spec(model: type[Spec], given: dict[str, Any]) -> Spec:
-    """`given` as a ``JobSpec`` (or a way in's model of one), or Refused naming the first
-    problem as every way in words it (``spec_problem``)."""
+    """`given` as `model`, or Refused naming the first problem (``spec_problem``)."""
     try:
         return model.model_validate(given)
     except ValidationError as exc:
@@ -95,8 +84,7 @@ def parse_spec(model: type[Spec], given: dict[str, Any]) -> Spec:
 
 
 def one_input(given: dict[str, Any], param: str | None = None) -> str:
-    """The one input of a create (`given`: each input's name in the way in's words -> its
-    value; None, "" and [] are not given); Refused unless exactly one is."""
+    """The name of the one input given (None, "" and [] are not given), else Refused."""
     named = [name for name, value in given.items() if value not in (None, "", [])]
     if len(named) != 1:
         raise Refused(400, f"give exactly one of {', '.join(given)} (got {', '.join(named) or 'none'})",
@@ -106,12 +94,8 @@ def one_input(given: dict[str, Any], param: str | None = None) -> str:
 
 def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore, settings: Settings, *,
           job_id: str | None = None, words: Mapping[str, str] | None = None) -> JobRequest:
-    """The job `principal` asks for, as the store creates it: every check a new job passes
-    whichever way it comes in (the owner's limits; endpoint; model_config, parsed once;
-    model; priority; resources; input files; paths), or Refused naming the first problem.
-    `given` names what the job reads; its path comes back canonical, with the spec's options.
-    `words`: the way in's names of the spec's and the input's fields where they are not the
-    canonical ones (a refusal's ``param``). The request is the native route's (its dialect)."""
+    """The job `principal` asks for, as the store creates it, or Refused naming the first
+    problem. `words`: the way in's names of fields, where they differ, for a refusal's param."""
     words = words or {}
     check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(given.requests or []))
     endpoint = check_endpoint(spec.endpoint)
@@ -193,12 +177,9 @@ def check_model(
     store: Adapters | None = None,
     owner: str | None = None,
 ) -> str:
-    """A model must be named, its model_config well formed (the worker's own check, so a bad
-    field is refused here rather than failing the first shard), its checkpoint_path (if
-    given) allowed, and otherwise the model registered (or, given the ``store``, a LoRA
-    adapter the job's ``owner``, by default the principal, uploaded) and able to serve
-    `endpoint`. Returns the model whose registry entry the job runs on: `model`, or an
-    owner's adapter's base (a registry name wins over an owner's adapter)."""
+    """The model checked as the worker will check it (its model_config, its checkpoint_path,
+    registered or the owner's adapter, able to serve `endpoint`), so a bad one fails here and
+    not in the first shard. Returns the model the job runs on (an adapter's base)."""
     if not model:
         raise Refused(400, "a model is required", param=param, code="missing_model")
     try:
@@ -233,9 +214,7 @@ def check_model(
 
 
 def check_engine_would_start(model: str, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:
-    """A 400 now for what the engine would refuse minutes later: a model not prepared, engine
-    arguments its checkpoint rules out (``submission_problems``); only where the api-server
-    sees the workers' model cache (``check_models_at_submit``)."""
+    """A 400 now for what the engine would refuse later (where the server sees the model cache)."""
     if not settings.check_models_at_submit:
         return
     config = validate_model_config({**model_config, "model": model})
@@ -259,9 +238,7 @@ def _check_serves(endpoint: str, model: str, task: str, features: list[str], par
 
 
 def _check_checkpoint(checkpoint: str, settings: Settings, principal: Principal | None) -> None:
-    """A user's checkpoint_path: an s3:// prefix or an absolute local model directory the
-    principal may name (llm_batch.infra.user_paths), or a folder of the shared model cache (relative),
-    checked as the worker will check it, so a bad path fails here and not in the first shard."""
+    """A checkpoint_path: s3:// or absolute under the user's paths, or relative in the model cache."""
     param = "model_config.checkpoint_path"
     if storage.is_s3(checkpoint) or (principal is not None and checkpoint.startswith("/")):
         if principal is not None:
@@ -275,8 +252,7 @@ def _check_checkpoint(checkpoint: str, settings: Settings, principal: Principal 
 
 
 def check_user_path(uri: str, param: str, settings: Settings, principal: Principal) -> str:
-    """A path the principal names, canonical (llm_batch.infra.user_paths), or 400 naming the rule it
-    breaks; a path that is missing or hidden from the principal gets one answer for both."""
+    """A path the principal names, canonical, or 400 naming the rule it breaks."""
     try:
         return user_paths.check(uri, principal.name, settings, is_admin=principal.is_admin).uri
     except user_paths.PathRefused as exc:
@@ -286,8 +262,7 @@ def check_user_path(uri: str, param: str, settings: Settings, principal: Princip
 
 
 def check_input_readable(uri: str, given: str, param: str, settings: Settings, principal: Principal) -> None:
-    """An input file a job names must exist and be readable now, not when its run validates
-    it minutes later; a missing one gets the answer of a path hidden from the principal."""
+    """An input file must be readable now, not only when its run validates it."""
     try:
         with storage.open_read(uri) as stream:
             stream.read(1)
@@ -308,9 +283,7 @@ OVERWRITE_LABEL = "llm-batch.io/overwrite-output"
 
 def check_output_target(store: JobStore, principal: Principal, output_uri: str, labels: dict[str, Any],
                         param: str = "output_data_path") -> None:
-    """An output never replaces a file its owner's jobs did not write, nor one that a job
-    not yet ended will write: 409 naming the conflict (`param`: the route's field). An owner's
-    own earlier output may be replaced only when the create says so (label OVERWRITE_LABEL = "true")."""
+    """409 unless the output is new, or the owner's ended job's and labelled OVERWRITE_LABEL=true."""
     writers = store.jobs_writing(output_uri)
     if busy := [j.id for j in writers if not j.terminal]:
         raise Refused(409, f"{param}: {output_uri} is the output of a job not yet ended ({busy[0]})", param=param, code="output_in_use")
@@ -325,8 +298,7 @@ def check_output_target(store: JobStore, principal: Principal, output_uri: str, 
 
 
 def check_input_files(store: JobStore, principal: Principal, file_ids: list[str], param: str) -> list[str]:
-    """The ids of the principal's uploaded input files, in order; each named once (a repeated
-    file would run its requests twice under the same custom_ids). `param`: the route's field."""
+    """The principal's input file ids, each named once (a repeat would run its lines twice)."""
     first_position: dict[str, int] = {}
     for position, file_id in enumerate(file_ids):
         where = f"{param}[{position}]"
@@ -344,9 +316,7 @@ def check_input_files(store: JobStore, principal: Principal, file_ids: list[str]
 
 def check_paths(store: JobStore, settings: Settings, principal: Principal, input_uri: str | None,
                 output_uri: str | None, labels: dict[str, Any]) -> tuple[str | None, str | None]:
-    """A job's ``input_uri`` and ``output_uri`` (the native route's fields and a run's conf's),
-    each in its canonical spelling: paths the principal may name, the input readable now, the
-    output not the input and no other owner's or live job's (``check_output_target``)."""
+    """A job's input_uri and output_uri, canonical and checked."""
     canonical_input = check_user_path(input_uri, "input_uri", settings, principal) if input_uri else None
     if canonical_input is not None:
         check_input_readable(canonical_input, input_uri, "input_uri", settings, principal)
@@ -360,14 +330,7 @@ def check_paths(store: JobStore, settings: Settings, principal: Principal, input
     return canonical_input, canonical_output
 
 
-# -- per-owner limits ------------------------------------------------------------------
-# Stored bytes (files and adapters), jobs not yet ended, requests in flight. Admins set them
-# (LLM_BATCH_OWNER_MAX_* for everyone, LLM_BATCH_OWNER_LIMITS JSON per owner; 0: no limit)
-# and are not held to them. What would pass one is refused 429 limit_exceeded naming the
-# limit, its value and the owner's usage. Requests in flight count the totals of the owner's
-# live jobs once validated, plus the new job's requests when the create says how many.
-
-# limit name -> (what it measures in JobStore.owner_usage, how the message says it)
+# Per-owner limits (0: none; admins are not held to them): name -> (usage measure, its words)
 _LIMITS = {
     "max_live_jobs": ("live_jobs", "jobs not yet ended"),
     "max_requests_in_flight": ("requests_in_flight", "requests in jobs not yet ended"),

@@ -1,14 +1,6 @@
-"""The steps of one batch job as plain functions: the DAG's tasks are thin wrappers.
-
-No Airflow and no vLLM here: every step takes the job store, the settings and a job id,
-so it is tested without a scheduler and reused by housekeeping and the CLI.
-
-A run goes ``register -> validate -> plan -> run shards -> merge -> finalize`` (the DAG runs
-the first three as its task ``prepare`` and the last two as ``finalize``). Each step
-is idempotent (a retried task redoes nothing harmful) and does nothing to a job that is
-already terminal, so a run that was cut short can be finished or reconciled later.
-Whatever happens, ``finalize`` (or ``fail_job`` from the run's failure path, or
-``housekeeping.reconcile``) leaves the job in a terminal status with a reason.
+"""The steps of one batch job (``register -> validate -> plan -> run shards -> merge ->
+finalize``) as plain functions of the store, the settings and a job id: no Airflow, no vLLM.
+Each is idempotent and leaves a terminal job alone, so a cut-short run can be finished later.
 """
 
 from __future__ import annotations
@@ -46,9 +38,8 @@ __all__ = ["JobRejected", "fail_job", "finalize", "job_deadline", "layout_of", "
 
 
 def registry_model_names(settings: Settings) -> list[str]:
-    """The model and adapter names of the registry, read cheaply (YAML only, no
-    model_registry import): the DAG form's enum at parse time and register's check (a job's
-    model may be an adapter: its lines run on it by default). Empty if it cannot be read."""
+    """The registry's model and adapter names, from its YAML alone (cheap enough for DAG
+    parsing); empty if it cannot be read."""
     try:
         if settings.model_registry is None:
             text = resources.files("llm_batch").joinpath("models.yaml").read_text()
@@ -73,8 +64,7 @@ def _job(store: JobStore, job_id: str) -> Job:
 
 
 def fail_job(store: JobStore, job_id: str, reason: str, *, dag_run_id: str | None = None) -> Job | None:
-    """End a live job as FAILED with `reason` (a terminal job is left as it ended). With
-    `dag_run_id`, only if the job is that run's: a foreign run's failure leaves it alone."""
+    """End a live job as FAILED; with `dag_run_id`, only if the job is that run's."""
     job = store.get_job(job_id)
     if job is None or job.terminal:
         return job
@@ -87,11 +77,8 @@ def fail_job(store: JobStore, job_id: str, reason: str, *, dag_run_id: str | Non
 
 
 def run_owner(user: str | None, conf: dict[str, Any], is_admin: Callable[[str], bool]) -> tuple[str, bool]:
-    """(whose job a run makes, whether it is trusted: may name paths beyond the owner's folder
-    and anyone's files). A run belongs to the user who triggered it (trusted if an admin); a
-    run nobody triggered (a schedule, an admin's spec) is the admin's and trusted, unless its
-    conf names an owner (a recurring spec's ``owner``): then that owner's, held to what that
-    owner may name."""
+    """(owner, trusted) of a run: its triggering user's (trusted if an admin); an untriggered
+    run is the admin's and trusted, unless its conf names an owner (a recurring spec's)."""
     if user is not None:
         return user, is_admin(user)
     named = conf.get("owner")
@@ -103,16 +90,9 @@ def run_owner(user: str | None, conf: dict[str, Any], is_admin: Callable[[str], 
 def register(
     store: JobStore, settings: Settings, conf: dict[str, Any], dag_run_id: str, *, trusted: bool = False
 ) -> str:
-    """The run's job id: the job named by the conf, or a new QUEUED job made from it.
-
-    Records the DAG run on the job. A conf that cannot become a job (``admission.admit``
-    refuses it, or its input is not exactly one) raises JobRejected naming the problem and
-    leaves a FAILED job with the reason and no input (the page, the API and the run's note
-    show why); nothing runs, nothing to clean up. A conf whose owner is no owner name, or
-    naming another owner's job, makes no job (and that job is left alone).
-    `trusted` runs (an admin's, or scheduled ones: their conf comes from an admin's spec) may
-    name paths outside the owner's namespace and anyone's files.
-    """
+    """The run's job id: the job its conf names, or a new QUEUED job admitted from the conf.
+    A refused conf leaves a FAILED job holding the reason (shown by the page, the API and the
+    run's note) and raises JobRejected."""
     from llm_batch.pipeline.admission import admit_run, refusal_text  # heavy
 
     owner = str(conf.get("owner") or DEFAULT_OWNER)
@@ -145,9 +125,7 @@ REFUSED = "the run was refused: "  # how a refused run's job reason starts
 
 def _record_refusal(store: JobStore, settings: Settings, conf: dict[str, Any], owner: str, job_id: str,
                     dag_run_id: str, reason: str) -> None:
-    """A refused run (the form's, /api/v2's) still leaves a FAILED job with the reason, seen on
-    the page, in the API and (through the run-end listener) in the run's note. It keeps no
-    input, paths or figures (a refusal's cause): only its model and a known endpoint."""
+    """A FAILED job holding a refused run's reason; it keeps no input, paths or figures."""
     model = conf.get("model")
     endpoint = conf.get("endpoint")
     request = JobRequest(id=job_id, endpoint=endpoint if endpoint in SUPPORTED_ENDPOINTS else "/v1/chat/completions",
@@ -158,8 +136,7 @@ def _record_refusal(store: JobStore, settings: Settings, conf: dict[str, Any], o
 
 
 def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:
-    """A run may take over an existing job only if it is that job's own run (the API's, a
-    retry or a clear of it) or comes from the job's owner or an admin's schedule."""
+    """Only the job's own run, its owner's or a trusted one may take over an existing job."""
     own_run = job.dag_run_id == dag_run_id or (job.dag_run_id is None and dag_run_id == api_run_id(job.id))
     return own_run or trusted or job.owner == owner
 
@@ -187,8 +164,7 @@ def input_source(store: JobStore, job: Job) -> tuple[Any, str]:
 
 
 def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
-    """Stream the input into the validated file and error records; set total and the
-    invalid count. None when the job is already over (cancelled before it started)."""
+    """Validate the input and set the counts; None when the job is already over."""
     from llm_batch.infra.media import MediaResolver  # heavy
     from llm_batch.pipeline.validation import (  # heavy
         BatchRejected,
@@ -227,8 +203,7 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
 
 
 def _keep_estimate(store: JobStore, settings: Settings, job: Job, report: Any, validated_uri: str) -> None:
-    """Keep the job's estimate (llm_batch.pipeline.estimate) beside what it will really take.
-    Only an estimate: whatever goes wrong making it is logged and the job runs on."""
+    """Keep the job's estimate; a failure to make it is only logged."""
     from llm_batch.pipeline.estimate import estimate_validated  # heavy
 
     try:
@@ -239,9 +214,7 @@ def _keep_estimate(store: JobStore, settings: Settings, job: Job, report: Any, v
 
 
 def job_model_choice(store: JobStore, job: Job, settings: Settings) -> ModelChoice:
-    """The names the job's lines may give as their model: its model, and the adapters of its
-    base in the registry and among its owner's own (a model outside the registry, a
-    checkpoint_path, has none)."""
+    """The names the job's lines may give as their model: its model and its base's adapters."""
     from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.adapters import model_choice  # heavy
     from llm_batch.infra.model_registry import load_registry  # heavy
@@ -259,27 +232,21 @@ def job_model_choice(store: JobStore, job: Job, settings: Settings) -> ModelChoi
 
 
 def _set_counts(store: JobStore, job_id: str, total: int, invalid: int) -> None:
-    """Counts after validation: invalid lines are already completed (as failures), and
-    stay the base the shards' progress rows add to."""
+    """Invalid lines count as completed failures: the base the shards' progress adds to."""
     store.set_counts(job_id, total=total, completed=invalid, succeeded=0, failed=invalid, invalid=invalid)
 
 # -- plan ---------------------------------------------------------------------------------
 
 
 def job_deadline(job: Job) -> datetime:
-    """When the job's workers must stop: expires_at, else created_at + max_runtime_sec.
-    (The store hands back timezone-aware UTC datetimes, so they compare with now(UTC).)"""
+    """When the job's workers must stop (timezone-aware UTC)."""
     if job.expires_at is not None:
         return job.expires_at
     return job.created_at + timedelta(seconds=job.max_runtime_sec or DEFAULT_RUNTIME_SEC)
 
 
 def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
-    """Write the shard files and return the job's shard tasks.
-
-    The job moves to RUNNING; a job cancelled (or ended) before this point gets no shard
-    task. Planning again (a retried task) writes the same shards and keeps their results.
-    """
+    """Write the shard files and return the job's shard tasks (none if it was cancelled)."""
     from llm_batch.pipeline.result_cache import answer_from_cache  # heavy
     from llm_batch.pipeline.sharding import plan_shards  # heavy
 
@@ -289,10 +256,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
     layout = layout_of(settings, job_id)
     if job.cancel_requested and not storage.exists(layout.validation_report):
         return []  # cancelled before its input was read: no line to account for
-    # Planned even when cancelled after validation: merge then reports every valid line
-    # as never run, so no line of a job whose input was read goes unaccounted for. The
-    # lines the owner's result cache answers are results already; the shards run the rest
-    # (none at all when the cache answered every line).
+    # Planned even when cancelled after validation, so merge accounts for every valid line.
     source = layout.validated if job.cancel_requested else answer_from_cache(store, settings, job, layout)
     plans = plan_shards(layout, job.data_parallelism, source=source, settings=settings)
     if job.cancel_requested:
@@ -302,15 +266,12 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
 
 
 def shard_ref(task: ShardTask) -> dict[str, Any]:
-    """What a shard's XCom (and its task's rendered field) carries: ids and counts. Every
-    Airflow viewer reads a run's XComs: the paths, model config and output check of a job
-    stay in the job store, where ``shard_task`` finds them again."""
+    """A shard's XCom: ids and counts only, since every Airflow viewer reads XComs."""
     return {"job_id": task.job_id, "shard": task.shard, "requests": task.requests}
 
 
 def shard_task(given: dict[str, Any], settings: Settings, store: JobStore | None = None) -> ShardTask:
-    """The shard task a ``shard_ref`` names, made again from the job store as ``plan`` made
-    it (`store`: default the settings' one); a whole ``ShardTask`` dict is taken as it is."""
+    """The shard task a ``shard_ref`` (or a whole ``ShardTask`` dict) names."""
     if "requests_uri" in given:
         return ShardTask.model_validate(given)
     if store is None:
@@ -324,8 +285,7 @@ def _shard_task(store: JobStore, settings: Settings, job: Job, index: int, count
     layout = layout_of(settings, job.id)
     shard = layout.shard(index)
     resources = job.resources or {}
-    # An owner's own adapter as the job's model: its lines carry it (validation), the
-    # workers load its base (over the model a native or Scale job's model_config repeats).
+    # The workers load an owner's adapter's base; its lines name the adapter.
     own = {a.name: a.base for a in store.list_adapters(job.owner)}
     model = own.get(job.model, job.model)
     return ShardTask(
@@ -370,10 +330,7 @@ def _not_run_code(cause: tuple[JobStatus, str] | None) -> str:
 
 
 def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
-    """Merge the shards' results into the job's outputs (idempotent) and set the counts.
-
-    None when the job never got shards (ended before planning) or is already terminal.
-    """
+    """Merge the shards' results into the job's outputs and set the counts (None: no shards)."""
     from llm_batch.core.scale_output import success_element  # heavy
     from llm_batch.pipeline.merge import merge_job  # heavy
     from llm_batch.pipeline.result_cache import fill_cache  # heavy
@@ -418,16 +375,13 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
 
 
 def engine_rate(shards: list[Any]) -> float:
-    """Output tokens per engine second over the shards' own figures: what the engines
-    generated over the time they ran (engine start and queueing left out; lines the result
-    cache answered are in no shard's figures: they took no engine time)."""
+    """Output tokens per engine second (engine start, queueing and cached lines left out)."""
     seconds = sum(shard.engine_seconds for shard in shards)
     return round(sum(shard.completion_tokens for shard in shards) / seconds, 1) if seconds > 0 else 0.0
 
 
 def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
-    """The merge step's counts (a file, not an XCom: finalize must work whatever happened
-    to an earlier try)."""
+    """The merge step's counts (a file, not an XCom, so finalize works after any try)."""
     try:
         return orjson.loads(storage.read_bytes(layout.merge_report))
     except storage.ObjectNotFound:
@@ -436,7 +390,6 @@ def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
 
 def _record_file(store: JobStore, job: Job, uri: str, kind: str) -> FileObject:
     name = f"{job.id}_{kind}.jsonl"
-    # Set by the API edge (OpenAI's output_expires_after, capped by the retention at create).
     expiry = job.input.output_expires_after_s
     return store.create_file(
         owner=job.owner,
@@ -456,27 +409,16 @@ ERROR_SUMMARY_CODES = {"invalid": "invalid_request", "not_run": "not_run", "engi
 
 
 def _error_summary(counts: dict[str, int]) -> list[dict[str, Any]]:
-    summary = []
-    codes = ERROR_SUMMARY_CODES
-    if counts.get("invalid"):
-        summary.append({"code": codes["invalid"], "message": "input lines failed validation", "count": counts["invalid"]})
-    if counts.get("not_run"):
-        summary.append({"code": codes["not_run"], "message": "requests were never run (cancel, deadline or a failed shard)",
-                        "count": counts["not_run"]})
     engine = counts.get("failed", 0) - counts.get("invalid", 0) - counts.get("not_run", 0)
-    if engine > 0:
-        summary.append({"code": codes["engine"], "message": "requests failed in the engine", "count": engine})
-    return summary
+    entries = (("invalid", "input lines failed validation", counts.get("invalid", 0)),
+               ("not_run", "requests were never run (cancel, deadline or a failed shard)", counts.get("not_run", 0)),
+               ("engine", "requests failed in the engine", engine))
+    return [{"code": ERROR_SUMMARY_CODES[why], "message": message, "count": count}
+            for why, message, count in entries if count > 0]
 
 
 def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
-    """End the job: record its output/error files and move it to its terminal status.
-
-    SUCCEEDED when every request has a result or error line from a finished shard;
-    CANCELLED / TIMEOUT_EXCEEDED when it was stopped on purpose (partial results kept);
-    FAILED when shards failed for good or the run ended before merging. A terminal job is
-    returned unchanged (finalize is idempotent).
-    """
+    """End the job: record its output and error files and set its terminal status."""
     job = _job(store, job_id)
     if job.terminal:
         return job
@@ -524,8 +466,7 @@ def asset_uri(uri: str) -> str:
 
 
 def result_asset_uris(job: Job) -> list[str]:
-    """The assets a job with results updates: its output file, the array output it was
-    asked for, and a recurring spec's own asset (``llm_batch.pipeline.recurring.output_asset_uri``)."""
+    """The assets a job with results updates (outputs and a recurring spec's own)."""
     uris = [asset_uri(u) for u in (job.output_uri, job.array_output_uri) if u]
     if recurring := (job.metadata or {}).get("recurring"):
         uris.append(output_asset_uri(str(recurring)))

@@ -1,23 +1,10 @@
 """Run one shard: read its requests, run them on vLLM in-process, write ordered results.
 
-``run_worker(config) -> exit code`` (``llm_batch.core.exit_codes``) is the whole contract, so the
-pod entrypoint (inference image), the local shard runner and tests behave the same:
-
-- USAGE before anything loads: unknown model, bad model_config, endpoint the model cannot
-  serve, a URI outside the allowed roots, a shard file that is not BatchRequest lines.
-- Resume: ``ResultsWriter.open(results).done == k`` means the first k requests of the shard
-  have results; they are skipped, so a rerun after kill -9 writes each result exactly once.
-- Cancel / deadline: checked between engine steps (the marker at most every
-  ``cancel_check_s``); on either, in-flight requests are aborted, finished results flushed,
-  the final progress written, and CANCELLED / DEADLINE returned. Requests never run get no
-  result (merge reports them).
-- Any other error (an engine crash included) flushes what is finished and returns FAILED.
-- Fault drills: while the job's hold marker exists, a shard's first attempt stops stepping
-  once it has checkpointed the marker's number of results, and waits (``HoldPoint``), so a
-  kill, an outage or a deadline lands mid-shard by construction, on any machine's speed.
-
-This module imports neither Airflow nor vLLM at module level: the engine is imported when a
-shard actually runs.
+``run_worker(config) -> exit code`` (``llm_batch.core.exit_codes``) is the whole contract:
+USAGE before anything loads when the shard cannot run as asked; a rerun skips the requests
+that already have results (each result written exactly once); cancel and deadline, checked
+between engine steps, flush what is finished and return CANCELLED / DEADLINE; any other error
+returns FAILED. vLLM is imported only when a shard runs.
 """
 
 from __future__ import annotations
@@ -90,8 +77,7 @@ class WorkerConfig:
 
 
 class EngineSource(Protocol):
-    """Where a shard's engine comes from, and goes back to (``healthy``: no error raised
-    while it ran)."""
+    """Where a shard's engine comes from, and goes back to."""
 
     def get(self, model: ResolvedModel) -> LLM: ...
 
@@ -99,8 +85,7 @@ class EngineSource(Protocol):
 
 
 class DedicatedEngine:
-    """The default engine source: an engine started for the shard and stopped after it
-    (``llm_batch.runtime.warm_engines.KeptEngine`` keeps one for the next shard instead)."""
+    """An engine started for the shard and stopped after it."""
 
     def get(self, model: ResolvedModel) -> LLM:
         from llm_batch.runtime.engine.runner import start_engine  # vllm
@@ -115,11 +100,7 @@ class DedicatedEngine:
 
 def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
                supervisor_gone: Callable[[], bool] | None = None) -> int:
-    """Run the shard described by ``config``; the exit code says how it ended.
-
-    ``engines`` gives the engine and takes it back (default: a dedicated one);
-    ``supervisor_gone``, checked between engine steps, stops the shard as FAILED when the
-    task that asked for it has gone (a warm engine's client), so its retry can resume."""
+    """Run the shard; ``supervisor_gone`` stops it as FAILED when the task that asked has gone."""
     try:
         model = resolve_for_endpoint(config.model_config, config.endpoint)
         if config.node_group is not None:
@@ -156,8 +137,7 @@ def run_worker(config: WorkerConfig, engines: EngineSource | None = None,
 
 
 def _earlier_attempts(config: WorkerConfig) -> ShardProgress:
-    """What earlier attempts did: the successes and token usage of the results they wrote
-    (read once, streamed), and the engine seconds they published (0 if unreadable)."""
+    """The successes, tokens and engine seconds of earlier attempts."""
     earlier = ShardProgress(job_id=config.job_id, shard=config.shard, total=0)
     for record in read_results(config.results):
         earlier.succeeded += record.ok
@@ -240,15 +220,9 @@ def _finish(writer: ResultsWriter, progress: ProgressReporter, state: ShardState
 
 
 class HoldPoint:
-    """A fault drill's hold point: while the marker (``JobLayout.hold_marker``, JSON
-    ``{"after_results": N}``) exists, a shard's first attempt stops stepping once N of its
-    results are checkpointed (flushed, progress published) and waits until the marker is
-    removed, or says a higher N (the next hold point), or until it is cancelled, past its
-    deadline or abandoned. A resumed attempt never holds, so the retry after a kill runs through.
-
-    The marker is read when the shard starts, at each checkpoint until one is found (where
-    storage is written anyway) and while held; a shard started with no marker, the
-    production case, costs one read a checkpoint."""
+    """A fault drill's hold point: while the marker (JSON ``{"after_results": N}``) exists, a
+    shard's first attempt waits once N results are checkpointed, so a kill or a deadline lands
+    mid-shard on any machine's speed. A resumed attempt never holds."""
 
     def __init__(self, marker: str | None, first_attempt: bool, poll_s: float = 0.2):
         self.marker = marker if first_attempt else None
@@ -263,8 +237,7 @@ class HoldPoint:
                 self.after = self.read()
 
     def read(self) -> int | None:
-        """The marker's N, None when it is gone (or unreadable); StorageError when storage
-        cannot say."""
+        """The marker's N, None when it is gone or unreadable."""
         if not storage.exists(self.marker):
             return None
         try:
@@ -278,12 +251,8 @@ class HoldPoint:
 
 
 class StopMonitor:
-    """Called between engine steps: checkpoints, publishes progress, says whether to stop.
-
-    The checkpoint (flush the results writer, then publish progress) runs every progress
-    interval, so a result counted in the progress object is already durable and a long
-    request at the head of the shard never leaves finished results unflushed for long.
-    """
+    """Called between engine steps: checkpoints (flush, then progress, so what progress counts
+    is durable) and says whether to stop."""
 
     def __init__(self, config: WorkerConfig, progress: ProgressReporter,
                  writer: ResultsWriter | None = None, clock=time.monotonic, wall_clock=time.time,
@@ -373,8 +342,7 @@ def _request_lines(uri: str) -> Iterator[tuple[int, bytes]]:
 
 
 def scan_requests(uri: str) -> tuple[int, dict[str, str | None]]:
-    """The shard's size and the LoRA adapters its lines run on (name -> an owner's
-    adapter's URI, None for the registry's), streamed."""
+    """The shard's size and its lines' adapters (name -> an owner's adapter's URI or None)."""
     count, adapters = 0, {}
     for _, line in _request_lines(uri):
         count += 1
@@ -386,8 +354,7 @@ def scan_requests(uri: str) -> tuple[int, dict[str, str | None]]:
 
 
 def resolve_shard_adapters(names: dict[str, str | None]) -> list[ResolvedAdapter]:
-    """The shard's adapters as the engine loads them; WorkerUsageError when one cannot be
-    (not prepared, refused): the job's fault, not worth a retry."""
+    """The shard's adapters as the engine loads them (WorkerUsageError: not worth a retry)."""
     if not names:
         return []
     from llm_batch.core.model_config import ModelError  # heavy
@@ -400,11 +367,8 @@ def resolve_shard_adapters(names: dict[str, str | None]) -> list[ResolvedAdapter
 
 
 def with_adapters(model: ResolvedModel, adapters: list[ResolvedAdapter], shared: bool = False) -> ResolvedModel:
-    """``model`` with LoRA on for ``adapters``: as many at once as the deployment allows
-    (``max_loras``; vLLM swaps the others in as their lines come), the rank they need. On a
-    ``shared`` engine (warm engines: one engine for many jobs' shards) the deployment's
-    limits instead, so every adapter shard of one base finds the engine it left, adapters
-    still loaded. The job's own engine_args win, as everywhere."""
+    """``model`` with LoRA on for ``adapters``; a ``shared`` (warm) engine takes the deployment's
+    limits, so every adapter shard of one base finds it again. The job's engine_args win."""
     if not adapters:
         return model
     from llm_batch.infra.adapters import engine_rank  # heavy
@@ -421,8 +385,7 @@ def with_adapters(model: ResolvedModel, adapters: list[ResolvedAdapter], shared:
 
 
 def read_requests(uri: str, skip: int = 0, defaults: dict[str, Any] | None = None) -> Iterator[BatchRequest]:
-    """The shard's requests after the first ``skip`` (those already have results), each body
-    with the job's sampling `defaults` for what it omits."""
+    """The shard's requests after the first ``skip``, with the sampling `defaults` they omit."""
     for number, line in islice(_request_lines(uri), skip, None):
         try:
             request = BatchRequest.model_validate_json(line)
@@ -452,9 +415,8 @@ def parse_config(
     gpus_per_node: int | str | None = None,
     **tuning: Any,
 ) -> WorkerConfig:
-    """A WorkerConfig from flag/env strings. URIs left out come from the job layout under
-    ``work_uri`` (default Settings.work_uri); ``nnodes`` (>= 2) makes this the leader of a
-    multi-node worker. Raises WorkerUsageError naming the bad value."""
+    """A WorkerConfig from flag/env strings (URIs left out: the job layout's), or
+    WorkerUsageError naming the bad value."""
     if not job_id:
         raise WorkerUsageError("--job-id is required")
     try:
@@ -509,8 +471,7 @@ def parse_config(
 
 def node_group(nnodes: int | str | None, node_rank: int | str | None, master_addr: str | None,
                master_port: int | str | None, gpus_per_node: int | str | None) -> NodeGroup | None:
-    """The NodeGroup of the multi-node flags (None without --nnodes); WorkerUsageError
-    naming the bad one."""
+    """The NodeGroup of the multi-node flags (None without --nnodes)."""
     if nnodes in (None, ""):
         return None
     values: dict[str, int] = {}

@@ -1,17 +1,9 @@
 """``LLMBatchOperator``: a batch of LLM requests as one step of your own DAG.
 
-The task submits one job to the llm-batch REST API (``POST /batch/v1/jobs``, through
-``LLMBatchHook``), defers on ``BatchJobTrigger`` while the ``batch_inference`` run does the
-work (no worker slot held), and returns a small manifest (never the results: they can be
-millions of lines) naming the output and error files and the counts.
-
-The job id is a hash of (dag_id, run_id, task_id, map_index), sent as the job's ``id``: a
-retried or restarted try finds the job its first try made (the API answers an id you
-already used with that job) and waits for it, so nothing is submitted twice. Clearing the
-task in the same run re-attaches too; a new run makes a new job.
-
-See docs/orchestration.md, "A batch as a step of your DAG", for the parameters, the
-manifest and the mapping from common-ai's ``LLMBatchOperator``.
+The task submits one job to the llm-batch REST API, defers while the ``batch_inference`` run
+does the work and returns a small manifest naming the output and error files and the counts.
+The job id derives from the task instance, so a retried try re-attaches to its job. See
+docs/orchestration.md, "A batch as a step of your DAG".
 """
 
 from __future__ import annotations
@@ -38,16 +30,14 @@ SPEC_ARGUMENTS = [name for name in JobSpec.model_fields
 
 
 def step_job_id(dag_id: str, run_id: str, task_id: str, map_index: int | None, secret: str = "") -> str:
-    """The job id of one task instance (every try the same): ``af-<32 hex>``, keyed by
-    ``secret`` (the connection's API key) so that no other owner can work out the id of a
-    future run and take it first (ids are one namespace for every owner)."""
+    """The job id of one task instance (every try the same), keyed by ``secret`` (the API key)
+    so that no other owner can take a future run's id first."""
     key = "\x1f".join([dag_id, run_id, task_id, str(-1 if map_index is None else map_index)])
     return "af-" + hmac.new(secret.encode(), key.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def chat_requests(prompts: Sequence[Any], system_prompt: str | None, request_params: dict[str, Any]) -> list[Any]:
-    """Prompts -> ``{"custom_id": "<index>", "body": {"messages": [...], **request_params}}``.
-    A prompt that is not a string is passed on as it is, for the API to refuse by position."""
+    """Prompts as chat requests (custom_id: the index); a non-string is passed on for the API to refuse."""
     made: list[Any] = []
     for index, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
@@ -61,9 +51,7 @@ def chat_requests(prompts: Sequence[Any], system_prompt: str | None, request_par
 
 
 def as_requests(items: Sequence[Any]) -> list[Any]:
-    """``requests`` as the API takes them: ``{custom_id, body}`` items stay, a bare body
-    (a dict without ``body``) gets its position as custom_id; anything else is passed on for
-    the API to refuse naming ``requests[i]``."""
+    """``requests`` as the API takes them: a bare body gets its position as custom_id."""
     made: list[Any] = []
     for index, item in enumerate(items):
         if isinstance(item, dict) and "body" not in item and "custom_id" not in item:
@@ -82,12 +70,8 @@ def step_asset_uri(dag_id: str, task_id: str) -> str:
 
 
 def manifest_of(job: dict[str, Any], base_url: str | None = None) -> dict[str, Any]:
-    """The task's XCom: where the results are and how many requests landed where.
-
-    Bucket names follow common-ai's manifest; llm-batch ends every request as a result
-    line (``succeeded``) or an error line (``errored``, its line says why: invalid input,
-    engine error, or never run because of a cancel / the deadline); ``missing`` is what
-    has neither (0 once a job ended)."""
+    """The task's XCom: where the results are and how many requests landed where (common-ai's
+    buckets; every request of an ended job is ``succeeded`` or ``errored``)."""
     counts = job.get("counts") or {}
     total, succeeded, failed = counts.get("total", 0), counts.get("succeeded", 0), counts.get("failed", 0)
 
@@ -120,47 +104,10 @@ def manifest_of(job: dict[str, Any], base_url: str | None = None) -> dict[str, A
 
 
 class LLMBatchOperator(BaseOperator):
-    """Run a batch of LLM requests on llm-batch and wait for it (deferrable).
-
-    Give exactly one input:
-
-    :param prompts: user prompts (strings); each becomes a chat request
-        ``{"messages": [{"role": "user", "content": prompt}]}`` with custom_id = its index.
-        (templated)
-    :param requests: request bodies for the endpoint (``{"messages": ..., "max_tokens": ...}``)
-        or ``{"custom_id", "body"}`` items. (templated)
-    :param input_uri: a JSONL file of requests the API's owner may name (local root or
-        allowed ``s3://``). (templated)
-    :param input_file_ids: ids of uploaded input files. (templated)
-
-    :param model: the model, a name of the server's model registry. (templated)
-    :param endpoint: ``/v1/chat/completions`` (default), ``/v1/completions`` or ``/v1/embeddings``.
-    :param system_prompt: with ``prompts``: a system message put before each prompt.
-    :param request_params: with ``prompts``: fields added to each body (``max_tokens``,
-        ``temperature``, ...). (templated)
-    :param model_config: engine configuration (``max_model_len``, ``dtype``, ...). (templated)
-    :param labels: key-value labels of the job (filters, usage, pod labels). (templated)
-    :param output_uri: also write the results as JSONL to this path. (templated)
-    Any other field of the job's spec (``llm_batch.core.job_spec.JobSpec``) is an argument too,
-    sent as given: ``data_parallelism`` (shards run in parallel), ``max_runtime_sec`` (the
-    job's deadline, seconds after creation), ``priority`` (a band of the server: ``low``,
-    ``normal``, ``high``), ``gpu_type``, ``result_cache``, ``output_check``, ...
-    :param llm_batch_conn_id: the API's Connection (host = api-server URL, password = API key).
-    :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
-    :param poll_interval: seconds between status polls.
-    :param cancel_on_kill: cancel the job when the running task is killed (marked failed or
-        success by hand, ``execution_timeout`` of a non-deferred wait).
-    :param cancel_on_timeout: cancel the job when the wait outlasts ``execution_timeout``.
-    A job that ends CANCELLED ends the task skipped (a cancel is a decision, not a failure);
-    FAILED and TIMEOUT_EXCEEDED end it failed.
-
-    Retries default to 2 (5 s apart): a retry attaches to the same job, never a second one.
-
-    :param max_failed_fraction: the task fails when more than this fraction of the requests
-        ended as error lines (default 0.0: any error line fails it, so partial results are
-        never passed on silently; e.g. 0.05 tolerates 5 %). The manifest is pushed (XCom key
-        ``manifest``) before such a failure.
-    """
+    """Run a batch of LLM requests on llm-batch and wait for it (deferrable). Give exactly one
+    of ``prompts``, ``requests``, ``input_uri``, ``input_file_ids``; any field of the job's spec
+    (``llm_batch.core.job_spec.JobSpec``) is an argument too, sent as given. The parameters are
+    in docs/orchestration.md."""
 
     template_fields: Sequence[str] = (
         "prompts",
@@ -198,13 +145,9 @@ class LLMBatchOperator(BaseOperator):
         max_failed_fraction: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        # An asset event per finished step (its manifest as extra): a downstream DAG can be
-        # scheduled on Asset(step_asset_uri(dag_id, task_id)) or on the alias.
         kwargs.setdefault("outlets", [AssetAlias(STEP_RESULTS_ALIAS)])
-        # A try attaches to the step's one job (its id derives from the task instance), so a
-        # retry never runs the batch twice; it rides over a lost API call, and over Airflow
-        # failing a resumed deferred try on its own stale event when the job ended at once
-        # (apache/airflow#72716). A job's own failure is final (AirflowFailException).
+        # A retry attaches to the same job: it rides over a lost API call and over Airflow
+        # failing a resumed deferred try on a stale event (apache/airflow#72716).
         kwargs.setdefault("retries", 2)
         kwargs.setdefault("retry_delay", timedelta(seconds=5))
         self.spec = {name: kwargs.pop(name) for name in SPEC_ARGUMENTS if name in kwargs}
@@ -272,8 +215,7 @@ class LLMBatchOperator(BaseOperator):
         try:
             job = self.hook.create_job(self.job_body(self.job_id))
         except LLMBatchApiError as exc:
-            # A refusal (unknown model, bad requests, a path outside the roots) will not
-            # pass on a retry: fail now, with the API's message naming the field.
+            # A refusal will not pass on a retry: fail now.
             if 400 <= exc.status < 500 and exc.status != 429:
                 raise AirflowFailException(str(exc)) from exc
             raise AirflowException(str(exc)) from exc
@@ -287,8 +229,7 @@ class LLMBatchOperator(BaseOperator):
                 trigger=BatchJobTrigger(job_id=job["id"], llm_batch_conn_id=self.llm_batch_conn_id,
                                         poll_interval=self.poll_interval, end_time=end_time),
                 method_name="execute_complete",
-                # The trigger ends the wait itself (so the job can be cancelled); the
-                # deferral timeout is only a backstop.
+                # The trigger ends the wait itself (so the job can be cancelled): a backstop.
                 timeout=self.execution_timeout + timedelta(minutes=5) if self.execution_timeout else None,
             )
         return self._finish(context, self._wait(job["id"]))
@@ -318,9 +259,7 @@ class LLMBatchOperator(BaseOperator):
         failed_fraction = manifest["errored"] / total if total else 0.0
         problem = None
         if job["status"] == "CANCELLED":
-            # Someone stopped the job on purpose: not a failure of this pipeline. The task ends
-            # skipped (its downstream tasks skip too, by the default trigger rule), with the
-            # manifest of the partial results pushed.
+            # A cancel is a decision, not a failure: skipped, the partial results' manifest pushed.
             context["ti"].xcom_push(key="manifest", value=manifest)
             raise AirflowSkipException(f"llm-batch job {job['id']} was cancelled: "
                                        f"{job.get('status_reason') or 'no reason given'}")

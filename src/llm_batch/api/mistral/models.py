@@ -95,8 +95,7 @@ class BatchErrorOut(BaseModel):
 
 
 class BatchJobOut(BaseModel):
-    """A batch job (the SDK's ``BatchJob``). Every job is readable here by id, whichever
-    dialect made it; the list shows only jobs made through this API."""
+    """A batch job (the SDK's ``BatchJob``); every job is readable here by id."""
 
     id: str = Field(description="The job id (`job_<hex>` when made through the API): the job's id in every dialect")
     object: Literal["batch"] = Field(default="batch", description="Always `batch`")
@@ -167,10 +166,7 @@ class BatchJobOut(BaseModel):
             outputs=outputs,
             status=MISTRAL_STATUS[job.status],
             created_at=epoch(job.created_at) or 0,
-            total_requests=job.total,
-            completed_requests=job.completed,
-            succeeded_requests=job.succeeded,
-            failed_requests=job.failed,
+            **{f"{name}_requests": getattr(job, name) for name in ("total", "completed", "succeeded", "failed")},
             started_at=epoch(job.started_at),
             completed_at=epoch(job.completed_at),
         )

@@ -1,8 +1,5 @@
-"""Retry and rerun: a new job made from an ended one (``POST /v1/jobs/{id}/retry|rerun``), asking
-for what it asked for, of the same owner and naming its source (``derived_from``); which lines it
-reads is ``pipeline.rerun``'s. It never writes the original's ``output_uri``, which holds the
-original's results.
-"""
+"""Retry and rerun: a new job made from an ended one, asking for what it asked for (but its
+``output_uri``, which holds the original's results)."""
 
 from __future__ import annotations
 

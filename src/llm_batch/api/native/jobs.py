@@ -1,11 +1,6 @@
-"""Native jobs: ``/v1/jobs`` (create from inline requests, uploaded files or a path, with an
-optional client-chosen id; get; list with filters and a cursor; cancel), in the canonical
-words (``llm_batch.core.jobs.JobStatus``). The route of ``llm_batch.airflow.operators.LLMBatchOperator``
-and of the CLI's ``jobs`` / ``job``; every job is readable here, whichever route or
-Airflow run created it.
-
-A create with ``id`` is idempotent per owner: the id already yours answers that job (200,
-nothing submitted), another owner's is 409. A retried Airflow task therefore re-attaches.
+"""Native jobs: ``/v1/jobs`` in the canonical words, the batch step's and the CLI's route;
+every job is readable here. A create with an ``id`` already yours answers that job, so a
+retried Airflow task re-attaches.
 """
 
 from __future__ import annotations
@@ -86,8 +81,7 @@ def create_job(body: Annotated[CreateJob, Body()], submitting: SubmittingDep) ->
 
 
 def _dry_run(store: JobStore, settings: Settings, caller: Caller, request: JobRequest, param: str) -> EstimateOut:
-    """The estimate of the job `request` would create (``llm_batch.pipeline.estimate``), made
-    on a job that is never stored: nothing is written, no run is triggered."""
+    """The estimate of the job `request` would create, made on a job that is never stored."""
     now = datetime.now(UTC)
     job = Job(id="dry-run", dialect=request.dialect, endpoint=request.endpoint, model=request.model,
               owner=caller.name, status=JobStatus.QUEUED, created_at=now, updated_at=now,
@@ -115,9 +109,8 @@ def label_pairs(labels: list[str]) -> dict[str, str]:
 
 def labelled_jobs(store: JobStore, wanted: dict[str, str], *, limit: int, after: str | None, batch: int,
                   **filters: Any) -> tuple[list[Job], bool, int]:
-    """Up to `limit` jobs matching `filters` (``JobStore.list_jobs``) that carry every `wanted`
-    label, read `batch` at a time (labels are matched page by page); whether more follow, and
-    how many match `filters` in all."""
+    """Up to `limit` jobs matching `filters` and every `wanted` label (matched page by page),
+    whether more follow, and how many match `filters`."""
     found: list[Job] = []
     cursor, matching = after, 0
     while len(found) <= limit:

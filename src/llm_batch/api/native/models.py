@@ -1,6 +1,4 @@
-"""The native jobs route (``/v1/jobs``): request and response models in the canonical words
-(``llm_batch.core.jobs.JobStatus``), no dialect's. What ``llm_batch.airflow.operators.LLMBatchOperator``
-and the ``llm-batch`` CLI speak."""
+"""The native jobs route (``/v1/jobs``): request and response models in the canonical words."""
 
 from __future__ import annotations
 
@@ -27,9 +25,7 @@ class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline requ
 
 class CreateJob(JobSpec):
     """Create a job: exactly one of ``requests``, ``input_file_ids`` and ``input_uri``, and the
-    job's spec (``llm_batch.core.job_spec.JobSpec``). With ``id``, a create is idempotent: an
-    id you already used answers that job (200), an id another owner used is 409. Unknown
-    fields are refused (422)."""
+    job's spec. With ``id``, a create is idempotent. Unknown fields are refused (422)."""
 
     id: str | None = Field(
         default=None,
@@ -64,7 +60,6 @@ class CreateJob(JobSpec):
     )
 
     _labels = field_validator("labels")(check_pairs)
-
 
 
 class JobCounts(BaseModel):
@@ -126,8 +121,7 @@ class EstimateOut(Estimate):
 
 
 class JobOut(BaseModel):
-    """A job in the canonical words: every job is readable here by id, whichever route or
-    Airflow run created it."""
+    """A job in the canonical words (every job, whichever way in made it)."""
 
     id: str = Field(description="The job id")
     status: str = Field(

@@ -115,8 +115,7 @@ class OutputTokensDetails(BaseModel):
 
 
 class BatchUsage(BaseModel):
-    """The SDK's ``BatchUsage``: live from the shards' progress while the batch runs, the
-    exact sum of the output lines' usage once it is merged."""
+    """The SDK's ``BatchUsage``: live while the batch runs, exact once merged."""
 
     input_tokens: int = Field(description="Prompt tokens of the requests run so far")
     input_tokens_details: InputTokensDetails = Field(description="Details of the prompt tokens")
@@ -164,8 +163,7 @@ class BatchErrors(BaseModel):
 
 
 class BatchOut(BaseModel):
-    """A batch (the SDK's ``Batch``). Every job is readable here by id, whichever dialect made
-    it; the list shows only batches made through this API."""
+    """A batch (the SDK's ``Batch``); every job is readable here by id."""
 
     id: str = Field(description="The batch id (`job_<hex>` when made through the API): the job's id in every dialect")
     object: Literal["batch"] = Field(default="batch", description="Always `batch`")
@@ -246,20 +244,17 @@ class BatchOut(BaseModel):
             output_file_id=job.output_file_id,
             error_file_id=job.error_file_id,
             created_at=epoch(job.created_at) or 0,
-            in_progress_at=epoch(job.in_progress_at),
-            expires_at=epoch(job.expires_at),
-            finalizing_at=epoch(job.finalizing_at),
+            **{name: epoch(getattr(job, name)) for name in _TIMES},
             # OpenAI sets completed_at only for a batch that completed.
             completed_at=epoch(job.completed_at) if OPENAI_STATUS[job.status] == "completed" else None,
-            failed_at=epoch(job.failed_at),
-            expired_at=epoch(job.expired_at),
-            cancelling_at=epoch(job.cancelling_at),
-            cancelled_at=epoch(job.cancelled_at),
             # OpenAI's "completed" counts succeeded requests; "failed" the others.
             request_counts=BatchRequestCounts(total=job.total, completed=job.succeeded, failed=job.failed),
             usage=BatchUsage.of(job),
             metadata=job.metadata or None,
         )
+
+
+_TIMES = ("in_progress_at", "expires_at", "finalizing_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 
 
 def _errors(job: Job) -> BatchErrors | None:

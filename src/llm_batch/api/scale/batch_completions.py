@@ -1,5 +1,4 @@
-"""Scale batch completions v2: ``/v2/batch-completions`` (create from a path or inline
-content, get, update priority, cancel, list)."""
+"""Scale batch completions v2: ``/v2/batch-completions`` (and v1's create)."""
 
 from __future__ import annotations
 
@@ -69,10 +68,8 @@ def _endpoint_of_content(content: list[dict[str, Any]] | V1Content) -> str:
 
 
 def _sniff_file(uri: str, given: str, owner: str, settings: Settings) -> tuple[str, str]:
-    """(endpoint, input format) of a Scale input file, from its first 64 KiB: an array is
-    scale-v2 (chat if its requests have messages), an object is scale-v1 prompts. Anything
-    else is refused now, not at validation: an empty file, one that is not JSON at all, and
-    (when the whole file fits in the window) one that does not parse."""
+    """(endpoint, input format) of a Scale input file, from its first 64 KiB (an array:
+    scale-v2, an object: scale-v1); what cannot be either is refused now."""
     param = "input_data_path"
     try:
         with storage.open_read(uri) as stream:
@@ -104,8 +101,7 @@ _EXPECTED_INPUT = "expected a JSON array of completion or chat requests, or a {\
 
 
 def _check_output_path(output_uri: str, input_uri: str | None) -> None:
-    """The output must name an object the job can write at its end: not the job's own
-    input, not a bucket or directory, not below an existing file."""
+    """The output must name an object the job can write at its end."""
     def refuse(why: str) -> ApiError:
         return ApiError(400, f"output_data_path {output_uri!r} {why}", param="output_data_path", code="invalid_output")
 
@@ -125,9 +121,7 @@ def _check_output_path(output_uri: str, input_uri: str | None) -> None:
 
 
 def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
-    """The model_config as the job stores it: every field Scale's clients send is known
-    (llm_batch.core.model_config.MODEL_CONFIG_FIELDS); nulls and client defaults are dropped, a value
-    the table refuses is a 400 naming the field."""
+    """The model_config as the job stores it, or a 400 naming the field."""
     try:
         return job_model_config(body.model_config_.model_dump())
     except ModelError as exc:
@@ -136,9 +130,8 @@ def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
 
 def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, Any], endpoint: str,
                  settings: Settings, caller: Caller, store: Adapters) -> dict[str, Any]:
-    """The model and its config, checked as the worker will check them, plus what only the
-    submission knows: the job's gpus against the parallel sizes, and a tokenizer path the
-    caller may name (stored canonical). Returns the model_config to store."""
+    """The model and its config checked (also against the job's gpus, and the tokenizer path);
+    the model_config to store."""
     runs_on = check_model(model_config["model"], model_config, settings, param="model_config.model",
                           endpoint=endpoint, principal=caller, store=store)
     if tokenizer := model_config.get("tokenizer"):
@@ -153,8 +146,7 @@ def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, An
 
 
 def _check_tokenizer(tokenizer: str, settings: Settings, caller: Caller) -> str:
-    """model_config.tokenizer under checkpoint_path's rules: absolute, a local directory the
-    caller may name (user paths); relative, a folder of the shared model cache."""
+    """model_config.tokenizer under checkpoint_path's rules."""
     param = "model_config.tokenizer"
     if tokenizer.startswith("/"):
         tokenizer = check_user_path(tokenizer, param, settings, caller)
@@ -264,8 +256,7 @@ def update_batch_completion(
     settings: SettingsDep,
     session: SessionDep,
 ) -> UpdateBatchCompletionsResponse:
-    """The new priority is the job's, and its run's tasks that have not started take it
-    (queued shards move up or down the pool's queue); running shards keep theirs."""
+    """The new priority is the job's and its tasks' that have not started."""
     caller.require_submit()
     job = owned_job(store, batch_completion_id, caller.owner_filter, "batch completion")
     if body.priority is not None:

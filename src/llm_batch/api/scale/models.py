@@ -1,5 +1,4 @@
-"""Scale batch completions v2: request and response models (the seed and model-engine's
-``CreateBatchCompletionsV2Request`` / ``BatchCompletionsJob`` are the contract)."""
+"""Scale batch completions v2: request and response models (model-engine's are the contract)."""
 
 from __future__ import annotations
 
@@ -29,16 +28,14 @@ SCALE_STATUS = {
 
 
 class _ScaleModelConfigBase(BaseModel):
-    """The base of ScaleModelConfig: its extra-field rule and the labels check."""
+    """The base of ScaleModelConfig: other fields pass, to be refused by name (a 400, not a 422)."""
 
-    # Other fields reach llm_batch.infra.model_registry, which refuses them by name (a 400, not a 422).
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
     _labels = field_validator("labels", check_fields=False)(check_pairs)
 
 
-# Every field of llm_batch.core.model_config.MODEL_CONFIG_FIELDS, typed as there (a wrong type is a
-# 422, as Scale's server answers); what each value does is decided there, at submission.
+# Every field of MODEL_CONFIG_FIELDS, typed as there (a wrong type is a 422, as Scale answers).
 ScaleModelConfig = create_model(
     "ScaleModelConfig",
     __base__=_ScaleModelConfigBase,
@@ -56,10 +53,8 @@ ScaleModelConfig = create_model(
 
 
 class V1Content(BaseModel):
-    """Scale v1 content: prompts plus shared sampling parameters, one /v1/completions request
-    per prompt. Other sampling fields (stop_sequences, return_token_log_probs,
-    presence_penalty, frequency_penalty, top_k, top_p, skip_special_tokens) are taken too and
-    checked by the job's validation."""
+    """Scale v1 content: prompts plus shared sampling parameters (others are checked by the
+    job's validation), one /v1/completions request per prompt."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -77,9 +72,8 @@ class V1Content(BaseModel):
 
 
 class CreateBatchCompletionsRequest(BaseModel):
-    """Create a batch completions job (Scale's ``CreateBatchCompletionsV2Request``; the v1
-    route takes the same body): exactly one of ``input_data_path`` and ``content``.
-    Unknown fields are ignored."""
+    """Create a batch completions job (Scale's ``CreateBatchCompletionsV2Request``, also the v1
+    route's): exactly one of ``input_data_path`` and ``content``. Unknown fields are ignored."""
 
     model_config = ConfigDict(extra="ignore", protected_namespaces=())
 
@@ -192,8 +186,7 @@ _ISO = "ISO 8601 with UTC offset (e.g. 2026-01-01T12:00:00.123456+00:00)"
 
 
 class BatchCompletionsJob(BaseModel):
-    """A batch completions job (Scale's ``BatchCompletionsJob``). It has no counts: they ride
-    in ``metadata``."""
+    """A batch completions job (Scale's ``BatchCompletionsJob``; its counts ride in ``metadata``)."""
 
     model_config = ConfigDict(protected_namespaces=())
 
@@ -243,17 +236,13 @@ class BatchCompletionsJob(BaseModel):
 
 
 def scale_metadata(job: Job) -> dict[str, Any]:
-    """Scale's job has no counts: they ride in metadata, live while it runs, beside the
-    job's labels. Scale's clients read metadata as string -> string (llmengine 0.0.0b45
-    fails to parse anything else), so values are flat scalars and unknown counts are left
-    out; a count wins over a label of the same name."""
+    """The labels and the counts, flat scalars (llmengine fails to parse anything else)."""
     counts = {
         "total_requests": job.total,
         "completed_requests": job.completed,
         "succeeded_requests": job.succeeded,
         "failed_requests": job.failed,
         "reason": job.status_reason or None,
-        # Usage (Scale's job has no field for it): live while it runs, exact once merged.
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": job.completion_tokens,
         "cached_prompt_tokens": job.cached_prompt_tokens,  # left out while unknown

@@ -1,12 +1,7 @@
 """Jobs: their records, status moves and counters (the ``jobs`` table).
 
-The store's rules (``store.py``) hold: ``get_job`` returns None for an unknown (or not-owned)
-id, mutators raise ``JobNotFound``, ``owner=None`` means "any owner".
-
-Concurrency: status moves are compare-and-set (``UPDATE ... WHERE id=? AND status=?``,
-re-read and retried when another writer won), counters are SQL increments, so many shard
-workers and API callers can update one job at once without losing anything. A status move
-calls ``_job_moved`` in its transaction (the store writes a job end's webhook outbox rows there).
+Status moves are compare-and-set and counters SQL increments, so many workers and API
+callers can update one job at once; a move calls ``_job_moved`` in its transaction.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, requir
 from llm_batch.infra.jobstore.snapshots import DIALECTS, Job, job_snapshot
 from llm_batch.infra.jobstore.tables import FILES, HISTORY, JOBS, SHARDS
 
-# The timestamps a status sets when it is entered (each only if still unset, so a
-# repeated or resumed step never moves them).
+# The timestamps a status sets when entered (only if unset: a repeated step never moves them).
 _STATUS_TIMESTAMPS: dict[JobStatus, tuple[str, ...]] = {
     JobStatus.QUEUED: (),
     JobStatus.VALIDATING: ("started_at",),
@@ -51,10 +45,8 @@ MAX_SEARCH_LENGTH = 200
 
 
 def search_filter(text: str) -> ColumnElement[bool]:
-    """Jobs whose id starts with `text`, or whose input file's name (an upload, the stored
-    inline requests), input path as the user spelt it, or labels (keys and values, as the
-    stored JSON text) contain it; ignoring case, `text` taken literally (LIKE wildcards
-    escaped). Input files are the owner's ``kind="input"`` files the job's input names."""
+    """Jobs whose id starts with `text`, or whose input file's name, input path or labels
+    contain it (ignoring case, taken literally)."""
     if not 1 <= len(text) <= MAX_SEARCH_LENGTH:
         raise ValueError(f"search must be 1-{MAX_SEARCH_LENGTH} characters, got {len(text)}")
     needle = text.lower()
@@ -75,8 +67,7 @@ def search_filter(text: str) -> ColumnElement[bool]:
 
 
 def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]:
-    """The column values of moving `row` into `status`: the status, its still-unset
-    timestamps, and the reason if one is given."""
+    """The column values of moving `row` into `status`."""
     now = utcnow()
     values: dict[str, Any] = {"status": status.value}
     values.update({ts: now for ts in _STATUS_TIMESTAMPS[status] if getattr(row, ts) is None})
@@ -120,8 +111,7 @@ class JobRepository(Repository):
     def _compare_and_set(
         self, job_id: str, changes: Callable[[Row], dict[str, Any] | None], owner: str | None = None
     ) -> Job:
-        """Apply ``changes(row)`` (None = nothing to do) only if the status is still the one
-        it was computed from; re-read and recompute when another writer moved it first."""
+        """Apply ``changes(row)`` (None: nothing to do) if the status has not moved meanwhile, else retry."""
         for _ in range(CAS_ATTEMPTS):
             with self._transaction(write=True) as connection:
                 row = connection.execute(select(JOBS).where(*owned(JOBS, job_id, owner))).one_or_none()
@@ -175,12 +165,7 @@ class JobRepository(Repository):
         created_at: datetime | None = None,
         derived_from: DerivedFrom | None = None,
     ) -> Job:
-        """Insert a QUEUED job and return it.
-
-        ``id`` defaults to ``job_<uuid4 hex>``; an id already taken raises DuplicateId.
-        ``expires_at`` defaults to created_at + max_runtime_sec when that is given.
-        ``endpoint`` must be a supported endpoint, ``dialect`` one of DIALECTS.
-        """
+        """Insert a QUEUED job (an id already taken: DuplicateId)."""
         if dialect not in DIALECTS:
             raise ValueError(f"dialect {dialect!r} is unknown; use one of {', '.join(DIALECTS)}")
         endpoint = parse_endpoint(endpoint).value
@@ -249,19 +234,8 @@ class JobRepository(Repository):
         search: str | None = None,
         derived_from: str | None = None,
     ) -> tuple[list[Job], int]:
-        """One page of jobs matching every given filter, and how many match in all.
-
-        ``search`` (``search_filter``) matches a job id by prefix, the name of an uploaded
-        input file, the input path, or a label's key or value, case-insensitively and
-        literally (``%`` and ``_`` are plain characters). ``derived_from``: the jobs made
-        from that job (its retries and reruns).
-
-        ``metadata`` matches jobs whose metadata has each key with that (string) value.
-        ``order_by`` is ``[-]created_at|updated_at|priority`` (ties broken by id).
-        Paginate with ``offset`` or with ``after`` = the last job id of the previous page
-        (keyset: stable while new jobs arrive); an unknown ``after`` raises InvalidCursor.
-        ``total`` ignores limit, offset and after.
-        """
+        """One page of jobs matching every given filter, and how many match in all (``after``:
+        the previous page's last id, stable while new jobs arrive)."""
         check_page(limit, offset)
         require_aware(created_after=created_after, expires_before=expires_before)
         order = ordering(JOBS, order_by, _JOB_ORDER_COLUMNS)
@@ -282,12 +256,7 @@ class JobRepository(Repository):
             return [job_snapshot(r) for r in rows], total
 
     def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job:
-        """Move the job to `new_status` (atomically; see check_transition for legal moves).
-
-        Sets the status's timestamps if unset (see _STATUS_TIMESTAMPS) and the reason if
-        given. Moving to the status it has already is a no-op returning the job (so a
-        retried step is harmless); a terminal status is never left (InvalidTransition).
-        """
+        """Move the job to `new_status` (its own status: a no-op, so a retried step is harmless)."""
         new = JobStatus(new_status)
 
         def changes(row: Row) -> dict[str, Any] | None:
@@ -300,9 +269,7 @@ class JobRepository(Repository):
         return self._compare_and_set(job_id, changes)
 
     def end_job(self, job_id: str, status: JobStatus | str, reason: str | None = None) -> Job:
-        """End a live job in the terminal `status` (with its timestamps and `reason`); a job
-        that has ended already is returned as it ended. Race-free, unlike reading the job
-        and then calling transition: meant for failure callbacks, expiry and reconciling."""
+        """End a live job in the terminal `status`; an ended job is returned as it ended."""
         final = JobStatus(status)
         if not final.terminal:
             raise ValueError(f"end_job needs a terminal status, got {final}")
@@ -315,12 +282,7 @@ class JobRepository(Repository):
         return self._compare_and_set(job_id, changes)
 
     def request_cancel(self, job_id: str, owner: str | None = None, reason: str | None = None) -> Job:
-        """Ask a live job to stop: sets cancel_requested_at and moves it to CANCELLING.
-
-        A job already CANCELLING or terminal is returned unchanged (cancel is idempotent
-        and never rewrites how a job ended). Workers notice through the cancel marker
-        their runner mirrors from this flag (llm_batch.pipeline.shard_task).
-        """
+        """Move a live job to CANCELLING (one already cancelling or ended is left as it is)."""
 
         def changes(row: Row) -> dict[str, Any] | None:
             current = JobStatus(row.status)
@@ -340,8 +302,7 @@ class JobRepository(Repository):
         failed: int | None = None,
         invalid: int | None = None,
     ) -> Job:
-        """Overwrite the given counters (None leaves one as it is). ``invalid``: the lines
-        that failed validation, the base of the live counts (see report_shard)."""
+        """Overwrite the given counters (None leaves one as it is)."""
         values = given(total=total, completed=completed, succeeded=succeeded, failed=failed, invalid=invalid)
         require_non_negative(values)
         return self._update_job(job_id, **values)
@@ -362,10 +323,7 @@ class JobRepository(Repository):
         retry_tokens: int = 0,
         tokens_per_s: float = 0.0,
     ) -> Job:
-        """Overwrite the job's token counts (the merge's exact sums over the output lines;
-        cached None = unknown), its usage per model that answered, its lines answered from
-        the result cache with their tokens, its checked outputs' figures, and the output
-        tokens per engine second it ran at (its ended figure)."""
+        """Overwrite the job's usage figures with the merge's exact sums (cached None: unknown)."""
         return self._update_job(job_id, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                 cached_prompt_tokens=cached_prompt_tokens, reasoning_tokens=reasoning_tokens,
                                 model_usage=model_usage, result_cache_hits=result_cache_hits,
@@ -375,8 +333,7 @@ class JobRepository(Repository):
     def add_counts(
         self, job_id: str, *, total: int = 0, completed: int = 0, succeeded: int = 0, failed: int = 0
     ) -> Job:
-        """Add to the counters atomically in SQL (``completed = completed + n``): safe when
-        many workers report at once."""
+        """Add to the counters in SQL: safe when many workers report at once."""
         deltas = dict(total=total, completed=completed, succeeded=succeeded, failed=failed)
         return self._update_job(job_id, **{name: JOBS.c[name] + delta for name, delta in deltas.items() if delta})
 
@@ -390,8 +347,7 @@ class JobRepository(Repository):
         error_file_id: str | None = None,
         errors: list[dict[str, Any]] | None = None,
     ) -> Job:
-        """Record where the results went and the error summary ([{code, message, count}]).
-        Arguments left None are left unchanged."""
+        """Record where the results went and the error summary (None: unchanged)."""
         return self._update_job(job_id, **given(output_uri=output_uri, array_output_uri=array_output_uri,
                                                 output_file_id=output_file_id, error_file_id=error_file_id,
                                                 errors=errors))
@@ -403,8 +359,7 @@ class JobRepository(Repository):
         return self._update_job(job_id, dag_run_id=dag_run_id)
 
     def delete_job(self, job_id: str, owner: str | None = None) -> None:
-        """Remove an ended job's record (JobNotFound if unknown, someone else's, or live:
-        a live job is cancelled first, never deleted under its run)."""
+        """Remove an ended job's record (a live one: JobNotFound)."""
         terminal = [s.value for s in JobStatus if s.terminal]
         with self._transaction(write=True) as connection:
             deleted = connection.execute(delete(JOBS).where(*owned(JOBS, job_id, owner), JOBS.c.status.in_(terminal)))

@@ -1,39 +1,19 @@
-"""The job store's tables (SQLAlchemy 2.0 declarative models).
-
-These are the schema the migrations create; callers never see them (the store hands out
-snapshots from ``llm_batch.infra.jobstore.snapshots``). A change here needs a new migration script
-in ``migrations/versions/``.
-"""
+"""The job store's tables, as the migrations create them (a change needs a new migration)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Boolean,
-    DateTime,
-    Float,
-    Index,
-    Integer,
-    String,
-    Text,
-    UniqueConstraint,  # webhooks, adapters
-)
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 
 class UTCDateTime(TypeDecorator[datetime]):
-    """A timezone-aware UTC datetime on every backend.
-
-    PostgreSQL stores ``timestamptz``; SQLite has no time zones, so the value is stored as
-    naive UTC and made aware again on the way out. Naive datetimes are refused on the way
-    in: a naive value would be silently misread as UTC.
-    """
+    """A timezone-aware UTC datetime on every backend (naive UTC in SQLite); naive values are
+    refused, since they would be misread as UTC."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -102,12 +82,9 @@ class JobRow(Base):
     completed: Mapped[int] = mapped_column(Integer, default=0)
     succeeded: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
-    # Lines that failed validation (part of completed and failed): the base the shards'
-    # progress rows are added to.
+    # Lines that failed validation (part of completed and failed).
     invalid: Mapped[int] = mapped_column(Integer, default=0)
-    # Usage: live from the shards' progress rows, exact from the output lines after merge.
-    # cached None = unknown (an output line did not say). reasoning: hidden reasoning tokens,
-    # 0 unless the lines count some (our engine returns every generated token as output).
+    # Usage: live from the shards' progress, exact after merge; cached None: unknown.
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
@@ -117,17 +94,13 @@ class JobRow(Base):
     tokens_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     # Summary of request errors: [{"code", "message", "count"}].
     errors: Mapped[list[Any]] = mapped_column(default=list)
-    # Usage per model that answered (the base, each LoRA adapter): {model: {"succeeded",
-    # "prompt_tokens", "completion_tokens"}}, from the merge; None before it.
+    # {model: {"succeeded", "prompt_tokens", "completion_tokens"}} from the merge.
     model_usage: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
-    # What the job was expected to take when its input was validated (llm_batch.pipeline.estimate).
     estimate: Mapped[dict[str, Any] | None] = mapped_column(JSON(), nullable=True)
-    # Lines answered from the result cache (part of succeeded) and their tokens (prompt +
-    # completion, also in the token counts above: they are the lines' usage).
+    # Lines answered from the result cache (part of succeeded) and their tokens.
     result_cache_hits: Mapped[int] = mapped_column(Integer, default=0)
     result_cache_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    # Checked outputs: lines whose last answer failed the job's check (part of failed), the
-    # answers tried again, and those discarded answers' tokens.
+    # Checked outputs: lines failed (part of failed), answers retried, their tokens.
     invalid_output: Mapped[int] = mapped_column(Integer, default=0)
     output_retries: Mapped[int] = mapped_column(Integer, default=0)
     retry_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -147,9 +120,7 @@ class JobRow(Base):
 
 
 class ShardProgressRow(Base):
-    """One shard of a job: its last reported progress and, once its task ended, its
-    outcome (``state`` done|cancelled|deadline|failed|usage and ``reason``). Written only by
-    that shard's watcher; the job's live counts are the sum of its rows (JobStore.report_shard)."""
+    """One shard of a job: its last progress and, once ended, its outcome (written by its watcher only)."""
 
     __tablename__ = "shard_progress"
 
@@ -170,9 +141,7 @@ class ShardProgressRow(Base):
 
 
 class ProgressHistoryRow(Base):
-    """A point of a job's progress over time (its live counts and tokens/s), appended by
-    JobStore.report_shard at most every ``history_interval_s`` per job and thinned to about
-    ``MAX_HISTORY_POINTS``: what the UI's plots draw."""
+    """A point of a job's progress over time: what the UI's plots draw."""
 
     __tablename__ = "progress_history"
 
@@ -221,14 +190,9 @@ class ApiKeyRow(Base):
     revoked_at: Mapped[datetime | None]
 
 
-# -- idempotency keys (retry-safe creates; src/llm_batch/api/idempotency.py) -------
-
-
 class IdempotencyKeyRow(Base):
-    """An ``Idempotency-Key`` of one owner: reserved (``status_code`` null) by the first
-    request carrying it, then holding that request's response, replayed to every retry with
-    the same route and body fingerprint. Deleted by housekeeping after the retention
-    (llm_batch.pipeline.housekeeping.delete_old_idempotency_keys)."""
+    """An owner's ``Idempotency-Key``: reserved by the first request (``status_code`` null),
+    then holding its response, replayed to retries with the same route and body."""
 
     __tablename__ = "idempotency_keys"
 
@@ -245,13 +209,8 @@ class IdempotencyKeyRow(Base):
     completed_at: Mapped[datetime | None]
 
 
-# -- webhooks (signed job-end events; src/llm_batch/infra/webhooks.py, src/llm_batch/infra/jobstore/webhooks.py) --
-
-
 class WebhookEndpointRow(Base):
-    """A receiver of one owner's job-end events: its URL, the event types it wants and the
-    Standard Webhooks secret (``whsec_...``) the deliveries are signed with; after a rotation
-    that keeps the previous secret, that one signs too until ``previous_secret_expires_at``."""
+    """A receiver of one owner's job-end events (a rotated-out secret signs too until it expires)."""
 
     __tablename__ = "webhook_endpoints"
 
@@ -262,16 +221,13 @@ class WebhookEndpointRow(Base):
     description: Mapped[str] = mapped_column(String(512), default="")
     secret: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]
-    # The last change of the URL, events, description or secret.
     updated_at: Mapped[datetime]
     previous_secret: Mapped[str | None] = mapped_column(String(128))
     previous_secret_expires_at: Mapped[datetime | None]
 
 
 class WebhookDeliveryRow(Base):
-    """The outbox: one event for one endpoint (``id`` is its ``webhook-id``, the same on every
-    attempt), written in the transaction that ends the job. ``status`` pending | delivered |
-    failed; a deliverer holds a pending row while ``lease_expires_at`` is in the future."""
+    """The outbox: one event for one endpoint, written in the transaction that ends the job."""
 
     __tablename__ = "webhook_deliveries"
 
@@ -301,8 +257,7 @@ class WebhookDeliveryRow(Base):
 
 
 class WebhookAttemptRow(Base):
-    """One HTTP attempt of a delivery: the receiver's status code (None: no answer), the
-    latency and the error."""
+    """One HTTP attempt of a delivery (status_code None: no answer)."""
 
     __tablename__ = "webhook_attempts"
 
@@ -319,12 +274,8 @@ class WebhookAttemptRow(Base):
     __table_args__ = (Index("ix_webhook_attempts_endpoint_started_at", "endpoint_id", "started_at"),)
 
 
-# -- owners' own LoRA adapters (src/llm_batch/api/routers/adapters.py, docs/models.md) -----------
-
-
 class AdapterRow(Base):
-    """A LoRA adapter an owner uploaded: its two files live in storage under ``uri`` (a prefix
-    ending in ``/``); seen by its owner only. One name per owner; deleting removes the row."""
+    """A LoRA adapter an owner uploaded (its files under the ``uri`` prefix)."""
 
     __tablename__ = "adapters"
 
@@ -340,13 +291,8 @@ class AdapterRow(Base):
     __table_args__ = (UniqueConstraint("owner", "name", name="uq_adapters_owner_name"),)
 
 
-# -- the result cache's index (llm_batch.pipeline.result_cache, docs/api.md) -------------------
-
-
 class ResultCacheRow(Base):
-    """One cached answer: ``key`` (the request's content address) in ``owner``'s cache; the
-    answer itself is ``bytes`` bytes at ``at_byte`` of the pack at ``uri`` in storage. ``job_id`` is the job that computed
-    it (deleting that job removes the entry); ``used_at`` orders eviction."""
+    """One cached answer: ``bytes`` bytes at ``at_byte`` of the pack at ``uri``, computed by ``job_id``."""
 
     __tablename__ = "result_cache"
 

@@ -1,9 +1,8 @@
 """OpenAI request bodies -> vLLM parameters, with a precise error for anything we cannot run.
 
-Each endpoint has a pydantic model of the fields we honour; unknown fields are ignored (SDKs
-send ``model``, ``user``, ``stream`` and vendor extras). Types are checked here (pydantic
-names the field); value ranges are checked by vLLM's own ``SamplingParams`` so the limits
-stay vLLM's. Every failure becomes ``InvalidRequest`` -> that request's 400 result.
+Each endpoint's model holds the fields we honour (others are ignored: SDKs send extras);
+value ranges are left to vLLM's ``SamplingParams``, so the limits stay vLLM's. Every failure
+becomes ``InvalidRequest``, that request's 400 result.
 """
 
 from __future__ import annotations
@@ -78,11 +77,8 @@ class ChatBody(_SamplingBody):
 
 
 class ResponsesBody(ChatBody):
-    """A /v1/responses body, run as a chat: ``instructions`` become a leading system message,
-    ``input`` (a string, or message items with string or input_text/output_text content)
-    the messages, ``max_output_tokens`` the max, ``text.format`` the response_format (a
-    json_schema there is structured output, as a chat's response_format json_schema is).
-    The original fields are kept for the Response object (``responses.response_object``)."""
+    """A /v1/responses body, run as a chat (instructions, input, max_output_tokens and
+    text.format translated); the original fields are kept for the Response object."""
 
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -171,8 +167,7 @@ class CompletionBody(_SamplingBody):
         return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
-        """The one prompt of this request: batch lines carry one prompt each, so a list of
-        several prompts is refused (OpenAI would answer one choice per prompt)."""
+        """The one prompt of this request (a batch line carries one prompt)."""
         prompt = self.prompt
         if isinstance(prompt, str):
             return prompt
@@ -189,9 +184,7 @@ class CompletionBody(_SamplingBody):
 
 
 class FimBody(_SamplingBody):
-    """A /v1/fim/completions body: ``prompt`` (before the gap) and ``suffix`` (after it),
-    rendered with the model's FIM template by the runner; ``random_seed`` is Mistral's
-    ``seed``. No max_tokens means up to the context length, as chat."""
+    """A /v1/fim/completions body (``random_seed`` is Mistral's ``seed``)."""
 
     prompt: str
     suffix: str | None = None
@@ -239,8 +232,7 @@ class ClassifyBody(_Body):
 
 
 class ChatClassifyBody(_Body):
-    """A /v1/chat/classifications body: one classification per conversation of ``input``
-    (``{"messages": [...]}`` or a list of them), each rendered with the model's chat template."""
+    """A /v1/chat/classifications body: one classification per conversation of ``input``."""
 
     input: dict[str, Any] | list[dict[str, Any]]
 
@@ -258,8 +250,7 @@ class ChatClassifyBody(_Body):
 
 
 class ChatModerateBody(ChatClassifyBody):
-    """A /v1/chat/moderations body: ``input`` one conversation (a list of messages) or a
-    list of them (Mistral's ChatModerationRequest), one result each."""
+    """A /v1/chat/moderations body: one conversation or a list of them, one result each."""
 
     input: list[dict[str, Any]] | list[list[dict[str, Any]]]  # type: ignore[assignment]
 
@@ -274,9 +265,7 @@ class ChatModerateBody(ChatClassifyBody):
 
 
 class TranscribeBody(_Body):
-    """A /v1/audio/transcriptions body (its file is read from the request's media record):
-    the language, sampling temperature, the words to bias towards, and whether segments
-    with timestamps are wanted."""
+    """A /v1/audio/transcriptions body (its file is the request's media record)."""
 
     language: str | None = None
     temperature: float | None = None
@@ -289,8 +278,7 @@ class TranscribeBody(_Body):
 
 
 class OcrBody(_Body):
-    """A /v1/ocr body (its document is read from the request's media record); ``pages``
-    is checked against the document's pages when it is decoded (llm_batch.runtime.engine.ocr)."""
+    """A /v1/ocr body (its document is the request's media record)."""
 
     pages: str | list[int] | None = None
 
@@ -335,26 +323,17 @@ def structured_outputs(response_format: ResponseFormat | None) -> StructuredOutp
     return StructuredOutputsParams(json=schema)
 
 
+# The body fields that are SamplingParams fields of the same name.
+_SAMPLED = ("n", "temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos", "stop", "seed",
+            "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
 def sampling_params(body: ChatBody | CompletionBody | FimBody) -> SamplingParams:
     """vLLM SamplingParams for a chat, completion or FIM body (unset fields keep vLLM defaults)."""
     max_tokens = body.max_tokens
     if isinstance(body, ChatBody) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
-    fields = {
-        "n": body.n,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "min_p": body.min_p,
-        "min_tokens": body.min_tokens,
-        "ignore_eos": body.ignore_eos,
-        "stop": body.stop,
-        "seed": body.seed,
-        "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty,
-        "repetition_penalty": body.repetition_penalty,
-        "logprobs": body.sample_logprobs,
-    }
+    fields = {name: getattr(body, name) for name in _SAMPLED} | {"logprobs": body.sample_logprobs}
     try:
         return SamplingParams(
             **{k: v for k, v in fields.items() if v is not None},
@@ -369,9 +348,8 @@ def sampling_params(body: ChatBody | CompletionBody | FimBody) -> SamplingParams
 
 
 def media_sampling_params(temperature: float | None = None, *, keep_special_tokens: bool = False) -> SamplingParams:
-    """SamplingParams of a transcription or OCR request: greedy unless a temperature is
-    given, up to the context length. A transcript keeps its special tokens in the text (its
-    language and timestamp tokens are read from it, then removed)."""
+    """SamplingParams of a transcription or OCR request: greedy unless a temperature is given
+    (a transcript keeps its special tokens: its language and timestamps are read from them)."""
     return SamplingParams(temperature=temperature or 0.0, max_tokens=None, skip_special_tokens=not keep_special_tokens,
                           output_kind=RequestOutputKind.FINAL_ONLY)
 
