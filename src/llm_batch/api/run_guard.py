@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llm_batch.api.app import read_body, replay
 from llm_batch.api.auth import auth_manager, is_airflow_admin
 from llm_batch.core.config import get_settings
+from llm_batch.core.formats import not_json
 from llm_batch.core.jobs import JobRejected
 from llm_batch.core.run_conf import BATCH_DAG_ID, HOUSEKEEPING_DAG_ID, api_run_id, run_job_id
 from llm_batch.infra.jobstore import get_job_store
@@ -177,6 +178,8 @@ def refused_run(user: str, is_admin: bool, body: Any) -> str | None:
     ``/api/v2``'s), or None: refused here, the trigger form shows the reason and no run is made."""
     conf = body.get("conf") if isinstance(body, dict) else None
     conf = conf if isinstance(conf, dict) else {}
+    if not_json(conf, "conf") is not None:
+        return None  # what JSON cannot carry: the strict-JSON edge behind this answers it
     store = get_job_store()
     if conf.get("job_id") and store.get_job(str(conf["job_id"])) is not None:
         return None  # a run of a job already made (the batch API's): register decides
