@@ -14,6 +14,7 @@ every name in ``INTERNAL_USES`` (public ones too, ``private=False``) against the
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -124,6 +125,7 @@ def guard_cpu_lora() -> None:
     if getattr(shrink, "_llm_batch_guard", False):
         return
 
+    @functools.wraps(shrink)  # __wrapped__: the signature check sees vLLM's own op
     def guarded(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling=1.0):  # noqa: ANN001
         shrink(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling)
         base = lora_indices_tensor < 0
@@ -145,6 +147,7 @@ def _adapter_rows_only(expand: Any) -> Any:
     adapter tokens only. A zero activation is not enough for base rows: it meets the gathered
     slot's B, and 0 x NaN (or x inf, or a value out of the model's dtype) is NaN."""
 
+    @functools.wraps(expand)  # __wrapped__: the signature check sees vLLM's own op
     def guarded(inputs, lora_b_weights, output_tensor, lora_indices_tensor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
         base = lora_indices_tensor < 0
         if not bool(base.any()):
