@@ -62,6 +62,7 @@ def test_openai_cancel_writes_marker_and_stays_readable(client, creds, api_store
     file_id = upload(client, alice, chat_lines(2))
     batch = client.post("/v1/batches", headers=alice, json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
     assert client.post(f"/v1/batches/{batch['id']}/cancel", headers=creds.key("bob")).status_code == 404
+    api_store.transition(batch["id"], JobStatus.VALIDATING)  # under way (a queued job ends at once)
     cancelled = client.post(f"/v1/batches/{batch['id']}/cancel", headers=alice)
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
     assert cancelled.json()["cancelling_at"] is not None
@@ -148,7 +149,7 @@ def test_mistral_from_files_cancel_and_refusals(client, creds):
     assert job["input_files"] == ids
     assert dag_run_of(job["id"])["conf"]["input_file_ids"] == ids
     cancelled = client.post(f"/v1/batch/jobs/{job['id']}/cancel", headers=alice).json()
-    assert cancelled["status"] == "CANCELLATION_REQUESTED"
+    assert cancelled["status"] == "CANCELLED"  # still queued: ended at once
 
     refusals = [
         ({"input_files": ids, "endpoint": "/v1/chat/completions", "agent_id": "ag_1"}, 400, "agent_id"),
@@ -217,7 +218,7 @@ def test_scale_from_path_cancel_and_refusals(client, creds, alice_dir):
     cancel = client.post(f"/v2/batch-completions/{job['job_id']}/actions/cancel", headers=alice)
     assert cancel.json() == {"success": True}
     after = client.get(f"/v2/batch-completions/{job['job_id']}", headers=alice)
-    assert after.status_code == 200 and after.json()["job"]["status"] == "running"  # cancelling
+    assert after.status_code == 200 and after.json()["job"]["status"] == "cancelled"  # still queued: at once
     assert client.get(f"/v2/batch-completions/{job['job_id']}", headers=creds.key("bob")).status_code == 404
 
     refusals = [

@@ -47,6 +47,8 @@ def _prepare_done(job_id: str, api_store) -> None:
     from airflow.utils.session import create_session
 
     run_id = api_store.get_job(job_id).dag_run_id
+    api_store.transition(job_id, "VALIDATING")  # as prepare moves it
+    api_store.transition(job_id, "RUNNING")
     with create_session() as session:
         session.query(DagRun).filter(DagRun.run_id == run_id).update({DagRun.state: "running"}, synchronize_session=False)
         session.query(TI).filter(TI.run_id == run_id, TI.task_id == "prepare").update(

@@ -58,6 +58,7 @@ def _run_workers(url: str) -> None:
     # first, so the race below is between the workers' own migration checks.
     store = JobStore(url)
     store.create_job(id=SHARED_JOB, dialect="airflow", endpoint="/v1/chat/completions", model="tiny", owner="dag")
+    store.transition(SHARED_JOB, "VALIDATING")  # under way: a cancel moves it to CANCELLING
     store.close()
     barrier.wait(timeout=60)
     for process in processes:

@@ -21,7 +21,7 @@ def test_openai_batch_flow(release, sdk, creds, api_store, tmp_path):
     assert uploaded["filename"] == "requests.jsonl"
     assert batch["status"] == "validating" and batch["metadata"] == {"run": release}
     assert batch["input_file_id"] == uploaded["id"] and batch["endpoint"] == "/v1/chat/completions"
-    assert created["cancelled"]["status"] == "cancelling"
+    assert created["cancelled"]["status"] == "cancelled"  # still queued: ended at once
     refused = created["refused"]
     assert error_of(refused["unknown_model"]) == ("BadRequestError", 400)
     assert "no-such-model" in str(refused["unknown_model"]["body"])

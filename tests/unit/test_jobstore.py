@@ -303,11 +303,18 @@ def test_cancel_leaves_terminal_jobs_as_they_ended(store: JobStore):
         store.request_cancel("job_missing")
 
 
-def test_cancel_of_a_queued_job(store: JobStore):
+def test_cancel_of_a_queued_job_ends_it_at_once(store: JobStore):
     job = make_job(store)
-    cancelling = store.request_cancel(job.id, owner="alice", reason="user asked")
-    assert cancelling.status is JobStatus.CANCELLING and cancelling.status_reason == "user asked"
-    assert cancelling.started_at is None
+    cancelled = store.request_cancel(job.id, owner="alice", reason="user asked")
+    assert cancelled.status is JobStatus.CANCELLED and cancelled.terminal and cancelled.cancel_requested
+    assert cancelled.status_reason.startswith("user asked before its input was read")
+    assert cancelled.started_at is None and cancelled.cancelled_at == cancelled.completed_at
+    assert cancelled.cancel_requested_at == cancelled.cancelled_at
+    assert (cancelled.total, cancelled.completed) == (0, 0)
+    assert store.request_cancel(job.id) == cancelled  # idempotent
+    # Its run, starting later, finds it ended: a step moving it on is refused, and no step does.
+    with pytest.raises(InvalidTransition):
+        store.transition(job.id, JobStatus.VALIDATING)
 
 
 # -- counts and other fields ----------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Reading a job the caller may see, and cancelling one: the store's flag, the workers' cancel
-marker, its shard tasks that have not started skipped. Cancel is idempotent; a job that ended
+"""Reading a job the caller may see, and cancelling one: the store's flag (a queued job ends
+at once), the workers' cancel marker, its shard tasks that have not started skipped. Cancel is idempotent; a job that ended
 otherwise is left as it ended (a 409 naming its status for dialects whose answer is the job)."""
 
 from __future__ import annotations
@@ -52,12 +52,13 @@ class Cancelling(NamedTuple):
         if job.terminal and job.status != JobStatus.CANCELLED and refuse_ended is not None:
             raise ApiError(409, f"{kind} {job_id!r} has already ended with status {refuse_ended[job.status]!r}: "
                            "there is nothing to cancel", param="id", code="already_ended")
-        if not job.terminal:
+        if job.status == JobStatus.CANCELLING:
             try:
                 write_cancel_marker(layout_of(self.settings, job.id).cancel_marker, job)
             except storage.StorageError as exc:
                 # The store flag is set and the DAG checks it too; say what failed, loudly.
                 raise ApiError(503, f"cancel recorded, but the cancel marker could not be written: {exc}") from exc
+        if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
             self.release(job.dag_run_id)
         return job
 

@@ -21,7 +21,7 @@ from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
 from llm_batch.core.job_input import JobInput, OutputFormat
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.job_spec import JobOptions
-from llm_batch.core.jobs import JobRejected, JobStatus
+from llm_batch.core.jobs import InvalidTransition, JobRejected, JobStatus
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice
 from llm_batch.core.placement import priority_band
@@ -176,7 +176,10 @@ def validate(store: JobStore, settings: Settings, job_id: str) -> dict[str, int]
     job = _job(store, job_id)
     if job.terminal or job.cancel_requested:
         return None
-    store.transition(job_id, JobStatus.VALIDATING)
+    try:
+        store.transition(job_id, JobStatus.VALIDATING)
+    except InvalidTransition:
+        return None  # cancelled (ended) since it was read
     layout = layout_of(settings, job_id)
     try:
         source, fmt = input_source(store, job)

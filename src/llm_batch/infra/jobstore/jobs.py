@@ -282,12 +282,18 @@ class JobRepository(Repository):
         return self._compare_and_set(job_id, changes)
 
     def request_cancel(self, job_id: str, owner: str | None = None, reason: str | None = None) -> Job:
-        """Move a live job to CANCELLING (one already cancelling or ended is left as it is)."""
+        """Move a live job to CANCELLING, or a QUEUED one straight to CANCELLED: nothing of it has
+        been read, so there is nothing to stop or account for, and its run, when it starts, finds
+        it ended. One already cancelling or ended is left as it is."""
 
         def changes(row: Row) -> dict[str, Any] | None:
             current = JobStatus(row.status)
             if current.terminal or current == JobStatus.CANCELLING:
                 return None
+            if current == JobStatus.QUEUED:
+                ended = _entering(row, JobStatus.CANCELLED, f"{reason or 'cancel requested'} before its input "
+                                  "was read: no request was run")
+                return ended | {"cancel_requested_at": ended["cancelled_at"], "cancelling_at": ended["cancelled_at"]}
             return _entering(row, JobStatus.CANCELLING, reason or "cancel requested")
 
         return self._compare_and_set(job_id, changes, owner)
