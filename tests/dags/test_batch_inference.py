@@ -345,7 +345,7 @@ def test_deadline_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
     # before the end: during the engine's start on a loaded machine, mid-run on a quiet one;
     # either way every request has one outcome. (Partial results past the first ones are
     # asserted on the real stack: tests/e2e/test_stack.py's deadline test.)
-    n, max_runtime = 200, 40
+    n, max_runtime = 200, 12
     uri = _write_input(llm_batch_home, "deadline",
                        [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])
     hold_shards(JobLayout(get_settings().work_uri, "job_deadline"), 2)
