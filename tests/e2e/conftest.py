@@ -22,6 +22,10 @@ from tests.fixtures.engine import TINY_MODEL
 
 # Every job of the e2e tests: the tiny model (output is noise, structure is real).
 MODEL = TINY_MODEL
+# The e2e tests' one engine configuration beside the default: a sequence or two at a time, so
+# results come one after another and a hold point finds a shard mid-run. One shared value:
+# each configuration is an engine of its own to start (the stack keeps both warm).
+FEW_SEQS = {"engine_args": {"max_num_seqs": 2}}
 # The stack's Airflow users beside its admin (LLM_BATCH_AIRFLOW_USERS).
 AIRFLOW_USERS = {"alice": "user", "bob": "user", "vic": "viewer"}
 
@@ -47,6 +51,9 @@ E2E_ENV: dict[str, str | None] = {
     # A killed shard retries after 2 s instead of 10.
     "LLM_BATCH_SHARD_RETRY_DELAY_SECONDS": "2",
     "AIRFLOW__CORE__PARALLELISM": "4",
+    # The default configuration, FEW_SEQS and another model's stay warm side by side (the
+    # tests' order switches between them; each switch would otherwise start an engine).
+    "LLM_BATCH_WARM_ENGINE_CONFIGS": "3",
     # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
     # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, AirflowAPI, hold_shards, long_batch, wait_until
+from tests.e2e.conftest import FEW_SEQS, MODEL, AirflowAPI, hold_shards, long_batch, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -138,7 +138,7 @@ def test_a_new_consumer_gets_no_batch_completed_before_it(e2e_stack, airflow, ba
 def test_cancelled_job_emits_no_event(e2e_stack, airflow, batch_client, job_logs, tmp_path):
     batch = long_batch(tmp_path / "cancelled.jsonl", 60, first_tokens=8, step=1)
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
-                              model_config={"engine_args": {"max_num_seqs": 2}})
+                              model_config=FEW_SEQS)
     hold_shards(job.id, 2)  # still running when the cancel comes, by construction
     job_logs.append(job.id)
     wait_until(f"job {job.id} to run", lambda: batch_client.job(job.id).status == "RUNNING", JOB_TIMEOUT)

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, hold_shards, long_batch, release_shards, wait_until
+from tests.e2e.conftest import FEW_SEQS, MODEL, hold_shards, long_batch, release_shards, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -116,7 +116,7 @@ def test_prometheus_scrapes_the_stack_sees_a_job_move_and_a_stuck_job_alert(e2e_
         # with its first results counted, between scrapes, whatever the machine's speed.
         job = batch_client.submit(long_batch(tmp_path / "metrics.jsonl", REQUESTS, first_tokens=16, step=1),
                                   endpoint="/v1/chat/completions", model=MODEL,
-                                  model_config={"engine_args": {"max_num_seqs": 2}}, new=True)
+                                  model_config=FEW_SEQS, new=True)
         hold_shards(job.id, 3)
         job_logs.append(job.id)
         # While it runs: its throughput shows, and its results count up before it ends.

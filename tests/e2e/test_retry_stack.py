@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.e2e.conftest import MODEL, hold_shards, long_batch, read_jsonl, wait_until
+from tests.e2e.conftest import FEW_SEQS, MODEL, hold_shards, long_batch, read_jsonl, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -21,7 +21,7 @@ def test_cli_retry_runs_only_the_never_run_lines(e2e_stack, cli_env, batch_clien
     with batch.open("ab") as out:
         out.write(b"{not json\n")  # refused at validation: not retried
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
-                              model_config={"engine_args": {"max_num_seqs": 2}})
+                              model_config=FEW_SEQS)
     hold_shards(job.id, 2)  # cancelled mid-run by construction
     job_logs.append(job.id)
     wait_until(f"job {job.id} to finish a request",

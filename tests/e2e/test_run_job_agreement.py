@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MODEL, AirflowAPI, hold_shards, long_batch, shard_pids, wait_until
+from tests.e2e.conftest import FEW_SEQS, MODEL, AirflowAPI, hold_shards, long_batch, shard_pids, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -47,7 +47,7 @@ def test_marking_a_run_failed_fails_its_job_and_clearing_does_not_revive_it(
     hold_shards(job_id, 1)  # mid-run when the run is marked failed, by construction
     job_logs.append(job_id)
     conf = {"job_id": job_id, "input_file_ids": [file_id], "endpoint": "/v1/chat/completions", "model": MODEL,
-            "owner": "admin", "model_config": {"engine_args": {"max_num_seqs": 2}}}
+            "owner": "admin", "model_config": FEW_SEQS}
     run_id = airflow.trigger(DAG, conf)
 
     wait_until(f"the worker of {job_id}", lambda: shard_pids(e2e_stack, job_id), JOB_TIMEOUT)

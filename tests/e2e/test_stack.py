@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import (
+    FEW_SEQS,
     MODEL,
     RECURRING_REQUESTS,
     RECURRING_SPEC,
@@ -169,7 +170,7 @@ def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs,
     # The shard holds after its first 3 results (the worker's hold point): the cancel lands
     # mid-run by construction, whatever the machine's speed.
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
-                              model_config={"engine_args": {"max_num_seqs": 4}})
+                              model_config=FEW_SEQS)
     hold_shards(job.id, 3)
     job_logs.append(job.id)
     _wait_for_progress(batch_client, job.id)
@@ -187,18 +188,18 @@ def test_cancel_mid_run_keeps_partial_results(e2e_stack, batch_client, job_logs,
 
 
 def test_killed_worker_is_retried_and_resumes(e2e_stack, cli_env, job_logs, tmp_path):
-    """Two shards, one sequence at a time (``llm-batch submit --shards 2 --model-config
-    '{"engine_args": {"max_num_seqs": 1}}'``), then the CLI: kill -9 the shards' workers
+    """Two shards, few sequences at a time (``llm-batch submit --shards 2 --model-config
+    '{"engine_args": {"max_num_seqs": 2}}'``), then the CLI: kill -9 the shards' workers
     mid-shard; the task retries, the worker resumes, and every request has one result."""
     from llm_batch.core.layout import JobLayout
     from llm_batch.infra.api_client import BatchClient
     from llm_batch.infra.results import count_results
 
-    # Small: on the stack's warm engine both shards share one engine at one sequence at a time.
+    # Small: on the stack's warm engine both shards share one engine, two sequences at a time.
     batch = long_batch(tmp_path / "kill.jsonl", 16, first_tokens=8, step=1)
     with BatchClient.from_env(cli_env) as client:
         job_id = client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, shards=2,
-                               model_config={"engine_args": {"max_num_seqs": 1}}).id
+                               model_config=FEW_SEQS).id
         # Each shard's first attempt holds after 2 results (the worker's hold point): the
         # kill lands mid-shard by construction; the retries resume and are never held.
         hold_shards(job_id, 2)
@@ -238,21 +239,23 @@ def _shard_tries(stack, job_id: str) -> list[int]:
 
 
 def test_deadline_mid_run_times_out_with_partial_results(e2e_stack, batch_client, job_logs, tmp_path):
-    batch = long_batch(tmp_path / "deadline.jsonl", 400, first_tokens=20, step=0)
-    config = {"engine_args": {"max_num_seqs": 1}}
-    # A one-line job of the same configuration first: the stack's warm engine for it is
-    # loaded, and its submit-to-end time is what the deadline job takes to its first results
-    # (validation, planning, scheduling) on that warm engine.
+    # Request i generates 20 + i tokens: they finish one after another, so the shard's hold
+    # point (after 3 results) stops it mid-run by construction whatever the engine's seats.
+    batch = long_batch(tmp_path / "deadline.jsonl", 400, first_tokens=20, step=1)
+    # One-line jobs first: the first loads the stack's warm engine if it is not, the second's
+    # submit-to-end time is what the deadline job takes to its first results (validation,
+    # planning, scheduling) on it.
     warm_up = long_batch(tmp_path / "warm-up.jsonl", 1, first_tokens=2, step=0)
-    submitted = time.monotonic()
-    ready = batch_client.submit(warm_up, endpoint="/v1/chat/completions", model=MODEL, model_config=config, new=True)
-    job_logs.append(ready.id)
-    assert batch_client.wait(ready.id, timeout=JOB_TIMEOUT).status == "SUCCEEDED"
-    # Past the first results, with a margin for the machine's load: the shard holds after 3
-    # results (the worker's hold point), so the deadline finds it mid-run by construction.
-    deadline = int(max(45.0, 2 * (time.monotonic() - submitted) + 15))
-    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline,
-                              model_config=config)
+    for _ in range(2):
+        submitted = time.monotonic()
+        ready = batch_client.submit(warm_up, endpoint="/v1/chat/completions", model=MODEL, new=True)
+        job_logs.append(ready.id)
+        assert batch_client.wait(ready.id, timeout=JOB_TIMEOUT).status == "SUCCEEDED"
+    # Past the first results, with a margin for the machine's load; the shard then holds
+    # until the deadline finds it.
+    deadline = int(max(20.0, 2 * (time.monotonic() - submitted) + 10))
+    print(f"deadline {deadline} s")
+    job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL, max_runtime_sec=deadline)
     hold_shards(job.id, 3)
     job_logs.append(job.id)
     job = batch_client.wait(job.id, timeout=deadline + JOB_TIMEOUT)

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from llm_batch.core.run_conf import DEFAULT_MODEL
-from tests.e2e.conftest import MODEL, hold_shards, long_batch, wait_until
+from tests.e2e.conftest import FEW_SEQS, MODEL, hold_shards, long_batch, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -108,7 +108,7 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     SHOTS.mkdir(parents=True, exist_ok=True)
     batch = long_batch(tmp_path / "ui.jsonl", 120, first_tokens=8, step=0)
     job = batch_client.submit(batch, endpoint="/v1/chat/completions", model=MODEL,
-                              model_config={"engine_args": {"max_num_seqs": 4}})
+                              model_config=FEW_SEQS)
     hold_shards(job.id, 4)  # the bar shows the job mid-run, then moves on at the next hold point
     job_logs.append(job.id)
     base = e2e_stack.base_url

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     warm_engine_idle_seconds: float = 300.0
     warm_engine_slots: int | None = None  # per model configuration on one machine; None: local_pool_slots
     warm_engine_seats: int = Field(default=2, ge=1, le=64)  # shards one warm engine steps together
+    # Model configurations warm at once on one machine: a new one stops idle hosts of the others
+    # beyond it (on a GPU an idle engine's KV cache leaves another no room: 1).
+    warm_engine_configs: int = Field(default=1, ge=1, le=16)
     # Engine services: {"<model>" or "<model>@<gpu_type>": "host:port"}, taking the small shards.
     engine_services: dict[str, str] = Field(default_factory=dict)
     engine_service_max_requests: int = Field(default=256, ge=0)

@@ -262,7 +262,7 @@ def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
     if reached := _try_connect(slot):
         return reached
     slot.socket.unlink(missing_ok=True)  # a killed host's leftover
-    _evict_idle(slot, settings.warm_engine_seats)
+    _evict_idle(slot, settings.warm_engine_seats, settings.warm_engine_configs)
     host = _spawn_host(slot, settings)
     deadline = time.monotonic() + HOST_START_S
     while (reached := _try_connect(slot)) is None:
@@ -274,22 +274,34 @@ def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
     return reached
 
 
-def _evict_idle(starting: Slot, seats: int, grace: float = 10.0) -> None:
-    """Stop the idle hosts (all seats free) of other model configurations before a new one
-    loads: on a GPU an idle engine's KV cache would leave it no room."""
+def _evict_idle(starting: Slot, seats: int, configs: int = 1, grace: float = 10.0) -> None:
+    """Stop idle hosts (all seats free) of other model configurations, the least recently
+    started configuration first, until the new one makes at most ``configs`` warm."""
+    warm: dict[str, list[tuple[Path, int, int]]] = {}  # key -> (pid file, slot index, pid)
+    started: dict[str, float] = {}
     for pid_file in engines_dir(starting.home).glob("*.pid"):
-        if pid_file.stem.startswith(f"{starting.key}-") or not (pid := read_pid(pid_file)):
-            continue
         key, _, index = pid_file.stem.rpartition("-")
-        if (fds := _lock_all(Slot(starting.home, key, int(index)).seat_locks(seats))) is None:
-            continue  # busy: it serves a shard
-        try:  # holding its seats: no client can reach it meanwhile
-            log.info("stopping idle warm engine %s (pid %d) to make room", pid_file.stem, pid)
-            stop_group(pid, grace)
-            pid_file.unlink(missing_ok=True)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        with suppress(OSError):
+            if key != starting.key and (pid := read_pid(pid_file)):
+                started[key] = max(started.get(key, 0.0), pid_file.stat().st_mtime)
+                warm.setdefault(key, []).append((pid_file, int(index), pid))
+    for key in sorted(warm, key=started.__getitem__):
+        if len(warm) < configs:
+            return
+        hosts = warm[key]
+        for pid_file, index, pid in list(hosts):
+            if (fds := _lock_all(Slot(starting.home, key, index).seat_locks(seats))) is None:
+                continue  # busy: it serves a shard
+            try:  # holding its seats: no client can reach it meanwhile
+                log.info("stopping idle warm engine %s (pid %d) to make room", pid_file.stem, pid)
+                stop_group(pid, grace)
+                pid_file.unlink(missing_ok=True)
+                hosts.remove((pid_file, index, pid))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        if not hosts:
+            del warm[key]
 
 
 def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
