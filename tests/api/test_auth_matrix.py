@@ -240,18 +240,19 @@ def secrets(creds, api_store, auth_manager) -> Secrets:
 
 # Which object a path parameter names (by name); any other parameter gets MISSING_ID.
 PARAM_OBJECTS = {"file_id": "file", "batch_id": "openai", "job_id": "mistral", "batch_completion_id": "scale"}
+MADE_BY = {"file": "/v1/files", "mistral": "/v1/batch/jobs"}  # the kinds a route deletes
 
 
 def _call(api, operation: Operation, headers: dict[str, Any], objects: dict[str, str], creds) -> tuple[Any, bool, list[str]]:
     """The response of one cell, whether its path names a real object of alice's, and the
-    ids put in the path. A file delete gets a file of its own (the cell may delete it; a
-    delete of another kind of object would need the same)."""
+    ids put in the path. A delete gets an object of its own (the cell may delete it: a file,
+    or a job, which a cancel earlier in the matrix may have ended)."""
     values, real = {}, bool(operation.path_params)
     for name in operation.path_params:
         kind = PARAM_OBJECTS.get(name)
         real = real and kind is not None
-        if kind == "file" and operation.method == "delete":
-            values[name] = _made(api, creds, "/v1/files", objects)
+        if kind in MADE_BY and operation.method == "delete":
+            values[name] = _made(api, creds, MADE_BY[kind], objects)
         else:
             values[name] = objects[kind] if kind else MISSING_ID
     path = operation.path.format(**values)

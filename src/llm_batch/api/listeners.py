@@ -69,13 +69,13 @@ def end_job_of_run(dag_run: Any, state: str, msg: str | None) -> Any:
         reason = f"the DAG run {dag_run.run_id} failed ({msg or 'no reason given'})"
     else:
         reason = f"the DAG run {dag_run.run_id} ended ({msg or state}) before the job finished"
-    if job.status != JobStatus.QUEUED:  # a queued job has no worker yet
-        # A shard task killed by the state change may leave a worker behind.
+    if job.status != JobStatus.QUEUED:  # (cancelling a queued one would end it CANCELLED)
         job = store.request_cancel(job_id, reason=reason)
-        try:
-            write_cancel_marker(JobLayout(get_settings().work_uri, job_id).cancel_marker, job)
-        except storage.StorageError as exc:
-            log.warning("job %s: could not write the cancel marker: %s", job_id, exc)
+    # A shard task killed by the state change may leave a worker behind.
+    try:
+        write_cancel_marker(JobLayout(get_settings().work_uri, job_id).cancel_marker, job)
+    except storage.StorageError as exc:
+        log.warning("job %s: could not write the cancel marker: %s", job_id, exc)
     status = JobStatus.FAILED if state == "failed" else JobStatus.CANCELLED
     job = store.end_job(job_id, status, reason)
     log.info("job %s ended %s: %s", job_id, job.status.value, reason)
