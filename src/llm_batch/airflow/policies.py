@@ -2,10 +2,8 @@
 lane (pool and priority weight) and charges a multi-node shard a pool slot per node.
 
 Airflow fixes a task's pool and priority_weight at parse time; ``task_instance_mutation_hook``
-is the public way to route a task instance on its run's conf (the scheduler calls it when it
-creates or clears each shard task instance). Installed through the ``airflow.policy`` entry
-point. It runs inside the scheduler's transaction: no database access, and it never raises.
-"""
+is the public way to route a task instance on its run's conf. It runs inside the scheduler's
+transaction: no database access, and it never raises."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Whether an Airflow user is an admin, as a task knows it (by ``dag_run.triggering_user_name``).
-
-Only Airflow's simple auth manager keeps roles where a task can read them (its
-``[core] simple_auth_manager_users``); other auth managers' users count as no admins here,
-so their runs are held to their own files and folders.
-"""
+"""Whether an Airflow user is an admin, as a task knows it (by ``dag_run.triggering_user_name``):
+only the simple auth manager keeps roles a task can read, so other managers' users are no admins."""
 
 from __future__ import annotations
 

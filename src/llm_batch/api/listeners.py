@@ -1,8 +1,5 @@
 """Keep a batch_inference run and its job in agreement, whatever ended the run (docs/orchestration.md
-"Runs and jobs agree"): Airflow calls these hooks where the state changed (the api-server for a user's
-mark, else the scheduler), so they need only the job store. A failure is logged, never raised into
-the scheduler loop or the API call.
-"""
+"Runs and jobs agree"). A failure is logged, never raised into the scheduler loop or the API call."""
 
 from __future__ import annotations
 

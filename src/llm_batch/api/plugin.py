@@ -1,9 +1,7 @@
 """The Airflow plugin: mounts the batch API (``create_app``) at ``/batch`` on the api-server.
 
-Every Airflow process loads plugins, but only the api-server serves ``fastapi_apps``: the app (its
-job store, its settings) is built there alone, as Airflow's edge3 provider does.
-``LLM_BATCH_SERVE_API=true`` builds it in any process (another ASGI host, tests).
-"""
+Only the api-server serves ``fastapi_apps``, so the app (its job store, its settings) is built
+there alone, as Airflow's edge3 provider does; ``LLM_BATCH_SERVE_API=true`` builds it anywhere."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Where a job's run waits in Airflow's queue, and taking a cancelled job's shards out of it.
-
-With ``dag_trigger``, the only module touching a ``batch_inference`` run through Airflow's ORM.
-``queue_places`` reads the columns the scheduler orders by, in its order
-(``SchedulerJobRunner._executable_task_instances_to_queued``), so a place is the one it follows.
-"""
+``queue_places`` orders by the scheduler's own columns, in its order
+(``SchedulerJobRunner._executable_task_instances_to_queued``), so a place is the one it follows."""
 
 from __future__ import annotations
 

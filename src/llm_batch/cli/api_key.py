@@ -1,8 +1,5 @@
-"""``llm-batch api-key create|list|revoke``: API keys for the batch REST API.
-
-A key is shown once, at creation; the store keeps only its hash. Clients send it as
-``Authorization: Bearer <key>``, ``x-api-key: <key>`` or HTTP basic with the key as user.
-"""
+"""``llm-batch api-key create|list|revoke``: API keys for the batch REST API; a key is shown once,
+at creation (the store keeps only its hash)."""
 
 from __future__ import annotations
 

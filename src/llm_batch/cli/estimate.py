@@ -1,15 +1,5 @@
-"""``llm-batch estimate FILE [--model M] [--endpoint E] [--shards N] [--json]``: what a job of
-this file would take, before submitting it.
-
-The file is uploaded, estimated by the server (``POST /v1/jobs`` with ``dry_run``: the same
-checks and validation as a job, the model's own tokenizer, this deployment's measured
-tokens/s and the queue of its lane; docs/api.md "Estimates (dry run)") and deleted again;
-no job is created. The model is ``--model``, else the one every line names.
-
-Prints a readable summary (``--json``: the server's answer as one JSON object). Exit status,
-as ``llm-batch validate``'s: 0 every line is valid; 1 some lines are bad; 2 the job would
-be refused or fail (no valid line, a refusal of the API, no API).
-"""
+"""``llm-batch estimate``: what a job of a file would take, asked of the server's dry run
+(docs/api.md, "Estimates (dry run)"); exit statuses as ``llm-batch validate``'s."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """``llm-batch retry | rerun``: a new job made from an ended one, through the batch REST API.
-
-    llm-batch retry JOB [--wait] [--idempotency-key KEY]   # only its failed and never-run lines
-    llm-batch rerun JOB [--wait] [--idempotency-key KEY]   # its whole input again
-
-Prints the new job's id on stdout (what a script keeps) and what it was made from on stderr.
-Exit codes as ``submit``'s (``llm_batch.cli.jobs``): with ``--wait`` the new job's end, else
-0; 2 when the API refuses (the job is still running, nothing failed, its input is gone).
-"""
+Prints the new job's id on stdout (what a script keeps); exit codes as ``submit``'s, 2 when
+the API refuses (the job still runs, nothing failed, its input is gone)."""
 
 from __future__ import annotations
 

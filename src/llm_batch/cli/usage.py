@@ -1,10 +1,4 @@
-"""``llm-batch usage``: tokens, requests, engine and GPU seconds summed over jobs, through the
-batch REST API (``GET /v1/usage``): your own jobs; with an admin key, every owner's.
-
-    llm-batch usage [--by owner|model|label] [--since 7d|2026-11-01|<ISO 8601>] [--json]
-
-Exit codes: 0, or 2 for a usage or HTTP error (bad arguments, a refused key, no answer).
-"""
+"""``llm-batch usage``: ``GET /v1/usage`` as a table. Exit codes: 0, or 2 for a usage or HTTP error."""
 
 from __future__ import annotations
 
@@ -63,8 +57,8 @@ def _usage_command(args: argparse.Namespace) -> int:
         report = client.usage(by=args.by, since=args.since)
         if args.json:
             sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
-            return EXIT_SUCCEEDED
-        print_report(report)
+        else:
+            print_report(report)
         return EXIT_SUCCEEDED
 
     return _with_client(run, args)

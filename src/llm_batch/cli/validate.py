@@ -1,15 +1,4 @@
-"""``llm-batch validate INPUT... [--endpoint E] [--format F] [--job ID] [--json]``: check a batch offline.
-
-Prints a readable summary: lines read, valid, bad, the bad ones by error code, and the first
-bad lines (``line 12  custom_id=abc  invalid_body: ...``). ``--json`` prints one JSON object
-``{"total", "valid", "invalid", "errors": [{"line", "custom_id", "code", "message"}, ...]}``
-instead. Errors are capped at Settings.max_reported_errors (LLM_BATCH_MAX_REPORTED_ERRORS,
-default 100), counts never are.
-
-Exit status: 0 every line is valid; 1 some lines are bad (a job of this batch would run the
-valid ones and report each bad one as an error line); 2 the batch would be refused: no valid
-line, unreadable input, a limit exceeded (the reason on stderr).
-"""
+"""``llm-batch validate``: check a batch offline (its output and exit statuses: docs/validation.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""``llm-batch webhook add|list|remove|test|attempts|deliver``: webhook endpoints of the
-caller's job-end events, through the batch REST API (``/v1/webhooks``); ``deliver``: a
-deliverer of the job store's outbox, in the foreground.
-
-``add`` prints the endpoint's signing secret (``whsec_...``) alone on its own line of stdout
-(shown only then). Events are OpenAI's batch events signed with Standard Webhooks: verify them
-with ``openai.OpenAI().webhooks.unwrap(body, headers, secret=...)``. ``deliver`` reads the job
-store directly (LLM_BATCH_DATABASE_URL), for deployments that run delivery outside the
-api-server (LLM_BATCH_WEBHOOK_DELIVERER=false). Exit codes: 0; 1 when a test was not
-delivered; 2 for a usage or HTTP error.
-"""
+"""``llm-batch webhook``: the caller's webhook endpoints through the REST API (``/v1/webhooks``),
+and ``deliver``, a foreground deliverer of the job store's outbox (docs/api.md, "Webhooks").
+``add`` prints the signing secret alone on a line of stdout (shown only then). Exit codes: 0;
+1 when a test was not delivered; 2 for a usage or HTTP error."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """What a job may ask of the engine: an allow-list of vLLM engine arguments, plain values only.
 
-A job may set only ``JOB_ENGINE_ARGS`` (bounded numbers, booleans, enumerated strings); every
-other argument of vLLM's ``EngineArgs`` is ``REGISTRY_ONLY_ENGINE_ARGS``, with why. An
-allow-list, because a list of what is dangerous misses the next argument vLLM adds: a test
-fails when vLLM knows an argument in neither set. ``PlainDict`` bounds the small dicts a job
-hands on to the engine.
-"""
+An allow-list (``JOB_ENGINE_ARGS``; every other argument is ``REGISTRY_ONLY_ENGINE_ARGS``,
+with why), because a list of what is dangerous misses the next argument vLLM adds: a test
+fails when vLLM knows an argument in neither set."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Streaming readers for the input formats (``InputFormat``): each yields, per input item,
-one ``BatchRequest`` or ``ErrorRecord``, in input order.
-
-``index`` is the item's 0-based position among all items of the job (it continues across
-input files); ``line`` its 1-based line or element number in its file. Blank JSONL lines get
-no index but are counted in line numbers, so they match an editor's. An item with no
-custom_id (Scale's, inline ones without) takes ``str(index)``.
-"""
+"""Streaming readers for the input formats (``InputFormat``): each yields, per input item, one
+``BatchRequest`` or ``ErrorRecord``, in input order. ``index`` continues across input files;
+blank JSONL lines get none but count in line numbers, so they match an editor's."""
 
 from __future__ import annotations
 

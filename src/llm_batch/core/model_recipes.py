@@ -1,9 +1,5 @@
-"""Offline recipes that build a model directory vLLM can load, with no hub access.
-
-Each ``Recipe`` has ``source()`` (cheap: names what it builds from, so a changed source means
-a rebuild) and ``build(dest)`` (writes a Hugging Face model directory into the empty ``dest``;
-``llm_batch.infra.model_cache.prepare_model`` runs it atomically). Heavy imports happen in build only.
-"""
+"""Offline recipes that build a model directory vLLM can load, with no hub access. A ``Recipe``'s
+``source()`` is cheap (a changed source means a rebuild); heavy imports happen in ``build`` only."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The canonical records that flow through a job, one JSON object per line.
-
-Every input item ends as exactly one ``ResultRecord`` (a worker's answer or engine error) or
-``ErrorRecord`` (a bad line at validation, a request never run at merge). ``index``, the item's
-0-based position in the job's input, orders everything; ``line`` is 1-based, for people.
-"""
+"""The canonical records that flow through a job, one JSON object per line: every input item ends
+as exactly one ``ResultRecord`` or ``ErrorRecord``, ordered by ``index`` (``line`` is 1-based, for people)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Strict JSON: what every byte a user sends must be before anything reads it.
-
-UTF-8 with no lone surrogates, no NaN or Infinity, integers within 64 bits, nesting no deeper
-than ``MAX_DEPTH``: what orjson writes and every component can carry. Python's own parser
-admits all of these, and a value holding one breaks a later writer far from the request that
-sent it (a DAG run's conf that cannot be serialised stops the scheduler), so the API checks
-each JSON body at its edge and each run's conf before it is triggered.
-"""
+"""Strict JSON: what every byte a user sends must be before anything reads it (what orjson writes
+and every component can carry). Python's parser admits more, and such a value breaks a later
+writer far from the request that sent it (a run's conf that cannot be serialised stops the
+scheduler), so the API checks each JSON body at its edge and each run's conf before its trigger."""
 
 from __future__ import annotations
 

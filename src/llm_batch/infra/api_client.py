@@ -1,16 +1,8 @@
 """The HTTP client of llm-batch's batch REST API (the plugin mounted at ``/batch``): the one
-the CLI, the dev stack and the Airflow provider's ``LLMBatchHook`` use.
-
-A submission uploads the file to ``POST /v1/files``, streamed from disk (a Scale file is
-first converted to JSONL in a temporary file: ``scale_to_jsonl``), then creates the job with
-the native ``POST /v1/jobs`` naming it; jobs are read, listed and cancelled on the same route,
-so every job shows the canonical status words whichever route or Airflow run created it.
-
-Errors: ``ApiError`` (the server's answer) and ``httpx.HTTPError`` (no answer); reads (GET)
-are tried again on 5xx answers and transport errors. Configuration: ``LLM_BATCH_API_URL``
-(default: the embedded stack's URL on ``LLM_BATCH_API_PORT``) and ``LLM_BATCH_API_KEY``
-(default: the key ``llm-batch up`` stored in ``$LLM_BATCH_HOME/api-key``).
-"""
+the CLI, the dev stack and the Airflow provider's ``LLMBatchHook`` use. Jobs are made, read and
+cancelled on the native route only, so every job shows the canonical status words whichever
+route or Airflow run created it. Errors: ``ApiError`` (the server's answer), ``httpx.HTTPError``
+(no answer)."""
 from __future__ import annotations
 
 import hashlib
@@ -270,9 +262,7 @@ class BatchClient:
                idempotency_key: str | None = None, new: bool = False, output_check: dict[str, Any] | None = None,
                result_cache: bool = True, priority: str | int | None = None,
                spec: dict[str, Any] | None = None) -> JobView:
-        """Upload the file and create one job of it (``shards``: ``data_parallelism``,
-        ``output_path``: ``output_uri``, ``metadata``: ``labels``; ``spec``: more fields of the job's spec,
-        ``llm_batch.core.job_spec.JobSpec``, sent as given).
+        """Upload the file and create one job of it (``spec``: more JobSpec fields, sent as given).
 
         Retry-safe: the upload and the create carry `idempotency_key`, else ``submit_key``
         of the file's content and these arguments, so the same submit again answers the

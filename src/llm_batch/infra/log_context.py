@@ -1,8 +1,6 @@
 """The job a log line concerns, on every line of it: ``job_id``, bound to the current context
-(context variables: never another request's). In Airflow's processes structlog's context
-variables put it on every structured line; elsewhere ``JobIdFilter`` puts it on stdlib
-records for ``LOG_FORMAT``. (structlog comes with Airflow; the inference image has neither.)
-"""
+(context variables: never another request's), through structlog in Airflow's processes and
+``JobIdFilter`` on stdlib records elsewhere (the inference image has no structlog)."""
 
 from __future__ import annotations
 

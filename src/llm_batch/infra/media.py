@@ -1,12 +1,7 @@
-"""The file a /v1/audio/transcriptions or /v1/ocr line names, resolved for the job's owner:
-an uploaded ``file_id`` of the owner's, a path URI held to the rules of the owner's paths
-(``user_paths``; no other scheme is ever fetched), or inline base64 (``data:`` URLs too).
-
-``MediaResolver.resolve`` runs at validation and returns what ``BatchRequest.media`` records
-(``{"uri", "bytes"}`` or ``{"inline": <body path>, "bytes"}``), or raises ``MediaRefused``
-naming the field; audio must be WAV. ``load`` is the worker's side: the bytes of what
-validation recorded, never a path the body itself names.
-"""
+"""The file a /v1/audio/transcriptions or /v1/ocr line names, resolved for the job's owner: an
+uploaded ``file_id`` of the owner's, a path held to the rules of the owner's paths (no other
+scheme is ever fetched), or inline base64. ``resolve`` runs at validation; the worker's
+``load`` reads what validation recorded, never a path the body itself names."""
 from __future__ import annotations
 
 import binascii

@@ -1,11 +1,7 @@
-"""Where checkpoints live: the model cache (``Settings.model_cache``), registered models
-prepared offline into it, ``s3://`` checkpoints fetched into it once, and the local
-directories a job may name.
-
-A directory is ready when it holds ``READY_MARKER``, written into a temporary directory that
-is then renamed into place (a crash never leaves a half-built one that looks ready); a file
-lock beside it makes concurrent shards on one machine build it once.
-"""
+"""Where checkpoints live: the model cache (``Settings.model_cache``), registered models prepared
+offline into it, ``s3://`` checkpoints fetched into it once, and the local directories a job may
+name. A directory is built in a temporary one renamed into place with ``READY_MARKER`` (a crash
+never leaves a half-built one that looks ready), under a file lock (concurrent shards build it once)."""
 
 from __future__ import annotations
 

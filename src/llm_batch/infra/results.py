@@ -1,10 +1,6 @@
-"""A shard's results: its checkpoint, as ordered part objects ``{results}/part-<start>.jsonl``
-of ``ResultRecord`` lines, ``start`` the shard position of a part's first record.
-
-Each part is published whole (``storage.open_write``), so a kill leaves the part or nothing;
-resuming reads one listing and the last part (``done`` is its start plus its line count).
-Records must be written in the shard's request order.
-"""
+"""A shard's results: its checkpoint, as ordered part objects ``{results}/part-<start>.jsonl`` of
+``ResultRecord`` lines, each published whole, so a kill leaves the part or nothing and resuming
+reads one listing and the last part. Records must be written in the shard's request order."""
 from __future__ import annotations
 
 import logging

@@ -1,14 +1,10 @@
 """One small interface over URIs: local paths (confined to configured roots) and s3://.
 
-A URI is ``s3://bucket/key``, ``file:///abs/path`` or a plain path; any other scheme is
-``PathNotAllowed``. Local paths must resolve (symlinks followed) inside ``Settings.local_roots``
-or llm-batch's own local areas, buckets must be in ``Settings.allowed_buckets`` when it is set;
-which paths a *user* may name is stricter (``llm_batch.infra.user_paths``). Reads stream (on S3
-a dropped connection resumes at its offset); a written object appears only when the block
-exits without error. Prefixes are directories: ``list_uris("s3://b/x")`` lists ``x/``, not
-``xy``, and a missing one lists as ``[]``. Errors are ``StorageError`` subclasses naming the URI.
-Transient S3 failures are retried by tenacity alone (botocore's retries are off).
-"""
+Local paths must resolve (symlinks followed) inside ``Settings.local_roots`` or llm-batch's own
+local areas, buckets be in ``Settings.allowed_buckets`` when set; which paths a *user* may name
+is stricter (``user_paths``). A written object appears only when the block exits without error.
+Prefixes are directories: ``list_uris("s3://b/x")`` lists ``x/``, not ``xy``. Transient S3
+failures are retried by tenacity alone (botocore's retries are off)."""
 from __future__ import annotations
 
 import io

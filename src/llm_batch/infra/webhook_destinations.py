@@ -1,11 +1,6 @@
-"""Where a webhook may be sent: ``check_destination``, an allow-list.
-
-A URL passes only if it is http(s), carries no credentials, and every address its host is
-(an address literal, in any spelling) or resolves to is a globally routable unicast address,
-none of the IPv6 ranges that embed or tunnel an IPv4 address. The one way past it is the
-admin's ``LLM_BATCH_WEBHOOK_ALLOWED_HOSTS``; ``LLM_BATCH_WEBHOOK_ALLOW_PUBLIC`` off allows
-only those. Checked at create and again before each attempt, on the addresses of then.
-"""
+"""Where a webhook may be sent: ``check_destination``, an allow-list of globally routable unicast
+addresses (docs/api.md, "Webhooks"), checked at create and again before each attempt, on the
+addresses of then."""
 from __future__ import annotations
 
 import ipaddress

@@ -1,12 +1,6 @@
-"""Webhooks: how they are signed, and the deliverer that sends them.
-
-Events are OpenAI's (``batch.completed``, ...) for every dialect's jobs, signed with the
-Standard Webhooks scheme (``openai.OpenAI().webhooks.unwrap`` verifies them), with the
-previous secret's signature too during a rotation's grace period. Delivery is at least once
-from the job store's outbox: a ``Deliverer`` claims due rows with a lease, sends each to the
-address it checked (``webhook_destinations``; one deadline, no redirects, no proxies),
-records the attempt and retries with backoff within the retry window. Any number may run.
-"""
+"""Webhooks: how they are signed (Standard Webhooks, as ``openai.OpenAI().webhooks.unwrap``
+verifies), and the ``Deliverer`` that sends them, at least once, from the job store's outbox
+(docs/api.md, "Webhooks"). Any number of deliverers may run."""
 from __future__ import annotations
 
 import logging

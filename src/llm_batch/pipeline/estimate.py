@@ -1,11 +1,6 @@
-"""An estimate of a job before (or as) it runs: its valid and invalid lines, its prompt tokens
-counted with the model's own tokenizer, the most output tokens it may generate, the engine
-seconds this deployment's measured tokens/s make of them, and when it should start and end
-behind the jobs ahead in its lane (docs/api.md, "Estimates (dry run)", says how).
-
-``estimate_input`` validates a dry run's input as the prepare step does, writing nothing;
-``estimate_validated`` reads a real job's validated file back once, in its prepare step.
-"""
+"""An estimate of a job before (or as) it runs: its lines, its prompt tokens by the model's own
+tokenizer, its most output tokens, the engine seconds this deployment's measured tokens/s make
+of them, and when it should start and end in its lane (docs/api.md, "Estimates (dry run)")."""
 
 from __future__ import annotations
 

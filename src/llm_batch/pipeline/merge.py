@@ -1,14 +1,11 @@
 """Merge a job: every input index ends as exactly one output or error line, in input order
-(docs/data-plane.md, "the ordered merge", shows the files and their lines).
+(docs/data-plane.md, "the ordered merge").
 
-A streaming ``heapq.merge`` by input index of the validation errors, the cached results and
-the shards' outcomes: each shard's requests paired with its results, a request without one
-an error line whose code says why it never ran (NOT_RUN_CODES). Contiguous shards are read
-one after another, each opened when the merge reaches it, so at most three streams are open
-(no S3 connection idles through a long merge); a prefix-aware plan's shards interleave and
-are read at once. A plan that broke the ordering is refused (``MergeError``), never
-misordered. ``<h>`` in a line's ids hashes the job id and index: a rerun writes the same bytes.
-"""
+A streaming ``heapq.merge`` by input index of the validation errors, the cached results and the
+shards' outcomes. Contiguous shards are opened one after another, as the merge reaches them (no
+S3 connection idles through a long merge). A plan that broke the ordering is refused
+(``MergeError``), never misordered; ``<h>`` in a line's ids hashes the job id and index, so a
+rerun writes the same bytes."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""A job's finished lines, readable while it runs: what storage holds already (validation errors,
-cached results, each shard's published result parts), read with the merge's own pairing and
-line builders, so a line read early is byte for byte the line the final files will hold.
-Requests never run appear only in the final error file. Nothing is written.
-
-Orders: ``input``, input order up to the first line with no outcome yet (a poller resumes at
-``start``); ``finished``, every finished line in input order, gaps left out (a poller reads
-from the start each time: lines finish out of order across shards).
-"""
+"""A job's finished lines, readable while it runs (docs/api.md, "Results while a job runs"): what storage
+holds already, read with the merge's own pairing and line builders, so a line read early is byte
+for byte the line the final files will hold. Nothing is written."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Recurring batch specs: a small YAML file per scheduled batch (no Airflow here; an example is
-dags/recurring_specs/example.yaml, docs/orchestration.md "Recurring batches" the rules).
-
-Each spec becomes the DAG ``recurring__<name>``, whose runs start ordinary ``batch_inference``
-runs with ``input_uri``/``output_uri`` rendered as Jinja templates of the run's context. A
-spec that does not parse raises ``RecurringSpecError`` naming the file and the field.
-``owner``: the runs' jobs are that owner's and held to the owner's folder; without it, the
-admin's (``run_conf.DEFAULT_OWNER``), whose runs may name any path.
-"""
+"""Recurring batch specs: a small YAML file per scheduled batch, each the DAG ``recurring__<name>``
+(no Airflow here; the rules: docs/orchestration.md "Recurring batches"). A spec that does not
+parse raises ``RecurringSpecError`` naming the file and the field."""
 
 from __future__ import annotations
 

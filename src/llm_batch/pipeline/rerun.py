@@ -1,12 +1,8 @@
 """What a retry or a rerun of an ended job reads: the new job's input.
 
-A rerun reads the job's input again as it was given (``rerun_input`` refuses when any of it
-has expired or been deleted). A retry reads only the lines that did not succeed and could:
-engine errors and lines never run (``merge.NOT_RUN_CODES``), in their original order, matched
-by custom_id (unique in a job), JSONL inputs only. Lines refused at validation are not
-retried: the same bytes would be refused again. A job that ended before its merge (no error
-file) retries every line.
-"""
+A rerun reads the job's input again as it was given. A retry reads only the lines that did not
+succeed and could (engine errors, lines never run), matched by custom_id: lines refused at
+validation are not retried, as the same bytes would be refused again (docs/api.md, "Retry, run again")."""
 
 from __future__ import annotations
 

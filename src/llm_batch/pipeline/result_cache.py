@@ -1,14 +1,6 @@
-"""The result cache's use cases: a job's determined lines answered from earlier jobs' answers
-(no engine time), and the cache filled, expired and emptied. What is cacheable, and the key:
-``llm_batch.infra.result_cache``.
-
-- ``answer_from_cache`` (plan step): the cached answers become ``layout.cached_results``, the
-  rest ``layout.uncached``, which the shards run; the merge reads the cached results as one
-  more ordered source, so every line still ends exactly once.
-- ``fill_cache`` (merge step): one pack object per shard, then its rows in batches.
-- ``forget_job`` (a job's deletion) and ``evict`` (housekeeping: past the TTL, then the least
-  recently used beyond the size bound).
-"""
+"""The result cache's use cases: a job's determined lines answered from earlier jobs' answers (no
+engine time; ``answer_from_cache``), the cache filled (``fill_cache``), expired and emptied. What
+is cacheable, and the key: ``llm_batch.infra.result_cache``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The contract between the DAG and a shard's worker: what a shard runner is given (a
-ShardTask), how a worker's exit reads (a ShardOutcome), and what runners do while a worker
-runs (mirror a cancel to the marker the worker watches, report the shard's progress).
-
-Both shard runners (local process, Kubernetes pod) use only this module, so they behave
-the same; no Airflow here.
-"""
+"""The contract between the DAG and a shard's worker: what a shard runner is given (a ShardTask),
+how a worker's exit reads (a ShardOutcome), and what runners do while a worker runs. Both shard
+runners use only this module, so they behave the same; no Airflow here."""
 
 from __future__ import annotations
 

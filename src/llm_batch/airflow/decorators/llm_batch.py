@@ -1,15 +1,6 @@
-"""``@task.llm_batch``: a TaskFlow function that returns the batch's input, run as an
-``LLMBatchOperator`` (registered through ``llm_batch.airflow.provider_info``).
-
-The function returns a list of prompt strings (``prompts``), a list of request bodies or
-``{"custom_id", "body"}`` items (``requests``), or a dict naming one input
-(``{"input_uri": ...}``, ``{"input_file_ids": [...]}``, ...). The decorator's other
-arguments are ``LLMBatchOperator`` parameters::
-
-    @task.llm_batch(model="tiny-random-llama", request_params={"max_tokens": 8})
-    def classify(reviews: list[str]) -> list[str]:
-        return [f"Sentiment of: {r}" for r in reviews]
-"""
+"""``@task.llm_batch``: a TaskFlow function that returns the batch's input (prompts, requests or
+a dict naming one input), run as an ``LLMBatchOperator`` (docs/orchestration.md, "A batch as a
+step of your DAG", shows an example)."""
 
 from __future__ import annotations
 

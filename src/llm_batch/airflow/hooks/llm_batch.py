@@ -1,10 +1,6 @@
 """``LLMBatchHook``: the llm-batch REST API (native ``/batch/v1/jobs`` route) for Airflow tasks and
-triggers, through ``llm_batch.infra.api_client.BatchClient``.
-
-Its Airflow Connection (default ``llm_batch_default``; ``llm-batch up`` makes it): ``host`` =
-the api-server's base URL (a bare host name gets ``schema``, default http, and ``port``),
-``password`` = an llm-batch API key. A refusal raises ``LLMBatchApiError``.
-"""
+triggers, through ``BatchClient``; its Connection: docs/orchestration.md. A refusal raises
+``LLMBatchApiError``."""
 
 from __future__ import annotations
 

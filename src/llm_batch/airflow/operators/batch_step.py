@@ -1,10 +1,6 @@
-"""``LLMBatchOperator``: a batch of LLM requests as one step of your own DAG.
-
-The task submits one job to the llm-batch REST API, defers while the ``batch_inference`` run
-does the work and returns a small manifest naming the output and error files and the counts.
-The job id derives from the task instance, so a retried try re-attaches to its job. See
-docs/orchestration.md, "A batch as a step of your DAG".
-"""
+"""``LLMBatchOperator``: a batch of LLM requests as one step of your own DAG (docs/orchestration.md,
+"A batch as a step of your DAG"). The job id derives from the task instance, so a retried try
+re-attaches to its job."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """KubernetesShardOperator: one shard on Kubernetes, with the same arguments as the local runner.
 
-The DAG holds this light operator: the Kubernetes client takes seconds to import, too long
-for parsing, so the operator doing the work is built when the task runs and handed every
-entry point Airflow calls: ``engine_service.EngineServiceShardOperator`` for a small shard
-its model's engine service takes, ``kubernetes_group.ShardGroupOperator`` for a worker
-spanning several nodes, else ``kubernetes_pod.ShardPodOperator``.
-"""
+A light operator for the DAG (the Kubernetes client takes seconds to import, too long for
+parsing): the operator doing the work is built when the task runs (an engine service's, a
+LeaderWorkerSet's or a single pod's) and handed every entry point Airflow calls."""
 
 from __future__ import annotations
 

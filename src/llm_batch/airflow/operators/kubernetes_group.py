@@ -1,10 +1,6 @@
 """ShardGroupOperator: a shard whose worker spans several nodes, as a LeaderWorkerSet (``group_spec``)
-created, watched and deleted per attempt (docs/orchestration.md, "Multi-node workers").
-
-A failed attempt raises, so the task's retry makes a new group that resumes from the shard's
-checkpoint. A triggerer restart starts the watch afresh: a pod replaced across the restart
-goes unnoticed and a stop's grace starts again.
-"""
+created, watched and deleted per attempt (docs/orchestration.md, "Multi-node workers"). A
+triggerer restart starts the watch afresh: a pod replaced across it goes unnoticed."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """ShardPodOperator: the deferrable KubernetesPodOperator behind KubernetesShardOperator
-(docs/orchestration.md, "Shard runners"); the pod's shape is ``pod_spec``'s.
-
-While the pod runs, the task waits in ``ShardPodTrigger``: the provider's pod trigger plus
-the shard's stop watch, which ends the wait with the pod deleted if the worker still runs
-``cancel_grace_seconds`` after a cancel or the deadline.
+(docs/orchestration.md, "Shard runners"); the pod's shape is ``pod_spec``'s. While the pod
+runs, the task waits in ``ShardPodTrigger``: the provider's pod trigger plus the shard's stop watch.
 
 Provider contract (``SUPPORTED_PROVIDER``, tests/unit/test_kubernetes_pod_provider.py): only
-public extension points are used: the ``callbacks`` (``on_pod_completion`` hands over the
-finished pod) and ``trigger_kwargs`` (the stop watch's settings, merged by the provider into
-every event) parameters, the overridable ``trigger_reentry`` and ``BaseOperator.defer`` (to
-swap in ``ShardPodTrigger``, built from the provider trigger's ``serialize()``), and
-``KubernetesPodTrigger.run``. No private attribute is read or written.
-"""
+public extension points are used (``callbacks``, ``trigger_kwargs``, ``trigger_reentry``,
+``BaseOperator.defer``, ``KubernetesPodTrigger.run``); no private attribute is read or written."""
 
 from __future__ import annotations
 

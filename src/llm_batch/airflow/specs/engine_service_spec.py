@@ -1,12 +1,6 @@
 """An engine service's Kubernetes objects (``llm_batch.runtime.engine_service``): a Deployment of
 warm engine hosts for one model and GPU type, its Service, and a NetworkPolicy that lets only
-Airflow's workers in (no Airflow here; docs/orchestration.md, "Engine services").
-
-The pods are shaped like shard pods (``pod_spec``) but run ``llm-batch engine-host``, get
-``LLM_BATCH_ENGINE_TOKEN`` from the Secret ``token_secret``, and are ready only once their
-engine is loaded (a startup probe allows 15 minutes for it). ``grace_seconds`` is the time a
-host has on SIGTERM to stop its shards and flush their results.
-"""
+Airflow's workers in (no Airflow here; docs/orchestration.md, "Engine services")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
 """The LeaderWorkerSet of a multi-node shard worker (``nodes_per_worker > 1``), from a ShardTask
-and the settings (no Airflow here; docs/orchestration.md, "Multi-node workers").
-
-One set per shard attempt: one group of ``nodes_per_worker`` pods of the single pod's shape
-plus a memory-backed ``/dev/shm`` (NCCL and vLLM's shared-memory queues outgrow 64 MiB).
-The leader runs the shard's worker, the followers ``worker-follower``; ``$(LWS_LEADER_ADDRESS)``
-and ``$(LWS_WORKER_INDEX)`` in their arguments are the controller's, expanded by Kubernetes.
-``restartPolicy: None``: the runner, not the controller, answers a pod restart (the attempt
-fails and the task's retry makes a fresh set); the containers restart Always (StatefulSet
-pods allow no other), so a leader's exit code may be in ``lastState``.
-"""
+and the settings (no Airflow here). Its shape and why: docs/orchestration.md, "Multi-node workers"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """``BatchJobTrigger``: waits in the triggerer until an llm-batch job has ended, polling it
-through ``LLMBatchHook.aget_job``.
-
-Events: ``{"status": "ended", "job"}`` once the job is terminal; ``{"status": "error",
-"job_id", "message"}`` after ``max_poll_errors`` failed polls in a row (or at once for
-401/403/404); ``{"status": "timeout", "job_id", "job"}`` once ``end_time`` has passed.
-"""
+through ``LLMBatchHook.aget_job``; its events: ``ended``, ``error`` and ``timeout``."""
 
 from __future__ import annotations
 
@@ -51,11 +46,8 @@ class BatchJobTrigger(BaseTrigger):
             try:
                 job = await hook.aget_job(self.job_id)
                 errors = 0
-            except LLMBatchApiError as exc:
-                if exc.status in (401, 403, 404):  # not transient: the job is gone or not ours
-                    yield TriggerEvent({"status": "error", "job_id": self.job_id, "message": str(exc)})
-                    return
-                errors += 1
+            except LLMBatchApiError as exc:  # 401, 403, 404 are not transient: the job is gone or not ours
+                errors = self.max_poll_errors if exc.status in (401, 403, 404) else errors + 1
                 message = str(exc)
             except Exception as exc:  # network and the like: retried
                 errors += 1

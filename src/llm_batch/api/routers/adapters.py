@@ -1,10 +1,5 @@
-"""An owner's own LoRA adapters: ``/v1/adapters`` (upload, list, get, delete).
-
-An upload is an archive of a peft adapter's two files, admitted only if it fits its base model,
-which must be prepared where the API runs; its files then live under the work area, its record
-in the job store, and its bytes count in the owner's stored bytes. Nobody else sees or can name
-it: another owner's adapter is as unknown as a made-up name.
-"""
+"""An owner's own LoRA adapters: ``/v1/adapters`` (upload, list, get, delete). Nobody else sees or
+can name one: another owner's adapter is as unknown as a made-up name."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """``GET /batch/metrics``: Prometheus' text format (names and labels: docs/metrics.md).
 
-A scrape reads its figures then, from the job store and Airflow's metadata DB, so every process
-and replica answers the same for the same moment; only the API's own request counts and latencies
-are counted where they happen (per process: with several workers set ``PROMETHEUS_MULTIPROC_DIR``).
-Store sums are gauges, not counters: a deleted job takes its share with it.
-"""
+Figures are read at scrape time from the job store and Airflow's metadata DB, so every replica
+answers the same; store sums are gauges, not counters: a deleted job takes its share with it."""
 
 from __future__ import annotations
 

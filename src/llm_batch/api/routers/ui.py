@@ -1,11 +1,6 @@
-"""The "Batch jobs" page of Airflow's UI (an ``external_views`` entry, docs/ui.md): the page from
-``ui/static`` and the JSON routes it reads with the Airflow user's session cookie.
-
-Writes never ride on the cookie (auth.py): ``GET /ui/api/session`` hands the page a short-lived
-JWT of the same user (only a same-origin script can read that answer), sent in ``Authorization``.
-The first lines of a job's files are parsed here from whichever dialect's shape they hold, and the
-page writes every value as text.
-"""
+"""The "Batch jobs" page of Airflow's UI (an ``external_views`` entry, docs/ui.md) and the JSON
+routes it reads with the Airflow user's session cookie. Writes never ride on the cookie
+(auth.py): ``GET /ui/api/session`` hands the page a short-lived JWT of the same user."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Engines for the job store (SQLite or PostgreSQL) and its migrations.
-
-SQLite as a concurrent store: the driver's own transaction handling is off so that our BEGIN
-is real; write transactions start with ``BEGIN IMMEDIATE`` (they wait for the write lock up
-to the busy timeout instead of failing on a lock upgrade), reads with ``BEGIN``; WAL lets
-readers run beside the writer.
-"""
+"""Engines for the job store (SQLite or PostgreSQL) and its migrations. SQLite's write transactions
+start with ``BEGIN IMMEDIATE`` (they wait for the write lock up to the busy timeout instead of
+failing on a lock upgrade); WAL lets readers run beside the writer."""
 
 from __future__ import annotations
 

@@ -29,16 +29,9 @@ class HealthRepository(Repository):
 
         Not the pool: a pooled connection can keep working on a store no new connection can
         open (a SQLite ``-wal`` file replaced by garbage), and every process opens new ones.
-        SQLite is opened ``mode=rw`` (a missing file is an error, never a new empty store) and
-        takes the write lock (the database, ``-wal`` and ``-shm`` writable); PostgreSQL gets
-        statement and lock timeouts. Then read the schema's version and one job id, and INSERT
-        an API key row, rolled back: a real table, so a read-only server or a user without
-        INSERT rights fails here; the row is inert (revoked, a hash no key has) and its id
-        unique, so concurrent checks never wait on each other.
-
-        ``open_store``: first open (and on the first call migrate) the store as any other call
-        does, so a server's first request may be a health check; False (``llm-batch status``):
-        the probe only, which never creates or migrates a store.
+        The write is a real table's row, rolled back, so a read-only server or a user without
+        INSERT rights fails; the row is inert and its id unique, so concurrent checks never wait.
+        ``open_store`` False (``llm-batch status``): the probe only, never creating or migrating a store.
         """
         step, probe = "open", None
         try:

@@ -1,10 +1,5 @@
 """Idempotency keys: retry-safe creates (the ``idempotency_keys`` table, used by
-``llm_batch.api.idempotency``).
-
-A request with an ``Idempotency-Key`` reserves it (owner, key); of concurrent callers the
-first wins, the others see it pending or, once completed, get its stored response. A
-reservation whose request never finished is taken over after its lease.
-"""
+``llm_batch.api.idempotency``). A reservation whose request never finished is taken over after its lease."""
 
 from __future__ import annotations
 

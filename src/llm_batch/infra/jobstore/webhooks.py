@@ -1,11 +1,8 @@
 """Webhook endpoints, the delivery outbox and attempts.
 
 A job's end writes its outbox rows (``enqueue_job_end``) in the very transaction that moves
-the job into its terminal status, so no end is ever missed whichever path ended it.
-Deliverers (``llm_batch.infra.webhooks``) claim due rows with a lease (a compare-and-set, so
-two never hold one row), send, and record each attempt; a killed deliverer's lease expires
-and its rows are claimed again.
-"""
+the job into its terminal status, so no end is ever missed whichever path ended it; deliverers
+claim due rows with a lease, so two never hold one row and a killed one's rows are claimed again."""
 
 from __future__ import annotations
 
