@@ -323,10 +323,9 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
                   "over one job store, run by the batch_inference DAG.")
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
-    for module in (health, files, adapters, openai_batches, mistral_jobs, scale_batch_completions, usage, jobs,
-                   results, webhooks, openai_webhooks):
-        app.include_router(module.router)
-    for router in (scale_batch_completions.v1_router, ui.router, metrics.router):
+    for router in (health.router, files.router, adapters.router, openai_batches.router, mistral_jobs.router,
+                   scale_batch_completions.router, usage.router, jobs.router, results.router, webhooks.router,
+                   openai_webhooks.router, scale_batch_completions.v1_router, ui.router, metrics.router):
         app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")
     serve_docs_offline(app)

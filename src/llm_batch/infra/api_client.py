@@ -43,7 +43,6 @@ class NoApiKey(Exception):
 
 @dataclass(frozen=True)
 class PartialRead:
-
     status: str
     complete: bool
     lines: Iterator[bytes]

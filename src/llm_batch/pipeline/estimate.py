@@ -394,7 +394,7 @@ def _estimate(store: JobStore, settings: Settings, job: Job, report: ValidationR
     if rate is not None and prompt is not None and tally.output is not None:
         seconds = round((prompt + tally.output) / rate.tokens_per_s, 1)
     ahead, unknown, wait = _work_ahead(store, settings, job)
-    slots = _pool_slots(settings)
+    slots = max(1, settings.local_shard_slots if settings.shard_runner == "local" else settings.gpu_pool_slots)
     start = end = None
     if seconds is not None:
         start = now.timestamp() + wait / slots
@@ -419,10 +419,6 @@ def _pool_of(settings: Settings, gpu_type: str | None) -> str:
     if settings.shard_runner == "local":
         return settings.local_pool
     return gpu_type if gpu_type in GPU_TYPES else GPU_TYPES[0]
-
-
-def _pool_slots(settings: Settings) -> int:
-    return max(1, settings.local_shard_slots if settings.shard_runner == "local" else settings.gpu_pool_slots)
 
 
 def _band_weight(settings: Settings, priority: int) -> int:
