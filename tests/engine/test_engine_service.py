@@ -41,7 +41,7 @@ from llm_batch.infra.progress import ShardState, read_progress  # noqa: E402
 from llm_batch.infra.results import count_results  # noqa: E402
 from llm_batch.pipeline.shard_task import ShardTask  # noqa: E402
 from llm_batch.runtime.warm_engines import MAX_REQUEST_BYTES, REQUEST_TIMEOUT_S  # noqa: E402
-from tests.engine.test_warm_engine import _assert_exactly_once, _wait_results  # noqa: E402
+from tests.engine.test_warm_engine import _assert_exactly_once, _hold, _wait_results  # noqa: E402
 from tests.engine.test_worker_process import _shard as make_shard  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.airflow]
@@ -50,9 +50,10 @@ MODEL = "tiny-random-llama"
 MODEL_CONFIG = orjson.dumps({"model": MODEL, "max_context_length": 512}).decode()
 TOKEN = "s3cret-engine-token"
 TIMEOUT_S = 240
-# A shard long enough to act on mid-way: the tiny model makes ~20k tokens/s here, and the
-# first results are published after the worker's 2 s flush.
-LONG = (800, 200)
+# A shard to act on mid-way: held after its first results (the worker's hold point, below),
+# with more requests than the engine runs at once (max_num_seqs), so the hold lands mid-shard
+# by construction, not by the machine's speed.
+LONG = (800, 16)
 
 
 class Host:
@@ -161,6 +162,7 @@ def test_cancel_stops_one_jobs_shard_and_not_the_other(host):
     from llm_batch.infra.jobstore import get_job_store
 
     (cancelled, cancelled_task), (kept, kept_task) = _job(*LONG), _job(6)
+    _hold(cancelled, 4)
     running = Attempt(cancelled_task, host.settings)
     _wait_results(cancelled, 4)
     beside = Attempt(kept_task, host.settings)
@@ -174,6 +176,7 @@ def test_cancel_stops_one_jobs_shard_and_not_the_other(host):
 @pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
 def test_host_lost_mid_shard_then_the_retry_on_a_fresh_host_gives_exactly_once(host, stop):
     layout, task = _job(*LONG)
+    _hold(layout, 8)
     first = Attempt(task, host.settings)
     _wait_results(layout, 8)
     if stop == "kill -9":

@@ -90,7 +90,9 @@ def test_mixed_adapters_and_base_in_one_shard(llm_batch_home, tiny_model_dir, ti
 def test_smollm2_adapters_answer_apart_from_the_base_and_alike_each_time(smollm2_model_dir):
     """Two random adapters of SmolLM2 (a real 135M model) on one engine, as the worker starts
     it: each adapter's greedy answers differ from the base's on every prompt, and a second
-    pass (other order, other neighbours in the batch) gives every line the same answer."""
+    pass (other order, other neighbours in the batch) gives every line the same answer. Six
+    tokens an answer: the adapters' answers part from the base's at the first token, and each
+    decode step of this engine takes about a second here."""
     from llm_batch.core.config import Settings
     from llm_batch.infra.adapters import ResolvedAdapter, prepare_adapter
     from llm_batch.infra.model_resolution import ResolvedModel
@@ -109,7 +111,7 @@ def test_smollm2_adapters_answer_apart_from_the_base_and_alike_each_time(smollm2
         def run(order: list[int]) -> dict[int, tuple[str, str]]:
             runner = EngineRunner(llm, Endpoint.CHAT_COMPLETIONS, base.name, adapters=adapters)
             requests = [BatchRequest(index=i, custom_id=f"c{i}", adapter=lines[i][0], body={
-                "messages": [{"role": "user", "content": lines[i][1]}], "max_tokens": 12, "temperature": 0})
+                "messages": [{"role": "user", "content": lines[i][1]}], "max_tokens": 6, "temperature": 0})
                 for i in order]
             got: dict[int, tuple[str, str]] = {}
 
@@ -143,6 +145,7 @@ def test_kill_9_mid_shard_of_mixed_adapters_then_rerun_gives_each_line_once(llm_
     import time
 
     from llm_batch.infra.results import count_results
+    from tests.engine.test_worker_process import hold
 
     lines = [(None if i % 4 == 0 else f"tiny-lora-{'abc'[i % 4 - 1]}", PROMPTS[i % 3]) for i in range(40)]
     layout = _shard(llm_batch_home, lines)
@@ -151,7 +154,9 @@ def test_kill_9_mid_shard_of_mixed_adapters_then_rerun_gives_each_line_once(llm_
            "--model-config", '{"model": "tiny-random-llama", "max_context_length": 256}', "--flush-every-records", "2"]
     results = layout.shard(0).results
     env = {**os.environ, "LLM_BATCH_ENGINE_IN_PROCESS": "true"}
-    # window 1: one request in the engine at a time, so the kill lands mid-shard.
+    # The first attempt holds after 6 results (the worker's hold point), one request in the
+    # engine at a time (window 1): the kill lands mid-shard by construction.
+    hold(layout, 6)
     proc = subprocess.Popen([*cmd, "--window", "1"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

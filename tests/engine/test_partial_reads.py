@@ -2,11 +2,12 @@
 
 A job of 60 chat lines (4 refused at validation) planned on SeaweedFS; its shard's worker
 (``llm-batch worker``, tiny model, engine in process) is read from continuously, killed
-with -9 mid-shard, read from again, and rerun to the end while reads go on (several shards
-interleaving: tests/unit/test_partial_results.py). Every read's lines are checked as they come:
-input order stops at the first unfinished line, no line changes between reads. At the end
-the merge's output and error files hold each of the 60 lines once, and every line any read
-showed is there unchanged: the final files are what partial reads showed plus the rest.
+with -9 mid-shard (held there by the worker's hold point), read from again, and rerun to the
+end while reads go on (several shards interleaving: tests/unit/test_partial_results.py).
+Every read's lines are checked as they come: input order stops at the first unfinished
+line, no line changes between reads. At the end the merge's output and error files hold
+each of the 60 lines once, and every line any read showed is there unchanged: the final
+files are what partial reads showed plus the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from llm_batch.infra.results import count_results
 from llm_batch.pipeline.merge import merge_job
 from llm_batch.pipeline.partial import PartialOrder, partial_entries
 from llm_batch.pipeline.sharding import plan_shards
+from tests.engine.test_worker_process import hold
 
 pytestmark = [pytest.mark.engine, pytest.mark.s3]
 
@@ -86,6 +88,7 @@ class Reader(threading.Thread):
                     line = entry.get("output") or entry["error"]
                     assert self.shown.setdefault(line["id"], line) == line, f"line {entry['line']} changed"
                 self.reads += 1
+                self.stop.wait(0.05)  # a breath between reads: the worker shares the 2 cores
         except BaseException as exc:  # handed to the test thread
             self.failure = exc
 
@@ -97,6 +100,7 @@ def test_partial_reads_through_kill_9_equal_the_final_files(s3_bucket, tiny_mode
     reader = Reader(layout)
     reader.start()
     results = layout.shard(0).results
+    hold(layout, 9)  # the first attempt holds after 9 results: the kill lands mid-shard by construction
     proc = _worker(layout, 0, "--window", "1", "--flush-every-records", "3")
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -108,7 +112,10 @@ def test_partial_reads_through_kill_9_equal_the_final_files(s3_bucket, tiny_mode
         proc.wait()
     killed_at, reads_before = count_results(results), reader.reads
     assert 9 <= killed_at < plans[0].count
-    time.sleep(1.0)  # reads of the killed shard's checkpoint
+    deadline = time.monotonic() + 60
+    while reader.reads < reads_before + 2:  # a whole read of the killed shard's checkpoint
+        assert reader.is_alive() and time.monotonic() < deadline, reader.failure
+        time.sleep(0.05)
 
     assert _worker(layout, 0, "--flush-every-records", "3").wait(timeout=START_TIMEOUT_S) == exit_codes.DONE
     reader.stop.set()

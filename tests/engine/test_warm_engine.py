@@ -2,8 +2,9 @@
 one engine in turn, a second task waiting for the busy engine, cancel, a task that goes
 away, kill -9 of the host mid-shard (exactly one result per request after the retry), a
 request that is not a shard, idle engines of another configuration stopped to make room,
-and the idle exit; with two seats, two jobs' shards at once: cancel of one, a retry beside
-its abandoned attempt, kill -9 mid both.
+and the idle exit. The engines of two seats have their own module (test_warm_seats.py): a
+host of another configuration stops this one's idle host before it loads, so the two kinds
+of tests interleaved in one module (pytest-randomly's order) would restart hosts often.
 
 The hosts are real ``llm-batch engine-host`` processes with the real engine, started the
 way the local runner starts them (``start_shard``).
@@ -90,24 +91,6 @@ def _assert_exactly_once(layout: JobLayout, total: int) -> None:
     assert all(r.status_code == 200 for r in records)
 
 
-def test_shards_of_two_jobs_run_in_turn_on_one_engine(settings):
-    stop_hosts(settings.home)  # the first shard starts the engine, whatever ran before
-    first, second = _shard(12), _shard(5)
-    shard, lines = _run(settings, first)
-    assert shard.wait(TIMEOUT_S) == exit_codes.DONE
-    again, later_lines = _run(settings, second)
-    assert again.wait(TIMEOUT_S) == exit_codes.DONE
-    assert again.pid == shard.pid, "the second job's shard went to another process"
-    assert any("already loaded" in line for line in later_lines), later_lines[-5:]
-    assert not any("already loaded" in line for line in lines)
-    # Each task's lines name its own job, as a dedicated worker's do.
-    assert any(f"[job {second.job_id}]" in line for line in later_lines), later_lines[-5:]
-    assert not any(f"[job {first.job_id}]" in line for line in later_lines)
-    _assert_exactly_once(first, 12)
-    _assert_exactly_once(second, 5)
-    assert read_progress(second.shard(0).progress).state == ShardState.DONE
-
-
 def test_a_task_that_comes_while_the_engine_is_busy_waits_then_gets_it(settings):
     # The Celery shape runs two tasks per worker for its one engine: the second waits.
     first, second = _shard(10, max_tokens=16), _shard(3)
@@ -160,7 +143,12 @@ def test_a_task_that_goes_away_stops_its_shard_and_the_retry_resumes(settings):
     assert read_progress(layout.shard(0).progress).resumed >= stopped_at >= 8
 
 
-def test_kill_9_of_the_warm_engine_mid_shard_then_retry_gives_exactly_once(settings):
+def test_kill_9_of_the_warm_engine_mid_shard_then_retry_gives_exactly_once_and_the_next_job_runs_in_turn(settings):
+    """Kill -9 of the host mid-shard: the retry starts a new engine and gives exactly one result
+    per request. Then shards of two jobs in turn on that one engine: the next job's shard goes
+    to the retry's process, which has its engine loaded (the retry, its first shard, loaded
+    it), and each task's lines name its own job. (One test: both need a host started afresh,
+    the costly part; the kill makes one whatever ran before.)"""
     layout = _shard(30, max_tokens=16)
     _hold(layout, 8)
     shard, _ = _run(settings, layout, *SLOW)
@@ -175,6 +163,18 @@ def test_kill_9_of_the_warm_engine_mid_shard_then_retry_gives_exactly_once(setti
     _assert_exactly_once(layout, 30)
     final = read_progress(layout.shard(0).progress)
     assert final.done == final.total == 30 and final.resumed >= killed_at
+
+    second = _shard(5)
+    again, later_lines = _run(settings, second)
+    assert again.wait(TIMEOUT_S) == exit_codes.DONE
+    assert again.pid == retry.pid, "the second job's shard went to another process"
+    assert any("already loaded" in line for line in later_lines), later_lines[-5:]
+    assert not any("already loaded" in line for line in lines)
+    # Each task's lines name its own job, as a dedicated worker's do.
+    assert any(f"[job {second.job_id}]" in line for line in later_lines), later_lines[-5:]
+    assert not any(f"[job {layout.job_id}]" in line for line in later_lines)
+    _assert_exactly_once(second, 5)
+    assert read_progress(second.shard(0).progress).state == ShardState.DONE
 
 
 def test_not_a_shard_is_refused_and_the_host_keeps_serving(settings):
@@ -221,79 +221,6 @@ def _ended(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-# -- seats: shards at once on one engine ----------------------------------------------------------
-
-SEATED_CONFIG = {**MODEL_CONFIG, "seed": 11}  # an engine of its own, started with two seats
-
-
-@pytest.fixture()
-def seated(settings):
-    return settings.model_copy(update={"warm_engine_seats": 2})
-
-
-def test_two_seats_run_two_jobs_shards_at_once_on_one_engine(seated):
-    long, short = _shard(20, max_tokens=16), _shard(4)
-    _hold(long, 2)  # still running when the short one ends, by construction
-    running, _ = _run(seated, long, *SLOW, model_config=SEATED_CONFIG)
-    _wait_results(long, 2, running)
-    beside, lines = _run(seated, short, model_config=SEATED_CONFIG)
-    assert beside.wait(TIMEOUT_S) == exit_codes.DONE
-    assert running.poll() is None, "the second shard waited for the first instead of running beside it"
-    assert beside.pid == running.pid and any("seat 1" in line for line in lines), lines[:3]
-    _release(long)
-    assert running.wait(TIMEOUT_S) == exit_codes.DONE
-    _assert_exactly_once(long, 20)
-    _assert_exactly_once(short, 4)
-    # Each task's log holds its own shard's lines, not the other's.
-    assert any("done: 4/4 done" in line for line in lines), lines
-    assert not any("/20 done" in line for line in lines), lines
-
-
-def test_cancel_of_one_job_stops_its_shard_and_not_the_one_beside_it(seated):
-    cancelled, other = _shard(30, max_tokens=16), _shard(10, max_tokens=16)
-    _hold(cancelled, 4)
-    shards = [_run(seated, layout, *SLOW, model_config=SEATED_CONFIG)[0] for layout in (cancelled, other)]
-    _wait_results(cancelled, 4, shards[0])
-    marker = Path(cancelled.cancel_marker)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_bytes(b"")
-    assert [shard.wait(TIMEOUT_S) for shard in shards] == [exit_codes.CANCELLED, exit_codes.DONE]
-    assert shards[0].pid == shards[1].pid
-    assert 4 <= count_results(cancelled.shard(0).results) < 30
-    _assert_exactly_once(other, 10)
-
-
-def test_a_retry_waits_for_its_abandoned_attempt_on_a_seated_engine(seated):
-    layout = _shard(30, max_tokens=16)
-    _hold(layout, 8)
-    shard, _ = _run(seated, layout, *SLOW, model_config=SEATED_CONFIG)
-    _wait_results(layout, 8, shard)
-    shard.detach()
-    shard.wait(TIMEOUT_S)
-    # At once, on the other seat, while the abandoned attempt may still be stopping: the host
-    # runs the retry after it, so no result is written twice.
-    retry, _ = _run(seated, layout, model_config=SEATED_CONFIG)
-    assert retry.wait(TIMEOUT_S) == exit_codes.DONE and retry.pid == shard.pid
-    _assert_exactly_once(layout, 30)
-
-
-def test_kill_9_of_a_seated_engine_mid_two_shards_then_retries_give_exactly_once(seated):
-    first, second = _shard(30, max_tokens=16), _shard(30, max_tokens=16)
-    for layout in (first, second):
-        _hold(layout, 4)
-    shards = [_run(seated, layout, *SLOW, model_config=SEATED_CONFIG)[0] for layout in (first, second)]
-    for layout, shard in zip((first, second), shards):
-        _wait_results(layout, 4, shard)
-    assert shards[0].pid == shards[1].pid
-    os.killpg(shards[0].pid, signal.SIGKILL)
-    assert [shard.wait(30) for shard in shards] == [HOST_GONE, HOST_GONE]
-    retries = [_run(seated, layout, model_config=SEATED_CONFIG)[0] for layout in (first, second)]
-    assert [retry.wait(TIMEOUT_S) for retry in retries] == [exit_codes.DONE, exit_codes.DONE]
-    assert retries[0].pid == retries[1].pid != shards[0].pid
-    for layout in (first, second):
-        _assert_exactly_once(layout, 30)
 
 
 def _prompt_shard(home, prompt: str) -> JobLayout:
