@@ -43,10 +43,11 @@ SLOW = ("--window", "1", "--flush-every-records", "4")
 
 @pytest.fixture(scope="module")
 def settings(tiny_model_dir, llm_batch_home):
-    # One slot, one seat: every shard of these tests goes to the same host, one at a time,
-    # unless it has died (the seat tests below ask for two).
+    # One slot, one seat, one configuration warm at a time (the default): every shard of these
+    # tests goes to the same host, one at a time, unless it has died or another configuration
+    # made it leave.
     yield get_settings().model_copy(update={"local_pool_slots": 1, "warm_engine_seats": 1,
-                                            "warm_engine_idle_seconds": 600})
+                                            "warm_engine_configs": 1, "warm_engine_idle_seconds": 600})
     stop_hosts(llm_batch_home)
 
 
