@@ -354,16 +354,20 @@ class CeleryStack(Stack):
         return pid
 
     def prepare_model(self, name: str) -> None:
-        """``llm-batch models prepare NAME`` in every worker's own model cache (as an image would ship it)."""
+        """``llm-batch models prepare NAME`` in every worker's own model cache (as an image would
+        ship it), the workers' at once (each its own cache: nothing shared)."""
+        running = {}
         for n in range(1, self.workers + 1):
             log = self.worker_home(n) / "models-prepare.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as out:
-                done = subprocess.run([sys.executable, "-m", "llm_batch.cli.main", "models", "prepare", name],
-                                      env=self.worker_env(n), stdout=out, stderr=subprocess.STDOUT,
-                                      cwd=self.worker_home(n))
-            if done.returncode:
-                raise StackError(f"models prepare {name} failed for {self.worker_name(n)}; see {log}")
+                running[n] = (log, subprocess.Popen(
+                    [sys.executable, "-m", "llm_batch.cli.main", "models", "prepare", name],
+                    env=self.worker_env(n), stdout=out, stderr=subprocess.STDOUT, cwd=self.worker_home(n)))
+        failed = [n for n, (_, proc) in running.items() if proc.wait()]
+        if failed:
+            raise StackError(f"models prepare {name} failed for "
+                             + ", ".join(f"{self.worker_name(n)} (see {running[n][0]})" for n in failed))
 
 
 def _descendants(root: int) -> list[int]:
