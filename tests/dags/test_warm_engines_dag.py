@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 
+import psutil
 import pytest
 
 from llm_batch.core.config import get_settings
@@ -47,7 +48,16 @@ def warm(llm_batch_home):
 
 
 def _host_pids(engines) -> set[int]:
-    return {int(f.read_text()) for f in engines.glob("*.pid")}
+    """The live hosts of the home's pid files (a killed host leaves its file behind when no
+    new host takes its slot; a zombie is dead)."""
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return {pid for f in engines.glob("*.pid") if alive(pid := int(f.read_text()))}
 
 
 def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_model_dir, llm_batch_home, warm):
