@@ -204,8 +204,13 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     # Airflow's dark mode, as its theme switch stores it (next-themes: localStorage "theme"),
     # then back to light while the page is open: the frame follows both.
     def frame_colours() -> tuple[str, str]:
-        return tuple(_frame(page).evaluate("() => [getComputedStyle(document.body).backgroundColor, "
-                                           "document.documentElement.className]"))
+        from playwright.sync_api import Error as PageError
+
+        try:  # ("", "") while the reloaded frame has no body yet, or is being replaced
+            return tuple(_frame(page).evaluate("() => document.body ? [getComputedStyle(document.body)"
+                                               ".backgroundColor, document.documentElement.className] : ['', '']"))
+        except PageError:
+            return ("", "")
     page.evaluate("localStorage.setItem('theme', 'dark')")
     page.reload(wait_until="domcontentloaded")
     wait_until("the frame to go dark", lambda: frame_colours() == ("rgb(26, 32, 44)", "dark"), 60, poll=0.5)
