@@ -21,6 +21,10 @@ os.environ["LLM_BATCH_ENFORCE_EAGER"] = "1"
 # and the real stack of the e2e tests checks (tests/e2e/conftest.py drops this for it).
 os.environ["LLM_BATCH_CHECK_MODELS_AT_SUBMIT"] = "false"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The suite runs several engines and servers on 2 cores: an OpenMP thread that finished its
+# part sleeps at once instead of spinning for the next (libgomp's default), which would take
+# the core from another process's work.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The result cache is off for the suite: many tests send the same greedy requests in job
 # after job of one owner and assert the engine ran them (kills mid-shard, engine seconds,
 # warm engines). The cache's own tests turn it on (tests/*/test_result_cache*.py).
