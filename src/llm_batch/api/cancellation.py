@@ -1,6 +1,7 @@
-"""Reading a job the caller may see, and cancelling one: the store's flag (a queued job ends
-at once), the workers' cancel marker, its shard tasks that have not started skipped. Cancel is idempotent; a job that ended
-otherwise is left as it ended (a 409 naming its status for dialects whose answer is the job)."""
+"""Reading a job the caller may see, and cancelling one: the store's flag (a queued job ends at
+once), the workers' cancel marker, its shard tasks that have not started skipped. Cancel is
+idempotent; a job that ended otherwise is left as it ended (a 409 naming its status for
+dialects whose answer is the job)."""
 
 from __future__ import annotations
 
