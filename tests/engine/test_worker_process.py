@@ -95,7 +95,8 @@ def test_kill_9_then_rerun_gives_exactly_one_result_per_request(llm_batch_home, 
             p = _progress(layout)
             if p is not None and p.state == ShardState.RUNNING:
                 seen_done.append(p.done)
-            return count_results(results) >= 8
+            # Held, the worker flushes the results and then the progress: the kill waits for both.
+            return count_results(results) >= 8 and p is not None and p.done >= 8
 
         _wait_for(progressed, START_TIMEOUT_S, proc)
     finally:
