@@ -31,6 +31,10 @@ if $quick; then
   # No engine, no server, no checkpoint build (tests/conftest.py also sets the markers from
   # the fixtures a test uses).
   lane+=(-m "not (engine or s3 or postgres or e2e or sdk or models)")
+  # Every test of these folders starts one: not even collected (each process would import them).
+  lane+=(--ignore=tests/engine --ignore=tests/e2e --ignore=tests/sdk --ignore=tests/shape)
+  # Property tests draw a third of their examples here, all of them in the whole suite (tests/fuzzing.py).
+  export LLM_BATCH_TEST_LANE=quick
 else
   # The SDK clients' own venvs (tests/sdk, tests/e2e/test_newest_clients.py), installed with
   # the rest rather than inside a test; up to date in ~0.1 s.

@@ -23,6 +23,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from llm_batch.core import strict_json
+from tests.fuzzing import examples
 
 pytestmark = pytest.mark.airflow
 
@@ -209,7 +210,7 @@ def test_hostile_input_on_every_write_route(batch_api, arena, creds, api_store, 
     seen: dict[tuple[str, str], int] = {}
     statuses: set[int] = set()
 
-    @hsettings(max_examples=600, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @hsettings(max_examples=examples(600), deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def attack(data):
         method, template = data.draw(st.sampled_from(routes))

@@ -40,12 +40,13 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.api.conftest import chat_lines
+from tests.fuzzing import examples
 
 pytestmark = pytest.mark.airflow
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]
-EXAMPLES = 8  # per operation and generation mode (about 50 operations)
+EXAMPLES = examples(8)  # per operation and generation mode (about 50 operations)
 MODEL = "tiny-random-llama"
 OWNERS = ("carol", "dave")  # of this test alone: what it makes stays out of other tests' way
 # Idempotency-Keys: a small pool, so a key is used again (with another body, on another

@@ -8,6 +8,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
+from tests.fuzzing import examples
+
 pytestmark = pytest.mark.airflow
 
 
@@ -35,7 +37,7 @@ def test_no_server_errors(batch_openapi, creds, live_server):
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=examples(20), deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def no_5xx(case):
             response = case.call_and_validate(
                 base_url=f"{live_server}/batch", headers=creds.key("alice"), checks=[not_a_server_error]

@@ -13,6 +13,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tests.api.conftest import chat_lines
+from tests.fuzzing import examples
 
 pytestmark = pytest.mark.airflow
 
@@ -75,7 +76,7 @@ def _hit_reason(store, job_id: str, needle: str) -> bool:
             or needle in (job.input.path or "").lower() or any(needle in f.filename.lower() for f in files if f))
 
 
-@hsettings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@hsettings(max_examples=examples(150), deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(text=st.text(min_size=1, max_size=60))
 def test_any_search_text_is_answered_literally_never_5xx(client, creds, api_store, text):
     response = client.get("/v1/jobs", headers=creds.key("alice"), params={"q": text, "limit": 1000})

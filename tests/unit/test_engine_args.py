@@ -20,6 +20,7 @@ from llm_batch.core.engine_args import JOB_ENGINE_ARGS, QUANTIZATION_METHODS, RE
 from llm_batch.core.model_config import InvalidModelConfig, validate_model_config
 from llm_batch.infra.model_registry import load_registry
 from llm_batch.infra.model_resolution import job_engine_args
+from tests.fuzzing import examples
 
 MODEL = "tiny-random-llama"
 
@@ -104,7 +105,7 @@ def every_name(vllm_engine_args) -> list[str]:
     return sorted(vllm_engine_args)
 
 
-@hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hsettings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_whatever_a_job_sends_only_allowed_plain_values_reach_the_engine(every_name, data):
     names = st.sampled_from(every_name) | st.text(max_size=12)

@@ -13,6 +13,7 @@ from llm_batch.core.records import ResultRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsError, ResultsWriter, count_results, list_parts, part_uri, read_results
 from llm_batch.infra.streams import iter_lines
+from tests.fuzzing import examples
 from tests.unit.data_plane_fixtures import new_layout
 
 
@@ -114,7 +115,7 @@ def test_a_corrupt_line_names_its_part_and_line(results_uri):
 # -- streams.iter_lines: what every reader of results, shards and errors goes through ------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.binary(max_size=300).map(lambda b: b.replace(b"\r", b"\n")),
        chunk=st.integers(1, 40))
 def test_iter_lines_gives_every_line_whatever_the_chunk_size(data: bytes, chunk: int) -> None:

@@ -19,6 +19,7 @@ from llm_batch.core.schemas import (
     fast_check_for,
     prompt_chars,
 )
+from tests.fuzzing import examples
 
 CHAT, COMPLETIONS, EMBEDDINGS = Endpoint.CHAT_COMPLETIONS, Endpoint.COMPLETIONS, Endpoint.EMBEDDINGS
 USER = [{"role": "user", "content": "Hello"}]
@@ -161,7 +162,7 @@ messages = st.lists(st.fixed_dictionaries(
      "content": st.one_of(st.text(max_size=5), st.none(), st.integers())}), max_size=3)
 fields = st.dictionaries(st.sampled_from(FAST_FIELDS + ["min_tokens", "logprobs", "stream"]),
                          values, max_size=4)
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(messages=messages, fields=fields, prompt=st.one_of(st.text(max_size=3), values))
 def test_fast_path_never_accepts_what_the_model_refuses(messages, fields, prompt) -> None:
     for endpoint, body in ((CHAT, {"messages": messages, **fields}),

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llm_batch.core import strict_json
+from tests.fuzzing import examples
 from tests.unit.test_validation import chat_line, run
 
 
@@ -73,7 +74,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1
                      max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_json)
 def test_whatever_strict_json_admits_orjson_writes_and_reads_back(value):
     text = orjson.dumps(value)
@@ -103,7 +104,7 @@ _any_json = st.recursive(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(_any_json)
 def test_the_fast_check_of_text_agrees_with_the_full_check_of_what_python_parses(value):
     """check() parses with orjson and walks only what orjson cannot have refused; problem()

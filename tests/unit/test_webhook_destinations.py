@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from llm_batch.core.config import Settings
 from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination, refusal
+from tests.fuzzing import examples
 
 DEFAULTS = Settings(webhook_allowed_hosts=[], webhook_allow_public=True)
 NON_GLOBAL_V4 = ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
@@ -101,7 +102,7 @@ def url(host: str) -> st.SearchStrategy[str]:
     ).map(lambda t: f"{t[0]}://{t[1]}{host}{t[2]}{t[3]}")
 
 
-@settings(max_examples=1500, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(target=hosts.flatmap(url))
 @pytest.mark.parametrize("resolve", [unresolvable, numeric])
 def test_no_spelling_of_a_non_global_address_is_accepted(resolve, target):
@@ -110,7 +111,7 @@ def test_no_spelling_of_a_non_global_address_is_accepted(resolve, target):
     assert target[:60] in str(refused.value)
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=examples(300), deadline=None, database=None)
 @given(data=st.data())
 def test_spellings_of_a_global_address_are_that_address(data):
     ip = data.draw(in_network("0.0.0.0/0").filter(lambda a: refusal(a) is None))
