@@ -28,9 +28,9 @@ from llm_batch.core.model_config import ModelError, job_model_config, validate_m
 from llm_batch.core.placement import multi_node_refusal, priority_band
 from llm_batch.core.run_conf import RunConf
 from llm_batch.infra import input_files, storage, user_paths
-from llm_batch.infra.model_cache import check_local_checkpoint
+from llm_batch.infra.model_cache import check_local_checkpoint, local_tokenizer_dir
 from llm_batch.infra.model_registry import ModelNotPrepared, Registry, load_registry
-from llm_batch.infra.model_resolution import submission_problems
+from llm_batch.infra.model_resolution import check_model_config, submission_problems
 
 if TYPE_CHECKING:
     from llm_batch.infra.jobstore import Adapters, JobStore
@@ -93,25 +93,36 @@ def one_input(given: dict[str, Any], param: str | None = None) -> str:
 
 
 def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore, settings: Settings, *,
-          job_id: str | None = None, words: Mapping[str, str] | None = None) -> JobRequest:
+          job_id: str | None = None, words: Mapping[str, str] | None = None,
+          resources: dict[str, Any] | None = None) -> JobRequest:
     """The job `principal` asks for, as the store creates it, or Refused naming the first
-    problem. `words`: the way in's names of fields, where they differ, for a refusal's param."""
+    problem. `words`: the way in's names of fields, where they differ, for a refusal's param.
+    `resources`: as the caller gave them (no gpus: the parallel sizes are not checked against
+    them); None: the spec's."""
     words = words or {}
+    if resources is None:
+        resources = {"gpus": spec.gpus, "gpu_type": spec.gpu_type, "nodes_per_worker": spec.nodes_per_worker}
     check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(given.requests or []))
     endpoint = check_endpoint(spec.endpoint)
     try:
         model_config = job_model_config({**spec.engine_config, "model": spec.model})
     except ModelError as exc:
-        fields = getattr(exc, "fields", ())
-        param = f"model_config.{fields[0]}" if fields else "model_config"
-        raise Refused(400, str(exc), param=param, code="invalid_model_config") from None
-    check_model(spec.model, model_config, settings, words.get("model", "model"), endpoint, principal, store)
+        raise _model_config_refusal(exc) from None
+    runs_on = check_model(spec.model, model_config, settings, words.get("model", "model"), endpoint, principal, store)
+    if tokenizer := model_config.get("tokenizer"):
+        model_config["tokenizer"] = _check_tokenizer(tokenizer, settings, principal)
+    try:
+        # An owner's own adapter is checked as its base (the registry has its entry).
+        check_model_config(validate_model_config({**model_config, "model": runs_on}), model_registry(settings),
+                           gpus=resources.get("gpus"), nodes=resources.get("nodes_per_worker"))
+    except ModelError as exc:
+        raise _model_config_refusal(exc) from None
     weight = priority_weight(settings, spec.priority)
     if (refusal := multi_node_refusal(spec.nodes_per_worker, settings.shard_runner)) is not None:
         raise Refused(400, refusal, param="nodes_per_worker", code="unsupported_resources")
     if given.file_ids:
         check_input_files(store, principal, given.file_ids, words.get("input_file_ids", "input_file_ids"))
-    input_uri, output_uri = check_paths(store, settings, principal, given.uri, spec.output_uri, spec.labels)
+    input_uri, output_uri = check_paths(store, settings, principal, given.uri, spec.output_uri, spec.labels, words)
     return JobRequest(
         id=job_id,
         endpoint=endpoint,
@@ -125,9 +136,15 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
         priority=weight,
         priority_name=None if spec.priority is None else priority_band(settings, spec.priority),
         data_parallelism=spec.data_parallelism,
-        resources={"gpus": spec.gpus, "gpu_type": spec.gpu_type, "nodes_per_worker": spec.nodes_per_worker},
+        resources=resources,
         max_runtime_sec=spec.max_runtime_sec or settings.default_max_runtime_sec,
     )
+
+
+def _model_config_refusal(exc: ModelError) -> Refused:
+    fields = getattr(exc, "fields", ())
+    param = "gpus" if fields[:1] == ("gpus",) else f"model_config.{fields[0]}" if fields else "model_config"
+    return Refused(400, str(exc), param=param, code="invalid_model_config")
 
 
 def admit_run(conf: Mapping[str, Any], owner: str, trusted: bool, store: JobStore, settings: Settings, *,
@@ -251,6 +268,18 @@ def _check_checkpoint(checkpoint: str, settings: Settings, principal: Principal 
         raise Refused(400, f"{param}: {exc}", param=param, code="invalid_checkpoint") from None
 
 
+def _check_tokenizer(tokenizer: str, settings: Settings, principal: Principal) -> str:
+    """model_config.tokenizer under checkpoint_path's rules, canonical."""
+    param = "model_config.tokenizer"
+    if tokenizer.startswith("/"):
+        tokenizer = check_user_path(tokenizer, param, settings, principal)
+    try:
+        local_tokenizer_dir(tokenizer, settings)
+    except ModelError as exc:
+        raise Refused(400, f"{param}: {exc}", param=param, code="invalid_tokenizer") from None
+    return tokenizer
+
+
 def check_user_path(uri: str, param: str, settings: Settings, principal: Principal) -> str:
     """A path the principal names, canonical, or 400 naming the rule it breaks."""
     try:
@@ -315,18 +344,20 @@ def check_input_files(store: JobStore, principal: Principal, file_ids: list[str]
 
 
 def check_paths(store: JobStore, settings: Settings, principal: Principal, input_uri: str | None,
-                output_uri: str | None, labels: dict[str, Any]) -> tuple[str | None, str | None]:
-    """A job's input_uri and output_uri, canonical and checked."""
-    canonical_input = check_user_path(input_uri, "input_uri", settings, principal) if input_uri else None
+                output_uri: str | None, labels: dict[str, Any],
+                words: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """A job's input_uri and output_uri, canonical and checked (`words`: as in ``admit``)."""
+    input_param, output_param = ((words or {}).get(name, name) for name in ("input_uri", "output_uri"))
+    canonical_input = check_user_path(input_uri, input_param, settings, principal) if input_uri else None
     if canonical_input is not None:
-        check_input_readable(canonical_input, input_uri, "input_uri", settings, principal)
+        check_input_readable(canonical_input, input_uri, input_param, settings, principal)
     if output_uri is None:
         return canonical_input, None
-    canonical_output = check_user_path(output_uri, "output_uri", settings, principal)
+    canonical_output = check_user_path(output_uri, output_param, settings, principal)
     if canonical_output == canonical_input:
-        raise Refused(400, "output_uri is the input_uri: the results would overwrite the requests",
-                      param="output_uri", code="invalid_output")
-    check_output_target(store, principal, canonical_output, labels, param="output_uri")
+        raise Refused(400, f"{output_param} is the {input_param}: the results would overwrite the requests",
+                      param=output_param, code="invalid_output")
+    check_output_target(store, principal, canonical_output, labels, param=output_param)
     return canonical_input, canonical_output
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,7 +10,7 @@ import orjson
 from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body
 
-from llm_batch.api.auth import Caller, CallerDep
+from llm_batch.api.auth import CallerDep
 from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.dag_trigger import reprioritize_waiting_tasks
 from llm_batch.api.errors import ApiError
@@ -31,23 +32,11 @@ from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput, OutputFormat
-from llm_batch.core.job_request import JobRequest
+from llm_batch.core.job_spec import JobOptions, JobSpec
 from llm_batch.core.jobs import JobStatus
-from llm_batch.core.model_config import ModelError, job_model_config, validate_model_config
-from llm_batch.core.placement import multi_node_refusal
 from llm_batch.infra import storage, user_paths
-from llm_batch.infra.jobstore import Adapters, Job
-from llm_batch.infra.model_cache import local_tokenizer_dir
-from llm_batch.infra.model_resolution import check_model_config
-from llm_batch.pipeline.admission import (
-    check_model,
-    check_output_target,
-    check_owner_limits,
-    check_user_path,
-    model_registry,
-    path_unavailable,
-    priority_weight,
-)
+from llm_batch.infra.jobstore import Job
+from llm_batch.pipeline.admission import admit, check_user_path, parse_spec, path_unavailable, priority_weight
 
 router = APIRouter(prefix="/v2/batch-completions", tags=["scale"], route_class=IdempotentRoute)
 # Scale's client (llmengine Completion.batch_create) still posts v1; same job, v1 answer.
@@ -120,49 +109,6 @@ def _check_output_path(output_uri: str, input_uri: str | None) -> None:
         raise refuse(f"lies below {str(existing)!r}, which is a file, not a directory")
 
 
-def _stored_model_config(body: CreateBatchCompletionsRequest) -> dict[str, Any]:
-    """The model_config as the job stores it, or a 400 naming the field."""
-    try:
-        return job_model_config(body.model_config_.model_dump())
-    except ModelError as exc:
-        raise _model_config_error(exc) from None
-
-
-def _check_model(body: CreateBatchCompletionsRequest, model_config: dict[str, Any], endpoint: str,
-                 settings: Settings, caller: Caller, store: Adapters) -> dict[str, Any]:
-    """The model and its config checked (also against the job's gpus, and the tokenizer path);
-    the model_config to store."""
-    runs_on = check_model(model_config["model"], model_config, settings, param="model_config.model",
-                          endpoint=endpoint, principal=caller, store=store)
-    if tokenizer := model_config.get("tokenizer"):
-        model_config = {**model_config, "tokenizer": _check_tokenizer(tokenizer, settings, caller)}
-    try:
-        # An owner's own adapter is checked as its base (the registry has its entry).
-        check_model_config(validate_model_config({**model_config, "model": runs_on}), model_registry(settings),
-                           gpus=body.gpus, nodes=body.nodes_per_worker)
-    except ModelError as exc:
-        raise _model_config_error(exc) from None
-    return model_config
-
-
-def _check_tokenizer(tokenizer: str, settings: Settings, caller: Caller) -> str:
-    """model_config.tokenizer under checkpoint_path's rules."""
-    param = "model_config.tokenizer"
-    if tokenizer.startswith("/"):
-        tokenizer = check_user_path(tokenizer, param, settings, caller)
-    try:
-        local_tokenizer_dir(tokenizer, settings)
-    except ModelError as exc:
-        raise ApiError(400, f"{param}: {exc}", param=param, code="invalid_tokenizer") from None
-    return tokenizer
-
-
-def _model_config_error(exc: ModelError) -> ApiError:
-    fields = getattr(exc, "fields", ())
-    param = "gpus" if fields[:1] == ("gpus",) else f"model_config.{fields[0]}" if fields else "model_config"
-    return ApiError(400, str(exc), param=param, code="invalid_model_config")
-
-
 def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
     return BatchCompletionsJob.of(job, priority_name(settings, job.priority))
 
@@ -176,52 +122,42 @@ def create_batch_completions(body: Annotated[CreateBatchCompletionsRequest, Body
         raise ApiError(400, "tool_config is not supported: this system runs no tools", param="tool_config")
     if (body.input_data_path is None) == (body.content is None):
         raise ApiError(400, "give exactly one of input_data_path or content", param="input_data_path")
-    if (refusal := multi_node_refusal(body.nodes_per_worker, settings.shard_runner)) is not None:
-        raise ApiError(400, refusal, param="nodes_per_worker")
-    model_config = _stored_model_config(body)
-    labels = {**(body.model_config_.labels or {}), **body.labels}
-    inline_count = len(body.content.prompts if isinstance(body.content, V1Content) else body.content or [])
-    check_owner_limits(store, settings, caller, new_jobs=1, new_requests=inline_count)
+    if body.content == []:
+        raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
+    v1 = isinstance(body.content, V1Content)
     output_uri = check_user_path(body.output_data_path, "output_data_path", settings, caller)
-    weight = priority_weight(settings, body.priority)
     if body.input_data_path is not None:
         input_uri = check_user_path(body.input_data_path, "input_data_path", settings, caller)
         _check_output_path(output_uri, input_uri)
         endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller.name, settings)
-        job_input = JobInput(uri=input_uri, path=body.input_data_path, output_format=OutputFormat.JSON_ARRAY)
-        check_output_target(store, caller, output_uri, labels)
-        model_config = _check_model(body, model_config, endpoint, settings, caller, store)
+        given = JobInput(uri=body.input_data_path, path=body.input_data_path)
     else:
-        if body.content == []:
-            raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
         _check_output_path(output_uri, None)
         endpoint = _endpoint_of_content(body.content)
-        input_format = InputFormat.SCALE_V1 if isinstance(body.content, V1Content) else InputFormat.SCALE_V2
-        # Checked before the inline file is written: a refused job leaves nothing behind.
-        model_config = _check_model(body, model_config, endpoint, settings, caller, store)
-        check_output_target(store, caller, output_uri, labels)
-        content = body.content.model_dump() if isinstance(body.content, V1Content) else body.content
-        job_input = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")],
-                                         "inline-content.json", output_format=OutputFormat.JSON_ARRAY)
+        input_format = InputFormat.SCALE_V1 if v1 else InputFormat.SCALE_V2
+        # The requests the content stands for, as the owner's limits count them.
+        given = JobInput(requests=[{"prompt": p} for p in body.content.prompts] if v1 else body.content)
+    spec = parse_spec(JobSpec, {
+        "model": body.model_config_.model, "model_config": body.model_config_.model_dump(), "endpoint": endpoint,
+        "input_format": input_format, "output_uri": body.output_data_path, "output_format": OutputFormat.JSON_ARRAY,
+        "labels": {**(body.model_config_.labels or {}), **body.labels}, "priority": body.priority,
+        "data_parallelism": body.data_parallelism, "max_runtime_sec": body.max_runtime_sec,
+        "gpu_type": body.gpu_type, "nodes_per_worker": body.nodes_per_worker or 1,
+    })
     resources = body.model_dump(include={"gpus", "gpu_type", "nodes_per_worker", "cpus", "memory", "storage"},
                                 exclude_none=True)
-    request = JobRequest(
-        dialect="scale",
-        endpoint=endpoint,
-        model=body.model_config_.model,
-        input=job_input,
-        input_format=input_format,
-        model_config=model_config,
-        output_uri=output_uri,
-        labels=labels,
-        priority=weight,
-        priority_name=body.priority,
-        data_parallelism=body.data_parallelism,
-        resources=resources,
-        max_runtime_sec=body.max_runtime_sec,
-    )
-    job = submit(store, caller.name, request, trigger)
+    request = admit(spec, given, caller, store, settings, words=_WORDS, resources=resources)
+    if body.content is not None:  # saved once admitted: a refused job leaves nothing behind
+        content = body.content.model_dump() if v1 else body.content
+        saved = save_inline_requests(store, settings, caller.name, [inline_json(content, "content")],
+                                     "inline-content.json", **dict(request.input.part(JobOptions)))
+        request = dataclasses.replace(request, input=saved)
+    job = submit(store, caller.name, dataclasses.replace(request, dialect="scale"), trigger)
     return _job_out(settings, job)
+
+
+# Scale's names of the job's fields, for admission's refusals.
+_WORDS = {"model": "model_config.model", "input_uri": "input_data_path", "output_uri": "output_data_path"}
 
 
 @v1_router.post("", response_model=CreateBatchCompletionsV1Response, summary="Create a job (Scale v1 client)")
