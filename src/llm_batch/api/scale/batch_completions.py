@@ -45,15 +45,12 @@ v1_router = APIRouter(prefix="/v1/llm/batch-completions", tags=["scale"], route_
 _SNIFF_BYTES = 64 * 1024
 
 
-def priority_name(settings: Settings, weight: int) -> str | None:
-    names = [name for name, w in settings.priority_weights.items() if w == weight]
-    return names[0] if names else (str(weight) if weight else None)
-
-
-def _endpoint_of_content(content: list[dict[str, Any]] | V1Content) -> str:
-    if isinstance(content, V1Content) or not content:
-        return Endpoint.COMPLETIONS.value
-    return Endpoint.CHAT_COMPLETIONS.value if "messages" in content[0] else Endpoint.COMPLETIONS.value
+def _content_kind(content: list[dict[str, Any]] | V1Content) -> tuple[str, str]:
+    """(endpoint, input format) of inline content: chat when its first request has messages."""
+    if isinstance(content, V1Content):
+        return Endpoint.COMPLETIONS.value, InputFormat.SCALE_V1
+    chat = "messages" in content[0]
+    return (Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value), InputFormat.SCALE_V2
 
 
 def _sniff_file(uri: str, given: str, owner: str, settings: Settings) -> tuple[str, str]:
@@ -110,7 +107,8 @@ def _check_output_path(output_uri: str, input_uri: str | None) -> None:
 
 
 def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
-    return BatchCompletionsJob.of(job, priority_name(settings, job.priority))
+    names = [name for name, weight in settings.priority_weights.items() if weight == job.priority]
+    return BatchCompletionsJob.of(job, names[0] if names else (str(job.priority) if job.priority else None))
 
 
 @router.post("", response_model=BatchCompletionsJob, summary="Create a batch completions job")
@@ -133,8 +131,7 @@ def create_batch_completions(body: Annotated[CreateBatchCompletionsRequest, Body
         given = JobInput(uri=body.input_data_path, path=body.input_data_path)
     else:
         _check_output_path(output_uri, None)
-        endpoint = _endpoint_of_content(body.content)
-        input_format = InputFormat.SCALE_V1 if v1 else InputFormat.SCALE_V2
+        endpoint, input_format = _content_kind(body.content)
         # The requests the content stands for, as the owner's limits count them.
         given = JobInput(requests=[{"prompt": p} for p in body.content.prompts] if v1 else body.content)
     spec = parse_spec(JobSpec, {

@@ -71,6 +71,9 @@ class V1Content(BaseModel):
     )
 
 
+_RECORDED = "Accepted and recorded with the job, not applied: the deployment sizes the workers"
+
+
 class CreateBatchCompletionsRequest(BaseModel):
     """Create a batch completions job (Scale's ``CreateBatchCompletionsV2Request``, also the v1
     route's): exactly one of ``input_data_path`` and ``content``. Unknown fields are ignored."""
@@ -130,9 +133,7 @@ class CreateBatchCompletionsRequest(BaseModel):
     tool_config: dict[str, Any] | None = Field(
         default=None, description="Not supported: this system runs no tools; anything but null is 400"
     )
-    cpus: int | str | None = Field(
-        default=None, description="Accepted and recorded with the job, not applied: the deployment sizes the workers"
-    )
+    cpus: int | str | None = Field(default=None, description=_RECORDED)
     gpus: int | None = Field(
         default=None,
         ge=1,
@@ -140,17 +141,13 @@ class CreateBatchCompletionsRequest(BaseModel):
         description="GPUs per worker (1-8; Kubernetes runner): with a parallel size set, tensor_parallel_size x "
         "pipeline_parallel_size must equal it (400). Null: 1",
     )
-    memory: str | None = Field(
-        default=None, description="Accepted and recorded with the job, not applied: the deployment sizes the workers"
-    )
+    memory: str | None = Field(default=None, description=_RECORDED)
     gpu_type: GpuType | None = Field(
         default=None,
         description="GPU node type of the workers (Kubernetes runner): picks the node pool and the Airflow pool; "
         "null: no node selector",
     )
-    storage: str | None = Field(
-        default=None, description="Accepted and recorded with the job, not applied: the deployment sizes the workers"
-    )
+    storage: str | None = Field(default=None, description=_RECORDED)
     nodes_per_worker: int | None = Field(
         default=None,
         ge=1,
