@@ -24,6 +24,8 @@ BAD_SPECS = [
     ({"output_check": {}}, ["--output-check", "{}"], "give at least one of response_format, json_schema and regex"),
     ({"data_parallelism": 65}, ["--shards", "65"], "data_parallelism=65 is out of bounds: give 1 to 64"),
     ({"priority": "urgent"}, ["--priority", "urgent"], "priority 'urgent' is unknown; use one of: high, low, normal"),
+    # A rule Scale's route alone had before the one admission: the tokenizer under the path rules.
+    ({"model_config": {"tokenizer": "/etc"}}, ["--model-config", '{"tokenizer": "/etc"}'], "model_config.tokenizer: "),
 ]
 
 

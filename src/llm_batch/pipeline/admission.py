@@ -97,9 +97,10 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
           resources: dict[str, Any] | None = None) -> JobRequest:
     """The job `principal` asks for, as the store creates it, or Refused naming the first
     problem. `words`: the way in's names of fields, where they differ, for a refusal's param.
-    `resources`: as the caller gave them (no gpus: the parallel sizes are not checked against
-    them); None: the spec's."""
+    `resources`: as the caller named them (Scale's); the model's parallel sizes are checked
+    against named GPUs only (None: the spec's, whose default of one GPU says nothing)."""
     words = words or {}
+    named = resources or {}
     if resources is None:
         resources = {"gpus": spec.gpus, "gpu_type": spec.gpu_type, "nodes_per_worker": spec.nodes_per_worker}
     check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(given.requests or []))
@@ -114,7 +115,7 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
     try:
         # An owner's own adapter is checked as its base (the registry has its entry).
         check_model_config(validate_model_config({**model_config, "model": runs_on}), model_registry(settings),
-                           gpus=resources.get("gpus"), nodes=resources.get("nodes_per_worker"))
+                           gpus=named.get("gpus"), nodes=named.get("nodes_per_worker"))
     except ModelError as exc:
         raise _model_config_refusal(exc) from None
     weight = priority_weight(settings, spec.priority)
