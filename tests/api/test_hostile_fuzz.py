@@ -23,7 +23,6 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from llm_batch.core import strict_json
-from tests.fuzzing import examples
 
 pytestmark = pytest.mark.airflow
 
@@ -210,7 +209,8 @@ def test_hostile_input_on_every_write_route(batch_api, arena, creds, api_store, 
     seen: dict[tuple[str, str], int] = {}
     statuses: set[int] = set()
 
-    @hsettings(max_examples=examples(600), deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    # All 600 in every lane: the test asserts every route was attacked (~40 routes drawn at random).
+    @hsettings(max_examples=600, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def attack(data):
         method, template = data.draw(st.sampled_from(routes))
