@@ -171,6 +171,7 @@ print(json.dumps({"job_id": job.job_id, "status": job.status.value, "max_model_l
 """
 
 
+@pytest.mark.sdk  # a client release in its own venv (scripts/sdk_venvs.sh): not in the quick lane
 def test_the_real_b45_client_creates_a_v2_batch(live_server, creds, api_store):
     python = _b45_python()
     env = {**os.environ, "LLM_ENGINE_BASE_PATH": f"{live_server}/batch/", "SCALE_API_KEY": creds.keys["alice"],

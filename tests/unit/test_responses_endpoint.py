@@ -246,6 +246,7 @@ print(openai.__version__)
 """
 
 
+@pytest.mark.sdk  # a client release in its own venv (scripts/sdk_venvs.sh): not in the quick lane
 def test_the_newest_openai_sdk_parses_the_response():
     from tests.sdk.conftest import newest, venv_python
 
