@@ -342,13 +342,22 @@ def test_scale_output_below_a_file_is_refused(client, creds, scale_paths):
     assert response.status_code == 400 and "which is a file" in response.json()["detail"]
 
 
+def test_every_dialect_refuses_an_output_that_is_a_directory(client, creds, scale_paths):
+    """Scale's rule was Scale's alone: a native job naming a folder failed after all its inference."""
+    response = client.post("/v1/jobs", headers=creds.key("alice"), json={
+        "requests": [{"body": {"prompt": "x"}}], "endpoint": "/v1/completions", "model": "tiny-random-llama",
+        "output_uri": str(scale_paths)})
+    assert response.status_code == 400, response.text
+    assert response.json()["param"] == "output_uri" and "is a directory" in response.json()["message"]
+
+
 def test_scale_output_that_names_a_bucket_is_refused():
-    from llm_batch.api.scale.batch_completions import _check_output_path
+    from llm_batch.pipeline.admission import check_output_object
 
     for uri in ("s3://bucket", "s3://bucket/", "s3://bucket/folder/"):
         with pytest.raises(Exception, match="names a bucket or folder"):
-            _check_output_path(uri, None)
-    _check_output_path("s3://bucket/out.json", None)  # an object: fine
+            check_output_object(uri, "output_data_path")
+    check_output_object("s3://bucket/out.json", "output_data_path")  # an object: fine
 
 
 def test_openai_batch_on_a_file_with_leading_blank_lines(client, creds):

@@ -239,7 +239,7 @@ def validate_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelCo
     return config
 
 
-def job_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
+def job_model_config(model_config: dict[str, Any] | ModelConfig) -> dict[str, Any]:
     """A job's model_config as stored: validated, nulls and client defaults dropped."""
     config = validate_model_config(model_config)
     return {"model": config.model, **set_fields(config)}

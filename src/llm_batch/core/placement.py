@@ -31,6 +31,11 @@ def priority_band(settings: Settings, priority: str | int | None) -> str:
     return below[-1] if below else names[0]
 
 
+def priority_name(settings: Settings, weight: int) -> str | None:
+    """The band a stored weight is (None: no priority, or a weight no band has)."""
+    return next((name for name, w in settings.priority_weights.items() if w == weight and weight), None)
+
+
 def multi_node_refusal(nodes_per_worker: int | None, shard_runner: str) -> str | None:
     """Why ``shard_runner`` cannot run a worker of ``nodes_per_worker`` nodes, or None."""
     if nodes_per_worker in (None, 1) or shard_runner != "local":

@@ -24,7 +24,7 @@ from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.job_spec import JobOptions, JobSpec, spec_problem
 from llm_batch.core.jobs import JobRejected, Refused
-from llm_batch.core.model_config import ModelError, job_model_config, validate_model_config
+from llm_batch.core.model_config import ModelConfig, ModelError, job_model_config, validate_model_config
 from llm_batch.core.placement import multi_node_refusal, priority_band
 from llm_batch.core.run_conf import RunConf
 from llm_batch.infra import input_files, storage, user_paths
@@ -105,16 +105,13 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
         resources = {"gpus": spec.gpus, "gpu_type": spec.gpu_type, "nodes_per_worker": spec.nodes_per_worker}
     check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(given.requests or []))
     endpoint = check_endpoint(spec.endpoint)
-    try:
-        model_config = job_model_config({**spec.engine_config, "model": spec.model})
-    except ModelError as exc:
-        raise _model_config_refusal(exc) from None
-    runs_on = check_model(spec.model, model_config, settings, words.get("model", "model"), endpoint, principal, store)
-    if tokenizer := model_config.get("tokenizer"):
-        model_config["tokenizer"] = _check_tokenizer(tokenizer, settings, principal)
+    config = parse_model_config({**spec.engine_config, "model": spec.model})
+    runs_on = check_model(spec.model, config, settings, words.get("model", "model"), endpoint, principal, store)
+    if config.tokenizer:
+        config = config.model_copy(update={"tokenizer": _check_tokenizer(config.tokenizer, settings, principal)})
     try:
         # An owner's own adapter is checked as its base (the registry has its entry).
-        check_model_config(validate_model_config({**model_config, "model": runs_on}), model_registry(settings),
+        check_model_config(config.model_copy(update={"model": runs_on}), model_registry(settings),
                            gpus=named.get("gpus"), nodes=named.get("nodes_per_worker"))
     except ModelError as exc:
         raise _model_config_refusal(exc) from None
@@ -130,7 +127,7 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
         model=spec.model,
         input=given.model_copy(update={"uri": input_uri, **dict(spec.part(JobOptions))}),
         input_format=spec.input_format,
-        model_config=model_config,
+        model_config=job_model_config(config),
         output_uri=output_uri,
         metadata=spec.metadata,
         labels=spec.labels,
@@ -140,6 +137,14 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
         resources=resources,
         max_runtime_sec=spec.max_runtime_sec or settings.default_max_runtime_sec,
     )
+
+
+def parse_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelConfig:
+    """The typed model_config (once per way in), or Refused naming its first bad field."""
+    try:
+        return validate_model_config(model_config)
+    except ModelError as exc:
+        raise _model_config_refusal(exc) from None
 
 
 def _model_config_refusal(exc: ModelError) -> Refused:
@@ -187,7 +192,7 @@ def model_registry(settings: Settings) -> Registry:
 
 def check_model(
     model: str | None,
-    model_config: dict[str, Any],
+    model_config: dict[str, Any] | ModelConfig,
     settings: Settings,
     param: str = "model",
     endpoint: str | None = None,
@@ -200,18 +205,16 @@ def check_model(
     not in the first shard. Returns the model the job runs on (an adapter's base)."""
     if not model:
         raise Refused(400, "a model is required", param=param, code="missing_model")
-    try:
-        validate_model_config({**model_config, "model": model})
-    except ModelError as exc:
-        raise Refused(400, str(exc), param="model_config", code="invalid_model_config") from None
-    if checkpoint := model_config.get("checkpoint_path"):
+    given = model_config if isinstance(model_config, ModelConfig) else {**model_config, "model": model}
+    config = parse_model_config(given)
+    if checkpoint := config.checkpoint_path:
         _check_checkpoint(str(checkpoint), settings, principal)
         # The task of a checkpoint outside the registry is known only when it loads; an
         # endpoint that needs a registry feature (a FIM template) needs a registered name.
         if endpoint in _FEATURE_ENDPOINTS:
             spec = model_registry(settings).models.get(model)
             _check_serves(endpoint, model, spec.task if spec else "generate", spec.features if spec else [], param)
-        check_engine_would_start(model, model_config, settings, param)
+        check_engine_would_start(config, settings, param)
         return model
     registry = model_registry(settings)
     try:
@@ -227,15 +230,14 @@ def check_model(
         model, spec = own.base, registry.models[own.base]
     if endpoint in SUPPORTED_ENDPOINTS:
         _check_serves(endpoint, model, spec.task, spec.features, param)
-    check_engine_would_start(model, model_config, settings, param)
+    check_engine_would_start(config.model_copy(update={"model": model}), settings, param)
     return model
 
 
-def check_engine_would_start(model: str, model_config: dict[str, Any], settings: Settings, param: str = "model") -> None:
+def check_engine_would_start(config: ModelConfig, settings: Settings, param: str = "model") -> None:
     """A 400 now for what the engine would refuse later (where the server sees the model cache)."""
     if not settings.check_models_at_submit:
         return
-    config = validate_model_config({**model_config, "model": model})
     try:
         problems = submission_problems(config, model_registry(settings), settings)
     except ModelNotPrepared as exc:
@@ -291,11 +293,12 @@ def check_user_path(uri: str, param: str, settings: Settings, principal: Princip
         raise path_unavailable(param, exc) from None
 
 
-def check_input_readable(uri: str, given: str, param: str, settings: Settings, principal: Principal) -> None:
-    """An input file must be readable now, not only when its run validates it."""
+def check_input_readable(uri: str, given: str, param: str, settings: Settings, principal: Principal,
+                         head: int = 1) -> bytes:
+    """An input file must be readable now, not only when its run validates it: its first `head` bytes."""
     try:
         with storage.open_read(uri) as stream:
-            stream.read(1)
+            return stream.read(head)
     except storage.ObjectNotFound:
         raise path_unavailable(param, user_paths.unavailable(given, principal.name, settings)) from None
     except (storage.StorageError, OSError) as exc:
@@ -358,8 +361,27 @@ def check_paths(store: JobStore, settings: Settings, principal: Principal, input
     if canonical_output == canonical_input:
         raise Refused(400, f"{output_param} is the {input_param}: the results would overwrite the requests",
                       param=output_param, code="invalid_output")
+    check_output_object(canonical_output, output_param)
     check_output_target(store, principal, canonical_output, labels, param=output_param)
     return canonical_input, canonical_output
+
+
+def check_output_object(output_uri: str, param: str) -> None:
+    """The output must name an object the job can write at its end, not a bucket or a folder."""
+    def refuse(why: str) -> Refused:
+        return Refused(400, f"{param} {output_uri!r} {why}", param=param, code="invalid_output")
+
+    if storage.is_s3(output_uri):
+        key = output_uri[5:].partition("/")[2]
+        if not key or key.endswith("/"):
+            raise refuse("names a bucket or folder, not an object: name the file to write")
+        return
+    path = Path(output_uri)
+    if path.is_dir():
+        raise refuse("is a directory; name the file to write")
+    existing = next(parent for parent in path.parents if parent.exists())
+    if not existing.is_dir():
+        raise refuse(f"lies below {str(existing)!r}, which is a file, not a directory")
 
 
 # Per-owner limits (0: none; admins are not held to them): name -> (usage measure, its words)

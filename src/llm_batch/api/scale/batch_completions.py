@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
 from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body
 
-from llm_batch.api.auth import CallerDep
+from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.dag_trigger import reprioritize_waiting_tasks
 from llm_batch.api.errors import ApiError
@@ -34,9 +33,9 @@ from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput, OutputFormat
 from llm_batch.core.job_spec import JobOptions, JobSpec
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra import storage, user_paths
+from llm_batch.core.placement import priority_name
 from llm_batch.infra.jobstore import Job
-from llm_batch.pipeline.admission import admit, check_user_path, parse_spec, path_unavailable, priority_weight
+from llm_batch.pipeline.admission import admit, check_input_readable, check_user_path, parse_spec, priority_weight
 
 router = APIRouter(prefix="/v2/batch-completions", tags=["scale"], route_class=IdempotentRoute)
 # Scale's client (llmengine Completion.batch_create) still posts v1; same job, v1 answer.
@@ -53,17 +52,11 @@ def _content_kind(content: list[dict[str, Any]] | V1Content) -> tuple[str, str]:
     return (Endpoint.CHAT_COMPLETIONS.value if chat else Endpoint.COMPLETIONS.value), InputFormat.SCALE_V2
 
 
-def _sniff_file(uri: str, given: str, owner: str, settings: Settings) -> tuple[str, str]:
+def _sniff_file(uri: str, given: str, caller: Caller, settings: Settings) -> tuple[str, str]:
     """(endpoint, input format) of a Scale input file, from its first 64 KiB (an array:
     scale-v2, an object: scale-v1); what cannot be either is refused now."""
     param = "input_data_path"
-    try:
-        with storage.open_read(uri) as stream:
-            head = stream.read(_SNIFF_BYTES + 1)
-    except storage.ObjectNotFound:  # the same answer as a path hidden from the caller
-        raise path_unavailable(param, user_paths.unavailable(given, owner, settings)) from None
-    except storage.StorageError as exc:
-        raise ApiError(400, f"input_data_path: {exc}", param=param, code="input_unreadable") from None
+    head = check_input_readable(uri, given, param, settings, caller, head=_SNIFF_BYTES + 1)
     start = head.lstrip()[:1]
     if not start:
         raise ApiError(400, f"input_data_path {uri!r} is empty", param=param, code="invalid_input")
@@ -86,29 +79,9 @@ def _sniff_file(uri: str, given: str, owner: str, settings: Settings) -> tuple[s
 _EXPECTED_INPUT = "expected a JSON array of completion or chat requests, or a {\"prompts\": [...]} object"
 
 
-def _check_output_path(output_uri: str, input_uri: str | None) -> None:
-    """The output must name an object the job can write at its end."""
-    def refuse(why: str) -> ApiError:
-        return ApiError(400, f"output_data_path {output_uri!r} {why}", param="output_data_path", code="invalid_output")
-
-    if output_uri == input_uri:
-        raise refuse("is the input_data_path: the results would overwrite the requests")
-    if storage.is_s3(output_uri):
-        key = output_uri[5:].partition("/")[2]
-        if not key or key.endswith("/"):
-            raise refuse("names a bucket or folder, not an object: name the JSON file to write")
-        return
-    path = Path(output_uri)
-    if path.is_dir():
-        raise refuse("is a directory; name the JSON file to write")
-    existing = next(parent for parent in path.parents if parent.exists())
-    if not existing.is_dir():
-        raise refuse(f"lies below {str(existing)!r}, which is a file, not a directory")
-
-
 def _job_out(settings: Settings, job: Job) -> BatchCompletionsJob:
-    names = [name for name, weight in settings.priority_weights.items() if weight == job.priority]
-    return BatchCompletionsJob.of(job, names[0] if names else (str(job.priority) if job.priority else None))
+    name = priority_name(settings, job.priority) or (str(job.priority) if job.priority else None)
+    return BatchCompletionsJob.of(job, name)
 
 
 @router.post("", response_model=BatchCompletionsJob, summary="Create a batch completions job")
@@ -123,14 +96,11 @@ def create_batch_completions(body: Annotated[CreateBatchCompletionsRequest, Body
     if body.content == []:
         raise ApiError(400, "content holds no requests (an empty list)", param="content", code="invalid_input")
     v1 = isinstance(body.content, V1Content)
-    output_uri = check_user_path(body.output_data_path, "output_data_path", settings, caller)
     if body.input_data_path is not None:
         input_uri = check_user_path(body.input_data_path, "input_data_path", settings, caller)
-        _check_output_path(output_uri, input_uri)
-        endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller.name, settings)
+        endpoint, input_format = _sniff_file(input_uri, body.input_data_path, caller, settings)
         given = JobInput(uri=body.input_data_path, path=body.input_data_path)
     else:
-        _check_output_path(output_uri, None)
         endpoint, input_format = _content_kind(body.content)
         # The requests the content stands for, as the owner's limits count them.
         given = JobInput(requests=[{"prompt": p} for p in body.content.prompts] if v1 else body.content)
