@@ -24,6 +24,9 @@ BAD_SPECS = [
     ({"output_check": {}}, ["--output-check", "{}"], "give at least one of response_format, json_schema and regex"),
     ({"data_parallelism": 65}, ["--shards", "65"], "data_parallelism=65 is out of bounds: give 1 to 64"),
     ({"priority": "urgent"}, ["--priority", "urgent"], "priority 'urgent' is unknown; use one of: high, low, normal"),
+    # Labels are bounded in the spec, not in each dialect's model (a form run took any number).
+    ({"labels": {f"k{i}": "v" for i in range(65)}}, [f for i in range(65) for f in ("--label", f"k{i}=v")],
+     "at most 64 pairs are allowed, got 65"),
     # A rule Scale's route alone had before the one admission: the tokenizer under the path rules.
     ({"model_config": {"tokenizer": "/etc"}}, ["--model-config", '{"tokenizer": "/etc"}'], "model_config.tokenizer: "),
 ]

@@ -12,10 +12,10 @@ import pytest
 
 from llm_batch.cli.main import main
 from llm_batch.cli.usage import parse_since
+from llm_batch.core.snapshots import UsageRow
 from llm_batch.infra import api_client as client_module
 from llm_batch.infra.api_client import BatchClient
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.jobstore.snapshots import UsageRow
 from tests.fixtures.jobstore import store_url_of
 
 CHAT = "/v1/chat/completions"

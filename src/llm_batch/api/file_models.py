@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from llm_batch.infra.jobstore import FileObject
+from llm_batch.core.snapshots import FileObject
 
 # Mistral's sample_type per file kind; OpenAI's purpose for a job's results.
 _SAMPLE_TYPES = {"input": "batch_request", "output": "batch_result", "error": "batch_error"}

@@ -23,28 +23,8 @@ DAG_ID = BATCH_DAG_ID
 
 # Limits the API enforces before anything reaches the store or storage.
 MAX_JSON_BODY_BYTES = 64 * 1024**2  # inline requests (Mistral requests, Scale content)
-MAX_INLINE_REQUESTS = 100_000
 MAX_PAGE_SIZE = 1000  # Mistral page_size, Scale/our lists
 MAX_OPENAI_PAGE_SIZE = 100  # OpenAI's documented limit for list endpoints
-# Metadata / labels: OpenAI documents 16 pairs; the other dialects get more room, still bounded.
-MAX_OPENAI_METADATA_PAIRS = 16
-MAX_PAIRS = 64
-MAX_PAIR_KEY = 64
-MAX_PAIR_VALUE = 512
-
-
-def check_pairs(value: dict[str, str] | None, *, max_pairs: int = MAX_PAIRS) -> dict[str, str] | None:
-    """A pydantic validator body for metadata and labels (ValueError naming the offending pair)."""
-    if value is None:
-        return None
-    if len(value) > max_pairs:
-        raise ValueError(f"at most {max_pairs} pairs are allowed, got {len(value)}")
-    for key, item in value.items():
-        if len(key) > MAX_PAIR_KEY:
-            raise ValueError(f"key {key[:20]!r}... is longer than {MAX_PAIR_KEY} characters")
-        if len(item) > MAX_PAIR_VALUE:
-            raise ValueError(f"value of {key!r} is longer than {MAX_PAIR_VALUE} characters")
-    return value
 
 
 class Throttle:

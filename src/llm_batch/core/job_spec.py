@@ -21,6 +21,25 @@ MAX_DATA_PARALLELISM = 64
 MAX_RUNTIME_SEC = 168 * 3600
 # The options a local (CPU-only) runner has no use for: its form leaves them out.
 KUBERNETES_ONLY = ("gpus", "gpu_type", "nodes_per_worker")
+MAX_INLINE_REQUESTS = 100_000  # requests given in a create's body (Mistral's, Scale's content, ours)
+# Labels and metadata pairs (OpenAI's metadata has its own, lower count).
+MAX_PAIRS = 64
+MAX_PAIR_KEY = 64
+MAX_PAIR_VALUE = 512
+
+
+def check_pairs(value: dict[str, str] | None, *, max_pairs: int = MAX_PAIRS) -> dict[str, str] | None:
+    """A pydantic validator body for metadata and labels (ValueError naming the offending pair)."""
+    if value is None:
+        return None
+    if len(value) > max_pairs:
+        raise ValueError(f"at most {max_pairs} pairs are allowed, got {len(value)}")
+    for key, item in value.items():
+        if len(key) > MAX_PAIR_KEY:
+            raise ValueError(f"key {key[:20]!r}... is longer than {MAX_PAIR_KEY} characters")
+        if len(item) > MAX_PAIR_VALUE:
+            raise ValueError(f"value of {key!r} is longer than {MAX_PAIR_VALUE} characters")
+    return value
 
 
 def _bounded(low: int, high: int) -> Any:
@@ -147,7 +166,7 @@ class JobSpec(JobOptions):
         default=None,
         description="A priority band the server knows (by default `low`, `normal`, `high`; another is refused) or "
         "a number (the band at or below it); sets the tasks' priority and the pods' priority class. Null: normal")
-    labels: dict[str, str] = Field(
+    labels: Annotated[dict[str, str], AfterValidator(check_pairs)] = Field(
         default_factory=dict,
         description="Your key-value pairs, stored with the job (list filter `label`, usage grouping, pod labels)")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Your notes on the job, stored with it")

@@ -1,13 +1,12 @@
-"""What the store hands to callers: frozen snapshots, never live ORM objects (safe to keep
-after the transaction and to pass between threads); a snapshot's fields are its table's columns."""
+"""What the job store hands to callers: frozen snapshots, never live ORM objects (safe to keep
+after the transaction and to pass between threads); a snapshot's fields are its table's columns.
+They live in the core so the API's dialects can answer from them without the store."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-
-from sqlalchemy import Row
 
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import DIALECTS, DerivedFrom
@@ -208,8 +207,3 @@ class UsageRow:
     engine_seconds: float = 0.0
     gpu_seconds: float = 0.0
 
-
-def job_snapshot(row: Row) -> Job:
-    values = row._asdict()
-    values["status"] = JobStatus(values["status"])
-    return Job(**values)

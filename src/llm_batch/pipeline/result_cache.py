@@ -24,8 +24,8 @@ from llm_batch.infra.streams import stored_lines
 from llm_batch.pipeline.sharding import ShardPlan, read_manifest
 
 if TYPE_CHECKING:  # the DAG files import this module: the store loads only in tasks
+    from llm_batch.core.snapshots import CacheEntry
     from llm_batch.infra.jobstore import Job, JobStore
-    from llm_batch.infra.jobstore.snapshots import CacheEntry
 
 _LOOKUP_BATCH = 2000  # validated lines looked up (and their hits read) at once
 

@@ -21,9 +21,10 @@ from llm_batch.api.mistral.models import (
     CreateBatchJobRequest,
     DeleteBatchJobResponse,
 )
-from llm_batch.api.state import MAX_INLINE_REQUESTS, MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.submission import SubmittingDep, inline_items, stored_inline, submit
 from llm_batch.core.job_input import JobInput
+from llm_batch.core.job_spec import MAX_INLINE_REQUESTS
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import Job, JobStore
 from llm_batch.pipeline import housekeeping

@@ -8,11 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.api.file_models import epoch
 from llm_batch.api.inline_request import InlineRequest
-from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
-from llm_batch.core.job_spec import JobSpec
+from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, JobSpec, check_pairs
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore import Job
+from llm_batch.core.snapshots import Job
 
 _UNIX = "Unix time in seconds"
 

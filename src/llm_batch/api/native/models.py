@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from llm_batch.api.file_models import epoch
 from llm_batch.api.inline_request import InlineRequest
-from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
-from llm_batch.core.job_spec import JobSpec
-from llm_batch.infra.jobstore import Job
-from llm_batch.pipeline.estimate import Estimate
+from llm_batch.core.estimates import Estimate
+from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, JobSpec
+from llm_batch.core.snapshots import Job
 
 _UNIX = "Unix time in seconds"
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
@@ -59,7 +58,6 @@ class CreateJob(JobSpec):
         "file is created. See \"Estimates (dry run)\" in docs/api.md",
     )
 
-    _labels = field_validator("labels")(check_pairs)
 
 
 class JobCounts(BaseModel):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from llm_batch.api.auth import CallerDep
 from llm_batch.api.errors import ApiError
 from llm_batch.api.state import StoreDep
-from llm_batch.infra.jobstore.snapshots import UsageRow
+from llm_batch.core.snapshots import UsageRow
 
 UsageGrouping = Literal["owner", "model", "label"]
 

@@ -7,10 +7,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.api.file_models import ExpiresAfter, epoch
-from llm_batch.api.state import MAX_OPENAI_METADATA_PAIRS, check_pairs
 from llm_batch.core.endpoints import SUPPORTED_LISTED
+from llm_batch.core.job_spec import check_pairs
 from llm_batch.core.jobs import JobStatus
-from llm_batch.infra.jobstore import Job
+from llm_batch.core.snapshots import Job
 
 COMPLETION_WINDOW_SECONDS = {"24h": 24 * 3600}
 
@@ -28,7 +28,7 @@ _UNIX = "Unix time in seconds"
 
 def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
     """OpenAI's rule: up to 16 pairs, keys up to 64 characters, values up to 512."""
-    return check_pairs(value, max_pairs=MAX_OPENAI_METADATA_PAIRS)
+    return check_pairs(value, max_pairs=16)
 
 
 # The dialect's word for each canonical status.

@@ -6,11 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from llm_batch.api.state import MAX_INLINE_REQUESTS, check_pairs
+from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, check_pairs
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.model_config import MODEL_CONFIG_FIELDS
 from llm_batch.core.placement import GpuType
-from llm_batch.infra.jobstore import Job
+from llm_batch.core.snapshots import Job
 
 # The dialect's word for each canonical status.
 SCALE_STATUS = {

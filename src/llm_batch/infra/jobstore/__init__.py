@@ -1,6 +1,7 @@
 """The job store: jobs, files, API keys, usage, webhooks and owners' adapters in our own SQL
 database (SQLite or PostgreSQL, never Airflow's); docs/jobstore.md."""
 
+from llm_batch.core.snapshots import ApiKey, FileObject, Job, OwnerAdapter, ShardRecord
 from llm_batch.infra.jobstore.adapters import Adapters
 from llm_batch.infra.jobstore.database import upgrade_to_head
 from llm_batch.infra.jobstore.errors import (
@@ -17,7 +18,6 @@ from llm_batch.infra.jobstore.errors import (
 from llm_batch.infra.jobstore.files import Files, new_file_id
 from llm_batch.infra.jobstore.jobs import Jobs
 from llm_batch.infra.jobstore.repository import utcnow
-from llm_batch.infra.jobstore.snapshots import ApiKey, FileObject, Job, OwnerAdapter, ShardRecord
 from llm_batch.infra.jobstore.store import JobStore, get_job_store
 from llm_batch.infra.jobstore.webhooks import WebhookOutbox
 

@@ -16,10 +16,10 @@ import uuid
 from sqlalchemy import select
 
 from llm_batch.core import owners
+from llm_batch.core.snapshots import ApiKey
 from llm_batch.infra.jobstore.errors import ApiKeyNotFound
 from llm_batch.infra.jobstore.paging import matching
 from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
-from llm_batch.infra.jobstore.snapshots import ApiKey
 from llm_batch.infra.jobstore.tables import API_KEYS, ENDPOINTS, FILES, JOBS
 
 API_KEY_PREFIX = "lbk_"

@@ -16,10 +16,17 @@ from sqlalchemy import ColumnElement, Row, Text, cast, delete, func, or_, select
 from llm_batch.core.endpoints import parse_endpoint
 from llm_batch.core.job_request import DerivedFrom, JobRequest
 from llm_batch.core.jobs import JobStatus, check_transition
+from llm_batch.core.snapshots import DIALECTS, Job
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
 from llm_batch.infra.jobstore.paging import check_page, given, matching, ordering, owned, page
-from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, require_aware, require_non_negative, utcnow
-from llm_batch.infra.jobstore.snapshots import DIALECTS, Job, job_snapshot
+from llm_batch.infra.jobstore.repository import (
+    CAS_ATTEMPTS,
+    Repository,
+    job_snapshot,
+    require_aware,
+    require_non_negative,
+    utcnow,
+)
 from llm_batch.infra.jobstore.tables import FILES, HISTORY, JOBS, SHARDS
 
 # The timestamps a status sets when entered (only if unset: a repeated step never moves them).

@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, case, delete, func, insert, select, update
 
 from llm_batch.core.jobs import JobStatus
+from llm_batch.core.snapshots import Job, ShardRecord
 from llm_batch.infra.jobstore.errors import JobNotFound
 from llm_batch.infra.jobstore.paging import owned
-from llm_batch.infra.jobstore.repository import Repository, from_row, require_non_negative, upsert, utcnow
-from llm_batch.infra.jobstore.snapshots import Job, ShardRecord, job_snapshot
+from llm_batch.infra.jobstore.repository import Repository, from_row, job_snapshot, require_non_negative, upsert, utcnow
 from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
 
 HISTORY_INTERVAL_S = 5.0

@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from llm_batch.core.jobs import JobStatus
+from llm_batch.core.snapshots import Job
 from llm_batch.infra.jobstore.database import WRITE, make_engine, upgrade_to_head
 from llm_batch.infra.jobstore.errors import DuplicateId
 from llm_batch.infra.jobstore.paging import owned
@@ -25,6 +26,12 @@ CAS_ATTEMPTS = 20
 T = TypeVar("T")
 LIVE_STATUSES = [s.value for s in JobStatus if not s.terminal]
 ENDED_STATUSES = [s.value for s in JobStatus if s.terminal]
+
+
+def job_snapshot(row: Row) -> Job:
+    values = row._asdict()
+    values["status"] = JobStatus(values["status"])
+    return Job(**values)
 
 
 def utcnow() -> datetime:
