@@ -57,7 +57,6 @@ class AdapterTooLarge(AdapterRefused):
 
 @dataclass(frozen=True)
 class AdapterFacts:
-
     rank: int
     target_modules: tuple[str, ...]
     bytes: int  # of both files: what storing it costs its owner
@@ -104,14 +103,6 @@ def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
     check_adapter_data(path)
     stored = sum((path / name).stat().st_size for name in ADAPTER_FILES)
     return AdapterFacts(config["r"], tuple(config["target_modules"]), stored)
-
-
-def check_adapter_data(path: Path) -> None:
-    """The worker's check of every adapter it loads, whoever put it there: its weights' data
-    (``_check_data``; the shape checks, which need the base, are done at upload and prepare)."""
-    weights = path / ADAPTER_WEIGHTS
-    header, data_start = _safetensors_header(weights)
-    _check_data(weights, header, data_start)
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
@@ -169,11 +160,15 @@ def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
 _DTYPES = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000)}
 
 
-def _check_data(path: Path, header: dict[str, Any], data_start: int) -> None:
-    """Admitted dtypes, ranges that cover the file's data exactly, and every value finite:
-    one NaN adapter in a shared batch would reach its neighbours' rows."""
+def check_adapter_data(adapter: Path) -> None:
+    """The worker's check of every adapter it loads, whoever put it there (the shape checks,
+    which need the base, are done at upload and prepare): admitted dtypes, ranges that cover
+    the file's data exactly, and every value finite: one NaN adapter in a shared batch would
+    reach its neighbours' rows."""
     import numpy as np  # heavy
 
+    path = adapter / ADAPTER_WEIGHTS
+    header, data_start = _safetensors_header(path)
     spans = []
     for name, info in header.items():
         if not isinstance(info, dict) or not isinstance(shape := info.get("shape"), list) or len(shape) != 2 \
