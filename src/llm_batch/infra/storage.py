@@ -65,8 +65,7 @@ def open_read(uri: str, *, settings: Settings | None = None) -> AbstractContextM
 
 
 def open_write(uri: str, *, settings: Settings | None = None) -> AbstractContextManager[IO[bytes]]:
-    """A binary writer; the object is published only on clean exit (locally a temp file
-    renamed over the target, on S3 a spooled file uploaded with boto3's transfer manager)."""
+    """A binary writer; the object is published only on clean exit."""
     return _backend(uri, settings).open_write(uri)
 
 
@@ -115,8 +114,7 @@ def download_dir(prefix: str, dest: Path, *, settings: Settings | None = None) -
 
 
 def check(uri: str, *, settings: Settings | None = None) -> str:
-    """``uri`` canonical (local: absolute, symlinks resolved), or ``PathNotAllowed``; no
-    object is read."""
+    """``uri`` canonical (local: absolute, symlinks resolved), or ``PathNotAllowed``; reads nothing."""
     return _backend(uri, settings).check(uri)
 
 
@@ -354,8 +352,7 @@ def _s3_client(endpoint_url: str | None, credentials: tuple[str | None, ...], pi
 
 
 def s3_client(endpoint_url: str | None, session: Any = None) -> Any:
-    """No botocore retries, path-style on a custom endpoint; ``session`` default: a new one
-    (the standard AWS credential chain)."""
+    """``session`` default: a new one (the standard AWS credential chain)."""
     import boto3  # heavy
     from botocore.config import Config  # heavy
 
