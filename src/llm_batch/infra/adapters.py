@@ -4,8 +4,7 @@ preparing and fetching registered ones, and the names a job's lines may give (``
 An adapter is a folder of exactly peft's ``adapter_config.json`` and
 ``adapter_model.safetensors`` (never a pickle, never code), admitted only if known good
 (``check_adapter_dir``): a plain LoRA within ``max_lora_rank`` of allowed decoder linear
-layers, whose tensors fit the base model's shapes and hold only finite values.
-"""
+layers, whose tensors fit the base model's shapes and hold only finite values."""
 
 from __future__ import annotations
 
@@ -161,10 +160,9 @@ _DTYPES = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000)}
 
 
 def check_adapter_data(adapter: Path) -> None:
-    """The worker's check of every adapter it loads, whoever put it there (the shape checks,
-    which need the base, are done at upload and prepare): admitted dtypes, ranges that cover
-    the file's data exactly, and every value finite: one NaN adapter in a shared batch would
-    reach its neighbours' rows."""
+    """The worker's check of every adapter it loads (shapes, which need the base, are checked at
+    upload and prepare): admitted dtypes, data ranges that fill the file exactly, and every value
+    finite: one NaN adapter in a shared batch would reach its neighbours' rows."""
     import numpy as np  # heavy
 
     path = adapter / ADAPTER_WEIGHTS
@@ -369,8 +367,7 @@ def adapter_status(name: str, spec: AdapterSpec, settings: Settings | None = Non
 
 def prepare_adapter(name: str, *, registry: Registry | None = None, settings: Settings | None = None,
                     force: bool = False) -> Path:
-    """Build (on its base, prepared first) or fetch the registered adapter ``name`` into the
-    model cache, check it, and return its folder."""
+    """The registered adapter ``name``'s folder, built or fetched into the model cache, checked."""
     settings = settings or get_settings()
     registry = registry or load_registry(settings=settings)
     spec = registry.adapter(name)

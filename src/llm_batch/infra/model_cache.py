@@ -133,8 +133,7 @@ def model_status(name: str, spec: ModelSpec, settings: Settings | None = None) -
 
 def prepare_model(name: str, *, force: bool = False, registry: Registry | None = None,
                   settings: Settings | None = None) -> Path:
-    """Build the registered model ``name`` in the model cache with its offline recipe (left
-    alone when its marker names the same source); returns the model directory."""
+    """Build the registered model ``name`` with its offline recipe, unless built from the same source."""
     settings = settings or get_settings()
     spec = (registry or load_registry(settings=settings)).get(name)
     if spec.prepare is None:

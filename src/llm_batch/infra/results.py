@@ -99,11 +99,9 @@ def count_results(results_uri: str) -> int:
 
 
 class ResultsWriter:
-    """Appends a shard's results as parts, a part per ``flush_every_records`` records or
-    ``flush_every_s`` seconds (and at ``flush``, ``close``, leaving a ``with`` block even on
-    error). While storage fails, records stay buffered and are offered again for up to
-    ``outage_s``, then the ``StorageError`` propagates (the retry resumes after the last part).
-    """
+    """Appends a shard's results as parts, one per ``flush_every_records`` records or ``flush_every_s``
+    seconds (and at ``flush``, ``close``). While storage fails, records stay buffered and are offered
+    again for up to ``outage_s``, then the ``StorageError`` propagates (the retry resumes after the last part)."""
 
     def __init__(self, results_uri: str, *, flush_every_s: float = 2.0, flush_every_records: int = 1000,
                  outage_s: float = 300.0):

@@ -119,7 +119,6 @@ class Deliverer:
         return timedelta(seconds=max(self.settings.webhook_lease_s, self.settings.webhook_timeout_s + 10))
 
     def backoff(self, attempts_made: int) -> timedelta:
-        """Before attempt n+1: base x 2^(n-1), capped, +-10 % jitter."""
         base = self.settings.webhook_retry_base_s * 2 ** max(0, attempts_made - 1)
         delay = min(base, RETRY_MAX_DELAY_S)
         return timedelta(seconds=delay * random.uniform(0.9, 1.1))
