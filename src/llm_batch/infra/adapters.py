@@ -4,8 +4,7 @@ preparing and fetching registered ones, and the names a job's lines may give (``
 An adapter is a folder of exactly peft's ``adapter_config.json`` and
 ``adapter_model.safetensors`` (never a pickle, never code), admitted only if known good
 (``check_adapter_dir``): a plain LoRA within ``max_lora_rank`` of allowed decoder linear
-layers, whose tensors fit the base model's shapes and hold only finite values.
-"""
+layers, whose tensors fit the base model's shapes and hold only finite values."""
 
 from __future__ import annotations
 
@@ -57,7 +56,6 @@ class AdapterTooLarge(AdapterRefused):
 
 @dataclass(frozen=True)
 class AdapterFacts:
-
     rank: int
     target_modules: tuple[str, ...]
     bytes: int  # of both files: what storing it costs its owner
@@ -104,14 +102,6 @@ def check_adapter_dir(path: Path, base: Path, max_rank: int) -> AdapterFacts:
     check_adapter_data(path)
     stored = sum((path / name).stat().st_size for name in ADAPTER_FILES)
     return AdapterFacts(config["r"], tuple(config["target_modules"]), stored)
-
-
-def check_adapter_data(path: Path) -> None:
-    """The worker's check of every adapter it loads, whoever put it there: its weights' data
-    (``_check_data``; the shape checks, which need the base, are done at upload and prepare)."""
-    weights = path / ADAPTER_WEIGHTS
-    header, data_start = _safetensors_header(weights)
-    _check_data(weights, header, data_start)
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
@@ -169,11 +159,14 @@ def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
 _DTYPES = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000)}
 
 
-def _check_data(path: Path, header: dict[str, Any], data_start: int) -> None:
-    """Admitted dtypes, ranges that cover the file's data exactly, and every value finite:
-    one NaN adapter in a shared batch would reach its neighbours' rows."""
+def check_adapter_data(adapter: Path) -> None:
+    """The worker's check of every adapter it loads (shapes, which need the base, are checked at
+    upload and prepare): admitted dtypes, data ranges that fill the file exactly, and every value
+    finite: one NaN adapter in a shared batch would reach its neighbours' rows."""
     import numpy as np  # heavy
 
+    path = adapter / ADAPTER_WEIGHTS
+    header, data_start = _safetensors_header(path)
     spans = []
     for name, info in header.items():
         if not isinstance(info, dict) or not isinstance(shape := info.get("shape"), list) or len(shape) != 2 \
@@ -374,8 +367,7 @@ def adapter_status(name: str, spec: AdapterSpec, settings: Settings | None = Non
 
 def prepare_adapter(name: str, *, registry: Registry | None = None, settings: Settings | None = None,
                     force: bool = False) -> Path:
-    """Build (on its base, prepared first) or fetch the registered adapter ``name`` into the
-    model cache, check it, and return its folder."""
+    """The registered adapter ``name``'s folder, built or fetched into the model cache, checked."""
     settings = settings or get_settings()
     registry = registry or load_registry(settings=settings)
     spec = registry.adapter(name)

@@ -224,11 +224,8 @@ class BatchClient:
                 lines=(line.encode() for line in response.iter_lines() if line.strip()),
             )
 
-    # The native route (/v1/jobs), answers as the API gives them.
-
     def create_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        """A replay of an earlier create with the same key answers that job as it is now,
-        with ``"replayed": True``."""
+        """A replay of an earlier create with the same key answers that job now, ``"replayed": True``."""
         response = self._http.request("POST", "/v1/jobs", json=body, headers=_key_header(idempotency_key))
         _raise_for(response)
         if response.headers.get("Idempotent-Replayed") == "true":
@@ -253,8 +250,6 @@ class BatchClient:
         """A page ``{"data", "next_cursor", "has_more"}``, newest first."""
         return self._call("GET", "/v1/jobs", params=_given(params))
 
-    # Jobs as JobViews (the CLI's).
-
     def submit(self, path: Path, *, endpoint: str, model: str, shards: int = 1, input_format: str = "jsonl",
                max_runtime_sec: int | None = None, output_path: str | None = None,
                metadata: dict[str, str] | None = None, model_config: dict[str, Any] | None = None,
@@ -262,10 +257,8 @@ class BatchClient:
                result_cache: bool = True, priority: str | int | None = None,
                spec: dict[str, Any] | None = None) -> JobView:
         """Upload the file and create one job of it (``spec``: more JobSpec fields, sent as given).
-
-        Retry-safe: the upload and the create carry `idempotency_key`, else ``submit_key``
-        of the file's content and these arguments, so the same submit again answers the
-        same job; ``new=True`` sends no key."""
+        Retry-safe: the upload and the create carry `idempotency_key`, else ``submit_key`` of the
+        file's content and these arguments, so the same submit answers the same job; ``new=True`` sends none."""
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input format {input_format!r} is unknown; use one of {', '.join(INPUT_FORMATS)}")
         key = None if new else idempotency_key or submit_key(
@@ -301,8 +294,7 @@ class BatchClient:
         return JobView.of(self.cancel_job(job_id))
 
     def wait(self, job_id: str, *, poll: float = 2.0, timeout: float | None = None, on_update=None) -> JobView:
-        """Poll until the job is over (or `timeout` s pass: TimeoutError); ``on_update(job)``
-        is called after every poll."""
+        """Poll until the job is over (TimeoutError after `timeout` s), ``on_update(job)`` after each poll."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
@@ -339,8 +331,7 @@ class BatchClient:
 
     def estimate(self, path: Path, *, model: str, endpoint: str = "/v1/chat/completions", shards: int = 1,
                  model_config: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The dry run of submitting the JSONL file `path`: uploaded (so the server validates
-        what a job would read), estimated, and deleted again."""
+        """The dry run of submitting the JSONL file `path` (uploaded for the server to validate, then deleted)."""
         file_id = self.upload(path)
         try:
             body = _job_body(file_id, endpoint, model, shards, dry_run=True, model_config=model_config or None)
@@ -350,8 +341,7 @@ class BatchClient:
 
 
 def submit_key(path: Path, **arguments: Any) -> str:
-    """The ``Idempotency-Key`` of submitting `path` with `arguments`: the same command on
-    the same file content names the same job."""
+    """The ``Idempotency-Key`` of submitting `path` with `arguments`: one per command and file content."""
     with path.open("rb") as data:
         content = hashlib.file_digest(data, "sha256")
     given = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
@@ -367,7 +357,6 @@ def _given(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job_body(file_id: str, endpoint: str, model: str, shards: int, **optional: Any) -> dict[str, Any]:
-    """A native create naming the uploaded file; the `optional` fields that are not None."""
     return {"input_file_ids": [file_id], "endpoint": endpoint, "model": model, "data_parallelism": shards,
             **_given(optional)}
 
@@ -379,7 +368,7 @@ def send_with_retries(send: Callable[[], httpx.Response]) -> httpx.Response:
     retry = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(4), wait=tenacity.wait_exponential(multiplier=0.5, max=4),
         retry=tenacity.retry_if_exception_type(httpx.TransportError) | transient,
-        retry_error_callback=lambda state: state.outcome.result(),  # the last answer, as it was
+        retry_error_callback=lambda state: state.outcome.result(),
         reraise=True)
     return retry(send)
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 
-NO_JOB = "-"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [job %(job_id)s]: %(message)s"
-_JOB: ContextVar[str] = ContextVar("llm_batch_job_id", default=NO_JOB)
+_JOB: ContextVar[str] = ContextVar("llm_batch_job_id", default="-")
 
 
 def bind_job(job_id: str) -> None:

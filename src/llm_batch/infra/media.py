@@ -144,8 +144,7 @@ def load(endpoint: Endpoint, body: dict[str, Any], media: dict[str, Any] | None,
         raise MediaRefused("the line's file was not resolved at validation (validate the batch "
                            "through the API or the DAG, which resolve it for the job's owner)")
     if "inline" in media:
-        ref = media_ref(endpoint, body)
-        return _decoded(ref)  # type: ignore[arg-type]
+        return _decoded(media_ref(endpoint, body))  # type: ignore[arg-type]
     limit = (settings or get_settings()).max_media_bytes
     try:
         with storage.open_read(media["uri"]) as stream:

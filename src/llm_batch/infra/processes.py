@@ -16,8 +16,7 @@ def stop_group(pid: int, grace: float) -> None:
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     signal_group(pid, signal.SIGKILL)
-    # Until the group is gone (SIGKILL takes a moment to end a large process): a leftover
-    # such as a dead scheduler's log server holds the port its successor binds.
+    # SIGKILL takes a moment: a leftover (a dead scheduler's log server) holds the port its successor binds.
     deadline = time.monotonic() + 10
     while group_members(pid) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,8 +1,7 @@
 """A shard worker's live counters: ``{shard}/progress.json`` beside the results, and a log line.
 
 ``done`` and the token counts include requests finished by earlier attempts (``resumed``),
-``engine_seconds`` every attempt's engine time; ``tokens_per_s`` is this attempt's.
-"""
+``engine_seconds`` every attempt's engine time; ``tokens_per_s`` is this attempt's."""
 from __future__ import annotations
 
 import logging

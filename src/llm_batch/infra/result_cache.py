@@ -6,8 +6,7 @@ line naming a file, which may change under its name), keyed by everything that d
 LoRA on or off included (an engine with LoRA answers a greedy base line differently).
 Answers are kept in packs, one object per shard, a line ``{"key", "body"}`` per answer,
 published whole before the index names any by byte range; a read checks the key its range
-holds, so a wrong or torn range is a miss.
-"""
+holds, so a wrong or torn range is a miss."""
 from __future__ import annotations
 
 import hashlib

@@ -99,18 +99,16 @@ def count_results(results_uri: str) -> int:
 
 
 class ResultsWriter:
-    """Appends a shard's results as parts, a part per ``flush_every_records`` records or
-    ``flush_every_s`` seconds (and at ``flush``, ``close``, leaving a ``with`` block even on
-    error). While storage fails, records stay buffered and are offered again for up to
-    ``outage_s``, then the ``StorageError`` propagates (the retry resumes after the last part).
-    """
+    """Appends a shard's results as parts, one per ``flush_every_records`` records or ``flush_every_s``
+    seconds (and at ``flush``, ``close``). While storage fails, records stay buffered and are offered
+    again for up to ``outage_s``, then the ``StorageError`` propagates (the retry resumes after the last part)."""
 
-    def __init__(self, results_uri: str, done: int, last_index: int | None, *,
-                 flush_every_s: float, flush_every_records: int, outage_s: float = 300.0):
+    def __init__(self, results_uri: str, *, flush_every_s: float = 2.0, flush_every_records: int = 1000,
+                 outage_s: float = 300.0):
         self.results_uri = results_uri
-        self.done = done
-        self._published = done
-        self._last_index = last_index
+        self.done, last = _resume_point(results_uri)
+        self._published = self.done
+        self._last_index = last.index if last is not None else None
         self._flush_every_s = flush_every_s
         self._flush_every_records = flush_every_records
         self._outage_s = outage_s
@@ -120,11 +118,8 @@ class ResultsWriter:
         self._retry_at = 0.0
 
     @classmethod
-    def open(cls, results_uri: str, *, flush_every_s: float = 2.0,
-             flush_every_records: int = 1000, outage_s: float = 300.0) -> ResultsWriter:
-        done, last = _resume_point(results_uri)
-        return cls(results_uri, done, last.index if last is not None else None, flush_every_s=flush_every_s,
-                   flush_every_records=flush_every_records, outage_s=outage_s)
+    def open(cls, results_uri: str, **options: Any) -> ResultsWriter:
+        return cls(results_uri, **options)
 
     def write(self, record: ResultRecord) -> None:
         if self._last_index is not None and record.index <= self._last_index:

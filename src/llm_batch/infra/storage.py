@@ -13,7 +13,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -65,8 +65,7 @@ def open_read(uri: str, *, settings: Settings | None = None) -> AbstractContextM
 
 
 def open_write(uri: str, *, settings: Settings | None = None) -> AbstractContextManager[IO[bytes]]:
-    """A binary writer; the object is published only on clean exit (locally a temp file
-    renamed over the target, on S3 a spooled file uploaded with boto3's transfer manager)."""
+    """A binary writer; the object is published only on clean exit."""
     return _backend(uri, settings).open_write(uri)
 
 
@@ -115,8 +114,7 @@ def download_dir(prefix: str, dest: Path, *, settings: Settings | None = None) -
 
 
 def check(uri: str, *, settings: Settings | None = None) -> str:
-    """``uri`` canonical (local: absolute, symlinks resolved), or ``PathNotAllowed``; no
-    object is read."""
+    """``uri`` canonical (local: absolute, symlinks resolved), or ``PathNotAllowed``; reads nothing."""
     return _backend(uri, settings).check(uri)
 
 
@@ -147,8 +145,9 @@ def _backend(uri: str, settings: Settings | None = None) -> LocalStorage | S3Sto
     if scheme == "s3":
         # The AWS variables credentials come from: other values, another client.
         names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-        return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
-                           tuple(map(os.environ.get, names)), os.getpid())
+        # No endpoint: AWS itself.
+        endpoint = settings.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return _s3_backend(endpoint, tuple(settings.allowed_buckets), tuple(map(os.environ.get, names)), os.getpid())
     raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
 
 
@@ -346,12 +345,6 @@ class S3Location:
         return self.key if not self.key or self.key.endswith("/") else self.key + "/"
 
 
-def _s3_endpoint_url(configured: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """Settings.s3_endpoint_url, else AWS's own variables; None: AWS itself."""
-    environ = os.environ if environ is None else environ
-    return configured or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
-
-
 @lru_cache(maxsize=4)
 def _s3_client(endpoint_url: str | None, credentials: tuple[str | None, ...], pid: int) -> Any:
     """Keyed by ``pid`` too: clients are thread-safe but not fork-safe."""
@@ -359,8 +352,7 @@ def _s3_client(endpoint_url: str | None, credentials: tuple[str | None, ...], pi
 
 
 def s3_client(endpoint_url: str | None, session: Any = None) -> Any:
-    """No botocore retries, path-style on a custom endpoint; ``session`` default: a new one
-    (the standard AWS credential chain)."""
+    """``session`` default: a new one (the standard AWS credential chain)."""
     import boto3  # heavy
     from botocore.config import Config  # heavy
 

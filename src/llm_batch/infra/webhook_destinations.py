@@ -11,8 +11,6 @@ from urllib.parse import urlsplit
 
 from llm_batch.core.config import Settings
 
-__all__ = ["DestinationRefused", "Resolver", "check_destination", "refusal", "system_resolver"]
-
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], list[str]]
 

@@ -22,12 +22,10 @@ import orjson
 from anyio import to_thread
 
 from llm_batch.core.config import Settings
-from llm_batch.infra.jobstore.webhooks import EVENT_TYPES, ClaimedDelivery, WebhookOutbox
+from llm_batch.infra.jobstore.webhooks import ClaimedDelivery, WebhookOutbox
 from llm_batch.infra.webhook_destinations import DestinationRefused, Resolver, check_destination, system_resolver
 
 log = logging.getLogger(__name__)
-
-__all__ = ["EVENT_TYPES", "Deliverer", "send_once", "sign", "start_in_background"]
 
 USER_AGENT = "llm-batch-webhooks/0.1"
 RETRY_MAX_DELAY_S = 3600.0  # the backoff doubles up to it
@@ -121,7 +119,6 @@ class Deliverer:
         return timedelta(seconds=max(self.settings.webhook_lease_s, self.settings.webhook_timeout_s + 10))
 
     def backoff(self, attempts_made: int) -> timedelta:
-        """Before attempt n+1: base x 2^(n-1), capped, +-10 % jitter."""
         base = self.settings.webhook_retry_base_s * 2 ** max(0, attempts_made - 1)
         delay = min(base, RETRY_MAX_DELAY_S)
         return timedelta(seconds=delay * random.uniform(0.9, 1.1))
