@@ -57,8 +57,9 @@ class BodyLimit:
         is_upload = headers.get(b"content-type", b"").startswith(b"multipart/")
         limit = self.upload_limit if is_upload else self.json_limit
         declared = headers.get(b"content-length")
+        too_large = f"request body larger than the limit of {limit} bytes"
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            error = ApiError(413, too_large_message(limit), code="body_too_large")
+            error = ApiError(413, too_large, code="body_too_large")
             await error_response(Request(scope), error)(scope, replay(), send)
             return
         seen = 0
@@ -68,14 +69,10 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise StarletteHTTPException(413, too_large_message(limit))
+                raise StarletteHTTPException(413, too_large)
             return message
 
         await self.app(scope, counted, send)
-
-
-def too_large_message(limit: int) -> str:
-    return f"request body larger than the limit of {limit} bytes"
 
 
 class StrictJsonBodies:

@@ -79,20 +79,14 @@ def trigger_batch_dag(job_id: str, conf: dict[str, Any], submitted_at: datetime,
     # Airflow's scheduler stops on a conf it cannot serialise.
     if (problem := strict_json.problem(conf)) is not None:
         raise TriggerError(f"the run's conf is not strict JSON: {problem}")
+    retrying = Retrying(retry=retry_if_exception_type(OperationalError), stop=stop_after_attempt(TRIGGER_ATTEMPTS),
+                        wait=wait_random_exponential(multiplier=0.05, max=2), reraise=True)
     try:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(OperationalError),
-            stop=stop_after_attempt(TRIGGER_ATTEMPTS),
-            wait=wait_random_exponential(multiplier=0.05, max=2),
-            reraise=True,
-        ):
-            with attempt:
-                return _trigger_once(job_id, conf, submitted_at, user_name, session)
+        return retrying(_trigger_once, job_id, conf, submitted_at, user_name, session)
     except TriggerError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure must end as the job's reason
         raise TriggerError(f"could not start DAG {DAG_ID!r}: {type(exc).__name__}: {exc}") from exc
-    raise AssertionError("unreachable")  # Retrying either returns or raises
 
 
 def reprioritize_waiting_tasks(job_id: str, weight: int, session: Session) -> int:

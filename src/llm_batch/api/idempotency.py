@@ -96,11 +96,6 @@ async def fingerprint(request: Request) -> str:
     return digest.hexdigest()
 
 
-def _replay(record: Any) -> Response:
-    return Response((record.response_body or "").encode(), record.status_code,
-                    headers={"Idempotent-Replayed": "true"}, media_type=record.content_type)
-
-
 async def idempotency_key(
     request: Request, caller: CallerDep, store: StoreDep,
     key: Annotated[str | None, Header(alias=HEADER, description=_DESCRIPTION)] = None,
@@ -130,7 +125,8 @@ async def idempotency_key(
                            f"({record.route}): use a new key for a different request",
                            param=HEADER, code="idempotency_key_reused", location="header")
         if record.status_code is not None:
-            raise _Replay(_replay(record))
+            raise _Replay(Response((record.response_body or "").encode(), record.status_code,
+                                   headers={"Idempotent-Replayed": "true"}, media_type=record.content_type))
         if time.monotonic() > deadline:
             raise ApiError(409, f"a request with this {HEADER} is still being processed: retry in a few seconds",
                            param=HEADER, code="idempotency_key_in_progress", headers={"Retry-After": "5"})

@@ -82,9 +82,14 @@ class _Figures(Collector):
         yield _gauge("llm_batch_live_job_still_seconds", "Seconds since the stillest live job of each status last "
                      "changed (progress, status), jobs waiting in a queue left out: a stuck job grows it", ["status"],
                      (([status], stillest.get(status, 0.0)) for status in LIVE_STATUSES))
+        settings = self.settings
+        thresholds = {"job_stuck_seconds": settings.alert_job_stuck_s, "queue_oldest_seconds": settings.alert_queue_oldest_s,
+                      "webhook_oldest_pending_seconds": settings.alert_webhook_pending_s,
+                      "failed_request_ratio": settings.alert_failed_ratio,
+                      "scheduler_heartbeat_age_seconds": settings.alert_scheduler_heartbeat_s}
         yield _gauge("llm_batch_alert_threshold", "The alert rules' thresholds, the server's settings "
                      "(deploy/monitoring/alerts.yml compares against them)", ["alert"],
-                     (([alert], value) for alert, value in alert_thresholds(self.settings).items()))
+                     (([alert], value) for alert, value in thresholds.items()))
         yield _gauge("llm_batch_tokens_per_second", "Output tokens per second of the running jobs, by model", ["model"],
                      (([model], value) for model, value in sorted(figures.tokens_per_s.items())))
         u = figures.usage
@@ -129,13 +134,6 @@ class _Figures(Collector):
         yield GaugeMetricFamily("llm_batch_airflow_scheduler_heartbeat_age_seconds", "Seconds since the newest "
                                 "heartbeat of a running Airflow scheduler (large: no scheduler)",
                                 value=depths.scheduler_heartbeat_age_s)
-
-
-def alert_thresholds(settings: Settings) -> dict[str, float]:
-    return {"job_stuck_seconds": settings.alert_job_stuck_s, "queue_oldest_seconds": settings.alert_queue_oldest_s,
-            "webhook_oldest_pending_seconds": settings.alert_webhook_pending_s,
-            "failed_request_ratio": settings.alert_failed_ratio,
-            "scheduler_heartbeat_age_seconds": settings.alert_scheduler_heartbeat_s}
 
 
 def _registry(store: JobStore, settings: Settings, session: Session) -> CollectorRegistry:
