@@ -14,6 +14,9 @@ from llm_batch.core.snapshots import FileObject
 _SAMPLE_TYPES = {"input": "batch_request", "output": "batch_result", "error": "batch_error"}
 
 
+UNIX = "Unix time in seconds"  # the unit of every answer's `..._at` field
+
+
 def epoch(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value is not None else None
 

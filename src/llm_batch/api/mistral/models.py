@@ -6,15 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llm_batch.api.file_models import epoch
+from llm_batch.api.file_models import UNIX, epoch
 from llm_batch.api.inline_request import InlineRequest
 from llm_batch.core.endpoints import SUPPORTED_LISTED
 from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, JobSpec, check_pairs
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.snapshots import Job
-
-_UNIX = "Unix time in seconds"
-
 
 # The dialect's word for each canonical status.
 MISTRAL_STATUS = {
@@ -131,7 +128,7 @@ class BatchJobOut(BaseModel):
         description="QUEUED, RUNNING (reading its input, running or merging), SUCCESS, FAILED, TIMEOUT_EXCEEDED, "
         "CANCELLATION_REQUESTED or CANCELLED"
     )
-    created_at: int = Field(description=f"When the job was created, {_UNIX}")
+    created_at: int = Field(description=f"When the job was created, {UNIX}")
     total_requests: int = Field(description="Requests in the job; 0 until its input has been read")
     completed_requests: int = Field(
         description="Requests with an outcome (succeeded + failed, Mistral's meaning), live while the job runs"
@@ -142,10 +139,10 @@ class BatchJobOut(BaseModel):
         "(cancelled, timed out or a failed shard)"
     )
     started_at: int | None = Field(
-        default=None, description=f"When the job began reading its input, {_UNIX}; null while queued"
+        default=None, description=f"When the job began reading its input, {UNIX}; null while queued"
     )
     completed_at: int | None = Field(
-        default=None, description=f"When the job ended (any end status), {_UNIX}; null while it has not ended"
+        default=None, description=f"When the job ended (any end status), {UNIX}; null while it has not ended"
     )
 
     @classmethod

@@ -6,13 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from llm_batch.api.file_models import epoch
+from llm_batch.api.file_models import UNIX, epoch
 from llm_batch.api.inline_request import InlineRequest
 from llm_batch.core.estimates import Estimate
 from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, JobSpec
 from llm_batch.core.snapshots import Job
 
-_UNIX = "Unix time in seconds"
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 
 __all__ = ["JOB_ID_PATTERN", "CreateJob", "DerivedFromOut", "EstimateOut", "JobList", "JobOut", "JobRequestItem"]
@@ -142,10 +141,10 @@ class JobOut(BaseModel):
         default=None, description="Id of the JSONL file of the failed requests (one line each); set once merged"
     )
     output_uri: str | None = Field(default=None, description="The output_uri the job also writes, as given; null when none")
-    created_at: int = Field(description=f"When the job was created, {_UNIX}")
-    started_at: int | None = Field(default=None, description=f"When the job began reading its input, {_UNIX}")
-    ended_at: int | None = Field(default=None, description=f"When the job ended (any end status), {_UNIX}")
-    expires_at: int | None = Field(default=None, description=f"The job's deadline, {_UNIX}")
+    created_at: int = Field(description=f"When the job was created, {UNIX}")
+    started_at: int | None = Field(default=None, description=f"When the job began reading its input, {UNIX}")
+    ended_at: int | None = Field(default=None, description=f"When the job ended (any end status), {UNIX}")
+    expires_at: int | None = Field(default=None, description=f"The job's deadline, {UNIX}")
     status_reason: str | None = Field(default=None, description="Why the job is in its status (a failure's reason)")
     dag_run_id: str | None = Field(default=None, description="The batch_inference DAG run that drives the job")
     labels: dict[str, Any] = Field(description="The job's labels")

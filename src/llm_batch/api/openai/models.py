@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llm_batch.api.file_models import ExpiresAfter, epoch
+from llm_batch.api.file_models import UNIX, ExpiresAfter, epoch
 from llm_batch.core.endpoints import SUPPORTED_LISTED
 from llm_batch.core.job_spec import check_pairs
 from llm_batch.core.jobs import JobStatus
@@ -22,14 +22,6 @@ MODERATION_CATEGORIES = (
     "self-harm", "self-harm/instructions", "self-harm/intent", "sexual", "sexual/minors", "violence",
     "violence/graphic",
 )
-
-_UNIX = "Unix time in seconds"
-
-
-def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
-    """OpenAI's rule: up to 16 pairs, keys up to 64 characters, values up to 512."""
-    return check_pairs(value, max_pairs=16)
-
 
 # The dialect's word for each canonical status.
 OPENAI_STATUS = {
@@ -80,7 +72,8 @@ class CreateBatchRequest(BaseModel):
         "are deleted then (404). Without it they follow the retention (LLM_BATCH_RETENTION_DAYS)",
     )
 
-    _metadata = field_validator("metadata")(check_metadata)
+    # OpenAI's rule: up to 16 pairs, keys up to 64 characters, values up to 512.
+    _metadata = field_validator("metadata")(lambda value: check_pairs(value, max_pairs=16))
 
 
 class BatchRequestCounts(BaseModel):
@@ -203,27 +196,27 @@ class BatchOut(BaseModel):
         description="Id of the JSONL file of the failed requests, one line each with its 1-based input `line`; set "
         "once the results are merged (even when empty: OpenAI leaves it null), or when its input was rejected",
     )
-    created_at: int = Field(description=f"When the batch was created, {_UNIX}")
+    created_at: int = Field(description=f"When the batch was created, {UNIX}")
     in_progress_at: int | None = Field(
-        default=None, description=f"When its requests started running, {_UNIX}; null before"
+        default=None, description=f"When its requests started running, {UNIX}; null before"
     )
     expires_at: int | None = Field(
         default=None,
-        description=f"The deadline, {_UNIX}: created_at + the completion window (or the job's own runtime limit)",
+        description=f"The deadline, {UNIX}: created_at + the completion window (or the job's own runtime limit)",
     )
-    finalizing_at: int | None = Field(default=None, description=f"When merging the results began, {_UNIX}; null before")
+    finalizing_at: int | None = Field(default=None, description=f"When merging the results began, {UNIX}; null before")
     completed_at: int | None = Field(
-        default=None, description=f"When the batch completed, {_UNIX}; set only for status `completed`"
+        default=None, description=f"When the batch completed, {UNIX}; set only for status `completed`"
     )
-    failed_at: int | None = Field(default=None, description=f"When the batch failed, {_UNIX}; null unless it failed")
+    failed_at: int | None = Field(default=None, description=f"When the batch failed, {UNIX}; null unless it failed")
     expired_at: int | None = Field(
-        default=None, description=f"When the batch passed its deadline, {_UNIX}; null unless it expired"
+        default=None, description=f"When the batch passed its deadline, {UNIX}; null unless it expired"
     )
     cancelling_at: int | None = Field(
-        default=None, description=f"When its cancel was requested, {_UNIX}; null if never"
+        default=None, description=f"When its cancel was requested, {UNIX}; null if never"
     )
     cancelled_at: int | None = Field(
-        default=None, description=f"When the batch ended cancelled, {_UNIX}; null unless cancelled"
+        default=None, description=f"When the batch ended cancelled, {UNIX}; null unless cancelled"
     )
     request_counts: BatchRequestCounts = Field(description="Request counts, live while the batch runs")
     usage: BatchUsage | None = Field(
