@@ -20,7 +20,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBas
 from llm_batch.api.errors import ApiError
 from llm_batch.api.state import DAG_ID, SettingsDep, StoreDep
 from llm_batch.core import owners
-from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore import ApiKeyRepository
 from llm_batch.infra.jobstore.api_keys import API_KEY_PREFIX
 
 # Declared for the OpenAPI document; get_caller decides.
@@ -107,7 +107,7 @@ def api_key_of(request: Request) -> str | None:
     return None
 
 
-def _key_caller(store: JobStore, plaintext: str) -> Caller:
+def _key_caller(store: ApiKeyRepository, plaintext: str) -> Caller:
     key = store.identify_api_key(plaintext) if _KEY_SHAPE.fullmatch(plaintext) else None
     if key is None:
         raise unauthenticated("invalid or revoked API key", code="invalid_api_key")

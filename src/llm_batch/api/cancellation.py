@@ -18,13 +18,13 @@ from llm_batch.api.state import SettingsDep, StoreDep
 from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import Job, JobNotFound, JobStore
+from llm_batch.infra.jobstore import Job, JobNotFound, JobRepository, JobStore
 from llm_batch.infra.log_context import bind_job
 from llm_batch.pipeline.shard_task import write_cancel_marker
 from llm_batch.pipeline.steps import layout_of
 
 
-def owned_job(store: JobStore, job_id: str, owner: str | None, kind: str) -> Job:
+def owned_job(store: JobRepository, job_id: str, owner: str | None, kind: str) -> Job:
     """The job of that id, if `owner`'s (None: anyone's); else 404 naming `kind`."""
     if (job := store.get_job(job_id, owner=owner)) is None:
         raise not_found(kind, job_id)

@@ -24,7 +24,7 @@ from llm_batch.core.job_spec import JobOptions
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import Job, JobStore, new_file_id
+from llm_batch.infra.jobstore import FileRepository, Job, JobRepository, JobStore, new_file_id
 from llm_batch.infra.log_context import bind_job
 
 
@@ -69,7 +69,7 @@ def stored_inline(store: JobStore, settings: Settings, owner: str, request: JobR
 
 
 def save_inline_requests(
-    store: JobStore, settings: Settings, owner: str, lines: Iterable[bytes], filename: str, **input_fields: Any
+    store: FileRepository, settings: Settings, owner: str, lines: Iterable[bytes], filename: str, **input_fields: Any
 ) -> JobInput:
     """Store serialised inline requests as an input file of `owner`; the job's input reading it."""
     file_id = new_file_id()
@@ -102,7 +102,7 @@ def dag_conf(job: Job, request: JobRequest) -> dict[str, Any]:
     return {key: value for key, value in conf.items() if value is not None}
 
 
-def submit(store: JobStore, owner: str, request: JobRequest, trigger: Trigger) -> Job:
+def submit(store: JobRepository, owner: str, request: JobRequest, trigger: Trigger) -> Job:
     """Create the job and start its run (FAILED with the reason if it could not start)."""
     job = store.create_requested_job(request, owner)
     bind_job(job.id)  # this request's log lines from here on carry it

@@ -15,7 +15,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import FileObject, Files, Job, Jobs, JobStore, new_file_id
+from llm_batch.infra.jobstore import FileObject, FileRepository, Job, JobRepository, JobStore, new_file_id
 
 # Mistral's: a file an /v1/ocr or /v1/audio/transcriptions line names, kept as it is (infra.media checks it).
 MEDIA_PURPOSES = ("ocr", "audio")
@@ -44,7 +44,7 @@ def _invalid(message: str) -> ApiError:
 
 
 def save_upload(
-    store: Files,
+    store: FileRepository,
     settings: Settings,
     owner: str,
     filename: str,
@@ -133,7 +133,7 @@ def read_content(f: FileObject) -> Iterator[bytes]:
     return chunks()
 
 
-def live_jobs(store: Jobs, owner: str | None = None) -> Iterator[Job]:
+def live_jobs(store: JobRepository, owner: str | None = None) -> Iterator[Job]:
     """The jobs not yet ended (`owner`'s), oldest first, read a page at a time."""
     live = [status for status in JobStatus if not status.terminal]
     after = None

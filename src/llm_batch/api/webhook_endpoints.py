@@ -12,7 +12,7 @@ from llm_batch.api.auth import Caller
 from llm_batch.api.errors import ApiError, not_found
 from llm_batch.api.state import ApiState
 from llm_batch.core.config import Settings
-from llm_batch.infra.jobstore import JobStore
+from llm_batch.infra.jobstore import JobStore, WebhookRepository
 from llm_batch.infra.jobstore.webhooks import WebhookAttempt, WebhookEndpoint, WebhookEndpointNotFound
 from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination
 from llm_batch.infra.webhooks import Deliverer, new_client
@@ -31,7 +31,7 @@ def throttled_response(error_body: str) -> dict:
     }
 
 
-def owned(store: JobStore, caller: Caller, endpoint_id: str) -> WebhookEndpoint:
+def owned(store: WebhookRepository, caller: Caller, endpoint_id: str) -> WebhookEndpoint:
     if (found := store.get_webhook_endpoint(endpoint_id, owner=caller.owner_filter)) is None:
         raise not_found(KIND, endpoint_id)
     return found
@@ -45,7 +45,7 @@ def _check_url(url: str, settings: Settings) -> None:
         raise ApiError(400, str(exc), param="url", code="webhook_url_refused") from None
 
 
-def create(store: JobStore, settings: Settings, caller: Caller, url: str, events: list[str] | None,
+def create(store: WebhookRepository, settings: Settings, caller: Caller, url: str, events: list[str] | None,
            description: str) -> tuple[WebhookEndpoint, str]:
     """A new endpoint of the caller and its secret (shown once)."""
     caller.require_submit()
@@ -69,7 +69,7 @@ def update(store: JobStore, settings: Settings, caller: Caller, endpoint_id: str
         raise not_found(KIND, endpoint_id) from None
 
 
-def rotate_secret(store: JobStore, caller: Caller, endpoint_id: str,
+def rotate_secret(store: WebhookRepository, caller: Caller, endpoint_id: str,
                   keep_previous_for: timedelta | None) -> tuple[WebhookEndpoint, str]:
     caller.require_submit()
     try:
@@ -78,7 +78,7 @@ def rotate_secret(store: JobStore, caller: Caller, endpoint_id: str,
         raise not_found(KIND, endpoint_id) from None
 
 
-def delete(store: JobStore, caller: Caller, endpoint_id: str) -> None:
+def delete(store: WebhookRepository, caller: Caller, endpoint_id: str) -> None:
     caller.require_submit()
     try:
         store.delete_webhook_endpoint(endpoint_id, owner=caller.owner_filter)

@@ -22,7 +22,7 @@ import orjson
 from anyio import to_thread
 
 from llm_batch.core.config import Settings
-from llm_batch.infra.jobstore.webhooks import ClaimedDelivery, WebhookOutbox
+from llm_batch.infra.jobstore.webhooks import ClaimedDelivery, WebhookRepository
 from llm_batch.infra.webhook_destinations import DestinationRefused, Resolver, check_destination, system_resolver
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def new_client(settings: Settings) -> httpx.AsyncClient:
 class Deliverer:
     """The store's calls block, so they run in threads; the sending does not."""
 
-    def __init__(self, store: WebhookOutbox, settings: Settings, name: str | None = None,
+    def __init__(self, store: WebhookRepository, settings: Settings, name: str | None = None,
                  resolve: Resolver | None = system_resolver, batch: int = 16, concurrency: int = 4):
         self.store = store
         self.settings = settings
@@ -187,7 +187,7 @@ _started: dict[int, threading.Thread] = {}
 _start_lock = threading.Lock()
 
 
-def start_in_background(store: WebhookOutbox, settings: Settings) -> threading.Thread | None:
+def start_in_background(store: WebhookRepository, settings: Settings) -> threading.Thread | None:
     """The deliverer as a daemon thread, once per process (None when ``webhook_deliverer`` is off)."""
     if not settings.webhook_deliverer:
         return None

@@ -33,7 +33,7 @@ from llm_batch.infra.model_registry import ModelNotPrepared, Registry, load_regi
 from llm_batch.infra.model_resolution import check_model_config, submission_problems
 
 if TYPE_CHECKING:
-    from llm_batch.infra.jobstore import Adapters, JobStore
+    from llm_batch.infra.jobstore import AdapterRepository, FileRepository, JobRepository, JobStore, UsageRepository
 
 
 class Principal(Protocol):
@@ -197,7 +197,7 @@ def check_model(
     param: str = "model",
     endpoint: str | None = None,
     principal: Principal | None = None,
-    store: Adapters | None = None,
+    store: AdapterRepository | None = None,
     owner: str | None = None,
 ) -> str:
     """The model checked as the worker will check it (its model_config, its checkpoint_path,
@@ -314,7 +314,7 @@ def path_unavailable(param: str, why: object) -> Refused:
 OVERWRITE_LABEL = "llm-batch.io/overwrite-output"
 
 
-def check_output_target(store: JobStore, principal: Principal, output_uri: str, labels: dict[str, Any],
+def check_output_target(store: JobRepository, principal: Principal, output_uri: str, labels: dict[str, Any],
                         param: str = "output_data_path") -> None:
     """409 unless the output is new, or the owner's ended job's and labelled OVERWRITE_LABEL=true."""
     writers = store.jobs_writing(output_uri)
@@ -330,7 +330,7 @@ def check_output_target(store: JobStore, principal: Principal, output_uri: str, 
                        f"label {OVERWRITE_LABEL}=true to replace them", param=param, code="output_exists")
 
 
-def check_input_files(store: JobStore, principal: Principal, file_ids: list[str], param: str) -> list[str]:
+def check_input_files(store: FileRepository, principal: Principal, file_ids: list[str], param: str) -> list[str]:
     """The principal's input file ids, each named once (a repeat would run its lines twice)."""
     first_position: dict[str, int] = {}
     for position, file_id in enumerate(file_ids):
@@ -393,7 +393,7 @@ _LIMITS = {
 
 
 def check_owner_limits(
-    store: JobStore, settings: Settings, principal: Principal, *, new_jobs: int = 0, new_requests: int = 0,
+    store: UsageRepository, settings: Settings, principal: Principal, *, new_jobs: int = 0, new_requests: int = 0,
     new_bytes: int = 0,
 ) -> None:
     """429 if what the owner holds plus what this call adds passes one of their limits."""

@@ -22,7 +22,7 @@ from llm_batch.infra.media import MediaResolver
 from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, ValidationReport, validate_batch
 
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy
-    from llm_batch.infra.jobstore import Job, JobStore
+    from llm_batch.infra.jobstore import AdapterRepository, EstimatesRepository, Job, JobStore
 
 
 # /v1/completions without max_tokens: OpenAI's default, the engine's (runtime.engine.sampling).
@@ -280,7 +280,7 @@ class _Tally:
         return None if self.counter is None else self.counted_tokens + round(self.guessed_tokens)
 
 
-def _tally(store: JobStore, settings: Settings, job: Job) -> _Tally:
+def _tally(store: AdapterRepository, settings: Settings, job: Job) -> _Tally:
     tally = _Tally(Endpoint(job.endpoint), None, EXACT_LINES)
     try:
         owned = {a.name: a.base for a in store.list_adapters(job.owner)}
@@ -368,7 +368,7 @@ def _band_weight(settings: Settings, priority: int) -> int:
     return settings.priority_weights[priority_band(settings, priority)]
 
 
-def _work_ahead(store: JobStore, settings: Settings, job: Job) -> tuple[int, int, float]:
+def _work_ahead(store: EstimatesRepository, settings: Settings, job: Job) -> tuple[int, int, float]:
     """(jobs ahead, of them without an estimate, their engine seconds not yet run)."""
     pool = _pool_of(settings, (job.resources or {}).get("gpu_type"))
     band = _band_weight(settings, job.priority)

@@ -17,12 +17,12 @@ from llm_batch.pipeline import result_cache
 from llm_batch.pipeline.steps import fail_job, finalize, layout_of, merge
 
 if TYPE_CHECKING:
-    from llm_batch.infra.jobstore import FileObject, Job, JobStore
+    from llm_batch.infra.jobstore import FileObject, FileRepository, IdempotencyRepository, Job, JobRepository, JobStore
 
 log = logging.getLogger("llm_batch.pipeline.housekeeping")
 
 
-def live_jobs(store: JobStore, **filters: Any) -> Iterator[Job]:
+def live_jobs(store: JobRepository, **filters: Any) -> Iterator[Job]:
     """Every job not yet terminal (paged through the store), oldest first."""
     live = [s for s in JobStatus if not s.terminal]
     while True:
@@ -94,7 +94,7 @@ def delete_job(store: JobStore, settings: Settings, job: Job) -> None:
     store.delete_job(job.id)
 
 
-def _remove_file(store: JobStore, file: FileObject) -> None:
+def _remove_file(store: FileRepository, file: FileObject) -> None:
     """Delete a file object's content (already gone is fine) and mark its record deleted."""
     with suppress(storage.ObjectNotFound):
         storage.delete(file.uri)
@@ -110,7 +110,7 @@ def _drop_work_dir(settings: Settings, job_id: str) -> None:
 IDEMPOTENCY_KEEP = timedelta(hours=24)
 
 
-def delete_old_idempotency_keys(store: JobStore, now: datetime | None = None) -> int:
+def delete_old_idempotency_keys(store: IdempotencyRepository, now: datetime | None = None) -> int:
     """Delete the idempotency keys older than IDEMPOTENCY_KEEP; returns how many."""
     return store.delete_idempotency_keys(created_before=(now or datetime.now(UTC)) - IDEMPOTENCY_KEEP)
 

@@ -15,7 +15,7 @@ import orjson
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import Job, JobStore
+from llm_batch.infra.jobstore import FileRepository, Job, JobStore
 from llm_batch.infra.streams import iter_lines, stored_lines
 from llm_batch.pipeline.merge import NOT_RUN_CODES
 
@@ -43,7 +43,7 @@ def check_ended(job: Job) -> None:
                            "retried or run again (cancel it first)")
 
 
-def _input_file_uri(store: JobStore, job: Job, file_id: str) -> str:
+def _input_file_uri(store: FileRepository, job: Job, file_id: str) -> str:
     found = store.get_file(file_id, owner=job.owner)
     now = datetime.now(UTC)
     if found is None or (found.expires_at is not None and found.expires_at <= now):
@@ -66,7 +66,7 @@ def rerun_input(store: JobStore, job: Job) -> JobInput:
     return source
 
 
-def retry_plan(store: JobStore, job: Job) -> RetryPlan:
+def retry_plan(store: FileRepository, job: Job) -> RetryPlan:
     """Which lines of the ended `job` a retry runs; CannotDerive when none."""
     check_ended(job)
     if job.input_format not in (None, InputFormat.JSONL.value):

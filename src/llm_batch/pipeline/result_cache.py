@@ -25,7 +25,7 @@ from llm_batch.pipeline.sharding import ShardPlan, read_manifest
 
 if TYPE_CHECKING:  # the DAG files import this module: the store loads only in tasks
     from llm_batch.core.snapshots import CacheEntry
-    from llm_batch.infra.jobstore import Job, JobStore
+    from llm_batch.infra.jobstore import Job, JobStore, ResultCacheRepository
 
 _LOOKUP_BATCH = 2000  # validated lines looked up (and their hits read) at once
 
@@ -135,7 +135,7 @@ def _computed(plan: ShardPlan) -> Iterator[tuple[BatchRequest, ResultRecord]]:
             yield BatchRequest.model_validate(request), result
 
 
-def fill_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> int:
+def fill_cache(store: ResultCacheRepository, settings: Settings, job: Job, layout: JobLayout) -> int:
     """Enter the job's computed, cacheable answers in its owner's cache, a pack per shard
     (whole before its rows); returns how many."""
     if not enabled(settings, job) or not storage.exists(layout.shard_manifest):
@@ -181,7 +181,7 @@ class _FillHold:
             self.after = self._read()
 
 
-def _delete_unused(store: JobStore, entries: list[CacheEntry]) -> None:
+def _delete_unused(store: ResultCacheRepository, entries: list[CacheEntry]) -> None:
     """Delete the objects of removed `entries` that no entry names any more."""
     uris = {entry.uri for entry in entries}
     for uri in uris - store.cache_uris_in_use(uris):

@@ -16,7 +16,7 @@ from llm_batch.infra import storage
 from llm_batch.infra.progress import read_progress
 
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
-    from llm_batch.infra.jobstore import Job, JobStore
+    from llm_batch.infra.jobstore import Job, JobRepository, JobStore, ProgressRepository
 
 log = logging.getLogger("llm_batch.pipeline.shard_task")
 
@@ -98,7 +98,7 @@ def write_cancel_marker(cancel_marker: str, job: Job) -> None:
         storage.write_bytes(cancel_marker, orjson.dumps({"cancel_requested_at": str(job.cancel_requested_at)}))
 
 
-def mirror_cancel(store: JobStore, job_id: str, cancel_marker: str) -> bool:
+def mirror_cancel(store: JobRepository, job_id: str, cancel_marker: str) -> bool:
     """If the job's cancel flag is set, make sure its cancel marker exists. True when
     cancel was requested."""
     job = store.get_job(job_id)
@@ -130,7 +130,7 @@ def try_report_shard(store: JobStore, task: ShardTask, outcome: ShardOutcome | N
         log.warning("could not report shard %d of job %s: %s", task.shard, task.job_id, exc)
 
 
-def report_shard(store: JobStore, task: ShardTask, outcome: ShardOutcome | None = None) -> Job | None:
+def report_shard(store: ProgressRepository, task: ShardTask, outcome: ShardOutcome | None = None) -> Job | None:
     """Read this shard's own progress object (one storage read, whatever the number of
     shards) and record it in the shard's row of the store, which sets the job's live
     counts and usage from the sum of its rows (``JobStore.report_shard``). With `outcome`
@@ -149,7 +149,7 @@ def report_shard(store: JobStore, task: ShardTask, outcome: ShardOutcome | None 
     return store.report_shard(task.job_id, task.shard, **{**figures, "state": str(figures["state"])})
 
 
-def shard_not_run_reasons(store: JobStore, job_id: str) -> dict[int, str]:
+def shard_not_run_reasons(store: ProgressRepository, job_id: str) -> dict[int, str]:
     """Why each shard that did not finish stopped, from its recorded outcome: what merge
     writes on the requests it never ran (e.g. "shard 3: the worker failed (exit status 1)
     on attempt 3 of 3")."""

@@ -31,7 +31,7 @@ from llm_batch.pipeline.recurring import output_asset_uri
 from llm_batch.pipeline.shard_task import ShardTask, shard_not_run_reasons
 
 if TYPE_CHECKING:  # the store pulls in SQLAlchemy: DAG files must parse without it
-    from llm_batch.infra.jobstore import FileObject, Job, JobStore
+    from llm_batch.infra.jobstore import AdapterRepository, FileObject, FileRepository, Job, JobRepository, JobStore
 
 __all__ = ["JobRejected", "fail_job", "finalize", "job_deadline", "layout_of", "merge", "plan",
            "register", "registry_model_names", "shard_ref", "shard_task", "validate"]
@@ -56,14 +56,14 @@ def layout_of(settings: Settings, job_id: str) -> JobLayout:
     return JobLayout(settings.work_uri, job_id)
 
 
-def _job(store: JobStore, job_id: str) -> Job:
+def _job(store: JobRepository, job_id: str) -> Job:
     job = store.get_job(job_id)
     if job is None:
         raise JobRejected(f"job {job_id!r} is not in the job store")
     return job
 
 
-def fail_job(store: JobStore, job_id: str, reason: str, *, dag_run_id: str | None = None) -> Job | None:
+def fail_job(store: JobRepository, job_id: str, reason: str, *, dag_run_id: str | None = None) -> Job | None:
     """End a live job as FAILED; with `dag_run_id`, only if the job is that run's."""
     job = store.get_job(job_id)
     if job is None or job.terminal:
@@ -123,7 +123,7 @@ def register(
 REFUSED = "the run was refused: "  # how a refused run's job reason starts
 
 
-def _record_refusal(store: JobStore, settings: Settings, conf: dict[str, Any], owner: str, job_id: str,
+def _record_refusal(store: JobRepository, settings: Settings, conf: dict[str, Any], owner: str, job_id: str,
                     dag_run_id: str, reason: str) -> None:
     """A FAILED job holding a refused run's reason; it keeps no input, paths or figures."""
     model = conf.get("model")
@@ -144,7 +144,7 @@ def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool
 # -- validate -----------------------------------------------------------------------------
 
 
-def input_source(store: JobStore, job: Job) -> tuple[Any, str]:
+def input_source(store: FileRepository, job: Job) -> tuple[Any, str]:
     """What validation reads (a URI, a list of URIs, or inline requests) and its format."""
     given = job.input
     fmt = job.input_format or "jsonl"
@@ -216,7 +216,7 @@ def _keep_estimate(store: JobStore, settings: Settings, job: Job, report: Any, v
         logging.getLogger(__name__).warning("job %s: no estimate kept", job.id, exc_info=True)
 
 
-def job_model_choice(store: JobStore, job: Job, settings: Settings) -> ModelChoice:
+def job_model_choice(store: AdapterRepository, job: Job, settings: Settings) -> ModelChoice:
     """The names the job's lines may give as their model: its model and its base's adapters."""
     from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.adapters import model_choice  # heavy
@@ -234,7 +234,7 @@ def job_model_choice(store: JobStore, job: Job, settings: Settings) -> ModelChoi
                         locations={a.name: a.uri for a in own})
 
 
-def _set_counts(store: JobStore, job_id: str, total: int, invalid: int) -> None:
+def _set_counts(store: JobRepository, job_id: str, total: int, invalid: int) -> None:
     """Invalid lines count as completed failures: the base the shards' progress adds to."""
     store.set_counts(job_id, total=total, completed=invalid, succeeded=0, failed=invalid, invalid=invalid)
 
@@ -284,7 +284,7 @@ def shard_task(given: dict[str, Any], settings: Settings, store: JobStore | None
     return _shard_task(store, settings, _job(store, str(given["job_id"])), int(given["shard"]), given.get("requests"))
 
 
-def _shard_task(store: JobStore, settings: Settings, job: Job, index: int, count: int | None) -> ShardTask:
+def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: int, count: int | None) -> ShardTask:
     layout = layout_of(settings, job.id)
     shard = layout.shard(index)
     resources = job.resources or {}
@@ -391,7 +391,7 @@ def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
         return None
 
 
-def _record_file(store: JobStore, job: Job, uri: str, kind: str) -> FileObject:
+def _record_file(store: FileRepository, job: Job, uri: str, kind: str) -> FileObject:
     name = f"{job.id}_{kind}.jsonl"
     expiry = job.input.output_expires_after_s
     return store.create_file(

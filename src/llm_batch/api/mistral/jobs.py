@@ -26,7 +26,7 @@ from llm_batch.api.submission import SubmittingDep, inline_items, stored_inline,
 from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_spec import MAX_INLINE_REQUESTS
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import Job, JobStore
+from llm_batch.infra.jobstore import FileRepository, Job
 from llm_batch.pipeline import housekeeping
 from llm_batch.pipeline.admission import admit
 
@@ -37,7 +37,7 @@ MistralStatus = Literal[
 ]
 
 
-def _outputs(store: JobStore, job: Job) -> list[dict[str, Any]] | None:
+def _outputs(store: FileRepository, job: Job) -> list[dict[str, Any]] | None:
     """Inline jobs answer their results inline once the output file exists."""
     if not job.input.inline or not job.output_file_id:
         return None

@@ -26,7 +26,7 @@ from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
 from llm_batch.core.job_spec import JobSpec
 from llm_batch.core.jobs import JobRejected, JobStatus
-from llm_batch.infra.jobstore import DuplicateId, Job, JobStore
+from llm_batch.infra.jobstore import DuplicateId, Job, JobRepository, JobStore
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.infra.storage import StorageError
 from llm_batch.pipeline.admission import admit, one_input
@@ -41,7 +41,7 @@ _KIND = "job"
 StatusWord = Literal[tuple(s.value for s in JobStatus)]
 
 
-def _reattach(store: JobStore, caller: Caller, job_id: str) -> Job | None:
+def _reattach(store: JobRepository, caller: Caller, job_id: str) -> Job | None:
     """The caller's job of that id (re-attach), None if the id is free; 409 if it is another owner's."""
     existing = store.get_job(job_id)
     if existing is None:
@@ -107,7 +107,7 @@ def label_pairs(labels: list[str]) -> dict[str, str]:
     return pairs
 
 
-def labelled_jobs(store: JobStore, wanted: dict[str, str], *, limit: int, after: str | None, batch: int,
+def labelled_jobs(store: JobRepository, wanted: dict[str, str], *, limit: int, after: str | None, batch: int,
                   **filters: Any) -> tuple[list[Job], bool, int]:
     """Up to `limit` jobs matching `filters` and every `wanted` label (matched page by page),
     whether more follow, and how many match `filters`."""

@@ -32,7 +32,7 @@ from llm_batch.infra.adapters import (
     resolve_base_dir,
     unpack_adapter,
 )
-from llm_batch.infra.jobstore import AdapterExists, AdapterNotFound, JobStore, OwnerAdapter
+from llm_batch.infra.jobstore import AdapterExists, AdapterNotFound, AdapterRepository, JobStore, OwnerAdapter
 from llm_batch.infra.model_cache import model_status
 from llm_batch.infra.model_registry import Registry
 from llm_batch.pipeline.admission import check_owner_limits, model_registry
@@ -85,7 +85,7 @@ def _adapter_not_found(name: str) -> ApiError:
                     code="not_found")
 
 
-def _owned(store: JobStore, caller: Caller, name: str) -> OwnerAdapter:
+def _owned(store: AdapterRepository, caller: Caller, name: str) -> OwnerAdapter:
     if (found := store.get_adapter(caller.name, name)) is None:
         raise _adapter_not_found(name)
     return found

@@ -26,7 +26,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.run_conf import SHARD_TASK_ID
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import Job, JobStore
+from llm_batch.infra.jobstore import FileRepository, Job
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.pipeline.partial import PartialOrder, partial_entries
 from llm_batch.pipeline.steps import layout_of
@@ -143,7 +143,7 @@ def _finished_so_far(settings: Settings, job: Job) -> dict[str, Any]:
     return {"preview": preview, "error_lines": errors, "preview_partial": True}
 
 
-def first_lines(store: JobStore, file_id: str | None, limit: int, chars: int = ERROR_LINE_CHARS) -> list[str]:
+def first_lines(store: FileRepository, file_id: str | None, limit: int, chars: int = ERROR_LINE_CHARS) -> list[str]:
     """The first `limit` lines of a stored file, each cut at `chars`; [] without one."""
     file = store.get_file(file_id) if file_id else None
     if file is None or file.deleted:

@@ -5,7 +5,6 @@ looks exactly like a missing one. One name per owner; deleting frees it."""
 from __future__ import annotations
 
 import uuid
-from typing import Protocol
 
 from sqlalchemy import delete, select
 
@@ -15,12 +14,6 @@ from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
 from llm_batch.infra.jobstore.tables import ADAPTERS
 
 _adapter = from_row(OwnerAdapter)
-
-
-class Adapters(Protocol):
-    """Owners' adapters, as job submission looks them up."""
-
-    def get_adapter(self, owner: str, name: str) -> OwnerAdapter | None: ...
 
 
 class AdapterRepository(Repository):

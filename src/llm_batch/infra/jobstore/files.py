@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from sqlalchemy import select
 
@@ -21,16 +20,6 @@ _file = from_row(FileObject)
 
 def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
-
-
-class Files(Protocol):
-    """The file objects, as an upload records one."""
-
-    def create_file(
-        self, *, owner: str, purpose: str, filename: str, bytes: int, uri: str, kind: str = "input",
-        job_id: str | None = None, expires_at: datetime | None = None, id: str | None = None,
-        expires_after: timedelta | None = None,
-    ) -> FileObject: ...
 
 
 class FileRepository(Repository):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import ColumnElement, Row, Text, cast, delete, func, or_, select, update
 
@@ -81,35 +81,6 @@ def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]
     if reason is not None:
         values["status_reason"] = reason
     return values
-
-
-class Jobs(Protocol):
-    """The jobs, as the API, the pipeline and the operators use them (JobRepository)."""
-
-    def create_job(
-        self, *, dialect: str, endpoint: str, model: str, owner: str, input: dict[str, Any] | None = None,
-        input_format: str | None = None, model_config: dict[str, Any] | None = None, output_uri: str | None = None,
-        array_output_uri: str | None = None, metadata: dict[str, Any] | None = None,
-        labels: dict[str, Any] | None = None, priority: int = 0, data_parallelism: int = 1,
-        resources: dict[str, Any] | None = None, max_runtime_sec: int | None = None,
-        expires_at: datetime | None = None, dag_run_id: str | None = None, id: str | None = None,
-        created_at: datetime | None = None, derived_from: DerivedFrom | None = None,
-    ) -> Job: ...
-    def create_requested_job(self, request: JobRequest, owner: str, *, dag_run_id: str | None = None) -> Job: ...
-    def get_job(self, job_id: str, owner: str | None = None) -> Job | None: ...
-    def list_jobs(
-        self, owner: str | None = None, statuses: Iterable[JobStatus | str] | None = None, model: str | None = None,
-        metadata: Mapping[str, str] | None = None, created_after: datetime | None = None, dialect: str | None = None,
-        expires_before: datetime | None = None, order_by: str = "-created_at", limit: int = 100, offset: int = 0,
-        after: str | None = None, search: str | None = None, derived_from: str | None = None,
-    ) -> tuple[list[Job], int]: ...
-    def transition(self, job_id: str, new_status: JobStatus | str, reason: str | None = None) -> Job: ...
-    def end_job(self, job_id: str, status: JobStatus | str, reason: str | None = None) -> Job: ...
-    def request_cancel(self, job_id: str, owner: str | None = None, reason: str | None = None) -> Job: ...
-    def set_priority(self, job_id: str, priority: int, owner: str | None = None) -> Job: ...
-    def set_dag_run(self, job_id: str, dag_run_id: str) -> Job: ...
-    def delete_job(self, job_id: str, owner: str | None = None) -> None: ...
-    def jobs_writing(self, array_output_uri: str) -> list[Job]: ...
 
 
 class JobRepository(Repository):

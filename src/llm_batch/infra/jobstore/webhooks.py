@@ -11,7 +11,7 @@ import secrets
 import uuid
 from base64 import b64encode
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import Connection, Row, delete, insert, or_, select, update
 
@@ -160,19 +160,6 @@ def enqueue_job_end(connection: Connection, before: Row, after: Row) -> None:
         _pending_delivery(endpoint_id, after.owner, payload, after.id, now, now + DEFAULT_RETRY_WINDOW)
         for endpoint_id in wanted
     ])
-
-
-class WebhookOutbox(Protocol):
-    """The outbox, as a deliverer (llm_batch.infra.webhooks.Deliverer) works it (WebhookRepository)."""
-
-    def claim_webhook_deliveries(
-        self, deliverer: str, lease: timedelta, limit: int = 10, delivery_id: str | None = None,
-        now: datetime | None = None,
-    ) -> list[ClaimedDelivery]: ...
-    def record_webhook_attempt(
-        self, claim: ClaimedDelivery, *, started_at: datetime, status_code: int | None, latency_ms: float,
-        error: str | None, delivered: bool, retry_in: timedelta, deliverer: str, retry_window: timedelta | None = None,
-    ) -> WebhookDelivery | None: ...
 
 
 class WebhookRepository(Repository):
