@@ -13,7 +13,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -145,9 +145,8 @@ def _backend(uri: str, settings: Settings | None = None) -> LocalStorage | S3Sto
     if scheme == "s3":
         # The AWS variables credentials come from: other values, another client.
         names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-        # No endpoint: AWS itself.
-        endpoint = settings.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        return _s3_backend(endpoint, tuple(settings.allowed_buckets), tuple(map(os.environ.get, names)), os.getpid())
+        return _s3_backend(_s3_endpoint_url(settings.s3_endpoint_url), tuple(settings.allowed_buckets),
+                           tuple(map(os.environ.get, names)), os.getpid())
     raise PathNotAllowed(uri, f"unsupported scheme {scheme!r}: use a local path, file:// or s3://")
 
 
@@ -343,6 +342,12 @@ class S3Location:
     @property
     def dir_prefix(self) -> str:
         return self.key if not self.key or self.key.endswith("/") else self.key + "/"
+
+
+def _s3_endpoint_url(configured: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """Settings.s3_endpoint_url, else AWS's own variables; None: AWS itself."""
+    environ = os.environ if environ is None else environ
+    return configured or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
 
 
 @lru_cache(maxsize=4)
