@@ -103,12 +103,12 @@ class ResultsWriter:
     seconds (and at ``flush``, ``close``). While storage fails, records stay buffered and are offered
     again for up to ``outage_s``, then the ``StorageError`` propagates (the retry resumes after the last part)."""
 
-    def __init__(self, results_uri: str, *, flush_every_s: float = 2.0, flush_every_records: int = 1000,
-                 outage_s: float = 300.0):
+    def __init__(self, results_uri: str, done: int, last_index: int | None, *,
+                 flush_every_s: float, flush_every_records: int, outage_s: float = 300.0):
         self.results_uri = results_uri
-        self.done, last = _resume_point(results_uri)
-        self._published = self.done
-        self._last_index = last.index if last is not None else None
+        self.done = done
+        self._published = done
+        self._last_index = last_index
         self._flush_every_s = flush_every_s
         self._flush_every_records = flush_every_records
         self._outage_s = outage_s
@@ -118,8 +118,11 @@ class ResultsWriter:
         self._retry_at = 0.0
 
     @classmethod
-    def open(cls, results_uri: str, **options: Any) -> ResultsWriter:
-        return cls(results_uri, **options)
+    def open(cls, results_uri: str, *, flush_every_s: float = 2.0,
+             flush_every_records: int = 1000, outage_s: float = 300.0) -> ResultsWriter:
+        done, last = _resume_point(results_uri)
+        return cls(results_uri, done, last.index if last is not None else None, flush_every_s=flush_every_s,
+                   flush_every_records=flush_every_records, outage_s=outage_s)
 
     def write(self, record: ResultRecord) -> None:
         if self._last_index is not None and record.index <= self._last_index:
