@@ -174,14 +174,7 @@ def build_once(dest: Path, marker: dict[str, Any], build: Callable[[Path], objec
             build(tmp)
             (tmp / READY_MARKER).write_text(json.dumps(marker, sort_keys=True) + "\n")
             _readable_by_all(tmp)
-            old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
-            if dest.exists() or dest.is_symlink():
-                dest.rename(old)
-            tmp.rename(dest)
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
+            _swap_into_place(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -192,3 +185,16 @@ def _readable_by_all(root: Path) -> None:
         if not path.is_symlink():
             extra = 0o555 if path.is_dir() else 0o444
             path.chmod(path.stat().st_mode | extra)
+
+
+def _swap_into_place(new: Path, dest: Path) -> None:
+    old = None
+    if dest.exists() or dest.is_symlink():
+        old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
+        dest.rename(old)
+    new.rename(dest)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
