@@ -83,7 +83,8 @@ class _Figures(Collector):
                      "changed (progress, status), jobs waiting in a queue left out: a stuck job grows it", ["status"],
                      (([status], stillest.get(status, 0.0)) for status in LIVE_STATUSES))
         settings = self.settings
-        thresholds = {"job_stuck_seconds": settings.alert_job_stuck_s, "queue_oldest_seconds": settings.alert_queue_oldest_s,
+        thresholds = {"job_stuck_seconds": settings.alert_job_stuck_s,
+                      "queue_oldest_seconds": settings.alert_queue_oldest_s,
                       "webhook_oldest_pending_seconds": settings.alert_webhook_pending_s,
                       "failed_request_ratio": settings.alert_failed_ratio,
                       "scheduler_heartbeat_age_seconds": settings.alert_scheduler_heartbeat_s}
