@@ -84,13 +84,16 @@ def test_the_trigger_form_refuses_what_the_api_refuses(e2e_stack, airflow, brows
     page = _logged_in(browser_context, base, json.loads(e2e_stack.passwords_file.read_text())["admin"])
     runs_before = airflow.call("GET", "/dags/batch_inference/dagRuns")["total_entries"]
     page.goto(f"{base}/dags/batch_inference", wait_until="domcontentloaded")
-    page.get_by_role("button", name="Trigger").first.click()
+    # no_wait_after: the dialog is what we wait for. A click while Airflow's single-page app is
+    # still routing can leave Playwright waiting on a "scheduled navigation" that never
+    # finishes (a 30 s timeout in CI with the dialog already open).
+    page.get_by_role("button", name="Trigger").first.click(no_wait_after=True)
     field = page.locator("#element_input_uri")
     field.wait_for(timeout=60_000)
     field.fill("/no/such/input.jsonl")
     with page.expect_response(lambda r: r.url.endswith("/api/v2/dags/batch_inference/dagRuns")
                               and r.request.method == "POST") as answer:
-        page.get_by_role("dialog").get_by_role("button", name="Trigger").click()
+        page.get_by_role("dialog").get_by_role("button", name="Trigger").click(no_wait_after=True)
     assert answer.value.status == 400, answer.value.text()
     reason = answer.value.json()["detail"]
     # The batch API's answer to the same job (the form's defaults, this input) says the same.
