@@ -28,6 +28,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from llm_batch.airflow import lanes
 from llm_batch.airflow import users as airflow_users
 from llm_batch.airflow.operators import shard_operator
+from llm_batch.airflow.operators.local import warm_early
 from llm_batch.core import jobs, run_conf
 from llm_batch.core.config import get_settings
 from llm_batch.core.job_spec import KUBERNETES_ONLY, JobOptions, JobSpec, field_schemas
@@ -167,7 +168,11 @@ with DAG(
             steps.validate(store, SETTINGS, job_id)
         except jobs.JobRejected as exc:
             raise _rejected(exc) from exc
-        return [steps.shard_ref(shard) for shard in steps.plan(store, SETTINGS, job_id)]
+        warming = warm_early(store, SETTINGS, job_id)  # a cold engine starts while the shards are planned
+        shards = [steps.shard_ref(shard) for shard in steps.plan(store, SETTINGS, job_id)]
+        if warming is not None:
+            warming.join()
+        return shards
 
     @task(trigger_rule="all_done", retries=2, retry_delay=timedelta(seconds=5),
           outlets=[AssetAlias(RESULTS_ALIAS), AssetAlias(MORE_RESULTS_ALIAS)])

@@ -28,9 +28,10 @@ from llm_batch.core import exit_codes
 from llm_batch.core.config import get_settings
 from llm_batch.core.layout import JobLayout
 from llm_batch.infra import storage
+from llm_batch.infra.processes import read_pid
 from llm_batch.infra.progress import ShardState, read_progress
 from llm_batch.infra.results import count_results, read_results
-from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, start_shard, stop_hosts
+from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, prewarm, start_shard, stop_hosts
 from tests.engine.test_worker_process import _shard as make_shard
 
 pytestmark = pytest.mark.engine
@@ -215,6 +216,24 @@ def test_another_configuration_stops_idle_engines_and_an_idle_engine_exits(setti
     while not _ended(shard.pid):
         assert time.monotonic() < deadline, "the idle host's process did not end"
         time.sleep(0.2)
+
+
+def test_an_engine_started_early_is_the_one_the_first_shard_takes(settings):
+    """A job's prepare step starts its engine before the shard asks (``prewarm``): the host loads
+    the model at once, a second early start finds it up, and the shard runs on it, loaded."""
+    config = {**MODEL_CONFIG, "seed": 11}  # a configuration of its own: cold here
+    slot = Slot(settings.home, engine_key(config), 0)
+    assert prewarm(settings, config) is True
+    host = read_pid(slot.pid_file)
+    assert host and prewarm(settings, config) is False  # up: nothing more started
+    deadline = time.monotonic() + TIMEOUT_S
+    while "preloaded" not in slot.log.read_text():  # loaded with no shard asking
+        assert time.monotonic() < deadline, slot.log.read_text()[-2000:]
+        time.sleep(0.5)
+    shard, _ = _run(settings, _shard(2), model_config=config)
+    assert shard.wait(TIMEOUT_S) == exit_codes.DONE and shard.pid == host
+    assert "already loaded" in slot.log.read_text().split("preloaded", 1)[1]
+    stop_hosts(settings.home)  # the other tests' configuration loads again when asked
 
 
 def _ended(pid: int) -> bool:

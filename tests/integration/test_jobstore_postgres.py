@@ -119,9 +119,10 @@ def _head() -> str:
 
 
 def test_a_cache_fill_upserts_alike_on_both_databases(fresh_url: str):
-    """The result cache's index in bulk (PostgreSQL's path is its own: multi-row INSERTs):
+    """The result cache's index in bulk (PostgreSQL's path is its own: COPY, then one upsert):
     more rows than one transaction holds, a key given twice in one fill (the last wins), a
-    key filled again by a later job (replaced), and another owner's key kept apart."""
+    key filled again by a later job (replaced), another owner's key kept apart, and values
+    COPY's text format must escape kept as they were."""
     from datetime import UTC, datetime, timedelta
 
     from llm_batch.infra.jobstore import result_cache as index
@@ -141,4 +142,8 @@ def test_a_cache_fill_upserts_alike_on_both_databases(fresh_url: str):
     assert (mine[f"k{count - 1}"].uri, mine[f"k{count - 1}"].at_byte) == ("pack-a", (count - 1) * 10)
     assert store.cache_entries("bob", ["k1", "k2"], made_after=since)["k1"].bytes == 12
     assert set(store.cache_entries("bob", ["k1", "k2"], made_after=since)) == {"k1"}
+    odd_uri = "s3://b/a\\b\tc\nd\\N.jsonl"
+    store.put_cache_entries(owner="(every owner)", job_id="job_d", uri=odd_uri, packed=[Packed("k9", 0, 1, 0, 0)])
+    assert store.cache_entries("(every owner)", ["k9"], made_after=since)["k9"].uri == odd_uri
+    assert store.cache_entries("(every owner)", ["k9"], made_after=since)["k9"].at_byte == 0
     store.close()

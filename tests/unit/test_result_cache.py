@@ -24,7 +24,7 @@ from llm_batch.core.config import Settings
 from llm_batch.core.records import BatchRequest, ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.result_cache import cache_key, cacheable
+from llm_batch.infra.result_cache import cache_key, cacheable, key_prefix
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline import housekeeping, result_cache, shard_task, steps
 
@@ -112,6 +112,41 @@ def test_what_is_cacheable_and_what_decides_the_key():
         cache_key(identity, CHAT, request(temperature=0, max_tokens=4), lora=True),  # an engine with LoRA on
     }
     assert base not in others and len(others) == 5
+    # Every key of one model, config and endpoint starts alike: a first run asks the index once.
+    prefix = key_prefix(identity, CHAT)
+    assert base.startswith(prefix) and len(base) == 64
+    assert cache_key(identity, CHAT, request(temperature=0, max_tokens=5), lora=True).startswith(prefix)
+    assert not cache_key(identity, "/v1/completions", request(temperature=0), lora=False).startswith(prefix)
+
+
+def test_holds_cache_prefix_answers_per_owner_prefix_and_age(store):
+    from llm_batch.infra.result_cache import Packed
+
+    key = "0123456789abcdef" + "f" * 48
+    store.put_cache_entries(owner="alice", job_id="job_a", uri="pack-a", packed=[Packed(key, 0, 10, 1, 1)])
+    recent = datetime.now(UTC) - timedelta(hours=1)
+    assert store.holds_cache_prefix("alice", key[:16], made_after=recent)
+    assert store.holds_cache_prefix("alice", key[:4], made_after=recent)
+    assert not store.holds_cache_prefix("alice", "0123456789abcdee", made_after=recent)  # a neighbour of it
+    assert not store.holds_cache_prefix("alice", "0123456789abcdf0", made_after=recent)
+    assert not store.holds_cache_prefix("bob", key[:16], made_after=recent)  # another owner's
+    assert not store.holds_cache_prefix("alice", key[:16], made_after=datetime.now(UTC) + timedelta(hours=1))
+
+
+def test_a_first_run_of_an_uncached_model_is_not_looked_up_line_by_line(store, settings, monkeypatch):
+    """Nothing cached of the job's model, config and endpoint: the plan runs the validated file
+    itself, no split written, and no line looked up (one indexed question instead)."""
+    lines = [_line(i, temperature=0) for i in range(3)]
+    _run(store, settings, _conf(settings, lines))  # the cache now holds this config's answers
+    other = _conf(settings, lines, model_config={"dtype": "float32"})
+    job_id = steps.register(store, settings, other, f"manual__{uuid.uuid4().hex}", trusted=True)
+    steps.validate(store, settings, job_id)
+    layout = steps.layout_of(settings, job_id)
+    looked_up: list[list[str]] = []
+    monkeypatch.setattr(store, "cache_entries", lambda owner, keys, **_: looked_up.append(list(keys)) or {})
+    assert result_cache.answer_from_cache(store, settings, store.get_job(job_id), layout) == layout.validated
+    assert not storage.exists(layout.cached_results) and not storage.exists(layout.uncached)
+    assert looked_up == []
 
 
 def test_two_jobs_differing_only_in_the_engine_s_lora_state_have_different_keys(store, settings):
@@ -270,3 +305,23 @@ def test_the_batch_steps_manifest_carries_the_cached_count():
     manifest = manifest_of(job)
     assert (manifest["succeeded"], manifest["cached"], manifest["missing"]) == (5, 3, 0)
     assert manifest_of({**job, "usage": {}})["cached"] == 0
+
+
+def test_an_engine_is_started_early_only_when_the_cache_cannot_answer(store, settings):
+    """The prepare step starts the shards' engine while it plans (``steps.engine_to_warm``),
+    unless the cache holds answers of the job's model, config and endpoint for its owner."""
+    lines = [_line(i, temperature=0) for i in range(3)]
+
+    def registered(conf: dict) -> str:
+        job_id = steps.register(store, settings, conf, f"manual__{uuid.uuid4().hex}", trusted=True)
+        steps.validate(store, settings, job_id)
+        return job_id
+
+    first = registered(_conf(settings, lines))
+    assert steps.engine_to_warm(store, settings, first)["model"] == "tiny-random-llama"
+    _run(store, settings, _conf(settings, lines))  # the cache now holds this configuration's answers
+    again = registered(_conf(settings, lines))
+    assert steps.engine_to_warm(store, settings, again) is None
+    assert steps.engine_to_warm(store, settings.model_copy(update={"result_cache": False}), again) is not None
+    bob = registered(_conf(settings, lines, owner="bob"))  # another owner's cache is empty
+    assert steps.engine_to_warm(store, settings, bob)["model"] == "tiny-random-llama"

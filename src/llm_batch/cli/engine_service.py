@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     host.add_argument("--seats", type=int, default=2, help="an engine service: shards it runs at once")
     host.add_argument("--preload", nargs="?", const="{}", metavar="JSON",
                       help="an engine service: load the model before listening, with these model_config "
-                           "overrides (none: the registry's defaults), so it is ready only when warm")
+                           "overrides (none: the registry's defaults), so it is ready only when warm; "
+                           "a local host: the model_config to load once listening (a job's prepare starts it so)")
     host.set_defaults(func=engine_host)
 
     parser = subparsers.add_parser("engine-service", help="warm engines on Kubernetes (manifests)",
@@ -109,19 +110,29 @@ def print_manifest(args: argparse.Namespace) -> int:
 
 def engine_host(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        preload = None if args.preload is None else _json_object(args.preload)
+    except ValueError as exc:
+        logging.error("engine-host: %s", exc)
+        return exit_codes.USAGE
     if args.listen is None:
         if args.socket is None or not args.lock or args.pid_file is None:
             logging.error("engine-host: --socket, --lock and --pid-file (local), or --listen and --model (a service)")
             return exit_codes.USAGE
-        return serve(args.socket, args.lock, args.pid_file, args.idle_seconds)
+        return serve(args.socket, args.lock, args.pid_file, args.idle_seconds, preload)
     try:
         if not args.model or args.seats < 1:
             raise ValueError("an engine service needs --model and --seats >= 1")
-        preload = None if args.preload is None else orjson.loads(args.preload)
-        if preload is not None and not isinstance(preload, dict):
-            raise ValueError("--preload takes a JSON object of model_config overrides")
         return serve_service(parse_address(args.listen), args.seats, os.environ.get("LLM_BATCH_ENGINE_TOKEN", ""),
                              args.model, preload)
     except (ValueError, WarmEngineError, OSError) as exc:
         logging.error("engine-host: %s", exc)
         return exit_codes.USAGE
+
+
+def _json_object(text: str) -> dict:
+    """``--preload``'s value (ValueError: not a JSON object)."""
+    value = orjson.loads(text)  # orjson.JSONDecodeError is a ValueError
+    if not isinstance(value, dict):
+        raise ValueError("--preload takes a JSON object of model_config keys")
+    return value

@@ -22,7 +22,10 @@ from llm_batch.core.layout import join_uri
 from llm_batch.core.records import BatchRequest
 from llm_batch.infra import storage
 
-CACHE_FORMAT = 2  # part of every key: a change of what is cached makes every old entry a miss
+CACHE_FORMAT = 3  # part of every key: a change of what is cached makes every old entry a miss
+# A key's first digits name the job-wide part of what decides an answer (model, its config,
+# endpoint): a first run of a model nobody cached asks one indexed question, not one per line.
+PREFIX_DIGITS = 16
 _SAMPLED = frozenset({"/v1/chat/completions", "/v1/completions"})
 _DETERMINED = frozenset({"/v1/embeddings"})
 CACHEABLE_ENDPOINTS = _SAMPLED | _DETERMINED
@@ -41,11 +44,20 @@ def cacheable(endpoint: str, request: BatchRequest) -> bool:
     return greedy or (isinstance(seed, int) and not isinstance(seed, bool))
 
 
-def cache_key(identity: dict[str, Any], endpoint: str, request: BatchRequest, *, lora: bool) -> str:
-    """The request's content address (hex SHA-256) as an engine with LoRA on or off answers it."""
+def key_prefix(identity: dict[str, Any], endpoint: str) -> str:
+    """The first ``PREFIX_DIGITS`` hex digits of the keys of every request of ``identity`` to ``endpoint``."""
+    shared = {"format": CACHE_FORMAT, "identity": identity, "endpoint": endpoint}
+    return hashlib.sha256(orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest()[:PREFIX_DIGITS]
+
+
+def cache_key(identity: dict[str, Any], endpoint: str, request: BatchRequest, *, lora: bool,
+              prefix: str | None = None) -> str:
+    """The request's content address as an engine with LoRA on or off answers it: ``key_prefix``
+    (``prefix``, if the caller has it), then the rest of a SHA-256 of everything (64 hex digits)."""
     decided_by = {"format": CACHE_FORMAT, "identity": identity, "lora": lora, "endpoint": endpoint,
                   "body": request.body, "adapter": request.adapter, "adapter_uri": request.adapter_uri}
-    return hashlib.sha256(orjson.dumps(decided_by, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    digest = hashlib.sha256(orjson.dumps(decided_by, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return (prefix or key_prefix(identity, endpoint)) + digest[PREFIX_DIGITS:]
 
 
 def pack_uri(settings: Settings, owner: str, job_id: str, shard: int) -> str:

@@ -18,7 +18,15 @@ from llm_batch.core.model_config import ModelError
 from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.model_registry import load_registry
-from llm_batch.infra.result_cache import CACHEABLE_ENDPOINTS, cache_key, cacheable, pack_uri, read_answers, write_pack
+from llm_batch.infra.result_cache import (
+    CACHEABLE_ENDPOINTS,
+    cache_key,
+    cacheable,
+    key_prefix,
+    pack_uri,
+    read_answers,
+    write_pack,
+)
 from llm_batch.infra.results import paired_results
 from llm_batch.infra.streams import stored_lines
 from llm_batch.pipeline.sharding import ShardPlan, read_manifest
@@ -60,6 +68,7 @@ class _Keys:
         if defaults := job.input.sampling_defaults:  # they decide the answers of the lines that omit them
             self.identity["sampling_defaults"] = defaults.model_dump(mode="json", exclude_none=True)
         self.endpoint = job.endpoint
+        self.prefix = key_prefix(self.identity, self.endpoint)  # every key of the job starts so
 
     def of(self, request: BatchRequest, lora: bool | None = None) -> str | None:
         """The key of ``request``'s answer from an engine with LoRA on or off (``lora``, None: what a
@@ -68,7 +77,8 @@ class _Keys:
             return None
         adapter = self.registry.adapters.get(request.adapter) if self.registry and request.adapter else None
         identity = {**self.identity, "adapter_spec": adapter.model_dump(mode="json") if adapter else None}
-        return cache_key(identity, self.endpoint, request, lora=_lookup_lora(request) if lora is None else lora)
+        return cache_key(identity, self.endpoint, request, lora=_lookup_lora(request) if lora is None else lora,
+                         prefix=self.prefix)
 
 
 def _lookup_lora(request: BatchRequest) -> bool:
@@ -76,15 +86,25 @@ def _lookup_lora(request: BatchRequest) -> bool:
     return request.adapter is not None
 
 
+def may_answer(store: ResultCacheRepository, settings: Settings, job: Job) -> bool:
+    """Whether the cache may answer some of the job's lines (it holds answers of its model,
+    config and endpoint for its scope): one indexed question."""
+    if not enabled(settings, job) or job.endpoint not in CACHEABLE_ENDPOINTS:
+        return False
+    keys = _Keys(settings, job)
+    made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
+    return store.holds_cache_prefix(cache_scope(settings, job), keys.prefix, made_after=made_after)
+
+
 def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> str:
     """Split the validated requests into cached results and the rest; returns what the shards run
     (``layout.validated`` itself when the cache is off for the job or answers none of its lines).
     The rest is published first, so a retried plan finding both reuses them and finding only
     the first redoes the split: a line is never in both."""
-    if not enabled(settings, job) or job.endpoint not in CACHEABLE_ENDPOINTS:
-        return layout.validated
     if storage.exists(layout.cached_results) and storage.exists(layout.uncached):
         return layout.uncached
+    if not may_answer(store, settings, job):
+        return layout.validated  # nothing of this model, config and endpoint: no line to look up
     lookups = _Lookups(store, settings, job)
     if not any(entry is not None for *_, entry in chain.from_iterable(lookups.batches(layout.validated))):
         return layout.validated

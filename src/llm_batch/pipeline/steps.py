@@ -284,13 +284,25 @@ def shard_task(given: dict[str, Any], settings: Settings, store: JobStore | None
     return _shard_task(store, settings, _job(store, str(given["job_id"])), int(given["shard"]), given.get("requests"))
 
 
+def engine_model_config(store: AdapterRepository, job: Job) -> dict[str, Any]:
+    """The model_config the job's shards load: an owner's adapter's lines load its base."""
+    own = {a.name: a.base for a in store.list_adapters(job.owner)}
+    return {**(job.model_config or {}), "model": own.get(job.model, job.model)}
+
+
+def engine_to_warm(store: JobStore, settings: Settings, job_id: str) -> dict[str, Any] | None:
+    """What the job's shards will load, to start loading while it is planned; None if its
+    lines may all be answered from the result cache (then no engine may be needed at all)."""
+    from llm_batch.pipeline.result_cache import may_answer  # heavy
+
+    job = _job(store, job_id)
+    return None if may_answer(store, settings, job) else engine_model_config(store, job)
+
+
 def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: int, count: int | None) -> ShardTask:
     layout = layout_of(settings, job.id)
     shard = layout.shard(index)
     resources = job.resources or {}
-    # The workers load an owner's adapter's base; its lines name the adapter.
-    own = {a.name: a.base for a in store.list_adapters(job.owner)}
-    model = own.get(job.model, job.model)
     return ShardTask(
         job_id=job.id,
         shard=index,
@@ -299,7 +311,7 @@ def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: i
         progress_uri=shard.progress,
         cancel_marker=layout.cancel_marker,
         endpoint=job.endpoint,
-        model_config_json=orjson.dumps({**(job.model_config or {}), "model": model}).decode(),
+        model_config_json=orjson.dumps(engine_model_config(store, job)).decode(),
         deadline=job_deadline(job).isoformat(),
         options_json=job.input.part(JobOptions).model_dump_json(exclude_defaults=True),
         cache_salt=owners.cache_salt(job.owner),

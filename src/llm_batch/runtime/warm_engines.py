@@ -207,6 +207,19 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
     return WarmShard(conn, seat_fd, pid, on_line)
 
 
+def prewarm(settings: Settings, model_config: dict[str, Any]) -> bool:
+    """Start the warm engine a job's first shard will take (the first slot of its model, as
+    ``_take_seat`` tries first), loading ``model_config`` at once, so that a cold start
+    overlaps the job's planning and scheduling; takes no seat. False: a host is up already."""
+    slot = Slot(settings.home, engine_key(model_config), 0)
+    with _holding(slot.lock):
+        if reached := _try_connect(slot):
+            reached[0].close()
+            return False
+        _connect(slot, settings, preload=model_config)[0].close()
+    return True
+
+
 def start_service_shard(address: tuple[str, int], token: str, worker_args: list[str],
                         on_line: Callable[[str], None]) -> WarmShard:
     """Hand a shard to the engine service at ``address``; it keeps the seats, so a shard
@@ -257,13 +270,14 @@ def _holding(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
-    """A connection to the slot's host (we hold the slot's lock, so nobody else starts one)."""
+def _connect(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None) -> tuple[socket.socket, int]:
+    """A connection to the slot's host (we hold the slot's lock, so nobody else starts one);
+    a host started here loads ``preload`` (a model_config) before any shard asks."""
     if reached := _try_connect(slot):
         return reached
     slot.socket.unlink(missing_ok=True)  # a killed host's leftover
     _evict_idle(slot, settings.warm_engine_seats, settings.warm_engine_configs)
-    host = _spawn_host(slot, settings)
+    host = _spawn_host(slot, settings, preload)
     deadline = time.monotonic() + HOST_START_S
     while (reached := _try_connect(slot)) is None:
         if host.poll() is not None or time.monotonic() > deadline:
@@ -317,9 +331,11 @@ def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
         return None
 
 
-def _spawn_host(slot: Slot, settings: Settings) -> subprocess.Popen[bytes]:
+def _spawn_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--socket", str(slot.socket),
                "--pid-file", str(slot.pid_file), "--idle-seconds", str(settings.warm_engine_idle_seconds)]
+    if preload is not None:
+        command += ["--preload", orjson.dumps(preload).decode()]
     for seat_lock in slot.seat_locks(settings.warm_engine_seats):
         command += ["--lock", str(seat_lock)]
     log.info("starting warm engine %s: %s", slot.name, " ".join(command))
@@ -467,8 +483,10 @@ def _id_prefix(request_id: str) -> str:
     return request_id.partition("-")[0]
 
 
-def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_seconds: float) -> int:
-    """The host's loop: each connection's shard in a thread of its own, until idle or broken."""
+def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_seconds: float,
+          preload: dict[str, Any] | None = None) -> int:
+    """The host's loop: each connection's shard in a thread of its own, until idle or broken.
+    ``preload``: a model_config to load once listening (a shard arriving meanwhile waits for it)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     socket_path.unlink(missing_ok=True)
     listener.bind(str(socket_path))
@@ -479,9 +497,13 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
     engine = KeptEngine()
     log.info("warm engine listening on %s, %d seat(s) (exits after %.0f s idle)", socket_path, len(seat_locks),
              idle_seconds)
+    loading = [] if preload is None else [threading.Thread(target=_preload_quietly, args=(engine, preload),
+                                                           daemon=True, name="preload")]
+    for thread in loading:
+        thread.start()
     try:
         # Broken: take no more shards (a client starts a new host), let the running ones end.
-        _accept_shards(listener, engine, _Door(), idle_seconds, seat_locks)
+        _accept_shards(listener, engine, _Door(), idle_seconds, seat_locks, running=loading)
     finally:
         _unlink_if(socket_path, lambda: os.stat(socket_path).st_ino == bound)
         _unlink_if(pid_file, lambda: read_pid(pid_file) == os.getpid())
@@ -513,12 +535,13 @@ def serve_service(address: tuple[str, int], seats: int, token: str, model: str,
 
 
 def _accept_shards(listener: socket.socket, engine: KeptEngine, door: _Door, idle_seconds: float = math.inf,
-                   seat_locks: list[Path] | None = None) -> None:
+                   seat_locks: list[Path] | None = None, running: list[threading.Thread] | None = None) -> None:
     """Each connection's shard in a thread of its own, until the engine breaks, the door
-    closes or no shard has run for ``idle_seconds``; then waits for the running shards."""
+    closes or no shard has run for ``idle_seconds``; then waits for the running shards (and
+    the ``running`` threads given)."""
     listener.settimeout(1.0)
     turns = _ShardTurns()
-    running: list[threading.Thread] = []
+    running = list(running or [])
     quiet_since = time.monotonic()
     try:
         while not engine.broken and not door.closing.is_set():
@@ -558,7 +581,15 @@ def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
         raise WarmEngineError(f"cannot preload {model_config}: {exc}") from None
     started = time.monotonic()
     engine.release(engine.get(model), healthy=True)
-    log.info("engine service: model %s preloaded in %.1f s", model.name, time.monotonic() - started)
+    log.info("model %s preloaded in %.1f s", model.name, time.monotonic() - started)
+
+
+def _preload_quietly(engine: KeptEngine, model_config: dict[str, Any]) -> None:
+    """A local host's preload: a failure is logged, and the first shard loads (and reports) it."""
+    try:
+        _preload(engine, model_config)
+    except Exception:  # noqa: BLE001 - an early start only: the shard's own load says what is wrong
+        log.exception("preloading %s failed; the first shard loads it", model_config.get("model"))
 
 
 class _Door:

@@ -6,6 +6,7 @@ its model instead (``llm_batch.runtime.warm_engines``), which a kill leaves warm
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -21,11 +22,13 @@ from airflow.sdk.exceptions import AirflowException
 
 from llm_batch.airflow.operators.shard import ShardTaskMixin, error_tail
 from llm_batch.core.placement import multi_node_refusal
+from llm_batch.pipeline import steps
 from llm_batch.pipeline.shard_task import try_report_shard
-from llm_batch.runtime.warm_engines import WarmEngineError, WarmShard, start_shard
+from llm_batch.runtime.warm_engines import WarmEngineError, WarmShard, prewarm, start_shard
 
 if TYPE_CHECKING:
     from llm_batch.core.config import Settings
+    from llm_batch.infra.jobstore import JobStore
 
 # Seconds between supervision rounds (cancel flag, deadline, progress).
 POLL_SECONDS = 2.0
@@ -33,12 +36,33 @@ POLL_SECONDS = 2.0
 TERM_SECONDS = 10.0
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
+log = logging.getLogger(__name__)
 
 
 def _die_with_parent() -> None:
     """Runs in the child before exec: if the task process dies without cleaning up (kill -9),
     the kernel kills the worker too, so a retry never races an orphan on the same shard."""
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def warm_early(store: JobStore, settings: Settings, job_id: str) -> threading.Thread | None:
+    """Start the warm engine the job's shards will take while its shards are planned, so a cold
+    engine's start overlaps the planning and the scheduling of its shard tasks; join the thread
+    before the task ends. None: its shards run elsewhere, or the cache may answer its lines."""
+    if settings.shard_runner != "local" or not settings.warm_engines:
+        return None
+    if (model_config := steps.engine_to_warm(store, settings, job_id)) is None:
+        return None
+
+    def start() -> None:
+        try:
+            prewarm(settings, model_config)
+        except (WarmEngineError, OSError) as exc:  # an early start only: the shard starts it as usual
+            log.warning("could not start the warm engine early: %s", exc)
+
+    thread = threading.Thread(target=start, name="warm-early", daemon=True)
+    thread.start()
+    return thread
 
 
 class LocalShardOperator(ShardTaskMixin, BaseOperator):
