@@ -48,7 +48,7 @@ def _job(layout: JobLayout) -> None:
             errors.append(ErrorRecord(index=i, line=i + 1, custom_id=f"c{i}", code="invalid_request",
                                       message=f"line {i + 1}: refused"))
         else:
-            body = {"messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 24, "min_tokens": 24}
+            body = {"messages": [{"role": "user", "content": f"request {i}"}], "max_tokens": 8, "min_tokens": 8}
             requests.append(BatchRequest(index=i, custom_id=f"c{i}", body=body))
     storage.write_bytes(layout.validated, b"".join(dumps_line(r) for r in requests))
     storage.write_bytes(layout.validation_errors, b"".join(dumps_line(e) for e in errors))
@@ -88,7 +88,7 @@ class Reader(threading.Thread):
                     line = entry.get("output") or entry["error"]
                     assert self.shown.setdefault(line["id"], line) == line, f"line {entry['line']} changed"
                 self.reads += 1
-                self.stop.wait(0.05)  # a breath between reads: the worker shares the 2 cores
+                self.stop.wait(0.25)  # a breath between reads: the worker shares the 2 cores
         except BaseException as exc:  # handed to the test thread
             self.failure = exc
 
