@@ -19,7 +19,8 @@ from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import JobLayout
 from llm_batch.infra.progress import read_progress
 from llm_batch.infra.results import count_results
-from llm_batch.runtime.warm_engines import stop_hosts
+from llm_batch.pipeline import steps
+from llm_batch.runtime.warm_engines import Slot, engine_key, stop_hosts
 from tests.dags.test_batch_inference import (
     KILL_POLL_S,
     TINY_MODEL,
@@ -68,6 +69,9 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     _assert_every_request_once(JobLayout(get_settings().work_uri, job.id), job, 6)
     hosts = _host_pids(warm)
     assert len(hosts) >= 1, "no warm engine is running after the job"
+    # prepare started the engine (cold: this configuration is this test's) before a shard asked.
+    log = Slot(llm_batch_home, engine_key(steps.engine_model_config(store, job)), 0).log.read_text()
+    assert "preloaded" in log and "already loaded" in log, log[-3000:]
 
     n = 60
     second = _write_input(llm_batch_home, "warm_killed", [_request(i, max_tokens=16, min_tokens=16) for i in range(n)])

@@ -700,6 +700,8 @@ def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurn
                 if refusal := door.foreign(config.model_config):
                     raise WorkerUsageError(refusal)
                 bind_job(config.job_id)  # this thread's lines name it, as a worker's do
+            except _NothingSent:
+                log.debug("a connection closed before its request (a probe)")
             except (WorkerUsageError, OSError, ValueError, KeyError, TypeError) as exc:
                 log.error("not a shard: %s", exc)
             else:
@@ -716,10 +718,16 @@ def _serve_connection(conn: socket.socket, engine: KeptEngine, turns: _ShardTurn
         forward.send({"exit": code})
 
 
+class _NothingSent(ValueError):
+    """The peer closed the connection without a line: a probe (``prewarm``), or a host gone."""
+
+
 def _read_message(conn: socket.socket) -> dict[str, Any]:
     """One JSON object line (bounded: a service's clients are on the network)."""
     with conn.makefile("rb") as stream:
         line = stream.readline(MAX_REQUEST_BYTES + 1)
+    if not line:
+        raise _NothingSent("the connection closed before a line")
     if len(line) > MAX_REQUEST_BYTES:
         raise ValueError(f"a line longer than {MAX_REQUEST_BYTES} bytes")
     message = orjson.loads(line)

@@ -48,8 +48,9 @@ def _die_with_parent() -> None:
 def warm_early(store: JobStore, settings: Settings, job_id: str) -> threading.Thread | None:
     """Start the warm engine the job's shards will take while its shards are planned, so a cold
     engine's start overlaps the planning and the scheduling of its shard tasks; join the thread
-    before the task ends. None: its shards run elsewhere, or the cache may answer its lines."""
-    if settings.shard_runner != "local" or not settings.warm_engines:
+    before the task ends. None: its shards run elsewhere (another runner, or another machine's
+    executor slots), or the cache may answer its lines."""
+    if settings.shard_runner != "local" or not settings.warm_engines or not _tasks_run_here():
         return None
     if (model_config := steps.engine_to_warm(store, settings, job_id)) is None:
         return None
@@ -63,6 +64,15 @@ def warm_early(store: JobStore, settings: Settings, job_id: str) -> threading.Th
     thread = threading.Thread(target=start, name="warm-early", daemon=True)
     thread.start()
     return thread
+
+
+def _tasks_run_here() -> bool:
+    """Whether every task of the run runs on this machine (Airflow's LocalExecutor, as the
+    embedded stack's), so the shards find the engine its prepare step started."""
+    from airflow.configuration import conf
+
+    executors = conf.get("core", "executor").split(",")  # names, module paths or "alias:path"
+    return [e.strip().rpartition(":")[2].rpartition(".")[2] for e in executors] == ["LocalExecutor"]
 
 
 class LocalShardOperator(ShardTaskMixin, BaseOperator):
