@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice, ModelRefused
+from llm_batch.core.records import BatchRequest
 from llm_batch.infra import storage
 from llm_batch.infra.adapters import (
     MAX_ARCHIVE_MEMBERS,
@@ -31,7 +32,7 @@ from llm_batch.infra.adapters import (
     unpack_adapter,
 )
 from llm_batch.infra.model_registry import Registry, UnknownModel, load_registry
-from tests.unit.data_plane_fixtures import new_layout
+from tests.unit.data_plane_fixtures import new_layout, ok_result
 
 BASE_CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
                "num_key_value_heads": 2}
@@ -253,8 +254,9 @@ def test_the_plan_groups_lines_by_adapter():
     for plan in plans:  # each shard's lines in input order
         indexes = [orjson.loads(line)["index"] for line in storage.read_bytes(plan.requests_uri).splitlines()]
         assert indexes == sorted(indexes)
-    # Two shards: two models each; one model: the plans without adapters, no adapter listed.
-    assert [p.adapters for p in plan_shards(layout, 2)] == [["a"], ["b", "c"]]
+    # Two shards: the base lines on one, the three adapters on the other; one model: the plans
+    # without adapters, no adapter listed.
+    assert [p.adapters for p in plan_shards(layout, 2)] == [[], ["a", "b", "c"]]
     single = _validated(["a"] * 10)
     assert [p.adapters for p in plan_shards(single, 3)] == [["a"], ["a"], ["a"]]
     assert not read_manifest(single).adapter_grouped
@@ -267,6 +269,109 @@ def test_the_plan_never_leaves_a_shard_empty():
     plans = plan_shards(layout, 5)
     assert len(plans) == 5 and all(p.count for p in plans) and sum(p.count for p in plans) == 10
     assert ModelChoice("b").adapters == []
+
+
+def _shard_lines(plan) -> list[dict]:
+    return [orjson.loads(line) for line in storage.read_bytes(plan.requests_uri).splitlines()]
+
+
+def _sides(plans) -> list[str]:
+    """Each shard's side: "base" (no line names an adapter), "lora" (every line does), or "mixed"."""
+    sides = []
+    for plan in plans:
+        on_adapter = {bool(line.get("adapter")) for line in _shard_lines(plan)}
+        sides.append("mixed" if len(on_adapter) == 2 else "lora" if on_adapter == {True} else "base")
+    return sides
+
+
+def test_a_job_mixing_base_and_adapter_lines_gets_a_shard_for_each_even_when_one_was_asked():
+    from llm_batch.infra.results import ResultsWriter
+    from llm_batch.pipeline.merge import merge_job
+    from llm_batch.pipeline.sharding import plan_shards, read_manifest
+
+    # The first line on an adapter: its side comes first, so shard 0 holds the first request.
+    models = ["a", None, "b", None, None, "a", None, "c", None, None]
+    layout = _validated(models)
+    plans = plan_shards(layout, 1)
+    manifest = read_manifest(layout)
+    assert (manifest.num_shards, len(manifest.shards), manifest.adapter_grouped) == (1, 2, True)
+    assert [p.index for p in plans] == [0, 1]
+    assert _sides(plans) == ["lora", "base"]
+    assert [p.adapters for p in plans] == [["a", "b", "c"], []]
+    assert [p.count for p in plans] == [4, 6]
+    indexes = [[line["index"] for line in _shard_lines(p)] for p in plans]
+    assert indexes == [[0, 2, 5, 7], [1, 3, 4, 6, 8, 9]]  # each shard in input order
+    assert sorted(i for shard in indexes for i in shard) == list(range(len(models)))  # every line once
+    assert [(p.start, p.first_index, p.last_index) for p in plans] == [(0, 0, 7), (1, 1, 9)]
+    # The merge interleaves the two shards back into input order.
+    storage.write_bytes(layout.validation_errors, b"")
+    for plan in plans:
+        with ResultsWriter.open(plan.results_uri) as writer:
+            for line in _shard_lines(plan):
+                writer.write(ok_result(BatchRequest.model_validate(line)))
+    counts = merge_job(layout)
+    assert (counts.total, counts.succeeded) == (10, 10)
+    outputs = [orjson.loads(line) for line in storage.read_bytes(layout.output_jsonl).splitlines()]
+    assert [o["custom_id"] for o in outputs] == [f"c{i}" for i in range(10)]
+    # Planned again: the same shards, their results kept.
+    assert plan_shards(layout, 1) == plans
+    assert merge_job(layout).succeeded == 10
+
+
+@pytest.mark.parametrize(("models", "asked", "sides"), [
+    # Shares in proportion to the lines: 10 base of 40 -> 1 of 4 shards; 30 of 40 -> 3.
+    ([None] + ["a", "b", "c"] * 10 + [None] * 9, 4, ["base", "lora", "lora", "lora"]),
+    ([None, None, None, "a"] * 10, 4, ["base", "base", "base", "lora"]),
+    # One base line among many adapter lines still gets its own shard.
+    (["a", "b"] * 20 + [None], 4, ["lora", "lora", "lora", "base"]),
+    # More shards asked than lines: one line each, never both sides on one.
+    ([None, "a", None], 8, ["base", "base", "lora"]),
+    ([None, "a"], 1, ["base", "lora"]),
+])
+def test_no_shard_mixes_base_and_adapter_lines(models, asked, sides):
+    from llm_batch.pipeline.sharding import plan_shards, read_manifest
+
+    layout = _validated(models)
+    plans = plan_shards(layout, asked)
+    assert _sides(plans) == sides
+    assert read_manifest(layout).num_shards == asked
+    assert [p.index for p in plans] == list(range(len(plans)))
+    assert all(p.count for p in plans)
+    indexes = sorted(line["index"] for p in plans for line in _shard_lines(p))
+    assert indexes == list(range(len(models)))
+
+
+def test_a_job_mixing_base_and_adapter_lines_is_split_by_tokens_too():
+    from llm_batch.pipeline.sharding import plan_shards
+
+    layout = new_layout()
+    lines = []
+    for i in range(12):  # the four adapter lines carry most of the prompt tokens
+        on_adapter = i % 3 == 0
+        record = {"index": i, "custom_id": f"c{i}",
+                  "body": {"messages": [{"role": "user", "content": ("x" * 400 if on_adapter else "q")}]}}
+        if on_adapter:
+            record["adapter"] = "a"
+        lines.append(orjson.dumps(record) + b"\n")
+    storage.write_bytes(layout.validated, b"".join(lines))
+    plans = plan_shards(layout, 1, by="tokens")
+    assert _sides(plans) == ["lora", "base"] and [p.count for p in plans] == [4, 8]
+    assert _sides(plan_shards(layout, 4, by="tokens")) == ["lora", "lora", "lora", "base"]
+
+
+def test_jobs_on_one_side_keep_their_plans():
+    from llm_batch.pipeline.sharding import plan_shards, read_manifest
+
+    base = _validated([None] * 10)
+    assert [(p.first_index, p.last_index) for p in plan_shards(base, 1)] == [(0, 9)]
+    assert [(p.first_index, p.last_index) for p in plan_shards(base, 3)] == [(0, 2), (3, 6), (7, 9)]
+    assert not read_manifest(base).adapter_grouped
+    adapters = _validated(["a", "b"] * 5)
+    one = plan_shards(adapters, 1)
+    assert [(p.count, p.adapters) for p in one] == [(10, ["a", "b"])]
+    assert not read_manifest(adapters).adapter_grouped
+    assert [(p.count, p.adapters) for p in plan_shards(adapters, 2)] == [(5, ["a"]), (5, ["b"])]
+    assert read_manifest(adapters).adapter_grouped
 
 
 # -- an uploaded archive (unpack_adapter) -----------------------------------------------------

@@ -163,18 +163,19 @@ def test_two_jobs_differing_only_in_the_engine_s_lora_state_have_different_keys(
     assert keys.of(adapted) == keys.of(adapted, lora=True)  # an adapter line's engine has LoRA on
 
 
-def test_base_lines_answered_beside_adapters_are_not_served_to_base_lines(store, settings):
+def test_a_mixed_job_s_base_lines_run_without_lora_and_are_served_to_base_lines(store, settings):
     """The fill keys each answer with its shard's LoRA state; a lookup asks for a base line as
-    a base-only engine answers it, so base answers computed beside adapters are not entered."""
+    a base-only engine answers it. A job mixing base and adapter lines runs its base lines on a
+    shard of their own (LoRA off), so their answers serve a base-only job."""
     adapter_line = orjson.dumps({"custom_id": "a1", "body": {"model": "tiny-lora-a", "temperature": 0, "max_tokens": 4,
                                                             "messages": [{"role": "user", "content": "question 1"}]}})
     mixed = [_line(0, temperature=0), adapter_line, _line(2, temperature=0)]
     _, ran = _run(store, settings, _conf(settings, mixed))
-    assert ran == [3]  # one shard, LoRA on
-    _, ran = _run(store, settings, _conf(settings, [_line(0, temperature=0), _line(2, temperature=0)]))
-    assert ran == [2], "base lines computed with LoRA on are not a base-only engine's answers"
+    assert ran == [2, 1]  # one shard asked: the base lines' shard, then the adapter's
+    base_only, ran = _run(store, settings, _conf(settings, [_line(0, temperature=0), _line(2, temperature=0)]))
+    assert sum(ran) == 0 and store.get_job(base_only).result_cache_hits == 2
     again, ran = _run(store, settings, _conf(settings, mixed))
-    assert sum(ran) == 0 and store.get_job(again).result_cache_hits == 3  # the adapter's, and the base-only job's
+    assert sum(ran) == 0 and store.get_job(again).result_cache_hits == 3
 
 
 def test_a_second_job_is_answered_from_the_first(store, settings):

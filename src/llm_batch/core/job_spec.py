@@ -157,7 +157,8 @@ class JobSpec(JobOptions):
         "roots, or s3:// in an allowed bucket); an existing file is refused unless your earlier job wrote it and "
         "label `llm-batch.io/overwrite-output` is `true`")
     data_parallelism: _bounded(1, MAX_DATA_PARALLELISM) = Field(  # type: ignore[valid-type]
-        default=1, description="How many shards (workers in parallel) the requests are split into")
+        default=1, description="How many shards (workers in parallel) the requests are split into (a job mixing "
+        "base-model and LoRA adapter lines gets at least one for each)")
     max_runtime_sec: _bounded(1, MAX_RUNTIME_SEC) | None = Field(  # type: ignore[valid-type]
         default=None,
         description="The job's deadline in seconds after creation (default: the server's, one day): workers stop "

@@ -1,13 +1,15 @@
 """Plan a job's shards: one requests file each, in input-index order, and the manifest
 (``{job}/shards.json``) that merge and the DAG read (docs/data-plane.md, "sharding").
 
-Three plans, each of exactly ``min(n, requests)`` non-empty shards numbered from 0:
+Three plans, each of ``min(n, requests)`` non-empty shards numbered from 0 (but see the third):
 - contiguous: balanced ranges of the validated file, by count or estimated prompt tokens;
 - prefix-aware (``Settings.prefix_aware_sharding``): requests sharing their first
   ``PREFIX_KEY_CHARS`` characters on one shard, whose prefix cache then computes the prefix
   once; kept only if it saves ``MIN_PREFIX_SAVING`` of the prompt tokens;
 - adapter-grouped (lines on two or more models: the base and LoRA adapters): lines ordered by
-  adapter, then cut into balanced consecutive pieces, so each shard loads few adapters.
+  adapter, then cut into balanced consecutive pieces, so each shard loads few adapters. A job
+  mixing base-model and adapter lines gets at least one shard for each (two when one was
+  asked): a shard without adapters runs on an engine without LoRA, at the base model's speed.
 
 Planning is deterministic: a re-plan with the same input keeps the shards' results; a
 different plan discards them, as they no longer match their requests.
@@ -65,7 +67,9 @@ class ShardPlan(BaseModel):
 class ShardManifest(BaseModel):
     job_id: str
     by: ShardBy
-    num_shards: int  # as asked; len(shards) may be smaller
+    # As asked; len(shards) may be smaller (fewer requests), or 2 when 1 was asked for a job mixing
+    # base-model and adapter lines (the adapter-grouped plan).
+    num_shards: int
     total_requests: int
     total_weight: int
     shards: list[ShardPlan]
@@ -259,6 +263,12 @@ class _Lines:
     # per line: its model's rank in order of first appearance (the base, or an adapter)
     model: array = field(default_factory=lambda: array("l"))
     models: int = 0  # distinct models (the base counts as one)
+    base: int = -1  # the base model's rank, -1 when no line is on it
+
+    @property
+    def mixed(self) -> bool:
+        """Lines on the base model and lines on adapters."""
+        return self.base >= 0 and self.models > 1
 
     @property
     def total(self) -> int:
@@ -272,8 +282,10 @@ def _read_lines(source: str, by: ShardBy, chars: int) -> _Lines:
     for position, line in enumerate(stored_lines(source)):
         record = orjson.loads(line)
         body = record["body"]
-        lines.model.append(model_rank.setdefault(record.get("adapter"), len(model_rank)))
+        # No adapter (or an empty name, as the worker reads it): the base.
+        lines.model.append(model_rank.setdefault(record.get("adapter") or None, len(model_rank)))
         lines.models = len(model_rank)
+        lines.base = model_rank.get(None, -1)
         tokens = estimate_prompt_tokens(body)
         lines.prompt_tokens += tokens
         weight = tokens if by == "tokens" else 1
@@ -407,28 +419,57 @@ def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -
 
 
 def _adapter_assignment(lines: _Lines, num_shards: int) -> tuple[array, int]:
-    """Each line's shard in the adapter-grouped plan: lines ordered by model (in order of first
-    appearance), a prefix group's lines together, then file order; cut into ``m`` consecutive,
-    non-empty pieces of about equal weight."""
+    """Each line's shard in the adapter-grouped plan and its number of shards. Lines are ordered
+    by model (in order of first appearance), a prefix group's lines together, then file order,
+    and cut into ``m = min(num_shards, lines)`` consecutive, non-empty pieces of about equal
+    weight.
+
+    A job mixing base-model and adapter lines never has both on one shard: the worker starts a
+    shard without adapters on an engine without LoRA, which on CPU runs base lines several times
+    faster than an engine with LoRA on (docs/benchmarks.md, "LoRA adapters"). So the job gets at
+    least one shard for each side, ``max(m, 2)`` shards in all (two when one was asked); each
+    side takes a share of them in proportion to its weight (rounded, at least one, at most its
+    lines) and is cut as above.
+    Adapter lines of different adapters may share a shard: one LoRA engine serves them all.
+    The first line's side comes first, so shard 0 holds the first request."""
     n = lines.total
     m = min(num_shards, n)
+    first_side = lines.model[0] == lines.base
 
-    def place(p: int) -> tuple[int, int, int]:
+    def place(p: int) -> tuple[bool, int, int, int]:
         g = lines.group[p]
-        return lines.model[p], lines.g_first[g] if g >= 0 else p, p
+        return (lines.model[p] == lines.base) != first_side, lines.model[p], lines.g_first[g] if g >= 0 else p, p
 
     order = sorted(range(n), key=place)
-    total = sum(lines.weight) or 1
     shard_of = array("q", bytes(8 * n))
+    if not lines.mixed:
+        _cut(order, lines.weight, 0, m, shard_of)
+        return shard_of, m
+    m = max(m, 2)
+    split = next(i for i, p in enumerate(order) if (lines.model[p] == lines.base) != first_side)
+    head, tail = order[:split], order[split:]
+    head_weight = sum(lines.weight[p] for p in head)
+    total = head_weight + sum(lines.weight[p] for p in tail)
+    share = (2 * m * head_weight + total) // (2 * total)  # m x the head's part of the weight, rounded
+    share = max(1, m - len(tail), min(share, m - 1, len(head)))
+    _cut(head, lines.weight, 0, share, shard_of)
+    _cut(tail, lines.weight, share, m - share, shard_of)
+    return shard_of, m
+
+
+def _cut(order: list[int], weights: array, first: int, m: int, shard_of: array) -> None:
+    """Give the lines at positions ``order`` shards ``first .. first + m - 1`` (in ``shard_of``):
+    ``m`` consecutive, non-empty pieces of about equal weight."""
+    n = len(order)
+    total = sum(weights[p] for p in order) or 1
     k = done = 0
     for i, p in enumerate(order):
         # Move on once this shard has its share, and always while the lines left are only
         # enough to give each later shard one.
         while k < m - 1 and (done * m >= (k + 1) * total or n - i <= m - 1 - k):
             k += 1
-        shard_of[p] = k
-        done += lines.weight[p]
-    return shard_of, m
+        shard_of[p] = first + k
+        done += weights[p]
 
 
 def _write_assigned(layout: JobLayout, source: str, shard_of: array, m: int, weights: array) -> list[ShardPlan]:
@@ -459,6 +500,9 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
                 source: str | None = None, settings: Settings | None = None) -> list[ShardPlan]:
     """Write the shards' request files and the manifest; return the (non-empty) shards.
 
+    ``min(num_shards, requests)`` shards, except that a job mixing base-model and adapter
+    lines gets at least one shard for each and never both on one (two when one was asked:
+    ``_adapter_assignment``); the manifest keeps ``num_shards`` as asked.
     ``prefix_aware`` defaults to ``settings.prefix_aware_sharding`` (default ``get_settings()``),
     ``min_saving`` to MIN_PREFIX_SAVING; ``source`` (default ``layout.validated``) is the file to
     plan (``layout.uncached`` when the result cache answered some).
@@ -475,8 +519,14 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
     assignment = None
     groups = saved = 0
     by_adapter = False
+    lines: _Lines | None = None
     if num_shards > 1:
         lines = _read_lines(source, by, PREFIX_KEY_CHARS if prefix_aware else 0)
+    else:
+        total_requests, total_weight, mixed = _count(source, by)
+        if mixed:  # base and adapter lines: a shard for each
+            lines = _read_lines(source, by, 0)
+    if lines is not None:
         total_requests, total_weight = lines.total, sum(lines.weight)
         groups = len(lines.g_weight)
         if lines.models > 1 and total_requests > 1:
@@ -487,15 +537,11 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
                 saved = _saved_tokens(lines, *assignment, PREFIX_KEY_CHARS)
                 if saved <= 0 or saved < min_saving * lines.prompt_tokens:
                     assignment, saved = None, 0
-    else:
-        total_requests = total_weight = 0
-        for line in stored_lines(source):
-            total_requests += 1
-            total_weight += _weight(line, by)
 
     if assignment is None:
         plans = _write_contiguous(layout, source, num_shards, by, total_requests, total_weight)
     else:
+        assert lines is not None
         plans = _write_assigned(layout, source, *assignment, lines.weight)
 
     manifest = ShardManifest(job_id=layout.job_id, by=by, num_shards=num_shards,
@@ -505,6 +551,19 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
     _discard_stale_shards(layout, manifest)
     storage.write_bytes(layout.shard_manifest, manifest.model_dump_json(indent=2).encode())
     return plans
+
+
+def _count(source: str, by: ShardBy) -> tuple[int, int, bool]:
+    """Pass 1 of a one-shard plan: the requests, their total weight, and whether they mix
+    base-model and adapter lines (only a line that mentions an adapter is parsed by count)."""
+    requests = weight = 0
+    sides: set[bool] = set()  # True: a line on an adapter
+    for line in stored_lines(source):
+        record = orjson.loads(line) if by == "tokens" or b'"adapter"' in line else None
+        requests += 1
+        weight += estimate_prompt_tokens(record["body"]) if record is not None and by == "tokens" else 1
+        sides.add(bool(record and record.get("adapter")))
+    return requests, weight, len(sides) == 2
 
 
 def _discard_stale_shards(layout: JobLayout, manifest: ShardManifest) -> None:
