@@ -170,8 +170,10 @@ def test_a_mixed_job_s_base_lines_run_without_lora_and_are_served_to_base_lines(
     adapter_line = orjson.dumps({"custom_id": "a1", "body": {"model": "tiny-lora-a", "temperature": 0, "max_tokens": 4,
                                                             "messages": [{"role": "user", "content": "question 1"}]}})
     mixed = [_line(0, temperature=0), adapter_line, _line(2, temperature=0)]
-    _, ran = _run(store, settings, _conf(settings, mixed))
+    first, ran = _run(store, settings, _conf(settings, mixed))
     assert ran == [2, 1]  # one shard asked: the base lines' shard, then the adapter's
+    # The adapter's shard goes to a warm engine with LoRA on, the base lines' to one without.
+    assert [steps.shard_task({"job_id": first, "shard": i}, settings, store).lora for i in (0, 1)] == [False, True]
     base_only, ran = _run(store, settings, _conf(settings, [_line(0, temperature=0), _line(2, temperature=0)]))
     assert sum(ran) == 0 and store.get_job(base_only).result_cache_hits == 2
     again, ran = _run(store, settings, _conf(settings, mixed))

@@ -162,6 +162,7 @@ def test_a_host_serves_only_shards_of_its_model_configuration_and_environment():
     key = engine_key(config, env)
     assert engine_key(dict(reversed(list(config.items()))), dict(env)) == key
     assert engine_key(config, {**env, "PYTEST_CURRENT_TEST": "y", "PATH": "/usr/bin"}) == key  # not the host's
+    assert engine_key(config, dict(env), lora=True) != key  # a shard with adapters: a host with LoRA on
     for name, value in [("LLM_BATCH_LOCAL_ROOTS", "/b"), ("VLLM_CPU_KVCACHE_SPACE", "2"),
                         ("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1"), ("HF_HUB_OFFLINE", "1")]:
         assert engine_key(config, {**env, name: value}) != key, name

@@ -41,6 +41,7 @@ class ShardTask(BaseModel):
     priority: str = "normal"
     labels: dict[str, str] = Field(default_factory=dict)
     requests: int | None = None  # how many the shard holds (None: planned before it was counted)
+    lora: bool = False  # its lines name adapters: its engine has LoRA on (a warm engine of its own)
 
     def worker_args(self) -> list[str]:
         """`llm-batch worker ...` arguments (after the program name)."""

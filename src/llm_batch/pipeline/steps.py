@@ -265,7 +265,7 @@ def plan(store: JobStore, settings: Settings, job_id: str) -> list[ShardTask]:
     if job.cancel_requested:
         return []
     store.transition(job_id, JobStatus.RUNNING)
-    return [_shard_task(store, settings, job, shard.index, shard.count) for shard in plans]
+    return [_shard_task(store, settings, job, shard.index, shard.count, bool(shard.adapters)) for shard in plans]
 
 
 def shard_ref(task: ShardTask) -> dict[str, Any]:
@@ -284,6 +284,15 @@ def shard_task(given: dict[str, Any], settings: Settings, store: JobStore | None
     return _shard_task(store, settings, _job(store, str(given["job_id"])), int(given["shard"]), given.get("requests"))
 
 
+def _names_adapters(layout: JobLayout, index: int) -> bool:
+    from llm_batch.pipeline.sharding import read_manifest  # heavy
+
+    if not storage.exists(layout.shard_manifest):
+        return False
+    shards = read_manifest(layout).shards
+    return index < len(shards) and bool(shards[index].adapters)
+
+
 def engine_model_config(store: AdapterRepository, job: Job) -> dict[str, Any]:
     """The model_config the job's shards load: an owner's adapter's lines load its base."""
     own = {a.name: a.base for a in store.list_adapters(job.owner)}
@@ -299,9 +308,12 @@ def engine_to_warm(store: JobStore, settings: Settings, job_id: str) -> dict[str
     return None if may_answer(store, settings, job) else engine_model_config(store, job)
 
 
-def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: int, count: int | None) -> ShardTask:
+def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: int, count: int | None,
+                lora: bool | None = None) -> ShardTask:
     layout = layout_of(settings, job.id)
     shard = layout.shard(index)
+    if lora is None:  # a shard_ref: the plan says whether its lines name adapters
+        lora = _names_adapters(layout, index)
     resources = job.resources or {}
     return ShardTask(
         job_id=job.id,
@@ -321,6 +333,7 @@ def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: i
         priority=priority_band(settings, job.priority),
         labels={str(k): str(v) for k, v in (job.labels or {}).items()},
         requests=count,
+        lora=lora,
     )
 
 

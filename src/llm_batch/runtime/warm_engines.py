@@ -78,12 +78,14 @@ class WarmEngineError(RuntimeError):
 HOST_ENVIRONMENT = ("LLM_BATCH_", "VLLM_", "AWS_", "HF_", "TRANSFORMERS_")
 
 
-def engine_key(model_config: dict[str, Any], environ: dict[str, str] | None = None) -> str:
+def engine_key(model_config: dict[str, Any], environ: dict[str, str] | None = None, lora: bool = False) -> str:
     """Shards of equal model configurations and host environments (``HOST_ENVIRONMENT`` of
-    ``environ``, default this process's) share engines: none runs on a host of an older one."""
+    ``environ``, default this process's) share engines: none runs on a host of an older one.
+    Shards whose lines name adapters (``lora``: the engine has LoRA on) have hosts of their own,
+    so a job's base and adapter shards run at once, neither reloading the other's engine."""
     environ = os.environ if environ is None else environ
     host_env = {name: value for name, value in environ.items() if name.startswith(HOST_ENVIRONMENT)}
-    identity = {"model_config": model_config, "environment": host_env}
+    identity = {"model_config": model_config, "environment": host_env} | ({"lora": True} if lora else {})
     return hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
@@ -190,10 +192,11 @@ class WarmShard:
 
 
 def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: list[str],
-                on_line: Callable[[str], None]) -> WarmShard:
+                on_line: Callable[[str], None], lora: bool = False) -> WarmShard:
     """Hand a shard (``ShardTask.worker_args()``) to a warm engine of its model on this
-    machine, starting one if the free slot has none."""
-    key = engine_key(model_config)
+    machine (one with LoRA on for a shard whose lines name adapters: ``lora``), starting one
+    if the free slot has none."""
+    key = engine_key(model_config, lora=lora)
     engines = max(1, settings.warm_engine_slots or settings.local_pool_slots)
     slot, seat, seat_fd = _take_seat(settings.home, key, engines, settings.warm_engine_seats)
     try:

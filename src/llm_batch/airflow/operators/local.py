@@ -17,6 +17,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from airflow.configuration import conf
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
@@ -69,8 +70,6 @@ def warm_early(store: JobStore, settings: Settings, job_id: str) -> threading.Th
 def _tasks_run_here() -> bool:
     """Whether every task of the run runs on this machine (Airflow's LocalExecutor, as the
     embedded stack's), so the shards find the engine its prepare step started."""
-    from airflow.configuration import conf
-
     executors = conf.get("core", "executor").split(",")  # names, module paths or "alias:path"
     return [e.strip().rpartition(":")[2].rpartition(".")[2] for e in executors] == ["LocalExecutor"]
 
@@ -142,7 +141,8 @@ class LocalShardOperator(ShardTaskMixin, BaseOperator):
     def _start_warm(self) -> WarmShard:
         task = self.shard
         self.log.info("handing shard %s to a warm engine", task.shard)
-        return start_shard(self.llm_settings, orjson.loads(task.model_config_json), task.worker_args(), self._log_line)
+        return start_shard(self.llm_settings, orjson.loads(task.model_config_json), task.worker_args(), self._log_line,
+                           lora=task.lora)
 
     def _stream_output(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
