@@ -89,11 +89,7 @@ def _lookup_lora(request: BatchRequest) -> bool:
 def may_answer(store: ResultCacheRepository, settings: Settings, job: Job) -> bool:
     """Whether the cache may answer some of the job's lines (it holds answers of its model,
     config and endpoint for its scope): one indexed question."""
-    if not enabled(settings, job) or job.endpoint not in CACHEABLE_ENDPOINTS:
-        return False
-    keys = _Keys(settings, job)
-    made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
-    return store.holds_cache_prefix(cache_scope(settings, job), keys.prefix, made_after=made_after)
+    return enabled(settings, job) and job.endpoint in CACHEABLE_ENDPOINTS and _Lookups(store, settings, job).may_hit()
 
 
 def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> str:
@@ -101,11 +97,13 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
     (``layout.validated`` itself when the cache is off for the job or answers none of its lines).
     The rest is published first, so a retried plan finding both reuses them and finding only
     the first redoes the split: a line is never in both."""
+    if not enabled(settings, job) or job.endpoint not in CACHEABLE_ENDPOINTS:
+        return layout.validated
     if storage.exists(layout.cached_results) and storage.exists(layout.uncached):
         return layout.uncached
-    if not may_answer(store, settings, job):
-        return layout.validated  # nothing of this model, config and endpoint: no line to look up
     lookups = _Lookups(store, settings, job)
+    if not lookups.may_hit():
+        return layout.validated  # nothing of this model, config and endpoint: no line to look up
     if not any(entry is not None for *_, entry in chain.from_iterable(lookups.batches(layout.validated))):
         return layout.validated
     with storage.open_write(layout.cached_results) as cached, storage.open_write(layout.uncached) as rest:
@@ -129,6 +127,10 @@ class _Lookups:
     def __init__(self, store: JobStore, settings: Settings, job: Job):
         self.store, self.keys, self.scope = store, _Keys(settings, job), cache_scope(settings, job)
         self.made_after = datetime.now(UTC) - timedelta(hours=settings.result_cache_ttl_hours)
+
+    def may_hit(self) -> bool:
+        """Whether the scope holds any unexpired answer of the job's model, config and endpoint."""
+        return self.store.holds_cache_prefix(self.scope, self.keys.prefix, made_after=self.made_after)
 
     def batches(self, uri: str) -> Iterator[list[tuple[bytes, BatchRequest, str | None, CacheEntry | None]]]:
         lines = stored_lines(uri)

@@ -555,14 +555,13 @@ def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
 
 def _count(source: str, by: ShardBy) -> tuple[int, int, bool]:
     """Pass 1 of a one-shard plan: the requests, their total weight, and whether they mix
-    base-model and adapter lines (only a line that mentions an adapter is parsed by count)."""
+    base-model and adapter lines (a line is parsed for its adapter only if it mentions one)."""
     requests = weight = 0
     sides: set[bool] = set()  # True: a line on an adapter
     for line in stored_lines(source):
-        record = orjson.loads(line) if by == "tokens" or b'"adapter"' in line else None
         requests += 1
-        weight += estimate_prompt_tokens(record["body"]) if record is not None and by == "tokens" else 1
-        sides.add(bool(record and record.get("adapter")))
+        weight += _weight(line, by)
+        sides.add(b'"adapter"' in line and bool(orjson.loads(line).get("adapter")))
     return requests, weight, len(sides) == 2
 
 

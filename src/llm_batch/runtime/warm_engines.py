@@ -216,11 +216,9 @@ def prewarm(settings: Settings, model_config: dict[str, Any]) -> bool:
     overlaps the job's planning and scheduling; takes no seat. False: a host is up already."""
     slot = Slot(settings.home, engine_key(model_config), 0)
     with _holding(slot.lock):
-        if reached := _try_connect(slot):
-            reached[0].close()
-            return False
-        _connect(slot, settings, preload=model_config)[0].close()
-    return True
+        reached = _try_connect(slot)
+        (reached or _start_host(slot, settings, preload=model_config))[0].close()
+    return reached is None
 
 
 def start_service_shard(address: tuple[str, int], token: str, worker_args: list[str],
@@ -273,11 +271,14 @@ def _holding(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _connect(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None) -> tuple[socket.socket, int]:
-    """A connection to the slot's host (we hold the slot's lock, so nobody else starts one);
-    a host started here loads ``preload`` (a model_config) before any shard asks."""
-    if reached := _try_connect(slot):
-        return reached
+def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
+    """A connection to the slot's host (we hold the slot's lock, so nobody else starts one)."""
+    return _try_connect(slot) or _start_host(slot, settings)
+
+
+def _start_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None) -> tuple[socket.socket, int]:
+    """Start the slot's host (its lock held) and connect; it loads ``preload`` (a model_config)
+    before any shard asks."""
     slot.socket.unlink(missing_ok=True)  # a killed host's leftover
     _evict_idle(slot, settings.warm_engine_seats, settings.warm_engine_configs)
     host = _spawn_host(slot, settings, preload)
