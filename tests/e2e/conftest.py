@@ -9,6 +9,7 @@ failing test prints the tails of the component logs and of its job's task logs.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -348,3 +349,51 @@ def shard_held(job_id: str, shard: int, after_results: int) -> bool:
     except (storage.StorageError, ValueError):  # not written yet
         return False
     return progress.state == ShardState.RUNNING and progress.done >= after_results
+
+
+# The real browser of the UI tests.
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"  # the screenshots docs/ui.md shows
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def browser_context(tmp_path):
+    """A headless chromium (Debian's, driven by Playwright) that may reach only the stack's host."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: scripts/setup.sh installs it (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=ARGS, headless=True,
+            accept_downloads=True, viewport={"width": 1400, "height": 900})
+        # Nothing may come from the internet: any request off the stack's host fails the test.
+        off_host: list[str] = []
+        context.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
+                   else off_host.append(r.url))
+        yield context
+        context.close()
+        assert not off_host, off_host
+
+
+def jobs_frame(page):
+    """The Batch jobs page inside Airflow's UI (an iframe of /batch/ui/jobs)."""
+    try:
+        return page.wait_for_selector('iframe[src*="/batch/ui/jobs"]', timeout=60_000).content_frame()
+    except Exception:
+        page.screenshot(path="/tmp/ui_page_no_iframe.png")
+        raise
+
+
+def logged_in(browser_context, base: str, password: str):
+    """A new page, logged in to Airflow's UI as the stack's admin."""
+    page = browser_context.new_page()
+    page.goto(base + "/", wait_until="domcontentloaded")
+    page.wait_for_selector('input[name="username"]', timeout=60_000)
+    page.fill('input[name="username"]', "admin")
+    page.fill('input[name="password"]', password)
+    page.click('button[type="submit"]')
+    page.wait_for_url(re.compile(r"^(?!.*/auth/login).*$"), timeout=60_000)
+    return page

@@ -1,7 +1,8 @@
 """Fair, visible queues on the real stack: jobs made by the Trigger form, the batch API and a
 recurring spec's schedule wait for the local pool's one slot in submission order, a higher
 band jumps ahead of them, each shows its place while it waits, and a cancel of a job that
-has not started ends it without it ever getting the slot.
+has not started ends it without it ever getting the slot. The Batch jobs page, in a real
+browser, shows the same places.
 
 The local pool is closed (0 slots, as an admin would through Airflow's pools API) while
 the jobs are made, one after the other, so none can start and no engine competes with the
@@ -12,6 +13,8 @@ got it.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, wait_until
+from tests.e2e.conftest import MODEL, RECURRING_REQUESTS, RECURRING_SPEC, SHOTS, logged_in, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
@@ -68,7 +71,7 @@ def closed_pool(e2e_stack, airflow) -> Iterator[dict[str, Any]]:
 
 
 def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, batch_client, airflow, closed_pool,
-                                                                   job_logs):
+                                                                   job_logs, browser_context):
     from llm_batch.core.run_conf import run_job_id
 
     tag = uuid.uuid4().hex[:8]
@@ -138,6 +141,23 @@ def test_jobs_start_by_band_then_submission_time_whichever_way_in(e2e_stack, bat
     name = closed_pool["name"]
     assert place["pool"] == name and place["waiting_for"] == f"a slot of pool {name} (0 of 0 in use)", place
     assert batch_client.job(api).shown_status == f"WAITING #{positions[2]} in queue"
+
+    # The Batch jobs page in a browser says the same: each row WAITING with its place, in order.
+    page = logged_in(browser_context, e2e_stack.base_url, json.loads(e2e_stack.passwords_file.read_text())["admin"])
+    page.goto(f"{e2e_stack.base_url}/batch/ui/jobs", wait_until="domcontentloaded")
+
+    def shown_places() -> list[int] | None:  # one read of the rows (the page re-renders them every 2 s)
+        rows = page.eval_on_selector_all("tr.job", """rows => Object.fromEntries(rows.map(r => [r.dataset.id,
+            [r.querySelector('.status')?.textContent, r.querySelector('.queue')?.textContent]]))""")
+        shown = [rows.get(j) or [None, None] for j in order]
+        if not all(word == "WAITING" and place for word, place in shown):
+            return None
+        return [int(re.fullmatch(r" #(\d+) in queue", place).group(1)) for _, place in shown]
+
+    on_page = wait_until("the page to show every place", shown_places, 60, poll=0.5)
+    assert on_page[0] == 1 and on_page == sorted(on_page) and len(set(on_page)) == 5, on_page
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "jobs-waiting.png"))
 
     # A cancel of a job that has not started: it ends without ever getting the slot (its
     # shard task skipped), its line accounted for as never run.

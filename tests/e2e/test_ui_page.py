@@ -21,43 +21,11 @@ import httpx
 import pytest
 
 from llm_batch.core.run_conf import DEFAULT_MODEL
-from tests.e2e.conftest import FEW_SEQS, MODEL, hold_shards, long_batch, wait_until
+from tests.e2e.conftest import FEW_SEQS, MODEL, SHOTS, hold_shards, jobs_frame, logged_in, long_batch, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.airflow]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
 TIMEOUT_MS = 420_000
-
-
-@pytest.fixture
-def browser_context(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: scripts/setup.sh installs it (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, args=ARGS, headless=True,
-            accept_downloads=True, viewport={"width": 1400, "height": 900})
-        # Nothing may come from the internet: any request off the stack's host fails the test.
-        off_host: list[str] = []
-        context.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
-                   else off_host.append(r.url))
-        yield context
-        context.close()
-        assert not off_host, off_host
-
-
-def _frame(page):
-    """The Batch jobs page inside Airflow's UI (an iframe of /batch/ui/jobs)."""
-    try:
-        return page.wait_for_selector('iframe[src*="/batch/ui/jobs"]', timeout=60_000).content_frame()
-    except Exception:
-        page.screenshot(path="/tmp/ui_page_no_iframe.png")
-        raise
 
 
 def _bar_value(frame, job_id: str) -> int:
@@ -65,23 +33,11 @@ def _bar_value(frame, job_id: str) -> int:
     return int(bar.get_attribute("aria-valuenow") or 0) if bar.count() else -1
 
 
-def _logged_in(browser_context, base: str, password: str):
-    """A new page, logged in to Airflow's UI as the stack's admin."""
-    page = browser_context.new_page()
-    page.goto(base + "/", wait_until="domcontentloaded")
-    page.wait_for_selector('input[name="username"]', timeout=60_000)
-    page.fill('input[name="username"]', "admin")
-    page.fill('input[name="password"]', password)
-    page.click('button[type="submit"]')
-    page.wait_for_url(re.compile(r"^(?!.*/auth/login).*$"), timeout=60_000)
-    return page
-
-
 def test_the_trigger_form_refuses_what_the_api_refuses(e2e_stack, airflow, browser_context):
     """Airflow's trigger form with an input that does not exist: the form shows admission's
     reason (the batch API's words for the same input) and no run is made."""
     base = e2e_stack.base_url
-    page = _logged_in(browser_context, base, json.loads(e2e_stack.passwords_file.read_text())["admin"])
+    page = logged_in(browser_context, base, json.loads(e2e_stack.passwords_file.read_text())["admin"])
     runs_before = airflow.call("GET", "/dags/batch_inference/dagRuns")["total_entries"]
     page.goto(f"{base}/dags/batch_inference", wait_until="domcontentloaded")
     # no_wait_after: the dialog is what we wait for. A click while Airflow's single-page app is
@@ -117,11 +73,11 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     base = e2e_stack.base_url
     password = json.loads(e2e_stack.passwords_file.read_text())["admin"]
 
-    page = _logged_in(browser_context, base, password)
+    page = logged_in(browser_context, base, password)
     # Airflow's navigation has the entry (external_views) and shows our page inside its UI.
     page.get_by_text("Batch jobs").first.click()
     page.wait_for_url(re.compile(r".*/plugin/batch-jobs.*"), timeout=60_000)
-    frame = _frame(page)
+    frame = jobs_frame(page)
     frame.wait_for_selector(f'tr[data-id="{job.id}"]', timeout=60_000)
 
     first = wait_until("the bar to start", lambda: (v := _bar_value(frame, job.id)) > 0 and v, TIMEOUT_MS / 1000)
@@ -210,7 +166,7 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
         from playwright.sync_api import Error as PageError
 
         try:  # ("", "") while the reloaded frame has no body yet, or is being replaced
-            return tuple(_frame(page).evaluate("() => document.body ? [getComputedStyle(document.body)"
+            return tuple(jobs_frame(page).evaluate("() => document.body ? [getComputedStyle(document.body)"
                                                ".backgroundColor, document.documentElement.className] : ['', '']"))
         except PageError:
             return ("", "")
@@ -225,7 +181,7 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
     # The links into Airflow's UI move Airflow itself (its router), from inside the iframe:
     # each opens the job on the Batch jobs page, clicks the link, and sees Airflow render the target.
     def follow(link: str, lands_on: str, rendered: str) -> None:
-        frame = _frame(page)
+        frame = jobs_frame(page)
         frame.wait_for_selector(f'tr[data-id="{job.id}"] a', timeout=60_000)
         frame.click(f'tr[data-id="{job.id}"] a')
         frame.wait_for_selector(link, timeout=60_000)
@@ -234,6 +190,12 @@ def test_batch_jobs_page_in_airflow_ui(e2e_stack, batch_client, job_logs, tmp_pa
         page.get_by_text(rendered).first.wait_for(timeout=60_000)
 
     follow("a.dag-run", r".*/dags/batch_inference/runs/[^/]+$", "finalize")
+    # The cancelled job's run on Airflow's own page: its note says CANCELLED and its finalize
+    # task is skipped (the run ends success: a cancel is not a pipeline failure).
+    page.get_by_text(f"llm-batch job {job.id}: CANCELLED").first.wait_for(timeout=30_000)
+    finalize = page.locator("tr", has_text="finalize").first
+    wait_until("finalize shown skipped", lambda: "skipped" in finalize.inner_text().lower(), 30, poll=0.5)
+    page.screenshot(path=str(SHOTS / "run-cancelled.png"))
     page.go_back()  # to the Batch jobs page, which opens on its list
     follow("a.dag-logs", r".*/dags/batch_inference/runs/[^/]+/tasks/run_shard/mapped$", "run_shard")
 
