@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
@@ -202,36 +204,35 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _jobs(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        rows = [("ID", "STATUS", "MODEL", "DONE/TOTAL", "FAILED", "CREATED")]
-        for job in client.jobs(limit=args.limit, search=args.search):
-            rows.append((job.id, job.shown_status, job.model or "-", f"{job.completed}/{job.total}",
-                         str(job.failed), _when(job.created_at)))
-        print_table(rows)
-        return EXIT_SUCCEEDED
-
-    return _with_client(run, args)
+def _client_command(action: Callable[[BatchClient, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``action(client, args)`` as a command, run with the batch API's client."""
+    return lambda args: _with_client(lambda client: action(client, args), args)
 
 
-def _job(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        job = client.job(args.job_id)
-        if args.wait and not job.terminal:
-            return _wait_and_report(client, job)
-        _describe(job)
-        return EXIT_OF_STATUS.get(job.status, EXIT_SUCCEEDED) if args.wait else EXIT_SUCCEEDED
+@_client_command
+def _jobs(client: BatchClient, args: argparse.Namespace) -> int:
+    rows = [("ID", "STATUS", "MODEL", "DONE/TOTAL", "FAILED", "CREATED")]
+    for job in client.jobs(limit=args.limit, search=args.search):
+        rows.append((job.id, job.shown_status, job.model or "-", f"{job.completed}/{job.total}",
+                     str(job.failed), _when(job.created_at)))
+    print_table(rows)
+    return EXIT_SUCCEEDED
 
-    return _with_client(run, args)
+
+@_client_command
+def _job(client: BatchClient, args: argparse.Namespace) -> int:
+    job = client.job(args.job_id)
+    if args.wait and not job.terminal:
+        return _wait_and_report(client, job)
+    _describe(job)
+    return EXIT_OF_STATUS.get(job.status, EXIT_SUCCEEDED) if args.wait else EXIT_SUCCEEDED
 
 
-def _cancel(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        job = client.cancel(args.job_id)
-        print(f"{job.id}: {job.status}")
-        return EXIT_SUCCEEDED
-
-    return _with_client(run, args)
+@_client_command
+def _cancel(client: BatchClient, args: argparse.Namespace) -> int:
+    job = client.cancel(args.job_id)
+    print(f"{job.id}: {job.status}")
+    return EXIT_SUCCEEDED
 
 
 def _results(args: argparse.Namespace) -> int:
@@ -248,13 +249,9 @@ def _results(args: argparse.Namespace) -> int:
             why = "it has none (no request failed)" if job.terminal else f"it is {job.status}; wait for it to end"
             print(f"error: job {job.id} has no {kind} file: {why}", file=sys.stderr)
             return EXIT_USAGE
-        out = args.output.open("wb") if args.output else sys.stdout.buffer
-        try:
+        with _output(args) as out:
             for chunk in client.file_content(file_id):
                 out.write(chunk)
-        finally:
-            if args.output:
-                out.close()
         return EXIT_SUCCEEDED
 
     return _with_client(run, args)
@@ -265,16 +262,11 @@ def _partial_results(args: argparse.Namespace) -> int:
         return _usage("--errors and --partial do not go together: a partial read has both kinds of line")
 
     def run(client: BatchClient) -> int:
-        out = args.output.open("wb") if args.output else sys.stdout.buffer
         shown = 0
-        try:
-            with client.partial_results(args.job_id, order=args.order) as read:
-                for line in read.lines:
-                    out.write(line + b"\n")
-                    shown += 1
-        finally:
-            if args.output:
-                out.close()
+        with _output(args) as out, client.partial_results(args.job_id, order=args.order) as read:
+            for line in read.lines:
+                out.write(line + b"\n")
+                shown += 1
         state = "complete: the job has ended" if read.complete else "incomplete: the job has not ended"
         print(f"{args.job_id}: {read.status}, {shown} finished lines ({state})", file=sys.stderr)
         return EXIT_SUCCEEDED
@@ -283,6 +275,11 @@ def _partial_results(args: argparse.Namespace) -> int:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _output(args: argparse.Namespace) -> AbstractContextManager[BinaryIO]:
+    """``--output`` opened, else stdout (left open)."""
+    return args.output.open("wb") if args.output else nullcontext(sys.stdout.buffer)
 
 
 def _json_object(text: str) -> dict:
