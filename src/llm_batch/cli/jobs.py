@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
-from llm_batch.cli import print_table
+from llm_batch.cli import fail, print_table
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.job_spec import JobSpec, field_schemas
 from llm_batch.core.jobs import JobStatus
@@ -131,7 +131,7 @@ def _add_spec_flags(parser: argparse.ArgumentParser) -> None:
 
 def _submit(args: argparse.Namespace) -> int:
     if not args.file.is_file():
-        return _usage(f"{args.file}: no such file")
+        return fail(f"{args.file}: no such file")
 
     spec = {key: value for key in SPEC_KEYS if (value := getattr(args, key, None)) is not None}
     spec["labels"] = dict(spec.get("labels") or ()) or None
@@ -139,12 +139,12 @@ def _submit(args: argparse.Namespace) -> int:
     input_format = named.get("input_format", "jsonl")
     if input_format != "jsonl":
         if args.model is None:
-            return _usage(f"--model is required for a {input_format} file")
+            return fail(f"--model is required for a {input_format} file")
         model, endpoint = args.model, args.endpoint or Endpoint.CHAT_COMPLETIONS.value
     else:
         model, endpoint, problem = taken_from_lines(args.file, args.model, args.endpoint)
         if problem:
-            return _usage(problem)
+            return fail(problem)
 
     def run(client: BatchClient) -> int:
         job = client.submit(args.file, endpoint=endpoint, model=model, idempotency_key=args.idempotency_key,
@@ -239,7 +239,7 @@ def _results(args: argparse.Namespace) -> int:
     if args.partial:
         return _partial_results(args)
     if args.order != "input":
-        return _usage("--order goes with --partial")
+        return fail("--order goes with --partial")
 
     def run(client: BatchClient) -> int:
         job = client.job(args.job_id)
@@ -247,8 +247,7 @@ def _results(args: argparse.Namespace) -> int:
         if file_id is None:
             kind = "error" if args.errors else "output"
             why = "it has none (no request failed)" if job.terminal else f"it is {job.status}; wait for it to end"
-            print(f"error: job {job.id} has no {kind} file: {why}", file=sys.stderr)
-            return EXIT_USAGE
+            return fail(f"job {job.id} has no {kind} file: {why}")
         with _output(args) as out:
             for chunk in client.file_content(file_id):
                 out.write(chunk)
@@ -259,7 +258,7 @@ def _results(args: argparse.Namespace) -> int:
 
 def _partial_results(args: argparse.Namespace) -> int:
     if args.errors:
-        return _usage("--errors and --partial do not go together: a partial read has both kinds of line")
+        return fail("--errors and --partial do not go together: a partial read has both kinds of line")
 
     def run(client: BatchClient) -> int:
         shown = 0
@@ -303,14 +302,9 @@ def _with_client(run, args: argparse.Namespace) -> int:
         with BatchClient.from_env(**given) as client:
             return run(client)
     except (ApiError, NoApiKey, ValueError, OSError) as exc:
-        return _usage(str(exc))
+        return fail(str(exc))
     except httpx.HTTPError as exc:
-        return _usage(f"the batch API did not answer ({exc}); is the stack up? (llm-batch status)")
-
-
-def _usage(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+        return fail(f"the batch API did not answer ({exc}); is the stack up? (llm-batch status)")
 
 
 def _wait_and_report(client: BatchClient, job: JobView) -> int:
