@@ -109,7 +109,7 @@ def _registered_job_id() -> str:
     job_id = ti.xcom_pull(task_ids="prepare", key=JOB_ID_KEY)
     if job_id is None:
         why = ti.xcom_pull(task_ids="prepare", key=REFUSED_KEY)
-        raise _rejected(jobs.JobRejected(f"the run was refused: {why or 'see the prepare log'}"))
+        raise AirflowFailException(f"the run was refused: {why or 'see the prepare log'}")
     return job_id
 
 
@@ -125,10 +125,6 @@ def _emit_results(job: Any) -> None:
         outlet_events[alias].add(Asset(uri=uri), extra=extra)
     # Not a declared outlet: that would get an event when a cancelled job's finalize succeeds.
     outlet_events[AssetAlias(MORE_RESULTS_ALIAS)].add(Asset(uri=run_conf.RESULTS_ASSET_URI), extra=extra)
-
-
-def _rejected(exc: jobs.JobRejected):
-    return AirflowFailException(str(exc))
 
 
 with DAG(
@@ -161,13 +157,13 @@ with DAG(
             job_id = steps.register(store, SETTINGS, conf, dag_run.run_id, trusted=trusted)
         except jobs.JobRejected as exc:
             ti.xcom_push(key=REFUSED_KEY, value=str(exc))  # finalize repeats it
-            raise _rejected(exc) from exc
+            raise AirflowFailException(str(exc)) from exc
         ti.xcom_push(key=JOB_ID_KEY, value=job_id)
         bind_job(job_id)  # every line logged from here on carries it
         try:
             steps.validate(store, SETTINGS, job_id)
         except jobs.JobRejected as exc:
-            raise _rejected(exc) from exc
+            raise AirflowFailException(str(exc)) from exc
         warming = warm_early(store, SETTINGS, job_id)  # a cold engine starts while the shards are planned
         shards = [steps.shard_ref(shard) for shard in steps.plan(store, SETTINGS, job_id)]
         if warming is not None:
@@ -185,13 +181,13 @@ with DAG(
         job = steps.finalize(store, SETTINGS, job_id)
         summary = steps.job_summary(job)
         if job.status == jobs.JobStatus.FAILED:
-            raise _rejected(jobs.JobRejected(f"job {job_id} failed: {job.status_reason}"))
+            raise AirflowFailException(f"job {job_id} failed: {job.status_reason}")
         if job.status == jobs.JobStatus.CANCELLED:
             # A cancel is not a failure: finalize ends skipped, the run success, no results event.
             raise AirflowSkipException(f"job {job_id}: {summary}")
         if job.status == jobs.JobStatus.TIMEOUT_EXCEEDED:
             # Partial results are kept (and served), but the run must not look like a success.
-            raise _rejected(jobs.JobRejected(f"job {job_id} ended {job.status.value}: {summary}"))
+            raise AirflowFailException(f"job {job_id} ended {job.status.value}: {summary}")
         _emit_results(job)
         print(f"job {job_id}: {summary}")
         return job.status.value

@@ -31,8 +31,7 @@ pytest.importorskip("airflow.providers.cncf.kubernetes")
 
 from airflow.sdk.exceptions import AirflowException  # noqa: E402
 
-from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator  # noqa: E402
-from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # noqa: E402
+from llm_batch.airflow.operators.kubernetes import EngineServiceShardOperator, KubernetesShardOperator  # noqa: E402
 from llm_batch.core import exit_codes  # noqa: E402
 from llm_batch.core.config import Settings, get_settings  # noqa: E402
 from llm_batch.core.layout import JobLayout  # noqa: E402

@@ -17,8 +17,7 @@ import kubernetes_validate  # noqa: E402
 from airflow.sdk.exceptions import AirflowFailException  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from llm_batch.airflow.operators.engine_service import EngineServiceShardOperator  # noqa: E402
-from llm_batch.airflow.operators.kubernetes import KubernetesShardOperator  # noqa: E402
+from llm_batch.airflow.operators.kubernetes import EngineServiceShardOperator, KubernetesShardOperator  # noqa: E402
 from llm_batch.airflow.operators.kubernetes_pod import ShardPodOperator  # noqa: E402
 from llm_batch.airflow.specs.engine_service_spec import manifests, service_name, services_entry  # noqa: E402
 from llm_batch.cli.main import main  # noqa: E402

@@ -23,12 +23,7 @@ from llm_batch.api.auth import get_caller
 from llm_batch.api.errors import OPENAI_PREFIXES, ApiError, error_response, install_error_handlers
 from llm_batch.api.idempotency import depends_on, idempotency_key
 from llm_batch.api.mistral import jobs as mistral_jobs
-from llm_batch.api.native import (
-    jobs,
-    results,
-    usage,
-    webhooks,  # webhooks: /v1/webhooks
-)
+from llm_batch.api.native import jobs, usage, webhooks  # webhooks: /v1/webhooks
 from llm_batch.api.openai import batches as openai_batches
 from llm_batch.api.openai import webhooks as openai_webhooks  # OpenAI's: /v1/webhook_endpoints
 from llm_batch.api.routers import adapters, files, health, metrics, ui
@@ -321,7 +316,7 @@ def create_app(settings: Settings | None = None, store: JobStore | None = None) 
     app.state.llm_batch = ApiState(settings=settings, store=store or get_job_store(settings.database_url))
     install_error_handlers(app)
     for router in (health.router, files.router, adapters.router, openai_batches.router, mistral_jobs.router,
-                   scale_batch_completions.router, usage.router, jobs.router, results.router, webhooks.router,
+                   scale_batch_completions.router, usage.router, jobs.router, webhooks.router,
                    openai_webhooks.router, scale_batch_completions.v1_router, ui.router, metrics.router):
         app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=ui.STATIC_DIR), name="ui-static")

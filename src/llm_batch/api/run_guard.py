@@ -272,21 +272,18 @@ class RunOwnerGuard:
             body = await read_body(receive) or b""
             receive = replay(body)
         named = targets(scope["method"], parts, _json(body))
+        why, status = None, 403
         if any(t.dag_id == WILDCARD or is_product_dag(t.dag_id) for t in named):
             user = await self.user_of(scope)
             if user is not None and not is_airflow_admin(user):
                 why = await run_in_threadpool(refusal, user.get_name(), named, self.owner_of)
-                if why is not None:
-                    await JSONResponse({"detail": why}, status_code=403)(scope, receive, send)
-                    return
         elif scope["method"] == "POST" and parts == ["dags", BATCH_DAG_ID, "dagRuns"]:  # a new run: a job
             user = await self.user_of(scope)
             if user is not None:
                 why = await run_in_threadpool(self.refused_run, user.get_name(), is_airflow_admin(user), _json(body))
-                if why is not None:
-                    await JSONResponse({"detail": why}, status_code=400)(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+                status = 400
+        answer = self.app if why is None else JSONResponse({"detail": why}, status_code=status)
+        await answer(scope, receive, send)
 
 
 def _rewriting(send: Send, rewrite: Callable[[Any], Any]) -> Send:

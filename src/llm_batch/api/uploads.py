@@ -3,6 +3,7 @@ delete. Content lives in storage under ``Settings.files_uri``, metadata in the j
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import BinaryIO
@@ -12,10 +13,10 @@ import orjson
 from llm_batch.api.errors import ApiError
 from llm_batch.api.file_models import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 from llm_batch.core.config import Settings
-from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage
-from llm_batch.infra.jobstore import FileObject, FileRepository, Job, JobRepository, JobStore, new_file_id
+from llm_batch.infra.jobstore import FileObject, FileRepository, JobStore, new_file_id
+from llm_batch.pipeline.housekeeping import live_jobs
 
 # Mistral's: a file an /v1/ocr or /v1/audio/transcriptions line names, kept as it is (infra.media checks it).
 MEDIA_PURPOSES = ("ocr", "audio")
@@ -133,18 +134,6 @@ def read_content(f: FileObject) -> Iterator[bytes]:
     return chunks()
 
 
-def live_jobs(store: JobRepository, owner: str | None = None) -> Iterator[Job]:
-    """The jobs not yet ended (`owner`'s), oldest first, read a page at a time."""
-    live = [status for status in JobStatus if not status.terminal]
-    after = None
-    while True:
-        jobs, _ = store.list_jobs(owner=owner, statuses=live, order_by="created_at", limit=1000, after=after)
-        yield from jobs
-        if len(jobs) < 1000:
-            return
-        after = jobs[-1].id
-
-
 def some_ids(ids: list[str]) -> str:
     return ", ".join(ids[:5]) + (" ..." if len(ids) > 5 else "")
 
@@ -155,7 +144,5 @@ def delete_file(store: JobStore, f: FileObject, owner: str | None) -> None:
         raise ApiError(409, f"file {f.id!r} is the input of jobs that have not ended ({some_ids(readers)}): cancel "
                        "them or wait, then delete", param="file_id", code="file_in_use")
     store.mark_file_deleted(f.id, owner=owner)
-    try:
+    with contextlib.suppress(storage.StorageError):  # the record says deleted; housekeeping retries the content
         storage.delete(f.uri)
-    except storage.StorageError:
-        pass  # the record says deleted; housekeeping retries content it could not remove

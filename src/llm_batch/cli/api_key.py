@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llm_batch.cli import print_table
+from llm_batch.cli import fail, print_table
 from llm_batch.core.owners import OwnerNameRefused
 
 
@@ -40,9 +40,8 @@ def _answering(action):
         try:
             return action(args)
         except OperationalError as exc:
-            print(f"error: the job store does not answer: {str(exc.orig).strip().splitlines()[0]}; "
-                  "is the stack up? (llm-batch status)", file=sys.stderr)
-            return 1
+            return fail(f"the job store does not answer: {str(exc.orig).strip().splitlines()[0]}; "
+                        "is the stack up? (llm-batch status)", 1)
     return run
 
 
@@ -57,8 +56,7 @@ def create_key(args: argparse.Namespace) -> int:
     try:
         record, plaintext = _store(args).create_api_key(args.owner, args.name or args.owner, is_admin=args.admin)
     except OwnerNameRefused as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), 1)
     print(f"id: {record.id}\nowner: {record.owner}\nadmin: {record.is_admin}", file=sys.stderr)
     print("the key (shown only now; store it safely):", file=sys.stderr)
     print(plaintext)
@@ -82,7 +80,6 @@ def revoke_key(args: argparse.Namespace) -> int:
     try:
         key = _store(args).revoke_api_key(args.key_id)
     except ApiKeyNotFound as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), 1)
     print(f"revoked {key.id} (owner {key.owner})")
     return 0

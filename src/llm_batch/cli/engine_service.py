@@ -84,8 +84,7 @@ def print_manifest(args: argparse.Namespace) -> int:
     if not 0 < port < 65536:
         problems.append(f"--port {port} is not a TCP port")
     try:
-        if not isinstance(orjson.loads(args.preload_config), dict):
-            raise ValueError
+        _json_object(args.preload_config)
     except ValueError:
         problems.append("--preload-config takes a JSON object of model_config overrides")
     labels = dict(label.partition("=")[::2] for label in args.client_label)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llm_batch.cli.jobs import _usage, _when, _with_client, taken_from_lines
+from llm_batch.cli import fail
+from llm_batch.cli.jobs import _when, _with_client, taken_from_lines
 from llm_batch.cli.validate import EXIT_BAD_LINES, EXIT_REJECTED, EXIT_VALID
 
 if TYPE_CHECKING:
@@ -30,10 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.file.is_file():
-        return _usage(f"{args.file}: no such file")
+        return fail(f"{args.file}: no such file")
     model, endpoint, problem = taken_from_lines(args.file, args.model, args.endpoint)
     if problem:
-        return _usage(problem)
+        return fail(problem)
 
     def estimate(client: BatchClient) -> int:
         answer = client.estimate(args.file, model=model, endpoint=endpoint, shards=args.shards)

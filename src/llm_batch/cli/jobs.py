@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
-from llm_batch.cli import print_table
+from llm_batch.cli import fail, print_table
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.job_spec import JobSpec, field_schemas
 from llm_batch.core.jobs import JobStatus
@@ -129,7 +131,7 @@ def _add_spec_flags(parser: argparse.ArgumentParser) -> None:
 
 def _submit(args: argparse.Namespace) -> int:
     if not args.file.is_file():
-        return _usage(f"{args.file}: no such file")
+        return fail(f"{args.file}: no such file")
 
     spec = {key: value for key in SPEC_KEYS if (value := getattr(args, key, None)) is not None}
     spec["labels"] = dict(spec.get("labels") or ()) or None
@@ -137,12 +139,12 @@ def _submit(args: argparse.Namespace) -> int:
     input_format = named.get("input_format", "jsonl")
     if input_format != "jsonl":
         if args.model is None:
-            return _usage(f"--model is required for a {input_format} file")
+            return fail(f"--model is required for a {input_format} file")
         model, endpoint = args.model, args.endpoint or Endpoint.CHAT_COMPLETIONS.value
     else:
         model, endpoint, problem = taken_from_lines(args.file, args.model, args.endpoint)
         if problem:
-            return _usage(problem)
+            return fail(problem)
 
     def run(client: BatchClient) -> int:
         job = client.submit(args.file, endpoint=endpoint, model=model, idempotency_key=args.idempotency_key,
@@ -202,43 +204,42 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _jobs(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        rows = [("ID", "STATUS", "MODEL", "DONE/TOTAL", "FAILED", "CREATED")]
-        for job in client.jobs(limit=args.limit, search=args.search):
-            rows.append((job.id, job.shown_status, job.model or "-", f"{job.completed}/{job.total}",
-                         str(job.failed), _when(job.created_at)))
-        print_table(rows)
-        return EXIT_SUCCEEDED
-
-    return _with_client(run, args)
+def _client_command(action: Callable[[BatchClient, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``action(client, args)`` as a command, run with the batch API's client."""
+    return lambda args: _with_client(lambda client: action(client, args), args)
 
 
-def _job(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        job = client.job(args.job_id)
-        if args.wait and not job.terminal:
-            return _wait_and_report(client, job)
-        _describe(job)
-        return EXIT_OF_STATUS.get(job.status, EXIT_SUCCEEDED) if args.wait else EXIT_SUCCEEDED
+@_client_command
+def _jobs(client: BatchClient, args: argparse.Namespace) -> int:
+    rows = [("ID", "STATUS", "MODEL", "DONE/TOTAL", "FAILED", "CREATED")]
+    for job in client.jobs(limit=args.limit, search=args.search):
+        rows.append((job.id, job.shown_status, job.model or "-", f"{job.completed}/{job.total}",
+                     str(job.failed), _when(job.created_at)))
+    print_table(rows)
+    return EXIT_SUCCEEDED
 
-    return _with_client(run, args)
+
+@_client_command
+def _job(client: BatchClient, args: argparse.Namespace) -> int:
+    job = client.job(args.job_id)
+    if args.wait and not job.terminal:
+        return _wait_and_report(client, job)
+    _describe(job)
+    return EXIT_OF_STATUS.get(job.status, EXIT_SUCCEEDED) if args.wait else EXIT_SUCCEEDED
 
 
-def _cancel(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        job = client.cancel(args.job_id)
-        print(f"{job.id}: {job.status}")
-        return EXIT_SUCCEEDED
-
-    return _with_client(run, args)
+@_client_command
+def _cancel(client: BatchClient, args: argparse.Namespace) -> int:
+    job = client.cancel(args.job_id)
+    print(f"{job.id}: {job.status}")
+    return EXIT_SUCCEEDED
 
 
 def _results(args: argparse.Namespace) -> int:
     if args.partial:
         return _partial_results(args)
     if args.order != "input":
-        return _usage("--order goes with --partial")
+        return fail("--order goes with --partial")
 
     def run(client: BatchClient) -> int:
         job = client.job(args.job_id)
@@ -246,15 +247,10 @@ def _results(args: argparse.Namespace) -> int:
         if file_id is None:
             kind = "error" if args.errors else "output"
             why = "it has none (no request failed)" if job.terminal else f"it is {job.status}; wait for it to end"
-            print(f"error: job {job.id} has no {kind} file: {why}", file=sys.stderr)
-            return EXIT_USAGE
-        out = args.output.open("wb") if args.output else sys.stdout.buffer
-        try:
+            return fail(f"job {job.id} has no {kind} file: {why}")
+        with _output(args) as out:
             for chunk in client.file_content(file_id):
                 out.write(chunk)
-        finally:
-            if args.output:
-                out.close()
         return EXIT_SUCCEEDED
 
     return _with_client(run, args)
@@ -262,19 +258,14 @@ def _results(args: argparse.Namespace) -> int:
 
 def _partial_results(args: argparse.Namespace) -> int:
     if args.errors:
-        return _usage("--errors and --partial do not go together: a partial read has both kinds of line")
+        return fail("--errors and --partial do not go together: a partial read has both kinds of line")
 
     def run(client: BatchClient) -> int:
-        out = args.output.open("wb") if args.output else sys.stdout.buffer
         shown = 0
-        try:
-            with client.partial_results(args.job_id, order=args.order) as read:
-                for line in read.lines:
-                    out.write(line + b"\n")
-                    shown += 1
-        finally:
-            if args.output:
-                out.close()
+        with _output(args) as out, client.partial_results(args.job_id, order=args.order) as read:
+            for line in read.lines:
+                out.write(line + b"\n")
+                shown += 1
         state = "complete: the job has ended" if read.complete else "incomplete: the job has not ended"
         print(f"{args.job_id}: {read.status}, {shown} finished lines ({state})", file=sys.stderr)
         return EXIT_SUCCEEDED
@@ -283,6 +274,11 @@ def _partial_results(args: argparse.Namespace) -> int:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _output(args: argparse.Namespace) -> AbstractContextManager[BinaryIO]:
+    """``--output`` opened, else stdout (left open)."""
+    return args.output.open("wb") if args.output else nullcontext(sys.stdout.buffer)
 
 
 def _json_object(text: str) -> dict:
@@ -306,14 +302,9 @@ def _with_client(run, args: argparse.Namespace) -> int:
         with BatchClient.from_env(**given) as client:
             return run(client)
     except (ApiError, NoApiKey, ValueError, OSError) as exc:
-        return _usage(str(exc))
+        return fail(str(exc))
     except httpx.HTTPError as exc:
-        return _usage(f"the batch API did not answer ({exc}); is the stack up? (llm-batch status)")
-
-
-def _usage(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+        return fail(f"the batch API did not answer ({exc}); is the stack up? (llm-batch status)")
 
 
 def _wait_and_report(client: BatchClient, job: JobView) -> int:

@@ -4,10 +4,9 @@ and their LoRA adapters (an adapter's row names its base)."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from llm_batch.cli import print_table
+from llm_batch.cli import fail, print_table
 from llm_batch.core.config import get_settings
 
 
@@ -31,8 +30,7 @@ def list_models(args: argparse.Namespace) -> int:
     try:
         registry = load_registry()
     except ModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     defaults = {registry.default_chat_model: "chat", registry.default_embedding_model: "embedding"}
     print(f"model cache: {get_settings().model_cache}")
     rows = [("NAME", "TASK", "STATUS", "DEFAULT", "CHECKPOINT")]
@@ -65,6 +63,5 @@ def prepare_models(args: argparse.Namespace) -> int:
                 path = prepare_model(name, force=args.force, registry=registry)
             print(f"{name}: ready at {path} ({time.monotonic() - started:.1f} s)")
     except ModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     return 0

@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from llm_batch.cli.jobs import EXIT_SUCCEEDED, _wait_and_report, _with_client
+from llm_batch.cli.jobs import EXIT_SUCCEEDED, _client_command, _wait_and_report
 
 if TYPE_CHECKING:
     from llm_batch.infra.api_client import BatchClient
@@ -30,15 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.set_defaults(func=_derive, kind=kind)
 
 
-def _derive(args: argparse.Namespace) -> int:
+@_client_command
+def _derive(client: BatchClient, args: argparse.Namespace) -> int:
     from llm_batch.infra.api_client import JobView  # heavy
 
-    def run(client: BatchClient) -> int:
-        send = client.retry_job if args.kind == "retry" else client.rerun_job
-        job = JobView.of(send(args.job_id, idempotency_key=args.idempotency_key))
-        print(job.id)
-        print(f"{args.kind} of {args.job_id}: {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait",
-              file=sys.stderr)
-        return _wait_and_report(client, job) if args.wait else EXIT_SUCCEEDED
-
-    return _with_client(run, args)
+    send = client.retry_job if args.kind == "retry" else client.rerun_job
+    job = JobView.of(send(args.job_id, idempotency_key=args.idempotency_key))
+    print(job.id)
+    print(f"{args.kind} of {args.job_id}: {job.id} ({job.status}); follow it with: llm-batch job {job.id} --wait",
+          file=sys.stderr)
+    return _wait_and_report(client, job) if args.wait else EXIT_SUCCEEDED

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llm_batch.cli import fail
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     up = subparsers.add_parser("up", help="start the embedded Airflow stack's missing components (running ones are "
@@ -41,21 +43,17 @@ def _up(args: argparse.Namespace) -> int:
 
     if args.executor == "celery":
         if args.database == "sqlite":
-            print("error: the Celery shape runs on PostgreSQL only", file=sys.stderr)
-            return 2
+            return fail("the Celery shape runs on PostgreSQL only")
         if args.workers is not None and args.workers < 1:
-            print("error: --workers must be at least 1", file=sys.stderr)
-            return 2
+            return fail("--workers must be at least 1")
         stack = CeleryStack.create(workers=args.workers)
     else:
         if args.workers is not None or args.prepare_model:
-            print("error: --workers and --prepare-model need --executor celery", file=sys.stderr)
-            return 2
+            return fail("--workers and --prepare-model need --executor celery")
         stack = Stack.create(database=args.database)
         if CeleryStack.exists(stack.settings) and any(CeleryStack.create().services_status().values()):
-            print("error: the Celery shape runs in this LLM_BATCH_HOME: `llm-batch up --executor celery`, "
-                  "or `llm-batch down` first", file=sys.stderr)
-            return 1
+            return fail("the Celery shape runs in this LLM_BATCH_HOME: `llm-batch up --executor celery`, or "
+                        "`llm-batch down` first", 1)
     print(f"starting the embedded stack (logs in {stack.log_dir}) ...", file=sys.stderr)
     try:
         result = stack.up(timeout=args.timeout, restart=args.restart)
@@ -63,9 +61,7 @@ def _up(args: argparse.Namespace) -> int:
             for name in args.prepare_model:
                 stack.prepare_model(name)
     except (StackError, httpx.HTTPError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        print("the components that did start keep running; stop them with: llm-batch down", file=sys.stderr)
-        return 1
+        return fail(f"{exc}\nthe components that did start keep running; stop them with: llm-batch down", 1)
     print(f"Components:         {result.summary()}")
     if result.config_changed:
         print(

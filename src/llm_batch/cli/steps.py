@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 
+from llm_batch.cli import fail
 from llm_batch.core.config import get_settings
 from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.layout import JobLayout
@@ -55,9 +55,9 @@ def shard(args: argparse.Namespace) -> int:
     except ObjectNotFound as exc:
         hint = (f" (validate the input into the job first: llm-batch validate INPUT --job "
                 f"{args.job_id})" if exc.uri == layout.validated else "")
-        return _error(f"{exc}{hint}")
+        return fail(f"{exc}{hint}")
     except (ShardingError, StorageError) as exc:
-        return _error(str(exc))
+        return fail(str(exc))
     print(json.dumps({
         "manifest": layout.shard_manifest,
         "shards": [p.model_dump(include={"index", "count", "first_index", "last_index", "weight"})
@@ -77,13 +77,8 @@ def merge(args: argparse.Namespace) -> int:
     except ObjectNotFound as exc:
         hint = (f" (plan the job's shards first: llm-batch shard {args.job_id} -n N)"
                 if exc.uri == layout.shard_manifest else "")
-        return _error(f"{exc}{hint}")
+        return fail(f"{exc}{hint}")
     except (MergeError, ResultsError, StorageError) as exc:
-        return _error(str(exc))
+        return fail(str(exc))
     print(json.dumps(dataclasses.asdict(counts)))
     return 0
-
-
-def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llm_batch.cli import print_table
-from llm_batch.cli.jobs import EXIT_SUCCEEDED, _with_client
+from llm_batch.cli.jobs import EXIT_SUCCEEDED, _client_command
 
 if TYPE_CHECKING:
     from llm_batch.infra.api_client import BatchClient
@@ -52,16 +52,14 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         ) from None
 
 
-def _usage_command(args: argparse.Namespace) -> int:
-    def run(client: BatchClient) -> int:
-        report = client.usage(by=args.by, since=args.since)
-        if args.json:
-            sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
-        else:
-            print_report(report)
-        return EXIT_SUCCEEDED
-
-    return _with_client(run, args)
+@_client_command
+def _usage_command(client: BatchClient, args: argparse.Namespace) -> int:
+    report = client.usage(by=args.by, since=args.since)
+    if args.json:
+        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print_report(report)
+    return EXIT_SUCCEEDED
 
 
 # CACHED TOK: prompt tokens the engine's prefix cache served; FROM CACHE: requests the result

@@ -71,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(summary: dict, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
-        return
-    sys.stdout.write(readable(summary))
+    sys.stdout.write(orjson.dumps(summary).decode() + "\n" if as_json else readable(summary))
 
 
 def readable(summary: dict) -> str:

@@ -10,12 +10,11 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llm_batch.cli import print_table
-from llm_batch.cli.jobs import _with_client
+from llm_batch.cli.jobs import _client_command
 from llm_batch.core.config import get_settings
 
 # llm_batch.infra.jobstore.webhooks.EVENT_TYPES (not imported: the CLI's parser loads no SQLAlchemy).
@@ -67,11 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _when(seconds: int | None) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds") if seconds else "-"
-
-
-def _client_command(action: Callable[[BatchClient, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """``action(client, args)`` as a command, run with the batch API's client."""
-    return lambda args: _with_client(lambda client: action(client, args), args)
 
 
 @_client_command

@@ -305,10 +305,8 @@ class CeleryStack(Stack):
         # append-only file as it goes.
         self.stop_process("s3", 0.0)
         self.stop_process("redis", 10.0)
-        try:
+        with contextlib.suppress(Exception):  # no wheel any more: nothing of ours can run
             self.postgres().stop()
-        except Exception:  # noqa: BLE001 (no wheel any more: nothing of ours can run)
-            pass
 
     # -- workers ------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import ExitStack, closing
+from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,11 +117,8 @@ class WeedServer:
         last_error: Exception | None = None
         while time.monotonic() < deadline and (process is None or process.poll() is None):
             try:
-                client = self.client()
-                names = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
-                if "ready-probe" not in names:
-                    client.create_bucket(Bucket="ready-probe")
-                client.put_object(Bucket="ready-probe", Key="probe", Body=b"ok")
+                self.ensure_bucket("ready-probe")
+                self.client().put_object(Bucket="ready-probe", Key="probe", Body=b"ok")
                 return
             except Exception as exc:  # not up yet: connection refused, 500 "no writable volumes"
                 last_error = exc
@@ -137,7 +134,5 @@ class WeedServer:
             client.create_bucket(Bucket=bucket)
 
     def kill(self) -> None:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass

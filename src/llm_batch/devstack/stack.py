@@ -162,10 +162,6 @@ class Stack:
             settings = settings.model_copy(update={"warm_engines": True})
         return cls(settings, port, state["database"], environ, dict(extra_env or {}))
 
-    @classmethod
-    def from_env(cls) -> Stack:
-        return cls.create()
-
     @property
     def airflow_home(self) -> Path:
         return self.settings.home / "airflow"
@@ -514,7 +510,7 @@ class Stack:
     # -- the supervisor (llm_batch.devstack.supervisor) -------------------------------------------
 
     def supervisor_command(self) -> list[str]:
-        """The supervisor process: it rebuilds this stack with ``from_env``."""
+        """The supervisor process: it rebuilds this stack with ``create()``."""
         return [sys.executable, "-m", "llm_batch.devstack.supervisor", f"{type(self).__module__}:{type(self).__qualname__}"]
 
     def supervisor_pid(self) -> int | None:

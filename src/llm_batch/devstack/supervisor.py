@@ -1,7 +1,7 @@
 """The stack's supervisor: it keeps every component running, and records its restarts.
 
 ``up`` starts it (``python -m llm_batch.devstack.supervisor <stack class>``); it rebuilds the
-stack (``from_env``) and, every second, starts again each of ``Stack.supervised()`` that died
+stack (``create()``) and, every second, starts again each of ``Stack.supervised()`` that died
 (at once if it had run a minute, else with backoff) and, every 30 s, one that
 ``Stack.not_answering`` calls hung; each restart goes to ``run/restarts.json`` with its reason.
 It holds a component's ``component_lock`` while it starts or stops it, and never stops a
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m llm_batch.devstack.supervisor module:StackClass`` (started by ``Stack.supervise``)."""
     module, _, qualname = (argv if argv is not None else sys.argv[1:])[0].partition(":")
     stack_class = getattr(importlib.import_module(module), qualname)
-    Supervisor(stack_class.from_env()).run()
+    Supervisor(stack_class.create()).run()
 
 
 if __name__ == "__main__":

@@ -48,13 +48,9 @@ def chat_requests(prompts: Sequence[Any], system_prompt: str | None, request_par
 
 def as_requests(items: Sequence[Any]) -> list[Any]:
     """``requests`` as the API takes them: a bare body gets its position as custom_id."""
-    made: list[Any] = []
-    for index, item in enumerate(items):
-        if isinstance(item, dict) and "body" not in item and "custom_id" not in item:
-            made.append({"custom_id": str(index), "body": item})
-        else:
-            made.append(item)
-    return made
+    return [{"custom_id": str(index), "body": item}
+            if isinstance(item, dict) and "body" not in item and "custom_id" not in item else item
+            for index, item in enumerate(items)]
 
 
 STEP_RESULTS_ALIAS = "llm-batch-step-results"

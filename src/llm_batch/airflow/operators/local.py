@@ -5,6 +5,7 @@ its model instead (``llm_batch.runtime.warm_engines``), which a kill leaves warm
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -192,8 +193,6 @@ def _terminate(process: subprocess.Popen[bytes] | WarmShard, term_seconds: float
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             return
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=wait)
             return
-        except subprocess.TimeoutExpired:
-            continue

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_batch.api.file_models import UNIX, epoch
-from llm_batch.api.inline_request import InlineRequest
+from llm_batch.api.native.models import InlineRequest
 from llm_batch.core.endpoints import SUPPORTED_LISTED
 from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, JobSpec, check_pairs
 from llm_batch.core.jobs import JobStatus

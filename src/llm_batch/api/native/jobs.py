@@ -1,42 +1,58 @@
 """Native jobs: ``/v1/jobs`` in the canonical words, the batch step's and the CLI's route;
 every job is readable here. A create with an ``id`` already yours answers that job, so a
-retried Airflow task re-attaches.
+retried Airflow task re-attaches. A retry or rerun asks for what its ended job asked for (but
+its ``output_uri``, which holds the original's results); ``/results`` streams a running job's
+finished lines, the very lines its output and error files will hold (docs/api.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
+from itertools import chain
 from typing import Annotated, Any, Literal
 
+import orjson
 from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, Body, Query
+from fastapi.responses import StreamingResponse
 
 from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.cancellation import CancellingDep, owned_job
 from llm_batch.api.errors import ApiError
 from llm_batch.api.idempotency import IdempotentRoute
-from llm_batch.api.native.derived import derive_job
 from llm_batch.api.native.models import JOB_ID_PATTERN, CreateJob, EstimateOut, JobList, JobOut, QueueOut
 from llm_batch.api.run_queue import QueuePlace, job_places
-from llm_batch.api.state import MAX_PAGE_SIZE, StoreDep
-from llm_batch.api.submission import SubmittingDep, inline_items, stored_inline, submit
+from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
+from llm_batch.api.submission import (
+    Submitting,
+    SubmittingDep,
+    inline_items,
+    save_inline_requests,
+    stored_inline,
+    submit,
+)
 from llm_batch.core.config import Settings
+from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_input import JobInput
-from llm_batch.core.job_request import JobRequest
-from llm_batch.core.job_spec import JobSpec
+from llm_batch.core.job_request import DerivedFrom, JobRequest
+from llm_batch.core.job_spec import JobOptions, JobSpec
 from llm_batch.core.jobs import JobRejected, JobStatus
+from llm_batch.core.placement import priority_name
 from llm_batch.infra.jobstore import DuplicateId, Job, JobRepository, JobStore
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.infra.storage import StorageError
-from llm_batch.pipeline.admission import admit, one_input
+from llm_batch.pipeline.admission import admit, check_model, check_owner_limits, one_input
 from llm_batch.pipeline.estimate import estimate_input
-from llm_batch.pipeline.steps import input_source, job_model_choice
+from llm_batch.pipeline.partial import PartialOrder, partial_entries
+from llm_batch.pipeline.rerun import CannotDerive, rerun_input, retry_lines, retry_plan
+from llm_batch.pipeline.steps import input_source, job_model_choice, layout_of
 from llm_batch.pipeline.validation import BatchRejected
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=IdempotentRoute)
 
 _KIND = "job"
+NDJSON = "application/x-ndjson"
 # The canonical status words, as a list filter takes them (a Literal: no separate enum schema).
 StatusWord = Literal[tuple(s.value for s in JobStatus)]
 
@@ -171,6 +187,48 @@ def get_job(job_id: str, caller: CallerDep, store: StoreDep, session: SessionDep
     return JobOut.of(job, _queue_out(job_places([job], session).get(job.id)))
 
 
+def derive_job(submitting: Submitting, job_id: str, kind: str) -> Job:
+    """Create and start the `kind` (retry | rerun) of the caller's ended job `job_id`."""
+    caller, store, settings, trigger = submitting
+    caller.require_submit()
+    source = owned_job(store, job_id, caller.owner_filter, _KIND)
+    # What create checks, again: the model may have been removed or not be ready any more.
+    check_model(source.model, source.model_config, settings, param="model", endpoint=source.endpoint,
+                principal=caller, store=store, owner=source.owner)
+    check_owner_limits(store, settings, caller, new_jobs=1)
+    try:
+        if kind == "retry":
+            lines = retry_lines(store, source, retry_plan(store, source))
+            if (first := next(lines, None)) is None:
+                raise CannotDerive("nothing_to_retry", f"the input of job {source.id!r} no longer holds the lines "
+                                   "that failed (it was changed since)")
+            job_input = save_inline_requests(store, settings, source.owner, chain([first], lines),
+                                             f"retry-of-{source.id}.jsonl", **dict(source.input.part(JobOptions)))
+            input_format = InputFormat.JSONL.value
+        else:
+            job_input = rerun_input(store, source)
+            input_format = source.input_format or InputFormat.JSONL.value
+    except CannotDerive as exc:
+        raise ApiError(409, str(exc), param="job_id", code=exc.code) from None
+    request = JobRequest(
+        dialect=source.dialect,
+        endpoint=source.endpoint,
+        model=source.model,
+        input=job_input,
+        input_format=input_format,
+        model_config=dict(source.model_config),
+        labels=dict(source.labels),
+        metadata=dict(source.metadata),
+        priority=source.priority,
+        priority_name=priority_name(settings, source.priority),
+        data_parallelism=source.data_parallelism,
+        resources=dict(source.resources),
+        max_runtime_sec=source.max_runtime_sec or settings.default_max_runtime_sec,
+        derived_from=DerivedFrom(source.id, kind),
+    )
+    return submit(store, source.owner, request, trigger)
+
+
 @router.post("/{job_id}/retry", response_model=JobOut,
              summary="Retry an ended job's failed and never-run lines as a new job (409 when there are none)")
 def retry(job_id: str, submitting: SubmittingDep) -> JobOut:
@@ -185,3 +243,24 @@ def rerun(job_id: str, submitting: SubmittingDep) -> JobOut:
 @router.post("/{job_id}/cancel", response_model=JobOut, summary="Cancel a job (idempotent; an ended job is answered as it is)")
 def cancel(job_id: str, cancelling: CancellingDep) -> JobOut:
     return JobOut.of(cancelling(job_id, kind=_KIND))
+
+
+@router.get("/{job_id}/results", response_class=StreamingResponse,
+            responses={200: {"content": {NDJSON: {}}, "description": "One finished line per line, in input order"}},
+            summary="Read a job's finished lines, while it runs or after (NDJSON)")
+def get_results(
+    job_id: str, caller: CallerDep, store: StoreDep, settings: SettingsDep,
+    order: Annotated[PartialOrder, Query(
+        description="`input`: input order up to the first line not finished yet; `finished`: every finished "
+        "line, in input order, lines not finished yet left out")] = PartialOrder.INPUT,
+    start: Annotated[int, Query(
+        ge=0, le=10**9, description="Leave out the lines before this input index (a poller of `input` order "
+        "passes the number of lines it already has)")] = 0,
+) -> StreamingResponse:
+    job = owned_job(store, job_id, caller.owner_filter, _KIND)
+    entries = partial_entries(layout_of(settings, job.id), order, start)
+    # The first entry is read here: storage failing is an error response, not a stream cut after its headers.
+    first = next(entries, None)
+    lines = (orjson.dumps(entry) + b"\n" for entry in chain([first] if first else [], entries))
+    return StreamingResponse(lines, media_type=NDJSON, headers={
+        "X-Job-Status": job.status.value, "X-Results-Complete": "true" if job.terminal else "false"})

@@ -1,13 +1,13 @@
-"""The native jobs route (``/v1/jobs``): request and response models in the canonical words."""
+"""The native jobs route (``/v1/jobs``): request and response models in the canonical words
+(``InlineRequest`` is Mistral's inline request too)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from llm_batch.api.file_models import UNIX, epoch
-from llm_batch.api.inline_request import InlineRequest
 from llm_batch.core.estimates import Estimate
 from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, JobSpec
 from llm_batch.core.snapshots import Job
@@ -15,6 +15,24 @@ from llm_batch.core.snapshots import Job
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 
 __all__ = ["JOB_ID_PATTERN", "CreateJob", "DerivedFromOut", "EstimateOut", "JobList", "JobOut", "JobRequestItem"]
+
+
+class InlineRequest(BaseModel):
+    """One inline request of a batch job. No other field is allowed (422)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    custom_id: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Your id for the request, carried by its result or error line; default: its 0-based "
+        "position in `requests`, as a string",
+    )
+    body: dict[str, Any] = Field(
+        description="The request body for the job's endpoint (e.g. `messages`, `max_tokens`); checked per "
+        "request by the job's validation (a bad one is an error line, not a refused job). A `model` in it is "
+        "not used: the job's model runs"
+    )
 
 
 class JobRequestItem(InlineRequest):  # the same fields as a Mistral inline request (one model)

@@ -3,6 +3,7 @@ can name one: another owner's adapter is as unknown as a made-up name."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -18,7 +19,7 @@ from llm_batch.api.auth import Caller, CallerDep
 from llm_batch.api.errors import ApiError
 from llm_batch.api.file_models import epoch
 from llm_batch.api.state import SettingsDep, StoreDep
-from llm_batch.api.uploads import live_jobs, some_ids
+from llm_batch.api.uploads import some_ids
 from llm_batch.core.config import Settings
 from llm_batch.core.layout import join_uri
 from llm_batch.core.model_choice import ADAPTER_NAME
@@ -36,6 +37,7 @@ from llm_batch.infra.jobstore import AdapterExists, AdapterNotFound, AdapterRepo
 from llm_batch.infra.model_cache import model_status
 from llm_batch.infra.model_registry import Registry
 from llm_batch.pipeline.admission import check_owner_limits, model_registry
+from llm_batch.pipeline.housekeeping import live_jobs
 
 router = APIRouter(prefix="/v1/adapters", tags=["adapters"])
 
@@ -154,10 +156,8 @@ def _publish(folder: Path, prefix: str) -> None:
 
 
 def _remove_files(prefix: str) -> None:
-    try:
+    with contextlib.suppress(storage.StorageError):  # no record names these files any more
         storage.delete_prefix(prefix)
-    except storage.StorageError:
-        pass  # the record is gone or was never made: nothing names these files any more
 
 
 def _create(store: JobStore, settings: Settings, caller: Caller, name: str, base: str, stream: BinaryIO) -> OwnerAdapter:
@@ -235,7 +235,7 @@ def delete_adapter(name: AdapterName, caller: CallerDep, store: StoreDep, settin
     found = _owned(store, caller, name)
     # The owner's live jobs on its base: their lines may name it, their workers fetch its files.
     registry, owned = model_registry(settings), {a.name: a.base for a in store.list_adapters(caller.name)}
-    if jobs := [j.id for j in live_jobs(store, caller.name) if registry.base_of(j.model, owned) == found.base]:
+    if jobs := [j.id for j in live_jobs(store, owner=caller.name) if registry.base_of(j.model, owned) == found.base]:
         raise ApiError(409, f"adapter {name!r} may be named by your jobs on {found.base!r} that have not ended "
                        f"({some_ids(jobs)}): cancel them or wait, then delete", param="name", code="adapter_in_use")
     try:
