@@ -27,8 +27,7 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, ErrorRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.results import count_results
-from llm_batch.pipeline.merge import merge_job
-from llm_batch.pipeline.partial import PartialOrder, partial_entries
+from llm_batch.pipeline.merge import PartialOrder, merge_job, partial_entries
 from llm_batch.pipeline.sharding import plan_shards
 from tests.engine.test_worker_process import hold
 

@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsWriter
-from llm_batch.pipeline.merge import merge_job, stable_request_hash
-from llm_batch.pipeline.partial import PartialOrder, partial_entries
+from llm_batch.pipeline.merge import PartialOrder, merge_job, partial_entries, stable_request_hash
 from llm_batch.pipeline.sharding import plan_shards
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 

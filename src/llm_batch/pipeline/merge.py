@@ -5,7 +5,11 @@ A streaming ``heapq.merge`` by input index of the validation errors, the cached 
 shards' outcomes. Contiguous shards are opened one after another, as the merge reaches them (no
 S3 connection idles through a long merge). A plan that broke the ordering is refused
 (``MergeError``), never misordered; ``<h>`` in a line's ids hashes the job id and index, so a
-rerun writes the same bytes."""
+rerun writes the same bytes.
+
+A running job's finished lines are read with the same pairing and line builders
+(``partial_entries``; docs/api.md, "Results while a job runs"), so a line read early is byte for
+byte the line the final files will hold."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import heapq
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from enum import StrEnum
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -280,3 +285,42 @@ def merge_job(layout: JobLayout, *, jsonl: bool = True, json_array: bool = False
                        result_cache_tokens=cache_tokens, invalid_output=invalid_output, output_retries=retries,
                        retry_tokens=retry_tokens,
                        by_model=usage.by_model if len(usage.by_model) > 1 else {})
+
+
+class PartialOrder(StrEnum):
+    """Which finished lines a partial read gives: those before the first unfinished one (INPUT), or
+    all of them (FINISHED); in input order either way."""
+
+    INPUT = "input"
+    FINISHED = "finished"
+
+
+def finished_outcomes(layout: JobLayout, order: PartialOrder = PartialOrder.INPUT) -> Iterator[Outcome]:
+    """The job's finished outcomes in input order (``order``: as ``PartialOrder`` says)."""
+    if not storage.exists(layout.shard_manifest):
+        return  # not planned yet: the validation errors alone are not a prefix of anything
+    expected = 0
+    for outcome in job_outcomes(layout, lambda plan: shard_outcomes(plan, None)):
+        if order is PartialOrder.INPUT and outcome.index != expected:
+            return  # the line at `expected` has no outcome yet
+        expected = outcome.index + 1
+        yield outcome
+
+
+def partial_entry(job_id: str, outcome: Outcome) -> dict[str, Any]:
+    """One line of a partial read: where the line sits and its final output or error line."""
+    if isinstance(outcome, ResultRecord) and outcome.ok:
+        body = {"output": output_line(job_id, outcome)}
+        line = outcome.line or outcome.index + 1
+    else:
+        body = {"error": error_line(job_id, outcome)}
+        line = body["error"]["line"]
+    return {"index": outcome.index, "line": line, "custom_id": outcome.custom_id, **body}
+
+
+def partial_entries(layout: JobLayout, order: PartialOrder = PartialOrder.INPUT,
+                    start: int = 0) -> Iterator[dict[str, Any]]:
+    """``partial_entry`` of each finished outcome at input index ``start`` or later."""
+    for outcome in finished_outcomes(layout, order):
+        if outcome.index >= start:
+            yield partial_entry(layout.job_id, outcome)

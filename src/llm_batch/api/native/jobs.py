@@ -44,7 +44,7 @@ from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
 from llm_batch.infra.storage import StorageError
 from llm_batch.pipeline.admission import admit, check_model, check_owner_limits, one_input
 from llm_batch.pipeline.estimate import estimate_input
-from llm_batch.pipeline.partial import PartialOrder, partial_entries
+from llm_batch.pipeline.merge import PartialOrder, partial_entries
 from llm_batch.pipeline.rerun import CannotDerive, rerun_input, retry_lines, retry_plan
 from llm_batch.pipeline.steps import input_source, job_model_choice, layout_of
 from llm_batch.pipeline.validation import BatchRejected

@@ -28,7 +28,7 @@ from llm_batch.core.run_conf import SHARD_TASK_ID
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import FileRepository, Job
 from llm_batch.infra.jobstore.jobs import MAX_SEARCH_LENGTH
-from llm_batch.pipeline.partial import PartialOrder, partial_entries
+from llm_batch.pipeline.merge import PartialOrder, partial_entries
 from llm_batch.pipeline.steps import layout_of
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
