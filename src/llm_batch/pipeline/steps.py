@@ -284,15 +284,6 @@ def shard_task(given: dict[str, Any], settings: Settings, store: JobStore | None
     return _shard_task(store, settings, _job(store, str(given["job_id"])), int(given["shard"]), given.get("requests"))
 
 
-def _names_adapters(layout: JobLayout, index: int) -> bool:
-    from llm_batch.pipeline.sharding import read_manifest  # heavy
-
-    if not storage.exists(layout.shard_manifest):
-        return False
-    shards = read_manifest(layout).shards
-    return index < len(shards) and bool(shards[index].adapters)
-
-
 def engine_model_config(store: AdapterRepository, job: Job) -> dict[str, Any]:
     """The model_config the job's shards load: an owner's adapter's lines load its base."""
     own = {a.name: a.base for a in store.list_adapters(job.owner)}
@@ -313,7 +304,10 @@ def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: i
     layout = layout_of(settings, job.id)
     shard = layout.shard(index)
     if lora is None:  # a shard_ref: the plan says whether its lines name adapters
-        lora = _names_adapters(layout, index)
+        from llm_batch.pipeline.sharding import read_manifest  # heavy
+
+        shards = read_manifest(layout).shards if storage.exists(layout.shard_manifest) else []
+        lora = index < len(shards) and bool(shards[index].adapters)
     resources = job.resources or {}
     return ShardTask(
         job_id=job.id,
@@ -349,18 +343,10 @@ def _stop_cause(job: Job) -> tuple[JobStatus, str] | None:
     return None
 
 
-def _not_run_code(cause: tuple[JobStatus, str] | None) -> str:
-    """The error code of requests that never ran, by why the job stopped."""
-    from llm_batch.pipeline.merge import BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED  # heavy
-
-    status = cause[0] if cause else None
-    return {JobStatus.CANCELLED: BATCH_CANCELLED, JobStatus.TIMEOUT_EXCEEDED: BATCH_EXPIRED}.get(status, SHARD_FAILED)
-
-
 def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | None:
     """Merge the shards' results into the job's outputs and set the counts (None: no shards)."""
     from llm_batch.core.scale_output import success_element  # heavy
-    from llm_batch.pipeline.merge import merge_job  # heavy
+    from llm_batch.pipeline.merge import BATCH_CANCELLED, BATCH_EXPIRED, SHARD_FAILED, merge_job  # heavy
     from llm_batch.pipeline.result_cache import fill_cache  # heavy
     job = _job(store, job_id)
     layout = layout_of(settings, job_id)
@@ -378,7 +364,8 @@ def merge(store: JobStore, settings: Settings, job_id: str) -> dict[str, int] | 
         json_array=job.input.output_format == OutputFormat.JSON_ARRAY,
         array_element=success_element(job.input_format),
         not_run_reason=f"{cause[1] if cause else 'its shard failed after its retries'} before this request ran",
-        not_run_code=_not_run_code(cause),
+        not_run_code={JobStatus.CANCELLED: BATCH_CANCELLED, JobStatus.TIMEOUT_EXCEEDED: BATCH_EXPIRED}.get(
+            cause and cause[0], SHARD_FAILED),
         shard_not_run_reasons=shard_not_run_reasons(store, job_id),
     )
     # Every request has an outcome now, those never run included (counted failed).
@@ -488,14 +475,10 @@ def job_summary(job: Job) -> str:
             f" ({job.status_reason or 'no reason recorded'})")
 
 
-def asset_uri(uri: str) -> str:
-    """An output location as an Airflow asset URI (a local path becomes file://...)."""
-    return uri if "://" in uri else "file://" + uri
-
-
 def result_asset_uris(job: Job) -> list[str]:
-    """The assets a job with results updates (outputs and a recurring spec's own)."""
-    uris = [asset_uri(u) for u in (job.output_uri, job.array_output_uri) if u]
+    """The assets a job with results updates: its outputs (a local path as file://...) and a
+    recurring spec's own."""
+    uris = [u if "://" in u else "file://" + u for u in (job.output_uri, job.array_output_uri) if u]
     if recurring := (job.metadata or {}).get("recurring"):
         uris.append(output_asset_uri(str(recurring)))
     return list(dict.fromkeys(uris))
