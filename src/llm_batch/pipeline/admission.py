@@ -53,11 +53,6 @@ class Owner:
         self.name, self.is_admin = name, is_admin
 
 
-def owner_filter(principal: Principal) -> str | None:
-    """The owner to restrict store reads to: None (everyone's) for admins."""
-    return None if principal.is_admin else principal.name
-
-
 def priority_weight(settings: Settings, priority: str | int | None) -> int:
     """A priority (a band's name, or a number: the band at or below it) -> the stored weight."""
     if priority is None:
@@ -339,7 +334,7 @@ def check_input_files(store: FileRepository, principal: Principal, file_ids: lis
             message = f"{where}: file {file_id!r} is already {param}[{first_position[file_id]}]; name each file once"
             raise Refused(400, message, param=where, code="duplicate_input_file")
         first_position[file_id] = position
-        found = store.get_file(file_id, owner=owner_filter(principal))
+        found = store.get_file(file_id, owner=None if principal.is_admin else principal.name)
         if found is None:
             raise Refused(404, f"No file found with id {file_id!r}.", param=where, code="not_found")
         if (why := input_files.refusal(found)) is not None:

@@ -132,11 +132,9 @@ def try_report_shard(store: JobStore, task: ShardTask, outcome: ShardOutcome | N
 
 
 def report_shard(store: ProgressRepository, task: ShardTask, outcome: ShardOutcome | None = None) -> Job | None:
-    """Read this shard's own progress object (one storage read, whatever the number of
-    shards) and record it in the shard's row of the store, which sets the job's live
-    counts and usage from the sum of its rows (``JobStore.report_shard``). With `outcome`
-    (the shard task's end), the row also keeps the state and why, which merge reads.
-    None when there is nothing to report yet (no progress object and no outcome)."""
+    """Record this shard's own progress object (one storage read, whatever the number of shards)
+    in its row, whose sum is the job's live counts; with `outcome` (the task's end) also the
+    state and why, which merge reads. None: nothing to report yet."""
     try:
         figures = read_progress(task.progress_uri).model_dump(
             include={"total", "done", "succeeded", "failed", "prompt_tokens", "completion_tokens",

@@ -67,9 +67,7 @@ class ShardPlan(BaseModel):
 class ShardManifest(BaseModel):
     job_id: str
     by: ShardBy
-    # As asked; len(shards) may be smaller (fewer requests), or 2 when 1 was asked for a job mixing
-    # base-model and adapter lines (the adapter-grouped plan).
-    num_shards: int
+    num_shards: int  # as asked: len(shards) may be fewer (fewer requests), or 2 for a mixed job's 1
     total_requests: int
     total_weight: int
     shards: list[ShardPlan]
@@ -421,17 +419,12 @@ def _saved_tokens(lines: _Lines, shard_of: array, num_shards: int, chars: int) -
 def _adapter_assignment(lines: _Lines, num_shards: int) -> tuple[array, int]:
     """Each line's shard in the adapter-grouped plan and its number of shards. Lines are ordered
     by model (in order of first appearance), a prefix group's lines together, then file order,
-    and cut into ``m = min(num_shards, lines)`` consecutive, non-empty pieces of about equal
-    weight.
+    and cut into ``m = min(num_shards, lines)`` consecutive pieces of about equal weight.
 
-    A job mixing base-model and adapter lines never has both on one shard: the worker starts a
-    shard without adapters on an engine without LoRA, which on CPU runs base lines several times
-    faster than an engine with LoRA on (docs/benchmarks.md, "LoRA adapters"). So the job gets at
-    least one shard for each side, ``max(m, 2)`` shards in all (two when one was asked); each
-    side takes a share of them in proportion to its weight (rounded, at least one, at most its
-    lines) and is cut as above.
-    Adapter lines of different adapters may share a shard: one LoRA engine serves them all.
-    The first line's side comes first, so shard 0 holds the first request."""
+    Base-model and adapter lines never share a shard: on CPU an engine without LoRA runs base
+    lines several times faster (docs/benchmarks.md, "LoRA adapters"). So a mixed job gets
+    ``max(m, 2)`` shards, each side a share by its weight (at least one, at most its lines), the
+    first line's side first (shard 0 holds the first request). One LoRA engine serves any adapters."""
     n = lines.total
     m = min(num_shards, n)
     first_side = lines.model[0] == lines.base
@@ -498,15 +491,10 @@ def _write_assigned(layout: JobLayout, source: str, shard_of: array, m: int, wei
 def plan_shards(layout: JobLayout, num_shards: int, *, by: ShardBy = "count",
                 prefix_aware: bool | None = None, min_saving: float | None = None,
                 source: str | None = None, settings: Settings | None = None) -> list[ShardPlan]:
-    """Write the shards' request files and the manifest; return the (non-empty) shards.
-
-    ``min(num_shards, requests)`` shards, except that a job mixing base-model and adapter
-    lines gets at least one shard for each and never both on one (two when one was asked:
-    ``_adapter_assignment``); the manifest keeps ``num_shards`` as asked.
-    ``prefix_aware`` defaults to ``settings.prefix_aware_sharding`` (default ``get_settings()``),
-    ``min_saving`` to MIN_PREFIX_SAVING; ``source`` (default ``layout.validated``) is the file to
-    plan (``layout.uncached`` when the result cache answered some).
-    """
+    """Write the shards' request files and the manifest (one of the module's three plans); return the
+    (non-empty) shards. ``prefix_aware`` defaults to ``settings.prefix_aware_sharding`` (default
+    ``get_settings()``), ``min_saving`` to MIN_PREFIX_SAVING; ``source`` (default
+    ``layout.validated``) is the file to plan (``layout.uncached`` when the cache answered some)."""
     source = source or layout.validated
     if not 1 <= num_shards <= MAX_SHARDS:
         raise ShardingError(f"number of shards must be 1..{MAX_SHARDS}, got {num_shards}")
