@@ -307,7 +307,8 @@ def read_jsonl(stream: BinaryIO, checker: RequestChecker, *, max_line_bytes: int
     check_line = checker.check_line
     while raw:
         line += 1
-        if len(raw) > max_line_bytes and (size := len(raw) - _ending(raw)) > max_line_bytes:
+        if len(raw) > max_line_bytes and (  # the size without its "\n" or "\r\n"
+                size := len(raw) - raw.endswith(b"\n") - raw.endswith(b"\r\n")) > max_line_bytes:
             if raw[-1:] != b"\n":  # cut short at the limit: skip the rest of the line
                 size = len(raw) + _skip_rest_of_line(stream, raw[-1:])
             yield _error(index, line, _peek_custom_id(raw), ErrorCode.LINE_TOO_LONG,
@@ -317,13 +318,6 @@ def read_jsonl(stream: BinaryIO, checker: RequestChecker, *, max_line_bytes: int
             yield check_line(raw, index, line, where)
             index += 1
         raw = readline(limit)
-
-
-def _ending(raw: bytes) -> int:
-    """Length of the line ending ("\\n", "\\r\\n" or none) at the end of ``raw``."""
-    if raw[-1:] != b"\n":
-        return 0
-    return 2 if raw[-2:-1] == b"\r" else 1
 
 
 def _skip_rest_of_line(stream: BinaryIO, tail: bytes) -> int:

@@ -86,13 +86,10 @@ def _messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
 def _conversations(value: Any) -> list[list[dict[str, Any]]]:
     """Chat classification / moderation input: one conversation or a list of them (messages, or
     ``{"messages": [...]}``)."""
-    items = value if isinstance(value, list) and value and not _is_message(value[0]) else [value]
+    several = isinstance(value, list) and value and not (isinstance(value[0], dict) and "role" in value[0])
+    items = value if several else [value]
     conversations = [item.get("messages") if isinstance(item, dict) else item for item in items]
     return [[{**m, "content": _text_of(m.get("content"))} for m in c or []] for c in conversations]
-
-
-def _is_message(value: Any) -> bool:
-    return isinstance(value, dict) and "role" in value
 
 
 class NotCounted(Exception):

@@ -103,7 +103,10 @@ def register(
     job_id = run_job_id(conf, dag_run_id)
     existing = store.get_job(job_id)
     if existing is not None:
-        if not _run_may_drive(existing, owner, dag_run_id, trusted):
+        # Only the job's own run, its owner's or a trusted one may take over an existing job.
+        own_run = existing.dag_run_id == dag_run_id or (
+            existing.dag_run_id is None and dag_run_id == api_run_id(job_id))
+        if not (own_run or trusted or existing.owner == owner):
             raise JobRejected(f"job {job_id!r} belongs to another run; give a new job_id (or none)")
         if existing.status == JobStatus.FAILED and (existing.status_reason or "").startswith(REFUSED):
             # A cleared refused run, or another run naming its job id: refused the same way.
@@ -133,12 +136,6 @@ def _record_refusal(store: JobRepository, settings: Settings, conf: dict[str, An
                          input_format="jsonl", max_runtime_sec=settings.default_max_runtime_sec)
     store.create_requested_job(request, owner, dag_run_id=dag_run_id)
     store.end_job(job_id, JobStatus.FAILED, REFUSED + reason)
-
-
-def _run_may_drive(job: Job, owner: str, dag_run_id: str, trusted: bool) -> bool:
-    """Only the job's own run, its owner's or a trusted one may take over an existing job."""
-    own_run = job.dag_run_id == dag_run_id or (job.dag_run_id is None and dag_run_id == api_run_id(job.id))
-    return own_run or trusted or job.owner == owner
 
 
 # -- validate -----------------------------------------------------------------------------
@@ -395,14 +392,6 @@ def engine_rate(shards: list[Any]) -> float:
     return round(sum(shard.completion_tokens for shard in shards) / seconds, 1) if seconds > 0 else 0.0
 
 
-def _read_merge_report(layout: JobLayout) -> dict[str, int] | None:
-    """The merge step's counts (a file, not an XCom, so finalize works after any try)."""
-    try:
-        return orjson.loads(storage.read_bytes(layout.merge_report))
-    except storage.ObjectNotFound:
-        return None
-
-
 def _record_file(store: FileRepository, job: Job, uri: str, kind: str) -> FileObject:
     name = f"{job.id}_{kind}.jsonl"
     expiry = job.input.output_expires_after_s
@@ -439,7 +428,10 @@ def finalize(store: JobStore, settings: Settings, job_id: str) -> Job:
         return job
     cause = _stop_cause(job)
     layout = layout_of(settings, job_id)
-    counts = _read_merge_report(layout)
+    try:  # the merge step's counts: a file, not an XCom, so finalize works after any try
+        counts = orjson.loads(storage.read_bytes(layout.merge_report))
+    except storage.ObjectNotFound:
+        counts = None
     if counts is None:
         if cause is not None and not storage.exists(layout.validation_report):
             return store.end_job(job_id, cause[0], f"{cause[1]} before its input was read: no request was run")

@@ -206,9 +206,13 @@ def _no_valid_message(report: ValidationReport) -> str:
 def _items(source: Any, fmt: InputFormat, checker: RequestChecker, limits: ValidationLimits, budget: _ByteBudget,
            open_input: OpenInput) -> Iterator[Item]:
     """Every item of every input, indexes continuing across files."""
-    if fmt is InputFormat.INLINE or (fmt is InputFormat.SCALE_V2 and _is_inline_list(source)):
+    inline_list = isinstance(source, list) and not any(isinstance(s, str | os.PathLike) for s in source[:1])
+    if fmt is InputFormat.INLINE or (fmt is InputFormat.SCALE_V2 and inline_list):
+        if not isinstance(source, list):
+            raise BatchRejected("unreadable", f"{fmt.value} inline content must be a list of objects, got "
+                                f"{type(source).__name__}")
         reader = read_inline if fmt is InputFormat.INLINE else read_scale_v2
-        yield from reader(_require_list(source, fmt), checker, max_item_bytes=limits.max_line_bytes)
+        yield from reader(source, checker, max_item_bytes=limits.max_line_bytes)
         return
     if fmt is InputFormat.SCALE_V1 and isinstance(source, dict):
         yield from read_scale_v1(scale_v1_params(source), source["prompts"], checker,
@@ -285,17 +289,6 @@ def _rereadable(stream: BinaryIO) -> Callable[[], AbstractContextManager[BinaryI
         return nullcontext(stream)
 
     return opener
-
-
-def _is_inline_list(source: Any) -> bool:
-    return isinstance(source, list) and not any(isinstance(s, str | os.PathLike) for s in source[:1])
-
-
-def _require_list(source: Any, fmt: InputFormat) -> list[Any]:
-    if not isinstance(source, list):
-        raise BatchRejected("unreadable", f"{fmt.value} inline content must be a list of "
-                            f"objects, got {type(source).__name__}")
-    return source
 
 
 class _ByteBudget:
