@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.job_input import ModerationShape
+from llm_batch.core.job_spec import ModerationShape
 from llm_batch.core.records import BatchRequest
 from tests.fixtures.engine import registered_engine
 

@@ -1,4 +1,4 @@
-"""One canonical job: its input and options are a typed model (core.job_input.JobInput), and
+"""One canonical job: its input and options are a typed model (core.job_spec.JobInput), and
 the layers under the API (core, pipeline, runtime) never ask which dialect made a job."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import create_engine, text
 
-from llm_batch.core.job_input import JobInput, ModerationShape, OutputFormat
 from llm_batch.core.job_request import DIALECTS
+from llm_batch.core.job_spec import JobInput, ModerationShape, OutputFormat
 from llm_batch.infra.jobstore import JobStore, upgrade_to_head
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "llm_batch"

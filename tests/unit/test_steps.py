@@ -19,8 +19,7 @@ import pytest
 from llm_batch.airflow import lanes
 from llm_batch.core import exit_codes, jobs, placement, run_conf
 from llm_batch.core.config import Settings
-from llm_batch.core.job_input import JobInput
-from llm_batch.core.job_spec import JobOptions
+from llm_batch.core.job_spec import JobInput, JobOptions
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.records import ResultRecord
 from llm_batch.infra import storage

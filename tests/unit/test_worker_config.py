@@ -9,7 +9,7 @@ import pytest
 
 from llm_batch.core import exit_codes
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.job_input import ModerationShape
+from llm_batch.core.job_spec import ModerationShape
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra.progress import ShardState, read_progress

@@ -18,9 +18,8 @@ from llm_batch.api.idempotency import IdempotencyDep
 from llm_batch.api.state import SettingsDep, StoreDep
 from llm_batch.core.config import Settings
 from llm_batch.core.formats import not_json
-from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
-from llm_batch.core.job_spec import JobOptions
+from llm_batch.core.job_spec import JobInput, JobOptions
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import join_uri
 from llm_batch.infra import storage

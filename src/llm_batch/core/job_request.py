@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_batch.core.job_input import JobInput
+from llm_batch.core.job_spec import JobInput
 
 # Who asks for a job ("airflow": a DAG run and the native route); only the API reads it.
 DIALECTS = ("openai", "mistral", "scale", "airflow")
@@ -31,7 +31,7 @@ class DerivedFrom:
 class JobRequest:
     endpoint: str
     model: str
-    input: JobInput  # what the job reads, and its options (llm_batch.core.job_input)
+    input: JobInput  # what the job reads, and its options
     input_format: str
     dialect: str = "airflow"  # one of DIALECTS
     model_config: dict[str, Any] = field(default_factory=dict)

@@ -7,8 +7,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llm_batch.core.job_input import JobInput
-from llm_batch.core.job_spec import MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC, JobSpec
+from llm_batch.core.job_spec import MAX_DATA_PARALLELISM, MAX_RUNTIME_SEC, JobInput, JobSpec
 
 __all__ = ["BATCH_DAG_ID", "DEFAULT_MODEL", "DEFAULT_OWNER", "DEFAULT_RUNTIME_SEC", "HOUSEKEEPING_DAG_ID",
            "MAX_DATA_PARALLELISM", "MAX_RUNTIME_SEC", "RESULTS_ASSET_URI", "SHARD_TASK_ID", "RunConf", "api_run_id",

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import DIALECTS, DerivedFrom
+from llm_batch.core.job_spec import JobInput
 from llm_batch.core.jobs import JobStatus
 
 __all__ = ["DIALECTS", "FILE_KINDS", "ApiKey", "FileObject", "Job", "OwnerAdapter", "ShardRecord"]

@@ -20,9 +20,8 @@ from llm_batch.core.endpoints import (
     parse_endpoint,
     serving_problem,
 )
-from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import JobRequest
-from llm_batch.core.job_spec import JobOptions, JobSpec, spec_problem
+from llm_batch.core.job_spec import JobInput, JobOptions, JobSpec, spec_problem
 from llm_batch.core.jobs import JobRejected, Refused
 from llm_batch.core.model_config import ModelConfig, ModelError, job_model_config, validate_model_config
 from llm_batch.core.placement import multi_node_refusal, priority_band

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import orjson
 
 from llm_batch.core.input_formats import InputFormat
-from llm_batch.core.job_input import JobInput
+from llm_batch.core.job_spec import JobInput
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import FileRepository, Job, JobStore
 from llm_batch.infra.streams import iter_lines, stored_lines

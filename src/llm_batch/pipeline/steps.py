@@ -18,9 +18,8 @@ import yaml
 from llm_batch.core import owners
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import SUPPORTED_ENDPOINTS
-from llm_batch.core.job_input import JobInput, OutputFormat
 from llm_batch.core.job_request import JobRequest
-from llm_batch.core.job_spec import JobOptions
+from llm_batch.core.job_spec import JobInput, JobOptions, OutputFormat
 from llm_batch.core.jobs import InvalidTransition, JobRejected, JobStatus
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice

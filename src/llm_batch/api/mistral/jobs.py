@@ -23,8 +23,7 @@ from llm_batch.api.mistral.models import (
 )
 from llm_batch.api.state import MAX_PAGE_SIZE, SettingsDep, StoreDep
 from llm_batch.api.submission import SubmittingDep, inline_items, stored_inline, submit
-from llm_batch.core.job_input import JobInput
-from llm_batch.core.job_spec import MAX_INLINE_REQUESTS
+from llm_batch.core.job_spec import MAX_INLINE_REQUESTS, JobInput
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import FileRepository, Job
 from llm_batch.pipeline import housekeeping

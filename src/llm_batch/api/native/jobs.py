@@ -34,9 +34,8 @@ from llm_batch.api.submission import (
 )
 from llm_batch.core.config import Settings
 from llm_batch.core.input_formats import InputFormat
-from llm_batch.core.job_input import JobInput
 from llm_batch.core.job_request import DerivedFrom, JobRequest
-from llm_batch.core.job_spec import JobOptions, JobSpec
+from llm_batch.core.job_spec import JobInput, JobOptions, JobSpec
 from llm_batch.core.jobs import JobRejected, JobStatus
 from llm_batch.core.placement import priority_name
 from llm_batch.infra.jobstore import DuplicateId, Job, JobRepository, JobStore

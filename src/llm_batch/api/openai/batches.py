@@ -24,8 +24,7 @@ from llm_batch.api.state import MAX_OPENAI_PAGE_SIZE, StoreDep
 from llm_batch.api.submission import SubmittingDep, submit
 from llm_batch.api.uploads import expiry
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.core.job_input import JobInput, ModerationShape
-from llm_batch.core.job_spec import JobSpec
+from llm_batch.core.job_spec import JobInput, JobSpec, ModerationShape
 from llm_batch.infra import input_files, storage
 from llm_batch.pipeline.admission import admit, check_owner_limits, model_registry, parse_spec
 

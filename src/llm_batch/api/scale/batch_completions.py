@@ -30,8 +30,7 @@ from llm_batch.api.submission import SubmittingDep, inline_json, save_inline_req
 from llm_batch.core.config import Settings
 from llm_batch.core.endpoints import Endpoint
 from llm_batch.core.input_formats import InputFormat
-from llm_batch.core.job_input import JobInput, OutputFormat
-from llm_batch.core.job_spec import JobOptions, JobSpec
+from llm_batch.core.job_spec import JobInput, JobOptions, JobSpec, OutputFormat
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.placement import priority_name
 from llm_batch.infra.jobstore import Job

@@ -16,7 +16,7 @@ import numpy as np
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, PoolingRequestOutput, RequestOutput
 
-from llm_batch.core.job_input import ModerationShape
+from llm_batch.core.job_spec import ModerationShape
 from llm_batch.infra.model_registry import ModerationMap
 from llm_batch.runtime.engine.transcription import Transcript
 

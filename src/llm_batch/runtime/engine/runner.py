@@ -27,7 +27,7 @@ from vllm.outputs import PoolingRequestOutput, RequestOutput
 
 from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.endpoints import MEDIA_ENDPOINTS, Endpoint
-from llm_batch.core.job_input import ModerationShape
+from llm_batch.core.job_spec import ModerationShape
 from llm_batch.core.output_check import CHECKED_ENDPOINTS, INVALID_OUTPUT, OutputCheck, answer_text
 from llm_batch.core.records import BatchRequest, RequestError, ResultRecord
 from llm_batch.infra import media

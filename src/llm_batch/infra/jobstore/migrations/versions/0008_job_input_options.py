@@ -5,7 +5,7 @@ Revises: 0007
 Create Date: 2027-01-27
 
 The pipeline no longer reads the job's dialect: the API edge sets what differs in the job's
-input (``llm_batch.core.job_input.JobInput``). Rows made before say it here, as their dialect
+input (``llm_batch.core.job_spec.JobInput``). Rows made before say it here, as their dialect
 meant it: a Scale job's results are also a JSON array (``output_format``), an OpenAI job's
 moderation results carry ``flagged`` (``moderation_shape``). Other keys are kept as they are.
 Downgrade drops the two keys (the old code derives them from the dialect again).
