@@ -134,8 +134,6 @@ class RequestChecker:
             self._use(implied)
         return implied == self.endpoint
 
-    # -- JSONL lines and record dicts ----------------------------------------------------
-
     def check_line(self, raw: bytes, index: int, line: int, where: str) -> Item:
         """One JSONL line (bytes, with or without its newline)."""
         try:
@@ -184,8 +182,6 @@ class RequestChecker:
         if self.endpoint is None and url in SUPPORTED_ENDPOINTS:
             self._use(Endpoint(url))
         return url == self.endpoint
-
-    # -- bodies ------------------------------------------------------------------------------
 
     def check_body(self, body: Any, custom_id: str, index: int, line: int, where: str) -> Item:
         """A request body against the job's endpoint schema (fast path first)."""

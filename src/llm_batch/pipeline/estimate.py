@@ -163,8 +163,9 @@ class _LightTokenizer:
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         jinja_file = path / "chat_template.jinja"
         self.chat_template = jinja_file.read_text() if jinja_file.is_file() else template
-        self._specials = {name: _token_text(config.get(name)) for name in
-                          ("bos_token", "eos_token", "unk_token", "pad_token")}
+        # A special token as tokenizer_config.json gives it: a string, or an AddedToken's dict.
+        self._specials = {name: token.get("content") if isinstance(token := config.get(name), dict) else token
+                          for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
@@ -173,11 +174,6 @@ class _LightTokenizer:
                             tokenize: bool = False, add_generation_prompt: bool = False) -> str:
         template = _jinja().from_string(chat_template or self.chat_template or "")
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._specials)
-
-
-def _token_text(value: Any) -> str | None:
-    """A special token as tokenizer_config.json gives it (a string, or an AddedToken's dict)."""
-    return value.get("content") if isinstance(value, dict) else value
 
 
 @lru_cache(maxsize=1)

@@ -5,11 +5,8 @@ A streaming ``heapq.merge`` by input index of the validation errors, the cached 
 shards' outcomes. Contiguous shards are opened one after another, as the merge reaches them (no
 S3 connection idles through a long merge). A plan that broke the ordering is refused
 (``MergeError``), never misordered; ``<h>`` in a line's ids hashes the job id and index, so a
-rerun writes the same bytes.
-
-A running job's finished lines are read with the same pairing and line builders
-(``partial_entries``; docs/api.md, "Results while a job runs"), so a line read early is byte for
-byte the line the final files will hold."""
+rerun writes the same bytes. A running job's finished lines (``partial_entries``) are read with
+the same pairing and line builders, so a line read early is the final files' line, byte for byte."""
 
 from __future__ import annotations
 
