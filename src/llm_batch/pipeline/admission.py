@@ -98,7 +98,10 @@ def admit(spec: JobSpec, given: JobInput, principal: Principal, store: JobStore,
     if resources is None:
         resources = {"gpus": spec.gpus, "gpu_type": spec.gpu_type, "nodes_per_worker": spec.nodes_per_worker}
     check_owner_limits(store, settings, principal, new_jobs=1, new_requests=len(given.requests or []))
-    endpoint = check_endpoint(spec.endpoint)
+    try:
+        endpoint = parse_endpoint(spec.endpoint).value
+    except UnsupportedEndpointError as exc:
+        raise Refused(400, str(exc), param="endpoint", code="unsupported_endpoint") from None
     config = parse_model_config({**spec.engine_config, "model": spec.model})
     runs_on = check_model(spec.model, config, settings, words.get("model", "model"), endpoint, principal, store)
     if config.tokenizer:
@@ -163,13 +166,6 @@ def refusal_text(exc: JobRejected) -> str:
     if isinstance(exc, Refused) and exc.param and not reason.startswith(exc.param):
         reason = f"{exc.param}: {reason}"
     return reason
-
-
-def check_endpoint(endpoint: str, param: str = "endpoint") -> str:
-    try:
-        return parse_endpoint(endpoint).value
-    except UnsupportedEndpointError as exc:
-        raise Refused(400, str(exc), param=param, code="unsupported_endpoint") from None
 
 
 @lru_cache(maxsize=4)

@@ -40,12 +40,8 @@ def registry_model_names(settings: Settings) -> list[str]:
     """The registry's model and adapter names, from its YAML alone (cheap enough for DAG
     parsing); empty if it cannot be read."""
     try:
-        if settings.model_registry is None:
-            text = resources.files("llm_batch").joinpath("models.yaml").read_text()
-        else:
-            with open(settings.model_registry) as f:
-                text = f.read()
-        registry = yaml.safe_load(text) or {}
+        source = settings.model_registry or resources.files("llm_batch").joinpath("models.yaml")
+        registry = yaml.safe_load(source.read_text()) or {}
         return sorted([*(registry.get("models") or {}), *(registry.get("adapters") or {})])
     except (OSError, yaml.YAMLError, AttributeError):
         return []

@@ -1,9 +1,6 @@
 """Validate a whole batch, streaming: one pass over the input, valid requests and error records
-written as they come, counts and the first errors in the report (docs/validation.md).
-
-One bad line never fails a batch: ``BatchRejected`` only for an input that cannot be read,
-has no valid request, passes a limit or names an unsupported endpoint.
-"""
+written as they come, counts and the first errors in the report (docs/validation.md). One bad
+line never fails a batch: ``BatchRejected`` refuses only the input as a whole."""
 
 from __future__ import annotations
 
