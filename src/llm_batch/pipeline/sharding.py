@@ -264,11 +264,6 @@ class _Lines:
     base: int = -1  # the base model's rank, -1 when no line is on it
 
     @property
-    def mixed(self) -> bool:
-        """Lines on the base model and lines on adapters."""
-        return self.base >= 0 and self.models > 1
-
-    @property
     def total(self) -> int:
         return len(self.weight)
 
@@ -435,7 +430,7 @@ def _adapter_assignment(lines: _Lines, num_shards: int) -> tuple[array, int]:
 
     order = sorted(range(n), key=place)
     shard_of = array("q", bytes(8 * n))
-    if not lines.mixed:
+    if lines.base < 0:  # adapter lines only (this plan is for lines on two or more models)
         _cut(order, lines.weight, 0, m, shard_of)
         return shard_of, m
     m = max(m, 2)
