@@ -224,14 +224,14 @@ def test_the_worker_reads_only_what_validation_recorded(media):
     (wav_bytes(0.1)[:44], "no audio frames"), (b"\x00" * 5000, "not a WAV file"),
 ])
 def test_audio_decoding_refuses_what_it_cannot_read(data, message):
-    from llm_batch.runtime.engine.audio import AudioError, decode_wav
+    from llm_batch.runtime.engine.transcription import AudioError, decode_wav
 
     with pytest.raises(AudioError, match=message):
         decode_wav(data, 16000)
 
 
 def test_audio_is_mixed_down_and_resampled():
-    from llm_batch.runtime.engine.audio import decode_wav
+    from llm_batch.runtime.engine.transcription import decode_wav
 
     for rate, channels, width in ((16000, 1, 2), (44100, 2, 2), (8000, 1, 1), (22050, 1, 4)):
         samples = decode_wav(wav_bytes(0.5, rate=rate, channels=channels, width=width), 16000)

@@ -36,7 +36,6 @@ from llm_batch.infra.model_registry import FimTemplate, ModerationMap, Serving
 from llm_batch.infra.model_resolution import ResolvedModel
 from llm_batch.pipeline.sharding import PREFIX_KEY_CHARS, prefix_key
 from llm_batch.runtime.engine import StopReason, ocr, responses, transcription, vllm_api
-from llm_batch.runtime.engine.audio import AudioError, decode_wav
 from llm_batch.runtime.engine.responses import Usage
 from llm_batch.runtime.engine.sampling import (
     Body,
@@ -294,7 +293,7 @@ class EngineRunner:
             if isinstance(body, TranscribeBody):
                 if body.language is not None and body.language not in self.languages:
                     raise InvalidRequest(f"language: {body.language!r} is not a language the model knows")
-                audio = decode_wav(data, self.speech.sample_rate)
+                audio = transcription.decode_wav(data, self.speech.sample_rate)
                 params = media_sampling_params(body.temperature, keep_special_tokens=True)
                 prompts = transcription.prompts(audio, self.speech, body.language, body.segments, body.context_bias)
                 inputs = [(vllm_api.render_prompt(self.llm, prompt), params.clone()) for prompt in prompts]
@@ -304,7 +303,7 @@ class EngineRunner:
             inputs = [(vllm_api.render_chat(self.llm, ocr.page_messages(page, self.serving.ocr_prompt)), params.clone())
                       for page in pages]
             return inputs, (pages, len(data))
-        except (media.MediaRefused, AudioError, ocr.ImageError) as exc:
+        except (media.MediaRefused, transcription.AudioError, ocr.ImageError) as exc:
             raise InvalidRequest(str(exc), "invalid_media") from None
         except (KeyError, TypeError) as exc:  # a body validation never saw (a hand-made shard file)
             raise InvalidRequest(f"the body does not name its file as validation requires ({exc!r})") from None
