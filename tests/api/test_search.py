@@ -97,7 +97,7 @@ def test_search_of_ten_thousand_jobs_is_fast(api_store):
     with api_store._transaction(write=True) as connection:  # bulk insert: 10,000 creates one by one take minutes
         from datetime import UTC, datetime
 
-        from llm_batch.infra.jobstore.tables import JOBS
+        from llm_batch.infra.jobstore.models import JOBS
 
         now = datetime.now(UTC)
         connection.execute(JOBS.insert(), [

@@ -93,7 +93,7 @@ def _merge_process(job_id: str, env: dict[str, str]) -> subprocess.Popen:
 def _entries(store: JobStore, job_id: str):
     from sqlalchemy import select
 
-    from llm_batch.infra.jobstore.tables import RESULT_CACHE
+    from llm_batch.infra.jobstore.models import RESULT_CACHE
 
     with store.engine.connect() as connection:
         return connection.execute(select(RESULT_CACHE).where(RESULT_CACHE.c.job_id == job_id)).all()

@@ -64,7 +64,7 @@ def _finished_job(store: JobStore, model: str, *, tokens: tuple[int, int], secon
     if ran is not None:  # arranging the timeline: no test waits `ran` seconds
         from sqlalchemy import update
 
-        from llm_batch.infra.jobstore.tables import JOBS
+        from llm_batch.infra.jobstore.models import JOBS
 
         with store.engine.begin() as connection:
             connection.execute(update(JOBS).where(JOBS.c.id == job.id)

@@ -10,8 +10,8 @@ from sqlalchemy import delete, select
 
 from llm_batch.core.snapshots import OwnerAdapter
 from llm_batch.infra.jobstore.errors import AdapterExists, AdapterNotFound
+from llm_batch.infra.jobstore.models import ADAPTERS
 from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
-from llm_batch.infra.jobstore.tables import ADAPTERS
 
 _adapter = from_row(OwnerAdapter)
 

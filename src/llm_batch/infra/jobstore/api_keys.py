@@ -18,9 +18,9 @@ from sqlalchemy import select
 from llm_batch.core import owners
 from llm_batch.core.snapshots import ApiKey
 from llm_batch.infra.jobstore.errors import ApiKeyNotFound
+from llm_batch.infra.jobstore.models import API_KEYS, ENDPOINTS, FILES, JOBS
 from llm_batch.infra.jobstore.paging import matching
 from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
-from llm_batch.infra.jobstore.tables import API_KEYS, ENDPOINTS, FILES, JOBS
 
 API_KEY_PREFIX = "lbk_"
 _API_KEY_LOOKUP_CHARS = 12  # stored in clear: finds the row, reveals nothing useful

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import select, update
 
 from llm_batch.infra.jobstore.errors import JobNotFound
+from llm_batch.infra.jobstore.models import JOBS
 from llm_batch.infra.jobstore.repository import ENDED_STATUSES, LIVE_STATUSES, Repository, utcnow
-from llm_batch.infra.jobstore.tables import JOBS
 
 # How many of a model's newest ended jobs its measured rate is taken over: recent enough to
 # follow a change of hardware or settings, enough jobs to smooth one odd run out.

@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from llm_batch.core.snapshots import FILE_KINDS, FileObject
 from llm_batch.infra.jobstore.errors import FileNotFound
+from llm_batch.infra.jobstore.models import FILES
 from llm_batch.infra.jobstore.paging import check_page, matching, ordering, owned, page
 from llm_batch.infra.jobstore.repository import Repository, from_row, require_aware, utcnow
-from llm_batch.infra.jobstore.tables import FILES
 
 _file = from_row(FileObject)
 

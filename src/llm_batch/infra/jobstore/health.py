@@ -16,8 +16,8 @@ from sqlalchemy.pool import NullPool
 
 from llm_batch.infra.jobstore.database import VERSION_TABLE
 from llm_batch.infra.jobstore.errors import JobStoreError, JobStoreUnhealthy
+from llm_batch.infra.jobstore.models import API_KEYS, JOBS
 from llm_batch.infra.jobstore.repository import Repository, utcnow
-from llm_batch.infra.jobstore.tables import API_KEYS, JOBS
 
 # How long check_health waits to connect, for the write lock and for each statement.
 HEALTH_TIMEOUT_S = 5.0

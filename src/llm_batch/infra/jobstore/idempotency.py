@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, delete, select, update
 
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate
+from llm_batch.infra.jobstore.models import IDEMPOTENCY_KEYS
 from llm_batch.infra.jobstore.repository import CAS_ATTEMPTS, Repository, from_row, require_aware, upsert, utcnow
-from llm_batch.infra.jobstore.tables import IDEMPOTENCY_KEYS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

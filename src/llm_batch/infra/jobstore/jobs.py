@@ -18,6 +18,7 @@ from llm_batch.core.job_request import DerivedFrom, JobRequest
 from llm_batch.core.jobs import JobStatus, check_transition
 from llm_batch.core.snapshots import DIALECTS, Job
 from llm_batch.infra.jobstore.errors import ConcurrentUpdate, JobNotFound
+from llm_batch.infra.jobstore.models import FILES, HISTORY, JOBS, SHARDS
 from llm_batch.infra.jobstore.paging import check_page, given, matching, ordering, owned, page
 from llm_batch.infra.jobstore.repository import (
     CAS_ATTEMPTS,
@@ -27,7 +28,6 @@ from llm_batch.infra.jobstore.repository import (
     require_non_negative,
     utcnow,
 )
-from llm_batch.infra.jobstore.tables import FILES, HISTORY, JOBS, SHARDS
 
 # The timestamps a status sets when entered (only if unset: a repeated step never moves them).
 _STATUS_TIMESTAMPS: dict[JobStatus, tuple[str, ...]] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Table, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -307,3 +307,17 @@ class ResultCacheRow(Base):
     used_at: Mapped[datetime] = mapped_column(index=True)
     # Where in its pack (``uri``) the answer starts; None: the object holds it alone.
     at_byte: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+# The tables as SQLAlchemy Core objects: what the repositories' statements run on.
+JOBS: Table = JobRow.__table__
+SHARDS: Table = ShardProgressRow.__table__
+HISTORY: Table = ProgressHistoryRow.__table__
+FILES: Table = FileRow.__table__
+API_KEYS: Table = ApiKeyRow.__table__
+IDEMPOTENCY_KEYS: Table = IdempotencyKeyRow.__table__
+ENDPOINTS: Table = WebhookEndpointRow.__table__
+DELIVERIES: Table = WebhookDeliveryRow.__table__
+ATTEMPTS: Table = WebhookAttemptRow.__table__
+ADAPTERS: Table = AdapterRow.__table__
+RESULT_CACHE: Table = ResultCacheRow.__table__

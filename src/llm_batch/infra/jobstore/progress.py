@@ -14,9 +14,9 @@ from sqlalchemy import Connection, Row, and_, case, delete, func, insert, select
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.snapshots import Job, ShardRecord
 from llm_batch.infra.jobstore.errors import JobNotFound
+from llm_batch.infra.jobstore.models import HISTORY, JOBS, SHARDS
 from llm_batch.infra.jobstore.paging import owned
 from llm_batch.infra.jobstore.repository import Repository, from_row, job_snapshot, require_non_negative, upsert, utcnow
-from llm_batch.infra.jobstore.tables import HISTORY, JOBS, SHARDS
 
 HISTORY_INTERVAL_S = 5.0
 MAX_HISTORY_POINTS = 500

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, delete, func, select, tuple_, update
 
 from llm_batch.core.snapshots import CacheEntry
+from llm_batch.infra.jobstore.models import RESULT_CACHE
 from llm_batch.infra.jobstore.repository import Repository, from_row, require_aware, upsert, utcnow
-from llm_batch.infra.jobstore.tables import RESULT_CACHE
 
 if TYPE_CHECKING:
     from llm_batch.infra.result_cache import Packed

@@ -12,9 +12,9 @@ from sqlalchemy import func, select
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.snapshots import UsageRow
+from llm_batch.infra.jobstore.models import ADAPTERS, ATTEMPTS, DELIVERIES, FILES, JOBS
 from llm_batch.infra.jobstore.paging import matching
 from llm_batch.infra.jobstore.repository import ENDED_STATUSES, LIVE_STATUSES, Repository, require_aware
-from llm_batch.infra.jobstore.tables import ADAPTERS, ATTEMPTS, DELIVERIES, FILES, JOBS
 
 # JobStore.usage: what it groups by, and the groups that are not a value of the column.
 USAGE_GROUPINGS = ("owner", "model", "label")

@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import Connection, Row, delete, insert, or_, select, update
 
 from llm_batch.core.jobs import JobStatus
+from llm_batch.infra.jobstore.models import ATTEMPTS, DELIVERIES, ENDPOINTS
 from llm_batch.infra.jobstore.paging import matching, owned, page
 from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
-from llm_batch.infra.jobstore.tables import ATTEMPTS, DELIVERIES, ENDPOINTS
 
 # OpenAI's batch event names, by the canonical terminal status they announce.
 JOB_END_EVENTS: dict[JobStatus, str] = {
