@@ -22,6 +22,7 @@ from llm_batch.infra.jobstore.models import FILES, HISTORY, JOBS, SHARDS
 from llm_batch.infra.jobstore.paging import check_page, given, matching, ordering, owned, page
 from llm_batch.infra.jobstore.repository import (
     CAS_ATTEMPTS,
+    ENDED_STATUSES,
     Repository,
     job_snapshot,
     require_aware,
@@ -84,8 +85,6 @@ def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]
 
 
 class JobRepository(Repository):
-    """The jobs (see the module docstring)."""
-
     def _compare_and_set(
         self, job_id: str, changes: Callable[[Row], dict[str, Any] | None], owner: str | None = None
     ) -> Job:
@@ -344,9 +343,9 @@ class JobRepository(Repository):
 
     def delete_job(self, job_id: str, owner: str | None = None) -> None:
         """Remove an ended job's record (a live one: JobNotFound)."""
-        terminal = [s.value for s in JobStatus if s.terminal]
         with self._transaction(write=True) as connection:
-            deleted = connection.execute(delete(JOBS).where(*owned(JOBS, job_id, owner), JOBS.c.status.in_(terminal)))
+            deleted = connection.execute(
+                delete(JOBS).where(*owned(JOBS, job_id, owner), JOBS.c.status.in_(ENDED_STATUSES)))
             if deleted.rowcount != 1:
                 raise JobNotFound(f"no ended job {job_id!r}")
             connection.execute(delete(SHARDS).where(SHARDS.c.job_id == job_id))
