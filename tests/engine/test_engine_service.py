@@ -1,4 +1,4 @@
-"""Engine services (``llm_batch.runtime.engine_service``): warm engines on TCP, as a Deployment's pods
+"""Engine services (``llm_batch.runtime.warm_engines``): warm engines on TCP, as a Deployment's pods
 run them, taking the small shards of the Kubernetes runner.
 
 The hosts are real ``llm-batch engine-host --listen`` processes on 127.0.0.1 with the real

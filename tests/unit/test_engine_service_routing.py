@@ -24,7 +24,7 @@ from llm_batch.cli.main import main  # noqa: E402
 from llm_batch.core.config import Settings, parse_address, settings_from_env  # noqa: E402
 from llm_batch.core.placement import GPU_TYPES  # noqa: E402
 from llm_batch.pipeline.shard_task import ShardTask  # noqa: E402
-from llm_batch.runtime.engine_service import service_for  # noqa: E402
+from llm_batch.runtime.warm_engines import service_for  # noqa: E402
 
 K8S_VERSION = "1.37.0"
 SERVICES = {"smollm2-135m-instruct": "engines.llm.svc:8700",

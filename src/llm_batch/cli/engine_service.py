@@ -13,8 +13,7 @@ import orjson
 from llm_batch.core import exit_codes
 from llm_batch.core.config import get_settings, parse_address
 from llm_batch.core.placement import GPU_TYPES
-from llm_batch.runtime.engine_service import DEFAULT_PORT
-from llm_batch.runtime.warm_engines import WarmEngineError, serve, serve_service
+from llm_batch.runtime.warm_engines import DEFAULT_PORT, WarmEngineError, serve, serve_service
 
 MANIFEST_DOC = """``llm-batch engine-service manifest``: the Kubernetes objects of an engine service (a warm
 engine Deployment for one model and GPU type, its Service and NetworkPolicy) as YAML, to

@@ -10,9 +10,11 @@ stops the shard (``StopReason.ABANDONED``). A client holds a seat's lock (flock)
 shard runs and the slot's lock while it reaches or starts the host; a host about to exit
 idle takes every seat's lock first.
 
-Engine services (``llm_batch.runtime.engine_service``): the same host on TCP
-(``serve_service``); the request line carries the service's token too, and the host keeps
-the seats itself.
+Engine services: the same host on TCP (``serve_service``), a Deployment per model and GPU
+type (``llm-batch engine-service manifest``) whose pods take the small shards of many jobs
+(``service_for``); the request line carries the service's token too, and the host keeps the
+seats itself. Trust: the token (``LLM_BATCH_ENGINE_TOKEN``), the model it serves, the host's
+own allowed roots; the connection is not encrypted (docs/orchestration.md, "Engine services").
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llm_batch.core import exit_codes
+from llm_batch.core.config import Settings, parse_address
 from llm_batch.infra.log_context import LOG_FORMAT, JobIdFilter, bind_job
 from llm_batch.infra.processes import read_pid, stop_group
 
 if TYPE_CHECKING:
     from vllm import LLM
 
-    from llm_batch.core.config import Settings
     from llm_batch.infra.model_resolution import ResolvedModel
+    from llm_batch.pipeline.shard_task import ShardTask
 
 log = logging.getLogger("llm_batch.runtime.warm_engines")
 
@@ -68,6 +71,7 @@ SEND_TIMEOUT_S = 30.0
 # Connections a service holds beyond its seats; more are turned away, and their tasks retry.
 MAX_WAITING = 32
 SERVICE_CONNECT_S = 10.0
+DEFAULT_PORT = 8700
 
 
 class WarmEngineError(RuntimeError):
@@ -219,6 +223,17 @@ def prewarm(settings: Settings, model_config: dict[str, Any]) -> bool:
         reached = _try_connect(slot)
         (reached or _start_host(slot, settings, preload=model_config))[0].close()
     return reached is None
+
+
+def service_for(task: ShardTask, settings: Settings) -> tuple[str, int] | None:
+    """The engine service that takes this shard, or None (it gets a pod of its own)."""
+    if not settings.engine_services or task.nodes_per_worker != 1:
+        return None
+    if task.requests is None or task.requests > settings.engine_service_max_requests:
+        return None
+    model = str(orjson.loads(task.model_config_json).get("model", ""))
+    address = settings.engine_services.get(f"{model}@{task.gpu_type}") or settings.engine_services.get(model)
+    return parse_address(address) if address else None
 
 
 def start_service_shard(address: tuple[str, int], token: str, worker_args: list[str],

@@ -3,7 +3,7 @@
 A light operator for the DAG (the Kubernetes client takes seconds to import, too long for
 parsing): the operator doing the work is built when the task runs (an engine service's, a
 LeaderWorkerSet's or a single pod's) and handed every entry point Airflow calls. A small shard
-goes to its model's engine service (``llm_batch.runtime.engine_service``) over TCP, supervised
+goes to its model's engine service (``llm_batch.runtime.warm_engines``) over TCP, supervised
 as the local runner's warm-engine path (a kill leaves the host warm)."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from airflow.sdk import BaseOperator
 
 from llm_batch.airflow.operators.local import LocalShardOperator
 from llm_batch.airflow.operators.shard import ShardTaskMixin
-from llm_batch.runtime.engine_service import service_for
-from llm_batch.runtime.warm_engines import WarmShard, start_service_shard
+from llm_batch.runtime.warm_engines import WarmShard, service_for, start_service_shard
 
 if TYPE_CHECKING:
     from llm_batch.core.config import Settings

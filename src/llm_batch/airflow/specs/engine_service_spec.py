@@ -1,4 +1,4 @@
-"""An engine service's Kubernetes objects (``llm_batch.runtime.engine_service``): a Deployment of
+"""An engine service's Kubernetes objects (``llm_batch.runtime.warm_engines``): a Deployment of
 warm engine hosts for one model and GPU type, its Service, and a NetworkPolicy that lets only
 Airflow's workers in (no Airflow here; docs/orchestration.md, "Engine services")."""
 
@@ -13,7 +13,7 @@ from kubernetes.client import models as k8s
 
 from llm_batch.airflow.specs import pod_spec
 from llm_batch.core.config import Settings
-from llm_batch.runtime.engine_service import DEFAULT_PORT
+from llm_batch.runtime.warm_engines import DEFAULT_PORT
 
 TOKEN_KEY = "token"
 DEFAULT_CLIENT_LABELS = {"component": "worker", "tier": "airflow"}  # Airflow's Helm chart's workers
