@@ -204,8 +204,8 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
     engines = max(1, settings.warm_engine_slots or settings.local_pool_slots)
     slot, seat, seat_fd = _take_seat(settings.home, key, engines, settings.warm_engine_seats)
     try:
-        with _holding(slot.lock):
-            conn, pid = _connect(slot, settings)
+        with _holding(slot.lock):  # nobody else starts the slot's host meanwhile
+            conn, pid = _try_connect(slot) or _start_host(slot, settings)
         conn.sendall(orjson.dumps({"argv": worker_args}) + b"\n")
     except BaseException:
         os.close(seat_fd)
@@ -284,11 +284,6 @@ def _holding(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def _connect(slot: Slot, settings: Settings) -> tuple[socket.socket, int]:
-    """A connection to the slot's host (we hold the slot's lock, so nobody else starts one)."""
-    return _try_connect(slot) or _start_host(slot, settings)
 
 
 def _start_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None) -> tuple[socket.socket, int]:
