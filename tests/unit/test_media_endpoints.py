@@ -15,7 +15,7 @@ import pytest
 
 from llm_batch.core.config import get_settings
 from llm_batch.core.endpoints import Endpoint, endpoints_served, serving_problem
-from llm_batch.infra.jobstore.store import JobStore
+from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.media import MediaResolver
 from llm_batch.infra.model_registry import load_registry
 from llm_batch.pipeline.validation import ValidationLimits, validate_batch

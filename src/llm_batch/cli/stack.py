@@ -89,8 +89,8 @@ def _status(args: argparse.Namespace) -> int:
     from llm_batch.devstack.home import home_stack  # heavy
     from llm_batch.devstack.stack import SUPERVISOR  # heavy
     from llm_batch.devstack.supervisor import describe_restarts, read_restarts  # heavy
+    from llm_batch.infra.jobstore import JobStore  # heavy
     from llm_batch.infra.jobstore.errors import JobStoreUnhealthy  # heavy
-    from llm_batch.infra.jobstore.store import JobStore  # heavy
 
     stack = home_stack()
     state = stack.running()

@@ -14,7 +14,7 @@ from llm_batch.core.formats import MediaRefused
 from llm_batch.infra import storage, user_paths
 
 if TYPE_CHECKING:
-    from llm_batch.infra.jobstore.store import JobStore
+    from llm_batch.infra.jobstore import JobStore
 
 WAV_MAGIC, WAVE_TAG = b"RIFF", b"WAVE"
 _SNIFF_BYTES = 12
