@@ -201,13 +201,11 @@ class FimBody(_SamplingBody):
         return None
 
 
-class EmbeddingBody(_Body):
+class _InputsBody(_Body):
     input: Prompt
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
 
     def inputs(self) -> list[str | list[int]]:
-        """The texts (or token lists) to embed, one embedding each, in order."""
+        """The texts (or token lists) of ``input``, one embedding or classification each, in order."""
         value = self.input
         if isinstance(value, str):
             return [value]
@@ -218,17 +216,15 @@ class EmbeddingBody(_Body):
         return list(value)
 
 
-class ClassifyBody(_Body):
+class EmbeddingBody(_InputsBody):
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+class ClassifyBody(_InputsBody):
     """A /v1/classifications body: one classification per text of ``input``, in order."""
 
-    input: str | list[str]
-
-    def inputs(self) -> list[str]:
-        if isinstance(self.input, str):
-            return [self.input]
-        if not self.input:
-            raise InvalidRequest("input: must not be empty")
-        return list(self.input)
+    input: str | list[str]  # type: ignore[assignment]
 
 
 class ChatClassifyBody(_Body):
