@@ -104,7 +104,7 @@ class ResultsWriter:
     again for up to ``outage_s``, then the ``StorageError`` propagates (the retry resumes after the last part)."""
 
     def __init__(self, results_uri: str, done: int, last_index: int | None, *,
-                 flush_every_s: float, flush_every_records: int, outage_s: float = 300.0):
+                 flush_every_s: float = 2.0, flush_every_records: int = 1000, outage_s: float = 300.0):
         self.results_uri = results_uri
         self.done = done
         self._published = done
@@ -118,11 +118,9 @@ class ResultsWriter:
         self._retry_at = 0.0
 
     @classmethod
-    def open(cls, results_uri: str, *, flush_every_s: float = 2.0,
-             flush_every_records: int = 1000, outage_s: float = 300.0) -> ResultsWriter:
+    def open(cls, results_uri: str, **options: Any) -> ResultsWriter:
         done, last = _resume_point(results_uri)
-        return cls(results_uri, done, last.index if last is not None else None, flush_every_s=flush_every_s,
-                   flush_every_records=flush_every_records, outage_s=outage_s)
+        return cls(results_uri, done, last.index if last is not None else None, **options)
 
     def write(self, record: ResultRecord) -> None:
         if self._last_index is not None and record.index <= self._last_index:
