@@ -92,9 +92,7 @@ def write_pack(uri: str, answers: Iterable[tuple[str, dict[str, Any]]]) -> list[
     return packed
 
 
-class Located(Protocol):
-    """A cache entry."""
-
+class Located(Protocol):  # a cache entry
     key: str
     uri: str
     at_byte: int | None

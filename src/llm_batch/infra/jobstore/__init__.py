@@ -79,8 +79,6 @@ class JobStore(
     EstimatesRepository,
     ResultCacheRepository,
 ):
-    """The job store at `url` (construction and threads as ``Repository``)."""
-
     def _job_moved(self, connection: Connection, before: Row, after: Row) -> None:
         enqueue_job_end(connection, before, after)  # a job's end writes its webhook outbox rows
 

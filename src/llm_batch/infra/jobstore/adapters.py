@@ -11,7 +11,7 @@ from sqlalchemy import delete, select
 from llm_batch.core.snapshots import OwnerAdapter
 from llm_batch.infra.jobstore.errors import AdapterExists, AdapterNotFound
 from llm_batch.infra.jobstore.models import ADAPTERS
-from llm_batch.infra.jobstore.repository import Repository, from_row, utcnow
+from llm_batch.infra.jobstore.repository import Repository, from_row, require_non_negative, utcnow
 
 _adapter = from_row(OwnerAdapter)
 
@@ -21,8 +21,7 @@ class AdapterRepository(Repository):
         """Record `owner`'s adapter `name` on `base` (its files already at `uri`)."""
         if rank < 1:
             raise ValueError(f"rank must be >= 1, got {rank}")
-        if bytes < 0:
-            raise ValueError(f"bytes must be >= 0, got {bytes}")
+        require_non_negative({"bytes": bytes})
         values = dict(id=f"adapter-{uuid.uuid4().hex}", owner=owner, name=name, base=base, uri=uri, rank=rank,
                       bytes=bytes, created_at=utcnow())
         taken = AdapterExists(f"{owner!r} already has an adapter named {name!r}")

@@ -51,7 +51,6 @@ class LiveWork:
 
 class EstimatesRepository(Repository):
     def set_estimate(self, job_id: str, estimate: dict[str, Any]) -> None:
-        """Keep `estimate` (JSON) on the job."""
         with self._transaction(write=True) as connection:
             done = connection.execute(update(JOBS).where(JOBS.c.id == job_id)
                                       .values(estimate=estimate, updated_at=utcnow())).rowcount

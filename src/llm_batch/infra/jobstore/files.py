@@ -13,7 +13,7 @@ from llm_batch.core.snapshots import FILE_KINDS, FileObject
 from llm_batch.infra.jobstore.errors import FileNotFound
 from llm_batch.infra.jobstore.models import FILES
 from llm_batch.infra.jobstore.paging import check_page, matching, ordering, owned, page
-from llm_batch.infra.jobstore.repository import Repository, from_row, require_aware, utcnow
+from llm_batch.infra.jobstore.repository import Repository, from_row, require_aware, require_non_negative, utcnow
 
 _file = from_row(FileObject)
 
@@ -31,8 +31,7 @@ class FileRepository(Repository):
         """Record a file object; `expires_after` sets expires_at to created_at + expires_after."""
         if kind not in FILE_KINDS:
             raise ValueError(f"file kind {kind!r} is unknown; use one of {', '.join(FILE_KINDS)}")
-        if bytes < 0:
-            raise ValueError(f"bytes must be >= 0, got {bytes}")
+        require_non_negative({"bytes": bytes})
         require_aware(expires_at=expires_at)
         created_at = utcnow()
         if expires_after is not None:

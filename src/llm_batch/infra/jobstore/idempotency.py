@@ -94,7 +94,6 @@ class IdempotencyRepository(Repository):
             connection.execute(delete(IDEMPOTENCY_KEYS).where(*_reservation(owner, key, locked_at)))
 
     def delete_idempotency_keys(self, created_before: datetime) -> int:
-        """Delete keys created before `created_before`; returns how many."""
         require_aware(created_before=created_before)
         with self._transaction(write=True) as connection:
             done = connection.execute(delete(IDEMPOTENCY_KEYS).where(IDEMPOTENCY_KEYS.c.created_at < created_before))

@@ -75,7 +75,6 @@ def search_filter(text: str) -> ColumnElement[bool]:
 
 
 def _entering(row: Row, status: JobStatus, reason: str | None) -> dict[str, Any]:
-    """The column values of moving `row` into `status`."""
     now = utcnow()
     values: dict[str, Any] = {"status": status.value}
     values.update({ts: now for ts in _STATUS_TIMESTAMPS[status] if getattr(row, ts) is None})
