@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Protocol
@@ -111,11 +112,9 @@ def read_answers(entries: Iterable[Located]) -> dict[str, dict[str, Any]]:
     for uri, group in groupby(located, key=lambda e: e.uri):
         for run in _runs(list(group)):
             if run[0].at_byte is None:  # a one-object entry of before packs, read whole
-                try:
+                with suppress(storage.ObjectNotFound):
                     if (body := _answer_of(storage.read_bytes(uri), run[0].key)) is not None:
                         found[run[0].key] = body
-                except storage.ObjectNotFound:
-                    pass
                 continue
             start = run[0].at_byte
             try:

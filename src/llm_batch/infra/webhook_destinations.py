@@ -7,6 +7,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from urllib.parse import urlsplit
 
 from llm_batch.core.config import Settings
@@ -75,10 +76,8 @@ def _literal(host: str, bracketed: bool) -> IPAddress | None:
             raise ValueError("a zone id names an interface of this machine")
         return ipaddress.IPv6Address(host)
     if _NUMERIC_V4.fullmatch(host):
-        try:
+        with suppress(OSError):
             return ipaddress.IPv4Address(socket.inet_aton(host))
-        except OSError:
-            pass
     try:
         return ipaddress.ip_address(host)
     except ValueError:
