@@ -75,7 +75,7 @@ def fabricate_results(plans) -> int:
     from llm_batch.core.records import RequestError, ResultRecord
     from llm_batch.infra import storage
     from llm_batch.infra.results import ResultsWriter
-    from llm_batch.infra.streams import iter_lines
+    from llm_batch.infra.storage import iter_lines
 
     written = 0
     for plan in plans:

@@ -10,7 +10,7 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsWriter, count_results, list_parts, read_results
-from llm_batch.infra.streams import iter_lines
+from llm_batch.infra.storage import iter_lines
 from llm_batch.pipeline.merge import MergeCounts, merge_job
 from llm_batch.pipeline.sharding import plan_shards, read_manifest
 from llm_batch.pipeline.validation import validate_batch

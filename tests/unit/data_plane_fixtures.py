@@ -81,7 +81,7 @@ def run_scale_job(layout: JobLayout, source, fmt: str, endpoint: str, *, failing
 
     from llm_batch.core.scale_output import success_element
     from llm_batch.infra.results import ResultsWriter
-    from llm_batch.infra.streams import stored_lines
+    from llm_batch.infra.storage import stored_lines
     from llm_batch.pipeline.merge import merge_job
     from llm_batch.pipeline.sharding import plan_shards
     from llm_batch.pipeline.validation import validate_batch

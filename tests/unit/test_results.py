@@ -12,7 +12,7 @@ from llm_batch.core.layout import join_uri
 from llm_batch.core.records import ResultRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsError, ResultsWriter, count_results, list_parts, part_uri, read_results
-from llm_batch.infra.streams import iter_lines
+from llm_batch.infra.storage import iter_lines
 from tests.fuzzing import examples
 from tests.unit.data_plane_fixtures import new_layout
 
@@ -112,7 +112,7 @@ def test_a_corrupt_line_names_its_part_and_line(results_uri):
         list(read_results(results_uri))
 
 
-# -- streams.iter_lines: what every reader of results, shards and errors goes through ------------
+# -- storage.iter_lines: what every reader of results, shards and errors goes through ------------
 
 
 @settings(max_examples=examples(300), deadline=None)

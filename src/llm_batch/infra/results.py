@@ -15,7 +15,6 @@ import orjson
 from llm_batch.core.layout import join_uri
 from llm_batch.core.records import ResultRecord, dumps_line
 from llm_batch.infra import storage
-from llm_batch.infra.streams import stored_lines
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def read_results(results_uri: str) -> Iterator[ResultRecord]:
     from one checkpoint) are read once."""
     position = 0
     for part in list_parts(results_uri):
-        for number, line in enumerate(stored_lines(part.uri), start=1):
+        for number, line in enumerate(storage.stored_lines(part.uri), start=1):
             if part.start + number - 1 < position:
                 continue
             yield _parse(line, part, number)
@@ -71,7 +70,7 @@ def paired_results(requests_uri: str, results_uri: str) -> Iterator[tuple[dict[s
     in order, with its result or None; results of no request (stale) are passed over."""
     results = read_results(results_uri)
     pending = next(results, None)
-    for line in stored_lines(requests_uri):
+    for line in storage.stored_lines(requests_uri):
         request = orjson.loads(line)
         index = request["index"]
         while pending is not None and pending.index < index:
@@ -89,7 +88,7 @@ def _resume_point(results_uri: str) -> tuple[int, ResultRecord | None]:
     if not parts:
         return 0, None
     count, last = 0, None
-    for count, last in enumerate(stored_lines(parts[-1].uri), start=1):
+    for count, last in enumerate(storage.stored_lines(parts[-1].uri), start=1):
         pass
     return parts[-1].start + count, (_parse(last, parts[-1], count) if last is not None else None)
 

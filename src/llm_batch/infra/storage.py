@@ -4,7 +4,8 @@ Local paths must resolve (symlinks followed) inside ``Settings.local_roots`` or 
 local areas, buckets be in ``Settings.allowed_buckets`` when set; which paths a *user* may name
 is stricter (``user_paths``). A written object appears only when the block exits without error.
 Prefixes are directories: ``list_uris("s3://b/x")`` lists ``x/``, not ``xy``. Transient S3
-failures are retried by tenacity alone (botocore's retries are off)."""
+failures are retried by tenacity alone (botocore's retries are off). Lines in (``iter_lines``,
+``stored_lines``) and large writes out (``ChunkedWriter``) over any binary stream hold one chunk."""
 from __future__ import annotations
 
 import io
@@ -18,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import unquote
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -612,3 +613,57 @@ def _is_transient(exc: BaseException) -> bool:
         status = _status(exc) or 0
         return _error_code(exc) in _THROTTLE_CODES or status == 429 or status >= 500
     return isinstance(exc, (ConnectionError, HTTPClientError, IncompleteReadError))
+
+
+CHUNK_BYTES = 1 << 16  # per open stream: merge holds 2 per shard, so keep it small
+
+
+def iter_lines(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The lines of ``stream`` without their newline; a last line without one is kept. A
+    long line is gathered in pieces and joined once: linear time, not quadratic."""
+    pending: list[bytes] = []
+    while chunk := stream.read(chunk_bytes):
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            continue
+        lines = chunk.split(b"\n")
+        if pending:
+            pending.append(lines[0])
+            lines[0] = b"".join(pending)
+            pending.clear()
+        tail = lines.pop()
+        if tail:
+            pending.append(tail)
+        yield from lines
+    if pending:
+        yield b"".join(pending)
+
+
+def stored_lines(uri: str) -> Iterator[bytes]:
+    """The non-blank lines of the stored file ``uri``, streamed."""
+    with open_read(uri) as stream:
+        for line in iter_lines(stream):
+            if line.strip():
+                yield line
+
+
+class ChunkedWriter:
+    """Small writes in, chunks of about ``chunk_bytes`` out (an S3 writer may send each write)."""
+
+    def __init__(self, stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES):
+        self._stream = stream
+        self._chunk_bytes = chunk_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= self._chunk_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            self._stream.write(b"".join(self._parts))
+            self._parts.clear()
+            self._size = 0

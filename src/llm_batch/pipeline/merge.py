@@ -28,7 +28,7 @@ from llm_batch.core.records import ErrorRecord, ResultRecord
 from llm_batch.core.scale_output import ArrayElement, failed_element, success_element
 from llm_batch.infra import storage
 from llm_batch.infra.results import paired_results
-from llm_batch.infra.streams import ChunkedWriter, stored_lines
+from llm_batch.infra.storage import ChunkedWriter, stored_lines
 from llm_batch.pipeline.result_cache import cached_results
 from llm_batch.pipeline.sharding import ShardPlan, read_manifest
 

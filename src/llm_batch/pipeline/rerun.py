@@ -16,7 +16,7 @@ from llm_batch.core.input_formats import InputFormat
 from llm_batch.core.job_spec import JobInput
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import FileRepository, Job, JobStore
-from llm_batch.infra.streams import iter_lines, stored_lines
+from llm_batch.infra.storage import iter_lines, stored_lines
 from llm_batch.pipeline.merge import NOT_RUN_CODES
 
 

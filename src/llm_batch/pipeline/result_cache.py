@@ -28,7 +28,7 @@ from llm_batch.infra.result_cache import (
     write_pack,
 )
 from llm_batch.infra.results import paired_results
-from llm_batch.infra.streams import stored_lines
+from llm_batch.infra.storage import stored_lines
 from llm_batch.pipeline.sharding import ShardPlan, read_manifest
 
 if TYPE_CHECKING:  # the DAG files import this module: the store loads only in tasks

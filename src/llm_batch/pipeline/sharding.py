@@ -32,7 +32,7 @@ from llm_batch.core.config import Settings, get_settings
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.schemas import prompt_chars
 from llm_batch.infra import storage
-from llm_batch.infra.streams import ChunkedWriter, stored_lines
+from llm_batch.infra.storage import ChunkedWriter, stored_lines
 
 MAX_SHARDS = 64
 # Requests whose prompts share this many first characters form a prefix group (the worker

@@ -30,7 +30,6 @@ from llm_batch.core.records import BatchRequest, ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.progress import ProgressReporter, ShardProgress, ShardState, read_progress
 from llm_batch.infra.results import ResultsWriter, read_results
-from llm_batch.infra.streams import iter_lines
 from llm_batch.runtime.engine import StopReason
 from llm_batch.runtime.multinode import DEFAULT_MASTER_PORT, NodeGroup, NodeGroupError
 
@@ -336,7 +335,7 @@ def resolve_for_endpoint(model_config: dict[str, Any], endpoint: Endpoint) -> Re
 def _request_lines(uri: str) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line) of the non-blank lines of a shard's requests file."""
     with storage.open_read(uri) as stream:
-        for number, line in enumerate(iter_lines(stream), start=1):
+        for number, line in enumerate(storage.iter_lines(stream), start=1):
             if line.strip():
                 yield number, line
 
