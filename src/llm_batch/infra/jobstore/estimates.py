@@ -8,11 +8,10 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from llm_batch.infra.jobstore.errors import JobNotFound
 from llm_batch.infra.jobstore.models import JOBS
-from llm_batch.infra.jobstore.repository import ENDED_STATUSES, LIVE_STATUSES, Repository, utcnow
+from llm_batch.infra.jobstore.repository import ENDED_STATUSES, LIVE_STATUSES, Repository
 
 # How many of a model's newest ended jobs its measured rate is taken over: recent enough to
 # follow a change of hardware or settings, enough jobs to smooth one odd run out.
@@ -51,11 +50,7 @@ class LiveWork:
 
 class EstimatesRepository(Repository):
     def set_estimate(self, job_id: str, estimate: dict[str, Any]) -> None:
-        with self._transaction(write=True) as connection:
-            done = connection.execute(update(JOBS).where(JOBS.c.id == job_id)
-                                      .values(estimate=estimate, updated_at=utcnow())).rowcount
-        if not done:
-            raise JobNotFound(f"no job {job_id!r}")
+        self._update_job(job_id, estimate=estimate)
 
     def measured_rate(self, model: str, last: int = RATE_JOBS) -> MeasuredRate | None:
         """The tokens/s of `model` over its `last` newest ended jobs that ran an engine

@@ -45,10 +45,6 @@ _STATUS_TIMESTAMPS: dict[JobStatus, tuple[str, ...]] = {
 _JOB_ORDER_COLUMNS = {"created_at", "updated_at", "priority"}
 
 
-def new_job_id() -> str:
-    return f"job_{uuid.uuid4().hex}"
-
-
 MAX_SEARCH_LENGTH = 200
 
 
@@ -108,15 +104,6 @@ class JobRepository(Repository):
                     return job_snapshot(updated)
         raise ConcurrentUpdate(f"job {job_id!r}: status kept changing under {CAS_ATTEMPTS} attempts")
 
-    def _update_job(self, job_id: str, owner: str | None = None, **values: Any) -> Job:
-        with self._transaction(write=True) as connection:
-            updated = connection.execute(
-                update(JOBS).where(*owned(JOBS, job_id, owner)).values(**values, updated_at=utcnow()).returning(*JOBS.c)
-            ).one_or_none()
-            if updated is None:
-                raise JobNotFound(f"no job {job_id!r}")
-            return job_snapshot(updated)
-
     def create_job(
         self,
         *,
@@ -154,7 +141,7 @@ class JobRepository(Repository):
         if expires_at is None and max_runtime_sec is not None:
             expires_at = created_at + timedelta(seconds=max_runtime_sec)
         values = dict(
-            id=id or new_job_id(),
+            id=id or f"job_{uuid.uuid4().hex}",
             dialect=dialect,
             endpoint=endpoint,
             model=model,

@@ -18,7 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.snapshots import Job
 from llm_batch.infra.jobstore.database import WRITE, make_engine, upgrade_to_head
-from llm_batch.infra.jobstore.errors import DuplicateId
+from llm_batch.infra.jobstore.errors import DuplicateId, JobNotFound
+from llm_batch.infra.jobstore.models import JOBS
 from llm_batch.infra.jobstore.paging import owned
 
 # Each lost compare-and-set race means another writer moved the row: a handful is plenty.
@@ -126,6 +127,16 @@ class Repository:
         if row is None:
             raise missing
         return row
+
+    def _update_job(self, job_id: str, owner: str | None = None, **values: Any) -> Job:
+        """Set `values` (and updated_at) on the job (of `owner` if given); JobNotFound if none."""
+        with self._transaction(write=True) as connection:
+            updated = connection.execute(
+                update(JOBS).where(*owned(JOBS, job_id, owner)).values(**values, updated_at=utcnow()).returning(*JOBS.c)
+            ).one_or_none()
+        if updated is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return job_snapshot(updated)
 
     def _job_moved(self, connection: Connection, before: Row, after: Row) -> None:
         """A hook in each job status move's transaction: the composition root adds what else a
