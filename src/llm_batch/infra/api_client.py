@@ -194,7 +194,6 @@ class BatchClient:
             yield response
 
     def upload(self, path: Path, idempotency_key: str | None = None) -> str:
-        """Upload a JSONL input file, streamed; returns its file id."""
         with path.open("rb") as data:
             return self.upload_stream(data, path.name, idempotency_key)
 

@@ -28,7 +28,6 @@ class AdapterRepository(Repository):
         return _adapter(self._insert(ADAPTERS, values, ADAPTERS.c, taken))
 
     def list_adapters(self, owner: str) -> list[OwnerAdapter]:
-        """`owner`'s adapters, by name."""
         query = select(ADAPTERS).where(ADAPTERS.c.owner == owner).order_by(ADAPTERS.c.name)
         return self._read_all(query, _adapter)
 

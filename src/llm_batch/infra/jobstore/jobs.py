@@ -99,7 +99,6 @@ class JobRepository(Repository):
                     .returning(*JOBS.c)
                 ).one_or_none()
                 if updated is not None:
-                    # What else a move does, in its transaction (the store's webhooks outbox).
                     self._job_moved(connection, row, updated)
                     return job_snapshot(updated)
         raise ConcurrentUpdate(f"job {job_id!r}: status kept changing under {CAS_ATTEMPTS} attempts")

@@ -80,10 +80,9 @@ class ProgressRepository(Repository):
         """Record one shard's progress (with `reason`: its task's outcome) in its row, then set
         the job's live counts and usage from the sum of its rows, in one transaction.
 
-        ``state`` and ``reason`` are the latest report's. The job row is locked first (``FOR
-        UPDATE``; SQLite's write lock), so one job's reports are serialized and every sum sees
-        the rows the others committed. An ended job is returned as it ended (its counts are
-        the merge's, final).
+        The job row is locked first (``FOR UPDATE``; SQLite's write lock), so one job's reports
+        are serialized and every sum sees the rows the others committed. An ended job is
+        returned as it ended (its counts are the merge's, final).
         """
         given = dict(total=total, done=done, succeeded=succeeded, failed=failed, prompt_tokens=prompt_tokens,
                      completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens,

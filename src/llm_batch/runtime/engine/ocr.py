@@ -65,7 +65,6 @@ def decode_document(data: bytes, pages: str | list[int] | None = None) -> list[P
 
 
 def decode_image(data: bytes) -> Page:
-    """``data`` as one RGB page, with its size and resolution."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # over the limit: refuse, not warn

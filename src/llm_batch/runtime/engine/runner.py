@@ -178,11 +178,9 @@ class EngineRunner:
 
     def run(self, requests: Iterable[BatchRequest], emit: Emit,
             should_stop: Callable[[], StopReason | None] = lambda: None) -> StopReason | None:
-        """Run ``requests``, calling ``emit`` once per request in input order.
-
-        Returns None when every request was emitted, or the StopReason ``should_stop`` gave
-        (checked between steps): then in-flight requests are aborted. With a feed order,
-        requests are read in batches of ``feed_chunk`` and each is fed in that order."""
+        """``emit`` each request's result once, in input order; None when all were emitted, else the
+        StopReason ``should_stop`` gave between steps (in-flight requests are then aborted). With
+        a feed order, requests are read in batches of ``feed_chunk``, each fed in that order."""
         source: Iterator[BatchRequest] = iter(requests)
         in_flight: dict[int, _InFlight] = {}
         finished: dict[int, tuple[ResultRecord, Usage]] = {}
