@@ -7,7 +7,6 @@ import math
 import sqlite3
 import uuid
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine, create_engine, insert, select
 from sqlalchemy.engine import make_url
@@ -52,7 +51,10 @@ class HealthRepository(Repository):
                     raise JobStoreError(f"{VERSION_TABLE} is empty: the store was never migrated")
                 connection.execute(select(JOBS.c.id).limit(1)).all()
                 step = "write (rolled back)"
-                connection.execute(insert(API_KEYS).values(**_health_probe_key()))
+                now = utcnow()
+                connection.execute(insert(API_KEYS).values(
+                    id=f"key_health_{uuid.uuid4().hex}", owner="llm-batch-health", name="health check (rolled back)",
+                    prefix="health", sha256="0" * 64, is_admin=False, created_at=now, revoked_at=now))
                 connection.rollback()
         except Exception as exc:  # noqa: BLE001 - any failure means unhealthy: say which
             store = make_url(self.url).render_as_string(hide_password=True)
@@ -77,12 +79,6 @@ def _probe_engine(url: str, timeout: float) -> Engine:
     libpq = parsed.get_driver_name() in ("psycopg2", "psycopg")
     connect_args = {"connect_timeout": max(1, math.ceil(timeout))} if libpq else {}
     return create_engine(parsed, poolclass=NullPool, connect_args=connect_args)
-
-
-def _health_probe_key() -> dict[str, Any]:
-    now = utcnow()
-    return dict(id=f"key_health_{uuid.uuid4().hex}", owner="llm-batch-health", name="health check (rolled back)",
-                prefix="health", sha256="0" * 64, is_admin=False, created_at=now, revoked_at=now)
 
 
 def _describe(exc: BaseException) -> str:
