@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_batch.core.config import Settings
-from llm_batch.infra.webhooks import DestinationRefused, check_destination, refusal
+from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination, refusal
 from tests.fuzzing import examples
 
 DEFAULTS = Settings(webhook_allowed_hosts=[], webhook_allow_public=True)

@@ -24,7 +24,8 @@ from llm_batch.core.config import Settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.jobstore.webhooks import JOB_END_EVENTS
-from llm_batch.infra.webhooks import Deliverer, DestinationRefused, check_destination
+from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination
+from llm_batch.infra.webhooks import Deliverer
 from tests.fixtures.jobstore import store_url_of
 
 CHAT = "/v1/chat/completions"

@@ -14,7 +14,8 @@ from llm_batch.api.state import ApiState
 from llm_batch.core.config import Settings
 from llm_batch.infra.jobstore import JobStore, WebhookRepository
 from llm_batch.infra.jobstore.webhooks import WebhookAttempt, WebhookEndpoint, WebhookEndpointNotFound
-from llm_batch.infra.webhooks import Deliverer, DestinationRefused, check_destination, new_client
+from llm_batch.infra.webhook_destinations import DestinationRefused, check_destination
+from llm_batch.infra.webhooks import Deliverer, new_client
 
 MAX_ENDPOINTS_PER_OWNER = 20
 KIND = "webhook endpoint"
