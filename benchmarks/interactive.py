@@ -49,8 +49,9 @@ def owner_key(stack: Any, owner: str) -> str:
 
 
 def lines(model: str, count: int, max_tokens: int, tag: str) -> bytes:
+    """Prompts of their own per tag: a small job's lines are never the result cache's answers."""
     return b"".join(orjson.dumps({"custom_id": f"{tag}-{i}", "body": {
-        "model": model, "messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": max_tokens,
+        "model": model, "messages": [{"role": "user", "content": f"say {i} ({tag})"}], "max_tokens": max_tokens,
         "temperature": 0}}) + b"\n" for i in range(count))
 
 
