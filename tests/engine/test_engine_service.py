@@ -55,6 +55,10 @@ TIMEOUT_S = 240
 LONG = (800, 16)
 
 
+class PortTaken(AssertionError):
+    """Another process bound the host's free port while its model loaded."""
+
+
 class Host:
     """One engine service pod's process; ``restart()`` is the Deployment bringing it back.
     ``settings``: the Airflow workers' (their shard tasks route to this service), whose
@@ -71,21 +75,22 @@ class Host:
                     "LLM_BATCH_CANCEL_GRACE_SECONDS": "30", "LLM_BATCH_ENGINE_SERVICE_MAX_REQUESTS": str(LONG[0])}
 
     def start(self, token: str = TOKEN) -> subprocess.Popen:
+        """Start the host and wait until it says it listens (it binds its port only once its
+        model is loaded: a connect alone could reach whoever took the port meanwhile)."""
         env = {**os.environ, **self.env, "LLM_BATCH_ENGINE_TOKEN": token}
+        logged = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--listen", f"127.0.0.1:{self.port}",
                  "--model", MODEL, "--seats", "2", "--preload", '{"max_context_length": 512}'], env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         deadline = time.monotonic() + 180
-        while True:
-            assert self.process.poll() is None, self.log.read_text()[-2000:]
+        while f"listening on 127.0.0.1:{self.port}" not in (said := self.log.read_bytes()[logged:].decode(errors="replace")):
+            if self.process.poll() is not None:
+                raise (PortTaken if "Address already in use" in said else AssertionError)(said[-2000:])
             assert time.monotonic() < deadline, "the engine service did not listen"
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self.process
-            except OSError:
-                time.sleep(0.2)
+            time.sleep(0.2)
+        return self.process
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -95,8 +100,14 @@ class Host:
 
 @pytest.fixture(scope="module")
 def host(tiny_model_dir, llm_batch_home):
-    service = Host(llm_batch_home, free_port())
-    service.start()
+    for tries_left in reversed(range(3)):
+        service = Host(llm_batch_home, free_port())
+        try:
+            service.start()
+            break
+        except PortTaken:
+            if not tries_left:
+                raise
     yield service
     service.stop()
 
