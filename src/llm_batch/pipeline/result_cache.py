@@ -42,6 +42,11 @@ def enabled(settings: Settings, job: Job) -> bool:
     return settings.result_cache and job.input.result_cache
 
 
+def _may_look_up(settings: Settings, job: Job) -> bool:
+    """Whether the job's lines are looked up at all: the cache on for it, its endpoint cacheable."""
+    return enabled(settings, job) and job.endpoint in CACHEABLE_ENDPOINTS
+
+
 # The one cache every owner shares when the deployment says so (never an owner name: those
 # have no spaces).
 SHARED_SCOPE = "(every owner)"
@@ -89,7 +94,7 @@ def _lookup_lora(request: BatchRequest) -> bool:
 def may_answer(store: ResultCacheRepository, settings: Settings, job: Job) -> bool:
     """Whether the cache may answer some of the job's lines (it holds answers of its model,
     config and endpoint for its scope): one indexed question."""
-    return enabled(settings, job) and job.endpoint in CACHEABLE_ENDPOINTS and _Lookups(store, settings, job).may_hit()
+    return _may_look_up(settings, job) and _Lookups(store, settings, job).may_hit()
 
 
 def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: JobLayout) -> str:
@@ -97,7 +102,7 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
     (``layout.validated`` itself when the cache is off for the job or answers none of its lines).
     The rest is published first, so a retried plan finding both reuses them and finding only
     the first redoes the split: a line is never in both."""
-    if not enabled(settings, job) or job.endpoint not in CACHEABLE_ENDPOINTS:
+    if not _may_look_up(settings, job):
         return layout.validated
     if storage.exists(layout.cached_results) and storage.exists(layout.uncached):
         return layout.uncached
