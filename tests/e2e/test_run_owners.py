@@ -59,8 +59,11 @@ def test_only_the_owner_ends_or_annotates_her_batch_run(e2e_stack, airflow, job_
     as_vic = {"Authorization": f"Bearer {e2e_stack.airflow_token('vic')}"}
     conf = httpx.get(run, headers=as_vic, timeout=30).json()["conf"]
     assert conf["job_id"] == job_id and not {"labels", "model_config", "input_uri", "output_uri"} & set(conf), conf
-    shards = httpx.get(f"{run}/taskInstances/prepare/xcomEntries/return_value", headers=as_vic, timeout=30,
-                       params={"deserialize": True}).json()["value"]
+    # The job reads RUNNING from its run's start; prepare's XCom exists once prepare has ended.
+    xcom = wait_until("prepare's XCom", lambda: (lambda r: r if r.status_code == 200 else None)(httpx.get(
+        f"{run}/taskInstances/prepare/xcomEntries/return_value", headers=as_vic, timeout=30,
+        params={"deserialize": True})), JOB_TIMEOUT)
+    shards = xcom.json()["value"]
     assert shards == [{"job_id": job_id, "shard": 0, "requests": len(requests)}], shards
 
     noted = httpx.patch(run, headers=as_alice, json={"note": "alice's batch"}, timeout=30)
