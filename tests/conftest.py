@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,12 +120,20 @@ _MARK_BY_FIXTURE = {"postgres_url": "postgres", "s3_server": "s3", "tiny_llm": "
 # folders whose tests share one stack for the whole package as one group each. The longest
 # groups are handed out first, so no process is left with one at the end.
 _ONE_GROUP_FOLDERS = ("e2e", "shape", "sdk")
-_FIRST_GROUPS = ("e2e", "shape", "sdk")  # then modules with an engine test, then the rest
+# Modules that start no engine but import vLLM (and torch), ~20 s of CPU: each when its tests
+# run, never when collected, so that only the one process running this group pays it in the
+# quick lane (pytest_collection_finish checks that collection imported no torch there).
+_VLLM_MODULES = ("tests/unit/test_vllm_api.py", "tests/unit/test_worker_sampling.py",
+                 "tests/unit/test_engine_placement.py", "tests/unit/test_worker_engine_failure.py",
+                 "tests/unit/test_adapters.py")
+_FIRST_GROUPS = ("e2e", "shape", "sdk", "vllm")  # then modules with an engine test, then the rest
 
 
 def group_of(nodeid: str) -> str:
     """The group of the test ``nodeid`` (``tests/<folder>/<module>.py::<name>``)."""
     path = nodeid.split("::", 1)[0]
+    if path in _VLLM_MODULES:
+        return "vllm"
     parts = path.split("/")
     return parts[1] if len(parts) > 2 and parts[1] in _ONE_GROUP_FOLDERS else path
 
@@ -142,6 +151,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return len(_FIRST_GROUPS) + (group not in with_engine)
 
     items.sort(key=rank)  # stable: the random order (pytest-randomly) holds within a rank
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("LLM_BATCH_TEST_LANE") == "quick" and "torch" in sys.modules:
+        raise pytest.UsageError("collecting the quick lane imported torch (vLLM): a test module imports it at its top; "
+                                "import it when the tests run and list the module in tests/conftest.py _VLLM_MODULES")
 
 
 # The stacks a folder's tests share end with the folder's last test, not with the session:

@@ -158,27 +158,44 @@ def _dumps(body: Any) -> bytes:
 # --- the fixture: the attacker's own file, bob's objects -------------------------------
 
 @pytest.fixture(scope="module")
-def arena(batch_app, creds, api_store, llm_batch_home):
+def arena(auth_manager, airflow_dags_in_db, sqlite_store_template, tmp_path_factory, llm_batch_home):
+    """The app on a job store of this module's own (a copy of the migrated template): every
+    request's before-and-after snapshot reads only what this module wrote, whatever ran before."""
+    import shutil
+
+    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
+    from llm_batch.api.app import create_app
+    from llm_batch.infra.jobstore import JobStore
     from tests.api.conftest import chat_lines
 
-    # An owner of its own: what the attack makes (webhook endpoints, jobs) stays out of the
-    # other tests' way.
-    own = {"Authorization": f"Bearer {api_store.create_api_key('mallory', 'fuzz key')[1]}"}
+    path = tmp_path_factory.mktemp("fuzz-store") / "jobs.db"
+    shutil.copyfile(sqlite_store_template, path)
+    store = JobStore(f"sqlite:///{path}")
+    app = create_app(store=store)
+    app.state.auth_manager = auth_manager
+    outer = FastAPI()
+    outer.state.auth_manager = auth_manager
+    outer.mount("/batch", app)
+    # An owner of its own: what the attack makes (webhook endpoints, jobs); bob's objects beside.
+    own = {"Authorization": f"Bearer {store.create_api_key('mallory', 'fuzz key')[1]}"}
+    bob = {"Authorization": f"Bearer {store.create_api_key('bob', 'fuzz key')[1]}"}
     own_dir = llm_batch_home / "data" / "mallory"
     own_dir.mkdir(parents=True, exist_ok=True)
-    with TestClient(batch_app, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
+    with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
         uploaded = client.post("/v1/files", headers=own, data={"purpose": "batch"},
                                files={"file": ("in.jsonl", chat_lines(2))})
         assert uploaded.status_code == 200, uploaded.text
-        bob_job = client.post("/v1/jobs", headers=creds.key("bob"), json={
+        bob_job = client.post("/v1/jobs", headers=bob, json={
             "model": MODEL, "endpoint": "/v1/chat/completions", "requests": [_chat()]})
         assert bob_job.status_code == 200, bob_job.text
-        bob_file = client.post("/v1/files", headers=creds.key("bob"), data={"purpose": "batch"},
+        bob_file = client.post("/v1/files", headers=bob, data={"purpose": "batch"},
                                files={"file": ("b.jsonl", chat_lines(1))})
         BOB.update(job=bob_job.json()["id"], file=bob_file.json()["id"])
-        yield {"client": client, "own_dir": str(own_dir), "file_id": uploaded.json()["id"], "headers": own}
+        yield {"client": client, "own_dir": str(own_dir), "file_id": uploaded.json()["id"], "headers": own,
+               "store": store, "app": app}
+    store.engine.dispose()
 
 
 def store_snapshot(store) -> dict[str, list[tuple]]:
@@ -189,9 +206,9 @@ def store_snapshot(store) -> dict[str, list[tuple]]:
                 for table in ("jobs", "files", "webhook_endpoints")}
 
 
-def test_every_write_route_has_a_sample_body(batch_api, arena):
+def test_every_write_route_has_a_sample_body(arena):
     table = samples(arena["own_dir"], arena["file_id"])
-    missing = [route for route in write_routes(batch_api) if route not in table]
+    missing = [route for route in write_routes(arena["app"]) if route not in table]
     assert not missing, f"write routes the fuzzer has no sample for (add them to samples()): {missing}"
 
 
@@ -202,10 +219,10 @@ def _path(template: str, draw_id: str) -> str:
 
 
 @pytest.mark.parametrize("seed_route", range(1))
-def test_hostile_input_on_every_write_route(batch_api, arena, creds, api_store, seed_route):
+def test_hostile_input_on_every_write_route(arena, seed_route):
     client, table = arena["client"], samples(arena["own_dir"], arena["file_id"])
     hostile = hostile_values(_engine_arg_names())
-    routes = [route for route in write_routes(batch_api) if route in table]
+    routes = [route for route in write_routes(arena["app"]) if route in table]
     seen: dict[tuple[str, str], int] = {}
     statuses: set[int] = set()
 
@@ -220,7 +237,7 @@ def test_hostile_input_on_every_write_route(batch_api, arena, creds, api_store, 
 
         path = _path(template, quote(ident.encode("utf-8", "surrogatepass"), safe="%"))
         headers = {**arena["headers"], "Idempotency-Key": data.draw(st.sampled_from(["k1", "x" * 300, b"\xc3\xa9\xff", "a b\tc"]))}
-        before = store_snapshot(api_store)
+        before = store_snapshot(arena["store"])
         if sample == "multipart":
             purpose = data.draw(st.sampled_from(["batch", "ocr", "fine-tune", "../x", "batch\x00"]))
             name = data.draw(st.sampled_from(SPELLINGS + ECHOED + ["in.jsonl"]))
@@ -237,7 +254,7 @@ def test_hostile_input_on_every_write_route(batch_api, arena, creds, api_store, 
         statuses.add(response.status_code)
         assert response.status_code < 500, f"{method} {path}: {response.status_code} {response.text[:300]}"
         if response.status_code >= 400:
-            assert store_snapshot(api_store) == before, f"{method} {path} was refused but changed the store"
+            assert store_snapshot(arena["store"]) == before, f"{method} {path} was refused but changed the store"
 
     attack()
     assert set(seen) == set(routes), f"routes never attacked: {set(routes) - set(seen)}"
@@ -270,13 +287,13 @@ def assert_every_run_conf_is_strict_json() -> None:
     ("/v2/batch-completions", {"output_data_path": "{alice}/x.json", "content": [{"prompt": "hi", "max_tokens": 2}],
                                "model_config": {"model": MODEL, "engine_args": {"otlp_traces_endpoint": "http://127.0.0.1:1"}}}),
 ])
-def test_engine_arguments_that_run_code_are_refused_naming_them(arena, creds, api_store, route, body):
+def test_engine_arguments_that_run_code_are_refused_naming_them(arena, route, body):
     body = json.loads(json.dumps(body).replace("{alice}", arena["own_dir"]))
-    before = store_snapshot(api_store)
+    before = store_snapshot(arena["store"])
     response = arena["client"].post(route, headers=arena["headers"], json=body)
     assert response.status_code in (400, 422), response.text
     assert "may not be set by a job" in response.text
-    assert store_snapshot(api_store) == before
+    assert store_snapshot(arena["store"]) == before
 
 
 @pytest.mark.parametrize("route, body", [
@@ -290,18 +307,18 @@ def test_engine_arguments_that_run_code_are_refused_naming_them(arena, creds, ap
                     '"metadata": {"k": NaN}}'),
     ("/v1/jobs", '{"model": "%s", "priority": 123456789012345678901234567890}' % MODEL),
 ])
-def test_what_python_parses_and_strict_json_refuses_is_a_precise_400(arena, creds, api_store, route, body):
-    before = store_snapshot(api_store)
+def test_what_python_parses_and_strict_json_refuses_is_a_precise_400(arena, route, body):
+    before = store_snapshot(arena["store"])
     response = arena["client"].post(route, headers={**arena["headers"], "content-type": "application/json"},
                                     content=body.encode())
     assert response.status_code == 400, response.text
     assert "not strict JSON" in response.text
-    assert store_snapshot(api_store) == before
+    assert store_snapshot(arena["store"]) == before
 
 
 @pytest.mark.parametrize("route", ["/v1/jobs", "/v1/batch/jobs", "/v2/batch-completions"])
 @pytest.mark.parametrize("depth", [64, 253, 600])
-def test_deep_nesting_is_refused_naming_the_limit(arena, creds, route, depth):
+def test_deep_nesting_is_refused_naming_the_limit(arena, route, depth):
     body = {"model": MODEL, "requests": [{"custom_id": "a", "body": _nest(depth)}], "content": [_nest(depth)]}
     response = arena["client"].post(route, headers={**arena["headers"], "content-type": "application/json"},
                                     content=_dumps(body))

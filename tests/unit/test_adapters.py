@@ -14,8 +14,6 @@ from typing import Any
 
 import orjson
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice, ModelRefused
@@ -33,6 +31,15 @@ from llm_batch.infra.adapters import (
 )
 from llm_batch.infra.model_registry import Registry, UnknownModel, load_registry
 from tests.unit.data_plane_fixtures import new_layout, ok_result
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch() -> None:
+    """torch (the adapters' tensors) is bound when the module's first test runs, not when collected."""
+    global save_file, torch
+    import torch
+    from safetensors.torch import save_file
+
 
 BASE_CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
                "num_key_value_heads": 2}
@@ -106,15 +113,16 @@ def test_tensors_that_do_not_fit_the_base_are_refused(tmp_path, tensors, reason)
         check_adapter_dir(_adapter(tmp_path, tensors=tensors), _base(tmp_path), max_rank=64)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_weights_that_are_not_finite_are_refused_in_each_dtype(tmp_path, dtype, bad):
+def test_weights_that_are_not_finite_are_refused_in_each_dtype(tmp_path, dtype_name, bad):
     """Issue 43, finding 2: a NaN adapter beside base rows in a shared batch reaches them;
     every value is read at admission (finite ones of each admitted dtype pass)."""
     from safetensors.torch import load_file
 
     folder = _adapter(tmp_path)
     weights = folder / "adapter_model.safetensors"
+    dtype = getattr(torch, dtype_name)
     tensors = {name: (torch.rand(t.shape) * 2 - 1).to(dtype) for name, t in load_file(weights).items()}
     save_file(tensors, weights)
     base = _base(tmp_path)

@@ -10,10 +10,16 @@ import pytest
 
 from llm_batch.core.config import Settings
 from llm_batch.infra.model_resolution import ResolvedModel
-from llm_batch.runtime.engine import runner as engine_runner
 
 
-def test_unset_means_in_process_exactly_on_cpu(monkeypatch):
+@pytest.fixture
+def engine_runner():
+    from llm_batch.runtime.engine import runner  # imports vLLM: when a test runs, not when collected
+
+    return runner
+
+
+def test_unset_means_in_process_exactly_on_cpu(monkeypatch, engine_runner):
     from vllm.platforms import current_platform
 
     unset = Settings(engine_in_process=None)
@@ -24,13 +30,13 @@ def test_unset_means_in_process_exactly_on_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize(("value", "expected"), [("false", False), ("0", False), ("true", True)])
-def test_the_setting_wins(value, expected):
+def test_the_setting_wins(engine_runner, value, expected):
     # As LLM_BATCH_ENGINE_IN_PROCESS spells it: a string the settings parse.
     assert engine_runner.engine_in_process(Settings(engine_in_process=value)) is expected
 
 
 @pytest.mark.parametrize(("in_process", "flag"), [(True, "0"), (False, "1")])
-def test_start_engine_tells_vllm_before_building_the_engine(monkeypatch, in_process, flag):
+def test_start_engine_tells_vllm_before_building_the_engine(monkeypatch, engine_runner, in_process, flag):
     seen: dict[str, object] = {}
 
     def stand_in_llm(**engine_args):

@@ -15,14 +15,11 @@ import logging
 import re
 
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
-pytest.importorskip("vllm")
-
-from packaging.specifiers import SpecifierSet  # noqa: E402
-from packaging.version import Version  # noqa: E402
-
-from llm_batch.runtime.engine import vllm_api  # noqa: E402
-from llm_batch.runtime.engine.vllm_api import INTERNAL_USES, SUPPORTED_VLLM, InternalUse  # noqa: E402
+from llm_batch.runtime.engine import vllm_api
+from llm_batch.runtime.engine.vllm_api import INTERNAL_USES, SUPPORTED_VLLM, InternalUse
 
 
 def _where(use: InternalUse) -> str:

@@ -7,14 +7,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from vllm.outputs import CompletionOutput, RequestOutput
 
 from llm_batch.core import exit_codes
 from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, dumps_line
 from llm_batch.infra.progress import ShardState, read_progress
 from llm_batch.infra.results import read_results
-from llm_batch.runtime.engine import runner as engine_runner
 from llm_batch.runtime.worker import parse_config, run_worker
 
 
@@ -34,6 +32,8 @@ class StandInEngine:
         self.waiting = [r for r in self.waiting if r not in ids]
 
     def step(self):
+        from vllm.outputs import CompletionOutput, RequestOutput  # vLLM: imported when a test runs
+
         self.steps += 1
         if self.die_after is not None and self.steps > self.die_after:
             raise RuntimeError("EngineCore died")
@@ -63,6 +63,8 @@ def shard(llm_batch_home, tiny_model_dir):
 
 
 def _run(layout, monkeypatch, engine) -> int:
+    from llm_batch.runtime.engine import runner as engine_runner  # vLLM: imported when a test runs
+
     monkeypatch.setattr(engine_runner, "start_engine", lambda model: StandInLLM(engine))
     config = parse_config(job_id=layout.job_id, shard=0, requests=None, results=None,
                           endpoint="/v1/chat/completions", model_config={"model": "tiny-random-llama"},

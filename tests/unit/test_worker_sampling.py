@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from vllm.sampling_params import RequestOutputKind
 
 from llm_batch.core.endpoints import Endpoint
-from llm_batch.runtime.engine.sampling import InvalidRequest, parse_body, pooling_params, sampling_params
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_side() -> None:
+    """The names under test import vLLM: bound when the module's first test runs, not when collected."""
+    global InvalidRequest, RequestOutputKind, parse_body, pooling_params, sampling_params
+    from vllm.sampling_params import RequestOutputKind
+
+    from llm_batch.runtime.engine.sampling import InvalidRequest, parse_body, pooling_params, sampling_params
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
