@@ -4,8 +4,9 @@
 #   scripts/test.sh --quick    the tests that start no engine and no server (the edit loop)
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x, or -p randomly
 # --randomly-seed=N to repeat an order; each run prints its seed).
-# LLM_BATCH_TEST_WORKERS: parallel pytest processes (default 3: the suite mostly waits on
-# the engines and servers it starts, so a third process fills two cores).
+# LLM_BATCH_TEST_WORKERS: parallel pytest processes (default 2 for the whole suite: its CPU is
+# mostly engine starts, and each process's home starts its own; 3 for the quick lane, which
+# waits on nothing: docs/benchmarks.md, "The test suite").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=false
@@ -26,7 +27,8 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   $sudo apt-get update -q && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 VENV=${LLM_BATCH_VENV:-.venv}
-lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}")
+if $quick; then workers=${LLM_BATCH_TEST_WORKERS:-3}; else workers=${LLM_BATCH_TEST_WORKERS:-2}; fi
+lane=(-n "$workers")
 if $quick; then
   # No engine, no server, no checkpoint build (tests/conftest.py also sets the markers from
   # the fixtures a test uses).

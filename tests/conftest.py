@@ -36,10 +36,11 @@ os.environ["LLM_BATCH_RESULT_CACHE"] = "false"
 # engine). Stopped when the session ends (_warm_engines_stopped). The dedicated worker's
 # path keeps its own tests (tests/engine/test_worker_process.py, tests/dags' kill test).
 os.environ["LLM_BATCH_WARM_ENGINES"] = "true"
-# Two configurations warm at once per process (tests of a module alternate between the
-# default and their own engine_args), each released after 2 idle minutes: 3 processes' engines
-# and the e2e stack's fit in the machine's memory.
-os.environ["LLM_BATCH_WARM_ENGINE_CONFIGS"] = "2"
+# Three configurations warm at once per process (tests of a module alternate between the
+# default and their own engine_args; with two, a process's home restarted a host it had
+# evicted ~6 times a run), each released after 2 idle minutes: two processes' engines and the
+# e2e stack's fit in the machine's memory.
+os.environ["LLM_BATCH_WARM_ENGINE_CONFIGS"] = "3"
 os.environ["LLM_BATCH_WARM_ENGINE_IDLE_SECONDS"] = "120"
 # The DAG files are parsed and run in this process (tests/dags, tests/api: dag.test()) with
 # a short grace and retry delay, so cancel, deadline and retry paths finish in seconds, and
