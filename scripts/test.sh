@@ -27,9 +27,8 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   $sudo apt-get update -q && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 VENV=${LLM_BATCH_VENV:-.venv}
-if $quick; then workers=${LLM_BATCH_TEST_WORKERS:-3}; else workers=${LLM_BATCH_TEST_WORKERS:-2}; fi
-lane=(-n "$workers")
 if $quick; then
+  lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}")
   # No engine, no server, no checkpoint build (tests/conftest.py also sets the markers from
   # the fixtures a test uses).
   lane+=(-m "not (engine or s3 or postgres or e2e or sdk or models)")
@@ -38,6 +37,7 @@ if $quick; then
   # Property tests draw a third of their examples here, all of them in the whole suite (tests/fuzzing.py).
   export LLM_BATCH_TEST_LANE=quick
 else
+  lane=(-n "${LLM_BATCH_TEST_WORKERS:-2}")
   # The SDK clients' own venvs (tests/sdk, tests/e2e/test_newest_clients.py), installed with
   # the rest rather than inside a test; up to date in ~0.1 s.
   scripts/sdk_venvs.sh >/dev/null

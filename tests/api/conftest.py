@@ -51,26 +51,33 @@ def api_store():
     return get_job_store()
 
 
-@pytest.fixture(scope="session")
-def batch_api(auth_manager, api_store, airflow_dags_in_db):
-    """The plugin's app itself (create_app), with Airflow's auth manager."""
+def app_on(store, auth_manager):
+    """The plugin's app itself (create_app) on ``store``, with Airflow's auth manager."""
     from llm_batch.api.app import create_app
 
-    api = create_app(store=api_store)
+    api = create_app(store=store)
     api.state.auth_manager = auth_manager
     return api
 
 
-@pytest.fixture(scope="session")
-def batch_app(batch_api, auth_manager):
-    """The plugin's app mounted at /batch, as airflow api-server serves it."""
+def mounted(api, auth_manager):
+    """``api`` mounted at /batch, as airflow api-server serves it."""
     from fastapi import FastAPI
 
-    api = batch_api
     outer = FastAPI()
     outer.state.auth_manager = auth_manager
     outer.mount("/batch", api)
     return outer
+
+
+@pytest.fixture(scope="session")
+def batch_api(auth_manager, api_store, airflow_dags_in_db):
+    return app_on(api_store, auth_manager)
+
+
+@pytest.fixture(scope="session")
+def batch_app(batch_api, auth_manager):
+    return mounted(batch_api, auth_manager)
 
 
 @pytest.fixture(scope="session")

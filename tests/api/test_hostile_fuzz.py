@@ -161,29 +161,20 @@ def _dumps(body: Any) -> bytes:
 def arena(auth_manager, airflow_dags_in_db, sqlite_store_template, tmp_path_factory, llm_batch_home):
     """The app on a job store of this module's own (a copy of the migrated template): every
     request's before-and-after snapshot reads only what this module wrote, whatever ran before."""
-    import shutil
-
-    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch.api.app import create_app
     from llm_batch.infra.jobstore import JobStore
-    from tests.api.conftest import chat_lines
+    from tests.api.conftest import app_on, chat_lines, mounted
+    from tests.fixtures.jobstore import sqlite_copy
 
-    path = tmp_path_factory.mktemp("fuzz-store") / "jobs.db"
-    shutil.copyfile(sqlite_store_template, path)
-    store = JobStore(f"sqlite:///{path}")
-    app = create_app(store=store)
-    app.state.auth_manager = auth_manager
-    outer = FastAPI()
-    outer.state.auth_manager = auth_manager
-    outer.mount("/batch", app)
+    store = JobStore(sqlite_copy(sqlite_store_template, tmp_path_factory.mktemp("fuzz-store")))
+    app = app_on(store, auth_manager)
     # An owner of its own: what the attack makes (webhook endpoints, jobs); bob's objects beside.
     own = {"Authorization": f"Bearer {store.create_api_key('mallory', 'fuzz key')[1]}"}
     bob = {"Authorization": f"Bearer {store.create_api_key('bob', 'fuzz key')[1]}"}
     own_dir = llm_batch_home / "data" / "mallory"
     own_dir.mkdir(parents=True, exist_ok=True)
-    with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
+    with TestClient(mounted(app, auth_manager), base_url="http://testserver/batch", raise_server_exceptions=False) as client:
         uploaded = client.post("/v1/files", headers=own, data={"purpose": "batch"},
                                files={"file": ("in.jsonl", chat_lines(2))})
         assert uploaded.status_code == 200, uploaded.text

@@ -15,6 +15,7 @@ def _vllm_side() -> None:
 
     from llm_batch.runtime.engine.sampling import InvalidRequest, parse_body, pooling_params, sampling_params
 
+
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
