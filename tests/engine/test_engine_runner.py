@@ -5,6 +5,7 @@ under a small window, and stopping mid-shard."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from llm_batch.runtime.engine import StopReason
 pytestmark = pytest.mark.engine
 
 MODEL = "tiny-random-llama"
+# This process's variables when the module was collected: before any of the suite's engines ran.
+_COLLECTED_WITH = frozenset(os.environ)
 
 
 def _requests(bodies: list[dict[str, Any]], first_index: int = 100) -> list[BatchRequest]:
@@ -160,3 +163,15 @@ def test_chat_without_max_tokens_runs_past_vllms_default_of_16(tiny_llm):
     _, results, usages = _run(tiny_llm, Endpoint.CHAT_COMPLETIONS, [body])
     assert results[0].status_code == 200
     assert usages[0].completion_tokens >= 24
+
+
+def test_what_an_engine_sets_in_its_process_keys_no_new_warm_host(tiny_llm):
+    """The variables vLLM sets in a process that ran an engine (its IPC names) are the ones a
+    warm host neither inherits nor is keyed by (llm_batch.runtime.warm_engines.SET_BY_ENGINES):
+    a newer vLLM that sets another would key a new host after every in-process engine."""
+    from llm_batch.runtime.warm_engines import HOST_ENVIRONMENT, SET_BY_ENGINES, host_environment
+
+    set_by_the_engine = {name for name in set(os.environ) - _COLLECTED_WITH if name.startswith(HOST_ENVIRONMENT)}
+    assert "VLLM_DIST_IDENT" in set_by_the_engine  # the engine ran here and named its IPC
+    assert set_by_the_engine <= SET_BY_ENGINES
+    assert not set_by_the_engine & set(host_environment())

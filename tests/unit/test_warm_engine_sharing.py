@@ -164,6 +164,21 @@ def test_a_host_serves_only_shards_of_its_model_configuration_and_environment():
     assert engine_key(config, {**env, "PYTEST_CURRENT_TEST": "y", "PATH": "/usr/bin"}) == key  # not the host's
     assert engine_key(config, dict(env), lora=True) != key  # a shard with adapters: a host with LoRA on
     for name, value in [("LLM_BATCH_LOCAL_ROOTS", "/b"), ("VLLM_CPU_KVCACHE_SPACE", "2"),
-                        ("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1"), ("HF_HUB_OFFLINE", "1")]:
+                        ("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1"), ("HF_ENDPOINT", "http://mirror")]:
         assert engine_key(config, {**env, name: value}) != key, name
     assert engine_key({**config, "engine_args": {"max_num_seqs": 4}}, env) != key
+
+
+def test_an_engine_run_in_the_starting_process_keys_no_new_host_and_lends_it_no_ipc_names():
+    """vLLM names each engine's IPC in the environment of the process it ran in (and model
+    preparation turns the hubs offline): a task process that ran one still finds the host of
+    its configuration, and a new host gets none of those names."""
+    from llm_batch.runtime.warm_engines import engine_key, host_environment
+
+    config = {"model": "m"}
+    env = {"LLM_BATCH_LOCAL_ROOTS": "/a", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    after_an_engine = {**env, "VLLM_DIST_IDENT": "vllm_dist_1", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME": "vllm_mm_1",
+                       "VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    assert engine_key(config, after_an_engine) == engine_key(config, env)
+    assert host_environment(after_an_engine) == env

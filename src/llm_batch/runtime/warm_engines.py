@@ -80,15 +80,27 @@ class WarmEngineError(RuntimeError):
 
 # The environment (inherited from the starting task) a host's shards run under.
 HOST_ENVIRONMENT = ("LLM_BATCH_", "VLLM_", "AWS_", "HF_", "TRANSFORMERS_")
+# Set at run time in a process that ran an engine (vLLM: its IPC names, fresh per engine) or
+# prepared a model (llm-batch: offline hubs): they describe that process, not a host's shards,
+# so a host started from it neither inherits them (another engine's shared-memory names) nor
+# is keyed by them (each would key a new host of the same configuration).
+SET_BY_ENGINES = frozenset({"VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME", "VLLM_WORKER_MULTIPROC_METHOD",
+                            "VLLM_DISABLE_SHARED_EXPERTS_STREAM", "VLLM_ENABLE_V1_MULTIPROCESSING",
+                            "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"})
+
+
+def host_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``environ`` (default this process's) a host is started with."""
+    environ = dict(os.environ if environ is None else environ)
+    return {name: value for name, value in environ.items() if name not in SET_BY_ENGINES}
 
 
 def engine_key(model_config: dict[str, Any], environ: dict[str, str] | None = None, lora: bool = False) -> str:
     """Shards of equal model configurations and host environments (``HOST_ENVIRONMENT`` of
-    ``environ``, default this process's) share engines: none runs on a host of an older one.
+    ``host_environment(environ)``) share engines: none runs on a host of an older one.
     Shards whose lines name adapters (``lora``: the engine has LoRA on) have hosts of their own,
     so a job's base and adapter shards run at once, neither reloading the other's engine."""
-    environ = os.environ if environ is None else environ
-    host_env = {name: value for name, value in environ.items() if name.startswith(HOST_ENVIRONMENT)}
+    host_env = {name: value for name, value in host_environment(environ).items() if name.startswith(HOST_ENVIRONMENT)}
     identity = {"model_config": model_config, "environment": host_env} | ({"lora": True} if lora else {})
     return hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
@@ -356,7 +368,7 @@ def _spawn_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None =
     with open(slot.log, "ab") as out:
         # Its own session: it outlives its task, and a kill reaches vLLM's processes.
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=settings.home)
+                                start_new_session=True, cwd=settings.home, env=host_environment())
 
 
 def stop_hosts(home: Path, grace: float = 10.0) -> None:
