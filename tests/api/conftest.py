@@ -51,11 +51,12 @@ def api_store():
     return get_job_store()
 
 
-def app_on(store, auth_manager):
-    """The plugin's app itself (create_app) on ``store``, with Airflow's auth manager."""
+def app_on(store, auth_manager, settings=None):
+    """The plugin's app itself (create_app) on ``store``, with Airflow's auth manager (and the
+    ``settings`` a test passes)."""
     from llm_batch.api.app import create_app
 
-    api = create_app(store=store)
+    api = create_app(settings=settings, store=store)
     api.state.auth_manager = auth_manager
     return api
 

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.api.conftest import chat_lines
+from tests.api.conftest import app_on, chat_lines, mounted
 
 pytestmark = pytest.mark.airflow
 
@@ -221,18 +221,12 @@ def test_50_concurrent_creates_with_one_key_make_one_job_postgres(postgres_db_ur
     import time
 
     import uvicorn
-    from fastapi import FastAPI
 
-    from llm_batch.api.app import create_app
     from llm_batch.infra.jobstore import JobStore
 
     store = JobStore(postgres_db_url)
     key = store.create_api_key("carol", "pg test key")[1]
-    api = create_app(store=store)
-    api.state.auth_manager = auth_manager
-    outer = FastAPI()
-    outer.state.auth_manager = auth_manager
-    outer.mount("/batch", api)
+    outer = mounted(app_on(store, auth_manager), auth_manager)
     server = uvicorn.Server(uvicorn.Config(outer, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -39,7 +39,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.api.conftest import chat_lines
+from tests.api.conftest import app_on, chat_lines, mounted
 from tests.fuzzing import examples
 
 pytestmark = pytest.mark.airflow
@@ -212,17 +212,12 @@ def test_ids_with_control_characters_are_answered_as_documented(served, keys):
 
 def test_bodies_over_the_limit_are_answered_as_documented(api_store, auth_manager, keys):
     """413 before routing (Content-Length over the limit), in the dialect the document says."""
-    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch.api.app import create_app
     from llm_batch.core.config import get_settings
 
-    api = create_app(settings=get_settings().model_copy(update={"max_input_bytes": 1000, "max_adapter_bytes": 1000}),
-                     store=api_store)
-    api.state.auth_manager = auth_manager
-    outer = FastAPI()
-    outer.mount("/batch", api)
+    settings = get_settings().model_copy(update={"max_input_bytes": 1000, "max_adapter_bytes": 1000})
+    outer = mounted(app_on(api_store, auth_manager, settings), auth_manager)
     schema = schemathesis.openapi.from_asgi("/batch/openapi.json", outer)
     problems, sent = [], 0
     with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:

@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from llm_batch.core.config import Settings, get_settings
-from tests.api.conftest import simulate_run
+from tests.api.conftest import app_on, mounted, simulate_run
 
 pytestmark = pytest.mark.airflow
 
@@ -199,10 +199,7 @@ def test_relative_paths_are_the_callers_own(client, creds, api_store, owners):
 def test_s3_paths_are_confined_to_the_owners_prefix_and_never_internal(
     creds, api_store, s3_server, s3_bucket, auth_manager, airflow_dags_in_db
 ):
-    from fastapi import FastAPI
     from fastapi.testclient import TestClient
-
-    from llm_batch.api.app import create_app
 
     s3 = s3_server.client()
     for key in ("alice/in.json", "bob/in.json", "bob/out.json", "llm-batch/work/job_x/output.jsonl", "llm-batch/files/file-x"):
@@ -210,9 +207,7 @@ def test_s3_paths_are_confined_to_the_owners_prefix_and_never_internal(
     settings = get_settings().model_copy(update={
         "allowed_buckets": [s3_bucket], "work_uri": f"s3://{s3_bucket}/llm-batch/work", "files_uri": f"s3://{s3_bucket}/llm-batch/files",
     })
-    outer = FastAPI()
-    outer.state.auth_manager = auth_manager
-    outer.mount("/batch", create_app(settings=settings, store=api_store))
+    outer = mounted(app_on(api_store, auth_manager, settings), auth_manager)
     before = {key: s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read() for key in ("bob/in.json", "bob/out.json")}
     own_in, own_out = f"s3://{s3_bucket}/alice/in.json", f"s3://{s3_bucket}/alice/out-{os.urandom(3).hex()}.json"
     targets = [f"s3://{s3_bucket}/{key}" for key in ("bob/in.json", "bob/out.json", "llm-batch/work/job_x/output.jsonl",

@@ -8,7 +8,7 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from tests.api.conftest import chat_lines, simulate_run
+from tests.api.conftest import app_on, chat_lines, mounted, simulate_run
 
 pytestmark = pytest.mark.airflow
 
@@ -239,17 +239,12 @@ def test_file_read_by_a_live_job_cannot_be_deleted(client, creds, api_store):
 
 def test_own_storage_outside_the_roots_is_a_server_error_not_the_users(auth_manager, api_store, creds, tmp_path):
     """Was 400 path_not_allowed naming an internal path, as if the user had sent it."""
-    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch.api.app import create_app
     from llm_batch.core.config import get_settings
 
     settings = get_settings().model_copy(update={"files_uri": str(tmp_path / "outside-the-roots")})
-    api = create_app(settings=settings, store=api_store)
-    api.state.auth_manager = auth_manager
-    outer = FastAPI()
-    outer.mount("/batch", api)
+    outer = mounted(app_on(api_store, auth_manager, settings), auth_manager)
     with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:
         response = upload(client, creds.key("alice"), chat_lines(1))
     assert response.status_code == 503
@@ -380,16 +375,12 @@ def test_openai_batch_on_a_file_with_leading_blank_lines(client, creds):
 def test_inline_json_bodies_are_capped_by_a_small_upload_limit(auth_manager, api_store, creds):
     """Inline requests become an input file: with LLM_BATCH_MAX_INPUT_BYTES below 64 MiB the
     JSON body limit follows it (was always 64 MiB)."""
-    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from llm_batch.api.app import create_app
     from llm_batch.core.config import get_settings
 
-    api = create_app(settings=get_settings().model_copy(update={"max_input_bytes": 10_000}), store=api_store)
-    api.state.auth_manager = auth_manager
-    outer = FastAPI()
-    outer.mount("/batch", api)
+    settings = get_settings().model_copy(update={"max_input_bytes": 10_000})
+    outer = mounted(app_on(api_store, auth_manager, settings), auth_manager)
     body = {"requests": [{"body": {"messages": [{"role": "user", "content": "x" * 1000}]}}] * 2000,
             "endpoint": "/v1/chat/completions", "model": "tiny-random-llama"}
     with TestClient(outer, base_url="http://testserver/batch", raise_server_exceptions=False) as client:

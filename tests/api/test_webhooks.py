@@ -17,6 +17,7 @@ import pytest
 
 from llm_batch.core.jobs import JobStatus
 from llm_batch.infra.webhooks import Deliverer
+from tests.api.conftest import app_on, mounted
 from tests.unit.test_webhook_outbox import Receiver, deliver_until, unwrap
 
 pytestmark = pytest.mark.airflow
@@ -34,18 +35,9 @@ def hook_settings():
     ))
 
 
-def mounted(settings, store, auth_manager):
+def mounted_with(settings, store, auth_manager):
     """create_app(settings) mounted at /batch, as airflow api-server serves it."""
-    from fastapi import FastAPI
-
-    from llm_batch.api.app import create_app
-
-    api = create_app(settings=settings, store=store)
-    api.state.auth_manager = auth_manager
-    outer = FastAPI()
-    outer.state.auth_manager = auth_manager
-    outer.mount("/batch", api)
-    return outer
+    return mounted(app_on(store, auth_manager, settings), auth_manager)
 
 
 @contextlib.contextmanager
@@ -58,7 +50,7 @@ def client_of(app) -> Iterator:
 
 @pytest.fixture(scope="module")
 def hook_app(auth_manager, api_store, hook_settings, airflow_dags_in_db):
-    return mounted(hook_settings, api_store, auth_manager)
+    return mounted_with(hook_settings, api_store, auth_manager)
 
 
 @pytest.fixture(autouse=True)
@@ -278,7 +270,7 @@ def test_concurrent_tests_against_a_slow_receiver_leave_other_owners_fast(
             return await asyncio.gather(*tests), reads, waiting
 
     try:
-        with serving(mounted(settings, api_store, auth_manager)) as base:
+        with serving(mounted_with(settings, api_store, auth_manager)) as base:
             answers, reads, waiting = asyncio.run(flood(base))
     finally:
         api_store.delete_webhook_endpoint(endpoint_id)
@@ -306,7 +298,7 @@ def test_tests_are_throttled_per_owner_with_retry_after(auth_manager, api_store,
     mine = api_store.create_webhook_endpoint("alice", receiver.url)[0].id
     theirs = api_store.create_webhook_endpoint("bob", receiver.url)[0].id
     try:
-        with client_of(mounted(settings, api_store, auth_manager)) as api:
+        with client_of(mounted_with(settings, api_store, auth_manager)) as api:
             ours = [api.post(f"/v1/webhooks/{mine}/test", headers=creds.key("alice")) for _ in range(2)]
             assert [r.status_code for r in ours] == [200, 200]
             refused = api.post(f"/v1/webhook_endpoints/{mine}/test", headers=creds.key("alice"),

@@ -167,6 +167,9 @@ def test_a_host_serves_only_shards_of_its_model_configuration_and_environment():
                         ("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1"), ("HF_ENDPOINT", "http://mirror")]:
         assert engine_key(config, {**env, name: value}) != key, name
     assert engine_key({**config, "engine_args": {"max_num_seqs": 4}}, env) != key
+    # What only a shard's results say (labels, the role and model name they carry) loads nothing.
+    assert engine_key({**config, "labels": {"team": "a"}, "response_role": "bot", "served_model_name": "n"}, env) == key
+    assert engine_key({**config, "chat_template": "chatml"}, env) != key
 
 
 def test_an_engine_run_in_the_starting_process_keys_no_new_host_and_lends_it_no_ipc_names():

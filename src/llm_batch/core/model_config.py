@@ -67,7 +67,8 @@ class FieldRule:
     """What one model_config field does here: honoured as ``engine_arg`` (``a.b``: key ``b`` of
     the dict argument ``a``), or only the ``allowed`` values (else refused saying ``why``), or
     used by ``resolve_model`` itself. Null and ``default`` (the clients' unset value) mean not
-    set. ``weak``: the registry's engine_args override it."""
+    set. ``weak``: the registry's engine_args override it. ``shard_only``: what a shard's results
+    say, nothing the engine loads (shards differing only there share a warm engine)."""
 
     type: Any
     does: str
@@ -77,6 +78,7 @@ class FieldRule:
     default: Any = None
     convert: Callable[[Any], Any] | None = None
     weak: bool = False
+    shard_only: bool = False
 
 
 def _honoured(type_: Any, engine_arg: str, does: str = "", **more: Any) -> FieldRule:
@@ -105,11 +107,11 @@ MODEL_CONFIG_FIELDS: dict[str, FieldRule] = {
                                "the registry knows (chat_templates; built in: chatml) or "
                                "inline Jinja text; never read from a file"),
     "response_role": FieldRule(Annotated[str, Field(min_length=1, max_length=64)],
-                               "the role of chat answers (default assistant)"),
+                               "the role of chat answers (default assistant)", shard_only=True),
     "served_model_name": FieldRule(_Name, "the `model` every result carries (default: the "
-                                   "model's name)"),
+                                   "model's name)", shard_only=True),
     "labels": FieldRule(dict[str, str], "the job's labels (with the request's labels), not "
-                        "an engine setting", default={}),
+                        "an engine setting", default={}, shard_only=True),
     "engine_args": FieldRule(dict[str, Any], "more vllm.LLM keywords, merged last: only those "
                              "of the allow-list (llm_batch.core.engine_args.JOB_ENGINE_ARGS, plain "
                              "values with bounds); the others are the registry's", default={}),
@@ -237,6 +239,12 @@ def validate_model_config(model_config: dict[str, Any] | ModelConfig) -> ModelCo
         raise InvalidModelConfig(f"invalid model_config: {message}", fields) from None
     raise_problems(_field_problems(config))
     return config
+
+
+def engine_fields(model_config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a job's model_config its engine depends on (``FieldRule.shard_only`` left out)."""
+    return {name: value for name, value in model_config.items()
+            if not (name in MODEL_CONFIG_FIELDS and MODEL_CONFIG_FIELDS[name].shard_only)}
 
 
 def job_model_config(model_config: dict[str, Any] | ModelConfig) -> dict[str, Any]:

@@ -44,6 +44,7 @@ import orjson
 
 from llm_batch.core import exit_codes
 from llm_batch.core.config import Settings, parse_address
+from llm_batch.core.model_config import engine_fields
 from llm_batch.infra.log_context import LOG_FORMAT, JobIdFilter, bind_job
 from llm_batch.infra.processes import read_pid, stop_group
 
@@ -96,12 +97,13 @@ def host_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def engine_key(model_config: dict[str, Any], environ: dict[str, str] | None = None, lora: bool = False) -> str:
-    """Shards of equal model configurations and host environments (``HOST_ENVIRONMENT`` of
-    ``host_environment(environ)``) share engines: none runs on a host of an older one.
+    """Shards of equal model configurations (their ``engine_fields``: labels, say, load nothing)
+    and host environments (``HOST_ENVIRONMENT`` of ``host_environment(environ)``) share engines:
+    none runs on a host of an older one.
     Shards whose lines name adapters (``lora``: the engine has LoRA on) have hosts of their own,
     so a job's base and adapter shards run at once, neither reloading the other's engine."""
     host_env = {name: value for name, value in host_environment(environ).items() if name.startswith(HOST_ENVIRONMENT)}
-    identity = {"model_config": model_config, "environment": host_env} | ({"lora": True} if lora else {})
+    identity = {"model_config": engine_fields(model_config), "environment": host_env} | ({"lora": True} if lora else {})
     return hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
