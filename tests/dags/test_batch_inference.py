@@ -351,8 +351,9 @@ def test_deadline_mid_run(batch_dag, store, tiny_model_dir, llm_batch_home):
     hold_shards(JobLayout(get_settings().work_uri, "job_deadline"), 2)
     started = time.monotonic()
 
+    # The cancel test's engine configuration: the hold point, not a slow engine, places the fault.
     _run(batch_dag, {"job_id": "job_deadline", "input_uri": uri, "model": TINY_MODEL, "max_runtime_sec": max_runtime,
-                     "model_config": {"engine_args": {"max_num_seqs": 1}}})
+                     "model_config": {"engine_args": {"max_num_seqs": 8}}})
 
     job = store.get_job("job_deadline")
     assert job.status == JobStatus.TIMEOUT_EXCEEDED, job.status_reason
