@@ -17,6 +17,8 @@ import json
 import orjson
 import pytest
 
+from llm_batch.core.config import get_settings
+from llm_batch.runtime.warm_engines import Slot, engine_key
 from tests.api.test_end_to_end import DAG_TEST_USER, dag_test_key  # noqa: F401 - fixture re-used
 
 pytestmark = [pytest.mark.airflow, pytest.mark.engine]
@@ -75,6 +77,12 @@ def test_mistral_job_on_an_adapter(live_server, dag_test_key, dag_bag, tiny_adap
     assert done.status == "SUCCESS" and done.succeeded_requests == 3, done
     output = client.files.download(file_id=done.output_file).read().splitlines()
     assert [orjson.loads(line)["response"]["body"]["model"] for line in output] == ["tiny-lora-b"] * 3
+    # Its prepare step started (or found) the base's one LoRA engine, not an engine of its own
+    # without LoRA, and that engine never reloaded for the shard.
+    home = get_settings().home
+    assert not Slot(home, engine_key({"model": "tiny-lora-b"}), 0).log.exists()
+    log = Slot(home, engine_key({"model": BASE}, lora=True), 0).log.read_text()
+    assert log.count("starting vLLM") == log.count("warm engine listening") >= 1, log[-3000:]
 
 
 def test_scale_job_on_an_adapter(live_server, dag_test_key, dag_bag, tiny_adapters, engine_env, llm_batch_home,  # noqa: F811

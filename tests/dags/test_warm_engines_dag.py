@@ -70,7 +70,7 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     hosts = _host_pids(warm)
     assert len(hosts) >= 1, "no warm engine is running after the job"
     # prepare started the engine (cold: this configuration is this test's) before a shard asked.
-    log = Slot(llm_batch_home, engine_key(steps.engine_model_config(store, job)), 0).log.read_text()
+    log = Slot(llm_batch_home, engine_key(steps.engine_model_config(store, job, get_settings())), 0).log.read_text()
     assert "preloaded" in log and "already loaded" in log, log[-3000:]
 
     n = 60

@@ -55,7 +55,7 @@ E2E_ENV: dict[str, str | None] = {
     # The default configuration, FEW_SEQS and another model's stay warm side by side (the
     # tests' order switches between them; each switch would otherwise start an engine).
     "LLM_BATCH_WARM_ENGINE_CONFIGS": "3",
-    "LLM_BATCH_WARM_ENGINE_IDLE_SECONDS": "300",  # the default, not the in-process tests' 120
+    "LLM_BATCH_WARM_ENGINE_IDLE_SECONDS": "300",  # the default, not the in-process tests' 600
     # A task lost with a stopped scheduler is failed (and retried) after 45 s, not 5 min.
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
     # The webhook tests' receiver listens on loopback, which only an admin's allow-list opens.

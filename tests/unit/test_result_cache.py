@@ -321,10 +321,13 @@ def test_an_engine_is_started_early_only_when_the_cache_cannot_answer(store, set
         return job_id
 
     first = registered(_conf(settings, lines))
-    assert steps.engine_to_warm(store, settings, first)["model"] == "tiny-random-llama"
+    assert steps.engine_to_warm(store, settings, first) == ({"model": "tiny-random-llama"}, False)
     _run(store, settings, _conf(settings, lines))  # the cache now holds this configuration's answers
     again = registered(_conf(settings, lines))
     assert steps.engine_to_warm(store, settings, again) is None
     assert steps.engine_to_warm(store, settings.model_copy(update={"result_cache": False}), again) is not None
     bob = registered(_conf(settings, lines, owner="bob"))  # another owner's cache is empty
-    assert steps.engine_to_warm(store, settings, bob)["model"] == "tiny-random-llama"
+    assert steps.engine_to_warm(store, settings, bob) == ({"model": "tiny-random-llama"}, False)
+    # A job of an adapter loads its base with LoRA on, in the one engine of every adapter of that base.
+    adapter_job = registered(_conf(settings, lines, model="tiny-lora-a"))
+    assert steps.engine_to_warm(store, settings, adapter_job) == ({"model": "tiny-random-llama"}, True)

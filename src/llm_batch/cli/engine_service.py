@@ -45,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="an engine service: load the model before listening, with these model_config "
                            "overrides (none: the registry's defaults), so it is ready only when warm; "
                            "a local host: the model_config to load once listening (a job's prepare starts it so)")
+    host.add_argument("--preload-lora", action="store_true",
+                      help="a local host: preload with LoRA on, as the shards of an adapter's job load it")
     host.set_defaults(func=engine_host)
 
     parser = subparsers.add_parser("engine-service", help="warm engines on Kubernetes (manifests)",
@@ -117,7 +119,7 @@ def engine_host(args: argparse.Namespace) -> int:
         if args.socket is None or not args.lock or args.pid_file is None:
             logging.error("engine-host: --socket, --lock and --pid-file (local), or --listen and --model (a service)")
             return exit_codes.USAGE
-        return serve(args.socket, args.lock, args.pid_file, args.idle_seconds, preload)
+        return serve(args.socket, args.lock, args.pid_file, args.idle_seconds, preload, args.preload_lora)
     try:
         if not args.model or args.seats < 1:
             raise ValueError("an engine service needs --model and --seats >= 1")

@@ -276,19 +276,30 @@ def shard_task(given: dict[str, Any], settings: Settings, store: JobStore | None
     return _shard_task(store, settings, _job(store, str(given["job_id"])), int(given["shard"]), given.get("requests"))
 
 
-def engine_model_config(store: AdapterRepository, job: Job) -> dict[str, Any]:
-    """The model_config the job's shards load: an owner's adapter's lines load its base."""
+def engine_model_config(store: AdapterRepository, job: Job, settings: Settings) -> dict[str, Any]:
+    """The model_config the job's shards load: a job of an adapter (the registry's or its
+    owner's) loads the adapter's base, so the jobs of all adapters of one base share engines
+    (each line names its adapter)."""
+    from llm_batch.infra.model_registry import load_registry  # heavy
+
     own = {a.name: a.base for a in store.list_adapters(job.owner)}
-    return {**(job.model_config or {}), "model": own.get(job.model, job.model)}
+    base = own.get(job.model, job.model)
+    if not (job.model_config or {}).get("checkpoint_path"):
+        base = load_registry(settings=settings).base_of(job.model, own)
+    return {**(job.model_config or {}), "model": base}
 
 
-def engine_to_warm(store: JobStore, settings: Settings, job_id: str) -> dict[str, Any] | None:
-    """What the job's shards will load, to start loading while it is planned; None if its
-    lines may all be answered from the result cache (then no engine may be needed at all)."""
+def engine_to_warm(store: JobStore, settings: Settings, job_id: str) -> tuple[dict[str, Any], bool] | None:
+    """What the job's shards will load, and whether with LoRA on (a job of an adapter: its
+    first shard's lines name it), to start loading while it is planned; None if its lines may
+    all be answered from the result cache (then no engine may be needed at all)."""
     from llm_batch.pipeline.result_cache import may_answer  # heavy
 
     job = _job(store, job_id)
-    return None if may_answer(store, settings, job) else engine_model_config(store, job)
+    if may_answer(store, settings, job):
+        return None
+    model_config = engine_model_config(store, job, settings)
+    return model_config, model_config["model"] != job.model
 
 
 def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: int, count: int | None,
@@ -309,7 +320,7 @@ def _shard_task(store: AdapterRepository, settings: Settings, job: Job, index: i
         progress_uri=shard.progress,
         cancel_marker=layout.cancel_marker,
         endpoint=job.endpoint,
-        model_config_json=orjson.dumps(engine_model_config(store, job)).decode(),
+        model_config_json=orjson.dumps(engine_model_config(store, job, settings)).decode(),
         deadline=job_deadline(job).isoformat(),
         options_json=job.input.part(JobOptions).model_dump_json(exclude_defaults=True),
         cache_salt=owners.cache_salt(job.owner),

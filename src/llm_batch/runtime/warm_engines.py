@@ -220,6 +220,8 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
     try:
         with _holding(slot.lock):  # nobody else starts the slot's host meanwhile
             conn, pid = _try_connect(slot) or _start_host(slot, settings)
+            with suppress(OSError):  # used now: the last configuration another one evicts
+                os.utime(slot.pid_file)
         conn.sendall(orjson.dumps({"argv": worker_args}) + b"\n")
     except BaseException:
         os.close(seat_fd)
@@ -228,14 +230,15 @@ def start_shard(settings: Settings, model_config: dict[str, Any], worker_args: l
     return WarmShard(conn, seat_fd, pid, on_line)
 
 
-def prewarm(settings: Settings, model_config: dict[str, Any]) -> bool:
+def prewarm(settings: Settings, model_config: dict[str, Any], lora: bool = False) -> bool:
     """Start the warm engine a job's first shard will take (the first slot of its model, as
-    ``_take_seat`` tries first), loading ``model_config`` at once, so that a cold start
-    overlaps the job's planning and scheduling; takes no seat. False: a host is up already."""
-    slot = Slot(settings.home, engine_key(model_config), 0)
+    ``_take_seat`` tries first; ``lora``: one with LoRA on), loading ``model_config`` at once,
+    so that a cold start overlaps the job's planning and scheduling; takes no seat. False: a
+    host is up already."""
+    slot = Slot(settings.home, engine_key(model_config, lora=lora), 0)
     with _holding(slot.lock):
         reached = _try_connect(slot)
-        (reached or _start_host(slot, settings, preload=model_config))[0].close()
+        (reached or _start_host(slot, settings, preload=model_config, lora=lora))[0].close()
     return reached is None
 
 
@@ -300,12 +303,13 @@ def _holding(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _start_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None) -> tuple[socket.socket, int]:
-    """Start the slot's host (its lock held) and connect; it loads ``preload`` (a model_config)
-    before any shard asks."""
+def _start_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None,
+                lora: bool = False) -> tuple[socket.socket, int]:
+    """Start the slot's host (its lock held) and connect; it loads ``preload`` (a model_config;
+    with LoRA on: ``lora``) before any shard asks."""
     slot.socket.unlink(missing_ok=True)  # a killed host's leftover
     _evict_idle(slot, settings.warm_engine_seats, settings.warm_engine_configs)
-    host = _spawn_host(slot, settings, preload)
+    host = _spawn_host(slot, settings, preload, lora)
     deadline = time.monotonic() + HOST_START_S
     while (reached := _try_connect(slot)) is None:
         if host.poll() is not None or time.monotonic() > deadline:
@@ -318,7 +322,8 @@ def _start_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None =
 
 def _evict_idle(starting: Slot, seats: int, configs: int = 1, grace: float = 10.0) -> None:
     """Stop idle hosts (all seats free) of other model configurations, the least recently
-    started configuration first, until the new one makes at most ``configs`` warm."""
+    used configuration first (its pid file's time: its start or its last shard's), until the
+    new one makes at most ``configs`` warm."""
     warm: dict[str, list[tuple[Path, int, int]]] = {}  # key -> (pid file, slot index, pid)
     started: dict[str, float] = {}
     for pid_file in engines_dir(starting.home).glob("*.pid"):
@@ -359,11 +364,12 @@ def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
         return None
 
 
-def _spawn_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
+def _spawn_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None,
+                lora: bool = False) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--socket", str(slot.socket),
                "--pid-file", str(slot.pid_file), "--idle-seconds", str(settings.warm_engine_idle_seconds)]
     if preload is not None:
-        command += ["--preload", orjson.dumps(preload).decode()]
+        command += ["--preload", orjson.dumps(preload).decode(), *(["--preload-lora"] if lora else [])]
     for seat_lock in slot.seat_locks(settings.warm_engine_seats):
         command += ["--lock", str(seat_lock)]
     log.info("starting warm engine %s: %s", slot.name, " ".join(command))
@@ -512,9 +518,10 @@ def _id_prefix(request_id: str) -> str:
 
 
 def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_seconds: float,
-          preload: dict[str, Any] | None = None) -> int:
+          preload: dict[str, Any] | None = None, preload_lora: bool = False) -> int:
     """The host's loop: each connection's shard in a thread of its own, until idle or broken.
-    ``preload``: a model_config to load once listening (a shard arriving meanwhile waits for it)."""
+    ``preload``: a model_config to load once listening (a shard arriving meanwhile waits for
+    it), with LoRA on as adapter shards will want it (``preload_lora``)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     socket_path.unlink(missing_ok=True)
     listener.bind(str(socket_path))
@@ -525,7 +532,7 @@ def serve(socket_path: Path, seat_locks: list[Path], pid_file: Path, idle_second
     engine = KeptEngine()
     log.info("warm engine listening on %s, %d seat(s) (exits after %.0f s idle)", socket_path, len(seat_locks),
              idle_seconds)
-    loading = [] if preload is None else [threading.Thread(target=_preload_quietly, args=(engine, preload),
+    loading = [] if preload is None else [threading.Thread(target=_preload_quietly, args=(engine, preload, preload_lora),
                                                            daemon=True, name="preload")]
     for thread in loading:
         thread.start()
@@ -599,23 +606,26 @@ def _accept_shards(listener: socket.socket, engine: KeptEngine, door: _Door, idl
             thread.join()
 
 
-def _preload(engine: KeptEngine, model_config: dict[str, Any]) -> None:
+def _preload(engine: KeptEngine, model_config: dict[str, Any], lora: bool = False) -> None:
     from llm_batch.core.model_config import ModelError  # heavy
     from llm_batch.infra.model_resolution import resolve_model  # heavy
+    from llm_batch.runtime.worker import shared_lora  # heavy
 
     try:
         model = resolve_model(model_config)
     except ModelError as exc:
         raise WarmEngineError(f"cannot preload {model_config}: {exc}") from None
+    if lora:
+        model = shared_lora(model)
     started = time.monotonic()
     engine.release(engine.get(model), healthy=True)
     log.info("model %s preloaded in %.1f s", model.name, time.monotonic() - started)
 
 
-def _preload_quietly(engine: KeptEngine, model_config: dict[str, Any]) -> None:
+def _preload_quietly(engine: KeptEngine, model_config: dict[str, Any], lora: bool = False) -> None:
     """A local host's preload: a failure is logged, and the first shard loads (and reports) it."""
     try:
-        _preload(engine, model_config)
+        _preload(engine, model_config, lora)
     except Exception:  # noqa: BLE001 - an early start only: the shard's own load says what is wrong
         log.exception("preloading %s failed; the first shard loads it", model_config.get("model"))
 

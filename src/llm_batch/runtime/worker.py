@@ -370,16 +370,23 @@ def with_adapters(model: ResolvedModel, adapters: list[ResolvedAdapter], shared:
     limits, so every adapter shard of one base finds it again. The job's engine_args win."""
     if not adapters:
         return model
+    if shared:
+        return shared_lora(model)
     from llm_batch.infra.adapters import engine_rank  # heavy
 
     settings = get_settings()
-    if shared:
-        lora = {"enable_lora": True, "max_loras": settings.max_loras,
-                "max_lora_rank": engine_rank([settings.max_lora_rank])}
-    else:
-        at_once = min(len(adapters), settings.max_loras)
-        lora = {"enable_lora": True, "max_loras": at_once, "max_cpu_loras": max(at_once, len(adapters)),
-                "max_lora_rank": engine_rank(a.rank for a in adapters)}
+    at_once = min(len(adapters), settings.max_loras)
+    lora = {"enable_lora": True, "max_loras": at_once, "max_cpu_loras": max(at_once, len(adapters)),
+            "max_lora_rank": engine_rank(a.rank for a in adapters)}
+    return dataclasses.replace(model, engine_args={**lora, **model.engine_args})
+
+
+def shared_lora(model: ResolvedModel) -> ResolvedModel:
+    """``model`` with LoRA on as a shared (warm) engine has it, whatever its shard's adapters."""
+    from llm_batch.infra.adapters import engine_rank  # heavy
+
+    settings = get_settings()
+    lora = {"enable_lora": True, "max_loras": settings.max_loras, "max_lora_rank": engine_rank([settings.max_lora_rank])}
     return dataclasses.replace(model, engine_args={**lora, **model.engine_args})
 
 

@@ -54,12 +54,12 @@ def warm_early(store: JobStore, settings: Settings, job_id: str) -> threading.Th
     executor slots), or the cache may answer its lines."""
     if settings.shard_runner != "local" or not settings.warm_engines or not _tasks_run_here():
         return None
-    if (model_config := steps.engine_to_warm(store, settings, job_id)) is None:
+    if (to_warm := steps.engine_to_warm(store, settings, job_id)) is None:
         return None
 
     def start() -> None:
         try:
-            prewarm(settings, model_config)
+            prewarm(settings, *to_warm)
         except (WarmEngineError, OSError) as exc:  # an early start only: the shard starts it as usual
             log.warning("could not start the warm engine early: %s", exc)
 
