@@ -122,14 +122,17 @@ _MARK_BY_FIXTURE = {"postgres_url": "postgres", "s3_server": "s3", "tiny_llm": "
 # folders whose tests share one stack for the whole package as one group each. The longest
 # groups are handed out first, so no process is left with one at the end.
 _ONE_GROUP_FOLDERS = ("e2e", "shape", "sdk")
-# Modules whose quick tests start no engine but import vLLM (and torch), ~20 s of CPU: each when its tests
-# run, never when collected, so that only the one process running this group pays it in the
-# quick lane (pytest_collection_finish checks that collection imported no torch there).
+# Modules whose quick tests start no engine but import vLLM or transformers (and torch), ~20 s
+# of CPU: each when its tests run, never when collected, so that only the one process running
+# this group pays it in the quick lane (pytest_collection_finish checks that collection
+# imported no torch there). The last four were found paying it in a second process (setups of
+# 20-26 s in the quick lane's durations: the feed-order runner, the worker, the estimate's tokenizer).
 _VLLM_MODULES = ("tests/unit/test_vllm_api.py", "tests/unit/test_worker_sampling.py",
                  "tests/unit/test_engine_placement.py", "tests/unit/test_worker_engine_failure.py",
                  "tests/unit/test_adapters.py", "tests/unit/test_responses_endpoint.py",
                  "tests/unit/test_warm_engine_sharing.py", "tests/api/test_owner_adapters.py",
-                 "tests/api/test_hostile_fuzz.py")
+                 "tests/api/test_hostile_fuzz.py", "tests/unit/test_prefix_sharding.py",
+                 "tests/unit/test_worker_config.py", "tests/unit/test_estimate.py", "tests/api/test_cli_estimate.py")
 _FIRST_GROUPS = ("e2e", "shape", "sdk", "vllm")  # then modules with an engine test, then the rest
 
 
