@@ -283,8 +283,9 @@ def engine_model_config(store: AdapterRepository, job: Job, settings: Settings) 
     from llm_batch.infra.model_registry import load_registry  # heavy
 
     own = {a.name: a.base for a in store.list_adapters(job.owner)}
-    base = own.get(job.model, job.model)
-    if not (job.model_config or {}).get("checkpoint_path"):
+    if (job.model_config or {}).get("checkpoint_path"):
+        base = own.get(job.model, job.model)
+    else:
         base = load_registry(settings=settings).base_of(job.model, own)
     return {**(job.model_config or {}), "model": base}
 

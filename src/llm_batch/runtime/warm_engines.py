@@ -92,7 +92,7 @@ SET_BY_ENGINES = frozenset({"VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_N
 
 def host_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The variables of ``environ`` (default this process's) a host is started with."""
-    environ = dict(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
     return {name: value for name, value in environ.items() if name not in SET_BY_ENGINES}
 
 
@@ -325,14 +325,14 @@ def _evict_idle(starting: Slot, seats: int, configs: int = 1, grace: float = 10.
     used configuration first (its pid file's time: its start or its last shard's), until the
     new one makes at most ``configs`` warm."""
     warm: dict[str, list[tuple[Path, int, int]]] = {}  # key -> (pid file, slot index, pid)
-    started: dict[str, float] = {}
+    used: dict[str, float] = {}
     for pid_file in engines_dir(starting.home).glob("*.pid"):
         key, _, index = pid_file.stem.rpartition("-")
         with suppress(OSError):
             if key != starting.key and (pid := read_pid(pid_file)):
-                started[key] = max(started.get(key, 0.0), pid_file.stat().st_mtime)
+                used[key] = max(used.get(key, 0.0), pid_file.stat().st_mtime)
                 warm.setdefault(key, []).append((pid_file, int(index), pid))
-    for key in sorted(warm, key=started.__getitem__):
+    for key in sorted(warm, key=used.__getitem__):
         if len(warm) < configs:
             return
         hosts = warm[key]
