@@ -125,14 +125,16 @@ _ONE_GROUP_FOLDERS = ("e2e", "shape", "sdk")
 # Modules whose quick tests start no engine but import vLLM or transformers (and torch), ~20 s
 # of CPU: each when its tests run, never when collected, so that only the one process running
 # this group pays it in the quick lane (pytest_collection_finish checks that collection
-# imported no torch there). The last four were found paying it in a second process (setups of
-# 20-26 s in the quick lane's durations: the feed-order runner, the worker, the estimate's tokenizer).
+# imported no torch there). A module that imports it outside the group fails its first test
+# in the quick lane (pytest_runtest_teardown below) in any order that shows it.
 _VLLM_MODULES = ("tests/unit/test_vllm_api.py", "tests/unit/test_worker_sampling.py",
                  "tests/unit/test_engine_placement.py", "tests/unit/test_worker_engine_failure.py",
                  "tests/unit/test_adapters.py", "tests/unit/test_responses_endpoint.py",
                  "tests/unit/test_warm_engine_sharing.py", "tests/api/test_owner_adapters.py",
                  "tests/api/test_hostile_fuzz.py", "tests/unit/test_prefix_sharding.py",
-                 "tests/unit/test_worker_config.py", "tests/unit/test_estimate.py", "tests/api/test_cli_estimate.py")
+                 "tests/unit/test_worker_config.py", "tests/unit/test_estimate.py", "tests/api/test_cli_estimate.py",
+                 "tests/unit/test_model_config_fields.py", "tests/unit/test_engine_args.py",
+                 "tests/unit/test_scale_output.py", "tests/api/test_estimate_api.py", "tests/api/test_fail_at_submit.py")
 _FIRST_GROUPS = ("e2e", "shape", "sdk", "vllm")  # then modules with an engine test, then the rest
 
 
@@ -170,11 +172,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # a package-scoped fixture lasts until the end of the session here, and a stack's four
 # Airflow components would poll through every test after its own.
 _GROUP_STACKS = {"e2e": "e2e_stack", "shape": "celery_shape"}
+_TORCH_BY_GROUP: list[str] = []  # the groups that ran once torch was imported in this process
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     group = group_of(item.nodeid)
+    if os.environ.get("LLM_BATCH_TEST_LANE") == "quick" and group != "vllm" and "torch" in sys.modules \
+            and not _TORCH_BY_GROUP:
+        # The quick lane's first import of torch (vLLM, transformers) outside the group: it would
+        # cost this process ~20 s of CPU in any order that puts this module here.
+        _TORCH_BY_GROUP.append(group)
+        pytest.fail(f"{item.nodeid} imported torch (vLLM or transformers) in the quick lane: list its module "
+                    "in tests/conftest.py _VLLM_MODULES", pytrace=False)
+    if "torch" in sys.modules:
+        _TORCH_BY_GROUP.append(group)
     name = _GROUP_STACKS.get(group)
     if name and (nextitem is None or group_of(nextitem.nodeid) != group):
         for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
