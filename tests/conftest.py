@@ -172,21 +172,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # a package-scoped fixture lasts until the end of the session here, and a stack's four
 # Airflow components would poll through every test after its own.
 _GROUP_STACKS = {"e2e": "e2e_stack", "shape": "celery_shape"}
-_TORCH_BY_GROUP: list[str] = []  # the groups that ran once torch was imported in this process
+_TORCH_SEEN: set[str] = set()  # "torch" once a test of this process ended with it imported
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     group = group_of(item.nodeid)
-    if os.environ.get("LLM_BATCH_TEST_LANE") == "quick" and group != "vllm" and "torch" in sys.modules \
-            and not _TORCH_BY_GROUP:
-        # The quick lane's first import of torch (vLLM, transformers) outside the group: it would
-        # cost this process ~20 s of CPU in any order that puts this module here.
-        _TORCH_BY_GROUP.append(group)
-        pytest.fail(f"{item.nodeid} imported torch (vLLM or transformers) in the quick lane: list its module "
-                    "in tests/conftest.py _VLLM_MODULES", pytrace=False)
-    if "torch" in sys.modules:
-        _TORCH_BY_GROUP.append(group)
+    if "torch" in sys.modules and "torch" not in _TORCH_SEEN:
+        _TORCH_SEEN.add("torch")
+        # This test imported torch (vLLM, transformers) first: outside the group, ~20 s of the
+        # quick lane's CPU in a second process whenever an order puts its module there.
+        if os.environ.get("LLM_BATCH_TEST_LANE") == "quick" and group != "vllm":
+            pytest.fail(f"{item.nodeid} imported torch (vLLM or transformers) in the quick lane: list its "
+                        "module in tests/conftest.py _VLLM_MODULES", pytrace=False)
     name = _GROUP_STACKS.get(group)
     if name and (nextitem is None or group_of(nextitem.nodeid) != group):
         for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
