@@ -136,6 +136,7 @@ _VLLM_MODULES = ("tests/unit/test_vllm_api.py", "tests/unit/test_worker_sampling
                  "tests/unit/test_model_config_fields.py", "tests/unit/test_engine_args.py",
                  "tests/unit/test_scale_output.py", "tests/api/test_estimate_api.py", "tests/api/test_fail_at_submit.py")
 _FIRST_GROUPS = ("e2e", "shape", "sdk", "vllm")  # then modules with an engine test, then the rest
+_QUICK_LANE = os.environ.get("LLM_BATCH_TEST_LANE") == "quick"  # scripts/test.sh --quick
 
 
 def group_of(nodeid: str) -> str:
@@ -163,7 +164,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if os.environ.get("LLM_BATCH_TEST_LANE") == "quick" and "torch" in sys.modules:
+    if _QUICK_LANE and "torch" in sys.modules:
         raise pytest.UsageError("collecting the quick lane imported torch (vLLM): a test module imports it at its top; "
                                 "import it when the tests run and list the module in tests/conftest.py _VLLM_MODULES")
 
@@ -172,17 +173,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # a package-scoped fixture lasts until the end of the session here, and a stack's four
 # Airflow components would poll through every test after its own.
 _GROUP_STACKS = {"e2e": "e2e_stack", "shape": "celery_shape"}
-_TORCH_SEEN: set[str] = set()  # "torch" once a test of this process ended with it imported
+_torch_seen = False  # whether a test of this process has ended with torch imported
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    global _torch_seen
     group = group_of(item.nodeid)
-    if "torch" in sys.modules and "torch" not in _TORCH_SEEN:
-        _TORCH_SEEN.add("torch")
+    if not _torch_seen and "torch" in sys.modules:
+        _torch_seen = True
         # This test imported torch (vLLM, transformers) first: outside the group, ~20 s of the
         # quick lane's CPU in a second process whenever an order puts its module there.
-        if os.environ.get("LLM_BATCH_TEST_LANE") == "quick" and group != "vllm":
+        if _QUICK_LANE and group != "vllm":
             pytest.fail(f"{item.nodeid} imported torch (vLLM or transformers) in the quick lane: list its "
                         "module in tests/conftest.py _VLLM_MODULES", pytrace=False)
     name = _GROUP_STACKS.get(group)
