@@ -27,6 +27,9 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   $sudo apt-get update -q && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 VENV=${LLM_BATCH_VENV:-.venv}
+# The suite's processes keep what they compile (the tests' modules as pytest rewrites them,
+# each in __pycache__, which git ignores) instead of compiling it again in each one.
+unset PYTHONDONTWRITEBYTECODE
 if $quick; then
   lane=(-n "${LLM_BATCH_TEST_WORKERS:-3}")
   # No engine, no server, no checkpoint build (tests/conftest.py also sets the markers from
