@@ -277,10 +277,11 @@ def test_concurrent_tests_against_a_slow_receiver_leave_other_owners_fast(
         slow.close()
     print(f"\nbob's GET /v1/jobs while {waiting} tests wait on a slow receiver: max {max(reads):.3f} s, "
           f"median {sorted(reads)[5]:.3f} s")
-    # Every admitted test still waited after bob's reads: no read waited for one to end (a
-    # held thread frees only at the delivery deadline). The time bound is only a backstop
-    # with room for a loaded machine.
-    assert waiting == bound and max(reads) < deadline / 2, (waiting, reads)
+    # More tests than the API has threads still waited after bob's reads: had each held a
+    # thread, a read would have waited for one to free at the delivery deadline. (On a slow
+    # machine the first admitted may reach its deadline during the reads: hence > 40, not
+    # == bound.) The time bound is only a backstop with room for a loaded machine.
+    assert waiting > 40 and max(reads) < deadline / 2, (waiting, reads)
     statuses = [a.status_code for a in answers]
     assert statuses.count(200) == bound and statuses.count(429) == 80 - bound, statuses
     for answer in answers:
