@@ -34,8 +34,10 @@ def test_only_the_owner_ends_or_annotates_her_batch_run(e2e_stack, airflow, job_
     job_id = f"e2e_owner_{uuid.uuid4().hex[:12]}"
     hold_shards(job_id, 1)  # still running while bob tries, by construction
     job_logs.append(job_id)
+    # Lengths apart: r0 ends steps before the rest, so the hold after one result lands mid-shard
+    # (requests ending in the same step would end the shard before the hold point is reached).
     requests = [{"custom_id": f"r{i}", "body": {"messages": [{"role": "user", "content": f"count {i}"}],
-                                                "max_tokens": 8, "ignore_eos": True}} for i in range(6)]
+                                                "max_tokens": 4 + 4 * i, "ignore_eos": True}} for i in range(6)]
     made = httpx.post(f"{batch}/v1/jobs", headers=as_alice, timeout=30,
                       json={"id": job_id, "requests": requests, "model": MODEL, "labels": {"team": "alices"}})
     assert made.status_code == 200 and made.json()["owner"] == "alice", made.text
