@@ -221,7 +221,9 @@ def _finish(writer: ResultsWriter, progress: ProgressReporter, state: ShardState
 class HoldPoint:
     """A fault drill's hold point: while the marker (JSON ``{"after_results": N}``) exists, a
     shard's first attempt waits once N results are checkpointed, so a kill or a deadline lands
-    mid-shard on any machine's speed. A resumed attempt never holds."""
+    mid-shard on any machine's speed. A resumed attempt never holds. It is looked at between
+    engine steps while requests remain: requests that all end in one step end the shard unheld,
+    so a drill gives its requests lengths apart."""
 
     def __init__(self, marker: str | None, first_attempt: bool, poll_s: float = 0.2):
         self.marker = marker if first_attempt else None
