@@ -39,6 +39,7 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   "$VENV/bin/uv" pip uninstall --python "$VENV/bin/python" -q torchvision torchaudio torchcodec triton 2>/dev/null || true
   echo "$want" > "$stamp"
 fi
-# llm-batch's own modules, the same way (~0.05 s when nothing changed).
-"$VENV/bin/python" -m compileall -q src dags >/dev/null
+# llm-batch's own modules, the same way (~0.05 s when nothing changed; -q prints only what
+# fails to compile, which set -e then stops on: kept visible, not sent to /dev/null).
+"$VENV/bin/python" -m compileall -q src dags
 "$VENV/bin/llm-batch" models prepare  # the default chat + embedding models, offline (fast when done)
