@@ -17,10 +17,11 @@ import pytest
 from llm_batch.core.config import get_settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import JobLayout
+from llm_batch.infra.processes import stop_group
 from llm_batch.infra.progress import read_progress
 from llm_batch.infra.results import count_results
 from llm_batch.pipeline import steps
-from llm_batch.runtime.warm_engines import Slot, engine_key, stop_hosts
+from llm_batch.runtime.warm_engines import Slot, engine_key
 from tests.dags.test_batch_inference import (
     KILL_POLL_S,
     TINY_MODEL,
@@ -42,15 +43,21 @@ CONF = {"model": TINY_MODEL, "model_config": {"engine_args": {"max_num_seqs": 8}
 
 @pytest.fixture
 def warm(llm_batch_home):
-    """The home's warm engines (a killed one's leftovers stopped after the test)."""
+    """The home's warm engines. The hosts this test starts (and a killed one's leftovers) are
+    stopped after it; the session's hosts of other configurations stay warm for their tests."""
     assert get_settings().warm_engines
-    yield llm_batch_home / "engines"
-    stop_hosts(llm_batch_home)
+    engines = llm_batch_home / "engines"
+    before = {f.name: f.read_text() for f in engines.glob("*.pid")}
+    yield engines
+    for pid_file in engines.glob("*.pid"):
+        if before.get(pid_file.name) != (pid := pid_file.read_text()):
+            stop_group(int(pid), 10.0)
+            pid_file.unlink(missing_ok=True)
 
 
-def _host_pids(engines) -> set[int]:
-    """The live hosts of the home's pid files (a killed host leaves its file behind when no
-    new host takes its slot; a zombie is dead)."""
+def _host_pids(engines, key: str) -> set[int]:
+    """The live hosts of the configuration ``key`` (its slots' pid files; a killed host leaves
+    its file behind when no new host takes its slot; a zombie is dead)."""
 
     def alive(pid: int) -> bool:
         try:
@@ -58,7 +65,7 @@ def _host_pids(engines) -> set[int]:
         except psutil.NoSuchProcess:
             return False
 
-    return {pid for f in engines.glob("*.pid") if alive(pid := int(f.read_text()))}
+    return {pid for f in engines.glob(f"{key}-*.pid") if alive(pid := int(f.read_text()))}
 
 
 def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_model_dir, llm_batch_home, warm):
@@ -67,10 +74,11 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     job = store.get_job("job_warm_a")
     assert run.state == "success" and job.status == JobStatus.SUCCEEDED, job.status_reason
     _assert_every_request_once(JobLayout(get_settings().work_uri, job.id), job, 6)
-    hosts = _host_pids(warm)
+    key = engine_key(steps.engine_model_config(store, job, get_settings()))
+    hosts = _host_pids(warm, key)
     assert len(hosts) >= 1, "no warm engine is running after the job"
     # prepare started the engine (cold: this configuration is this test's) before a shard asked.
-    log = Slot(llm_batch_home, engine_key(steps.engine_model_config(store, job, get_settings())), 0).log.read_text()
+    log = Slot(llm_batch_home, key, 0).log.read_text()
     assert "preloaded" in log and "already loaded" in log, log[-3000:]
 
     n = 60
@@ -81,7 +89,7 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
 
     def kill_mid_shard() -> None:
         _wait_for(lambda: _progress_done(layout.shard(0).progress) >= 20, 900, "the shard held", poll=KILL_POLL_S)
-        serving = _host_pids(warm)
+        serving = _host_pids(warm, key)
         for pid in serving:
             os.killpg(pid, signal.SIGKILL)
             killed.append(pid)
@@ -95,4 +103,4 @@ def test_jobs_share_a_warm_engine_and_survive_its_kill(batch_dag, store, tiny_mo
     assert read_progress(layout.shard(0).progress).resumed > 0, "the retry did not resume from the checkpoint"
     tries = [ti.try_number for ti in run.get_task_instances() if ti.task_id.startswith("run_shard") and ti.map_index >= 0]
     assert len(tries) == 1 and tries[0] >= 2
-    assert killed and not (_host_pids(warm) & set(killed)), "the retry ran on a killed engine"
+    assert killed and not (_host_pids(warm, key) & set(killed)), "the retry ran on a killed engine"

@@ -28,10 +28,10 @@ from llm_batch.core import exit_codes
 from llm_batch.core.config import get_settings
 from llm_batch.core.layout import JobLayout
 from llm_batch.infra import storage
-from llm_batch.infra.processes import read_pid
+from llm_batch.infra.processes import read_pid, stop_group
 from llm_batch.infra.progress import ShardState, read_progress
 from llm_batch.infra.results import count_results, read_results
-from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, prewarm, start_shard, stop_hosts
+from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, prewarm, start_shard
 from tests.engine.test_worker_process import _shard as make_shard
 
 pytestmark = pytest.mark.engine
@@ -43,13 +43,12 @@ SLOW = ("--window", "1", "--flush-every-records", "4")
 
 
 @pytest.fixture(scope="module")
-def settings(tiny_model_dir, llm_batch_home):
+def settings(tiny_model_dir, hosts_home):
     # One slot, one seat, one configuration warm at a time (the default): every shard of these
     # tests goes to the same host, one at a time, unless it has died or another configuration
-    # made it leave.
-    yield get_settings().model_copy(update={"local_pool_slots": 1, "warm_engine_seats": 1,
-                                            "warm_engine_configs": 1, "warm_engine_idle_seconds": 600})
-    stop_hosts(llm_batch_home)
+    # made it leave. The hosts are the module's own (hosts_home).
+    return get_settings().model_copy(update={"home": hosts_home, "local_pool_slots": 1, "warm_engine_seats": 1,
+                                             "warm_engine_configs": 1, "warm_engine_idle_seconds": 600})
 
 
 def _shard(n: int, max_tokens: int = 8) -> JobLayout:
@@ -222,6 +221,7 @@ def test_an_engine_started_early_is_the_one_the_first_shard_takes(settings):
     """A job's prepare step starts its engine before the shard asks (``prewarm``): the host loads
     the model at once, a second early start finds it up, and the shard runs on it, loaded."""
     config = {**MODEL_CONFIG, "seed": 11}  # a configuration of its own: cold here
+    settings = settings.model_copy(update={"warm_engine_configs": 2})  # the other tests' engine stays
     slot = Slot(settings.home, engine_key(config), 0)
     assert prewarm(settings, config) is True
     host = read_pid(slot.pid_file)
@@ -235,7 +235,8 @@ def test_an_engine_started_early_is_the_one_the_first_shard_takes(settings):
     log = slot.log.read_text()
     assert "already loaded" in log.split("preloaded", 1)[1]
     assert "not a shard" not in log  # the early starts' connections are probes, not refused shards
-    stop_hosts(settings.home)  # the other tests' configuration loads again when asked
+    stop_group(host, 10.0)  # the module's one configuration again
+    slot.pid_file.unlink(missing_ok=True)
 
 
 def _ended(pid: int) -> bool:
@@ -267,7 +268,7 @@ def test_owners_share_a_warm_engine_but_not_its_prefix_cache(settings):
     cached = {}
     pid = None
     for run, owner in (("first", "alice"), ("again", "alice"), ("other owner", "mallory")):
-        layout = _prompt_shard(settings.home, prompt)
+        layout = _prompt_shard(get_settings().home, prompt)
         shard, _ = _run(settings, layout, "--cache-salt", cache_salt(owner))
         assert shard.wait(TIMEOUT_S) == exit_codes.DONE
         assert pid in (None, shard.pid), "not the one warm engine"

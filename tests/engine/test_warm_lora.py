@@ -16,7 +16,7 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.results import read_results
-from llm_batch.runtime.warm_engines import start_shard, stop_hosts
+from llm_batch.runtime.warm_engines import start_shard
 
 pytestmark = pytest.mark.engine
 
@@ -26,10 +26,9 @@ PROMPTS = ["The quick brown fox", "Once upon a time"]
 
 
 @pytest.fixture(scope="module")
-def settings(tiny_adapters, llm_batch_home):
-    yield get_settings().model_copy(update={"local_pool_slots": 1, "warm_engine_seats": 1,
-                                            "warm_engine_idle_seconds": 600})
-    stop_hosts(llm_batch_home)
+def settings(tiny_adapters, hosts_home):
+    return get_settings().model_copy(update={"home": hosts_home, "local_pool_slots": 1, "warm_engine_seats": 1,
+                                             "warm_engine_idle_seconds": 600})
 
 
 def _job(name: str, models: list[str | None]) -> JobLayout:

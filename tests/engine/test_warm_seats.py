@@ -19,7 +19,7 @@ import pytest
 from llm_batch.core import exit_codes
 from llm_batch.core.config import get_settings
 from llm_batch.infra.results import count_results
-from llm_batch.runtime.warm_engines import HOST_GONE, stop_hosts
+from llm_batch.runtime.warm_engines import HOST_GONE
 from tests.engine.test_warm_engine import (
     MODEL_CONFIG,
     SLOW,
@@ -38,11 +38,11 @@ SEATED_CONFIG = {**MODEL_CONFIG, "seed": 11}  # an engine of its own, started wi
 
 
 @pytest.fixture(scope="module")
-def seated(tiny_model_dir, llm_batch_home):
+def seated(tiny_model_dir, hosts_home):
     # One slot of two seats: every shard of these tests goes to the same host, two at a time.
-    yield get_settings().model_copy(update={"local_pool_slots": 1, "warm_engine_seats": 2,
-                                            "warm_engine_idle_seconds": 600})
-    stop_hosts(llm_batch_home)
+    # The hosts are the module's own (hosts_home).
+    return get_settings().model_copy(update={"home": hosts_home, "local_pool_slots": 1, "warm_engine_seats": 2,
+                                             "warm_engine_idle_seconds": 600})
 
 
 def test_two_seats_run_two_jobs_shards_at_once_on_one_engine(seated):
