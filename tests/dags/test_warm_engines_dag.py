@@ -17,11 +17,10 @@ import pytest
 from llm_batch.core.config import get_settings
 from llm_batch.core.jobs import JobStatus
 from llm_batch.core.layout import JobLayout
-from llm_batch.infra.processes import stop_group
 from llm_batch.infra.progress import read_progress
 from llm_batch.infra.results import count_results
 from llm_batch.pipeline import steps
-from llm_batch.runtime.warm_engines import Slot, engine_key
+from llm_batch.runtime.warm_engines import Slot, engine_key, stop_hosts
 from tests.dags.test_batch_inference import (
     KILL_POLL_S,
     TINY_MODEL,
@@ -49,10 +48,9 @@ def warm(llm_batch_home):
     engines = llm_batch_home / "engines"
     before = {f.name: f.read_text() for f in engines.glob("*.pid")}
     yield engines
-    for pid_file in engines.glob("*.pid"):
-        if before.get(pid_file.name) != (pid := pid_file.read_text()):
-            stop_group(int(pid), 10.0)
-            pid_file.unlink(missing_ok=True)
+    started = {f.stem.rpartition("-")[0] for f in engines.glob("*.pid") if before.get(f.name) != f.read_text()}
+    for key in started:
+        stop_hosts(llm_batch_home, key=key)
 
 
 def _host_pids(engines, key: str) -> set[int]:

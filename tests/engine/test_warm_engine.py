@@ -28,10 +28,10 @@ from llm_batch.core import exit_codes
 from llm_batch.core.config import get_settings
 from llm_batch.core.layout import JobLayout
 from llm_batch.infra import storage
-from llm_batch.infra.processes import read_pid, stop_group
+from llm_batch.infra.processes import read_pid
 from llm_batch.infra.progress import ShardState, read_progress
 from llm_batch.infra.results import count_results, read_results
-from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, prewarm, start_shard
+from llm_batch.runtime.warm_engines import HOST_GONE, Slot, engine_key, prewarm, start_shard, stop_hosts
 from tests.engine.test_worker_process import _shard as make_shard
 
 pytestmark = pytest.mark.engine
@@ -235,8 +235,7 @@ def test_an_engine_started_early_is_the_one_the_first_shard_takes(settings):
     log = slot.log.read_text()
     assert "already loaded" in log.split("preloaded", 1)[1]
     assert "not a shard" not in log  # the early starts' connections are probes, not refused shards
-    stop_group(host, 10.0)  # the module's one configuration again
-    slot.pid_file.unlink(missing_ok=True)
+    stop_hosts(settings.home, key=slot.key)  # the module's one configuration again
 
 
 def _ended(pid: int) -> bool:

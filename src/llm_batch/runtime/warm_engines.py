@@ -379,9 +379,10 @@ def _spawn_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None =
                                 start_new_session=True, cwd=settings.home, env=host_environment())
 
 
-def stop_hosts(home: Path, grace: float = 10.0) -> None:
-    """Stop every warm engine of ``home`` (``llm-batch down``)."""
-    for pid_file in (home / "engines").glob("*.pid"):  # none if it was never made
+def stop_hosts(home: Path, grace: float = 10.0, key: str | None = None) -> None:
+    """Stop every warm engine of ``home`` (``llm-batch down``), or only those of the
+    configuration ``key`` (``engine_key``: its slots)."""
+    for pid_file in (home / "engines").glob(f"{key}-*.pid" if key else "*.pid"):  # none if never made
         if pid := read_pid(pid_file):
             stop_group(pid, grace)
         pid_file.unlink(missing_ok=True)
