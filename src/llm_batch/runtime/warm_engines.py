@@ -47,6 +47,7 @@ from llm_batch.core.config import Settings, parse_address
 from llm_batch.core.model_config import engine_fields
 from llm_batch.infra.log_context import LOG_FORMAT, JobIdFilter, bind_job
 from llm_batch.infra.processes import read_pid, stop_group
+from llm_batch.runtime.host_starter import StartedHost, start_host, stop_starters
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -144,6 +145,11 @@ def engines_dir(home: Path) -> Path:
     path = home / "engines"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
+
+
+def starters_dir(home: Path) -> Path:
+    """The host starters' lock, pid and log files (a folder of their own: not a slot's)."""
+    return home / "engines" / "starters"
 
 
 def socket_dir(home: Path) -> Path:
@@ -365,27 +371,36 @@ def _try_connect(slot: Slot) -> tuple[socket.socket, int] | None:
 
 
 def _spawn_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None = None,
-                lora: bool = False) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "llm_batch.cli.main", "engine-host", "--socket", str(slot.socket),
-               "--pid-file", str(slot.pid_file), "--idle-seconds", str(settings.warm_engine_idle_seconds)]
+                lora: bool = False) -> subprocess.Popen[bytes] | StartedHost:
+    argv = ["engine-host", "--socket", str(slot.socket), "--pid-file", str(slot.pid_file),
+            "--idle-seconds", str(settings.warm_engine_idle_seconds)]
     if preload is not None:
-        command += ["--preload", orjson.dumps(preload).decode(), *(["--preload-lora"] if lora else [])]
+        argv += ["--preload", orjson.dumps(preload).decode(), *(["--preload-lora"] if lora else [])]
     for seat_lock in slot.seat_locks(settings.warm_engine_seats):
-        command += ["--lock", str(seat_lock)]
-    log.info("starting warm engine %s: %s", slot.name, " ".join(command))
+        argv += ["--lock", str(seat_lock)]
+    log.info("starting warm engine %s: llm-batch %s", slot.name, " ".join(argv))
+    if settings.warm_engine_starter:
+        try:
+            return start_host(starters_dir(slot.home), socket_dir(slot.home), argv, host_environment(), settings.home,
+                              slot.log, settings.warm_engine_idle_seconds)
+        except OSError as exc:
+            log.warning("no host starter (%s): starting the host as a fresh process", exc)
     with open(slot.log, "ab") as out:
         # Its own session: it outlives its task, and a kill reaches vLLM's processes.
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=settings.home, env=host_environment())
+        return subprocess.Popen([sys.executable, "-m", "llm_batch.cli.main", *argv], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=settings.home, env=host_environment())
 
 
 def stop_hosts(home: Path, grace: float = 10.0, key: str | None = None) -> None:
-    """Stop every warm engine of ``home`` (``llm-batch down``), or only those of the
-    configuration ``key`` (``engine_key``: its slots)."""
+    """Stop every warm engine of ``home`` and their starters (``llm-batch down``), or only
+    the engines of the configuration ``key`` (``engine_key``: its slots)."""
     for pid_file in (home / "engines").glob(f"{key}-*.pid" if key else "*.pid"):  # none if never made
         if pid := read_pid(pid_file):
             stop_group(pid, grace)
         pid_file.unlink(missing_ok=True)
+    if key is None:
+        stop_starters(starters_dir(home), grace)
 
 
 # -- the host ------------------------------------------------------------------------------------
@@ -435,9 +450,9 @@ class KeptEngine:
             self._close()
 
     def _close(self) -> None:
-        from llm_batch.runtime.engine.runner import stop_engine  # vllm
-
         if self.shared is not None:
+            from llm_batch.runtime.engine.runner import stop_engine  # vllm
+
             with self.shared.lock:
                 stop_engine(self.shared.llm)
         self.shared = self._args = None
