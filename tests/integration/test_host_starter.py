@@ -125,10 +125,13 @@ def test_an_idle_starter_exits_and_the_next_start_brings_a_new_one(home):
     assert _greeting(slot) and read_pid(pid_file) not in (None, first)
 
 
-def test_the_starter_key_leaves_out_what_is_read_at_run_time():
-    env = {"PATH": "/bin", "OMP_NUM_THREADS": "2", "LLM_BATCH_HOME": "/a", "AIRFLOW_CTX_DAG_ID": "x",
-           "PYTEST_CURRENT_TEST": "t"}
+def test_the_starter_key_is_what_is_read_at_import_time():
+    env = {"PATH": "/bin", "OMP_NUM_THREADS": "2", "HF_HUB_CACHE": "/h", "LLM_BATCH_HOME": "/a",
+           "AIRFLOW_CTX_DAG_ID": "x", "PYTEST_CURRENT_TEST": "t"}
+    # Run-time settings, a task's context, and what vLLM's import or an engine set in the task's process.
     assert starter_key(env) == starter_key(env | {"LLM_BATCH_HOME": "/b", "AIRFLOW_CTX_DAG_ID": "y",
-                                                  "PYTEST_CURRENT_TEST": "u", "_AIRFLOW_PROCESS_CONTEXT": "v"})
-    assert starter_key(env) != starter_key(env | {"OMP_NUM_THREADS": "1"})
-    assert starter_key(env) != starter_key(env | {"VLLM_LOGGING_LEVEL": "DEBUG"})
+                                                  "PYTEST_CURRENT_TEST": "u", "LD_PRELOAD": "libgomp.so",
+                                                  "KMP_INIT_AT_FORK": "FALSE", "LOCAL_WORLD_SIZE": "1"})
+    for name, value in (("OMP_NUM_THREADS", "1"), ("VLLM_LOGGING_LEVEL", "DEBUG"), ("HF_HUB_CACHE", "/other"),
+                        ("PATH", "/usr/bin"), ("PYTHONPATH", "/src")):
+        assert starter_key(env) != starter_key(env | {name: value}), name

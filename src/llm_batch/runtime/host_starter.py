@@ -42,9 +42,13 @@ log = logging.getLogger("llm_batch.runtime.host_starter")
 
 # How long a new starter may take to import vLLM and listen.
 STARTER_START_S = 120.0
-# Variables read at run time only (llm-batch's settings) or differing between the tasks and
-# tests of one deployment: they do not key a starter, which would otherwise start anew per task.
-_VOLATILE = ("AIRFLOW_CTX_", "_AIRFLOW", "PYTEST_", "LLM_BATCH_")
+# The variables a starter is keyed by: those read as vLLM, torch and the hubs are imported
+# (threads, caches, vLLM's own, the interpreter's paths), which its hosts must share. The
+# others are read at run time, from the host's own environment, or only by exec (LD_*), and
+# vary from task to task (an Airflow task's context; what vLLM's import and engines set in a
+# process that ran one), so keying by them would start a starter per task.
+_IMPORT_TIME = ("OMP_", "MKL_", "OPENBLAS_", "GOMP_", "VLLM_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "CUDA_",
+                "TORCH_HOME", "PYTHON", "PATH", "VIRTUAL_ENV", "HOME", "XDG_", "TMPDIR")
 # What a host imports before its first shard; a starter imports it once for all of them.
 PRELOAD = ("llm_batch.runtime.engine.runner", "llm_batch.runtime.worker", "llm_batch.cli.main",
             "llm_batch.cli.engine_service", "llm_batch.cli.worker")
@@ -65,9 +69,8 @@ class StartedHost:
 
 
 def starter_key(env: dict[str, str]) -> str:
-    """A starter per environment: variables read at import time (threads, offline hubs,
-    vLLM's) must be the host's own."""
-    kept = sorted((name, value) for name, value in env.items() if not name.startswith(_VOLATILE))
+    """A starter per environment of what is read at import time (``_IMPORT_TIME``)."""
+    kept = sorted((name, value) for name, value in env.items() if name.startswith(_IMPORT_TIME))
     return hashlib.sha256(orjson.dumps(kept)).hexdigest()[:16]
 
 
