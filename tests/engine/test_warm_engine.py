@@ -107,6 +107,9 @@ def test_a_task_that_comes_while_the_engine_is_busy_waits_then_gets_it(settings)
     handed.join(30)
     assert waiting["shard"].wait(TIMEOUT_S) == exit_codes.DONE
     assert waiting["shard"].pid == running.pid
+    # Forked by the home's host starter (the default), which imported vLLM for it.
+    starter = psutil.Process(running.pid).ppid()
+    assert starter != os.getpid() and "llm_batch.runtime.host_starter" in " ".join(psutil.Process(starter).cmdline())
     _assert_exactly_once(first, 10)
     _assert_exactly_once(second, 3)
 

@@ -2,12 +2,17 @@
 turn on one ``llm-batch engine-host`` with the real engine and the tiny model's random
 adapters, the first naming adapters a and b, the second b, a and the base. The second runs
 on the same engine, each line is answered by the model it named, and each model answers a
-prompt the same in both jobs: the adapters stayed loaded and kept apart across jobs.
+prompt the same in both jobs: the adapters stayed loaded and kept apart across jobs. Its
+host is a fresh interpreter (``warm_engine_starter`` off), the other warm-engine modules'
+are forked by a host starter.
 """
 
 from __future__ import annotations
 
+import os
+
 import orjson
+import psutil
 import pytest
 
 from llm_batch.core import exit_codes
@@ -16,7 +21,7 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.records import BatchRequest, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.results import read_results
-from llm_batch.runtime.warm_engines import start_shard
+from llm_batch.runtime.warm_engines import start_shard, starters_dir
 
 pytestmark = pytest.mark.engine
 
@@ -27,8 +32,10 @@ PROMPTS = ["The quick brown fox", "Once upon a time"]
 
 @pytest.fixture(scope="module")
 def settings(tiny_adapters, hosts_home):
+    # The module's one host starts as a fresh interpreter (no host starter): that path keeps a
+    # test through the real engine, at no cost here (a starter pays off from a home's second host).
     return get_settings().model_copy(update={"home": hosts_home, "local_pool_slots": 1, "warm_engine_seats": 1,
-                                             "warm_engine_idle_seconds": 600})
+                                             "warm_engine_idle_seconds": 600, "warm_engine_starter": False})
 
 
 def _job(name: str, models: list[str | None]) -> JobLayout:
@@ -62,6 +69,8 @@ def test_adapters_stay_loaded_and_apart_across_jobs(settings):
     two = _run(settings, second)
     assert two.wait(240) == exit_codes.DONE
     assert two.pid == one.pid, "the second job's shard went to another engine"
+    assert psutil.Process(one.pid).ppid() == os.getpid()  # a fresh interpreter, started by this process
+    assert not list(starters_dir(settings.home).glob("*.pid"))
 
     before, after = _answers(first), _answers(second)
     assert len(before) == 4 and len(after) == 6
