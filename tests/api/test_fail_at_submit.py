@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tests.api.conftest import chat_lines
 from tests.fixtures.engine import TINY_MODEL
+from tests.fuzzing import examples
 
 NOT_PREPARED = "smollm2-135m-instruct"  # registered, never prepared in the test home's cache
 
@@ -117,7 +118,7 @@ def test_an_input_path_that_does_not_exist_is_refused_at_create(strict, creds, a
 
 @given(max_model_len=st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=True), st.text(max_size=8), st.none()),
        tp=st.one_of(st.integers(-8, 64), st.none()))
-@hypothesis_settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hypothesis_settings(max_examples=examples(40), suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_no_engine_argument_value_answers_5xx(strict, creds, max_model_len, tp):
     config = {"max_model_len": max_model_len, "engine_args": {"tensor_parallel_size": tp}}
     response = strict.post("/v1/jobs", headers=creds.key("alice"), json={

@@ -23,6 +23,7 @@ import pytest
 
 from llm_batch.core.config import Settings, get_settings
 from tests.api.conftest import app_on, mounted, simulate_run
+from tests.fuzzing import examples
 
 pytestmark = pytest.mark.airflow
 
@@ -79,8 +80,9 @@ def protected_targets(settings: Settings, bob: Path, bob_output: Path) -> list[s
              Path(settings.files_uri) / "file-x", Path(settings.model_cache) / "tiny-random-llama" / "config.json",
              bob / "in.json", bob_output]
     existing = sorted(p for p in home.rglob("*") if p.is_file() and not p.is_relative_to(home / "data" / "alice"))
-    # A sample of everything else under the home (the work area alone holds thousands of files).
-    return sorted({str(p) for p in named} | {str(p) for p in existing[:: max(1, len(existing) // 40)]})
+    # A sample of everything else under the home (the work area alone holds thousands of files):
+    # 40 in the whole suite, fewer in the quick lane (tests/fuzzing.py).
+    return sorted({str(p) for p in named} | {str(p) for p in existing[:: max(1, len(existing) // examples(40))]})
 
 
 def test_no_user_path_field_reaches_a_protected_target(client, creds, api_store, owners, llm_batch_home):

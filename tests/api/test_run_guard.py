@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from llm_batch.api import run_guard
 from llm_batch.api.run_guard import ADMINS_ONLY, WILDCARD, Target, refusal, targets
 from llm_batch.core.run_conf import run_job_id
+from tests.fuzzing import examples
 
 pytestmark = pytest.mark.airflow
 
@@ -236,7 +237,7 @@ def test_hide_confs_leaves_other_dags_and_the_readers_own_runs():
     assert [r["conf"] for r in shown["dag_runs"]] == [{"job_id": "j1"}, {"input_uri": "/y"}, {"input_uri": "/z"}]
 
 
-@hypothesis_settings(max_examples=25, deadline=None)
+@hypothesis_settings(max_examples=examples(25), deadline=None)
 @given(route=st.sampled_from(RUN_WRITES))
 def test_no_route_under_another_users_run_gets_through(route):
     """The middleware alone, over a stand-in for Airflow: nothing reaches it."""

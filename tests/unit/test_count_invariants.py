@@ -41,6 +41,7 @@ from llm_batch.infra.jobstore import JobStore, utcnow
 from llm_batch.infra.progress import ShardProgress
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline import shard_task, steps
+from tests.fuzzing import examples
 
 STEP = st.one_of(
     st.tuples(st.just("progress"), st.integers(0, 3), st.integers(1, 4), st.booleans()),
@@ -117,7 +118,7 @@ class _Shards:
         return shard_task.ShardOutcome(shard=self.tasks[k].shard, exit_code=1, state="failed", message=FAILED_FOR_GOOD)
 
 
-@hyp_settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hyp_settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     lines=st.integers(1, 24),
     bad=st.sets(st.integers(0, 23), max_size=4),

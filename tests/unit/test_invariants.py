@@ -11,13 +11,14 @@ from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline.merge import merge_job
 from llm_batch.pipeline.sharding import plan_shards
+from tests.fuzzing import examples
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 
 # Per input line: invalid, or valid with a fate once run: ok, engine error, never run.
 LINE = st.sampled_from(["invalid", "ok", "error", "not_run"])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     lines=st.lists(LINE, max_size=60),
     lengths=st.lists(st.integers(0, 500), min_size=60, max_size=60),

@@ -20,6 +20,7 @@ from llm_batch.core.owners import OwnerNameRefused
 from llm_batch.infra import user_paths
 from llm_batch.infra.jobstore import JobStore
 from llm_batch.infra.user_paths import PathRefused
+from tests.fuzzing import examples
 
 canonical_names = st.from_regex(owners.OWNER_NAME, fullmatch=True)
 
@@ -57,7 +58,7 @@ def test_no_two_owner_names_fold_together(a: str, b: str):
     assert len(a) <= 64 and not a.endswith(".")
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(folding_twins())
 def test_a_spelling_that_folds_to_an_owner_gets_no_key(store: JobStore, twins: tuple[str, str]):
     name, twin = twins
@@ -82,7 +83,7 @@ def test_the_cli_refuses_a_name_that_is_not_an_owner_name(tmp_path: Path, capsys
     assert main(["api-key", "--database-url", url, "create", "alice3"]) == 0
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(folding_twins())
 def test_no_owner_reaches_a_folder_spelled_like_another(twins: tuple[str, str]):
     name, twin = twins

@@ -10,6 +10,7 @@ from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline.merge import PartialOrder, merge_job, partial_entries, stable_request_hash
 from llm_batch.pipeline.sharding import plan_shards
+from tests.fuzzing import examples
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 
 
@@ -28,7 +29,7 @@ def test_nothing_before_the_job_is_planned():
     assert list(partial_entries(layout)) == []
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     valid=st.lists(st.booleans(), min_size=1, max_size=24),
     shards=st.integers(1, 4),

@@ -21,6 +21,7 @@ from llm_batch.infra import storage
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline.merge import merge_job
 from llm_batch.pipeline.sharding import _read_lines, estimate_prompt_tokens, plan_shards, prefix_key, read_manifest
+from tests.fuzzing import examples
 from tests.unit.data_plane_fixtures import engine_error, new_layout, ok_result, write_job
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
@@ -230,7 +231,7 @@ def test_prefix_key():
 LINE = st.sampled_from(["invalid", "ok", "error", "not_run"])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     lines=st.lists(LINE, max_size=60),
     docs=st.lists(st.integers(0, 6), min_size=60, max_size=60),

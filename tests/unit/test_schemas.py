@@ -267,7 +267,7 @@ _REFUSED_OPTIONS = [
 
 
 @pytest.mark.parametrize(("endpoint", "body", "option"), _REFUSED_OPTIONS)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(value=_JSON)
 def test_a_refusing_rule_never_raises_whatever_the_value(endpoint: Endpoint, body: dict, option: str, value) -> None:
     """Any JSON value of a refused option is that line's error or accepted, never an exception

@@ -16,6 +16,7 @@ from llm_batch.core.layout import JobLayout
 from llm_batch.core.model_choice import ModelChoice
 from llm_batch.infra import storage
 from llm_batch.pipeline.validation import BatchRejected, ValidationLimits, check_format, validate_batch
+from tests.fuzzing import examples
 
 CORPUS = Path(__file__).parent.parent / "corpus"
 EXPECTED = {k: v for k, v in json.loads((CORPUS / "expected.json").read_text()).items()
@@ -305,7 +306,7 @@ LINE_KINDS = {
 }
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(kinds=st.lists(st.sampled_from(sorted(LINE_KINDS)), max_size=40))
 def test_every_non_blank_line_ends_exactly_once_in_order(kinds: list[str]) -> None:
     data = b"".join(LINE_KINDS[kind](i) for i, kind in enumerate(kinds))
