@@ -2,7 +2,7 @@
 ``llm-batch engine-host`` processes, the way warm engines start. The starters here import only
 the CLI (``preload``), so no vLLM and no engine: what is tested is the fork itself (the host's
 own session, folder, environment, log and title, one starter per environment, reuse, a
-failing host, the idle exit, ``stop_hosts``). The warm-engine tests run their real engines
+failing host, bad requests of any bytes, the idle exit, ``stop_hosts``). The warm-engine tests run their real engines
 through the default starter (tests/engine/test_warm_*.py)."""
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_batch.infra.processes import alive, read_pid
 from llm_batch.runtime.host_starter import start_host, starter_key
 from llm_batch.runtime.warm_engines import Slot, host_environment, socket_dir, starters_dir, stop_hosts
+from tests.fuzzing import examples
 
 LIGHT = ("llm_batch.cli.main", "llm_batch.cli.engine_service")
 TIMEOUT_S = 30
@@ -135,3 +138,53 @@ def test_the_starter_key_is_what_is_read_at_import_time():
     for name, value in (("OMP_NUM_THREADS", "1"), ("VLLM_LOGGING_LEVEL", "DEBUG"), ("HF_HUB_CACHE", "/other"),
                         ("PATH", "/usr/bin"), ("PYTHONPATH", "/src")):
         assert starter_key(env) != starter_key(env | {name: value}), name
+
+
+def test_bad_requests_get_no_host_and_the_starter_goes_on(home):
+    slot = Slot(home, "9" * 16, 0)
+    env = host_environment()
+    first = _start(home, slot, env)
+    assert _greeting(slot) == first.pid
+    starter = psutil.Process(read_pid(starters_dir(home) / f"{starter_key(env)}.pid"))
+    path = starter.cmdline()[starter.cmdline().index("--socket") + 1]
+    for request in (b"not json\n", b"[1, 2]\n", b'{"argv": [1, {"a": 2}]}\n', b'{"argv": [], "env": 3}\n',
+                    b'{"argv": ["x"], "env": {}, "cwd": "/", "log": "/no/such/folder/x.log"}\n', b"\n"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(path)
+            conn.sendall(request)
+            conn.settimeout(TIMEOUT_S)
+            assert conn.recv(100) == b"", request  # closed without a pid
+    assert starter.is_running() and starter.children() == [psutil.Process(first.pid)]
+    second = Slot(home, "8" * 16, 0)
+    assert _greeting(second) if _start(home, second, env) else False
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+FIELDS = st.fixed_dictionaries({}, optional={"argv": JSON, "env": JSON, "cwd": JSON, "log": JSON})
+
+
+@pytest.fixture(scope="module")
+def starter_socket(tmp_path_factory):
+    """A live starter's socket (of a home of the module's own)."""
+    home = tmp_path_factory.mktemp("starter-home")
+    (home / "engines").mkdir()
+    slot, env = Slot(home, "7" * 16, 0), host_environment()
+    _start(home, slot, env)
+    starter = psutil.Process(read_pid(starters_dir(home) / f"{starter_key(env)}.pid"))
+    yield starter, starter.cmdline()[starter.cmdline().index("--socket") + 1]
+    stop_hosts(home)
+
+
+@settings(max_examples=examples(150), deadline=None, database=None)
+@given(payload=st.one_of(st.binary(max_size=200), JSON.map(orjson.dumps), FIELDS.map(orjson.dumps)))
+def test_any_request_bytes_leave_the_starter_serving(starter_socket, payload):
+    starter, path = starter_socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(path)
+        conn.sendall(payload.replace(b"\n", b" ") + b"\n")
+        conn.settimeout(TIMEOUT_S)
+        answer = conn.recv(100)
+    assert answer == b"" or "pid" in orjson.loads(answer)  # nothing, or a host for a request it could run
+    assert starter.is_running() and starter.status() != psutil.STATUS_ZOMBIE

@@ -8,9 +8,9 @@ working folder, starts its own session (a kill of its group reaches only it) and
 ``llm-batch engine-host``. vLLM forks its own engine processes from the same state (imported,
 no engine, no accelerator touched), which is why this is safe.
 
-Protocol, over a Unix socket only this user can open: the client sends one line
-``{"argv": [...], "env": {...}, "cwd": path, "log": path}``; the starter answers
-``{"pid": pid}``. A starter exits after ``idle_seconds`` without a request; the hosts it
+Protocol, over a Unix socket only this user can open: the client sends one line, a
+``StartRequest`` (``{"argv": [...], "env": {...}, "cwd": path, "log": path}``); the starter
+answers ``{"pid": pid}``, or closes the connection on a request it cannot run. A starter exits after ``idle_seconds`` without a request; the hosts it
 forked live on (their own sessions). ``multiprocessing``'s forkserver is the library version
 of this, but it lives and dies with the one process that started it, and each Airflow task
 is a process of its own.
@@ -34,6 +34,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 from llm_batch.core.config import get_settings
 from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
@@ -82,7 +83,7 @@ def start_host(starters: Path, sockets: Path, argv: list[str], env: dict[str, st
     OSError when no starter could be reached."""
     key = starter_key(env)
     path = sockets / f"starter-{key}.sock"
-    request = orjson.dumps({"argv": argv, "env": env, "cwd": str(cwd), "log": str(log_path)}) + b"\n"
+    request = StartRequest(argv=argv, env=env, cwd=str(cwd), log=str(log_path)).model_dump_json().encode() + b"\n"
     starters.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = os.open(starters / f"{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
     try:
@@ -165,12 +166,11 @@ def serve(path: Path, pid_file: Path, idle_seconds: float, preload: tuple[str, .
                 conn.settimeout(10.0)
                 try:
                     with conn.makefile("rb") as lines:
-                        request = orjson.loads(lines.readline())
+                        request = StartRequest.model_validate_json(lines.readline())
                     pid = _fork_host(listener, conn, request)
-                except (OSError, ValueError, KeyError, TypeError) as exc:
+                except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
                     log.warning("a bad start request: %r", exc)
                     continue
-                log.info("started host pid %d: %s", pid, " ".join(request["argv"]))
                 with suppress(OSError):
                     conn.sendall(orjson.dumps({"pid": pid}) + b"\n")
     finally:
@@ -183,15 +183,31 @@ def serve(path: Path, pid_file: Path, idle_seconds: float, preload: tuple[str, .
     return 0
 
 
-def _fork_host(listener: socket.socket, conn: socket.socket, request: dict) -> int:
-    argv, env = [str(arg) for arg in request["argv"]], {str(k): str(v) for k, v in request["env"].items()}
-    cwd, log_path = str(request["cwd"]), str(request["log"])
-    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+class StartRequest(BaseModel):
+    """What a client asks a starter for: a host's ``llm-batch`` arguments, environment,
+    working folder and log file."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str]
+    cwd: str
+    log: str
+
+
+def _fork_host(listener: socket.socket, conn: socket.socket, request: StartRequest) -> int:
+    argv, env, cwd = request.argv, request.env, request.cwd
+    out = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(out)
+        raise
     if pid:
         os.close(out)
+        log.info("started host pid %d: llm-batch %s", pid, " ".join(argv))
         return pid
     code = 1
     try:  # the child: never back into the starter's loop
