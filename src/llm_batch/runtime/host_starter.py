@@ -2,18 +2,18 @@
 
 A host started as a fresh interpreter spends ~13 s of CPU importing vLLM, torch and
 transformers before it loads its model (~4 s): most of a cold warm engine's start. A starter
-(one per home and host environment, ``python -m llm_batch.runtime.host_starter``) imports them
-once, then forks each host it is asked for; the child sets the requested environment and
-working folder, starts its own session (a kill of its group reaches only it) and runs
-``llm-batch engine-host``. vLLM forks its own engine processes from the same state (imported,
+(one per home and import-time environment, ``python -m llm_batch.runtime.host_starter``)
+imports them once, then forks each host it is asked for; the child sets the requested
+environment and working folder, starts its own session (a kill of its group reaches only it)
+and runs ``llm-batch engine-host``. vLLM forks its own engine processes from the same state (imported,
 no engine, no accelerator touched), which is why this is safe.
 
 Protocol, over a Unix socket only this user can open: the client sends one line, a
 ``StartRequest`` (``{"argv": [...], "env": {...}, "cwd": path, "log": path}``); the starter
-answers ``{"pid": pid}``, or closes the connection on a request it cannot run. A starter exits after ``idle_seconds`` without a request; the hosts it
-forked live on (their own sessions). ``multiprocessing``'s forkserver is the library version
-of this, but it lives and dies with the one process that started it, and each Airflow task
-is a process of its own.
+answers ``{"pid": pid}``, or closes the connection on a request it cannot run. A starter
+exits after ``idle_seconds`` without a request; the hosts it forked live on (their own
+sessions). ``multiprocessing``'s forkserver is the library version of this, but it lives and
+dies with the one process that started it, and each Airflow task is a process of its own.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ _IMPORT_TIME = ("OMP_", "MKL_", "OPENBLAS_", "GOMP_", "VLLM_", "HF_", "HUGGINGFA
                 "TORCH_HOME", "PYTHON", "PATH", "VIRTUAL_ENV", "HOME", "XDG_", "TMPDIR")
 # What a host imports before its first shard; a starter imports it once for all of them.
 PRELOAD = ("llm_batch.runtime.engine.runner", "llm_batch.runtime.worker", "llm_batch.cli.main",
-            "llm_batch.cli.engine_service", "llm_batch.cli.worker")
+           "llm_batch.cli.engine_service", "llm_batch.cli.worker")
 
 
 class StartedHost:
