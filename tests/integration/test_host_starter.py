@@ -156,7 +156,8 @@ def test_bad_requests_get_no_host_and_the_starter_goes_on(home):
             assert conn.recv(100) == b"", request  # closed without a pid
     assert starter.is_running() and starter.children() == [psutil.Process(first.pid)]
     second = Slot(home, "8" * 16, 0)
-    assert _greeting(second) if _start(home, second, env) else False
+    started = _start(home, second, env)
+    assert _greeting(second) == started.pid
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20),

@@ -45,7 +45,7 @@ from llm_batch.devstack.pg_server import (
 )
 from llm_batch.infra.api_client import send_with_retries
 from llm_batch.infra.jobstore import get_job_store
-from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
+from llm_batch.infra.processes import alive, read_pid, signal_group, stop_recorded
 from llm_batch.runtime.warm_engines import stop_hosts
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -335,9 +335,7 @@ class Stack:
         return proc
 
     def stop_process(self, name: str, grace: float) -> None:
-        if pid := read_pid(self.pid_file(name)):
-            stop_group(pid, grace)
-        self.pid_file(name).unlink(missing_ok=True)
+        stop_recorded(self.pid_file(name), grace)
 
     def stop_together(self, names: Iterable[str], grace: float,
                       groups: Callable[[int], Iterable[int]] = lambda pid: (pid,)) -> None:

@@ -23,6 +23,13 @@ def stop_group(pid: int, grace: float) -> None:
         time.sleep(0.05)
 
 
+def stop_recorded(pid_file: Path, grace: float) -> None:
+    """``stop_group`` the process whose pid ``pid_file`` holds (if any), then remove the file."""
+    if pid := read_pid(pid_file):
+        stop_group(pid, grace)
+    pid_file.unlink(missing_ok=True)
+
+
 def group_members(pgid: int) -> list[int]:
     """Zombies left out."""
     members = []

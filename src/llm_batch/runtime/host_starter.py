@@ -37,7 +37,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_batch.core.config import get_settings
-from llm_batch.infra.processes import alive, read_pid, signal_group, stop_group
+from llm_batch.infra.processes import alive, read_pid, signal_group
 
 log = logging.getLogger("llm_batch.runtime.host_starter")
 
@@ -100,13 +100,6 @@ def start_host(starters: Path, sockets: Path, argv: list[str], env: dict[str, st
                 return StartedHost(int(orjson.loads(answer.readline())["pid"]))
         except (ValueError, KeyError, TypeError) as exc:  # it went idle as we came, or could not fork
             raise OSError(f"the host starter gave no pid: {exc!r}") from None
-
-
-def stop_starters(starters: Path, grace: float = 10.0) -> None:
-    for pid_file in starters.glob("*.pid"):
-        if pid := read_pid(pid_file):
-            stop_group(pid, grace)
-        pid_file.unlink(missing_ok=True)
 
 
 def _connect(path: Path) -> socket.socket | None:

@@ -46,8 +46,8 @@ from llm_batch.core import exit_codes
 from llm_batch.core.config import Settings, parse_address
 from llm_batch.core.model_config import engine_fields
 from llm_batch.infra.log_context import LOG_FORMAT, JobIdFilter, bind_job
-from llm_batch.infra.processes import read_pid, stop_group
-from llm_batch.runtime.host_starter import StartedHost, start_host, stop_starters
+from llm_batch.infra.processes import read_pid, stop_group, stop_recorded
+from llm_batch.runtime.host_starter import StartedHost, start_host
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -395,12 +395,9 @@ def _spawn_host(slot: Slot, settings: Settings, preload: dict[str, Any] | None =
 def stop_hosts(home: Path, grace: float = 10.0, key: str | None = None) -> None:
     """Stop every warm engine of ``home`` and their starters (``llm-batch down``), or only
     the engines of the configuration ``key`` (``engine_key``: its slots)."""
-    for pid_file in (home / "engines").glob(f"{key}-*.pid" if key else "*.pid"):  # none if never made
-        if pid := read_pid(pid_file):
-            stop_group(pid, grace)
-        pid_file.unlink(missing_ok=True)
-    if key is None:
-        stop_starters(starters_dir(home), grace)
+    hosts = (home / "engines").glob(f"{key}-*.pid" if key else "*.pid")  # none if never made
+    for pid_file in [*hosts, *(starters_dir(home).glob("*.pid") if key is None else [])]:  # the starters last
+        stop_recorded(pid_file, grace)
 
 
 # -- the host ------------------------------------------------------------------------------------
