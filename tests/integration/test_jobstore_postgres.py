@@ -135,15 +135,15 @@ def test_a_cache_fill_upserts_alike_on_both_databases(fresh_url: str):
     store.put_cache_entries(owner="alice", job_id="job_b", uri="pack-b", packed=[Packed("k1", 0, 11, 3, 1)])
     store.put_cache_entries(owner="bob", job_id="job_c", uri="pack-c", packed=[Packed("k1", 0, 12, 3, 1)])
     since = datetime.now(UTC) - timedelta(hours=1)
-    mine = store.cache_entries("alice", [f"k{i}" for i in range(count)], made_after=since)
+    mine = store.cached_answers("alice", [f"k{i}" for i in range(count)], made_after=since)
     assert len(mine) == count
-    assert (mine["k0"].job_id, mine["k0"].at_byte, mine["k0"].bytes, mine["k0"].completion_tokens) == ("job_a", 5, 99, 2)
-    assert (mine["k1"].job_id, mine["k1"].uri, mine["k1"].bytes) == ("job_b", "pack-b", 11)
+    assert (mine["k0"].uri, mine["k0"].at_byte, mine["k0"].bytes) == ("pack-a", 5, 99)
+    assert (mine["k1"].uri, mine["k1"].bytes) == ("pack-b", 11)
     assert (mine[f"k{count - 1}"].uri, mine[f"k{count - 1}"].at_byte) == ("pack-a", (count - 1) * 10)
-    assert store.cache_entries("bob", ["k1", "k2"], made_after=since)["k1"].bytes == 12
-    assert set(store.cache_entries("bob", ["k1", "k2"], made_after=since)) == {"k1"}
+    assert store.cached_answers("bob", ["k1", "k2"], made_after=since)["k1"].bytes == 12
+    assert set(store.cached_answers("bob", ["k1", "k2"], made_after=since)) == {"k1"}
     odd_uri = "s3://b/a\\b\tc\nd\\N.jsonl"
     store.put_cache_entries(owner="(every owner)", job_id="job_d", uri=odd_uri, packed=[Packed("k9", 0, 1, 0, 0)])
-    assert store.cache_entries("(every owner)", ["k9"], made_after=since)["k9"].uri == odd_uri
-    assert store.cache_entries("(every owner)", ["k9"], made_after=since)["k9"].at_byte == 0
+    assert store.cached_answers("(every owner)", ["k9"], made_after=since)["k9"].uri == odd_uri
+    assert store.cached_answers("(every owner)", ["k9"], made_after=since)["k9"].at_byte == 0
     store.close()

@@ -139,4 +139,4 @@ def test_kill_9_while_the_cache_fills_serves_no_broken_entry(on_s3):
     steps.merge(store, settings, third)
     assert store.get_job(third).result_cache_hits == LINES
     recent = datetime.now(UTC) - timedelta(hours=1)
-    assert len(store.cache_entries(OWNER, [r.key for r in _entries(store, first)], made_after=recent)) >= len(rows)
+    assert len(store.cached_answers(OWNER, [r.key for r in _entries(store, first)], made_after=recent)) >= len(rows)

@@ -24,7 +24,8 @@ from llm_batch.core.config import Settings
 from llm_batch.core.records import BatchRequest, ResultRecord
 from llm_batch.infra import storage
 from llm_batch.infra.jobstore import JobStore
-from llm_batch.infra.result_cache import cache_key, cacheable, key_prefix
+from llm_batch.infra.jobstore.result_cache import TOUCH_RESOLUTION
+from llm_batch.infra.result_cache import CacheKeys, cacheable
 from llm_batch.infra.results import ResultsWriter
 from llm_batch.pipeline import housekeeping, result_cache, shard_task, steps
 
@@ -100,6 +101,10 @@ def test_what_is_cacheable_and_what_decides_the_key():
     assert not cacheable(CHAT, named_file)
 
     identity = {"model": "m", "spec": None, "model_config": {}}
+
+    def cache_key(identity, endpoint, request, *, lora, adapter_spec=None):
+        return CacheKeys(identity, endpoint).of(request, lora=lora, adapter_spec=adapter_spec)
+
     base = cache_key(identity, CHAT, request(temperature=0, max_tokens=4), lora=False)
     assert base == cache_key(identity, CHAT, request(max_tokens=4, temperature=0), lora=False)  # key order is not content
     others = {
@@ -110,10 +115,11 @@ def test_what_is_cacheable_and_what_decides_the_key():
         cache_key(identity, CHAT, request(temperature=0, max_tokens=4).model_copy(update={"adapter": "lora-a"}),
                   lora=False),
         cache_key(identity, CHAT, request(temperature=0, max_tokens=4), lora=True),  # an engine with LoRA on
+        cache_key(identity, CHAT, request(temperature=0, max_tokens=4), lora=False, adapter_spec={"rank": 8}),
     }
-    assert base not in others and len(others) == 5
+    assert base not in others and len(others) == 6
     # Every key of one model, config and endpoint starts alike: a first run asks the index once.
-    prefix = key_prefix(identity, CHAT)
+    prefix = CacheKeys(identity, CHAT).prefix
     assert base.startswith(prefix) and len(base) == 64
     assert cache_key(identity, CHAT, request(temperature=0, max_tokens=5), lora=True).startswith(prefix)
     assert not cache_key(identity, "/v1/completions", request(temperature=0), lora=False).startswith(prefix)
@@ -143,7 +149,7 @@ def test_a_first_run_of_an_uncached_model_is_not_looked_up_line_by_line(store, s
     steps.validate(store, settings, job_id)
     layout = steps.layout_of(settings, job_id)
     looked_up: list[list[str]] = []
-    monkeypatch.setattr(store, "cache_entries", lambda owner, keys, **_: looked_up.append(list(keys)) or {})
+    monkeypatch.setattr(store, "cached_answers", lambda owner, keys, **_: looked_up.append(list(keys)) or {})
     assert result_cache.answer_from_cache(store, settings, store.get_job(job_id), layout) == layout.validated
     assert not storage.exists(layout.cached_results) and not storage.exists(layout.uncached)
     assert looked_up == []
@@ -246,7 +252,7 @@ def test_a_torn_or_foreign_answer_is_a_miss(store, settings):
     lines = [_line(i, temperature=0) for i in range(3)]
     first, _ = _run(store, settings, _conf(settings, lines))
     recent = datetime.now(UTC) - timedelta(days=1)
-    entries = sorted(store.cache_entries(run_conf.DEFAULT_OWNER, _keys(store, settings, first),
+    entries = sorted(store.cached_answers(run_conf.DEFAULT_OWNER, _keys(store, settings, first),
                                          made_after=recent).values(), key=lambda e: e.at_byte)
     assert len({e.uri for e in entries}) == 1  # one pack for the shard's answers
     pack = Path(entries[0].uri)
@@ -265,7 +271,7 @@ def test_a_torn_or_foreign_answer_is_a_miss(store, settings):
 def test_deleting_the_job_that_filled_entries_removes_them(store, settings):
     lines = [_line(i, temperature=0) for i in range(3)]
     first, _ = _run(store, settings, _conf(settings, lines))
-    uris = [e.uri for e in store.cache_entries(run_conf.DEFAULT_OWNER, _keys(store, settings, first),
+    uris = [e.uri for e in store.cached_answers(run_conf.DEFAULT_OWNER, _keys(store, settings, first),
                                                made_after=datetime.now(UTC) - timedelta(days=1)).values()]
     assert len(uris) == 3 and all(storage.exists(u) for u in uris)
     housekeeping.delete_job(store, settings, store.get_job(first))
@@ -286,16 +292,19 @@ def test_expiry_and_the_size_bound(store, settings):
     first, _ = _run(store, settings, _conf(settings, lines))
     keys = _keys(store, settings, first)
     recent = datetime.now(UTC) - timedelta(days=1)
-    size = sum(e.bytes for e in store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent).values())
-    store.touch_cache_entries(run_conf.DEFAULT_OWNER, keys[3:])  # the last three used last
+    size = sum(e.bytes for e in store.cached_answers(run_conf.DEFAULT_OWNER, keys, made_after=recent).values())
+    later = datetime.now(UTC) + TOUCH_RESOLUTION  # a touch within it changes nothing
+    store.touch_cache_entries(run_conf.DEFAULT_OWNER, keys[3:], now=later)  # the last three used last
+    # The first three used within the resolution of their fill: not marked again (a rerun writes nothing).
+    store.touch_cache_entries(run_conf.DEFAULT_OWNER, keys[:3], now=datetime.now(UTC) + TOUCH_RESOLUTION / 2)
 
     bounded = settings.model_copy(update={"result_cache_max_bytes": size // 2 + 1})
     assert result_cache.evict(store, bounded) == 3
-    left = store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent)
+    left = store.cached_answers(run_conf.DEFAULT_OWNER, keys, made_after=recent)
     assert set(left) == set(keys[3:])
     assert all(Path(e.uri).is_file() for e in left.values())  # their pack stays while any answer in it does
     assert result_cache.evict(store, settings, now=datetime.now(UTC) + timedelta(hours=settings.result_cache_ttl_hours + 1)) == 3
-    assert store.cache_entries(run_conf.DEFAULT_OWNER, keys, made_after=recent) == {}
+    assert store.cached_answers(run_conf.DEFAULT_OWNER, keys, made_after=recent) == {}
     assert not any(Path(p).is_file() for p in Path(settings.result_cache_uri).rglob("*.jsonl"))  # packs freed
 
 

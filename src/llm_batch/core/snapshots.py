@@ -187,6 +187,17 @@ class CacheEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class CachedAnswer:
+    """Where a lookup finds one cached answer (a ``CacheEntry``'s ``key``, ``uri``, ``bytes`` and
+    ``at_byte``): all that reading it takes, so a big job's lookup converts no other column."""
+
+    key: str
+    uri: str
+    bytes: int
+    at_byte: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class UsageRow:
     """JobStore.usage: the sums over one group's jobs (any status; live jobs with their live counts)."""
 

@@ -23,7 +23,7 @@ from llm_batch.core.layout import join_uri
 from llm_batch.core.records import BatchRequest
 from llm_batch.infra import storage
 
-CACHE_FORMAT = 3  # part of every key: a change of what is cached makes every old entry a miss
+CACHE_FORMAT = 4  # part of every key: a change of what is cached makes every old entry a miss
 # A key's first digits name the job-wide part of what decides an answer (model, its config,
 # endpoint): a first run of a model nobody cached asks one indexed question, not one per line.
 PREFIX_DIGITS = 16
@@ -45,20 +45,26 @@ def cacheable(endpoint: str, request: BatchRequest) -> bool:
     return greedy or (isinstance(seed, int) and not isinstance(seed, bool))
 
 
-def key_prefix(identity: dict[str, Any], endpoint: str) -> str:
-    """The first ``PREFIX_DIGITS`` hex digits of the keys of every request of ``identity`` to ``endpoint``."""
-    shared = {"format": CACHE_FORMAT, "identity": identity, "endpoint": endpoint}
-    return hashlib.sha256(orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)).hexdigest()[:PREFIX_DIGITS]
+class CacheKeys:
+    """The content addresses of one identity's requests to one endpoint. The job-wide part of what
+    decides an answer (``identity``: model, its config; the endpoint) is serialized and hashed
+    once; a key hashes on with the line's own part (body, adapter, LoRA on or off)."""
 
+    def __init__(self, identity: dict[str, Any], endpoint: str):
+        shared = orjson.dumps({"format": CACHE_FORMAT, "identity": identity, "endpoint": endpoint},
+                              option=orjson.OPT_SORT_KEYS)
+        # The first PREFIX_DIGITS hex digits of every key of the job.
+        self.prefix = hashlib.sha256(shared).hexdigest()[:PREFIX_DIGITS]
+        self._shared = hashlib.sha256(shared + b"\n")
 
-def cache_key(identity: dict[str, Any], endpoint: str, request: BatchRequest, *, lora: bool,
-              prefix: str | None = None) -> str:
-    """The request's content address as an engine with LoRA on or off answers it: ``key_prefix``
-    (``prefix``, if the caller has it), then the rest of a SHA-256 of everything (64 hex digits)."""
-    decided_by = {"format": CACHE_FORMAT, "identity": identity, "lora": lora, "endpoint": endpoint,
-                  "body": request.body, "adapter": request.adapter, "adapter_uri": request.adapter_uri}
-    digest = hashlib.sha256(orjson.dumps(decided_by, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    return (prefix or key_prefix(identity, endpoint)) + digest[PREFIX_DIGITS:]
+    def of(self, request: BatchRequest, *, lora: bool, adapter_spec: dict[str, Any] | None = None) -> str:
+        """``request``'s key (64 hex digits) as an engine with LoRA on or off answers it, with the
+        registry entry of its adapter (``adapter_spec``)."""
+        digest = self._shared.copy()
+        digest.update(orjson.dumps({"lora": lora, "body": request.body, "adapter": request.adapter,
+                                    "adapter_uri": request.adapter_uri, "adapter_spec": adapter_spec},
+                                   option=orjson.OPT_SORT_KEYS))
+        return self.prefix + digest.hexdigest()[PREFIX_DIGITS:]
 
 
 def pack_uri(settings: Settings, owner: str, job_id: str, shard: int) -> str:

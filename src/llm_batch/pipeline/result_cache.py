@@ -18,21 +18,13 @@ from llm_batch.core.model_config import ModelError
 from llm_batch.core.records import BatchRequest, ResultRecord, dumps_line
 from llm_batch.infra import storage
 from llm_batch.infra.model_registry import load_registry
-from llm_batch.infra.result_cache import (
-    CACHEABLE_ENDPOINTS,
-    cache_key,
-    cacheable,
-    key_prefix,
-    pack_uri,
-    read_answers,
-    write_pack,
-)
+from llm_batch.infra.result_cache import CACHEABLE_ENDPOINTS, CacheKeys, cacheable, pack_uri, read_answers, write_pack
 from llm_batch.infra.results import paired_results
 from llm_batch.infra.storage import stored_lines
 from llm_batch.pipeline.sharding import ShardPlan, read_manifest
 
 if TYPE_CHECKING:  # the DAG files import this module: the store loads only in tasks
-    from llm_batch.core.snapshots import CacheEntry
+    from llm_batch.core.snapshots import CachedAnswer, CacheEntry
     from llm_batch.infra.jobstore import Job, JobStore, ResultCacheRepository
 
 _LOOKUP_BATCH = 2000  # validated lines looked up (and their hits read) at once
@@ -69,11 +61,12 @@ class _Keys:
             spec = self.registry.get(job.model).model_dump(mode="json")
         except ModelError:  # a model_config.checkpoint_path job: its config says what it runs
             self.registry, spec = None, None
-        self.identity = {"model": job.model, "spec": spec, "model_config": job.model_config or {}}
+        identity = {"model": job.model, "spec": spec, "model_config": job.model_config or {}}
         if defaults := job.input.sampling_defaults:  # they decide the answers of the lines that omit them
-            self.identity["sampling_defaults"] = defaults.model_dump(mode="json", exclude_none=True)
+            identity["sampling_defaults"] = defaults.model_dump(mode="json", exclude_none=True)
         self.endpoint = job.endpoint
-        self.prefix = key_prefix(self.identity, self.endpoint)  # every key of the job starts so
+        self._keys = CacheKeys(identity, self.endpoint)
+        self.prefix = self._keys.prefix  # every key of the job starts so
 
     def of(self, request: BatchRequest, lora: bool | None = None) -> str | None:
         """The key of ``request``'s answer from an engine with LoRA on or off (``lora``, None: what a
@@ -81,9 +74,8 @@ class _Keys:
         if not cacheable(self.endpoint, request):
             return None
         adapter = self.registry.adapters.get(request.adapter) if self.registry and request.adapter else None
-        identity = {**self.identity, "adapter_spec": adapter.model_dump(mode="json") if adapter else None}
-        return cache_key(identity, self.endpoint, request, lora=_lookup_lora(request) if lora is None else lora,
-                         prefix=self.prefix)
+        return self._keys.of(request, lora=_lookup_lora(request) if lora is None else lora,
+                             adapter_spec=adapter.model_dump(mode="json") if adapter else None)
 
 
 def _lookup_lora(request: BatchRequest) -> bool:
@@ -111,6 +103,7 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
         return layout.validated  # nothing of this model, config and endpoint: no line to look up
     if not any(entry is not None for *_, entry in chain.from_iterable(lookups.batches(layout.validated))):
         return layout.validated
+    used: list[str] = []
     with storage.open_write(layout.cached_results) as cached, storage.open_write(layout.uncached) as rest:
         for batch in lookups.batches(layout.validated):
             bodies = read_answers(entry for *_, entry in batch if entry is not None)  # a read per run of neighbours
@@ -119,9 +112,11 @@ def answer_from_cache(store: JobStore, settings: Settings, job: Job, layout: Job
                 if body is None:
                     rest.write(line + b"\n")
                     continue
-                cached.write(dumps_line(ResultRecord(index=request.index, custom_id=request.custom_id,
-                                                     status_code=200, body=body, line=request.line, cached=True)))
-            store.touch_cache_entries(lookups.scope, bodies)
+                # A ResultRecord's fields, as a dict: a big rerun builds no model per line.
+                cached.write(dumps_line({"index": request.index, "custom_id": request.custom_id, "status_code": 200,
+                                         "body": body, "line": request.line, "cached": True}))
+            used += bodies
+    store.touch_cache_entries(lookups.scope, used)  # one transaction for the job, not one per batch
     return layout.uncached
 
 
@@ -137,12 +132,12 @@ class _Lookups:
         """Whether the scope holds any unexpired answer of the job's model, config and endpoint."""
         return self.store.holds_cache_prefix(self.scope, self.keys.prefix, made_after=self.made_after)
 
-    def batches(self, uri: str) -> Iterator[list[tuple[bytes, BatchRequest, str | None, CacheEntry | None]]]:
+    def batches(self, uri: str) -> Iterator[list[tuple[bytes, BatchRequest, str | None, CachedAnswer | None]]]:
         lines = stored_lines(uri)
         while chunk := list(islice(lines, _LOOKUP_BATCH)):
             requests = [BatchRequest.model_validate_json(line) for line in chunk]
             keys = [self.keys.of(request) for request in requests]
-            entries = self.store.cache_entries(self.scope, [k for k in keys if k], made_after=self.made_after)
+            entries = self.store.cached_answers(self.scope, [k for k in keys if k], made_after=self.made_after)
             yield list(zip(chunk, requests, keys, (entries.get(k) if k else None for k in keys), strict=True))
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable, Iterator
 from contextlib import closing
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, delete, func, select, tuple_, update
 
-from llm_batch.core.snapshots import CacheEntry
+from llm_batch.core.snapshots import CachedAnswer, CacheEntry
 from llm_batch.infra.jobstore.models import RESULT_CACHE
 from llm_batch.infra.jobstore.repository import Repository, from_row, require_aware, upsert, utcnow
 
@@ -29,6 +29,8 @@ KEY_LENGTH = 64  # hex digits of a key (llm_batch.infra.result_cache.cache_key)
 _ROWS_PER_TRANSACTION = 10_000
 _COLUMNS = ("owner", "key", "job_id", "uri", "at_byte", "bytes", "prompt_tokens", "completion_tokens",
             "created_at", "used_at")
+# How exactly eviction knows when an entry was last used.
+TOUCH_RESOLUTION = timedelta(hours=1)
 _REPLACED = _COLUMNS[2:]  # a newer computation of a key replaces all but the key itself
 _entry = from_row(CacheEntry)
 T = TypeVar("T")
@@ -40,14 +42,16 @@ def _chunks(items: Iterable[T], size: int = _KEYS_PER_QUERY) -> Iterator[list[T]
 
 
 class ResultCacheRepository(Repository):
-    def cache_entries(self, owner: str, keys: Iterable[str], *, made_after: datetime) -> dict[str, CacheEntry]:
-        """`owner`'s entries among `keys` made after `made_after` (older ones have expired)."""
+    def cached_answers(self, owner: str, keys: Iterable[str], *, made_after: datetime) -> dict[str, CachedAnswer]:
+        """Where `owner`'s answers among `keys` made after `made_after` are (older ones have expired)."""
         require_aware(made_after=made_after)
-        found: dict[str, CacheEntry] = {}
-        for chunk in _chunks(dict.fromkeys(keys)):
-            query = select(RESULT_CACHE).where(RESULT_CACHE.c.owner == owner, RESULT_CACHE.c.key.in_(chunk),
+        found: dict[str, CachedAnswer] = {}
+        columns = (RESULT_CACHE.c.key, RESULT_CACHE.c.uri, RESULT_CACHE.c.bytes, RESULT_CACHE.c.at_byte)
+        with self._transaction(write=False) as connection:
+            for chunk in _chunks(dict.fromkeys(keys)):
+                query = select(*columns).where(RESULT_CACHE.c.owner == owner, RESULT_CACHE.c.key.in_(chunk),
                                                RESULT_CACHE.c.created_at > made_after)
-            found.update((entry.key, entry) for entry in self._read_all(query, _entry))
+                found.update((row[0], CachedAnswer(*row)) for row in connection.execute(query))
         return found
 
     def holds_cache_prefix(self, owner: str, prefix: str, *, made_after: datetime) -> bool:
@@ -89,13 +93,16 @@ class ResultCacheRepository(Repository):
                 used.update(connection.execute(query).scalars())
         return used
 
-    def touch_cache_entries(self, owner: str, keys: Iterable[str]) -> None:
-        """Mark `owner`'s entries `keys` used now (eviction removes the least recently used)."""
-        now = utcnow()
+    def touch_cache_entries(self, owner: str, keys: Iterable[str], *, now: datetime | None = None) -> None:
+        """Mark `owner`'s entries `keys` used `now` (eviction removes the least recently used),
+        those not marked in the `TOUCH_RESOLUTION` before it: a big job's rerun rewrites no
+        row, nor the index of use, that its fill has just written."""
+        now = now or utcnow()
         with self._transaction(write=True) as connection:
             for chunk in _chunks(dict.fromkeys(keys)):
-                connection.execute(update(RESULT_CACHE).where(RESULT_CACHE.c.owner == owner,
-                                                              RESULT_CACHE.c.key.in_(chunk)).values(used_at=now))
+                connection.execute(update(RESULT_CACHE).where(
+                    RESULT_CACHE.c.owner == owner, RESULT_CACHE.c.key.in_(chunk),
+                    RESULT_CACHE.c.used_at < now - TOUCH_RESOLUTION).values(used_at=now))
 
     def forget_job_cache(self, job_id: str) -> list[CacheEntry]:
         """Remove the entries `job_id` computed; returns them (their objects are the caller's to delete)."""
