@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,3 +209,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return group_of(nodeid)
 
     return ByGroup(config, log)
+
+
+_STARTED = time.monotonic()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """When each parallel process ended (the suite's figures in docs/benchmarks.md: a process
+    idle long before the other is time the grouping could win back)."""
+    print(f"\n{node.gateway.id} ended {time.monotonic() - _STARTED:.0f} s after the session started", flush=True)
