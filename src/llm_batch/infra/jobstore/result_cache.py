@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # Keys per lookup statement (an IN list well under every database's parameter limit).
 _KEYS_PER_QUERY = 2000
-KEY_LENGTH = 64  # hex digits of a key (llm_batch.infra.result_cache.cache_key)
+KEY_LENGTH = 64  # hex digits of a key (llm_batch.infra.result_cache.CacheKeys)
 # Entries a fill commits at once (a kill between two leaves whole entries only, either way).
 _ROWS_PER_TRANSACTION = 10_000
 _COLUMNS = ("owner", "key", "job_id", "uri", "at_byte", "bytes", "prompt_tokens", "completion_tokens",
