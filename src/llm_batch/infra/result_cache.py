@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from llm_batch.core.config import Settings
 from llm_batch.core.layout import join_uri
 from llm_batch.core.records import BatchRequest
+from llm_batch.core.snapshots import CachedAnswer
 from llm_batch.infra import storage
 
 CACHE_FORMAT = 4  # part of every key: a change of what is cached makes every old entry a miss
@@ -99,18 +100,11 @@ def write_pack(uri: str, answers: Iterable[tuple[str, dict[str, Any]]]) -> list[
     return packed
 
 
-class Located(Protocol):  # a cache entry
-    key: str
-    uri: str
-    at_byte: int | None
-    bytes: int
-
-
 # Neighbouring answers of one pack closer than this are read in one range request.
 READ_GAP_BYTES = 64 * 1024
 
 
-def read_answers(entries: Iterable[Located]) -> dict[str, dict[str, Any]]:
+def read_answers(entries: Iterable[CachedAnswer]) -> dict[str, dict[str, Any]]:
     """The bodies of ``entries`` by key, misses left out; one range read per run of
     neighbouring answers of a pack."""
     found: dict[str, dict[str, Any]] = {}
@@ -134,8 +128,8 @@ def read_answers(entries: Iterable[Located]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _runs(members: list[Located]) -> Iterable[list[Located]]:
-    run: list[Located] = []
+def _runs(members: list[CachedAnswer]) -> Iterable[list[CachedAnswer]]:
+    run: list[CachedAnswer] = []
     for entry in members:
         if run and (entry.at_byte is None or run[-1].at_byte is None
                     or entry.at_byte - (run[-1].at_byte + run[-1].bytes) > READ_GAP_BYTES):
